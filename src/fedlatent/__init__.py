@@ -1,0 +1,24 @@
+"""fedlatent: federated latent-variable models on one federated-EM engine.
+
+>>> import fedlatent as fl
+>>> fl.Federation(participation=0.5).participation
+0.5
+"""
+
+from . import data as datasets  # noqa: F401  (fl.datasets.* generators)
+from .data import FederatedDataset
+from .engine import ConvergenceWarning, Federation, Quantizer, Spider, StepSchedule
+from .models import FederatedGaussianMixture
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConvergenceWarning",
+    "FederatedDataset",
+    "FederatedGaussianMixture",
+    "Federation",
+    "Quantizer",
+    "Spider",
+    "StepSchedule",
+    "__version__",
+]

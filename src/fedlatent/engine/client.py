@@ -1,0 +1,184 @@
+"""The client half of the engine: what runs where the data are, in any runtime.
+
+A :class:`ClientNode` holds one client's data and private state. Runtimes deliver it messages
+(``handle(method, message)``) and carry its replies; the in-process runtime keeps the node as an
+object, the Flower runtime rebuilds it on every message from ``context.state``.
+
+Methods a node answers:
+
+``setup``       build the model from its name and config; reply with the number of units
+``estep``       FedEM client step (full pass, mini-batch or SPIDER; control variates; quantizer)
+``evaluate``    mean statistics at the given parameters, no state change (for ||h(S)||^2)
+``query``       a model-specific exchange (``message["query"]`` names it)
+
+The private state (model state such as FedGMM's pi_c or HLCR labels, the control variate V_c,
+the SPIDER memory) is a flat dict of arrays and never leaves the node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..data.dataset import ClientData
+from .federation import Quantizer
+from .messages import pack, unpack
+from .model import FederatedModel, client_rng, model_from_config
+from .stats import Stats
+
+__all__ = ["ClientNode"]
+
+# purposes of the per-(client, round) generators
+_P_MODEL, _P_QUANT, _P_BATCH, _P_QUERY = 0, 1, 2, 3
+
+
+def _sub(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    p = prefix + "/"
+    return {k[len(p) :]: v for k, v in state.items() if k.startswith(p)}
+
+
+def _put(state: dict[str, np.ndarray], prefix: str, arrays: dict[str, np.ndarray]) -> None:
+    p = prefix + "/"
+    for k in [k for k in state if k.startswith(p)]:
+        del state[k]
+    for k, v in arrays.items():
+        state[p + k] = np.asarray(v)
+
+
+class ClientNode:
+    """One client: its data, its model, its private state.
+
+    Parameters
+    ----------
+    client_id : str
+    data : ClientData
+        The client's own data. Nothing in a reply is derived from it except sums.
+    state : dict of str to ndarray, optional
+        Saved private state (a checkpoint, or Flower's context.state).
+    """
+
+    def __init__(self, client_id: str, data: ClientData, state: dict[str, np.ndarray] | None = None):
+        self.client_id = str(client_id)
+        self._data = data
+        self.state: dict[str, np.ndarray] = dict(state or {})
+        self.model: FederatedModel | None = None
+
+    # ------------------------------------------------------------------------------------------
+    def handle(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if method == "setup":
+            return self._setup(msg)
+        if self.model is None:
+            self._setup(msg)
+        if method == "estep":
+            return self._estep(msg)
+        if method == "evaluate":
+            return self._evaluate(msg)
+        if method == "query":
+            return self._query(msg)
+        raise KeyError(f"client {self.client_id!r}: unknown method {method!r}")
+
+    def _setup(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import json
+
+        self.model = model_from_config(str(msg["model"]), json.loads(str(msg["model_config"])))
+        if not any(k.startswith("model/") for k in self.state):
+            _put(self.state, "model", self.model.init_client_state(self._data))
+            self.state.setdefault("engine/initialized", np.array(1.0))
+        n = self.model.n_units(self._data)
+        return {"n_units": int(n)}
+
+    # ------------------------------------------------------------------------------------------
+    def _local_stats(self, params, rows, rng, commit: bool = True):
+        assert self.model is not None
+        mstate = _sub(self.state, "model")
+        step = self.model.client_stats(params, self._data, mstate, rng, rows)
+        if commit:
+            _put(self.state, "model", step.state)
+        return step
+
+    def _estep(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.model is not None
+        seed = int(msg["seed"])
+        rnd = int(msg["round"])
+        mode = str(msg.get("mode", "full"))
+        params = unpack(msg, "params")
+        n_units = self.model.n_units(self._data)
+        rng_model = client_rng(seed, self.client_id, rnd, _P_MODEL)
+        rng_batch = client_rng(seed, self.client_id, rnd, _P_BATCH)
+
+        if mode == "full" or mode == "spider-refresh":
+            step = self._local_stats(params, None, rng_model)
+            S_c = step.stats / max(step.n, 1)
+            if mode == "spider-refresh":
+                _put(self.state, "spider_S", S_c.to_dict())
+                _put(self.state, "spider_params", params)
+        elif mode == "batch":
+            b = min(int(msg["batch_size"]), n_units)
+            rows = np.sort(rng_batch.choice(n_units, size=b, replace=False))
+            step = self._local_stats(params, rows, rng_model)
+            S_c = step.stats / max(step.n, 1)
+        elif mode == "spider":
+            prev_S = _sub(self.state, "spider_S")
+            prev_params = _sub(self.state, "spider_params")
+            b = min(int(msg["batch_size"]), n_units)
+            rows = np.sort(rng_batch.choice(n_units, size=b, replace=False))
+            if not prev_S:  # never refreshed (joined late): full pass
+                step = self._local_stats(params, None, rng_model)
+                S_c = step.stats / max(step.n, 1)
+            else:
+                step = self._local_stats(params, rows, rng_model)
+                old = self.model.client_stats(
+                    prev_params, self._data, _sub(self.state, "model"), rng_model, rows
+                )
+                S_c = Stats(prev_S) + step.stats / max(step.n, 1) - old.stats / max(old.n, 1)
+            _put(self.state, "spider_S", S_c.to_dict())
+            _put(self.state, "spider_params", params)
+        else:
+            raise KeyError(f"unknown E-step mode {mode!r}")
+
+        if mode == "init":  # pragma: no cover - handled by 'full'
+            pass
+        S_hat = Stats(unpack(msg, "S_hat"))
+        use_cv = bool(msg.get("control_variates", False))
+        V_c = Stats(_sub(self.state, "V")) if use_cv and _sub(self.state, "V") else None
+        if len(S_hat) == 0:  # initialization round: send the statistic itself
+            delta = S_c
+        else:
+            delta = S_c - S_hat
+            if V_c is not None:
+                delta = delta - V_c
+        levels = int(msg.get("quant_levels", 0))
+        if levels > 0:
+            q = Quantizer(levels)(delta, client_rng(seed, self.client_id, rnd, _P_QUANT))
+        else:
+            q = delta
+        if use_cv and len(S_hat) > 0:
+            alpha = float(msg["alpha"])
+            V_new = (V_c if V_c is not None else q.zeros_like()).copy().add_(q, alpha)
+            _put(self.state, "V", V_new.to_dict())
+        reply = pack("delta", q.to_dict())
+        reply["n"] = int(step.n)
+        reply["objective"] = float(step.objective)
+        return reply
+
+    def _evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.model is not None
+        params = unpack(msg, "params")
+        rng = client_rng(int(msg["seed"]), self.client_id, int(msg["round"]), _P_MODEL)
+        step = self._local_stats(params, None, rng, commit=False)
+        reply = pack("delta", (step.stats / max(step.n, 1)).to_dict())
+        reply["n"] = int(step.n)
+        reply["objective"] = float(step.objective)
+        return reply
+
+    def _query(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.model is not None
+        name = str(msg["query"])
+        import zlib
+
+        purpose = _P_QUERY + (zlib.crc32(name.encode()) % 1000) * 10
+        rng = client_rng(int(msg.get("seed", 0)), self.client_id, int(msg.get("round", 0)), purpose)
+        reply, mstate = self.model.client_query(name, msg, self._data, _sub(self.state, "model"), rng)
+        _put(self.state, "model", mstate)
+        return reply

@@ -1,0 +1,222 @@
+"""The federation settings: participation, step size, weighting, compression, variance reduction.
+
+A :class:`Federation` is pure configuration.  The round loop in :mod:`fedlatent.engine.loop`
+reads it; every model gets every setting.  Plain federated EM, FedHLCR's smoothing and naive
+FedEM are settings of the same loop, not separate code:
+
+==============================  ==================================================================
+plain federated EM              ``Federation()`` (participation 1, step 1, no quantizer)
+FedHLCR smoothing (Yang et al.) ``Federation(participation=f, step_size=gamma, control_variates=False)``
+naive FedEM                     ``Federation(quantizer=Quantizer(s), control_variates=False)``
+FedEM (Dieuleveut et al.)       ``Federation(participation=p, step_size=g, quantizer=Quantizer(s))``
+VR-FedEM                        ``Federation(..., variance_reduction=Spider(k_in, b))``
+==============================  ==================================================================
+
+References
+----------
+Dieuleveut, Fort, Moulines, Robin. "Federated Expectation Maximization with heterogeneity
+mitigation and variance reduction", NeurIPS 2021 (slide "FedEM with partial participation",
+slide "VR-FedEM").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .stats import Stats
+
+__all__ = ["Federation", "Quantizer", "Spider", "StepSchedule"]
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """Unbiased random dithering with ``levels`` levels (QSGD, Alistarh et al. 2017).
+
+    Each named block ``x`` of a statistic is sent as its norm, the signs and integer levels
+    ``l_i in {0..s}``; the receiver reconstructs ``||x|| sign(x_i) l_i / s``.  With
+    ``l_i = floor(s |x_i| / ||x||) + Bernoulli(frac)`` the result is unbiased and
+    ``E||Q(x)||^2 <= (1 + omega) ||x||^2`` with ``omega = min(d / s^2, sqrt(d) / s)`` for a block
+    of ``d`` numbers.  Blocks are quantized separately (their scales differ: counts, first and
+    second moments), so the variance factor of a statistic is the largest over its blocks.
+
+    Parameters
+    ----------
+    levels : int
+        Number of levels ``s >= 1``. Fewer levels compress more and add more variance.
+    """
+
+    levels: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.levels, int | np.integer) or self.levels < 1:
+            raise ValueError(f"Quantizer(levels=...) must be an integer >= 1, got {self.levels!r}")
+
+    def omega(self, shapes: dict[str, tuple[int, ...]]) -> float:
+        """Variance factor of the quantizer for statistics with these block shapes."""
+        s = self.levels
+        om = 0.0
+        for shp in shapes.values():
+            d = int(np.prod(shp)) if len(shp) else 1
+            om = max(om, min(d / s**2, math.sqrt(d) / s))
+        return om
+
+    def bits_per_block(self, d: int) -> int:
+        """Bits to send one block of ``d`` numbers: a float32 norm, a sign and a level each."""
+        return 32 + d * (1 + math.ceil(math.log2(self.levels + 1)))
+
+    def nbytes(self, shapes: dict[str, tuple[int, ...]]) -> int:
+        bits = sum(self.bits_per_block(int(np.prod(s)) if len(s) else 1) for s in shapes.values())
+        return int(math.ceil(bits / 8))
+
+    def __call__(self, stats: Stats, rng: np.random.Generator) -> Stats:
+        """Quantize every block of ``stats`` (unbiased)."""
+        s = self.levels
+        out = {}
+        for k, x in stats.items():
+            norm = float(np.linalg.norm(x))
+            if norm == 0.0 or not np.isfinite(norm):
+                out[k] = np.zeros_like(x) if norm == 0.0 else x.copy()
+                continue
+            scaled = np.abs(x) * (s / norm)
+            low = np.floor(scaled)
+            level = low + (rng.random(x.shape) < (scaled - low))
+            out[k] = np.sign(x) * level * (norm / s)
+        return Stats(out, copy=False)
+
+
+@dataclass(frozen=True)
+class Spider:
+    """SPIDER variance reduction of the local statistics (VR-FedEM).
+
+    Every ``inner_rounds`` rounds a client refreshes its estimate with a full pass over its
+    data; in between it corrects the previous estimate with a mini-batch of ``batch_size``
+    samples evaluated at the current and at the previous parameters:
+    ``S_k = mean_B s_i(theta_k) + S_{k-1} - mean_B s_i(theta_{k-1})``.
+    """
+
+    inner_rounds: int = 10
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if int(self.inner_rounds) < 1:
+            raise ValueError(f"Spider(inner_rounds=...) must be >= 1, got {self.inner_rounds!r}")
+        if int(self.batch_size) < 1:
+            raise ValueError(f"Spider(batch_size=...) must be >= 1, got {self.batch_size!r}")
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """Step size ``gamma_k = scale / (1 + (k - 1) / decay) ** power`` at round ``k >= 1``."""
+
+    scale: float = 1.0
+    decay: float = 10.0
+    power: float = 0.6
+
+    def __call__(self, k: int) -> float:
+        return float(self.scale / (1.0 + (k - 1) / self.decay) ** self.power)
+
+
+@dataclass(frozen=True)
+class Federation:
+    """How a federated fit runs: who takes part, how statistics are combined and compressed.
+
+    Parameters
+    ----------
+    participation : float in (0, 1], default 1.0
+        Probability ``p`` that a client takes part in a round (independent Bernoulli draws).
+    step_size : float in (0, 1], or callable round -> float, default 1.0
+        Stochastic-approximation step ``gamma``: ``S <- S + gamma * (estimate of h(S))``.
+        1.0 with full participation and no compression is plain EM.
+    client_weighting : {"samples", "uniform"}, default "samples"
+        "samples" weights a client by its number of samples (the sum of statistics, as in
+        centralized EM on the pooled data); "uniform" gives each client weight 1/n (the paper).
+    quantizer : Quantizer or None
+        Unbiased compression of what clients send.
+    control_variates : bool, default True
+        Keep per-client control variates ``V_c`` (FedEM). False gives "naive FedEM".
+    alpha : float or None
+        Control-variate step; default ``1 / (1 + omega)`` of the quantizer (1 without one).
+    variance_reduction : Spider or None
+        SPIDER estimator for the local statistics (VR-FedEM).
+    batch_size : int or None
+        Mini-batch E-steps of this many samples (without variance reduction). None: full pass.
+    track_h : bool, default False
+        Record ``||h(S)||^2`` every round. It needs a full pass of every client at the new
+        parameters, so it doubles the computation; use it for studies, not for production.
+    random_state : int or None
+        Seed of participation, quantization and mini-batch draws. None: the estimator's seed.
+    """
+
+    participation: float = 1.0
+    step_size: float | Callable[[int], float] = 1.0
+    client_weighting: str = "samples"
+    quantizer: Quantizer | None = None
+    control_variates: bool = True
+    alpha: float | None = None
+    variance_reduction: Spider | None = None
+    batch_size: int | None = None
+    track_h: bool = False
+    random_state: int | None = None
+    _extra: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def validate(self) -> None:
+        """Check the settings; raise ValueError naming the setting and the fix."""
+        p = self.participation
+        if not isinstance(p, int | float | np.floating) or not (0.0 < float(p) <= 1.0):
+            raise ValueError(f"Federation(participation=...) must be in (0, 1], got {p!r}")
+        if not callable(self.step_size):
+            g = self.step_size
+            if not isinstance(g, int | float | np.floating) or not (0.0 < float(g) <= 1.0):
+                raise ValueError(
+                    f"Federation(step_size=...) must be in (0, 1] or a callable, got {g!r}"
+                )
+        if self.client_weighting not in ("samples", "uniform"):
+            raise ValueError(
+                "Federation(client_weighting=...) must be 'samples' or 'uniform', "
+                f"got {self.client_weighting!r}"
+            )
+        if self.quantizer is not None and not isinstance(self.quantizer, Quantizer):
+            raise ValueError("Federation(quantizer=...) must be None or a fl.Quantizer(levels=s)")
+        if self.variance_reduction is not None and not isinstance(self.variance_reduction, Spider):
+            raise ValueError(
+                "Federation(variance_reduction=...) must be None or fl.Spider(inner_rounds, "
+                "batch_size)"
+            )
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ValueError(f"Federation(batch_size=...) must be >= 1, got {self.batch_size!r}")
+        if self.alpha is not None and not (0.0 < float(self.alpha) <= 1.0):
+            raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
+
+    def gamma(self, k: int) -> float:
+        """Step size at round ``k`` (1-based)."""
+        return float(self.step_size(k)) if callable(self.step_size) else float(self.step_size)
+
+    def alpha_for(self, shapes: dict[str, tuple[int, ...]]) -> float:
+        if self.alpha is not None:
+            return float(self.alpha)
+        if self.quantizer is None:
+            return 1.0
+        return 1.0 / (1.0 + self.quantizer.omega(shapes))
+
+    @property
+    def is_plain_em(self) -> bool:
+        return (
+            self.participation == 1.0
+            and not callable(self.step_size)
+            and float(self.step_size) == 1.0
+            and self.quantizer is None
+            and self.variance_reduction is None
+            and self.batch_size is None
+        )
+
+    def to_config(self) -> dict:
+        """JSON-able description (a callable step size is recorded by its repr)."""
+        d = asdict(self)
+        d.pop("_extra", None)
+        if callable(self.step_size):
+            d["step_size"] = repr(self.step_size)
+        return d

@@ -1,0 +1,164 @@
+"""The contract between a model and the engine.
+
+A model is the pure math of one latent-variable method, reconstructible from a JSON config on
+any node (so a Flower client can rebuild it): the engine and the runtimes know nothing about its
+internals. DESIGN.md section 3.
+
+Client side (runs where the data are)::
+
+    n_units(data) -> int                               how many "samples" (rows, entities...)
+    client_stats(params, data, state, rng, rows) -> ClientStep
+        sums over the selected units of the expected sufficient statistics at ``params``,
+        the number of units summed, the objective summed over them, and the new client state
+    client_query(name, payload, data, state, rng) -> (reply, state)
+        model-specific one-off exchanges (initialization, local models for SEC...)
+
+Server side::
+
+    stat_shapes(params) -> {name: shape}              what a client must send (for validation)
+    server_step(S, params, n_total) -> params          the M-step T(S) on mean statistics
+
+``S`` given to ``server_step`` is on the scale of a *mean over units* (the client-weighted
+average of per-client means); ``n_total`` is the number of units in the federation, for models
+whose M-step needs sums (priors that do not scale with n).
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..data.dataset import ClientData
+from .stats import Stats
+
+__all__ = [
+    "ClientStep",
+    "FederatedModel",
+    "Params",
+    "register_model",
+    "model_from_config",
+    "client_rng",
+]
+
+Params = dict[str, np.ndarray]
+ClientState = dict[str, np.ndarray]
+
+_REGISTRY: dict[str, type[FederatedModel]] = {}
+
+
+def register_model(cls: type[FederatedModel]) -> type[FederatedModel]:
+    """Class decorator: make a model constructible by name on any node."""
+    if not getattr(cls, "name", None):
+        raise TypeError(f"{cls.__name__} needs a class attribute 'name'")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def model_from_config(name: str, config: dict[str, Any]) -> FederatedModel:
+    """Rebuild a registered model from its name and JSON config."""
+    if name not in _REGISTRY:
+        # Models register on import; import the package's models lazily.
+        from .. import models  # noqa: F401
+
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown model {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name](**config)
+
+
+def client_key(client_id: str) -> int:
+    """A stable integer for a client id (independent of client order and runtime)."""
+    return zlib.crc32(str(client_id).encode("utf-8"))
+
+
+def client_rng(seed: int, client_id: str, round_: int, purpose: int = 0) -> np.random.Generator:
+    """The generator of one client in one round.
+
+    Equivalent to ``Generator.spawn`` children, but addressed by (client, round, purpose) instead
+    of by spawn order, so results do not depend on client order, on the runtime, or on where a
+    resumed run restarts.
+    """
+    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(client_key(client_id), round_, purpose))
+    return np.random.default_rng(ss)
+
+
+def server_rng(seed: int, round_: int, purpose: int = 0) -> np.random.Generator:
+    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(2**32 + 7, round_, purpose))
+    return np.random.default_rng(ss)
+
+
+@dataclass
+class ClientStep:
+    """What one client step produces (before the engine turns it into a message).
+
+    Attributes
+    ----------
+    stats : Stats
+        Sums over the selected units of the expected sufficient statistics.
+    n : int
+        Number of units summed.
+    objective : float
+        Objective (log-likelihood or surrogate) summed over the units, at the given params.
+    state : dict of str to ndarray
+        The client's new private state (never sent).
+    """
+
+    stats: Stats
+    n: int
+    objective: float
+    state: ClientState = field(default_factory=dict)
+
+
+class FederatedModel(ABC):
+    """Base of every model's math. Subclasses set ``name`` and implement the hooks."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, **config: Any):
+        self.config = dict(config)
+
+    def get_config(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    # ---- client side ----------------------------------------------------------------------
+    def n_units(self, data: ClientData) -> int:
+        return data.n_samples
+
+    def init_client_state(self, data: ClientData) -> ClientState:
+        return {}
+
+    @abstractmethod
+    def client_stats(
+        self,
+        params: Params,
+        data: ClientData,
+        state: ClientState,
+        rng: np.random.Generator,
+        rows: np.ndarray | None = None,
+    ) -> ClientStep:
+        """Expected sufficient statistics summed over ``rows`` (all units when None)."""
+
+    def client_query(
+        self,
+        name: str,
+        payload: dict[str, Any],
+        data: ClientData,
+        state: ClientState,
+        rng: np.random.Generator,
+    ) -> tuple[dict[str, Any], ClientState]:
+        raise KeyError(f"model {self.name!r} has no client query {name!r}")
+
+    # ---- server side ----------------------------------------------------------------------
+    @abstractmethod
+    def stat_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
+        """Shapes of the statistic blocks a client sends."""
+
+    @abstractmethod
+    def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
+        """The M-step: new parameters from mean statistics ``S``."""
+
+    def param_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
+        return {k: np.shape(v) for k, v in params.items()}

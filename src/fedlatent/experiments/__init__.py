@@ -1,0 +1,7 @@
+"""Reproductions of the papers' tables and figures. Each returns a DataFrame and writes plots.
+
+Every function takes ``quick`` (a small size that runs in tests), ``out`` (where plots go) and
+``random_state``.
+"""
+
+__all__: list[str] = []

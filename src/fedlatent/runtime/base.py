@@ -1,0 +1,41 @@
+"""The transport interface the engine talks to. Models never import a runtime."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Runtime"]
+
+
+class Runtime(ABC):
+    """Carries messages between the server loop and client nodes.
+
+    ``call`` sends one message per client and returns the replies; a client that does not answer
+    (dropped, timed out) is absent from the result, and the engine treats it as not taking part.
+    """
+
+    @property
+    @abstractmethod
+    def client_ids(self) -> list[str]:
+        """Client ids, sorted."""
+
+    @abstractmethod
+    def call(
+        self, client_ids: list[str], method: str, messages: dict[str, dict[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        """Deliver ``messages[cid]`` to each client; return ``{cid: reply}`` for those that answered."""
+
+    def broadcast(
+        self, client_ids: list[str], method: str, message: dict[str, Any]
+    ) -> dict[str, dict[str, Any]]:
+        return self.call(client_ids, method, {c: message for c in client_ids})
+
+    # Checkpointing of client state is possible only where the runtime can see it (in-process).
+    def get_client_states(self) -> dict[str, dict[str, np.ndarray]] | None:
+        return None
+
+    def set_client_states(self, states: dict[str, dict[str, np.ndarray]]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot restore client states")
