@@ -9,6 +9,7 @@ from . import data as datasets  # noqa: F401  (fl.datasets.* generators)
 from .data import FederatedDataset
 from .engine import ConvergenceWarning, Federation, Quantizer, Spider, StepSchedule
 from .models import FederatedGaussianMixture
+from .models.fedgmm import FedGMM
 
 __version__ = "0.1.0"
 
@@ -22,3 +23,4 @@ __all__ = [
     "StepSchedule",
     "__version__",
 ]
+__all__ += ["FedGMM"]

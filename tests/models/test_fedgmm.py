@@ -1,0 +1,228 @@
+import importlib.util
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedlatent as fl
+from fedlatent.data.dataset import ClientData, FederatedDataset
+from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
+from fedlatent.models.fedgmm import FedGMM
+from fedlatent.runtime.inprocess import InProcessRuntime
+
+_spec = importlib.util.spec_from_file_location(
+    "fedgmm_reference", Path(__file__).resolve().parents[1] / "fedgmm_reference.py"
+)
+_ref = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ref)
+reference_fedgmm = _ref.reference_fedgmm
+
+
+def _small(n_clients=6, n=120, seed=0, K=2):
+    sp = make_fedgmm_synthetic(n_clients=n_clients, n_samples_per_client=n, n_features=4,
+                               mean_scale=2.0, fractions=(0.8, 0.1, 0.1), random_state=seed)
+    if K == 2:
+        return sp.train
+    # three classes: split class 1 by the sign of the first feature
+    return sp.train.map(lambda c, cd: ClientData(cd.X, cd.y + (cd.y == 1) * (cd.X[:, 0] > 0)))
+
+
+def _params0(est, fd):
+    est._validate_params()
+    est._validate_data(fd)
+    rt = InProcessRuntime(fd)
+    model = est._make_model(fd)
+    rt.broadcast(rt.client_ids, "setup",
+                 {"model": model.name, "model_config": json.dumps(model.get_config())})
+    p = est._initialize(rt, model, int(est.random_state))
+    pc = p["precisions_cholesky"]
+    covs = np.linalg.inv(np.einsum("kij,klj->kil", pc, pc))
+    return {"means": p["means"], "covariances": covs, "coef": p["coef"]}
+
+
+def _fit(fd, rounds, **kw):
+    est = FedGMM(max_rounds=rounds, tol=0.0, random_state=3, verbose=False, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fl.ConvergenceWarning)
+        return est.fit(fd)
+
+
+def _rel(a, b):
+    return np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300)
+
+
+@pytest.mark.parametrize("K,rounds", [(2, 1), (2, 6), (3, 4)])
+def test_federated_iterates_equal_centralized_em(K, rounds):
+    fd = _small(K=K)
+    kw = dict(n_input_components=2, n_learners=2, l2=1e-2, reg_covar=1e-6)
+    est = _fit(fd, rounds, **kw)
+    p0 = _params0(FedGMM(random_state=3, **kw), fd)
+    clients = [(cd.X, cd.y) for _, cd in fd.items()]
+    ref, pis, logliks = reference_fedgmm(clients, p0, rounds, l2=1e-2, reg_covar=1e-6)
+    assert est.n_rounds_ == rounds
+    assert _rel(est.means_, ref["means"]) < 1e-8
+    assert _rel(est.covariances_, ref["covariances"]) < 1e-8
+    assert _rel(est.coef_, ref["coef"]) < 1e-8
+    for cid, pi in zip(fd.client_ids, pis):
+        assert _rel(est.personalize(cid).pi, pi) < 1e-8
+    hist = est.history_.to_frame()["objective"].to_numpy()
+    np.testing.assert_allclose(hist, logliks, rtol=1e-10)
+
+
+def test_exact_covariance_is_pooled_and_paper_rule_drops_between_client_scatter():
+    rng = np.random.default_rng(1)
+    data = {}
+    for c in range(5):
+        X = rng.normal(size=(200, 3)) + 3.0 * c  # covariate-shifted clients
+        data[f"c{c}"] = (X, (X[:, 0] > 3.0 * c).astype(int))
+    fd = FederatedDataset.from_arrays(data)
+    kw = dict(n_input_components=1, n_learners=1, reg_covar=0.0)
+    exact = _fit(fd, 1, **kw)
+    paper = _fit(fd, 1, covariance_aggregation="paper", **kw)
+    X = fd.pooled().X
+    pooled = np.cov(X.T, bias=True)
+    np.testing.assert_allclose(exact.covariances_[0], pooled, rtol=1e-10, atol=1e-12)
+    mu = X.mean(0)
+    between = sum(
+        cd.n_samples * np.outer(cd.X.mean(0) - mu, cd.X.mean(0) - mu) for _, cd in fd.items()
+    ) / X.shape[0]
+    np.testing.assert_allclose(paper.covariances_[0], pooled - between, rtol=1e-9, atol=1e-10)
+    assert between[0, 0] > 15.0  # the bias is large under covariate shift
+    np.testing.assert_allclose(exact.means_, paper.means_, rtol=1e-12)
+
+
+def test_nothing_private_crosses():
+    fd = _small()
+    rt = InProcessRuntime(fd, record=True)
+    est = FedGMM(2, 2, max_rounds=4, tol=0.0, random_state=0, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fl.ConvergenceWarning)
+        est.fit(fd, runtime=rt)
+    ups = [(c, m) for d, c, _, m in rt.log if d == "up"]
+    assert len(ups) > 4 * fd.n_clients
+    d = fd.n_features
+    for cid, msg in ups:
+        cd = fd[cid]
+        pi = rt.nodes[cid].state["model/pi"]
+        assert not any("pi" in k.split("/")[-1] for k in msg)
+        for k, v in msg.items():
+            a = np.atleast_1d(np.asarray(v, dtype=float)) if not isinstance(v, str) else None
+            if a is None:
+                continue
+            assert not (a.shape == pi.shape and np.allclose(a, pi)), (cid, k)
+            assert not (a.size == cd.n_samples and np.array_equal(a.ravel(), cd.y)), (cid, k)
+            if a.size % d == 0 and a.size >= d:
+                rows = a.reshape(-1, d)
+                dist = np.abs(rows[:, None, :] - cd.X[None, :, :]).max(axis=2)
+                assert dist.min() > 1e-9, (cid, k)
+
+
+def test_personalized_prediction_beats_global_and_adapt_recovers_weights():
+    sp = make_fedgmm_synthetic(n_clients=12, n_samples_per_client=300, n_features=6,
+                               mean_scale=1.5, random_state=2)
+    est = _fit(sp.train, 25, n_input_components=3, n_learners=3)
+    acc_p = np.mean([np.mean(est.predict(cd.X, client=c) == cd.y) for c, cd in sp.test.items()])
+    acc_g = np.mean([np.mean(est.predict(cd.X) == cd.y) for c, cd in sp.test.items()])
+    assert acc_p > acc_g + 0.03
+    # a known client's data, treated as new: adapt learns weights that predict as well
+    c, cd = next(iter(sp.train.items()))
+    adapted = est.adapt(cd, n_rounds=50)
+    assert np.isclose(adapted.pi.sum(), 1.0)
+    test = sp.test[c]
+    assert adapted.score(test.X, test.y) >= est.personalize(c).score(test.X, test.y) - 0.02
+
+
+def test_score_samples_decomposes_joint_likelihood():
+    fd = _small()
+    est = _fit(fd, 5, n_input_components=2, n_learners=2)
+    c, cd = next(iter(fd.items()))
+    sc = est.score_samples(cd.X, cd.y, client=c)
+    np.testing.assert_allclose(sc["log_pxy"], sc["log_px"] + sc["log_py_given_x"])
+    # p(y|x) sums to one over the classes
+    tot = np.logaddexp(*(est.score_samples(cd.X, np.full(cd.n_samples, k), client=c)
+                         ["log_py_given_x"] for k in (0, 1)))
+    np.testing.assert_allclose(tot, 0.0, atol=1e-12)
+    # mean log h_c(x, y) at the final parameters is the next round's objective scale
+    assert np.all(np.isfinite(est.score_samples(cd.X)["log_px"]))
+
+
+def test_save_load_roundtrip(tmp_path):
+    fd = _small()
+    est = _fit(fd, 4, n_input_components=2, n_learners=2)
+    est.save(tmp_path / "m")
+    est.save_client_weights(tmp_path / "clients")
+    back = FedGMM.load(tmp_path / "m")
+    c, cd = next(iter(fd.items()))
+    pers = back.load_client_weights(c, tmp_path / "clients" / f"{c}.npz")
+    np.testing.assert_allclose(pers.predict_proba(cd.X), est.predict_proba(cd.X, client=c))
+    assert back.client_ids_ == fd.client_ids
+
+
+@pytest.mark.parametrize("fed", [fl.Federation(step_size=0.6),
+                                 fl.Federation(participation=0.7, random_state=0)])
+def test_stochastic_approximation_reaches_the_em_fixed_point(fed):
+    # Newton statistics in IRLS form: an averaged S_hat is an average of normal equations, so
+    # SA and partial participation converge to the same learners as plain EM.
+    fd = _small(n_clients=5)
+    kw = dict(n_input_components=1, n_learners=1, l2=1e-2)
+    plain = _fit(fd, 30, **kw)
+    sa = _fit(fd, 120, federation=fed, **kw)
+    assert _rel(sa.coef_, plain.coef_) < 1e-3
+
+
+def test_average_rule_with_one_learner_and_many_local_steps_is_weighted_local_average():
+    fd = _small(n_clients=3)
+    est = _fit(fd, 1, n_input_components=1, n_learners=1, learner_update="average",
+               local_steps=30, l2=1e-2)
+    from fedlatent.models.logistic import add_intercept, local_refit
+
+    p0 = _params0(FedGMM(1, 1, random_state=3, l2=1e-2), fd)
+    fits, ns = [], []
+    for _, cd in fd.items():
+        w = np.ones(cd.n_samples)
+        fits.append(local_refit(add_intercept(cd.X), cd.y, w, p0["coef"][0], 1e-2 * cd.n_samples,
+                                30))
+        ns.append(cd.n_samples)
+    expected = np.average(np.array(fits), axis=0, weights=ns)
+    assert _rel(est.coef_[0], expected) < 1e-10
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+def test_missing_target_is_rejected():
+    fd = FederatedDataset.from_arrays({"a": np.zeros((5, 2)) + np.arange(5)[:, None]})
+    with pytest.raises(ValueError, match="FedGMM is supervised: the federated dataset has no "
+                                         "target y"):
+        FedGMM(1, 1).fit(fd)
+
+
+def test_client_with_one_class_is_rejected():
+    rng = np.random.default_rng(0)
+    fd = FederatedDataset.from_arrays({
+        "a": (rng.normal(size=(10, 2)), np.array([0, 1] * 5)),
+        "b": (rng.normal(size=(10, 2)), np.zeros(10, int)),
+    })
+    with pytest.raises(ValueError, match=r"client 'b' has only one class \(0\) in y"):
+        FedGMM(1, 1).fit(fd)
+
+
+def test_labels_outside_declared_classes_are_rejected():
+    fd = _small(n_clients=2)
+    with pytest.raises(ValueError, match=r"y has labels \[1\] that are not in classes=\[0, 2\]"):
+        FedGMM(1, 1, classes=[0, 2]).fit(fd)
+
+
+def test_unseen_labels_and_wrong_width_at_prediction():
+    fd = _small(n_clients=3)
+    est = _fit(fd, 2, n_input_components=1, n_learners=1)
+    c, cd = next(iter(fd.items()))
+    with pytest.raises(ValueError, match=r"y has labels \[7\] unseen at training \(known "
+                                         r"classes: \[0, 1\]\)"):
+        est.score_samples(cd.X[:3], np.array([0, 7, 1]), client=c)
+    with pytest.raises(ValueError, match=r"y has labels \[7\] unseen at training"):
+        est.adapt((cd.X[:3], np.array([0, 7, 1])))
+    with pytest.raises(ValueError, match="X has 3 features, but this FedGMM was fitted with 4"):
+        est.predict(cd.X[:, :3], client=c)
+    with pytest.raises(KeyError, match="unknown client 'nobody'"):
+        est.predict(cd.X, client="nobody")
