@@ -10,6 +10,7 @@ from .data import FederatedDataset
 from .engine import ConvergenceWarning, Federation, Quantizer, Spider, StepSchedule
 from .models import FederatedGaussianMixture
 from .models.fedgmm import FedGMM
+from .models.hlcr import HLCR
 
 __version__ = "0.1.0"
 
@@ -18,6 +19,7 @@ __all__ = [
     "FederatedDataset",
     "FederatedGaussianMixture",
     "Federation",
+    "HLCR",
     "Quantizer",
     "Spider",
     "StepSchedule",

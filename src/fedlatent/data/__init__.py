@@ -1,6 +1,7 @@
 """Federated data: containers, readers, partitioners and synthetic generators."""
 
 from .dataset import ClientData, DataValidationError, FederatedDataset
+from .hlcr_data import make_synthhlcr, split_events
 from .partition import (
     dirichlet_partition,
     partition_by_components,
@@ -13,6 +14,8 @@ __all__ = [
     "DataValidationError",
     "FederatedDataset",
     "dirichlet_partition",
+    "make_synthhlcr",
+    "split_events",
     "partition_by_components",
     "partition_by_labels",
     "split_arrays",

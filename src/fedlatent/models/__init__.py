@@ -2,6 +2,7 @@
 
 from .gmm import FederatedGaussianMixture, GMMModel
 from .fedgmm import FedGMM, FedGMMModel, PersonalizedFedGMM
+from .hlcr import HLCR, HLCRModel
 
-__all__ = ["FederatedGaussianMixture", "GMMModel"]
+__all__ = ["FederatedGaussianMixture", "GMMModel", "HLCR", "HLCRModel"]
 __all__ += ["FedGMM", "FedGMMModel", "PersonalizedFedGMM"]
