@@ -116,12 +116,21 @@ def entity_statistics(
     n : ndarray of shape (E,)
         Number of events of each entity.
     """
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    keys = np.asarray(entity).astype(str)
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    y = np.ascontiguousarray(y, dtype=np.float64)
+    raw = np.asarray(entity)
     if categories is None:
-        names, inv = np.unique(keys, return_inverse=True)
+        if raw.dtype.kind in "iufb":  # unique on numbers (fast), then order by the string ids
+            uniq, inv = np.unique(raw, return_inverse=True)
+            names = uniq.astype(str)
+            perm = np.argsort(names, kind="stable")
+            rank = np.empty_like(perm)
+            rank[perm] = np.arange(len(perm))
+            names, inv = names[perm], rank[inv.reshape(-1)]
+        else:
+            names, inv = np.unique(raw.astype(str), return_inverse=True)
     else:
+        keys = raw.astype(str)
         names = np.unique(np.asarray(categories).astype(str))
         inv = np.searchsorted(names, keys)
         inv = np.minimum(inv, len(names) - 1)
@@ -131,6 +140,7 @@ def entity_statistics(
                 f"client {client!r}: entity {str(keys[unknown][0])!r} is not among the declared "
                 "entities; add it to the categories"
             )
+    inv = np.ascontiguousarray(inv.reshape(-1), dtype=np.int64)
     n = np.bincount(inv, minlength=len(names)).astype(np.float64)
     empty = np.flatnonzero(n == 0)
     if empty.size:
@@ -139,13 +149,26 @@ def entity_statistics(
             f"({empty.size} such entities); drop entities without events (e.g. "
             "remove_unused_categories) before fitting"
         )
-    order = np.argsort(inv, kind="stable")
-    Xs, ys = X[order], y[order]
-    starts = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
-    XtX = np.add.reduceat(Xs[:, :, None] * Xs[:, None, :], starts, axis=0)
-    Xty = np.add.reduceat(Xs * ys[:, None], starts, axis=0)
-    yty = np.add.reduceat(ys * ys, starts)
+    XtX, Xty, yty = _entity_sums(X, y, inv, len(names))
     return names, XtX, Xty, yty, n
+
+
+@njit(cache=True)
+def _entity_sums(X, y, inv, E):
+    n, F = X.shape
+    XtX = np.zeros((E, F, F))
+    Xty = np.zeros((E, F))
+    yty = np.zeros(E)
+    for r in range(n):
+        e = inv[r]
+        yr = y[r]
+        yty[e] += yr * yr
+        for i in range(F):
+            xi = X[r, i]
+            Xty[e, i] += xi * yr
+            for j in range(F):
+                XtX[e, i, j] += xi * X[r, j]
+    return XtX, Xty, yty
 
 
 def check_entities(entity, client: str = "?") -> None:
@@ -669,12 +692,19 @@ class HLCRModel(FederatedModel):
 
     # ---- client side ----------------------------------------------------------------------
     def _entity_stats(self, data: ClientData):
+        # an agent's entity statistics do not change between rounds: computed once per data
+        cache = getattr(self, "_cache", None)
+        if cache is not None and cache[0] is data:
+            return cache[1]
         cats = getattr(data.entity, "categories", None)
-        return entity_statistics(add_intercept(data.X, self.fit_intercept), data.y,
-                                 np.asarray(data.entity), categories=cats)
+        out = entity_statistics(add_intercept(data.X, self.fit_intercept), data.y,
+                                data.entity if cats is None else np.asarray(data.entity),
+                                categories=cats)
+        self._cache = (data, out)
+        return out
 
     def n_units(self, data: ClientData) -> int:
-        return int(len(np.unique(np.asarray(data.entity).astype(str))))
+        return len(self._entity_stats(data)[0])
 
     def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
         return {"labels": np.full(self.n_units(data), -1, dtype=np.int64)}
