@@ -4,4 +4,7 @@ Every function takes ``quick`` (a small size that runs in tests), ``out`` (where
 ``random_state``.
 """
 
+from .hlcr import hlcr_figure3
+
 __all__: list[str] = []
+__all__ += ["hlcr_figure3"]

@@ -751,10 +751,10 @@ class HLCRModel(FederatedModel):
         XtX = S["XtX"] * n_total
         XtX = 0.5 * (XtX + np.swapaxes(XtX, 1, 2))
         lam, vec = np.linalg.eigh(XtX)
-        scale = np.maximum(np.abs(lam).max(axis=1, keepdims=True), 1.0)
-        bad = (lam < -1e-12 * scale).any(axis=1)
+        scale = max(float(np.abs(lam).max()), 1.0)
+        bad = (lam < -1e-9 * scale).any(axis=1)
         if bad.any():
-            logger.info("hlcr: smoothed X^T X of clusters %s not PSD; projected",
+            logger.debug("hlcr: smoothed X^T X of clusters %s not PSD; projected",
                         np.flatnonzero(bad).tolist())
             lam = np.maximum(lam, 0.0)
             XtX = np.where(bad[:, None, None], np.einsum("kij,kj,klj->kil", vec, lam, vec), XtX)
