@@ -26,3 +26,6 @@ __all__ = [
     "__version__",
 ]
 __all__ += ["FedGMM"]
+from .models.sec import SEC  # noqa: E402
+
+__all__ += ["SEC"]

@@ -20,3 +20,16 @@ __all__ = [
     "partition_by_labels",
     "split_arrays",
 ]
+from .sec_data import (  # noqa: E402
+    make_sec_attack,
+    make_sec_fairness,
+    make_sec_simulation1,
+    make_sec_simulation2,
+)
+
+__all__ += [
+    "make_sec_attack",
+    "make_sec_fairness",
+    "make_sec_simulation1",
+    "make_sec_simulation2",
+]

@@ -6,3 +6,6 @@ from .hlcr import HLCR, HLCRModel
 
 __all__ = ["FederatedGaussianMixture", "GMMModel", "HLCR", "HLCRModel"]
 __all__ += ["FedGMM", "FedGMMModel", "PersonalizedFedGMM"]
+from .sec import SEC, SECModel  # noqa: E402
+
+__all__ += ["SEC", "SECModel"]
