@@ -33,6 +33,21 @@ __all__ = ["ClientNode"]
 _P_MODEL, _P_QUANT, _P_BATCH, _P_QUERY = 0, 1, 2, 3
 
 
+class _LazyRng:
+    """A per-(client, round, purpose) generator built on first use (most steps draw nothing)."""
+
+    __slots__ = ("_args", "_rng")
+
+    def __init__(self, *args):
+        self._args = args
+        self._rng = None
+
+    def __getattr__(self, name):
+        if self._rng is None:
+            self._rng = client_rng(*self._args)
+        return getattr(self._rng, name)
+
+
 def _sub(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     p = prefix + "/"
     return {k[len(p) :]: v for k, v in state.items() if k.startswith(p)}
@@ -58,7 +73,9 @@ class ClientNode:
         Saved private state (a checkpoint, or Flower's context.state).
     """
 
-    def __init__(self, client_id: str, data: ClientData, state: dict[str, np.ndarray] | None = None):
+    def __init__(
+        self, client_id: str, data: ClientData, state: dict[str, np.ndarray] | None = None
+    ):
         self.client_id = str(client_id)
         self._data = data
         self.state: dict[str, np.ndarray] = dict(state or {})
@@ -76,6 +93,8 @@ class ClientNode:
             return self._evaluate(msg)
         if method == "query":
             return self._query(msg)
+        if method == "cv_init":
+            return self._cv_init(msg)
         raise KeyError(f"client {self.client_id!r}: unknown method {method!r}")
 
     def _setup(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -104,8 +123,8 @@ class ClientNode:
         mode = str(msg.get("mode", "full"))
         params = unpack(msg, "params")
         n_units = self.model.n_units(self._data)
-        rng_model = client_rng(seed, self.client_id, rnd, _P_MODEL)
-        rng_batch = client_rng(seed, self.client_id, rnd, _P_BATCH)
+        rng_model = _LazyRng(seed, self.client_id, rnd, _P_MODEL)
+        rng_batch = _LazyRng(seed, self.client_id, rnd, _P_BATCH)
 
         if mode == "full" or mode == "spider-refresh":
             step = self._local_stats(params, None, rng_model)
@@ -144,6 +163,8 @@ class ClientNode:
         V_c = Stats(_sub(self.state, "V")) if use_cv and _sub(self.state, "V") else None
         if len(S_hat) == 0:  # initialization round: send the statistic itself
             delta = S_c
+            if bool(msg.get("keep_init", False)):
+                _put(self.state, "init_S", S_c.to_dict())
         else:
             delta = S_c - S_hat
             if V_c is not None:
@@ -162,6 +183,16 @@ class ClientNode:
         reply["objective"] = float(step.objective)
         return reply
 
+    def _cv_init(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Control variate at the start: ``V_c = S_c(theta_0) - S_hat_0`` (Dieuleveut et al.'s
+        choice), from the statistic this client computed in the initialization round."""
+        init = _sub(self.state, "init_S")
+        if init:
+            V = Stats(init) - Stats(unpack(msg, "S_hat"))
+            _put(self.state, "V", V.to_dict())
+            _put(self.state, "init_S", {})
+        return {"ok": 1}
+
     def _evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.model is not None
         params = unpack(msg, "params")
@@ -178,7 +209,9 @@ class ClientNode:
         import zlib
 
         purpose = _P_QUERY + (zlib.crc32(name.encode()) % 1000) * 10
-        rng = client_rng(int(msg.get("seed", 0)), self.client_id, int(msg.get("round", 0)), purpose)
-        reply, mstate = self.model.client_query(name, msg, self._data, _sub(self.state, "model"), rng)
+        rnd = int(msg.get("round", 0))
+        rng = client_rng(int(msg.get("seed", 0)), self.client_id, rnd, purpose)
+        mstate = _sub(self.state, "model")
+        reply, mstate = self.model.client_query(name, msg, self._data, mstate, rng)
         _put(self.state, "model", mstate)
         return reply

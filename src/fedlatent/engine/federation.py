@@ -6,7 +6,7 @@ FedEM are settings of the same loop, not separate code:
 
 ==============================  ==================================================================
 plain federated EM              ``Federation()`` (participation 1, step 1, no quantizer)
-FedHLCR smoothing (Yang et al.) ``Federation(participation=f, step_size=gamma, control_variates=False)``
+FedHLCR smoothing (Yang et al.) ``Federation(participation=f, step_size=g, control_variates=False)``
 naive FedEM                     ``Federation(quantizer=Quantizer(s), control_variates=False)``
 FedEM (Dieuleveut et al.)       ``Federation(participation=p, step_size=g, quantizer=Quantizer(s))``
 VR-FedEM                        ``Federation(..., variance_reduction=Spider(k_in, b))``

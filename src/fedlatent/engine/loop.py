@@ -2,7 +2,10 @@
 
 Round 1 is the initialization E-step: every client computes its statistics at the initial
 parameters, uncompressed, and the server sets ``S_hat`` to their weighted mean (this is EM's first
-iteration). From round 2 on, the update of Dieuleveut, Fort, Moulines and Robin (2021), slide
+iteration); with control variates every client then sets ``V_c = S_c(theta_0) - S_hat_0``, the
+initialization of the paper's convergence theorem (so the server's ``V`` starts at 0 exactly, and
+the first compressed differences are small). From round 2 on, the update of Dieuleveut, Fort,
+Moulines and Robin (2021), slide
 "FedEM with partial participation", with client weights ``w_c`` (``n_c / n`` or ``1 / n_clients``)::
 
     active clients A ~ Bernoulli(p) each
@@ -87,6 +90,7 @@ def run_federated_em(
     checkpoint_every: int = 10,
     resume: bool = False,
     description: str = "fedlatent",
+    callbacks: list | None = None,
 ) -> FitResult:
     """Run the FedEM round loop of ``model`` over the clients of ``runtime``.
 
@@ -114,6 +118,9 @@ def run_federated_em(
         rounds and when a fault stops the run.
     resume : bool
         Continue from ``checkpoint``: the result equals the uninterrupted run's.
+    callbacks : list of callables or None
+        Each is called as ``cb(round, params, S_hat, record)`` after every round (for studies
+        that need per-round parameters; they must not modify their arguments).
 
     Returns
     -------
@@ -145,9 +152,8 @@ def run_federated_em(
     vr = federation.variance_reduction
     shapes = model.stat_shapes(params0)
     alpha = federation.alpha_for(shapes)
-    up_bytes_per_client = (
-        quant.nbytes(shapes) if quant is not None else int(sum(8 * int(np.prod(s)) for s in shapes.values()))
-    ) + 16
+    raw_bytes = int(sum(8 * int(np.prod(s)) for s in shapes.values())) + 16
+    quant_bytes = (quant.nbytes(shapes) + 16) if quant is not None else raw_bytes
 
     params = {k: np.asarray(v, dtype=np.float64) for k, v in params0.items()}
     S_hat: Stats | None = None
@@ -223,6 +229,7 @@ def run_federated_em(
             }
             if init_round:
                 msg["mode"] = "spider-refresh" if vr is not None else "full"
+                msg["keep_init"] = use_cv
             elif vr is not None:
                 msg["mode"] = "spider-refresh" if (k - 2) % vr.inner_rounds == 0 else "spider"
                 msg["batch_size"] = vr.batch_size
@@ -247,7 +254,7 @@ def run_federated_em(
                 obj_sum += float(replies[c]["objective"])
                 obj_n += int(replies[c]["n"])
             bytes_down = message_nbytes(msg) * len(active)
-            bytes_up = up_bytes_per_client * len(got)
+            bytes_up = (raw_bytes if init_round else quant_bytes) * len(got)
 
             if init_round:
                 if missing:
@@ -283,6 +290,11 @@ def run_federated_em(
                     params,
                     k,
                 )
+            if init_round and use_cv:
+                # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0.
+                cv_msg = {"seed": int(seed), "round": k, **pack("S_hat", S_new.to_dict())}
+                runtime.broadcast(cids, "cv_init", cv_msg)
+                bytes_down += message_nbytes(cv_msg) * n_clients
             S_hat, V, params = S_new, V_new, new_params
             h2 = None
             if federation.track_h:
@@ -308,6 +320,8 @@ def run_federated_em(
                 )
             )
             last_round = k
+            for cb in callbacks or ():
+                cb(k, params, S_hat, history[-1])
             bar.update(1)
             bar.set_postfix(objective=f"{objective:.5g}", clients=len(got))
             if checkpoint is not None and k % max(1, checkpoint_every) == 0:

@@ -81,7 +81,8 @@ def client_rng(seed: int, client_id: str, round_: int, purpose: int = 0) -> np.r
     of by spawn order, so results do not depend on client order, on the runtime, or on where a
     resumed run restarts.
     """
-    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(client_key(client_id), round_, purpose))
+    key = (client_key(client_id), round_, purpose)
+    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=key)
     return np.random.default_rng(ss)
 
 

@@ -8,3 +8,6 @@ from .hlcr import hlcr_figure3
 
 __all__: list[str] = []
 __all__ += ["hlcr_figure3"]
+from .sec import sec_attack, sec_fairness, sec_simulation1, sec_simulation2  # noqa: E402
+
+__all__ += ["sec_attack", "sec_fairness", "sec_simulation1", "sec_simulation2"]

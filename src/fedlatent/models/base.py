@@ -89,6 +89,7 @@ class FederatedEstimator:
         checkpoint_every: int = 10,
         resume: bool = False,
         progress: bool | None = None,
+        callbacks: list | None = None,
     ):
         """Fit on a federated dataset; raw samples stay in the client objects.
 
@@ -103,6 +104,8 @@ class FederatedEstimator:
             Continue from ``checkpoint``; ends with exactly the uninterrupted run's parameters.
         progress : bool or None
             Progress bar; None shows it when stderr is a terminal.
+        callbacks : list of callables or None
+            ``cb(round, params, S_hat, record)`` after every round.
         """
         self._validate_params()
         if not isinstance(fd, FederatedDataset):
@@ -140,6 +143,7 @@ class FederatedEstimator:
             checkpoint_every=checkpoint_every,
             resume=resume,
             description=type(self).__name__,
+            callbacks=callbacks,
         )
         self.seed_ = seed
         self.history_ = result.history

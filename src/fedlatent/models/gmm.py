@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 from scipy import linalg
-from scipy.special import logsumexp
 
-from ..data.dataset import ClientData, FederatedDataset
+from ..data.dataset import FederatedDataset
 from ..engine.loop import FitResult
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
 from ..engine.stats import Stats
@@ -38,6 +37,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 COV_TYPES = ("full", "tied", "diag", "spherical")
+
+
+def logsumexp(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log(sum(exp(a))) along ``axis``, stable (a lean version of scipy's for the hot path)."""
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
+    return np.squeeze(out, axis=axis)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +209,18 @@ def gmm_m_step(
     return weights, mc + center, cov
 
 
+def floor_covariances(cov: np.ndarray, covariance_type: str, floor: float) -> np.ndarray:
+    """Covariances with every eigenvalue raised to at least ``floor`` (a projection onto the
+    positive-definite cone used when stochastic statistics leave it)."""
+    if covariance_type in ("diag", "spherical"):
+        return np.maximum(cov, floor)
+    mats = cov if covariance_type == "full" else cov[None]
+    vals, vecs = np.linalg.eigh(0.5 * (mats + np.transpose(mats, (0, 2, 1))))
+    vals = np.maximum(vals, floor)
+    out = np.einsum("kij,kj,klj->kil", vecs, vals, vecs)
+    return out if covariance_type == "full" else out[0]
+
+
 def n_free_parameters(n_components: int, n_features: int, covariance_type: str) -> int:
     K, d = n_components, n_features
     cov = {"full": K * d * (d + 1) / 2, "tied": d * (d + 1) / 2, "diag": K * d, "spherical": K}[
@@ -248,13 +267,18 @@ class GMMModel(FederatedModel):
         return {"nk": (K,), "sx": (K, d), "sxx": sxx[self.cov_type]}
 
     def server_step(self, S, params, n_total):
+        # Stochastic statistics (quantized, mini-batch, partial participation) can leave the set
+        # where T is defined; project the parameters back (the exact-EM path is untouched).
+        tiny = 1e-10 * max(float(np.abs(S["nk"]).sum()), 1e-300)
+        if np.any(S["nk"] <= tiny):
+            S = Stats({**S, "nk": np.maximum(S["nk"], tiny)})
         w, m, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
-        return {
-            "weights": w,
-            "means": m,
-            "precisions_cholesky": compute_precision_cholesky(cov, self.cov_type),
-            "center": params["center"],
-        }
+        try:
+            prec = compute_precision_cholesky(cov, self.cov_type)
+        except ValueError:
+            cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-6))
+            prec = compute_precision_cholesky(cov, self.cov_type)
+        return {"weights": w, "means": m, "precisions_cholesky": prec, "center": params["center"]}
 
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):
@@ -319,7 +343,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         (centroids of fewer than ``min_points_per_centroid`` samples are not sent); the server
         clusters them (weighted k-means) and one hard-assignment round gives the initial
         parameters. "random": means drawn from N(global mean, global covariance), covariances the
-        global covariance, equal weights, from federated global moments.
+        global covariance divided by K, equal weights, from federated global moments.
     weights_init, means_init, precisions_init : array_like or None
         Explicit initial parameters, named and shaped as in scikit-learn; they override the
         corresponding parts of ``init_params``.
@@ -447,10 +471,19 @@ class FederatedGaussianMixture(FederatedEstimator):
         gcov = 0.5 * (gcov + gcov.T)
         K, d = self.n_components, center.shape[0]
         ct = self.covariance_type
-        if self.init_params == "random":
-            jitter = np.linalg.cholesky(gcov + 1e-9 * np.trace(gcov) / d * np.eye(d) + 1e-12 * np.eye(d))
+        explicit = (
+            self.weights_init is not None
+            and self.means_init is not None
+            and self.precisions_init is not None
+        )
+        if explicit:
+            weights = means = cov = None
+        elif self.init_params == "random":
+            ridge = (1e-9 * np.trace(gcov) / d + 1e-12) * np.eye(d)
+            jitter = np.linalg.cholesky(gcov + ridge)
             means = center + rng.standard_normal((K, d)) @ jitter.T
             weights = np.full(K, 1.0 / K)
+            gcov = gcov / K  # K components share the global spread
             cov = {
                 "full": np.repeat(gcov[None] + self.reg_covar * np.eye(d), K, 0),
                 "tied": gcov + self.reg_covar * np.eye(d),

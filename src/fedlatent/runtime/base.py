@@ -26,7 +26,7 @@ class Runtime(ABC):
     def call(
         self, client_ids: list[str], method: str, messages: dict[str, dict[str, Any]]
     ) -> dict[str, dict[str, Any]]:
-        """Deliver ``messages[cid]`` to each client; return ``{cid: reply}`` for those that answered."""
+        """Deliver ``messages[cid]`` to each client; return ``{cid: reply}`` of those answering."""
 
     def broadcast(
         self, client_ids: list[str], method: str, message: dict[str, Any]
