@@ -122,6 +122,7 @@ def fedem_toy(
     batch_size: int = 10,
     inner_rounds: int = 10,
     settings: list[str] | None = None,
+    cases: tuple[str, ...] = ("homogeneous", "heterogeneous"),
 ) -> pd.DataFrame:
     """Run the FedEM toy comparisons; return per-round Monte Carlo means and write plots.
 
@@ -136,6 +137,8 @@ def fedem_toy(
         SPIDER refresh period shared by the stochastic settings.
     settings : list of str or None
         Subset of :func:`toy_settings` names to run (default: all).
+    cases : tuple of str
+        Which of "homogeneous" and "heterogeneous" to run.
 
     Returns
     -------
@@ -151,7 +154,7 @@ def fedem_toy(
     if settings is not None:
         feds = {k: feds[k] for k in settings}
     rows = []
-    for case in ("homogeneous", "heterogeneous"):
+    for case in cases:
         for s in range(n_seeds):
             seed = random_state * 1000 + s
             fd = make_toy_federation(n_clients, n_per_client, case == "heterogeneous", seed)
