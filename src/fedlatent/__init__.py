@@ -5,6 +5,7 @@
 0.5
 """
 
+from . import baselines  # noqa: F401  (fl.baselines.*)
 from . import data as datasets  # noqa: F401  (fl.datasets.* generators)
 from .data import FederatedDataset
 from .engine import ConvergenceWarning, Federation, Quantizer, Spider, StepSchedule

@@ -33,3 +33,18 @@ __all__ += [
     "make_sec_simulation1",
     "make_sec_simulation2",
 ]
+from .fedgmm_data import (  # noqa: E402
+    federated_pca,
+    make_fedgmm_digits,
+    make_fedgmm_nongaussian,
+    make_fedgmm_synthetic,
+    transform_digits,
+)
+
+__all__ += [
+    "federated_pca",
+    "make_fedgmm_digits",
+    "make_fedgmm_nongaussian",
+    "make_fedgmm_synthetic",
+    "transform_digits",
+]

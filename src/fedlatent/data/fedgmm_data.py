@@ -43,7 +43,10 @@ def split_clients(
     rng: np.random.Generator | None = None,
     feature_names=None,
 ) -> FederatedSplits:
-    """Split every client's rows at random into train / val / test (paper: 60/20/20)."""
+    """Split every client's rows at random into train / val / test (paper: 60/20/20).
+
+    A split with fraction 0 is None.
+    """
     rng = np.random.default_rng(rng)
     fr = np.asarray(fractions, dtype=float)
     if fr.shape != (3,) or np.any(fr < 0) or not np.isclose(fr.sum(), 1.0):
@@ -56,7 +59,8 @@ def split_clients(
             parts[j][cid] = cd.take(np.sort(idx))
     d = next(iter(clients.values())).n_features
     names = list(feature_names) if feature_names is not None else [f"x{j}" for j in range(d)]
-    fds = [FederatedDataset(p, names, target_name="y") for p in parts]
+    fds = [FederatedDataset(p, names, target_name="y") if f > 0 else None
+           for p, f in zip(parts, fr)]
     return FederatedSplits(*fds)
 
 

@@ -11,3 +11,11 @@ __all__ += ["hlcr_figure3"]
 from .sec import sec_attack, sec_fairness, sec_simulation1, sec_simulation2  # noqa: E402
 
 __all__ += ["sec_attack", "sec_fairness", "sec_simulation1", "sec_simulation2"]
+from .fedgmm import (  # noqa: E402
+    fedgmm_nongaussian,
+    fedgmm_novelty,
+    fedgmm_synthetic,
+    fedgmm_unseen_clients,
+)
+
+__all__ += ["fedgmm_nongaussian", "fedgmm_novelty", "fedgmm_synthetic", "fedgmm_unseen_clients"]

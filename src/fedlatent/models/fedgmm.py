@@ -62,7 +62,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.special import logsumexp
 
 from ..data.dataset import ClientData, FederatedDataset
 from ..engine.loop import FitResult
@@ -103,6 +102,13 @@ _GMM_QUERIES = ("moments", "kmeans", "hard_stats")
 # ---------------------------------------------------------------------------------------------
 # Pure functions
 # ---------------------------------------------------------------------------------------------
+def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.squeeze(m, axis=axis) + np.log(np.sum(np.exp(a - m), axis=axis))
+
+
 def _log(a: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.log(a)
@@ -151,7 +157,7 @@ def fedgmm_responsibilities(
     log_lik : ndarray of shape (n_samples,)
     """
     lj = _log(pi)[None] + log_gauss[:, :, None] + log_py[:, None, :]
-    norm = logsumexp(lj.reshape(lj.shape[0], -1), axis=1)
+    norm = _logsumexp(lj.reshape(lj.shape[0], -1), axis=1)
     return np.exp(lj - norm[:, None, None]), norm
 
 
@@ -172,9 +178,9 @@ def fedgmm_predict_log_proba(
     log_px : ndarray of shape (n_samples,)
     """
     # log of sum_{m1} pi(m1, m2) N_m1(x): (n, M2)
-    a = logsumexp(_log(pi)[None] + log_gauss[:, :, None], axis=1)
-    log_px = logsumexp(a, axis=1)
-    lpk = logsumexp(a[:, :, None] + log_proba, axis=1) - log_px[:, None]
+    a = _logsumexp(_log(pi)[None] + log_gauss[:, :, None], axis=1)
+    log_px = _logsumexp(a, axis=1)
+    lpk = _logsumexp(a[:, :, None] + log_proba, axis=1) - log_px[:, None]
     return lpk, log_px
 
 
@@ -204,6 +210,7 @@ class FedGMMModel(FederatedModel):
         covariance_aggregation: str = "exact",
         local_steps: int = 1,
         prox: float = 0.0,
+        newton_step_max: float | None = 5.0,
     ):
         super().__init__(
             n_input_components=int(n_input_components),
@@ -216,7 +223,9 @@ class FedGMMModel(FederatedModel):
             covariance_aggregation=str(covariance_aggregation),
             local_steps=int(local_steps),
             prox=float(prox),
+            newton_step_max=None if newton_step_max is None else float(newton_step_max),
         )
+        self.step_max = None if newton_step_max is None else float(newton_step_max)
         self.M1, self.M2 = int(n_input_components), int(n_learners)
         self.classes = np.asarray(classes)
         self.K = len(classes)
@@ -260,7 +269,7 @@ class FedGMMModel(FederatedModel):
             lt = np.empty((self.M2, coef[0].size))
             for m in range(self.M2):
                 c_m = local_refit(Xa, y, ry[:, m], coef[m], self.l2 * lw[m], self.local_steps,
-                                  self.prox * lw[m])
+                                  self.prox * lw[m], self.step_max)
                 lt[m] = lw[m] * c_m.ravel()
             stats["ltheta"] = lt
         return ClientStep(Stats(stats, copy=False), n, float(loglik.sum()),
@@ -292,12 +301,25 @@ class FedGMMModel(FederatedModel):
             G["sxx"] = G["sxx"] + self._outer(G["sx"], nk)
         wx, means, cov = gmm_m_step(Stats(G, copy=False), params["center"], self.cov_type,
                                     self.reg)
+        # a component with (almost) no mass keeps its parameters: its ratios are rounding noise
+        dead = S["nk"] * n_total < 1e-8
+        prec = np.array(params["precisions_cholesky"], copy=True)
+        if self.cov_type == "tied" or not dead.any():
+            prec = compute_precision_cholesky(cov, self.cov_type)
+        else:
+            alive = ~dead
+            prec[alive] = compute_precision_cholesky(cov[alive], self.cov_type)
+            means[dead] = params["means"][dead]
         coef = params["coef"]
         lw = S["lw"]
         new = np.empty_like(coef)
         for m in range(self.M2):
             if self.update == "newton":
                 new[m] = newton_solve(S["lb"][m], S["lH"][m], self.l2 * lw[m], coef[m].shape)
+                step = np.max(np.abs(new[m] - coef[m]))
+                if self.step_max is not None and step > self.step_max:
+                    # damped Newton (trust region on the coefficients)
+                    new[m] = coef[m] + (new[m] - coef[m]) * (self.step_max / step)
             elif lw[m] > 0:
                 new[m] = (S["ltheta"][m] / lw[m]).reshape(coef[m].shape)
             else:
@@ -305,7 +327,7 @@ class FedGMMModel(FederatedModel):
         return {
             "weights_x": wx,
             "means": means,
-            "precisions_cholesky": compute_precision_cholesky(cov, self.cov_type),
+            "precisions_cholesky": prec,
             "center": params["center"],
             "coef": new,
             "weights_y": lw / max(lw.sum(), np.finfo(np.float64).tiny),
@@ -385,6 +407,12 @@ class FedGMM(FederatedEstimator):
         covariances around per-client means (drops the between-client scatter; comparison only).
     local_steps : int, default 1
     prox : float, default 0.0
+    newton_step_max : float or None, default 5.0
+        Damped Newton (server step and local refits): a learner's update is scaled down so
+        that no coefficient moves by more than this in one round (EM responsibilities can
+        swing early on, and a full step from near-separable weighted data overshoots).
+        None: the plain Newton step. When the cap does not bind, the step is exactly the
+        centralized IRLS step.
     classes : list or None
         Label values; default the union of the training labels.
     init_params : {"kmeans-federated", "random"}, default "kmeans-federated"
@@ -432,6 +460,7 @@ class FedGMM(FederatedEstimator):
         covariance_aggregation: str = "exact",
         local_steps: int = 1,
         prox: float = 0.0,
+        newton_step_max: float | None = 5.0,
         classes=None,
         init_params: str = "kmeans-federated",
         learner_init_scale: float = 1.0,
@@ -451,6 +480,7 @@ class FedGMM(FederatedEstimator):
         self.covariance_aggregation = covariance_aggregation
         self.local_steps = local_steps
         self.prox = prox
+        self.newton_step_max = newton_step_max
         self.classes = classes
         self.init_params = init_params
         self.learner_init_scale = learner_init_scale
@@ -536,6 +566,7 @@ class FedGMM(FederatedEstimator):
             covariance_aggregation=self.covariance_aggregation,
             local_steps=self.local_steps,
             prox=self.prox,
+            newton_step_max=self.newton_step_max,
         )
 
     # ---- fit -------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import linalg
-from scipy.special import log_softmax
 
 __all__ = [
     "add_intercept",
@@ -53,7 +52,9 @@ def logistic_log_proba(Xa: np.ndarray, coef: np.ndarray) -> np.ndarray:
     """
     logits = np.zeros((Xa.shape[0], coef.shape[0] + 1))
     logits[:, 1:] = Xa @ coef.T
-    return log_softmax(logits, axis=1)
+    logits -= logits.max(axis=1, keepdims=True)
+    logits -= np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return logits
 
 
 def weighted_loglik(Xa: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray) -> float:
@@ -131,11 +132,13 @@ def local_refit(
     lam: float,
     n_steps: int = 1,
     prox: float = 0.0,
+    step_max: float | None = None,
 ) -> np.ndarray:
     """Refit from ``coef0`` on local weighted data by ``n_steps`` Newton steps.
 
     Minimizes ``-sum_i w_i log P(y_i|x_i) + lam/2 ||theta||^2 + prox/2 ||theta - coef0||^2``
-    (``prox > 0`` is FedProx's proximal term).
+    (``prox > 0`` is FedProx's proximal term). ``step_max`` damps each Newton step so that no
+    coefficient moves by more than it (trust region; None: full steps).
 
     Returns
     -------
@@ -151,5 +154,8 @@ def local_refit(
             step = linalg.solve(0.5 * (A + A.T), g, assume_a="pos")
         except (linalg.LinAlgError, ValueError):
             step = linalg.lstsq(A, g)[0]
+        big = np.max(np.abs(step))
+        if step_max is not None and big > step_max:
+            step = step * (step_max / big)
         coef = coef - step.reshape(coef.shape)
     return coef
