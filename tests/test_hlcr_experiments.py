@@ -29,6 +29,8 @@ def test_figure3a_enough_data_reaches_the_noise_floor(fig3):
     # 20 events per pair: close to the optimal MSE sigma^2; 5 events per pair: worse
     assert (rich < 1.25).all()
     assert (poor > rich).all()
+    # FedHLCR converges fast: within 2% of its final test MSE in at most 10 iterations
+    assert (a.iter_within_2pct <= 10).all()
 
 
 def test_figure3b_has_every_iteration_and_converges_at_small_gamma(fig3):

@@ -386,3 +386,21 @@ def test_model_is_registered_and_json_configurable():
 
     m = model_from_config("hlcr", HLCRModel(2, 1.0, 1.0, 1.0, 0.5, True, 3).get_config())
     assert isinstance(m, HLCRModel) and m.F == 4
+
+
+def test_gram_projection_leaves_exact_sums_alone_and_repairs_inconsistent_ones():
+    from fedlatent.models.hlcr import project_gram_psd
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(2, 30, 3)), rng.normal(size=(2, 30))
+    XtX, Xty, yty = np.einsum("kni,knj->kij", X, X), np.einsum("kni,kn->ki", X, y), (y * y).sum(1)
+    a, b, c, bad = project_gram_psd(XtX, Xty, yty)
+    assert not bad.any() and a is XtX and b is Xty and c is yty
+    # an update overshooting on X^T X but not on X^T y (as gamma/p > 1 can produce)
+    XtX2 = XtX.copy()
+    XtX2[1] = XtX[1] - 1.5 * np.outer(X[1, 0], X[1, 0]) - 0.9 * XtX[1]
+    a, b, c, bad = project_gram_psd(XtX2, Xty, yty)
+    assert bad.tolist() == [False, True]
+    np.testing.assert_array_equal(a[0], XtX[0])
+    G = np.block([[a[1], b[1][:, None]], [b[1][None, :], np.array([[c[1]]])]])
+    assert np.linalg.eigvalsh(G).min() > -1e-9

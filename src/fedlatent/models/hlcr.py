@@ -65,6 +65,7 @@ __all__ = [
     "hlcr_log_joint",
     "log_prior_factor",
     "predict_theorem2",
+    "project_gram_psd",
     "sample_local_labels",
 ]
 
@@ -577,6 +578,47 @@ def sample_local_labels(
     return z, lp
 
 
+def project_gram_psd(XtX: np.ndarray, Xty: np.ndarray, yty: np.ndarray, rtol: float = 1e-9):
+    """Project each cluster's ``[[X^T X, X^T y], [y^T X, y^T y]]`` on the PSD cone.
+
+    Exact sums are Gram matrices of ``[X, y]``, hence PSD. A stochastic-approximation update
+    (partial participation with step ``gamma/p``, control variates, quantization) can leave a
+    combination that is not: the cluster's ``X^T X`` may lose positive semi-definiteness, or
+    ``X^T y`` may be inconsistent with it, which makes the posterior mean ``H c`` blow up.
+    Clusters whose smallest eigenvalue is below ``-rtol * scale`` are replaced by their
+    nearest PSD matrix (Frobenius norm: negative eigenvalues set to 0); the others are returned
+    unchanged (bit for bit), so exact federated sums are never altered.
+
+    Parameters
+    ----------
+    XtX : ndarray of shape (K, F, F)
+    Xty : ndarray of shape (K, F)
+    yty : ndarray of shape (K,)
+
+    Returns
+    -------
+    XtX, Xty, yty : the projected blocks
+    projected : ndarray of bool, shape (K,)
+    """
+    K, F = Xty.shape
+    G = np.empty((K, F + 1, F + 1))
+    G[:, :F, :F] = XtX
+    G[:, :F, F] = Xty
+    G[:, F, :F] = Xty
+    G[:, F, F] = yty
+    G = 0.5 * (G + np.swapaxes(G, 1, 2))
+    lam, vec = np.linalg.eigh(G)
+    scale = max(float(np.abs(lam).max()), 1.0)
+    bad = (lam < -rtol * scale).any(axis=1)
+    if not bad.any():
+        return XtX, Xty, yty, bad
+    P = np.einsum("kij,kj,klj->kil", vec, np.maximum(lam, 0.0), vec)
+    XtX = np.where(bad[:, None, None], P[:, :F, :F], XtX)
+    Xty = np.where(bad[:, None], P[:, :F, F], Xty)
+    yty = np.where(bad, P[:, F, F], yty)
+    return XtX, Xty, yty, bad
+
+
 def posterior_means(D: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Posterior means ``w_k = H_k c_k`` with ``H_k = D_k^-1``; shape (K, F)."""
     return np.linalg.solve(D, c[..., None])[..., 0]
@@ -748,19 +790,14 @@ class HLCRModel(FederatedModel):
                 "counts": np.zeros(K), "coef": np.zeros((K, F)), "train_mse": np.array(np.nan)}
 
     def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
-        XtX = S["XtX"] * n_total
-        XtX = 0.5 * (XtX + np.swapaxes(XtX, 1, 2))
-        lam, vec = np.linalg.eigh(XtX)
-        scale = max(float(np.abs(lam).max()), 1.0)
-        bad = (lam < -1e-9 * scale).any(axis=1)
+        XtX, Xty, _, bad = project_gram_psd(S["XtX"] * n_total, S["Xty"] * n_total,
+                                            S["yty"] * n_total)
         if bad.any():
-            logger.debug("hlcr: smoothed X^T X of clusters %s not PSD; projected",
-                        np.flatnonzero(bad).tolist())
-            lam = np.maximum(lam, 0.0)
-            XtX = np.where(bad[:, None, None], np.einsum("kij,kj,klj->kil", vec, lam, vec), XtX)
+            logger.debug("hlcr: smoothed statistics of clusters %s not a Gram matrix; "
+                         "projected", np.flatnonzero(bad).tolist())
         F = self.F
         D = np.eye(F)[None] / self.delta**2 + XtX / self.sigma**2
-        c = S["Xty"] * n_total / self.sigma**2
+        c = Xty / self.sigma**2
         counts = np.maximum(S["n_entities"] * n_total, 0.0)
         n_ev = float(np.maximum(S["n_events"], 0.0).sum())
         mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
