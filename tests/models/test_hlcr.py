@@ -404,3 +404,17 @@ def test_gram_projection_leaves_exact_sums_alone_and_repairs_inconsistent_ones()
     np.testing.assert_array_equal(a[0], XtX[0])
     G = np.block([[a[1], b[1][:, None]], [b[1][None, :], np.array([[c[1]]])]])
     assert np.linalg.eigvalsh(G).min() > -1e-9
+
+
+def test_federated_resume_equals_uninterrupted_run(tmp_path):
+    fd = fl.datasets.make_synthhlcr(12, 12, 4, 10, 3, 3, sigma=0.5, random_state=0)
+    fed = fl.Federation(participation=0.5, step_size=0.5, control_variates=False)
+    a = fl.HLCR(3, sigma=0.5, max_iter=8, tol=0.0, federation=fed, random_state=0).fit(fd)
+    b = fl.HLCR(3, sigma=0.5, max_iter=4, tol=0.0, federation=fed, random_state=0)
+    b.fit(fd, checkpoint=tmp_path / "ck", checkpoint_every=1)
+    b.max_iter = 8
+    b.fit(fd, checkpoint=tmp_path / "ck", resume=True)
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_array_equal(a.precisions_, b.precisions_)
+    np.testing.assert_array_equal(a.history_.train_mse[4:], b.history_.train_mse[4:])
+    assert np.isnan(b.history_.train_mse[:4]).all()  # rounds before the resume: not recorded

@@ -815,14 +815,14 @@ class _RoundTap(Runtime):
     def __init__(self, inner: Runtime, model: HLCRModel):
         self.inner = inner
         self.model = model
-        self.path: list[dict[str, Any]] = []
+        self.path: dict[int, dict[str, Any]] = {}  # round -> params after it, labels
         self._last_round = 0  # the last round whose E-step was sent
 
     @property
     def client_ids(self):
         return self.inner.client_ids
 
-    def _snapshot(self, params, upto: int):
+    def _snapshot(self, params, first: int, last: int):
         states = self.inner.get_client_states()
         labels = None
         if states is not None:
@@ -830,21 +830,21 @@ class _RoundTap(Runtime):
                       if "model/labels" in st}
         entry = {"params": {k: np.array(v) for k, v in params.items()}, "labels": labels}
         # rounds in which no agent took part leave the statistic, hence the params, unchanged
-        while len(self.path) < upto:
-            self.path.append(entry)
+        for r in range(first, last + 1):
+            self.path[r] = entry
 
     def call(self, client_ids, method, messages):
         if method == "estep" and messages:
             msg = next(iter(messages.values()))
             rnd = int(msg["round"])
             if self._last_round:
-                self._snapshot(unpack(msg, "params"), rnd - 1)
+                self._snapshot(unpack(msg, "params"), self._last_round, rnd - 1)
             self._last_round = rnd
         return self.inner.call(client_ids, method, messages)
 
     def finish(self, params, n_rounds: int):
         if self._last_round:
-            self._snapshot(params, n_rounds)
+            self._snapshot(params, self._last_round, n_rounds)
 
     def get_client_states(self):
         return self.inner.get_client_states()
@@ -1032,11 +1032,13 @@ class HLCR(FederatedEstimator):
         else:
             self.labels_ = np.full(len(self.pair_agents_), -1, dtype=np.int64)
         self._set_cluster_params(result.params["D"], result.params["c"], result.params["counts"])
-        self._path = [self._path_entry(p["params"], p["labels"]) for p in tap.path]
+        # rounds run before a resume are not in the tap: their training MSE is unknown
+        self._path = [self._path_entry(tap.path[r]["params"], tap.path[r]["labels"])
+                      for r in sorted(tap.path)]
         self.history_log_joint_ = np.array([r.objective for r in result.history], dtype=float)
-        mse = [float(p["params"]["train_mse"]) for p in tap.path]
-        mse = [np.nan] * (len(result.history) - len(mse)) + mse
-        self.history_train_mse_ = np.array(mse, dtype=float)
+        self.history_train_mse_ = np.array(
+            [float(tap.path[r.round]["params"]["train_mse"]) if r.round in tap.path else np.nan
+             for r in result.history], dtype=float)
         self.history_ = _HLCRHistory(result.history, self)
 
     def _path_entry(self, params, labels):
