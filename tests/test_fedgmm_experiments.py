@@ -47,3 +47,42 @@ def test_experiments_are_registered_for_the_cli():
     assert {"fedgmm_synthetic", "fedgmm_nongaussian", "fedgmm_unseen_clients",
             "fedgmm_novelty"} <= set(ex.__all__)
     assert fl.baselines.MixtureOfLearners(2).n_input_components == 1
+
+
+def test_cli_fit_predict_score(tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from fedlatent.cli import app
+    from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
+
+    sp = make_fedgmm_synthetic(6, 150, n_features=3, mean_scale=2.0, random_state=0)
+    sp.train.to_pandas().to_csv(tmp_path / "train.csv", index=False)
+    test = sp.test.to_pandas()
+    test.to_csv(tmp_path / "test.csv", index=False)
+    run = CliRunner().invoke
+    r = run(app, ["fit", "fedgmm", "--data", str(tmp_path / "train.csv"), "--client", "client",
+                  "--target", "y", "--input-components", "2", "--learners", "2",
+                  "--max-rounds", "5", "--out", str(tmp_path / "m"), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert len(list((tmp_path / "m" / "clients").glob("*.npz"))) == 6
+    r = run(app, ["predict", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "test.csv"),
+                  "--client", "client", "--out", str(tmp_path / "pred.csv")])
+    assert r.exit_code == 0, r.output
+    pred = pd.read_csv(tmp_path / "pred.csv")
+    est = fl.FedGMM.load(tmp_path / "m" / "model")
+    c = sp.test.client_ids[0]
+    pers = est.load_client_weights(c, tmp_path / "m" / "clients" / f"{c}.npz")
+    np.testing.assert_array_equal(pred.loc[pred.client == c, "prediction"],
+                                  pers.predict(sp.test[c].X))
+    r = run(app, ["score", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "test.csv"),
+                  "--client", "client", "--target", "y", "--out", str(tmp_path / "s.csv")])
+    assert r.exit_code == 0, r.output
+    sc = pd.read_csv(tmp_path / "s.csv")
+    np.testing.assert_allclose(sc["log_pxy"], sc["log_px"] + sc["log_py_given_x"])
+    test.loc[0, "client"] = "stranger"
+    test.to_csv(tmp_path / "bad.csv", index=False)
+    r = run(app, ["predict", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "bad.csv"),
+                  "--client", "client", "--out", str(tmp_path / "p2.csv")])
+    assert r.exit_code == 2
+    assert "client 'stranger' has no weights file" in r.output
