@@ -418,3 +418,15 @@ def test_federated_resume_equals_uninterrupted_run(tmp_path):
     np.testing.assert_array_equal(a.precisions_, b.precisions_)
     np.testing.assert_array_equal(a.history_.train_mse[4:], b.history_.train_mse[4:])
     assert np.isnan(b.history_.train_mse[:4]).all()  # rounds before the resume: not recorded
+
+
+def test_gibbs_burn_in_labels_are_the_modal_labels_with_matching_statistics(synth):
+    fd, _ = synth
+    est = fl.HLCR(3, sigma=SIGMA, solver="gibbs", max_iter=6, burn_in=2, tol=0.0,
+                  random_state=0, fit_intercept=False).fit(fd)
+    stats = [entity_statistics(cd.X, cd.y, cd.entity)[1:] for _, cd in fd.items()]
+    st = gibbs_init(stats, 3, 1.0, SIGMA, np.random.default_rng(0), labels=est.labels_)
+    np.testing.assert_allclose(est.precisions_, st["D"], rtol=1e-12)
+    np.testing.assert_array_equal(est.cluster_counts_, st["Nk"])
+    with pytest.raises(ValueError, match=r"burn_in must be None or in \[0, max_iter=6\)"):
+        fl.HLCR(3, solver="gibbs", max_iter=6, burn_in=6).fit(fd)

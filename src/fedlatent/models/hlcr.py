@@ -902,7 +902,13 @@ class HLCR(FederatedEstimator):
         ``pair_entities_``. For the federated solver the labels live on the agents; they are read
         from the runtime's client states (possible in-process), never from a message.
     history_ : History
-        One row per iteration; ``history_.to_frame()`` adds ``log_joint`` and ``train_mse``.
+        One row per iteration; ``history_.to_frame()`` adds ``log_joint`` and ``train_mse``
+        (per entity / per event). Gibbs: the log joint of the labelling after the sweep
+        (:func:`hlcr_log_joint`) and the training MSE under the posterior means. Federated: the
+        mean over the participating entities of ``log p(y_e | z_e)`` against the broadcast
+        statistics plus the log prior factor (2) of the drawn label (a Monte Carlo surrogate),
+        and the training MSE implied by the smoothed server statistic (exact with all agents
+        and gamma = 1).
 
     References
     ----------
