@@ -25,6 +25,7 @@ from ..engine.model import ClientStep, FederatedModel, Params, register_model
 from ..engine.stats import Stats
 from ..runtime.base import Runtime
 from .base import FederatedEstimator, check_is_fitted
+from .kmeans import kmeans
 
 __all__ = [
     "FederatedGaussianMixture",
@@ -286,16 +287,13 @@ class GMMModel(FederatedModel):
         if name == "moments":
             return {"n": X.shape[0], "sx": X.sum(0), "sxx": X.T @ X}, state
         if name == "kmeans":
-            from sklearn.cluster import KMeans
-
             k = int(payload["k"])
             min_points = int(payload["min_points"])
             n_loc = min(k, X.shape[0] // max(min_points, 1))
             if n_loc < 1:
                 d = X.shape[1]
                 return {"centroids": np.zeros((0, d)), "counts": np.zeros(0)}, state
-            km = KMeans(n_clusters=n_loc, n_init=3, random_state=int(rng.integers(2**31 - 1)))
-            labels = km.fit_predict(X)
+            _, labels, _ = kmeans(X, n_loc, rng, n_init=3)
             counts = np.bincount(labels, minlength=n_loc).astype(float)
             keep = counts >= min_points
             sums = np.zeros((n_loc, X.shape[1]))
@@ -506,13 +504,7 @@ class FederatedGaussianMixture(FederatedEstimator):
                     f"{self.min_points_per_centroid} samples); use init_params='random' or "
                     "lower min_points_per_centroid"
                 )
-            from sklearn.cluster import KMeans
-
-            centers = (
-                KMeans(n_clusters=K, n_init=10, random_state=int(rng.integers(2**31 - 1)))
-                .fit(cents, sample_weight=counts)
-                .cluster_centers_
-            )
+            centers, _, _ = kmeans(cents, K, rng, sample_weight=counts, n_init=10)
             hs = runtime.broadcast(
                 cids, "query",
                 {"query": "hard_stats", "centers": centers, "center": center, "seed": seed},

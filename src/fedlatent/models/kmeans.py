@@ -1,0 +1,88 @@
+"""A small weighted k-means (k-means++ seeding, Lloyd iterations) in NumPy.
+
+Used by the kmeans-federated initializations: on each client (local centroids) and on the server
+(clustering the clients' weighted centroids). Lean and single-threaded on purpose: it runs once per
+client on small data, where thread-pool start-up costs more than the arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["kmeans"]
+
+
+def _sqdist(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    d2 = np.einsum("ij,ij->i", X, X)[:, None] - 2.0 * X @ C.T + np.einsum("ij,ij->i", C, C)
+    return np.maximum(d2, 0.0)
+
+
+def _plusplus(X, w, k, rng):
+    n = X.shape[0]
+    centers = np.empty((k, X.shape[1]))
+    i = rng.choice(n, p=w / w.sum())
+    centers[0] = X[i]
+    d2 = _sqdist(X, centers[:1])[:, 0]
+    for j in range(1, k):
+        p = w * d2
+        tot = p.sum()
+        i = rng.choice(n, p=p / tot) if tot > 0 else rng.choice(n)
+        centers[j] = X[i]
+        d2 = np.minimum(d2, _sqdist(X, centers[j : j + 1])[:, 0])
+    return centers
+
+
+def kmeans(
+    X: np.ndarray,
+    k: int,
+    rng: np.random.Generator,
+    sample_weight: np.ndarray | None = None,
+    n_init: int = 3,
+    max_iter: int = 100,
+    tol: float = 1e-8,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Weighted k-means.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    k : int, 1 <= k <= n_samples
+    rng : numpy Generator
+    sample_weight : ndarray of shape (n_samples,) or None
+    n_init : int
+        Restarts; the lowest inertia wins.
+
+    Returns
+    -------
+    centers : ndarray of shape (k, n_features)
+    labels : ndarray of shape (n_samples,)
+    inertia : float
+        Weighted sum of squared distances to the closest center.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    n = X.shape[0]
+    if not 1 <= k <= n:
+        raise ValueError(f"k-means needs 1 <= k <= n_samples, got k={k} for {n} samples")
+    w = np.ones(n) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    best = None
+    for _ in range(max(1, n_init)):
+        C = _plusplus(X, w, k, rng)
+        prev = np.inf
+        for _ in range(max_iter):
+            d2 = _sqdist(X, C)
+            labels = d2.argmin(1)
+            inertia = float(np.sum(w * d2[np.arange(n), labels]))
+            wsum = np.bincount(labels, weights=w, minlength=k)
+            sums = np.zeros_like(C)
+            np.add.at(sums, labels, X * w[:, None])
+            empty = wsum <= 0
+            C = np.where(empty[:, None], C, sums / np.where(empty, 1.0, wsum)[:, None])
+            if prev - inertia <= tol * max(abs(prev), 1.0):
+                break
+            prev = inertia
+        d2 = _sqdist(X, C)
+        labels = d2.argmin(1)
+        inertia = float(np.sum(w * d2[np.arange(n), labels]))
+        if best is None or inertia < best[2]:
+            best = (C.copy(), labels, inertia)
+    return best
