@@ -130,20 +130,32 @@ def test_within_dispersion_is_first_term_of_eq3():
 def test_gap_and_penalty_find_k_of_block_diagonal_similarity(sizes):
     S, truth = block_similarity(sizes)
     Y = selection_embedding(S, 8)
-    k, info = gap_statistic(Y, 8, n_refs=10, rng=np.random.default_rng(0))
+    k, info = gap_statistic(Y, 8, n_refs=10, rng=np.random.default_rng(0), rule="global")
     assert k == len(sizes)
     assert info["W"][len(sizes) - 1] == pytest.approx(0.0, abs=1e-20)
     kp, _ = penalty_selection(Y, 8, penalty=0.5, rng=np.random.default_rng(0))
     assert kp == len(sizes)
+    # Tibshirani's rule: exact for two blocks; blind past K = 1 to equidistant blocks
+    kt, _ = gap_statistic(Y, 8, n_refs=10, rng=np.random.default_rng(0))
+    assert kt == (2 if len(sizes) == 2 else 1)
+
+
+def test_gap_rule_by_hand():
+    # 3 points per exact location on a line: 0, 0, 0, 10, 10, 10 -> W_1 = 150, W_2 = 0
+    Y = np.repeat([[0.0], [10.0]], 3, axis=0)
+    k, info = gap_statistic(Y, 3, n_refs=10, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(info["W"][:2], [150.0, 0.0], atol=1e-9)
+    assert k == 2
 
 
 def test_gap_statistic_blobs_and_uniform():
     rng = np.random.default_rng(3)
     centres = np.array([[0, 0], [10, 0], [0, 10], [10, 10]], dtype=float)
     Y = np.repeat(centres, 15, axis=0) + 0.3 * rng.standard_normal((60, 2))
-    assert gap_statistic(Y, 8, n_refs=10, rng=np.random.default_rng(0))[0] == 4
-    U = rng.uniform(size=(60, 2))
-    assert gap_statistic(U, 8, n_refs=10, rng=np.random.default_rng(0))[0] == 1
+    for rule in ("tibshirani", "global"):
+        assert gap_statistic(Y, 8, n_refs=10, rng=np.random.default_rng(0), rule=rule)[0] == 4
+        U = rng.uniform(size=(60, 2))
+        assert gap_statistic(U, 8, n_refs=10, rng=np.random.default_rng(0), rule=rule)[0] == 1
 
 
 def test_weighted_prediction_eq4():

@@ -742,16 +742,21 @@ def gap_statistic(
     n_refs: int = 20,
     n_init: int = 10,
     rng: np.random.Generator | None = None,
+    rule: str = "tibshirani",
 ) -> tuple[int, dict[str, np.ndarray]]:
     """Number of clusters by the gap statistic (Tibshirani, Walther and Hastie, 2001).
 
     ``Gap(K) = E*[log W*_K] - log W_K`` with W the within-cluster dispersion of k-means, and
     reference data drawn uniformly in the box aligned with the principal axes of Y (their
-    method "b"). ``K_hat`` is the smallest K whose gap is within one standard error of the
-    largest gap, ``Gap(K) >= Gap(K*) - s_{K*}`` with ``K* = argmax Gap`` and
-    ``s_K = sd*(log W*_K) sqrt(1 + 1/B)`` (the "global SE max" rule of Dudoit and Fridlyand,
-    2002; Tibshirani's "first K with Gap(K) >= Gap(K+1) - s_{K+1}" stops at K = 1 on equally
-    spaced exact clusters such as a block-diagonal similarity with three blocks).
+    method "b"), ``s_K = sd*(log W*_K) sqrt(1 + 1/B)``.
+
+    ``rule="tibshirani"`` (default, their eq. 5.1): the smallest K with
+    ``Gap(K) >= Gap(K+1) - s_{K+1}``. It cannot see past K = 1 when three or more clusters are
+    equally far apart (vertices of a simplex, as for a block-diagonal similarity with equal
+    blocks: merging two of three clusters halves W as it does for uniform data).
+    ``rule="global"``: the smallest K within one standard error of the largest gap (R's
+    ``cluster::clusGap`` "globalSEmax", after Dudoit and Fridlyand, 2002); it finds equidistant
+    clusters but follows within-cluster structure to large K on noisy SEC embeddings.
 
     Parameters
     ----------
@@ -762,6 +767,7 @@ def gap_statistic(
     n_init : int
         k-means restarts.
     rng : Generator
+    rule : {"tibshirani", "global"}
 
     Returns
     -------
@@ -790,8 +796,17 @@ def gap_statistic(
     logW = np.log(np.maximum(W, floor))
     gap = logW_ref.mean(1) - logW
     s = logW_ref.std(1) * np.sqrt(1.0 + 1.0 / int(n_refs))
-    best = int(np.argmax(gap))
-    k_hat = int(np.flatnonzero(gap >= gap[best] - s[best])[0]) + 1
+    if rule == "tibshirani":
+        k_hat = kmax
+        for k in range(1, kmax):
+            if gap[k - 1] >= gap[k] - s[k]:
+                k_hat = k
+                break
+    elif rule == "global":
+        best = int(np.argmax(gap))
+        k_hat = int(np.flatnonzero(gap >= gap[best] - s[best])[0]) + 1
+    else:
+        raise ValueError(f"rule must be 'tibshirani' or 'global', got {rule!r}")
     return k_hat, {"k": np.arange(1, kmax + 1), "W": W, "gap": gap, "s": s}
 
 
@@ -1041,10 +1056,12 @@ class SEC:
     n_clusters : int or None
         K. None: chosen by ``k_selection``.
     k_selection : {"gap", "penalty"}
-        Gap statistic (default) or the penalty ``W_K + K * lambda_n`` of Remark 2, both on the
-        eigenvalue-weighted spectral embedding (:func:`selection_embedding`).
+        Gap statistic (default; Tibshirani's rule) or the penalty ``W_K + K * lambda_n`` of
+        Remark 2, both on the eigenvalue-weighted spectral embedding
+        (:func:`selection_embedding`). The gap statistic misses three or more equidistant
+        clusters (see :func:`gap_statistic`); the penalty finds them.
     max_clusters : int
-        Largest K considered.
+        Largest K considered when K is chosen (also at most ``max(2, L // 2)``).
     affinity_scale : "auto" or float
         ``a`` in ``S = exp(-a V)``. "auto": ``1 / median`` of the off-diagonal dissimilarities
         (:func:`auto_affinity_scale`).
@@ -1312,13 +1329,16 @@ class SEC:
         if self.n_clusters is not None:
             k = int(self.n_clusters)
         else:
-            Y = selection_embedding(S, min(int(self.max_clusters), L))
+            # at most L/2 clusters: beyond, clusters are mostly singletons and the dispersion
+            # of k-means on L points carries no information (W_L = 0 for data and references)
+            kmax = min(int(self.max_clusters), max(2, L // 2))
+            Y = selection_embedding(S, kmax)
             if self.k_selection == "gap":
-                k, info = gap_statistic(Y, self.max_clusters, self.n_refs, self.n_init, rng)
+                k, info = gap_statistic(Y, kmax, self.n_refs, self.n_init, rng)
             else:
                 lam = (L / float(np.mean(self.n_samples_)) if self.penalty is None
                        else float(self.penalty))
-                k, info = penalty_selection(Y, self.max_clusters, lam, self.n_init, rng)
+                k, info = penalty_selection(Y, kmax, lam, self.n_init, rng)
         labels, U, w = spectral_clustering(S, k, self.n_init, rng)
         self.dissimilarity_ = V
         self.affinity_scale_ = float(a)
