@@ -104,8 +104,8 @@ def _compare(splits, seed, max_rounds, l2, methods=None):
 def fedgmm_synthetic(quick: bool = False, out=None, random_state: int = 0) -> pd.DataFrame:
     """Table 2, synthetic row: every method on the section 4.1 data (60/20/20 per client).
 
-    Full size: 300 clients of about 3,000 samples, d = 32, M = 3, Dir(0.4). Quick: 24 clients of
-    400 samples, d = 8.
+    Full size: 300 clients of about 3,000 samples, d = 32, M = 3, Dir(0.4). Quick: 16 clients of
+    300 samples, d = 8.
 
     Returns
     -------
@@ -113,8 +113,8 @@ def fedgmm_synthetic(quick: bool = False, out=None, random_state: int = 0) -> pd
     ``rounds``, ``seconds``, ``paper`` (Table 2's value where the paper reports one).
     """
     if quick:
-        sp = make_fedgmm_synthetic(24, 400, n_features=8, random_state=random_state)
-        max_rounds = 40
+        sp = make_fedgmm_synthetic(16, 300, n_features=8, random_state=random_state)
+        max_rounds = 30
     else:
         sp = make_fedgmm_synthetic(300, 3000, random_state=random_state)
         max_rounds = 100
@@ -179,8 +179,8 @@ def fedgmm_unseen_clients(quick: bool = False, out=None, random_state: int = 0) 
     """
     rng = np.random.default_rng(random_state)
     if quick:
-        sp = make_fedgmm_synthetic(30, 400, n_features=8, random_state=random_state)
-        max_rounds = 40
+        sp = make_fedgmm_synthetic(20, 300, n_features=8, random_state=random_state)
+        max_rounds = 30
     else:
         sp = make_fedgmm_synthetic(300, 3000, random_state=random_state)
         max_rounds = 100
@@ -262,7 +262,7 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
     hold = y == 1
     imgs_h = imgs[hold]
     imgs, y = imgs[~hold], y[~hold]
-    n_clients = 10 if quick else 20
+    n_clients = 8 if quick else 20
     from ..data.partition import partition_by_labels
 
     perm_labels = rng.permutation(10)
@@ -299,7 +299,7 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
         "held-out class": (proj(imgs_h.reshape(-1, 64)), np.ones(imgs_h.shape[0], int)),
     }
     Z_in = proj(X_in)
-    kw = dict(max_rounds=30 if quick else 60, random_state=random_state, verbose=False,
+    kw = dict(max_rounds=15 if quick else 60, random_state=random_state, verbose=False,
               l2=1e-2, reg_covar=1e-3)
     models = {
         "FedGMM": FedGMM(3, 3, classes=list(range(10)), **kw),
