@@ -4,9 +4,10 @@ Every function takes ``quick`` (a small size that runs in tests), ``out`` (where
 ``random_state``.
 """
 
+from .fedem_toy import fedem_toy
 from .hlcr import hlcr_figure3
 
-__all__: list[str] = []
+__all__: list[str] = ["fedem_toy"]
 __all__ += ["hlcr_figure3"]
 from .sec import sec_attack, sec_fairness, sec_simulation1, sec_simulation2  # noqa: E402
 
