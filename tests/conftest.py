@@ -27,6 +27,15 @@ def make_blobs_federation(n_clients=50, K=3, d=4, seed=0, unequal=True):
     return fl.FederatedDataset.from_arrays({f"c{i:02d}": p for i, p in enumerate(parts)})
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_blas_thread_for_small_test_problems():
+    """Test problems are small: BLAS/OpenMP thread pools only add contention on 2 cores."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        yield
+
+
 @pytest.fixture
 def blobs_fd():
     return make_blobs_federation()
