@@ -246,3 +246,38 @@ def test_quantized_statistics_with_control_variates_reach_a_close_fit():
     q = _fit(fd, 50, federation=fed, **kw)
     assert _rel(q.coef_, plain.coef_) < 1e-8
     assert _rel(q.means_, plain.means_) < 1e-8
+
+
+def test_torch_learner_needs_the_average_rule():
+    fd = _small(n_clients=2)
+    with pytest.raises(ValueError, match="learner='torch' is refitted locally and averaged: use "
+                                         "learner_update='average'"):
+        FedGMM(1, 1, learner="torch").fit(fd)
+
+
+@pytest.mark.torch
+def test_torch_learner_round_is_the_weighted_average_of_local_sgd_refits():
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    from fedlatent.engine.model import client_rng
+    from fedlatent.models.torch_learner import TorchMLPLearner
+
+    fd = _small(n_clients=3)
+    lp = {"hidden": [8], "lr": 0.2, "epochs": 2, "batch_size": 16}
+    kw = dict(n_input_components=1, n_learners=1, learner="torch", learner_update="average",
+              learner_params=lp, l2=1e-3)
+    est = _fit(fd, 1, **kw)
+    p0 = _params0(FedGMM(random_state=3, **kw), fd)
+    learner = TorchMLPLearner(fd.n_features, 2, **lp)
+    fits, ns = [], []
+    for cid, cd in fd.items():
+        rng = client_rng(3, cid, 1, 0)
+        fits.append(learner.refit(cd.X, cd.y, np.ones(cd.n_samples), p0["coef"][0], 1e-3, 0.0,
+                                  rng))
+        ns.append(cd.n_samples)
+    np.testing.assert_allclose(est.coef_[0], np.average(fits, axis=0, weights=ns), rtol=1e-10,
+                               atol=1e-12)
+    # and it learns: personalized accuracy on the training clients well above chance
+    more = _fit(fd, 10, **{**kw, "n_input_components": 2, "n_learners": 2})
+    acc = np.mean([np.mean(more.predict(cd.X, client=c) == cd.y) for c, cd in fd.items()])
+    assert acc > 0.7

@@ -115,7 +115,7 @@ def _log(a: np.ndarray) -> np.ndarray:
 
 
 def fedgmm_log_components(
-    X: np.ndarray, params: Params, covariance_type: str
+    X: np.ndarray, params: Params, covariance_type: str, learner=None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Log densities of the input components and log class probabilities of the learners.
 
@@ -123,6 +123,8 @@ def fedgmm_log_components(
     ----------
     X : ndarray of shape (n_samples, n_features)
     params : dict with ``means`` (M1, d), ``precisions_cholesky`` and ``coef`` (M2, K-1, d+1)
+        (or (M2, P) flat parameters of a ``learner``)
+    learner : object with ``log_proba(X, theta)`` or None (the logistic learner)
 
     Returns
     -------
@@ -133,8 +135,11 @@ def fedgmm_log_components(
     """
     lg = estimate_log_gaussian_prob(X, params["means"], params["precisions_cholesky"],
                                     covariance_type)
-    Xa = add_intercept(X)
     coef = params["coef"]
+    if learner is not None:
+        lp = np.stack([learner.log_proba(X, coef[m]) for m in range(coef.shape[0])], axis=1)
+        return lg, lp
+    Xa = add_intercept(X)
     lp = np.stack([logistic_log_proba(Xa, coef[m]) for m in range(coef.shape[0])], axis=1)
     return lg, lp
 
@@ -211,6 +216,9 @@ class FedGMMModel(FederatedModel):
         local_steps: int = 1,
         prox: float = 0.0,
         newton_step_max: float | None = 5.0,
+        learner: str = "logistic",
+        learner_params: dict | None = None,
+        n_features: int | None = None,
     ):
         super().__init__(
             n_input_components=int(n_input_components),
@@ -224,7 +232,14 @@ class FedGMMModel(FederatedModel):
             local_steps=int(local_steps),
             prox=float(prox),
             newton_step_max=None if newton_step_max is None else float(newton_step_max),
+            learner=str(learner),
+            learner_params=dict(learner_params or {}),
+            n_features=None if n_features is None else int(n_features),
         )
+        self.learner_name = str(learner)
+        self.learner_params = dict(learner_params or {})
+        self.n_features = n_features
+        self._learner_cache = None
         self.step_max = None if newton_step_max is None else float(newton_step_max)
         self.M1, self.M2 = int(n_input_components), int(n_learners)
         self.classes = np.asarray(classes)
@@ -240,6 +255,16 @@ class FedGMMModel(FederatedModel):
     def encode(self, y: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.classes, y)
 
+    def learner(self, n_features: int):
+        """The learner object (None for the built-in logistic regression)."""
+        if self.learner_name == "logistic":
+            return None
+        if self._learner_cache is None:
+            from .torch_learner import TorchMLPLearner
+
+            self._learner_cache = TorchMLPLearner(n_features, self.K, **self.learner_params)
+        return self._learner_cache
+
     def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
         return {"pi": np.full((self.M1, self.M2), 1.0 / (self.M1 * self.M2))}
 
@@ -247,7 +272,8 @@ class FedGMMModel(FederatedModel):
         X = data.X if rows is None else data.X[rows]
         y = self.encode(data.y if rows is None else data.y[rows])
         n = X.shape[0]
-        lg, lp = fedgmm_log_components(X, params, self.cov_type)
+        learner = self.learner(X.shape[1])
+        lg, lp = fedgmm_log_components(X, params, self.cov_type, learner)
         lpy = lp[np.arange(n), :, y]  # (n, M2)
         q, loglik = fedgmm_responsibilities(lg, lpy, state["pi"])
         rx, ry = q.sum(axis=2), q.sum(axis=1)
@@ -268,6 +294,9 @@ class FedGMMModel(FederatedModel):
         else:
             lt = np.empty((self.M2, coef[0].size))
             for m in range(self.M2):
+                if learner is not None:
+                    lt[m] = lw[m] * learner.refit(X, y, ry[:, m], coef[m], self.l2, self.prox, rng)
+                    continue
                 c_m = local_refit(Xa, y, ry[:, m], coef[m], self.l2 * lw[m], self.local_steps,
                                   self.prox * lw[m], self.step_max)
                 lt[m] = lw[m] * c_m.ravel()
@@ -390,8 +419,12 @@ class FedGMM(FederatedEstimator):
         ``M1``, Gaussian components of the input distribution.
     n_learners : int, default 3
         ``M2``, shared learners ``P_theta(y | x)``.
-    learner : {"logistic"}, default "logistic"
-        Multinomial logistic regression (binary and multi-class) in NumPy.
+    learner : {"logistic", "torch"}, default "logistic"
+        Multinomial logistic regression (binary and multi-class) in NumPy, or a PyTorch MLP
+        (``fedlatent[torch]``; needs ``learner_update="average"``).
+    learner_params : dict or None
+        For "torch": ``hidden`` (list of layer sizes, default [32]), ``lr`` (0.1), ``epochs``
+        (1), ``batch_size`` (64) of the local SGD refits.
     covariance_type : {"full", "tied", "diag", "spherical"}, default "full"
     reg_covar : float, default 1e-6
     l2 : float, default 1e-3
@@ -453,6 +486,7 @@ class FedGMM(FederatedEstimator):
         n_learners: int = 3,
         *,
         learner: str = "logistic",
+        learner_params: dict | None = None,
         covariance_type: str = "full",
         reg_covar: float = 1e-6,
         l2: float = 1e-3,
@@ -473,6 +507,7 @@ class FedGMM(FederatedEstimator):
         self.n_input_components = n_input_components
         self.n_learners = n_learners
         self.learner = learner
+        self.learner_params = learner_params
         self.covariance_type = covariance_type
         self.reg_covar = reg_covar
         self.l2 = l2
@@ -496,8 +531,18 @@ class FedGMM(FederatedEstimator):
             v = getattr(self, name)
             if not isinstance(v, int | np.integer) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if self.learner != "logistic":
-            raise ValueError(f"learner must be 'logistic', got {self.learner!r}")
+        if self.learner not in ("logistic", "torch"):
+            raise ValueError(f"learner must be 'logistic' or 'torch', got {self.learner!r}")
+        if self.learner == "torch":
+            if self.learner_update != "average":
+                raise ValueError(
+                    "learner='torch' is refitted locally and averaged: use "
+                    "learner_update='average' (Newton steps need the logistic learner)"
+                )
+            allowed = {"hidden", "lr", "epochs", "batch_size"}
+            bad = sorted(set(self.learner_params or {}) - allowed)
+            if bad:
+                raise ValueError(f"unknown learner_params {bad}; allowed: {sorted(allowed)}")
         if self.covariance_type not in COV_TYPES:
             raise ValueError(
                 f"covariance_type must be one of {COV_TYPES}, got {self.covariance_type!r}"
@@ -567,6 +612,9 @@ class FedGMM(FederatedEstimator):
             local_steps=self.local_steps,
             prox=self.prox,
             newton_step_max=self.newton_step_max,
+            learner=self.learner,
+            learner_params=dict(self.learner_params or {}),
+            n_features=fd.n_features,
         )
 
     # ---- fit -------------------------------------------------------------------------------
@@ -605,9 +653,13 @@ class FedGMM(FederatedEstimator):
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xF3D6,)))
         d = g["means"].shape[1]
         K = len(self._classes)
-        coef = float(self.learner_init_scale) * rng.standard_normal(
-            (self.n_learners, K - 1, d + 1)
-        ) / np.sqrt(d + 1)
+        learner = model.learner(d)
+        if learner is not None:
+            coef = np.stack([learner.init_params(rng) for _ in range(self.n_learners)])
+        else:
+            coef = float(self.learner_init_scale) * rng.standard_normal(
+                (self.n_learners, K - 1, d + 1)
+            ) / np.sqrt(d + 1)
         return {
             "weights_x": g["weights"],
             "means": g["means"],
@@ -713,7 +765,7 @@ class FedGMM(FederatedEstimator):
             raise ValueError(f"n_rounds must be >= 1, got {n_rounds!r}")
         X = self._check_X(client_data.X)
         y = self._encode(client_data.y)
-        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type)
+        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
         lpy = lp[np.arange(X.shape[0]), :, y]
         M1, M2 = len(self.weights_x_), len(self.weights_y_)
         pi = np.full((M1, M2), 1.0 / (M1 * M2))
@@ -750,6 +802,16 @@ class FedGMM(FederatedEstimator):
             )
         return idx
 
+    def _learner(self):
+        if self.learner == "logistic":
+            return None
+        if getattr(self, "_learner_obj", None) is None:
+            from .torch_learner import TorchMLPLearner
+
+            self._learner_obj = TorchMLPLearner(self.n_features_in_, len(self.classes_),
+                                                **dict(self.learner_params or {}))
+        return self._learner_obj
+
     def _global_pi(self) -> np.ndarray:
         return np.outer(self.weights_x_, self.weights_y_)
 
@@ -758,12 +820,12 @@ class FedGMM(FederatedEstimator):
 
     def _predict_proba_pi(self, X, pi) -> np.ndarray:
         X = self._check_X(X)
-        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type)
+        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
         return np.exp(fedgmm_predict_log_proba(lg, lp, pi)[0])
 
     def _score_pi(self, X, y, pi) -> pd.DataFrame:
         X = self._check_X(X)
-        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type)
+        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
         lpk, log_px = fedgmm_predict_log_proba(lg, lp, pi)
         out = {"log_px": log_px}
         if y is not None:
