@@ -72,6 +72,22 @@ def _finite_check(client: str, X: np.ndarray, names: Sequence[str]) -> None:
     )
 
 
+def _numeric_column(df: pd.DataFrame, col: str, client: str, what: str, fix: str) -> pd.Series:
+    """The column as numbers, or an error naming the first client with a non-number in it."""
+    values = df[col]
+    if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
+        return values
+    conv = pd.to_numeric(values, errors="coerce")
+    bad = conv.isna() & values.notna()
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        cid = str(df[client].iloc[i])
+        raise DataValidationError(
+            f"client {cid!r}: {what} {col!r} is not numeric (value {values.iloc[i]!r}); {fix}"
+        )
+    return conv
+
+
 @dataclass
 class FederatedDataset:
     """A mapping client id -> :class:`ClientData` with shared column names.
@@ -237,33 +253,13 @@ class FederatedDataset:
             )
         if len(df) == 0:
             raise DataValidationError("the table has no rows")
-        # Non-numeric feature columns: name the first client holding a non-number.
+        # Non-numeric columns: name the first client holding a non-number.
         for f in features:
-            col = df[f]
-            if not (pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col)):
-                conv = pd.to_numeric(col, errors="coerce")
-                bad = conv.isna() & col.notna()
-                if bad.any():
-                    i = int(np.flatnonzero(bad.to_numpy())[0])
-                    cid = str(df[client].iloc[i])
-                    raise DataValidationError(
-                        f"client {cid!r}: column {f!r} is not numeric (value {col.iloc[i]!r}); "
-                        "convert it to numbers or leave it out of features"
-                    )
-                df[f] = conv
+            df[f] = _numeric_column(df, f, client, "column", "convert it to numbers or leave it "
+                                    "out of features")
         if target is not None:
-            col = df[target]
-            if not (pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col)):
-                conv = pd.to_numeric(col, errors="coerce")
-                bad = conv.isna() & col.notna()
-                if bad.any():
-                    i = int(np.flatnonzero(bad.to_numpy())[0])
-                    cid = str(df[client].iloc[i])
-                    raise DataValidationError(
-                        f"client {cid!r}: target column {target!r} is not numeric "
-                        f"(value {col.iloc[i]!r}); encode it as numbers"
-                    )
-                df[target] = conv
+            df[target] = _numeric_column(df, target, client, "target column",
+                                         "encode it as numbers")
         clients: dict[str, ClientData] = {}
         keys = df[client].astype(str).to_numpy()
         order = np.argsort(keys, kind="stable")
