@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test-extras
 
 .PHONY: demo test lint bench clean venv
 
@@ -12,12 +13,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# Extras some tests need: the CPU build of torch 2.13.0 (pinned: an unpinned torch pulls
+# gigabytes of CUDA packages).
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev,torch]"
+	touch $(TEST_STAMP)
+
 venv: $(STAMP)
 
 demo: $(STAMP)
 	MPLBACKEND=Agg $(BIN)/fedlatent demo --out demo-output
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	MPLBACKEND=Agg $(BIN)/python -m pytest -q
 	$(BIN)/ruff check src tests benchmarks
 
@@ -26,6 +33,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_gmm.py
+	$(BIN)/python benchmarks/bench_fedgmm.py
+	$(BIN)/python benchmarks/bench_hlcr.py
+	$(BIN)/python benchmarks/bench_sec.py
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache
