@@ -216,7 +216,8 @@ def test_wrong_width_at_predict(blobs_fd):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gm.fit(blobs_fd)
-    with pytest.raises(ValueError, match=r"X has 3 features, but this model was fitted with 4"):
+    with pytest.raises(ValueError, match=r"X has 3 features, but this "
+                       r"FederatedGaussianMixture was fitted with 4"):
         gm.predict(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="not fitted yet"):
         fl.FederatedGaussianMixture(2).predict(np.zeros((2, 3)))

@@ -21,7 +21,13 @@ from ..engine.model import FederatedModel, Params
 from ..runtime.base import Runtime
 from ..runtime.inprocess import InProcessRuntime
 
-__all__ = ["FederatedEstimator", "check_is_fitted", "NotFittedError", "resolve_seed"]
+__all__ = [
+    "FederatedEstimator",
+    "NotFittedError",
+    "check_features",
+    "check_is_fitted",
+    "resolve_seed",
+]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -33,6 +39,25 @@ def check_is_fitted(est, attr: str = "n_rounds_") -> None:
         raise NotFittedError(
             f"this {type(est).__name__} is not fitted yet; call fit(fd) before using it"
         )
+
+
+def check_features(est, X, what: str | None = None) -> np.ndarray:
+    """X as a finite float array of shape (n_samples, n_features_in_), or a clear error.
+
+    A 1-D X is one sample. ``what`` names the estimator in the message (default: its class).
+    """
+    check_is_fitted(est)
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim == 1:
+        X = X.reshape(1, -1)
+    if X.ndim != 2 or X.shape[1] != est.n_features_in_:
+        raise ValueError(
+            f"X has {X.shape[-1] if X.ndim else 0} features, but this {what or type(est).__name__}"
+            f" was fitted with {est.n_features_in_} ({est.feature_names_in_})"
+        )
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains NaN or infinite values")
+    return X
 
 
 def resolve_seed(random_state) -> int:

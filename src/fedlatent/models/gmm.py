@@ -24,7 +24,7 @@ from ..engine.loop import FitResult
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
 from ..engine.stats import Stats
 from ..runtime.base import Runtime
-from .base import FederatedEstimator, check_is_fitted
+from .base import FederatedEstimator, check_features, check_is_fitted
 from .kmeans import kmeans
 
 __all__ = [
@@ -557,18 +557,7 @@ class FederatedGaussianMixture(FederatedEstimator):
 
     # ---- prediction -----------------------------------------------------------------------
     def _check_X(self, X) -> np.ndarray:
-        check_is_fitted(self)
-        X = np.asarray(X, dtype=np.float64)
-        if X.ndim == 1:
-            X = X.reshape(1, -1)
-        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
-            raise ValueError(
-                f"X has {X.shape[-1] if X.ndim else 0} features, but this model was fitted with "
-                f"{self.n_features_in_} ({self.feature_names_in_})"
-            )
-        if not np.all(np.isfinite(X)):
-            raise ValueError("X contains NaN or infinite values")
-        return X
+        return check_features(self, X)
 
     def _weighted_log_prob(self, X) -> np.ndarray:
         return estimate_log_gaussian_prob(
