@@ -9,7 +9,7 @@ from . import baselines  # noqa: F401  (fl.baselines.*)
 from . import data as datasets  # noqa: F401  (fl.datasets.* generators)
 from .data import FederatedDataset
 from .engine import ConvergenceWarning, Federation, Quantizer, Spider, StepSchedule
-from .models import SEC, HLCR, FedGMM, FederatedGaussianMixture
+from .models import HLCR, SEC, FederatedGaussianMixture, FedGMM
 
 __version__ = "0.1.0"
 
