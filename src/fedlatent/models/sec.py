@@ -1076,6 +1076,9 @@ class SEC:
         k-means restarts.
     n_refs : int
         Reference data sets of the gap statistic.
+    gap_rule : {"tibshirani", "global"}
+        Rule of the gap statistic (:func:`gap_statistic`). "global" suits learners spread along
+        a continuum (the fairness example), where Tibshirani's rule often stops at K = 1.
     n_jobs : int or None
         Threads for the Select and Exchange queries (joblib); None or 1: serial.
     exchange_batch : int
@@ -1126,6 +1129,7 @@ class SEC:
         penalty: float | None = None,
         n_init: int = 10,
         n_refs: int = 20,
+        gap_rule: str = "tibshirani",
         n_jobs: int | None = None,
         exchange_batch: int = 64,
         random_state: Any = None,
@@ -1139,12 +1143,15 @@ class SEC:
         self.penalty = penalty
         self.n_init = n_init
         self.n_refs = n_refs
+        self.gap_rule = gap_rule
         self.n_jobs = n_jobs
         self.exchange_batch = exchange_batch
         self.random_state = random_state
 
     # ---- validation --------------------------------------------------------------------------
     def _validate_params(self) -> None:
+        if self.gap_rule not in ("tibshirani", "global"):
+            raise ValueError(f"gap_rule must be 'tibshirani' or 'global', got {self.gap_rule!r}")
         if self.k_selection not in ("gap", "penalty"):
             raise ValueError(f"k_selection must be 'gap' or 'penalty', got {self.k_selection!r}")
         if self.n_clusters is not None and (
@@ -1334,7 +1341,7 @@ class SEC:
             kmax = min(int(self.max_clusters), max(2, L // 2))
             Y = selection_embedding(S, kmax)
             if self.k_selection == "gap":
-                k, info = gap_statistic(Y, kmax, self.n_refs, self.n_init, rng)
+                k, info = gap_statistic(Y, kmax, self.n_refs, self.n_init, rng, self.gap_rule)
             else:
                 lam = (L / float(np.mean(self.n_samples_)) if self.penalty is None
                        else float(self.penalty))
