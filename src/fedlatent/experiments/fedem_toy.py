@@ -66,7 +66,7 @@ def make_toy_federation(
     return FederatedDataset(clients, ["x0", "x1"])
 
 
-def toy_settings(levels: int = 2, gamma: float = 0.1, batch_size: int = 10,
+def toy_settings(levels: int = 2, gamma: float = 0.3, batch_size: int = 10,
                  inner_rounds: int = 10) -> dict[str, Federation]:
     """The compared federations, by name."""
     q = Quantizer(levels)
@@ -85,7 +85,7 @@ def toy_settings(levels: int = 2, gamma: float = 0.1, batch_size: int = 10,
 
 def _run_one(fd, fed, seed, rounds, weights_trace=None):
     init_rng = np.random.default_rng(10_000 + seed)
-    means0 = TRUE_MEANS + init_rng.normal(scale=1.0, size=TRUE_MEANS.shape)
+    means0 = TRUE_MEANS + init_rng.normal(scale=0.5, size=TRUE_MEANS.shape)
     gm = FederatedGaussianMixture(
         2,
         covariance_type="full",
@@ -118,7 +118,7 @@ def fedem_toy(
     rounds: int | None = None,
     n_seeds: int | None = None,
     levels: int = 2,
-    gamma: float = 0.1,
+    gamma: float = 0.3,
     batch_size: int = 10,
     inner_rounds: int = 10,
     settings: list[str] | None = None,
