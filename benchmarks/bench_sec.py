@@ -16,8 +16,15 @@ import time
 import numpy as np
 
 from fedlatent.data.sec_data import make_sec_simulation1
+from fedlatent.models import sec as sec_module
 from fedlatent.models.sec import SEC, make_candidates
 from fedlatent.runtime.inprocess import InProcessRuntime
+
+
+def clear_caches() -> None:
+    """Forget loaded models, so each timed exchange deserializes them as a fresh learner would."""
+    sec_module._cache.clear()
+    sec_module._forest_cache.clear()
 
 
 def run(L: int, n_jobs: int, seed: int = 0) -> dict:
@@ -31,6 +38,7 @@ def run(L: int, n_jobs: int, seed: int = 0) -> dict:
     sec._setup(rt, cids)
     common = make_candidates(None)
     sel = sec._run_select(rt, cids, {c: common for c in cids}, seed)
+    clear_caches()
     t1 = time.perf_counter()
     blobs = [np.asarray(sel[c]["model"], dtype=np.uint8) for c in cids]
     E = sec._run_exchange(rt, cids, blobs, seed)
@@ -40,6 +48,7 @@ def run(L: int, n_jobs: int, seed: int = 0) -> dict:
     sec._cluster(E, e, seed)
     t3 = time.perf_counter()
     par = SEC(random_state=seed, n_jobs=n_jobs)
+    clear_caches()
     t4 = time.perf_counter()
     E2 = par._run_exchange(rt, cids, blobs, seed)
     t5 = time.perf_counter()
@@ -55,6 +64,7 @@ def main() -> None:
     ap.add_argument("--n-jobs", type=int, default=2)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    run(10, 1)  # warm-up: imports (skops builds its trusted-type table on import), caches
     rows = [run(L, args.n_jobs) for L in sizes]
     print(f"{'L':>5} {'select s':>9} {'exchange s':>11} {'cluster s':>10} {'total s':>8} "
           f"{'exch. par s':>12} {'par/serial':>10} {'K':>3} {'RF sel.':>7}")
