@@ -7,7 +7,11 @@ import pytest
 from sklearn.mixture import GaussianMixture
 
 import fedlatent as fl
-from fedlatent.models.gmm import compute_precision_cholesky, estimate_log_gaussian_prob
+from fedlatent.models.gmm import (
+    compute_precision_cholesky,
+    estimate_log_gaussian_prob,
+    gmm_m_step,
+)
 from fedlatent.runtime import InProcessRuntime
 
 K, D = 3, 4
@@ -57,6 +61,7 @@ def test_full_participation_equals_sklearn_iterates(blobs_fd, cov):
 
     def record(k, params, S_hat, rec):
         per_round.append({k2: v.copy() for k2, v in params.items()})
+        per_round[-1]["covariances"] = gmm_m_step(S_hat, params["center"], cov, 1e-6)[2]
 
     gm = fl.FederatedGaussianMixture(K, covariance_type=cov, max_rounds=T, tol=0,
                                      weights_init=w0, means_init=m0, precisions_init=prec0,
@@ -72,6 +77,8 @@ def test_full_participation_equals_sklearn_iterates(blobs_fd, cov):
         assert rel(gm.history_[t].objective, lb) < 1e-8
         sk_pc = compute_precision_cholesky(c, cov)
         assert rel(per_round[t]["precisions_cholesky"], sk_pc) < 1e-8
+        # covariances relative to the matrix scale (off-diagonal entries can be near 0)
+        assert np.max(np.abs(per_round[t]["covariances"] - c)) / np.max(np.abs(c)) < 1e-8
     # covariances (relative to the matrix scale: off-diagonal entries can be near 0)
     scale = np.max(np.abs(ref[-1][2]))
     assert np.max(np.abs(gm.covariances_ - ref[-1][2])) / scale < 1e-8
