@@ -115,7 +115,9 @@ def fit_gmm(
 def demo(
     out: Path = typer.Option(Path("demo-output"), "--out", help="Where to write the plot."),
     seed: int = typer.Option(0, "--seed"),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = typer.Option(
+        None, "--progress/--no-progress", help="Progress bars (default: when on a terminal)."
+    ),
 ):
     """Fit a heterogeneous federated mixture, compare with centralized EM, write a plot."""
     from .demo import run_demo

@@ -39,7 +39,7 @@ def make_demo_data(n_clients: int = 30, mean_size: int = 1000, alpha: float = 0.
     return FederatedDataset(clients, ["x1", "x2"])
 
 
-def run_demo(out: str | Path = "demo-output", seed: int = 0, progress: bool = True) -> str:
+def run_demo(out: str | Path = "demo-output", seed: int = 0, progress: bool | None = None) -> str:
     """Run the demo; write ``demo.png`` and ``history.csv`` to ``out``; return a summary text."""
     from sklearn.mixture import GaussianMixture
 
