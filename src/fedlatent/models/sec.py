@@ -1080,7 +1080,9 @@ class SEC:
         Rule of the gap statistic (:func:`gap_statistic`). "global" suits learners spread along
         a continuum (the fairness example), where Tibshirani's rule often stops at K = 1.
     n_jobs : int or None
-        Threads for the Select and Exchange queries (joblib); None or 1: serial.
+        Threads for the Select and Exchange queries (joblib, one runtime call per learner);
+        None or 1: serial. In process the work is mostly GIL-bound (benchmarks/bench_sec.py
+        measures threads 1.3-2.3x slower); a runtime whose learners are remote gains from it.
     exchange_batch : int
         Models per exchange message.
     random_state : int, Generator or None
