@@ -26,3 +26,12 @@ __all__ = [
     "StepSchedule",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    """``fl.experiments`` is imported on first use (it pulls in plotting and the paper setups)."""
+    if name == "experiments":
+        import importlib
+
+        return importlib.import_module(".experiments", __name__)
+    raise AttributeError(f"module 'fedlatent' has no attribute {name!r}")
