@@ -55,3 +55,11 @@ def test_heterogeneous_clients_are_dominated_by_one_component():
     fd = make_toy_federation(10, 200, heterogeneous=True, random_state=0)
     fracs = [np.mean(fd[c].X[:, 0] < 0) for c in fd.client_ids]
     assert sum(f > 0.85 for f in fracs) == 3 and sum(f < 0.15 for f in fracs) == 7
+
+
+def test_experiments_are_reachable_from_the_package():
+    import fedlatent as fl
+
+    assert fl.experiments.fedem_toy is fedem_toy
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        _ = fl.nope
