@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -162,5 +161,3 @@ def main() -> None:  # pragma: no cover - entry point
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-
-_ = json  # re-exported helpers use json in sub-modules

@@ -104,16 +104,14 @@ def run_demo(out: str | Path = "demo-output", seed: int = 0, progress: bool | No
 
 def _initial_parameters(fd, seed):
     """The initial parameters the federated fit used (its kmeans-federated start)."""
+    from .engine.loop import setup_clients
     from .models.gmm import GMMModel
     from .runtime.inprocess import InProcessRuntime
 
     est = FederatedGaussianMixture(3, random_state=seed, verbose=False)
     rt = InProcessRuntime(fd)
-    import json
-
     model = GMMModel(3)
-    rt.broadcast(rt.client_ids, "setup", {"model": "gmm", "model_config":
-                                          json.dumps(model.get_config())})
+    setup_clients(rt, model)
     p = est._initialize(rt, model, seed)
     pc = p["precisions_cholesky"]
     return p["weights"], p["means"], np.einsum("kij,klj->kil", pc, pc)

@@ -105,10 +105,13 @@ def test_history_records_bytes_participants_and_objective():
     assert np.isfinite(h["objective"]).all()
 
 
-def test_round_without_participants_still_moves_by_control_variate():
+def test_rounds_without_participants_keep_the_statistic():
+    """No client answers and V = sum_c w_c V_c0 = 0 exactly: S_hat stays at round 1's value."""
     fd = toy_fd(2)
     res = run(fd, fl.Federation(participation=1e-9, step_size=0.5), 3)
     assert [r.participants for r in res.history] == [2, 0, 0]
+    first = run(fd, fl.Federation(participation=1e-9, step_size=0.5), 1)
+    np.testing.assert_allclose(res.S_hat["s"], first.S_hat["s"], rtol=0, atol=1e-12)
 
 
 class CorruptingRuntime(InProcessRuntime):

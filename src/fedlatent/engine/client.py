@@ -156,8 +156,6 @@ class ClientNode:
         else:
             raise KeyError(f"unknown E-step mode {mode!r}")
 
-        if mode == "init":  # pragma: no cover - handled by 'full'
-            pass
         S_hat = Stats(unpack(msg, "S_hat"))
         use_cv = bool(msg.get("control_variates", False))
         V_c = Stats(_sub(self.state, "V")) if use_cv and _sub(self.state, "V") else None

@@ -41,7 +41,13 @@ from .messages import ClientReplyError, check_reply, message_nbytes, pack
 from .model import FederatedModel, Params, server_rng
 from .stats import Stats
 
-__all__ = ["ConvergenceWarning", "FederatedFitError", "FitResult", "run_federated_em"]
+__all__ = [
+    "ConvergenceWarning",
+    "FederatedFitError",
+    "FitResult",
+    "run_federated_em",
+    "setup_clients",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +74,25 @@ class FitResult:
     n_rounds: int
 
 
+def setup_clients(runtime: Runtime, model: FederatedModel) -> dict[str, int]:
+    """Send every client the model's name and config; return each client's number of units.
+
+    The one place a model reaches the clients: they rebuild it from the registry (no code or
+    pickle crosses).
+    """
+    cids = runtime.client_ids
+    msg = {"model": model.name, "model_config": json.dumps(model.get_config())}
+    infos = runtime.broadcast(cids, "setup", msg)
+    lost = [c for c in cids if c not in infos]
+    if lost:
+        raise FederatedFitError(f"clients {lost} did not answer the setup message")
+    n_units = {c: int(infos[c]["n_units"]) for c in cids}
+    for c, m in n_units.items():
+        if m < 1:
+            raise FederatedFitError(f"client {c!r} has no units to fit")
+    return n_units
+
+
 def _progress(total: int, enabled: bool | None, desc: str):
     from tqdm.auto import tqdm
 
@@ -91,6 +116,7 @@ def run_federated_em(
     resume: bool = False,
     description: str = "fedlatent",
     callbacks: list | None = None,
+    n_units: dict[str, int] | None = None,
 ) -> FitResult:
     """Run the FedEM round loop of ``model`` over the clients of ``runtime``.
 
@@ -121,6 +147,9 @@ def run_federated_em(
     callbacks : list of callables or None
         Each is called as ``cb(round, params, S_hat, record)`` after every round (for studies
         that need per-round parameters; they must not modify their arguments).
+    n_units : dict or None
+        What :func:`setup_clients` returned, when the caller has already set the clients up
+        (to run initialization queries); None sets them up here.
 
     Returns
     -------
@@ -131,15 +160,8 @@ def run_federated_em(
         raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
     cids = runtime.client_ids
     n_clients = len(cids)
-    setup_msg = {"model": model.name, "model_config": json.dumps(model.get_config())}
-    infos = runtime.broadcast(cids, "setup", setup_msg)
-    lost = [c for c in cids if c not in infos]
-    if lost:
-        raise FederatedFitError(f"clients {lost} did not answer the setup message")
-    n_units = {c: int(infos[c]["n_units"]) for c in cids}
-    for c, m in n_units.items():
-        if m < 1:
-            raise FederatedFitError(f"client {c!r} has no units to fit")
+    if n_units is None:
+        n_units = setup_clients(runtime, model)
     n_total = float(sum(n_units.values()))
     if federation.client_weighting == "samples":
         weights = {c: n_units[c] / n_total for c in cids}

@@ -16,7 +16,7 @@ from ..data.dataset import FederatedDataset
 from ..engine.checkpoint import load_arrays_json, save_arrays_json
 from ..engine.federation import Federation
 from ..engine.history import History
-from ..engine.loop import FitResult, run_federated_em
+from ..engine.loop import FitResult, run_federated_em, setup_clients
 from ..engine.model import FederatedModel, Params
 from ..runtime.base import Runtime
 from ..runtime.inprocess import InProcessRuntime
@@ -147,13 +147,7 @@ class FederatedEstimator:
         )
         model = self._make_model(fd)
         runtime = runtime if runtime is not None else InProcessRuntime(fd)
-        import json as _json
-
-        runtime.broadcast(
-            runtime.client_ids,
-            "setup",
-            {"model": model.name, "model_config": _json.dumps(model.get_config())},
-        )
+        n_units = setup_clients(runtime, model)
         params0 = self._initialize(runtime, model, seed)
         result = run_federated_em(
             model,
@@ -169,6 +163,7 @@ class FederatedEstimator:
             resume=resume,
             description=type(self).__name__,
             callbacks=callbacks,
+            n_units=n_units,
         )
         self.seed_ = seed
         self.history_ = result.history

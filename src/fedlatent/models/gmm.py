@@ -20,7 +20,7 @@ import numpy as np
 from scipy import linalg
 
 from ..data.dataset import FederatedDataset
-from ..engine.loop import FitResult
+from ..engine.loop import FitResult, setup_clients
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
 from ..engine.stats import Stats
 from ..runtime.base import Runtime
@@ -582,10 +582,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         check_is_fitted(self)
         rt = InProcessRuntime(fd)
         model = GMMModel(self.n_components, self.covariance_type, self.reg_covar)
-        import json
-
-        rt.broadcast(rt.client_ids, "setup", {"model": model.name,
-                                              "model_config": json.dumps(model.get_config())})
+        setup_clients(rt, model)
         params = {"weights": self.weights_, "means": self.means_,
                   "precisions_cholesky": self.precisions_cholesky_}
         msg = {"query": "loglik", **{f"params/{k}": v for k, v in params.items()}}

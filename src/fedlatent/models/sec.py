@@ -45,6 +45,7 @@ import numpy as np
 from scipy import linalg
 
 from ..data.dataset import ClientData, DataValidationError, FederatedDataset
+from ..engine.loop import setup_clients
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
 from ..engine.stats import Stats
 from ..runtime.base import Runtime
@@ -1222,8 +1223,7 @@ class SEC:
     # ---- protocol steps ----------------------------------------------------------------------
     def _setup(self, runtime: Runtime, cids: list[str]) -> SECModel:
         model = SECModel(standardize=bool(self.standardize))
-        runtime.broadcast(cids, "setup",
-                          {"model": model.name, "model_config": json.dumps(model.get_config())})
+        setup_clients(runtime, model)
         return model
 
     def _run_select(self, runtime, cids, cands, seed) -> dict[str, dict[str, Any]]:
