@@ -277,6 +277,17 @@ def _entity_loglik(XtX_e, Xty_e, yty_e, n_e, Dk, ck, logdet_k, quad_k, inv_s2, l
 
 
 @njit(cache=True)
+def _cluster_terms(D, c, L, u):
+    """Each cluster's log det D_k and c_k^T D_k^-1 c_k (the normalizer of its posterior)."""
+    K = D.shape[0]
+    cl_ld = np.empty(K)
+    cl_q = np.empty(K)
+    for k in range(K):
+        cl_ld[k], cl_q[k] = _chol_terms(D[k], c[k], L, u)
+    return cl_ld, cl_q
+
+
+@njit(cache=True)
 def _log_marginal_batch(XtX, Xty, yty, n, D, c, inv_s2, log2pis2):
     E, F = XtX.shape[0], XtX.shape[1]
     K = D.shape[0]
@@ -284,10 +295,7 @@ def _log_marginal_batch(XtX, Xty, yty, n, D, c, inv_s2, log2pis2):
     L = np.zeros((F, F))
     v = np.empty(F)
     u = np.empty(F)
-    cl_ld = np.empty(K)
-    cl_q = np.empty(K)
-    for k in range(K):
-        cl_ld[k], cl_q[k] = _chol_terms(D[k], c[k], L, u)
+    cl_ld, cl_q = _cluster_terms(D, c, L, u)
     out = np.empty((E, K))
     for e in range(E):
         for k in range(K):
@@ -389,10 +397,7 @@ def _gibbs_sweep(XtX, Xty, yty, n, agent, z, D, c, Y, Nev, Nk, Nik, alpha, beta,
     L = np.zeros((F, F))
     v = np.empty(F)
     u = np.empty(F)
-    cl_ld = np.empty(K)
-    cl_q = np.empty(K)
-    for k in range(K):
-        cl_ld[k], cl_q[k] = _chol_terms(D[k], c[k], L, u)
+    cl_ld, cl_q = _cluster_terms(D, c, L, u)
     logp = np.empty(K)
     changed = 0
     for e in range(E):
