@@ -56,10 +56,9 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
                       "n_samples": sec.n_samples_, "in_sample_mse": sec.errors_}).to_csv(
             out / "clusters.csv", index=False)
 
-        import matplotlib
+        from .plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         order = np.argsort(sec.labels_, kind="stable")
         L = len(ids)

@@ -133,10 +133,9 @@ def _ellipse(ax, mean, cov, **kw):
 
 
 def _plot(fd, fed, sk, order, h, hq, path):
-    import matplotlib
+    from .plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5))
     cmap = plt.get_cmap("tab20")

@@ -194,10 +194,9 @@ def summarize_toy(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _plot(table: pd.DataFrame, out: Path) -> None:
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out.mkdir(parents=True, exist_ok=True)
     cases = list(dict.fromkeys(table["case"]))

@@ -31,6 +31,7 @@ from ..data.fedgmm_data import (
 )
 from ..engine.loop import ConvergenceWarning
 from ..models.fedgmm import FedGMM
+from ..plotting import pyplot
 
 __all__ = [
     "fedgmm_synthetic",
@@ -73,15 +74,6 @@ def _plot(out, name, fig):
     fig.savefig(out / name, dpi=120, bbox_inches="tight")
 
 
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _compare(splits, seed, max_rounds, l2, methods=None):
     rows, fitted = [], {}
     for name, make in _methods(seed, max_rounds, l2).items():
@@ -121,7 +113,7 @@ def fedgmm_synthetic(quick: bool = False, out=None, random_state: int = 0) -> pd
     table, fitted = _compare(sp, random_state, max_rounds, 1e-3)
     table["paper"] = table["method"].map(PAPER_TABLE2_SYNTHETIC)
     if out is not None:
-        plt = _figure()
+        plt = pyplot()
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
         ax[0].barh(table["method"], table["accuracy"])
         ax[0].set_xlabel("mean client test accuracy (%)")
@@ -159,7 +151,7 @@ def fedgmm_nongaussian(quick: bool = False, out=None, random_state: int = 0) -> 
         cols[label] = dict(zip(t["method"], t["accuracy"]))
     table = pd.DataFrame(cols).reindex(methods).rename_axis("method").reset_index()
     if out is not None:
-        plt = _figure()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(7, 3.5))
         table.set_index("method").T.plot.bar(ax=ax, rot=0)
         ax.set_ylabel("mean client test accuracy (%)")
@@ -215,7 +207,7 @@ def fedgmm_unseen_clients(quick: bool = False, out=None, random_state: int = 0) 
                      "drop": 100 * (seen_acc - np.mean(accs))})
     table = pd.DataFrame(rows)
     if out is not None:
-        plt = _figure()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(6, 3.5))
         table.set_index("method")[["seen_accuracy", "unseen_accuracy"]].plot.bar(ax=ax, rot=0)
         ax.set_ylabel("mean client test accuracy (%)")
@@ -337,7 +329,7 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
             scores_for_plot[(name, kind_name)] = (s_in, s_out)
     table = pd.DataFrame(rows)
     if out is not None:
-        plt = _figure()
+        plt = pyplot()
         fig, axes = plt.subplots(len(scorers), len(outliers), figsize=(12, 2.2 * len(scorers)))
         for i, name in enumerate(scorers):
             for j, kind_name in enumerate(outliers):

@@ -155,10 +155,9 @@ def hlcr_figure3(quick: bool = False, out=None, random_state: int = 0) -> pd.Dat
 
 
 def _write(df: pd.DataFrame, out: Path) -> None:
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out.mkdir(parents=True, exist_ok=True)
     for p in "abc":

@@ -22,6 +22,7 @@ from ..data.sec_data import (
     make_sec_simulation2,
 )
 from ..models.sec import SEC, clustering_accuracy
+from ..plotting import pyplot
 
 __all__ = ["sec_simulation1", "sec_simulation2", "sec_fairness", "sec_attack"]
 
@@ -48,15 +49,6 @@ PAPER_TABLE2 = {1: (66.0, 2, 0.100, 0.133), 3: (74.0, 2, 0.095, 0.131), 5: (58.0
 def _seeds(random_state, n: int) -> list[int]:
     ss = np.random.SeedSequence(int(random_state))
     return [int(c.generate_state(1)[0]) for c in ss.spawn(n)]
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _se(x) -> float:
@@ -135,7 +127,7 @@ def sec_simulation1(
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for p, g in table.groupby("p"):
             ax.errorbar(np.log2(g["snr"]), g["accuracy"], yerr=g["accuracy_se"], marker="o",
@@ -153,7 +145,7 @@ def sec_simulation1(
 
 def _sim1_fig3(out: Path, random_state: int) -> None:
     """Fig. 3: eigenvalues and eigenvector rows of one realization with p = 5, SNR = 2^4."""
-    plt = _plt()
+    plt = pyplot()
     fd, labels = make_sec_simulation1(n_features=5, snr=16.0, random_state=random_state)
     sec = SEC(random_state=random_state).fit(fd)
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
@@ -248,7 +240,7 @@ def sec_simulation2(
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(5, 3.5))
         x = table["n_candidates"]
         ax.plot(x, table["mse_collaboration_std"], "o-", label="collaboration (eq. 4)")
@@ -366,7 +358,7 @@ def sec_fairness(
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "sec_fairness_table1.csv", index=False)
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for col, lab in (("sec_fairness", "SEC-Fairness"), ("fairness", "Fairness"),
                          ("oracle", "Oracle")):
@@ -452,7 +444,7 @@ def sec_attack(
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for col, lab, st in (("mse_all", "collaboration with all", "o-"),
                              ("mse_none", "no collaboration", "s-"),
