@@ -9,6 +9,19 @@ from pathlib import Path
 
 import typer
 
+from .cli_options import (
+    ClientOpt,
+    ControlVariatesOpt,
+    DataOpt,
+    FeaturesOpt,
+    MaxRoundsOpt,
+    ParticipationOpt,
+    ProgressOpt,
+    QuantizeOpt,
+    SeedOpt,
+    StepOpt,
+)
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -64,20 +77,21 @@ def make_federation(participation: float, step_size: float, quant_levels: int | 
 
 @fit_app.command("gmm")
 def fit_gmm(
-    data: Path = typer.Option(..., "--data", help="CSV or Parquet file, one row per sample."),
-    client: str = typer.Option(..., "--client", help="Column with the client id of each row."),
-    features: str = typer.Option(None, "--features", help="Comma-separated feature columns."),
+    *,
+    data: DataOpt,
+    client: ClientOpt,
+    features: FeaturesOpt = None,
     components: int = typer.Option(..., "--components", "-k", help="Number of components."),
     covariance_type: str = typer.Option("full", "--covariance-type"),
-    participation: float = typer.Option(1.0, "--participation"),
-    step_size: float = typer.Option(1.0, "--step-size"),
-    quant_levels: int = typer.Option(None, "--quantize", help="Quantizer levels (compression)."),
-    control_variates: bool = typer.Option(True, "--control-variates/--no-control-variates"),
-    max_rounds: int = typer.Option(100, "--max-rounds"),
+    participation: ParticipationOpt = 1.0,
+    step_size: StepOpt = 1.0,
+    quant_levels: QuantizeOpt = None,
+    control_variates: ControlVariatesOpt = True,
+    max_rounds: MaxRoundsOpt = 100,
     tol: float = typer.Option(1e-3, "--tol"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: SeedOpt = 0,
     out: Path = typer.Option(..., "--out", help="Output directory (model, history.csv)."),
-    progress: bool = typer.Option(None, "--progress/--no-progress"),
+    progress: ProgressOpt = None,
 ):
     """Fit a federated Gaussian mixture; write model.npz/json and history.csv to --out."""
     import numpy as np
@@ -112,11 +126,10 @@ def fit_gmm(
 
 @app.command("demo")
 def demo(
+    *,
     out: Path = typer.Option(Path("demo-output"), "--out", help="Where to write the plot."),
-    seed: int = typer.Option(0, "--seed"),
-    progress: bool = typer.Option(
-        None, "--progress/--no-progress", help="Progress bars (default: when on a terminal)."
-    ),
+    seed: SeedOpt = 0,
+    progress: ProgressOpt = None,
 ):
     """Fit a heterogeneous federated mixture, compare with centralized EM, write a plot."""
     from .demo import run_demo
@@ -127,10 +140,11 @@ def demo(
 
 @app.command("experiment")
 def experiment(
+    *,
     name: str = typer.Argument(..., help="Experiment function in fedlatent.experiments."),
     quick: bool = typer.Option(False, "--quick", help="The small size used in tests."),
     out: Path = typer.Option(Path("experiment-output"), "--out"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: SeedOpt = 0,
 ):
     """Run a paper reproduction; print its table and write plots to --out."""
     from . import experiments

@@ -13,6 +13,20 @@ from pathlib import Path
 
 import typer
 
+from .cli_options import (
+    ClientOpt,
+    ControlVariatesOpt,
+    DataOpt,
+    FeaturesOpt,
+    MaxRoundsOpt,
+    ParticipationOpt,
+    ProgressOpt,
+    QuantizeOpt,
+    SeedOpt,
+    StepOpt,
+    TargetOpt,
+)
+
 
 def _read_frame(path: Path):
     import pandas as pd
@@ -72,10 +86,11 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
 
     @fit_app.command("fedgmm")
     def fit_fedgmm(
-        data: Path = typer.Option(..., "--data", help="CSV or Parquet file, one row per sample."),
-        client: str = typer.Option(..., "--client", help="Column with the client id of each row."),
-        target: str = typer.Option(..., "--target", help="Label column."),
-        features: str = typer.Option(None, "--features", help="Comma-separated feature columns."),
+        *,
+        data: DataOpt,
+        client: ClientOpt,
+        target: TargetOpt,
+        features: FeaturesOpt = None,
         input_components: int = typer.Option(3, "--input-components", help="M1."),
         learners: int = typer.Option(3, "--learners", help="M2."),
         covariance_type: str = typer.Option("full", "--covariance-type"),
@@ -85,15 +100,15 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
                                            help="newton | average"),
         covariance_aggregation: str = typer.Option("exact", "--covariance-aggregation",
                                                    help="exact | paper"),
-        participation: float = typer.Option(1.0, "--participation"),
-        step_size: float = typer.Option(1.0, "--step-size"),
-        quant_levels: int = typer.Option(None, "--quantize", help="Quantizer levels."),
-        control_variates: bool = typer.Option(True, "--control-variates/--no-control-variates"),
-        max_rounds: int = typer.Option(100, "--max-rounds"),
+        participation: ParticipationOpt = 1.0,
+        step_size: StepOpt = 1.0,
+        quant_levels: QuantizeOpt = None,
+        control_variates: ControlVariatesOpt = True,
+        max_rounds: MaxRoundsOpt = 100,
         tol: float = typer.Option(1e-4, "--tol"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: SeedOpt = 0,
         out: Path = typer.Option(..., "--out", help="Output directory."),
-        progress: bool = typer.Option(None, "--progress/--no-progress"),
+        progress: ProgressOpt = None,
     ):
         """Fit FedGMM; write the shared model, history.csv and one weights file per client."""
         from .cli import fail, load_federated, make_federation
@@ -127,9 +142,10 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
 
     @app.command("predict")
     def predict(
+        *,
         model: Path = typer.Option(..., "--model", help="Directory written by 'fit fedgmm'."),
-        data: Path = typer.Option(..., "--data", help="CSV or Parquet file."),
-        client: str = typer.Option(..., "--client", help="Column with the client id."),
+        data: DataOpt,
+        client: ClientOpt,
         out: Path = typer.Option(..., "--out", help="CSV of predictions."),
         use_global: bool = typer.Option(False, "--global",
                                         help="Global weights instead of each client's."),
@@ -160,10 +176,11 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
 
     @app.command("score")
     def score(
+        *,
         model: Path = typer.Option(..., "--model", help="Directory written by 'fit fedgmm'."),
-        data: Path = typer.Option(..., "--data", help="CSV or Parquet file."),
-        client: str = typer.Option(..., "--client", help="Column with the client id."),
-        target: str = typer.Option(None, "--target", help="Label column (for log p(y|x))."),
+        data: DataOpt,
+        client: ClientOpt,
+        target: TargetOpt = None,
         out: Path = typer.Option(..., "--out", help="CSV of novelty scores."),
         use_global: bool = typer.Option(False, "--global",
                                         help="Global weights instead of each client's."),

@@ -6,9 +6,21 @@ from pathlib import Path
 
 import typer
 
+from .cli_options import (
+    ClientOpt,
+    ControlVariatesOpt,
+    DataOpt,
+    FeaturesOpt,
+    ParticipationOpt,
+    ProgressOpt,
+    QuantizeOpt,
+    SeedOpt,
+    StepOpt,
+    TargetOpt,
+)
+
 __all__ = ["register"]
 
-_DATA = typer.Option(..., "--data", help="CSV or Parquet file, one row per event.")
 _OUT = typer.Option(..., "--out", help="Output directory (model, history.csv).")
 
 
@@ -18,12 +30,12 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
 
     @fit_app.command("hlcr")
     def fit_hlcr(
-        data: Path = _DATA,
-        client: str = typer.Option(..., "--client", help="Column with the agent (client) id."),
+        *,
+        data: DataOpt,
+        client: ClientOpt,
         entity: str = typer.Option(..., "--entity", help="Column with the entity id."),
-        target: str = typer.Option(..., "--target", help="Numeric response column."),
-        features: str = typer.Option(None, "--features", help="Comma-separated feature columns "
-                                     "(default: every other column)."),
+        target: TargetOpt,
+        features: FeaturesOpt = None,
         clusters: int = typer.Option(..., "--clusters", "-k", help="Number of clusters K."),
         alpha: float = typer.Option(1.0, "--alpha"),
         beta: float = typer.Option(1.0, "--beta"),
@@ -31,16 +43,14 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
         sigma: float = typer.Option(1.0, "--sigma", help="Noise std (> 0)."),
         solver: str = typer.Option("federated", "--solver", help="federated | gibbs"),
         max_iter: int = typer.Option(20, "--max-iter"),
-        participation: float = typer.Option(1.0, "--participation",
-                                            help="Fraction of agents per iteration."),
-        step_size: float = typer.Option(1.0, "--step-size", help="Smoothing gamma."),
-        quant_levels: int = typer.Option(None, "--quantize", help="Quantizer levels."),
-        control_variates: bool = typer.Option(False,
-                                              "--control-variates/--no-control-variates"),
+        participation: ParticipationOpt = 1.0,
+        step_size: StepOpt = 1.0,
+        quant_levels: QuantizeOpt = None,
+        control_variates: ControlVariatesOpt = False,
         fit_intercept: bool = typer.Option(True, "--intercept/--no-intercept"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: SeedOpt = 0,
         out: Path = _OUT,
-        progress: bool = typer.Option(None, "--progress/--no-progress"),
+        progress: ProgressOpt = None,
     ):
         """Fit HLCR (gibbs) or FedHLCR (federated); write model.npz/json and history.csv."""
         import numpy as np

@@ -6,16 +6,25 @@ from pathlib import Path
 
 import typer
 
+from .cli_options import (
+    ClientOpt,
+    DataOpt,
+    FeaturesOpt,
+    SeedOpt,
+    TargetOpt,
+)
+
 
 def register(app: typer.Typer, fit_app: typer.Typer) -> None:
     """Add ``fit sec`` to the ``fedlatent`` command."""
 
     @fit_app.command("sec")
     def fit_sec(
-        data: Path = typer.Option(..., "--data", help="CSV or Parquet file, one row per sample."),
-        client: str = typer.Option(..., "--client", help="Column with the learner of each row."),
-        target: str = typer.Option(..., "--target", help="Response column."),
-        features: str = typer.Option(None, "--features", help="Comma-separated feature columns."),
+        *,
+        data: DataOpt,
+        client: ClientOpt,
+        target: TargetOpt,
+        features: FeaturesOpt = None,
         clusters: int = typer.Option(None, "--clusters", "-k",
                                      help="Number of clusters (default: chosen from the data)."),
         candidates: str = typer.Option(
@@ -27,7 +36,7 @@ def register(app: typer.Typer, fit_app: typer.Typer) -> None:
         standardize: bool = typer.Option(True, "--standardize/--no-standardize",
                                          help="Standardize X and y within each learner."),
         n_jobs: int = typer.Option(None, "--n-jobs", help="Threads for the exchange."),
-        seed: int = typer.Option(0, "--seed"),
+        seed: SeedOpt = 0,
         out: Path = typer.Option(..., "--out", help="Output directory."),
     ):
         """Cluster learners by their X -> y relationship (SEC); write the similarity matrix
