@@ -128,7 +128,6 @@ class FederatedDataset:
             )
         clients: dict[str, ClientData] = {}
         width = None
-        first = None
         has_y = None
         for cid, value in data.items():
             cid = str(cid)
@@ -152,13 +151,8 @@ class FederatedDataset:
                     f"client {cid!r}: X is not numeric (dtype {X.dtype}); convert it to numbers"
                 )
             X = X.astype(np.float64)
-            if width is None:
-                width, first = X.shape[1], cid
-            elif X.shape[1] != width:
-                raise DataValidationError(
-                    f"client {cid!r} has {X.shape[1]} features but client {first!r} has {width}; "
-                    "every client must have the same columns"
-                )
+            if width is None:  # widths are compared by validate(), on construction
+                width = X.shape[1]
             if has_y is None:
                 has_y = y is not None
             elif has_y != (y is not None):
