@@ -232,7 +232,8 @@ def test_wrong_width_at_predict(blobs_fd):
 
 def test_each_client_is_set_up_once_per_fit(blobs_fd):
     rt = InProcessRuntime(blobs_fd, record=True)
-    fl.FederatedGaussianMixture(K, random_state=0, max_rounds=2, tol=0, verbose=False).fit(
-        blobs_fd, runtime=rt)
+    with pytest.warns(fl.ConvergenceWarning):
+        fl.FederatedGaussianMixture(K, random_state=0, max_rounds=2, tol=0, verbose=False).fit(
+            blobs_fd, runtime=rt)
     setups = [c for d, c, m, _ in rt.log if d == "down" and m == "setup"]
     assert sorted(setups) == blobs_fd.client_ids
