@@ -220,3 +220,19 @@ class Federation:
         if callable(self.step_size):
             d["step_size"] = repr(self.step_size)
         return d
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> Federation:
+        """Inverse of :meth:`to_config`. A callable step size was recorded by its repr and
+        cannot be rebuilt: such a config raises ValueError."""
+        fed = dict(config or {})
+        if fed.get("quantizer"):
+            fed["quantizer"] = Quantizer(**fed["quantizer"])
+        if fed.get("variance_reduction"):
+            fed["variance_reduction"] = Spider(**fed["variance_reduction"])
+        if isinstance(fed.get("step_size"), str):
+            raise ValueError(
+                f"Federation step_size {fed['step_size']!r} is a callable and cannot be rebuilt "
+                "from a config; give a number"
+            )
+        return cls(**fed)

@@ -96,6 +96,12 @@ class FederatedEstimator:
     def _store(self, result: FitResult, model: FederatedModel) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        """Run on a node of a deployment, on its one-client ``fd``: the estimator's checks of
+        that client's data; returns what the server needs beyond counts (JSON-able)."""
+        self._validate_params()
+        return {}
+
     # ---- the loop ------------------------------------------------------------------------------
     def _federation(self) -> Federation:
         fed = getattr(self, "federation", None)
@@ -120,7 +126,8 @@ class FederatedEstimator:
 
         Parameters
         ----------
-        fd : FederatedDataset
+        fd : FederatedDataset or RemoteDataset
+            The data, or (in a deployment) the clients' description of theirs.
         runtime : Runtime or None
             Transport to the clients; default: in-process clients built from ``fd``.
         checkpoint : path or None
@@ -133,10 +140,15 @@ class FederatedEstimator:
             ``cb(round, params, S_hat, record)`` after every round.
         """
         self._validate_params()
-        if not isinstance(fd, FederatedDataset):
+        remote = getattr(fd, "is_remote", False)
+        if not isinstance(fd, FederatedDataset) and not remote:
             raise TypeError(
                 f"fit expects a fl.FederatedDataset, got {type(fd).__name__}; build one with "
                 "FederatedDataset.from_pandas or from_arrays"
+            )
+        if remote and runtime is None:
+            raise ValueError(
+                "a RemoteDataset has no rows: fit it with the runtime its description came from"
             )
         self._validate_data(fd)
         federation = self._federation()
@@ -220,16 +232,10 @@ class FederatedEstimator:
         fed = params.pop("federation", None)
         est = cls(**{k: v for k, v in params.items() if k in cls._json_params()})
         if fed is not None:
-            from ..engine.federation import Quantizer, Spider
-
             fed = dict(fed)
-            if fed.get("quantizer"):
-                fed["quantizer"] = Quantizer(**fed["quantizer"])
-            if fed.get("variance_reduction"):
-                fed["variance_reduction"] = Spider(**fed["variance_reduction"])
-            if isinstance(fed.get("step_size"), str):
+            if isinstance(fed.get("step_size"), str):  # a callable was recorded by its repr
                 fed["step_size"] = 1.0
-            est.federation = Federation(**fed)
+            est.federation = Federation.from_config(fed)
         for k, v in arrays.items():
             setattr(est, k, v)
         for k, v in meta["fitted"].items():

@@ -572,15 +572,12 @@ class FedGMM(FederatedEstimator):
                 "FederatedDataset.from_pandas(..., target='y') or from_arrays({client: (X, y)})"
             )
         labels = set()
-        for cid, cd in fd.items():
-            u = np.unique(cd.y)
-            if u.size < 2:
-                raise ValueError(
-                    f"client {cid!r} has only one class ({u.tolist()[0]!r}) in y; FedGMM's "
-                    "learners need at least two classes per client: merge the client with "
-                    "another or drop it"
-                )
-            labels.update(u.tolist())
+        if getattr(fd, "is_remote", False):  # each node checked its own labels (_describe_local)
+            for cid in fd.client_ids:
+                labels.update(fd.extras[cid]["labels"])
+        else:
+            for cid, cd in fd.items():
+                labels.update(self._client_labels(cid, cd))
         if self.classes is not None:
             classes = np.unique(np.asarray(self.classes))
             unknown = sorted(labels - set(classes.tolist()))
@@ -598,6 +595,24 @@ class FedGMM(FederatedEstimator):
                 f"the federation has {n} samples in all, fewer than n_input_components="
                 f"{self.n_input_components}"
             )
+
+    @staticmethod
+    def _client_labels(cid, cd) -> list:
+        u = np.unique(cd.y)
+        if u.size < 2:
+            raise ValueError(
+                f"client {cid!r} has only one class ({u.tolist()[0]!r}) in y; FedGMM's "
+                "learners need at least two classes per client: merge the client with "
+                "another or drop it"
+            )
+        return u.tolist()
+
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        self._validate_params()
+        if not fd.has_target:
+            self._validate_data(fd)  # raises the no-target error
+        (cid,) = fd.client_ids
+        return {"labels": self._client_labels(cid, fd[cid])}
 
     def _make_model(self, fd: FederatedDataset) -> FedGMMModel:
         return FedGMMModel(
@@ -637,6 +652,9 @@ class FedGMM(FederatedEstimator):
             self._validate_params()
             self._validate_data(fd)
             runtime = runtime if runtime is not None else InProcessRuntime(fd)
+        elif getattr(fd, "is_remote", False):
+            self._validate_params()
+            self._validate_data(fd)
         super().fit(fd, runtime=runtime, **kwargs)
         self._runtime = runtime
         self.client_ids_ = list(runtime.client_ids)

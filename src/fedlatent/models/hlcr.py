@@ -966,7 +966,14 @@ class HLCR(FederatedEstimator):
                 f"burn_in must be None or in [0, max_iter={self.max_iter}), got {self.burn_in!r}"
             )
 
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        self._validate_params()
+        self._validate_data(fd)
+        return {}
+
     def _validate_data(self, fd: FederatedDataset) -> None:
+        if getattr(fd, "is_remote", False):  # every node ran the checks below on its own data
+            return
         for cid, cd in fd.items():
             if cd.entity is None:
                 raise DataValidationError(
@@ -1005,8 +1012,12 @@ class HLCR(FederatedEstimator):
         (federated solver only).
         """
         self._validate_params()
-        if not isinstance(fd, FederatedDataset):
+        remote = getattr(fd, "is_remote", False)
+        if not isinstance(fd, FederatedDataset) and not remote:
             raise TypeError(f"fit expects a fl.FederatedDataset, got {type(fd).__name__}")
+        if remote and self.solver == "gibbs":
+            raise ValueError("solver='gibbs' pools the data and cannot run on a RemoteDataset; "
+                             "use solver='federated'")
         if self.solver == "gibbs":
             if runtime is not None or kwargs:
                 raise ValueError("solver='gibbs' pools the data: runtime/checkpoint options "
@@ -1023,6 +1034,8 @@ class HLCR(FederatedEstimator):
         return self
 
     def _pairs(self, fd: FederatedDataset):
+        if getattr(fd, "is_remote", False):  # entity ids stay with their agents
+            return np.array([], dtype=str), np.array([], dtype=str)
         agents, ents = [], []
         for cid, cd in fd.items():
             names = np.unique(np.asarray(cd.entity).astype(str))

@@ -1203,14 +1203,23 @@ class SEC:
             )
         return out
 
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        """A node's checks of its own learner data (a deployment)."""
+        self._validate_params()
+        for cid, cd in fd.items():
+            check_learner(cid, cd.X, cd.y, fd.target_name or "y")
+        return {}
+
     def _validate_data(self, fd: FederatedDataset) -> None:
-        if not isinstance(fd, FederatedDataset):
+        remote = getattr(fd, "is_remote", False)
+        if not isinstance(fd, FederatedDataset) and not remote:
             raise TypeError(
                 f"fit expects a fl.FederatedDataset, got {type(fd).__name__}; build one with "
                 "FederatedDataset.from_pandas or from_arrays"
             )
-        for cid, cd in fd.items():
-            check_learner(cid, cd.X, cd.y, fd.target_name or "y")
+        if not remote:  # on a RemoteDataset every node ran check_learner (_describe_local)
+            for cid, cd in fd.items():
+                check_learner(cid, cd.X, cd.y, fd.target_name or "y")
         L = fd.n_clients
         if L < 2:
             raise DataValidationError(f"SEC clusters learners and needs at least 2, got {L}")
@@ -1357,6 +1366,71 @@ class SEC:
         self.labels_ = labels
         self.n_clusters_ = int(np.unique(labels).size)
         self.k_selection_info_ = info
+
+    # ---- persistence (no pickle) ---------------------------------------------------------------
+    _array_attrs = ("errors_", "n_samples_", "cv_mse_", "exchange_losses_", "dissimilarity_",
+                    "similarity_", "eigenvalues_", "embedding_", "labels_")
+
+    def save(self, path) -> None:
+        """Write ``<path>.npz`` (arrays, the learners' skops bytes) and ``<path>.json``."""
+        from ..engine.checkpoint import save_arrays_json
+        from .registry import estimator_config
+
+        self._check_fitted()
+        arrays = {k: np.asarray(getattr(self, k)) for k in self._array_attrs}
+        for i, b in enumerate(self.models_):
+            arrays[f"models/{i}"] = np.asarray(b, dtype=np.uint8)
+        for c, (m, sc, ym, ys) in self.scalers_.items():
+            arrays[f"scalers/{c}/x_mean"] = m
+            arrays[f"scalers/{c}/x_scale"] = sc
+            arrays[f"scalers/{c}/y"] = np.array([ym, ys])
+        info = {}
+        for k, v in self.k_selection_info_.items():
+            if isinstance(v, np.ndarray):
+                arrays[f"kinfo/{k}"] = v
+            else:
+                info[k] = v.item() if hasattr(v, "item") else v
+        try:
+            params = estimator_config(self)[1]
+        except ValueError:  # candidates given as objects: keep the names only
+            params = {"candidates": None}
+        meta = {
+            "class": "SEC", "params": params, "k_selection_info": info,
+            "fitted": {"seed_": int(self.seed_), "learner_ids_": list(self.learner_ids_),
+                       "feature_names_in_": list(self.feature_names_in_),
+                       "selected_": list(self.selected_),
+                       "candidate_names_": list(self.candidate_names_),
+                       "affinity_scale_": float(self.affinity_scale_),
+                       "n_clusters_": int(self.n_clusters_)},
+        }
+        save_arrays_json(path, arrays, meta)
+
+    @classmethod
+    def load(cls, path) -> SEC:
+        """Read what :meth:`save` wrote."""
+        from ..engine.checkpoint import load_arrays_json
+
+        arrays, meta = load_arrays_json(path)
+        if meta.get("class") != "SEC":
+            raise ValueError(f"{path} holds a {meta.get('class')}, not a SEC")
+        est = cls(**{k: v for k, v in meta["params"].items() if k != "federation"})
+        for k in cls._array_attrs:
+            setattr(est, k, arrays[k])
+        for k, v in meta["fitted"].items():
+            setattr(est, k, v)
+        est.n_features_in_ = len(est.feature_names_in_)
+        n = len(est.learner_ids_)
+        est.models_ = [arrays[f"models/{i}"] for i in range(n)]
+        est.scalers_ = {}
+        for c in est.learner_ids_:
+            if f"scalers/{c}/y" in arrays:
+                y = arrays[f"scalers/{c}/y"]
+                est.scalers_[c] = (arrays[f"scalers/{c}/x_mean"], arrays[f"scalers/{c}/x_scale"],
+                                   float(y[0]), float(y[1]))
+        info = dict(meta["k_selection_info"])
+        info.update({k[6:]: v for k, v in arrays.items() if k.startswith("kinfo/")})
+        est.k_selection_info_ = info
+        return est
 
     # ---- use ---------------------------------------------------------------------------------
     def _check_fitted(self) -> None:
