@@ -1,0 +1,74 @@
+"""The four models on small federations, shared by the Flower tests (simulation, deployment).
+
+Each case gives a dataset, a fresh estimator (same seed every time) and the fitted arrays that
+must agree between runtimes.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+import fedlatent as fl
+
+
+def gmm_case():
+    rng = np.random.default_rng(0)
+    data = {f"site-{i}": rng.normal(size=(80 + 30 * i, 3)) + 1.5 * i for i in range(3)}
+    fd = fl.FederatedDataset.from_arrays(data)
+    return fd, lambda: fl.FederatedGaussianMixture(2, max_rounds=3, random_state=11)
+
+
+def fedgmm_case():
+    from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
+
+    sp = make_fedgmm_synthetic(n_clients=3, n_samples_per_client=120, n_features=3,
+                               mean_scale=2.0, fractions=(0.8, 0.1, 0.1), random_state=5)
+    return sp.train, lambda: fl.FedGMM(2, 2, max_rounds=2, random_state=12)
+
+
+def hlcr_case():
+    fd = fl.datasets.make_synthhlcr(n_agents=3, n_entities=9, entities_per_agent=4,
+                                    events_per_entity=8, n_clusters=2, n_features=3, sigma=0.5,
+                                    random_state=3)
+    return fd, lambda: fl.HLCR(n_clusters=2, max_iter=4, sigma=0.5, random_state=13)
+
+
+def sec_case():
+    from fedlatent.data.sec_data import make_sec_simulation1
+
+    fd, _ = make_sec_simulation1(n_learners=4, n_samples=40, snr=64.0, random_state=3)
+    return fd, lambda: fl.SEC(candidates="fairness", n_clusters=2, random_state=14)
+
+
+CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case}
+
+FITTED = {
+    "gmm": ("weights_", "means_", "covariances_", "precisions_cholesky_"),
+    "fedgmm": ("weights_x_", "means_", "precisions_cholesky_", "coef_", "weights_y_"),
+    "hlcr": ("coef_", "intercept_", "precisions_", "c_", "cluster_counts_"),
+    "sec": ("errors_", "exchange_losses_", "labels_", "n_samples_"),
+}
+
+
+def fit_inprocess(name):
+    fd, make = CASES[name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fd, make().fit(fd)
+
+
+def assert_same_fit(name, a, b, rtol=1e-8):
+    """Every fitted array of ``a`` equals ``b``'s to ``rtol`` (relative to the array's scale)."""
+    for attr in FITTED[name]:
+        x, y = np.asarray(getattr(a, attr), float), np.asarray(getattr(b, attr), float)
+        assert x.shape == y.shape, attr
+        scale = max(float(np.max(np.abs(x))), 1e-300)
+        err = float(np.max(np.abs(x - y))) / scale
+        assert err <= rtol, f"{name}.{attr}: relative difference {err:.3g}"
+    if name == "sec":  # the learners' models (skops bytes differ by zip timestamps): predictions
+        X = np.random.default_rng(0).normal(size=(20, a.n_features_in_))
+        for c in a.learner_ids_:
+            pa, pb = a.predict(X, learner=c), b.predict(X, learner=c)
+            assert np.max(np.abs(pa - pb)) <= rtol * max(float(np.max(np.abs(pa))), 1e-300)
