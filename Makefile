@@ -14,9 +14,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Extras some tests need: the CPU build of torch 2.13.0 (pinned: an unpinned torch pulls
-# gigabytes of CUDA packages).
-$(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,torch]"
+# gigabytes of CUDA packages) and Flower 1.41 with Ray for the simulation and deployment tests
+# (marked `flower`; skip them locally with `pytest -m "not flower"`).
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e ".[dev,torch,flower-sim]"
 	touch $(TEST_STAMP)
 
 venv: $(STAMP)
