@@ -64,3 +64,16 @@ def test_leak_detector_finds_a_raw_row():
     fd, _ = CASES["gmm"]()
     X = fd[fd.client_ids[0]].X
     assert raw_leaks(fd, {"ok": X.mean(axis=0), "bad": X[3:5].ravel()}) == ["bad"]
+
+
+def test_simulation_reports_a_nodes_data_error_by_client(tmp_path):
+    import fedlatent as fl
+    from fedlatent.runtime.flower import simulate
+
+    fd, make = CASES["fedgmm"]()
+    cid = fd.client_ids[1]
+    bad = fd.map(lambda c, cd: fl.data.ClientData(cd.X, np.zeros_like(cd.y)) if c == cid else cd)
+    with pytest.raises(ValueError, match=f"client '{cid}' has only one class"):
+        simulate(make(), bad, workdir=tmp_path, num_cpus=2)
+    status = json.loads((tmp_path / "out" / "status.json").read_text())
+    assert status["status"] == "error" and f"client '{cid}'" in status["error"]

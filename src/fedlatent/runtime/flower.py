@@ -144,7 +144,9 @@ class FlowerRuntime(Runtime):
             nodes = sorted(grid.get_node_ids())
         self._node: dict[str, int] = {}
         self._cid_of: dict[int, str] = {}
-        replies = self._exchange({n: ("describe", dict(describe)) for n in nodes}, None)
+        self._describing = True
+        replies = self._exchange({n: ("describe", dict(describe)) for n in nodes}, node_wait)
+        self._describing = False
         by_cid: dict[str, dict[str, Any]] = {}
         for nid in nodes:
             if nid not in replies:
@@ -193,6 +195,9 @@ class FlowerRuntime(Runtime):
                 text, kind = str(out[nid][_ERROR]), str(out[nid].get(_ERROR_TYPE, ""))
                 if kind == "DataValidationError":
                     raise DataValidationError(text)
+                if self._describing and kind in ("ValueError", "TypeError"):
+                    # the estimator's own check of the node's data: its message names the client
+                    raise (ValueError if kind == "ValueError" else TypeError)(text)
                 raise ClientReplyError(cid, text)
         return out
 
@@ -281,11 +286,15 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
         def on_round(k, params, S_hat, record):
             status["round"] = int(k)
             _write_json(out / "status.json", status)
+            logger.info("fedlatent round %d: objective %.6g, %d clients answered%s", k,
+                        record.objective, record.participants,
+                        f", missing {record.missing}" if record.missing else "")
 
         if str(config["estimator"]) == "sec":
             est.fit(rd, runtime=rt)
-        else:
-            est.fit(rd, runtime=rt, callbacks=[on_round], progress=False)
+        else:  # a fault keeps the last good round in out-dir/checkpoint.{npz,json}
+            est.fit(rd, runtime=rt, callbacks=[on_round], progress=False,
+                    checkpoint=out / "checkpoint", checkpoint_every=1)
         status["fit_seconds"] = time.perf_counter() - t_fit
         est.save(out / "model")
         hist = getattr(est, "history_", None)
