@@ -164,7 +164,7 @@ def experiment(
 
 
 # Commands of other models live in their own modules: cli_<model>.register(app, fit_app).
-for _mod in ("cli_fedgmm", "cli_hlcr", "cli_sec"):
+for _mod in ("cli_fedgmm", "cli_hlcr", "cli_sec", "cli_flower"):
     if importlib.util.find_spec(f"fedlatent.{_mod}") is not None:
         importlib.import_module(f"fedlatent.{_mod}").register(app, fit_app)
 
