@@ -1,0 +1,305 @@
+"""A real Flower deployment on loopback (superlink + one supernode per client file) gives the
+in-process fit, survives a crashed supernode, and leaves no process behind."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import tomllib
+import warnings
+
+import numpy as np
+import pytest
+from flower_cases import CASES, assert_same_fit, fit_inprocess
+
+from fedlatent.runtime.flower_local import (
+    APP_COMPONENTS,
+    free_ports,
+    pid_alive,
+    toml_value,
+    write_app,
+)
+
+pytestmark = pytest.mark.flower
+
+ROUND_TIMEOUT = 30.0  # a healthy exchange takes ~5-15 s here; a dead node costs one timeout
+
+
+def assert_all_gone(pids):
+    assert pids, "no PID was recorded"
+    alive = [p for p in pids if pid_alive(p)]
+    assert alive == [], f"processes still running: {alive}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The app directory (no Flower needed)
+# ---------------------------------------------------------------------------------------------
+TRICKY = 'quote " backslash \\ newline \n tab \t bell \x07 del \x7f unicode é ∑ 😀'
+
+
+def test_write_app_round_trips_through_tomllib(tmp_path):
+    config = {
+        "estimator": "gmm",
+        "params": json.dumps({"n_components": 2, "name": TRICKY, "w": [0.25, 1e-300]}),
+        "federation": json.dumps({"participation": 0.5, "step_size": 1.0}),
+        "min-nodes": 3,
+        "round-timeout": 25.0,
+        "node-wait": 60.0,
+        "out-dir": str(tmp_path / "out dir"),
+        "data-name": TRICKY,
+        "record": False,
+        "big": 2**62,
+        "tiny": 5e-324,
+        "neg": -0.0,
+    }
+    app = write_app(tmp_path / "app", config)
+    assert app == tmp_path / "app"
+    with (app / "pyproject.toml").open("rb") as f:
+        doc = tomllib.load(f)
+    got = doc["tool"]["flwr"]["app"]["config"]
+    assert got == config
+    assert [type(v) for v in got.values()] == [type(v) for v in config.values()]
+    assert json.loads(got["params"])["name"] == TRICKY
+    assert doc["tool"]["flwr"]["app"]["components"] == APP_COMPONENTS
+    assert doc["tool"]["flwr"]["app"]["publisher"] == "fedlatent"
+    assert doc["project"]["dependencies"] == []
+    assert {"name", "version"} <= set(doc["project"])
+    assert "fedlatent must already be installed" in (app / "README.md").read_text()
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_toml_value_infinities(value):
+    assert tomllib.loads(f"x = {toml_value(value)}")["x"] == value
+
+
+def test_toml_value_nan():
+    assert np.isnan(tomllib.loads(f"x = {toml_value(float('nan'))}")["x"])
+
+
+@pytest.mark.parametrize(
+    "config, err, match",
+    [
+        ({"params": {"k": 2}}, TypeError, r"got dict .*encode structures as a JSON string"),
+        ({"w": [1, 2]}, TypeError, r"got list"),
+        ({"": 1}, ValueError, r"TOML keys must be non-empty strings; got ''"),
+        ({"s": "\ud800"}, ValueError, r"lone surrogate"),
+    ],
+)
+def test_write_app_rejects_what_toml_cannot_hold(tmp_path, config, err, match):
+    with pytest.raises(err, match=match):
+        write_app(tmp_path / "app", config)
+    assert not (tmp_path / "app").exists()
+
+
+def test_quoted_keys_round_trip(tmp_path):
+    app = write_app(tmp_path / "app", {"a.b c": 1, "ok-key_2": "v"})
+    with (app / "pyproject.toml").open("rb") as f:
+        assert tomllib.load(f)["tool"]["flwr"]["app"]["config"] == {"a.b c": 1, "ok-key_2": "v"}
+
+
+def test_free_ports_are_distinct_and_bindable():
+    import socket
+
+    ports = free_ports(5)
+    assert len(set(ports)) == 5
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+# ---------------------------------------------------------------------------------------------
+# fedlatent flower app / partition (no deployment)
+# ---------------------------------------------------------------------------------------------
+def invoke(*args):
+    from typer.testing import CliRunner
+
+    from fedlatent.cli import app
+
+    return CliRunner().invoke(app, ["flower", *map(str, args)])
+
+
+def test_cli_app_writes_the_run_config(tmp_path):
+    res = invoke("app", "gmm", "--out", tmp_path / "app",
+                 "--params", '{"n_components": 2, "random_state": 3, "max_rounds": 7}',
+                 "--federation", '{"participation": 0.5}', "--min-nodes", 3,
+                 "--round-timeout", 20, "--node-wait", 45)
+    assert res.exit_code == 0, res.output
+    with (tmp_path / "app" / "pyproject.toml").open("rb") as f:
+        config = tomllib.load(f)["tool"]["flwr"]["app"]["config"]
+    assert config["estimator"] == "gmm"
+    params = json.loads(config["params"])
+    assert (params["n_components"], params["random_state"], params["max_rounds"]) == (2, 3, 7)
+    assert json.loads(config["federation"])["participation"] == 0.5
+    assert (config["min-nodes"], config["round-timeout"], config["node-wait"]) == (3, 20.0, 45.0)
+    assert config["out-dir"] == str((tmp_path / "app" / "result").resolve())
+    assert f"flwr run {tmp_path / 'app'} <connection> --stream" in res.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nope"], "error: unknown model 'nope'; choose one of gmm, fedgmm, hlcr, sec"),
+        (["gmm", "--params", "{n_components: 2}"], "error: --params is not valid JSON"),
+        (["gmm", "--params", "[2]"], "error: --params must be a JSON object"),
+        (["gmm", "--params", '{"n_components": 2, "colour": 1}'],
+         "error: cannot build gmm from --params/--federation"),
+        (["gmm", "--params", '{"n_components": 2}', "--min-nodes", 0],
+         "error: --min-nodes must be >= 1, got 0"),
+    ],
+)
+def test_cli_app_refuses_bad_input_and_writes_nothing(tmp_path, args, message):
+    res = invoke("app", *args, "--out", tmp_path / "app")
+    assert res.exit_code == 2
+    assert message in res.output
+    assert not (tmp_path / "app").exists()
+
+
+def test_cli_partition_writes_one_file_per_client_and_the_node_commands(tmp_path):
+    import pandas as pd
+
+    from fedlatent.data.files import read_client_file
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(rng.normal(size=(90, 3)), columns=["a", "b", "c"])
+    df["site"] = np.repeat(["s0", "s1", "s2"], 30)
+    df.to_csv(tmp_path / "d.csv", index=False)
+    res = invoke("partition", "--data", tmp_path / "d.csv", "--client", "site",
+                 "--features", "a,c", "--out", tmp_path / "parts", "--superlink", "10.0.0.5:9000")
+    assert res.exit_code == 0, res.output
+    files = sorted((tmp_path / "parts").glob("*.parquet"))
+    assert len(files) == 3
+    for i, path in enumerate(files):
+        fd = read_client_file(path)
+        assert fd.client_ids == [f"s{i}"] and fd.feature_names == ["a", "c"]
+        np.testing.assert_array_equal(fd[f"s{i}"].X, df.loc[df.site == f"s{i}", ["a", "c"]])
+        line = (f"flower-supernode --insecure --superlink 10.0.0.5:9000 --port {9094 + i} "
+                f"--node-config 'data-path=\"{path.resolve()}\"'")
+        assert line in res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Real deployments (flwr installed)
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def flwr():
+    return pytest.importorskip("flwr")
+
+
+def client_files(fd, where):
+    from fedlatent.data.files import write_client_files
+
+    files = write_client_files(fd, where)
+    return [files[c] for c in fd.client_ids]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gmm", "fedgmm"])
+def test_deployment_equals_inprocess(flwr, name, tmp_path):
+    from fedlatent.runtime.flower_local import local_fit
+
+    fd, ref = fit_inprocess(name)
+    _, make = CASES[name]()
+    est = local_fit(make(), client_files(fd, tmp_path / "data"), out_dir=tmp_path / "out",
+                    timeout=600, round_timeout=ROUND_TIMEOUT)
+    assert_same_fit(name, ref, est, rtol=1e-8)
+    st = est.flower_status_
+    assert st["status"] == "ok" and st["clients"] == fd.client_ids and st["lost"] == {}
+    assert st["round"] == ref.n_rounds_ == len(est.history_)
+    dep = est.flower_deployment_
+    assert dep["startup_seconds"] > 0 and dep["run_seconds"] > 0
+    assert len(dep["pids"]) >= 1 + fd.n_clients  # superlink, supernodes (and Flower's children)
+    assert_all_gone(dep["pids"])
+
+
+@pytest.mark.slow
+def test_dead_supernode_is_missing_from_later_rounds(flwr, tmp_path):
+    import fedlatent as fl
+    from fedlatent.runtime.flower import load_result, run_config_for
+    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+
+    fd, _ = CASES["gmm"]()
+    est0 = fl.FederatedGaussianMixture(2, max_rounds=4, tol=0.0, random_state=11)
+    out = tmp_path / "out"
+    app = write_app(tmp_path / "app", run_config_for(
+        est0, out_dir=out, min_nodes=fd.n_clients, round_timeout=ROUND_TIMEOUT, node_wait=60.0))
+    victim = 1
+    killed_at: dict[str, int] = {}
+    with LocalDeployment(client_files(fd, tmp_path / "data"), workdir=tmp_path / "dep") as dep:
+        result: dict[str, object] = {}
+
+        def run():
+            try:
+                result["out"] = run_app(app, dep, timeout=600)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+                result["error"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 400
+        while t.is_alive() and time.monotonic() < deadline:
+            try:
+                status = json.loads((out / "status.json").read_text())
+            except (OSError, ValueError):
+                status = {}
+            if status.get("round", 0) >= 2:
+                killed_at["round"] = int(status["round"])
+                dep.kill_node(victim)
+                break
+            time.sleep(0.1)
+        t.join()
+        pids = dep.all_pids()
+        assert not pid_alive(dep.node_pids[victim])
+    assert_all_gone(pids)
+    if "error" in result:
+        raise result["error"]
+    assert "round" in killed_at, "the run ended before round 2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = load_result(out)
+    cid = fd.client_ids[victim]
+    hist = est.history_
+    assert est.flower_status_["status"] == "ok"
+    assert len(hist) == 4
+    # rounds 1..k ended before the kill with every client; round k+1 may have been answered
+    # before the crash; every round after that misses exactly the dead client
+    k = killed_at["round"]
+    assert k == 2  # status.json is polled every 0.1 s, a round takes seconds
+    assert [r.missing for r in hist[:k]] == [[]] * k
+    assert [r.missing for r in hist[k + 1 :]] == [[cid]] * (len(hist) - k - 1)
+    assert [r.participants for r in hist[k + 1 :]] == [fd.n_clients - 1] * (len(hist) - k - 1)
+    assert cid in est.flower_status_["lost"]
+
+
+def test_run_app_refuses_an_override_not_in_the_app(tmp_path):
+    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+
+    app = write_app(tmp_path / "app", {"out-dir": str(tmp_path / "out"), "min-nodes": 1})
+    dep = LocalDeployment([tmp_path / "x.parquet"], workdir=tmp_path / "dep")  # not started
+    with pytest.raises(ValueError, match=r"run-config overrides \['colour'\] are not in the app's "
+                                         r"\[tool.flwr.app.config\] \(keys: \['min-nodes', "
+                                         r"'out-dir'\]\)"):
+        run_app(app, dep, overrides={"colour": 1})
+    assert dep.pids == []
+
+
+@pytest.mark.slow
+def test_failed_server_app_raises_its_error_and_stops_everything(flwr, tmp_path):
+    from fedlatent.runtime.flower import run_config_for
+    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+
+    fd, make = CASES["gmm"]()
+    config = run_config_for(make(), out_dir=tmp_path / "out", min_nodes=fd.n_clients)
+    app = write_app(tmp_path / "app", config)
+    with LocalDeployment(client_files(fd, tmp_path / "data"), workdir=tmp_path / "dep") as dep:
+        # -c overrides travel as a TOML file: min-nodes above the 3 nodes started, a short wait
+        with pytest.raises(RuntimeError) as info:
+            run_app(app, dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300)
+        pids = dep.all_pids()
+    msg = str(info.value)
+    assert msg.startswith("Flower run failed: the server app reported status 'error': "
+                          "TimeoutError: only 3 of min-nodes=5 Flower nodes connected within 1 s")
+    assert "superlink.log" in msg  # the logs' tails come with it
+    status = json.loads((tmp_path / "out" / "status.json").read_text())
+    assert status["status"] == "error" and status["round"] == 0
+    assert_all_gone(pids)
