@@ -21,6 +21,7 @@ any process still carrying the tag (the SuperExec and app processes Flower start
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -370,6 +371,7 @@ class LocalDeployment:
         self._seen: set[int] = set()  # every tagged PID ever observed
         self._logs: list[Path] = []
         self._stopped = False
+        self._runs = itertools.count()  # numbers the logs of runs, also of concurrent ones
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -406,6 +408,9 @@ class LocalDeployment:
         env = dict(os.environ)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(var, "1")  # many small processes share few cores
+        # SuperExec looks for a message to start a ClientApp/ServerApp process every second by
+        # default; on loopback a shorter poll shortens every exchange at a negligible cost.
+        env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
         env.update(self.extra_env)
         env["FLWR_TELEMETRY_ENABLED"] = "0"
         env["FLWR_DISABLE_UPDATE_CHECK"] = "1"
@@ -643,7 +648,7 @@ def run_app(
         status_path.unlink()  # a previous run's status must not be mistaken for this one's
 
     _write_connection(deployment)
-    n = len(list(deployment.workdir.glob("flwr-run-*.log")))
+    n = next(deployment._runs)
     log = deployment.workdir / f"flwr-run-{n}.log"
     cmd = [_flower_exe("flwr"), "run", str(app_dir), CONNECTION_NAME, "--stream"]
     if overrides:
