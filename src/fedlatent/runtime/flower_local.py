@@ -342,6 +342,10 @@ class LocalDeployment:
         ``host:port`` of the SuperLink (Fleet, Control and Runtime APIs share one HTTP port).
     startup_seconds : float
         Wall time from starting the SuperLink until every SuperNode had registered.
+    superlink_seconds : float
+        The part of it until the SuperLink answered its health check.
+    last_run_seconds, last_status : float, dict
+        Wall time of the last :func:`run_app` to finish on this deployment and its status.
     """
 
     def __init__(
@@ -364,6 +368,7 @@ class LocalDeployment:
         self.port: int | None = None
         self.node_ports: list[int] = []
         self.startup_seconds: float | None = None
+        self.superlink_seconds: float | None = None
         self.last_run_seconds: float | None = None
         self.last_status: dict[str, Any] | None = None
         self._link: subprocess.Popen | None = None
@@ -454,14 +459,17 @@ class LocalDeployment:
         t0 = time.monotonic()
         try:
             self._start_superlink(t0)
+            self.superlink_seconds = time.monotonic() - t0
             self._start_supernodes(t0)
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - t0
         logger.info(
-            "Flower deployment on %s: SuperLink and %d SuperNodes ready in %.1f s",
-            self.address, len(self._nodes), self.startup_seconds,
+            "Flower deployment on %s: SuperLink healthy in %.1f s, %d SuperNodes registered "
+            "%.1f s later",
+            self.address, self.superlink_seconds, len(self._nodes),
+            self.startup_seconds - self.superlink_seconds,
         )
         return self
 
