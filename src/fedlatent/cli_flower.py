@@ -105,7 +105,8 @@ def _client_dir_files(data: Path) -> list[Path]:
 
 
 def _split_rows(data: Path, n: int, features: str | None, target: str | None, seed: int):
-    """Rows of a table without a client column shuffled into ``n`` equal clients."""
+    """Rows of a table without a client column shuffled into ``n`` equal clients (features: the
+    numeric columns but the target, unless named)."""
     import numpy as np
     import pandas as pd
 
@@ -117,7 +118,9 @@ def _split_rows(data: Path, n: int, features: str | None, target: str | None, se
         fail(f"data file {data} does not exist")
     low = data.name.lower()
     df = pd.read_parquet(data) if low.endswith((".parquet", ".pq")) else pd.read_csv(data)
-    cols = split_list(features) or [c for c in df.columns if c != target]
+    cols = split_list(features) or [
+        c for c in df.columns if c != target and pd.api.types.is_numeric_dtype(df[c])
+    ]
     missing = [c for c in [*cols, *([target] if target else [])] if c not in df.columns]
     if missing:
         fail(f"columns {missing} are not in {data}; columns: {list(df.columns)}")

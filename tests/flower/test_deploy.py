@@ -179,6 +179,42 @@ def test_cli_partition_writes_one_file_per_client_and_the_node_commands(tmp_path
         assert line in res.output
 
 
+@pytest.mark.parametrize(
+    "data, extra, message",
+    [
+        ("empty", [], "holds no .parquet client files"),
+        ("table", [], "error: give --client COLUMN (or --clients N to split the rows)"),
+        ("table", ["--clients", 3, "--entity", "e"], "error: --entity needs --client"),
+        ("table", ["--clients", 0], "error: --clients must be between 1 and the 40 rows"),
+        ("parts", ["--clients", 4], "error: --clients 4 but the data hold 2 clients"),
+    ],
+)
+def test_cli_local_refuses_bad_input_before_starting_anything(tmp_path, data, extra, message):
+    import pandas as pd
+
+    from fedlatent.data.files import write_client_files
+
+    (tmp_path / "empty").mkdir()
+    df = pd.DataFrame(np.random.default_rng(0).normal(size=(40, 2)), columns=["a", "b"])
+    df.to_csv(tmp_path / "table.csv", index=False)
+    write_client_files(fl_two_clients(), tmp_path / "parts")
+    path = {"empty": tmp_path / "empty", "table": tmp_path / "table.csv",
+            "parts": tmp_path / "parts"}[data]
+    res = invoke("local", "gmm", "--data", path, "--params", '{"n_components": 2}', *extra,
+                 "--out", tmp_path / "out")
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert not (tmp_path / "out" / "deploy").exists()
+
+
+def fl_two_clients():
+    import fedlatent as fl
+
+    rng = np.random.default_rng(1)
+    return fl.FederatedDataset.from_arrays({"a": rng.normal(size=(10, 2)),
+                                            "b": rng.normal(size=(12, 2))})
+
+
 # ---------------------------------------------------------------------------------------------
 # Real deployments (flwr installed)
 # ---------------------------------------------------------------------------------------------
