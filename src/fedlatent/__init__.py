@@ -5,11 +5,14 @@
 0.5
 """
 
-from . import baselines  # noqa: F401  (fl.baselines.*)
-from . import data as datasets  # noqa: F401  (fl.datasets.* generators)
+from . import data as datasets  # noqa: F401  (fl.datasets.* generators, imported on first use)
 from .data import FederatedDataset
 from .engine import ConvergenceWarning, Federation, Quantizer, Spider, StepSchedule
-from .models import HLCR, SEC, FederatedGaussianMixture, FedGMM
+
+# Estimators and submodules are imported on first use: a Flower client process (one per message)
+# then imports only what its model needs.
+_LAZY = {"HLCR": "models", "SEC": "models", "FederatedGaussianMixture": "models",
+         "FedGMM": "models"}
 
 __version__ = "0.1.0"
 
@@ -29,9 +32,11 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """``fl.experiments`` is imported on first use (it pulls in plotting and the paper setups)."""
-    if name == "experiments":
-        import importlib
+    """Estimators, ``fl.baselines`` and ``fl.experiments`` are imported on first use."""
+    import importlib
 
-        return importlib.import_module(".experiments", __name__)
+    if name in ("experiments", "baselines"):
+        return importlib.import_module(f".{name}", __name__)
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'fedlatent' has no attribute {name!r}")

@@ -38,7 +38,7 @@ def hlcr_case():
 def sec_case():
     from fedlatent.data.sec_data import make_sec_simulation1
 
-    fd, _ = make_sec_simulation1(n_learners=4, n_samples=40, snr=64.0, random_state=3)
+    fd, _ = make_sec_simulation1(n_learners=3, n_samples=40, snr=64.0, random_state=3)
     return fd, lambda: fl.SEC(candidates="fairness", n_clusters=2, random_state=14)
 
 

@@ -4,7 +4,6 @@ in-process fit, survives a crashed supernode, and leaves no process behind."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import tomllib
@@ -230,33 +229,60 @@ def client_files(fd, where):
     return [files[c] for c in fd.client_ids]
 
 
-# Every message starts a fresh client process (importing fedlatent) and Flower polls every 3 s
-# on both sides, so a message exchange costs ~5-15 s on 2 cores: ~2 min per model. HLCR and SEC
-# (equal to in-process too when tried) run only on request.
-ALL_MODELS = os.environ.get("FEDLATENT_FLOWER_DEPLOY_ALL") == "1"
-_ON_REQUEST = pytest.mark.skipif(not ALL_MODELS, reason="~2 min each on a deployment; set "
-                                 "FEDLATENT_FLOWER_DEPLOY_ALL=1 to run")
-
-
+# Every message starts a fresh client process (importing fedlatent) and the SuperNodes poll every
+# few seconds, so one exchange costs seconds: the four models share one deployment and run at once,
+# each node holding one file per model in its data directory (data-path = the directory, the
+# app's data-name picks the file).
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gmm", "fedgmm", pytest.param("hlcr", marks=_ON_REQUEST),
-                                  pytest.param("sec", marks=_ON_REQUEST)])
-def test_deployment_equals_inprocess(flwr, name, tmp_path):
-    from fedlatent.runtime.flower_local import local_fit
+def test_all_four_models_on_one_deployment_equal_inprocess(flwr, tmp_path):
+    import shutil
 
-    fd, ref = fit_inprocess(name)
-    _, make = CASES[name]()
-    est = local_fit(make(), client_files(fd, tmp_path / "data"), out_dir=tmp_path / "out",
-                    timeout=600, round_timeout=ROUND_TIMEOUT)
-    assert_same_fit(name, ref, est, rtol=1e-8)
-    st = est.flower_status_
-    assert st["status"] == "ok" and st["clients"] == fd.client_ids and st["lost"] == {}
-    if name != "sec":  # SEC has no round loop
-        assert st["round"] == ref.n_rounds_ == len(est.history_)
-    dep = est.flower_deployment_
-    assert dep["startup_seconds"] > 0 and dep["run_seconds"] > 0
-    assert len(dep["pids"]) >= 1 + fd.n_clients  # superlink, supernodes (and Flower's children)
-    assert_all_gone(dep["pids"])
+    from fedlatent.runtime.flower import load_result, run_config_for
+    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+
+    names = sorted(CASES)
+    node_dirs = [tmp_path / f"site-{i}" for i in range(3)]
+    refs, apps, fds = {}, {}, {}
+    for name in names:
+        fd, refs[name] = fit_inprocess(name)
+        fds[name] = fd
+        assert fd.n_clients == 3
+        for d, f in zip(node_dirs, client_files(fd, tmp_path / "data" / name)):
+            d.mkdir(exist_ok=True)
+            shutil.copy(f, d / f"{name}.parquet")
+        _, make = CASES[name]()
+        apps[name] = write_app(tmp_path / f"app-{name}", run_config_for(
+            make(), out_dir=tmp_path / f"out-{name}", min_nodes=3, round_timeout=120.0,
+            data_name=f"{name}.parquet"))
+    results: dict[str, object] = {}
+    with LocalDeployment(node_dirs, workdir=tmp_path / "dep") as dep:
+        assert dep.startup_seconds > 0
+
+        def go(name):
+            try:
+                results[name] = run_app(apps[name], dep, timeout=600)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+                results[name] = e
+
+        threads = [threading.Thread(target=go, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        pids = dep.all_pids()
+        assert len(pids) >= 4  # the SuperLink and three SuperNodes at least
+    assert_all_gone(pids)
+    for name in names:
+        if isinstance(results[name], BaseException):
+            raise results[name]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = load_result(tmp_path / f"out-{name}")
+        assert_same_fit(name, refs[name], est, rtol=1e-8)
+        st = est.flower_status_
+        assert st["status"] == "ok" and st["clients"] == fds[name].client_ids and st["lost"] == {}
+        if name != "sec":  # SEC has no round loop
+            assert st["round"] == refs[name].n_rounds_ == len(est.history_)
 
 
 @pytest.mark.slow

@@ -1,50 +1,31 @@
-"""Federated data: containers, readers, partitioners and synthetic generators."""
+"""Federated data: containers, readers, partitioners and synthetic generators.
+
+The generators are imported on first use (they pull in scikit-learn's datasets).
+"""
+
+import importlib
 
 from .dataset import ClientData, DataValidationError, FederatedDataset
-from .hlcr_data import make_synthhlcr, split_events
-from .partition import (
-    dirichlet_partition,
-    partition_by_components,
-    partition_by_labels,
-    split_arrays,
-)
 
-__all__ = [
-    "ClientData",
-    "DataValidationError",
-    "FederatedDataset",
-    "dirichlet_partition",
-    "make_synthhlcr",
-    "split_events",
-    "partition_by_components",
-    "partition_by_labels",
-    "split_arrays",
-]
-from .sec_data import (  # noqa: E402
-    make_sec_attack,
-    make_sec_fairness,
-    make_sec_simulation1,
-    make_sec_simulation2,
-)
+_WHERE = {
+    "make_synthhlcr": "hlcr_data", "split_events": "hlcr_data",
+    "dirichlet_partition": "partition", "partition_by_components": "partition",
+    "partition_by_labels": "partition", "split_arrays": "partition",
+    "make_sec_attack": "sec_data", "make_sec_fairness": "sec_data",
+    "make_sec_simulation1": "sec_data", "make_sec_simulation2": "sec_data",
+    "federated_pca": "fedgmm_data", "make_fedgmm_digits": "fedgmm_data",
+    "make_fedgmm_nongaussian": "fedgmm_data", "make_fedgmm_synthetic": "fedgmm_data",
+    "transform_digits": "fedgmm_data",
+}
 
-__all__ += [
-    "make_sec_attack",
-    "make_sec_fairness",
-    "make_sec_simulation1",
-    "make_sec_simulation2",
-]
-from .fedgmm_data import (  # noqa: E402
-    federated_pca,
-    make_fedgmm_digits,
-    make_fedgmm_nongaussian,
-    make_fedgmm_synthetic,
-    transform_digits,
-)
+__all__ = ["ClientData", "DataValidationError", "FederatedDataset", *sorted(_WHERE)]
 
-__all__ += [
-    "federated_pca",
-    "make_fedgmm_digits",
-    "make_fedgmm_nongaussian",
-    "make_fedgmm_synthetic",
-    "transform_digits",
-]
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where a table is read or written (it is slow to import)
+    import pandas as pd
 
 __all__ = ["ClientData", "FederatedDataset", "DataValidationError"]
 
@@ -74,6 +77,8 @@ def _finite_check(client: str, X: np.ndarray, names: Sequence[str]) -> None:
 
 def _numeric_column(df: pd.DataFrame, col: str, client: str, what: str, fix: str) -> pd.Series:
     """The column as numbers, or an error naming the first client with a non-number in it."""
+    import pandas as pd
+
     values = df[col]
     if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
         return values
@@ -214,6 +219,8 @@ class FederatedDataset:
         entity : str or None
             Entity column for hierarchical data (rows are events of an entity).
         """
+        import pandas as pd
+
         if not isinstance(df, pd.DataFrame):
             raise DataValidationError(f"from_pandas expects a DataFrame, got {type(df).__name__}")
         columns = [str(c) for c in df.columns]
@@ -295,6 +302,8 @@ class FederatedDataset:
         **read_kwargs,
     ) -> FederatedDataset:
         """Read a CSV (``.csv``, ``.csv.gz``, ``.tsv``) or Parquet (``.parquet``, ``.pq``) file."""
+        import pandas as pd
+
         path = os.fspath(path)
         if not os.path.exists(path):
             raise DataValidationError(f"data file {path!r} does not exist")
@@ -439,6 +448,8 @@ class FederatedDataset:
         return ClientData(X, y, ent)
 
     def to_pandas(self, client: str = "client") -> pd.DataFrame:
+        import pandas as pd
+
         frames = []
         for cid, cd in self.items():
             f = pd.DataFrame(cd.X, columns=self.feature_names)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import pandas as pd
-
 __all__ = ["RoundRecord", "History"]
 
 
@@ -46,11 +44,13 @@ class RoundRecord:
 class History(list):
     """A list of :class:`RoundRecord` with a DataFrame view."""
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self):
         rows = [asdict(r) for r in self]
         for r in rows:
             r["missing"] = ";".join(r["missing"])
         cols = list(RoundRecord.__dataclass_fields__)
+        import pandas as pd
+
         return pd.DataFrame(rows, columns=cols)
 
     def to_csv(self, path) -> None:

@@ -177,15 +177,16 @@ class FlowerRuntime(Runtime):
         """Send ``jobs[node] = (method, msg)``; return ``{node: decoded reply}``."""
         from flwr.app import Message
 
-        msgs = []
+        msgs, order = [], []
         for nid, (method, msg) in jobs.items():
             payload = dict(msg)
             payload[_METHOD] = method
             msgs.append(Message(encode(payload), dst_node_id=nid, message_type=MESSAGE_TYPE))
+            order.append(nid)
         out: dict[int, dict[str, Any]] = {}
-        for rep in self.grid.send_and_receive(msgs, timeout=timeout):
-            nid = rep.metadata.src_node_id
-            cid = self._cid_of.get(nid, str(nid))
+        for rep, dst in self._push_pull(msgs, order, timeout):
+            nid = dst if dst is not None else rep.metadata.src_node_id
+            cid = self._cid_of.get(nid, f"node {nid}")
             if rep.has_error():
                 self.lost[cid] = f"Flower error {rep.error.code}: {rep.error.reason}"
                 logger.warning("client %s (node %s): %s", cid, nid, self.lost[cid])
@@ -200,6 +201,29 @@ class FlowerRuntime(Runtime):
                     raise (ValueError if kind == "ValueError" else TypeError)(text)
                 raise ClientReplyError(cid, text)
         return out
+
+    def _push_pull(self, msgs, order, timeout):
+        """Push, then pull replies until all arrived or ``timeout``: yields (reply, dst node).
+
+        Grid.send_and_receive sleeps 3 s between pulls; polling from 20 ms up to 0.5 s saves
+        seconds per exchange on a deployment.
+        """
+        ids = [str(i) for i in self.grid.push_messages(msgs)]
+        dst_of = dict(zip(ids, order)) if len(ids) == len(order) else {}
+        pending = set(ids)
+        end = None if timeout is None else time.monotonic() + float(timeout)
+        pause = 0.02
+        while pending:
+            for rep in self.grid.pull_messages(list(pending)):
+                rid = str(rep.metadata.reply_to_message_id)
+                if rid not in pending:
+                    continue
+                pending.discard(rid)
+                yield rep, dst_of.get(rid)
+            if not pending or (end is not None and time.monotonic() >= end):
+                break
+            time.sleep(pause)
+            pause = min(0.5, pause * 1.5)
 
     def call(self, client_ids, method, messages):
         jobs = {self._node[c]: (method, messages[c]) for c in client_ids}
