@@ -292,7 +292,9 @@ def test_dead_supernode_is_missing_from_later_rounds(flwr, tmp_path):
     from fedlatent.runtime.flower_local import LocalDeployment, run_app
 
     fd, _ = CASES["gmm"]()
-    est0 = fl.FederatedGaussianMixture(2, max_rounds=4, tol=0.0, random_state=11)
+    # random init: one initialization query instead of three (each costs a network exchange)
+    est0 = fl.FederatedGaussianMixture(2, max_rounds=4, tol=0.0, random_state=11,
+                                       init_params="random")
     out = tmp_path / "out"
     app = write_app(tmp_path / "app", run_config_for(
         est0, out_dir=out, min_nodes=fd.n_clients, round_timeout=ROUND_TIMEOUT, node_wait=60.0))

@@ -1023,7 +1023,8 @@ class SECModel(FederatedModel):
 # The estimator
 # ---------------------------------------------------------------------------------------------
 def _parallel_calls(runtime: Runtime, jobs: list[tuple[str, dict[str, Any]]], n_jobs):
-    """One ``runtime.call`` per (client, message), in joblib threads when ``n_jobs`` != 1.
+    """The replies to (client, message) jobs: serially in waves of one message per client
+    (one ``runtime.call`` each), or one call per job in joblib threads when ``n_jobs`` != 1.
 
     Returns the replies in the order of ``jobs``; a client that does not answer raises.
     """
@@ -1034,7 +1035,23 @@ def _parallel_calls(runtime: Runtime, jobs: list[tuple[str, dict[str, Any]]], n_
         return rep[cid]
 
     if n_jobs in (None, 1) or len(jobs) <= 1:
-        return [one(c, m) for c, m in jobs]
+        # waves of one message per client: one runtime call (one network exchange on Flower,
+        # where the learners work in parallel) per wave
+        out: list[Any] = [None] * len(jobs)
+        todo = list(range(len(jobs)))
+        while todo:
+            wave: dict[str, int] = {}
+            for i in todo:
+                wave.setdefault(jobs[i][0], i)
+            rep = runtime.call(list(wave), "query", {c: jobs[i][1] for c, i in wave.items()})
+            for c, i in wave.items():
+                if c not in rep:
+                    raise RuntimeError(
+                        f"client {c!r} did not answer the SEC {jobs[i][1]['query']!r} query")
+                out[i] = rep[c]
+            done = set(wave.values())
+            todo = [i for i in todo if i not in done]
+        return out
     from joblib import Parallel, delayed
 
     return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(one)(c, m) for c, m in jobs)
