@@ -32,11 +32,12 @@ test: $(TEST_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_gmm.py
 	$(BIN)/python benchmarks/bench_fedgmm.py
 	$(BIN)/python benchmarks/bench_hlcr.py
 	$(BIN)/python benchmarks/bench_sec.py
+	$(BIN)/python benchmarks/bench_flower.py
 
 clean:
 	rm -rf $(VENV) demo-output .pytest_cache
