@@ -3,8 +3,7 @@
 The generators are imported on first use (they pull in scikit-learn's datasets).
 """
 
-import importlib
-
+from .._lazy import lazy_attributes
 from .dataset import ClientData, DataValidationError, FederatedDataset
 
 _WHERE = {
@@ -21,11 +20,4 @@ _WHERE = {
 __all__ = ["ClientData", "DataValidationError", "FederatedDataset", *sorted(_WHERE)]
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE)

@@ -4,7 +4,7 @@ The classes are imported on first use, so a process that needs one model (a Flow
 process, started afresh for every message) does not import the others.
 """
 
-import importlib
+from .._lazy import lazy_attributes
 
 _WHERE = {
     "FedGMM": "fedgmm", "FedGMMModel": "fedgmm", "PersonalizedFedGMM": "fedgmm",
@@ -16,11 +16,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE)
