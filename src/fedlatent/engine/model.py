@@ -60,16 +60,18 @@ def register_model(cls: type[FederatedModel]) -> type[FederatedModel]:
 
 def model_from_config(name: str, config: dict[str, Any]) -> FederatedModel:
     """Rebuild a registered model from its name and JSON config."""
+    import importlib
+
     if name not in _REGISTRY:
         # Models register on import: import the named one's module (fedlatent.models.<name>),
         # else every model.
-        import importlib
-
         try:
             importlib.import_module(f"fedlatent.models.{name}")
         except ImportError:
-            for mod in ("gmm", "fedgmm", "hlcr", "sec"):
-                importlib.import_module(f"fedlatent.models.{mod}")
+            pass
+    if name not in _REGISTRY:  # a model module named otherwise: the error lists them all
+        for mod in ("gmm", "fedgmm", "hlcr", "sec"):
+            importlib.import_module(f"fedlatent.models.{mod}")
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown model {name!r}; known: {sorted(_REGISTRY)}")

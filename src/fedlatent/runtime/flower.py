@@ -468,10 +468,10 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
              num_cpus: int | None = None, verbose: bool = False):
     """Fit ``estimator`` on ``fd`` with Flower's simulation engine (one supernode per client).
 
-    Each client's rows are written to its own file in ``workdir`` (a temporary directory by
-    default) and read only by that client's node. Returns the fitted estimator loaded from what
-    the server app saved; ``est.flower_status_`` has the timings (``startup_seconds``,
-    ``seconds_per_round``, ``total_seconds``).
+    Each client's rows are written to its own file in ``workdir`` (a temporary directory,
+    removed afterwards, by default) and read only by that client's node. Returns the fitted
+    estimator loaded from what the server app saved; ``est.flower_status_`` has the timings
+    (``startup_seconds``, ``seconds_per_round``, ``total_seconds``).
     """
     import tempfile
 
@@ -479,7 +479,11 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
 
     from ..data.files import write_client_files
 
-    work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="fedlatent-"))
+    if workdir is None:  # the client files and results are loaded, then removed
+        with tempfile.TemporaryDirectory(prefix="fedlatent-") as tmp:
+            return simulate(estimator, fd, workdir=tmp, round_timeout=round_timeout,
+                            record=record, num_cpus=num_cpus, verbose=verbose)
+    work = Path(workdir)
     files = write_client_files(fd, work / "data")
     out = work / "out"
     config = run_config_for(estimator, out_dir=out, min_nodes=fd.n_clients,
