@@ -57,8 +57,8 @@ def _fit_logistic(X, y, classes, l2, max_iter, tol=1e-8):
     return coef
 
 
-class Local:
-    """Each client fits a regularized logistic regression on its own data only.
+class _Logistic:
+    """Settings shared by the logistic baselines.
 
     Parameters
     ----------
@@ -66,12 +66,22 @@ class Local:
         Ridge on the mean cross-entropy (same scale as :class:`FedGMM`'s ``l2``).
     max_iter : int
         Newton iterations at most.
+    classes : array-like or None
+        Labels; None: those seen in training.
     """
 
     def __init__(self, l2: float = 1e-3, max_iter: int = 50, classes=None):
         self.l2 = l2
         self.max_iter = max_iter
         self.classes = classes
+
+    def predict(self, X, client=None) -> np.ndarray:
+        return self.classes_[self.predict_proba(X, client).argmax(axis=1)]
+
+
+class Local(_Logistic):
+    """Each client fits a regularized logistic regression on its own data only
+    (parameters of :class:`_Logistic`)."""
 
     def fit(self, fd: FederatedDataset):
         self.classes_ = _labels(fd, self.classes)
@@ -87,17 +97,9 @@ class Local:
         Xa = add_intercept(np.asarray(X, dtype=np.float64))
         return np.exp(logistic_log_proba(Xa, self.coef_[str(client)]))
 
-    def predict(self, X, client=None) -> np.ndarray:
-        return self.classes_[self.predict_proba(X, client).argmax(axis=1)]
 
-
-class Centralized:
+class Centralized(_Logistic):
     """One logistic regression on the pooled data (reference only: the data are moved)."""
-
-    def __init__(self, l2: float = 1e-3, max_iter: int = 50, classes=None):
-        self.l2 = l2
-        self.max_iter = max_iter
-        self.classes = classes
 
     def fit(self, fd: FederatedDataset):
         self.classes_ = _labels(fd, self.classes)
@@ -108,9 +110,6 @@ class Centralized:
     def predict_proba(self, X, client=None) -> np.ndarray:
         Xa = add_intercept(np.asarray(X, dtype=np.float64))
         return np.exp(logistic_log_proba(Xa, self.coef_))
-
-    def predict(self, X, client=None) -> np.ndarray:
-        return self.classes_[self.predict_proba(X).argmax(axis=1)]
 
 
 class _Global(FedGMM):
