@@ -16,9 +16,9 @@ import time
 import numpy as np
 
 from fedlatent.data.sec_data import make_sec_simulation1
+from fedlatent.engine import InProcessRuntime
 from fedlatent.models import sec as sec_module
 from fedlatent.models.sec import SEC, make_candidates
-from fedlatent.runtime.inprocess import InProcessRuntime
 
 
 def clear_caches() -> None:

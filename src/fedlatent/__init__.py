@@ -7,36 +7,53 @@
 
 from . import data as datasets  # noqa: F401  (fl.datasets.* generators, imported on first use)
 from .data import FederatedDataset
-from .engine import ConvergenceWarning, Federation, Quantizer, Spider, StepSchedule
-
-# Estimators and submodules are imported on first use: a Flower client process (one per message)
-# then imports only what its model needs.
-_LAZY = {"HLCR": "models", "SEC": "models", "FederatedGaussianMixture": "models",
-         "FedGMM": "models"}
+from .engine import (
+    ConvergenceWarning,
+    Federation,
+    InProcessRuntime,
+    Quantizer,
+    Runtime,
+    Spider,
+    StepSchedule,
+)
 
 __version__ = "0.1.0"
 
+# Estimators are listed by the registry (fl.FedGMM...), not here: see __getattr__ and __dir__.
 __all__ = [
-    "SEC",
-    "HLCR",
     "ConvergenceWarning",
-    "FedGMM",
     "FederatedDataset",
-    "FederatedGaussianMixture",
     "Federation",
+    "InProcessRuntime",
     "Quantizer",
+    "Runtime",
     "Spider",
     "StepSchedule",
     "__version__",
 ]
 
 
+def _estimators() -> list[str]:
+    from .engine.registry import estimator_entries
+
+    return sorted(e.cls.__name__ for e in estimator_entries().values())
+
+
 def __getattr__(name: str):
-    """Estimators, ``fl.baselines`` and ``fl.experiments`` are imported on first use."""
+    """Estimators (from the registry), ``fl.baselines`` and ``fl.experiments`` are imported on
+    first use: a Flower client process (one per message) imports only what its model needs."""
     import importlib
 
     if name in ("experiments", "baselines"):
         return importlib.import_module(f".{name}", __name__)
-    if name in _LAZY:
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if not name.startswith("_"):
+        from .engine.registry import estimator_by_class_name
+
+        cls = estimator_by_class_name(name)
+        if cls is not None:
+            return cls
     raise AttributeError(f"module 'fedlatent' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_estimators()) | {"experiments", "baselines"})

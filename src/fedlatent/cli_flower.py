@@ -46,7 +46,7 @@ _ENTITY = typer.Option(None, "--entity", help="Entity column (HLCR).")
 def _estimator(model: str, params: str, federation: str | None, seed: int | None = None):
     """The estimator named on the command line; exit with the reason when it cannot be built."""
     from .cli import fail
-    from .models.registry import estimator_from_config
+    from .engine.registry import estimator_from_config
 
     if model not in MODELS:
         fail(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")

@@ -104,9 +104,9 @@ def run_demo(out: str | Path = "demo-output", seed: int = 0, progress: bool | No
 
 def _initial_parameters(fd, seed):
     """The initial parameters the federated fit used (its kmeans-federated start)."""
+    from .engine.inprocess import InProcessRuntime
     from .engine.loop import setup_clients
     from .models.gmm import GMMModel
-    from .runtime.inprocess import InProcessRuntime
 
     est = FederatedGaussianMixture(3, random_state=seed, verbose=False)
     rt = InProcessRuntime(fd)

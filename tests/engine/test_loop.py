@@ -4,10 +4,16 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine import ClientStep, FederatedModel, Stats, register_model, run_federated_em
+from fedlatent.engine import (
+    ClientStep,
+    FederatedModel,
+    InProcessRuntime,
+    Stats,
+    register_model,
+    run_federated_em,
+)
 from fedlatent.engine.loop import FederatedFitError
 from fedlatent.engine.model import server_rng
-from fedlatent.runtime import InProcessRuntime
 
 
 @register_model

@@ -13,8 +13,9 @@ from flower_cases import CASES, assert_same_fit, fit_inprocess
 import fedlatent as fl
 from fedlatent.data import DataValidationError
 from fedlatent.data.files import read_client_file, write_client_files
-from fedlatent.data.remote import RemoteDataset, describe_message
-from fedlatent.runtime.inprocess import InProcessRuntime
+from fedlatent.data.remote import RemoteDataset
+from fedlatent.engine import InProcessRuntime
+from fedlatent.engine.registry import describe_message
 
 
 def _remote_fit(name, fd, est):

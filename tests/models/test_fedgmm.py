@@ -10,8 +10,8 @@ from threadpoolctl import threadpool_limits
 import fedlatent as fl
 from fedlatent.data.dataset import ClientData, FederatedDataset
 from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
+from fedlatent.engine import InProcessRuntime
 from fedlatent.models.fedgmm import FedGMM
-from fedlatent.runtime.inprocess import InProcessRuntime
 
 _spec = importlib.util.spec_from_file_location(
     "fedgmm_reference", Path(__file__).resolve().parents[1] / "fedgmm_reference.py"

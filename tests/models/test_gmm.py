@@ -7,12 +7,12 @@ import pytest
 from sklearn.mixture import GaussianMixture
 
 import fedlatent as fl
+from fedlatent.engine import InProcessRuntime
 from fedlatent.models.gmm import (
     compute_precision_cholesky,
     estimate_log_gaussian_prob,
     gmm_m_step,
 )
-from fedlatent.runtime import InProcessRuntime
 
 K, D = 3, 4
 

@@ -9,6 +9,7 @@ from sklearn.linear_model import Ridge
 
 import fedlatent as fl
 from fedlatent.data.dataset import ClientData, DataValidationError, FederatedDataset
+from fedlatent.engine import InProcessRuntime
 from fedlatent.engine.loop import ConvergenceWarning
 from fedlatent.models.hlcr import (
     HLCRModel,
@@ -21,7 +22,6 @@ from fedlatent.models.hlcr import (
     predict_theorem2,
     sample_local_labels,
 )
-from fedlatent.runtime.inprocess import InProcessRuntime
 
 _spec = importlib.util.spec_from_file_location(
     "hlcr_reference", Path(__file__).resolve().parents[1] / "hlcr_reference.py"

@@ -11,6 +11,7 @@ from sklearn.linear_model import LassoCV, LinearRegression
 
 from fedlatent.data.dataset import DataValidationError, FederatedDataset
 from fedlatent.data.sec_data import make_sec_simulation1
+from fedlatent.engine import InProcessRuntime
 from fedlatent.models.sec import (
     SEC,
     UntrustedModelError,
@@ -32,7 +33,6 @@ from fedlatent.models.sec import (
     weighted_prediction,
     within_cluster_dispersion,
 )
-from fedlatent.runtime.inprocess import InProcessRuntime
 
 
 def block_similarity(sizes, within=1.0, between=0.0):

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dataset import DataValidationError, FederatedDataset
+from .dataset import DataValidationError
 
-__all__ = ["RemoteDataset", "describe_client", "describe_message"]
+__all__ = ["RemoteDataset"]
 
 
 @dataclass
@@ -97,39 +97,3 @@ class RemoteDataset:
             has_entity=bool(first["has_entity"]),
             extras={cid: json.loads(str(replies[cid].get("extras", "{}"))) for cid in ids},
         )
-
-
-def describe_message(estimator) -> dict[str, Any]:
-    """The ``describe`` message for ``estimator``: its registry name and JSON parameters."""
-    from ..models.registry import estimator_config
-
-    name, params = estimator_config(estimator)
-    return {"estimator": name, "estimator_params": json.dumps(params)}
-
-
-def describe_client(fd: FederatedDataset, msg: Mapping[str, Any]) -> dict[str, Any]:
-    """A client's answer to ``describe``: its own data validated by the estimator's checks.
-
-    ``fd`` holds this one client. Raises the estimator's error (naming the client and the column)
-    when the data do not fit the estimator; otherwise returns counts and column names only.
-    """
-    if fd.n_clients != 1:
-        raise ValueError(f"describe_client expects one client's data, got {fd.n_clients}")
-    extras: dict[str, Any] = {}
-    if msg.get("estimator"):
-        from ..models.registry import estimator_from_config
-
-        est = estimator_from_config(str(msg["estimator"]),
-                                    json.loads(str(msg.get("estimator_params", "{}"))))
-        extras = est._describe_local(fd)
-    (cid,) = fd.client_ids
-    return {
-        "client_id": cid,
-        "n_samples": int(fd[cid].n_samples),
-        "feature_names": json.dumps(list(fd.feature_names)),
-        "target_name": fd.target_name or "",
-        "entity_name": fd.entity_name or "",
-        "has_target": bool(fd.has_target),
-        "has_entity": bool(fd.has_entity),
-        "extras": json.dumps(extras),
-    }

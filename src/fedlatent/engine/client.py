@@ -10,6 +10,8 @@ Methods a node answers:
 ``estep``       FedEM client step (full pass, mini-batch or SPIDER; control variates; quantizer)
 ``evaluate``    mean statistics at the given parameters, no state change (for ||h(S)||^2)
 ``query``       a model-specific exchange (``message["query"]`` names it)
+``describe``    the client's own data checked by the estimator's checks; counts and column
+                names only (how the server of a deployment learns the federation's shape)
 
 The private state (model state such as FedGMM's pi_c or HLCR labels, the control variate V_c,
 the SPIDER memory) is a flat dict of arrays and never leaves the node.
@@ -21,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ..data.dataset import ClientData
+from ..data.dataset import ClientData, FederatedDataset
 from .federation import Quantizer
 from .messages import pack, unpack
-from .model import FederatedModel, client_rng, model_from_config
+from .model import FederatedModel, client_rng
+from .registry import estimator_from_config, model_from_config
 from .stats import Stats
 
-__all__ = ["ClientNode"]
+__all__ = ["ClientNode", "describe_client"]
 
 # purposes of the per-(client, round) generators
 _P_MODEL, _P_QUANT, _P_BATCH, _P_QUERY = 0, 1, 2, 3
@@ -71,18 +74,31 @@ class ClientNode:
         The client's own data. Nothing in a reply is derived from it except sums.
     state : dict of str to ndarray, optional
         Saved private state (a checkpoint, or Flower's context.state).
+    source : FederatedDataset, optional
+        The dataset ``data`` comes from (column names and roles, for ``describe``); only this
+        client's part of it is ever read.
     """
 
     def __init__(
-        self, client_id: str, data: ClientData, state: dict[str, np.ndarray] | None = None
+        self,
+        client_id: str,
+        data: ClientData,
+        state: dict[str, np.ndarray] | None = None,
+        *,
+        source: FederatedDataset | None = None,
     ):
         self.client_id = str(client_id)
         self._data = data
+        self._source = source
         self.state: dict[str, np.ndarray] = dict(state or {})
         self.model: FederatedModel | None = None
 
     # ------------------------------------------------------------------------------------------
     def handle(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if method == "describe":
+            if self._source is None:
+                raise ValueError(f"client {self.client_id!r} has no column description")
+            return describe_client(self._source.subset([self.client_id]), msg)
         if method == "setup":
             return self._setup(msg)
         if self.model is None:
@@ -213,3 +229,31 @@ class ClientNode:
         reply, mstate = self.model.client_query(name, msg, self._data, mstate, rng)
         _put(self.state, "model", mstate)
         return reply
+
+
+def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]:
+    """A client's answer to ``describe``: its own data validated by the estimator's checks.
+
+    ``fd`` holds this one client. Raises the estimator's error (naming the client and the column)
+    when the data do not fit the estimator; otherwise returns counts and column names only.
+    """
+    import json
+
+    if fd.n_clients != 1:
+        raise ValueError(f"describe_client expects one client's data, got {fd.n_clients}")
+    extras: dict[str, Any] = {}
+    if msg.get("estimator"):
+        est = estimator_from_config(str(msg["estimator"]),
+                                    json.loads(str(msg.get("estimator_params", "{}"))))
+        extras = est._describe_local(fd)
+    (cid,) = fd.client_ids
+    return {
+        "client_id": cid,
+        "n_samples": int(fd[cid].n_samples),
+        "feature_names": json.dumps(list(fd.feature_names)),
+        "target_name": fd.target_name or "",
+        "entity_name": fd.entity_name or "",
+        "has_target": bool(fd.has_target),
+        "has_entity": bool(fd.has_entity),
+        "extras": json.dumps(extras),
+    }

@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.base import Runtime
 from .checkpoint import load_arrays_json, save_arrays_json
 from .federation import Federation
 from .history import History, RoundRecord
 from .messages import ClientReplyError, check_reply, message_nbytes, pack
 from .model import FederatedModel, Params, server_rng
+from .runtime import Runtime
 from .stats import Stats
 
 __all__ = [

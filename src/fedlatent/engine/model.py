@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..data.dataset import ClientData
+from .registry import model_from_config, register_model
 from .stats import Stats
 
 __all__ = [
@@ -46,36 +47,6 @@ __all__ = [
 
 Params = dict[str, np.ndarray]
 ClientState = dict[str, np.ndarray]
-
-_REGISTRY: dict[str, type[FederatedModel]] = {}
-
-
-def register_model(cls: type[FederatedModel]) -> type[FederatedModel]:
-    """Class decorator: make a model constructible by name on any node."""
-    if not getattr(cls, "name", None):
-        raise TypeError(f"{cls.__name__} needs a class attribute 'name'")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def model_from_config(name: str, config: dict[str, Any]) -> FederatedModel:
-    """Rebuild a registered model from its name and JSON config."""
-    import importlib
-
-    if name not in _REGISTRY:
-        # Models register on import: import the named one's module (fedlatent.models.<name>),
-        # else every model.
-        try:
-            importlib.import_module(f"fedlatent.models.{name}")
-        except ImportError:
-            pass
-    if name not in _REGISTRY:  # a model module named otherwise: the error lists them all
-        for mod in ("gmm", "fedgmm", "hlcr", "sec"):
-            importlib.import_module(f"fedlatent.models.{mod}")
-
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown model {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**config)
 
 
 def client_key(client_id: str) -> int:

@@ -261,7 +261,7 @@ def sec_simulation2(
 def _fairness_one(b: float, seed: int, k_selection: str = "gap", gap_rule: str = "global") -> dict:
     from sklearn.linear_model import LinearRegression
 
-    from ..runtime.inprocess import InProcessRuntime
+    from ..engine.inprocess import InProcessRuntime
 
     data, R = make_sec_fairness(b, random_state=seed)
     rng = np.random.default_rng(seed)

@@ -1,19 +1,23 @@
-"""Models: one module per model (its statistics, client step, server step, prediction).
+"""Models: one module (or small package) per model, each registering itself.
 
-The classes are imported on first use, so a process that needs one model (a Flower client
-process, started afresh for every message) does not import the others.
+The estimators are found through the engine's registry (:mod:`fedlatent.engine.registry`), so a
+process that needs one model (a Flower client process, started afresh for every message) imports
+only that model's module, and adding a model adds a module without editing this one.
 """
 
-from .._lazy import lazy_attributes
-
-_WHERE = {
-    "FedGMM": "fedgmm", "FedGMMModel": "fedgmm", "PersonalizedFedGMM": "fedgmm",
-    "FederatedGaussianMixture": "gmm", "GMMModel": "gmm",
-    "HLCR": "hlcr", "HLCRModel": "hlcr",
-    "SEC": "sec", "SECModel": "sec",
-}
-
-__all__ = sorted(_WHERE)
+from __future__ import annotations
 
 
-__getattr__, __dir__ = lazy_attributes(__name__, _WHERE)
+def __getattr__(name: str):
+    from ..engine.registry import estimator_by_class_name
+
+    cls = estimator_by_class_name(name)
+    if cls is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return cls
+
+
+def __dir__():
+    from ..engine.registry import estimator_entries
+
+    return sorted(set(globals()) | {e.cls.__name__ for e in estimator_entries().values()})

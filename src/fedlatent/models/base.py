@@ -16,10 +16,10 @@ from ..data.dataset import FederatedDataset
 from ..engine.checkpoint import load_arrays_json, save_arrays_json
 from ..engine.federation import Federation
 from ..engine.history import History
+from ..engine.inprocess import InProcessRuntime
 from ..engine.loop import FitResult, run_federated_em, setup_clients
 from ..engine.model import FederatedModel, Params
-from ..runtime.base import Runtime
-from ..runtime.inprocess import InProcessRuntime
+from ..engine.runtime import Runtime
 
 __all__ = [
     "FederatedEstimator",

@@ -66,8 +66,9 @@ import pandas as pd
 from ..data.dataset import ClientData, FederatedDataset
 from ..engine.loop import FitResult
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
+from ..engine.registry import register_estimator
+from ..engine.runtime import Runtime
 from ..engine.stats import Stats
-from ..runtime.base import Runtime
 from .base import FederatedEstimator, check_features, check_is_fitted
 from .gmm import (
     COV_TYPES,
@@ -410,6 +411,10 @@ class PersonalizedFedGMM:
 # ---------------------------------------------------------------------------------------------
 # The estimator
 # ---------------------------------------------------------------------------------------------
+@register_estimator(
+    "fedgmm", target=True,
+    description="FedGMM: personalized mixture of Gaussian inputs and shared learners (Wu et al.)",
+)
 class FedGMM(FederatedEstimator):
     """Personalized federated learning under a mixture of joint distributions (FedGMM).
 
@@ -647,7 +652,7 @@ class FedGMM(FederatedEstimator):
             :meth:`FederatedEstimator.fit`.
         """
         if isinstance(fd, FederatedDataset):
-            from ..runtime.inprocess import InProcessRuntime
+            from ..engine.inprocess import InProcessRuntime
 
             self._validate_params()
             self._validate_data(fd)

@@ -22,8 +22,9 @@ from scipy import linalg
 from ..data.dataset import FederatedDataset
 from ..engine.loop import FitResult, setup_clients
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
+from ..engine.registry import register_estimator
+from ..engine.runtime import Runtime
 from ..engine.stats import Stats
-from ..runtime.base import Runtime
 from .base import FederatedEstimator, check_features, check_is_fitted
 from .kmeans import kmeans
 
@@ -323,6 +324,7 @@ def payload_params(payload: dict[str, Any]) -> Params:
 # ---------------------------------------------------------------------------------------------
 # The estimator
 # ---------------------------------------------------------------------------------------------
+@register_estimator("gmm", description="Gaussian mixture fitted by federated EM (clusters)")
 class FederatedGaussianMixture(FederatedEstimator):
     """Gaussian mixture fitted by federated EM; raw samples never leave the clients.
 
@@ -577,7 +579,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         return float(self.score_samples(X).mean())
 
     def _federated_loglik(self, fd: FederatedDataset) -> tuple[float, int]:
-        from ..runtime.inprocess import InProcessRuntime
+        from ..engine.inprocess import InProcessRuntime
 
         check_is_fitted(self)
         rt = InProcessRuntime(fd)

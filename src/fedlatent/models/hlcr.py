@@ -45,12 +45,13 @@ from scipy.special import gammaln
 from ..data.dataset import ClientData, DataValidationError, FederatedDataset
 from ..engine.federation import Federation
 from ..engine.history import History, RoundRecord
+from ..engine.inprocess import InProcessRuntime
 from ..engine.loop import FitResult
 from ..engine.messages import unpack
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
+from ..engine.registry import register_estimator
+from ..engine.runtime import Runtime
 from ..engine.stats import Stats
-from ..runtime.base import Runtime
-from ..runtime.inprocess import InProcessRuntime
 from .base import FederatedEstimator, check_is_fitted, resolve_seed
 
 __all__ = [
@@ -858,6 +859,10 @@ class _RoundTap(Runtime):
         self.inner.set_client_states(states)
 
 
+@register_estimator(
+    "hlcr", target=True, entity=True,
+    description="HLCR / FedHLCR: hierarchical latent class regression by Gibbs (Yang et al.)",
+)
 class HLCR(FederatedEstimator):
     """Hierarchical latent class regression (HLCR) and its federated version (FedHLCR).
 

@@ -47,8 +47,9 @@ from scipy import linalg
 from ..data.dataset import ClientData, DataValidationError, FederatedDataset
 from ..engine.loop import setup_clients
 from ..engine.model import ClientStep, FederatedModel, Params, register_model
+from ..engine.registry import register_estimator
+from ..engine.runtime import Runtime
 from ..engine.stats import Stats
-from ..runtime.base import Runtime
 from .base import NotFittedError, resolve_seed
 
 __all__ = [
@@ -1057,6 +1058,10 @@ def _parallel_calls(runtime: Runtime, jobs: list[tuple[str, dict[str, Any]]], n_
     return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(one)(c, m) for c, m in jobs)
 
 
+@register_estimator(
+    "sec", target=True,
+    description="SEC: meta clustering of learners by select-exchange-cluster (Ye et al.)",
+)
 class SEC:
     """Meta clustering of learners by Select-Exchange-Cluster.
 
@@ -1316,7 +1321,7 @@ class SEC:
         -------
         self
         """
-        from ..runtime.inprocess import InProcessRuntime
+        from ..engine.inprocess import InProcessRuntime
 
         self._validate_params()
         self._validate_data(fd)
@@ -1391,7 +1396,7 @@ class SEC:
     def save(self, path) -> None:
         """Write ``<path>.npz`` (arrays, the learners' skops bytes) and ``<path>.json``."""
         from ..engine.checkpoint import save_arrays_json
-        from .registry import estimator_config
+        from ..engine.registry import estimator_config
 
         self._check_fitted()
         arrays = {k: np.asarray(getattr(self, k)) for k in self._array_attrs}
@@ -1568,7 +1573,7 @@ class SEC:
             In ``new_fd.client_ids`` order. ``assign_similarity_`` holds the (n_new, L)
             similarities to the fitted learners.
         """
-        from ..runtime.inprocess import InProcessRuntime
+        from ..engine.inprocess import InProcessRuntime
 
         self._check_fitted()
         if not isinstance(new_fd, FederatedDataset):

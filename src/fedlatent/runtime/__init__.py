@@ -1,6 +1,8 @@
-"""Runtimes: in-process (default) and Flower adapters. Models never import a runtime."""
+"""Adapters to other engines (Flower's simulation and deployments). They import the engine,
+never a named model. The transport interface and the in-process runtime are the engine's:
+``fl.Runtime`` and ``fl.InProcessRuntime``."""
 
-from .base import Runtime
-from .inprocess import InProcessRuntime
+from ..engine.inprocess import InProcessRuntime
+from ..engine.runtime import Runtime
 
 __all__ = ["InProcessRuntime", "Runtime"]

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..data.dataset import DataValidationError
 from ..engine.messages import ClientReplyError
-from .base import Runtime
+from ..engine.runtime import Runtime
 
 __all__ = [
     "FlowerRuntime",
@@ -115,7 +115,7 @@ class FlowerRuntime(Runtime):
     ----------
     grid : flwr.serverapp.Grid
     describe : dict
-        The ``describe`` message (:func:`fedlatent.data.remote.describe_message`): every node
+        The ``describe`` message (:func:`fedlatent.engine.registry.describe_message`): every node
         answers with its client id, counts and column names, after checking its own data.
     min_nodes : int
         Wait until this many nodes are connected (at most ``node_wait`` seconds).
@@ -243,7 +243,7 @@ class FlowerRuntime(Runtime):
 def run_config_for(estimator, *, out_dir, min_nodes: int, round_timeout: float = 120.0,
                    node_wait: float = 120.0, data_name: str = "", record: bool = False) -> dict:
     """The ``[tool.flwr.app.config]`` of a fit of ``estimator`` (all TOML scalars)."""
-    from ..models.registry import estimator_config
+    from ..engine.registry import estimator_config
 
     name, params = estimator_config(estimator)
     fed = params.pop("federation", None)
@@ -284,8 +284,8 @@ def _save_log(out: Path, log) -> None:
 
 def run_server(grid, config: Mapping[str, Any]) -> None:
     """The server app's work: rebuild the estimator, fit it over the grid, save the result."""
-    from ..data.remote import RemoteDataset, describe_message
-    from ..models.registry import estimator_from_config
+    from ..data.remote import RemoteDataset
+    from ..engine.registry import describe_message, estimator_from_config
 
     out = Path(str(config["out-dir"]))
     out.mkdir(parents=True, exist_ok=True)
@@ -397,14 +397,13 @@ def serve(fd, state, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     ``context.state`` (a RecordDict) where the node's private state persists between messages."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
-    from ..data.remote import describe_client
     from ..engine.client import ClientNode
 
-    if method == "describe":
-        return describe_client(fd, msg)
     (cid,) = fd.client_ids
     saved = {k: v.numpy() for k, v in state[_STATE].items()} if _STATE in state else {}
-    node = ClientNode(cid, fd[cid], saved)
+    node = ClientNode(cid, fd[cid], saved, source=fd)
+    if method == "describe":
+        return node.handle(method, msg)
     if method != "setup":
         if _MODEL not in state:
             raise RuntimeError(f"client {cid!r} got {method!r} before the model's setup")
@@ -448,7 +447,7 @@ def load_result(out_dir):
     """The estimator a server app fitted and saved in ``out_dir`` (raises its error if it
     failed)."""
     from ..engine.checkpoint import load_arrays_json
-    from ..models.registry import ESTIMATORS, estimator_class
+    from ..engine.registry import estimator_by_class_name
 
     out = Path(out_dir)
     st_path = out / "status.json"
@@ -458,8 +457,10 @@ def load_result(out_dir):
     if status.get("status") != "ok":
         raise RuntimeError(f"the Flower run failed: {status.get('error') or status}")
     _, meta = load_arrays_json(out / "model")
-    name = next(n for n, (_, c) in ESTIMATORS.items() if c == meta["class"])
-    est = estimator_class(name).load(out / "model")
+    cls = estimator_by_class_name(str(meta["class"]))
+    if cls is None:
+        raise RuntimeError(f"{out} holds a model of unknown class {meta['class']!r}")
+    est = cls.load(out / "model")
     est.flower_status_ = status
     return est
 

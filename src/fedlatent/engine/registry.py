@@ -1,0 +1,226 @@
+"""The one registry of models: every list of models in fedlatent is derived from it.
+
+A model registers itself where it is defined, twice over:
+
+- its math (a :class:`~fedlatent.engine.model.FederatedModel`) with :func:`register_model`, so any
+  node can rebuild it from ``(name, JSON config)``;
+- its estimator with :func:`register_estimator`, under a short name (``"gmm"``), with a one-line
+  description; the package exports, the command line, the Flower app and error messages list
+  what is registered here.
+
+Models are found without a hand-kept list: a name is looked up first in
+``fedlatent.models.<name>`` (one import, what a Flower client process needs), and otherwise every
+module of the ``fedlatent.models`` package is imported once (:func:`discover`). Adding a model is
+adding a module; no existing module changes.
+
+A deployment carries an estimator as ``(name, parameters as JSON, federation as JSON)``; the
+server rebuilds it to run the fit and every node rebuilds it to validate its own data with the
+estimator's own checks. No code and no pickle cross.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import pkgutil
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "EstimatorEntry",
+    "describe_message",
+    "discover",
+    "estimator_class",
+    "estimator_config",
+    "estimator_entries",
+    "estimator_from_config",
+    "estimator_name",
+    "estimator_names",
+    "model_class",
+    "model_from_config",
+    "register_estimator",
+    "register_model",
+]
+
+MODELS_PACKAGE = "fedlatent.models"
+
+_MODELS: dict[str, type] = {}
+_ESTIMATORS: dict[str, EstimatorEntry] = {}
+_DISCOVERED = False
+
+
+@dataclass(frozen=True)
+class EstimatorEntry:
+    """One registered estimator.
+
+    Attributes
+    ----------
+    name : str
+        Short name (``"gmm"``): the command line's ``fedlatent fit NAME`` and a deployment's
+        ``estimator`` setting.
+    cls : type
+        The estimator class.
+    description : str
+        One line for listings.
+    target : bool
+        Whether a fit needs a target column ``y``.
+    entity : bool
+        Whether a fit needs an entity column (hierarchical data).
+    """
+
+    name: str
+    cls: type
+    description: str = ""
+    target: bool = False
+    entity: bool = False
+
+
+def register_model(cls: type) -> type:
+    """Class decorator: make a model's math constructible by name on any node."""
+    if not getattr(cls, "name", None):
+        raise TypeError(f"{cls.__name__} needs a class attribute 'name'")
+    _MODELS[cls.name] = cls
+    return cls
+
+
+def register_estimator(name: str, *, description: str = "", target: bool = False,
+                       entity: bool = False):
+    """Class decorator: list an estimator under ``name`` (see :class:`EstimatorEntry`)."""
+
+    def deco(cls: type) -> type:
+        old = _ESTIMATORS.get(name)
+        if old is not None and old.cls.__qualname__ != cls.__qualname__:
+            raise ValueError(f"estimator name {name!r} is taken by {old.cls.__name__}")
+        first_line = description or (inspect.getdoc(cls) or "").split("\n")[0]
+        _ESTIMATORS[name] = EstimatorEntry(name, cls, first_line, target, entity)
+        cls._estimator_name = name
+        return cls
+
+    return deco
+
+
+def discover() -> None:
+    """Import every module of ``fedlatent.models`` once, so every model is registered."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    pkg = importlib.import_module(MODELS_PACKAGE)
+    for info in pkgutil.iter_modules(pkg.__path__, MODELS_PACKAGE + "."):
+        importlib.import_module(info.name)
+    _DISCOVERED = True
+
+
+def _find(name: str, table: dict) -> None:
+    """Make ``name`` present in ``table`` if a model module defines it (one import first)."""
+    if name in table:
+        return
+    if isinstance(name, str) and name.isidentifier():
+        try:
+            importlib.import_module(f"{MODELS_PACKAGE}.{name}")
+        except ModuleNotFoundError:
+            pass
+    if name not in table:
+        discover()
+
+
+# ---- engine models ----------------------------------------------------------------------------
+def model_class(name: str) -> type:
+    _find(name, _MODELS)
+    if name not in _MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {sorted(_MODELS)}")
+    return _MODELS[name]
+
+
+def model_from_config(name: str, config: dict[str, Any]):
+    """Rebuild a registered model from its name and JSON config."""
+    return model_class(name)(**config)
+
+
+# ---- estimators ---------------------------------------------------------------------------------
+def estimator_entries() -> dict[str, EstimatorEntry]:
+    """Every registered estimator, by short name (sorted)."""
+    discover()
+    return dict(sorted(_ESTIMATORS.items()))
+
+
+def estimator_names() -> list[str]:
+    return list(estimator_entries())
+
+
+def estimator_class(name: str) -> type:
+    _find(name, _ESTIMATORS)
+    if name not in _ESTIMATORS:
+        raise ValueError(f"unknown model {name!r}; known: {estimator_names()}")
+    return _ESTIMATORS[name].cls
+
+
+def estimator_by_class_name(class_name: str) -> type | None:
+    """The registered estimator class called ``class_name`` (``"FedGMM"``), or None."""
+    for entry in estimator_entries().values():
+        if entry.cls.__name__ == class_name:
+            return entry.cls
+    return None
+
+
+def estimator_name(est) -> str:
+    """The registered short name of an estimator (instance or class)."""
+    cls = est if isinstance(est, type) else type(est)
+    name = getattr(cls, "_estimator_name", None)
+    if name is None or _ESTIMATORS.get(name, None) is None:
+        known = [e.cls.__name__ for e in estimator_entries().values()]
+        raise ValueError(f"{cls.__name__} is not a registered estimator; known: {known}")
+    return name
+
+
+def _init_params(est) -> dict[str, Any]:
+    sig = inspect.signature(type(est).__init__)
+    return {k: getattr(est, k) for k in sig.parameters if k not in ("self",)}
+
+
+def estimator_config(est) -> tuple[str, dict[str, Any]]:
+    """``(name, params)`` with JSON-able params; the federation goes under ``"federation"``.
+
+    Raises ValueError naming a parameter that cannot be written as JSON (a Python object such as
+    a scikit-learn regressor): a deployment rebuilds the estimator from its parameters.
+    """
+    name = estimator_name(est)
+    params: dict[str, Any] = {}
+    for k, v in _init_params(est).items():
+        if k == "federation":
+            params[k] = v.to_config() if v is not None else None
+            if v is not None and callable(v.step_size):
+                raise ValueError(
+                    "Federation(step_size=callable) cannot travel to a deployment; give a number"
+                )
+            continue
+        if hasattr(v, "tolist") and not isinstance(v, str):
+            v = v.tolist()
+        try:
+            json.dumps(v)
+        except TypeError:
+            raise ValueError(
+                f"{type(est).__name__}({k}=...) is a {type(v).__name__}, which cannot be "
+                "written as JSON; a deployment rebuilds the estimator from JSON parameters: "
+                "give it by name or as numbers"
+            ) from None
+        params[k] = v
+    return name, params
+
+
+def estimator_from_config(name: str, params: dict[str, Any]):
+    """The estimator of :func:`estimator_config`'s output."""
+    from .federation import Federation
+
+    cls = estimator_class(name)
+    params = dict(params)
+    if "federation" in params:
+        fed = params.pop("federation")
+        params["federation"] = Federation.from_config(fed) if fed is not None else None
+    return cls(**params)
+
+
+def describe_message(estimator) -> dict[str, Any]:
+    """The ``describe`` message for ``estimator``: its registry name and JSON parameters."""
+    name, params = estimator_config(estimator)
+    return {"estimator": name, "estimator_params": json.dumps(params)}
