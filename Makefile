@@ -28,9 +28,11 @@ demo: $(STAMP)
 test: $(TEST_STAMP)
 	MPLBACKEND=Agg $(BIN)/python -m pytest -q
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_gmm.py

@@ -8,7 +8,6 @@
 from . import data as datasets  # noqa: F401  (fl.datasets.* generators, imported on first use)
 from .data import FederatedDataset
 from .engine import (
-    ConvergenceWarning,
     Federation,
     InProcessRuntime,
     Quantizer,
@@ -22,6 +21,7 @@ __version__ = "0.1.0"
 # Estimators are listed by the registry (fl.FedGMM...), not here: see __getattr__ and __dir__.
 __all__ = [
     "ConvergenceWarning",
+    "NotFittedError",
     "FederatedDataset",
     "Federation",
     "InProcessRuntime",
@@ -46,6 +46,8 @@ def __getattr__(name: str):
 
     if name in ("experiments", "baselines"):
         return importlib.import_module(f".{name}", __name__)
+    if name in ("ConvergenceWarning", "NotFittedError"):  # scikit-learn's, imported on first use
+        return getattr(importlib.import_module(".engine.errors", __name__), name)
     if not name.startswith("_"):
         from .engine.registry import estimator_by_class_name
 
@@ -56,4 +58,5 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_estimators()) | {"experiments", "baselines"})
+    lazy = {"experiments", "baselines", "ConvergenceWarning", "NotFittedError"}
+    return sorted(set(globals()) | set(_estimators()) | lazy)

@@ -104,15 +104,8 @@ def run_demo(out: str | Path = "demo-output", seed: int = 0, progress: bool | No
 
 def _initial_parameters(fd, seed):
     """The initial parameters the federated fit used (its kmeans-federated start)."""
-    from .engine.inprocess import InProcessRuntime
-    from .engine.loop import setup_clients
-    from .models.gmm import GMMModel
-
     est = FederatedGaussianMixture(3, random_state=seed, verbose=False)
-    rt = InProcessRuntime(fd)
-    model = GMMModel(3)
-    setup_clients(rt, model)
-    p = est._initialize(rt, model, seed)
+    p = est.initial_parameters(fd)
     pc = p["precisions_cholesky"]
     return p["weights"], p["means"], np.einsum("kij,klj->kil", pc, pc)
 

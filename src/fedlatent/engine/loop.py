@@ -4,56 +4,56 @@ Round 1 is the initialization E-step: every client computes its statistics at th
 parameters, uncompressed, and the server sets ``S_hat`` to their weighted mean (this is EM's first
 iteration); with control variates every client then sets ``V_c = S_c(theta_0) - S_hat_0``, the
 initialization of the paper's convergence theorem (so the server's ``V`` starts at 0 exactly, and
-the first compressed differences are small). From round 2 on, the update of Dieuleveut, Fort,
-Moulines and Robin (2021), slide
-"FedEM with partial participation", with client weights ``w_c`` (``n_c / n`` or ``1 / n_clients``)::
-
-    active clients A ~ Bernoulli(p) each
-    for c in A:  S_c = local mean statistic at T(S_hat)   (full pass, mini-batch or SPIDER)
-                 Delta_c = S_c - S_hat - V_c ;  send Q_c = Quant(Delta_c) ;  V_c += alpha Q_c
-    server:      S_hat += gamma * ( (1/p) sum_{c in A} w_c Q_c + V )
-                 V     += alpha * sum_{c in A} w_c Q_c
-                 theta  = T(S_hat) ; broadcast
-
-With p = 1, gamma = 1 and no quantizer this is exactly EM on the pooled data: ``S_hat`` becomes
-``sum_c w_c S_c`` whatever ``V``. Without control variates ``V_c = V = 0`` ("naive FedEM").
+the first compressed differences are small). From round 2 on, the FedEM update of
+Dieuleveut, Fort, Moulines and Robin (2021), written in :mod:`fedlatent.engine.update` (the state
+update and the plan of each round); checkpoints in :mod:`fedlatent.engine.checkpoint`.
 FedHLCR's smoothing ``S_t = (1 - gamma) S_{t-1} + gamma S`` is ``p = fraction``, step ``gamma``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .checkpoint import load_arrays_json, save_arrays_json
+from .checkpoint import load_loop_checkpoint, save_loop_checkpoint
 from .federation import Federation
 from .history import History, RoundRecord
 from .messages import ClientReplyError, check_reply, message_nbytes, pack
-from .model import FederatedModel, Params, server_rng
+from .model import FederatedModel, Params
 from .runtime import Runtime
 from .stats import Stats
+from .update import FedEMState, client_weights, round_message, select_active, stat_bytes
 
 __all__ = [
-    "ConvergenceWarning",
     "FederatedFitError",
     "FitResult",
+    "LoopOptions",
     "run_federated_em",
-    "setup_clients",
+    "run_rounds",
 ]
 
 logger = logging.getLogger(__name__)
 
 
-class ConvergenceWarning(UserWarning):
-    """The fit stopped at max_rounds before the objective settled."""
+def __getattr__(name: str):
+    # scikit-learn's ConvergenceWarning (subclassed) is imported on first use: a client process
+    # imports the engine without scikit-learn.
+    if name == "ConvergenceWarning":
+        from .errors import ConvergenceWarning
+
+        return ConvergenceWarning
+    if name == "setup_clients":  # moved to the checked protocol
+        from .exchange import setup_clients
+
+        return setup_clients
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class FederatedFitError(RuntimeError):
@@ -74,62 +74,12 @@ class FitResult:
     n_rounds: int
 
 
-def setup_clients(runtime: Runtime, model: FederatedModel) -> dict[str, int]:
-    """Send every client the model's name and config; return each client's number of units.
+@dataclass
+class LoopOptions:
+    """How a fit runs (not what it computes).
 
-    The one place a model reaches the clients: they rebuild it from the registry (no code or
-    pickle crosses).
-    """
-    cids = runtime.client_ids
-    msg = {"model": model.name, "model_config": json.dumps(model.get_config())}
-    infos = runtime.broadcast(cids, "setup", msg)
-    lost = [c for c in cids if c not in infos]
-    if lost:
-        raise FederatedFitError(f"clients {lost} did not answer the setup message")
-    n_units = {c: int(infos[c]["n_units"]) for c in cids}
-    for c, m in n_units.items():
-        if m < 1:
-            raise FederatedFitError(f"client {c!r} has no units to fit")
-    return n_units
-
-
-def _progress(total: int, enabled: bool | None, desc: str):
-    from tqdm.auto import tqdm
-
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    return tqdm(total=total, disable=not enabled, desc=desc, leave=False)
-
-
-def run_federated_em(
-    model: FederatedModel,
-    runtime: Runtime,
-    federation: Federation,
-    params0: Params,
-    *,
-    seed: int,
-    max_rounds: int = 100,
-    tol: float = 1e-3,
-    progress: bool | None = None,
-    checkpoint: str | Path | None = None,
-    checkpoint_every: int = 10,
-    resume: bool = False,
-    description: str = "fedlatent",
-    callbacks: list | None = None,
-    n_units: dict[str, int] | None = None,
-) -> FitResult:
-    """Run the FedEM round loop of ``model`` over the clients of ``runtime``.
-
-    Parameters
+    Attributes
     ----------
-    model : FederatedModel
-        The model's math; its name and config are sent to every client at setup.
-    runtime : Runtime
-        Transport to the clients (in-process or Flower).
-    federation : Federation
-        Participation, step size, weighting, compression, variance reduction.
-    params0 : dict of str to ndarray
-        Initial parameters.
     seed : int
         Seed of every random draw of the run (participation, quantization, mini-batches, models).
     max_rounds : int
@@ -140,234 +90,253 @@ def run_federated_em(
     progress : bool or None
         tqdm bar; None shows it only when stderr is a terminal.
     checkpoint : path or None
-        Where to write checkpoints (``<path>.npz`` and ``<path>.json``) every ``checkpoint_every``
-        rounds and when a fault stops the run.
+        Where to write checkpoints (``<path>.npz`` and ``<path>.json``) every
+        ``checkpoint_every`` rounds and when a fault stops the run.
     resume : bool
         Continue from ``checkpoint``: the result equals the uninterrupted run's.
+    description : str
+        Names the fit in the progress bar and the ConvergenceWarning.
     callbacks : list of callables or None
-        Each is called as ``cb(round, params, S_hat, record)`` after every round (for studies
-        that need per-round parameters; they must not modify their arguments).
-    n_units : dict or None
-        What :func:`setup_clients` returned, when the caller has already set the clients up
-        (to run initialization queries); None sets them up here.
-
-    Returns
-    -------
-    FitResult
+        Each is called as ``cb(round, params, S_hat, record)`` after every round (they must not
+        modify their arguments).
     """
+
+    seed: int
+    max_rounds: int = 100
+    tol: float = 1e-3
+    progress: bool | None = None
+    checkpoint: str | Path | None = None
+    checkpoint_every: int = 10
+    resume: bool = False
+    description: str = "fedlatent"
+    callbacks: list | None = None
+
+
+def progress_bar(total: int, enabled: bool | None, desc: str):
+    from tqdm.auto import tqdm
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    return tqdm(total=total, disable=not enabled, desc=desc, leave=False)
+
+
+def warn_not_converged(description: str, max_rounds: int, tol: float) -> None:
+    from .errors import ConvergenceWarning
+
+    warnings.warn(
+        f"{description}: did not converge in {max_rounds} rounds (the mean objective still "
+        f"changed by more than tol={tol}); raise max_rounds or tol",
+        ConvergenceWarning,
+        stacklevel=6,
+    )
+
+
+def run_federated_em(
+    model: FederatedModel,
+    runtime: Runtime,
+    federation: Federation,
+    params0: Params,
+    *,
+    seed: int,
+    n_units: dict[str, int] | None = None,
+    **options: Any,
+) -> FitResult:
+    """Run the FedEM round loop of ``model`` over the clients of ``runtime``.
+
+    ``options`` are the fields of :class:`LoopOptions` (``max_rounds``, ``tol``, ``progress``,
+    ``checkpoint``, ``checkpoint_every``, ``resume``, ``description``, ``callbacks``).
+    ``n_units`` is what setup returned when the caller has already set the clients up (to run
+    initialization queries); None sets them up here.
+    """
+    return run_rounds(model, runtime, federation, params0, LoopOptions(seed=seed, **options),
+                      n_units=n_units)
+
+
+def run_rounds(
+    model: FederatedModel,
+    runtime: Runtime,
+    federation: Federation,
+    params0: Params,
+    options: LoopOptions,
+    *,
+    n_units: dict[str, int] | None = None,
+) -> FitResult:
+    """The round loop (see the module docstring); returns the last good round's result."""
     federation.validate()
-    if max_rounds < 1:
-        raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
-    cids = runtime.client_ids
-    n_clients = len(cids)
+    if options.max_rounds < 1:
+        raise ValueError(f"max_rounds must be >= 1, got {options.max_rounds}")
     if n_units is None:
+        from .exchange import setup_clients
+
         n_units = setup_clients(runtime, model)
-    n_total = float(sum(n_units.values()))
-    if federation.client_weighting == "samples":
-        weights = {c: n_units[c] / n_total for c in cids}
-    else:
-        weights = {c: 1.0 / n_clients for c in cids}
+    return _Rounds(model, runtime, federation, options, n_units).run(params0)
 
-    p = float(federation.participation)
-    quant = federation.quantizer
-    use_cv = bool(federation.control_variates)
-    vr = federation.variance_reduction
-    shapes = model.stat_shapes(params0)
-    alpha = federation.alpha_for(shapes)
-    raw_bytes = int(sum(8 * int(np.prod(s)) for s in shapes.values())) + 16
-    quant_bytes = (quant.nbytes(shapes) + 16) if quant is not None else raw_bytes
 
-    params = {k: np.asarray(v, dtype=np.float64) for k, v in params0.items()}
-    S_hat: Stats | None = None
-    V: Stats | None = None
-    history = History()
-    start_round = 1
-    if resume:
-        if checkpoint is None:
-            raise ValueError("resume=True needs checkpoint=PATH")
-        arrays, meta = load_arrays_json(checkpoint)
-        if meta.get("model") != model.name or meta.get("seed") != int(seed):
-            raise ValueError(
-                f"checkpoint {checkpoint} is of model {meta.get('model')!r} with seed "
-                f"{meta.get('seed')}; this fit is {model.name!r} with seed {seed}"
-            )
-        params = {k[7:]: v for k, v in arrays.items() if k.startswith("params/")}
-        S_hat = Stats.from_dict(arrays, "S_hat/")
-        V = Stats.from_dict(arrays, "V/") if any(k.startswith("V/") for k in arrays) else None
-        history = History.from_records(meta["history"])
-        start_round = int(meta["round"]) + 1
-        states: dict[str, dict[str, np.ndarray]] = {}
-        for k, v in arrays.items():
-            if k.startswith("client/"):
-                _, cid, rest = k.split("/", 2)
-                states.setdefault(cid, {})[rest] = v
-        if states:
-            runtime.set_client_states(states)
+class _Rounds:
+    """One run of the loop: the server's state between rounds and the round itself."""
 
-    def save(round_: int) -> None:
-        if checkpoint is None:
+    def __init__(self, model, runtime, federation, options: LoopOptions, n_units):
+        self.model, self.runtime, self.fed, self.opt = model, runtime, federation, options
+        self.cids = runtime.client_ids
+        self.n_total = float(sum(n_units.values()))
+        self.weights = client_weights(federation, {c: n_units[c] for c in self.cids})
+        self.use_cv = bool(federation.control_variates)
+        self.state = FedEMState()
+        self.history = History()
+        self.params: Params = {}
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def save(self, round_: int) -> None:
+        if self.opt.checkpoint is None:
             return
-        arrays = {f"params/{k}": v for k, v in params.items()}
-        if S_hat is not None:
-            arrays.update(S_hat.to_dict("S_hat/"))
-        if V is not None:
-            arrays.update(V.to_dict("V/"))
-        client_states = runtime.get_client_states()
-        if client_states:
-            for cid, st in client_states.items():
-                for k, v in st.items():
-                    arrays[f"client/{cid}/{k}"] = v
         meta = {
-            "model": model.name,
-            "model_config": model.get_config(),
-            "federation": federation.to_config(),
-            "seed": int(seed),
+            "model": self.model.name,
+            "model_config": self.model.get_config(),
+            "federation": self.fed.to_config(),
+            "seed": int(self.opt.seed),
             "round": round_,
-            "history": [asdict(r) for r in history],
         }
-        save_arrays_json(checkpoint, arrays, meta)
+        save_loop_checkpoint(self.opt.checkpoint, params=self.params, state=self.state,
+                             history=self.history,
+                             client_states=self.runtime.get_client_states(), meta=meta)
 
-    converged = False
-    deterministic = federation.is_plain_em
-    bar = _progress(max_rounds, progress, description)
-    bar.update(start_round - 1)
-    last_round = start_round - 1
-    try:
-        for k in range(start_round, max_rounds + 1):
-            t0 = time.perf_counter()
-            init_round = S_hat is None
-            gamma = 1.0 if init_round else federation.gamma(k)
-            if init_round:
-                active = list(cids)
-            else:
-                draw = server_rng(seed, k).random(n_clients)
-                active = [c for c, u in zip(cids, draw) if u < p] if p < 1.0 else list(cids)
-            msg: dict[str, Any] = {
-                "seed": int(seed),
-                "round": k,
-                "control_variates": use_cv and not init_round,
-                "alpha": alpha,
-                "quant_levels": 0 if (init_round or quant is None) else quant.levels,
-            }
-            if init_round:
-                msg["mode"] = "spider-refresh" if vr is not None else "full"
-                msg["keep_init"] = use_cv
-            elif vr is not None:
-                msg["mode"] = "spider-refresh" if (k - 2) % vr.inner_rounds == 0 else "spider"
-                msg["batch_size"] = vr.batch_size
-            elif federation.batch_size is not None:
-                msg["mode"] = "batch"
-                msg["batch_size"] = int(federation.batch_size)
-            else:
-                msg["mode"] = "full"
-            msg.update(pack("params", params))
-            if S_hat is not None:
-                msg.update(pack("S_hat", S_hat.to_dict()))
-            replies = runtime.broadcast(active, "estep", msg) if active else {}
-            missing = [c for c in active if c not in replies]
-            if missing:
-                logger.warning("round %d: clients %s did not answer; treated as absent", k, missing)
-            got: dict[str, Stats] = {}
-            obj_sum, obj_n = 0.0, 0
-            for c in active:
-                if c not in replies:
-                    continue
-                got[c] = check_reply(c, replies[c], shapes)
-                obj_sum += float(replies[c]["objective"])
-                obj_n += int(replies[c]["n"])
-            bytes_down = message_nbytes(msg) * len(active)
-            bytes_up = (raw_bytes if init_round else quant_bytes) * len(got)
-
-            if init_round:
-                if missing:
-                    raise FederatedFitError(
-                        f"clients {missing} did not answer the initialization round", params, k
-                    )
-                S_new = None
-                for c in cids:
-                    S_new = got[c] * weights[c] if S_new is None else S_new.add_(got[c], weights[c])
-                V_new = S_new.zeros_like() if use_cv else None
-            else:
-                agg = S_hat.zeros_like()
-                for c in got:
-                    agg.add_(got[c], weights[c])
-                S_new = S_hat.copy().add_(agg, gamma / p)
-                V_new = V
-                if use_cv:
-                    S_new.add_(V, gamma)
-                    V_new = V.copy().add_(agg, alpha)
-            if not S_new.all_finite():
-                raise FederatedFitError(
-                    f"round {k}: the aggregated statistic is not finite; kept the parameters of "
-                    f"round {k - 1}",
-                    params,
-                    k,
-                )
-            new_params = model.server_step(S_new, params, n_total)
-            bad = [n for n, v in new_params.items() if not np.all(np.isfinite(v))]
-            if bad:
-                raise FederatedFitError(
-                    f"round {k}: the M-step gave non-finite {bad}; kept the parameters of round "
-                    f"{k - 1}",
-                    params,
-                    k,
-                )
-            if init_round and use_cv:
-                # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0.
-                cv_msg = {"seed": int(seed), "round": k, **pack("S_hat", S_new.to_dict())}
-                runtime.broadcast(cids, "cv_init", cv_msg)
-                bytes_down += message_nbytes(cv_msg) * n_clients
-            S_hat, V, params = S_new, V_new, new_params
-            h2 = None
-            if federation.track_h:
-                ev = runtime.broadcast(
-                    cids, "evaluate", {"seed": int(seed), "round": k, **pack("params", params)}
-                )
-                mean = S_hat.zeros_like()
-                for c in cids:
-                    mean.add_(check_reply(c, ev.get(c), shapes), weights[c])
-                h2 = (mean - S_hat).squared_norm()
-            objective = obj_sum / obj_n if obj_n else float("nan")
-            history.append(
-                RoundRecord(
-                    round=k,
-                    objective=objective,
-                    h_norm2=h2,
-                    bytes_up=int(bytes_up),
-                    bytes_down=int(bytes_down),
-                    participants=len(got),
-                    step_size=gamma,
-                    seconds=time.perf_counter() - t0,
-                    missing=missing,
-                )
-            )
-            last_round = k
-            for cb in callbacks or ():
-                cb(k, params, S_hat, history[-1])
-            bar.update(1)
-            bar.set_postfix(objective=f"{objective:.5g}", clients=len(got))
-            if checkpoint is not None and k % max(1, checkpoint_every) == 0:
-                save(k)
-            if deterministic and len(history) >= 2 and not missing:
-                change = history[-1].objective - history[-2].objective
-                if abs(change) < tol:
-                    converged = True
-                    break
-    except (ClientReplyError, FederatedFitError) as err:
-        if checkpoint is not None:
-            save(last_round)
-        if isinstance(err, FederatedFitError):
-            raise
-        raise FederatedFitError(str(err), params, last_round + 1) from err
-    finally:
-        bar.close()
-    if checkpoint is not None:
-        save(last_round)
-    if deterministic and not converged:
-        warnings.warn(
-            f"{description}: did not converge in {max_rounds} rounds (the mean objective still "
-            f"changed by more than tol={tol}); raise max_rounds or tol",
-            ConvergenceWarning,
-            stacklevel=3,
+    def resume(self) -> int:
+        if self.opt.checkpoint is None:
+            raise ValueError("resume=True needs checkpoint=PATH")
+        params, S_hat, V, records, states, round_ = load_loop_checkpoint(
+            self.opt.checkpoint, self.model.name, self.opt.seed
         )
-    return FitResult(params, S_hat, history, converged, last_round)
+        self.params = params
+        self.state = FedEMState(S_hat, V)
+        self.history = History.from_records(records)
+        if states:
+            self.runtime.set_client_states(states)
+        return round_ + 1
+
+    # ---- one round -----------------------------------------------------------------------
+    def round(self, k: int, shapes, alpha: float, raw_bytes: int, quant_bytes: int) -> bool:
+        """Run round ``k``; returns whether it converged."""
+        t0 = time.perf_counter()
+        seed = int(self.opt.seed)
+        init_round = not self.state.initialized
+        gamma = 1.0 if init_round else self.fed.gamma(k)
+        p = float(self.fed.participation)
+        active = select_active(self.cids, p, seed, k, init_round)
+        msg = round_message(self.fed, seed, k, init_round, alpha)
+        msg.update(pack("params", self.params))
+        if self.state.S_hat is not None:
+            msg.update(pack("S_hat", self.state.S_hat.to_dict()))
+        replies = self.runtime.broadcast(active, "estep", msg) if active else {}
+        missing = [c for c in active if c not in replies]
+        if missing:
+            logger.warning("round %d: clients %s did not answer; treated as absent", k, missing)
+        got: dict[str, Stats] = {}
+        obj_sum, obj_n = 0.0, 0
+        for c in active:
+            if c not in replies:
+                continue
+            got[c] = check_reply(c, replies[c], shapes)
+            obj_sum += float(replies[c]["objective"])
+            obj_n += int(replies[c]["n"])
+        bytes_down = message_nbytes(msg) * len(active)
+        bytes_up = (raw_bytes if init_round else quant_bytes) * len(got)
+
+        if init_round:
+            if missing:
+                raise FederatedFitError(
+                    f"clients {missing} did not answer the initialization round", self.params, k
+                )
+            new_state = self.state.after_init(got, self.weights, self.use_cv)
+        else:
+            new_state = self.state.after_round(got, self.weights, gamma, p, alpha)
+        if not new_state.S_hat.all_finite():
+            raise FederatedFitError(
+                f"round {k}: the aggregated statistic is not finite; kept the parameters of "
+                f"round {k - 1}",
+                self.params,
+                k,
+            )
+        new_params = self.model.server_step(new_state.S_hat, self.params, self.n_total)
+        bad = [n for n, v in new_params.items() if not np.all(np.isfinite(v))]
+        if bad:
+            raise FederatedFitError(
+                f"round {k}: the M-step gave non-finite {bad}; kept the parameters of round "
+                f"{k - 1}",
+                self.params,
+                k,
+            )
+        if init_round and self.use_cv:
+            # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0.
+            cv_msg = {"seed": seed, "round": k, **pack("S_hat", new_state.S_hat.to_dict())}
+            self.runtime.broadcast(self.cids, "cv_init", cv_msg)
+            bytes_down += message_nbytes(cv_msg) * len(self.cids)
+        self.state, self.params = new_state, new_params
+        h2 = self.h_norm2(k, shapes) if self.fed.track_h else None
+        objective = obj_sum / obj_n if obj_n else float("nan")
+        self.history.append(
+            RoundRecord(
+                round=k,
+                objective=objective,
+                h_norm2=h2,
+                bytes_up=int(bytes_up),
+                bytes_down=int(bytes_down),
+                participants=len(got),
+                step_size=gamma,
+                seconds=time.perf_counter() - t0,
+                missing=missing,
+            )
+        )
+        return (
+            self.fed.is_plain_em
+            and len(self.history) >= 2
+            and not missing
+            and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol
+        )
+
+    def h_norm2(self, k: int, shapes) -> float:
+        """||h(S_hat)||^2 = ||mean_c S_c(T(S_hat)) - S_hat||^2 (one evaluation pass)."""
+        ev = self.runtime.broadcast(
+            self.cids, "evaluate", {"seed": int(self.opt.seed), "round": k,
+                                    **pack("params", self.params)}
+        )
+        mean = self.state.S_hat.zeros_like()
+        for c in self.cids:
+            mean.add_(check_reply(c, ev.get(c), shapes), self.weights[c])
+        return (mean - self.state.S_hat).squared_norm()
+
+    # ---- the run -------------------------------------------------------------------------
+    def run(self, params0: Params) -> FitResult:
+        opt = self.opt
+        shapes = self.model.stat_shapes(params0)
+        alpha = self.fed.alpha_for(shapes)
+        raw_bytes, quant_bytes = stat_bytes(self.fed, shapes)
+        self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params0.items()}
+        start_round = self.resume() if opt.resume else 1
+        converged = False
+        bar = progress_bar(opt.max_rounds, opt.progress, opt.description)
+        bar.update(start_round - 1)
+        last_round = start_round - 1
+        try:
+            for k in range(start_round, opt.max_rounds + 1):
+                converged = self.round(k, shapes, alpha, raw_bytes, quant_bytes)
+                last_round = k
+                rec = self.history[-1]
+                for cb in opt.callbacks or ():
+                    cb(k, self.params, self.state.S_hat, rec)
+                bar.update(1)
+                bar.set_postfix(objective=f"{rec.objective:.5g}", clients=rec.participants)
+                if opt.checkpoint is not None and k % max(1, opt.checkpoint_every) == 0:
+                    self.save(k)
+                if converged:
+                    break
+        except (ClientReplyError, FederatedFitError) as err:
+            self.save(last_round)
+            if isinstance(err, FederatedFitError):
+                raise
+            raise FederatedFitError(str(err), self.params, last_round + 1) from err
+        finally:
+            bar.close()
+        self.save(last_round)
+        if self.fed.is_plain_em and not converged:
+            warn_not_converged(opt.description, opt.max_rounds, opt.tol)
+        return FitResult(self.params, self.state.S_hat, self.history, converged, last_round)

@@ -39,6 +39,7 @@ __all__ = [
     "estimator_names",
     "model_class",
     "model_from_config",
+    "params_to_json",
     "register_estimator",
     "register_model",
 ]
@@ -100,26 +101,35 @@ def register_estimator(name: str, *, description: str = "", target: bool = False
     return deco
 
 
+def _import_tree(module_name: str) -> None:
+    """Import a module and, if it is a package, every module below it."""
+    mod = importlib.import_module(module_name)
+    for info in pkgutil.walk_packages(getattr(mod, "__path__", []), module_name + "."):
+        importlib.import_module(info.name)
+
+
 def discover() -> None:
     """Import every module of ``fedlatent.models`` once, so every model is registered."""
     global _DISCOVERED
-    if _DISCOVERED:
-        return
-    pkg = importlib.import_module(MODELS_PACKAGE)
-    for info in pkgutil.iter_modules(pkg.__path__, MODELS_PACKAGE + "."):
-        importlib.import_module(info.name)
-    _DISCOVERED = True
+    if not _DISCOVERED:
+        _import_tree(MODELS_PACKAGE)
+        _DISCOVERED = True
 
 
 def _find(name: str, table: dict) -> None:
-    """Make ``name`` present in ``table`` if a model module defines it (one import first)."""
+    """Make ``name`` present in ``table`` if a model defines it: first the module (or package)
+    ``fedlatent.models.<name>`` alone, then the whole tree below it, then every model."""
     if name in table:
         return
     if isinstance(name, str) and name.isidentifier():
+        module = f"{MODELS_PACKAGE}.{name}"
         try:
-            importlib.import_module(f"{MODELS_PACKAGE}.{name}")
-        except ModuleNotFoundError:
-            pass
+            importlib.import_module(module)
+            if name not in table:
+                _import_tree(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
     if name not in table:
         discover()
 
@@ -178,6 +188,34 @@ def _init_params(est) -> dict[str, Any]:
     return {k: getattr(est, k) for k in sig.parameters if k not in ("self",)}
 
 
+def params_to_json(params: dict[str, Any], strict: bool = True) -> dict[str, Any]:
+    """Constructor parameters as JSON values: the one way settings are written (saved models,
+    deployments). Arrays become lists, the federation its config.
+
+    A value that JSON cannot hold raises ValueError naming it (``strict``), or is written as
+    its ``repr`` (not ``strict``: a saved model records what it was fitted with).
+    """
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if k == "federation":
+            out[k] = v.to_config() if v is not None else None
+            continue
+        if hasattr(v, "tolist") and not isinstance(v, str):
+            v = v.tolist()
+        try:
+            json.dumps(v)
+        except TypeError:
+            if strict:
+                raise ValueError(
+                    f"parameter {k}=... is a {type(v).__name__}, which cannot be written as "
+                    "JSON; a deployment rebuilds the estimator from JSON parameters: give it "
+                    "by name or as numbers"
+                ) from None
+            v = repr(v)
+        out[k] = v
+    return out
+
+
 def estimator_config(est) -> tuple[str, dict[str, Any]]:
     """``(name, params)`` with JSON-able params; the federation goes under ``"federation"``.
 
@@ -185,27 +223,16 @@ def estimator_config(est) -> tuple[str, dict[str, Any]]:
     a scikit-learn regressor): a deployment rebuilds the estimator from its parameters.
     """
     name = estimator_name(est)
-    params: dict[str, Any] = {}
-    for k, v in _init_params(est).items():
-        if k == "federation":
-            params[k] = v.to_config() if v is not None else None
-            if v is not None and callable(v.step_size):
-                raise ValueError(
-                    "Federation(step_size=callable) cannot travel to a deployment; give a number"
-                )
-            continue
-        if hasattr(v, "tolist") and not isinstance(v, str):
-            v = v.tolist()
-        try:
-            json.dumps(v)
-        except TypeError:
-            raise ValueError(
-                f"{type(est).__name__}({k}=...) is a {type(v).__name__}, which cannot be "
-                "written as JSON; a deployment rebuilds the estimator from JSON parameters: "
-                "give it by name or as numbers"
-            ) from None
-        params[k] = v
-    return name, params
+    params = _init_params(est)
+    fed = params.get("federation")
+    if fed is not None and callable(fed.step_size):
+        raise ValueError(
+            "Federation(step_size=callable) cannot travel to a deployment; give a number"
+        )
+    try:
+        return name, params_to_json(params, strict=True)
+    except ValueError as err:
+        raise ValueError(f"{type(est).__name__}: {err}") from None
 
 
 def estimator_from_config(name: str, params: dict[str, Any]):

@@ -1,0 +1,374 @@
+"""The estimator base class: it owns ``fit`` (validate, set up, initialize, run, store) and
+save/load; models supply hooks and never override ``fit``.
+
+Like scikit-learn's ``BaseMixture``: one class owns the loop and the single ConvergenceWarning;
+each model fills in hooks. ``__init__`` only stores its arguments; validation happens in ``fit``
+from one declarative table (``_parameter_constraints``, :mod:`fedlatent.engine.params`).
+
+Hooks, in the order ``fit`` calls them::
+
+    _check_params()                   cross-parameter checks (the table covers the rest)
+    _validate_data(fd)                data-dependent checks, before any message is sent
+    _make_model(fd) -> FederatedModel the model's math (rebuilt by name on every client)
+    _initialize(ctx) -> params        initial parameters, asking the clients through ctx.ask
+    _run(ctx, params0, options)       the fit itself; default: the FedEM round loop
+    _store(result, model)             fitted attributes from the result
+
+and for prediction on federated data ``_predict_client(client, data)`` (default:
+``predict(data.X)``) and ``score_dataset(fd)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from ..data.dataset import ClientData, FederatedDataset
+from .checkpoint import load_arrays_json, save_arrays_json
+from .errors import NotFittedError
+from .exchange import Expect, Replies, ask, setup_clients
+from .federation import Federation
+from .history import History
+from .inprocess import InProcessRuntime
+from .loop import FitResult, LoopOptions, run_rounds
+from .model import FederatedModel, Params
+from .params import validate_params
+from .registry import params_to_json
+from .runtime import Runtime
+
+__all__ = [
+    "FederatedEstimator",
+    "FitContext",
+    "NotFittedError",
+    "check_features",
+    "check_is_fitted",
+    "resolve_seed",
+]
+
+
+def check_is_fitted(est, attr: str = "n_iter_") -> None:
+    """Raise NotFittedError (scikit-learn's) unless ``est`` has been fitted."""
+    if not hasattr(est, attr):
+        raise NotFittedError(
+            f"this {type(est).__name__} is not fitted yet; call fit(fd) before using it"
+        )
+
+
+def check_features(est, X, what: str | None = None) -> np.ndarray:
+    """X as a finite float array of shape (n_samples, n_features_in_), or a clear error.
+
+    A DataFrame must have the columns the estimator was fitted with, in the same order
+    (scikit-learn's check and message). A 1-D X is one sample. ``what`` names the estimator
+    in the message (default: its class).
+    """
+    check_is_fitted(est)
+    if hasattr(X, "columns"):
+        from sklearn.utils.validation import _check_feature_names
+
+        _check_feature_names(est, X, reset=False)
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim == 1:
+        X = X.reshape(1, -1)
+    if X.ndim != 2 or X.shape[1] != est.n_features_in_:
+        raise ValueError(
+            f"X has {X.shape[-1] if X.ndim else 0} features, but this {what or type(est).__name__}"
+            f" was fitted with {est.n_features_in_} ({list(est.feature_names_in_)})"
+        )
+    if not np.all(np.isfinite(X)):
+        raise ValueError("X contains NaN or infinite values")
+    return X
+
+
+def resolve_seed(random_state) -> int:
+    """One integer seed from an int, a Generator or None (fresh entropy)."""
+    if random_state is None:
+        return int(np.random.SeedSequence().entropy % (2**63))
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**63 - 1))
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(0, 2**31 - 1))
+    return int(random_state)
+
+
+@dataclass
+class FitContext:
+    """What the hooks of one fit share: the runtime, the model, the seed, the clients' sizes.
+
+    Models talk to clients only through :meth:`ask` (the engine's checked protocol), never
+    through the runtime directly.
+    """
+
+    runtime: Runtime
+    model: FederatedModel
+    federation: Federation
+    seed: int
+    n_features: int = 0
+    n_units: dict[str, int] = field(default_factory=dict)
+    faults: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def client_ids(self) -> list[str]:
+        return list(self.runtime.client_ids)
+
+    def ask(
+        self,
+        query: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        expect: dict[str, Expect] | None = None,
+        what: str | None = None,
+        required: bool = True,
+        clients: list[str] | None = None,
+        per_client: dict[str, dict[str, Any]] | None = None,
+    ) -> Replies:
+        """Ask clients a model query; every reply is checked against ``expect``.
+
+        ``payload`` goes to every client (``per_client``: one payload per client instead).
+        A client that does not answer or fails a check stops the fit with a message naming it
+        (``required=True``) or is left out and recorded in ``faults``.
+        """
+        base = {"query": query, "seed": int(self.seed)}
+        if per_client is not None:
+            msgs = {c: {**base, **p} for c, p in per_client.items()}
+            replies = ask(self.runtime, "query", msgs, what=what or f"query {query!r}",
+                          expect=expect, required=required, per_client=True)
+        else:
+            replies = ask(self.runtime, "query", {**base, **(payload or {})},
+                          what=what or f"query {query!r}", clients=clients, expect=expect,
+                          required=required)
+        for c, reason in replies.faults.items():
+            self.faults.append({"exchange": what or query, "client": c, "reason": reason})
+        return replies
+
+
+class FederatedEstimator(BaseEstimator):
+    """Base of fedlatent estimators: a scikit-learn estimator fitted over a federation.
+
+    Subclasses define ``__init__`` (storing their arguments), ``_parameter_constraints`` and
+    the hooks listed in the module docstring.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list]] = {}
+    _save_arrays: ClassVar[tuple[str, ...]] = ()
+    _score_name: ClassVar[str] = "score"
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def _check_params(self) -> None:
+        """Cross-parameter checks (the declarative table covers single parameters)."""
+
+    def _validate_data(self, fd: FederatedDataset) -> None:
+        """Data-dependent checks, before any message is sent."""
+
+    def _make_model(self, fd: FederatedDataset) -> FederatedModel:  # pragma: no cover
+        raise NotImplementedError
+
+    def _initialize(self, ctx: FitContext) -> Params:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> FitResult:
+        """The fit proper; default: the FedEM round loop of the engine."""
+        return run_rounds(ctx.model, ctx.runtime, ctx.federation, params0, options,
+                          n_units=ctx.n_units)
+
+    def _store(self, result: FitResult, model: FederatedModel) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _after_load(self) -> None:
+        """Derived attributes, after ``_store`` or :meth:`load`."""
+
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        """Run on a node of a deployment, on its one-client ``fd``: the estimator's checks of
+        that client's data; returns what the server needs beyond counts (JSON-able)."""
+        self._validate_params()
+        return {}
+
+    # ---- validation ----------------------------------------------------------------------------
+    def _validate_params(self) -> None:
+        """Check the constructor parameters (declarative table, then ``_check_params``)."""
+        validate_params(self.get_params(deep=False), self._parameter_constraints)
+        fed = getattr(self, "federation", None)
+        if fed is not None and not isinstance(fed, Federation):
+            raise ValueError(f"federation must be a fl.Federation, got {type(fed).__name__}")
+        self._check_params()
+
+    def _federation(self) -> Federation:
+        fed = getattr(self, "federation", None)
+        fed = Federation() if fed is None else fed
+        fed.validate()
+        return fed
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "n_iter_")
+
+    @property
+    def n_rounds_(self) -> int:
+        """Alias of ``n_iter_``: the number of rounds the fit ran."""
+        check_is_fitted(self)
+        return self.n_iter_
+
+    # ---- the fit -------------------------------------------------------------------------------
+    def _start(self, fd, runtime: Runtime | None) -> FitContext:
+        """Validate, build the model, set the clients up: the context the hooks share."""
+        self._validate_params()
+        remote = getattr(fd, "is_remote", False)
+        if not isinstance(fd, FederatedDataset) and not remote:
+            raise TypeError(
+                f"fit expects a fl.FederatedDataset, got {type(fd).__name__}; build one with "
+                "FederatedDataset.from_pandas or from_arrays"
+            )
+        if remote and runtime is None:
+            raise ValueError(
+                "a RemoteDataset has no rows: fit it with the runtime its description came from"
+            )
+        self._validate_data(fd)
+        federation = self._federation()
+        seed = resolve_seed(
+            federation.random_state
+            if federation.random_state is not None
+            else getattr(self, "random_state", None)
+        )
+        model = self._make_model(fd)
+        runtime = runtime if runtime is not None else InProcessRuntime(fd)
+        ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features))
+        ctx.n_units = setup_clients(runtime, model)
+        return ctx
+
+    def initial_parameters(self, fd, *, runtime: Runtime | None = None) -> Params:
+        """The parameters a fit on ``fd`` would start from (its initialization exchanges run,
+        no round does); for studies that compare with a centralized fit from the same start."""
+        return self._initialize(self._start(fd, runtime))
+
+    def fit(
+        self,
+        fd: FederatedDataset,
+        y=None,
+        *,
+        runtime: Runtime | None = None,
+        checkpoint: str | Path | None = None,
+        checkpoint_every: int = 10,
+        resume: bool = False,
+        progress: bool | None = None,
+        callbacks: list | None = None,
+    ):
+        """Fit on a federated dataset; raw samples stay in the client objects.
+
+        Parameters
+        ----------
+        fd : FederatedDataset or RemoteDataset
+            The data, or (in a deployment) the clients' description of theirs.
+        y : None
+            Ignored (the target, if any, is a column of ``fd``); scikit-learn's signature.
+        runtime : Runtime or None
+            Transport to the clients; default: in-process clients built from ``fd``.
+        checkpoint : path or None
+            Write ``<path>.npz``/``<path>.json`` every ``checkpoint_every`` rounds.
+        resume : bool
+            Continue from ``checkpoint``; ends with exactly the uninterrupted run's parameters.
+        progress : bool or None
+            Progress bar; None: the estimator's ``verbose``, else shown when stderr is a terminal.
+        callbacks : list of callables or None
+            ``cb(round, params, S_hat, record)`` after every round.
+        """
+        ctx = self._start(fd, runtime)
+        params0 = self._initialize(ctx)
+        options = LoopOptions(
+            seed=ctx.seed,
+            max_rounds=int(getattr(self, "max_rounds", 100)),
+            tol=float(getattr(self, "tol", 1e-3)),
+            progress=progress if progress is not None else getattr(self, "verbose", None),
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            description=type(self).__name__,
+            callbacks=callbacks,
+        )
+        result = self._run(ctx, params0, options)
+        self.seed_ = ctx.seed
+        self.history_ = result.history
+        self.converged_ = result.converged
+        self.n_iter_ = result.n_rounds
+        self.client_faults_ = list(ctx.faults)
+        self.feature_names_in_ = np.asarray(list(fd.feature_names), dtype=object)
+        self.n_features_in_ = fd.n_features
+        self._runtime = ctx.runtime
+        self._store(result, ctx.model)
+        return self
+
+    # ---- prediction on federated data ----------------------------------------------------------
+    def _predict_client(self, client: str, data: ClientData) -> np.ndarray:
+        """Predictions for one client's rows (default: ``predict(data.X)``)."""
+        return np.asarray(self.predict(data.X))
+
+    def predict_dataset(self, fd: FederatedDataset) -> np.ndarray:
+        """Predictions for every row of ``fd``: clients in ``fd.client_ids`` order, each
+        client's rows in order (each client's part computed where its data are)."""
+        check_is_fitted(self)
+        parts = [self._predict_client(cid, cd) for cid, cd in fd.items()]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def score_dataset(self, fd: FederatedDataset) -> float:
+        """The estimator's score on federated data (``_score_name`` names it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no score on federated data")
+
+    def fit_predict(self, fd: FederatedDataset, y=None, **fit_params) -> np.ndarray:
+        """``fit(fd)`` then :meth:`predict_dataset` on the same data."""
+        return self.fit(fd, **fit_params).predict_dataset(fd)
+
+    # ---- persistence (no pickle) ---------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write ``<path>.npz`` (arrays) and ``<path>.json`` (settings, history). No pickle."""
+        check_is_fitted(self)
+        arrays = {name: np.asarray(getattr(self, name)) for name in self._save_arrays}
+        meta = {
+            "class": type(self).__name__,
+            "params": params_to_json(self.get_params(deep=False), strict=False),
+            "fitted": {
+                "n_iter_": int(self.n_iter_),
+                "converged_": bool(self.converged_),
+                "seed_": int(self.seed_),
+                "feature_names_in_": [str(f) for f in self.feature_names_in_],
+            },
+            "history": self.history_.to_frame().to_dict(orient="records"),
+        }
+        meta.update(self._save_extra())
+        save_arrays_json(path, arrays, meta)
+
+    def _save_extra(self) -> dict[str, Any]:
+        """More JSON for :meth:`save` (read back by ``_load_extra``)."""
+        return {}
+
+    def _load_extra(self, meta: dict[str, Any]) -> None:
+        pass
+
+    @classmethod
+    def load(cls, path: str | Path):
+        """Read what :meth:`save` wrote."""
+        arrays, meta = load_arrays_json(path)
+        if meta.get("class") != cls.__name__:
+            raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
+        params = dict(meta["params"])
+        fed = params.pop("federation", None)
+        names = cls._get_param_names()
+        est = cls(**{k: v for k, v in params.items() if k in names})
+        if fed is not None:
+            fed = dict(fed)
+            if isinstance(fed.get("step_size"), str):  # a callable was recorded by its repr
+                fed["step_size"] = 1.0
+            est.federation = Federation.from_config(fed)
+        for k, v in arrays.items():
+            setattr(est, k, v)
+        fitted = dict(meta["fitted"])
+        if "n_rounds_" in fitted:  # files written before n_iter_
+            fitted["n_iter_"] = fitted.pop("n_rounds_")
+        for k, v in fitted.items():
+            setattr(est, k, v)
+        est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
+        est.n_features_in_ = len(est.feature_names_in_)
+        est.history_ = History.from_records(meta["history"])
+        est._load_extra(meta)
+        est._after_load()
+        return est

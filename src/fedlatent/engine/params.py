@@ -1,0 +1,189 @@
+"""Declarative validation of constructor parameters (scikit-learn's ``_parameter_constraints``).
+
+An estimator lists, for each constructor parameter, what it may be::
+
+    _parameter_constraints = {
+        "n_components": [Integer(1)],
+        "covariance_type": [Options("full", "tied", "diag", "spherical")],
+        "reg_covar": [Real(0)],
+        "weights_init": [None, "array-like"],
+    }
+
+and :func:`validate_params` checks them at ``fit`` (never in ``__init__``, and never writing back
+into the parameters), raising ``ValueError("reg_covar must be a number >= 0, got -1")``.
+Cross-parameter checks ("burn_in < max_rounds") stay in the estimator's ``_check_params`` hook.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from numbers import Integral
+from numbers import Real as _Real
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Constraint", "Instance", "Integer", "Options", "Real", "validate_params"]
+
+
+class Constraint:
+    """One allowed form of a parameter: ``ok(value)`` and words for the error message."""
+
+    desc: str = ""
+
+    def ok(self, value: Any) -> bool:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+def _bound_words(low, high, closed: str, noun: str) -> str:
+    lo_in = closed in ("both", "left")
+    hi_in = closed in ("both", "right")
+    pre = f"{noun} " if noun else ""
+    if low is not None and high is not None:
+        return f"{pre}in {'[' if lo_in else '('}{low}, {high}{']' if hi_in else ')'}"
+    if low is not None:
+        return f"{pre}{'>=' if lo_in else '>'} {low}"
+    if high is not None:
+        return f"{pre}{'<=' if hi_in else '<'} {high}"
+    return noun or "a number"
+
+
+@dataclass(frozen=True)
+class Integer(Constraint):
+    """An integer (not a bool) in a range."""
+
+    low: int | None = None
+    high: int | None = None
+    closed: str = "both"
+    desc: str = ""
+
+    def __post_init__(self):
+        if not self.desc:
+            words = _bound_words(self.low, self.high, self.closed, "an integer")
+            object.__setattr__(self, "desc", words)
+
+    def ok(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            return False
+        return _in_range(value, self.low, self.high, self.closed)
+
+
+@dataclass(frozen=True)
+class Real(Constraint):
+    """A finite real number (not a bool) in a range."""
+
+    low: float | None = None
+    high: float | None = None
+    closed: str = "both"
+    desc: str = ""
+
+    def __post_init__(self):
+        if not self.desc:
+            words = _bound_words(self.low, self.high, self.closed, "")
+            object.__setattr__(self, "desc", words)
+
+    def ok(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, _Real):
+            return False
+        if not math.isfinite(float(value)):
+            return False
+        return _in_range(float(value), self.low, self.high, self.closed)
+
+
+def _in_range(v, low, high, closed: str) -> bool:
+    if low is not None and (v < low or (v == low and closed not in ("both", "left"))):
+        return False
+    if high is not None and (v > high or (v == high and closed not in ("both", "right"))):
+        return False
+    return True
+
+
+class Options(Constraint):
+    """One of a few values."""
+
+    def __init__(self, *values: Any, desc: str = ""):
+        self.values = values
+        if not desc:
+            desc = " or ".join(map(repr, values)) if len(values) <= 2 else f"one of {values}"
+        self.desc = desc
+
+    def ok(self, value: Any) -> bool:
+        return any(value == v and type(value) is type(v) for v in self.values) or (
+            isinstance(value, str) and value in self.values
+        )
+
+
+class Instance(Constraint):
+    """An instance of one of ``types``."""
+
+    def __init__(self, *types: type, desc: str = ""):
+        self.types = types
+        self.desc = desc or " or ".join(f"a {t.__name__}" for t in types)
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, self.types)
+
+
+class _Special(Constraint):
+    def __init__(self, desc: str, test: Callable[[Any], bool]):
+        self.desc = desc
+        self._test = test
+
+    def ok(self, value: Any) -> bool:
+        return self._test(value)
+
+
+def _array_like(v: Any) -> bool:
+    if isinstance(v, str | bytes | Mapping):
+        return False
+    try:
+        a = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return a.ndim >= 1 and bool(np.all(np.isfinite(a)))
+
+
+_SPECIAL = {
+    None: _Special("None", lambda v: v is None),
+    "boolean": _Special("True or False", lambda v: isinstance(v, bool | np.bool_)),
+    "array-like": _Special("an array of finite numbers", _array_like),
+    "random_state": _Special(
+        "None, an integer or a numpy Generator",
+        lambda v: v is None or isinstance(v, np.random.Generator | np.random.RandomState)
+        or (isinstance(v, Integral) and not isinstance(v, bool) and int(v) >= 0),
+    ),
+    "callable": _Special("a callable", callable),
+}
+
+
+def _as_constraint(c: Any) -> Constraint:
+    if isinstance(c, Constraint):
+        return c
+    if isinstance(c, type):
+        return Instance(c)
+    if c in _SPECIAL:
+        return _SPECIAL[c]
+    raise TypeError(f"unknown parameter constraint {c!r}")
+
+
+def validate_params(params: Mapping[str, Any], constraints: Mapping[str, Sequence[Any]]) -> None:
+    """Raise ValueError for the first parameter that fits none of its constraints.
+
+    Parameters
+    ----------
+    params : dict
+        Parameter values (``est.get_params(deep=False)``).
+    constraints : dict of str to list
+        Allowed forms: Constraint objects, types, None, "boolean", "array-like",
+        "random_state", "callable".
+    """
+    for name, allowed in constraints.items():
+        if name not in params:
+            continue
+        value = params[name]
+        forms = [_as_constraint(c) for c in allowed]
+        if not any(f.ok(value) for f in forms):
+            words = " or ".join(f.desc for f in forms)
+            raise ValueError(f"{name} must be {words}, got {value!r}")

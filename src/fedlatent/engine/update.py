@@ -1,0 +1,116 @@
+"""The FedEM server update and the plan of each round, written once for every model.
+
+Dieuleveut, Fort, Moulines and Robin (2021), slide "FedEM with partial participation", with
+client weights ``w_c`` (``n_c / n`` or ``1 / n_clients``)::
+
+    active clients A ~ Bernoulli(p) each
+    for c in A:  S_c = local mean statistic at T(S_hat)   (full pass, mini-batch or SPIDER)
+                 Delta_c = S_c - S_hat - V_c ;  send Q_c = Quant(Delta_c) ;  V_c += alpha Q_c
+    server:      S_hat += gamma * ( (1/p) sum_{c in A} w_c Q_c + V )
+                 V     += alpha * sum_{c in A} w_c Q_c
+
+With p = 1, gamma = 1 and no quantizer this is exactly EM on the pooled data: ``S_hat`` becomes
+``sum_c w_c S_c`` whatever ``V``. Without control variates ``V_c = V = 0`` ("naive FedEM").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .federation import Federation
+from .model import server_rng
+from .stats import Stats
+
+__all__ = ["FedEMState", "client_weights", "round_message", "select_active"]
+
+
+@dataclass
+class FedEMState:
+    """The server's statistics: ``S_hat`` (None before the initialization round) and the mean
+    control variate ``V`` (None without control variates)."""
+
+    S_hat: Stats | None = None
+    V: Stats | None = None
+
+    @property
+    def initialized(self) -> bool:
+        return self.S_hat is not None
+
+    def after_init(self, got: dict[str, Stats], weights: dict[str, float],
+                   use_cv: bool) -> FedEMState:
+        """The state after the initialization round: ``S_hat = sum_c w_c S_c`` (every client
+        answered), ``V = 0``."""
+        S_new = None
+        for c in weights:
+            S_new = got[c] * weights[c] if S_new is None else S_new.add_(got[c], weights[c])
+        return FedEMState(S_new, S_new.zeros_like() if use_cv else None)
+
+    def after_round(self, got: dict[str, Stats], weights: dict[str, float], gamma: float,
+                    p: float, alpha: float) -> FedEMState:
+        """The state after a FedEM round with the (quantized) differences ``got``."""
+        assert self.S_hat is not None
+        agg = self.S_hat.zeros_like()
+        for c in got:
+            agg.add_(got[c], weights[c])
+        S_new = self.S_hat.copy().add_(agg, gamma / p)
+        V_new = self.V
+        if self.V is not None:
+            S_new.add_(self.V, gamma)
+            V_new = self.V.copy().add_(agg, alpha)
+        return FedEMState(S_new, V_new)
+
+
+def client_weights(federation: Federation, n_units: dict[str, int]) -> dict[str, float]:
+    """``w_c``: by units (``n_c / n``, the statistical default) or uniform (``1 / n_clients``)."""
+    cids = list(n_units)
+    if federation.client_weighting == "samples":
+        n_total = float(sum(n_units.values()))
+        return {c: n_units[c] / n_total for c in cids}
+    return {c: 1.0 / len(cids) for c in cids}
+
+
+def select_active(cids: list[str], p: float, seed: int, k: int, init_round: bool) -> list[str]:
+    """The clients of round ``k``: everyone in the initialization round, else Bernoulli(p)
+    each from the server's generator of that round (the same draw in every runtime)."""
+    if init_round or p >= 1.0:
+        return list(cids)
+    draw = server_rng(seed, k).random(len(cids))
+    return [c for c, u in zip(cids, draw) if u < p]
+
+
+def round_message(federation: Federation, seed: int, k: int, init_round: bool,
+                  alpha: float) -> dict[str, Any]:
+    """The settings every client gets in round ``k``: which E-step (full pass, mini-batch,
+    SPIDER refresh or correction), control variates, quantization."""
+    quant = federation.quantizer
+    use_cv = bool(federation.control_variates)
+    vr = federation.variance_reduction
+    msg: dict[str, Any] = {
+        "seed": int(seed),
+        "round": k,
+        "control_variates": use_cv and not init_round,
+        "alpha": alpha,
+        "quant_levels": 0 if (init_round or quant is None) else quant.levels,
+    }
+    if init_round:
+        msg["mode"] = "spider-refresh" if vr is not None else "full"
+        msg["keep_init"] = use_cv
+    elif vr is not None:
+        msg["mode"] = "spider-refresh" if (k - 2) % vr.inner_rounds == 0 else "spider"
+        msg["batch_size"] = vr.batch_size
+    elif federation.batch_size is not None:
+        msg["mode"] = "batch"
+        msg["batch_size"] = int(federation.batch_size)
+    else:
+        msg["mode"] = "full"
+    return msg
+
+
+def stat_bytes(federation: Federation, shapes: dict[str, tuple[int, ...]]) -> tuple[int, int]:
+    """Bytes of one uncompressed statistic and of one quantized one (with 16 for the scalars)."""
+    raw = int(sum(8 * int(np.prod(s)) for s in shapes.values())) + 16
+    quant = federation.quantizer
+    return raw, (quant.nbytes(shapes) + 16) if quant is not None else raw

@@ -1,0 +1,48 @@
+"""Federated Gaussian mixture: EM with the E-step on clients and the M-step on the server.
+
+The smallest model of the house, and the template for a new one:
+
+- :mod:`.math`: pure functions (log-densities, statistics, M-step), tested against scikit-learn;
+- :mod:`.model`: the engine side (``GMMModel``: client statistics, M-step, initialization
+  queries), all a client process imports;
+- :mod:`.estimator`: ``FederatedGaussianMixture``, the scikit-learn estimator (hooks of the base
+  estimator; it never overrides ``fit``), imported on first use.
+
+With full participation and step 1 the iterates are scikit-learn's ``GaussianMixture`` iterates.
+"""
+
+from .math import (
+    COV_TYPES,
+    compute_precision_cholesky,
+    estimate_log_gaussian_prob,
+    floor_covariances,
+    gmm_m_step,
+    gmm_statistics,
+    logsumexp,
+    n_free_parameters,
+)
+from .model import GMMModel, payload_params
+
+__all__ = [
+    "COV_TYPES",
+    "FederatedGaussianMixture",
+    "GMMModel",
+    "compute_precision_cholesky",
+    "estimate_log_gaussian_prob",
+    "floor_covariances",
+    "gmm_m_step",
+    "gmm_statistics",
+    "initialize_gaussians",
+    "logsumexp",
+    "n_free_parameters",
+    "payload_params",
+]
+
+
+def __getattr__(name: str):
+    # the estimator imports scikit-learn: not what a client process needs
+    if name in ("FederatedGaussianMixture", "initialize_gaussians"):
+        from . import estimator
+
+        return getattr(estimator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,217 @@
+"""Gaussian mixture math: log-densities, sufficient statistics and the M-step, as pure functions.
+
+The same computations as scikit-learn's ``sklearn.mixture._gaussian_mixture`` (precision Cholesky
+factors, log-determinants), written on statistics summed over samples so that a federation of
+clients can add them up.
+
+References
+----------
+Dempster, Laird, Rubin (1977), "Maximum likelihood from incomplete data via the EM algorithm".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import linalg
+
+from ...engine.stats import Stats
+
+__all__ = [
+    "COV_TYPES",
+    "compute_precision_cholesky",
+    "estimate_log_gaussian_prob",
+    "floor_covariances",
+    "gmm_m_step",
+    "gmm_statistics",
+    "logsumexp",
+    "n_free_parameters",
+]
+
+COV_TYPES = ("full", "tied", "diag", "spherical")
+
+
+def logsumexp(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log(sum(exp(a))) along ``axis``, stable (a lean version of scipy's for the hot path)."""
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
+    return np.squeeze(out, axis=axis)
+
+
+def compute_precision_cholesky(covariances: np.ndarray, covariance_type: str) -> np.ndarray:
+    """Cholesky factors of the precision matrices (as scikit-learn stores them).
+
+    Parameters
+    ----------
+    covariances : ndarray
+        (K, d, d) full, (d, d) tied, (K, d) diag, (K,) spherical.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    ndarray, same shape as ``covariances``
+    """
+    msg = (
+        "a covariance matrix is not positive definite (a component collapsed onto few points); "
+        "raise reg_covar or lower n_components"
+    )
+    if covariance_type == "full":
+        K, d, _ = covariances.shape
+        out = np.empty((K, d, d))
+        for k in range(K):
+            try:
+                c = linalg.cholesky(covariances[k], lower=True)
+            except linalg.LinAlgError as e:
+                raise ValueError(msg) from e
+            out[k] = linalg.solve_triangular(c, np.eye(d), lower=True).T
+        return out
+    if covariance_type == "tied":
+        d = covariances.shape[0]
+        try:
+            c = linalg.cholesky(covariances, lower=True)
+        except linalg.LinAlgError as e:
+            raise ValueError(msg) from e
+        return linalg.solve_triangular(c, np.eye(d), lower=True).T
+    if np.any(np.less_equal(covariances, 0.0)):
+        raise ValueError(msg)
+    return 1.0 / np.sqrt(covariances)
+
+
+def _log_det_cholesky(prec_chol: np.ndarray, covariance_type: str, d: int) -> np.ndarray:
+    if covariance_type == "full":
+        K = prec_chol.shape[0]
+        return np.sum(np.log(prec_chol.reshape(K, -1)[:, :: d + 1]), axis=1)
+    if covariance_type == "tied":
+        return np.sum(np.log(np.diag(prec_chol)))
+    if covariance_type == "diag":
+        return np.sum(np.log(prec_chol), axis=1)
+    return d * np.log(prec_chol)
+
+
+def estimate_log_gaussian_prob(
+    X: np.ndarray, means: np.ndarray, prec_chol: np.ndarray, covariance_type: str
+) -> np.ndarray:
+    """log N(x_i; mu_k, Sigma_k) for every sample and component.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    means : ndarray of shape (n_components, n_features)
+    prec_chol : ndarray
+        Precision Cholesky factors, see :func:`compute_precision_cholesky`.
+
+    Returns
+    -------
+    ndarray of shape (n_samples, n_components)
+    """
+    n, d = X.shape
+    K = means.shape[0]
+    log_det = _log_det_cholesky(prec_chol, covariance_type, d)
+    if covariance_type == "full":
+        log_prob = np.empty((n, K))
+        for k in range(K):
+            y = X @ prec_chol[k] - means[k] @ prec_chol[k]
+            log_prob[:, k] = np.einsum("ij,ij->i", y, y)
+    elif covariance_type == "tied":
+        log_prob = np.empty((n, K))
+        Xp = X @ prec_chol
+        for k in range(K):
+            y = Xp - means[k] @ prec_chol
+            log_prob[:, k] = np.einsum("ij,ij->i", y, y)
+    elif covariance_type == "diag":
+        precisions = prec_chol**2
+        log_prob = (
+            np.sum(means**2 * precisions, 1) - 2.0 * (X @ (means * precisions).T)
+            + (X**2) @ precisions.T
+        )
+    else:
+        precisions = prec_chol**2
+        log_prob = (
+            np.sum(means**2, 1) * precisions
+            - 2 * (X @ means.T * precisions)
+            + np.outer(np.einsum("ij,ij->i", X, X), precisions)
+        )
+    return -0.5 * (d * np.log(2 * np.pi) + log_prob) + log_det
+
+
+def gmm_statistics(
+    X: np.ndarray, resp: np.ndarray, center: np.ndarray, covariance_type: str
+) -> Stats:
+    """Sufficient statistics of a Gaussian mixture, summed over samples.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    resp : ndarray of shape (n_samples, n_components)
+        Responsibilities (rows sum to 1).
+    center : ndarray of shape (n_features,)
+        Shift applied to X before the moments (any fixed vector; the sums stay additive).
+
+    Returns
+    -------
+    Stats with blocks ``nk`` (K,), ``sx`` (K, d), and ``sxx``: (K, d, d) full, (d, d) tied,
+    (K, d) diag and spherical.
+    """
+    Xc = X - center
+    nk = resp.sum(axis=0)
+    sx = resp.T @ Xc
+    if covariance_type == "full":
+        K, d = resp.shape[1], X.shape[1]
+        sxx = np.empty((K, d, d))
+        for k in range(K):
+            sxx[k] = (Xc * resp[:, k : k + 1]).T @ Xc
+    elif covariance_type == "tied":
+        sxx = Xc.T @ Xc
+    else:
+        sxx = resp.T @ (Xc * Xc)
+    return Stats({"nk": nk, "sx": sx, "sxx": sxx}, copy=False)
+
+
+def gmm_m_step(
+    S: Stats, center: np.ndarray, covariance_type: str, reg_covar: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weights, means and covariances from (mean or summed) statistics.
+
+    Returns
+    -------
+    weights : ndarray of shape (K,)
+    means : ndarray of shape (K, d)
+    covariances : ndarray, shape by covariance_type
+    """
+    nk = S["nk"] + 10 * np.finfo(np.float64).eps
+    mc = S["sx"] / nk[:, None]
+    d = mc.shape[1]
+    if covariance_type == "full":
+        cov = S["sxx"] / nk[:, None, None] - np.einsum("ki,kj->kij", mc, mc)
+        cov = 0.5 * (cov + np.transpose(cov, (0, 2, 1)))
+        cov[:, np.arange(d), np.arange(d)] += reg_covar
+    elif covariance_type == "tied":
+        cov = (S["sxx"] - (nk[:, None] * mc).T @ mc) / nk.sum()
+        cov = 0.5 * (cov + cov.T)
+        cov[np.arange(d), np.arange(d)] += reg_covar
+    else:
+        cov = S["sxx"] / nk[:, None] - mc**2 + reg_covar
+        if covariance_type == "spherical":
+            cov = cov.mean(axis=1)
+    weights = nk / nk.sum()
+    return weights, mc + center, cov
+
+
+def floor_covariances(cov: np.ndarray, covariance_type: str, floor: float) -> np.ndarray:
+    """Covariances with every eigenvalue raised to at least ``floor`` (a projection onto the
+    positive-definite cone used when stochastic statistics leave it)."""
+    if covariance_type in ("diag", "spherical"):
+        return np.maximum(cov, floor)
+    mats = cov if covariance_type == "full" else cov[None]
+    vals, vecs = np.linalg.eigh(0.5 * (mats + np.transpose(mats, (0, 2, 1))))
+    vals = np.maximum(vals, floor)
+    out = np.einsum("kij,kj,klj->kil", vecs, vals, vecs)
+    return out if covariance_type == "full" else out[0]
+
+
+def n_free_parameters(n_components: int, n_features: int, covariance_type: str) -> int:
+    K, d = n_components, n_features
+    cov = {"full": K * d * (d + 1) / 2, "tied": d * (d + 1) / 2, "diag": K * d, "spherical": K}[
+        covariance_type
+    ]
+    return int(cov + K * d + K - 1)

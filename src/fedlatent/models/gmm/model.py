@@ -1,0 +1,114 @@
+"""The Gaussian mixture's engine side: client statistics, the M-step, initialization queries.
+
+Clients send, per component k, ``sum q``, ``sum q x`` and ``sum q x x^T`` (the diagonal for
+"diag"/"spherical", one pooled ``sum x x^T`` for "tied") computed around a fixed centre broadcast
+at initialization (the federated global mean), which keeps the second moments well conditioned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...engine.model import ClientStep, FederatedModel, Params
+from ...engine.registry import register_model
+from ...engine.stats import Stats
+from ..kmeans import kmeans
+from .math import (
+    compute_precision_cholesky,
+    estimate_log_gaussian_prob,
+    floor_covariances,
+    gmm_m_step,
+    gmm_statistics,
+    logsumexp,
+)
+
+__all__ = ["GMMModel", "payload_params"]
+
+
+@register_model
+class GMMModel(FederatedModel):
+    """Gaussian mixture math for the engine. Config: n_components, covariance_type, reg_covar."""
+
+    name = "gmm"
+
+    def __init__(self, n_components: int, covariance_type: str = "full", reg_covar: float = 1e-6):
+        super().__init__(
+            n_components=int(n_components),
+            covariance_type=str(covariance_type),
+            reg_covar=float(reg_covar),
+        )
+        self.K = int(n_components)
+        self.cov_type = covariance_type
+        self.reg = float(reg_covar)
+
+    def _log_resp(self, params: Params, X: np.ndarray):
+        wlp = estimate_log_gaussian_prob(
+            X, params["means"], params["precisions_cholesky"], self.cov_type
+        ) + np.log(params["weights"])
+        norm = logsumexp(wlp, axis=1)
+        return wlp - norm[:, None], norm
+
+    def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
+        X = data.X if rows is None else data.X[rows]
+        log_resp, norm = self._log_resp(params, X)
+        stats = gmm_statistics(X, np.exp(log_resp), params["center"], self.cov_type)
+        return ClientStep(stats, X.shape[0], float(norm.sum()), state)
+
+    def stat_shapes(self, params):
+        K, d = params["means"].shape
+        sxx = {"full": (K, d, d), "tied": (d, d), "diag": (K, d), "spherical": (K, d)}
+        return {"nk": (K,), "sx": (K, d), "sxx": sxx[self.cov_type]}
+
+    def server_step(self, S, params, n_total):
+        # Stochastic statistics (quantized, mini-batch, partial participation) can leave the set
+        # where T is defined; project the parameters back (the exact-EM path is untouched).
+        tiny = 1e-10 * max(float(np.abs(S["nk"]).sum()), 1e-300)
+        if np.any(S["nk"] <= tiny):
+            S = Stats({**S, "nk": np.maximum(S["nk"], tiny)})
+        w, m, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
+        try:
+            prec = compute_precision_cholesky(cov, self.cov_type)
+        except ValueError:
+            cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-6))
+            prec = compute_precision_cholesky(cov, self.cov_type)
+        return {"weights": w, "means": m, "precisions_cholesky": prec, "center": params["center"]}
+
+    # ---- initialization exchanges (aggregates only) --------------------------------------
+    def client_query(self, name, payload, data, state, rng):
+        X = data.X
+        if name == "moments":
+            return {"n": X.shape[0], "sx": X.sum(0), "sxx": X.T @ X}, state
+        if name == "kmeans":
+            k = int(payload["k"])
+            min_points = int(payload["min_points"])
+            n_loc = min(k, X.shape[0] // max(min_points, 1))
+            if n_loc < 1:
+                d = X.shape[1]
+                return {"centroids": np.zeros((0, d)), "counts": np.zeros(0)}, state
+            _, labels, _ = kmeans(X, n_loc, rng, n_init=3)
+            counts = np.bincount(labels, minlength=n_loc).astype(float)
+            keep = counts >= min_points
+            sums = np.zeros((n_loc, X.shape[1]))
+            np.add.at(sums, labels, X)
+            cent = sums[keep] / counts[keep, None]
+            return {"centroids": cent, "counts": counts[keep]}, state
+        if name == "hard_stats":
+            centers = np.asarray(payload["centers"])
+            d2 = (
+                np.einsum("ij,ij->i", X, X)[:, None] - 2 * X @ centers.T
+                + np.einsum("ij,ij->i", centers, centers)[None, :]
+            )
+            resp = np.zeros((X.shape[0], centers.shape[0]))
+            resp[np.arange(X.shape[0]), d2.argmin(1)] = 1.0
+            st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type)
+            return {f"stat/{k}": v for k, v in st.items()}, state
+        if name == "loglik":
+            _, norm = self._log_resp(payload_params(payload), X)
+            return {"n": X.shape[0], "loglik": float(norm.sum())}, state
+        return super().client_query(name, payload, data, state, rng)
+
+
+def payload_params(payload: dict[str, Any]) -> Params:
+    return {k[7:]: np.asarray(v) for k, v in payload.items() if k.startswith("params/")}
