@@ -314,11 +314,9 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
                         record.objective, record.participants,
                         f", missing {record.missing}" if record.missing else "")
 
-        if str(config["estimator"]) == "sec":
-            est.fit(rd, runtime=rt)
-        else:  # a fault keeps the last good round in out-dir/checkpoint.{npz,json}
-            est.fit(rd, runtime=rt, callbacks=[on_round], progress=False,
-                    checkpoint=out / "checkpoint", checkpoint_every=1)
+        # a fault keeps the last good round in out-dir/checkpoint.{npz,json}
+        est.fit(rd, runtime=rt, callbacks=[on_round], progress=False,
+                checkpoint=out / "checkpoint", checkpoint_every=1)
         status["fit_seconds"] = time.perf_counter() - t_fit
         est.save(out / "model")
         hist = getattr(est, "history_", None)

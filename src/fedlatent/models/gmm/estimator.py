@@ -23,16 +23,15 @@ from ...engine.estimator import FederatedEstimator, FitContext, check_features, 
 from ...engine.exchange import array, number
 from ...engine.loop import FitResult
 from ...engine.model import Params
+from ...engine.numerics import kmeans, logsumexp
 from ...engine.params import Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import Stats
-from ..kmeans import kmeans
 from .math import (
     COV_TYPES,
     compute_precision_cholesky,
     estimate_log_gaussian_prob,
     gmm_m_step,
-    logsumexp,
     n_free_parameters,
 )
 from .model import GMMModel

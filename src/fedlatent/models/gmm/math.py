@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
+from ...engine.numerics import logsumexp  # noqa: F401  (re-exported)
 from ...engine.stats import Stats
 
 __all__ = [
@@ -28,14 +29,6 @@ __all__ = [
 ]
 
 COV_TYPES = ("full", "tied", "diag", "spherical")
-
-
-def logsumexp(a: np.ndarray, axis: int = -1) -> np.ndarray:
-    """log(sum(exp(a))) along ``axis``, stable (a lean version of scipy's for the hot path)."""
-    m = np.max(a, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
-    return np.squeeze(out, axis=axis)
 
 
 def compute_precision_cholesky(covariances: np.ndarray, covariance_type: str) -> np.ndarray:

@@ -12,16 +12,15 @@ from typing import Any
 import numpy as np
 
 from ...engine.model import ClientStep, FederatedModel, Params
+from ...engine.numerics import kmeans, logsumexp
 from ...engine.registry import register_model
 from ...engine.stats import Stats
-from ..kmeans import kmeans
 from .math import (
     compute_precision_cholesky,
     estimate_log_gaussian_prob,
     floor_covariances,
     gmm_m_step,
     gmm_statistics,
-    logsumexp,
 )
 
 __all__ = ["GMMModel", "payload_params"]
