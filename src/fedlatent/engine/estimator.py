@@ -109,6 +109,11 @@ class FitContext:
     n_features: int = 0
     n_units: dict[str, int] = field(default_factory=dict)
     faults: list[dict[str, str]] = field(default_factory=list)
+    #: the FederatedDataset when the data are in this process (None for a RemoteDataset); only
+    #: solvers that pool the data on purpose (centralized references) may read it
+    data: FederatedDataset | None = None
+    #: whether the runtime was given by the caller (not built in-process from the data)
+    runtime_given: bool = False
 
     @property
     def client_ids(self) -> list[str]:
@@ -232,8 +237,10 @@ class FederatedEstimator(BaseEstimator):
             else getattr(self, "random_state", None)
         )
         model = self._make_model(fd)
-        runtime = runtime if runtime is not None else InProcessRuntime(fd)
-        ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features))
+        given = runtime is not None
+        runtime = runtime if given else InProcessRuntime(fd)
+        ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
+                         data=None if remote else fd, runtime_given=given)
         ctx.n_units = setup_clients(runtime, model)
         return ctx
 
