@@ -1,5 +1,4 @@
 import importlib.util
-import json
 import warnings
 from pathlib import Path
 
@@ -38,13 +37,7 @@ def _small(n_clients=6, n=120, seed=0, K=2):
 
 
 def _params0(est, fd):
-    est._validate_params()
-    est._validate_data(fd)
-    rt = InProcessRuntime(fd)
-    model = est._make_model(fd)
-    rt.broadcast(rt.client_ids, "setup",
-                 {"model": model.name, "model_config": json.dumps(model.get_config())})
-    p = est._initialize(rt, model, int(est.random_state))
+    p = est.initial_parameters(fd)
     pc = p["precisions_cholesky"]
     covs = np.linalg.inv(np.einsum("kij,klj->kil", pc, pc))
     return {"means": p["means"], "covariances": covs, "coef": p["coef"]}

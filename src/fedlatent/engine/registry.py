@@ -188,7 +188,7 @@ def _init_params(est) -> dict[str, Any]:
     return {k: getattr(est, k) for k in sig.parameters if k not in ("self",)}
 
 
-def params_to_json(params: dict[str, Any], strict: bool = True) -> dict[str, Any]:
+def params_to_json(params: dict[str, Any], strict: bool = True, owner: str = "") -> dict[str, Any]:
     """Constructor parameters as JSON values: the one way settings are written (saved models,
     deployments). Arrays become lists, the federation its config.
 
@@ -207,7 +207,7 @@ def params_to_json(params: dict[str, Any], strict: bool = True) -> dict[str, Any
         except TypeError:
             if strict:
                 raise ValueError(
-                    f"parameter {k}=... is a {type(v).__name__}, which cannot be written as "
+                    f"{owner}({k}=...) is a {type(v).__name__}, which cannot be written as "
                     "JSON; a deployment rebuilds the estimator from JSON parameters: give it "
                     "by name or as numbers"
                 ) from None
@@ -229,10 +229,7 @@ def estimator_config(est) -> tuple[str, dict[str, Any]]:
         raise ValueError(
             "Federation(step_size=callable) cannot travel to a deployment; give a number"
         )
-    try:
-        return name, params_to_json(params, strict=True)
-    except ValueError as err:
-        raise ValueError(f"{type(est).__name__}: {err}") from None
+    return name, params_to_json(params, strict=True, owner=type(est).__name__)
 
 
 def estimator_from_config(name: str, params: dict[str, Any]):

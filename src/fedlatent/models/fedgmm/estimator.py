@@ -1,0 +1,475 @@
+"""The FedGMM estimator (hooks of the base estimator) and its client-side helpers."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ...data.dataset import ClientData, FederatedDataset
+from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
+from ...engine.loop import FitResult
+from ...engine.model import Params
+from ...engine.params import Integer, Options, Real
+from ...engine.registry import register_estimator
+from ...engine.stats import Stats
+from ..gmm import COV_TYPES, gmm_m_step
+from ..gmm.estimator import initialize_gaussians
+from .math import fedgmm_log_components, fedgmm_predict_log_proba, fedgmm_responsibilities
+from .model import FedGMMModel
+from .personalized import PersonalizedFedGMM
+
+__all__ = ["FedGMM"]
+
+logger = logging.getLogger(__name__)
+
+
+@register_estimator(
+    "fedgmm", target=True,
+    description="FedGMM: personalized mixture of Gaussian inputs and shared learners (Wu et al.)",
+)
+class FedGMM(FederatedEstimator):
+    """Personalized federated learning under a mixture of joint distributions (FedGMM).
+
+    Parameters
+    ----------
+    n_input_components : int, default 3
+        ``M1``, Gaussian components of the input distribution.
+    n_learners : int, default 3
+        ``M2``, shared learners ``P_theta(y | x)``.
+    learner : {"logistic", "torch"}, default "logistic"
+        Multinomial logistic regression (binary and multi-class) in NumPy, or a PyTorch MLP
+        (``fedlatent[torch]``; needs ``learner_update="average"``).
+    learner_params : dict or None
+        For "torch": ``hidden`` (list of layer sizes, default [32]), ``lr`` (0.1), ``epochs``
+        (1), ``batch_size`` (64) of the local SGD refits.
+    covariance_type : {"full", "tied", "diag", "spherical"}, default "full"
+    reg_covar : float, default 1e-6
+    l2 : float, default 1e-3
+        Ridge on each learner's responsibility-weighted *mean* cross-entropy (the penalty
+        scales with the learner's responsibility mass, so it does not depend on the sample size).
+    learner_update : {"newton", "average"}, default "newton"
+        "newton": exact federated Newton / IRLS step from summed gradients and Hessians.
+        "average": each client refits locally (``local_steps`` Newton steps from the broadcast
+        parameters, with FedProx's proximal term when ``prox > 0``) and the server averages
+        with responsibility weights (the paper's rule).
+    covariance_aggregation : {"exact", "paper"}, default "exact"
+        "exact" sums ``sum q x x^T`` (the pooled EM covariance); "paper" averages per-client
+        covariances around per-client means (drops the between-client scatter; comparison only).
+    local_steps : int, default 1
+    prox : float, default 0.0
+    newton_step_max : float or None, default 5.0
+        Damped Newton (server step and local refits): a learner's update is scaled down so
+        that no coefficient moves by more than this in one round (EM responsibilities can
+        swing early on, and a full step from near-separable weighted data overshoots).
+        None: the plain Newton step. When the cap does not bind, the step is exactly the
+        centralized IRLS step.
+    classes : list or None
+        Label values; default the union of the training labels.
+    init_params : {"kmeans-federated", "random"}, default "kmeans-federated"
+        Initialization of the Gaussian components (see :class:`FederatedGaussianMixture`).
+    learner_init_scale : float, default 1.0
+        Standard deviation of the random initial learner coefficients (breaks the symmetry
+        between learners).
+    federation : fl.Federation or None
+    max_rounds : int, default 100
+    tol : float, default 1e-4
+        Convergence on the change of the mean per-sample ``log h_c(x, y)``.
+    random_state : int or None
+    verbose : bool or None
+
+    Attributes
+    ----------
+    means_, covariances_, precisions_cholesky_ : Gaussian input components
+    weights_x_ : ndarray of shape (M1,)
+        Federated marginal weight of each input component.
+    coef_ : ndarray of shape (M2, K - 1, n_features + 1)
+        Learner coefficients (class 0 is the reference; the last column is the intercept).
+    weights_y_ : ndarray of shape (M2,)
+    classes_ : ndarray of shape (K,)
+    history_, converged_, n_rounds_
+
+    References
+    ----------
+    Wu et al., "Personalized Federated Learning under Mixture of Distributions", ICML 2023,
+    section 3 and Algorithm 1.
+    """
+
+    _save_arrays = ("means_", "covariances_", "precisions_cholesky_", "weights_x_", "coef_",
+                    "weights_y_", "center_", "classes_")
+
+    def __init__(
+        self,
+        n_input_components: int = 3,
+        n_learners: int = 3,
+        *,
+        learner: str = "logistic",
+        learner_params: dict | None = None,
+        covariance_type: str = "full",
+        reg_covar: float = 1e-6,
+        l2: float = 1e-3,
+        learner_update: str = "newton",
+        covariance_aggregation: str = "exact",
+        local_steps: int = 1,
+        prox: float = 0.0,
+        newton_step_max: float | None = 5.0,
+        classes=None,
+        init_params: str = "kmeans-federated",
+        learner_init_scale: float = 1.0,
+        federation=None,
+        max_rounds: int = 100,
+        tol: float = 1e-4,
+        random_state=None,
+        verbose: bool | None = None,
+    ):
+        self.n_input_components = n_input_components
+        self.n_learners = n_learners
+        self.learner = learner
+        self.learner_params = learner_params
+        self.covariance_type = covariance_type
+        self.reg_covar = reg_covar
+        self.l2 = l2
+        self.learner_update = learner_update
+        self.covariance_aggregation = covariance_aggregation
+        self.local_steps = local_steps
+        self.prox = prox
+        self.newton_step_max = newton_step_max
+        self.classes = classes
+        self.init_params = init_params
+        self.learner_init_scale = learner_init_scale
+        self.federation = federation
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.random_state = random_state
+        self.verbose = verbose
+
+    _parameter_constraints = {
+        "n_input_components": [Integer(1)],
+        "n_learners": [Integer(1)],
+        "learner": [Options("logistic", "torch")],
+        "learner_params": [None, dict],
+        "covariance_type": [Options(*COV_TYPES)],
+        "reg_covar": [Real(0)],
+        "l2": [Real(0)],
+        "learner_update": [Options("newton", "average")],
+        "covariance_aggregation": [Options("exact", "paper")],
+        "local_steps": [Integer(1)],
+        "prox": [Real(0)],
+        "newton_step_max": [None, Real(0, closed="neither")],
+        "classes": [None, list, tuple, np.ndarray],
+        "init_params": [Options("kmeans-federated", "random")],
+        "learner_init_scale": [Real(0)],
+        "max_rounds": [Integer(1)],
+        "tol": [Real(0)],
+        "random_state": ["random_state"],
+        "verbose": [None, "boolean"],
+    }
+    _score_name = "accuracy"
+
+    # ---- validation -----------------------------------------------------------------------
+    def _check_params(self) -> None:
+        if self.learner == "torch":
+            if self.learner_update != "average":
+                raise ValueError(
+                    "learner='torch' is refitted locally and averaged: use "
+                    "learner_update='average' (Newton steps need the logistic learner)"
+                )
+            allowed = {"hidden", "lr", "epochs", "batch_size"}
+            bad = sorted(set(self.learner_params or {}) - allowed)
+            if bad:
+                raise ValueError(f"unknown learner_params {bad}; allowed: {sorted(allowed)}")
+
+    def _validate_data(self, fd: FederatedDataset) -> None:
+        # Runs where the data are (like FederatedDataset.validate): only the label set leaves.
+        if not fd.has_target:
+            raise ValueError(
+                "FedGMM is supervised: the federated dataset has no target y; build it with "
+                "FederatedDataset.from_pandas(..., target='y') or from_arrays({client: (X, y)})"
+            )
+        labels = set()
+        if getattr(fd, "is_remote", False):  # each node checked its own labels (_describe_local)
+            for cid in fd.client_ids:
+                labels.update(fd.extras[cid]["labels"])
+        else:
+            for cid, cd in fd.items():
+                labels.update(self._client_labels(cid, cd))
+        if self.classes is not None:
+            classes = np.unique(np.asarray(self.classes))
+            unknown = sorted(labels - set(classes.tolist()))
+            if unknown:
+                raise ValueError(
+                    f"y has labels {unknown} that are not in classes={classes.tolist()}; add "
+                    "them to classes or drop those rows"
+                )
+            self._classes = classes
+        else:
+            self._classes = np.array(sorted(labels))
+        n = fd.n_samples
+        if n < self.n_input_components:
+            raise ValueError(
+                f"the federation has {n} samples in all, fewer than n_input_components="
+                f"{self.n_input_components}"
+            )
+
+    @staticmethod
+    def _client_labels(cid, cd) -> list:
+        u = np.unique(cd.y)
+        if u.size < 2:
+            raise ValueError(
+                f"client {cid!r} has only one class ({u.tolist()[0]!r}) in y; FedGMM's "
+                "learners need at least two classes per client: merge the client with "
+                "another or drop it"
+            )
+        return u.tolist()
+
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        self._validate_params()
+        if not fd.has_target:
+            self._validate_data(fd)  # raises the no-target error
+        (cid,) = fd.client_ids
+        return {"labels": self._client_labels(cid, fd[cid])}
+
+    def _make_model(self, fd: FederatedDataset) -> FedGMMModel:
+        return FedGMMModel(
+            self.n_input_components,
+            self.n_learners,
+            [c.item() if hasattr(c, "item") else c for c in self._classes],
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            l2=self.l2,
+            learner_update=self.learner_update,
+            covariance_aggregation=self.covariance_aggregation,
+            local_steps=self.local_steps,
+            prox=self.prox,
+            newton_step_max=self.newton_step_max,
+            learner=self.learner,
+            learner_params=dict(self.learner_params or {}),
+            n_features=fd.n_features,
+        )
+
+    def _initialize(self, ctx: FitContext) -> Params:
+        model, seed = ctx.model, ctx.seed
+        g = initialize_gaussians(
+            ctx,
+            self.n_input_components,
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            init_params=self.init_params,
+        )
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xF3D6,)))
+        d = g["means"].shape[1]
+        K = len(self._classes)
+        learner = model.learner(d)
+        if learner is not None:
+            coef = np.stack([learner.init_params(rng) for _ in range(self.n_learners)])
+        else:
+            coef = float(self.learner_init_scale) * rng.standard_normal(
+                (self.n_learners, K - 1, d + 1)
+            ) / np.sqrt(d + 1)
+        return {
+            "weights_x": g["weights"],
+            "means": g["means"],
+            "precisions_cholesky": g["precisions_cholesky"],
+            "center": g["center"],
+            "coef": coef,
+            "weights_y": np.full(self.n_learners, 1.0 / self.n_learners),
+        }
+
+    def _store(self, result: FitResult, model: FedGMMModel) -> None:
+        p = result.params
+        self.params_ = {k: np.asarray(v) for k, v in p.items()}
+        self.weights_x_ = p["weights_x"]
+        self.means_ = p["means"]
+        self.precisions_cholesky_ = p["precisions_cholesky"]
+        self.center_ = p["center"]
+        self.coef_ = p["coef"]
+        self.weights_y_ = p["weights_y"]
+        self.classes_ = np.asarray(self._classes)
+        G = {k: result.S_hat[k] for k in ("nk", "sx", "sxx")}
+        if self.covariance_aggregation == "paper":
+            G["sxx"] = G["sxx"] + model._outer(G["sx"], G["nk"] + 10 * np.finfo(float).eps)
+        _, _, self.covariances_ = gmm_m_step(Stats(G), p["center"], self.covariance_type,
+                                             self.reg_covar)
+        self.lower_bound_ = result.history[-1].objective
+        self.client_ids_ = list(self._runtime.client_ids)
+
+    def _after_load(self) -> None:
+        self.params_ = {
+            "weights_x": self.weights_x_, "means": self.means_,
+            "precisions_cholesky": self.precisions_cholesky_, "center": self.center_,
+            "coef": self.coef_, "weights_y": self.weights_y_,
+        }
+        self.client_ids_ = list(getattr(self, "client_ids_", []) or [])
+
+    # ---- client-side predictors -------------------------------------------------------------
+    def personalize(self, client: str) -> PersonalizedFedGMM:
+        """The predictor of a client seen in training, built on the client's side.
+
+        After an in-process fit, the client's ``pi_c`` is read from its own node object (this
+        is the client's half of the library: nothing crosses the runtime). After :meth:`load`,
+        use :meth:`load_client_weights` with the file the client kept.
+        """
+        check_is_fitted(self)
+        client = str(client)
+        pis = getattr(self, "_client_pi", {})
+        if client in pis:
+            return PersonalizedFedGMM(self, pis[client], client)
+        rt = getattr(self, "_runtime", None)
+        nodes = getattr(rt, "nodes", None)
+        if nodes is None or client not in nodes:
+            known = self.client_ids_ or sorted(pis)
+            raise KeyError(
+                f"unknown client {client!r}: its mixture weights are not available here "
+                f"(clients of this fit: {known[:5]}{'...' if len(known) > 5 else ''}); for a "
+                "new client use adapt(ClientData(X, y))"
+            )
+        return PersonalizedFedGMM(self, nodes[client].state["model/pi"], client)
+
+    def save_client_weights(self, directory: str | Path) -> list[Path]:
+        """Write each client's ``pi_c`` to ``<directory>/<client>.npz`` (what it keeps)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for cid in self.client_ids_:
+            path = directory / f"{cid}.npz"
+            np.savez(path, pi=self.personalize(cid).pi)
+            paths.append(path)
+        return paths
+
+    def load_client_weights(self, client: str, path: str | Path) -> PersonalizedFedGMM:
+        """Attach a client's saved ``pi_c`` (from :meth:`save_client_weights`)."""
+        with np.load(path, allow_pickle=False) as z:
+            pi = np.asarray(z["pi"], dtype=np.float64)
+        M = (len(self.weights_x_), len(self.weights_y_))
+        if pi.shape != M:
+            raise ValueError(f"{path}: pi has shape {pi.shape}, this model needs {M}")
+        if not hasattr(self, "_client_pi"):
+            self._client_pi = {}
+        self._client_pi[str(client)] = pi
+        return PersonalizedFedGMM(self, pi, str(client))
+
+    def adapt(self, client_data: ClientData, n_rounds: int = 20) -> PersonalizedFedGMM:
+        """Learn the mixture weights of a client unseen in training (shared parameters frozen).
+
+        Runs ``n_rounds`` E-steps and ``pi`` updates (lines 6 and 8 of Algorithm 1) on the new
+        client's labelled samples only; nothing is sent.
+
+        Parameters
+        ----------
+        client_data : ClientData with X and y, or a tuple (X, y)
+        n_rounds : int
+
+        Returns
+        -------
+        PersonalizedFedGMM
+        """
+        check_is_fitted(self)
+        if isinstance(client_data, tuple):
+            client_data = ClientData(np.asarray(client_data[0], float), np.asarray(client_data[1]))
+        if client_data.y is None:
+            raise ValueError("adapt needs labelled samples: client_data.y is None")
+        if int(n_rounds) < 1:
+            raise ValueError(f"n_rounds must be >= 1, got {n_rounds!r}")
+        X = self._check_X(client_data.X)
+        y = self._encode(client_data.y)
+        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
+        lpy = lp[np.arange(X.shape[0]), :, y]
+        M1, M2 = len(self.weights_x_), len(self.weights_y_)
+        pi = np.full((M1, M2), 1.0 / (M1 * M2))
+        for _ in range(int(n_rounds)):
+            q, _ = fedgmm_responsibilities(lg, lpy, pi)
+            pi = q.mean(axis=0)
+        return PersonalizedFedGMM(self, pi, None)
+
+    # ---- prediction -----------------------------------------------------------------------
+    def _check_X(self, X) -> np.ndarray:
+        return check_features(self, X)
+
+    def _encode(self, y) -> np.ndarray:
+        y = np.asarray(y)
+        classes = self.classes_
+        idx = np.clip(np.searchsorted(classes, y), 0, len(classes) - 1)
+        bad = classes[idx] != y
+        if np.any(bad):
+            unseen = sorted(set(np.asarray(y)[bad].tolist()))
+            raise ValueError(
+                f"y has labels {unseen} unseen at training (known classes: "
+                f"{classes.tolist()}); drop those rows or refit with classes=..."
+            )
+        return idx
+
+    def _learner(self):
+        if self.learner == "logistic":
+            return None
+        if getattr(self, "_learner_obj", None) is None:
+            from ..torch_learner import TorchMLPLearner
+
+            self._learner_obj = TorchMLPLearner(self.n_features_in_, len(self.classes_),
+                                                **dict(self.learner_params or {}))
+        return self._learner_obj
+
+    def _global_pi(self) -> np.ndarray:
+        return np.outer(self.weights_x_, self.weights_y_)
+
+    def _pi_for(self, client) -> np.ndarray:
+        check_is_fitted(self)
+        return self._global_pi() if client is None else self.personalize(client).pi
+
+    def _predict_proba_pi(self, X, pi) -> np.ndarray:
+        X = self._check_X(X)
+        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
+        return np.exp(fedgmm_predict_log_proba(lg, lp, pi)[0])
+
+    def _score_pi(self, X, y, pi) -> pd.DataFrame:
+        X = self._check_X(X)
+        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
+        lpk, log_px = fedgmm_predict_log_proba(lg, lp, pi)
+        out = {"log_px": log_px}
+        if y is not None:
+            yc = self._encode(y)
+            if yc.shape[0] != X.shape[0]:
+                raise ValueError(f"y has {yc.shape[0]} labels for {X.shape[0]} rows of X")
+            out["log_py_given_x"] = lpk[np.arange(X.shape[0]), yc]
+            out["log_pxy"] = out["log_px"] + out["log_py_given_x"]
+        return pd.DataFrame(out)
+
+    def predict_proba(self, X, client: str | None = None) -> np.ndarray:
+        """``P_c(y | x)`` by eq. (3) for a known client (global weights when None)."""
+        return self._predict_proba_pi(X, self._pi_for(client))
+
+    def predict(self, X, client: str | None = None) -> np.ndarray:
+        """Most probable label for a known client (global weights when None)."""
+        proba = self.predict_proba(X, client)
+        return self.classes_[proba.argmax(axis=1)]
+
+    def score_samples(self, X, y=None, client: str | None = None) -> pd.DataFrame:
+        """Novelty scores per sample: ``log_px``, ``log_py_given_x``, ``log_pxy``.
+
+        With ``client=None`` the mixture weights are the product of the federated marginals
+        ``weights_x_ (x) weights_y_`` (see the module notes); with a known client, its ``pi_c``.
+        ``log_py_given_x`` and ``log_pxy`` need ``y``.
+        """
+        return self._score_pi(X, y, self._pi_for(client))
+
+    def _predict_client(self, client: str, data: ClientData) -> np.ndarray:
+        """A client seen in training predicts with its own ``pi_c`` where it is available
+        (in-process, or attached with :meth:`load_client_weights`); others with the global
+        weights."""
+        known = client in getattr(self, "_client_pi", {}) or client in getattr(
+            getattr(self, "_runtime", None), "nodes", {}
+        )
+        return self.predict(data.X, client=client if known else None)
+
+    def score_dataset(self, fd: FederatedDataset) -> float:
+        """Accuracy of :meth:`predict_dataset` on the labels of ``fd``."""
+        y = np.concatenate([np.asarray(cd.y) for _, cd in fd.items()])
+        return float(np.mean(self.predict_dataset(fd) == y))
+
+    def _save_extra(self) -> dict:
+        """Shared parameters only (``.npz`` + ``.json``); clients keep their ``pi_c`` files."""
+        return {"client_ids": list(self.client_ids_)}
+
+    def _load_extra(self, meta: dict) -> None:
+        self.client_ids_ = list(meta.get("client_ids", meta["fitted"].get("client_ids_", [])))

@@ -1,0 +1,193 @@
+"""FedGMM's engine side: client statistics, server M-step and initialization queries."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...data.dataset import ClientData
+from ...engine.model import ClientStep, FederatedModel, register_model
+from ...engine.stats import Stats
+from ..gmm import GMMModel, compute_precision_cholesky, gmm_m_step, gmm_statistics
+from ..logistic import add_intercept, irls_statistics, local_refit, newton_solve
+from .math import fedgmm_log_components, fedgmm_responsibilities
+
+__all__ = ["FedGMMModel"]
+
+_GMM_QUERIES = ("moments", "kmeans", "hard_stats")
+
+
+@register_model
+class FedGMMModel(FederatedModel):
+    """FedGMM math for the engine.
+
+    Config: ``n_input_components``, ``n_learners``, ``classes`` (list of label values),
+    ``covariance_type``, ``reg_covar``, ``l2``, ``learner_update``, ``covariance_aggregation``,
+    ``local_steps``, ``prox``. Client state: ``pi`` of shape (M1, M2).
+    """
+
+    name = "fedgmm"
+
+    def __init__(
+        self,
+        n_input_components: int,
+        n_learners: int,
+        classes: list,
+        covariance_type: str = "full",
+        reg_covar: float = 1e-6,
+        l2: float = 1e-3,
+        learner_update: str = "newton",
+        covariance_aggregation: str = "exact",
+        local_steps: int = 1,
+        prox: float = 0.0,
+        newton_step_max: float | None = 5.0,
+        learner: str = "logistic",
+        learner_params: dict | None = None,
+        n_features: int | None = None,
+    ):
+        super().__init__(
+            n_input_components=int(n_input_components),
+            n_learners=int(n_learners),
+            classes=list(classes),
+            covariance_type=str(covariance_type),
+            reg_covar=float(reg_covar),
+            l2=float(l2),
+            learner_update=str(learner_update),
+            covariance_aggregation=str(covariance_aggregation),
+            local_steps=int(local_steps),
+            prox=float(prox),
+            newton_step_max=None if newton_step_max is None else float(newton_step_max),
+            learner=str(learner),
+            learner_params=dict(learner_params or {}),
+            n_features=None if n_features is None else int(n_features),
+        )
+        self.learner_name = str(learner)
+        self.learner_params = dict(learner_params or {})
+        self.n_features = n_features
+        self._learner_cache = None
+        self.step_max = None if newton_step_max is None else float(newton_step_max)
+        self.M1, self.M2 = int(n_input_components), int(n_learners)
+        self.classes = np.asarray(classes)
+        self.K = len(classes)
+        self.cov_type = covariance_type
+        self.reg = float(reg_covar)
+        self.l2 = float(l2)
+        self.update = learner_update
+        self.cov_agg = covariance_aggregation
+        self.local_steps = int(local_steps)
+        self.prox = float(prox)
+
+    def encode(self, y: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.classes, y)
+
+    def learner(self, n_features: int):
+        """The learner object (None for the built-in logistic regression)."""
+        if self.learner_name == "logistic":
+            return None
+        if self._learner_cache is None:
+            from ..torch_learner import TorchMLPLearner
+
+            self._learner_cache = TorchMLPLearner(n_features, self.K, **self.learner_params)
+        return self._learner_cache
+
+    def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
+        return {"pi": np.full((self.M1, self.M2), 1.0 / (self.M1 * self.M2))}
+
+    def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
+        X = data.X if rows is None else data.X[rows]
+        y = self.encode(data.y if rows is None else data.y[rows])
+        n = X.shape[0]
+        learner = self.learner(X.shape[1])
+        lg, lp = fedgmm_log_components(X, params, self.cov_type, learner)
+        lpy = lp[np.arange(n), :, y]  # (n, M2)
+        q, loglik = fedgmm_responsibilities(lg, lpy, state["pi"])
+        rx, ry = q.sum(axis=2), q.sum(axis=1)
+        stats = dict(gmm_statistics(X, rx, params["center"], self.cov_type))
+        if self.cov_agg == "paper":
+            nk = stats["nk"] + 10 * np.finfo(np.float64).eps
+            stats["sxx"] = stats["sxx"] - self._outer(stats["sx"], nk)
+        Xa = add_intercept(X)
+        coef = params["coef"]
+        lw = ry.sum(axis=0)
+        stats["lw"] = lw
+        if self.update == "newton":
+            P = coef[0].size
+            lb, lH = np.empty((self.M2, P)), np.empty((self.M2, P, P))
+            for m in range(self.M2):
+                lb[m], lH[m] = irls_statistics(Xa, y, ry[:, m], coef[m])
+            stats["lb"], stats["lH"] = lb, lH
+        else:
+            lt = np.empty((self.M2, coef[0].size))
+            for m in range(self.M2):
+                if learner is not None:
+                    lt[m] = lw[m] * learner.refit(X, y, ry[:, m], coef[m], self.l2, self.prox, rng)
+                    continue
+                c_m = local_refit(Xa, y, ry[:, m], coef[m], self.l2 * lw[m], self.local_steps,
+                                  self.prox * lw[m], self.step_max)
+                lt[m] = lw[m] * c_m.ravel()
+            stats["ltheta"] = lt
+        return ClientStep(Stats(stats, copy=False), n, float(loglik.sum()),
+                          {"pi": q.mean(axis=0)})
+
+    def _outer(self, sx: np.ndarray, nk: np.ndarray) -> np.ndarray:
+        """``sx sx^T / nk`` in the layout of ``sxx`` (removes the client's own mean)."""
+        if self.cov_type == "full":
+            return np.einsum("ki,kj->kij", sx, sx) / nk[:, None, None]
+        if self.cov_type == "tied":
+            return (sx / nk[:, None]).T @ sx
+        return sx**2 / nk[:, None]
+
+    def stat_shapes(self, params):
+        M1, d = params["means"].shape
+        sxx = {"full": (M1, d, d), "tied": (d, d), "diag": (M1, d), "spherical": (M1, d)}
+        P = params["coef"][0].size
+        shapes = {"nk": (M1,), "sx": (M1, d), "sxx": sxx[self.cov_type], "lw": (self.M2,)}
+        if self.update == "newton":
+            shapes.update(lb=(self.M2, P), lH=(self.M2, P, P))
+        else:
+            shapes["ltheta"] = (self.M2, P)
+        return shapes
+
+    def server_step(self, S, params, n_total):
+        G = {k: S[k] for k in ("nk", "sx", "sxx")}
+        if self.cov_agg == "paper":
+            nk = G["nk"] + 10 * np.finfo(np.float64).eps
+            G["sxx"] = G["sxx"] + self._outer(G["sx"], nk)
+        wx, means, cov = gmm_m_step(Stats(G, copy=False), params["center"], self.cov_type,
+                                    self.reg)
+        # a component with (almost) no mass keeps its parameters: its ratios are rounding noise
+        dead = S["nk"] * n_total < 1e-8
+        prec = np.array(params["precisions_cholesky"], copy=True)
+        if self.cov_type == "tied" or not dead.any():
+            prec = compute_precision_cholesky(cov, self.cov_type)
+        else:
+            alive = ~dead
+            prec[alive] = compute_precision_cholesky(cov[alive], self.cov_type)
+            means[dead] = params["means"][dead]
+        coef = params["coef"]
+        lw = S["lw"]
+        new = np.empty_like(coef)
+        for m in range(self.M2):
+            if self.update == "newton":
+                new[m] = newton_solve(S["lb"][m], S["lH"][m], self.l2 * lw[m], coef[m].shape)
+                step = np.max(np.abs(new[m] - coef[m]))
+                if self.step_max is not None and step > self.step_max:
+                    # damped Newton (trust region on the coefficients)
+                    new[m] = coef[m] + (new[m] - coef[m]) * (self.step_max / step)
+            elif lw[m] > 0:
+                new[m] = (S["ltheta"][m] / lw[m]).reshape(coef[m].shape)
+            else:
+                new[m] = coef[m]
+        return {
+            "weights_x": wx,
+            "means": means,
+            "precisions_cholesky": prec,
+            "center": params["center"],
+            "coef": new,
+            "weights_y": lw / max(lw.sum(), np.finfo(np.float64).tiny),
+        }
+
+    def client_query(self, name, payload, data, state, rng):
+        if name in _GMM_QUERIES:
+            gm = GMMModel(self.M1, self.cov_type, self.reg)
+            return gm.client_query(name, payload, data, {}, rng)[0], state
+        return super().client_query(name, payload, data, state, rng)
