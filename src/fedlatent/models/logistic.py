@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
+from ..engine.numerics import add_intercept
+
 __all__ = [
     "add_intercept",
     "logistic_log_proba",
@@ -30,11 +32,6 @@ __all__ = [
     "newton_solve",
     "local_refit",
 ]
-
-
-def add_intercept(X: np.ndarray) -> np.ndarray:
-    """``[X, 1]``: shape (n_samples, n_features + 1)."""
-    return np.hstack([X, np.ones((X.shape[0], 1))])
 
 
 def logistic_log_proba(Xa: np.ndarray, coef: np.ndarray) -> np.ndarray:

@@ -62,7 +62,6 @@ Distributions", NeurIPS 2021 (the mixture of learners, ``M1 = 1``).
 """
 
 from .math import _log as _log
-from .math import _logsumexp as _logsumexp
 from .math import fedgmm_log_components, fedgmm_predict_log_proba, fedgmm_responsibilities
 from .model import _GMM_QUERIES as _GMM_QUERIES
 from .model import FedGMMModel

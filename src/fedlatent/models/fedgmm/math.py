@@ -9,17 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.model import Params
+from ...engine.numerics import add_intercept, logsumexp
 from ..gmm import estimate_log_gaussian_prob
-from ..logistic import add_intercept, logistic_log_proba
+from ..logistic import logistic_log_proba
 
 __all__ = ["fedgmm_log_components", "fedgmm_predict_log_proba", "fedgmm_responsibilities"]
-
-
-def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
-    m = np.max(a, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        return np.squeeze(m, axis=axis) + np.log(np.sum(np.exp(a - m), axis=axis))
 
 
 def _log(a: np.ndarray) -> np.ndarray:
@@ -75,7 +69,7 @@ def fedgmm_responsibilities(
     log_lik : ndarray of shape (n_samples,)
     """
     lj = _log(pi)[None] + log_gauss[:, :, None] + log_py[:, None, :]
-    norm = _logsumexp(lj.reshape(lj.shape[0], -1), axis=1)
+    norm = logsumexp(lj.reshape(lj.shape[0], -1), axis=1)
     return np.exp(lj - norm[:, None, None]), norm
 
 
@@ -96,7 +90,7 @@ def fedgmm_predict_log_proba(
     log_px : ndarray of shape (n_samples,)
     """
     # log of sum_{m1} pi(m1, m2) N_m1(x): (n, M2)
-    a = _logsumexp(_log(pi)[None] + log_gauss[:, :, None], axis=1)
-    log_px = _logsumexp(a, axis=1)
-    lpk = _logsumexp(a[:, :, None] + log_proba, axis=1) - log_px[:, None]
+    a = logsumexp(_log(pi)[None] + log_gauss[:, :, None], axis=1)
+    log_px = logsumexp(a, axis=1)
+    lpk = logsumexp(a[:, :, None] + log_proba, axis=1) - log_px[:, None]
     return lpk, log_px

@@ -6,9 +6,10 @@ import numpy as np
 
 from ...data.dataset import ClientData
 from ...engine.model import ClientStep, FederatedModel, register_model
+from ...engine.numerics import add_intercept
 from ...engine.stats import Stats
 from ..gmm import GMMModel, compute_precision_cholesky, gmm_m_step, gmm_statistics
-from ..logistic import add_intercept, irls_statistics, local_refit, newton_solve
+from ..logistic import irls_statistics, local_refit, newton_solve
 from .math import fedgmm_log_components, fedgmm_responsibilities
 
 __all__ = ["FedGMMModel"]
