@@ -1,0 +1,255 @@
+"""What every ``fedlatent`` command shares: options declared once, :func:`fail`, reading a data
+file, and the one handler that turns errors and warnings into one-line messages.
+
+Options are ``Annotated`` types: a command writes ``data: DataOpt`` (required) or
+``seed: SeedOpt = 0`` (with its default).
+
+Every error a user can cause ends the command with one line ``error: ...`` on stderr and a
+non-zero exit code (2; 1 for an unexpected error, which also says how to see its traceback:
+``FEDLATENT_DEBUG=1``). Warnings print as one line ``warning: ...``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import click
+import typer
+from typer.core import TyperGroup
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+    from ..data.dataset import FederatedDataset
+
+__all__ = [
+    "ClientOpt",
+    "CliGroup",
+    "CommandGroup",
+    "ControlVariatesOpt",
+    "DataOpt",
+    "EntityOpt",
+    "FeaturesOpt",
+    "MaxRoundsOpt",
+    "OutDirOpt",
+    "ParticipationOpt",
+    "ProgressOpt",
+    "QuantizeOpt",
+    "SeedOpt",
+    "StepOpt",
+    "TargetOpt",
+    "fail",
+    "file_order",
+    "load_dataset",
+    "one_line",
+    "read_frame",
+    "split_list",
+    "user_errors",
+]
+
+# ---- options -------------------------------------------------------------------------------
+DataOpt = Annotated[
+    Path,
+    typer.Option("--data", help="CSV or Parquet file, one row per sample (per event for HLCR)."),
+]
+ClientOpt = Annotated[
+    str, typer.Option("--client", help="Column with the client (agent, learner) id of each row.")
+]
+FeaturesOpt = Annotated[
+    str | None,
+    typer.Option("--features", help="Comma-separated feature columns (default: all the others)."),
+]
+TargetOpt = Annotated[str | None, typer.Option("--target", help="Response (label) column.")]
+EntityOpt = Annotated[
+    str | None, typer.Option("--entity", help="Entity column (hierarchical data: HLCR).")
+]
+OutDirOpt = Annotated[
+    Path, typer.Option("--out", help="Output directory (model.npz/json, history.csv...).")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random draw of the run.")]
+ParticipationOpt = Annotated[
+    float, typer.Option("--participation", help="Probability that a client takes part in a round.")
+]
+StepOpt = Annotated[
+    float, typer.Option("--step-size", help="Stochastic-approximation step (FedHLCR's gamma).")
+]
+QuantizeOpt = Annotated[
+    int | None, typer.Option("--quantize", help="Quantizer levels (compression); none by default.")
+]
+ControlVariatesOpt = Annotated[bool, typer.Option("--control-variates/--no-control-variates")]
+MaxRoundsOpt = Annotated[
+    int | None, typer.Option("--max-rounds", help="Rounds (iterations, sweeps) at most.")
+]
+ProgressOpt = Annotated[
+    bool | None,
+    typer.Option("--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+]
+
+
+# ---- messages ------------------------------------------------------------------------------
+def one_line(text: object) -> str:
+    """``text`` on one line (newlines and runs of spaces become one space)."""
+    return " ".join(str(text).split())
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print ``error: message`` to stderr and exit non-zero (nothing has been written)."""
+    typer.echo(f"error: {one_line(message)}", err=True)
+    raise typer.Exit(code)
+
+
+def _library_errors() -> tuple[type[BaseException], ...]:
+    from ..data.dataset import DataValidationError
+    from ..engine.loop import FederatedFitError
+    from ..engine.messages import ClientReplyError
+
+    return (ValueError, KeyError, TypeError, OSError, DataValidationError, FederatedFitError,
+            ClientReplyError)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str):
+        return err.args[0]  # str(KeyError) quotes its message
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.strerror}: {err.filename}"
+    return str(err) or type(err).__name__
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    name = "" if category is UserWarning else f"{category.__name__}: "
+    typer.echo(f"warning: {name}{one_line(message)}", err=True)
+
+
+@contextmanager
+def user_errors():
+    """Run a command: warnings as one line each, errors as one ``error:`` line and an exit code.
+
+    ``FEDLATENT_DEBUG=1`` lets exceptions through (with their traceback).
+    """
+    debug = os.environ.get("FEDLATENT_DEBUG", "") not in ("", "0")
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            yield
+        except (click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+            raise
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as err:
+            if debug:
+                raise
+            where = err.ctx.command_path if err.ctx is not None else "fedlatent"
+            fail(f"{err.format_message()} (see '{where} --help')", code=err.exit_code)
+        except click.ClickException as err:
+            fail(err.format_message(), code=err.exit_code)
+        except Exception as err:
+            if debug:
+                raise
+            if isinstance(err, _library_errors()):
+                fail(_describe(err))
+            fail(f"unexpected {type(err).__name__}: {_describe(err)} (rerun with "
+                 "FEDLATENT_DEBUG=1 to see the traceback)", code=1)
+
+
+class CommandGroup(TyperGroup):
+    """A command group whose unknown subcommand is one error line listing what there is."""
+
+    what, listing = "command", "available"
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
+            names = self.list_commands(ctx)
+            close = difflib.get_close_matches(args[0], names, n=1)
+            fail(f"unknown {self.what} {args[0]!r}; {self.listing}: {', '.join(names)}"
+                 + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return super().resolve_command(ctx, args)
+
+
+class CliGroup(CommandGroup):
+    """The root command group: every subcommand runs inside :func:`user_errors`."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(super().list_commands(ctx))
+
+    def invoke(self, ctx: click.Context):
+        with user_errors():
+            return super().invoke(ctx)
+
+
+# ---- data ------------------------------------------------------------------------------------
+def split_list(value: str | None) -> list[str] | None:
+    """``"a, b,c"`` -> ``["a", "b", "c"]``; None or empty -> None."""
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    return items or None
+
+
+_PARQUET = (".parquet", ".pq")
+_CSV = (".csv", ".csv.gz", ".txt", ".tsv")
+
+
+def read_frame(path: Path) -> pd.DataFrame:
+    """The table in a CSV/TSV or Parquet file; exits with one line on anything unreadable."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        fail(f"data file {path} does not exist")
+    if path.is_dir():
+        fail(f"data file {path} is a directory; give a .csv or .parquet file")
+    if path.stat().st_size == 0:
+        fail(f"data file {path} is empty")
+    low = path.name.lower()
+    if not low.endswith(_PARQUET + _CSV):
+        fail(f"cannot read {path}: expected a .csv, .tsv or .parquet file")
+    if low.endswith(_PARQUET):
+        kind = "a Parquet file"
+    else:
+        kind = "a CSV file"
+        if not low.endswith(".gz"):
+            with open(path, "rb") as f:
+                if b"\x00" in f.read(65536):
+                    fail(f"cannot read {path} as {kind}: it holds binary data, not text")
+    try:
+        if low.endswith(_PARQUET):
+            df = pd.read_parquet(path)
+        else:
+            df = pd.read_csv(path, sep="\t" if low.endswith(".tsv") else ",")
+    except (ValueError, OSError) as err:  # ArrowInvalid, ParserError, EmptyDataError, decoding
+        fail(f"cannot read {path} as {kind}: {_describe(err)}")
+    if len(df) == 0:
+        fail(f"data file {path} has no rows (columns: {[str(c) for c in df.columns]})")
+    return df
+
+
+def load_dataset(path: Path, client: str, features: list[str] | str | None = None,
+                 target: str | None = None, entity: str | None = None
+                 ) -> tuple[pd.DataFrame, FederatedDataset]:
+    """The file's table and its federated dataset (DataValidationError names client and column).
+
+    The dataset holds clients sorted by ``str(client id)``, each client's rows in file order;
+    :func:`file_order` maps its rows back to the file's.
+    """
+    from ..data.dataset import FederatedDataset
+
+    df = read_frame(path)
+    if isinstance(features, str):
+        features = split_list(features)
+    fd = FederatedDataset.from_pandas(df, client=client, features=features, target=target,
+                                      entity=entity)
+    return df, fd
+
+
+def file_order(df: pd.DataFrame, client: str) -> np.ndarray:
+    """Row ``i`` of the dataset of :func:`load_dataset` is row ``file_order(df, client)[i]`` of
+    the file."""
+    import numpy as np
+
+    return np.argsort(df[client].astype(str).to_numpy(), kind="stable")

@@ -1,0 +1,68 @@
+"""``fedlatent experiment NAME [--quick] --out DIR``: the paper reproductions of
+:mod:`fedlatent.experiments`, one subcommand each, listed with their descriptions by
+``fedlatent experiment --help``. The list is :func:`fedlatent.experiments.available`: adding a
+module to that package adds its experiments here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import typer
+
+from .common import CommandGroup, SeedOpt
+
+__all__ = ["experiment_app"]
+
+
+class ExperimentGroup(CommandGroup):
+    """One command per experiment, built when asked for (listing imports no experiment)."""
+
+    what = "experiment"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from .. import experiments
+
+        return list(experiments.available())
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        from .. import experiments
+
+        cmd = super().get_command(ctx, name)
+        description = experiments.available().get(name)
+        if cmd is None and description is not None:
+            cmd = _command(name, description)
+            self.add_command(cmd, name)
+        return cmd
+
+
+experiment_app = typer.Typer(
+    cls=ExperimentGroup, no_args_is_help=True,
+    help="Run a paper reproduction: print its table, write it as CSV and its plots to --out.",
+)
+
+
+def _command(name: str, description: str) -> click.Command:
+    sub = typer.Typer(add_completion=False)
+
+    @sub.command(name, help=f"{description}\n\nfedlatent.experiments.{name}(quick, out, "
+                            "random_state): prints the table, writes NAME.csv and plots to --out.",
+                 short_help=description)
+    def run(
+        *,
+        quick: bool = typer.Option(False, "--quick", help="The small size used in tests."),
+        out: Path = typer.Option(Path("experiment-output"), "--out"),
+        seed: SeedOpt = 0,
+    ):
+        import pandas as pd
+
+        from .. import experiments
+
+        table = getattr(experiments, name)(quick=quick, out=out, random_state=seed)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / f"{name}.csv", index=False)
+        with pd.option_context("display.max_rows", 200, "display.width", 160):
+            typer.echo(table.to_string(index=False))
+        typer.echo(f"wrote {out / (name + '.csv')}")
+
+    return typer.main.get_command(sub)

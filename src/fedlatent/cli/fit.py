@@ -1,0 +1,238 @@
+"""``fedlatent fit MODEL``: one command per registered estimator, one fitting and saving path.
+
+The models are those of the registry (:mod:`fedlatent.engine.registry`). A model with a
+hand-written command (:mod:`fedlatent.cli.fit_models`: named options such as ``--components``)
+uses it; every other registered estimator gets a generic command, built on first use from the
+registry entry and the estimator's constructor::
+
+    fedlatent fit NAME --data FILE --client COL [--features a,b] [--target y] [--entity e]
+                       --out DIR [--seed S] [--max-rounds N] [--param key=value ...]
+
+Every fit goes through :func:`fit_and_save`, which writes ``model.npz``/``model.json`` (the
+estimator's own ``save``, no pickle), ``history.csv`` (one row per round), ``clients/`` for an
+estimator whose clients keep their own state in files, and ``roles.json``: the columns the model
+was fitted with, which ``fedlatent predict`` and ``score`` read back.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+
+from .common import (
+    ClientOpt,
+    CommandGroup,
+    DataOpt,
+    EntityOpt,
+    FeaturesOpt,
+    MaxRoundsOpt,
+    OutDirOpt,
+    ProgressOpt,
+    SeedOpt,
+    TargetOpt,
+    fail,
+    load_dataset,
+)
+
+__all__ = ["ROLES_FILE", "FitGroup", "build_estimator", "fit_and_save", "fit_app",
+           "make_federation", "parse_params"]
+
+ROLES_FILE = "roles.json"
+
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option("--param", help="A constructor parameter, NAME=VALUE (VALUE read as JSON when "
+                                 "it is JSON, else as text); repeat for several."),
+]
+
+
+class FitGroup(CommandGroup):
+    """The ``fit`` group: the hand-written commands plus a generic command for every other
+    registered estimator (built when asked for, so ``fit gmm`` imports only what it needs)."""
+
+    what, listing = "model", "registered"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from ..engine.registry import estimator_names
+
+        return sorted(set(super().list_commands(ctx)) | set(estimator_names()))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is None:
+            from ..engine.registry import estimator_entries
+
+            entry = estimator_entries().get(name)
+            if entry is not None:
+                cmd = generic_command(entry)
+                self.add_command(cmd, name)
+        return cmd
+
+
+fit_app = typer.Typer(cls=FitGroup, no_args_is_help=True,
+                      help="Fit a model on a CSV/Parquet file (one command per registered model).")
+
+
+# ---- building the estimator ------------------------------------------------------------------
+def constructor_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The estimator's constructor parameters by name (``self`` and ``*args`` left out)."""
+    sig = inspect.signature(cls.__init__)
+    return {k: p for k, p in sig.parameters.items()
+            if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def _takes_any_keyword(cls: type) -> bool:
+    return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
+
+
+def parse_params(items: list[str] | None, cls: type, name: str) -> dict[str, Any]:
+    """``["n_components=3", "covariance_type=diag"]`` -> constructor keywords (JSON values when
+    they parse as JSON, else text; a JSON object for ``federation`` becomes a Federation)."""
+    known = constructor_parameters(cls)
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            fail(f"--param expects NAME=VALUE, got {item!r}")
+        if key not in known and not _takes_any_keyword(cls):
+            fail(f"--param {key}: {name} ({cls.__name__}) has no parameter {key!r}; its "
+                 f"parameters: {', '.join(known)}")
+        if key in out:
+            fail(f"--param {key} is given twice")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        if key == "federation" and isinstance(value, dict):
+            from ..engine.federation import Federation
+
+            value = Federation.from_config(value)
+        out[key] = value
+    return out
+
+
+def build_estimator(cls: type, params: dict[str, Any], name: str = ""):
+    """``cls(**params)``, with ``max_rounds`` passed as ``max_iter`` to a constructor that still
+    names it so; a required parameter that is missing is named."""
+    known = constructor_parameters(cls)
+    params = dict(params)
+    if "max_rounds" in params and "max_rounds" not in known and "max_iter" in known:
+        params["max_iter"] = params.pop("max_rounds")
+    missing = [k for k, p in known.items() if p.default is p.empty and k not in params]
+    if missing:
+        fail(f"{name or cls.__name__} needs " + ", ".join(f"--param {k}=VALUE" for k in missing))
+    return cls(**params)
+
+
+def make_federation(participation: float, step_size: float, quant_levels: int | None,
+                    control_variates: bool, seed: int | None):
+    """The Federation of the command-line options, validated (ValueError names the setting)."""
+    from ..engine.federation import Federation, Quantizer
+
+    fed = Federation(
+        participation=participation,
+        step_size=step_size,
+        quantizer=Quantizer(quant_levels) if quant_levels else None,
+        control_variates=control_variates,
+        random_state=seed,
+    )
+    fed.validate()
+    return fed
+
+
+# ---- the one fitting and saving path ---------------------------------------------------------
+def fit_and_save(est, fd, out: Path, roles: dict[str, Any]) -> list[str]:
+    """Fit ``est`` on ``fd`` and write it to ``out`` (created only once the fit succeeded).
+
+    Returns the names written: ``model.npz``, ``model.json``, ``history.csv`` (when the estimator
+    keeps a history), ``clients/`` (when its clients keep their own state: ``save_client_weights``)
+    and ``roles.json`` (the columns of the fit: client, features, target, entity).
+    """
+    est.fit(fd)
+    out.mkdir(parents=True, exist_ok=True)
+    est.save(out / "model")
+    written = ["model.npz", "model.json"]
+    history = getattr(est, "history_", None)
+    if history is not None:
+        frame = history.to_frame() if hasattr(history, "to_frame") else history
+        frame.to_csv(out / "history.csv", index=False)
+        written.append("history.csv")
+    if hasattr(est, "save_client_weights"):
+        est.save_client_weights(out / "clients")
+        written.append("clients/")
+    roles = {**roles, "features": [str(f) for f in fd.feature_names]}
+    (out / ROLES_FILE).write_text(json.dumps(roles, indent=1) + "\n")
+    written.append(ROLES_FILE)
+    return written
+
+
+def roles_of(entry_name: str, client: str, target: str | None, entity: str | None) -> dict:
+    return {"estimator": entry_name, "client": client, "target": target, "entity": entity}
+
+
+def echo_written(out: Path, written: list[str]) -> None:
+    typer.echo("wrote " + ", ".join(str(out / w) for w in written))
+
+
+# ---- the generic command -------------------------------------------------------------------
+def _help(entry) -> str:
+    params = ", ".join(
+        k if p.default is p.empty else f"{k}={p.default!r}"
+        for k, p in constructor_parameters(entry.cls).items()
+    )
+    needs = [opt for opt, flag in (("--target", entry.target), ("--entity", entry.entity)) if flag]
+    need = f" Needs {' and '.join(needs)}." if needs else ""
+    return (f"{entry.description or entry.cls.__name__}.{need}\n\n"
+            f"Parameters of {entry.cls.__name__} (--param NAME=VALUE): {params}.")
+
+
+def generic_command(entry) -> click.Command:
+    """``fedlatent fit NAME`` for a registered estimator without a hand-written command."""
+    sub = typer.Typer(add_completion=False)
+
+    @sub.command(entry.name, help=_help(entry), short_help=entry.description)
+    def fit_generic(
+        *,
+        data: DataOpt,
+        client: ClientOpt,
+        features: FeaturesOpt = None,
+        target: TargetOpt = None,
+        entity: EntityOpt = None,
+        out: OutDirOpt,
+        seed: SeedOpt = 0,
+        max_rounds: MaxRoundsOpt = None,
+        param: ParamOpt = None,
+        progress: ProgressOpt = None,
+    ):
+        if entry.target and target is None:
+            fail(f"fit {entry.name} needs --target COLUMN (the response)")
+        if entry.entity and entity is None:
+            fail(f"fit {entry.name} needs --entity COLUMN (the entity of each row)")
+        params = parse_params(param, entry.cls, entry.name)
+        known = constructor_parameters(entry.cls)
+        for key, value in (("random_state", seed), ("max_rounds", max_rounds),
+                           ("verbose", progress)):  # --param wins over the option
+            if value is None:
+                continue
+            if key in known or (key == "max_rounds" and "max_iter" in known):
+                params.setdefault(key, value)
+            elif key == "max_rounds":
+                warnings.warn(f"{entry.cls.__name__} has no rounds; --max-rounds is ignored",
+                              stacklevel=1)
+        est = build_estimator(entry.cls, params, entry.name)
+        _, fd = load_dataset(data, client, features, target=target, entity=entity)
+        written = fit_and_save(est, fd, out, roles_of(entry.name, client, target, entity))
+        typer.echo(f"{type(est).__name__}: {fd.n_clients} clients, {fd.n_samples} samples, "
+                   f"{fd.n_features} features")
+        if hasattr(est, "n_iter_"):
+            typer.echo(f"rounds: {est.n_iter_}  converged: {getattr(est, 'converged_', '?')}")
+        echo_written(out, written)
+
+    return typer.main.get_command(sub)

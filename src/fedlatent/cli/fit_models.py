@@ -1,0 +1,242 @@
+"""The hand-written ``fit`` commands: models whose options have their own names
+(``fit gmm --components``, ``fit fedgmm --learners``, ``fit hlcr --clusters``, ``fit sec
+--candidates``) and whose summaries or extra files are their own. Each builds its estimator and
+calls the one path :func:`fedlatent.cli.fit.fit_and_save`; any other registered model gets the
+generic command of :mod:`fedlatent.cli.fit`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import typer
+
+from .common import (
+    ClientOpt,
+    ControlVariatesOpt,
+    DataOpt,
+    FeaturesOpt,
+    MaxRoundsOpt,
+    OutDirOpt,
+    ParticipationOpt,
+    ProgressOpt,
+    QuantizeOpt,
+    SeedOpt,
+    StepOpt,
+    TargetOpt,
+    load_dataset,
+    split_list,
+)
+from .fit import build_estimator, echo_written, fit_and_save, fit_app, make_federation, roles_of
+
+__all__: list[str] = []  # the commands are registered on fit_app
+
+
+@fit_app.command("gmm")
+def fit_gmm(
+    *,
+    data: DataOpt,
+    client: ClientOpt,
+    features: FeaturesOpt = None,
+    components: int = typer.Option(..., "--components", "-k", help="Number of components."),
+    covariance_type: str = typer.Option("full", "--covariance-type"),
+    participation: ParticipationOpt = 1.0,
+    step_size: StepOpt = 1.0,
+    quant_levels: QuantizeOpt = None,
+    control_variates: ControlVariatesOpt = True,
+    max_rounds: MaxRoundsOpt = 100,
+    tol: float = typer.Option(1e-3, "--tol"),
+    seed: SeedOpt = 0,
+    out: OutDirOpt,
+    progress: ProgressOpt = None,
+):
+    """Fit a federated Gaussian mixture; write model.npz/json and history.csv to --out."""
+    import numpy as np
+
+    from ..models.gmm import FederatedGaussianMixture
+
+    _, fd = load_dataset(data, client, features)
+    fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
+    gm = build_estimator(FederatedGaussianMixture, dict(
+        n_components=components, covariance_type=covariance_type, max_rounds=max_rounds,
+        tol=tol, federation=fed, random_state=seed, verbose=progress))
+    written = fit_and_save(gm, fd, out, roles_of("gmm", client, None, None))
+    typer.echo(
+        f"FederatedGaussianMixture: {fd.n_clients} clients, {fd.n_samples} samples, "
+        f"{fd.n_features} features, K={components} ({covariance_type})"
+    )
+    typer.echo(f"rounds: {gm.n_rounds_}  converged: {gm.converged_}  "
+               f"mean log-likelihood: {gm.lower_bound_:.6f}")
+    with np.printoptions(precision=4, suppress=True):
+        typer.echo(f"weights: {gm.weights_}")
+    echo_written(out, written)
+
+
+@fit_app.command("fedgmm")
+def fit_fedgmm(
+    *,
+    data: DataOpt,
+    client: ClientOpt,
+    target: TargetOpt,
+    features: FeaturesOpt = None,
+    input_components: int = typer.Option(3, "--input-components", help="M1."),
+    learners: int = typer.Option(3, "--learners", help="M2."),
+    covariance_type: str = typer.Option("full", "--covariance-type"),
+    reg_covar: float = typer.Option(1e-6, "--reg-covar"),
+    l2: float = typer.Option(1e-3, "--l2"),
+    learner_update: str = typer.Option("newton", "--learner-update", help="newton | average"),
+    covariance_aggregation: str = typer.Option("exact", "--covariance-aggregation",
+                                               help="exact | paper"),
+    participation: ParticipationOpt = 1.0,
+    step_size: StepOpt = 1.0,
+    quant_levels: QuantizeOpt = None,
+    control_variates: ControlVariatesOpt = True,
+    max_rounds: MaxRoundsOpt = 100,
+    tol: float = typer.Option(1e-4, "--tol"),
+    seed: SeedOpt = 0,
+    out: OutDirOpt,
+    progress: ProgressOpt = None,
+):
+    """Fit FedGMM; write the shared model, history.csv and one weights file per client."""
+    from ..models.fedgmm import FedGMM
+
+    _, fd = load_dataset(data, client, features, target)
+    fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
+    est = build_estimator(FedGMM, dict(
+        n_input_components=input_components, n_learners=learners,
+        covariance_type=covariance_type, reg_covar=reg_covar, l2=l2,
+        learner_update=learner_update, covariance_aggregation=covariance_aggregation,
+        federation=fed, max_rounds=max_rounds, tol=tol, random_state=seed, verbose=progress))
+    written = fit_and_save(est, fd, out, roles_of("fedgmm", client, target, None))
+    typer.echo(
+        f"FedGMM: {fd.n_clients} clients, {fd.n_samples} samples, {fd.n_features} features, "
+        f"M1={input_components}, M2={learners}, classes {est.classes_.tolist()}"
+    )
+    typer.echo(f"rounds: {est.n_rounds_}  converged: {est.converged_}  "
+               f"mean log h_c(x, y): {est.lower_bound_:.6f}")
+    echo_written(out, written)
+
+
+@fit_app.command("hlcr")
+def fit_hlcr(
+    *,
+    data: DataOpt,
+    client: ClientOpt,
+    entity: str = typer.Option(..., "--entity", help="Column with the entity id."),
+    target: TargetOpt,
+    features: FeaturesOpt = None,
+    clusters: int = typer.Option(..., "--clusters", "-k", help="Number of clusters K."),
+    alpha: float = typer.Option(1.0, "--alpha"),
+    beta: float = typer.Option(1.0, "--beta"),
+    delta: float = typer.Option(1.0, "--delta", help="Prior std of the coefficients."),
+    sigma: float = typer.Option(1.0, "--sigma", help="Noise std (> 0)."),
+    solver: str = typer.Option("federated", "--solver", help="federated | gibbs"),
+    max_rounds: MaxRoundsOpt = 20,
+    max_iter: int | None = typer.Option(None, "--max-iter", hidden=True,
+                                        help="Deprecated: --max-rounds."),
+    participation: ParticipationOpt = 1.0,
+    step_size: StepOpt = 1.0,
+    quant_levels: QuantizeOpt = None,
+    control_variates: ControlVariatesOpt = False,
+    fit_intercept: bool = typer.Option(True, "--intercept/--no-intercept"),
+    seed: SeedOpt = 0,
+    out: OutDirOpt,
+    progress: ProgressOpt = None,
+):
+    """Fit HLCR (gibbs) or FedHLCR (federated); write model.npz/json and history.csv."""
+    import numpy as np
+
+    from ..models.hlcr import HLCR
+
+    if max_iter is not None:
+        warnings.warn("--max-iter is deprecated; use --max-rounds", FutureWarning, stacklevel=1)
+        max_rounds = max_iter
+    _, fd = load_dataset(data, client, features, target=target, entity=entity)
+    fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
+    est = build_estimator(HLCR, dict(
+        n_clusters=clusters, alpha=alpha, beta=beta, delta=delta, sigma=sigma, solver=solver,
+        max_rounds=max_rounds, federation=fed, fit_intercept=fit_intercept, random_state=seed,
+        verbose=progress))
+    written = fit_and_save(est, fd, out, roles_of("hlcr", client, target, entity))
+    typer.echo(
+        f"HLCR ({solver}): {fd.n_clients} agents, {len(est.labels_)} agent-entity pairs, "
+        f"{fd.n_samples} events, {fd.n_features} features, K={clusters}"
+    )
+    typer.echo(f"iterations: {est.n_rounds_}  converged: {est.converged_}  "
+               f"training MSE: {est.history_.train_mse[-1]:.6g}")
+    with np.printoptions(precision=4, suppress=True):
+        typer.echo(f"entities per cluster: {est.cluster_counts_}")
+    echo_written(out, written)
+
+
+@fit_app.command("sec")
+def fit_sec(
+    *,
+    data: DataOpt,
+    client: ClientOpt,
+    target: TargetOpt,
+    features: FeaturesOpt = None,
+    clusters: int = typer.Option(None, "--clusters", "-k",
+                                 help="Number of clusters (default: chosen from the data)."),
+    candidates: str = typer.Option(
+        "default", "--candidates",
+        help="A candidate set (default, fairness, table2-1...) or comma-separated names "
+             "(lasso_cv, rf, linear, ridge, enet, lars, knn, svr, gb, mlp)."),
+    k_selection: str = typer.Option("gap", "--k-selection", help="gap or penalty."),
+    max_clusters: int = typer.Option(10, "--max-clusters"),
+    standardize: bool = typer.Option(True, "--standardize/--no-standardize",
+                                     help="Standardize X and y within each learner."),
+    n_jobs: int = typer.Option(None, "--n-jobs", help="Threads for the exchange."),
+    seed: SeedOpt = 0,
+    out: OutDirOpt,
+):
+    """Cluster learners by their X -> y relationship (SEC); write the model and similarities.
+
+    Writes model.npz/json, the similarity matrix (similarity.csv), a heat map (similarity.png)
+    and the labels (clusters.csv).
+    """
+    import pandas as pd
+
+    from ..models.sec import CANDIDATE_SETS, SEC
+
+    _, fd = load_dataset(data, client, features, target=target)
+    names = split_list(candidates) or ["default"]
+    spec = names[0] if len(names) == 1 and names[0] in CANDIDATE_SETS else names
+    sec = build_estimator(SEC, dict(
+        candidates=spec, n_clusters=clusters, k_selection=k_selection, max_clusters=max_clusters,
+        standardize=standardize, n_jobs=n_jobs, random_state=seed))
+    written = fit_and_save(sec, fd, out, roles_of("sec", client, target, None))
+    ids = sec.learner_ids_
+    pd.DataFrame(sec.similarity_, index=ids, columns=ids).to_csv(out / "similarity.csv")
+    pd.DataFrame({"learner": ids, "cluster": sec.labels_, "selected": sec.selected_,
+                  "n_samples": sec.n_samples_, "in_sample_mse": sec.errors_}).to_csv(
+        out / "clusters.csv", index=False)
+    _similarity_heatmap(sec, out / "similarity.png")
+    typer.echo(f"SEC: {len(ids)} learners, {fd.n_samples} samples, {fd.n_features} features; "
+               f"K = {sec.n_clusters_}" + (" (given)" if clusters else f" ({k_selection})"))
+    for k, members in sec.clusters().items():
+        typer.echo(f"cluster {k} ({len(members)}): {', '.join(members)}")
+    echo_written(out, [*written, "similarity.csv", "similarity.png", "clusters.csv"])
+
+
+def _similarity_heatmap(sec, path: Path) -> None:
+    """SEC's similarity matrix, learners ordered by cluster."""
+    import numpy as np
+
+    from ..plotting import pyplot
+
+    plt = pyplot()
+    ids = sec.learner_ids_
+    order = np.argsort(sec.labels_, kind="stable")
+    L = len(ids)
+    fig, ax = plt.subplots(figsize=(min(2 + 0.25 * L, 12), min(1.6 + 0.25 * L, 11)))
+    im = ax.imshow(sec.similarity_[np.ix_(order, order)], cmap="viridis", vmin=0, vmax=1)
+    if L <= 60:
+        ax.set_xticks(range(L), [ids[i] for i in order], rotation=90, fontsize=6)
+        ax.set_yticks(range(L), [ids[i] for i in order], fontsize=6)
+    ax.set_title(f"SEC similarity exp(-a V), a = {sec.affinity_scale_:.3g}; K = {sec.n_clusters_}")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,275 @@
+"""``fedlatent flower``: run a fit on a Flower deployment.
+
+- ``flower partition`` writes one data file per client (what each site keeps) and prints the
+  ``flower-supernode`` command of each site;
+- ``flower app`` writes the Flower app directory (``pyproject.toml`` with the run config) that
+  ``flwr run`` submits to a SuperLink;
+- ``flower local`` does it all on this machine: partition if needed, start a SuperLink and one
+  SuperNode per client on 127.0.0.1, run, collect the model, and stop every process (also on an
+  error or Ctrl-C).
+
+The model is named as in the registry (``fedlatent fit --help`` lists them) and its parameters
+given as JSON, exactly as the estimator's constructor takes them:
+``--params '{"n_components": 3, "random_state": 0}'``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import typer
+
+from .common import (
+    ClientOpt,
+    CommandGroup,
+    DataOpt,
+    EntityOpt,
+    FeaturesOpt,
+    SeedOpt,
+    TargetOpt,
+    fail,
+    load_dataset,
+    read_frame,
+    split_list,
+)
+
+__all__ = ["flower_app"]
+
+_MODEL = typer.Argument(..., help="Model, a registered name: see 'fedlatent fit --help'.")
+_PARAMS = typer.Option(
+    "{}", "--params",
+    help='Estimator parameters as JSON, e.g. \'{"n_components": 3}\' (its constructor\'s names).',
+)
+_FEDERATION = typer.Option(
+    None, "--federation",
+    help='Federation settings as JSON, e.g. \'{"participation": 0.5}\' (default: plain EM).',
+)
+_MIN_NODES = typer.Option(None, "--min-nodes", help="SuperNodes the server waits for.")
+_ROUND_TIMEOUT = typer.Option(
+    120.0, "--round-timeout", help="Seconds to wait for the replies of one round."
+)
+_NODE_WAIT = typer.Option(120.0, "--node-wait", help="Seconds to wait for --min-nodes nodes.")
+
+
+def _estimator(model: str, params: str, federation: str | None, seed: int | None = None):
+    """The estimator named on the command line; exit with the reason when it cannot be built."""
+    from ..engine.registry import estimator_from_config, estimator_names
+
+    if model not in estimator_names():
+        fail(f"unknown model {model!r}; choose one of {', '.join(estimator_names())}")
+    try:
+        p = json.loads(params)
+    except ValueError as e:
+        fail(f"--params is not valid JSON ({e}): {params!r}")
+    if not isinstance(p, dict):
+        fail(f"--params must be a JSON object like '{{\"n_components\": 3}}'; got {params!r}")
+    if federation:
+        try:
+            p["federation"] = json.loads(federation)
+        except ValueError as e:
+            fail(f"--federation is not valid JSON ({e}): {federation!r}")
+    if seed is not None:
+        p.setdefault("random_state", seed)
+    try:
+        est = estimator_from_config(model, p)
+    except (TypeError, ValueError) as e:
+        fail(f"cannot build {model} from --params/--federation: {e}")
+    return est
+
+
+def _run_config(est, *, result_dir: Path, min_nodes: int, round_timeout: float,
+                node_wait: float, data_name: str = "") -> dict:
+    try:
+        from ..runtime.flower import run_config_for
+    except ImportError as e:  # pragma: no cover - flwr missing
+        fail(f"{e}; install the Flower extra: pip install 'fedlatent[flower]'")
+    if min_nodes < 1:
+        fail(f"--min-nodes must be >= 1, got {min_nodes}")
+    try:
+        return run_config_for(est, out_dir=result_dir, min_nodes=min_nodes,
+                              round_timeout=round_timeout, node_wait=node_wait,
+                              data_name=data_name)
+    except ValueError as e:
+        fail(str(e))
+
+
+def _supernode_command(path: Path, superlink: str, port: int) -> str:
+    node_config = f"data-path={json.dumps(str(path.resolve()))}"
+    return shlex.join(["flower-supernode", "--insecure", "--superlink", superlink,
+                       "--port", str(port), "--node-config", node_config])
+
+
+def _client_dir_files(data: Path) -> list[Path]:
+    files = sorted(data.glob("*.parquet"))
+    if not files:
+        fail(f"{data} holds no .parquet client files; write them with 'fedlatent flower "
+             "partition' or give --data a table file and --client")
+    return files
+
+
+def _split_rows(data: Path, n: int, features: str | None, target: str | None, seed: int):
+    """Rows of a table without a client column shuffled into ``n`` equal clients (features: the
+    numeric columns but the target, unless named)."""
+    import numpy as np
+    import pandas as pd
+
+    from ..data.partition import split_arrays
+
+    df = read_frame(data)
+    cols = split_list(features) or [
+        c for c in df.columns if c != target and pd.api.types.is_numeric_dtype(df[c])
+    ]
+    missing = [c for c in [*cols, *([target] if target else [])] if c not in df.columns]
+    if missing:
+        fail(f"columns {missing} are not in {data}; columns: {list(df.columns)}")
+    if n < 1 or n > len(df):
+        fail(f"--clients must be between 1 and the {len(df)} rows of {data}, got {n}")
+    perm = np.random.default_rng(seed).permutation(len(df))
+    parts = [np.sort(p) for p in np.array_split(perm, n)]
+    fd = split_arrays(df[cols].to_numpy(dtype=np.float64), parts,
+                      None if target is None else df[target].to_numpy(), feature_names=cols)
+    fd.validate()
+    return fd
+
+
+flower_app = typer.Typer(
+    cls=CommandGroup,
+    no_args_is_help=True,
+    help="Run a fit on a Flower deployment (needs the Flower extra of fedlatent).",
+)
+
+
+@flower_app.command("partition")
+def partition(
+    *,
+    data: DataOpt,
+    client: ClientOpt,
+    features: FeaturesOpt = None,
+    target: TargetOpt = None,
+    entity: EntityOpt = None,
+    out: Path = typer.Option(..., "--out", help="Directory for the client files."),
+    superlink: str = typer.Option("127.0.0.1:8000", "--superlink",
+                                  help="SuperLink address shown in the printed commands."),
+):
+    """Write one Parquet file per client and print each site's flower-supernode command."""
+    from ..data.files import write_client_files
+
+    _, fd = load_dataset(data, client, features, target=target, entity=entity)
+    files = write_client_files(fd, out)
+    typer.echo(f"wrote {len(files)} client files to {out}")
+    for i, cid in enumerate(fd.client_ids):
+        typer.echo(f"# client {cid} ({fd[cid].n_samples} rows)")
+        typer.echo(_supernode_command(files[cid], superlink, 9094 + i))
+
+@flower_app.command("app")
+def write_app_cmd(
+    *,
+    model: str = _MODEL,
+    out: Path = typer.Option(..., "--out", help="Directory of the Flower app to write."),
+    params: str = _PARAMS,
+    federation: str | None = _FEDERATION,
+    min_nodes: int = typer.Option(1, "--min-nodes", help="SuperNodes the server waits for."),
+    round_timeout: float = _ROUND_TIMEOUT,
+    node_wait: float = _NODE_WAIT,
+    result_dir: Path | None = typer.Option(
+        None, "--result-dir",
+        help="Where the server app writes status.json, the model and history.csv, on the "
+             "SuperLink's machine (default: <out>/result)."),
+    data_name: str = typer.Option(
+        "", "--data-name",
+        help="File name inside each node's data-path when that names a directory."),
+):
+    """Write a Flower app directory (pyproject.toml + README.md) for `flwr run`."""
+    from ..runtime.flower_local import write_app
+
+    est = _estimator(model, params, federation)
+    result = (result_dir or out / "result").resolve()
+    config = _run_config(est, result_dir=result, min_nodes=min_nodes,
+                         round_timeout=round_timeout, node_wait=node_wait,
+                         data_name=data_name)
+    app_dir = write_app(out, config)
+    typer.echo(f"wrote {app_dir / 'pyproject.toml'} and {app_dir / 'README.md'}")
+    typer.echo(f"run it: flwr run {shlex.quote(str(app_dir))} <connection> --stream")
+    typer.echo(f"results: {result} (status.json, model.npz/json, history.csv)")
+
+@flower_app.command("local")
+def local(
+    *,
+    model: str = _MODEL,
+    data: Path = typer.Option(
+        ..., "--data",
+        help="A table file (with --client, or --clients N to split its rows) or a "
+             "directory of client files from 'fedlatent flower partition'."),
+    clients: int | None = typer.Option(
+        None, "--clients", help="Number of SuperNodes (checked against the client files)."),
+    client: str | None = typer.Option(None, "--client",
+                                      help="Client column of a table file."),
+    features: FeaturesOpt = None,
+    target: TargetOpt = None,
+    entity: EntityOpt = None,
+    params: str = _PARAMS,
+    federation: str | None = _FEDERATION,
+    min_nodes: int | None = _MIN_NODES,
+    round_timeout: float = _ROUND_TIMEOUT,
+    node_wait: float = _NODE_WAIT,
+    timeout: float = typer.Option(3600.0, "--timeout", help="Seconds for the whole run."),
+    seed: SeedOpt = 0,
+    out: Path = typer.Option(..., "--out",
+                             help="Output: result/ (model, history), deploy/ (logs), data/."),
+):
+    """Partition if needed, start a loopback Flower deployment, fit, collect, stop it all."""
+    import signal
+
+    from ..data.files import write_client_files
+    from ..runtime.flower_local import LocalDeployment, run_app, write_app
+
+    est = _estimator(model, params, federation, seed)
+    out = out.resolve()
+    if data.is_dir():
+        files = _client_dir_files(data)
+    elif client is not None:
+        _, fd = load_dataset(data, client, features, target=target, entity=entity)
+        paths = write_client_files(fd, out / "data")
+        files = [paths[c] for c in fd.client_ids]
+    elif clients is not None:
+        if entity is not None:
+            fail("--entity needs --client: entities cannot be split across random clients")
+        fd = _split_rows(data, clients, features, target, seed)
+        paths = write_client_files(fd, out / "data")
+        files = [paths[c] for c in fd.client_ids]
+    else:
+        fail("give --client COLUMN (or --clients N to split the rows) for a table file")
+    if clients is not None and clients != len(files):
+        fail(f"--clients {clients} but the data hold {len(files)} clients")
+    n_min = len(files) if min_nodes is None else min_nodes
+    config = _run_config(est, result_dir=out / "result", min_nodes=n_min,
+                         round_timeout=round_timeout, node_wait=node_wait)
+    app_dir = write_app(out / "app", config)
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    typer.echo(f"starting a SuperLink and {len(files)} SuperNodes on 127.0.0.1 "
+               f"(logs in {out / 'deploy'})")
+    try:
+        with LocalDeployment(files, workdir=out / "deploy") as dep:
+            typer.echo(f"deployment ready in {dep.startup_seconds:.1f} s "
+                       f"(SuperLink {dep.address}, PIDs {dep.pids})")
+            result = run_app(app_dir, dep, timeout=timeout)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: every Flower process stopped", err=True)
+        raise typer.Exit(130) from None
+    except RuntimeError as e:
+        fail(str(e), code=1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    status = json.loads((result / "status.json").read_text())
+    typer.echo(f"run finished in {dep.last_run_seconds:.1f} s: {status.get('rounds')} rounds"
+               + (f", {status['seconds_per_round']:.1f} s per round"
+                  if status.get("seconds_per_round") else ""))
+    if status.get("lost"):
+        typer.echo(f"clients lost on the way: {status['lost']}")
+    typer.echo(f"wrote {result} (model.npz/json, history.csv, status.json)")
