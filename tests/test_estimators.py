@@ -28,7 +28,7 @@ def _lcr_data(seed=0, n_clients=6):
 def _case(name):
     """(estimator, fd, predict(est, X_frame, fd) -> array) for a small problem of each model."""
     if name == "gmm":
-        from conftest import make_blobs_federation
+        from federations import make_blobs_federation
 
         fd = make_blobs_federation(n_clients=8)
         est = fl.FederatedGaussianMixture(3, max_rounds=4, random_state=0, verbose=False)
