@@ -17,14 +17,14 @@ import numpy as np
 
 from fedlatent.data.sec_data import make_sec_simulation1
 from fedlatent.engine import InProcessRuntime
-from fedlatent.models import sec as sec_module
 from fedlatent.models.sec import SEC, make_candidates
+from fedlatent.models.sec import serialize as sec_serialize
 
 
 def clear_caches() -> None:
     """Forget loaded models, so each timed exchange deserializes them as a fresh learner would."""
-    sec_module._cache.clear()
-    sec_module._forest_cache.clear()
+    sec_serialize._cache.clear()
+    sec_serialize._forest_cache.clear()
 
 
 def run(L: int, n_jobs: int, seed: int = 0) -> dict:

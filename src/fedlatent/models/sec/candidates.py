@@ -1,0 +1,278 @@
+"""SEC's Select step: the candidate regressors and the choice among them (eq. 1).
+
+Candidates are scikit-learn regressors (or pipelines ending in one), named by
+:data:`BUILTIN_CANDIDATES` and grouped in :data:`CANDIDATE_SETS`; :func:`make_candidates` resolves
+a specification, :func:`select_model` runs half-half cross-validation on one learner's data.
+
+References
+----------
+Ye, Ghanadan and Ding, "Meta Clustering for Collaborative Learning" (2023), Section 3, eq. (1).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BUILTIN_CANDIDATES",
+    "CANDIDATE_SETS",
+    "make_candidates",
+    "select_model",
+    "standardize_xy",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _lasso_cv():
+    from sklearn.linear_model import LassoCV
+
+    # "LASSO with built-in half-half cross-validation to select the tuning parameter" (Sec. 5.1)
+    return LassoCV(cv=2, alphas=30)
+
+
+def _rf():
+    from sklearn.ensemble import RandomForestRegressor
+
+    return RandomForestRegressor(n_estimators=50, max_depth=3)
+
+
+def _linear():
+    from sklearn.linear_model import LinearRegression
+
+    return LinearRegression()
+
+
+def _ridge():
+    from sklearn.linear_model import RidgeCV
+
+    return RidgeCV()
+
+
+def _enet():
+    from sklearn.linear_model import ElasticNetCV
+
+    return ElasticNetCV(cv=2, alphas=30)
+
+
+def _lars():
+    from sklearn.linear_model import LarsCV
+
+    return LarsCV(cv=2)
+
+
+def _knn():
+    from sklearn.neighbors import KNeighborsRegressor
+
+    return KNeighborsRegressor()
+
+
+def _svr():
+    from sklearn.svm import SVR
+
+    return SVR()
+
+
+def _gb():
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    return GradientBoostingRegressor(n_estimators=50, max_depth=3)
+
+
+def _mlp():
+    from sklearn.neural_network import MLPRegressor
+
+    return MLPRegressor(hidden_layer_sizes=(32,), max_iter=300)
+
+
+#: Built-in candidate regressors by name (a fresh unfitted estimator per call).
+BUILTIN_CANDIDATES: dict[str, Callable[[], Any]] = {
+    "lasso_cv": _lasso_cv,
+    "rf": _rf,
+    "linear": _linear,
+    "ridge": _ridge,
+    "enet": _enet,
+    "lars": _lars,
+    "knn": _knn,
+    "svr": _svr,
+    "gb": _gb,
+    "mlp": _mlp,
+}
+
+#: Named candidate sets: the default of Simulation 1, the fairness example and Table 2's rows.
+CANDIDATE_SETS: dict[str, tuple[str, ...]] = {
+    "default": ("lasso_cv", "rf"),
+    "fairness": ("rf", "linear"),
+    "table2-1": ("gb",),
+    "table2-3": ("rf", "gb", "lasso_cv"),
+    "table2-5": ("rf", "knn", "gb", "lasso_cv", "lars"),
+    "table2-7": ("rf", "knn", "svr", "gb", "lasso_cv", "lars", "enet"),
+    "table2-9": ("rf", "knn", "svr", "mlp", "gb", "lasso_cv", "lars", "enet", "ridge"),
+}
+
+# Fitted models of these kinds store training samples inside the model (support vectors,
+# neighbours, kernel centres): shipping them ships samples.
+_MEMORIZING = ("KNeighborsRegressor", "RadiusNeighborsRegressor", "SVR", "NuSVR",
+               "KernelRidge", "GaussianProcessRegressor")
+
+
+def make_candidates(spec: Any = None) -> list[tuple[str, Any]]:
+    """Resolve a candidate specification into ``[(name, unfitted estimator), ...]``.
+
+    Parameters
+    ----------
+    spec : None, str, sequence or mapping
+        None: the default set (LassoCV and a random forest of 50 trees of depth 3). A string: a
+        set of :data:`CANDIDATE_SETS` or one name of :data:`BUILTIN_CANDIDATES`. A sequence of
+        names and/or scikit-learn regressors (or pipelines ending in one). A mapping
+        ``{name: regressor}``.
+
+    Returns
+    -------
+    list of (str, estimator)
+
+    Raises
+    ------
+    ValueError
+        Unknown name, empty set, duplicate names, or a candidate that is not a regressor.
+    """
+    if spec is None:
+        spec = "default"
+    if isinstance(spec, str):
+        names = CANDIDATE_SETS.get(spec, (spec,))
+        items: list[tuple[str, Any]] = [(n, n) for n in names]
+    elif isinstance(spec, Mapping):
+        items = [(str(k), v) for k, v in spec.items()]
+    elif isinstance(spec, Sequence):
+        items = []
+        for c in spec:
+            items.append((c, c) if isinstance(c, str) else (type(c).__name__, c))
+    else:
+        items = [(type(spec).__name__, spec)]
+    if not items:
+        raise ValueError("the candidate set is empty; give at least one regressor")
+    out: list[tuple[str, Any]] = []
+    for name, c in items:
+        if isinstance(c, str):
+            if c not in BUILTIN_CANDIDATES:
+                raise ValueError(
+                    f"unknown candidate {c!r}; built-in candidates: {sorted(BUILTIN_CANDIDATES)}, "
+                    f"candidate sets: {sorted(CANDIDATE_SETS)}"
+                )
+            c = BUILTIN_CANDIDATES[c]()
+        _check_regressor(name, c)
+        out.append((name, c))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        # make names unique (two LinearRegression objects, say)
+        seen: dict[str, int] = {}
+        fixed = []
+        for n, c in out:
+            seen[n] = seen.get(n, 0) + 1
+            fixed.append((n if seen[n] == 1 else f"{n}_{seen[n]}", c))
+        out = fixed
+    return out
+
+
+def _check_regressor(name: str, est: Any) -> None:
+    from sklearn.base import is_regressor
+
+    ok = hasattr(est, "fit") and hasattr(est, "predict") and hasattr(est, "get_params")
+    if not ok or not is_regressor(est):
+        raise ValueError(
+            f"candidate {name!r} ({type(est).__name__}) is not a scikit-learn regressor; give "
+            "regressors such as LassoCV() or RandomForestRegressor(), or pipelines ending in one"
+        )
+
+
+
+def _seed_estimator(est: Any, rng: np.random.Generator) -> Any:
+    """Give every unset ``random_state`` (nested ones too) an integer drawn from ``rng``."""
+    params = est.get_params(deep=True)
+    upd = {k: int(rng.integers(2**31 - 1)) for k in sorted(params)
+           if (k == "random_state" or k.endswith("__random_state")) and params[k] is None}
+    if upd:
+        est.set_params(**upd)
+    return est
+
+
+def standardize_xy(X: np.ndarray, y: np.ndarray):
+    """Per-learner standardization of X (columns) and y (Section 5: "we standardize x and y").
+
+    Returns
+    -------
+    Xs, ys, x_mean, x_scale, y_mean, y_scale
+        Constant columns get scale 1.
+    """
+    xm = X.mean(0)
+    xs = X.std(0)
+    xs = np.where(xs > 0, xs, 1.0)
+    ym = float(y.mean())
+    ys = float(y.std())
+    ys = ys if ys > 0 else 1.0
+    return (X - xm) / xs, (y - ym) / ys, xm, xs, ym, ys
+
+
+def select_model(
+    X: np.ndarray, y: np.ndarray, candidates: Sequence[tuple[str, Any]], rng: np.random.Generator
+) -> tuple[int, Any, float, np.ndarray]:
+    """Step 1 (Select): half-half cross-validation among candidates, refit on all data.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    y : ndarray of shape (n_samples,)
+    candidates : list of (name, unfitted regressor)
+    rng : Generator
+        Draws the split and the seeds of candidates whose ``random_state`` is unset.
+
+    Returns
+    -------
+    best : int
+        Index of the candidate minimizing the validation MSE, eq. (1).
+    model : fitted estimator
+        The selected candidate refitted on all ``n_samples``.
+    e : float
+        Its in-sample MSE ``e_i``.
+    cv_mse : ndarray of shape (n_candidates,)
+        Validation MSE of each candidate (inf where a candidate failed to fit).
+    """
+    from sklearn.base import clone
+
+    n = X.shape[0]
+    perm = rng.permutation(n)
+    tr, te = perm[: n // 2], perm[n // 2 :]
+    seeds = [int(s) for s in rng.integers(2**31 - 1, size=len(candidates))]
+    cv = np.full(len(candidates), np.inf)
+    for k, (name, cand) in enumerate(candidates):
+        est = _seed_estimator(clone(cand), np.random.default_rng(seeds[k]))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est.fit(X[tr], y[tr])
+                pred = np.asarray(est.predict(X[te]), dtype=np.float64).reshape(-1)
+        except Exception as e:  # a candidate unable to fit this learner is skipped
+            logger.warning("candidate %r failed on a half-split: %s", name, e)
+            continue
+        mse = float(np.mean((y[te] - pred) ** 2))
+        cv[k] = mse if np.isfinite(mse) else np.inf
+    if not np.isfinite(cv).any():
+        raise ValueError("no candidate could be fitted on this learner's data")
+    best = int(np.argmin(cv))
+    model = _seed_estimator(clone(candidates[best][1]), np.random.default_rng(seeds[best]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(X, y)
+    e = float(np.mean((y - np.asarray(model.predict(X), dtype=np.float64).reshape(-1)) ** 2))
+    return best, model, e, cv
+
+
+def _final(est: Any) -> Any:
+    """The last step of a pipeline (the estimator itself otherwise)."""
+    steps = getattr(est, "steps", None)
+    return steps[-1][1] if steps else est

@@ -1,0 +1,143 @@
+"""The learners' side of SEC: :class:`SECModel`, rebuilt by name on every client, answers the
+``select`` and ``exchange`` queries; :func:`check_learner` is the check of one learner's data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...data.dataset import ClientData, DataValidationError
+from ...engine.model import ClientStep, FederatedModel, Params, register_model
+from ...engine.stats import Stats
+from .candidates import _check_regressor, select_model, standardize_xy
+from .serialize import dumps_model, loads_model, predict_many
+
+__all__ = ["MIN_SAMPLES", "SECModel", "check_learner"]
+
+MIN_SAMPLES = 4
+
+
+def _payload_models(payload: Mapping[str, Any], prefix: str) -> list[np.ndarray]:
+    keys = sorted((k for k in payload if k.startswith(prefix + "/")),
+                  key=lambda k: int(k[len(prefix) + 1 :]))
+    return [np.asarray(payload[k], dtype=np.uint8) for k in keys]
+
+
+def check_learner(client: str, X: np.ndarray, y: np.ndarray | None, target: str = "y") -> None:
+    """Raise DataValidationError if a learner cannot take part (no y, < 4 samples, constant y)."""
+    if y is None:
+        raise DataValidationError(
+            f"client {client!r} has no target; SEC clusters regressions and needs y "
+            "(build the dataset with target=...)"
+        )
+    n = X.shape[0]
+    if n < MIN_SAMPLES:
+        raise DataValidationError(
+            f"client {client!r} has {n} samples; SEC needs at least {MIN_SAMPLES} per learner "
+            "(half to fit and half to validate each candidate); merge it with another or drop it"
+        )
+    y = np.asarray(y, dtype=np.float64)
+    if np.ptp(y) == 0:
+        raise DataValidationError(
+            f"client {client!r}: target {target!r} is constant (every value is {y[0]:g}); SEC "
+            "compares regression fits and needs a varying response; drop this learner"
+        )
+
+
+@register_model
+class SECModel(FederatedModel):
+    """The client half of SEC. Not an EM model: it answers two queries and nothing else.
+
+    ``client_query("select", payload)``: the candidates arrive as skops bytes
+    (``payload["candidate/<k>"]``) with their names (``payload["candidate_names"]``, JSON);
+    the learner runs :func:`select_model` on its (standardized) data, keeps the fitted model in
+    its private state and replies ``model`` (skops bytes, uint8), ``e`` (in-sample MSE), ``n``,
+    ``selected`` (index), ``cv_mse`` (validation MSE per candidate) and, when standardizing, its
+    scaling constants ``x_mean``, ``x_scale`` (p-vectors), ``y_mean``, ``y_scale`` (so the
+    server can express the model on the raw scale for prediction).
+
+    ``client_query("exchange", payload)``: other learners' fitted models arrive as
+    ``payload["model/<k>"]``; the learner replies ``loss`` (one MSE per model on its own
+    data). Only models and scalar losses cross; samples never do.
+
+    SEC does not use the federated EM loop: ``client_stats`` returns empty statistics,
+    ``stat_shapes`` is empty and ``server_step`` returns its parameters unchanged.
+
+    Parameters
+    ----------
+    standardize : bool
+        Standardize X and y within each learner before fitting and evaluating (Section 5).
+    """
+
+    name = "sec"
+
+    def __init__(self, standardize: bool = True):
+        super().__init__(standardize=bool(standardize))
+        self.standardize = bool(standardize)
+
+    def _xy(self, data: ClientData):
+        X = np.asarray(data.X, dtype=np.float64)
+        if data.y is None:
+            raise ValueError("SEC needs a target y on every learner")
+        y = np.asarray(data.y, dtype=np.float64).reshape(-1)
+        if self.standardize:
+            return standardize_xy(X, y)
+        return X, y, None, None, None, None
+
+    # ---- EM hooks: unused ------------------------------------------------------------------
+    def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
+        """SEC has no sufficient statistics: an empty step (SEC does not run the EM loop)."""
+        return ClientStep(Stats({}), int(data.n_samples), 0.0, dict(state))
+
+    def stat_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
+        return {}
+
+    def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
+        return dict(params)
+
+    # ---- the protocol ----------------------------------------------------------------------
+    def client_query(self, name, payload, data, state, rng):
+        if name == "select":
+            return self._select(payload, data, state, rng)
+        if name == "exchange":
+            return self._exchange(payload, data, state)
+        return super().client_query(name, payload, data, state, rng)
+
+    def _select(self, payload, data, state, rng):
+        check_learner("this learner", np.asarray(data.X), data.y)
+        X, y, xm, xs, ym, ys = self._xy(data)
+        names = json.loads(str(payload["candidate_names"]))
+        blobs = _payload_models(payload, "candidate")
+        if len(names) != len(blobs) or not blobs:
+            raise ValueError(f"select: {len(blobs)} candidates for {len(names)} names")
+        cands = []
+        for nm, b in zip(names, blobs):
+            est = loads_model(b)
+            _check_regressor(nm, est)
+            cands.append((nm, est))
+        best, model, e, cv = select_model(X, y, cands, rng)
+        blob = dumps_model(model)
+        reply: dict[str, Any] = {
+            "model": blob,
+            "e": float(e),
+            "n": int(X.shape[0]),
+            "selected": int(best),
+            "cv_mse": np.asarray(cv, dtype=np.float64),
+        }
+        if self.standardize:
+            reply.update(x_mean=xm, x_scale=xs, y_mean=float(ym), y_scale=float(ys))
+        new_state = dict(state)
+        new_state["model"] = blob
+        new_state["e"] = np.array(e)
+        return reply, new_state
+
+    def _exchange(self, payload, data, state):
+        X, y, *_ = self._xy(data)
+        models = [loads_model(b) for b in _payload_models(payload, "model")]
+        P = predict_many(models, X)
+        loss = np.mean((y[None, :] - P) ** 2, axis=1)
+        return {"loss": loss}, state
