@@ -104,7 +104,7 @@ def seconds_per_round(entities_per_agent: float, rounds: int = 4, quick=False):
     fd = fl.datasets.make_synthhlcr(
         n_agents=128 if not quick else 16, n_entities=128, entities_per_agent=entities_per_agent,
         events_per_entity=20, n_clusters=16, n_features=10, sigma=1.0, random_state=0)
-    est = fl.HLCR(16, sigma=1.0, max_iter=rounds, tol=0.0, random_state=0)
+    est = fl.HLCR(16, sigma=1.0, max_rounds=rounds, tol=0.0, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est.fit(fd)

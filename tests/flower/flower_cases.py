@@ -35,7 +35,7 @@ def hlcr_case():
     fd = fl.datasets.make_synthhlcr(n_agents=3, n_entities=9, entities_per_agent=4,
                                     events_per_entity=8, n_clusters=2, n_features=3, sigma=0.5,
                                     random_state=3)
-    return fd, lambda: fl.HLCR(n_clusters=2, max_iter=3, sigma=0.5, random_state=13)
+    return fd, lambda: fl.HLCR(n_clusters=2, max_rounds=3, sigma=0.5, random_state=13)
 
 
 def sec_case():

@@ -186,7 +186,7 @@ def test_test_mse_close_to_noise_variance(synth, solver):
     fd, _ = synth
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        mse, fits = _cv_mse(lambda: fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver=solver, max_iter=12,
+        mse, fits = _cv_mse(lambda: fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver=solver, max_rounds=12,
                                             random_state=0), fd)
     assert abs(mse - SIGMA**2) < 0.10 * SIGMA**2
     if solver == "federated":
@@ -197,7 +197,7 @@ def test_test_mse_close_to_noise_variance(synth, solver):
 
 def test_labels_recover_truth_up_to_permutation(synth):
     fd, truth = synth
-    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="federated", max_iter=10,
+    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="federated", max_rounds=10,
                   random_state=1).fit(fd)
     true = np.array([truth["labels"][(a, e)] for a, e in zip(est.pair_agents_,
                                                              est.pair_entities_)])
@@ -213,7 +213,7 @@ def test_federated_first_rounds_match_algorithm3_by_hand(synth):
     # the labels the agents hold (Algorithm 3 line 14/16 with gamma = 1)
     fd, _ = synth
     rt = InProcessRuntime(fd)
-    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, max_iter=3, tol=0.0, random_state=0,
+    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, max_rounds=3, tol=0.0, random_state=0,
                   fit_intercept=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -230,7 +230,7 @@ def test_fedhlcr_converges_with_15_percent_agents(synth, gamma):
     fd, _ = synth
     folds = list(fl.datasets.split_events(fd, 5, random_state=0))
     tr, te = folds[0]
-    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, max_iter=60, random_state=0,
+    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, max_rounds=60, random_state=0,
                   federation=fl.Federation(participation=0.15, step_size=gamma,
                                            control_variates=False)).fit(tr)
     y = np.concatenate([cd.y for _, cd in te.items()])
@@ -244,7 +244,7 @@ def test_fedhlcr_converges_with_15_percent_agents(synth, gamma):
 def test_agents_never_send_labels_or_counts(synth):
     fd, _ = synth
     rt = InProcessRuntime(fd, record=True)
-    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, max_iter=4, tol=0.0, random_state=0,
+    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, max_rounds=4, tol=0.0, random_state=0,
                   federation=fl.Federation(participation=0.5, step_size=0.5,
                                            control_variates=False))
     est.fit(fd, runtime=rt)
@@ -256,6 +256,11 @@ def test_agents_never_send_labels_or_counts(synth):
     for cid, method, msg in ups:
         if method == "setup":
             assert set(msg) == {"n_units"}
+            continue
+        if method == "query":  # the checked initialization exchange: three scalar counts
+            assert set(msg) == {"n_entities", "n_events", "n_features"}
+            assert all(np.ndim(v) == 0 for v in msg.values())
+            assert msg["n_entities"] == len(states[cid]["model/labels"])
             continue
         assert method == "estep" and set(msg) <= allowed
         labels = states[cid]["model/labels"]
@@ -274,7 +279,7 @@ def test_agents_never_send_labels_or_counts(synth):
 # ---------------------------------------------------------------------------------------------
 def test_prediction_for_new_entities_and_agents(synth):
     fd, truth = synth
-    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="gibbs", max_iter=8, random_state=0).fit(fd)
+    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="gibbs", max_rounds=8, random_state=0).fit(fd)
     K = 3
     # new agent, no context: global proportions
     P = est.predict_proba(["zz"], ["e000"])
@@ -310,7 +315,7 @@ def test_prediction_for_new_entities_and_agents(synth):
 
 def test_save_load_roundtrip(synth, tmp_path):
     fd, _ = synth
-    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="gibbs", max_iter=5, random_state=0).fit(fd)
+    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="gibbs", max_rounds=5, random_state=0).fit(fd)
     est.save(tmp_path / "m")
     back = fl.HLCR.load(tmp_path / "m")
     X, a, e = fd[fd.client_ids[0]].X, [fd.client_ids[0]] * 5, fd[fd.client_ids[0]].entity[:5]
@@ -321,8 +326,8 @@ def test_save_load_roundtrip(synth, tmp_path):
 
 def test_gibbs_is_reproducible_and_history_complete(synth):
     fd, _ = synth
-    a = fl.HLCR(3, solver="gibbs", sigma=SIGMA, max_iter=4, tol=0.0, random_state=3).fit(fd)
-    b = fl.HLCR(3, solver="gibbs", sigma=SIGMA, max_iter=4, tol=0.0, random_state=3).fit(fd)
+    a = fl.HLCR(3, solver="gibbs", sigma=SIGMA, max_rounds=4, tol=0.0, random_state=3).fit(fd)
+    b = fl.HLCR(3, solver="gibbs", sigma=SIGMA, max_rounds=4, tol=0.0, random_state=3).fit(fd)
     np.testing.assert_array_equal(a.labels_, b.labels_)
     df = a.history_.to_frame()
     assert len(df) == 4 and df["train_mse"].notna().all() and df["log_joint"].notna().all()
@@ -409,10 +414,10 @@ def test_gram_projection_leaves_exact_sums_alone_and_repairs_inconsistent_ones()
 def test_federated_resume_equals_uninterrupted_run(tmp_path):
     fd = fl.datasets.make_synthhlcr(12, 12, 4, 10, 3, 3, sigma=0.5, random_state=0)
     fed = fl.Federation(participation=0.5, step_size=0.5, control_variates=False)
-    a = fl.HLCR(3, sigma=0.5, max_iter=8, tol=0.0, federation=fed, random_state=0).fit(fd)
-    b = fl.HLCR(3, sigma=0.5, max_iter=4, tol=0.0, federation=fed, random_state=0)
+    a = fl.HLCR(3, sigma=0.5, max_rounds=8, tol=0.0, federation=fed, random_state=0).fit(fd)
+    b = fl.HLCR(3, sigma=0.5, max_rounds=4, tol=0.0, federation=fed, random_state=0)
     b.fit(fd, checkpoint=tmp_path / "ck", checkpoint_every=1)
-    b.max_iter = 8
+    b.max_rounds = 8
     b.fit(fd, checkpoint=tmp_path / "ck", resume=True)
     np.testing.assert_array_equal(a.labels_, b.labels_)
     np.testing.assert_array_equal(a.precisions_, b.precisions_)
@@ -422,11 +427,11 @@ def test_federated_resume_equals_uninterrupted_run(tmp_path):
 
 def test_gibbs_burn_in_labels_are_the_modal_labels_with_matching_statistics(synth):
     fd, _ = synth
-    est = fl.HLCR(3, sigma=SIGMA, solver="gibbs", max_iter=6, burn_in=2, tol=0.0,
+    est = fl.HLCR(3, sigma=SIGMA, solver="gibbs", max_rounds=6, burn_in=2, tol=0.0,
                   random_state=0, fit_intercept=False).fit(fd)
     stats = [entity_statistics(cd.X, cd.y, cd.entity)[1:] for _, cd in fd.items()]
     st = gibbs_init(stats, 3, 1.0, SIGMA, np.random.default_rng(0), labels=est.labels_)
     np.testing.assert_allclose(est.precisions_, st["D"], rtol=1e-12)
     np.testing.assert_array_equal(est.cluster_counts_, st["Nk"])
-    with pytest.raises(ValueError, match=r"burn_in must be None or in \[0, max_iter=6\)"):
-        fl.HLCR(3, solver="gibbs", max_iter=6, burn_in=6).fit(fd)
+    with pytest.raises(ValueError, match=r"burn_in must be None or in \[0, max_rounds=6\)"):
+        fl.HLCR(3, solver="gibbs", max_rounds=6, burn_in=6).fit(fd)

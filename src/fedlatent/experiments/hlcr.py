@@ -34,8 +34,8 @@ def _targets(fd) -> np.ndarray:
     return np.concatenate([cd.y for _, cd in fd.items()]).astype(np.float64)
 
 
-def _fit(train, K, sigma, max_iter, seed, federation=None, tol=1e-6):
-    est = HLCR(K, alpha=1.0, beta=1.0, delta=1.0, sigma=sigma, max_iter=max_iter, tol=tol,
+def _fit(train, K, sigma, max_rounds, seed, federation=None, tol=1e-6):
+    est = HLCR(K, alpha=1.0, beta=1.0, delta=1.0, sigma=sigma, max_rounds=max_rounds, tol=tol,
                federation=federation, random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

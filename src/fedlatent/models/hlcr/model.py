@@ -1,0 +1,159 @@
+"""HLCR on the engine: FedHLCR (Algorithm 3), the model every agent rebuilds by name.
+
+All a client process imports for HLCR: this module, :mod:`.math` and :mod:`.kernels` (no
+scikit-learn, no estimator).
+
+References
+----------
+Yang, Carette, Jimbo, Maruyama. "Federated Latent Class Regression for Hierarchical Data"
+(2022): Algorithm 3, eqs. (1)-(2), Theorem 1.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ...data.dataset import ClientData
+from ...engine.model import ClientStep, FederatedModel, Params, register_model
+from ...engine.numerics import add_intercept
+from ...engine.stats import Stats
+from .math import (
+    entity_log_marginal,
+    entity_sse,
+    entity_statistics,
+    posterior_means,
+    project_gram_psd,
+    sample_local_labels,
+)
+
+__all__ = ["SIZES_QUERY", "HLCRModel"]
+
+logger = logging.getLogger(__name__)
+
+#: the initialization query: each agent's entity and event counts and its feature width
+SIZES_QUERY = "sizes"
+
+
+@register_model
+class HLCRModel(FederatedModel):
+    """FedHLCR on the engine. A unit is an entity; an agent sends per-cluster sums.
+
+    Statistics an agent sends (sums over its entities labelled k): ``XtX`` (K, F, F), ``Xty``
+    (K, F), ``yty`` (K,), ``n_events`` (K,), ``n_entities`` (K,), ``sse`` (K,) (squared error
+    of the events under the broadcast posterior means, for the training MSE). Labels and the
+    agent's counts ``N_i^(k)`` stay in its state (``labels``) and are never sent.
+
+    Parameters sent down: ``D`` (K, F, F), ``c`` (K, F), ``counts`` (K,) (global ``N^(k)``),
+    ``coef`` (K, F) posterior means, ``train_mse`` (scalar).
+
+    Differences with Algorithm 3, all documented in the README:
+
+    - The engine aggregates mean statistics and rescales by the participation probability:
+      ``S <- S + gamma/p * sum_{c in A} w_c (S_c - S)`` (unbiased for the full-participation
+      update). The paper adds the raw sums of the sampled agents, ``S <- (1 - gamma) S + gamma
+      sum_{c in A} s_c``, whose fixed point is ``f * S_full`` (a fraction f of the data against
+      the same prior). With ``p = 1`` both are ``(1 - gamma) S + gamma S_full``.
+    - When ``gamma/p * sum_A w_c > 1`` the engine's update can leave a smoothed ``X^T X`` that
+      is not positive semi-definite; the server step then projects it on the PSD cone (and
+      counts on [0, inf)) so that ``D_k`` stays a precision. This is logged.
+    - Agents sample labels in turn with their own counts ``N_i^(k)`` (the entity itself
+      excluded) and the broadcast global counts ``N^(k)``; the entity's data are not removed
+      from the broadcast statistics before sampling (as the paper says for FedHLCR).
+    """
+
+    name = "hlcr"
+
+    def __init__(self, n_clusters: int, alpha: float, beta: float, delta: float, sigma: float,
+                 fit_intercept: bool = True, n_features: int = 1):
+        super().__init__(n_clusters=int(n_clusters), alpha=float(alpha), beta=float(beta),
+                         delta=float(delta), sigma=float(sigma), fit_intercept=bool(fit_intercept),
+                         n_features=int(n_features))
+        self.K = int(n_clusters)
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.delta, self.sigma = float(delta), float(sigma)
+        self.fit_intercept = bool(fit_intercept)
+        self.F = int(n_features) + int(self.fit_intercept)
+
+    # ---- client side ----------------------------------------------------------------------
+    def _entity_stats(self, data: ClientData):
+        # an agent's entity statistics do not change between rounds: computed once per data
+        cache = getattr(self, "_cache", None)
+        if cache is not None and cache[0] is data:
+            return cache[1]
+        cats = getattr(data.entity, "categories", None)
+        out = entity_statistics(add_intercept(data.X, self.fit_intercept), data.y,
+                                data.entity if cats is None else np.asarray(data.entity),
+                                categories=cats)
+        self._cache = (data, out)
+        return out
+
+    def n_units(self, data: ClientData) -> int:
+        return len(self._entity_stats(data)[0])
+
+    def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
+        return {"labels": np.full(self.n_units(data), -1, dtype=np.int64)}
+
+    def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
+        _, XtX, Xty, yty, n = self._entity_stats(data)
+        E = len(n)
+        labels = np.asarray(state.get("labels", np.full(E, -1)), dtype=np.int64)
+        rows = np.arange(E) if rows is None else np.asarray(rows, dtype=np.int64)
+        loglik = entity_log_marginal(XtX[rows], Xty[rows], yty[rows], n[rows], params["D"],
+                                     params["c"], self.sigma)
+        full = np.zeros((E, self.K))
+        full[rows] = loglik
+        z, logprior = sample_local_labels(full, labels, params["counts"], self.alpha, self.beta,
+                                          rng, rows)
+        zr = z[rows]
+        onehot = np.zeros((len(rows), self.K))
+        onehot[np.arange(len(rows)), zr] = 1.0
+        sse = entity_sse(XtX[rows], Xty[rows], yty[rows], params["coef"], zr)
+        stats = Stats({
+            "XtX": np.einsum("ek,eij->kij", onehot, XtX[rows]),
+            "Xty": onehot.T @ Xty[rows],
+            "yty": onehot.T @ yty[rows],
+            "n_events": onehot.T @ n[rows],
+            "n_entities": onehot.sum(axis=0),
+            "sse": onehot.T @ sse,
+        }, copy=False)
+        objective = float(loglik[np.arange(len(rows)), zr].sum() + logprior.sum())
+        return ClientStep(stats, len(rows), objective, {"labels": z})
+
+    # ---- initialization exchange (counts only) ---------------------------------------------
+    def client_query(self, name, payload, data, state, rng):
+        """``"sizes"``: the agent's number of entities and events and its feature width (floats,
+        so that a corrupted reply is caught as non-finite); nothing else is read or changed."""
+        if name == SIZES_QUERY:
+            n = self._entity_stats(data)[4]
+            return {"n_entities": float(len(n)), "n_events": float(n.sum()),
+                    "n_features": float(np.shape(data.X)[1])}, state
+        return super().client_query(name, payload, data, state, rng)
+
+    # ---- server side ----------------------------------------------------------------------
+    def stat_shapes(self, params):
+        K, F = self.K, self.F
+        return {"XtX": (K, F, F), "Xty": (K, F), "yty": (K,), "n_events": (K,),
+                "n_entities": (K,), "sse": (K,)}
+
+    def initial_params(self) -> Params:
+        """Algorithm 3, line 2: ``H = delta^2 I``, ``c = 0`` (no data), zero counts."""
+        K, F = self.K, self.F
+        return {"D": np.tile(np.eye(F) / self.delta**2, (K, 1, 1)), "c": np.zeros((K, F)),
+                "counts": np.zeros(K), "coef": np.zeros((K, F)), "train_mse": np.array(np.nan)}
+
+    def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
+        XtX, Xty, _, bad = project_gram_psd(S["XtX"] * n_total, S["Xty"] * n_total,
+                                            S["yty"] * n_total)
+        if bad.any():
+            logger.debug("hlcr: smoothed statistics of clusters %s not a Gram matrix; "
+                         "projected", np.flatnonzero(bad).tolist())
+        F = self.F
+        D = np.eye(F)[None] / self.delta**2 + XtX / self.sigma**2
+        c = Xty / self.sigma**2
+        counts = np.maximum(S["n_entities"] * n_total, 0.0)
+        n_ev = float(np.maximum(S["n_events"], 0.0).sum())
+        mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
+        return {"D": D, "c": c, "counts": counts, "coef": posterior_means(D, c),
+                "train_mse": np.array(mse)}
