@@ -1,0 +1,47 @@
+"""Latent class regression (a mixture of linear regressions) by federated EM.
+
+Laid out like the Gaussian mixture, the template:
+
+- :mod:`.math`: pure functions (log-densities, statistics, weighted least-squares M-step);
+- :mod:`.model`: the engine side (``LCRModel``: client statistics, M-step, initialization and
+  scoring queries), all a client process imports;
+- :mod:`.estimator`: ``LatentClassRegression``, the scikit-learn estimator (hooks of the base
+  estimator; it never overrides ``fit``), imported on first use.
+
+With full participation and step 1 the iterates are those of centralized EM on the pooled rows.
+"""
+
+from .math import (
+    lcr_log_prob,
+    lcr_m_step,
+    lcr_mixture_mean,
+    lcr_responsibilities,
+    lcr_stat_shapes,
+    lcr_statistics,
+    n_free_parameters,
+    solve_weighted_least_squares,
+)
+from .model import LCRModel
+
+__all__ = [
+    "LCRModel",
+    "LatentClassRegression",
+    "initialize_random_memberships",
+    "lcr_log_prob",
+    "lcr_m_step",
+    "lcr_mixture_mean",
+    "lcr_responsibilities",
+    "lcr_stat_shapes",
+    "lcr_statistics",
+    "n_free_parameters",
+    "solve_weighted_least_squares",
+]
+
+
+def __getattr__(name: str):
+    # the estimator imports scikit-learn: not what a client process needs
+    if name in ("LatentClassRegression", "initialize_random_memberships"):
+        from . import estimator
+
+        return getattr(estimator, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

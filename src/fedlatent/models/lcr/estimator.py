@@ -1,0 +1,433 @@
+"""``LatentClassRegression``: a mixture of linear regressions fitted by federated EM.
+
+The scikit-learn estimator on the base estimator's hooks (it never overrides ``fit``): the
+target is a column of the :class:`~fedlatent.data.FederatedDataset`, the initialization is
+flexmix's random memberships drawn on the clients and summed through the checked exchange, and
+the round loop is the engine's FedEM loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+
+from ...data.dataset import FederatedDataset
+from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
+from ...engine.exchange import array, number
+from ...engine.loop import FitResult
+from ...engine.model import Params
+from ...engine.params import Integer, Real
+from ...engine.registry import register_estimator
+from ...engine.stats import Stats
+from .math import (
+    add_intercept,
+    lcr_log_prob,
+    lcr_m_step,
+    lcr_mixture_mean,
+    lcr_responsibilities,
+    lcr_stat_shapes,
+    logsumexp,
+    n_free_parameters,
+)
+from .model import LCRModel
+
+__all__ = ["LatentClassRegression", "initialize_random_memberships"]
+
+logger = logging.getLogger(__name__)
+
+
+def initialize_random_memberships(ctx: FitContext, n_components: int, n_coef: int,
+                                  reg_noise: float) -> Params:
+    """flexmix's default start (random memberships), federated: every client draws random
+    memberships for each of its rows (uniform on the simplex; its own generator, keyed by the
+    seed, the client and the query), sends the per-component sums, and the server runs the
+    M-step on their total. Soft rather than flexmix's hard random labels, so that no
+    component's sums on a small client are a single record's values.
+
+    Every reply is checked (shapes, finite values, counts >= 0); a client that does not answer
+    or answers badly stops the fit with an error naming it.
+
+    Returns
+    -------
+    dict with ``weights`` (K,), ``beta`` (K, n_coef), ``noise_variance`` (K,)
+    """
+    shapes = lcr_stat_shapes(n_components, n_coef)
+    expect = {"n": number(low=1)}
+    for k, shp in shapes.items():
+        expect[f"stat/{k}"] = array(*shp, low=0 if k in ("nk", "syy") else None)
+    rep = ctx.ask("random_stats", expect=expect,
+                  what="initialization (random memberships)")
+    S = None
+    for c in ctx.client_ids:
+        st = Stats({k: rep[c][f"stat/{k}"] for k in shapes})
+        S = st if S is None else S.add_(st)
+    weights, beta, var = lcr_m_step(S, reg_noise)
+    return {"weights": weights, "beta": beta, "noise_variance": var}
+
+
+def _nearly_identical(params: Params, rel: float = 0.05) -> bool:
+    """Whether every component's line and noise are within ``rel`` of the others' (the
+    symmetric point a random-membership start begins near)."""
+    beta, sd = params["beta"], np.sqrt(params["noise_variance"])
+    scale = float(np.max(np.abs(beta))) + float(np.max(sd))
+    spread = max(float(np.ptp(beta, axis=0).max()), float(np.ptp(sd)))
+    return spread <= rel * scale
+
+
+def _target_problem(cid: str, cd, target: str) -> str | None:
+    """What is wrong with one client's target (None when it is usable)."""
+    if cd.y is None:
+        return f"client {cid!r} has no target {target!r}"
+    y = np.asarray(cd.y)
+    if y.ndim != 1 or y.shape[0] != cd.X.shape[0]:
+        return f"client {cid!r}: target {target!r} has shape {y.shape} for {cd.X.shape[0]} rows"
+    if y.dtype.kind not in "biuf":
+        return (f"client {cid!r}: target {target!r} is not numeric (dtype {y.dtype}); "
+                "encode it as numbers")
+    bad = ~np.isfinite(y.astype(np.float64))
+    if bad.any():
+        return (f"client {cid!r}: target {target!r} has {int(bad.sum())} NaN or infinite "
+                "values; drop those rows before fitting")
+    if y.shape[0] < 1:
+        return f"client {cid!r} has no rows; remove it or give it data"
+    return None
+
+
+@register_estimator(
+    "lcr", target=True,
+    description="Latent class regression: mixture of linear regressions by federated EM",
+)
+class LatentClassRegression(FederatedEstimator):
+    """Latent class regression (a mixture of linear regressions) fitted by federated EM.
+
+    ``p(y | x) = sum_k w_k N(y; x^T coef_k + intercept_k, noise_variance_k)``. Clients send,
+    per component, ``sum r``, ``sum r x~ x~^T``, ``sum r x~ y``, ``sum r y^2`` (``x~ = [x, 1]``)
+    and their summed log-likelihood; the server's M-step is an unregularized weighted
+    least-squares solve per component. With full participation and step 1 the iterates are
+    those of centralized EM on the pooled rows (R's flexmix with ``FLXMRglm()``).
+
+    Parameters
+    ----------
+    n_components : int, default 2
+    fit_intercept : bool, default True
+    max_rounds : int, default 100
+        Rounds at most (round 1 is the E-step at the initial parameters).
+    tol : float, default 1e-3
+        Convergence threshold on the change of the mean per-row log-likelihood.
+    reg_noise : float, default 1e-6
+        Added to every noise variance (a component fitting a few rows exactly would otherwise
+        collapse to a zero variance and an infinite likelihood).
+    weights_init : array-like of shape (n_components,) or None
+    coef_init : array-like of shape (n_components, n_features) or None
+    intercept_init : array-like of shape (n_components,) or None
+        Only with ``fit_intercept=True``.
+    noise_variance_init : array-like of shape (n_components,) or None
+        Explicit initial parameters. When all of them are given (``intercept_init`` only with
+        an intercept) the fit starts there and no initialization exchange runs; otherwise it
+        starts as flexmix does, from random memberships (every client draws memberships of
+        each of its rows uniformly on the simplex, with its own seeded generator, and sends the
+        per-component sums; the server runs the M-step on their total), and the given parts
+        replace the corresponding parts of that start.
+    federation : fl.Federation or None
+        Participation, step size, compression, control variates, variance reduction.
+    random_state : int or None
+
+    Attributes
+    ----------
+    weights_ : ndarray of shape (n_components,)
+    coef_ : ndarray of shape (n_components, n_features)
+    intercept_ : ndarray of shape (n_components,)
+        Zeros when ``fit_intercept=False``.
+    noise_variance_ : ndarray of shape (n_components,)
+    history_ : History
+        One record per round (objective, bytes, participants, seconds...).
+    converged_ : bool
+    n_iter_ : int
+        Rounds run (``n_rounds_`` is an alias).
+    lower_bound_ : float
+        Mean per-row log-likelihood at the last round's broadcast parameters.
+    feature_names_in_, n_features_in_
+
+    Notes
+    -----
+    The random-membership start begins near the symmetric point where every component is the
+    pooled regression, and EM leaves it slowly: with a loose ``tol`` the fit can stop there in
+    a few rounds (a ConvergenceWarning says so). flexmix uses a tolerance of 1e-6; ``tol=1e-6``
+    (or explicit initial parameters) avoids it.
+
+    A component whose responsibility mass becomes (numerically) zero during the rounds keeps
+    its previous coefficients and variance with weight 0 (it then predicts nothing and takes no
+    rows); at initialization an empty component is an error asking for another
+    ``random_state`` or fewer components.
+
+    References
+    ----------
+    DeSarbo, Cron (1988), "A maximum likelihood methodology for clusterwise linear
+    regression", Journal of Classification 5; Leisch (2004), "FlexMix", Journal of Statistical
+    Software 11(8).
+
+    Examples
+    --------
+    >>> import numpy as np, fedlatent as fl
+    >>> rng = np.random.default_rng(0)
+    >>> def client(n):
+    ...     x = rng.uniform(0, 10, size=(n, 1)); z = rng.random(n) < 0.5
+    ...     return x, np.where(z, 5 + 2 * x[:, 0], 15 - x[:, 0]) + rng.normal(size=n)
+    >>> fd = fl.FederatedDataset.from_arrays({c: client(100) for c in range(4)})
+    >>> lcr = fl.LatentClassRegression(2, random_state=0).fit(fd)
+    >>> lcr.coef_.shape
+    (2, 1)
+    """
+
+    _save_arrays = ("weights_", "coef_", "intercept_", "noise_variance_")
+    _score_name = "mean log-likelihood"
+
+    def __init__(
+        self,
+        n_components: int = 2,
+        *,
+        fit_intercept: bool = True,
+        max_rounds: int = 100,
+        tol: float = 1e-3,
+        reg_noise: float = 1e-6,
+        weights_init=None,
+        coef_init=None,
+        intercept_init=None,
+        noise_variance_init=None,
+        federation=None,
+        random_state=None,
+    ):
+        self.n_components = n_components
+        self.fit_intercept = fit_intercept
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.reg_noise = reg_noise
+        self.weights_init = weights_init
+        self.coef_init = coef_init
+        self.intercept_init = intercept_init
+        self.noise_variance_init = noise_variance_init
+        self.federation = federation
+        self.random_state = random_state
+
+    _parameter_constraints = {
+        "n_components": [Integer(1)],
+        "fit_intercept": ["boolean"],
+        "max_rounds": [Integer(1)],
+        "tol": [Real(0)],
+        "reg_noise": [Real(0)],
+        "weights_init": [None, "array-like"],
+        "coef_init": [None, "array-like"],
+        "intercept_init": [None, "array-like"],
+        "noise_variance_init": [None, "array-like"],
+        "random_state": ["random_state"],
+    }
+
+    # ---- validation -------------------------------------------------------------------------
+    def _check_params(self) -> None:
+        K = self.n_components
+        if self.intercept_init is not None and not self.fit_intercept:
+            raise ValueError("intercept_init is given but fit_intercept=False; leave it out or "
+                             "set fit_intercept=True")
+        if self.weights_init is not None:
+            w = np.asarray(self.weights_init, float)
+            if w.shape != (K,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+                raise ValueError(
+                    f"weights_init must be {K} non-negative numbers summing to 1, got {w!r}"
+                )
+        if self.intercept_init is not None and np.shape(self.intercept_init) != (K,):
+            raise ValueError(f"intercept_init must have shape {(K,)}, got "
+                             f"{np.shape(self.intercept_init)}")
+        if self.noise_variance_init is not None:
+            v = np.asarray(self.noise_variance_init, float)
+            if v.shape != (K,) or np.any(v <= 0):
+                raise ValueError(f"noise_variance_init must be {K} positive numbers, got {v!r}")
+
+    def _validate_target(self, fd) -> None:
+        target = fd.target_name or "y"
+        if not fd.has_target:
+            raise ValueError(
+                "LatentClassRegression needs a target: the federated dataset has none; build it "
+                "with FederatedDataset.from_pandas(..., target='y') or "
+                "from_arrays({client: (X, y)})"
+            )
+        if getattr(fd, "is_remote", False):  # each node checked its own rows (_describe_local)
+            empty = [c for c, m in fd.sizes.items() if m < 1]
+            if empty:
+                raise ValueError(f"client {empty[0]!r} has no rows; remove it or give it data")
+            return
+        for cid, cd in fd.items():
+            problem = _target_problem(cid, cd, target)
+            if problem is not None:
+                raise ValueError(problem)
+
+    def _validate_data(self, fd) -> None:
+        self._validate_target(fd)
+        n = fd.n_samples
+        if n < self.n_components:
+            raise ValueError(
+                f"the federation has {n} rows in all, fewer than n_components="
+                f"{self.n_components}"
+            )
+        K, d = self.n_components, fd.n_features
+        if self.coef_init is not None and np.shape(self.coef_init) != (K, d):
+            raise ValueError(f"coef_init must have shape {(K, d)}, got {np.shape(self.coef_init)}")
+
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        self._validate_params()
+        self._validate_target(fd)
+        return {}
+
+    # ---- fitting hooks ----------------------------------------------------------------------
+    def _make_model(self, fd) -> LCRModel:
+        return LCRModel(self.n_components, self.fit_intercept, self.reg_noise)
+
+    def _explicit_init(self) -> bool:
+        return (self.weights_init is not None and self.coef_init is not None
+                and self.noise_variance_init is not None
+                and (self.intercept_init is not None or not self.fit_intercept))
+
+    def _initialize(self, ctx: FitContext) -> Params:
+        K, d = self.n_components, ctx.n_features
+        p = d + int(self.fit_intercept)
+        if self._explicit_init():
+            params = {}
+        else:
+            params = initialize_random_memberships(ctx, K, p, self.reg_noise)
+        if self.weights_init is not None:
+            params["weights"] = np.asarray(self.weights_init, float).copy()
+        if self.coef_init is not None or self.intercept_init is not None:
+            beta = np.array(params["beta"], copy=True) if "beta" in params else np.zeros((K, p))
+            if self.coef_init is not None:
+                beta[:, :d] = np.asarray(self.coef_init, float)
+            if self.intercept_init is not None:
+                beta[:, d] = np.asarray(self.intercept_init, float)
+            params["beta"] = beta
+        if self.noise_variance_init is not None:
+            params["noise_variance"] = np.asarray(self.noise_variance_init, float).copy()
+        return params
+
+    def _store(self, result: FitResult, model: LCRModel) -> None:
+        p = result.params
+        d = self.n_features_in_
+        self.weights_ = np.asarray(p["weights"], float)
+        self.coef_ = np.asarray(p["beta"][:, :d], float)
+        self.intercept_ = (np.asarray(p["beta"][:, d], float) if self.fit_intercept
+                           else np.zeros(self.n_components))
+        self.noise_variance_ = np.asarray(p["noise_variance"], float)
+        self.lower_bound_ = float(result.history[-1].objective)
+        if result.converged and self.n_components > 1 and _nearly_identical(p):
+            from ...engine.errors import ConvergenceWarning
+
+            warnings.warn(
+                f"LatentClassRegression stopped after {result.n_rounds} rounds with nearly "
+                "identical components: EM leaves the symmetric random start slowly and the "
+                f"mean log-likelihood changed by less than tol={self.tol}; lower tol (flexmix "
+                "uses 1e-6) or give initial parameters",
+                ConvergenceWarning, stacklevel=3,
+            )
+
+    def _after_load(self) -> None:
+        if not hasattr(self, "lower_bound_") and len(self.history_):
+            self.lower_bound_ = float(self.history_[-1].objective)
+
+    # ---- prediction -------------------------------------------------------------------------
+    def _params(self) -> Params:
+        check_is_fitted(self)
+        beta = self.coef_
+        if self.fit_intercept:
+            beta = np.hstack([self.coef_, self.intercept_[:, None]])
+        return {"weights": self.weights_, "beta": beta, "noise_variance": self.noise_variance_}
+
+    def _design(self, X) -> np.ndarray:
+        return add_intercept(check_features(self, X), self.fit_intercept)
+
+    @staticmethod
+    def _check_y(y, n: int) -> np.ndarray:
+        if y is None:
+            raise ValueError("y is required: the latent class regression's likelihood is "
+                             "p(y | x)")
+        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        if y.shape[0] != n:
+            raise ValueError(f"y has {y.shape[0]} values for {n} rows of X")
+        if not np.all(np.isfinite(y)):
+            raise ValueError("y contains NaN or infinite values")
+        return y
+
+    def predict(self, X) -> np.ndarray:
+        """Mixture mean ``E[y | x] = sum_k w_k (x^T coef_k + intercept_k)``, shape (n,)."""
+        p = self._params()
+        return lcr_mixture_mean(self._design(X), p["weights"], p["beta"])
+
+    def predict_components(self, X) -> np.ndarray:
+        """Each component's regression line ``x^T coef_k + intercept_k``, shape (n, K)."""
+        return self._design(X) @ self._params()["beta"].T
+
+    def predict_proba(self, X, y) -> np.ndarray:
+        """Posterior probability of each component given (x, y), shape (n, K); rows sum to 1."""
+        p = self._params()
+        Xt = self._design(X)
+        resp, _ = lcr_responsibilities(Xt, self._check_y(y, Xt.shape[0]), **p)
+        return resp
+
+    def score_samples(self, X, y) -> np.ndarray:
+        """log p(y_i | x_i) of each row, shape (n,)."""
+        p = self._params()
+        Xt = self._design(X)
+        y = self._check_y(y, Xt.shape[0])
+        with np.errstate(divide="ignore"):
+            wlp = lcr_log_prob(Xt, y, p["beta"], p["noise_variance"]) + np.log(p["weights"])
+        return logsumexp(wlp, axis=1)
+
+    def score(self, X, y=None) -> float:
+        """Mean per-row log-likelihood. ``X`` may be a FederatedDataset with a target (computed
+        on the clients; only sums come back), or an array with ``y``."""
+        if isinstance(X, FederatedDataset):
+            tot, n = self._federated_loglik(X)
+            return tot / n
+        return float(self.score_samples(X, y).mean())
+
+    def _federated_loglik(self, fd: FederatedDataset, runtime=None) -> tuple[float, int]:
+        """Sum of log-likelihoods and count over the clients' rows (checked exchange)."""
+        from ...engine.exchange import setup_clients
+        from ...engine.inprocess import InProcessRuntime
+
+        check_is_fitted(self)
+        self._validate_target(fd)
+        if list(fd.feature_names) != [str(f) for f in self.feature_names_in_]:
+            raise ValueError(
+                f"the dataset has features {list(fd.feature_names)}, but this "
+                f"LatentClassRegression was fitted with {list(self.feature_names_in_)}"
+            )
+        rt = runtime if runtime is not None else InProcessRuntime(fd)
+        setup_clients(rt, LCRModel(self.n_components, self.fit_intercept, self.reg_noise))
+        ctx = FitContext(rt, None, None, 0)
+        rep = ctx.ask("loglik", {f"params/{k}": v for k, v in self._params().items()},
+                      expect={"n": number(low=0), "loglik": number()}, what="scoring")
+        return (sum(float(r["loglik"]) for r in rep.values()),
+                sum(int(r["n"]) for r in rep.values()))
+
+    def score_dataset(self, fd: FederatedDataset) -> float:
+        """Mean per-row log-likelihood over the clients of ``fd`` (which needs the target)."""
+        return self.score(fd)
+
+    def _n_parameters(self) -> int:
+        return n_free_parameters(self.n_components, self.n_features_in_ + int(self.fit_intercept))
+
+    def bic(self, X, y=None) -> float:
+        """Bayesian information criterion (lower is better): ``-2 log L + k log n``.
+        X: array with ``y``, or a FederatedDataset with a target."""
+        if isinstance(X, FederatedDataset):
+            tot, n = self._federated_loglik(X)
+        else:
+            s = self.score_samples(X, y)
+            tot, n = float(s.sum()), s.shape[0]
+        return -2.0 * tot + self._n_parameters() * np.log(n)
+
+    def aic(self, X, y=None) -> float:
+        """Akaike information criterion (lower is better): ``-2 log L + 2 k``."""
+        return self.bic(X, y) - self._n_parameters() * (np.log(self._n_rows(X, y)) - 2.0)
+
+    def _n_rows(self, X, y) -> int:
+        return X.n_samples if isinstance(X, FederatedDataset) else self._design(X).shape[0]
