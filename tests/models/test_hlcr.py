@@ -9,7 +9,7 @@ from sklearn.linear_model import Ridge
 
 import fedlatent as fl
 from fedlatent.data.dataset import ClientData, DataValidationError, FederatedDataset
-from fedlatent.engine import InProcessRuntime
+from fedlatent.engine import FederatedFitError, InProcessRuntime
 from fedlatent.engine.loop import ConvergenceWarning
 from fedlatent.models.hlcr import (
     HLCRModel,
@@ -435,3 +435,125 @@ def test_gibbs_burn_in_labels_are_the_modal_labels_with_matching_statistics(synt
     np.testing.assert_array_equal(est.cluster_counts_, st["Nk"])
     with pytest.raises(ValueError, match=r"burn_in must be None or in \[0, max_rounds=6\)"):
         fl.HLCR(3, solver="gibbs", max_rounds=6, burn_in=6).fit(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# the base's hooks: the checked initialization exchange, both solvers as scikit-learn estimators
+# ---------------------------------------------------------------------------------------------
+class _LyingSizes(fl.Runtime):
+    """In-process agents, except that ``victim`` changes one entry of its "sizes" reply."""
+
+    def __init__(self, fd, victim, key, value):
+        self.inner = InProcessRuntime(fd)
+        self.victim, self.key, self.value = victim, key, value
+
+    @property
+    def client_ids(self):
+        return self.inner.client_ids
+
+    def call(self, client_ids, method, messages):
+        replies = self.inner.call(client_ids, method, messages)
+        if method == "query" and self.victim in replies:
+            replies[self.victim][self.key] = self.value(replies[self.victim][self.key])
+        return replies
+
+    def get_client_states(self):
+        return self.inner.get_client_states()
+
+
+@pytest.mark.parametrize("key, value, reason", [
+    ("n_entities", lambda v: v + 1, r"reported \d+ entities, \d+ at setup"),
+    ("n_events", lambda v: 0.5, r"'n_events' has values below 1"),
+    ("n_features", lambda v: v + 2, r"has \d+ features, the fit has 3"),
+    ("n_events", lambda v: float("inf"), r"'n_events' is not finite"),
+])
+def test_initialization_exchange_is_checked_and_names_the_agent(key, value, reason):
+    fd = fl.datasets.make_synthhlcr(6, 8, 3, 5, 2, 3, sigma=0.5, random_state=0)
+    victim = fd.client_ids[2]
+    rt = _LyingSizes(fd, victim, key, value)
+    with pytest.raises(FederatedFitError, match=rf"initialization \(agent sizes\): client "
+                       rf"'{victim}'.*{reason}.*nothing of this exchange was used"):
+        fl.HLCR(2, sigma=0.5, max_rounds=2, random_state=0).fit(fd, runtime=rt)
+    # nothing past the exchange ran: no round was sent, no label drawn
+    assert all((st["model/labels"] == -1).all() for st in rt.get_client_states().values())
+
+
+@pytest.mark.parametrize("solver", ["gibbs", "federated"])
+def test_init_exchange_records_the_federation_size_and_changes_no_number(synth, solver):
+    fd, _ = synth
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = fl.HLCR(3, sigma=SIGMA, solver=solver, max_rounds=3, tol=0.0,
+                      random_state=0).fit(fd)
+    n_pairs = sum(len(np.unique(np.asarray(cd.entity))) for _, cd in fd.items())
+    assert est.n_entities_ == len(est.pair_agents_) == len(est.labels_) == n_pairs
+    assert est.n_events_ == fd.n_samples
+    assert est.n_iter_ == est.n_rounds_ == len(est.history_) == 3
+    # the same fit from the prior, without the exchange: same numbers
+    base = fl.HLCR(3, sigma=SIGMA, solver=solver, max_rounds=3, tol=0.0, random_state=0)
+    ctx = base._start(fd, None)
+    params0 = ctx.model.initial_params()
+    from fedlatent.engine.loop import LoopOptions
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        res = base._run(ctx, params0, LoopOptions(seed=ctx.seed, max_rounds=3, tol=0.0))
+    np.testing.assert_array_equal(res.labels, est.labels_)
+    np.testing.assert_array_equal(res.params["D"], est.precisions_)
+
+
+def test_gibbs_refuses_a_runtime_a_remote_dataset_and_checkpoints(synth, tmp_path):
+    from fedlatent.data.remote import RemoteDataset
+    from fedlatent.engine.registry import describe_message
+
+    fd, _ = synth
+    est = fl.HLCR(3, sigma=SIGMA, solver="gibbs", max_rounds=2)
+    with pytest.raises(ValueError, match="solver='gibbs' pools the data: runtime"):
+        est.fit(fd, runtime=InProcessRuntime(fd))
+    with pytest.raises(ValueError, match="solver='gibbs' pools the data: checkpoint"):
+        est.fit(fd, checkpoint=tmp_path / "ck")
+    rt = InProcessRuntime(fd)
+    rd = RemoteDataset.from_replies(rt.broadcast(rt.client_ids, "describe",
+                                                 describe_message(est)))
+    with pytest.raises(ValueError, match="cannot run on a RemoteDataset; use solver='federated'"):
+        est.fit(rd, runtime=rt)
+
+
+@pytest.mark.parametrize("solver", ["gibbs", "federated"])
+def test_both_solvers_are_scikit_learn_estimators(synth, solver):
+    from sklearn.base import clone
+    from sklearn.exceptions import NotFittedError
+    from sklearn.utils.validation import check_is_fitted
+
+    fd, _ = synth
+    est = fl.HLCR(3, sigma=SIGMA, solver=solver, max_rounds=3, random_state=0)
+    with pytest.raises(NotFittedError):
+        check_is_fitted(est)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(fd)
+        other = clone(est).fit(fd)
+    check_is_fitted(est)
+    np.testing.assert_array_equal(est.labels_, other.labels_)
+    np.testing.assert_array_equal(est.coef_, other.coef_)
+    assert isinstance(est.feature_names_in_, np.ndarray) and est.n_features_in_ == 4
+    cid = fd.client_ids[0]
+    X = pd.DataFrame(fd[cid].X[:4], columns=fd.feature_names)
+    a, e = [cid] * 4, np.asarray(fd[cid].entity[:4])
+    np.testing.assert_array_equal(est.predict(X, a, e), est.predict(X.to_numpy(), a, e))
+    with pytest.raises(ValueError, match="Feature names must be in the same order"):
+        est.predict(X[X.columns[::-1]], a, e)
+    with pytest.raises(ValueError, match="X has 4 rows but agents has 3"):
+        est.predict(X, a[:3], e)
+
+
+def test_save_load_keeps_the_reported_sizes(synth, tmp_path):
+    fd, _ = synth
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = fl.HLCR(3, sigma=SIGMA, max_rounds=2, tol=0.0, random_state=0).fit(fd)
+    est.save(tmp_path / "m")
+    back = fl.HLCR.load(tmp_path / "m")
+    assert (back.n_entities_, back.n_events_) == (est.n_entities_, est.n_events_)
+    assert back.n_iter_ == 2 and back.max_rounds == 2
+    np.testing.assert_array_equal(back.history_.log_joint, est.history_.log_joint)
