@@ -22,7 +22,7 @@ Two solvers (:mod:`.solvers`):
 The package, like :mod:`fedlatent.models.gmm`:
 
 - :mod:`.math`: pure functions over arrays (statistics, Theorem 1, eq. (2), predictions);
-- :mod:`.kernels`: the numba kernels they call;
+- :mod:`.kernels`: the numba kernels they call, and :mod:`.sampler`: the label samplers;
 - :mod:`.model`: the engine side (``HLCRModel``), all a client process imports;
 - :mod:`.solvers` and :mod:`.estimator`: ``HLCR``, the estimator, imported on first use.
 
@@ -40,16 +40,14 @@ from .math import (
     entity_log_marginal,
     entity_sse,
     entity_statistics,
-    gibbs_init,
-    gibbs_sweep,
     hlcr_log_joint,
     log_prior_factor,
     posterior_means,
     predict_theorem2,
     project_gram_psd,
-    sample_local_labels,
 )
 from .model import HLCRModel
+from .sampler import gibbs_init, gibbs_sweep, sample_local_labels
 
 __all__ = [
     "HLCR",

@@ -25,8 +25,8 @@ from .math import (
     entity_statistics,
     posterior_means,
     project_gram_psd,
-    sample_local_labels,
 )
+from .sampler import sample_local_labels
 
 __all__ = ["SIZES_QUERY", "HLCRModel"]
 

@@ -35,14 +35,8 @@ from ...engine.messages import unpack
 from ...engine.model import Params
 from ...engine.runtime import Runtime
 from ...engine.stats import Stats
-from .math import (
-    cluster_statistics,
-    entity_sse,
-    gibbs_init,
-    gibbs_sweep,
-    hlcr_log_joint,
-    posterior_means,
-)
+from .math import cluster_statistics, entity_sse, hlcr_log_joint, posterior_means
+from .sampler import gibbs_init, gibbs_sweep
 
 __all__ = ["HLCRFit", "RoundTap", "entity_pairs", "run_federated", "run_gibbs"]
 
