@@ -55,7 +55,21 @@ def sec_case():
                     "--clusters", "2"]
 
 
-CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case}
+def lcr_case():
+    rng = np.random.default_rng(0)
+    frames = []
+    for c in range(5):
+        x = rng.uniform(0, 10, size=40)
+        line = rng.random(40) < (0.2 + 0.15 * c)
+        y = np.where(line, 5 + 2 * x, 15 - x) + rng.normal(size=40)
+        frames.append(pd.DataFrame({"x": x, "y": y, "site": f"s{c}"}))
+    df = pd.concat(frames, ignore_index=True)
+    return df, df, ["lcr", "--client", "site", "--features", "x", "--target", "y",
+                    "--param", "n_components=2", "--param", "tol=1e-6", "--max-rounds", "40"]
+
+
+CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case,
+         "lcr": lcr_case}
 
 
 def shuffled(df):

@@ -119,12 +119,8 @@ def parse_params(items: list[str] | None, cls: type, name: str) -> dict[str, Any
 
 
 def build_estimator(cls: type, params: dict[str, Any], name: str = ""):
-    """``cls(**params)``, with ``max_rounds`` passed as ``max_iter`` to a constructor that still
-    names it so; a required parameter that is missing is named."""
+    """``cls(**params)``; a required parameter that is missing is named."""
     known = constructor_parameters(cls)
-    params = dict(params)
-    if "max_rounds" in params and "max_rounds" not in known and "max_iter" in known:
-        params["max_iter"] = params.pop("max_rounds")
     missing = [k for k, p in known.items() if p.default is p.empty and k not in params]
     if missing:
         fail(f"{name or cls.__name__} needs " + ", ".join(f"--param {k}=VALUE" for k in missing))
@@ -221,7 +217,7 @@ def generic_command(entry) -> click.Command:
                            ("verbose", progress)):  # --param wins over the option
             if value is None:
                 continue
-            if key in known or (key == "max_rounds" and "max_iter" in known):
+            if key in known:
                 params.setdefault(key, value)
             elif key == "max_rounds":
                 warnings.warn(f"{entry.cls.__name__} has no rounds; --max-rounds is ignored",
