@@ -1,4 +1,4 @@
-"""The four models on small federations, shared by the Flower tests (simulation, deployment).
+"""Every model on a small federation, shared by the Flower tests (simulation, deployment).
 
 Kept to few messages: on a deployment every message costs seconds (GMM keeps the default
 k-means initialization, three queries; FedGMM uses the random one, one query).
@@ -45,13 +45,27 @@ def sec_case():
     return fd, lambda: fl.SEC(candidates="fairness", n_clusters=2, random_state=14)
 
 
-CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case}
+def lcr_case():
+    rng = np.random.default_rng(4)
+    data = {}
+    for i in range(3):
+        x = rng.uniform(0, 10, size=(60 + 20 * i, 1))
+        line = rng.random(len(x)) < 0.3 + 0.2 * i
+        data[f"site-{i}"] = (x, np.where(line, 5 + 2 * x[:, 0], 15 - x[:, 0])
+                             + rng.normal(size=len(x)))
+    fd = fl.FederatedDataset.from_arrays(data)
+    return fd, lambda: fl.LatentClassRegression(2, max_rounds=3, random_state=15)
+
+
+CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case,
+         "lcr": lcr_case}
 
 FITTED = {
     "gmm": ("weights_", "means_", "covariances_", "precisions_cholesky_"),
     "fedgmm": ("weights_x_", "means_", "precisions_cholesky_", "coef_", "weights_y_"),
     "hlcr": ("coef_", "intercept_", "precisions_", "c_", "cluster_counts_"),
     "sec": ("errors_", "exchange_losses_", "labels_", "n_samples_"),
+    "lcr": ("weights_", "coef_", "intercept_", "noise_variance_"),
 }
 
 

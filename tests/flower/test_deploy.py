@@ -230,11 +230,11 @@ def client_files(fd, where):
 
 
 # Every message starts a fresh client process (importing fedlatent) and the SuperNodes poll every
-# few seconds, so one exchange costs seconds: the four models share one deployment and run at once,
+# few seconds, so one exchange costs seconds: the models share one deployment and run at once,
 # each node holding one file per model in its data directory (data-path = the directory, the
 # app's data-name picks the file).
 @pytest.mark.slow
-def test_all_four_models_on_one_deployment_equal_inprocess(flwr, tmp_path):
+def test_every_model_on_one_deployment_equals_inprocess(flwr, tmp_path):
     import shutil
 
     from fedlatent.runtime.flower import load_result, run_config_for

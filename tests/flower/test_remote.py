@@ -1,7 +1,7 @@
 """The deployment path without Flower: the server sees only the nodes' descriptions.
 
 A fit on a RemoteDataset (what a Flower server knows) through the in-process runtime equals the
-fit on the FederatedDataset, for all four models; a node's data error comes back naming it.
+fit on the FederatedDataset, for every model; a node's data error comes back naming it.
 """
 
 import warnings
