@@ -17,8 +17,10 @@ import numpy as np
 
 from fedlatent.data.sec_data import make_sec_simulation1
 from fedlatent.engine import InProcessRuntime
+from fedlatent.engine.exchange import setup_clients
 from fedlatent.models.sec import SEC, make_candidates
 from fedlatent.models.sec import serialize as sec_serialize
+from fedlatent.models.sec.protocol import exchange_step, select_step, sender
 
 
 def clear_caches() -> None:
@@ -34,27 +36,28 @@ def run(L: int, n_jobs: int, seed: int = 0) -> dict:
     sec._validate_data(fd)
     cids = fd.client_ids
     rt = InProcessRuntime(fd)
+    send = sender(rt)  # the checked exchange, as in fit
     t0 = time.perf_counter()
-    sec._setup(rt, cids)
+    setup_clients(rt, sec._make_model(fd))
     common = make_candidates(None)
-    sel = sec._run_select(rt, cids, {c: common for c in cids}, seed)
+    sel = select_step(send, cids, {c: common for c in cids}, seed, n_features=fd.n_features,
+                      standardize=True)
     clear_caches()
     t1 = time.perf_counter()
     blobs = [np.asarray(sel[c]["model"], dtype=np.uint8) for c in cids]
-    E = sec._run_exchange(rt, cids, blobs, seed)
+    E = exchange_step(send, cids, blobs, seed, batch=sec.exchange_batch)
     t2 = time.perf_counter()
     e = np.array([float(sel[c]["e"]) for c in cids])
-    sec.n_samples_ = np.array([int(sel[c]["n"]) for c in cids])
-    sec._cluster(E, e, seed)
+    n = np.array([int(sel[c]["n"]) for c in cids])
+    k = int(np.unique(sec._cluster(E, e, n, seed)["labels"]).size)
     t3 = time.perf_counter()
-    par = SEC(random_state=seed, n_jobs=n_jobs)
     clear_caches()
     t4 = time.perf_counter()
-    E2 = par._run_exchange(rt, cids, blobs, seed)
+    E2 = exchange_step(send, cids, blobs, seed, batch=sec.exchange_batch, n_jobs=n_jobs)
     t5 = time.perf_counter()
     assert np.allclose(E, E2, rtol=1e-12, atol=0)
     return {"L": L, "select": t1 - t0, "exchange": t2 - t1, "cluster": t3 - t2,
-            "total": t3 - t0, "exchange_parallel": t5 - t4, "K": sec.n_clusters_,
+            "total": t3 - t0, "exchange_parallel": t5 - t4, "K": k,
             "rf_share": float(np.mean([sel[c]["selected"] == 1 for c in cids]))}
 
 

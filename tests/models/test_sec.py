@@ -11,7 +11,7 @@ from sklearn.linear_model import LassoCV, LinearRegression
 
 from fedlatent.data.dataset import DataValidationError, FederatedDataset
 from fedlatent.data.sec_data import make_sec_simulation1
-from fedlatent.engine import InProcessRuntime
+from fedlatent.engine import FederatedFitError, InProcessRuntime, Runtime
 from fedlatent.models.sec import (
     SEC,
     UntrustedModelError,
@@ -357,6 +357,149 @@ def test_per_learner_candidates(sim1):
     spec = {c: ("linear" if i % 2 else "lasso_cv") for i, c in enumerate(fd.client_ids)}
     sec = SEC(candidates=spec, random_state=0).fit(fd)
     assert sec.selected_ == ["lasso_cv" if i % 2 == 0 else "linear" for i in range(fd.n_clients)]
+
+
+def test_protocol_steps_are_the_rounds(fitted):
+    # select and exchange are the two protocol steps, one history record each, one runtime call
+    # (a wave of one message per learner) each here
+    sec, rt = fitted
+    assert sec.n_iter_ == sec.n_rounds_ == 2 and sec.converged_
+    h = sec.history_.to_frame()
+    assert h["round"].tolist() == [1, 2] and (h["participants"] == len(sec.learner_ids_)).all()
+    n, e, E = sec.n_samples_, sec.errors_, sec.exchange_losses_
+    assert h["objective"][0] == pytest.approx(n @ e / n.sum(), rel=1e-12)
+    assert h["objective"][1] == pytest.approx(E[~np.eye(len(e), dtype=bool)].mean(), rel=1e-12)
+    queries = [m["query"] for d, _, meth, m in rt.log if d == "down" and meth == "query"]
+    L = len(sec.learner_ids_)
+    assert queries == ["select"] * L + ["exchange"] * L
+    down = sum(_nbytes(m) for d, _, meth, m in rt.log if d == "down" and meth == "query")
+    assert h["bytes_down"].sum() == down
+
+
+def _nbytes(msg):
+    from fedlatent.engine.messages import message_nbytes
+
+    return message_nbytes(msg)
+
+
+def test_save_load_roundtrip_without_pickle(tmp_path, sim1, fitted):
+    fd, _ = sim1
+    sec, _ = fitted
+    sec.save(tmp_path / "m")
+    np.load(tmp_path / "m.npz", allow_pickle=False)  # plain arrays only
+    back = SEC.load(tmp_path / "m")
+    assert back.get_params() == sec.get_params()
+    for k in ("errors_", "n_samples_", "cv_mse_", "exchange_losses_", "dissimilarity_",
+              "similarity_", "eigenvalues_", "embedding_", "labels_"):
+        np.testing.assert_array_equal(getattr(back, k), getattr(sec, k), err_msg=k)
+    assert (back.learner_ids_, back.selected_, back.n_clusters_, back.affinity_scale_) == (
+        sec.learner_ids_, sec.selected_, sec.n_clusters_, sec.affinity_scale_)
+    assert all(np.array_equal(a, b) for a, b in zip(back.models_, sec.models_))
+    for k, v in sec.k_selection_info_.items():
+        np.testing.assert_array_equal(back.k_selection_info_[k], v)
+    X = np.random.default_rng(0).standard_normal((6, fd.n_features))
+    for c in sec.learner_ids_:
+        np.testing.assert_array_equal(back.predict(X, learner=c), sec.predict(X, learner=c))
+    np.testing.assert_array_equal(back.predict_dataset(fd), sec.predict_dataset(fd))
+    assert back.n_iter_ == 2 and len(back.history_) == 2
+
+
+def test_save_load_keeps_the_scalers(tmp_path):
+    fd, _ = make_sec_simulation1(n_learners=4, n_samples=30, snr=64.0, random_state=1)
+    sec = SEC(candidates="linear", standardize=False, n_clusters=2, random_state=0).fit(fd)
+    assert sec.scalers_ == {}
+    sec.save(tmp_path / "m")
+    back = SEC.load(tmp_path / "m")
+    X = np.random.default_rng(0).standard_normal((3, fd.n_features))
+    np.testing.assert_array_equal(back.predict(X, cluster=0), sec.predict(X, cluster=0))
+
+
+def test_predict_dataset_and_score_dataset(sim1, fitted):
+    fd, _ = sim1
+    sec, _ = fitted
+    pred = sec.predict_dataset(fd)
+    want = np.concatenate([sec.predict(cd.X, learner=c) for c, cd in fd.items()])
+    np.testing.assert_array_equal(pred, want)
+    y = np.concatenate([cd.y for _, cd in fd.items()])
+    assert sec.score_dataset(fd) == pytest.approx(np.mean((pred - y) ** 2), rel=1e-12)
+
+
+class _Liar(Runtime):
+    """In-process learners; ``victim``'s replies to ``query`` pass through ``lie``."""
+
+    def __init__(self, fd, victim, query, lie):
+        self.inner = InProcessRuntime(fd)
+        self.victim, self.query, self.lie = victim, query, lie
+
+    @property
+    def client_ids(self):
+        return self.inner.client_ids
+
+    def call(self, client_ids, method, messages):
+        replies = self.inner.call(client_ids, method, messages)
+        if self.victim in replies and messages[self.victim].get("query") == self.query:
+            replies[self.victim] = self.lie(dict(replies[self.victim]))
+        return replies
+
+
+def _nan_first_loss(r):
+    loss = np.array(r["loss"], dtype=float)
+    loss[0] = np.nan
+    return {**r, "loss": loss}
+
+
+@pytest.mark.parametrize("query, lie, reason", [
+    ("exchange", _nan_first_loss, "value 'loss' has non-finite values"),
+    ("exchange", lambda r: {**r, "loss": np.asarray(r["loss"])[:-1]}, "sent 9 losses for 10"),
+    ("exchange", lambda r: {**r, "loss": -np.asarray(r["loss"])}, "'loss' has values below 0"),
+    ("select", lambda r: {**r, "model": np.zeros(0, np.uint8)}, "sent an empty model"),
+    ("select", lambda r: {k: v for k, v in r.items() if k != "model"}, r"missing value\(s\)"),
+    ("select", lambda r: {**r, "e": float("inf")}, "value 'e' is not finite"),
+    ("select", lambda r: {**r, "selected": 7}, "selected candidate 7, but it has 1"),
+    ("select", lambda r: {**r, "x_scale": 0 * r["x_scale"]}, "sent a scale <= 0"),
+])
+def test_a_bad_reply_names_the_learner_and_nothing_is_used(sim1, query, lie, reason):
+    fd, _ = sim1
+    victim = fd.client_ids[3]
+    sec = SEC(candidates="linear", random_state=0)
+    with pytest.raises(FederatedFitError, match=f"SEC {query}: client '{victim}': .*{reason}"
+                                                ".*; nothing of this exchange was used"):
+        sec.fit(fd, runtime=_Liar(fd, victim, query, lie))
+    assert not hasattr(sec, "labels_")
+
+
+def test_a_bad_reply_in_threads_names_the_learner(sim1):
+    fd, _ = sim1
+    victim = fd.client_ids[2]
+    sec = SEC(candidates="linear", random_state=0, n_jobs=2, exchange_batch=4)
+    with pytest.raises(FederatedFitError, match=f"SEC exchange: client '{victim}'"):
+        sec.fit(fd, runtime=_Liar(fd, victim, "exchange", _nan_first_loss))
+
+
+def test_assign_checks_the_fitted_learners_replies(sim1, fitted):
+    fd, _ = sim1
+    sec, _ = fitted
+    new = FederatedDataset.from_arrays({"new": (fd["l00"].X, fd["l00"].y)})
+    victim = fd.client_ids[4]
+    with pytest.raises(FederatedFitError, match=f"SEC exchange: client '{victim}': no reply"):
+        sec.assign(new, runtime=_Liar(fd, victim, "exchange", lambda r: None))
+
+
+def test_callbacks_see_each_step(sim1):
+    fd, _ = sim1
+    seen = []
+    SEC(candidates="linear", random_state=0).fit(
+        fd, callbacks=[lambda k, p, S, rec: seen.append((k, rec.participants))])
+    assert seen == [(1, fd.n_clients), (2, fd.n_clients)]
+
+
+def test_unfitted_use_raises_sklearns_not_fitted_error():
+    from sklearn.exceptions import NotFittedError
+
+    for use in (lambda s: s.clusters(), lambda s: s.predict(np.zeros((1, 2)), cluster=0),
+                lambda s: s.selected_models_, lambda s: s.save("never")):
+        with pytest.raises(NotFittedError, match="this SEC is not fitted yet"):
+            use(SEC())
 
 
 # ---------------------------------------------------------------------------------------------

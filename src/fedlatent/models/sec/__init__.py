@@ -20,7 +20,11 @@ The package, by concern:
 - :mod:`.clustering`: the Cluster step's math (pure functions, on the server);
 - :mod:`.model`: ``SECModel``, the learners' side (the ``select`` and ``exchange`` queries), all a
   client process imports;
-- :mod:`.estimator`: ``SEC``, the scikit-learn estimator, imported on first use.
+- :mod:`.protocol`: the Select and Exchange steps on the server, through the engine's checked
+  exchange (waves of one message per learner, every reply validated);
+- :mod:`.estimator`: ``SEC``, the scikit-learn estimator on the base estimator's hooks (its
+  ``_run`` is the one-shot protocol), with :mod:`.predict` (eq. 4, pooled models, ``assign``);
+  imported on first use.
 
 References
 ----------

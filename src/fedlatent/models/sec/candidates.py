@@ -21,7 +21,9 @@ import numpy as np
 __all__ = [
     "BUILTIN_CANDIDATES",
     "CANDIDATE_SETS",
+    "common_spec",
     "make_candidates",
+    "per_learner_candidates",
     "select_model",
     "standardize_xy",
 ]
@@ -276,3 +278,36 @@ def _final(est: Any) -> Any:
     """The last step of a pipeline (the estimator itself otherwise)."""
     steps = getattr(est, "steps", None)
     return steps[-1][1] if steps else est
+
+
+def _is_per_learner(spec: Any, cids: Sequence[str]) -> bool:
+    return isinstance(spec, Mapping) and bool(spec) and all(str(k) in set(cids) for k in spec)
+
+
+def common_spec(spec: Any, cids: Sequence[str]) -> Any:
+    """The candidate spec of learners without their own (the default when ``spec`` is a dict
+    ``{client_id: spec}`` of learners ``cids``)."""
+    return None if _is_per_learner(spec, cids) else spec
+
+
+def per_learner_candidates(spec: Any, cids: Sequence[str], warn: bool = False
+                           ) -> dict[str, list[tuple[str, Any]]]:
+    """Each learner's candidates, ``{client: [(name, unfitted regressor), ...]}``.
+
+    ``spec`` is what :func:`make_candidates` takes, or a dict ``{client_id: spec}`` (learners not
+    listed get the default). Learners without their own share one list. With ``warn``, a
+    UserWarning names candidates whose fitted models store training samples.
+    """
+    per: dict[str, Any] = {}
+    if _is_per_learner(spec, cids):
+        per = {str(k): v for k, v in spec.items()}
+    common = make_candidates(common_spec(spec, cids))
+    out = {c: (make_candidates(per[c]) if c in per else common) for c in cids}
+    mem = sorted({type(_final(e)).__name__ for lst in out.values() for _, e in lst
+                  if type(_final(e)).__name__ in _MEMORIZING})
+    if mem and warn:
+        warnings.warn(
+            f"candidates {mem} store training samples inside the fitted model; shipping "
+            "such a model in the Exchange step ships samples", UserWarning, stacklevel=6,
+        )
+    return out
