@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Constraint", "Instance", "Integer", "Options", "Real", "validate_params"]
+__all__ = ["ROUND_LOOP", "Constraint", "Instance", "Integer", "Options", "Real",
+           "validate_params"]
 
 
 class Constraint:
@@ -187,3 +188,14 @@ def validate_params(params: Mapping[str, Any], constraints: Mapping[str, Sequenc
         if not any(f.ok(value) for f in forms):
             words = " or ".join(f.desc for f in forms)
             raise ValueError(f"{name} must be {words}, got {value!r}")
+
+
+#: Constraints of the parameters every estimator fitted by the round loop shares; spread into a
+#: model's table: ``_parameter_constraints = {**ROUND_LOOP, "n_components": [Integer(1)]}``
+#: (an entry of the model's own wins; a name the estimator does not have is skipped).
+ROUND_LOOP: dict[str, list[Any]] = {
+    "max_rounds": [Integer(1)],
+    "tol": [Real(0)],
+    "random_state": ["random_state"],
+    "verbose": [None, "boolean"],
+}

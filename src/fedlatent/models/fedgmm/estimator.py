@@ -12,7 +12,7 @@ from ...data.dataset import ClientData, FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
 from ...engine.loop import FitResult
 from ...engine.model import Params
-from ...engine.params import Integer, Options, Real
+from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
@@ -100,6 +100,25 @@ class FedGMM(FederatedEstimator):
     _save_arrays = ("means_", "covariances_", "precisions_cholesky_", "weights_x_", "coef_",
                     "weights_y_", "center_", "classes_")
 
+    _parameter_constraints = {
+        **ROUND_LOOP,
+        "n_input_components": [Integer(1)],
+        "n_learners": [Integer(1)],
+        "learner": [Options("logistic", "torch")],
+        "learner_params": [None, dict],
+        "covariance_type": [Options(*COV_TYPES)],
+        "reg_covar": [Real(0)],
+        "l2": [Real(0)],
+        "learner_update": [Options("newton", "average")],
+        "covariance_aggregation": [Options("exact", "paper")],
+        "local_steps": [Integer(1)],
+        "prox": [Real(0)],
+        "newton_step_max": [None, Real(0, closed="neither")],
+        "classes": [None, list, tuple, np.ndarray],
+        "init_params": [Options("kmeans-federated", "random")],
+        "learner_init_scale": [Real(0)],
+    }
+
     def __init__(
         self,
         n_input_components: int = 3,
@@ -145,27 +164,6 @@ class FedGMM(FederatedEstimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    _parameter_constraints = {
-        "n_input_components": [Integer(1)],
-        "n_learners": [Integer(1)],
-        "learner": [Options("logistic", "torch")],
-        "learner_params": [None, dict],
-        "covariance_type": [Options(*COV_TYPES)],
-        "reg_covar": [Real(0)],
-        "l2": [Real(0)],
-        "learner_update": [Options("newton", "average")],
-        "covariance_aggregation": [Options("exact", "paper")],
-        "local_steps": [Integer(1)],
-        "prox": [Real(0)],
-        "newton_step_max": [None, Real(0, closed="neither")],
-        "classes": [None, list, tuple, np.ndarray],
-        "init_params": [Options("kmeans-federated", "random")],
-        "learner_init_scale": [Real(0)],
-        "max_rounds": [Integer(1)],
-        "tol": [Real(0)],
-        "random_state": ["random_state"],
-        "verbose": [None, "boolean"],
-    }
     _score_name = "accuracy"
 
     # ---- validation -----------------------------------------------------------------------

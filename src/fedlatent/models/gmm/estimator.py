@@ -24,7 +24,7 @@ from ...engine.exchange import array, number
 from ...engine.loop import FitResult
 from ...engine.model import Params
 from ...engine.numerics import kmeans, logsumexp
-from ...engine.params import Integer, Options, Real
+from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import Stats
 from .math import (
@@ -203,6 +203,18 @@ class FederatedGaussianMixture(FederatedEstimator):
 
     _save_arrays = ("weights_", "means_", "covariances_", "precisions_cholesky_")
 
+    _parameter_constraints = {
+        **ROUND_LOOP,
+        "n_components": [Integer(1)],
+        "covariance_type": [Options(*COV_TYPES)],
+        "reg_covar": [Real(0)],
+        "init_params": [Options("kmeans-federated", "random")],
+        "weights_init": [None, "array-like"],
+        "means_init": [None, "array-like"],
+        "precisions_init": [None, "array-like"],
+        "min_points_per_centroid": [Integer(1)],
+    }
+
     def __init__(
         self,
         n_components: int = 1,
@@ -234,20 +246,6 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.verbose = verbose
         self.min_points_per_centroid = min_points_per_centroid
 
-    _parameter_constraints = {
-        "n_components": [Integer(1)],
-        "covariance_type": [Options(*COV_TYPES)],
-        "reg_covar": [Real(0)],
-        "max_rounds": [Integer(1)],
-        "tol": [Real(0)],
-        "init_params": [Options("kmeans-federated", "random")],
-        "weights_init": [None, "array-like"],
-        "means_init": [None, "array-like"],
-        "precisions_init": [None, "array-like"],
-        "random_state": ["random_state"],
-        "verbose": [None, "boolean"],
-        "min_points_per_centroid": [Integer(1)],
-    }
     _score_name = "mean log-likelihood"
 
     def _validate_data(self, fd: FederatedDataset) -> None:

@@ -25,7 +25,7 @@ from ...engine.history import History
 from ...engine.loop import FederatedFitError, LoopOptions
 from ...engine.model import Params
 from ...engine.numerics import add_intercept
-from ...engine.params import Integer, Options, Real
+from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from .math import check_entities, entity_log_marginal, entity_statistics, posterior_means
 from .model import SIZES_QUERY, HLCRModel
@@ -117,18 +117,15 @@ class HLCR(FederatedEstimator):
     _score_name = "mse"
 
     _parameter_constraints = {
+        **ROUND_LOOP,
         "n_clusters": [Integer(1, desc="an integer K >= 1")],
         "alpha": [_POSITIVE],
         "beta": [_POSITIVE],
         "delta": [_POSITIVE],
         "sigma": [_POSITIVE],
         "solver": [Options(*SOLVERS)],
-        "max_rounds": [Integer(1)],
         "burn_in": [None, Integer(0)],
-        "tol": [Real(0)],
         "fit_intercept": ["boolean"],
-        "random_state": ["random_state"],
-        "verbose": [None, "boolean"],
     }
 
     def __init__(self, n_clusters: int = 4, alpha: float = 1.0, beta: float = 1.0,

@@ -18,7 +18,7 @@ from ...engine.estimator import FederatedEstimator, FitContext, check_features, 
 from ...engine.exchange import array, number
 from ...engine.loop import FitResult
 from ...engine.model import Params
-from ...engine.params import Integer, Real
+from ...engine.params import ROUND_LOOP, Integer, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import Stats
 from .math import (
@@ -184,6 +184,17 @@ class LatentClassRegression(FederatedEstimator):
     _save_arrays = ("weights_", "coef_", "intercept_", "noise_variance_")
     _score_name = "mean log-likelihood"
 
+    _parameter_constraints = {
+        **ROUND_LOOP,
+        "n_components": [Integer(1)],
+        "fit_intercept": ["boolean"],
+        "reg_noise": [Real(0)],
+        "weights_init": [None, "array-like"],
+        "coef_init": [None, "array-like"],
+        "intercept_init": [None, "array-like"],
+        "noise_variance_init": [None, "array-like"],
+    }
+
     def __init__(
         self,
         n_components: int = 2,
@@ -210,19 +221,6 @@ class LatentClassRegression(FederatedEstimator):
         self.noise_variance_init = noise_variance_init
         self.federation = federation
         self.random_state = random_state
-
-    _parameter_constraints = {
-        "n_components": [Integer(1)],
-        "fit_intercept": ["boolean"],
-        "max_rounds": [Integer(1)],
-        "tol": [Real(0)],
-        "reg_noise": [Real(0)],
-        "weights_init": [None, "array-like"],
-        "coef_init": [None, "array-like"],
-        "intercept_init": [None, "array-like"],
-        "noise_variance_init": [None, "array-like"],
-        "random_state": ["random_state"],
-    }
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:

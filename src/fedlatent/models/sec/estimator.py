@@ -21,7 +21,7 @@ from ...engine.estimator import FederatedEstimator, FitContext
 from ...engine.history import History, RoundRecord
 from ...engine.loop import FitResult, LoopOptions, progress_bar
 from ...engine.model import Params
-from ...engine.params import Integer, Options, Real
+from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import Stats
 from .candidates import per_learner_candidates
@@ -139,6 +139,22 @@ class SEC(ClusterUseMixin, FederatedEstimator):
     Select eq. (1), Exchange eq. (2), Cluster Algorithm 1, K by Remark 2, prediction eq. (4).
     """
 
+    _parameter_constraints = {
+        **ROUND_LOOP,
+        # candidates: resolved by make_candidates at fit, whose errors name the candidate
+        "n_clusters": [None, Integer(1)],
+        "k_selection": [Options("gap", "penalty")],
+        "max_clusters": [Integer(1)],
+        "affinity_scale": [Real(0, closed="neither", desc="positive"), Options("auto")],
+        "standardize": ["boolean"],
+        "penalty": [None, Real(0)],
+        "n_init": [Integer(1)],
+        "n_refs": [Integer(1)],
+        "gap_rule": [Options("tibshirani", "global")],
+        "n_jobs": [None, Integer()],
+        "exchange_batch": [Integer(1)],
+    }
+
     def __init__(
         self,
         candidates: Any = None,
@@ -169,21 +185,6 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         self.exchange_batch = exchange_batch
         self.random_state = random_state
 
-    _parameter_constraints = {
-        # candidates: resolved by make_candidates at fit, whose errors name the candidate
-        "n_clusters": [None, Integer(1)],
-        "k_selection": [Options("gap", "penalty")],
-        "max_clusters": [Integer(1)],
-        "affinity_scale": [Real(0, closed="neither", desc="positive"), Options("auto")],
-        "standardize": ["boolean"],
-        "penalty": [None, Real(0)],
-        "n_init": [Integer(1)],
-        "n_refs": [Integer(1)],
-        "gap_rule": [Options("tibshirani", "global")],
-        "n_jobs": [None, Integer()],
-        "exchange_batch": [Integer(1)],
-        "random_state": ["random_state"],
-    }
     _save_arrays = ("errors_", "n_samples_", "cv_mse_", "exchange_losses_", "dissimilarity_",
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",
                     "_model_sizes", "_scaler_x", "_scaler_y")
