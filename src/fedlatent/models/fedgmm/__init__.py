@@ -61,6 +61,7 @@ Marfoq, Neglia, Bellet, Kameni, Vidal, "Federated Multi-Task Learning under a Mi
 Distributions", NeurIPS 2021 (the mixture of learners, ``M1 = 1``).
 """
 
+from ..._lazy import lazy_attributes
 from .math import _log as _log
 from .math import fedgmm_log_components, fedgmm_predict_log_proba, fedgmm_responsibilities
 from .model import _GMM_QUERIES as _GMM_QUERIES
@@ -76,15 +77,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # the estimator and the client predictor import scikit-learn and pandas: not what a client
-    # process needs
-    if name == "FedGMM":
-        from .estimator import FedGMM
-
-        return FedGMM
-    if name == "PersonalizedFedGMM":
-        from .personalized import PersonalizedFedGMM
-
-        return PersonalizedFedGMM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The estimator and the client predictor import scikit-learn and pandas: not what a client process
+# needs.
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "FedGMM": "estimator",
+    "PersonalizedFedGMM": "personalized",
+})

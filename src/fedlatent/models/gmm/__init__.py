@@ -11,6 +11,7 @@ The smallest model of the house, and the template for a new one:
 With full participation and step 1 the iterates are scikit-learn's ``GaussianMixture`` iterates.
 """
 
+from ..._lazy import lazy_attributes
 from .math import (
     COV_TYPES,
     compute_precision_cholesky,
@@ -39,10 +40,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # the estimator imports scikit-learn: not what a client process needs
-    if name in ("FederatedGaussianMixture", "initialize_gaussians"):
-        from . import estimator
-
-        return getattr(estimator, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The estimator imports scikit-learn: not what a client process needs.
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "FederatedGaussianMixture": "estimator",
+    "initialize_gaussians": "estimator",
+})

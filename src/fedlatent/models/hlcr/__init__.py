@@ -33,6 +33,7 @@ Yang, Carette, Jimbo, Maruyama. "Federated Latent Class Regression for Hierarchi
 1-3, prediction Theorem 2 / eq. (10). Wallach, Mimno, McCallum (2009) for the asymmetric prior.
 """
 
+from ..._lazy import lazy_attributes
 from ...engine.numerics import add_intercept
 from .math import (
     check_entities,
@@ -70,10 +71,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # the estimator imports scikit-learn: not what a client process needs
-    if name in ("HLCR", "SOLVERS"):
-        from . import estimator
-
-        return getattr(estimator, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The estimator imports scikit-learn: not what a client process needs.
+__getattr__, __dir__ = lazy_attributes(__name__, {"HLCR": "estimator", "SOLVERS": "estimator"})

@@ -11,6 +11,7 @@ Laid out like the Gaussian mixture, the template:
 With full participation and step 1 the iterates are those of centralized EM on the pooled rows.
 """
 
+from ..._lazy import lazy_attributes
 from .math import (
     lcr_log_prob,
     lcr_m_step,
@@ -38,10 +39,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # the estimator imports scikit-learn: not what a client process needs
-    if name in ("LatentClassRegression", "initialize_random_memberships"):
-        from . import estimator
-
-        return getattr(estimator, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The estimator imports scikit-learn: not what a client process needs.
+__getattr__, __dir__ = lazy_attributes(__name__, {
+    "LatentClassRegression": "estimator",
+    "initialize_random_memberships": "estimator",
+})

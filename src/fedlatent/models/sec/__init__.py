@@ -35,6 +35,7 @@ Tibshirani, Walther and Hastie, "Estimating the number of clusters in a data set
 statistic", JRSS-B 63 (2001).
 """
 
+from ..._lazy import lazy_attributes
 from .candidates import (
     BUILTIN_CANDIDATES,
     CANDIDATE_SETS,
@@ -97,10 +98,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # the estimator imports the base estimator (scikit-learn): not what a client process needs
-    if name == "SEC":
-        from . import estimator
-
-        return estimator.SEC
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The estimator imports the base estimator (scikit-learn): not what a client process needs.
+__getattr__, __dir__ = lazy_attributes(__name__, {"SEC": "estimator"})
