@@ -13,12 +13,8 @@ from scipy import stats
 import fedlatent as fl
 from fedlatent.data import ClientData
 from fedlatent.engine import InProcessRuntime
-from fedlatent.models.lcr import (
-    LCRModel,
-    lcr_m_step,
-    lcr_statistics,
-    solve_weighted_least_squares,
-)
+from fedlatent.models.lcr import LCRModel
+from fedlatent.models.lcr.math import lcr_m_step, lcr_statistics, solve_weighted_least_squares
 
 K, D = 3, 2
 REG = 1e-6

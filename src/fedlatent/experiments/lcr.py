@@ -26,7 +26,7 @@ import pandas as pd
 from ..data.dataset import FederatedDataset
 from ..engine.federation import Federation
 from ..engine.stats import Stats
-from ..models.lcr import lcr_m_step, lcr_responsibilities, lcr_statistics
+from ..models.lcr.math import lcr_m_step, lcr_responsibilities, lcr_statistics
 from ..models.lcr.estimator import LatentClassRegression
 
 __all__ = ["lcr_flexmix", "make_npreg_federation", "npreg_truth"]

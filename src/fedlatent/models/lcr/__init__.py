@@ -2,7 +2,8 @@
 
 Laid out like the Gaussian mixture, the template:
 
-- :mod:`.math`: pure functions (log-densities, statistics, weighted least-squares M-step);
+- :mod:`.math`: pure functions (log-densities, statistics, weighted least-squares M-step),
+  imported from there (``from fedlatent.models.lcr.math import lcr_m_step``);
 - :mod:`.model`: the engine side (``LCRModel``: client statistics, M-step, initialization and
   scoring queries), all a client process imports;
 - :mod:`.estimator`: ``LatentClassRegression``, the scikit-learn estimator (hooks of the base
@@ -12,31 +13,9 @@ With full participation and step 1 the iterates are those of centralized EM on t
 """
 
 from ..._lazy import lazy_attributes
-from .math import (
-    lcr_log_prob,
-    lcr_m_step,
-    lcr_mixture_mean,
-    lcr_responsibilities,
-    lcr_stat_shapes,
-    lcr_statistics,
-    n_free_parameters,
-    solve_weighted_least_squares,
-)
 from .model import LCRModel
 
-__all__ = [
-    "LCRModel",
-    "LatentClassRegression",
-    "initialize_random_memberships",
-    "lcr_log_prob",
-    "lcr_m_step",
-    "lcr_mixture_mean",
-    "lcr_responsibilities",
-    "lcr_stat_shapes",
-    "lcr_statistics",
-    "n_free_parameters",
-    "solve_weighted_least_squares",
-]
+__all__ = ["LCRModel", "LatentClassRegression", "initialize_random_memberships"]
 
 
 # The estimator imports scikit-learn: not what a client process needs.
