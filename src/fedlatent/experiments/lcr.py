@@ -26,8 +26,8 @@ import pandas as pd
 from ..data.dataset import FederatedDataset
 from ..engine.federation import Federation
 from ..engine.stats import Stats
-from ..models.lcr.math import lcr_m_step, lcr_responsibilities, lcr_statistics
 from ..models.lcr.estimator import LatentClassRegression
+from ..models.lcr.math import lcr_m_step, lcr_responsibilities, lcr_statistics
 
 __all__ = ["lcr_flexmix", "make_npreg_federation", "npreg_truth"]
 
