@@ -26,6 +26,7 @@ __all__ = [
     "gibbs_sweep_kernel",
     "log_marginal_batch",
     "sample_local_kernel",
+    "scratch",
 ]
 
 
@@ -101,13 +102,17 @@ def cluster_terms(D, c, L, u):
 
 
 @njit(cache=True)
+def scratch(F):
+    """The work arrays of :func:`chol_terms` and :func:`entity_loglik` for F features:
+    ``M`` (F, F), ``L`` (F, F, zeros: its upper triangle is never written), ``v``, ``u`` (F,)."""
+    return np.empty((F, F)), np.zeros((F, F)), np.empty(F), np.empty(F)
+
+
+@njit(cache=True)
 def log_marginal_batch(XtX, Xty, yty, n, D, c, inv_s2, log2pis2):
     E, F = XtX.shape[0], XtX.shape[1]
     K = D.shape[0]
-    M = np.empty((F, F))
-    L = np.zeros((F, F))
-    v = np.empty(F)
-    u = np.empty(F)
+    M, L, v, u = scratch(F)
     cl_ld, cl_q = cluster_terms(D, c, L, u)
     out = np.empty((E, K))
     for e in range(E):
@@ -142,10 +147,7 @@ def gibbs_sweep_kernel(XtX, Xty, yty, n, agent, z, D, c, Y, Nev, Nk, Nik, alpha,
     """One sweep of Algorithm 2 over all entities, in place. Returns the number of changes."""
     E, F = XtX.shape[0], XtX.shape[1]
     K = D.shape[0]
-    M = np.empty((F, F))
-    L = np.zeros((F, F))
-    v = np.empty(F)
-    u = np.empty(F)
+    M, L, v, u = scratch(F)
     cl_ld, cl_q = cluster_terms(D, c, L, u)
     logp = np.empty(K)
     changed = 0
