@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint import load_loop_checkpoint, save_loop_checkpoint
+from .checkpoint import RunIdentity, load_loop_checkpoint, save_loop_checkpoint
 from .federation import Federation
 from .history import History, RoundRecord
 from .messages import ClientReplyError, check_reply, message_nbytes, pack
@@ -90,10 +90,12 @@ class LoopOptions:
     progress : bool or None
         tqdm bar; None shows it only when stderr is a terminal.
     checkpoint : path or None
-        Where to write checkpoints (``<path>.npz`` and ``<path>.json``) every
+        Where to write checkpoints (one file, ``<path>.npz``, replaced atomically) every
         ``checkpoint_every`` rounds and when a fault stops the run.
     resume : bool
-        Continue from ``checkpoint``: the result equals the uninterrupted run's.
+        Continue from ``checkpoint``: the result equals the uninterrupted run's. A checkpoint
+        of another model, settings, seed, federation or clients, or with client states
+        missing, is refused with a message saying what differs.
     description : str
         Names the fit in the progress bar and the ConvergenceWarning.
     callbacks : list of callables or None
@@ -178,6 +180,7 @@ class _Rounds:
     def __init__(self, model, runtime, federation, options: LoopOptions, n_units):
         self.model, self.runtime, self.fed, self.opt = model, runtime, federation, options
         self.cids = runtime.client_ids
+        self.n_units = n_units
         self.n_total = float(sum(n_units.values()))
         self.weights = client_weights(federation, {c: n_units[c] for c in self.cids})
         self.use_cv = bool(federation.control_variates)
@@ -189,22 +192,24 @@ class _Rounds:
     def save(self, round_: int) -> None:
         if self.opt.checkpoint is None:
             return
-        meta = {
-            "model": self.model.name,
-            "model_config": self.model.get_config(),
-            "federation": self.fed.to_config(),
-            "seed": int(self.opt.seed),
-            "round": round_,
-        }
         save_loop_checkpoint(self.opt.checkpoint, params=self.params, state=self.state,
                              history=self.history,
-                             client_states=self.runtime.get_client_states(), meta=meta)
+                             client_states=self.runtime.get_client_states(),
+                             identity=self.identity(), round_=round_, params0=self.params0)
 
-    def resume(self) -> int:
+    def identity(self) -> RunIdentity:
+        """What a checkpoint of this run must match to be resumed."""
+        return RunIdentity(self.model.name, self.model.get_config(), self.fed.to_config(),
+                           int(self.opt.seed), {c: int(self.n_units[c]) for c in self.cids})
+
+    def resume(self, shapes) -> int:
+        """Load the checkpoint (refused, saying what differs, unless it is of this very run);
+        returns the round to continue from."""
         if self.opt.checkpoint is None:
             raise ValueError("resume=True needs checkpoint=PATH")
         params, S_hat, V, records, states, round_ = load_loop_checkpoint(
-            self.opt.checkpoint, self.model.name, self.opt.seed
+            self.opt.checkpoint, self.identity(), self.params0, shapes,
+            self.runtime.get_client_states(),
         )
         self.params = params
         self.state = FedEMState(S_hat, V)
@@ -311,7 +316,8 @@ class _Rounds:
         alpha = self.fed.alpha_for(shapes)
         raw_bytes, quant_bytes = stat_bytes(self.fed, shapes)
         self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params0.items()}
-        start_round = self.resume() if opt.resume else 1
+        self.params0 = self.params
+        start_round = self.resume(shapes) if opt.resume else 1
         converged = False
         bar = progress_bar(opt.max_rounds, opt.progress, opt.description)
         bar.update(start_round - 1)
