@@ -159,6 +159,8 @@ class FederatedEstimator(BaseEstimator):
 
     _parameter_constraints: ClassVar[dict[str, list]] = {}
     _save_arrays: ClassVar[tuple[str, ...]] = ()
+    #: saved arrays that may hold NaN (e.g. a history with unknown entries)
+    _load_nonfinite: ClassVar[tuple[str, ...]] = ()
     _score_name: ClassVar[str] = "score"
 
     # ---- hooks ---------------------------------------------------------------------------------
@@ -184,6 +186,11 @@ class FederatedEstimator(BaseEstimator):
 
     def _after_load(self) -> None:
         """Derived attributes, after ``_store`` or :meth:`load`."""
+
+    def _check_loaded(self) -> None:
+        """The model's invariants on the arrays :meth:`load` read (shapes for the saved
+        settings, weights on the simplex, covariances positive definite...), with the checks of
+        :mod:`fedlatent.engine.loadcheck`; raises ValueError naming the field."""
 
     def _describe_local(self, fd: FederatedDataset) -> dict:
         """Run on a node of a deployment, on its one-client ``fd``: the estimator's checks of
@@ -327,7 +334,9 @@ class FederatedEstimator(BaseEstimator):
 
     # ---- persistence (no pickle) ---------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Write ``<path>.npz`` (arrays) and ``<path>.json`` (settings, history). No pickle."""
+        """Write ``<path>.npz`` (arrays), then ``<path>.json`` (settings, history, the .npz's
+        sha256), each atomically: an interrupted save leaves a pair that :meth:`load` refuses,
+        never one it reads wrongly. No pickle."""
         check_is_fitted(self)
         arrays = {name: np.asarray(getattr(self, name)) for name in self._save_arrays}
         meta = {
@@ -353,10 +362,18 @@ class FederatedEstimator(BaseEstimator):
 
     @classmethod
     def load(cls, path: str | Path):
-        """Read what :meth:`save` wrote."""
+        """Read what :meth:`save` wrote, refusing (ValueError naming the file and the field) a
+        pair whose .npz does not match the sha256 its .json records, arrays other than the
+        saved ones, non-finite values and anything breaking the model's invariants
+        (``_check_loaded``). No pickle."""
+        from .loadcheck import check_saved
+
+        path = Path(path)
+        npz, js = path.with_name(path.name + ".npz"), path.with_name(path.name + ".json")
         arrays, meta = load_arrays_json(path)
         if meta.get("class") != cls.__name__:
             raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
+        check_saved(cls, arrays, meta, npz, js)
         params = dict(meta["params"])
         fed = params.pop("federation", None)
         names = cls._get_param_names()
@@ -375,7 +392,11 @@ class FederatedEstimator(BaseEstimator):
             setattr(est, k, v)
         est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
         est.n_features_in_ = len(est.feature_names_in_)
-        est.history_ = History.from_records(meta["history"])
-        est._load_extra(meta)
+        try:
+            est.history_ = History.from_records(meta["history"])
+            est._load_extra(meta)
+            est._check_loaded()
+        except (ValueError, KeyError, TypeError, IndexError) as err:
+            raise ValueError(f"{npz} / {js.name}: {err}") from err
         est._after_load()
         return est

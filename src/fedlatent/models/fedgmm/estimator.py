@@ -293,6 +293,21 @@ class FedGMM(FederatedEstimator):
         self.lower_bound_ = result.history[-1].objective
         self.client_ids_ = list(self._runtime.client_ids)
 
+    def _check_loaded(self) -> None:
+        from ...engine import loadcheck as lc
+
+        M1, M2, d = int(self.n_input_components), int(self.n_learners), int(self.n_features_in_)
+        for name, shape in (("weights_x_", (M1,)), ("weights_y_", (M2,)), ("means_", (M1, d)),
+                            ("center_", (d,))):
+            lc.expect_shape(self, name, shape)
+        lc.expect_simplex(self, "weights_x_")
+        lc.expect_simplex(self, "weights_y_")
+        lc.expect_covariances(self, "covariances_", self.covariance_type, M1, d)
+        lc.expect_precisions_cholesky(self, "precisions_cholesky_", self.covariance_type, M1, d)
+        if np.ndim(self.coef_) < 1 or len(self.coef_) != M2:
+            raise ValueError(f"field 'coef_' has shape {np.shape(self.coef_)}, the saved settings"
+                             f" need {M2} learners first")
+
     def _after_load(self) -> None:
         self.params_ = {
             "weights_x": self.weights_x_, "means": self.means_,

@@ -303,6 +303,16 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.lower_bound_ = result.history[-1].objective
         self._after_load()
 
+    def _check_loaded(self) -> None:
+        from ...engine import loadcheck as lc
+
+        K, d, ct = int(self.n_components), int(self.n_features_in_), self.covariance_type
+        lc.expect_shape(self, "weights_", (K,))
+        lc.expect_shape(self, "means_", (K, d))
+        lc.expect_simplex(self, "weights_")
+        lc.expect_covariances(self, "covariances_", ct, K, d)
+        lc.expect_precisions_cholesky(self, "precisions_cholesky_", ct, K, d)
+
     def _after_load(self) -> None:
         pc = self.precisions_cholesky_
         if self.covariance_type == "full":

@@ -115,6 +115,7 @@ class HLCR(FederatedEstimator):
                     "cluster_counts_", "labels_", "pair_agents_", "pair_entities_",
                     "history_log_joint_", "history_train_mse_")
     _score_name = "mse"
+    _load_nonfinite = ("history_log_joint_", "history_train_mse_")
 
     _parameter_constraints = {
         **ROUND_LOOP,
@@ -272,6 +273,21 @@ class HLCR(FederatedEstimator):
     def _load_extra(self, meta: dict) -> None:
         for k, v in meta.get("sizes", {}).items():
             setattr(self, k, int(v))
+
+    def _check_loaded(self) -> None:
+        from ...engine import loadcheck as lc
+
+        K, F = int(self.n_clusters), int(self.n_features_in_)
+        p = F + bool(self.fit_intercept)
+        for name, shape in (("coef_", (K, F)), ("intercept_", (K,)), ("precisions_", (K, p, p)),
+                            ("covariances_", (K, p, p)), ("c_", (K, p)),
+                            ("cluster_counts_", (K,)), ("labels_", self.pair_agents_.shape),
+                            ("pair_entities_", self.pair_agents_.shape)):
+            lc.expect_shape(self, name, shape)
+        lc.expect_pd(self, "precisions_")
+        lc.expect_pd(self, "covariances_")
+        lc.expect_positive(self, "cluster_counts_", strict=False)
+        lc.expect_labels(self, "labels_", K, low=-1)  # -1: a label the server never saw
 
     def _after_load(self) -> None:
         self.labels_ = np.asarray(self.labels_, dtype=np.int64)

@@ -326,6 +326,16 @@ class LatentClassRegression(FederatedEstimator):
                 ConvergenceWarning, stacklevel=3,
             )
 
+    def _check_loaded(self) -> None:
+        from ...engine import loadcheck as lc
+
+        K, d = int(self.n_components), int(self.n_features_in_)
+        for name, shape in (("weights_", (K,)), ("coef_", (K, d)), ("intercept_", (K,)),
+                            ("noise_variance_", (K,))):
+            lc.expect_shape(self, name, shape)
+        lc.expect_simplex(self, "weights_")
+        lc.expect_positive(self, "noise_variance_")
+
     def _after_load(self) -> None:
         if not hasattr(self, "lower_bound_") and len(self.history_):
             self.lower_bound_ = float(self.history_[-1].objective)

@@ -328,6 +328,18 @@ class SEC(ClusterUseMixin, FederatedEstimator):
                                   if sc else np.zeros((0, 2)))
         self._after_load()
 
+    def _check_loaded(self) -> None:
+        from ...engine import loadcheck as lc
+
+        L = len(self.learner_ids_)
+        for name in ("errors_", "n_samples_", "labels_", "_model_sizes"):
+            lc.expect_shape(self, name, (L,))
+        lc.expect_labels(self, "labels_", L)
+        lc.expect_positive(self, "_model_sizes")
+        if int(np.sum(self._model_sizes)) != np.size(self._model_bytes):
+            raise ValueError(f"field '_model_sizes' sums to {int(np.sum(self._model_sizes))}, "
+                             f"but '_model_bytes' holds {np.size(self._model_bytes)} bytes")
+
     def _after_load(self) -> None:
         bounds = np.cumsum(self._model_sizes)[:-1]
         self.models_ = np.split(np.asarray(self._model_bytes, dtype=np.uint8), bounds)
