@@ -19,18 +19,21 @@ the SPIDER memory) is a flat dict of arrays and never leaves the node.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from ..data.dataset import ClientData, FederatedDataset
 from .federation import Quantizer
-from .messages import pack, unpack
+from .messages import ERROR_KEY, pack, unpack
 from .model import FederatedModel, client_rng
 from .registry import estimator_from_config, model_from_config
 from .stats import Stats
 
 __all__ = ["ClientNode", "describe_client"]
+
+logger = logging.getLogger(__name__)
 
 # purposes of the per-(client, round) generators
 _P_MODEL, _P_QUANT, _P_BATCH, _P_QUERY = 0, 1, 2, 3
@@ -104,7 +107,7 @@ class ClientNode:
         if self.model is None:
             self._setup(msg)
         if method == "estep":
-            return self._estep(msg)
+            return self._estep_or_error(msg)
         if method == "evaluate":
             return self._evaluate(msg)
         if method == "query":
@@ -131,6 +134,18 @@ class ClientNode:
         if commit:
             _put(self.state, "model", step.state)
         return step
+
+    def _estep_or_error(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The E-step, or, if it raises, a reply carrying the exception's text (the server
+        records the client as missing with it) and the state as it was before the round."""
+        before = {k: np.array(v, copy=True) for k, v in self.state.items()}
+        try:
+            return self._estep(msg)
+        except Exception as err:  # noqa: BLE001 - reported to the server, not hidden
+            self.state = before
+            logger.warning("client %r: round %s failed: %s", self.client_id, msg.get("round"),
+                           err)
+            return {ERROR_KEY: f"{type(err).__name__}: {err}"}
 
     def _estep(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.model is not None

@@ -149,6 +149,11 @@ class Federation:
         parameters, so it doubles the computation; use it for studies, not for production.
     random_state : int or None
         Seed of participation, quantization and mini-batch draws. None: the estimator's seed.
+    on_invalid : {"exclude", "raise"}, default "exclude"
+        A client whose statistics break its model's invariants (negative counts, more units
+        than it has, a moment matrix that is not positive semi-definite): "exclude" leaves it
+        out of that round and records it in ``history_`` (column ``rejected``); "raise" stops
+        the fit with an error naming the client and the reason.
     """
 
     participation: float = 1.0
@@ -161,6 +166,7 @@ class Federation:
     batch_size: int | None = None
     track_h: bool = False
     random_state: int | None = None
+    on_invalid: str = "exclude"
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -188,6 +194,11 @@ class Federation:
             )
         if self.batch_size is not None and int(self.batch_size) < 1:
             raise ValueError(f"Federation(batch_size=...) must be >= 1, got {self.batch_size!r}")
+        if self.on_invalid not in ("exclude", "raise"):
+            raise ValueError(
+                "Federation(on_invalid=...) must be 'exclude' (leave the client out of the "
+                f"round) or 'raise' (stop the fit), got {self.on_invalid!r}"
+            )
         if self.alpha is not None and not (0.0 < float(self.alpha) <= 1.0):
             raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["RoundRecord", "History"]
@@ -27,7 +29,14 @@ class RoundRecord:
     step_size : float
     seconds : float
     missing : list of str
-        Clients that were asked but did not answer (treated as not taking part).
+        Clients that were asked but did not answer (treated as not taking part), including
+        those that raised (their exception text is in ``errors``).
+    rejected : dict of str to str
+        Clients whose well-formed reply broke its model's invariants (negative counts, units
+        claimed other than set up, a moment matrix not positive semi-definite...), with the
+        reason; nothing of their reply was aggregated.
+    errors : dict of str to str
+        Clients that raised during the round, with the exception's type and text.
     """
 
     round: int
@@ -39,6 +48,23 @@ class RoundRecord:
     step_size: float
     seconds: float
     missing: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _as_reasons(value) -> dict[str, str]:
+    """``{client: reason}`` from a dict, its JSON text (a frame or CSV), or nothing (histories
+    saved before the column existed)."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    if isinstance(value, str) and value.strip():
+        loaded = json.loads(value)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"a history's reasons must be a JSON object, got {value!r}")
+        return {str(k): str(v) for k, v in loaded.items()}
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return {}
+    raise ValueError(f"a history's reasons must be a dict or its JSON text, got {value!r}")
 
 
 class History(list):
@@ -48,6 +74,8 @@ class History(list):
         rows = [asdict(r) for r in self]
         for r in rows:
             r["missing"] = ";".join(r["missing"])
+            r["rejected"] = json.dumps(r["rejected"], sort_keys=True)
+            r["errors"] = json.dumps(r["errors"], sort_keys=True)
         cols = list(RoundRecord.__dataclass_fields__)
         import pandas as pd
 
@@ -67,5 +95,7 @@ class History(list):
             r = dict(r)
             m = r.get("missing") or []
             r["missing"] = m.split(";") if isinstance(m, str) and m else list(m) if m else []
+            r["rejected"] = _as_reasons(r.get("rejected"))
+            r["errors"] = _as_reasons(r.get("errors"))
             h.append(RoundRecord(**r))
         return h

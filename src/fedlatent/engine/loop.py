@@ -25,14 +25,22 @@ import numpy as np
 from .checkpoint import RunIdentity, load_loop_checkpoint, save_loop_checkpoint
 from .federation import Federation
 from .history import History, RoundRecord
-from .messages import ClientReplyError, check_reply, message_nbytes, pack
+from .messages import ERROR_KEY, ClientReplyError, check_reply, message_nbytes, pack
 from .model import FederatedModel, Params
 from .runtime import Runtime
 from .stats import Stats
-from .update import FedEMState, client_weights, round_message, select_active, stat_bytes
+from .update import (
+    FedEMState,
+    ReplyScreen,
+    client_weights,
+    round_message,
+    select_active,
+    stat_bytes,
+)
 
 __all__ = [
     "FederatedFitError",
+    "ServerStepError",
     "FitResult",
     "LoopOptions",
     "run_federated_em",
@@ -57,12 +65,23 @@ def __getattr__(name: str):
 
 
 class FederatedFitError(RuntimeError):
-    """A fault during a run. ``last_good`` holds the parameters of the last good round."""
+    """A fault during a run. ``last_good`` holds the parameters of the last good round,
+    ``round_`` (also ``round``) the round that failed."""
 
     def __init__(self, message: str, last_good: Params | None = None, round_: int | None = None):
         super().__init__(message)
         self.last_good = last_good
         self.round = round_
+
+    @property
+    def round_(self) -> int | None:
+        return self.round
+
+
+class ServerStepError(FederatedFitError, ValueError):
+    """The M-step failed on the aggregated statistics (overflow, a singular system): the
+    round is named and the last good state kept. Also a ValueError, as the error the model
+    raised was."""
 
 
 @dataclass
@@ -184,6 +203,7 @@ class _Rounds:
         self.n_total = float(sum(n_units.values()))
         self.weights = client_weights(federation, {c: n_units[c] for c in self.cids})
         self.use_cv = bool(federation.control_variates)
+        self.screen = ReplyScreen(model, dict(n_units), federation)
         self.state = FedEMState()
         self.history = History()
         self.params: Params = {}
@@ -232,25 +252,18 @@ class _Rounds:
         if self.state.S_hat is not None:
             msg.update(pack("S_hat", self.state.S_hat.to_dict()))
         replies = self.runtime.broadcast(active, "estep", msg) if active else {}
-        missing = [c for c in active if c not in replies]
-        if missing:
-            logger.warning("round %d: clients %s did not answer; treated as absent", k, missing)
-        got: dict[str, Stats] = {}
-        obj_sum, obj_n = 0.0, 0
-        for c in active:
-            if c not in replies:
-                continue
-            got[c] = check_reply(c, replies[c], shapes)
-            obj_sum += float(replies[c]["objective"])
-            obj_n += int(replies[c]["n"])
+        got, parsed, missing, rejected, errors, obj_sum, obj_n = self.screen_replies(
+            k, active, replies, shapes, msg)
         bytes_down = message_nbytes(msg) * len(active)
-        bytes_up = (raw_bytes if init_round else quant_bytes) * len(got)
+        bytes_up = (raw_bytes if init_round else quant_bytes) * len(parsed)
 
         if init_round:
-            if missing:
+            if missing or rejected:
+                why = {**{c: errors.get(c, "no reply") for c in missing}, **rejected}
+                detail = "; ".join(f"client {c!r}: {r}" for c, r in why.items())
                 raise FederatedFitError(
-                    f"clients {missing} did not answer the initialization round", self.params, k
-                )
+                    f"clients {list(why)} did not answer the initialization round validly "
+                    f"(every client must): {detail}", self.params, k)
             new_state = self.state.after_init(got, self.weights, self.use_cv)
         else:
             new_state = self.state.after_round(got, self.weights, gamma, p, alpha)
@@ -261,7 +274,14 @@ class _Rounds:
                 self.params,
                 k,
             )
-        new_params = self.model.server_step(new_state.S_hat, self.params, self.n_total)
+        try:
+            new_params = self.model.server_step(new_state.S_hat, self.params, self.n_total)
+        except (FloatingPointError, OverflowError, ZeroDivisionError, ValueError,
+                np.linalg.LinAlgError) as err:
+            raise ServerStepError(
+                f"round {k}: the M-step failed on the aggregated statistics "
+                f"({type(err).__name__}: {err}); kept the parameters of round {k - 1}",
+                self.params, k) from err
         bad = [n for n, v in new_params.items() if not np.all(np.isfinite(v))]
         if bad:
             raise FederatedFitError(
@@ -270,6 +290,7 @@ class _Rounds:
                 self.params,
                 k,
             )
+        self.screen.after_round(init_round, active, parsed, errors, new_state.S_hat, alpha)
         if init_round and self.use_cv:
             # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0.
             cv_msg = {"seed": seed, "round": k, **pack("S_hat", new_state.S_hat.to_dict())}
@@ -289,14 +310,59 @@ class _Rounds:
                 step_size=gamma,
                 seconds=time.perf_counter() - t0,
                 missing=missing,
+                rejected=rejected,
+                errors=errors,
             )
         )
         return (
             self.fed.is_plain_em
             and len(self.history) >= 2
             and not missing
+            and not rejected
             and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol
         )
+
+    def screen_replies(self, k: int, active: list[str], replies, shapes, msg):
+        """Sort round ``k``'s replies before anything is aggregated: ``got`` (aggregated),
+        ``parsed`` (well formed, aggregated or not), ``missing`` (no reply, or the client
+        raised: ``errors`` has its exception text), ``rejected`` (client -> the invariant its
+        statistics break; with ``on_invalid="raise"`` the first one stops the run). A reply
+        that is not well formed (a block missing, a wrong shape, a non-finite value) stops the
+        run (ClientReplyError)."""
+        got: dict[str, Stats] = {}
+        parsed: dict[str, Stats] = {}
+        rejected: dict[str, str] = {}
+        errors: dict[str, str] = {}
+        obj_sum, obj_n = 0.0, 0
+        for c in active:
+            rep = replies.get(c)
+            if rep is None:
+                continue
+            if ERROR_KEY in rep:
+                errors[c] = str(rep[ERROR_KEY])
+                continue
+            Q = parsed[c] = check_reply(c, rep, shapes)
+            reason = self.screen.problem(c, Q, rep, str(msg.get("mode", "full")),
+                                         self.state.S_hat)
+            if reason:
+                if self.fed.on_invalid == "raise":
+                    raise FederatedFitError(
+                        f"round {k}: client {c!r} sent statistics that cannot be true: {reason}"
+                        f"; stopped (on_invalid='raise'), kept the parameters of round {k - 1}",
+                        self.params, k)
+                rejected[c] = reason
+                continue
+            got[c] = Q
+            obj_sum += float(rep["objective"])
+            obj_n += int(rep["n"])
+        missing = [c for c in active if c not in replies or c in errors]
+        if missing:
+            logger.warning("round %d: clients %s did not answer; treated as absent%s", k, missing,
+                           "".join(f"; {c}: {e}" for c, e in errors.items()))
+        if rejected:
+            logger.warning("round %d: left out %s", k,
+                           "; ".join(f"client {c!r}: {r}" for c, r in rejected.items()))
+        return got, parsed, missing, rejected, errors, obj_sum, obj_n
 
     def h_norm2(self, k: int, shapes) -> float:
         """||h(S_hat)||^2 = ||mean_c S_c(T(S_hat)) - S_hat||^2 (one evaluation pass)."""

@@ -7,7 +7,7 @@ one to one onto Flower's records (ArrayRecord + ConfigRecord) and onto .npz + JS
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +16,14 @@ import numpy as np
 from .stats import Stats
 
 __all__ = [
+    "ERROR_KEY",
     "ClientReplyError",
     "Expect",
+    "bordered",
+    "count_problem",
+    "equal_problem",
+    "psd_failures",
+    "psd_problem",
     "array",
     "check_fields",
     "check_reply",
@@ -29,6 +35,9 @@ __all__ = [
 ]
 
 Message = dict[str, Any]
+
+#: the key of a client's reply that reports an exception on the client instead of a result
+ERROR_KEY = "engine/error"
 
 
 class ClientReplyError(RuntimeError):
@@ -78,22 +87,27 @@ class Expect:
         Whether every value must be finite.
     is_text : bool
         A string (a JSON document, a name); no numeric checks.
+    check : callable or None
+        ``check(value, reply, client) -> reason or None``: what the value means (counts in
+        range, a moment matrix consistent with the first moments...), run once every entry
+        has passed the checks above; a reason refuses the reply.
     """
 
     shape: tuple[int | None, ...] | None = None
     low: float | None = None
     finite: bool = True
     is_text: bool = False
+    check: Callable[[Any, Mapping[str, Any], str], str | None] | None = None
 
 
-def number(low: float | None = None) -> Expect:
-    """A finite scalar (at least ``low`` when given)."""
-    return Expect(None, low)
+def number(low: float | None = None, check=None) -> Expect:
+    """A finite scalar (at least ``low`` when given; ``check`` as in :class:`Expect`)."""
+    return Expect(None, low, check=check)
 
 
-def array(*shape: int | None, low: float | None = None) -> Expect:
+def array(*shape: int | None, low: float | None = None, check=None) -> Expect:
     """A finite array of ``shape`` (None: any length along that axis)."""
-    return Expect(tuple(shape), low)
+    return Expect(tuple(shape), low, check=check)
 
 
 def text() -> Expect:
@@ -138,6 +152,10 @@ def check_fields(
                 raise ClientReplyError(client, f"{noun} {k!r} has non-finite values")
         if e.low is not None and np.any(a < e.low):
             raise ClientReplyError(client, f"{noun} {k!r} has values below {e.low}")
+    for k, e in expect.items():
+        reason = e.check(reply[k], reply, client) if e.check is not None else None
+        if reason:
+            raise ClientReplyError(client, f"{noun} {k!r}: {reason}")
 
 
 def check_reply(
@@ -160,3 +178,109 @@ def check_reply(
     check_fields(client, got, {k: array(*shp) for k, shp in expected.items()}, "statistic")
     check_fields(client, reply, {s: number() for s in scalars}, "scalar")
     return Stats({k: got[k] for k in expected}, copy=False)
+
+
+# ---- invariants of statistics (the models' ``check`` hooks use these) -----------------------
+def psd_failures(M: np.ndarray, slack: np.ndarray | None = None, rtol: float = 1e-8) -> np.ndarray:
+    """Indices of the matrices of ``M`` that are not positive semi-definite beyond rounding.
+
+    Each matrix is scaled by its diagonal (``M_ij / sqrt(M_ii M_jj)``, unit diagonal), so the
+    test does not depend on units or magnitude (1e300 overflows nothing) and a tolerance of
+    ``rtol`` on the smallest eigenvalue is relative to the scale of the sums. ``slack`` (same
+    shape, >= 0) bounds the absolute error of each entry (statistics rebuilt from differences
+    on the server); it widens the tolerance by the Frobenius norm of the scaled error, a bound
+    on how far it can move an eigenvalue (Weyl).
+
+    Parameters
+    ----------
+    M : ndarray of shape (m, p, p)
+    slack : ndarray of shape (m, p, p) or None
+
+    Returns
+    -------
+    ndarray of int: the indices ``i`` with ``M[i]`` not PSD.
+    """
+    M = np.asarray(M, dtype=np.float64)
+    if M.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    E = np.zeros_like(M) if slack is None else np.abs(np.asarray(slack, dtype=np.float64))
+    diag = np.diagonal(M, axis1=1, axis2=2)
+    ediag = np.diagonal(E, axis1=1, axis2=2)
+    tiny = np.finfo(np.float64).tiny
+    neg_diag = np.any(diag < -ediag - rtol * np.abs(diag).max(axis=1, keepdims=True), axis=1)
+    s = np.sqrt(np.maximum(diag, 0.0) + ediag + tiny)
+    outer = s[:, :, None] * s[:, None, :]
+    Ms = M / outer
+    Ms = 0.5 * (Ms + np.transpose(Ms, (0, 2, 1)))
+    err = np.sqrt(np.sum((E / outer) ** 2, axis=(1, 2)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.all(np.isfinite(Ms), axis=(1, 2))
+        lam = np.full(len(M), -np.inf)
+        if ok.any():
+            lam[ok] = np.linalg.eigvalsh(Ms[ok])[:, 0]
+    bad = neg_diag | (lam < -(rtol * M.shape[-1] + err))
+    return np.flatnonzero(bad)
+
+
+def count_problem(name: str, counts: np.ndarray, n_units: float,
+                  slack: np.ndarray | None = None, total: bool = True,
+                  rtol: float = 1e-8) -> str | None:
+    """Why ``counts`` cannot be counts of ``n_units`` units (None when they can): each in
+    ``[0, n_units]`` and, with ``total``, summing to ``n_units``, within ``rtol`` of
+    ``n_units`` plus the entries' ``slack``."""
+    c = np.asarray(counts, dtype=np.float64)
+    e = np.zeros_like(c) if slack is None else np.abs(np.asarray(slack, dtype=np.float64))
+    n = float(n_units)
+    tol = rtol * max(n, 1.0)
+    low = np.flatnonzero(c < -(e + tol))
+    if low.size:
+        return f"count {name!r} is negative ({c.flat[low[0]]:.6g} at index {int(low[0])})"
+    high = np.flatnonzero(c > n + e + tol)
+    if high.size:
+        return (f"count {name!r} is {c.flat[high[0]]:.6g} at index {int(high[0])}, more than "
+                f"the {n:g} units it sums over")
+    if total and abs(float(c.sum()) - n) > tol + float(e.sum()):
+        return f"counts {name!r} sum to {float(c.sum()):.6g}, not to the {n:g} units"
+    return None
+
+
+def bordered(A: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``[[A, b], [b^T, c]]`` for a batch: A (m, p, p), b (m, p), c (m,) -> (m, p+1, p+1).
+
+    The moment matrix ``sum w [x; y][x; y]^T`` of a weighted sum is positive semi-definite;
+    its blocks are what a client sends (``sum w x x^T``, ``sum w x y``, ``sum w y^2``).
+    """
+    A, b, c = (np.asarray(v, dtype=np.float64) for v in (A, b, c))
+    m, p = b.shape
+    out = np.empty((m, p + 1, p + 1))
+    out[:, :p, :p] = A
+    out[:, :p, p] = b
+    out[:, p, :p] = b
+    out[:, p, p] = c
+    return out
+
+
+def psd_problem(what: str, M: np.ndarray, slack: np.ndarray | None = None,
+                label: str = "component") -> str | None:
+    """A reason naming the first ``label`` whose matrix in ``M`` is not PSD (None if all are);
+    ``what`` says which matrix, in words."""
+    bad = psd_failures(M, slack)
+    if bad.size:
+        return (f"{what} of {label} {int(bad[0])} is not positive semi-definite (second "
+                "moments inconsistent with the first: no data give these sums)")
+    return None
+
+
+def equal_problem(what: str, a: np.ndarray, b: np.ndarray, ea=None, eb=None,
+                  rtol: float = 1e-8) -> str | None:
+    """A reason unless ``a == b`` within rounding (``ea``, ``eb``: entries' slack)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    tol = rtol * np.maximum(np.abs(a), np.abs(b)) + rtol
+    for e in (ea, eb):
+        if e is not None:
+            tol = tol + np.abs(e)
+    bad = np.flatnonzero(np.abs(a - b) > tol)
+    if bad.size:
+        i = int(bad[0])
+        return f"{what} differ at index {i} ({a.flat[i]:.6g} vs {b.flat[i]:.6g})"
+    return None

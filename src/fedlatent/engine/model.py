@@ -16,6 +16,7 @@ Client side (runs where the data are)::
 Server side::
 
     stat_shapes(params) -> {name: shape}              what a client must send (for validation)
+    check(stats, n_units, slack) -> reason or None     what one client's statistics must mean
     server_step(S, params, n_total) -> params          the M-step T(S) on mean statistics
 
 ``S`` given to ``server_step`` is on the scale of a *mean over units* (the client-weighted
@@ -140,6 +141,20 @@ class FederatedModel(ABC):
     @abstractmethod
     def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
         """The M-step: new parameters from mean statistics ``S``."""
+
+    def check(self, stats: Stats, n_units: float, slack: Stats | None = None) -> str | None:
+        """The invariants of one client's statistics; None when they hold, else the reason.
+
+        ``stats`` are sums over ``n_units`` units, as a client of this model computes them
+        (counts in ``[0, n_units]``, moment matrices positive semi-definite...). ``slack``
+        bounds the absolute error of each entry when the server rebuilt the statistic from a
+        difference (None: computed directly). The engine has already checked blocks, shapes,
+        finiteness and the units claimed; the default adds nothing. Use
+        :func:`fedlatent.engine.messages.count_problem` and
+        :func:`~fedlatent.engine.messages.psd_failures` (relative tolerances: an honest
+        client must never fail).
+        """
+        return None
 
     def param_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
         return {k: np.shape(v) for k, v in params.items()}

@@ -24,7 +24,12 @@ from .federation import Federation
 from .model import server_rng
 from .stats import Stats
 
-__all__ = ["FedEMState", "client_weights", "round_message", "select_active"]
+__all__ = ["FedEMState", "ReplyScreen", "client_weights", "round_message", "select_active"]
+
+#: rounding allowed, per unit of magnitude, when a statistic is rebuilt as Q_c + S_hat + V_c
+_REBUILD_EPS = 64 * np.finfo(np.float64).eps
+#: sums beyond this magnitude cannot be aggregated (a weighted mean of them overflows)
+_MAX_SUM = 1e306
 
 
 @dataclass
@@ -114,3 +119,98 @@ def stat_bytes(federation: Federation, shapes: dict[str, tuple[int, ...]]) -> tu
     raw = int(sum(8 * int(np.prod(s)) for s in shapes.values())) + 16
     quant = federation.quantizer
     return raw, (quant.nbytes(shapes) + 16) if quant is not None else raw
+
+
+class ReplyScreen:
+    """What each round's well-formed replies must mean, before anything is aggregated.
+
+    Every reply: the units claimed (``n``) equal the units the client set up (full passes)
+    or lie in ``[1, n_units]`` (mini-batches, SPIDER corrections), and no sum is beyond what
+    can be aggregated. Where the server can rebuild the client's own statistic ``S_c`` (the
+    initialization round, which sends ``S_c`` itself; later rounds without a quantizer, from
+    ``Q_c + S_hat (+ V_c)``, with ``V_c`` mirrored from the client's replies), the model's
+    invariants (:meth:`~fedlatent.engine.model.FederatedModel.check`) on ``S_c`` scaled to
+    sums; the rebuilt entries carry a rounding ``slack``. Not rebuilt, so only the generic
+    checks: quantized differences, SPIDER corrections (a difference of mini-batch terms, not
+    a statistic of data), and with control variates a client whose ``V_c`` the server lost
+    track of (a reply that never arrived, or a resumed run).
+    """
+
+    def __init__(self, model, n_units: dict[str, int], federation: Federation):
+        self.model, self.n_units = model, n_units
+        self.exact = federation.quantizer is None
+        self.use_cv = bool(federation.control_variates)
+        #: V_c as each client holds it (None: unknown); only without a quantizer
+        self.mirror: dict[str, Stats | None] = {}
+
+    def units_problem(self, c: str, n: Any, mode: str) -> str | None:
+        try:
+            n = float(n)
+        except (TypeError, ValueError):
+            return f"claims {n!r} units"
+        m = int(self.n_units[c])
+        if n != round(n):
+            return f"claims {n:g} units, not a whole number"
+        if mode in ("full", "spider-refresh"):
+            if n != m:
+                return f"claims {n:g} units, {m} at setup"
+        elif not 1 <= n <= m:
+            return f"claims {n:g} units in a mini-batch, it has {m}"
+        return None
+
+    def problem(self, c: str, Q: Stats, reply: dict[str, Any], mode: str,
+                S_hat: Stats | None) -> str | None:
+        """Why client ``c``'s reply ``Q`` (its checked blocks) must not be aggregated."""
+        reason = self.units_problem(c, reply.get("n"), mode)
+        if reason:
+            return reason
+        n = float(reply["n"])
+        for k, v in Q.items():
+            big = float(np.max(np.abs(v))) if v.size else 0.0
+            if big * max(n, 1.0) > _MAX_SUM:
+                return f"statistic {k!r} reaches {big:.3g} per unit, beyond any sum of data"
+        S_c, slack = self.rebuild(c, Q, mode, S_hat)
+        if S_c is None:
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.model.check(S_c * n, n, None if slack is None else slack * n)
+
+    def rebuild(self, c: str, Q: Stats, mode: str, S_hat: Stats | None):
+        """``(S_c, slack)``: the client's own mean statistic and its rounding bound, or
+        ``(None, None)`` where it cannot be rebuilt."""
+        if S_hat is None:
+            return Q, None
+        if not self.exact or mode == "spider":
+            return None, None
+        terms = [Q, S_hat]
+        if self.use_cv:
+            V = self.mirror.get(c)
+            if V is None:
+                return None, None
+            terms.append(V)
+        S_c = Q + S_hat
+        if self.use_cv:
+            S_c = S_c + terms[2]
+        slack = Stats({k: _REBUILD_EPS * sum(np.abs(t[k]) for t in terms) for k in Q},
+                      copy=False)
+        return S_c, slack
+
+    def after_round(self, init_round: bool, asked: list[str], parsed: dict[str, Stats],
+                    errors: dict[str, str], S_hat_new: Stats, alpha: float) -> None:
+        """Follow every client's ``V_c`` as it updates it itself: ``S_c0 - S_hat_0`` after the
+        initialization round, then ``V_c + alpha Q_c`` for every reply it sent (aggregated or
+        not); unknown after a reply that did not arrive; unchanged when it raised (a client
+        that raises keeps its state)."""
+        if not (self.use_cv and self.exact):
+            return
+        if init_round:
+            self.mirror = {c: Q - S_hat_new for c, Q in parsed.items()}
+            return
+        for c in asked:
+            if c in errors:
+                continue
+            V = self.mirror.get(c)
+            if c in parsed and V is not None:
+                self.mirror[c] = V.copy().add_(parsed[c], alpha)
+            else:
+                self.mirror[c] = None

@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...data.dataset import ClientData
+from ...engine.messages import count_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, register_model
 from ...engine.numerics import add_intercept
 from ...engine.stats import Stats
 from ..gmm import GMMModel, compute_precision_cholesky, gmm_m_step, gmm_statistics
+from ..gmm.model import gaussian_problem
 from ..logistic import irls_statistics, local_refit, newton_solve
 from .math import fedgmm_log_components, fedgmm_responsibilities
 
@@ -147,6 +149,23 @@ class FedGMMModel(FederatedModel):
         else:
             shapes["ltheta"] = (self.M2, P)
         return shapes
+
+    def check(self, stats, n_units, slack=None):
+        """The Gaussian blocks as a Gaussian mixture's (``paper`` aggregation: around the
+        client's own means, so the second moments are put back first); the learners' weights
+        ``lw`` counts of the same samples; each learner's Hessian ``lH`` (a sum of
+        ``w x x^T``-type terms) positive semi-definite."""
+        G = {k: np.asarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx")}
+        if self.cov_agg == "paper":
+            G["sxx"] = G["sxx"] + self._outer(G["sx"], G["nk"] + 10 * np.finfo(np.float64).eps)
+        reason = gaussian_problem(G, n_units, self.cov_type, slack)
+        if reason:
+            return reason
+        reason = count_problem("lw", stats["lw"], n_units, None if slack is None else slack["lw"])
+        if reason or "lH" not in stats:
+            return reason
+        return psd_problem("the Hessian 'lH'", stats["lH"],
+                           None if slack is None else slack["lH"], "learner")
 
     def server_step(self, S, params, n_total):
         G = {k: S[k] for k in ("nk", "sx", "sxx")}

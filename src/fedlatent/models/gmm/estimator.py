@@ -22,6 +22,7 @@ from ...data.dataset import FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
 from ...engine.exchange import array, number
 from ...engine.loop import FitResult
+from ...engine.messages import bordered, count_problem, psd_problem
 from ...engine.model import Params
 from ...engine.numerics import kmeans, logsumexp
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
@@ -34,7 +35,7 @@ from .math import (
     gmm_m_step,
     n_free_parameters,
 )
-from .model import GMMModel
+from .model import GMMModel, gaussian_problem
 
 __all__ = ["FederatedGaussianMixture", "initialize_gaussians"]
 
@@ -44,6 +45,60 @@ logger = logging.getLogger(__name__)
 def _stat_shapes(K: int, d: int, covariance_type: str) -> dict[str, tuple[int, ...]]:
     sxx = {"full": (K, d, d), "tied": (d, d), "diag": (K, d), "spherical": (K, d)}
     return {"nk": (K,), "sx": (K, d), "sxx": sxx[covariance_type]}
+
+
+def _units_check(ctx: FitContext):
+    """``n`` in a reply must be the client's number of samples at setup."""
+    def check(n, reply, c):
+        return None if float(n) == ctx.n_units[c] else (
+            f"claims {float(n):g} samples, {ctx.n_units[c]} at setup")
+    return check
+
+
+def _moments_expect(ctx: FitContext, d: int) -> dict:
+    """The moments reply: ``n`` as at setup, ``[[n, sum x], [sum x, sum x x^T]]`` PSD."""
+    def psd(sxx, reply, c):
+        M = bordered(np.asarray(sxx)[None], np.asarray(reply["sx"])[None], [float(reply["n"])])
+        return psd_problem("the moment matrix [[sum x x^T, sum x], [., n]]", M, None, "block")
+
+    return {"n": number(low=1, check=_units_check(ctx)), "sx": array(d),
+            "sxx": array(d, d, check=psd)}
+
+
+def _counts_check(ctx: FitContext):
+    """Local k-means counts: each and their total at most the client's samples."""
+    def check(counts, reply, c):
+        return count_problem("counts", counts, ctx.n_units[c], total=False) or (
+            None if float(np.sum(counts)) <= ctx.n_units[c] * (1 + 1e-12) else
+            f"sum to {float(np.sum(counts)):g}, more than the {ctx.n_units[c]} samples")
+    return check
+
+
+def _centroids_check(ctx: FitContext, mom):
+    """Local centroids are means of disjoint sets of the client's samples: the moment matrix
+    of its samples minus ``sum_j n_j [1; c_j][1; c_j]^T`` (the samples left over) is PSD."""
+    def check(cents, reply, c):
+        cents = np.asarray(cents, dtype=np.float64).reshape(-1, np.shape(mom[c]["sx"])[0])
+        counts = np.asarray(reply["counts"], dtype=np.float64).ravel()
+        if cents.shape[0] != counts.size:
+            return None  # refused below with the numbers
+        full = bordered(np.asarray(mom[c]["sxx"])[None], np.asarray(mom[c]["sx"])[None],
+                        [float(mom[c]["n"])])[0]
+        aug = np.hstack([cents, np.ones((counts.size, 1))]) * np.sqrt(counts)[:, None]
+        used = aug.T @ aug
+        slack = 1e-9 * (np.abs(full) + np.abs(used))
+        return psd_problem("the samples left over by the centroids ([[sum x x^T, sum x], "
+                           "[., n]] minus the centroids' share)", (full - used)[None],
+                           slack[None], "block")
+    return check
+
+
+def _stats_check(ctx: FitContext, covariance_type: str):
+    """Hard-assignment statistics: a Gaussian mixture's invariants over the client's samples."""
+    def check(nk, reply, c):
+        st = {k[5:]: np.asarray(v) for k, v in reply.items() if str(k).startswith("stat/")}
+        return gaussian_problem(st, ctx.n_units[c], covariance_type)
+    return check
 
 
 def initialize_gaussians(
@@ -75,8 +130,7 @@ def initialize_gaussians(
     seed = ctx.seed
     d = ctx.n_features
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xC0FFEE,)))
-    mom = ctx.ask("moments", expect={"n": number(low=1), "sx": array(d), "sxx": array(d, d)},
-                  what="initialization (moments)")
+    mom = ctx.ask("moments", expect=_moments_expect(ctx, d), what="initialization (moments)")
     n = sum(float(mom[c]["n"]) for c in cids)
     sx = sum(np.asarray(mom[c]["sx"]) for c in cids)
     sxx = sum(np.asarray(mom[c]["sxx"]) for c in cids)
@@ -102,7 +156,8 @@ def initialize_gaussians(
         }[ct]
     else:
         km = ctx.ask("kmeans", {"k": K, "min_points": int(min_points_per_centroid)},
-                     expect={"centroids": array(None, d), "counts": array(None, low=0)},
+                     expect={"centroids": array(None, d, check=_centroids_check(ctx, mom)),
+                             "counts": array(None, low=0, check=_counts_check(ctx))},
                      what="k-means initialization")
         for c in cids:
             if np.shape(km[c]["centroids"])[0] != np.size(km[c]["counts"]):
@@ -125,7 +180,8 @@ def initialize_gaussians(
         centers, _, _ = kmeans(cents, K, rng, sample_weight=counts, n_init=10)
         shapes = _stat_shapes(K, d, ct)
         hs = ctx.ask("hard_stats", {"centers": centers, "center": center},
-                     expect={f"stat/{k}": array(*shp, low=0 if k == "nk" else None)
+                     expect={f"stat/{k}": array(*shp, low=0 if k == "nk" else None,
+                                                check=_stats_check(ctx, ct) if k == "nk" else None)
                              for k, shp in shapes.items()},
                      what="k-means initialization (hard-assignment statistics)")
         S = None

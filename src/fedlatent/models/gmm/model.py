@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...engine.messages import count_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, Params
 from ...engine.numerics import kmeans, logsumexp
 from ...engine.registry import register_model
@@ -23,7 +24,48 @@ from .math import (
     gmm_statistics,
 )
 
-__all__ = ["GMMModel", "payload_params"]
+__all__ = ["GMMModel", "gaussian_problem", "payload_params"]
+
+
+def gaussian_problem(stats, n_units: float, covariance_type: str, slack=None) -> str | None:
+    """Why ``stats`` (``nk``, ``sx``, ``sxx`` summed over ``n_units`` samples, as
+    :func:`~fedlatent.models.gmm.math.gmm_statistics` computes them) cannot be a client's
+    (None when they can): counts in ``[0, n_units]`` summing to ``n_units``, and per component
+    the moment matrix ``sum q [1; x][1; x]^T`` positive semi-definite, i.e. the implied
+    covariance ``sxx - sx sx^T / nk`` is (for "tied", ``[[diag(nk), sx], [sx^T, sxx]]``; for
+    "diag"/"spherical", each coordinate's 2x2 matrix). Vectorized over components."""
+    e = (lambda k: None) if slack is None else (lambda k: slack[k])
+    reason = count_problem("nk", stats["nk"], n_units, e("nk"))
+    if reason:
+        return reason
+    nk, sx, sxx = (np.asarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx"))
+    K, d = sx.shape
+
+    def moments(nk, sx, sxx):
+        if covariance_type == "full":
+            M = np.empty((K, d + 1, d + 1))
+            M[:, 0, 0], M[:, 0, 1:], M[:, 1:, 0], M[:, 1:, 1:] = nk, sx, sx, sxx
+            return M
+        if covariance_type == "tied":
+            M = np.zeros((1, K + d, K + d))
+            M[0, :K, :K] = np.diag(nk)
+            M[0, :K, K:], M[0, K:, :K], M[0, K:, K:] = sx, sx.T, sxx
+            return M
+        M = np.empty((K * d, 2, 2))
+        M[:, 0, 0] = np.repeat(nk, d)
+        M[:, 0, 1] = M[:, 1, 0] = sx.ravel()
+        M[:, 1, 1] = sxx.ravel()
+        return M
+
+    E = None if slack is None else moments(*(np.abs(slack[k]) for k in ("nk", "sx", "sxx")))
+    label = {"full": "component", "tied": "the pooled statistic (all components)",
+             "diag": "component-coordinate", "spherical": "component-coordinate"}[
+        covariance_type]
+    reason = psd_problem("the moment matrix [[sum q, sum q x], [sum q x, sum q x x^T]]",
+                         moments(nk, sx, sxx), E, label)
+    if reason and covariance_type == "tied":
+        reason = reason.replace(" 0 is", " is")
+    return reason
 
 
 @register_model
@@ -59,6 +101,9 @@ class GMMModel(FederatedModel):
         K, d = params["means"].shape
         sxx = {"full": (K, d, d), "tied": (d, d), "diag": (K, d), "spherical": (K, d)}
         return {"nk": (K,), "sx": (K, d), "sxx": sxx[self.cov_type]}
+
+    def check(self, stats, n_units, slack=None):
+        return gaussian_problem(stats, n_units, self.cov_type, slack)
 
     def server_step(self, S, params, n_total):
         # Stochastic statistics (quantized, mini-batch, partial participation) can leave the set

@@ -16,6 +16,7 @@ import logging
 import numpy as np
 
 from ...data.dataset import ClientData
+from ...engine.messages import bordered, count_problem, equal_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, Params, register_model
 from ...engine.numerics import add_intercept
 from ...engine.stats import Stats
@@ -136,6 +137,38 @@ class HLCRModel(FederatedModel):
         K, F = self.K, self.F
         return {"XtX": (K, F, F), "Xty": (K, F), "yty": (K,), "n_events": (K,),
                 "n_entities": (K,), "sse": (K,)}
+
+    def check(self, stats, n_units, slack=None):
+        """Entity counts in ``[0, n]`` summing to ``n`` (the agent's entities); event counts
+        ``>= 0`` and at least the entity counts (every entity has an event); with an
+        intercept, the intercept's entry of ``XtX`` equal to the event count; ``sse >= 0``;
+        and per cluster ``[[XtX, Xty], [Xty^T, yty]]`` positive semi-definite (so ``XtX`` is
+        and ``yty >= 0``)."""
+        e = (lambda k: None) if slack is None else (lambda k: np.abs(slack[k]))
+        reason = count_problem("n_entities", stats["n_entities"], n_units, e("n_entities"))
+        if reason:
+            return reason
+        ent, ev = np.asarray(stats["n_entities"]), np.asarray(stats["n_events"])
+        tol = 1e-8 * max(float(n_units), 1.0)
+        short = ev + tol < ent - (0.0 if slack is None else e("n_events") + e("n_entities"))
+        if np.any(short):
+            k = int(np.flatnonzero(short)[0])
+            return (f"cluster {k} has {ev[k]:.6g} events for {ent[k]:.6g} entities (every "
+                    "entity has at least one event)")
+        if self.fit_intercept:
+            ei = None if slack is None else e("XtX")[:, -1, -1]
+            reason = equal_problem("the intercept entries of 'XtX' and the event counts",
+                                   stats["XtX"][:, -1, -1], ev, ei, e("n_events"))
+            if reason:
+                return reason
+        sse = np.asarray(stats["sse"])
+        neg = sse < -(1e-8 * np.abs(sse).max(initial=0.0)
+                      + (0.0 if slack is None else e("sse")))
+        if np.any(neg):
+            return f"squared error 'sse' of cluster {int(np.flatnonzero(neg)[0])} is negative"
+        E = None if slack is None else bordered(e("XtX"), e("Xty"), e("yty"))
+        return psd_problem("the moment matrix [[XtX, Xty], [Xty^T, yty]]",
+                           bordered(stats["XtX"], stats["Xty"], stats["yty"]), E, "cluster")
 
     def initial_params(self) -> Params:
         """Algorithm 3, line 2: ``H = delta^2 I``, ``c = 0`` (no data), zero counts."""

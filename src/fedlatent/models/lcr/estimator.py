@@ -54,9 +54,18 @@ def initialize_random_memberships(ctx: FitContext, n_components: int, n_coef: in
     dict with ``weights`` (K,), ``beta`` (K, n_coef), ``noise_variance`` (K,)
     """
     shapes = lcr_stat_shapes(n_components, n_coef)
-    expect = {"n": number(low=1)}
+    def units(n, reply, c):
+        return None if float(n) == ctx.n_units[c] else (
+            f"claims {float(n):g} rows, {ctx.n_units[c]} at setup")
+
+    def meaning(nk, reply, c):  # the model's invariants of one client's sums
+        return ctx.model.check({k: np.asarray(reply[f"stat/{k}"]) for k in shapes},
+                               ctx.n_units[c])
+
+    expect = {"n": number(low=1, check=units)}
     for k, shp in shapes.items():
-        expect[f"stat/{k}"] = array(*shp, low=0 if k in ("nk", "syy") else None)
+        expect[f"stat/{k}"] = array(*shp, low=0 if k in ("nk", "syy") else None,
+                                    check=meaning if k == "nk" else None)
     rep = ctx.ask("random_stats", expect=expect,
                   what="initialization (random memberships)")
     S = None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ...engine.messages import bordered, count_problem, equal_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, Params
 from ...engine.registry import register_model
 from .math import (
@@ -82,6 +83,26 @@ class LCRModel(FederatedModel):
     # ---- server side ------------------------------------------------------------------------
     def stat_shapes(self, params):
         return lcr_stat_shapes(self.K, params["beta"].shape[1])
+
+    def check(self, stats, n_units, slack=None):
+        """Counts ``nk`` in ``[0, n]`` summing to ``n``; with an intercept, the intercept's
+        entry of ``sum r x~ x~^T`` equal to ``nk``; and per component the moment matrix
+        ``[[sum r x~x~^T, sum r x~ y], [., sum r y^2]]`` positive semi-definite (so
+        ``sum r y^2 >= 0`` and the residual sum of squares of every line is >= 0)."""
+        e = (lambda k: None) if slack is None else (lambda k: slack[k])
+        reason = count_problem("nk", stats["nk"], n_units, e("nk"))
+        if reason:
+            return reason
+        if self.fit_intercept:
+            ei = None if slack is None else slack["sxx"][:, -1, -1]
+            reason = equal_problem("the intercept entries of 'sxx' and the counts 'nk'",
+                                   stats["sxx"][:, -1, -1], stats["nk"], ei, e("nk"))
+            if reason:
+                return reason
+        E = None if slack is None else bordered(*(np.abs(slack[k]) for k in ("sxx", "sxy",
+                                                                              "syy")))
+        return psd_problem("the moment matrix [[sum r x x^T, sum r x y], [., sum r y^2]]",
+                           bordered(stats["sxx"], stats["sxy"], stats["syy"]), E)
 
     def server_step(self, S, params, n_total):
         # S is a mean over rows (or, with partial participation and step sizes, a stochastic
