@@ -277,11 +277,12 @@ def _check_identity(where: str, meta: dict, ident: RunIdentity) -> None:
     if meta.get("seed") != now["seed"]:
         raise ValueError(f"{where} was written with seed {meta.get('seed')}; this fit has seed "
                          f"{now['seed']} (give the same random_state to resume)")
-    for field, what in (("model_config", "model settings"), ("federation", "federation")):
+    for field, what in (("model_config", "model settings differ"),
+                        ("federation", "federation differs")):
         saved = meta.get(field)
         if not isinstance(saved, dict) or saved != now[field]:
             diff = _differences(saved if isinstance(saved, dict) else {}, now[field])
-            raise ValueError(f"{where}: {what} differs: {diff}")
+            raise ValueError(f"{where}: {what}: {diff}")
     saved_clients = meta.get("clients")
     if not isinstance(saved_clients, list) or not all(
         isinstance(e, list) and len(e) == 2 for e in saved_clients
