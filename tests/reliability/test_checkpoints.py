@@ -407,6 +407,18 @@ def test_a_truncated_or_edited_saved_model_is_refused(saved, tmp_path, model):
         CLASSES[model].load(prefix)
 
 
+@pytest.mark.parametrize("model,field", [("sec", "cv_mse_"), ("hlcr", "history_train_mse_")])
+def test_fields_that_may_hold_nan_or_inf_still_load(saved, tmp_path, model, field):
+    """SEC's validation MSE is NaN past a learner's candidates and inf for a failed one;
+    HLCR's training MSE is NaN for rounds before a resume: such files load."""
+    est = CLASSES[model].load(saved[model][0])
+    a = np.array(getattr(est, field), dtype=float)
+    a.flat[0], a.flat[-1] = np.nan, np.inf
+    setattr(est, field, a)
+    est.save(tmp_path / "m")
+    np.testing.assert_array_equal(getattr(CLASSES[model].load(tmp_path / "m"), field), a)
+
+
 def test_an_unexpected_array_or_fitted_field_is_refused(saved, tmp_path):
     prefix = _copy(saved, "gmm", tmp_path)
     tamper(prefix, "weights_", lambda a: a)

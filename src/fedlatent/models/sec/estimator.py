@@ -189,6 +189,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",
                     "_model_sizes", "_scaler_x", "_scaler_y")
     _score_name = "mean squared error"
+    _load_nonfinite = ("cv_mse_",)  # NaN: fewer candidates; inf: a candidate that failed
 
     def _per_learner(self, cids: list[str], warn: bool = False) -> dict[str, list[tuple[str, Any]]]:
         """Each learner's candidates (:func:`~.candidates.per_learner_candidates`)."""
