@@ -279,9 +279,12 @@ class FederatedEstimator(BaseEstimator):
         runtime : Runtime or None
             Transport to the clients; default: in-process clients built from ``fd``.
         checkpoint : path or None
-            Write ``<path>.npz``/``<path>.json`` every ``checkpoint_every`` rounds.
+            Write one file, ``<path>.npz`` (replaced atomically), every ``checkpoint_every``
+            rounds, at the end and when a fault stops the run.
         resume : bool
             Continue from ``checkpoint``; ends with exactly the uninterrupted run's parameters.
+            A checkpoint of another run (model, settings, seed, federation, clients, their
+            units, data or states) is refused with a ValueError saying what differs.
         progress : bool or None
             Progress bar; None: the estimator's ``verbose``, else shown when stderr is a terminal.
         callbacks : list of callables or None
