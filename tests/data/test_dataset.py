@@ -150,3 +150,39 @@ def test_dirichlet_partition_errors():
         dirichlet_partition(np.zeros(10), 2, 0.0)
     with pytest.raises(ValueError, match="10 samples cannot give 20 clients 1 each"):
         dirichlet_partition(np.zeros(10), 20, 1.0)
+
+
+# ---- values that would be silently changed or overflow (issue 11, item 5) ---------------------
+def test_integer_and_boolean_columns_keep_their_values():
+    df = frame()
+    df["x1"] = df["x1"] > 0
+    fd = fl.FederatedDataset.from_pandas(df, client="client", target="y")
+    assert fd["a"].y.dtype.kind == "i"  # class labels stay integers (FedGMM's classes_)
+    np.testing.assert_array_equal(fd["a"].X[:, 0], (frame()["x1"][:10] > 0).to_numpy(float))
+
+
+def test_numbers_written_as_text_are_numbers():
+    df = frame()
+    df["x2"] = df["x2"].map(repr)
+    fd = fl.FederatedDataset.from_pandas(df, client="client", target="y")
+    np.testing.assert_array_equal(fd["b"].X[:, 1], frame()["x2"].to_numpy()[10:20])
+
+
+def test_duplicated_columns_outside_the_roles_are_left_alone():
+    df = frame().assign(z=1.0, w=2.0).rename(columns={"w": "z"})
+    fd = fl.FederatedDataset.from_pandas(df, client="client", features=["x1"], target="y")
+    assert fd.feature_names == ["x1"]
+    with pytest.raises(DataValidationError, match=r"^column 'z' appears 2 times in the data; "):
+        fl.FederatedDataset.from_pandas(df, client="client", target="y")
+
+
+def test_values_at_the_bound_are_accepted_and_beyond_it_refused():
+    from fedlatent.data.validation import MAX_ABS_VALUE
+
+    X = np.ones((4, 2))
+    X[1, 1] = -MAX_ABS_VALUE
+    assert fl.FederatedDataset.from_arrays({"a": X})["a"].X[1, 1] == -1e150
+    X[1, 1] = np.nextafter(-MAX_ABS_VALUE, -np.inf)
+    with pytest.raises(DataValidationError, match=r"^client 'a': column 'x1' has 1 values of "
+                       r"magnitude above 1e\+150 \(largest 1e\+150\)"):
+        fl.FederatedDataset.from_arrays({"a": X})

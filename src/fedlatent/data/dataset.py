@@ -14,14 +14,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .validation import (
+    DataValidationError,
+    check_array_values,
+    check_target_values,
+    check_unique_names,
+    frame_column,
+    to_float_array,
+)
+
 if TYPE_CHECKING:  # pandas is imported where a table is read or written (it is slow to import)
     import pandas as pd
 
 __all__ = ["ClientData", "FederatedDataset", "DataValidationError"]
-
-
-class DataValidationError(ValueError):
-    """Bad federated input, found before any round runs. The message names client and column."""
 
 
 @dataclass
@@ -56,41 +61,9 @@ class ClientData:
         )
 
 
-def _finite_check(client: str, X: np.ndarray, names: Sequence[str]) -> None:
-    bad = ~np.isfinite(X)
-    if not bad.any():
-        return
-    col = int(np.flatnonzero(bad.any(axis=0))[0])
-    column = X[:, col]
-    n_nan = int(np.isnan(column).sum())
-    n_inf = int(np.isinf(column).sum())
-    if n_nan:
-        raise DataValidationError(
-            f"client {client!r}: column {names[col]!r} has {n_nan} NaN values; "
-            "drop or impute them before fitting"
-        )
-    raise DataValidationError(
-        f"client {client!r}: column {names[col]!r} has {n_inf} infinite values; "
-        "drop or clip them before fitting"
-    )
-
-
-def _numeric_column(df: pd.DataFrame, col: str, client: str, what: str, fix: str) -> pd.Series:
-    """The column as numbers, or an error naming the first client with a non-number in it."""
-    import pandas as pd
-
-    values = df[col]
-    if pd.api.types.is_numeric_dtype(values) or pd.api.types.is_bool_dtype(values):
-        return values
-    conv = pd.to_numeric(values, errors="coerce")
-    bad = conv.isna() & values.notna()
-    if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        cid = str(df[client].iloc[i])
-        raise DataValidationError(
-            f"client {cid!r}: {what} {col!r} is not numeric (value {values.iloc[i]!r}); {fix}"
-        )
-    return conv
+def _client_of_row(df: pd.DataFrame, client: str):
+    """``where(i)``: the message prefix naming the client of row ``i`` of ``df``."""
+    return lambda i: f"client {str(df[client].iloc[i])!r}: "
 
 
 @dataclass
@@ -131,6 +104,11 @@ class FederatedDataset:
             raise DataValidationError(
                 "from_arrays expects a non-empty dict {client: X} or {client: (X, y)}"
             )
+        given = list(feature_names) if feature_names is not None else []
+
+        def name_of(j: int) -> str:
+            return str(given[j]) if j < len(given) else f"x{j}"
+
         clients: dict[str, ClientData] = {}
         width = None
         has_y = None
@@ -151,11 +129,8 @@ class FederatedDataset:
                 raise DataValidationError(
                     f"client {cid!r}: X must be 2-D (n_samples, n_features), got shape {X.shape}"
                 )
-            if not np.issubdtype(X.dtype, np.number) and X.dtype != bool:
-                raise DataValidationError(
-                    f"client {cid!r}: X is not numeric (dtype {X.dtype}); convert it to numbers"
-                )
-            X = X.astype(np.float64)
+            # complex, dates and text are refused here, before the cast could hide them
+            X = to_float_array(X, name_of, where=f"client {cid!r}: ")
             if width is None:  # widths are compared by validate(), on construction
                 width = X.shape[1]
             if has_y is None:
@@ -168,6 +143,7 @@ class FederatedDataset:
                 y = np.asarray(y)
                 if y.ndim != 1:
                     y = y.reshape(-1)
+                check_target_values(y, "y", where=f"client {cid!r}: ")
                 if y.shape[0] != X.shape[0]:
                     raise DataValidationError(
                         f"client {cid!r}: y has {y.shape[0]} values but X has {X.shape[0]} rows"
@@ -232,6 +208,8 @@ class FederatedDataset:
                     f"{role} column {col!r} is not in the data; available columns: {columns}"
                 )
         reserved = {client, target, entity} - {None}
+        check_unique_names(columns, None if features is None else
+                           [*reserved, *(str(f) for f in features)])
         if features is None:
             features = [c for c in columns if c not in reserved]
         else:
@@ -254,13 +232,14 @@ class FederatedDataset:
             )
         if len(df) == 0:
             raise DataValidationError("the table has no rows")
-        # Non-numeric columns: name the first client holding a non-number.
+        # Text, complex, dates: name the column and the first client holding one.
+        where = _client_of_row(df, client)
         for f in features:
-            df[f] = _numeric_column(df, f, client, "column", "convert it to numbers or leave it "
-                                    "out of features")
+            df[f] = frame_column(df[f], f, where, "column",
+                                 "convert it to numbers or leave it out of features")
         if target is not None:
-            df[target] = _numeric_column(df, target, client, "target column",
-                                         "encode it as numbers")
+            df[target] = frame_column(df[target], target, where, "target column",
+                                      "encode it as numbers")
         clients: dict[str, ClientData] = {}
         keys = df[client].astype(str).to_numpy()
         order = np.argsort(keys, kind="stable")
@@ -325,10 +304,15 @@ class FederatedDataset:
         """Check every client; raise DataValidationError naming the client and column."""
         if len(self.clients) == 0:
             raise DataValidationError("the federated dataset has no clients")
+        names = [str(f) for f in self.feature_names]
+
+        def name_of(j: int) -> str:
+            return names[j] if j < len(names) else f"x{j}"
+
         width = None
         first = None
         for cid, cd in self.clients.items():
-            X = cd.X
+            X = np.asarray(cd.X)
             if X.ndim != 2:
                 raise DataValidationError(f"client {cid!r}: X must be 2-D, got shape {X.shape}")
             if X.shape[0] == 0:
@@ -342,18 +326,14 @@ class FederatedDataset:
                     f"client {cid!r} has {X.shape[1]} features but client {first!r} has {width}; "
                     "every client must have the same columns"
                 )
-            _finite_check(cid, X, self.feature_names)
-            if cd.y is not None and np.issubdtype(np.asarray(cd.y).dtype, np.floating):
-                bad = ~np.isfinite(cd.y)
-                if bad.any():
-                    raise DataValidationError(
-                        f"client {cid!r}: target {self.target_name or 'y'!r} has "
-                        f"{int(bad.sum())} NaN or infinite values; drop those rows before fitting"
-                    )
+            check_array_values(X, name_of, where=f"client {cid!r}: ")
+            if cd.y is not None:
+                check_target_values(cd.y, self.target_name or "y", where=f"client {cid!r}: ")
         if len(self.feature_names) != width:
             raise DataValidationError(
                 f"{len(self.feature_names)} feature names for {width} columns"
             )
+        check_unique_names(self.feature_names, what="feature name", where="feature_names")
         self._validated = True
 
     # -- access ---------------------------------------------------------------------------------
