@@ -63,14 +63,32 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
 
     A DataFrame must have the columns the estimator was fitted with, in the same order
     (scikit-learn's check and message). A 1-D X is one sample. ``what`` names the estimator
-    in the message (default: its class).
+    in the message (default: its class). Text, complex, date/time, NaN, infinite values and
+    values beyond ``fedlatent.data.validation.MAX_ABS_VALUE`` are refused (a ValueError naming
+    the column), as the data layer refuses them at fit.
     """
+    from ..data.validation import check_finite, check_magnitude, frame_column, to_float_array
+
     check_is_fitted(est)
+    fitted = [str(f) for f in getattr(est, "feature_names_in_", [])]
     if hasattr(X, "columns"):
         from sklearn.utils.validation import _check_feature_names
 
         _check_feature_names(est, X, reset=False)
-    X = np.asarray(X, dtype=np.float64)
+        names = [str(c) for c in X.columns]
+        X = np.column_stack(
+            [frame_column(X.iloc[:, j], names[j], lambda i: "X: ").to_numpy(
+                dtype=np.float64, na_value=np.nan) for j in range(len(names))]
+        ) if len(names) else np.asarray(X, dtype=np.float64)
+    else:
+        names = fitted
+        if hasattr(X, "toarray"):
+            raise ValueError("X is a sparse matrix; fedlatent predicts on dense arrays: pass "
+                             "X.toarray()")
+        X = np.asarray(X)
+        if X.ndim == 1:
+            X = X.reshape(1, -1)
+        X = to_float_array(X, lambda j: names[j] if j < len(names) else f"x{j}", where="X: ")
     if X.ndim == 1:
         X = X.reshape(1, -1)
     if X.ndim != 2 or X.shape[1] != est.n_features_in_:
@@ -78,8 +96,9 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
             f"X has {X.shape[-1] if X.ndim else 0} features, but this {what or type(est).__name__}"
             f" was fitted with {est.n_features_in_} ({list(est.feature_names_in_)})"
         )
-    if not np.all(np.isfinite(X)):
-        raise ValueError("X contains NaN or infinite values")
+    check_finite(X, names, where="X: ", fix_nan="drop or impute them before predicting",
+                 fix_inf="drop or clip them before predicting")
+    check_magnitude(X, names, where="X: ")
     return X
 
 
@@ -364,19 +383,8 @@ class FederatedEstimator(BaseEstimator):
         pass
 
     @classmethod
-    def load(cls, path: str | Path):
-        """Read what :meth:`save` wrote, refusing (ValueError naming the file and the field) a
-        pair whose .npz does not match the sha256 its .json records, arrays other than the
-        saved ones, non-finite values and anything breaking the model's invariants
-        (``_check_loaded``). No pickle."""
-        from .loadcheck import check_saved
-
-        path = Path(path)
-        npz, js = path.with_name(path.name + ".npz"), path.with_name(path.name + ".json")
-        arrays, meta = load_arrays_json(path)
-        if meta.get("class") != cls.__name__:
-            raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
-        check_saved(cls, arrays, meta, npz, js)
+    def _from_saved(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
+        """The estimator of a saved model's (checked) arrays and JSON, before its hook."""
         params = dict(meta["params"])
         fed = params.pop("federation", None)
         names = cls._get_param_names()
@@ -395,9 +403,26 @@ class FederatedEstimator(BaseEstimator):
             setattr(est, k, v)
         est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
         est.n_features_in_ = len(est.feature_names_in_)
+        est.history_ = History.from_records(meta["history"])
+        est._load_extra(meta)
+        return est
+
+    @classmethod
+    def load(cls, path: str | Path):
+        """Read what :meth:`save` wrote, refusing (ValueError naming the file and the field) a
+        pair whose .npz does not match the sha256 its .json records, arrays other than the
+        saved ones, non-finite values and anything breaking the model's invariants
+        (``_check_loaded``). No pickle."""
+        from .loadcheck import check_saved
+
+        path = Path(path)
+        npz, js = path.with_name(path.name + ".npz"), path.with_name(path.name + ".json")
+        arrays, meta = load_arrays_json(path)
+        if meta.get("class") != cls.__name__:
+            raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
+        check_saved(cls, arrays, meta, npz, js)
         try:
-            est.history_ = History.from_records(meta["history"])
-            est._load_extra(meta)
+            est = cls._from_saved(arrays, meta)
             est._check_loaded()
         except (ValueError, KeyError, TypeError, IndexError) as err:
             raise ValueError(f"{npz} / {js.name}: {err}") from err
