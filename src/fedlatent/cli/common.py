@@ -105,12 +105,21 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def _library_errors() -> tuple[type[BaseException], ...]:
+    import zipfile
+
     from ..data.dataset import DataValidationError
     from ..engine.loop import FederatedFitError
     from ..engine.messages import ClientReplyError
 
-    return (ValueError, KeyError, TypeError, OSError, DataValidationError, FederatedFitError,
-            ClientReplyError)
+    return (ValueError, KeyError, TypeError, OSError, ArithmeticError, zipfile.BadZipFile,
+            DataValidationError, FederatedFitError, ClientReplyError)
+
+
+def _is_library_error(err: BaseException) -> bool:
+    """An error of the input or of the run, said in one line: the known kinds, and every
+    exception class fedlatent (or skops, reading a model file) defines."""
+    module = type(err).__module__ or ""
+    return isinstance(err, _library_errors()) or module.split(".")[0] in ("fedlatent", "skops")
 
 
 def _describe(err: BaseException) -> str:
@@ -151,7 +160,7 @@ def user_errors():
         except Exception as err:
             if debug:
                 raise
-            if isinstance(err, _library_errors()):
+            if _is_library_error(err):
                 fail(_describe(err))
             fail(f"unexpected {type(err).__name__}: {_describe(err)} (rerun with "
                  "FEDLATENT_DEBUG=1 to see the traceback)", code=1)
@@ -196,7 +205,9 @@ _CSV = (".csv", ".csv.gz", ".txt", ".tsv")
 
 
 def read_frame(path: Path) -> pd.DataFrame:
-    """The table in a CSV/TSV or Parquet file; exits with one line on anything unreadable."""
+    """The table in a CSV/TSV or Parquet file; exits with one line on anything unreadable
+    (missing, a directory, empty, header only, binary or non-UTF-8 text, ragged rows, a corrupt
+    Parquet file, no permission, duplicated column names)."""
     import pandas as pd
 
     path = Path(path)
@@ -204,29 +215,54 @@ def read_frame(path: Path) -> pd.DataFrame:
         fail(f"data file {path} does not exist")
     if path.is_dir():
         fail(f"data file {path} is a directory; give a .csv or .parquet file")
+    if not path.is_file():
+        fail(f"data file {path} is not a regular file; give a .csv or .parquet file")
     if path.stat().st_size == 0:
         fail(f"data file {path} is empty")
     low = path.name.lower()
     if not low.endswith(_PARQUET + _CSV):
         fail(f"cannot read {path}: expected a .csv, .tsv or .parquet file")
-    if low.endswith(_PARQUET):
-        kind = "a Parquet file"
-    else:
-        kind = "a CSV file"
-        if not low.endswith(".gz"):
-            with open(path, "rb") as f:
-                if b"\x00" in f.read(65536):
-                    fail(f"cannot read {path} as {kind}: it holds binary data, not text")
+    kind = "a Parquet file" if low.endswith(_PARQUET) else "a CSV file"
+    sep = "\t" if low.endswith(".tsv") else ","
     try:
         if low.endswith(_PARQUET):
             df = pd.read_parquet(path)
         else:
-            df = pd.read_csv(path, sep="\t" if low.endswith(".tsv") else ",")
-    except (ValueError, OSError) as err:  # ArrowInvalid, ParserError, EmptyDataError, decoding
+            if not low.endswith(".gz"):
+                with open(path, "rb") as f:
+                    if b"\x00" in f.read(65536):
+                        fail(f"cannot read {path} as {kind}: it holds binary data, not text")
+            df = pd.read_csv(path, sep=sep)
+    except UnicodeDecodeError as err:
+        fail(f"cannot read {path} as {kind}: it is not UTF-8 text ({err.encoding} codec: "
+             f"{err.reason}); save it as UTF-8")
+    except (ValueError, OSError) as err:  # ArrowInvalid, ParserError, EmptyDataError, gzip
         fail(f"cannot read {path} as {kind}: {_describe(err)}")
+    if kind == "a CSV file":
+        _check_csv_header(path, df, sep)
+    if len(df.columns) == 0:
+        fail(f"data file {path} has no columns")
     if len(df) == 0:
         fail(f"data file {path} has no rows (columns: {[str(c) for c in df.columns]})")
     return df
+
+
+def _check_csv_header(path: Path, df: pd.DataFrame, sep: str) -> None:
+    """pandas renames a repeated header ``a,a`` to ``a, a.1``: refuse it instead, as a table
+    with duplicated column names is refused."""
+    import re
+    from collections import Counter
+
+    import pandas as pd
+
+    if not any(re.fullmatch(r".+\.\d+", str(c)) for c in df.columns):
+        return
+    header = pd.read_csv(path, sep=sep, header=None, nrows=1, dtype=str).iloc[0].tolist()
+    counts = Counter(str(h) for h in header)
+    for name, k in counts.items():
+        if k > 1:
+            fail(f"column {name!r} appears {k} times in the header of {path}; rename the copies "
+                 "so that every column name is unique")
 
 
 def load_dataset(path: Path, client: str, features: list[str] | str | None = None,
