@@ -203,6 +203,11 @@ def psd_failures(M: np.ndarray, slack: np.ndarray | None = None, rtol: float = 1
     M = np.asarray(M, dtype=np.float64)
     if M.size == 0:
         return np.zeros(0, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        return _psd_failures(M, slack, rtol)
+
+
+def _psd_failures(M: np.ndarray, slack: np.ndarray | None, rtol: float) -> np.ndarray:
     E = np.zeros_like(M) if slack is None else np.abs(np.asarray(slack, dtype=np.float64))
     diag = np.diagonal(M, axis1=1, axis2=2)
     ediag = np.diagonal(E, axis1=1, axis2=2)
@@ -213,11 +218,10 @@ def psd_failures(M: np.ndarray, slack: np.ndarray | None = None, rtol: float = 1
     Ms = M / outer
     Ms = 0.5 * (Ms + np.transpose(Ms, (0, 2, 1)))
     err = np.sqrt(np.sum((E / outer) ** 2, axis=(1, 2)))
-    with np.errstate(invalid="ignore", over="ignore"):
-        ok = np.all(np.isfinite(Ms), axis=(1, 2))
-        lam = np.full(len(M), -np.inf)
-        if ok.any():
-            lam[ok] = np.linalg.eigvalsh(Ms[ok])[:, 0]
+    ok = np.all(np.isfinite(Ms), axis=(1, 2))
+    lam = np.full(len(M), -np.inf)
+    if ok.any():
+        lam[ok] = np.linalg.eigvalsh(Ms[ok])[:, 0]
     bad = neg_diag | (lam < -(rtol * M.shape[-1] + err))
     return np.flatnonzero(bad)
 

@@ -156,8 +156,8 @@ def initialize_gaussians(
         }[ct]
     else:
         km = ctx.ask("kmeans", {"k": K, "min_points": int(min_points_per_centroid)},
-                     expect={"centroids": array(None, d, check=_centroids_check(ctx, mom)),
-                             "counts": array(None, low=0, check=_counts_check(ctx))},
+                     expect={"counts": array(None, low=0, check=_counts_check(ctx)),
+                             "centroids": array(None, d, check=_centroids_check(ctx, mom))},
                      what="k-means initialization")
         for c in cids:
             if np.shape(km[c]["centroids"])[0] != np.size(km[c]["counts"]):
