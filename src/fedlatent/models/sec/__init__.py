@@ -16,7 +16,9 @@ X -> Y relationship is the same, without moving samples:
 The package, by concern:
 
 - :mod:`.candidates`: the candidate regressors and the Select step's math (:func:`select_model`);
-- :mod:`.serialize`: fitted models as safe skops bytes, fast prediction of many models;
+- :mod:`.serialize`: fitted models as safe skops bytes (an exact allow-list of types,
+  :data:`TRUSTED_TYPES`, extended by ``SEC(extra_trusted_types=...)``), fast prediction of many
+  models;
 - :mod:`.clustering`: the Cluster step's math (pure functions, on the server);
 - :mod:`.model`: ``SECModel``, the learners' side (the ``select`` and ``exchange`` queries), all a
   client process imports;
@@ -60,8 +62,10 @@ from .clustering import (
 )
 from .model import MIN_SAMPLES, SECModel, check_learner
 from .serialize import (
-    TRUSTED_PREFIXES,
+    TRUSTED_TYPES,
     UntrustedModelError,
+    check_extra_types,
+    check_model,
     dumps_model,
     loads_model,
     predict_many,
@@ -73,11 +77,13 @@ __all__ = [
     "MIN_SAMPLES",
     "SEC",
     "SECModel",
-    "TRUSTED_PREFIXES",
+    "TRUSTED_TYPES",
     "UntrustedModelError",
     "affinity",
     "auto_affinity_scale",
+    "check_extra_types",
     "check_learner",
+    "check_model",
     "clustering_accuracy",
     "dissimilarity",
     "dumps_model",

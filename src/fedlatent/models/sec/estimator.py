@@ -37,6 +37,7 @@ from .clustering import (
 from .model import SECModel, check_learner
 from .predict import ClusterUseMixin
 from .protocol import Traffic, exchange_step, select_step, sender
+from .serialize import UntrustedModelError, check_extra_types, check_model, dumps_model
 
 __all__ = ["SEC"]
 
@@ -93,6 +94,15 @@ class SEC(ClusterUseMixin, FederatedEstimator):
     exchange_batch : int
         Models per exchange message.
     random_state : int, Generator or None
+    extra_trusted_types : list of str or None
+        Your own candidate estimator classes, by the full name skops writes
+        (``type(est).__module__ + "." + type(est).__qualname__``), added to the exact allow-list
+        of types a model file may contain (:data:`~.serialize.TRUSTED_TYPES`: the built-in
+        candidates, NumPy arrays, plain containers). Only :class:`sklearn.base.BaseEstimator`
+        subclasses can be added (no function, nothing of the standard library). Every learner
+        (each node of a deployment, which gets this list with the model) and every load of a
+        saved model check the types of a model before building it; a model naming any other
+        type is refused with an ``UntrustedModelError`` naming the learner and the type.
 
     Attributes
     ----------
@@ -153,6 +163,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         "gap_rule": [Options("tibshirani", "global")],
         "n_jobs": [None, Integer()],
         "exchange_batch": [Integer(1)],
+        "extra_trusted_types": [None, list, tuple],
     }
 
     def __init__(
@@ -170,6 +181,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         n_jobs: int | None = None,
         exchange_batch: int = 64,
         random_state: Any = None,
+        extra_trusted_types: list[str] | None = None,
     ):
         self.candidates = candidates
         self.n_clusters = n_clusters
@@ -184,6 +196,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         self.n_jobs = n_jobs
         self.exchange_batch = exchange_batch
         self.random_state = random_state
+        self.extra_trusted_types = extra_trusted_types
 
     _save_arrays = ("errors_", "n_samples_", "cv_mse_", "exchange_losses_", "dissimilarity_",
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",
@@ -215,10 +228,23 @@ class SEC(ClusterUseMixin, FederatedEstimator):
                 f"n_clusters={self.n_clusters} is larger than the number of learners ({L}); "
                 f"give n_clusters <= {L} or None to choose K from the data"
             )
-        self._per_learner(fd.client_ids, warn=True)  # bad candidates fail before any message
+        per = self._per_learner(fd.client_ids, warn=True)  # bad candidates fail before any message
+        extra = check_extra_types(self.extra_trusted_types)
+        seen: set[int] = set()
+        for lst in per.values():
+            for nm, est in lst if id(lst) not in seen else ():
+                check_model(dumps_model(est), source=f"candidate {nm!r}", extra_types=extra)
+            seen.add(id(lst))
 
     def _make_model(self, fd) -> SECModel:
-        return SECModel(standardize=bool(self.standardize))
+        return SECModel(standardize=bool(self.standardize),
+                        extra_trusted_types=list(check_extra_types(self.extra_trusted_types)))
+
+    def _check_models(self, ids: list[str], blobs: list[np.ndarray], where: str) -> None:
+        """Refuse any learner's model naming a type outside the allow-list (nothing is built)."""
+        extra = check_extra_types(self.extra_trusted_types)
+        for c, b in zip(ids, blobs):
+            check_model(b, source=f"learner {c!r}'s model{where}", extra_types=extra)
 
     def _initialize(self, ctx: FitContext) -> Params:
         """SEC starts from nothing: its exchanges are the protocol itself (:meth:`_run`)."""
@@ -259,6 +285,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
             step(1, float(n @ e / n.sum()), traffic, t0)
             t0, traffic = time.perf_counter(), Traffic()
             blobs = [np.asarray(sel[c]["model"], dtype=np.uint8) for c in cids]
+            self._check_models(cids, blobs, " (sent in the select step)")
             E = exchange_step(send, cids, blobs, ctx.seed, batch=int(self.exchange_batch),
                               n_jobs=self.n_jobs, traffic=traffic)
             step(2, float(E[~np.eye(len(cids), dtype=bool)].mean()), traffic, t0)
@@ -342,8 +369,15 @@ class SEC(ClusterUseMixin, FederatedEstimator):
                              f"but '_model_bytes' holds {np.size(self._model_bytes)} bytes")
 
     def _after_load(self) -> None:
-        bounds = np.cumsum(self._model_sizes)[:-1]
-        self.models_ = np.split(np.asarray(self._model_bytes, dtype=np.uint8), bounds)
+        sizes = np.asarray(self._model_sizes, dtype=np.int64).reshape(-1)
+        total = np.asarray(self._model_bytes).size
+        if sizes.size != len(self.learner_ids_) or np.any(sizes < 1) or sizes.sum() != total:
+            raise UntrustedModelError(
+                f"the saved models' sizes ({sizes.size} sizes summing to {int(sizes.sum())}) do "
+                f"not split their {total} bytes among {len(self.learner_ids_)} learners")
+        self.models_ = np.split(np.asarray(self._model_bytes, dtype=np.uint8),
+                                np.cumsum(sizes)[:-1])
+        self._check_models(self.learner_ids_, self.models_, "")
         self.n_clusters_ = int(np.unique(self.labels_).size)
         self.scalers_ = {c: (self._scaler_x[i, 0], self._scaler_x[i, 1],
                              float(self._scaler_y[i, 0]), float(self._scaler_y[i, 1]))

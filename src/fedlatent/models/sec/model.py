@@ -14,7 +14,7 @@ from ...data.dataset import ClientData, DataValidationError
 from ...engine.model import ClientStep, FederatedModel, Params, register_model
 from ...engine.stats import Stats
 from .candidates import _check_regressor, select_model, standardize_xy
-from .serialize import dumps_model, loads_model, predict_many
+from .serialize import check_extra_types, dumps_model, loads_model, predict_many
 
 __all__ = ["MIN_SAMPLES", "SECModel", "check_learner"]
 
@@ -71,13 +71,19 @@ class SECModel(FederatedModel):
     ----------
     standardize : bool
         Standardize X and y within each learner before fitting and evaluating (Section 5).
+    extra_trusted_types : list of str
+        Estimator classes this learner loads besides :data:`~.serialize.TRUSTED_TYPES`
+        (:func:`~.serialize.check_extra_types`); every received model is checked before it is
+        built, and one naming any other type is refused.
     """
 
     name = "sec"
 
-    def __init__(self, standardize: bool = True):
-        super().__init__(standardize=bool(standardize))
+    def __init__(self, standardize: bool = True, extra_trusted_types: Any = ()):
+        extra = list(check_extra_types(extra_trusted_types))
+        super().__init__(standardize=bool(standardize), extra_trusted_types=extra)
         self.standardize = bool(standardize)
+        self.extra_trusted_types = tuple(extra)
 
     def _xy(self, data: ClientData):
         X = np.asarray(data.X, dtype=np.float64)
@@ -116,7 +122,8 @@ class SECModel(FederatedModel):
             raise ValueError(f"select: {len(blobs)} candidates for {len(names)} names")
         cands = []
         for nm, b in zip(names, blobs):
-            est = loads_model(b)
+            est = loads_model(b, source=f"candidate {nm!r} sent by the server",
+                              extra_types=self.extra_trusted_types)
             _check_regressor(nm, est)
             cands.append((nm, est))
         best, model, e, cv = select_model(X, y, cands, rng)
@@ -137,7 +144,10 @@ class SECModel(FederatedModel):
 
     def _exchange(self, payload, data, state):
         X, y, *_ = self._xy(data)
-        models = [loads_model(b) for b in _payload_models(payload, "model")]
+        off = int(payload.get("offset", 0))
+        models = [loads_model(b, source=f"model {off + k} of the exchange (sent by the server)",
+                              extra_types=self.extra_trusted_types)
+                  for k, b in enumerate(_payload_models(payload, "model"))]
         P = predict_many(models, X)
         loss = np.mean((y[None, :] - P) ** 2, axis=1)
         return {"loss": loss}, state

@@ -18,7 +18,7 @@ from .candidates import common_spec, make_candidates, select_model
 from .clustering import affinity, weighted_prediction
 from .model import check_learner
 from .protocol import exchange_step, select_step, sender
-from .serialize import loads_model, predict_many
+from .serialize import check_extra_types, loads_model, predict_many
 
 __all__ = ["ClusterUseMixin"]
 
@@ -30,7 +30,12 @@ class ClusterUseMixin:
     def selected_models_(self) -> dict[str, Any]:
         """Each learner's fitted model (loaded from its skops bytes), by learner id."""
         check_is_fitted(self)
-        return {c: loads_model(b) for c, b in zip(self.learner_ids_, self.models_)}
+        return {c: self._load_learner_model(i) for i, c in enumerate(self.learner_ids_)}
+
+    def _load_learner_model(self, i: int) -> Any:
+        """Learner i's fitted model, loaded only if its types are on the allow-list."""
+        return loads_model(self.models_[i], source=f"learner {self.learner_ids_[i]!r}'s model",
+                           extra_types=check_extra_types(self.extra_trusted_types))
 
     def clusters(self) -> dict[int, list[str]]:
         """Cluster label -> learner ids."""
@@ -41,7 +46,7 @@ class ClusterUseMixin:
     def _raw_predictions(self, X: np.ndarray, members: list[int], scale_of: str | None):
         """Predictions of the members' models on the raw scale: each model with its own
         learner's scaling, or all with learner ``scale_of``'s scaling."""
-        models = [loads_model(self.models_[i]) for i in members]
+        models = [self._load_learner_model(i) for i in members]
         if not self.standardize:
             return predict_many(models, X)
         if scale_of is not None:
@@ -160,6 +165,7 @@ class ClusterUseMixin:
             )
         for cid, cd in new_fd.items():
             check_learner(cid, cd.X, cd.y, new_fd.target_name or "y")
+        self._check_models(self.learner_ids_, self.models_, "")  # before any is sent
         new_ids = new_fd.client_ids
         rt_new = InProcessRuntime(new_fd)
         setup_clients(rt_new, self._make_model(new_fd))
