@@ -338,6 +338,9 @@ TAMPER = {
                                    "field 'covariances_' is not positive definite"),
     ("gmm", "bad precision factor"): ("precisions_cholesky_", lambda a: -a,
                                       "field 'precisions_cholesky_' has a non-positive diagonal"),
+    ("gmm", "non-triangular precision factor"): (
+        "precisions_cholesky_", lambda a: a + np.tril(np.ones_like(a), -1),
+        "field 'precisions_cholesky_' is not upper triangular"),
     ("gmm", "wrong shape"): ("means_", lambda a: a[:1],
                              r"field 'means_' has shape \(1, 2\), the saved settings need "
                              r"\(2, 2\)"),
@@ -383,6 +386,41 @@ def test_a_tampered_saved_model_is_refused_on_load(saved, tmp_path, model, case)
     tamper(prefix, field, change)
     with pytest.raises(ValueError, match=r"model\.npz( / model\.json)?: " + match):
         CLASSES[model].load(prefix)
+
+
+def _edit(meta, path, value):
+    *head, last = path
+    for k in head:
+        meta = meta[k]
+    meta[last] = value
+
+
+JSON_TAMPER = {
+    "unknown covariance type": (("params", "covariance_type"), "bogus",
+                                r"setting 'covariance_type' is 'bogus', not one of"),
+    "other n_components": (("params", "n_components"), 3,
+                           r"field 'weights_' has shape \(2,\), the saved settings need \(3,\)"),
+    "fewer feature names": (("fitted", "feature_names_in_"), ["x0"],
+                            r"field 'means_' has shape \(2, 2\), the saved settings need "
+                            r"\(2, 1\)"),
+    "unknown federation setting": (("params", "federation"), {"nope": 1},
+                                   "Federation.* unexpected keyword argument 'nope'"),
+    "malformed history": (("history",), [{"bogus": 1}],
+                          "RoundRecord.* unexpected keyword argument 'bogus'"),
+    "fitted field of the wrong type": (("fitted", "n_iter_"), "3",
+                                       r"fitted field 'n_iter_' is '3', not a int"),
+}
+
+
+@pytest.mark.parametrize("case", list(JSON_TAMPER))
+def test_a_tampered_settings_file_is_refused(saved, tmp_path, case):
+    path, value, match = JSON_TAMPER[case]
+    prefix = _copy(saved, "gmm", tmp_path)
+    meta = json.loads(Path(f"{prefix}.json").read_text())
+    _edit(meta, path, value)
+    Path(f"{prefix}.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"model\.(npz|json)\b.*: " + match):
+        fl.FederatedGaussianMixture.load(prefix)
 
 
 @pytest.mark.parametrize("model", list(CLASSES))

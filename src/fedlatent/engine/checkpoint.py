@@ -333,9 +333,13 @@ def _check_arrays(where: str, arrays: dict, params0: dict, stat_shapes: dict, ro
                              f"model has {want}")
         blocks[pre] = Stats(st)
     for k, v in arrays.items():
-        if k.startswith(("params/", "S_hat/", "V/")) and v.dtype.kind == "f" \
-                and not np.all(np.isfinite(v)):
-            raise ValueError(f"{where}: {k!r} has non-finite values")
+        if k.startswith(("params/", "params0/", "S_hat/", "V/")):
+            if v.dtype != np.float64:
+                raise ValueError(f"{where}: {k!r} has dtype {v.dtype}, not float64")
+            # the M-step's parameters are finite (the loop stops otherwise); initial ones may
+            # hold NaN placeholders
+            if (round_ > 0 and not k.startswith("params0/")) and not np.all(np.isfinite(v)):
+                raise ValueError(f"{where}: {k!r} has non-finite values")
     return saved, blocks["S_hat/"], blocks["V/"]
 
 

@@ -91,13 +91,16 @@ def expect_covariances(est, name: str, covariance_type: str, K: int, d: int) -> 
 
 
 def expect_precisions_cholesky(est, name: str, covariance_type: str, K: int, d: int) -> None:
-    """Cholesky factors of a mixture's precisions: shape and a positive diagonal (so the
-    precisions they give are positive definite)."""
+    """Cholesky factors of a mixture's precisions: shape, upper triangular (``full``,
+    ``tied``) with a positive diagonal, so the precisions they give are positive definite."""
     if covariance_type not in _COV_SHAPES:
         raise ValueError(f"setting 'covariance_type' is {covariance_type!r}, not one of "
                          f"{sorted(_COV_SHAPES)}")
     a = expect_shape(est, name, _COV_SHAPES[covariance_type](K, d))
-    diag = np.diagonal(a, axis1=-2, axis2=-1) if covariance_type in ("full", "tied") else a
+    square = covariance_type in ("full", "tied")
+    if square and np.any(np.tril(a, -1) != 0):
+        raise ValueError(f"field {name!r} is not upper triangular (a Cholesky factor is)")
+    diag = np.diagonal(a, axis1=-2, axis2=-1) if square else a
     if np.any(diag <= 0):
         raise ValueError(f"field {name!r} has a non-positive diagonal: the precisions it gives "
                          "are not positive definite")
