@@ -91,6 +91,15 @@ FEATURE_CASES = [
     Case("timedelta", _column("a", lambda df: pd.to_timedelta(np.arange(len(df)), unit="s")),
          r"^client 's0': column 'a' holds durations \(dtype timedelta64\[\w+\]\), not numbers; "
          r"convert it to a number, e\.g\. df\[col\]\.dt\.total_seconds\(\)$", fmt="parquet"),
+    Case("pyarrow_duration", _column("a", lambda df: pd.Series(pd.to_timedelta(
+        np.arange(len(df)), unit="s")).astype("duration[ns][pyarrow]")),
+         r"^client 's0': column 'a' holds durations \((dtype duration\[ns\]\[pyarrow\]|dtype "
+         r"timedelta64\[\w+\])\), not numbers", fmt="parquet"),
+    Case("pyarrow_time", _column("a", lambda df: pd.Series(
+        [pd.Timestamp(2020, 1, 1, 1, i).time() for i in range(len(df))],
+        dtype=pd.ArrowDtype(__import__("pyarrow").time64("us")))),
+         r"^client 's0': column 'a' holds dates/times \(value datetime\.time\(1, 0\)\), not "
+         r"numbers", fmt="parquet"),
     Case("date_text", _set("a", 9, "2021-03-04"),
          r"^client 's1': column 'a' holds dates/times \(value '2021-03-04'\), not numbers; parse "
          r"it and convert it to a number, e\.g\. t = pd\.to_datetime\(df\[col\]\); "

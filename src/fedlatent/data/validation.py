@@ -73,8 +73,9 @@ def _temporal(where: str, what: str, name: str, shown: str, duration: bool,
 
 
 def _temporal_dtype(where: str, what: str, name: str, dtype: object) -> DataValidationError:
-    kind = str(dtype)
-    return _temporal(where, what, name, f"dtype {kind}", kind.startswith("timedelta"))
+    text = str(dtype)
+    duration = getattr(dtype, "kind", None) == "m" or text.startswith(("timedelta", "duration"))
+    return _temporal(where, what, name, f"dtype {text}", duration)
 
 
 def _not_numeric(where: str, what: str, name: str, value: object, fix: str) -> DataValidationError:
@@ -112,10 +113,11 @@ def frame_column(values: pd.Series, name: str, where: Callable[[int], str], what
     dtype = values.dtype
     notna = values.notna().to_numpy()
     first = int(np.flatnonzero(notna)[0]) if notna.any() else 0
-    if types.is_complex_dtype(dtype):
+    kind = getattr(dtype, "kind", None)  # also pyarrow-backed dtypes: duration[ns] is "m"
+    if types.is_complex_dtype(dtype) or kind == "c":
         raise _complex(where(first), what, name)
     if (types.is_datetime64_any_dtype(dtype) or types.is_timedelta64_dtype(dtype)
-            or isinstance(dtype, pd.PeriodDtype)):
+            or isinstance(dtype, pd.PeriodDtype) or kind in ("m", "M")):
         raise _temporal_dtype(where(first), what, name, dtype)
     if isinstance(dtype, pd.IntervalDtype):
         raise _not_numeric(where(first), what, name, values.iloc[first], fix)
@@ -129,7 +131,8 @@ def frame_column(values: pd.Series, name: str, where: Callable[[int], str], what
         for i, v in enumerate(values.to_numpy()):  # rare: name the first offending row
             _check_python_value(v, name, where(i), what, fix)
         raise _not_numeric(where(first), what, name, values.iloc[first], fix)
-    bad = (conv.isna() & values.notna()).to_numpy()
+    # NaN where there was a value (pyarrow-backed results hold NaN apart from missing values)
+    bad = np.isnan(conv.to_numpy(dtype=np.float64, na_value=np.nan)) & values.notna().to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         _check_python_value(values.iloc[i], name, where(i), what, fix)
