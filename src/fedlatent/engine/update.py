@@ -133,7 +133,8 @@ class ReplyScreen:
     sums; the rebuilt entries carry a rounding ``slack``. Not rebuilt, so only the generic
     checks: quantized differences, SPIDER corrections (a difference of mini-batch terms, not
     a statistic of data), and with control variates a client whose ``V_c`` the server lost
-    track of (a reply that never arrived, or a resumed run).
+    track of (a reply that never arrived, or a resumed run: the mirror is not checkpointed).
+    The mirror costs the server one statistic per client, as much as one round's replies.
     """
 
     def __init__(self, model, n_units: dict[str, int], federation: Federation):
