@@ -315,3 +315,23 @@ def test_an_error_of_the_run_is_one_line_and_writes_nothing(make_exc, match, tmp
     assert res.exit_code == 2
     assert_one_error_line(res, match)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_real_process_prints_one_line_and_no_traceback(tmp_path):
+    """The case that once printed a FederatedFitError traceback (HLCR, values near 1e308), run
+    as a user runs it: a separate process, its real stderr."""
+    import subprocess
+    import sys
+
+    path = _frame_file("d.csv", _set("a", 9, 1e308))(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from fedlatent.cli import main; main()",
+         *fit("hlcr", path, tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "FEDLATENT_DEBUG": ""})
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.splitlines() == [
+        "error: client 's1': column 'a' has 1 values of magnitude above 1e+150 (largest 1e+308); "
+        "the models sum squares of values, which overflow float64 beyond that: rescale the column "
+        "(divide it by a power of ten) or transform it (e.g. log)"]
+    assert not (tmp_path / "out").exists()
