@@ -152,6 +152,10 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any]) -> list[str]:
     and ``roles.json`` (the columns of the fit: client, features, target, entity).
     """
     est.fit(fd)
+    if hasattr(est, "save_client_weights"):  # client ids name no path: checked before writing
+        from ..data.files import client_file_names
+
+        client_file_names([str(c) for c in getattr(est, "client_ids_", fd.client_ids)])
     out.mkdir(parents=True, exist_ok=True)
     est.save(out / "model")
     written = ["model.npz", "model.json"]

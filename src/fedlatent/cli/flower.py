@@ -160,7 +160,8 @@ def partition(
     files = write_client_files(fd, out)
     typer.echo(f"wrote {len(files)} client files to {out}")
     for i, cid in enumerate(fd.client_ids):
-        typer.echo(f"# client {cid} ({fd[cid].n_samples} rows)")
+        # the id as a JSON string: a newline in an id cannot start a line of the commands
+        typer.echo(f"# client {json.dumps(cid)} ({fd[cid].n_samples} rows)")
         typer.echo(_supernode_command(files[cid], superlink, 9094 + i))
 
 @flower_app.command("app")

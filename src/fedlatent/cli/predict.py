@@ -7,8 +7,9 @@ Predictions come from ``est.predict_dataset(fd)`` and the score from ``est.score
 predictions are in the dataset's order (clients sorted, rows of a client in file order) and are
 written back in the file's row order.
 
-An estimator whose clients keep their own state in files (FedGMM: ``clients/<client>.npz``, each
-client's mixture weights ``pi_c``) gets each client's file attached first, so its predictions
+An estimator whose clients keep their own state in files (FedGMM: ``clients/``, each client's
+mixture weights ``pi_c``, found through ``clients/manifest.json``: a client id is looked up there,
+never turned into a path) gets each client's file attached first, so its predictions
 are the personalized ones (eq. (3) of Wu et al., ICML 2023) and the CSV has the class
 probabilities too; ``--global`` uses the shared weights instead.
 """
@@ -110,12 +111,19 @@ def _client_predictors(est, fd, prefix: Path, use_global: bool) -> dict[str, Any
         return None
     if use_global:
         return {cid: est for cid in fd.client_ids}
+    from ..data.files import client_files
+
+    where = prefix.parent / "clients"
+    try:
+        files = client_files(where)
+    except ValueError as err:
+        fail(str(err))
     predictors = {}
     for cid in fd.client_ids:
-        path = prefix.parent / "clients" / f"{cid}.npz"
-        if not path.exists():
-            fail(f"client {cid!r} has no weights file {path}; it did not take part in the fit: "
-                 f"use --global, or adapt it in Python with {type(est).__name__}.adapt")
+        path = files.get(cid)
+        if path is None or not path.is_file():
+            fail(f"client {cid!r} has no weights file in {where}; it did not take part in the "
+                 f"fit: use --global, or adapt it in Python with {type(est).__name__}.adapt")
         predictors[cid] = est.load_client_weights(cid, path)
     return predictors
 

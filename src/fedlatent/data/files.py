@@ -5,6 +5,12 @@ entity column if any) whose schema metadata names the client and the role of eve
 node reads its data back without being told the column names. Values round-trip exactly (float64
 features, the target and entity ids keep their dtype), so a fit on the files gives the same
 numbers as a fit on the arrays. No pickle is involved.
+
+Client ids are data, never paths: a client file is named by its index (the id, made safe, only
+decorates the name), and files kept per client beside a model (FedGMM's ``clients/``) are listed
+in a ``manifest.json`` that maps each id to its file (:func:`client_file_names`,
+:func:`write_client_manifest`, :func:`client_files`); readers look ids up there and never build a
+path from an id.
 """
 
 from __future__ import annotations
@@ -18,9 +24,107 @@ import numpy as np
 
 from .dataset import ClientData, DataValidationError, FederatedDataset
 
-__all__ = ["read_client_file", "write_client_files", "client_file_name"]
+__all__ = [
+    "CLIENT_MANIFEST",
+    "client_file_name",
+    "client_file_names",
+    "client_files",
+    "read_client_file",
+    "write_client_files",
+    "write_client_manifest",
+]
 
 _META_KEY = b"fedlatent"
+
+#: The file that maps client ids to their files in a directory of per-client files.
+CLIENT_MANIFEST = "manifest.json"
+# an id kept as its own file name: plain characters, no dot first or last, short
+_PLAIN = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,62}[A-Za-z0-9_-])?$")
+_INDEXED = re.compile(r"^_[0-9]{6,}$")
+# names Windows reserves whatever the extension
+_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)),
+             *(f"lpt{i}" for i in range(10))}
+
+
+def _plain(cid: str) -> bool:
+    return bool(_PLAIN.match(cid)) and cid.split(".")[0].lower() not in _RESERVED
+
+
+def client_file_names(client_ids, suffix: str = ".npz") -> dict[str, str]:
+    """One file name per client id, safe on every file system; nothing is written.
+
+    An id made only of letters, digits, ``_``, ``-`` and inner dots (at most 64, not a Windows
+    device name, unique ignoring case) keeps its name, ``<id><suffix>``; any other id (``../x``,
+    ``a/b``, ``CON``, spaces, unicode, NUL, 300 characters, ids equal but for case) gets
+    ``_<index><suffix>``, its index in ``client_ids``. Plain names never start with ``_``, so the
+    two kinds never collide. The mapping is what :func:`write_client_manifest` records.
+
+    Raises
+    ------
+    ValueError
+        An id that is not a string, or twice the same id.
+    """
+    ids = list(client_ids)
+    bad = [c for c in ids if not isinstance(c, str)]
+    if bad:
+        raise ValueError(f"client ids must be strings; got {bad[0]!r} ({type(bad[0]).__name__})")
+    if len(set(ids)) != len(ids):
+        dup = next(c for c in ids if ids.count(c) > 1)
+        raise ValueError(f"client id {dup!r} appears twice; client ids must be unique")
+    folded: dict[str, int] = {}
+    for c in ids:
+        if _plain(c):
+            folded[c.casefold()] = folded.get(c.casefold(), 0) + 1
+    return {c: (f"{c}{suffix}" if _plain(c) and folded[c.casefold()] == 1
+                else f"_{i:06d}{suffix}") for i, c in enumerate(ids)}
+
+
+def write_client_manifest(directory: str | os.PathLike, names: dict[str, str]) -> Path:
+    """Write ``<directory>/manifest.json``: ``{"format": 1, "clients": [[id, file], ...]}``.
+
+    Written last (a temporary file renamed over it), so a directory with a manifest is complete.
+    """
+    path = Path(directory) / CLIENT_MANIFEST
+    tmp = path.with_name(f".{CLIENT_MANIFEST}.tmp")
+    tmp.write_text(json.dumps({"format": 1, "clients": [[c, f] for c, f in names.items()]},
+                              indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def client_files(directory: str | os.PathLike, suffix: str = ".npz") -> dict[str, Path]:
+    """``{client id: file}`` of a directory of per-client files, read from its manifest.
+
+    Every file named by the manifest must be a plain name inside ``directory`` (a manifest that
+    points elsewhere is refused). A directory written before manifests existed (no
+    ``manifest.json``) lists its ``<id><suffix>`` files whose id is a plain name.
+
+    Raises
+    ------
+    ValueError
+        The manifest is not readable JSON of the expected form, or names a file outside.
+    """
+    directory = Path(directory)
+    path = directory / CLIENT_MANIFEST
+    if not path.exists():
+        if not directory.is_dir():
+            return {}
+        found = sorted(p.name[: -len(suffix)] for p in directory.glob(f"*{suffix}"))
+        return {c: directory / f"{c}{suffix}" for c in found if _plain(c)}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        pairs = doc["clients"]
+        out = {}
+        for c, f in pairs:
+            stem = f[: -len(suffix)] if isinstance(f, str) and f.endswith(suffix) else None
+            if (not isinstance(c, str) or stem is None or c in out
+                    or not (_plain(stem) or _INDEXED.match(stem))):
+                raise ValueError(f"entry {[c, f]!r} is not a client id and a plain file name")
+            out[c] = directory / f
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise ValueError(f"{path} is not a fedlatent client manifest ({e}); write the directory "
+                         "again") from e
+    return out
 
 
 def client_file_name(index: int, client_id: str) -> str:

@@ -341,18 +341,43 @@ class FedGMM(FederatedEstimator):
         return PersonalizedFedGMM(self, nodes[client].state["model/pi"], client)
 
     def save_client_weights(self, directory: str | Path) -> list[Path]:
-        """Write each client's ``pi_c`` to ``<directory>/<client>.npz`` (what it keeps)."""
+        """Write each client's ``pi_c`` into ``directory`` (what it keeps), one ``.npz`` each.
+
+        Client ids are data, never paths: a plain id (letters, digits, ``_.-``) names its file
+        ``<client>.npz``, any other id (``../x``, ``a/b``, unicode...) an index, ``_000003.npz``;
+        ``manifest.json``, written last, maps every id to its file
+        (:func:`fedlatent.data.files.client_file_names`). Every weight vector is gathered before
+        anything is written. Read them back with :meth:`load_client_weights`, by client and
+        directory.
+        """
+        from ...data.files import client_file_names, write_client_manifest
+
+        check_is_fitted(self)
+        names = client_file_names([str(c) for c in self.client_ids_])
+        pis = {cid: self.personalize(cid).pi for cid in names}
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         paths = []
-        for cid in self.client_ids_:
-            path = directory / f"{cid}.npz"
-            np.savez(path, pi=self.personalize(cid).pi)
-            paths.append(path)
+        for cid, name in names.items():
+            np.savez(directory / name, pi=pis[cid])
+            paths.append(directory / name)
+        write_client_manifest(directory, names)
         return paths
 
     def load_client_weights(self, client: str, path: str | Path) -> PersonalizedFedGMM:
-        """Attach a client's saved ``pi_c`` (from :meth:`save_client_weights`)."""
+        """Attach a client's saved ``pi_c`` (from :meth:`save_client_weights`).
+
+        ``path`` is the client's file, or the directory :meth:`save_client_weights` wrote: the
+        client is then looked up in its manifest (never turned into a path).
+        """
+        from ...data.files import client_files
+
+        if Path(path).is_dir():
+            files = client_files(path)
+            if str(client) not in files:
+                raise KeyError(f"client {str(client)!r} has no weights file in {path} (its "
+                               f"manifest lists {len(files)} clients)")
+            path = files[str(client)]
         with np.load(path, allow_pickle=False) as z:
             pi = np.asarray(z["pi"], dtype=np.float64)
         M = (len(self.weights_x_), len(self.weights_y_))
