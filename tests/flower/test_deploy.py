@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from flower_cases import CASES, assert_same_fit, fit_inprocess
 
+from fedlatent.engine.registry import estimator_names
 from fedlatent.runtime.flower_local import (
     APP_COMPONENTS,
     free_ports,
@@ -139,7 +140,7 @@ def test_cli_app_writes_the_run_config(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["nope"], "error: unknown model 'nope'; choose one of gmm, fedgmm, hlcr, sec"),
+        (["nope"], "error: unknown model 'nope'; choose one of " + ", ".join(estimator_names())),
         (["gmm", "--params", "{n_components: 2}"], "error: --params is not valid JSON"),
         (["gmm", "--params", "[2]"], "error: --params must be a JSON object"),
         (["gmm", "--params", '{"n_components": 2, "colour": 1}'],
