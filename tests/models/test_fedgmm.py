@@ -161,6 +161,19 @@ def test_save_load_roundtrip(tmp_path):
     assert back.client_ids_ == fd.client_ids
 
 
+@pytest.mark.parametrize("bad", [np.nan, -0.5, 2.0])
+def test_tampered_client_weights_file_is_refused(tmp_path, bad):
+    fd = _small()
+    est = _fit(fd, 3, n_input_components=2, n_learners=2)
+    c = fd.client_ids[0]
+    path = tmp_path / "w.npz"
+    pi = np.full((2, 2), 0.25)
+    pi[0, 0] = bad
+    np.savez(path, pi=pi)
+    with pytest.raises(ValueError, match="pi must be finite, non-negative weights summing to 1"):
+        est.load_client_weights(c, path)
+
+
 @pytest.mark.parametrize("fed", [fl.Federation(step_size=0.6),
                                  fl.Federation(participation=0.7, random_state=0)])
 def test_stochastic_approximation_reaches_the_em_fixed_point(fed):

@@ -314,7 +314,7 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
                         record.objective, record.participants,
                         f", missing {record.missing}" if record.missing else "")
 
-        # a fault keeps the last good round in out-dir/checkpoint.{npz,json}
+        # a fault keeps the last good round in out-dir/checkpoint.npz
         est.fit(rd, runtime=rt, callbacks=[on_round], progress=False,
                 checkpoint=out / "checkpoint", checkpoint_every=1)
         status["fit_seconds"] = time.perf_counter() - t_fit

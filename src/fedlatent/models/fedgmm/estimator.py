@@ -383,6 +383,10 @@ class FedGMM(FederatedEstimator):
         M = (len(self.weights_x_), len(self.weights_y_))
         if pi.shape != M:
             raise ValueError(f"{path}: pi has shape {pi.shape}, this model needs {M}")
+        if not (np.all(np.isfinite(pi)) and np.all(pi >= 0) and abs(pi.sum() - 1.0) <= 1e-6):
+            raise ValueError(f"{path}: pi must be finite, non-negative weights summing to 1 "
+                             f"(sum {pi.sum()!r}, min {pi.min()!r}); the file is damaged or "
+                             "was edited: save the client's weights again")
         if not hasattr(self, "_client_pi"):
             self._client_pi = {}
         self._client_pi[str(client)] = pi
