@@ -17,6 +17,7 @@ import numpy as np
 from .data.dataset import ClientData, FederatedDataset
 from .engine.federation import Federation, Quantizer
 from .models.gmm import FederatedGaussianMixture
+from .plotting import figure, pyplot
 
 __all__ = ["make_demo_data", "run_demo"]
 
@@ -126,27 +127,20 @@ def _ellipse(ax, mean, cov, **kw):
 
 
 def _plot(fd, fed, sk, order, h, hq, path):
-    from .plotting import pyplot
-
-    plt = pyplot()
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5))
-    cmap = plt.get_cmap("tab20")
-    for i, (_, cd) in enumerate(fd.items()):
-        a1.scatter(cd.X[:300, 0], cd.X[:300, 1], s=2, color=cmap(i % 20), alpha=0.5)
-    for k in range(3):
-        _ellipse(a1, fed.means_[k], fed.covariances_[k], color="k", lw=2,
-                 label="federated EM" if k == 0 else None)
-        _ellipse(a1, sk.means_[order[k]], sk.covariances_[order[k]], color="orange", lw=1,
-                 ls="--", label="centralized EM" if k == 0 else None)
-    a1.set_title("clients (colours) and fitted components (2-sigma)")
-    a1.legend(loc="upper right")
-    a2.semilogy(h["round"], h["h_norm2"], marker="o", label="federated EM (all clients)")
-    a2.semilogy(hq["round"], hq["h_norm2"], label="FedEM p=0.5, 4-level quantization")
-    a2.set_xlabel("round")
-    a2.set_ylabel("||h(S)||^2  (distance to an EM fixed point)")
-    a2.set_title("convergence in the space of sufficient statistics")
-    a2.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, ncols=2, figsize=(12, 5), dpi=110) as (_, (a1, a2)):
+        cmap = pyplot().get_cmap("tab20")
+        for i, (_, cd) in enumerate(fd.items()):
+            a1.scatter(cd.X[:300, 0], cd.X[:300, 1], s=2, color=cmap(i % 20), alpha=0.5)
+        for k in range(3):
+            _ellipse(a1, fed.means_[k], fed.covariances_[k], color="k", lw=2,
+                     label="federated EM" if k == 0 else None)
+            _ellipse(a1, sk.means_[order[k]], sk.covariances_[order[k]], color="orange", lw=1,
+                     ls="--", label="centralized EM" if k == 0 else None)
+        a1.set_title("clients (colours) and fitted components (2-sigma)")
+        a1.legend(loc="upper right")
+        a2.semilogy(h["round"], h["h_norm2"], marker="o", label="federated EM (all clients)")
+        a2.semilogy(hq["round"], hq["h_norm2"], label="FedEM p=0.5, 4-level quantization")
+        a2.set_xlabel("round")
+        a2.set_ylabel("||h(S)||^2  (distance to an EM fixed point)")
+        a2.set_title("convergence in the space of sufficient statistics")
+        a2.legend()

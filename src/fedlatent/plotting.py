@@ -1,12 +1,17 @@
 """The one place fedlatent gets matplotlib: pyplot on the Agg backend, for writing image files.
 
 Experiments, the demo and the CLI only write PNG files; selecting Agg keeps them working on
-machines without a display and never opens a window.
+machines without a display and never opens a window. :func:`figure` is the one way they write
+one: it makes the directory, lays the figure out, saves it and always closes it.
 """
 
 from __future__ import annotations
 
-__all__ = ["pyplot"]
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["figure", "pyplot"]
 
 
 def pyplot():
@@ -17,3 +22,37 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@contextmanager
+def figure(
+    path: str | Path,
+    *,
+    figsize: tuple[float, float] = (5, 3.5),
+    nrows: int = 1,
+    ncols: int = 1,
+    dpi: float = 120,
+    tight: bool = True,
+    bbox_inches: str | None = None,
+    **subplots_kw,
+) -> Iterator[tuple]:
+    """Draw a figure in the ``with`` block and write it to ``path``.
+
+    Yields ``(fig, ax)`` from ``pyplot().subplots(nrows, ncols, figsize=figsize,
+    **subplots_kw)`` (``ax`` an array when there are several axes, as there). The directory of
+    ``path`` is created first. When the block ends normally the figure gets ``tight_layout()``
+    (unless ``tight`` is false) and is saved at ``dpi`` (with ``bbox_inches`` when given); it is
+    closed in any case, also when the block raises.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
+    fig, ax = plt.subplots(nrows, ncols, figsize=figsize, **subplots_kw)
+    try:
+        yield fig, ax
+        if tight:
+            fig.tight_layout()
+        save_kw = {} if bbox_inches is None else {"bbox_inches": bbox_inches}
+        fig.savefig(path, dpi=dpi, **save_kw)
+    finally:
+        plt.close(fig)

@@ -224,19 +224,17 @@ def _similarity_heatmap(sec, path: Path) -> None:
     """SEC's similarity matrix, learners ordered by cluster."""
     import numpy as np
 
-    from ..plotting import pyplot
+    from ..plotting import figure
 
-    plt = pyplot()
     ids = sec.learner_ids_
     order = np.argsort(sec.labels_, kind="stable")
     L = len(ids)
-    fig, ax = plt.subplots(figsize=(min(2 + 0.25 * L, 12), min(1.6 + 0.25 * L, 11)))
-    im = ax.imshow(sec.similarity_[np.ix_(order, order)], cmap="viridis", vmin=0, vmax=1)
-    if L <= 60:
-        ax.set_xticks(range(L), [ids[i] for i in order], rotation=90, fontsize=6)
-        ax.set_yticks(range(L), [ids[i] for i in order], fontsize=6)
-    ax.set_title(f"SEC similarity exp(-a V), a = {sec.affinity_scale_:.3g}; K = {sec.n_clusters_}")
-    fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(min(2 + 0.25 * L, 12), min(1.6 + 0.25 * L, 11))) as (fig, ax):
+        im = ax.imshow(sec.similarity_[np.ix_(order, order)], cmap="viridis", vmin=0, vmax=1)
+        if L <= 60:
+            ax.set_xticks(range(L), [ids[i] for i in order], rotation=90, fontsize=6)
+            ax.set_yticks(range(L), [ids[i] for i in order], fontsize=6)
+        ax.set_title(
+            f"SEC similarity exp(-a V), a = {sec.affinity_scale_:.3g}; K = {sec.n_clusters_}"
+        )
+        fig.colorbar(im, ax=ax)

@@ -21,6 +21,7 @@ import pandas as pd
 from ..data.dataset import ClientData, FederatedDataset
 from ..engine.federation import Federation, Quantizer, Spider
 from ..models.gmm import FederatedGaussianMixture
+from ..plotting import figure
 
 __all__ = ["fedem_toy", "make_toy_federation", "summarize_toy", "toy_settings"]
 
@@ -194,29 +195,22 @@ def summarize_toy(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _plot(table: pd.DataFrame, out: Path) -> None:
-    from ..plotting import pyplot
-
-    plt = pyplot()
-
-    out.mkdir(parents=True, exist_ok=True)
     cases = list(dict.fromkeys(table["case"]))
     for what, ylabel, fname, logy in (
         ("h2_mean", "E ||h(S_k)||^2", "fedem_toy_h.png", True),
         ("weight_mean", "weight of component (-2, 0)  (true 0.3)", "fedem_toy_weight.png", False),
     ):
-        fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.2), squeeze=False)
-        for ax, case in zip(axes[0], cases):
-            sub = table[table["case"] == case]
-            for method, m in sub.groupby("method", sort=False):
-                ax.plot(m["round"], m[what], label=method)
-            if logy:
-                ax.set_yscale("log")
-            else:
-                ax.axhline(0.3, color="k", lw=0.8, ls=":")
-            ax.set_title(f"{case} clients")
-            ax.set_xlabel("round (epoch)")
-            ax.set_ylabel(ylabel)
-        axes[0][-1].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=120)
-        plt.close(fig)
+        with figure(out / fname, ncols=len(cases), figsize=(6 * len(cases), 4.2),
+                    squeeze=False) as (_, axes):
+            for ax, case in zip(axes[0], cases):
+                sub = table[table["case"] == case]
+                for method, m in sub.groupby("method", sort=False):
+                    ax.plot(m["round"], m[what], label=method)
+                if logy:
+                    ax.set_yscale("log")
+                else:
+                    ax.axhline(0.3, color="k", lw=0.8, ls=":")
+                ax.set_title(f"{case} clients")
+                ax.set_xlabel("round (epoch)")
+                ax.set_ylabel(ylabel)
+            axes[0][-1].legend(fontsize=8)

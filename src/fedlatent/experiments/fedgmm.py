@@ -31,7 +31,7 @@ from ..data.fedgmm_data import (
 )
 from ..engine.loop import ConvergenceWarning
 from ..models.fedgmm import FedGMM
-from ..plotting import pyplot
+from ..plotting import figure
 
 __all__ = [
     "fedgmm_synthetic",
@@ -66,12 +66,25 @@ def _fit(make, train):
     return est, time.perf_counter() - t0
 
 
-def _plot(out, name, fig):
-    if out is None:
-        return
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / name, dpi=120, bbox_inches="tight")
+def _figure(out, name, **kw):
+    """:func:`fedlatent.plotting.figure` to ``out / name``, saved with a tight bounding box."""
+    return figure(Path(out) / name, tight=False, bbox_inches="tight", **kw)
+
+
+def _accuracy_bars(out, name, frame: pd.DataFrame, width: float) -> None:
+    """Bars of the accuracy columns of ``frame`` (one group per row), written to ``out / name``."""
+    with _figure(out, name, figsize=(width, 3.5)) as (_, ax):
+        frame.plot.bar(ax=ax, rot=0)
+        ax.set_ylabel("mean client test accuracy (%)")
+
+
+def _synthetic(quick: bool, quick_clients: int, random_state: int):
+    """The section 4.1 data and the round budget: full size (300 clients of about 3,000
+    samples, d = 32, 100 rounds) or quick (``quick_clients`` of 300 samples, d = 8, 30 rounds)."""
+    if quick:
+        return make_fedgmm_synthetic(quick_clients, 300, n_features=8,
+                                     random_state=random_state), 30
+    return make_fedgmm_synthetic(300, 3000, random_state=random_state), 100
 
 
 def _compare(splits, seed, max_rounds, l2, methods=None):
@@ -104,27 +117,19 @@ def fedgmm_synthetic(quick: bool = False, out=None, random_state: int = 0) -> pd
     DataFrame with ``method``, ``accuracy`` (mean client test accuracy, %), ``accuracy_std``,
     ``rounds``, ``seconds``, ``paper`` (Table 2's value where the paper reports one).
     """
-    if quick:
-        sp = make_fedgmm_synthetic(16, 300, n_features=8, random_state=random_state)
-        max_rounds = 30
-    else:
-        sp = make_fedgmm_synthetic(300, 3000, random_state=random_state)
-        max_rounds = 100
+    sp, max_rounds = _synthetic(quick, 16, random_state)
     table, fitted = _compare(sp, random_state, max_rounds, 1e-3)
     table["paper"] = table["method"].map(PAPER_TABLE2_SYNTHETIC)
     if out is not None:
-        plt = pyplot()
-        fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-        ax[0].barh(table["method"], table["accuracy"])
-        ax[0].set_xlabel("mean client test accuracy (%)")
-        for name in ("FedGMM", "FedEM (mixture of learners)", "FedAvg"):
-            h = fitted[name].history_.to_frame()
-            ax[1].plot(h["round"], h["objective"], label=name)
-        ax[1].set_xlabel("round")
-        ax[1].set_ylabel("mean log-likelihood per sample")
-        ax[1].legend()
-        _plot(out, "fedgmm_synthetic.png", fig)
-        plt.close(fig)
+        with _figure(out, "fedgmm_synthetic.png", ncols=2, figsize=(10, 3.5)) as (_, ax):
+            ax[0].barh(table["method"], table["accuracy"])
+            ax[0].set_xlabel("mean client test accuracy (%)")
+            for name in ("FedGMM", "FedEM (mixture of learners)", "FedAvg"):
+                h = fitted[name].history_.to_frame()
+                ax[1].plot(h["round"], h["objective"], label=name)
+            ax[1].set_xlabel("round")
+            ax[1].set_ylabel("mean log-likelihood per sample")
+            ax[1].legend()
     return table
 
 
@@ -151,12 +156,7 @@ def fedgmm_nongaussian(quick: bool = False, out=None, random_state: int = 0) -> 
         cols[label] = dict(zip(t["method"], t["accuracy"]))
     table = pd.DataFrame(cols).reindex(methods).rename_axis("method").reset_index()
     if out is not None:
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        table.set_index("method").T.plot.bar(ax=ax, rot=0)
-        ax.set_ylabel("mean client test accuracy (%)")
-        _plot(out, "fedgmm_nongaussian.png", fig)
-        plt.close(fig)
+        _accuracy_bars(out, "fedgmm_nongaussian.png", table.set_index("method").T, 7)
     return table
 
 
@@ -170,12 +170,7 @@ def fedgmm_unseen_clients(quick: bool = False, out=None, random_state: int = 0) 
     DataFrame with ``method``, ``seen_accuracy``, ``unseen_accuracy``, ``drop`` (points).
     """
     rng = np.random.default_rng(random_state)
-    if quick:
-        sp = make_fedgmm_synthetic(20, 300, n_features=8, random_state=random_state)
-        max_rounds = 30
-    else:
-        sp = make_fedgmm_synthetic(300, 3000, random_state=random_state)
-        max_rounds = 100
+    sp, max_rounds = _synthetic(quick, 20, random_state)
     ids = np.array(sp.train.client_ids)
     unseen = set(rng.choice(ids, size=int(round(0.2 * len(ids))), replace=False).tolist())
     seen = [c for c in ids if c not in unseen]
@@ -207,12 +202,8 @@ def fedgmm_unseen_clients(quick: bool = False, out=None, random_state: int = 0) 
                      "drop": 100 * (seen_acc - np.mean(accs))})
     table = pd.DataFrame(rows)
     if out is not None:
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        table.set_index("method")[["seen_accuracy", "unseen_accuracy"]].plot.bar(ax=ax, rot=0)
-        ax.set_ylabel("mean client test accuracy (%)")
-        _plot(out, "fedgmm_unseen_clients.png", fig)
-        plt.close(fig)
+        _accuracy_bars(out, "fedgmm_unseen_clients.png",
+                       table.set_index("method")[["seen_accuracy", "unseen_accuracy"]], 6)
     return table
 
 
@@ -329,18 +320,16 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
             scores_for_plot[(name, kind_name)] = (s_in, s_out)
     table = pd.DataFrame(rows)
     if out is not None:
-        plt = pyplot()
-        fig, axes = plt.subplots(len(scorers), len(outliers), figsize=(12, 2.2 * len(scorers)))
-        for i, name in enumerate(scorers):
-            for j, kind_name in enumerate(outliers):
-                s_in, s_out = scores_for_plot[(name, kind_name)]
-                ax = axes[i, j]
-                lo, hi = np.percentile(np.r_[s_in, s_out], [1, 99])
-                bins = np.linspace(lo, max(hi, lo + 1e-9), 40)
-                ax.hist(s_in, bins, alpha=0.6, density=True, label="known")
-                ax.hist(s_out, bins, alpha=0.6, density=True, label="novel")
-                ax.set_title(f"{name}: {kind_name}", fontsize=8)
-        axes[0, 0].legend()
-        _plot(out, "fedgmm_novelty.png", fig)
-        plt.close(fig)
+        with _figure(out, "fedgmm_novelty.png", nrows=len(scorers), ncols=len(outliers),
+                     figsize=(12, 2.2 * len(scorers))) as (_, axes):
+            for i, name in enumerate(scorers):
+                for j, kind_name in enumerate(outliers):
+                    s_in, s_out = scores_for_plot[(name, kind_name)]
+                    ax = axes[i, j]
+                    lo, hi = np.percentile(np.r_[s_in, s_out], [1, 99])
+                    bins = np.linspace(lo, max(hi, lo + 1e-9), 40)
+                    ax.hist(s_in, bins, alpha=0.6, density=True, label="known")
+                    ax.hist(s_out, bins, alpha=0.6, density=True, label="novel")
+                    ax.set_title(f"{name}: {kind_name}", fontsize=8)
+            axes[0, 0].legend()
     return table

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import pandas as pd
 from ..data.hlcr_data import make_synthhlcr, split_events
 from ..engine.federation import Federation, Quantizer
 from ..models.hlcr import HLCR
+from ..plotting import figure
 
 __all__ = ["hlcr_figure3"]
 
@@ -155,45 +157,35 @@ def hlcr_figure3(quick: bool = False, out=None, random_state: int = 0) -> pd.Dat
 
 
 def _write(df: pd.DataFrame, out: Path) -> None:
-    from ..plotting import pyplot
-
-    plt = pyplot()
-
     out.mkdir(parents=True, exist_ok=True)
     for p in "abc":
         df[df.panel == p].dropna(axis=1, how="all").to_csv(out / f"fig3{p}.csv", index=False)
 
-    a = df[df.panel == "a"]
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for (ns, n2), g in a.groupby(["n_star", "n_2star"]):
-        ax.plot(g.sigma, g.mse, marker="o", label=f"N*={ns}, N**={n2}")
-    s = np.sort(a.sigma.unique())
-    ax.plot(s, s**2, "k--", label="sigma^2 (optimal)")
-    ax.set(xscale="log", yscale="log", xlabel="noise sigma", ylabel="test MSE (5-fold CV)",
-           title="(a) data size and noise")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fig3a.png", dpi=120)
-    plt.close(fig)
+    with _panel(out, "a") as ax:
+        a = df[df.panel == "a"]
+        for (ns, n2), g in a.groupby(["n_star", "n_2star"]):
+            ax.plot(g.sigma, g.mse, marker="o", label=f"N*={ns}, N**={n2}")
+        s = np.sort(a.sigma.unique())
+        ax.plot(s, s**2, "k--", label="sigma^2 (optimal)")
+        ax.set(xscale="log", yscale="log", xlabel="noise sigma", ylabel="test MSE (5-fold CV)",
+               title="(a) data size and noise")
 
-    b = df[df.panel == "b"]
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for (name, g), d in b.groupby(["variant", "gamma"], sort=False):
-        label = f"gamma={g}" if name == "paper" else f"gamma={g}, {name}"
-        ax.plot(d.iteration, d.mse, label=label, ls="-" if name == "paper" else ":")
-    ax.set(yscale="log", xlabel="iteration", ylabel="test MSE",
-           title="(b) 15% of agents per iteration")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fig3b.png", dpi=120)
-    plt.close(fig)
+    with _panel(out, "b") as ax:
+        for (name, g), d in df[df.panel == "b"].groupby(["variant", "gamma"], sort=False):
+            label = f"gamma={g}" if name == "paper" else f"gamma={g}, {name}"
+            ax.plot(d.iteration, d.mse, label=label, ls="-" if name == "paper" else ":")
+        ax.set(yscale="log", xlabel="iteration", ylabel="test MSE",
+               title="(b) 15% of agents per iteration")
 
-    c = df[df.panel == "c"]
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for frac, d in c.groupby("fraction"):
-        ax.plot(d.gamma, d.mse, marker="o", label=f"{int(round(frac * 100))}% agents")
-    ax.set(yscale="log", xlabel="gamma", ylabel="final test MSE", title="(c) MSE against gamma")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fig3c.png", dpi=120)
-    plt.close(fig)
+    with _panel(out, "c") as ax:
+        for frac, d in df[df.panel == "c"].groupby("fraction"):
+            ax.plot(d.gamma, d.mse, marker="o", label=f"{int(round(frac * 100))}% agents")
+        ax.set(yscale="log", xlabel="gamma", ylabel="final test MSE", title="(c) MSE against gamma")
+
+
+@contextmanager
+def _panel(out: Path, p: str):
+    """The axes of panel ``p``, written to ``out / fig3{p}.png`` with a small legend."""
+    with figure(out / f"fig3{p}.png", figsize=(5, 3.6)) as (_, ax):
+        yield ax
+        ax.legend(fontsize=7)

@@ -28,6 +28,7 @@ from ..engine.federation import Federation
 from ..engine.stats import Stats
 from ..models.lcr.estimator import LatentClassRegression
 from ..models.lcr.math import lcr_m_step, lcr_responsibilities, lcr_statistics
+from ..plotting import figure
 
 __all__ = ["lcr_flexmix", "make_npreg_federation", "npreg_truth"]
 
@@ -198,42 +199,35 @@ def _mean_loglik(X, y, params) -> float:
 
 
 def _plot(out: Path, fd, classes, truth, table, est, part, cen_obj) -> None:
-    from ..plotting import pyplot
-
-    plt = pyplot()
-    out.mkdir(parents=True, exist_ok=True)
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
-    pooled = fd.pooled()
-    z = np.concatenate([classes[c] for c in fd.client_ids])
-    ax.scatter(pooled.X[z == 0, 0], pooled.y[z == 0], s=6, alpha=0.35, color="tab:blue",
-               label="class 1 rows")
-    ax.scatter(pooled.X[z == 1, 0], pooled.y[z == 1], s=6, alpha=0.35, color="tab:orange",
-               label="class 2 rows")
-    grid = np.linspace(0, 10, 200)
-    G = np.column_stack([grid, grid**2])
-    styles = {"truth": ("k", "--", "truth"), "federated": ("tab:green", "-", "federated"),
-              "centralized EM": ("tab:red", ":", "centralized EM"),
-              "federated p=0.5": ("tab:purple", "-.", "federated p=0.5")}
-    for method, (color, ls, label) in styles.items():
-        sub = table[table["method"] == method]
-        for i, (_, r) in enumerate(sub.iterrows()):
-            curve = r["intercept"] + G @ np.array([r["coef_x"], r["coef_x2"]])
-            ax.plot(grid, curve, color=color, ls=ls, lw=1.6, label=label if i == 0 else None)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
-    ax.set_title(f"NPreg over {fd.n_clients} label-skewed clients ({fd.n_samples} rows)")
-    ax.legend(fontsize=8, loc="upper left")
-    h = est.history_.to_frame()
-    hp = part.history_.to_frame()
-    ax2.plot(h["round"], h["objective"], color="tab:green", label="federated (p=1)")
-    ax2.plot(np.arange(1, len(cen_obj) + 1), cen_obj, color="tab:red", ls=":",
-             label="centralized EM")
-    ax2.plot(hp["round"], hp["objective"], color="tab:purple", ls="-.",
-             label="federated p=0.5, step 0.5 (participants' rows)")
-    ax2.set_xlabel("round / EM iteration")
-    ax2.set_ylabel("mean log-likelihood per row")
-    ax2.set_title("objective per round")
-    ax2.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "lcr_flexmix.png", dpi=120)
-    plt.close(fig)
+    with figure(out / "lcr_flexmix.png", ncols=2, figsize=(12, 4.6)) as (_, (ax, ax2)):
+        pooled = fd.pooled()
+        z = np.concatenate([classes[c] for c in fd.client_ids])
+        ax.scatter(pooled.X[z == 0, 0], pooled.y[z == 0], s=6, alpha=0.35, color="tab:blue",
+                   label="class 1 rows")
+        ax.scatter(pooled.X[z == 1, 0], pooled.y[z == 1], s=6, alpha=0.35, color="tab:orange",
+                   label="class 2 rows")
+        grid = np.linspace(0, 10, 200)
+        G = np.column_stack([grid, grid**2])
+        styles = {"truth": ("k", "--", "truth"), "federated": ("tab:green", "-", "federated"),
+                  "centralized EM": ("tab:red", ":", "centralized EM"),
+                  "federated p=0.5": ("tab:purple", "-.", "federated p=0.5")}
+        for method, (color, ls, label) in styles.items():
+            sub = table[table["method"] == method]
+            for i, (_, r) in enumerate(sub.iterrows()):
+                curve = r["intercept"] + G @ np.array([r["coef_x"], r["coef_x2"]])
+                ax.plot(grid, curve, color=color, ls=ls, lw=1.6, label=label if i == 0 else None)
+        ax.set_xlabel("x")
+        ax.set_ylabel("y")
+        ax.set_title(f"NPreg over {fd.n_clients} label-skewed clients ({fd.n_samples} rows)")
+        ax.legend(fontsize=8, loc="upper left")
+        h = est.history_.to_frame()
+        hp = part.history_.to_frame()
+        ax2.plot(h["round"], h["objective"], color="tab:green", label="federated (p=1)")
+        ax2.plot(np.arange(1, len(cen_obj) + 1), cen_obj, color="tab:red", ls=":",
+                 label="centralized EM")
+        ax2.plot(hp["round"], hp["objective"], color="tab:purple", ls="-.",
+                 label="federated p=0.5, step 0.5 (participants' rows)")
+        ax2.set_xlabel("round / EM iteration")
+        ax2.set_ylabel("mean log-likelihood per row")
+        ax2.set_title("objective per round")
+        ax2.legend(fontsize=8, loc="lower right")

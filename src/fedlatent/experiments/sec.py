@@ -9,6 +9,7 @@ Ye, Ghanadan and Ding, "Meta Clustering for Collaborative Learning" (2023), Sect
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..data.sec_data import (
     make_sec_simulation2,
 )
 from ..models.sec import SEC, clustering_accuracy
-from ..plotting import pyplot
+from ..plotting import figure
 
 __all__ = ["sec_simulation1", "sec_simulation2", "sec_fairness", "sec_attack"]
 
@@ -62,6 +63,24 @@ def _run_parallel(fn, args: list, n_jobs):
     from joblib import Parallel, delayed
 
     return Parallel(n_jobs=n_jobs)(delayed(fn)(*a) for a in args)
+
+
+def _replicate(fn, args: list, n_jobs, by, **columns) -> pd.DataFrame:
+    """``fn(*a)`` for every ``a`` in ``args`` (one row each), aggregated by ``by`` (sorted)
+    into ``columns`` (pandas named aggregation)."""
+    rows = pd.DataFrame(_run_parallel(fn, args, n_jobs))
+    return rows.groupby(by, sort=True).agg(**columns).reset_index()
+
+
+@contextmanager
+def _chart(out, name: str, xlabel: str, ylabel: str, title: str, legend_fontsize=None):
+    """One 5 x 3.5 in. axes to draw on, labelled, with a legend, written to ``out / name``."""
+    with figure(Path(out) / name) as (_, ax):
+        yield ax
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=legend_fontsize)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,57 +134,42 @@ def sec_simulation1(
         for snr in grid:
             for s in _seeds(random_state + int(1000 * p + snr), reps):
                 args.append((int(p), float(snr), s))
-    rows = pd.DataFrame(_run_parallel(_sim1_one, args, n_jobs))
-    table = (
-        rows.groupby(["p", "snr"], sort=True)
-        .agg(accuracy=("accuracy", "mean"), accuracy_se=("accuracy", _se),
-             k_correct=("k_hat", lambda k: float(np.mean(np.asarray(k) == 2))),
-             k_mean=("k_hat", "mean"), lasso_share=("lasso_share", "mean"),
-             n_replications=("accuracy", "size"))
-        .reset_index()
+    table = _replicate(
+        _sim1_one, args, n_jobs, ["p", "snr"],
+        accuracy=("accuracy", "mean"), accuracy_se=("accuracy", _se),
+        k_correct=("k_hat", lambda k: float(np.mean(np.asarray(k) == 2))),
+        k_mean=("k_hat", "mean"), lasso_share=("lasso_share", "mean"),
+        n_replications=("accuracy", "size"),
     )
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for p, g in table.groupby("p"):
-            ax.errorbar(np.log2(g["snr"]), g["accuracy"], yerr=g["accuracy_se"], marker="o",
-                        label=f"p = {p}")
-        ax.set_xlabel("log2 SNR")
-        ax.set_ylabel("clustering accuracy")
-        ax.set_title("SEC, Simulation 1 (Fig. 2)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "sec_simulation1_fig2.png", dpi=120)
-        plt.close(fig)
-        _sim1_fig3(out, random_state)
+        with _chart(out, "sec_simulation1_fig2.png", "log2 SNR", "clustering accuracy",
+                    "SEC, Simulation 1 (Fig. 2)") as ax:
+            for p, g in table.groupby("p"):
+                ax.errorbar(np.log2(g["snr"]), g["accuracy"], yerr=g["accuracy_se"], marker="o",
+                            label=f"p = {p}")
+        _sim1_fig3(Path(out), random_state)
     return table
 
 
 def _sim1_fig3(out: Path, random_state: int) -> None:
     """Fig. 3: eigenvalues and eigenvector rows of one realization with p = 5, SNR = 2^4."""
-    plt = pyplot()
-    fd, labels = make_sec_simulation1(n_features=5, snr=16.0, random_state=random_state)
-    sec = SEC(random_state=random_state).fit(fd)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    w = np.sort(sec.eigenvalues_)
-    axes[0].plot(np.arange(1, w.size + 1), w, "o-")
-    axes[0].set_xlabel("index (sorted small to large)")
-    axes[0].set_ylabel("eigenvalue of D^-1/2 S D^-1/2")
-    axes[0].set_title(f"(a) eigenvalues; K_hat = {sec.n_clusters_}")
     from ..models.sec import spectral_embedding
 
+    fd, labels = make_sec_simulation1(n_features=5, snr=16.0, random_state=random_state)
+    sec = SEC(random_state=random_state).fit(fd)
     U, _ = spectral_embedding(sec.similarity_, 2)
-    for k in np.unique(labels):
-        axes[1].scatter(U[labels == k, 0], U[labels == k, 1], label=f"true cluster {k + 1}")
-    axes[1].set_xlabel("eigenvector 1 (row-normalized)")
-    axes[1].set_ylabel("eigenvector 2 (row-normalized)")
-    axes[1].set_title("(b) eigenvector rows of the learners")
-    axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(out / "sec_simulation1_fig3.png", dpi=120)
-    plt.close(fig)
+    with figure(out / "sec_simulation1_fig3.png", ncols=2, figsize=(9, 3.5)) as (_, axes):
+        w = np.sort(sec.eigenvalues_)
+        axes[0].plot(np.arange(1, w.size + 1), w, "o-")
+        axes[0].set_xlabel("index (sorted small to large)")
+        axes[0].set_ylabel("eigenvalue of D^-1/2 S D^-1/2")
+        axes[0].set_title(f"(a) eigenvalues; K_hat = {sec.n_clusters_}")
+        for k in np.unique(labels):
+            axes[1].scatter(U[labels == k, 0], U[labels == k, 1], label=f"true cluster {k + 1}")
+        axes[1].set_xlabel("eigenvector 1 (row-normalized)")
+        axes[1].set_ylabel("eigenvector 2 (row-normalized)")
+        axes[1].set_title("(b) eigenvector rows of the learners")
+        axes[1].legend()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,35 +227,24 @@ def sec_simulation2(
     p = n_features or (20 if quick else 500)
     reps = n_replications or (2 if quick else 100)
     args = [(c, int(p), s) for c in sets for s in _seeds(random_state, reps)]
-    rows = pd.DataFrame(_run_parallel(_sim2_one, args, n_jobs))
-    table = (
-        rows.groupby(["n_candidates", "candidates"], sort=True)
-        .agg(gb=("gb", "mean"), rf=("rf", "mean"), lasso=("lasso", "mean"),
-             accuracy=("accuracy", lambda a: 100 * float(np.mean(a))), k_hat=("k_hat", "mean"),
-             mse_collaboration=("mse_collaboration", "mean"),
-             mse_collaboration_se=("mse_collaboration", _se),
-             mse_no_collaboration=("mse_no_collaboration", "mean"),
-             mse_no_collaboration_se=("mse_no_collaboration", _se),
-             mse_collaboration_std=("mse_collaboration_std", "mean"),
-             mse_no_collaboration_std=("mse_no_collaboration_std", "mean"),
-             n_replications=("accuracy", "size"))
-        .reset_index()
+    table = _replicate(
+        _sim2_one, args, n_jobs, ["n_candidates", "candidates"],
+        gb=("gb", "mean"), rf=("rf", "mean"), lasso=("lasso", "mean"),
+        accuracy=("accuracy", lambda a: 100 * float(np.mean(a))), k_hat=("k_hat", "mean"),
+        mse_collaboration=("mse_collaboration", "mean"),
+        mse_collaboration_se=("mse_collaboration", _se),
+        mse_no_collaboration=("mse_no_collaboration", "mean"),
+        mse_no_collaboration_se=("mse_no_collaboration", _se),
+        mse_collaboration_std=("mse_collaboration_std", "mean"),
+        mse_no_collaboration_std=("mse_no_collaboration_std", "mean"),
+        n_replications=("accuracy", "size"),
     )
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        x = table["n_candidates"]
-        ax.plot(x, table["mse_collaboration_std"], "o-", label="collaboration (eq. 4)")
-        ax.plot(x, table["mse_no_collaboration_std"], "s-", label="no collaboration")
-        ax.set_xlabel("number of candidate methods")
-        ax.set_ylabel("test MSE of learner 1 / var(y_1)")
-        ax.set_title("SEC, Simulation 2 (Table 2)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "sec_simulation2_table2.png", dpi=120)
-        plt.close(fig)
+        with _chart(out, "sec_simulation2_table2.png", "number of candidate methods",
+                    "test MSE of learner 1 / var(y_1)", "SEC, Simulation 2 (Table 2)") as ax:
+            x = table["n_candidates"]
+            ax.plot(x, table["mse_collaboration_std"], "o-", label="collaboration (eq. 4)")
+            ax.plot(x, table["mse_no_collaboration_std"], "s-", label="no collaboration")
     return table
 
 
@@ -341,15 +334,13 @@ def sec_fairness(
     reps = n_replications or (2 if quick else 100)
     args = [(float(b), s, k_selection, gap_rule) for b in grid
             for s in _seeds(random_state, reps)]
-    rows = pd.DataFrame(_run_parallel(_fairness_one, args, n_jobs))
-    table = (
-        rows.groupby("b", sort=True)
-        .agg(sec_fairness=("sec_fairness", "mean"), sec_fairness_se=("sec_fairness", _se),
-             k_hat=("k_hat", "mean"), k_hat_sd=("k_hat", "std"),
-             fairness=("fairness", "mean"), fairness_se=("fairness", _se),
-             oracle=("oracle", "mean"), oracle_se=("oracle", _se),
-             n_replications=("b", "size"))
-        .reset_index()
+    table = _replicate(
+        _fairness_one, args, n_jobs, "b",
+        sec_fairness=("sec_fairness", "mean"), sec_fairness_se=("sec_fairness", _se),
+        k_hat=("k_hat", "mean"), k_hat_sd=("k_hat", "std"),
+        fairness=("fairness", "mean"), fairness_se=("fairness", _se),
+        oracle=("oracle", "mean"), oracle_se=("oracle", _se),
+        n_replications=("b", "size"),
     )
     for j, name in enumerate(("paper_sec_fairness", "paper_k_hat", "paper_fairness",
                               "paper_oracle")):
@@ -358,22 +349,15 @@ def sec_fairness(
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "sec_fairness_table1.csv", index=False)
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for col, lab in (("sec_fairness", "SEC-Fairness"), ("fairness", "Fairness"),
-                         ("oracle", "Oracle")):
-            ax.plot(table["b"], table[col], "o-", label=lab)
-            ax.plot(table["b"], table["paper_" + col], "x:", color=ax.lines[-1].get_color(),
-                    label=f"{lab} (paper)")
-        ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_yscale("log")
-        ax.set_xlabel("b (coefficient of the sensitive variable)")
-        ax.set_ylabel("validation MSE")
-        ax.set_title("SEC fairness example (Table 1)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "sec_fairness_table1.png", dpi=120)
-        plt.close(fig)
+        with _chart(out, "sec_fairness_table1.png", "b (coefficient of the sensitive variable)",
+                    "validation MSE", "SEC fairness example (Table 1)", legend_fontsize=7) as ax:
+            for col, lab in (("sec_fairness", "SEC-Fairness"), ("fairness", "Fairness"),
+                             ("oracle", "Oracle")):
+                ax.plot(table["b"], table[col], "o-", label=lab)
+                ax.plot(table["b"], table["paper_" + col], "x:", color=ax.lines[-1].get_color(),
+                        label=f"{lab} (paper)")
+            ax.set_xscale("symlog", linthresh=1.0)
+            ax.set_yscale("log")
     return table
 
 
@@ -433,30 +417,22 @@ def sec_attack(
     grid = ds or ((10, 40) if quick else tuple(range(0, 50, 5)) + (49,))
     reps = n_replications or (1 if quick else 5)
     args = [(int(d), s) for d in grid for s in _seeds(random_state, reps)]
-    rows = pd.DataFrame(_run_parallel(_attack_one, args, n_jobs))
-    table = rows.groupby("d", sort=True).agg(
+    table = _replicate(
+        _attack_one, args, n_jobs, "d",
         k_hat=("k_hat", "mean"), intact_cluster_size=("intact_cluster_size", "mean"),
         attacked_in_intact_cluster=("attacked_in_intact_cluster", "max"),
         mse_all=("mse_all", "mean"), mse_none=("mse_none", "mean"),
         mse_sec=("mse_sec", "mean"), mse_oracle=("mse_oracle", "mean"),
         n_replications=("d", "size"),
-    ).reset_index()
+    )
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for col, lab, st in (("mse_all", "collaboration with all", "o-"),
-                             ("mse_none", "no collaboration", "s-"),
-                             ("mse_sec", "SEC (intact cluster)", "^-"),
-                             ("mse_oracle", "oracle", "x--")):
-            ax.plot(table["d"], table[col], st, label=lab)
-        ax.set_yscale("log")
-        ax.set_xlabel("number of attacked learners d")
-        ax.set_ylabel("test MSE of learner 50")
-        ax.set_title("SEC under attack, diabetes data (Fig. 4)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "sec_attack_fig4.png", dpi=120)
-        plt.close(fig)
+        with _chart(out, "sec_attack_fig4.png", "number of attacked learners d",
+                    "test MSE of learner 50", "SEC under attack, diabetes data (Fig. 4)",
+                    legend_fontsize=7) as ax:
+            for col, lab, st in (("mse_all", "collaboration with all", "o-"),
+                                 ("mse_none", "no collaboration", "s-"),
+                                 ("mse_sec", "SEC (intact cluster)", "^-"),
+                                 ("mse_oracle", "oracle", "x--")):
+                ax.plot(table["d"], table[col], st, label=lab)
+            ax.set_yscale("log")
     return table
