@@ -11,9 +11,11 @@ Ye, Ghanadan and Ding, "Meta Clustering for Collaborative Learning" (2023), Sect
 
 from __future__ import annotations
 
+import importlib
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,79 +33,27 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _lasso_cv():
-    from sklearn.linear_model import LassoCV
-
-    # "LASSO with built-in half-half cross-validation to select the tuning parameter" (Sec. 5.1)
-    return LassoCV(cv=2, alphas=30)
-
-
-def _rf():
-    from sklearn.ensemble import RandomForestRegressor
-
-    return RandomForestRegressor(n_estimators=50, max_depth=3)
-
-
-def _linear():
-    from sklearn.linear_model import LinearRegression
-
-    return LinearRegression()
-
-
-def _ridge():
-    from sklearn.linear_model import RidgeCV
-
-    return RidgeCV()
-
-
-def _enet():
-    from sklearn.linear_model import ElasticNetCV
-
-    return ElasticNetCV(cv=2, alphas=30)
-
-
-def _lars():
-    from sklearn.linear_model import LarsCV
-
-    return LarsCV(cv=2)
-
-
-def _knn():
-    from sklearn.neighbors import KNeighborsRegressor
-
-    return KNeighborsRegressor()
-
-
-def _svr():
-    from sklearn.svm import SVR
-
-    return SVR()
-
-
-def _gb():
-    from sklearn.ensemble import GradientBoostingRegressor
-
-    return GradientBoostingRegressor(n_estimators=50, max_depth=3)
-
-
-def _mlp():
-    from sklearn.neural_network import MLPRegressor
-
-    return MLPRegressor(hidden_layer_sizes=(32,), max_iter=300)
+def _construct(module: str, name: str, **params: Any) -> Any:
+    """A fresh, unfitted ``module.name(**params)`` (scikit-learn is imported on first use)."""
+    return getattr(importlib.import_module(module), name)(**params)
 
 
 #: Built-in candidate regressors by name (a fresh unfitted estimator per call).
 BUILTIN_CANDIDATES: dict[str, Callable[[], Any]] = {
-    "lasso_cv": _lasso_cv,
-    "rf": _rf,
-    "linear": _linear,
-    "ridge": _ridge,
-    "enet": _enet,
-    "lars": _lars,
-    "knn": _knn,
-    "svr": _svr,
-    "gb": _gb,
-    "mlp": _mlp,
+    # "LASSO with built-in half-half cross-validation to select the tuning parameter" (Sec. 5.1)
+    "lasso_cv": partial(_construct, "sklearn.linear_model", "LassoCV", cv=2, alphas=30),
+    "rf": partial(_construct, "sklearn.ensemble", "RandomForestRegressor", n_estimators=50,
+                  max_depth=3),
+    "linear": partial(_construct, "sklearn.linear_model", "LinearRegression"),
+    "ridge": partial(_construct, "sklearn.linear_model", "RidgeCV"),
+    "enet": partial(_construct, "sklearn.linear_model", "ElasticNetCV", cv=2, alphas=30),
+    "lars": partial(_construct, "sklearn.linear_model", "LarsCV", cv=2),
+    "knn": partial(_construct, "sklearn.neighbors", "KNeighborsRegressor"),
+    "svr": partial(_construct, "sklearn.svm", "SVR"),
+    "gb": partial(_construct, "sklearn.ensemble", "GradientBoostingRegressor", n_estimators=50,
+                  max_depth=3),
+    "mlp": partial(_construct, "sklearn.neural_network", "MLPRegressor",
+                   hidden_layer_sizes=(32,), max_iter=300),
 }
 
 #: Named candidate sets: the default of Simulation 1, the fairness example and Table 2's rows.
