@@ -23,6 +23,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from ...data.dataset import DataValidationError
+from ...engine.messages import bordered
 from .kernels import entity_sums, log_marginal_batch
 
 __all__ = [
@@ -257,11 +258,7 @@ def project_gram_psd(XtX: np.ndarray, Xty: np.ndarray, yty: np.ndarray, rtol: fl
     projected : ndarray of bool, shape (K,)
     """
     K, F = Xty.shape
-    G = np.empty((K, F + 1, F + 1))
-    G[:, :F, :F] = XtX
-    G[:, :F, F] = Xty
-    G[:, F, :F] = Xty
-    G[:, F, F] = yty
+    G = bordered(XtX, Xty, yty)
     G = 0.5 * (G + np.swapaxes(G, 1, 2))
     lam, vec = np.linalg.eigh(G)
     scale = max(float(np.abs(lam).max()), 1.0)
