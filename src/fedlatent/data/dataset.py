@@ -26,7 +26,7 @@ from .validation import (
 if TYPE_CHECKING:  # pandas is imported where a table is read or written (it is slow to import)
     import pandas as pd
 
-__all__ = ["ClientData", "FederatedDataset", "DataValidationError"]
+__all__ = ["ClientData", "DataValidationError", "DatasetShape", "FederatedDataset"]
 
 
 @dataclass
@@ -66,8 +66,35 @@ def _client_of_row(df: pd.DataFrame, client: str):
     return lambda i: f"client {str(df[client].iloc[i])!r}: "
 
 
+class DatasetShape:
+    """What a federation's description answers, for the data in this process
+    (:class:`FederatedDataset`) and for data that stay on the clients
+    (:class:`~fedlatent.data.remote.RemoteDataset`): ids, sizes and width. Subclasses have
+    ``feature_names`` and :meth:`client_sizes`."""
+
+    def client_sizes(self) -> Mapping[str, int]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def client_ids(self) -> list[str]:
+        """Client ids in sorted order (the order every runtime uses)."""
+        return sorted(self.client_sizes())
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.client_sizes())
+
+    @property
+    def n_features(self) -> int:
+        return len(self.feature_names)
+
+    @property
+    def n_samples(self) -> int:
+        return int(sum(self.client_sizes().values()))
+
+
 @dataclass
-class FederatedDataset:
+class FederatedDataset(DatasetShape):
     """A mapping client id -> :class:`ClientData` with shared column names.
 
     Build one with :meth:`from_pandas`, :meth:`from_arrays` or :meth:`read_table`.
@@ -337,22 +364,9 @@ class FederatedDataset:
         self._validated = True
 
     # -- access ---------------------------------------------------------------------------------
-    @property
-    def client_ids(self) -> list[str]:
-        """Client ids in sorted order (the order every runtime uses)."""
-        return sorted(self.clients)
-
-    @property
-    def n_clients(self) -> int:
-        return len(self.clients)
-
-    @property
-    def n_features(self) -> int:
-        return len(self.feature_names)
-
-    @property
-    def n_samples(self) -> int:
-        return int(sum(c.n_samples for c in self.clients.values()))
+    def client_sizes(self) -> dict[str, int]:
+        """Rows of each client."""
+        return {cid: cd.n_samples for cid, cd in self.clients.items()}
 
     @property
     def has_target(self) -> bool:

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dataset import DataValidationError
+from .dataset import DatasetShape, DataValidationError
 
 __all__ = ["RemoteDataset"]
 
 
 @dataclass
-class RemoteDataset:
+class RemoteDataset(DatasetShape):
     """Client ids, sizes and column names of a federation; the rows stay on the clients."""
 
     sizes: dict[str, int]
@@ -33,21 +33,9 @@ class RemoteDataset:
 
     is_remote = True
 
-    @property
-    def client_ids(self) -> list[str]:
-        return sorted(self.sizes)
-
-    @property
-    def n_clients(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def n_features(self) -> int:
-        return len(self.feature_names)
-
-    @property
-    def n_samples(self) -> int:
-        return int(sum(self.sizes.values()))
+    def client_sizes(self) -> dict[str, int]:
+        """Units of each client, as the clients described them."""
+        return dict(self.sizes)
 
     def __len__(self) -> int:
         return len(self.sizes)
