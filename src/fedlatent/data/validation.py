@@ -39,6 +39,7 @@ __all__ = [
     "check_unique_names",
     "frame_column",
     "to_float_array",
+    "to_float_target",
 ]
 
 #: The largest magnitude a value may have (see the module docstring): 1e150 squared is 1e300,
@@ -272,6 +273,40 @@ def check_target_values(y, name: str, where: str = "") -> None:
                 "those rows before fitting"
             )
         check_magnitude(y.reshape(-1, 1), [name], where, what="target")
+
+
+def to_float_target(y, name: str = "y", where: str = "", n: int | None = None,
+                    fix: str = "drop those rows before predicting") -> np.ndarray:
+    """A numeric target as a 1-D float64 array, or an error naming ``name``.
+
+    Refuses what :func:`check_target_values` refuses (complex, date/time, NaN, infinite,
+    ``|y| > MAX_ABS_VALUE``) and also text or other values that are not numbers; ``n`` is the
+    number of rows the target must have.
+    """
+    if y is None:
+        raise DataValidationError(f"{where}{name} is required (a number per row), got None")
+    y = np.asarray(y)
+    if y.dtype.kind == "c":
+        raise _complex(where, "target", name)
+    if y.dtype.kind in "mM":
+        raise _temporal_dtype(where, "target", name, y.dtype)
+    if y.dtype.kind not in "biuf":  # text, objects: name the first value that is no number
+        try:
+            y = y.astype(np.float64)
+        except (TypeError, ValueError, OverflowError):
+            fix = "encode it as numbers"
+            for v in y.ravel():
+                _check_python_value(v, name, where, "target", fix)
+            raise _not_numeric(where, "target", name, y.ravel()[0], fix) from None
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    bad = ~np.isfinite(y)
+    if bad.any():
+        raise DataValidationError(
+            f"{where}target {name!r} has {int(bad.sum())} NaN or infinite values; {fix}")
+    check_magnitude(y.reshape(-1, 1), [name], where, what="target")
+    if n is not None and y.shape[0] != n:
+        raise DataValidationError(f"{where}{name} has {y.shape[0]} values for {n} rows of X")
+    return y
 
 
 def check_unique_names(columns: Sequence[str], used: Sequence[str] | None = None,

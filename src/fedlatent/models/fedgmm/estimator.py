@@ -409,13 +409,20 @@ class FedGMM(FederatedEstimator):
         """
         check_is_fitted(self)
         if isinstance(client_data, tuple):
-            client_data = ClientData(np.asarray(client_data[0], float), np.asarray(client_data[1]))
+            if len(client_data) != 2:
+                raise ValueError(f"adapt takes (X, y) or ClientData, got a tuple of "
+                                 f"{len(client_data)} items")
+            client_data = ClientData(client_data[0], np.asarray(client_data[1]))
         if client_data.y is None:
             raise ValueError("adapt needs labelled samples: client_data.y is None")
         if int(n_rounds) < 1:
             raise ValueError(f"n_rounds must be >= 1, got {n_rounds!r}")
-        X = self._check_X(client_data.X)
-        y = self._encode(client_data.y)
+        X = self._check_X(client_data.X)  # names the column of a text/NaN/huge value
+        y = np.asarray(client_data.y).ravel()
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"adapt: X has {X.shape[0]} rows but y has {y.shape[0]}; pass one "
+                             "label per row")
+        y = self._encode(y)
         lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
         lpy = lp[np.arange(X.shape[0]), :, y]
         M1, M2 = len(self.weights_x_), len(self.weights_y_)

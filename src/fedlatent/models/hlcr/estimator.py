@@ -18,6 +18,7 @@ import logging
 import numpy as np
 
 from ...data.dataset import DataValidationError, FederatedDataset
+from ...data.validation import to_float_target
 from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
 from ...engine.exchange import number
 from ...engine.federation import Federation
@@ -333,8 +334,8 @@ class HLCR(FederatedEstimator):
         if context is not None:
             for cid, cd in context.items():
                 names, XtX, Xty, yty, nn = entity_statistics(
-                    add_intercept(cd.X, self.fit_intercept), cd.y, np.asarray(cd.entity),
-                    client=cid)
+                    add_intercept(cd.X, self.fit_intercept),
+                    _target(cid, cd, context, "context: "), np.asarray(cd.entity), client=cid)
                 ll = entity_log_marginal(XtX, Xty, yty, nn, D, c, self.sigma)
                 for j, e in enumerate(names):
                     ctx[f"{cid}\x1f{e}"] = ll[j]
@@ -423,12 +424,21 @@ class HLCR(FederatedEstimator):
     def mse(self, fd: FederatedDataset, context: FederatedDataset | None = None,
             method: str = "map") -> float:
         """Mean squared error on the events of ``fd``."""
-        y = np.concatenate([cd.y for _, cd in fd.items()]).astype(np.float64)
+        y = np.concatenate([_target(cid, cd, fd) for cid, cd in fd.items()])
         return float(np.mean((self.predict_dataset(fd, context, method) - y) ** 2))
 
     def score_dataset(self, fd: FederatedDataset) -> float:
         """Mean squared error of :meth:`predict_dataset` on the events of ``fd``."""
         return self.mse(fd)
+
+
+def _target(cid: str, cd, fd: FederatedDataset, where: str = "") -> np.ndarray:
+    """A client's target as floats; text, complex, NaN/inf or |y| > 1e150 are refused."""
+    name = fd.target_name or "y"
+    if cd.y is None:
+        raise DataValidationError(f"{where}client {cid!r} has no target; scoring HLCR needs the "
+                                  "observed y: build the dataset with target='COLUMN'")
+    return to_float_target(cd.y, name, where=f"{where}client {cid!r}: ")
 
 
 def _flatten(fd: FederatedDataset):

@@ -365,12 +365,10 @@ class LatentClassRegression(FederatedEstimator):
         if y is None:
             raise ValueError("y is required: the latent class regression's likelihood is "
                              "p(y | x)")
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
-        if y.shape[0] != n:
-            raise ValueError(f"y has {y.shape[0]} values for {n} rows of X")
-        if not np.all(np.isfinite(y)):
-            raise ValueError("y contains NaN or infinite values")
-        return y
+        from ...data.validation import to_float_target
+
+        # refuses text, complex, dates, NaN/inf and |y| > MAX_ABS_VALUE, naming y
+        return to_float_target(y, "y", n=n)
 
     def predict(self, X) -> np.ndarray:
         """Mixture mean ``E[y | x] = sum_k w_k (x^T coef_k + intercept_k)``, shape (n,)."""

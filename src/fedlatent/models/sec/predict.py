@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ...data.dataset import ClientData, DataValidationError, FederatedDataset
+from ...data.validation import to_float_target
 from ...engine.errors import NotFittedError
 from ...engine.estimator import check_features, check_is_fitted
 from ...engine.exchange import setup_clients
@@ -21,6 +22,14 @@ from .protocol import exchange_step, select_step, sender
 from .serialize import check_extra_types, loads_model, predict_many
 
 __all__ = ["ClusterUseMixin"]
+
+
+def _target(cid: str, cd: ClientData, fd: FederatedDataset) -> np.ndarray:
+    """A client's target as floats; text, complex, NaN/inf or |y| > 1e150 are refused."""
+    if cd.y is None:
+        raise DataValidationError(f"client {cid!r} has no target; scoring SEC needs the "
+                                  "observed y: build the dataset with target='COLUMN'")
+    return to_float_target(cd.y, fd.target_name or "y", where=f"client {cid!r}: ")
 
 
 class ClusterUseMixin:
@@ -109,7 +118,7 @@ class ClusterUseMixin:
 
     def score_dataset(self, fd: FederatedDataset) -> float:
         """Mean squared error of :meth:`predict_dataset` on the targets of ``fd``."""
-        y = np.concatenate([np.asarray(cd.y, dtype=np.float64) for _, cd in fd.items()])
+        y = np.concatenate([_target(cid, cd, fd) for cid, cd in fd.items()])
         return float(np.mean((self.predict_dataset(fd) - y) ** 2))
 
     def fit_pooled(self, fd: FederatedDataset, estimator: Any = None):
@@ -125,7 +134,7 @@ class ClusterUseMixin:
         self.pooled_models_ = {}
         for k, members in self.clusters().items():
             X = np.vstack([fd[c].X for c in members])
-            y = np.concatenate([np.asarray(fd[c].y, dtype=np.float64) for c in members])
+            y = np.concatenate([_target(c, fd[c], fd) for c in members])
             if estimator is None:
                 cands = make_candidates(common_spec(self.candidates, self.learner_ids_))
                 _, model, _, _ = select_model(X, y, cands, rng)
