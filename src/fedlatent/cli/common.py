@@ -50,7 +50,9 @@ __all__ = [
     "one_line",
     "read_frame",
     "split_list",
+    "staged_dir",
     "user_errors",
+    "write_atomic",
 ]
 
 # ---- options -------------------------------------------------------------------------------
@@ -289,3 +291,77 @@ def file_order(df: pd.DataFrame, client: str) -> np.ndarray:
     import numpy as np
 
     return np.argsort(df[client].astype(str).to_numpy(), kind="stable")
+
+
+# ---- all-or-nothing output -------------------------------------------------------------------
+def _temp_sibling(path: Path, kind: str) -> Path:
+    """A new name next to ``path`` (same directory, so ``os.replace`` is a rename). A file's
+    temp name ends with its own name, so pandas infers the same compression from it."""
+    import secrets
+
+    while True:
+        token = secrets.token_hex(4)
+        tmp = (path.parent / f".tmp-{token}-{path.name}" if kind == "file"
+               else path.parent / f"{path.name}.tmp-{token}")
+        if not os.path.lexists(tmp):
+            return tmp
+
+
+def write_atomic(path: Path, write) -> None:
+    """``write(tmp)`` into a temporary file next to ``path``, then rename it to ``path``:
+    a failure leaves no file (and an existing ``path`` untouched)."""
+    path = Path(path)
+    if path.is_dir():
+        fail(f"--out {path} is a directory; give a file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(path, "file")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _replace_entry(src: Path, dst: Path) -> None:
+    """Move ``src`` onto ``dst``; a directory replaces a directory (the old one is removed)."""
+    import shutil
+
+    if dst.is_dir() and not dst.is_symlink():
+        old = _temp_sibling(dst, "dir")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+@contextmanager
+def staged_dir(out: Path):
+    """A directory to write into that becomes ``out`` only when the block succeeds.
+
+    When ``out`` does not exist (or is empty), the block writes into a new sibling
+    ``out.tmp-XXXX`` renamed to ``out`` at the end; when it exists, each written entry then
+    replaces its namesake in ``out`` (files by rename; other files of ``out`` are kept). On any
+    failure the temporary directory is removed: nothing half-written is left.
+    """
+    import shutil
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file; give a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(out, "dir")
+    tmp.mkdir()
+    try:
+        yield tmp
+        if not out.exists() or not any(out.iterdir()):
+            os.replace(tmp, out)  # a rename, also onto an empty directory
+        else:
+            for entry in sorted(tmp.iterdir()):
+                _replace_entry(entry, out / entry.name)
+            tmp.rmdir()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

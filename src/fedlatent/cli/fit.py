@@ -144,32 +144,40 @@ def make_federation(participation: float, step_size: float, quant_levels: int | 
 
 
 # ---- the one fitting and saving path ---------------------------------------------------------
-def fit_and_save(est, fd, out: Path, roles: dict[str, Any]) -> list[str]:
-    """Fit ``est`` on ``fd`` and write it to ``out`` (created only once the fit succeeded).
+def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[str]:
+    """Fit ``est`` on ``fd`` and write it to ``out``, all or nothing.
 
     Returns the names written: ``model.npz``, ``model.json``, ``history.csv`` (when the estimator
     keeps a history), ``clients/`` (when its clients keep their own state: ``save_client_weights``)
-    and ``roles.json`` (the columns of the fit: client, features, target, entity).
+    and ``roles.json`` (the columns of the fit: client, features, target, entity), then the
+    names ``extra(directory)`` returns (a command's own files, e.g. SEC's similarity matrix).
+    Everything is written into a temporary sibling directory that becomes ``out`` only when
+    every file was written (:func:`~.common.staged_dir`): a failed fit, or a failure while
+    writing, leaves no ``out`` and no half-written directory.
     """
+    from .common import staged_dir
+
     est.fit(fd)
     if hasattr(est, "save_client_weights"):  # client ids name no path: checked before writing
         from ..data.files import client_file_names
 
         client_file_names([str(c) for c in getattr(est, "client_ids_", fd.client_ids)])
-    out.mkdir(parents=True, exist_ok=True)
-    est.save(out / "model")
-    written = ["model.npz", "model.json"]
-    history = getattr(est, "history_", None)
-    if history is not None:
-        frame = history.to_frame() if hasattr(history, "to_frame") else history
-        frame.to_csv(out / "history.csv", index=False)
-        written.append("history.csv")
-    if hasattr(est, "save_client_weights"):
-        est.save_client_weights(out / "clients")
-        written.append("clients/")
-    roles = {**roles, "features": [str(f) for f in fd.feature_names]}
-    (out / ROLES_FILE).write_text(json.dumps(roles, indent=1) + "\n")
-    written.append(ROLES_FILE)
+    with staged_dir(out) as tmp:
+        est.save(tmp / "model")
+        written = ["model.npz", "model.json"]
+        history = getattr(est, "history_", None)
+        if history is not None:
+            frame = history.to_frame() if hasattr(history, "to_frame") else history
+            frame.to_csv(tmp / "history.csv", index=False)
+            written.append("history.csv")
+        if hasattr(est, "save_client_weights"):
+            est.save_client_weights(tmp / "clients")
+            written.append("clients/")
+        roles = {**roles, "features": [str(f) for f in fd.feature_names]}
+        (tmp / ROLES_FILE).write_text(json.dumps(roles, indent=1) + "\n")
+        written.append(ROLES_FILE)
+        if extra is not None:
+            written.extend(extra(tmp))
     return written
 
 

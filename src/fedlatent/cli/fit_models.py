@@ -206,18 +206,24 @@ def fit_sec(
     sec = build_estimator(SEC, dict(
         candidates=spec, n_clusters=clusters, k_selection=k_selection, max_clusters=max_clusters,
         standardize=standardize, n_jobs=n_jobs, random_state=seed))
-    written = fit_and_save(sec, fd, out, roles_of("sec", client, target, None))
+
+    def write_sec_files(where: Path) -> list[str]:  # inside fit_and_save's all-or-nothing dir
+        ids = sec.learner_ids_
+        pd.DataFrame(sec.similarity_, index=ids, columns=ids).to_csv(where / "similarity.csv")
+        pd.DataFrame({"learner": ids, "cluster": sec.labels_, "selected": sec.selected_,
+                      "n_samples": sec.n_samples_, "in_sample_mse": sec.errors_}).to_csv(
+            where / "clusters.csv", index=False)
+        _similarity_heatmap(sec, where / "similarity.png")
+        return ["similarity.csv", "similarity.png", "clusters.csv"]
+
+    written = fit_and_save(sec, fd, out, roles_of("sec", client, target, None),
+                           extra=write_sec_files)
     ids = sec.learner_ids_
-    pd.DataFrame(sec.similarity_, index=ids, columns=ids).to_csv(out / "similarity.csv")
-    pd.DataFrame({"learner": ids, "cluster": sec.labels_, "selected": sec.selected_,
-                  "n_samples": sec.n_samples_, "in_sample_mse": sec.errors_}).to_csv(
-        out / "clusters.csv", index=False)
-    _similarity_heatmap(sec, out / "similarity.png")
     typer.echo(f"SEC: {len(ids)} learners, {fd.n_samples} samples, {fd.n_features} features; "
                f"K = {sec.n_clusters_}" + (" (given)" if clusters else f" ({k_selection})"))
     for k, members in sec.clusters().items():
         typer.echo(f"cluster {k} ({len(members)}): {', '.join(members)}")
-    echo_written(out, [*written, "similarity.csv", "similarity.png", "clusters.csv"])
+    echo_written(out, written)
 
 
 def _similarity_heatmap(sec, path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import typer
 
-from .common import DataOpt, fail, file_order, read_frame
+from .common import DataOpt, fail, file_order, read_frame, write_atomic
 from .fit import ROLES_FILE
 
 __all__ = ["load_model", "predict", "score"]
@@ -168,8 +168,7 @@ def predict(
         proba = _to_file_order(proba, order, len(df), "probability rows")
         for j, c in enumerate(np.asarray(est.classes_).tolist()):
             res[f"proba_{c}"] = proba[:, j]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    res.to_csv(out, index_label="row")
+    write_atomic(out, lambda tmp: res.to_csv(tmp, index_label="row"))  # no file on failure
     typer.echo(f"wrote {len(res)} predictions to {out}")
 
 
@@ -214,25 +213,29 @@ def score(
         target = roles["target"]
     fd = _dataset(est, df, roles, target)
     predictors = _client_predictors(est, fd, prefix, use_global)
+    # everything is computed before anything is written: a failure leaves no --out file
+    res = None
     if out is not None:
         res = _row_scores(est, entry.target, fd, predictors)
         res.index = file_order(df, roles["client"])
         res = res.sort_index()
         res.insert(0, roles["client"], df[roles["client"]].to_numpy())
-        out.parent.mkdir(parents=True, exist_ok=True)
-        res.to_csv(out, index_label="row")
-        typer.echo(f"wrote {len(res)} per-row scores to {out}")
+    value = None
     if entry.target and target is None:
         if out is None:
             fail(f"{type(est).__name__} is scored against the response: give --target COLUMN "
                  f"(the fit's, {roles.get('target')!r}, is not in {data})")
-        return
-    try:
-        value = est.score_dataset(fd) if hasattr(est, "score_dataset") else None
-    except NotImplementedError:
-        value = None
-    if value is None:
-        if out is None:
+    else:
+        try:
+            value = est.score_dataset(fd) if hasattr(est, "score_dataset") else None
+        except NotImplementedError:
+            value = None
+        if value is None and out is None:
             fail(f"{type(est).__name__} has no score on a data file (no score_dataset)")
-        return
-    typer.echo(f"{getattr(est, '_score_name', 'score')}: {float(value)!r}")
+        if value is not None:
+            value = float(value)
+    if res is not None:
+        write_atomic(out, lambda tmp: res.to_csv(tmp, index_label="row"))
+        typer.echo(f"wrote {len(res)} per-row scores to {out}")
+    if value is not None:
+        typer.echo(f"{getattr(est, '_score_name', 'score')}: {value!r}")
