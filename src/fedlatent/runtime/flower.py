@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import DataValidationError
-from ..engine.messages import ClientReplyError
+from ..engine.messages import ERROR_KEY, ClientReplyError
 from ..engine.runtime import Runtime
 
 __all__ = [
@@ -64,6 +64,8 @@ _METHOD = "fedlatent.method"
 _ERROR = "fedlatent.error"
 _ERROR_TYPE = "fedlatent.error_type"
 _STATE = "fedlatent.state"
+#: methods of a round: a node's error there makes it missing for the round, not the run's end
+_ROUND_METHODS = ("estep", "evaluate")
 _MODEL = "fedlatent.model"
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
@@ -194,6 +196,11 @@ class FlowerRuntime(Runtime):
             out[nid] = decode(rep.content)
             if _ERROR in out[nid]:
                 text, kind = str(out[nid][_ERROR]), str(out[nid].get(_ERROR_TYPE, ""))
+                if jobs.get(nid, ("",))[0] in _ROUND_METHODS:
+                    # as in-process: the loop records the client as missing, with this text
+                    out[nid] = {ERROR_KEY: f"{kind}: {text}" if kind else text}
+                    logger.warning("client %s (node %s) failed: %s", cid, nid, text)
+                    continue
                 if kind == "DataValidationError":
                     raise DataValidationError(text)
                 if self._describing and kind in ("ValueError", "TypeError"):
