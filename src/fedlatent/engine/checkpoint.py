@@ -221,9 +221,10 @@ class RunIdentity:
 
 
 def save_loop_checkpoint(path, *, params, state, history, client_states, identity: RunIdentity,
-                         round_: int, params0) -> Path:
+                         round_: int, params0, mirror=None) -> Path:
     """Write the round loop's checkpoint ``<path>.npz`` atomically (see the module docstring);
-    returns the file written."""
+    returns the file written. ``mirror`` is ``(V_c by client (None: unknown), clients to
+    resync)``, the server's copy of the clients' control variates (ReplyScreen), or None."""
     path = Path(path)
     ids = list(identity.clients)
     arrays = {f"params/{k}": np.asarray(v) for k, v in params.items()}
@@ -240,11 +241,20 @@ def save_loop_checkpoint(path, *, params, state, history, client_states, identit
             st = {k: np.asarray(v) for k, v in client_states.get(cid, {}).items()}
             arrays.update({f"client/{i}/{k}": v for k, v in st.items()})
             layout.append({k: [v.dtype.str, list(v.shape)] for k, v in st.items()})
+    mirror_meta = None
+    if mirror is not None:
+        # clients by their index, as their states; "known": indices whose V_c the server knows
+        by_cid, resync = mirror
+        known = [i for i, c in enumerate(ids) if by_cid.get(c) is not None]
+        for i in known:
+            arrays.update(by_cid[ids[i]].to_dict(f"mirror/{i}/"))
+        mirror_meta = {"known": known, "resync": [i for i, c in enumerate(ids) if c in resync]}
     meta = {
         "format": CHECKPOINT_FORMAT,
         **identity.to_meta(),
         "round": int(round_),
         "client_states": layout,
+        "mirror": mirror_meta,
         "history": [asdict(r) for r in history],
         "sha256": _arrays_sha256(arrays),
     }
@@ -387,13 +397,48 @@ def _check_states(where: str, arrays: dict, meta: dict, ident: RunIdentity, now_
     return states
 
 
-def load_loop_checkpoint(path, identity: RunIdentity, params0, stat_shapes, client_states):
+def _check_mirror(where: str, arrays: dict, meta: dict, ident: RunIdentity, stat_shapes):
+    """``(V_c by client, clients to resync)`` of the checkpoint (None: written without it)."""
+    from .stats import Stats
+
+    m = meta.get("mirror")
+    ids = list(ident.clients)
+    names = sorted(k for k in arrays if k.startswith("mirror/"))
+    if m is None:
+        if names:
+            raise ValueError(f"{where} holds control variates it does not list: {names[:3]}")
+        return None
+    ok = isinstance(m, dict) and all(
+        isinstance(m.get(f), list) and all(isinstance(i, int) and 0 <= i < len(ids)
+                                           for i in m[f]) for f in ("known", "resync"))
+    if not ok:
+        raise ValueError(f"{where}: its list of mirrored control variates is malformed")
+    want = {k: tuple(v) for k, v in stat_shapes.items()}
+    mirror: dict = {c: None for c in ids}
+    listed = set()
+    for i in m["known"]:
+        st = {k: arrays.get(f"mirror/{i}/{k}") for k in want}
+        listed.update(f"mirror/{i}/{k}" for k in want)
+        if any(v is None or v.shape != want[k] or v.dtype != np.float64
+               or not np.all(np.isfinite(v)) for k, v in st.items()):
+            raise ValueError(f"{where}: the mirrored control variate of client {ids[i]!r} is "
+                             f"missing, not float64, not finite or not of shapes {want}")
+        mirror[ids[i]] = Stats(st)
+    if sorted(listed) != names:
+        raise ValueError(f"{where} holds control variates it does not list: "
+                         f"{sorted(set(names) - listed)[:3]}")
+    return mirror, {ids[i] for i in m["resync"]}
+
+
+def load_loop_checkpoint(path, identity: RunIdentity, params0, stat_shapes, client_states,
+                         *, with_mirror: bool = False):
     """``(params, S_hat, V, history records, client states, round)`` of the checkpoint at
     ``path``, after checking it is of this run: ValueError saying what differs otherwise.
 
     ``params0`` (this fit's initial parameters), ``stat_shapes`` (the model's statistic
     blocks) and ``client_states`` (the runtime's current client states, None when it cannot
-    see them) are what the checkpoint's arrays are checked against.
+    see them) are what the checkpoint's arrays are checked against. ``with_mirror`` adds
+    the server's mirror of the clients' control variates (None in a checkpoint without it).
     """
     path = Path(path)
     npz = path.with_name(path.name + ".npz")
@@ -411,4 +456,7 @@ def load_loop_checkpoint(path, identity: RunIdentity, params0, stat_shapes, clie
     use_cv = bool(identity.federation.get("control_variates"))
     params, S_hat, V = _check_arrays(where, arrays, params0, stat_shapes, round_, use_cv)
     states = _check_states(where, arrays, meta, identity, client_states)
+    if with_mirror:  # a 7th item: the server's mirror of the control variates, or None
+        mirror = _check_mirror(where, arrays, meta, identity, stat_shapes)
+        return params, S_hat, V, history, states, round_, mirror
     return params, S_hat, V, history, states, round_
