@@ -136,12 +136,23 @@ class CorruptingRuntime(InProcessRuntime):
 
 
 def test_invalid_reply_is_refused_and_last_good_state_kept(tmp_path):
+    """Issue 11: a malformed reply is excluded and recorded in ``rejected`` (the default), or,
+    with ``on_invalid="raise"``, stops the run naming the client, the last good state kept."""
     fd = toy_fd()
+    with pytest.warns(fl.ConvergenceWarning):
+        res = run_federated_em(LinearToy(0.5), CorruptingRuntime(fd, "c3", 4), fl.Federation(),
+                               {"mu": np.zeros(2)}, seed=0, max_rounds=10, tol=0.0,
+                               progress=False)
+    assert [r.rejected for r in res.history] == [{}] * 3 + [
+        {"c3": "statistic 's' has non-finite values"}] * 7
+    assert [r.participants for r in res.history] == [8] * 3 + [7] * 7
+    assert np.all(np.isfinite(res.params["mu"]))
     rt = CorruptingRuntime(fd, "c3", 4)
     ck = tmp_path / "ck"
     with pytest.raises(FederatedFitError, match="client 'c3' sent an invalid reply: statistic "
                        "'s' has non-finite values") as err:
-        run_federated_em(LinearToy(0.5), rt, fl.Federation(), {"mu": np.zeros(2)}, seed=0,
+        run_federated_em(LinearToy(0.5), rt, fl.Federation(on_invalid="raise"),
+                         {"mu": np.zeros(2)}, seed=0,
                          max_rounds=10, tol=0.0, progress=False, checkpoint=ck)
     with pytest.warns(fl.ConvergenceWarning):
         good = run(fd, fl.Federation(), 3, seed=0)

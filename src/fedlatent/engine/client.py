@@ -7,7 +7,9 @@ object, the Flower runtime rebuilds it on every message from ``context.state``.
 Methods a node answers:
 
 ``setup``       build the model from its name and config; reply with the number of units
-``estep``       FedEM client step (full pass, mini-batch or SPIDER; control variates; quantizer)
+``estep``       FedEM client step (full pass, mini-batch or SPIDER; control variates; quantizer);
+                ``V_reset/`` blocks in the message (the server refused the last reply) replace
+                the control variate before the step
 ``evaluate``    mean statistics at the given parameters, no state change (for ||h(S)||^2)
 ``query``       a model-specific exchange (``message["query"]`` names it)
 ``describe``    the client's own data checked by the estimator's checks; counts and column
@@ -109,7 +111,7 @@ class ClientNode:
         if method == "estep":
             return self._estep_or_error(msg)
         if method == "evaluate":
-            return self._evaluate(msg)
+            return self._evaluate_or_error(msg)
         if method == "query":
             return self._query(msg)
         if method == "cv_init":
@@ -189,6 +191,9 @@ class ClientNode:
 
         S_hat = Stats(unpack(msg, "S_hat"))
         use_cv = bool(msg.get("control_variates", False))
+        reset = unpack(msg, "V_reset")
+        if use_cv and reset:  # the server refused our last reply: back to the V_c it holds
+            _put(self.state, "V", reset)
         V_c = Stats(_sub(self.state, "V")) if use_cv and _sub(self.state, "V") else None
         if len(S_hat) == 0:  # initialization round: send the statistic itself
             delta = S_c
@@ -221,6 +226,16 @@ class ClientNode:
             _put(self.state, "V", V.to_dict())
             _put(self.state, "init_S", {})
         return {"ok": 1}
+
+    def _evaluate_or_error(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The evaluation pass, or, if it raises, a reply carrying the exception's text (as
+        for the E-step; evaluating changes no state)."""
+        try:
+            return self._evaluate(msg)
+        except Exception as err:  # noqa: BLE001 - reported to the server, not hidden
+            logger.warning("client %r: evaluation of round %s failed: %s", self.client_id,
+                           msg.get("round"), err)
+            return {ERROR_KEY: f"{type(err).__name__}: {err}"}
 
     def _evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.model is not None

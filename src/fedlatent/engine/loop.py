@@ -215,7 +215,8 @@ class _Rounds:
         save_loop_checkpoint(self.opt.checkpoint, params=self.params, state=self.state,
                              history=self.history,
                              client_states=self.runtime.get_client_states(),
-                             identity=self.identity(), round_=round_, params0=self.params0)
+                             identity=self.identity(), round_=round_, params0=self.params0,
+                             mirror=self.screen.checkpointed())
 
     def identity(self) -> RunIdentity:
         """What a checkpoint of this run must match to be resumed."""
@@ -227,10 +228,12 @@ class _Rounds:
         returns the round to continue from."""
         if self.opt.checkpoint is None:
             raise ValueError("resume=True needs checkpoint=PATH")
-        params, S_hat, V, records, states, round_ = load_loop_checkpoint(
+        params, S_hat, V, records, states, round_, mirror = load_loop_checkpoint(
             self.opt.checkpoint, self.identity(), self.params0, shapes,
-            self.runtime.get_client_states(),
+            self.runtime.get_client_states(), with_mirror=True,
         )
+        if mirror is not None:
+            self.screen.mirror, self.screen.resync = mirror
         self.params = params
         self.state = FedEMState(S_hat, V)
         self.history = History.from_records(records)
@@ -251,10 +254,16 @@ class _Rounds:
         msg.update(pack("params", self.params))
         if self.state.S_hat is not None:
             msg.update(pack("S_hat", self.state.S_hat.to_dict()))
-        replies = self.runtime.broadcast(active, "estep", msg) if active else {}
+        msgs = {c: msg for c in active}
+        bytes_down = message_nbytes(msg) * len(active)
+        for c in active:  # a client whose last reply was refused goes back to its mirrored V_c
+            reset = self.screen.resync_message(c)
+            if reset:
+                msgs[c] = {**msg, **reset}
+                bytes_down += message_nbytes(reset)
+        replies = self.runtime.call(active, "estep", msgs) if active else {}
         got, parsed, missing, rejected, errors, obj_sum, obj_n = self.screen_replies(
             k, active, replies, shapes, msg)
-        bytes_down = message_nbytes(msg) * len(active)
         bytes_up = (raw_bytes if init_round else quant_bytes) * len(parsed)
 
         if init_round:
@@ -290,14 +299,19 @@ class _Rounds:
                 self.params,
                 k,
             )
-        self.screen.after_round(init_round, active, parsed, errors, new_state.S_hat, alpha)
+        self.screen.after_round(init_round, active, parsed, errors, new_state.S_hat, alpha,
+                                rejected)
+        converged_ok = not missing and not rejected
+        h2 = None
+        if self.fed.track_h:
+            h2, missing, rejected, errors = self.h_norm2(k, shapes, new_params, new_state.S_hat,
+                                                         missing, rejected, errors)
         if init_round and self.use_cv:
             # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0.
             cv_msg = {"seed": seed, "round": k, **pack("S_hat", new_state.S_hat.to_dict())}
             self.runtime.broadcast(self.cids, "cv_init", cv_msg)
             bytes_down += message_nbytes(cv_msg) * len(self.cids)
         self.state, self.params = new_state, new_params
-        h2 = self.h_norm2(k, shapes) if self.fed.track_h else None
         objective = obj_sum / obj_n if obj_n else float("nan")
         self.history.append(
             RoundRecord(
@@ -317,8 +331,7 @@ class _Rounds:
         return (
             self.fed.is_plain_em
             and len(self.history) >= 2
-            and not missing
-            and not rejected
+            and converged_ok
             and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol
         )
 
@@ -326,9 +339,9 @@ class _Rounds:
         """Sort round ``k``'s replies before anything is aggregated: ``got`` (aggregated),
         ``parsed`` (well formed, aggregated or not), ``missing`` (no reply, or the client
         raised: ``errors`` has its exception text), ``rejected`` (client -> the invariant its
-        statistics break; with ``on_invalid="raise"`` the first one stops the run). A reply
-        that is not well formed (a block missing, a wrong shape, a non-finite value) stops the
-        run (ClientReplyError)."""
+        statistics break, or why its reply is not well formed: a block missing, a wrong shape, a
+        non-finite or non-numeric value; with ``on_invalid="raise"`` the first one stops the
+        run, naming the client and the round)."""
         got: dict[str, Stats] = {}
         parsed: dict[str, Stats] = {}
         rejected: dict[str, str] = {}
@@ -341,13 +354,19 @@ class _Rounds:
             if ERROR_KEY in rep:
                 errors[c] = str(rep[ERROR_KEY])
                 continue
-            Q = parsed[c] = check_reply(c, rep, shapes)
-            reason = self.screen.problem(c, Q, rep, str(msg.get("mode", "full")),
-                                         self.state.S_hat)
+            try:
+                Q = check_reply(c, rep, shapes)
+            except ClientReplyError as err:  # malformed: refused like a lie, nothing of it used
+                Q, reason, what = None, err.reason, "an invalid reply"
+            else:
+                parsed[c] = Q
+                reason = self.screen.problem(c, Q, rep, str(msg.get("mode", "full")),
+                                             self.state.S_hat)
+                what = "statistics that cannot be true"
             if reason:
                 if self.fed.on_invalid == "raise":
                     raise FederatedFitError(
-                        f"round {k}: client {c!r} sent statistics that cannot be true: {reason}"
+                        f"round {k}: client {c!r} sent {what}: {reason}"
                         f"; stopped (on_invalid='raise'), kept the parameters of round {k - 1}",
                         self.params, k)
                 rejected[c] = reason
@@ -364,16 +383,56 @@ class _Rounds:
                            "; ".join(f"client {c!r}: {r}" for c, r in rejected.items()))
         return got, parsed, missing, rejected, errors, obj_sum, obj_n
 
-    def h_norm2(self, k: int, shapes) -> float:
-        """||h(S_hat)||^2 = ||mean_c S_c(T(S_hat)) - S_hat||^2 (one evaluation pass)."""
+    def h_norm2(self, k: int, shapes, params, S_hat, missing, rejected, errors):
+        """``||h(S_hat)||^2 = ||mean_c S_c(params) - S_hat||^2`` (one evaluation pass at the
+        round's new ``params = T(S_hat)``), and
+        the round's ``missing``, ``rejected``, ``errors`` with the evaluation's faults added.
+
+        Each reply is checked as an initialization reply (the client's own statistic at the
+        new parameters: the model's invariants, the units it set up); a client that raised,
+        did not answer, or whose reply is refused is left out of the mean (the weights of the
+        others renormalized; NaN when none is left) and recorded, its reason prefixed with
+        ``evaluate:``; with ``on_invalid="raise"`` a refused reply stops the run."""
         ev = self.runtime.broadcast(
             self.cids, "evaluate", {"seed": int(self.opt.seed), "round": k,
-                                    **pack("params", self.params)}
+                                    **pack("params", params)}
         )
-        mean = self.state.S_hat.zeros_like()
+        missing, rejected, errors = list(missing), dict(rejected), dict(errors)
+        mean = S_hat.zeros_like()
+        total, left_out = 0.0, False
         for c in self.cids:
-            mean.add_(check_reply(c, ev.get(c), shapes), self.weights[c])
-        return (mean - self.state.S_hat).squared_norm()
+            rep = ev.get(c)
+            if rep is None or ERROR_KEY in rep:
+                if rep is not None:
+                    errors[c] = "; ".join(filter(None, (errors.get(c),
+                                                        f"evaluate: {rep[ERROR_KEY]}")))
+                if c not in missing:
+                    missing.append(c)
+                left_out = True
+                continue
+            try:
+                Q = check_reply(c, rep, shapes)
+            except ClientReplyError as err:
+                reason = err.reason
+            else:
+                reason = self.screen.problem(c, Q, rep, "full", None)
+            if reason:
+                if self.fed.on_invalid == "raise":
+                    raise FederatedFitError(
+                        f"round {k}: client {c!r} sent an evaluation that cannot be true: "
+                        f"{reason}; stopped (on_invalid='raise'), kept the parameters of round "
+                        f"{k - 1}", self.params, k)
+                rejected[c] = "; ".join(filter(None, (rejected.get(c),
+                                                      f"evaluate: {reason}")))
+                left_out = True
+                continue
+            mean.add_(Q, self.weights[c])
+            total += self.weights[c]
+        if total <= 0.0:
+            return float("nan"), missing, rejected, errors
+        if left_out:
+            mean = mean * (1.0 / total)
+        return (mean - S_hat).squared_norm(), missing, rejected, errors
 
     # ---- the run -------------------------------------------------------------------------
     def run(self, params0: Params) -> FitResult:

@@ -133,7 +133,8 @@ class ReplyScreen:
     sums; the rebuilt entries carry a rounding ``slack``. Not rebuilt, so only the generic
     checks: quantized differences, SPIDER corrections (a difference of mini-batch terms, not
     a statistic of data), and with control variates a client whose ``V_c`` the server lost
-    track of (a reply that never arrived, or a resumed run: the mirror is not checkpointed).
+    track of (a reply that never arrived). The mirror is checkpointed (a resumed run checks as
+    much as the uninterrupted one).
     The mirror costs the server one statistic per client, as much as one round's replies.
     """
 
@@ -143,6 +144,8 @@ class ReplyScreen:
         self.use_cv = bool(federation.control_variates)
         #: V_c as each client holds it (None: unknown); only without a quantizer
         self.mirror: dict[str, Stats | None] = {}
+        #: clients whose last reply was refused: told to go back to their mirrored V_c
+        self.resync: set[str] = set()
 
     def units_problem(self, c: str, n: Any, mode: str) -> str | None:
         try:
@@ -197,21 +200,51 @@ class ReplyScreen:
         return S_c, slack
 
     def after_round(self, init_round: bool, asked: list[str], parsed: dict[str, Stats],
-                    errors: dict[str, str], S_hat_new: Stats, alpha: float) -> None:
-        """Follow every client's ``V_c`` as it updates it itself: ``S_c0 - S_hat_0`` after the
-        initialization round, then ``V_c + alpha Q_c`` for every reply it sent (aggregated or
-        not); unknown after a reply that did not arrive; unchanged when it raised (a client
-        that raises keeps its state)."""
+                    errors: dict[str, str], S_hat_new: Stats, alpha: float,
+                    rejected: dict[str, str] | None = None) -> None:
+        """Follow every client's ``V_c``: ``S_c0 - S_hat_0`` after the initialization round,
+        then ``V_c + alpha Q_c`` for every reply aggregated; unknown after a reply that did not
+        arrive; unchanged when it raised (a client that raises keeps its state).
+
+        A refused reply (malformed, or breaking the invariants) enters neither ``S_hat`` nor
+        ``V`` nor the mirror: the client did ``V_c += alpha Q_c`` with what it meant to send,
+        which the server cannot know (a lie, or a reply corrupted on the way). So the mirror
+        keeps the last accepted ``V_c`` and the client is put in :attr:`resync`: its next round
+        message carries that ``V_c`` (``V_reset/``), which it adopts before its step. Then
+        ``V = sum_c w_c V_c`` still holds, an honest client whose one reply was corrupted is
+        rebuilt exactly (and accepted) from its next reply on, and a client that keeps lying is
+        checked against the true ``V_c`` every round (and refused every round)."""
         if not (self.use_cv and self.exact):
             return
+        rejected = rejected or {}
         if init_round:
             self.mirror = {c: Q - S_hat_new for c, Q in parsed.items()}
+            self.resync = set()
             return
         for c in asked:
             if c in errors:
                 continue
             V = self.mirror.get(c)
+            if c in rejected:
+                if V is not None:
+                    self.resync.add(c)
+                continue
+            self.resync.discard(c)
             if c in parsed and V is not None:
                 self.mirror[c] = V.copy().add_(parsed[c], alpha)
             else:
                 self.mirror[c] = None
+
+    def checkpointed(self):
+        """``(mirror, resync)`` for a checkpoint, None when no mirror is kept."""
+        if not (self.use_cv and self.exact):
+            return None
+        return self.mirror, self.resync
+
+    def resync_message(self, c: str) -> dict[str, np.ndarray]:
+        """The ``V_reset/`` blocks client ``c`` must adopt before its next step (empty unless
+        its last reply was refused)."""
+        V = self.mirror.get(c)
+        if c not in self.resync or V is None:
+            return {}
+        return {f"V_reset/{k}": np.array(v, copy=True) for k, v in V.items()}
