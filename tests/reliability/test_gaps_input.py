@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import fedlatent as fl
 from fedlatent.cli import app
-from fedlatent.data.dataset import ClientData, FederatedDataset
+from fedlatent.data.dataset import ClientData, DataValidationError, FederatedDataset
 
 
 # ---- 1. FedGMM.adapt ---------------------------------------------------------------------------
@@ -338,3 +338,147 @@ def test_fit_sec_failure_after_fit_leaves_nothing(tmp_path, monkeypatch):
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines()[-1] == "error: boom"
     assert _listing(tmp_path) == ["d.csv"]
+
+
+# ---- 5. client ids that collide once written as text -------------------------------------------
+def _ids_frame(ids):
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(rng.normal(size=(len(ids), 2)), columns=["a", "b"])
+    df["c"] = pd.Series(list(ids), dtype=object)
+    return df
+
+
+def test_int_and_text_client_ids_refused_in_a_table():
+    with pytest.raises(DataValidationError, match=r"^client column 'c': client ids 1 and '1' are "
+                                                  r"the same once written as text; rename one$"):
+        FederatedDataset.from_pandas(_ids_frame([1, "1", 2, 2]), client="c")
+
+
+def test_int_and_text_client_ids_refused_in_arrays_and_constructor():
+    X = np.zeros((3, 2))
+    with pytest.raises(DataValidationError, match=r"^client ids 1 and '1' are the same once "
+                                                  r"written as text; rename one$"):
+        FederatedDataset.from_arrays({1: X, "1": X + 1})
+    with pytest.raises(DataValidationError, match=r"^client ids 1 and '1' are the same"):
+        FederatedDataset({1: ClientData(X), "1": ClientData(X + 1)}, ["a", "b"])
+
+
+def test_empty_client_ids_refused_with_row_count():
+    with pytest.raises(DataValidationError, match=r"^client column 'c' has 2 rows with an empty "
+                                                  r"client id; every row needs a client id$"):
+        FederatedDataset.from_pandas(_ids_frame(["", "x", " ", "x"]), client="c")
+    with pytest.raises(DataValidationError, match=r"^client id '' is empty; give every client a "
+                                                  r"non-empty id$"):
+        FederatedDataset.from_arrays({"": np.zeros((2, 1)), "b": np.zeros((2, 1))})
+
+
+@pytest.mark.parametrize("missing", [None, float("nan")])
+def test_missing_client_ids_refused(missing):
+    with pytest.raises(DataValidationError, match=r"^client column 'c' has 1 missing values; "
+                                                  r"every row needs a client id$"):
+        FederatedDataset.from_pandas(_ids_frame([missing, "x", "y", "y"]), client="c")
+    with pytest.raises(DataValidationError, match=rf"^a client id is missing \({missing!r}\)"):
+        FederatedDataset.from_arrays({missing: np.zeros((2, 1)), "b": np.zeros((2, 1))})
+
+
+def test_distinct_ids_still_accepted():
+    fd = FederatedDataset.from_pandas(_ids_frame([1, 2, "x", "x"]), client="c")
+    assert fd.client_ids == ["1", "2", "x"]
+    assert fd.sizes() == {"1": 1, "2": 1, "x": 2}
+
+
+# ---- 6. roles, wide tables, client files whose metadata lies -----------------------------------
+def test_one_column_cannot_hold_two_roles():
+    df = _frame()
+    with pytest.raises(DataValidationError, match=r"^column 'site' cannot be both the client and "
+                                                  r"the entity column; give each role its own"):
+        FederatedDataset.from_pandas(df, client="site", features=["a"], target="y", entity="site")
+    with pytest.raises(DataValidationError, match=r"^column 'y' cannot be both the target and "
+                                                  r"the entity column"):
+        FederatedDataset.from_pandas(df, client="site", features=["a"], target="y", entity="y")
+    with pytest.raises(DataValidationError, match=r"^column 'site' cannot be both the client and "
+                                                  r"the target column"):
+        FederatedDataset.from_pandas(df, client="site", features=["a"], target="site")
+
+
+def test_features_given_as_one_string_refused():
+    df = _frame()
+    df["ab"] = 1.0
+    with pytest.raises(DataValidationError, match=r"^features must be a list of column names, "
+                                                  r"got the string 'ab'; write features=\['ab'\]$"):
+        FederatedDataset.from_pandas(df, client="site", features="ab", target="y")
+
+
+def test_wide_table_reads_in_linear_time():
+    import time
+
+    wide = pd.DataFrame(np.random.default_rng(0).normal(size=(4, 20000)))
+    wide["site"] = ["a", "a", "b", "b"]
+    t0 = time.process_time()
+    fd = FederatedDataset.from_pandas(wide, client="site")
+    assert fd.n_features == 20000
+    assert time.process_time() - t0 < 5.0  # was 36 s: one DataFrame assignment per column
+    np.testing.assert_array_equal(fd["b"].X, wide.iloc[2:, :20000].to_numpy())
+
+
+def _client_file(path, cols, meta):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(cols)
+    raw = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
+    pq.write_table(table.replace_schema_metadata({b"fedlatent": raw}), path)
+    return path
+
+
+_COLS = {"a": np.arange(3.0), "b": np.array(["x", "y", "z"]), "y": np.arange(3.0)}
+
+
+@pytest.mark.parametrize("meta, match", [
+    ({"client_id": "c", "features": ["a", "b"], "target": "y"},
+     r"^client file '.*f\.parquet': column 'b' is not numeric \(value 'x'\); convert it"),
+    ({"client_id": "c", "features": ["a", "y"], "target": "y"},
+     r"has broken fedlatent metadata: column 'y' is given 2 roles \(feature, target, entity\)"),
+    (b"not json", r"has broken fedlatent metadata \(not JSON: "),
+    ({"client_id": "", "features": ["a"]}, r"has broken fedlatent metadata \(client id ''\)"),
+    ({"client_id": "c", "features": "a"}, r"has broken fedlatent metadata \(no list of features"),
+    ([1, 2], r"has broken fedlatent metadata \(no list of features"),
+    ({"client_id": "c", "features": [1]}, r"broken fedlatent metadata \(column names must be text"),
+], ids=["text_feature", "feature_is_target", "not_json", "empty_id", "features_str", "not_dict",
+        "int_name"])
+def test_client_file_whose_metadata_lies_is_refused(tmp_path, meta, match):
+    from fedlatent.data.files import read_client_file
+
+    path = _client_file(tmp_path / "f.parquet", _COLS, meta)
+    with pytest.raises(DataValidationError, match=match):
+        read_client_file(path)
+
+
+def test_client_file_not_parquet_refused(tmp_path):
+    from fedlatent.data.files import read_client_file
+
+    (tmp_path / "f.parquet").write_bytes(b"garbage" * 10)
+    with pytest.raises(DataValidationError, match=r"^cannot read '.*f\.parquet' as a Parquet file"):
+        read_client_file(tmp_path / "f.parquet")
+
+
+def test_client_file_round_trip_unchanged(tmp_path):
+    from fedlatent.data.files import read_client_file, write_client_files
+
+    fd = FederatedDataset.from_pandas(_frame(), client="site", features=["a", "b"], target="y",
+                                      entity="e")
+    paths = write_client_files(fd, tmp_path)
+    back = read_client_file(paths["s1"])
+    np.testing.assert_array_equal(back["s1"].X, fd["s1"].X)
+    np.testing.assert_array_equal(back["s1"].y, fd["s1"].y)
+    assert back.client_ids == ["s1"] and back.feature_names == ["a", "b"]
+
+
+def test_csv_with_byte_order_mark_reads_its_first_column(tmp_path):
+    df = _frame()[["site", "a", "b"]]
+    (tmp_path / "d.csv").write_bytes(b"\xef\xbb\xbf" + df.to_csv(index=False).encode())
+    res = runner.invoke(app, ["fit", "gmm", "--data", str(tmp_path / "d.csv"), "--client",
+                              "site", "-k", "1", "--max-rounds", "2", "--no-progress",
+                              "--out", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "m" / "roles.json").read_text())["features"] == ["a", "b"]

@@ -17,6 +17,7 @@ import numpy as np
 from .validation import (
     DataValidationError,
     check_array_values,
+    check_client_ids,
     check_target_values,
     check_unique_names,
     frame_column,
@@ -114,6 +115,7 @@ class FederatedDataset(DatasetShape):
     _validated: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_client_ids(self.clients)  # 1 and "1" would merge below
         self.clients = {str(k): v for k, v in self.clients.items()}
         self.validate()
 
@@ -131,6 +133,7 @@ class FederatedDataset(DatasetShape):
             raise DataValidationError(
                 "from_arrays expects a non-empty dict {client: X} or {client: (X, y)}"
             )
+        check_client_ids(data)  # 1 and "1" would merge below
         given = list(feature_names) if feature_names is not None else []
 
         def name_of(j: int) -> str:
@@ -234,6 +237,18 @@ class FederatedDataset(DatasetShape):
                 raise DataValidationError(
                     f"{role} column {col!r} is not in the data; available columns: {columns}"
                 )
+        roles = [(r, c) for r, c in (("client", client), ("target", target),
+                                      ("entity", entity)) if c is not None]
+        for i, (r1, c1) in enumerate(roles):  # one column, one role
+            for r2, c2 in roles[i + 1:]:
+                if c1 == c2:
+                    raise DataValidationError(
+                        f"column {c1!r} cannot be both the {r1} and the {r2} column; give "
+                        f"each role its own column")
+        if isinstance(features, str):
+            raise DataValidationError(
+                f"features must be a list of column names, got the string {features!r}; write "
+                f"features=[{features!r}]")
         reserved = {client, target, entity} - {None}
         check_unique_names(columns, None if features is None else
                            [*reserved, *(str(f) for f in features)])
@@ -259,9 +274,19 @@ class FederatedDataset(DatasetShape):
             )
         if len(df) == 0:
             raise DataValidationError("the table has no rows")
+        blank = df[client].astype(str).str.strip().eq("").to_numpy()
+        if blank.any():
+            raise DataValidationError(
+                f"client column {client!r} has {int(blank.sum())} rows with an empty client id; "
+                "every row needs a client id")
+        check_client_ids(pd.unique(df[client]), where=f"client column {client!r}: ")
         # Text, complex, dates: name the column and the first client holding one.
         where = _client_of_row(df, client)
+        dtypes = df.dtypes
         for f in features:
+            dt = dtypes[f]
+            if isinstance(dt, np.dtype) and dt.kind in "biuf":
+                continue  # plain numbers: nothing to convert (wide tables stay fast)
             df[f] = frame_column(df[f], f, where, "column",
                                  "convert it to numbers or leave it out of features")
         if target is not None:

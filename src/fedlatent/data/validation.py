@@ -33,6 +33,7 @@ __all__ = [
     "MAX_ABS_VALUE",
     "DataValidationError",
     "check_array_values",
+    "check_client_ids",
     "check_finite",
     "check_magnitude",
     "check_target_values",
@@ -307,6 +308,34 @@ def to_float_target(y, name: str = "y", where: str = "", n: int | None = None,
     if n is not None and y.shape[0] != n:
         raise DataValidationError(f"{where}{name} has {y.shape[0]} values for {n} rows of X")
     return y
+
+
+def _id_shown(v: object) -> object:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def check_client_ids(ids, where: str = "") -> None:
+    """Refuse client ids that are missing (None, NaN), empty, or that two distinct ids become
+    the same once written as text (``1`` and ``"1"``): fedlatent keeps ids as strings, so such
+    clients would silently merge."""
+    seen: dict[str, object] = {}
+    for v in ids:
+        v = _id_shown(v)
+        if v is None or (isinstance(v, float) and v != v):
+            raise DataValidationError(f"{where}a client id is missing ({v!r}); give every client "
+                                      "an id")
+        text = str(v)
+        if not text.strip():
+            raise DataValidationError(f"{where}client id {v!r} is empty; give every client a "
+                                      "non-empty id")
+        if text in seen:
+            other = seen[text]
+            if type(other) is not type(v) or other != v:
+                raise DataValidationError(
+                    f"{where}client ids {other!r} and {v!r} are the same once written as text; "
+                    "rename one")
+        else:
+            seen[text] = v
 
 
 def check_unique_names(columns: Sequence[str], used: Sequence[str] | None = None,
