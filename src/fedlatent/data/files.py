@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .dataset import ClientData, DataValidationError, FederatedDataset
+from .validation import to_float_array
 
 __all__ = [
     "CLIENT_MANIFEST",
@@ -167,6 +168,33 @@ def write_client_files(fd: FederatedDataset, out_dir: str | os.PathLike) -> dict
     return paths
 
 
+def _client_meta(raw: bytes, path: Path) -> dict:
+    """The 'fedlatent' schema metadata of a client file, checked: a client id, a list of
+    feature names, a target and an entity (each a name or None), every column in one role."""
+    bad = f"client file {str(path)!r} has broken fedlatent metadata"
+    try:
+        meta = json.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DataValidationError(f"{bad} (not JSON: {err}); write it again with `fedlatent "
+                                  "flower partition`") from err
+    if not isinstance(meta, dict) or not isinstance(meta.get("features"), list):
+        raise DataValidationError(f"{bad} (no list of features); write it again")
+    cid = meta.get("client_id")
+    if not isinstance(cid, str | int) or isinstance(cid, bool) or not str(cid).strip():
+        raise DataValidationError(f"{bad} (client id {cid!r}); write it again")
+    roles = [*meta["features"], meta.get("target"), meta.get("entity")]
+    if not all(isinstance(r, str) for r in meta["features"]) or not all(
+            r is None or isinstance(r, str) for r in roles):
+        raise DataValidationError(f"{bad} (column names must be text); write it again")
+    used = [r for r in roles if r is not None]
+    for r in used:
+        if used.count(r) > 1:
+            raise DataValidationError(
+                f"{bad}: column {r!r} is given {used.count(r)} roles (feature, target, entity); "
+                "write it again")
+    return meta
+
+
 def read_client_file(path: str | os.PathLike) -> FederatedDataset:
     """The one-client dataset written by :func:`write_client_files`."""
     import pyarrow.parquet as pq
@@ -177,21 +205,25 @@ def read_client_file(path: str | os.PathLike) -> FederatedDataset:
             f"data file {str(path)!r} does not exist; give each node the path of its own file "
             "(fedlatent flower partition writes them)"
         )
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as err:  # ArrowInvalid: not Parquet, truncated
+        raise DataValidationError(f"cannot read {str(path)!r} as a Parquet file: {err}") from err
     raw = (table.schema.metadata or {}).get(_META_KEY)
     if raw is None:
         raise DataValidationError(
             f"{str(path)!r} is not a fedlatent client file (no 'fedlatent' schema metadata); "
             "write it with `fedlatent flower partition`"
         )
-    meta = json.loads(raw.decode())
+    meta = _client_meta(raw, path)
     names = table.column_names
     for col in [*meta["features"], meta.get("target"), meta.get("entity")]:
         if col is not None and col not in names:
             raise DataValidationError(f"client file {str(path)!r} misses column {col!r}")
-    X = np.ascontiguousarray(
-        np.column_stack([table.column(f).to_numpy().astype(np.float64, copy=False)
-                         for f in meta["features"]])
+    X = np.ascontiguousarray(np.column_stack(
+        [to_float_array(table.column(f).to_numpy(zero_copy_only=False).reshape(-1, 1),
+                        lambda j, f=f: f, where=f"client file {str(path)!r}: ")
+         for f in meta["features"]])
     ) if meta["features"] else np.empty((table.num_rows, 0))
     y = table.column(meta["target"]).to_numpy() if meta.get("target") else None
     ent = None
