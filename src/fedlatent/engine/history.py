@@ -32,11 +32,14 @@ class RoundRecord:
         Clients that were asked but did not answer (treated as not taking part), including
         those that raised (their exception text is in ``errors``).
     rejected : dict of str to str
-        Clients whose well-formed reply broke its model's invariants (negative counts, units
-        claimed other than set up, a moment matrix not positive semi-definite...), with the
-        reason; nothing of their reply was aggregated.
+        Clients whose reply was malformed (a block missing, a wrong shape, a non-finite or
+        non-numeric value) or broke its model's invariants (negative counts, units claimed
+        other than set up, a moment matrix not positive semi-definite...), with the reason;
+        nothing of their reply was aggregated. A reason starting ``evaluate:`` concerns the
+        ``track_h`` evaluation (left out of ``h_norm2`` only).
     errors : dict of str to str
-        Clients that raised during the round, with the exception's type and text.
+        Clients that raised during the round, with the exception's type and text
+        (``evaluate:`` first when it was in the ``track_h`` evaluation).
     """
 
     round: int
