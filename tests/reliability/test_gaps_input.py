@@ -387,6 +387,15 @@ def test_distinct_ids_still_accepted():
     assert fd.sizes() == {"1": 1, "2": 1, "x": 2}
 
 
+def test_int_and_text_entity_ids_refused():
+    df = _frame()
+    df["e"] = df["e"].astype(object)
+    df.loc[0, "e"], df.loc[1, "e"] = 7, "7"
+    with pytest.raises(DataValidationError, match=r"^entity column 'e': entity ids 7 and '7' are "
+                                                  r"the same once written as text; rename one$"):
+        FederatedDataset.from_pandas(df, client="site", features=["a"], target="y", entity="e")
+
+
 # ---- 6. roles, wide tables, client files whose metadata lies -----------------------------------
 def test_one_column_cannot_hold_two_roles():
     df = _frame()

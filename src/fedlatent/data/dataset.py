@@ -18,6 +18,7 @@ from .validation import (
     DataValidationError,
     check_array_values,
     check_client_ids,
+    check_entity_ids,
     check_target_values,
     check_unique_names,
     frame_column,
@@ -320,6 +321,8 @@ class FederatedDataset(DatasetShape):
                     "missing values; every event needs an entity id"
                 )
             clients[str(cid)] = ClientData(Xall[rows], y, ent)
+        if entity is not None:  # 1 and "1" would pool into one entity
+            check_entity_ids(pd.unique(df[entity]), where=f"entity column {entity!r}: ")
         return cls(clients, list(features), target_name=target, entity_name=entity)
 
     @classmethod

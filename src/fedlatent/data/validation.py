@@ -34,6 +34,7 @@ __all__ = [
     "DataValidationError",
     "check_array_values",
     "check_client_ids",
+    "check_entity_ids",
     "check_finite",
     "check_magnitude",
     "check_target_values",
@@ -324,18 +325,29 @@ def check_client_ids(ids, where: str = "") -> None:
         if v is None or (isinstance(v, float) and v != v):
             raise DataValidationError(f"{where}a client id is missing ({v!r}); give every client "
                                       "an id")
-        text = str(v)
-        if not text.strip():
+        if not str(v).strip():
             raise DataValidationError(f"{where}client id {v!r} is empty; give every client a "
                                       "non-empty id")
-        if text in seen:
-            other = seen[text]
-            if type(other) is not type(v) or other != v:
-                raise DataValidationError(
-                    f"{where}client ids {other!r} and {v!r} are the same once written as text; "
-                    "rename one")
-        else:
-            seen[text] = v
+        _check_same_text(v, seen, "client ids", where)
+
+
+def check_entity_ids(ids, where: str = "") -> None:
+    """Refuse two distinct entity ids that are the same once written as text (``1``, ``"1"``):
+    HLCR keys entities by text, so their events would silently pool into one entity."""
+    seen: dict[str, object] = {}
+    for v in ids:
+        _check_same_text(_id_shown(v), seen, "entity ids", where)
+
+
+def _check_same_text(v: object, seen: dict[str, object], what: str, where: str) -> None:
+    text = str(v)
+    if text not in seen:
+        seen[text] = v
+        return
+    other = seen[text]
+    if type(other) is not type(v) or other != v:
+        raise DataValidationError(f"{where}{what} {other!r} and {v!r} are the same once written "
+                                  "as text; rename one")
 
 
 def check_unique_names(columns: Sequence[str], used: Sequence[str] | None = None,
