@@ -285,24 +285,32 @@ def _fit_gmm(data, out):
                                "--max-rounds", "3", "--no-progress", "--out", str(out)])
 
 
-def test_fit_failure_while_writing_leaves_no_directory(gmm_model, tmp_path, monkeypatch):
+def _failing_write(monkeypatch, where):
+    """Make the fit's writing fail: inside model.save (history) or after it (history.csv)."""
     from fedlatent.engine.history import History
 
-    monkeypatch.setattr(History, "to_frame", _boom)
+    if where == "save":
+        monkeypatch.setattr(History, "to_frame", _boom)
+    else:
+        monkeypatch.setattr(pd.DataFrame, "to_csv", _boom)
+
+
+@pytest.mark.parametrize("where", ["save", "history_csv"])
+def test_fit_failure_while_writing_leaves_no_directory(gmm_model, tmp_path, monkeypatch, where):
+    _failing_write(monkeypatch, where)
     res = _fit_gmm(gmm_model / "data.csv", tmp_path / "m")
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines()[-1] == "error: boom"
     assert _listing(tmp_path) == []
 
 
-def test_fit_failure_keeps_existing_directory_unchanged(gmm_model, tmp_path, monkeypatch):
-    from fedlatent.engine.history import History
-
+@pytest.mark.parametrize("where", ["save", "history_csv"])
+def test_fit_failure_keeps_existing_directory_unchanged(gmm_model, tmp_path, monkeypatch, where):
     out = tmp_path / "m"
     out.mkdir()
     (out / "model.json").write_text("old")
     (out / "notes.txt").write_text("mine")
-    monkeypatch.setattr(History, "to_frame", _boom)
+    _failing_write(monkeypatch, where)
     res = _fit_gmm(gmm_model / "data.csv", out)
     assert res.exit_code == 2
     assert _listing(tmp_path) == ["m"]
