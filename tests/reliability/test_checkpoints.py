@@ -322,4 +322,6 @@ def test_sigkill_at_random_points_never_leaves_a_checkpoint_that_resumes_wrongly
     finally:
         child.stdin.close()
         child.wait(timeout=30)
-    assert outcomes.count("killed, resumed exactly") >= 10, outcomes
+    # the property is asserted for every kill above; this only checks that enough kills landed
+    # mid-run for the test to mean something (a loaded machine shifts them earlier or later)
+    assert outcomes.count("killed, resumed exactly") >= 5, outcomes
