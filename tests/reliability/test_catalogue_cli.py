@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from cases import cell, column
 from typer.testing import CliRunner
 
 from fedlatent.cli import app
@@ -83,22 +84,6 @@ def _gzip_binary(d):
     return d / "data.csv.gz"
 
 
-def _set(col, row, value):
-    def mutate(df):
-        if not isinstance(value, float):
-            df[col] = df[col].astype(object)
-        df.loc[row, col] = value
-        return df
-    return mutate
-
-
-def _column(col, make):
-    def mutate(df):
-        df[col] = make(df)
-        return df
-    return mutate
-
-
 _RNG = np.random.default_rng(0)
 FILE_CASES = [
     ("missing", lambda d: d / "nope.csv", r"^data file .*nope\.csv does not exist$"),
@@ -152,43 +137,43 @@ def _truncated_parquet(d):
 
 # ---- values that cannot be fitted -------------------------------------------------------------
 VALUE_CASES = [
-    ("huge", _frame_file("d.csv", _set("a", 9, 1e308)),
+    ("huge", _frame_file("d.csv", cell("a", 9, 1e308)),
      r"^client 's1': column 'a' has 1 values of magnitude above 1e\+150 \(largest 1e\+308\)"),
-    ("complex", _frame_file("d.csv", _column("a", lambda df: df["a"] + 1j)),
+    ("complex", _frame_file("d.csv", column("a", lambda df: df["a"] + 1j)),
      r"^client 's0': column 'a' is complex; fedlatent fits real numbers"),
-    ("datetime", _frame_file("d.parquet", _column("b", lambda df: pd.date_range(
+    ("datetime", _frame_file("d.parquet", column("b", lambda df: pd.date_range(
         "2021-01-01", periods=len(df), freq="h"))),
      r"^client 's0': column 'b' holds dates/times \(dtype datetime64"),
-    ("date_text", _frame_file("d.csv", _set("b", 17, "2021-01-01 10:00")),
+    ("date_text", _frame_file("d.csv", cell("b", 17, "2021-01-01 10:00")),
      r"^client 's2': column 'b' holds dates/times \(value '2021-01-01 10:00'\)"),
-    ("timedelta", _frame_file("d.parquet", _column("a", lambda df: pd.to_timedelta(
+    ("timedelta", _frame_file("d.parquet", column("a", lambda df: pd.to_timedelta(
         np.arange(len(df)), unit="min"))),
      r"^client 's0': column 'a' holds durations \(dtype timedelta64"),
     ("duplicated_column", _frame_file("d.csv", lambda df: df.assign(z=1.0).rename(
         columns={"z": "b"})), r"^column 'b' appears 2 times in the header of"),
-    ("text", _frame_file("d.csv", _set("b", 12, "twelve")),
+    ("text", _frame_file("d.csv", cell("b", 12, "twelve")),
      r"^client 's1': column 'b' is not numeric \(value 'twelve'\)"),
-    ("categorical", _frame_file("d.parquet", _column("a", lambda df: pd.Categorical(
+    ("categorical", _frame_file("d.parquet", column("a", lambda df: pd.Categorical(
         np.where(np.arange(len(df)) < 3, "low", "high")))),
      r"^client 's0': column 'a' is not numeric \(value 'low'\)"),
-    ("nan", _frame_file("d.csv", _set("a", 3, np.nan)),
+    ("nan", _frame_file("d.csv", cell("a", 3, np.nan)),
      r"^client 's0': column 'a' has 1 NaN values"),
-    ("inf", _frame_file("d.csv", _set("b", 23, -np.inf)),
+    ("inf", _frame_file("d.csv", cell("b", 23, -np.inf)),
      r"^client 's2': column 'b' has 1 infinite values"),
-    ("missing_client_id", _frame_file("d.csv", _set("site", 5, np.nan)),
+    ("missing_client_id", _frame_file("d.csv", cell("site", 5, np.nan)),
      r"^client column 'site' has 1 missing values; every row needs a client id$"),
 ]
 
 TARGET_CASES = [
-    ("target_huge", _frame_file("d.csv", _set("y", 9, 1e300)),
+    ("target_huge", _frame_file("d.csv", cell("y", 9, 1e300)),
      r"^client 's1': target 'y' has 1 values of magnitude above 1e\+150"),
-    ("target_complex", _frame_file("d.csv", _column("y", lambda df: df["y"] * 1j)),
+    ("target_complex", _frame_file("d.csv", column("y", lambda df: df["y"] * 1j)),
      r"^client 's0': target column 'y' is complex"),
-    ("target_datetime", _frame_file("d.parquet", _column("y", lambda df: pd.date_range(
+    ("target_datetime", _frame_file("d.parquet", column("y", lambda df: pd.date_range(
         "2021-01-01", periods=len(df)))), r"^client 's0': target column 'y' holds dates/times"),
-    ("target_text", _frame_file("d.csv", _set("y", 1, "n/a!")),
+    ("target_text", _frame_file("d.csv", cell("y", 1, "n/a!")),
      r"^client 's0': target column 'y' is not numeric \(value 'n/a!'\)"),
-    ("target_nan", _frame_file("d.csv", _set("y", 20, np.nan)),
+    ("target_nan", _frame_file("d.csv", cell("y", 20, np.nan)),
      r"^client 's2': target column 'y' has 1 NaN values"),
 ]
 
@@ -247,19 +232,19 @@ def saved(tmp_path_factory):
 
 
 PREDICT_CASES = [
-    ("text", _frame_file("d.csv", _set("a", 9, "oops")),
+    ("text", _frame_file("d.csv", cell("a", 9, "oops")),
      r"^client 's1': column 'a' is not numeric \(value 'oops'\)"),
     ("missing_feature", _frame_file("d.csv", lambda df: df.drop(columns=["a"])),
      r"^feature column 'a' is not in the data"),
     ("missing_client_column", _frame_file("d.csv", lambda df: df.drop(columns=["site"])),
      r"^client column 'site' is not in the data"),
-    ("datetime", _frame_file("d.parquet", _column("a", lambda df: pd.date_range(
+    ("datetime", _frame_file("d.parquet", column("a", lambda df: pd.date_range(
         "2020-01-01", periods=len(df)))), r"^client 's0': column 'a' holds dates/times"),
-    ("huge", _frame_file("d.csv", _set("b", 2, 1e200)),
+    ("huge", _frame_file("d.csv", cell("b", 2, 1e200)),
      r"^client 's0': column 'b' has 1 values of magnitude above 1e\+150"),
-    ("complex", _frame_file("d.csv", _column("b", lambda df: df["b"] + 2j)),
+    ("complex", _frame_file("d.csv", column("b", lambda df: df["b"] + 2j)),
      r"^client 's0': column 'b' is complex"),
-    ("nan", _frame_file("d.csv", _set("b", 2, np.nan)), r"^client 's0': column 'b' has 1 NaN"),
+    ("nan", _frame_file("d.csv", cell("b", 2, np.nan)), r"^client 's0': column 'b' has 1 NaN"),
     ("empty", _bytes("d.csv", b""), r"^data file .*d\.csv is empty$"),
     ("header_only", _csv_text("d.csv", "site,a,b,e,y\n"), r"^data file .*d\.csv has no rows"),
     ("corrupt_parquet", _bytes("d.parquet", _RNG.bytes(500)),
@@ -323,7 +308,7 @@ def test_a_real_process_prints_one_line_and_no_traceback(tmp_path):
     import subprocess
     import sys
 
-    path = _frame_file("d.csv", _set("a", 9, 1e308))(tmp_path)
+    path = _frame_file("d.csv", cell("a", 9, 1e308))(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-c", "from fedlatent.cli import main; main()",
          *fit("hlcr", path, tmp_path / "out")],

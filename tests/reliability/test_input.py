@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pytest
+from cases import cell, column
 from typer.testing import CliRunner
 
 import fedlatent as fl
@@ -32,22 +33,6 @@ def frame(n: int = 8) -> pd.DataFrame:
     df["e"] = [f"{s}-{i % 2}" for i, s in enumerate(df["site"])]
     df["y"] = df["a"] + 2 * df["b"] + 0.1 * rng.normal(size=len(df))
     return df
-
-
-def _set(col, row, value):
-    def mutate(df):
-        if not isinstance(value, float):
-            df[col] = df[col].astype(object)
-        df.loc[row, col] = value
-        return df
-    return mutate
-
-
-def _column(col, make):
-    def mutate(df):
-        df[col] = make(df)
-        return df
-    return mutate
 
 
 def _rename_c_to_a(df):
@@ -75,32 +60,32 @@ _DATES = (r"holds dates/times \(dtype datetime64\[\w+(, UTC)?\]\), not numbers; 
           r"number, e\.g\. \(df\[col\] - df\[col\]\.min\(\)\)\.dt\.total_seconds\(\)$")
 
 FEATURE_CASES = [
-    Case("huge", _set("a", 9, 1e200),
+    Case("huge", cell("a", 9, 1e200),
          r"^client 's1': column 'a' has 1 " + _HUGE.format("1e\\+200")),
-    Case("huge_negative", _set("b", 20, -1e308),
+    Case("huge_negative", cell("b", 20, -1e308),
          r"^client 's2': column 'b' has 1 " + _HUGE.format("1e\\+308")),
-    Case("huge_integer", _set("a", 9, 10**200),
+    Case("huge_integer", cell("a", 9, 10**200),
          r"^client 's1': column 'a' has 1 " + _HUGE.format(r"(about )?1e\+?200")),
-    Case("complex", _column("a", lambda df: df["a"] + 1j * df["b"]), r"^client 's0': column 'a' "
+    Case("complex", column("a", lambda df: df["a"] + 1j * df["b"]), r"^client 's0': column 'a' "
          + _COMPLEX),
-    Case("datetime", _column("a", lambda df: pd.date_range("2020-01-01", periods=len(df))),
+    Case("datetime", column("a", lambda df: pd.date_range("2020-01-01", periods=len(df))),
          r"^client 's0': column 'a' " + _DATES, fmt="parquet"),
-    Case("datetime_tz", _column("a", lambda df: pd.date_range("2020-01-01", periods=len(df),
+    Case("datetime_tz", column("a", lambda df: pd.date_range("2020-01-01", periods=len(df),
                                                               tz="UTC")),
          r"^client 's0': column 'a' " + _DATES, fmt="parquet"),
-    Case("timedelta", _column("a", lambda df: pd.to_timedelta(np.arange(len(df)), unit="s")),
+    Case("timedelta", column("a", lambda df: pd.to_timedelta(np.arange(len(df)), unit="s")),
          r"^client 's0': column 'a' holds durations \(dtype timedelta64\[\w+\]\), not numbers; "
          r"convert it to a number, e\.g\. df\[col\]\.dt\.total_seconds\(\)$", fmt="parquet"),
-    Case("pyarrow_duration", _column("a", lambda df: pd.Series(pd.to_timedelta(
+    Case("pyarrow_duration", column("a", lambda df: pd.Series(pd.to_timedelta(
         np.arange(len(df)), unit="s")).astype("duration[ns][pyarrow]")),
          r"^client 's0': column 'a' holds durations \((dtype duration\[ns\]\[pyarrow\]|dtype "
          r"timedelta64\[\w+\])\), not numbers", fmt="parquet"),
-    Case("pyarrow_time", _column("a", lambda df: pd.Series(
+    Case("pyarrow_time", column("a", lambda df: pd.Series(
         [pd.Timestamp(2020, 1, 1, 1, i).time() for i in range(len(df))],
         dtype=pd.ArrowDtype(__import__("pyarrow").time64("us")))),
          r"^client 's0': column 'a' holds dates/times \(value datetime\.time\(1, 0\)\), not "
          r"numbers", fmt="parquet"),
-    Case("date_text", _set("a", 9, "2021-03-04"),
+    Case("date_text", cell("a", 9, "2021-03-04"),
          r"^client 's1': column 'a' holds dates/times \(value '2021-03-04'\), not numbers; parse "
          r"it and convert it to a number, e\.g\. t = pd\.to_datetime\(df\[col\]\); "
          r"\(t - t\.min\(\)\)\.dt\.total_seconds\(\)$"),
@@ -109,31 +94,31 @@ FEATURE_CASES = [
          r"is unique$",
          cli_match=r"^column 'a' appears 2 times in the header of .*bad\.csv; rename the copies "
                    r"so that every column name is unique$"),
-    Case("text", _set("a", 9, "oops"), r"^client 's1': column 'a' is not numeric \(value "
+    Case("text", cell("a", 9, "oops"), r"^client 's1': column 'a' is not numeric \(value "
          r"'oops'\); convert it to numbers or leave it out of features$"),
-    Case("categorical_text", _column("a", lambda df: pd.Categorical(
+    Case("categorical_text", column("a", lambda df: pd.Categorical(
         np.where(np.arange(len(df)) % 2, "hi", "lo"))),
          r"^client 's0': column 'a' is not numeric \(value 'lo'\); convert it to numbers or leave "
          r"it out of features$", fmt="parquet"),
-    Case("nan", _set("b", 9, np.nan), r"^client 's1': column 'b' has 1 NaN values; drop or "
+    Case("nan", cell("b", 9, np.nan), r"^client 's1': column 'b' has 1 NaN values; drop or "
          r"impute them before fitting$"),
-    Case("inf", _set("b", 17, np.inf), r"^client 's2': column 'b' has 1 infinite values; drop "
+    Case("inf", cell("b", 17, np.inf), r"^client 's2': column 'b' has 1 infinite values; drop "
          r"or clip them before fitting$"),
 ]
 
 TARGET_CASES = [
-    Case("target_nan", _set("y", 9, np.nan), r"^client 's1': target column 'y' has 1 NaN "
+    Case("target_nan", cell("y", 9, np.nan), r"^client 's1': target column 'y' has 1 NaN "
          r"values; drop those rows before fitting$", target=True),
-    Case("target_inf", _set("y", 9, -np.inf), r"^client 's1': target 'y' has 1 NaN or infinite "
+    Case("target_inf", cell("y", 9, -np.inf), r"^client 's1': target 'y' has 1 NaN or infinite "
          r"values; drop those rows before fitting$", target=True),
-    Case("target_huge", _set("y", 9, 3e170), r"^client 's1': target 'y' has 1 "
+    Case("target_huge", cell("y", 9, 3e170), r"^client 's1': target 'y' has 1 "
          + _HUGE.format(r"3e\+170"), target=True),
-    Case("target_complex", _column("y", lambda df: df["y"] - 2j), r"^client 's0': target column "
+    Case("target_complex", column("y", lambda df: df["y"] - 2j), r"^client 's0': target column "
          r"'y' " + _COMPLEX, target=True),
-    Case("target_datetime", _column("y", lambda df: pd.date_range("2020-01-01",
+    Case("target_datetime", column("y", lambda df: pd.date_range("2020-01-01",
                                                                   periods=len(df))),
          r"^client 's0': target column 'y' " + _DATES, fmt="parquet", target=True),
-    Case("target_text", _set("y", 9, "high"), r"^client 's1': target column 'y' is not numeric "
+    Case("target_text", cell("y", 9, "high"), r"^client 's1': target column 'y' is not numeric "
          r"\(value 'high'\); encode it as numbers$", target=True),
 ]
 
@@ -429,17 +414,17 @@ def saved(tmp_path_factory):
 
 
 PREDICT_FILE_CASES = [
-    ("text", lambda df: _set("a", 9, "oops")(df), "csv",
+    ("text", lambda df: cell("a", 9, "oops")(df), "csv",
      r"^client 's1': column 'a' is not numeric \(value 'oops'\)"),
     ("missing_feature", lambda df: df.drop(columns=["b"]), "csv",
      r"^feature column 'b' is not in the data; available columns: \['site', 'a', 'c', 'e', "
      r"'y'\]$"),
-    ("datetime", _column("a", lambda df: pd.date_range("2020-01-01", periods=len(df))),
+    ("datetime", column("a", lambda df: pd.date_range("2020-01-01", periods=len(df))),
      "parquet", r"^client 's0': column 'a' " + _DATES),
-    ("huge", _set("b", 9, 1e160), "csv", r"^client 's1': column 'b' has 1 values of magnitude"),
-    ("complex", _column("a", lambda df: df["a"] + 1j), "csv", r"^client 's0': column 'a' "
+    ("huge", cell("b", 9, 1e160), "csv", r"^client 's1': column 'b' has 1 values of magnitude"),
+    ("complex", column("a", lambda df: df["a"] + 1j), "csv", r"^client 's0': column 'a' "
      + _COMPLEX),
-    ("nan", _set("a", 20, np.nan), "csv", r"^client 's2': column 'a' has 1 NaN values"),
+    ("nan", cell("a", 20, np.nan), "csv", r"^client 's2': column 'a' has 1 NaN values"),
     ("duplicated_column", _rename_c_to_a, "csv", r"^column 'a' appears 2 times in the header"),
 ]
 
@@ -459,7 +444,7 @@ def test_predict_and_score_refuse_in_one_line(saved, command, model, mutate, fmt
 
 
 def test_score_with_a_text_target_is_one_line(saved, tmp_path):
-    path = write(_set("y", 9, "high")(frame()), tmp_path, "csv")
+    path = write(cell("y", 9, "high")(frame()), tmp_path, "csv")
     res = runner.invoke(app, ["score", "--model", str(saved / "lcr"), "--data", str(path)])
     assert_one_error_line(res, r"^client 's1': target column 'y' is not numeric \(value "
                                r"'high'\); encode it as numbers$")
