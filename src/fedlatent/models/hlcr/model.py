@@ -100,9 +100,12 @@ class HLCRModel(FederatedModel):
         _, XtX, Xty, yty, n = self._entity_stats(data)
         E = len(n)
         labels = np.asarray(state.get("labels", np.full(E, -1)), dtype=np.int64)
-        rows = np.arange(E) if rows is None else np.asarray(rows, dtype=np.int64)
-        loglik = entity_log_marginal(XtX[rows], Xty[rows], yty[rows], n[rows], params["D"],
-                                     params["c"], self.sigma)
+        if rows is None:  # every entity: the cached statistics as they are, no copy
+            rows = np.arange(E)
+        else:  # a mini-batch: its entities' statistics gathered once
+            rows = np.asarray(rows, dtype=np.int64)
+            XtX, Xty, yty, n = XtX[rows], Xty[rows], yty[rows], n[rows]
+        loglik = entity_log_marginal(XtX, Xty, yty, n, params["D"], params["c"], self.sigma)
         full = np.zeros((E, self.K))
         full[rows] = loglik
         z, logprior = sample_local_labels(full, labels, params["counts"], self.alpha, self.beta,
@@ -110,12 +113,12 @@ class HLCRModel(FederatedModel):
         zr = z[rows]
         onehot = np.zeros((len(rows), self.K))
         onehot[np.arange(len(rows)), zr] = 1.0
-        sse = entity_sse(XtX[rows], Xty[rows], yty[rows], params["coef"], zr)
+        sse = entity_sse(XtX, Xty, yty, params["coef"], zr)
         stats = Stats({
-            "XtX": np.einsum("ek,eij->kij", onehot, XtX[rows]),
-            "Xty": onehot.T @ Xty[rows],
-            "yty": onehot.T @ yty[rows],
-            "n_events": onehot.T @ n[rows],
+            "XtX": np.einsum("ek,eij->kij", onehot, XtX),
+            "Xty": onehot.T @ Xty,
+            "yty": onehot.T @ yty,
+            "n_events": onehot.T @ n,
             "n_entities": onehot.sum(axis=0),
             "sse": onehot.T @ sse,
         }, copy=False)
