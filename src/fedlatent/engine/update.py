@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .federation import Federation
-from .model import server_rng
+from .model import FederatedModel, server_rng
 from .stats import Stats
 
 __all__ = ["FedEMState", "ReplyScreen", "client_weights", "round_message", "select_active"]
@@ -142,6 +142,8 @@ class ReplyScreen:
         self.model, self.n_units = model, n_units
         self.exact = federation.quantizer is None
         self.use_cv = bool(federation.control_variates)
+        #: the model states invariants (else rebuilding S_c per client would be wasted work)
+        self.has_check = type(model).check is not FederatedModel.check
         #: V_c as each client holds it (None: unknown); only without a quantizer
         self.mirror: dict[str, Stats | None] = {}
         #: clients whose last reply was refused: told to go back to their mirrored V_c
@@ -173,6 +175,8 @@ class ReplyScreen:
             big = float(np.max(np.abs(v))) if v.size else 0.0
             if big * max(n, 1.0) > _MAX_SUM:
                 return f"statistic {k!r} reaches {big:.3g} per unit, beyond any sum of data"
+        if not self.has_check:
+            return None
         S_c, slack = self.rebuild(c, Q, mode, S_hat)
         if S_c is None:
             return None
@@ -194,7 +198,7 @@ class ReplyScreen:
             terms.append(V)
         S_c = Q + S_hat
         if self.use_cv:
-            S_c = S_c + terms[2]
+            S_c = S_c + V
         slack = Stats({k: _REBUILD_EPS * sum(np.abs(t[k]) for t in terms) for k in Q},
                       copy=False)
         return S_c, slack
