@@ -256,7 +256,8 @@ class _Rounds:
             msg.update(pack("S_hat", self.state.S_hat.to_dict()))
         msgs = {c: msg for c in active}
         bytes_down = message_nbytes(msg) * len(active)
-        for c in active:  # a client whose last reply was refused goes back to its mirrored V_c
+        # a client whose last reply was refused goes back to its mirrored V_c
+        for c in [c for c in active if c in self.screen.resync] if self.screen.resync else ():
             reset = self.screen.resync_message(c)
             if reset:
                 msgs[c] = {**msg, **reset}
