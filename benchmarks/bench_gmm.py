@@ -14,14 +14,13 @@ spinning against other work make small products 10-20 times slower and the timin
 
 from __future__ import annotations
 
-import argparse
 import time
 import tracemalloc
 import warnings
 
 import numpy as np
+from _common import median_round_seconds, run_scaled
 from sklearn.mixture import GaussianMixture
-from threadpoolctl import threadpool_limits
 
 import fedlatent as fl
 
@@ -50,8 +49,7 @@ def time_ours(fd, K, w0, m0, p0, rounds):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gm.fit(fd)
-    secs = np.array([r.seconds for r in gm.history_])
-    return float(np.median(secs[1:])), gm
+    return median_round_seconds(gm.history_), gm
 
 
 def time_sklearn(X, K, w0, m0, p0, iters):
@@ -77,19 +75,6 @@ def peak_mb(fn):
     return peak / 2**20
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=1_000_000)
-    ap.add_argument("--clients", type=int, default=300)
-    ap.add_argument("--features", type=int, default=32)
-    ap.add_argument("--components", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1, help="BLAS threads for both")
-    a = ap.parse_args()
-    with threadpool_limits(a.threads):
-        run(a)
-
-
 def run(a):
     K, d = a.components, a.features
     fd = make_data(a.samples, a.clients, d, K)
@@ -111,4 +96,4 @@ def run(a):
 
 
 if __name__ == "__main__":
-    main()
+    run_scaled(__doc__, run, features=32)

@@ -15,12 +15,11 @@ against other work make small products much slower and the timing meaningless).
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from _common import median_round_seconds, run_scaled
 
 import fedlatent as fl
 
@@ -51,8 +50,7 @@ def time_ours(fd, K, init, rounds):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est.fit(fd, progress=False)
-    secs = np.array([r.seconds for r in est.history_])
-    return float(np.median(secs[1:])), est
+    return median_round_seconds(est.history_), est
 
 
 def numpy_em_iteration(Xt, y, w, beta, var, reg=1e-6):
@@ -88,19 +86,6 @@ def time_numpy(fd, init, iters):
     return float(np.median(times)), beta
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=1_000_000)
-    ap.add_argument("--clients", type=int, default=300)
-    ap.add_argument("--features", type=int, default=8)
-    ap.add_argument("--components", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1, help="BLAS threads for both")
-    a = ap.parse_args()
-    with threadpool_limits(a.threads):
-        run(a)
-
-
 def run(a):
     K, d = a.components, a.features
     fd = make_data(a.samples, a.clients, d, K)
@@ -120,4 +105,4 @@ def run(a):
 
 
 if __name__ == "__main__":
-    main()
+    run_scaled(__doc__, run, features=8)
