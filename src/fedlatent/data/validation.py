@@ -260,21 +260,11 @@ def check_array_values(X: np.ndarray, names: Sequence[str] | Callable[[int], str
 def check_target_values(y, name: str, where: str = "") -> None:
     """A target: refused when complex or date/time; when numeric, finite and not too large.
 
-    Other targets (text labels of a classifier) are left to the model.
+    Other targets (text labels of a classifier) are left to the model. The checks are those of
+    :func:`to_float_target`, written once there.
     """
-    y = np.asarray(y)
-    if y.dtype.kind == "c":
-        raise _complex(where, "target", name)
-    if y.dtype.kind in "mM":
-        raise _temporal_dtype(where, "target", name, y.dtype)
-    if y.dtype.kind == "f":
-        bad = ~np.isfinite(y)
-        if bad.any():
-            raise DataValidationError(
-                f"{where}target {name!r} has {int(bad.sum())} NaN or infinite values; drop "
-                "those rows before fitting"
-            )
-        check_magnitude(y.reshape(-1, 1), [name], where, what="target")
+    if np.asarray(y).dtype.kind in "cmMf":
+        to_float_target(y, name, where, fix="drop those rows before fitting")
 
 
 def to_float_target(y, name: str = "y", where: str = "", n: int | None = None,
