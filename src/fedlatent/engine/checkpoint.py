@@ -430,15 +430,15 @@ def _check_mirror(where: str, arrays: dict, meta: dict, ident: RunIdentity, stat
     return mirror, {ids[i] for i in m["resync"]}
 
 
-def load_loop_checkpoint(path, identity: RunIdentity, params0, stat_shapes, client_states,
-                         *, with_mirror: bool = False):
-    """``(params, S_hat, V, history records, client states, round)`` of the checkpoint at
-    ``path``, after checking it is of this run: ValueError saying what differs otherwise.
+def load_loop_checkpoint(path, identity: RunIdentity, params0, stat_shapes, client_states):
+    """``(params, S_hat, V, history records, client states, round, mirror)`` of the
+    checkpoint at ``path``, after checking it is of this run: ValueError saying what differs
+    otherwise. ``mirror`` is the server's mirror of the clients' control variates, ``(V_c by
+    client, clients to resync)`` (None in a checkpoint without it).
 
     ``params0`` (this fit's initial parameters), ``stat_shapes`` (the model's statistic
     blocks) and ``client_states`` (the runtime's current client states, None when it cannot
-    see them) are what the checkpoint's arrays are checked against. ``with_mirror`` adds
-    the server's mirror of the clients' control variates (None in a checkpoint without it).
+    see them) are what the checkpoint's arrays are checked against.
     """
     path = Path(path)
     npz = path.with_name(path.name + ".npz")
@@ -456,7 +456,5 @@ def load_loop_checkpoint(path, identity: RunIdentity, params0, stat_shapes, clie
     use_cv = bool(identity.federation.get("control_variates"))
     params, S_hat, V = _check_arrays(where, arrays, params0, stat_shapes, round_, use_cv)
     states = _check_states(where, arrays, meta, identity, client_states)
-    if with_mirror:  # a 7th item: the server's mirror of the control variates, or None
-        mirror = _check_mirror(where, arrays, meta, identity, stat_shapes)
-        return params, S_hat, V, history, states, round_, mirror
-    return params, S_hat, V, history, states, round_
+    mirror = _check_mirror(where, arrays, meta, identity, stat_shapes)
+    return params, S_hat, V, history, states, round_, mirror

@@ -230,8 +230,7 @@ class _Rounds:
             raise ValueError("resume=True needs checkpoint=PATH")
         params, S_hat, V, records, states, round_, mirror = load_loop_checkpoint(
             self.opt.checkpoint, self.identity(), self.params0, shapes,
-            self.runtime.get_client_states(), with_mirror=True,
-        )
+            self.runtime.get_client_states())
         if mirror is not None:
             self.screen.mirror, self.screen.resync = mirror
         self.params = params
