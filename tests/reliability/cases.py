@@ -1,4 +1,7 @@
-"""Frame mutations shared by the bad-input catalogues (test_input.py, test_catalogue_cli.py)."""
+"""Helpers shared by the reliability tests: frame mutations for the bad-input catalogues, and
+the check that a CLI user error is one `error: ...` line with exit code 2."""
+
+import re
 
 
 def cell(col, row, value):
@@ -17,3 +20,16 @@ def column(col, make):
         df[col] = make(df)
         return df
     return mutate
+
+
+def assert_one_error_line(res, *fragments, match=None):
+    """``res`` (a CliRunner result) is a user error: exit code 2, no traceback, one stderr line
+    ``error: ...`` holding every fragment, and matching the regex ``match`` after ``error: ``."""
+    assert res.exit_code == 2, (res.exit_code, res.output)
+    assert "Traceback" not in res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    if match is not None:
+        assert re.search(match, lines[0][len("error: "):]), lines[0]

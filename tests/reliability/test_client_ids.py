@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from cases import assert_one_error_line
 from typer.testing import CliRunner
 
 import fedlatent as fl
@@ -163,15 +164,6 @@ def test_all_weird_ids_together(tmp_path, sandbox):
     assert not np.array_equal(pi["Case"], pi["case"])  # each twin got its own weights back
 
 
-def _one_error_line(res, *fragments):
-    assert res.exit_code != 0
-    assert "Traceback" not in res.output
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-
-
 @pytest.fixture
 def fitted_dir(tmp_path):
     (tmp_path / "in").mkdir(exist_ok=True)
@@ -190,7 +182,7 @@ def test_predict_never_reads_a_file_named_by_an_id(cid, fitted_dir, tmp_path):
     df.to_parquet(tmp_path / "new.parquet")
     res = runner.invoke(app, ["predict", "--model", str(model_dir), "--data",
                               str(tmp_path / "new.parquet"), "--out", str(tmp_path / "p.csv")])
-    _one_error_line(res, f"client {cid!r} has no weights file in", "use --global")
+    assert_one_error_line(res, f"client {cid!r} has no weights file in", "use --global")
     assert not (tmp_path / "p.csv").exists()
 
 
@@ -205,7 +197,7 @@ def test_a_tampered_manifest_is_refused(entry, fitted_dir, tmp_path):
     df.to_parquet(tmp_path / "in" / "d.parquet")
     res = runner.invoke(app, ["predict", "--model", str(model_dir), "--data",
                               str(tmp_path / "in" / "d.parquet"), "--out", str(tmp_path / "p.csv")])
-    _one_error_line(res, "is not a fedlatent client manifest", "write the directory again")
+    assert_one_error_line(res, "is not a fedlatent client manifest", "write the directory again")
 
 
 def test_a_directory_without_manifest_still_reads_plain_ids(fitted_dir, tmp_path):

@@ -5,14 +5,13 @@ and in the target. At predict time the same values are refused naming the column
 line each is one ``error:`` line, a non-zero exit, no traceback, and nothing written.
 """
 
-import re
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import pytest
-from cases import cell, column
+from cases import assert_one_error_line, cell, column
 from typer.testing import CliRunner
 
 import fedlatent as fl
@@ -372,15 +371,6 @@ def write(df: pd.DataFrame, directory, fmt: str):
     return path
 
 
-def assert_one_error_line(res, match: str | None = None):
-    assert res.exit_code != 0, res.output
-    assert "Traceback" not in res.output
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
-    if match is not None:
-        assert re.search(match, lines[0][len("error: "):]), lines[0]
-
-
 def _cli_cases():
     for case in CASES:
         for model in FIT_ARGS:
@@ -395,7 +385,7 @@ def test_fit_command_refuses_in_one_line(case, model, tmp_path):
     out = tmp_path / "out"
     res = runner.invoke(app, [*FIT_ARGS[model], "--data", str(path), "--client", "site",
                               "--features", "a,b", "--out", str(out)])
-    assert_one_error_line(res, case.cli_match or case.match)
+    assert_one_error_line(res, match=case.cli_match or case.match)
     assert not out.exists()
 
 
@@ -439,12 +429,12 @@ def test_predict_and_score_refuse_in_one_line(saved, command, model, mutate, fmt
     out = tmp_path / "sub" / "scores.csv"
     res = runner.invoke(app, [command, "--model", str(saved / model), "--data", str(path),
                               "--out", str(out)])
-    assert_one_error_line(res, match)
+    assert_one_error_line(res, match=match)
     assert not out.parent.exists()
 
 
 def test_score_with_a_text_target_is_one_line(saved, tmp_path):
     path = write(cell("y", 9, "high")(frame()), tmp_path, "csv")
     res = runner.invoke(app, ["score", "--model", str(saved / "lcr"), "--data", str(path)])
-    assert_one_error_line(res, r"^client 's1': target column 'y' is not numeric \(value "
+    assert_one_error_line(res, match=r"^client 's1': target column 'y' is not numeric \(value "
                                r"'high'\); encode it as numbers$")
