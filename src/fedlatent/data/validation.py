@@ -171,6 +171,23 @@ def _check_python_value(v: object, name: str, where: str, what: str, fix: str) -
 
 
 # ---- arrays ----------------------------------------------------------------------------------
+def _refuse_complex_or_temporal(X: np.ndarray, names: Sequence[str] | Callable[[int], str],
+                                where: str) -> None:
+    """Raise for a complex (naming its first column with a non-zero imaginary part) or a
+    date/time array: casting either to float would silently change the values."""
+    kind = X.dtype.kind
+    if kind not in "cmM":
+        return
+    j = 0
+    if kind == "c":
+        nonreal = np.flatnonzero((X.imag != 0).any(axis=0))
+        j = int(nonreal[0]) if len(nonreal) else 0
+    name = names(j) if callable(names) else (names[j] if j < len(names) else f"x{j}")
+    if kind == "c":
+        raise _complex(where, "column", name)
+    raise _temporal_dtype(where, "column", name, X.dtype)
+
+
 def to_float_array(X, names: Callable[[int], str], where: str = "",
                    fix: str = "convert it to numbers") -> np.ndarray:
     """A 2-D array-like as float64, refusing complex, date/time and text values.
@@ -184,11 +201,7 @@ def to_float_array(X, names: Callable[[int], str], where: str = "",
     if X.ndim != 2:
         raise DataValidationError(f"{where}expected a 2-D array (n_samples, n_features), got "
                                   f"shape {X.shape}")
-    if kind == "c":
-        nonreal = np.flatnonzero((X.imag != 0).any(axis=0))
-        raise _complex(where, "column", names(int(nonreal[0]) if len(nonreal) else 0))
-    if kind in "mM":
-        raise _temporal_dtype(where, "column", names(0), X.dtype)
+    _refuse_complex_or_temporal(X, names, where)
     try:
         return X.astype(np.float64)  # numbers held as objects or text ("1.5")
     except (TypeError, ValueError, OverflowError):
@@ -241,15 +254,8 @@ def check_magnitude(X: np.ndarray, names: Sequence[str] | Callable[[int], str],
 def check_array_values(X: np.ndarray, names: Sequence[str] | Callable[[int], str],
                        where: str = "") -> None:
     """The data layer's checks of a client's X: real numbers, finite, not too large."""
-    kind = X.dtype.kind
-    name0 = names(0) if callable(names) else (names[0] if len(names) else "x0")
-    if kind == "c":
-        nonreal = np.flatnonzero((X.imag != 0).any(axis=0))
-        j = int(nonreal[0]) if len(nonreal) else 0
-        raise _complex(where, "column", names(j) if callable(names) else names[j])
-    if kind in "mM":
-        raise _temporal_dtype(where, "column", name0, X.dtype)
-    if kind not in "biuf":
+    _refuse_complex_or_temporal(X, names, where)
+    if X.dtype.kind not in "biuf":
         raise DataValidationError(
             f"{where}X is not numeric (dtype {X.dtype}); convert it to numbers"
         )
