@@ -61,7 +61,8 @@ def weighted_loglik(Xa: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarr
 
 
 def weighted_grad_hess(
-    Xa: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray
+    Xa: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray,
+    log_proba: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gradient and Hessian of the weighted negative log-likelihood, summed over samples.
 
@@ -71,6 +72,8 @@ def weighted_grad_hess(
     y : ndarray of shape (n_samples,), integers in 0..K-1
     w : ndarray of shape (n_samples,), non-negative weights (responsibilities)
     coef : ndarray of shape (K - 1, D)
+    log_proba : ndarray of shape (n_samples, K) or None
+        ``logistic_log_proba(Xa, coef)`` when the caller has it already (not recomputed).
 
     Returns
     -------
@@ -80,7 +83,9 @@ def weighted_grad_hess(
     """
     n, D = Xa.shape
     Km1 = coef.shape[0]
-    p = np.exp(logistic_log_proba(Xa, coef))[:, 1:]  # (n, K-1)
+    if log_proba is None:
+        log_proba = logistic_log_proba(Xa, coef)
+    p = np.exp(log_proba)[:, 1:]  # (n, K-1)
     resid = p.copy()
     resid[np.arange(n), y - 1] -= (y > 0).astype(float)  # p_k - 1{y = k}, k >= 1
     grad = ((resid * w[:, None]).T @ Xa).ravel()
@@ -97,16 +102,18 @@ def weighted_grad_hess(
 
 
 def irls_statistics(
-    Xa: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray
+    Xa: np.ndarray, y: np.ndarray, w: np.ndarray, coef: np.ndarray,
+    log_proba: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """IRLS form of one Newton step: ``b = H theta - g`` and ``H`` (sums over samples).
+    """IRLS form of one Newton step: ``b = H theta - g`` and ``H`` (sums over samples);
+    ``log_proba`` as in :func:`weighted_grad_hess`.
 
     Returns
     -------
     b : ndarray of shape (P,)
     hess : ndarray of shape (P, P)
     """
-    g, H = weighted_grad_hess(Xa, y, w, coef)
+    g, H = weighted_grad_hess(Xa, y, w, coef, log_proba)
     return H @ coef.ravel() - g, H
 
 

@@ -115,8 +115,9 @@ class FedGMMModel(FederatedModel):
         if self.update == "newton":
             P = coef[0].size
             lb, lH = np.empty((self.M2, P)), np.empty((self.M2, P, P))
-            for m in range(self.M2):
-                lb[m], lH[m] = irls_statistics(Xa, y, ry[:, m], coef[m])
+            for m in range(self.M2):  # the learners' probabilities are lp's, computed above
+                lb[m], lH[m] = irls_statistics(Xa, y, ry[:, m], coef[m],
+                                               None if learner is not None else lp[:, m])
             stats["lb"], stats["lH"] = lb, lH
         else:
             lt = np.empty((self.M2, coef[0].size))
