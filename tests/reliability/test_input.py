@@ -347,9 +347,10 @@ def test_predict_refuses_naming_the_column(fitted, model, make, match):
 @pytest.mark.parametrize("model", MODELS)
 def test_predict_accepts_the_good_frame(fitted, model):
     est, paths = fitted[model]
-    for path in paths:
-        out = path(_good_X())
-        assert np.all(np.isfinite(np.asarray(out, dtype=float)))
+    for path in paths:  # one finite value per row (score: one finite number)
+        out = np.asarray(path(_good_X()), dtype=float)
+        assert out.shape[:1] in {(), (3,)}, out.shape
+        assert np.all(np.isfinite(out))
 
 
 # ---- the command line --------------------------------------------------------------------------
