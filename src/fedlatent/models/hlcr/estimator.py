@@ -300,12 +300,13 @@ class HLCR(FederatedEstimator):
     # ---- prediction -------------------------------------------------------------------------
     def _agent_counts(self, labels: np.ndarray) -> dict[str, np.ndarray]:
         K = int(self.n_clusters)
-        out: dict[str, np.ndarray] = {}
         ok = labels >= 0
-        for a in np.unique(self.pair_agents_):
-            m = (self.pair_agents_ == a) & ok
-            out[str(a)] = np.bincount(labels[m], minlength=K).astype(float)
-        return out
+        agents, inv = np.unique(self.pair_agents_, return_inverse=True)
+        if not len(agents):  # a fit on a RemoteDataset knows no pair
+            return {}
+        counts = np.bincount(inv.reshape(-1)[ok] * K + labels[ok],
+                             minlength=len(agents) * K).reshape(len(agents), K).astype(float)
+        return {str(a): counts[i] for i, a in enumerate(agents)}
 
     def global_proportions(self, counts: np.ndarray | None = None) -> np.ndarray:
         """Cluster proportions for a new agent: ``(N^(k) + alpha/K) / (N + alpha)``; (K,)."""
