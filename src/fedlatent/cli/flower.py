@@ -128,10 +128,9 @@ def _split_rows(data: Path, n: int, features: str | None, target: str | None, se
         fail(f"--clients must be between 1 and the {len(df)} rows of {data}, got {n}")
     perm = np.random.default_rng(seed).permutation(len(df))
     parts = [np.sort(p) for p in np.array_split(perm, n)]
-    fd = split_arrays(df[cols].to_numpy(dtype=np.float64), parts,
-                      None if target is None else df[target].to_numpy(), feature_names=cols)
-    fd.validate()
-    return fd
+    # the dataset validates itself on construction
+    return split_arrays(df[cols].to_numpy(dtype=np.float64), parts,
+                        None if target is None else df[target].to_numpy(), feature_names=cols)
 
 
 flower_app = typer.Typer(
@@ -230,18 +229,17 @@ def local(
     out = out.resolve()
     if data.is_dir():
         files = _client_dir_files(data)
-    elif client is not None:
-        _, fd = load_dataset(data, client, features, target=target, entity=entity)
-        paths = write_client_files(fd, out / "data")
-        files = [paths[c] for c in fd.client_ids]
-    elif clients is not None:
-        if entity is not None:
-            fail("--entity needs --client: entities cannot be split across random clients")
-        fd = _split_rows(data, clients, features, target, seed)
-        paths = write_client_files(fd, out / "data")
-        files = [paths[c] for c in fd.client_ids]
     else:
-        fail("give --client COLUMN (or --clients N to split the rows) for a table file")
+        if client is not None:
+            _, fd = load_dataset(data, client, features, target=target, entity=entity)
+        elif clients is not None:
+            if entity is not None:
+                fail("--entity needs --client: entities cannot be split across random clients")
+            fd = _split_rows(data, clients, features, target, seed)
+        else:
+            fail("give --client COLUMN (or --clients N to split the rows) for a table file")
+        paths = write_client_files(fd, out / "data")
+        files = [paths[c] for c in fd.client_ids]
     if clients is not None and clients != len(files):
         fail(f"--clients {clients} but the data hold {len(files)} clients")
     n_min = len(files) if min_nodes is None else min_nodes
