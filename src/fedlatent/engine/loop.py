@@ -335,6 +335,25 @@ class _Rounds:
             and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol
         )
 
+    def judge(self, k: int, c: str, rep, shapes, mode: str, S_hat, what: str | None = None):
+        """``(Q, reason)`` for client ``c``'s reply ``rep`` in round ``k``: its checked blocks
+        (None when malformed: refused like a lie, nothing of it used) and why it must not be
+        aggregated (None: it may). With ``on_invalid="raise"`` a reason stops the run, naming
+        the client, ``what`` it sent and the round."""
+        try:
+            Q = check_reply(c, rep, shapes)
+        except ClientReplyError as err:
+            Q, reason, sent = None, err.reason, "an invalid reply"
+        else:
+            reason = self.screen.problem(c, Q, rep, mode, S_hat)
+            sent = "statistics that cannot be true"
+        if reason and self.fed.on_invalid == "raise":
+            raise FederatedFitError(
+                f"round {k}: client {c!r} sent {what or sent}: {reason}"
+                f"; stopped (on_invalid='raise'), kept the parameters of round {k - 1}",
+                self.params, k)
+        return Q, reason
+
     def screen_replies(self, k: int, active: list[str], replies, shapes, msg):
         """Sort round ``k``'s replies before anything is aggregated: ``got`` (aggregated),
         ``parsed`` (well formed, aggregated or not), ``missing`` (no reply, or the client
@@ -354,21 +373,11 @@ class _Rounds:
             if ERROR_KEY in rep:
                 errors[c] = str(rep[ERROR_KEY])
                 continue
-            try:
-                Q = check_reply(c, rep, shapes)
-            except ClientReplyError as err:  # malformed: refused like a lie, nothing of it used
-                Q, reason, what = None, err.reason, "an invalid reply"
-            else:
+            Q, reason = self.judge(k, c, rep, shapes, str(msg.get("mode", "full")),
+                                   self.state.S_hat)
+            if Q is not None:
                 parsed[c] = Q
-                reason = self.screen.problem(c, Q, rep, str(msg.get("mode", "full")),
-                                             self.state.S_hat)
-                what = "statistics that cannot be true"
             if reason:
-                if self.fed.on_invalid == "raise":
-                    raise FederatedFitError(
-                        f"round {k}: client {c!r} sent {what}: {reason}"
-                        f"; stopped (on_invalid='raise'), kept the parameters of round {k - 1}",
-                        self.params, k)
                 rejected[c] = reason
                 continue
             got[c] = Q
@@ -410,18 +419,9 @@ class _Rounds:
                     missing.append(c)
                 left_out = True
                 continue
-            try:
-                Q = check_reply(c, rep, shapes)
-            except ClientReplyError as err:
-                reason = err.reason
-            else:
-                reason = self.screen.problem(c, Q, rep, "full", None)
+            Q, reason = self.judge(k, c, rep, shapes, "full", None,
+                                   "an evaluation that cannot be true")
             if reason:
-                if self.fed.on_invalid == "raise":
-                    raise FederatedFitError(
-                        f"round {k}: client {c!r} sent an evaluation that cannot be true: "
-                        f"{reason}; stopped (on_invalid='raise'), kept the parameters of round "
-                        f"{k - 1}", self.params, k)
                 rejected[c] = "; ".join(filter(None, (rejected.get(c),
                                                       f"evaluate: {reason}")))
                 left_out = True
