@@ -89,8 +89,6 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
         if X.ndim == 1:
             X = X.reshape(1, -1)
         X = to_float_array(X, lambda j: names[j] if j < len(names) else f"x{j}", where="X: ")
-    if X.ndim == 1:
-        X = X.reshape(1, -1)
     if X.ndim != 2 or X.shape[1] != est.n_features_in_:
         raise ValueError(
             f"X has {X.shape[-1] if X.ndim else 0} features, but this {what or type(est).__name__}"
