@@ -288,9 +288,9 @@ def load_dataset(path: Path, client: str, features: list[str] | str | None = Non
 def file_order(df: pd.DataFrame, client: str) -> np.ndarray:
     """Row ``i`` of the dataset of :func:`load_dataset` is row ``file_order(df, client)[i]`` of
     the file."""
-    import numpy as np
+    from ..data.dataset import client_row_order
 
-    return np.argsort(df[client].astype(str).to_numpy(), kind="stable")
+    return client_row_order(df[client].astype(str).to_numpy())[1]
 
 
 # ---- all-or-nothing output -------------------------------------------------------------------

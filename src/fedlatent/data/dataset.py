@@ -28,7 +28,41 @@ from .validation import (
 if TYPE_CHECKING:  # pandas is imported where a table is read or written (it is slow to import)
     import pandas as pd
 
-__all__ = ["ClientData", "DataValidationError", "DatasetShape", "FederatedDataset"]
+__all__ = ["ClientData", "DataValidationError", "DatasetShape", "FederatedDataset",
+           "client_row_order"]
+
+
+def client_row_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of a table grouped by client, clients sorted by the text of their id.
+
+    Parameters
+    ----------
+    keys : ndarray of shape (n_rows,)
+        The client id of each row, as text.
+
+    Returns
+    -------
+    ids : ndarray of shape (n_clients,)
+        The distinct ids, sorted.
+    order : ndarray of shape (n_rows,)
+        The rows, client after client, each client's rows in table order (a stable sort).
+    bounds : ndarray of shape (n_clients + 1,)
+        Client ``j``'s rows are ``order[bounds[j]:bounds[j + 1]]``.
+
+    The ids are hashed once (``pandas.factorize``) and only the distinct ones are sorted as text:
+    rows are then sorted by an integer rank, much faster than sorting every row's text.
+    """
+    import pandas as pd
+
+    codes, uniques = pd.factorize(keys)
+    uniques = np.asarray(uniques, dtype=object)
+    by_text = np.argsort(uniques, kind="stable")
+    rank = np.empty(len(uniques), dtype=np.intp)
+    rank[by_text] = np.arange(len(uniques))
+    row_rank = rank[codes]
+    order = np.argsort(row_rank, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(row_rank, minlength=len(uniques)))])
+    return uniques[by_text], order, bounds
 
 
 @dataclass
@@ -275,7 +309,8 @@ class FederatedDataset(DatasetShape):
             )
         if len(df) == 0:
             raise DataValidationError("the table has no rows")
-        blank = df[client].astype(str).str.strip().eq("").to_numpy()
+        ids = df[client].astype(str)  # clients are keyed by the text of their id
+        blank = ids.str.strip().eq("").to_numpy()
         if blank.any():
             raise DataValidationError(
                 f"client column {client!r} has {int(blank.sum())} rows with an empty client id; "
@@ -294,11 +329,7 @@ class FederatedDataset(DatasetShape):
             df[target] = frame_column(df[target], target, where, "target column",
                                       "encode it as numbers")
         clients: dict[str, ClientData] = {}
-        keys = df[client].astype(str).to_numpy()
-        order = np.argsort(keys, kind="stable")
-        keys_sorted = keys[order]
-        uniq, starts = np.unique(keys_sorted, return_index=True)
-        bounds = list(starts) + [len(keys_sorted)]
+        uniq, order, bounds = client_row_order(ids.to_numpy())
         Xall = df[features].to_numpy(dtype=np.float64)
         yall = df[target].to_numpy() if target is not None else None
         eall = df[entity].to_numpy() if entity is not None else None
