@@ -186,3 +186,19 @@ def test_values_at_the_bound_are_accepted_and_beyond_it_refused():
     with pytest.raises(DataValidationError, match=r"^client 'a': column 'x1' has 1 values of "
                        r"magnitude above 1e\+150 \(largest 1e\+150\)"):
         fl.FederatedDataset.from_arrays({"a": X})
+
+
+def test_client_row_order_matches_a_stable_sort_of_every_row():
+    from fedlatent.data.dataset import client_row_order
+
+    rng = np.random.default_rng(0)
+    pool = np.array(["b", "a", "10", "9", "é", "Z", "z", "a ", "_x", "1.0", "1"], dtype=object)
+    keys = pool[rng.integers(0, len(pool), 500)]
+    ids, order, bounds = client_row_order(keys)
+    ref = np.argsort(keys, kind="stable")
+    np.testing.assert_array_equal(order, ref)
+    assert list(ids) == sorted(set(keys))
+    assert bounds[0] == 0 and bounds[-1] == len(keys)
+    for j, cid in enumerate(ids):
+        rows = order[bounds[j]:bounds[j + 1]]
+        assert (keys[rows] == cid).all() and (np.diff(rows) > 0).all()
