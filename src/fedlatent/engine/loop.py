@@ -199,7 +199,6 @@ class _Rounds:
     def __init__(self, model, runtime, federation, options: LoopOptions, n_units):
         self.model, self.runtime, self.fed, self.opt = model, runtime, federation, options
         self.cids = runtime.client_ids
-        self.n_units = n_units
         self.n_total = float(sum(n_units.values()))
         self.weights = client_weights(federation, {c: n_units[c] for c in self.cids})
         self.use_cv = bool(federation.control_variates)
@@ -221,7 +220,7 @@ class _Rounds:
     def identity(self) -> RunIdentity:
         """What a checkpoint of this run must match to be resumed."""
         return RunIdentity(self.model.name, self.model.get_config(), self.fed.to_config(),
-                           int(self.opt.seed), {c: int(self.n_units[c]) for c in self.cids})
+                           int(self.opt.seed), {c: int(self.screen.n_units[c]) for c in self.cids})
 
     def resume(self, shapes) -> int:
         """Load the checkpoint (refused, saying what differs, unless it is of this very run);

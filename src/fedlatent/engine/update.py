@@ -205,7 +205,7 @@ class ReplyScreen:
 
     def after_round(self, init_round: bool, asked: list[str], parsed: dict[str, Stats],
                     errors: dict[str, str], S_hat_new: Stats, alpha: float,
-                    rejected: dict[str, str] | None = None) -> None:
+                    rejected: dict[str, str]) -> None:
         """Follow every client's ``V_c``: ``S_c0 - S_hat_0`` after the initialization round,
         then ``V_c + alpha Q_c`` for every reply aggregated; unknown after a reply that did not
         arrive; unchanged when it raised (a client that raises keeps its state).
@@ -220,7 +220,6 @@ class ReplyScreen:
         checked against the true ``V_c`` every round (and refused every round)."""
         if not (self.use_cv and self.exact):
             return
-        rejected = rejected or {}
         if init_round:
             self.mirror = {c: Q - S_hat_new for c, Q in parsed.items()}
             self.resync = set()
