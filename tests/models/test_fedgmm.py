@@ -161,15 +161,17 @@ def test_save_load_roundtrip(tmp_path):
     assert back.client_ids_ == fd.client_ids
 
 
-@pytest.mark.parametrize("bad", [np.nan, -0.5, 2.0])
+# each bad matrix breaks one rule only: not finite; negative (yet summing to 1); sum 1.25 >= 0
+@pytest.mark.parametrize("bad", [[[np.nan, 0.25], [0.25, 0.25]], [[-0.5, 0.75], [0.5, 0.25]],
+                                 [[0.5, 0.25], [0.25, 0.25]]], ids=["nan", "negative", "sum"])
 def test_tampered_client_weights_file_is_refused(tmp_path, bad):
     fd = _small()
     est = _fit(fd, 3, n_input_components=2, n_learners=2)
     c = fd.client_ids[0]
     path = tmp_path / "w.npz"
-    pi = np.full((2, 2), 0.25)
-    pi[0, 0] = bad
-    np.savez(path, pi=pi)
+    np.savez(path, pi=np.full((2, 2), 0.25))
+    np.testing.assert_array_equal(est.load_client_weights(c, path).pi, np.full((2, 2), 0.25))
+    np.savez(path, pi=np.array(bad))
     with pytest.raises(ValueError, match="pi must be finite, non-negative weights summing to 1"):
         est.load_client_weights(c, path)
 
