@@ -472,8 +472,10 @@ def test_a_bad_reply_in_threads_names_the_learner(sim1):
     fd, _ = sim1
     victim = fd.client_ids[2]
     sec = SEC(candidates="linear", random_state=0, n_jobs=2, exchange_batch=4)
-    with pytest.raises(FederatedFitError, match=f"SEC exchange: client '{victim}'"):
+    with pytest.raises(FederatedFitError, match=f"SEC exchange: client '{victim}': .*value "
+                       "'loss' has non-finite values.*; nothing of this exchange was used"):
         sec.fit(fd, runtime=_Liar(fd, victim, "exchange", _nan_first_loss))
+    assert not hasattr(sec, "labels_")
 
 
 def test_assign_checks_the_fitted_learners_replies(sim1, fitted):
