@@ -85,6 +85,9 @@ def case_raw_rows_never_cross():
     arrays = [v for *_, msg in rt.log for v in msg.values()
               if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
     assert len(rt.log) > 0 and arrays
+    # the detector finds a row where one is (a flattened copy, offset by one value)
+    cd0 = fd[fd.client_ids[0]]
+    assert _contains_row(np.concatenate([[0.5], cd0.X.ravel()]), cd0.X[-1])
     for _, cd in fd.items():
         for row in cd.X:
             assert not any(_contains_row(a, row) for a in arrays)
