@@ -315,20 +315,28 @@ class HLCR(FederatedEstimator):
         K = len(Nk)
         return (Nk + self.alpha / K) / (Nk.sum() + self.alpha)
 
-    def _cluster_proba(self, agents, entities, context, D, c, counts, labels):
-        K = int(self.n_clusters)
+    def _pairs(self, agents, entities):
+        """The rows' distinct (agent, entity) keys, each row's key, and where each key sits
+        among the fit's pairs (-1: a new pair). Independent of the labels: staged_predict
+        computes it once for every stage."""
         agents = np.asarray(agents).astype(str)
         entities = np.asarray(entities).astype(str)
         key = np.char.add(np.char.add(agents, "\x1f"), entities)
         ukey, inv = np.unique(key, return_inverse=True)
         known_key = np.char.add(np.char.add(self.pair_agents_, "\x1f"), self.pair_entities_)
         order = np.argsort(known_key)
-        if len(order):
-            pos = np.minimum(np.searchsorted(known_key[order], ukey), len(order) - 1)
-            hit = known_key[order][pos] == ukey
-            lab_pair = np.where(hit, labels[order][pos], -1)
-        else:  # a fit on a RemoteDataset knows no pair
+        if not len(order):  # a fit on a RemoteDataset knows no pair
+            return ukey, inv, None
+        pos = np.minimum(np.searchsorted(known_key[order], ukey), len(order) - 1)
+        return ukey, inv, np.where(known_key[order][pos] == ukey, order[pos], -1)
+
+    def _cluster_proba(self, pairs, context, D, c, counts, labels):
+        K = int(self.n_clusters)
+        ukey, inv, where = pairs
+        if where is None:
             lab_pair = np.full(len(ukey), -1)
+        else:
+            lab_pair = np.where(where >= 0, labels[where], -1)
         psi = self.global_proportions(counts)
         acounts = self._agent_counts(labels)
         ctx = {}
@@ -365,22 +373,26 @@ class HLCR(FederatedEstimator):
         global proportions ``psi`` (times the context likelihood).
         """
         check_is_fitted(self)
-        return self._cluster_proba(agents, entities, context, self.precisions_, self.c_,
-                                   self.cluster_counts_, self.labels_)
+        return self._cluster_proba(self._pairs(agents, entities), context, self.precisions_,
+                                   self.c_, self.cluster_counts_, self.labels_)
 
-    def _predict_with(self, X, agents, entities, context, method, D, c, counts, labels):
+    def _prepare(self, X, agents, entities, method):
+        """The checked design matrix and the rows' pairs (what every stage shares)."""
         if method not in ("map", "mean"):
             raise ValueError(f"method must be 'map' or 'mean', got {method!r}")
         X = check_features(self, X)
         if not len(agents) == len(entities) == len(X):
             raise ValueError(f"X has {len(X)} rows but agents has {len(agents)} and entities "
                              f"{len(entities)}; give one agent and one entity id per row")
-        Xa = add_intercept(X, self.fit_intercept)
-        P = self._cluster_proba(agents, entities, context, D, c, counts, labels)
+        return add_intercept(X, self.fit_intercept), self._pairs(agents, entities)
+
+    def _predict_with(self, prepared, context, method, D, c, counts, labels):
+        Xa, pairs = prepared
+        P = self._cluster_proba(pairs, context, D, c, counts, labels)
         W = posterior_means(D, c)
         per = Xa @ W.T  # (n, K): Theorem 2 under each cluster
         if method == "map":
-            return per[np.arange(len(X)), P.argmax(axis=1)]
+            return per[np.arange(len(Xa)), P.argmax(axis=1)]
         return (P * per).sum(axis=1)
 
     def predict(self, X, agents, entities, context: FederatedDataset | None = None,
@@ -404,8 +416,8 @@ class HLCR(FederatedEstimator):
         ndarray of shape (n,)
         """
         check_is_fitted(self)
-        return self._predict_with(X, agents, entities, context, method, self.precisions_,
-                                  self.c_, self.cluster_counts_, self.labels_)
+        return self._predict_with(self._prepare(X, agents, entities, method), context, method,
+                                  self.precisions_, self.c_, self.cluster_counts_, self.labels_)
 
     def predict_dataset(self, fd: FederatedDataset, context: FederatedDataset | None = None,
                         method: str = "map") -> np.ndarray:
@@ -416,11 +428,10 @@ class HLCR(FederatedEstimator):
     def staged_predict(self, fd: FederatedDataset, method: str = "map"):
         """Predictions for ``fd`` after every iteration of the last fit (not kept by save)."""
         check_is_fitted(self)
-        X, agents, ents = _flatten(fd)
+        prepared = self._prepare(*_flatten(fd), method)
         for p in self._path:
             labels = p["labels"] if p["labels"] is not None else self.labels_
-            yield self._predict_with(X, agents, ents, None, method, p["D"], p["c"], p["counts"],
-                                     labels)
+            yield self._predict_with(prepared, None, method, p["D"], p["c"], p["counts"], labels)
 
     def mse(self, fd: FederatedDataset, context: FederatedDataset | None = None,
             method: str = "map") -> float:
