@@ -297,7 +297,7 @@ def test_the_cli_refuses_a_tampered_model_in_one_line(saved, tmp_path, model):
     data.write_text("a,b\n1,2\n")
     res = CliRunner().invoke(app, ["predict", "--model", str(tmp_path), "--data", str(data),
                                    "--out", str(tmp_path / "p.csv")])
-    assert res.exit_code != 0
+    assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: cannot load the "), res.output
