@@ -1,5 +1,6 @@
 """Federated Gaussian mixture: exactness against scikit-learn, resume, privacy, persistence."""
 
+import re
 import warnings
 
 import numpy as np
@@ -237,3 +238,19 @@ def test_each_client_is_set_up_once_per_fit(blobs_fd):
             blobs_fd, runtime=rt)
     setups = [c for d, c, m, _ in rt.log if d == "down" and m == "setup"]
     assert sorted(setups) == blobs_fd.client_ids
+
+
+def test_federated_score_needs_the_fit_columns_and_equals_the_pooled_score():
+    rng = np.random.default_rng(3)
+    data = {f"c{i}": rng.normal(size=(30 + 10 * i, 2)) for i in range(3)}
+    fd = fl.FederatedDataset.from_arrays(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fl.ConvergenceWarning)
+        gm = fl.FederatedGaussianMixture(2, max_rounds=3, random_state=0).fit(fd)
+    pooled = np.vstack(list(data.values()))
+    assert gm.score_dataset(fd) == pytest.approx(gm.score(pooled), rel=1e-12)
+    other = fl.FederatedDataset.from_arrays(data, feature_names=["b", "a"])
+    message = ("the dataset has features ['b', 'a'], but this FederatedGaussianMixture was "
+               "fitted with ['x0', 'x1']")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        gm.score_dataset(other)

@@ -30,7 +30,7 @@ from sklearn.base import BaseEstimator
 from ..data.dataset import ClientData, FederatedDataset
 from .checkpoint import load_arrays_json, save_arrays_json
 from .errors import NotFittedError
-from .exchange import Expect, Replies, ask, setup_clients
+from .exchange import Expect, Replies, ask, number, setup_clients
 from .federation import Federation
 from .history import History
 from .inprocess import InProcessRuntime
@@ -333,6 +333,30 @@ class FederatedEstimator(BaseEstimator):
         return self
 
     # ---- prediction on federated data ----------------------------------------------------------
+    def _fitted_params(self) -> Params:  # pragma: no cover - overridden where scoring is asked
+        """The fitted parameters in the model's own form (what a client's queries take)."""
+        raise NotImplementedError(f"{type(self).__name__} does not send its fitted parameters")
+
+    def _federated_loglik(self, fd, runtime: Runtime | None = None) -> tuple[float, int]:
+        """Sum of the log-likelihoods and the number of rows over the clients of ``fd``, computed
+        where the rows are (the model's ``loglik`` query; only the two sums come back, checked).
+
+        ``fd`` must have the columns of the fit, in the same order.
+        """
+        check_is_fitted(self)
+        fitted = [str(f) for f in self.feature_names_in_]
+        if list(fd.feature_names) != fitted:
+            raise ValueError(f"the dataset has features {list(fd.feature_names)}, but this "
+                             f"{type(self).__name__} was fitted with {fitted}")
+        model = self._make_model(fd)
+        rt = runtime if runtime is not None else InProcessRuntime(fd)
+        setup_clients(rt, model)
+        payload = {f"params/{k}": v for k, v in self._fitted_params().items()}
+        rep = FitContext(rt, model, None, 0).ask(
+            "loglik", payload, expect={"n": number(low=0), "loglik": number()}, what="scoring")
+        return (sum(float(r["loglik"]) for r in rep.values()),
+                sum(int(r["n"]) for r in rep.values()))
+
     def _predict_client(self, client: str, data: ClientData) -> np.ndarray:
         """Predictions for one client's rows (default: ``predict(data.X)``)."""
         return np.asarray(self.predict(data.X))

@@ -399,21 +399,9 @@ class FederatedGaussianMixture(FederatedEstimator):
             return tot / n
         return float(self.score_samples(X).mean())
 
-    def _federated_loglik(self, fd: FederatedDataset, runtime=None) -> tuple[float, int]:
-        """Sum of log-likelihoods and count over the clients' rows (only sums come back)."""
-        from ...engine.exchange import setup_clients
-        from ...engine.inprocess import InProcessRuntime
-
-        check_is_fitted(self)
-        rt = runtime if runtime is not None else InProcessRuntime(fd)
-        setup_clients(rt, GMMModel(self.n_components, self.covariance_type, self.reg_covar))
-        params = {"weights": self.weights_, "means": self.means_,
-                  "precisions_cholesky": self.precisions_cholesky_}
-        ctx = FitContext(rt, None, None, 0)
-        rep = ctx.ask("loglik", {f"params/{k}": v for k, v in params.items()},
-                      expect={"n": number(low=0), "loglik": number()}, what="scoring")
-        return (sum(float(r["loglik"]) for r in rep.values()),
-                sum(int(r["n"]) for r in rep.values()))
+    def _fitted_params(self) -> Params:
+        return {"weights": self.weights_, "means": self.means_,
+                "precisions_cholesky": self.precisions_cholesky_}
 
     def score_dataset(self, fd: FederatedDataset) -> float:
         """Mean per-sample log-likelihood over the clients of ``fd``."""

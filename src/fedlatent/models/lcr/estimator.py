@@ -350,7 +350,7 @@ class LatentClassRegression(FederatedEstimator):
             self.lower_bound_ = float(self.history_[-1].objective)
 
     # ---- prediction -------------------------------------------------------------------------
-    def _params(self) -> Params:
+    def _fitted_params(self) -> Params:
         check_is_fitted(self)
         beta = self.coef_
         if self.fit_intercept:
@@ -372,23 +372,23 @@ class LatentClassRegression(FederatedEstimator):
 
     def predict(self, X) -> np.ndarray:
         """Mixture mean ``E[y | x] = sum_k w_k (x^T coef_k + intercept_k)``, shape (n,)."""
-        p = self._params()
+        p = self._fitted_params()
         return lcr_mixture_mean(self._design(X), p["weights"], p["beta"])
 
     def predict_components(self, X) -> np.ndarray:
         """Each component's regression line ``x^T coef_k + intercept_k``, shape (n, K)."""
-        return self._design(X) @ self._params()["beta"].T
+        return self._design(X) @ self._fitted_params()["beta"].T
 
     def predict_proba(self, X, y) -> np.ndarray:
         """Posterior probability of each component given (x, y), shape (n, K); rows sum to 1."""
-        p = self._params()
+        p = self._fitted_params()
         Xt = self._design(X)
         resp, _ = lcr_responsibilities(Xt, self._check_y(y, Xt.shape[0]), **p)
         return resp
 
     def score_samples(self, X, y) -> np.ndarray:
         """log p(y_i | x_i) of each row, shape (n,)."""
-        p = self._params()
+        p = self._fitted_params()
         Xt = self._design(X)
         y = self._check_y(y, Xt.shape[0])
         with np.errstate(divide="ignore"):
@@ -404,24 +404,8 @@ class LatentClassRegression(FederatedEstimator):
         return float(self.score_samples(X, y).mean())
 
     def _federated_loglik(self, fd: FederatedDataset, runtime=None) -> tuple[float, int]:
-        """Sum of log-likelihoods and count over the clients' rows (checked exchange)."""
-        from ...engine.exchange import setup_clients
-        from ...engine.inprocess import InProcessRuntime
-
-        check_is_fitted(self)
         self._validate_target(fd)
-        if list(fd.feature_names) != [str(f) for f in self.feature_names_in_]:
-            raise ValueError(
-                f"the dataset has features {list(fd.feature_names)}, but this "
-                f"LatentClassRegression was fitted with {list(self.feature_names_in_)}"
-            )
-        rt = runtime if runtime is not None else InProcessRuntime(fd)
-        setup_clients(rt, LCRModel(self.n_components, self.fit_intercept, self.reg_noise))
-        ctx = FitContext(rt, None, None, 0)
-        rep = ctx.ask("loglik", {f"params/{k}": v for k, v in self._params().items()},
-                      expect={"n": number(low=0), "loglik": number()}, what="scoring")
-        return (sum(float(r["loglik"]) for r in rep.values()),
-                sum(int(r["n"]) for r in rep.values()))
+        return super()._federated_loglik(fd, runtime)
 
     def score_dataset(self, fd: FederatedDataset) -> float:
         """Mean per-row log-likelihood over the clients of ``fd`` (which needs the target)."""
