@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 # gigabytes of CUDA packages) and Flower 1.41 with Ray for the simulation and deployment tests
 # (marked `flower`; skip them locally with `pytest -m "not flower"`).
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[dev,torch,flower-sim]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,torch,flower-sim,privacy]"
 	touch $(TEST_STAMP)
 
 venv: $(STAMP)
