@@ -1,0 +1,34 @@
+"""Secure aggregation: the server learns only the sum of the participants' messages.
+
+The protocol family of Bonawitz et al. (CCS 2017) and SecAgg+ (Bell et al., CCS 2020), on
+primitives from ``cryptography`` (the optional extra ``fedlatent[privacy]``, imported on first
+use): fixed-point encoding in Z_{2^64} with a public scale (:mod:`.encoding`), X25519 key pairs and
+a self-mask seed per client drawn from the OS once per fit, Shamir shares of the mask key and the
+seed sealed with ChaCha20-Poly1305 for each peer (:mod:`.shamir`), pairwise and self masks from the
+ChaCha20 keystream of HKDF-derived per-exchange keys, and recovery of dropped participants' masks
+from the survivors' shares. :mod:`.driver` runs the whole protocol in memory.
+
+Multi-round rule: over a fit, an honest client never reveals both the self-mask seed and the
+mask key of the same peer. A dropped client whose mask key was rebuilt is excluded from later
+exchanges (it must rejoin with new keys); a client whose self-mask seed was revealed (it survived
+an exchange) cannot later be declared dropped: its peers refuse, and that exchange is abandoned.
+"""
+
+from .client import SecAggClient
+from .driver import Wire, run_exchange, setup
+from .encoding import FixedPoint, Layout
+from .protocol import SecAggConfig, SecureAggregationError
+from .server import SecAggServer, route_shares
+
+__all__ = [
+    "FixedPoint",
+    "Layout",
+    "SecAggClient",
+    "SecAggConfig",
+    "SecAggServer",
+    "SecureAggregationError",
+    "Wire",
+    "route_shares",
+    "run_exchange",
+    "setup",
+]

@@ -1,0 +1,133 @@
+"""Every cryptographic primitive secure aggregation uses, each one from ``cryptography``.
+
+Nothing here is home-made: key agreement is X25519, key derivation HKDF-SHA256, the mask
+generator the ChaCha20 keystream and the share encryption ChaCha20-Poly1305 (an AEAD), all from
+``cryptography.hazmat``.  The package is an optional extra (``fedlatent[privacy]``), imported on
+first use so that ``import fedlatent`` works without it.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+__all__ = [
+    "MISSING_EXTRA",
+    "KEY_BYTES",
+    "aead_open",
+    "aead_seal",
+    "agree",
+    "commit",
+    "derive_key",
+    "generate_private",
+    "prg_uint64",
+    "public_from_private",
+    "random_bytes",
+    "require",
+]
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+MISSING_EXTRA = (
+    "secure aggregation needs the 'cryptography' package, which is not installed; "
+    "install it with: pip install 'fedlatent[privacy]'"
+)
+
+
+def require() -> SimpleNamespace:
+    """The ``cryptography`` modules secure aggregation uses, or a one-line ImportError naming
+    the extra to install."""
+    try:
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import x25519
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    except ImportError as exc:
+        raise ImportError(MISSING_EXTRA) from exc
+    return SimpleNamespace(
+        InvalidTag=InvalidTag,
+        hashes=hashes,
+        x25519=x25519,
+        Cipher=Cipher,
+        algorithms=algorithms,
+        ChaCha20Poly1305=ChaCha20Poly1305,
+        HKDF=HKDF,
+    )
+
+
+def random_bytes(n: int = KEY_BYTES) -> bytes:
+    """``n`` bytes from the operating system's randomness (never from ``random_state``)."""
+    return os.urandom(n)
+
+
+def generate_private() -> bytes:
+    """The raw 32 bytes of a fresh X25519 private key drawn by the library from the OS."""
+    c = require()
+    return c.x25519.X25519PrivateKey.generate().private_bytes_raw()
+
+
+def public_from_private(private: bytes) -> bytes:
+    """The raw 32-byte X25519 public key of a raw private key."""
+    c = require()
+    return c.x25519.X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+
+
+def agree(private: bytes, peer_public: bytes) -> bytes:
+    """X25519 shared secret of one's raw private key and a peer's raw public key (32 bytes).
+
+    ``cryptography`` refuses a low-order peer key (an all-zero shared secret) with ValueError.
+    """
+    c = require()
+    key = c.x25519.X25519PrivateKey.from_private_bytes(private)
+    return key.exchange(c.x25519.X25519PublicKey.from_public_bytes(peer_public))
+
+
+def derive_key(secret: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
+    """HKDF-SHA256 of ``secret`` (no salt) bound to the context ``info``."""
+    c = require()
+    return c.HKDF(algorithm=c.hashes.SHA256(), length=length, salt=None, info=info).derive(secret)
+
+
+def commit(data: bytes) -> bytes:
+    """SHA-256 of ``data`` (a public commitment to a 256-bit random seed)."""
+    c = require()
+    h = c.hashes.Hash(c.hashes.SHA256())
+    h.update(data)
+    return h.finalize()
+
+
+def prg_uint64(key: bytes, n: int) -> np.ndarray:
+    """``n`` pseudo-random uint64 words: the ChaCha20 keystream of a 32-byte key (little-endian).
+
+    Each key is used for one keystream only (it is derived per exchange), so the nonce is fixed.
+    """
+    c = require()
+    enc = c.Cipher(c.algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    stream = enc.update(bytes(8 * n)) + enc.finalize()
+    return np.frombuffer(stream, dtype="<u8").astype(np.uint64, copy=False)
+
+
+def aead_seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:
+    """ChaCha20-Poly1305 encryption with a fresh random nonce; returns ``nonce || ciphertext``."""
+    c = require()
+    nonce = random_bytes(NONCE_BYTES)
+    return nonce + c.ChaCha20Poly1305(key).encrypt(nonce, plaintext, associated)
+
+
+def aead_open(key: bytes, sealed: bytes, associated: bytes) -> bytes:
+    """Inverse of :func:`aead_seal`; raises ``ValueError`` when the key, the associated data or
+    the bytes are not the ones sealed (the tag does not verify)."""
+    c = require()
+    if len(sealed) < NONCE_BYTES + 16:
+        raise ValueError(f"sealed message of {len(sealed)} bytes is too short to hold a nonce "
+                         "and a tag")
+    try:
+        return c.ChaCha20Poly1305(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:],
+                                               associated)
+    except c.InvalidTag as exc:
+        raise ValueError("authentication failed: wrong key, wrong (sender, recipient) or "
+                         "altered bytes") from exc

@@ -1,0 +1,264 @@
+"""The client side of secure aggregation: keys, shares, masking and the guarded reveal.
+
+One :class:`SecAggClient` lives on a client for a whole fit. Its secrets (two X25519 private keys
+and a self-mask seed) come from the operating system; only public keys, AEAD ciphertexts of
+shares, masked vectors and the shares the multi-round rule allows ever leave it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from . import _crypto, shamir
+from .encoding import Layout
+from .protocol import (
+    Roster,
+    SecAggConfig,
+    SecureAggregationError,
+    as_bytes,
+    as_u8,
+    describe,
+    exchange_label,
+    pair_mask,
+    self_mask,
+)
+
+__all__ = ["SecAggClient", "share_context"]
+
+log = logging.getLogger(__name__)
+
+SEALED_BYTES = 12 + 2 * shamir.SHARE_BYTES + 16  # nonce, two shares, Poly1305 tag
+
+
+def share_context(sender: str, recipient: str) -> bytes:
+    """Associated data (and HKDF context) binding a share message to (sender, recipient)."""
+    return b"fedlatent/secagg/share\x00" + json.dumps([str(sender), str(recipient)]).encode()
+
+
+class SecAggClient:
+    """One client's secure-aggregation state for a fit.
+
+    Parameters
+    ----------
+    client_id : str
+        The client's id (its order among the ids fixes the signs of pairwise masks).
+    config : SecAggConfig
+        The public threshold and fixed-point encoding.
+
+    Notes
+    -----
+    Order of calls: :meth:`public_keys` -> (server relays) :meth:`receive_peer_keys` ->
+    :meth:`share_messages` -> (server relays) :meth:`receive_shares`, once per fit; then per
+    exchange :meth:`mask` and, when the server asks, :meth:`reveal`.
+
+    References
+    ----------
+    Bonawitz et al., CCS 2017, section 4 (Figure 4); Bell et al., CCS 2020 (SecAgg+).
+    """
+
+    def __init__(self, client_id: str, config: SecAggConfig):
+        _crypto.require()
+        self.id = str(client_id)
+        self.config = config
+        self._mask_private = _crypto.generate_private()  # s_u
+        self._enc_private = _crypto.generate_private()  # c_u
+        self._self_seed = _crypto.random_bytes()  # b_u
+        self._roster: Roster | None = None
+        self._shared = False
+        self._held: dict[str, tuple[int, int]] = {}  # owner -> (share of s_owner, of b_owner)
+        self._pair_secret: dict[str, bytes] = {}
+        self._masked: dict[bytes, tuple[str, ...]] = {}
+        self._revealed: set[bytes] = set()
+        self._revealed_self: dict[str, str] = {}  # peer -> the exchange its b was revealed in
+        self._revealed_mask: dict[str, str] = {}  # peer -> the exchange its s was revealed in
+
+    # --- set-up, once per fit -----------------------------------------------------------------
+    def public_keys(self) -> dict[str, np.ndarray]:
+        """The public keys of s_u and c_u and a SHA-256 commitment to b_u (uint8 arrays)."""
+        return {"mask_key": as_u8(_crypto.public_from_private(self._mask_private)),
+                "enc_key": as_u8(_crypto.public_from_private(self._enc_private)),
+                "self_commit": as_u8(_crypto.commit(self._self_seed))}
+
+    def receive_peer_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Take the roster the server relays: every enrolled client's public keys (its own too,
+        unchanged)."""
+        if self._roster is not None:
+            raise SecureAggregationError(f"client {self.id!r}: keys are set up once per fit; "
+                                         "start a new SecAggClient to rejoin with new keys")
+        roster = Roster(keys, self.config)
+        own = {k: as_bytes(v, what=k) for k, v in self.public_keys().items()}
+        if roster.keys.get(self.id) != own:
+            raise SecureAggregationError(f"client {self.id!r}: the relayed roster lacks or "
+                                         "alters this client's own public keys")
+        self.config.encoding.check_capacity(roster.n)
+        self._roster = roster
+
+    def share_messages(self) -> dict[str, np.ndarray]:
+        """Shamir shares of s_u and b_u for every other enrolled client, each sealed with
+        ChaCha20-Poly1305 under HKDF(X25519(c_u, c_v)) and bound to (u, v): ``{peer: bytes}``."""
+        roster = self._need_roster()
+        if self._shared:
+            raise SecureAggregationError(f"client {self.id!r}: shares are dealt once per fit")
+        t = self.config.threshold
+        xs = [roster.index[v] for v in roster.ids]
+        s_shares = shamir.share(self._mask_private, xs, t)
+        b_shares = shamir.share(self._self_seed, xs, t)
+        out = {}
+        for v in roster.ids:
+            x = roster.index[v]
+            if v == self.id:
+                self._held[v] = (s_shares[x], b_shares[x])
+                continue
+            plain = shamir.share_to_bytes(s_shares[x]) + shamir.share_to_bytes(b_shares[x])
+            ad = share_context(self.id, v)
+            key = _crypto.derive_key(_crypto.agree(self._enc_private, roster.keys[v]["enc_key"]),
+                                     ad)
+            out[v] = as_u8(_crypto.aead_seal(key, plain, ad))
+        self._shared = True
+        return out
+
+    def receive_shares(self, sealed: Mapping[str, np.ndarray]) -> None:
+        """Open the shares the server relays ``{sender: bytes}``; a sender whose ciphertext does
+        not open is named."""
+        roster = self._need_roster()
+        for u, msg in sealed.items():
+            u = str(u)
+            if u not in roster.index or u == self.id:
+                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
+                                             "not another enrolled client")
+            if u in self._held:
+                raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
+            ad = share_context(u, self.id)
+            key = _crypto.derive_key(_crypto.agree(self._enc_private, roster.keys[u]["enc_key"]),
+                                     ad)
+            try:
+                plain = _crypto.aead_open(key, as_bytes(msg, what=f"share from {u!r}"), ad)
+            except ValueError as exc:
+                raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} does not "
+                                             f"open ({exc})") from exc
+            n = shamir.SHARE_BYTES
+            self._held[u] = (shamir.int_from_share(plain[:n]), shamir.int_from_share(plain[n:]))
+
+    @property
+    def enrolled(self) -> tuple[str, ...]:
+        """Clients whose shares this client holds (itself included): whom it can mask with."""
+        return tuple(sorted(self._held))
+
+    # --- per exchange -------------------------------------------------------------------------
+    def mask(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
+             participants: Sequence[str]) -> dict[str, np.ndarray]:
+        """y_u = encode(x_u) + PRG(b_u; k, e) + sum_{v in P, v != u} +-PRG(s_uv; k, e) mod 2^64.
+
+        The sign is + when u sorts before v. Each (round, exchange) is masked at most once.
+        """
+        roster = self._need_roster()
+        where = describe(round, exchange)
+        label = exchange_label(round, exchange)
+        if label in self._masked:
+            raise SecureAggregationError(f"client {self.id!r}: already masked a reply in {where}; "
+                                         "a second, different reply would expose the difference")
+        P = roster.check_members(participants, what=f"{where}: participants")
+        if self.id not in P:
+            raise SecureAggregationError(f"client {self.id!r}: asked to mask in {where} but not "
+                                         "among its announced participants")
+        missing = sorted(set(P) - set(self._held))
+        if missing:
+            raise SecureAggregationError(f"client {self.id!r}: holds no shares of {missing} "
+                                         f"(participants of {where}); they did not finish set-up")
+        gone = {v: self._revealed_mask[v] for v in P if v in self._revealed_mask}
+        if gone:
+            v, at = next(iter(gone.items()))
+            raise SecureAggregationError(
+                f"client {self.id!r}: participant {v!r} of {where} was declared dropped in {at} "
+                "and its mask key revealed; it must rejoin with new keys (a new set-up)")
+        t = self.config.threshold
+        if len(P) < t:
+            raise SecureAggregationError(f"{where}: {len(P)} participants, fewer than the "
+                                         f"threshold {t}; the sum could never be unmasked")
+        encoded = self.config.encoding.encode(stats, client=self.id)
+        layout = Layout.of(encoded)
+        y = layout.flatten(encoded, np.uint64)
+        n = y.size
+        y += self_mask(self._self_seed, label, n)
+        for v in P:
+            if v == self.id:
+                continue
+            m = pair_mask(self._secret_with(v), label, n)
+            if self.id < v:
+                y += m
+            else:
+                y -= m
+        self._masked[label] = tuple(P)
+        return layout.unflatten(y)
+
+    def reveal(self, round: int, exchange: str, survivors: Sequence[str],
+               dropped: Sequence[str]) -> dict[str, np.ndarray]:
+        """The shares the server needs to unmask one exchange's sum: of b_v for each survivor v
+        (key ``"self:v"``) and of s_d for each dropped participant d (key ``"mask:d"``).
+
+        Refuses (SecureAggregationError) when the split does not match the participants this
+        client masked with, when fewer than ``threshold`` survived, when the exchange was already
+        revealed, or when a peer would get both kinds of secret revealed over the fit.
+        """
+        roster = self._need_roster()
+        where = describe(round, exchange)
+        label = exchange_label(round, exchange)
+        if label not in self._masked:
+            raise SecureAggregationError(f"client {self.id!r}: sent no masked reply in {where}; "
+                                         "nothing to reveal")
+        if label in self._revealed:
+            raise SecureAggregationError(f"client {self.id!r}: already revealed shares for "
+                                         f"{where}; it reveals once per exchange")
+        S = roster.check_members(survivors, what=f"{where}: survivors")
+        D = roster.check_members(dropped, what=f"{where}: dropped")
+        if set(S) & set(D) or sorted(S + D) != list(self._masked[label]):
+            raise SecureAggregationError(
+                f"client {self.id!r}: survivors {S} and dropped {D} of {where} must split its "
+                f"participants {list(self._masked[label])}, each client once")
+        if self.id not in S:
+            raise SecureAggregationError(f"client {self.id!r}: declared dropped in {where}, yet "
+                                         "asked to reveal")
+        t = self.config.threshold
+        if len(S) < t:
+            raise SecureAggregationError(f"{where}: {len(S)} survivors, fewer than the threshold "
+                                         f"{t}; refusing to reveal (the sum cannot be unmasked)")
+        for d in D:
+            if d in self._revealed_self:
+                raise SecureAggregationError(
+                    f"client {self.id!r}: refusing to reveal the mask key of {d!r} (declared "
+                    f"dropped in {where}): its self-mask seed was revealed in "
+                    f"{self._revealed_self[d]}, and both would expose its replies")
+        for u in S:
+            if u in self._revealed_mask:
+                raise SecureAggregationError(
+                    f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
+                    f"{where}: its mask key was revealed in {self._revealed_mask[u]}")
+        out = {}
+        for u in S:
+            out[f"self:{u}"] = as_u8(shamir.share_to_bytes(self._held[u][1]))
+            self._revealed_self.setdefault(u, where)
+        for d in D:
+            out[f"mask:{d}"] = as_u8(shamir.share_to_bytes(self._held[d][0]))
+            self._revealed_mask.setdefault(d, where)
+        self._revealed.add(label)
+        if D:
+            log.info("client %r revealed mask-key shares of dropped %s in %s", self.id, D, where)
+        return out
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _need_roster(self) -> Roster:
+        if self._roster is None:
+            raise SecureAggregationError(f"client {self.id!r}: call receive_peer_keys first (the "
+                                         "key set-up precedes every exchange)")
+        return self._roster
+
+    def _secret_with(self, v: str) -> bytes:
+        if v not in self._pair_secret:
+            self._pair_secret[v] = _crypto.agree(self._mask_private,
+                                                 self._roster.keys[v]["mask_key"])
+        return self._pair_secret[v]
+

@@ -1,0 +1,150 @@
+"""Fixed-point encoding of named float arrays into the ring Z_{2^64} (NumPy uint64 arithmetic).
+
+A float x becomes the integer round(x * scale) taken modulo 2^64 (two's complement for negative
+values).  Adding encodings with uint64 wrap-around adds the integers modulo 2^64; as long as the
+true sum stays in [-2^63, 2^63) it is read back exactly as an int64 and divided by the scale.
+Each entry loses at most 1/(2 scale) to rounding, so a sum over n clients is within n/(2 scale)
+of the float sum.  The scale is public and shared by every client; each field declares a bound on
+the absolute value of one client's entries, which is checked at encoding time, and
+``bound * scale * n_clients < 2^63`` is checked when the number of clients is known.
+
+References
+----------
+Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning",
+CCS 2017, section 3 (inputs in Z_R).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["FixedPoint", "Layout"]
+
+_LIMIT = float(2**63)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The fields of a message, their shapes and their offsets in the flat vector (sorted names).
+
+    Parameters
+    ----------
+    shapes : mapping of str to tuple of int
+        The shape of each named array.
+    """
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, arrays: Mapping[str, np.ndarray]) -> Layout:
+        """The layout of a dict of arrays, fields in sorted-name order."""
+        return cls(tuple((str(k), tuple(np.shape(arrays[k]))) for k in sorted(arrays)))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.shapes)
+
+    @property
+    def size(self) -> int:
+        return int(sum(int(np.prod(s)) for _, s in self.shapes))
+
+    def flatten(self, arrays: Mapping[str, np.ndarray], dtype) -> np.ndarray:
+        """One vector of all fields in sorted-name order."""
+        if not self.shapes:
+            return np.zeros(0, dtype=dtype)
+        return np.concatenate([np.asarray(arrays[k], dtype=dtype).ravel() for k in self.names])
+
+    def unflatten(self, vector: np.ndarray) -> dict[str, np.ndarray]:
+        """The named arrays of a flat vector (copies)."""
+        out, at = {}, 0
+        for k, s in self.shapes:
+            m = int(np.prod(s))
+            out[k] = vector[at:at + m].reshape(s).copy()
+            at += m
+        return out
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """The public encoding every client and the server share.
+
+    Parameters
+    ----------
+    scale : float
+        Fixed-point scale: x is sent as round(x * scale). Resolution of one client's entry is
+        1/scale; a power of two (``2.0**20``) keeps the scaling exact.
+    bound : float or mapping of str to float
+        Largest absolute value one client may send, for every field or per field name.
+
+    Examples
+    --------
+    >>> fp = FixedPoint(scale=2.0**16, bound=10.0)
+    >>> enc = fp.encode({"x": np.array([1.5, -2.25])}, client="c1")
+    >>> fp.decode({"x": enc["x"]})["x"]
+    array([ 1.5 , -2.25])
+    """
+
+    scale: float
+    bound: float | Mapping[str, float] = field(default=1e6)
+
+    def __post_init__(self):
+        if not (np.isfinite(self.scale) and self.scale >= 1):
+            raise ValueError(f"fixed-point scale must be a finite number >= 1, got {self.scale!r}")
+        bounds = self.bound.values() if isinstance(self.bound, Mapping) else [self.bound]
+        for b in bounds:
+            if not (np.isfinite(b) and b > 0):
+                raise ValueError(f"fixed-point bounds must be finite and > 0, got {b!r}")
+
+    def bound_of(self, name: str) -> float:
+        """The declared bound of field ``name`` (error naming the field when none is declared)."""
+        if isinstance(self.bound, Mapping):
+            if name not in self.bound:
+                raise ValueError(f"field {name!r} has no declared bound; add {name!r} to "
+                                 f"FixedPoint(bound={{...}}) (declared: {sorted(self.bound)})")
+            return float(self.bound[name])
+        return float(self.bound)
+
+    def check_capacity(self, n_clients: int) -> None:
+        """Refuse settings where a sum over ``n_clients`` bounded entries could leave int64.
+
+        Raises ``ValueError`` naming the first field with bound * scale * n_clients >= 2^63.
+        """
+        named = ([(f"field {k!r}", b) for k, b in sorted(self.bound.items())]
+                 if isinstance(self.bound, Mapping) else [("every field", self.bound)])
+        for what, b in named:
+            if b * self.scale * n_clients >= _LIMIT:
+                raise ValueError(
+                    f"{what}: bound {b:g} x scale {self.scale:g} x {n_clients} clients "
+                    f"= {b * self.scale * n_clients:.3g} reaches 2^63 = {_LIMIT:.3g}, so the "
+                    "masked sum could overflow; lower the scale or that field's bound, "
+                    "or rescale the field")
+
+    def encode(self, arrays: Mapping[str, np.ndarray], *, client: str) -> dict[str, np.ndarray]:
+        """round(x * scale) mod 2^64 of every field (uint64), after checking its bound.
+
+        Raises ``ValueError`` naming the client and the field for a non-finite value or a value
+        beyond the declared bound.
+        """
+        out = {}
+        for name in sorted(arrays):
+            x = np.asarray(arrays[name], dtype=np.float64)
+            b = self.bound_of(name)
+            if not np.all(np.isfinite(x)):
+                raise ValueError(f"client {client!r}: field {name!r} has "
+                                 f"{int(np.sum(~np.isfinite(x)))} non-finite values; secure "
+                                 "aggregation encodes finite numbers only")
+            worst = float(np.max(np.abs(x))) if x.size else 0.0
+            if worst > b:
+                raise ValueError(f"client {client!r}: field {name!r} has |value| {worst:.6g} "
+                                 f"beyond the declared bound {b:g}; raise the bound for "
+                                 f"{name!r} (and lower the scale if the capacity check fails)")
+            out[name] = np.rint(x * self.scale).astype(np.int64).view(np.uint64)
+        return out
+
+    def decode(self, summed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The float64 value of ring elements (a sum of encodings, masks removed)."""
+        return {k: np.asarray(v, dtype=np.uint64).view(np.int64).astype(np.float64) / self.scale
+                for k, v in summed.items()}

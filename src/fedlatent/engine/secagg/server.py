@@ -1,0 +1,215 @@
+"""The server side of secure aggregation: relay, sum of masked replies, unmasking.
+
+The server sees public keys, AEAD ciphertexts it cannot open, masked vectors, and per exchange the
+shares the survivors reveal: of each survivor's self-mask seed b_u, and of each dropped
+participant's mask key s_d. From those it learns the sum of the survivors' inputs and nothing
+about one client's input beyond it (Bonawitz et al., CCS 2017, Theorem 6.2, honest-but-curious).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from . import _crypto, shamir
+from .encoding import Layout
+from .protocol import (
+    Roster,
+    SecAggConfig,
+    SecureAggregationError,
+    as_bytes,
+    describe,
+    exchange_label,
+    pair_mask,
+    self_mask,
+)
+
+__all__ = ["SecAggServer", "route_shares"]
+
+log = logging.getLogger(__name__)
+
+
+def route_shares(outgoing: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict]:
+    """Relay sealed shares: ``{sender: {recipient: bytes}}`` -> ``{recipient: {sender: bytes}}``."""
+    inbox: dict[str, dict] = {}
+    for u, msgs in outgoing.items():
+        for v, ct in msgs.items():
+            inbox.setdefault(str(v), {})[str(u)] = ct
+    return inbox
+
+
+class SecAggServer:
+    """The server's secure-aggregation state for a fit.
+
+    Parameters
+    ----------
+    config : SecAggConfig
+        The public threshold and fixed-point encoding.
+
+    Notes
+    -----
+    Per fit: :meth:`collect_keys` (its result is broadcast to every client), then
+    :func:`route_shares`. Per exchange: :meth:`announce` the participants, :meth:`aggregate` the
+    masked replies (returns who survived and who dropped, to send to the survivors), then
+    :meth:`unmask` with the survivors' :meth:`SecAggClient.reveal` replies.
+    """
+
+    def __init__(self, config: SecAggConfig):
+        _crypto.require()
+        self.config = config
+        self.roster: Roster | None = None
+        self.excluded: dict[str, str] = {}  # dropped clients whose mask key was rebuilt
+        self._pending: dict | None = None
+        self._done: set[bytes] = set()
+
+    def collect_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict]:
+        """Check every client's public keys and return the roster to broadcast (copies)."""
+        if self.roster is not None:
+            raise SecureAggregationError("keys are set up once per fit; start a new server and "
+                                         "new clients to set up again")
+        self.roster = Roster(keys, self.config)
+        self.config.encoding.check_capacity(self.roster.n)
+        return {u: {f: np.array(a, copy=True) for f, a in keys[u].items()} for u in self.roster.ids}
+
+    def announce(self, round: int, exchange: str, participants: Sequence[str]) -> list[str]:
+        """Open an exchange; returns the sorted participants to send to each of them."""
+        roster = self._need_roster()
+        where = describe(round, exchange)
+        label = exchange_label(round, exchange)
+        if label in self._done:
+            raise SecureAggregationError(f"{where} was already aggregated; every exchange needs "
+                                         "its own (round, exchange) label")
+        P = roster.check_members(participants, what=f"{where}: participants")
+        gone = sorted(set(P) & set(self.excluded))
+        if gone:
+            raise SecureAggregationError(
+                f"{where}: {gone} were declared dropped in {self.excluded[gone[0]]} and their "
+                "mask keys rebuilt; they must rejoin with new keys (a new set-up)")
+        t = self.config.threshold
+        if len(P) < t:
+            raise SecureAggregationError(f"{where}: {len(P)} participants, fewer than the "
+                                         f"threshold {t}; add participants or lower the "
+                                         "threshold at set-up")
+        self._pending = {"round": int(round), "exchange": str(exchange), "label": label,
+                         "participants": P}
+        return list(P)
+
+    def aggregate(self, masked: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, list[str]]:
+        """Sum the masked replies ``{client: {field: uint64 array}}`` of the open exchange.
+
+        Returns ``{"survivors": [...], "dropped": [...]}``, what to send with the reveal request.
+        Raises SecureAggregationError naming the client and field of a malformed reply, or the
+        exchange, the count and the threshold when fewer than ``threshold`` replied.
+        """
+        pend = self._need_pending()
+        where = describe(pend["round"], pend["exchange"])
+        P = pend["participants"]
+        stray = sorted(set(map(str, masked)) - set(P))
+        if stray:
+            raise SecureAggregationError(f"{where}: replies from {stray}, which are not among "
+                                         f"the announced participants {P}")
+        S = sorted(map(str, masked))
+        t = self.config.threshold
+        if len(S) < t:
+            raise SecureAggregationError(
+                f"{where}: {len(S)} of {len(P)} participants replied, fewer than the threshold "
+                f"{t}; the sum cannot be unmasked, so this exchange is abandoned")
+        layout = Layout.of(masked[S[0]])
+        total = np.zeros(layout.size, dtype=np.uint64)
+        for u in S:
+            reply = masked[u]
+            if Layout.of(reply) != layout:
+                raise SecureAggregationError(
+                    f"{where}: client {u!r} sent fields {dict(Layout.of(reply).shapes)}, but "
+                    f"client {S[0]!r} sent {dict(layout.shapes)}; every participant sends the "
+                    "same fields and shapes")
+            for name in layout.names:
+                if np.asarray(reply[name]).dtype != np.uint64:
+                    raise SecureAggregationError(
+                        f"{where}: client {u!r}, field {name!r}: dtype "
+                        f"{np.asarray(reply[name]).dtype}, expected uint64 (a masked ring element)")
+            total += layout.flatten(reply, np.uint64)
+        pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout, total=total)
+        return {"survivors": list(S), "dropped": list(pend["dropped"])}
+
+    def unmask(self, revealed: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Remove every mask from the sum with the survivors' revealed shares and decode it.
+
+        Parameters
+        ----------
+        revealed : mapping of holder id to its :meth:`SecAggClient.reveal` reply
+            At least ``threshold`` survivors' replies.
+
+        Returns
+        -------
+        dict of str to float64 ndarray
+            The sum of the survivors' inputs, to within n_survivors / (2 scale) per entry.
+        """
+        pend = self._need_pending()
+        if "total" not in pend:
+            raise SecureAggregationError("call aggregate before unmask")
+        roster = self.roster
+        where = describe(pend["round"], pend["exchange"])
+        S, D, label = pend["survivors"], pend["dropped"], pend["label"]
+        holders = roster.check_members(revealed, what=f"{where}: revealing clients")
+        strangers = sorted(set(holders) - set(S))
+        if strangers:
+            raise SecureAggregationError(f"{where}: reveals from {strangers}, which are not "
+                                         "survivors of this exchange")
+        t = self.config.threshold
+        if len(holders) < t:
+            raise SecureAggregationError(f"{where}: {len(holders)} survivors revealed shares, "
+                                         f"fewer than the threshold {t}; the sum stays masked")
+        want = [f"self:{u}" for u in S] + [f"mask:{d}" for d in D]
+        shares: dict[str, dict[int, int]] = {k: {} for k in want}
+        for h in holders:
+            reply = revealed[h]
+            missing = sorted(set(want) - set(reply))
+            extra = sorted(set(reply) - set(want))
+            if missing or extra:
+                raise SecureAggregationError(f"{where}: client {h!r}'s reveal lacks {missing} "
+                                             f"and has unexpected {extra}")
+            for k in want:
+                y = shamir.int_from_share(as_bytes(reply[k], what=f"client {h!r}, field {k!r}",
+                                                   size=shamir.SHARE_BYTES))
+                shares[k][roster.index[h]] = y
+        total = pend["total"].copy()
+        n = total.size
+        for u in S:
+            seed = shamir.reconstruct(shares[f"self:{u}"], t)
+            if _crypto.commit(seed) != roster.keys[u]["self_commit"]:
+                raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
+                                             "the revealed shares does not match its commitment; "
+                                             "a revealing client sent a wrong share")
+            total -= self_mask(seed, label, n)
+        for d in D:
+            private = shamir.reconstruct(shares[f"mask:{d}"], t)
+            if _crypto.public_from_private(private) != roster.keys[d]["mask_key"]:
+                raise SecureAggregationError(f"{where}: the mask key of dropped {d!r} rebuilt "
+                                             "from the revealed shares does not match its public "
+                                             "key; a revealing client sent a wrong share")
+            for u in S:  # u added +m if u < d else -m; remove it
+                m = pair_mask(_crypto.agree(private, roster.keys[u]["mask_key"]), label, n)
+                if u < d:
+                    total -= m
+                else:
+                    total += m
+            self.excluded[d] = where
+        if D:
+            log.info("%s: recovered the masks of dropped %s", where, D)
+        self._done.add(label)
+        self._pending = None
+        return self.config.encoding.decode(pend["layout"].unflatten(total))
+
+    def _need_roster(self) -> Roster:
+        if self.roster is None:
+            raise SecureAggregationError("call collect_keys first (the key set-up precedes "
+                                         "every exchange)")
+        return self.roster
+
+    def _need_pending(self) -> dict:
+        if self._pending is None:
+            raise SecureAggregationError("no open exchange: call announce first")
+        return self._pending

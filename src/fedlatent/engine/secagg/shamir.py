@@ -1,0 +1,98 @@
+"""Shamir secret sharing of 256-bit secrets over the prime field GF(2^256 + 297).
+
+A secret s is the constant term of a random polynomial f of degree t - 1 (coefficients drawn with
+``secrets``); holder i gets f(i). Any t shares give s back by Lagrange interpolation at 0; t - 1
+shares are uniformly distributed whatever s is. Field arithmetic is Python's exact integers.
+
+References
+----------
+Shamir, "How to share a secret", Communications of the ACM 22(11), 1979.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+
+__all__ = ["PRIME", "SHARE_BYTES", "int_from_share", "reconstruct", "share", "share_to_bytes"]
+
+PRIME = 2**256 + 297  # the smallest prime above 2^256: every 32-byte secret is a field element
+SHARE_BYTES = 33
+
+
+def share(secret: bytes, holders: Sequence[int], threshold: int) -> dict[int, int]:
+    """Shares of ``secret`` (at most 32 bytes, read big-endian) for the holders' x-coordinates.
+
+    Parameters
+    ----------
+    secret : bytes
+        The secret, at most 32 bytes.
+    holders : sequence of int
+        Distinct x-coordinates in [1, PRIME).
+    threshold : int
+        Number of shares needed to reconstruct (the polynomial has degree threshold - 1).
+
+    Returns
+    -------
+    dict of int to int
+        ``{x: f(x)}`` for every holder.
+    """
+    if len(secret) > 32:
+        raise ValueError(f"a secret has at most 32 bytes, got {len(secret)}")
+    if not 1 <= threshold <= len(holders):
+        raise ValueError(f"threshold must be in [1, {len(holders)}] (the number of holders), "
+                         f"got {threshold}")
+    if len(set(holders)) != len(holders) or not all(0 < x < PRIME for x in holders):
+        raise ValueError("holders' x-coordinates must be distinct integers in [1, PRIME)")
+    coefs = [int.from_bytes(secret, "big")] + [secrets.randbelow(PRIME)
+                                                for _ in range(threshold - 1)]
+    out = {}
+    for x in holders:
+        y = 0
+        for a in reversed(coefs):  # Horner
+            y = (y * x + a) % PRIME
+        out[int(x)] = y
+    return out
+
+
+def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
+    """Weights w_i with f(0) = sum_i w_i f(x_i) for every polynomial of degree < len(xs)."""
+    if len(set(xs)) != len(xs):
+        raise ValueError("shares' x-coordinates must be distinct")
+    weights = []
+    for i, xi in enumerate(xs):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if j != i:
+                num = num * (-xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        weights.append(num * pow(den, -1, PRIME) % PRIME)
+    return weights
+
+
+def reconstruct(shares: Mapping[int, int], threshold: int) -> bytes:
+    """The 32-byte secret from at least ``threshold`` shares ``{x: f(x)}`` (the first
+    ``threshold`` by x are used)."""
+    if len(shares) < threshold:
+        raise ValueError(f"{len(shares)} shares cannot reconstruct a secret shared with "
+                         f"threshold {threshold}")
+    xs = sorted(shares)[:threshold]
+    s = sum(w * shares[x] for w, x in zip(lagrange_at_zero(xs), xs)) % PRIME
+    if s >= 2**256:
+        raise ValueError("the shares do not interpolate to a 32-byte secret: a share is wrong")
+    return s.to_bytes(32, "big")
+
+
+def share_to_bytes(y: int) -> bytes:
+    """A field element as 33 big-endian bytes."""
+    return int(y).to_bytes(SHARE_BYTES, "big")
+
+
+def int_from_share(b: bytes) -> int:
+    """Inverse of :func:`share_to_bytes`, refusing anything that is not a field element."""
+    if len(b) != SHARE_BYTES:
+        raise ValueError(f"a share has {SHARE_BYTES} bytes, got {len(b)}")
+    y = int.from_bytes(b, "big")
+    if y >= PRIME:
+        raise ValueError("share value is not a field element (>= the prime)")
+    return y
