@@ -90,8 +90,12 @@ def expected(model_dir, df):
     if hasattr(est, "load_client_weights"):  # FedGMM: each client's own weights
         for c in fd.client_ids:
             est.load_client_weights(c, model_dir / "clients" / f"{c}.npz")
+    pred = est.predict_dataset(fd)
+    if hasattr(pred, "index"):  # a Series in the table's order, indexed by its rows
+        assert pred.index.equals(df.index)
+        return est, fd, roles["client"], pred.to_numpy()
     order = np.argsort(df[roles["client"]].astype(str).to_numpy(), kind="stable")
-    pred = np.asarray(est.predict_dataset(fd))
+    pred = np.asarray(pred)
     in_file_order = np.empty_like(pred)
     in_file_order[order] = pred
     return est, fd, roles["client"], in_file_order

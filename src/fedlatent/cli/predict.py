@@ -4,8 +4,8 @@ data file.
 The model is read from what ``fedlatent fit`` wrote (``model.json`` names the estimator class;
 ``roles.json`` the columns of the fit, which ``--client``/``--target``/``--entity`` override).
 Predictions come from ``est.predict_dataset(fd)`` and the score from ``est.score_dataset(fd)``;
-predictions are in the dataset's order (clients sorted, rows of a client in file order) and are
-written back in the file's row order.
+predictions come back in the file's row order, indexed by its row numbers (the ``row`` column of
+the CSV).
 
 An estimator whose clients keep their own state in files (FedGMM: ``clients/``, each client's
 mixture weights ``pi_c``, found through ``clients/manifest.json``: a client id is looked up there,
@@ -137,6 +137,13 @@ def _to_file_order(values, order: np.ndarray, n_rows: int, what: str) -> np.ndar
     return out
 
 
+def _in_file_order(values, n_rows: int) -> np.ndarray:
+    """A Series of ``predict_dataset`` (indexed by the file's row numbers) as a column."""
+    if len(values) != n_rows:
+        fail(f"the model gave {len(values)} predictions for the {n_rows} rows of the data file")
+    return np.asarray(values.to_numpy())
+
+
 def predict(
     *,
     model: Path = _MODEL,
@@ -145,11 +152,18 @@ def predict(
     client: str | None = _CLIENT,
     entity: str | None = _ENTITY,
     use_global: bool = _GLOBAL,
+    site_state: Path | None = typer.Option(
+        None, "--site-state", help="A site's state directory after a deployed (Flower) fit: "
+        "predict the site's rows with its own state (FedGMM's pi_c)."),
 ):
     """Predict every row of a data file with a saved model (any registered estimator)."""
     import pandas as pd
 
     est, prefix = load_model(model)
+    if site_state is not None:
+        from .flower import predict_at_site
+
+        return predict_at_site(est, data, site_state, out)
     df = read_frame(data)
     roles = _roles(prefix, client=client, entity=entity)
     fd = _dataset(est, df, roles, None)
@@ -163,7 +177,10 @@ def predict(
     if predictors is not None and hasattr(est, "classes_"):
         proba = np.vstack([predictors[c].predict_proba(cd.X) for c, cd in fd.items()])
     res = pd.DataFrame({roles["client"]: df[roles["client"]].to_numpy()})
-    res["prediction"] = _to_file_order(values, order, len(df), "predictions")
+    if hasattr(values, "index"):  # a Series in the file's order, indexed by its rows
+        res["prediction"] = _in_file_order(values, len(df))
+    else:  # an array in the dataset's (client) order
+        res["prediction"] = _to_file_order(values, order, len(df), "predictions")
     if proba is not None:
         proba = _to_file_order(proba, order, len(df), "probability rows")
         for j, c in enumerate(np.asarray(est.classes_).tolist()):

@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .categorical import CategoricalEncoding
 from .validation import (
     DataValidationError,
     check_array_values,
     check_client_ids,
-    check_entity_ids,
     check_target_values,
     check_unique_names,
-    frame_column,
     to_float_array,
 )
 
@@ -75,11 +74,15 @@ class ClientData:
     y : ndarray of shape (n_samples,) or None
     entity : ndarray of shape (n_samples,) or None
         Entity id of each row (hierarchical data: agent = client, rows = events).
+    rows : ndarray of shape (n_samples,) or None
+        Position of each row in the table the dataset was made from (``from_pandas``); None
+        for data made from arrays. Stays in this process: no message carries it.
     """
 
     X: np.ndarray
     y: np.ndarray | None = None
     entity: np.ndarray | None = None
+    rows: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_samples(self) -> int:
@@ -94,12 +97,8 @@ class ClientData:
             self.X[rows],
             None if self.y is None else self.y[rows],
             None if self.entity is None else self.entity[rows],
+            None if self.rows is None else self.rows[rows],
         )
-
-
-def _client_of_row(df: pd.DataFrame, client: str):
-    """``where(i)``: the message prefix naming the client of row ``i`` of ``df``."""
-    return lambda i: f"client {str(df[client].iloc[i])!r}: "
 
 
 class DatasetShape:
@@ -141,6 +140,11 @@ class FederatedDataset(DatasetShape):
     feature_names : list of str
     target_name : str or None
     entity_name : str or None
+    source_index : pandas Index or None
+        The index of the table the dataset was made from (``from_pandas``); the rows'
+        positions in it are each client's ``ClientData.rows``. See :attr:`row_index`.
+    encoding : CategoricalEncoding or None
+        The categorical encoding of the features (``from_pandas(..., categorical=...)``).
     """
 
     clients: dict[str, ClientData]
@@ -148,6 +152,8 @@ class FederatedDataset(DatasetShape):
     target_name: str | None = None
     entity_name: str | None = None
     _validated: bool = field(default=False, repr=False)
+    source_index: pd.Index | None = field(default=None, repr=False, compare=False)
+    encoding: CategoricalEncoding | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_client_ids(self.clients)  # 1 and "1" would merge below
@@ -245,8 +251,15 @@ class FederatedDataset(DatasetShape):
         features: Sequence[str] | None = None,
         target: str | None = None,
         entity: str | None = None,
+        *,
+        categorical: str | CategoricalEncoding | None = None,
+        handle_unknown: str = "error",
     ) -> FederatedDataset:
         """From a long table with one row per sample and a client column.
+
+        The dataset remembers each row's index label and position in ``df``: predictions on
+        it (``est.predict_dataset(fd)``) come back as a Series with ``df``'s index, in ``df``'s
+        row order, whatever the order of the clients (:meth:`to_source_order`).
 
         Parameters
         ----------
@@ -259,102 +272,24 @@ class FederatedDataset(DatasetShape):
             Response column (y), if any.
         entity : str or None
             Entity column for hierarchical data (rows are events of an entity).
+        categorical : {"onehot", "onehot-all"}, CategoricalEncoding or None
+            None: every feature must be numeric (a text column is refused, naming the client
+            and the column). "onehot": every text, categorical or boolean feature column ``c``
+            becomes indicator columns ``c=level``, one per level but the first (sorted) level,
+            the reference (a full set of indicators sums to one, collinear with an intercept);
+            "onehot-all" keeps every level. The levels are agreed across clients from the
+            distinct labels each client reports for its column (those labels cross; a label
+            held by one client reveals that it has such a row: merge rare levels first), never
+            from their rows (:mod:`fedlatent.data.categorical`). A CategoricalEncoding (e.g.
+            ``fd_train.encoding``) encodes with given levels: new data get the training columns.
+        handle_unknown : {"error", "ignore"}, default "error"
+            A label outside a given encoding's levels: an error naming the client, the column
+            and the label, or all-zero indicators.
         """
-        import pandas as pd
+        from .frame import frame_parts
 
-        if not isinstance(df, pd.DataFrame):
-            raise DataValidationError(f"from_pandas expects a DataFrame, got {type(df).__name__}")
-        columns = [str(c) for c in df.columns]
-        df = df.copy()
-        df.columns = columns
-        for role, col in (("client", client), ("target", target), ("entity", entity)):
-            if col is not None and col not in columns:
-                raise DataValidationError(
-                    f"{role} column {col!r} is not in the data; available columns: {columns}"
-                )
-        roles = [(r, c) for r, c in (("client", client), ("target", target),
-                                      ("entity", entity)) if c is not None]
-        for i, (r1, c1) in enumerate(roles):  # one column, one role
-            for r2, c2 in roles[i + 1:]:
-                if c1 == c2:
-                    raise DataValidationError(
-                        f"column {c1!r} cannot be both the {r1} and the {r2} column; give "
-                        f"each role its own column")
-        if isinstance(features, str):
-            raise DataValidationError(
-                f"features must be a list of column names, got the string {features!r}; write "
-                f"features=[{features!r}]")
-        reserved = {client, target, entity} - {None}
-        check_unique_names(columns, None if features is None else
-                           [*reserved, *(str(f) for f in features)])
-        if features is None:
-            features = [c for c in columns if c not in reserved]
-        else:
-            features = [str(f) for f in features]
-            for f in features:
-                if f not in columns:
-                    raise DataValidationError(
-                        f"feature column {f!r} is not in the data; available columns: {columns}"
-                    )
-                if f in reserved:
-                    raise DataValidationError(
-                        f"column {f!r} cannot be both a feature and the client/target/entity column"
-                    )
-        if len(features) == 0:
-            raise DataValidationError("no feature columns: give features=[...]")
-        if df[client].isna().any():
-            n = int(df[client].isna().sum())
-            raise DataValidationError(
-                f"client column {client!r} has {n} missing values; every row needs a client id"
-            )
-        if len(df) == 0:
-            raise DataValidationError("the table has no rows")
-        ids = df[client].astype(str)  # clients are keyed by the text of their id
-        blank = ids.str.strip().eq("").to_numpy()
-        if blank.any():
-            raise DataValidationError(
-                f"client column {client!r} has {int(blank.sum())} rows with an empty client id; "
-                "every row needs a client id")
-        check_client_ids(pd.unique(df[client]), where=f"client column {client!r}: ")
-        # Text, complex, dates: name the column and the first client holding one.
-        where = _client_of_row(df, client)
-        dtypes = df.dtypes
-        for f in features:
-            dt = dtypes[f]
-            if isinstance(dt, np.dtype) and dt.kind in "biuf":
-                continue  # plain numbers: nothing to convert (wide tables stay fast)
-            df[f] = frame_column(df[f], f, where, "column",
-                                 "convert it to numbers or leave it out of features")
-        if target is not None:
-            df[target] = frame_column(df[target], target, where, "target column",
-                                      "encode it as numbers")
-        clients: dict[str, ClientData] = {}
-        uniq, order, bounds = client_row_order(ids.to_numpy())
-        Xall = df[features].to_numpy(dtype=np.float64)
-        yall = df[target].to_numpy() if target is not None else None
-        eall = df[entity].to_numpy() if entity is not None else None
-        for j, cid in enumerate(uniq):
-            rows = order[bounds[j] : bounds[j + 1]]
-            y = yall[rows] if yall is not None else None
-            if y is not None:
-                y = np.asarray(y)
-                if y.dtype == object:
-                    y = pd.to_numeric(pd.Series(y)).to_numpy()
-                if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any():
-                    raise DataValidationError(
-                        f"client {cid!r}: target column {target!r} has "
-                        f"{int(np.isnan(y).sum())} NaN values; drop those rows before fitting"
-                    )
-            ent = eall[rows] if eall is not None else None
-            if ent is not None and pd.isna(ent).any():
-                raise DataValidationError(
-                    f"client {cid!r}: entity column {entity!r} has {int(pd.isna(ent).sum())} "
-                    "missing values; every event needs an entity id"
-                )
-            clients[str(cid)] = ClientData(Xall[rows], y, ent)
-        if entity is not None:  # 1 and "1" would pool into one entity
-            check_entity_ids(pd.unique(df[entity]), where=f"entity column {entity!r}: ")
-        return cls(clients, list(features), target_name=target, entity_name=entity)
+        return cls(**frame_parts(df, client, features, target, entity, categorical,
+                                 handle_unknown))
 
     @classmethod
     def read_table(
@@ -364,9 +299,13 @@ class FederatedDataset(DatasetShape):
         features: Sequence[str] | None = None,
         target: str | None = None,
         entity: str | None = None,
+        *,
+        categorical: str | CategoricalEncoding | None = None,
+        handle_unknown: str = "error",
         **read_kwargs,
     ) -> FederatedDataset:
-        """Read a CSV (``.csv``, ``.csv.gz``, ``.tsv``) or Parquet (``.parquet``, ``.pq``) file."""
+        """Read a CSV (``.csv``, ``.csv.gz``, ``.tsv``) or Parquet (``.parquet``, ``.pq``) file
+        (``categorical``, ``handle_unknown``: as in :meth:`from_pandas`)."""
         import pandas as pd
 
         path = os.fspath(path)
@@ -383,7 +322,8 @@ class FederatedDataset(DatasetShape):
             raise DataValidationError(
                 f"cannot read {path!r}: expected a .csv, .tsv or .parquet file"
             )
-        return cls.from_pandas(df, client=client, features=features, target=target, entity=entity)
+        return cls.from_pandas(df, client=client, features=features, target=target, entity=entity,
+                               categorical=categorical, handle_unknown=handle_unknown)
 
     # -- validation -----------------------------------------------------------------------------
     def validate(self) -> None:
@@ -451,22 +391,24 @@ class FederatedDataset(DatasetShape):
     def sizes(self) -> dict[str, int]:
         return {cid: cd.n_samples for cid, cd in self.items()}
 
+    def _like(self, clients: dict[str, ClientData]) -> FederatedDataset:
+        """A dataset of other clients (or rows) of the same table: names, index, encoding."""
+        return FederatedDataset(clients, self.feature_names, self.target_name, self.entity_name,
+                                source_index=self.source_index, encoding=self.encoding)
+
     def subset(self, client_ids: Sequence[str]) -> FederatedDataset:
-        return FederatedDataset(
-            {str(c): self.clients[str(c)] for c in client_ids},
-            self.feature_names,
-            self.target_name,
-            self.entity_name,
-        )
+        return self._like({str(c): self.clients[str(c)] for c in client_ids})
 
     def map(self, fn) -> FederatedDataset:
-        """A new dataset with ``fn(client_id, ClientData) -> ClientData`` applied per client."""
-        return FederatedDataset(
-            {cid: fn(cid, cd) for cid, cd in self.items()},
-            self.feature_names,
-            self.target_name,
-            self.entity_name,
-        )
+        """A new dataset with ``fn(client_id, ClientData) -> ClientData`` applied per client
+        (a client whose row count is unchanged keeps its rows' positions in the source)."""
+        out = {}
+        for cid, cd in self.items():
+            new = fn(cid, cd)
+            if new.rows is None and cd.rows is not None and new.n_samples == cd.n_samples:
+                new = ClientData(new.X, new.y, new.entity, rows=cd.rows)
+            out[cid] = new
+        return self._like(out)
 
     def train_test_split(
         self, test_size: float = 0.2, random_state: int | None = None
@@ -484,10 +426,76 @@ class FederatedDataset(DatasetShape):
             k = min(max(1, int(round(test_size * n))), n - 1)
             te[cid] = cd.take(np.sort(perm[:k]))
             tr[cid] = cd.take(np.sort(perm[k:]))
-        return (
-            FederatedDataset(tr, self.feature_names, self.target_name, self.entity_name),
-            FederatedDataset(te, self.feature_names, self.target_name, self.entity_name),
-        )
+        return self._like(tr), self._like(te)
+
+    # -- rows in the source's order -------------------------------------------------------------
+    def _source_order(self) -> tuple[np.ndarray, pd.Index] | None:
+        """``(perm, labels)``: the rows in client order (:meth:`pooled`), taken at ``perm``,
+        are in source order, labelled ``labels``; None when the source is not known."""
+        rows = [cd.rows for _, cd in self.items()]
+        if self.source_index is None or any(r is None for r in rows):
+            return None
+        pos = np.concatenate(rows)
+        perm = np.argsort(pos, kind="stable")
+        return perm, self.source_index[pos[perm]]
+
+    @property
+    def row_index(self) -> pd.Index:
+        """The label of every row, in the source's order.
+
+        From a DataFrame (:meth:`from_pandas`, :meth:`read_table`): the DataFrame's index
+        labels of the rows this dataset holds, in the DataFrame's row order (also after
+        :meth:`subset`, :meth:`train_test_split` or :meth:`map`). From arrays (or when a row's
+        source is unknown): a ``RangeIndex`` over the rows in client order, clients in
+        :attr:`client_ids` order and each client's rows in order (the order of :meth:`pooled`).
+        """
+        import pandas as pd
+
+        so = self._source_order()
+        return pd.RangeIndex(self.n_samples) if so is None else so[1]
+
+    def to_source_order(self, values, name: str | None = None, columns=None):
+        """Per-row values computed client by client -> a Series (or DataFrame) in the source's
+        order, indexed by :attr:`row_index`.
+
+        Parameters
+        ----------
+        values : array-like of shape (n_samples,) or (n_samples, k), or dict client -> array
+            One value (or row) per row of the dataset in client order (the order of
+            :meth:`items` and :meth:`pooled`), or each client's values by id.
+        name : str or None
+            The Series' name.
+        columns : list or None
+            Column names of a 2-D result.
+
+        Returns
+        -------
+        Series of shape (n_samples,) or DataFrame of shape (n_samples, k)
+        """
+        import pandas as pd
+
+        if isinstance(values, Mapping):
+            values = np.concatenate([np.asarray(values[cid]) for cid in self.client_ids])
+        values = np.asarray(values)
+        if values.ndim == 0 or values.shape[0] != self.n_samples:
+            raise ValueError(f"got {values.shape[0] if values.ndim else 1} values for the "
+                             f"{self.n_samples} rows of the dataset; give one per row, clients "
+                             "in client_ids order")
+        so = self._source_order()
+        index = pd.RangeIndex(self.n_samples) if so is None else so[1]
+        if so is not None:
+            values = values[so[0]]
+        if values.ndim == 1:
+            return pd.Series(values, index=index, name=name)
+        return pd.DataFrame(values.reshape(values.shape[0], -1), index=index, columns=columns)
+
+    def target_series(self) -> pd.Series:
+        """The target of every row in the source's order (as :meth:`to_source_order`), so that
+        ``est.predict_dataset(fd)`` and it line up row for row."""
+        if not self.has_target:
+            raise ValueError("the dataset has no target; build it with target='COLUMN'")
+        return self.to_source_order(np.concatenate([np.asarray(cd.y) for _, cd in self.items()]),
+                                    name=self.target_name)
 
     def pooled(self) -> ClientData:
         """All clients' rows stacked in client-id order. For tests and centralized references

@@ -15,7 +15,8 @@ Hooks, in the order ``fit`` calls them::
     _store(result, model)             fitted attributes from the result
 
 and for prediction on federated data ``_predict_client(client, data)`` (default:
-``predict(data.X)``) and ``score_dataset(fd)``.
+``predict(data.X)``; :meth:`FederatedEstimator.predict_dataset` puts the clients' parts in the
+user's order, a Series indexed by ``fd.row_index``) and ``score_dataset(fd)``.
 """
 
 from __future__ import annotations
@@ -361,19 +362,27 @@ class FederatedEstimator(BaseEstimator):
         """Predictions for one client's rows (default: ``predict(data.X)``)."""
         return np.asarray(self.predict(data.X))
 
-    def predict_dataset(self, fd: FederatedDataset) -> np.ndarray:
-        """Predictions for every row of ``fd``: clients in ``fd.client_ids`` order, each
-        client's rows in order (each client's part computed where its data are)."""
+    def predict_dataset(self, fd: FederatedDataset):
+        """Predictions for every row of ``fd``, each client's part computed where its data are
+        (``_predict_client``), as a pandas Series in the user's order: indexed by
+        ``fd.row_index`` (a DataFrame's index, in its row order, for a dataset made with
+        ``from_pandas``; a RangeIndex over the rows in client order for one made from arrays).
+
+        A model with its own prediction path returns ``fd.to_source_order(values)`` with
+        ``values`` in client order (the order of ``fd.items()``), as this does.
+        """
         check_is_fitted(self)
-        parts = [self._predict_client(cid, cd) for cid, cd in fd.items()]
-        return np.concatenate(parts) if parts else np.zeros(0)
+        parts = [np.asarray(self._predict_client(cid, cd)) for cid, cd in fd.items()]
+        return fd.to_source_order(np.concatenate(parts) if parts else np.zeros(0),
+                                  name="prediction")
 
     def score_dataset(self, fd: FederatedDataset) -> float:
         """The estimator's score on federated data (``_score_name`` names it)."""
         raise NotImplementedError(f"{type(self).__name__} has no score on federated data")
 
-    def fit_predict(self, fd: FederatedDataset, y=None, **fit_params) -> np.ndarray:
-        """``fit(fd)`` then :meth:`predict_dataset` on the same data."""
+    def fit_predict(self, fd: FederatedDataset, y=None, **fit_params):
+        """``fit(fd)`` then :meth:`predict_dataset` on the same data (a Series indexed by
+        ``fd.row_index``)."""
         return self.fit(fd, **fit_params).predict_dataset(fd)
 
     # ---- persistence (no pickle) ---------------------------------------------------------------
