@@ -192,7 +192,8 @@ def test_the_server_sees_only_ciphertexts_of_shares():
     blob = b"".join(np.asarray(a).tobytes() for _, _, v, m in wire.log if v == "<server>"
                     for a in m.values() if not isinstance(a, dict))
     for c in clients.values():
-        for secret in (c._mask_private, c._enc_private, c._self_seed):
+        for secret in (_crypto.private_raw(c._mask_private), _crypto.private_raw(c._enc_private),
+                       c._self_seed):
             assert secret not in blob
 
 

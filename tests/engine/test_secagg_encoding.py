@@ -115,6 +115,7 @@ def test_missing_extra_gives_one_line_naming_the_install(monkeypatch):
     for name in [m for m in sys.modules if m == "cryptography" or m.startswith("cryptography.")]:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "cryptography", None)
+    monkeypatch.setattr(_crypto, "_LIB", None)  # forget the modules loaded by earlier tests
     config = SecAggConfig(threshold=2, encoding=FixedPoint(scale=2.0**10))
     msg = (r"^secure aggregation needs the 'cryptography' package, .* "
            r"pip install 'fedlatent\[privacy\]'$")

@@ -22,8 +22,10 @@ __all__ = [
     "commit",
     "derive_key",
     "generate_private",
+    "load_private",
     "prg_uint64",
-    "public_from_private",
+    "private_raw",
+    "public_raw",
     "random_bytes",
     "require",
 ]
@@ -36,9 +38,15 @@ MISSING_EXTRA = (
 )
 
 
+_LIB: SimpleNamespace | None = None
+
+
 def require() -> SimpleNamespace:
-    """The ``cryptography`` modules secure aggregation uses, or a one-line ImportError naming
-    the extra to install."""
+    """The ``cryptography`` modules secure aggregation uses (loaded once), or a one-line
+    ImportError naming the extra to install."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
     try:
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives import hashes
@@ -48,15 +56,9 @@ def require() -> SimpleNamespace:
         from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     except ImportError as exc:
         raise ImportError(MISSING_EXTRA) from exc
-    return SimpleNamespace(
-        InvalidTag=InvalidTag,
-        hashes=hashes,
-        x25519=x25519,
-        Cipher=Cipher,
-        algorithms=algorithms,
-        ChaCha20Poly1305=ChaCha20Poly1305,
-        HKDF=HKDF,
-    )
+    _LIB = SimpleNamespace(InvalidTag=InvalidTag, hashes=hashes, x25519=x25519, Cipher=Cipher,
+                           algorithms=algorithms, ChaCha20Poly1305=ChaCha20Poly1305, HKDF=HKDF)
+    return _LIB
 
 
 def random_bytes(n: int = KEY_BYTES) -> bytes:
@@ -64,25 +66,32 @@ def random_bytes(n: int = KEY_BYTES) -> bytes:
     return os.urandom(n)
 
 
-def generate_private() -> bytes:
-    """The raw 32 bytes of a fresh X25519 private key drawn by the library from the OS."""
-    c = require()
-    return c.x25519.X25519PrivateKey.generate().private_bytes_raw()
+def generate_private():
+    """A fresh X25519 private key (an opaque ``cryptography`` object) drawn from the OS."""
+    return require().x25519.X25519PrivateKey.generate()
 
 
-def public_from_private(private: bytes) -> bytes:
-    """The raw 32-byte X25519 public key of a raw private key."""
-    c = require()
-    return c.x25519.X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+def load_private(raw: bytes):
+    """The X25519 private key object of 32 raw bytes (a key rebuilt from shares)."""
+    return require().x25519.X25519PrivateKey.from_private_bytes(raw)
 
 
-def agree(private: bytes, peer_public: bytes) -> bytes:
-    """X25519 shared secret of one's raw private key and a peer's raw public key (32 bytes).
+def private_raw(key) -> bytes:
+    """The 32 raw bytes of an X25519 private key (what is secret-shared)."""
+    return key.private_bytes_raw()
+
+
+def public_raw(key) -> bytes:
+    """The raw 32-byte public key of an X25519 private key."""
+    return key.public_key().public_bytes_raw()
+
+
+def agree(key, peer_public: bytes) -> bytes:
+    """X25519 shared secret of one's private key and a peer's raw public key (32 bytes).
 
     ``cryptography`` refuses a low-order peer key (an all-zero shared secret) with ValueError.
     """
     c = require()
-    key = c.x25519.X25519PrivateKey.from_private_bytes(private)
     return key.exchange(c.x25519.X25519PublicKey.from_public_bytes(peer_public))
 
 

@@ -71,6 +71,7 @@ class SecAggClient:
         self._shared = False
         self._held: dict[str, tuple[int, int]] = {}  # owner -> (share of s_owner, of b_owner)
         self._pair_secret: dict[str, bytes] = {}
+        self._enc_shared: dict[str, bytes] = {}
         self._masked: dict[bytes, tuple[str, ...]] = {}
         self._revealed: set[bytes] = set()
         self._revealed_self: dict[str, str] = {}  # peer -> the exchange its b was revealed in
@@ -79,8 +80,8 @@ class SecAggClient:
     # --- set-up, once per fit -----------------------------------------------------------------
     def public_keys(self) -> dict[str, np.ndarray]:
         """The public keys of s_u and c_u and a SHA-256 commitment to b_u (uint8 arrays)."""
-        return {"mask_key": as_u8(_crypto.public_from_private(self._mask_private)),
-                "enc_key": as_u8(_crypto.public_from_private(self._enc_private)),
+        return {"mask_key": as_u8(_crypto.public_raw(self._mask_private)),
+                "enc_key": as_u8(_crypto.public_raw(self._enc_private)),
                 "self_commit": as_u8(_crypto.commit(self._self_seed))}
 
     def receive_peer_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> None:
@@ -105,7 +106,7 @@ class SecAggClient:
             raise SecureAggregationError(f"client {self.id!r}: shares are dealt once per fit")
         t = self.config.threshold
         xs = [roster.index[v] for v in roster.ids]
-        s_shares = shamir.share(self._mask_private, xs, t)
+        s_shares = shamir.share(_crypto.private_raw(self._mask_private), xs, t)
         b_shares = shamir.share(self._self_seed, xs, t)
         out = {}
         for v in roster.ids:
@@ -115,8 +116,7 @@ class SecAggClient:
                 continue
             plain = shamir.share_to_bytes(s_shares[x]) + shamir.share_to_bytes(b_shares[x])
             ad = share_context(self.id, v)
-            key = _crypto.derive_key(_crypto.agree(self._enc_private, roster.keys[v]["enc_key"]),
-                                     ad)
+            key = _crypto.derive_key(self._enc_secret(v), ad)
             out[v] = as_u8(_crypto.aead_seal(key, plain, ad))
         self._shared = True
         return out
@@ -133,8 +133,7 @@ class SecAggClient:
             if u in self._held:
                 raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
             ad = share_context(u, self.id)
-            key = _crypto.derive_key(_crypto.agree(self._enc_private, roster.keys[u]["enc_key"]),
-                                     ad)
+            key = _crypto.derive_key(self._enc_secret(u), ad)
             try:
                 plain = _crypto.aead_open(key, as_bytes(msg, what=f"share from {u!r}"), ad)
             except ValueError as exc:
@@ -255,6 +254,12 @@ class SecAggClient:
             raise SecureAggregationError(f"client {self.id!r}: call receive_peer_keys first (the "
                                          "key set-up precedes every exchange)")
         return self._roster
+
+    def _enc_secret(self, v: str) -> bytes:
+        """X25519(c_u, c_v), the secret behind the share keys between u and v (set-up only)."""
+        if v not in self._enc_shared:
+            self._enc_shared[v] = _crypto.agree(self._enc_private, self._roster.keys[v]["enc_key"])
+        return self._enc_shared[v]
 
     def _secret_with(self, v: str) -> bytes:
         if v not in self._pair_secret:

@@ -185,8 +185,8 @@ class SecAggServer:
                                              "a revealing client sent a wrong share")
             total -= self_mask(seed, label, n)
         for d in D:
-            private = shamir.reconstruct(shares[f"mask:{d}"], t)
-            if _crypto.public_from_private(private) != roster.keys[d]["mask_key"]:
+            private = _crypto.load_private(shamir.reconstruct(shares[f"mask:{d}"], t))
+            if _crypto.public_raw(private) != roster.keys[d]["mask_key"]:
                 raise SecureAggregationError(f"{where}: the mask key of dropped {d!r} rebuilt "
                                              "from the revealed shares does not match its public "
                                              "key; a revealing client sent a wrong share")

@@ -11,6 +11,7 @@ Shamir, "How to share a secret", Communications of the ACM 22(11), 1979.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 
@@ -57,6 +58,11 @@ def share(secret: bytes, holders: Sequence[int], threshold: int) -> dict[int, in
 
 def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
     """Weights w_i with f(0) = sum_i w_i f(x_i) for every polynomial of degree < len(xs)."""
+    return list(_lagrange(tuple(int(x) for x in xs)))
+
+
+@functools.lru_cache(maxsize=32)
+def _lagrange(xs: tuple[int, ...]) -> tuple[int, ...]:  # one holder set per exchange: cached
     if len(set(xs)) != len(xs):
         raise ValueError("shares' x-coordinates must be distinct")
     weights = []
@@ -67,7 +73,7 @@ def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
                 num = num * (-xj) % PRIME
                 den = den * (xi - xj) % PRIME
         weights.append(num * pow(den, -1, PRIME) % PRIME)
-    return weights
+    return tuple(weights)
 
 
 def reconstruct(shares: Mapping[int, int], threshold: int) -> bytes:
