@@ -161,9 +161,10 @@ def logistic_sensitivity(radius: float, n_classes: int, *, fit_intercept: bool =
     - gradient: ``||p - e_y||_2^2`` is ``sum p_k^2 <= 1`` for the reference class and
       ``(1 - p_y)^2 + sum_{k != y} p_k^2 <= 2 (1 - p_y)^2 <= 2`` otherwise; binary (``K = 2``):
       ``|p - y| <= 1``. Bound ``g a`` with ``g = 1`` (binary) or ``sqrt(2)``;
-    - Hessian: ``M = diag(p) - p p^T`` is positive semi-definite, so ``||M||_F <= tr M =
-      s - ||p||^2 <= s - s^2 / (K - 1)`` with ``s = sum p_k <= 1``: at most ``1/4`` for ``K = 2``
-      and ``1 - 1/(K - 1)`` for ``K >= 3``; times ``||x~ x~^T||_F = a^2``;
+    - Hessian: ``M = diag(p) - p p^T``; with ``a_2 = sum p_k^2`` and ``s = sum p_k <= 1``,
+      ``||M||_F^2 = a_2 - 2 sum p_k^3 + a_2^2`` and ``sum p_k^3 >= a_2^2 / s >= a_2^2``
+      (Cauchy-Schwarz), so ``||M||_F^2 <= a_2 - a_2^2 <= 1/4``: ``||M||_F <= 1/2``, attained at
+      ``p = (1/2, 1/2, 0, ...)``; binary: ``p (1 - p) <= 1/4``. Times ``||x~ x~^T||_F = a^2``;
     - IRLS right-hand side ``b = H theta - g`` (if ``coef_norm = ||theta||_2`` is given, a public
       bound on the broadcast coefficients): ``hess * coef_norm + grad``.
 
@@ -176,7 +177,7 @@ def logistic_sensitivity(radius: float, n_classes: int, *, fit_intercept: bool =
         raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
     a2 = R * R + (1.0 if fit_intercept else 0.0)
     g = 1.0 if n_classes == 2 else math.sqrt(2.0)
-    h = 0.25 if n_classes == 2 else 1.0 - 1.0 / (n_classes - 1)
+    h = 0.25 if n_classes == 2 else 0.5
     out = {"grad": g * math.sqrt(a2), "hess": h * a2}
     if coef_norm is not None:
         cn = float(coef_norm)
