@@ -15,6 +15,7 @@ Run: ``python benchmarks/bench_secagg.py [--clients 10 100] [--size 1000] [--rep
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -44,7 +45,8 @@ def secure_exchange(server, clients, stats, round, drop=()):
     t_server += time.process_time() - t0
     masked = {}
     for u in P:
-        ann = wire.send("announce", SERVER, u, P)
+        ann = json.loads(wire.send("announce", SERVER, u, {"participants": json.dumps(P)})
+                         ["participants"])
         if u in drop:
             continue
         t0 = time.process_time()
@@ -52,13 +54,13 @@ def secure_exchange(server, clients, stats, round, drop=()):
         t_client += time.process_time() - t0
         masked[u] = wire.send("masked", u, SERVER, y)
     t0 = time.process_time()
-    request = server.aggregate(masked)
+    request = {k: json.dumps(v) for k, v in server.aggregate(masked).items()}
     t_server += time.process_time() - t0
     revealed = {}
-    for u in request["survivors"]:
+    for u in json.loads(request["survivors"]):
         req = wire.send("reveal-request", SERVER, u, request)
         t0 = time.process_time()
-        r = clients[u].reveal(round, "x", req["survivors"], req["dropped"])
+        r = clients[u].reveal(round, "x", json.loads(req["survivors"]), json.loads(req["dropped"]))
         t_client += time.process_time() - t0
         revealed[u] = wire.send("reveal", u, SERVER, r)
     t0 = time.process_time()

@@ -190,7 +190,7 @@ def test_the_server_sees_only_ciphertexts_of_shares():
     assert n_checked == 20
     # nothing the server saw holds a private key or a self-mask seed
     blob = b"".join(np.asarray(a).tobytes() for _, _, v, m in wire.log if v == "<server>"
-                    for a in m.values() if not isinstance(a, dict))
+                    for a in m.values() if not isinstance(a, str))
     for c in clients.values():
         for secret in (_crypto.private_raw(c._mask_private), _crypto.private_raw(c._enc_private),
                        c._self_seed):
@@ -237,6 +237,21 @@ def test_malformed_masked_reply_names_client_and_field(fed):
     masked["c2"] = {"n": masked["c2"]["n"]}
     with pytest.raises(SecureAggregationError, match=r"client 'c2' sent fields \{'n': \(3,\)\}"):
         server.aggregate(masked)
+
+
+def test_a_roster_that_alters_a_clients_own_key_is_refused():
+    cfg = config()
+    clients = {u: SecAggClient(u, cfg) for u in IDS}
+    roster = SecAggServer(cfg).collect_keys({u: c.public_keys() for u, c in clients.items()})
+    assert roster["ids"] == '["c0", "c1", "c2", "c3", "c4"]'
+    assert roster["mask_key"].shape == (5, 32) and roster["mask_key"].dtype == np.uint8
+    swapped = dict(roster, mask_key=roster["mask_key"][[1, 0, 2, 3, 4]])
+    with pytest.raises(SecureAggregationError, match=r"client 'c0': the relayed roster lacks or "
+                       r"alters this client's own public keys"):
+        clients["c0"].receive_peer_keys(swapped)
+    with pytest.raises(SecureAggregationError, match=r"the roster's 'enc_key' must be a \(5, 32\) "
+                       r"uint8 array, got uint8 \(4, 32\)"):
+        clients["c0"].receive_peer_keys(dict(roster, enc_key=roster["enc_key"][:4]))
 
 
 def test_threshold_must_exceed_half_the_clients():

@@ -84,13 +84,13 @@ class SecAggClient:
                 "enc_key": as_u8(_crypto.public_raw(self._enc_private)),
                 "self_commit": as_u8(_crypto.commit(self._self_seed))}
 
-    def receive_peer_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Take the roster the server relays: every enrolled client's public keys (its own too,
-        unchanged)."""
+    def receive_peer_keys(self, roster: Mapping) -> None:
+        """Take the roster the server broadcasts (:meth:`SecAggServer.collect_keys`): every
+        enrolled client's public keys, its own among them unchanged."""
         if self._roster is not None:
             raise SecureAggregationError(f"client {self.id!r}: keys are set up once per fit; "
                                          "start a new SecAggClient to rejoin with new keys")
-        roster = Roster(keys, self.config)
+        roster = Roster.from_message(roster, self.config)
         own = {k: as_bytes(v, what=k) for k, v in self.public_keys().items()}
         if roster.keys.get(self.id) != own:
             raise SecureAggregationError(f"client {self.id!r}: the relayed roster lacks or "

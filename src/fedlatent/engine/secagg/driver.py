@@ -1,5 +1,6 @@
 """An in-memory driver running the whole protocol, for tests, benchmarks and as the reference
-sequence of calls the engine's runtimes follow.
+sequence of calls the engine's runtimes follow. Every message is flat, as the engine's are:
+names to NumPy arrays (bytes as uint8) or to strings (lists of client ids as JSON).
 
 Every message is copied as if it crossed a wire and, with ``Wire(record=True)``, kept with its
 step, sender and recipient, so tests can inspect what the server saw and count bytes.
@@ -7,7 +8,8 @@ step, sender and recipient, so tests can inspect what the server saw and count b
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,39 +23,37 @@ __all__ = ["Wire", "run_exchange", "setup"]
 SERVER = "<server>"
 
 
-def _copy(msg):
-    if isinstance(msg, Mapping):
-        return {k: _copy(v) for k, v in msg.items()}
-    if isinstance(msg, list | tuple):
-        return [str(x) for x in msg]
-    return np.array(msg, copy=True)
+def _copy(msg: Mapping) -> dict:
+    return {k: v if isinstance(v, str) else np.array(v, copy=True) for k, v in msg.items()}
 
 
-def _nbytes(msg) -> int:
-    if isinstance(msg, Mapping):
-        return sum(_nbytes(v) for v in msg.values())
-    if isinstance(msg, list):
-        return sum(len(x.encode()) for x in msg)
-    return int(np.asarray(msg).nbytes)
+def _nbytes(msg: Mapping) -> int:
+    return sum(len(v.encode()) if isinstance(v, str) else int(np.asarray(v).nbytes)
+               for v in msg.values())
 
 
 @dataclass
 class Wire:
-    """Copies messages and counts the bytes of their arrays (and id strings) up and down.
+    """Carries flat messages (str -> array or str), copying them, and counts their bytes.
 
     Parameters
     ----------
     record : bool
         Keep every message as ``(step, sender, recipient, message)`` in :attr:`log`.
+    transport : callable, optional
+        Applied to every message on its way, e.g. a Flower record encode/decode round trip.
     """
 
     record: bool = False
+    transport: Callable[[dict], dict] | None = None
     up: int = 0
     down: int = 0
     log: list = field(default_factory=list)
 
-    def send(self, step: str, sender: str, recipient: str, msg):
+    def send(self, step: str, sender: str, recipient: str, msg: Mapping) -> dict:
         out = _copy(msg)
+        if self.transport is not None:
+            out = self.transport(out)
         if sender == SERVER:
             self.down += _nbytes(out)
         else:
@@ -105,14 +105,14 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
     P = server.announce(round, exchange, participants)
     masked = {}
     for u in P:
-        announced = wire.send("announce", SERVER, u, P)
+        announced = wire.send("announce", SERVER, u, {"participants": json.dumps(P)})
         if u not in drop:
-            y = clients[u].mask(stats[u], round, exchange, announced)
+            y = clients[u].mask(stats[u], round, exchange, json.loads(announced["participants"]))
             masked[u] = wire.send("masked", u, SERVER, y)
-    request = server.aggregate(masked)
+    request = {k: json.dumps(v) for k, v in server.aggregate(masked).items()}
     revealed = {}
-    for u in request["survivors"]:
+    for u in json.loads(request["survivors"]):
         req = wire.send("reveal-request", SERVER, u, request)
         revealed[u] = wire.send("reveal", u, SERVER, clients[u].reveal(
-            round, exchange, req["survivors"], req["dropped"]))
+            round, exchange, json.loads(req["survivors"]), json.loads(req["dropped"])))
     return server.unmask(revealed)

@@ -95,7 +95,7 @@ class Roster:
     Parameters
     ----------
     keys : mapping of client id to {"mask_key", "enc_key", "self_commit"} uint8 arrays
-        What each client's :meth:`SecAggClient.public_keys` sent, as the server relays it.
+        What each client's :meth:`SecAggClient.public_keys` sent to the server.
     config : SecAggConfig
     """
 
@@ -123,6 +123,35 @@ class Roster:
                     raise SecureAggregationError(f"clients {seen[k]!r} and {u!r} announce the "
                                                  f"same {f}; every client draws its own keys")
                 seen[k] = u
+
+    def to_message(self) -> dict:
+        """The flat broadcast: ``ids`` (a JSON list, sorted) and one (n, 32) uint8 array per key
+        field, rows in the order of ``ids``."""
+        msg: dict = {"ids": json.dumps(list(self.ids))}
+        for f in KEY_FIELDS:
+            msg[f] = np.stack([as_u8(self.keys[u][f]) for u in self.ids])
+        return msg
+
+    @classmethod
+    def from_message(cls, msg: Mapping, config: SecAggConfig) -> Roster:
+        """Inverse of :meth:`to_message`, checking its form."""
+        try:
+            ids = json.loads(msg["ids"])
+            assert isinstance(ids, list) and all(isinstance(u, str) for u in ids)
+        except (KeyError, TypeError, ValueError, AssertionError) as exc:
+            raise SecureAggregationError("the roster's 'ids' must be a JSON list of client id "
+                                         "strings") from exc
+        keys: dict[str, dict] = {u: {} for u in ids}
+        for f in KEY_FIELDS:
+            a = np.asarray(msg.get(f))
+            if a.dtype != np.uint8 or a.shape != (len(ids), 32):
+                raise SecureAggregationError(f"the roster's {f!r} must be a ({len(ids)}, 32) "
+                                             f"uint8 array, got {a.dtype} {a.shape}")
+            for u, row in zip(ids, a):
+                keys[u][f] = row
+        if len(set(ids)) != len(ids):
+            raise SecureAggregationError("the roster lists a client twice")
+        return cls(keys, config)
 
     @property
     def n(self) -> int:

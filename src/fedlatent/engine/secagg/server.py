@@ -64,14 +64,15 @@ class SecAggServer:
         self._pending: dict | None = None
         self._done: set[bytes] = set()
 
-    def collect_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict]:
-        """Check every client's public keys and return the roster to broadcast (copies)."""
+    def collect_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
+        """Check every client's public keys ``{client: public_keys()}`` and return the roster to
+        broadcast, a flat message (:meth:`Roster.to_message`)."""
         if self.roster is not None:
             raise SecureAggregationError("keys are set up once per fit; start a new server and "
                                          "new clients to set up again")
         self.roster = Roster(keys, self.config)
         self.config.encoding.check_capacity(self.roster.n)
-        return {u: {f: np.array(a, copy=True) for f, a in keys[u].items()} for u in self.roster.ids}
+        return self.roster.to_message()
 
     def announce(self, round: int, exchange: str, participants: Sequence[str]) -> list[str]:
         """Open an exchange; returns the sorted participants to send to each of them."""
