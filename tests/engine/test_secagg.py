@@ -103,6 +103,27 @@ def test_two_dropouts_in_one_exchange_are_recovered():
     assert_close_to(got, float_sum(stats, ["c1", "c2", "c3", "c4", "c6"]), 5)
 
 
+def test_survivors_silent_at_the_reveal_are_not_needed_while_threshold_others_reveal():
+    server, clients = setup(IDS, config())
+    stats = inputs(IDS, seed=10)
+    got = run_exchange(server, clients, stats, 1, "stats", IDS, drop=["c0"], silent=["c4"])
+    assert_close_to(got, float_sum(stats, ["c1", "c2", "c3", "c4"]), 4)  # c4's reply counts
+    with pytest.raises(SecureAggregationError, match=r"round 2, exchange 'stats': 2 survivors "
+                       r"revealed shares, fewer than the threshold 3; the sum stays masked"):
+        run_exchange(server, clients, stats, 2, "stats", IDS[1:], silent=["c1", "c2"])
+
+
+def test_integer_levels_sum_exactly_in_the_ring_with_scale_one():
+    """What a quantizer with a shared scale sends: integer levels, summed exactly."""
+    cfg = SecAggConfig(threshold=3, encoding=FixedPoint(scale=1.0, bound=2.0**40))
+    server, clients = setup(IDS, cfg)
+    rng = np.random.default_rng(11)
+    levels = {u: {"q": rng.integers(-(2**40), 2**40, size=50).astype(np.float64)} for u in IDS}
+    got = run_exchange(server, clients, levels, 1, "q", IDS)
+    want = np.sum([levels[u]["q"].astype(np.int64) for u in IDS], axis=0)
+    np.testing.assert_array_equal(got["q"], want.astype(np.float64))
+
+
 def test_fewer_survivors_than_the_threshold_stops_the_exchange(fed):
     server, clients = fed
     stats = inputs(IDS, seed=4)

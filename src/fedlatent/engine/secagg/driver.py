@@ -82,7 +82,7 @@ def setup(client_ids: Iterable[str], config: SecAggConfig, *, wire: Wire | None 
 def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
                  stats: Mapping[str, Mapping[str, np.ndarray]], round: int, exchange: str,
                  participants: Sequence[str], *, drop: Iterable[str] = (),
-                 wire: Wire | None = None) -> dict[str, np.ndarray]:
+                 silent: Iterable[str] = (), wire: Wire | None = None) -> dict[str, np.ndarray]:
     """One secure exchange: announce, mask, sum, reveal, unmask.
 
     Parameters
@@ -94,6 +94,9 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
     drop : iterable of str
         Participants that go silent after the announcement (they mask nothing and reveal
         nothing): their masks are recovered from the survivors' shares.
+    silent : iterable of str
+        Survivors that send their masked reply but do not answer the reveal request: not needed
+        as long as ``threshold`` other survivors reveal.
 
     Returns
     -------
@@ -111,7 +114,10 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
             masked[u] = wire.send("masked", u, SERVER, y)
     request = {k: json.dumps(v) for k, v in server.aggregate(masked).items()}
     revealed = {}
+    silent = {str(u) for u in silent}
     for u in json.loads(request["survivors"]):
+        if u in silent:
+            continue
         req = wire.send("reveal-request", SERVER, u, request)
         revealed[u] = wire.send("reveal", u, SERVER, clients[u].reveal(
             round, exchange, json.loads(req["survivors"]), json.loads(req["dropped"])))
