@@ -5,8 +5,12 @@
 - ``flower app`` writes the Flower app directory (``pyproject.toml`` with the run config) that
   ``flwr run`` submits to a SuperLink;
 - ``flower local`` does it all on this machine: partition if needed, start a SuperLink and one
-  SuperNode per client on 127.0.0.1, run, collect the model, and stop every process (also on an
-  error or Ctrl-C).
+  SuperNode per client on 127.0.0.1, run (printing every round), collect the model, and stop every
+  process (also on an error or Ctrl-C); ``--resume`` continues a run that stopped from the
+  server's checkpoint and the sites' states (each site keeps its private state in
+  ``<data file stem>.site`` beside its data file).
+
+Both check that the Flower extra is installed before anything is written or started.
 
 The model is named as in the registry (``fedlatent fit --help`` lists them) and its parameters
 given as JSON, exactly as the estimator's constructor takes them:
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -27,7 +32,6 @@ from .common import (
     DataOpt,
     EntityOpt,
     FeaturesOpt,
-    SeedOpt,
     TargetOpt,
     fail,
     load_dataset,
@@ -51,6 +55,22 @@ _ROUND_TIMEOUT = typer.Option(
     120.0, "--round-timeout", help="Seconds to wait for the replies of one round."
 )
 _NODE_WAIT = typer.Option(120.0, "--node-wait", help="Seconds to wait for --min-nodes nodes.")
+_SeedOpt = Annotated[int | None, typer.Option(
+    "--seed", help="Seed of every random draw of the run (default: the random_state in --params, "
+                   "else 0), so that a deployed run is reproducible.")]
+_FLOWER_EXTRA = "pip install 'fedlatent[flower]'"
+
+
+def _require_flower() -> None:
+    """Exit with one line unless Flower is importable (before anything is written)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("flwr") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        fail(f"the Flower extra is not installed; install it with: {_FLOWER_EXTRA}")
 
 
 def _estimator(model: str, params: str, federation: str | None, seed: int | None = None):
@@ -71,7 +91,13 @@ def _estimator(model: str, params: str, federation: str | None, seed: int | None
         except ValueError as e:
             fail(f"--federation is not valid JSON ({e}): {federation!r}")
     if seed is not None:
-        p.setdefault("random_state", seed)
+        given = p.get("random_state")
+        if given is not None and given != seed:
+            fail(f"--seed {seed} and the random_state {given!r} of --params disagree; give the "
+                 "seed once")
+        p["random_state"] = seed
+    elif p.get("random_state") is None:
+        p["random_state"] = 0  # a deployed run is reproducible by default
     try:
         est = estimator_from_config(model, p)
     except (TypeError, ValueError) as e:
@@ -80,17 +106,17 @@ def _estimator(model: str, params: str, federation: str | None, seed: int | None
 
 
 def _run_config(est, *, result_dir: Path, min_nodes: int, round_timeout: float,
-                node_wait: float, data_name: str = "") -> dict:
+                node_wait: float, data_name: str = "", resume: bool = False) -> dict:
     try:
         from ..runtime.flower import run_config_for
     except ImportError as e:  # pragma: no cover - flwr missing
-        fail(f"{e}; install the Flower extra: pip install 'fedlatent[flower]'")
+        fail(f"{e}; install the Flower extra: {_FLOWER_EXTRA}")
     if min_nodes < 1:
         fail(f"--min-nodes must be >= 1, got {min_nodes}")
     try:
         return run_config_for(est, out_dir=result_dir, min_nodes=min_nodes,
                               round_timeout=round_timeout, node_wait=node_wait,
-                              data_name=data_name)
+                              data_name=data_name, resume=resume)
     except ValueError as e:
         fail(str(e))
 
@@ -170,7 +196,14 @@ def write_app_cmd(
     out: Path = typer.Option(..., "--out", help="Directory of the Flower app to write."),
     params: str = _PARAMS,
     federation: str | None = _FEDERATION,
-    min_nodes: int = typer.Option(1, "--min-nodes", help="SuperNodes the server waits for."),
+    seed: _SeedOpt = None,
+    min_nodes: int | None = typer.Option(
+        None, "--min-nodes",
+        help="SuperNodes the server waits for (default: the number of client files in --data)."),
+    data: Path | None = typer.Option(
+        None, "--data",
+        help="The directory of client files from 'fedlatent flower partition' (counts the sites "
+             "for --min-nodes)."),
     round_timeout: float = _ROUND_TIMEOUT,
     node_wait: float = _NODE_WAIT,
     result_dir: Path | None = typer.Option(
@@ -182,17 +215,36 @@ def write_app_cmd(
         help="File name inside each node's data-path when that names a directory."),
 ):
     """Write a Flower app directory (pyproject.toml + README.md) for `flwr run`."""
+    _require_flower()
     from ..runtime.flower_local import write_app
 
-    est = _estimator(model, params, federation)
+    est = _estimator(model, params, federation, seed)
+    if min_nodes is None:
+        if data is not None:
+            min_nodes = len(_client_dir_files(data))
+        else:
+            min_nodes = 1
+            typer.echo("warning: --min-nodes not given and no --data to count the sites: the "
+                       "server starts with the first node that joins; give --min-nodes N",
+                       err=True)
     result = (result_dir or out / "result").resolve()
     config = _run_config(est, result_dir=result, min_nodes=min_nodes,
                          round_timeout=round_timeout, node_wait=node_wait,
                          data_name=data_name)
     app_dir = write_app(out, config)
     typer.echo(f"wrote {app_dir / 'pyproject.toml'} and {app_dir / 'README.md'}")
-    typer.echo(f"run it: flwr run {shlex.quote(str(app_dir))} <connection> --stream")
+    typer.echo(f"run it: flwr run {shlex.quote(str(app_dir))} <connection> --stream "
+               "(resume a run that stopped: add -c resume=true)")
     typer.echo(f"results: {result} (status.json, model.npz/json, history.csv)")
+
+def _print_round(status: dict) -> None:
+    last = status.get("last") or {}
+    missing = last.get("missing") or []
+    typer.echo(f"round {status.get('round')}: objective {last.get('objective', float('nan')):.6g}"
+               f", {last.get('participants', '?')} clients answered"
+               + (f" (missing {', '.join(map(str, missing))})" if missing else "")
+               + (f", {last['seconds']:.1f} s" if "seconds" in last else ""))
+
 
 @flower_app.command("local")
 def local(
@@ -215,18 +267,26 @@ def local(
     round_timeout: float = _ROUND_TIMEOUT,
     node_wait: float = _NODE_WAIT,
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds for the whole run."),
-    seed: SeedOpt = 0,
+    seed: _SeedOpt = None,
+    resume: bool = typer.Option(
+        False, "--resume",
+        help="Continue the run that stopped in --out from the server's checkpoint and the "
+             "sites' states (same model, parameters and data)."),
     out: Path = typer.Option(..., "--out",
                              help="Output: result/ (model, history), deploy/ (logs), data/."),
 ):
     """Partition if needed, start a loopback Flower deployment, fit, collect, stop it all."""
     import signal
 
+    _require_flower()
     from ..data.files import write_client_files
     from ..runtime.flower_local import LocalDeployment, run_app, write_app
 
     est = _estimator(model, params, federation, seed)
     out = out.resolve()
+    if resume and not (out / "result" / "checkpoint.npz").exists():
+        fail(f"--resume: there is no checkpoint {out / 'result' / 'checkpoint.npz'} to resume "
+             "from; run without --resume")
     if data.is_dir():
         files = _client_dir_files(data)
     else:
@@ -235,7 +295,7 @@ def local(
         elif clients is not None:
             if entity is not None:
                 fail("--entity needs --client: entities cannot be split across random clients")
-            fd = _split_rows(data, clients, features, target, seed)
+            fd = _split_rows(data, clients, features, target, 0 if seed is None else seed)
         else:
             fail("give --client COLUMN (or --clients N to split the rows) for a table file")
         paths = write_client_files(fd, out / "data")
@@ -244,7 +304,7 @@ def local(
         fail(f"--clients {clients} but the data hold {len(files)} clients")
     n_min = len(files) if min_nodes is None else min_nodes
     config = _run_config(est, result_dir=out / "result", min_nodes=n_min,
-                         round_timeout=round_timeout, node_wait=node_wait)
+                         round_timeout=round_timeout, node_wait=node_wait, resume=resume)
     app_dir = write_app(out / "app", config)
 
     def on_sigterm(signum, frame):
@@ -257,7 +317,7 @@ def local(
         with LocalDeployment(files, workdir=out / "deploy") as dep:
             typer.echo(f"deployment ready in {dep.startup_seconds:.1f} s "
                        f"(SuperLink {dep.address}, PIDs {dep.pids})")
-            result = run_app(app_dir, dep, timeout=timeout)
+            result = run_app(app_dir, dep, timeout=timeout, on_round=_print_round)
     except KeyboardInterrupt:
         typer.echo("interrupted: every Flower process stopped", err=True)
         raise typer.Exit(130) from None
@@ -272,3 +332,48 @@ def local(
     if status.get("lost"):
         typer.echo(f"clients lost on the way: {status['lost']}")
     typer.echo(f"wrote {result} (model.npz/json, history.csv, status.json)")
+
+
+def predict_at_site(est, data: Path, site_state: Path, out: Path) -> None:
+    """``fedlatent predict --site-state DIR``: predict a site's rows with the private state the
+    site kept after a deployed fit (FedGMM's ``pi_c``): the personalized predictions the
+    in-process fit gives for that client. ``data`` is the site's client file (``fedlatent
+    flower partition``) or any table with the model's feature columns (all rows the site's)."""
+    import numpy as np
+    import pandas as pd
+
+    from ..data.dataset import DataValidationError
+    from ..data.files import read_client_file
+    from .common import write_atomic
+
+    if not hasattr(est, "load_site_state"):
+        fail(f"{type(est).__name__} keeps no per-site state that changes its predictions; "
+             "predict without --site-state")
+    try:
+        pred = est.load_site_state(site_state)
+    except (FileNotFoundError, ValueError) as e:
+        fail(str(e))
+    try:
+        fd = read_client_file(data)
+    except DataValidationError:  # not a client file: a table of the site's rows
+        df = read_frame(data)
+        missing = [f for f in est.feature_names_in_ if f not in df.columns]
+        if missing:
+            fail(f"{data} misses the model's feature columns {missing}")
+        X = df[[str(f) for f in est.feature_names_in_]]
+    else:
+        if fd.client_ids != [pred.client]:
+            fail(f"{data} holds client {fd.client_ids[0]!r}, the site state {site_state} client "
+                 f"{pred.client!r}: give the site's own data file")
+        X = pd.DataFrame(fd[pred.client].X, columns=fd.feature_names)
+    try:
+        values = pred.predict(X)
+        proba = pred.predict_proba(X)
+    except ValueError as e:
+        fail(str(e))
+    res = pd.DataFrame({"client": np.full(len(X), pred.client, dtype=object),
+                        "prediction": values})
+    for j, c in enumerate(np.asarray(est.classes_).tolist()):
+        res[f"proba_{c}"] = proba[:, j]
+    write_atomic(out, lambda tmp: res.to_csv(tmp, index_label="row"))
+    typer.echo(f"wrote {len(res)} predictions of site {pred.client!r} to {out}")

@@ -43,6 +43,16 @@ import numpy as np
 from ..data.dataset import DataValidationError
 from ..engine.messages import ERROR_KEY, ClientReplyError
 from ..engine.runtime import Runtime
+from .flower_records import (  # the names of the message, importable from here too
+    _ERROR,
+    _ERROR_TYPE,
+    _METHOD,
+    _ROUND_METHODS,
+    MESSAGE_TYPE,
+    decode,
+    encode,
+)
+from .flower_site import RESTORE, ROUND_METHODS, RUN, make_client_app, serve
 
 __all__ = [
     "FlowerRuntime",
@@ -53,58 +63,12 @@ __all__ = [
     "make_client_app",
     "make_server_app",
     "run_config_for",
+    "serve",
     "server_app",
     "simulate",
 ]
 
 logger = logging.getLogger(__name__)
-
-MESSAGE_TYPE = "query.fedlatent"
-_METHOD = "fedlatent.method"
-_ERROR = "fedlatent.error"
-_ERROR_TYPE = "fedlatent.error_type"
-_STATE = "fedlatent.state"
-#: methods of a round: a node's error there makes it missing for the round, not the run's end
-_ROUND_METHODS = ("estep", "evaluate")
-_MODEL = "fedlatent.model"
-
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
-os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-
-
-# ---------------------------------------------------------------------------------------------
-# Messages <-> Flower records
-# ---------------------------------------------------------------------------------------------
-def encode(msg: Mapping[str, Any]):
-    """A flat fedlatent message as a Flower ``RecordDict`` (arrays / config)."""
-    from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
-
-    arrays, config = {}, {}
-    for k, v in msg.items():
-        if v is None:
-            continue
-        if isinstance(v, np.ndarray):
-            if v.dtype == object:
-                raise TypeError(f"message key {k!r}: object arrays cannot travel")
-            arrays[k] = Array(np.ascontiguousarray(v))
-        elif isinstance(v, np.generic):
-            config[k] = v.item()
-        elif isinstance(v, bool | int | float | str | bytes):
-            config[k] = v
-        else:
-            raise TypeError(f"message key {k!r}: a {type(v).__name__} cannot travel")
-    return RecordDict({"arrays": ArrayRecord(arrays), "config": ConfigRecord(config)})
-
-
-def decode(rd) -> dict[str, Any]:
-    """Inverse of :func:`encode`."""
-    out: dict[str, Any] = {}
-    if "config" in rd:
-        out.update(dict(rd["config"]))
-    if "arrays" in rd:
-        out.update({k: v.numpy() for k, v in rd["arrays"].items()})
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,11 +89,22 @@ class FlowerRuntime(Runtime):
         Seconds to wait for replies to one call; nodes not answering by then are absent.
     record : bool
         Keep every decoded message in ``self.log`` as (direction, client, method, message).
+    restore_round : int or None
+        Resuming from a server checkpoint of this round: every node's first round message
+        tells it to go back to its site state of that round (:mod:`fedlatent.runtime.
+        flower_site`).
     """
 
     def __init__(self, grid, describe: Mapping[str, Any], *, min_nodes: int = 1,
-                 node_wait: float = 120.0, round_timeout: float = 120.0, record: bool = False):
+                 node_wait: float = 120.0, round_timeout: float = 120.0, record: bool = False,
+                 restore_round: int | None = None):
         self.grid = grid
+        # what every node records with its site state (the fit's estimator and parameters)
+        self.run = json.dumps({"estimator": str(describe.get("estimator", "")),
+                               "params": json.loads(str(describe.get("estimator_params", "{}")))},
+                              sort_keys=True)
+        self.restore_round = restore_round
+        self._restored: set[str] = set()
         self.round_timeout = float(round_timeout)
         self.record = bool(record)
         self.log: list[tuple[str, str, str, dict[str, Any]]] = []
@@ -183,6 +158,7 @@ class FlowerRuntime(Runtime):
         for nid, (method, msg) in jobs.items():
             payload = dict(msg)
             payload[_METHOD] = method
+            payload[RUN] = self.run
             msgs.append(Message(encode(payload), dst_node_id=nid, message_type=MESSAGE_TYPE))
             order.append(nid)
         out: dict[int, dict[str, Any]] = {}
@@ -234,6 +210,12 @@ class FlowerRuntime(Runtime):
 
     def call(self, client_ids, method, messages):
         jobs = {self._node[c]: (method, messages[c]) for c in client_ids}
+        if self.restore_round is not None:
+            for c in client_ids:
+                if c not in self._restored:
+                    jobs[self._node[c]] = (method, {**messages[c], RESTORE: self.restore_round})
+                    if method in ROUND_METHODS:
+                        self._restored.add(c)
         if self.record:
             for c in client_ids:
                 self.log.append(("down", c, method, dict(messages[c])))
@@ -248,8 +230,13 @@ class FlowerRuntime(Runtime):
 
 
 def run_config_for(estimator, *, out_dir, min_nodes: int, round_timeout: float = 120.0,
-                   node_wait: float = 120.0, data_name: str = "", record: bool = False) -> dict:
-    """The ``[tool.flwr.app.config]`` of a fit of ``estimator`` (all TOML scalars)."""
+                   node_wait: float = 120.0, data_name: str = "", record: bool = False,
+                   resume: bool = False) -> dict:
+    """The ``[tool.flwr.app.config]`` of a fit of ``estimator`` (all TOML scalars).
+
+    ``resume = true`` (``flwr run ... -c resume=true``) continues the run whose checkpoint is in
+    ``out-dir``: the server's checkpoint plus the sites' states give the uninterrupted result.
+    """
     from ..engine.registry import estimator_config
 
     name, params = estimator_config(estimator)
@@ -264,6 +251,7 @@ def run_config_for(estimator, *, out_dir, min_nodes: int, round_timeout: float =
         "out-dir": str(Path(out_dir).resolve()),
         "data-name": str(data_name),
         "record": bool(record),
+        "resume": bool(resume),
     }
 
 
@@ -305,10 +293,13 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
         if str(config.get("federation", "")):
             params["federation"] = json.loads(str(config["federation"]))
         est = estimator_from_config(str(config["estimator"]), params)
+        resume = bool(config.get("resume", False))
+        restore = checkpoint_round(out / "checkpoint") if resume else None
+        status["resumed_from"] = restore
         rt = FlowerRuntime(grid, describe_message(est), min_nodes=int(config["min-nodes"]),
                            node_wait=float(config.get("node-wait", 120.0)),
                            round_timeout=float(config.get("round-timeout", 120.0)),
-                           record=bool(config.get("record", False)))
+                           record=bool(config.get("record", False)), restore_round=restore)
         status["startup_seconds"] = rt.startup_seconds
         status["clients"] = rt.client_ids
         rd = RemoteDataset.from_replies(rt.describe_replies)
@@ -316,6 +307,9 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
 
         def on_round(k, params, S_hat, record):
             status["round"] = int(k)
+            status["last"] = {"objective": float(record.objective),
+                              "participants": int(record.participants),
+                              "missing": list(record.missing), "seconds": float(record.seconds)}
             _write_json(out / "status.json", status)
             logger.info("fedlatent round %d: objective %.6g, %d clients answered%s", k,
                         record.objective, record.participants,
@@ -323,7 +317,7 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
 
         # a fault keeps the last good round in out-dir/checkpoint.npz
         est.fit(rd, runtime=rt, callbacks=[on_round], progress=False,
-                checkpoint=out / "checkpoint", checkpoint_every=1)
+                checkpoint=out / "checkpoint", checkpoint_every=1, resume=resume)
         status["fit_seconds"] = time.perf_counter() - t_fit
         est.save(out / "model")
         hist = getattr(est, "history_", None)
@@ -345,6 +339,18 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
         _write_json(out / "status.json", status)
 
 
+def checkpoint_round(path: Path) -> int:
+    """The round of the server checkpoint ``<path>.npz`` a resumed run continues from."""
+    from ..engine.checkpoint import load_arrays_json
+
+    npz = path.with_name(path.name + ".npz")
+    if not npz.exists():
+        raise FileNotFoundError(f"resume: there is no checkpoint {npz} to resume from; run "
+                                "without resume (the out-dir of a run that stopped holds one)")
+    _, meta = load_arrays_json(path)
+    return int(meta["round"])
+
+
 def make_server_app(config: Mapping[str, Any] | None = None):
     """A ``ServerApp`` running :func:`run_server`; ``config`` (for simulations, which do not read
     the app's pyproject) is laid over ``context.run_config``."""
@@ -356,91 +362,6 @@ def make_server_app(config: Mapping[str, Any] | None = None):
     @app.main()
     def main(grid, context) -> None:
         run_server(grid, {**dict(context.run_config), **fixed})
-
-    return app
-
-
-# ---------------------------------------------------------------------------------------------
-# Client side
-# ---------------------------------------------------------------------------------------------
-_DATA_CACHE: dict[tuple[str, float], Any] = {}
-
-
-def _load_node_data(path: Path):
-    from ..data.files import read_client_file
-
-    key = (str(path), path.stat().st_mtime if path.exists() else 0.0)
-    if key not in _DATA_CACHE:
-        _DATA_CACHE.clear()
-        _DATA_CACHE[key] = read_client_file(path)
-    return _DATA_CACHE[key]
-
-
-def _node_data_path(context, paths: list[str] | None) -> Path:
-    nc = dict(context.node_config)
-    if "data-path" in nc:
-        p = Path(str(nc["data-path"]))
-        if p.is_dir():
-            name = str(dict(context.run_config).get("data-name", ""))
-            if not name:
-                raise DataValidationError(
-                    f"node data-path {str(p)!r} is a directory: give the app's data-name "
-                    "(the file to use in it)"
-                )
-            p = p / name
-        return p
-    if paths is not None and "partition-id" in nc:
-        return Path(paths[int(nc["partition-id"])])
-    raise DataValidationError(
-        "this Flower node has no data: start the supernode with --node-config "
-        "'data-path=\"/path/to/client.parquet\"' (fedlatent flower partition writes the files)"
-    )
-
-
-def serve(fd, state, method: str, msg: dict[str, Any]) -> dict[str, Any]:
-    """Answer one message on a node: ``fd`` is the node's one-client dataset, ``state`` Flower's
-    ``context.state`` (a RecordDict) where the node's private state persists between messages."""
-    from flwr.app import Array, ArrayRecord, ConfigRecord
-
-    from ..engine.client import ClientNode
-
-    (cid,) = fd.client_ids
-    saved = {k: v.numpy() for k, v in state[_STATE].items()} if _STATE in state else {}
-    node = ClientNode(cid, fd[cid], saved, source=fd)
-    if method == "describe":
-        return node.handle(method, msg)
-    if method != "setup":
-        if _MODEL not in state:
-            raise RuntimeError(f"client {cid!r} got {method!r} before the model's setup")
-        node.handle("setup", dict(state[_MODEL]))
-    reply = node.handle(method, msg)
-    if method == "setup":
-        state[_MODEL] = ConfigRecord({"model": str(msg["model"]),
-                                      "model_config": str(msg["model_config"])})
-    state[_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in node.state.items()})
-    return reply
-
-
-def make_client_app(paths: list[str] | None = None):
-    """A ``ClientApp`` answering fedlatent messages. ``paths`` (simulation): the data file of
-    each partition id; in a deployment the node's ``data-path`` names it."""
-    from flwr.app import Message
-    from flwr.clientapp import ClientApp
-
-    app = ClientApp()
-    paths = [str(p) for p in paths] if paths is not None else None
-
-    @app.query("fedlatent")
-    def handle(msg, context):
-        try:
-            d = decode(msg.content)
-            method = str(d.pop(_METHOD))
-            fd = _load_node_data(_node_data_path(context, paths))
-            reply = serve(fd, context.state, method, d)
-        except Exception as err:  # noqa: BLE001 - sent back, raised on the server
-            logger.exception("fedlatent client error")
-            reply = {_ERROR: str(err), _ERROR_TYPE: type(err).__name__}
-        return Message(encode(reply), reply_to=msg)
 
     return app
 

@@ -28,7 +28,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,7 @@ def run_app(
     *,
     overrides: Mapping[str, Any] | None = None,
     timeout: float = 600.0,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """Run the app on a started deployment with ``flwr run --stream``; return its ``out-dir``.
 
@@ -123,6 +124,9 @@ def run_app(
         ``[tool.flwr.app.config]``.
     timeout : float
         Seconds for the whole run; the run is stopped (``flwr stop``) when it runs over.
+    on_round : callable, optional
+        Called with the server app's ``status.json`` (a dict: ``round``, ``last`` = the round's
+        objective, participants, missing clients and seconds) each time a round ends.
 
     Raises
     ------
@@ -166,7 +170,7 @@ def run_app(
         )
     deployment._seen.add(proc.pid)
     try:
-        proc.wait(timeout=timeout)
+        _wait_reporting(proc, t0 + timeout, status_path, on_round)
     except subprocess.TimeoutExpired:
         _stop_run(deployment, log)
         raise RuntimeError(
@@ -194,6 +198,28 @@ def run_app(
     deployment.last_run_seconds = seconds
     deployment.last_status = status
     return out_dir
+
+
+def _wait_reporting(proc: subprocess.Popen, deadline: float, status_path: Path,
+                    on_round: Callable[[dict[str, Any]], None] | None) -> None:
+    """Wait for ``proc`` until ``deadline`` (TimeoutExpired after it), calling ``on_round``
+    with the server's status each time its round advances."""
+    seen = 0
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            finished = True
+        except subprocess.TimeoutExpired:
+            finished = False
+        if on_round is not None:
+            status = _read_status(status_path.parent)
+            if status is not None and int(status.get("round") or 0) > seen:
+                seen = int(status["round"])
+                on_round(status)
+        if finished:
+            return
+        if time.monotonic() >= deadline:
+            raise subprocess.TimeoutExpired(proc.args, 0)
 
 
 def _stop_run(deployment: LocalDeployment, log: Path) -> None:
@@ -236,6 +262,8 @@ def local_fit(
     data_name: str = "",
     overrides: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    resume: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
     """Fit on a loopback Flower deployment, one SuperNode per data file; return the estimator.
 
@@ -254,6 +282,11 @@ def local_fit(
         Nodes the server waits for (default: all of ``data_paths``).
     env : mapping, optional
         Extra environment variables of every process.
+    resume : bool
+        Continue the run that stopped in ``out_dir`` (its server checkpoint) with the sites'
+        states (each site's ``<data file stem>.site`` directory): ends as the uninterrupted run.
+    on_round : callable, optional
+        Called with the server's status after every round (see :func:`run_app`).
 
     Returns
     -------
@@ -269,15 +302,16 @@ def local_fit(
     if isinstance(estimator_or_run_config, Mapping):
         run_config = dict(estimator_or_run_config)
         run_config["out-dir"] = str(out_dir)
+        run_config["resume"] = bool(resume)
     else:
         run_config = flower.run_config_for(
             estimator_or_run_config, out_dir=str(out_dir),
             min_nodes=len(data_paths) if min_nodes is None else min_nodes,
-            round_timeout=round_timeout, node_wait=node_wait, data_name=data_name,
+            round_timeout=round_timeout, node_wait=node_wait, data_name=data_name, resume=resume,
         )
     app_dir = write_app(workdir / "app", run_config)
     with LocalDeployment(data_paths, workdir=workdir, env=env) as dep:
-        run_app(app_dir, dep, overrides=overrides, timeout=timeout)
+        run_app(app_dir, dep, overrides=overrides, timeout=timeout, on_round=on_round)
     est = flower.load_result(out_dir)
     est.flower_deployment_ = {
         "startup_seconds": dep.startup_seconds,

@@ -1,0 +1,181 @@
+"""The site's side of a deployed run: where its private state lives and when it is written.
+
+A SuperNode's private state (what :class:`~fedlatent.engine.client.ClientNode` keeps) lives in
+Flower's ``context.state`` during a run and, so that it outlives the run, in the node's *site
+directory* (:mod:`fedlatent.engine.site_state`): the node config's ``site-dir``, by default
+``<data file stem>.site`` beside the node's data file. The node writes an entry after every
+message that changes its state (a round's E-step, the control-variate start, a model query).
+
+Two keys of a message steer it (the server's :class:`~fedlatent.runtime.flower.FlowerRuntime`
+adds them):
+
+- ``fedlatent.run``: the run's description (estimator name and parameters, JSON), recorded with
+  every entry so that a site directory is never mistaken for another fit's;
+- ``fedlatent.restore``: the round of the server checkpoint a resumed run continues from. The
+  node's first round message (``estep``, ``evaluate``, ``cv_init``) then starts from its newest
+  entry of that run written at a round ``<=`` it, which is the state it had in the
+  uninterrupted run; until then (the resumed run's initialization exchanges) nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..data.dataset import DataValidationError
+from ..engine.site_state import read_site_state, run_key, write_site_state
+from .flower_records import _ERROR, _ERROR_TYPE, _METHOD, _MODEL, _STATE, decode, encode
+
+__all__ = ["RESTORE", "RUN", "make_client_app", "restore_state", "save_after", "serve",
+           "site_dir"]
+
+logger = logging.getLogger(__name__)
+
+RUN = "fedlatent.run"
+RESTORE = "fedlatent.restore"
+#: methods a node's state is restored on (the resumed run's first message of a round)
+ROUND_METHODS = ("estep", "evaluate", "cv_init")
+#: methods after which the state may have changed
+_WRITES = ("estep", "cv_init", "query")
+
+
+def site_dir(node_config: dict[str, Any], data_path: Path) -> Path:
+    """The node's site directory: ``site-dir`` of its node config, else ``<stem>.site`` beside
+    its data file."""
+    given = node_config.get("site-dir")
+    if given not in (None, ""):
+        return Path(str(given)).expanduser()
+    return data_path.with_name(data_path.stem + ".site")
+
+
+def restore_state(where: Path, cid: str, run: str, round_: int) -> dict[str, np.ndarray]:
+    """The state of client ``cid`` after round ``round_`` of ``run``, from its site directory.
+
+    Raises FileNotFoundError / ValueError naming the site directory and the fix when it is
+    missing or of another client.
+    """
+    try:
+        site = read_site_state(where, at_most_round=int(round_), run_key=run_key(json.loads(run)))
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"client {cid!r} cannot resume: {err}") from err
+    if site.client_id != cid:
+        raise ValueError(
+            f"client {cid!r} cannot resume: its site directory {where} holds the state of client "
+            f"{site.client_id!r}; give each SuperNode its own site-dir")
+    logger.info("client %r: resumed from its site state of round %d (%s)", cid, site.round,
+                site.path)
+    return dict(site.state)
+
+
+def save_after(where: Path, cid: str, method: str, msg: dict[str, Any],
+               state: dict[str, np.ndarray], run: str | None, restoring: bool) -> None:
+    """Write the node's state into its site directory after ``method`` (if it may have changed
+    it, and not while a resumed run's restore is pending)."""
+    if run is None or method not in _WRITES or (restoring and method not in ROUND_METHODS):
+        return
+    try:
+        write_site_state(where, client_id=cid, state=state, round_=int(msg.get("round", 0)),
+                         run=json.loads(run))
+    except OSError as err:
+        raise OSError(
+            f"client {cid!r}: cannot write its site state into {where} ({err}); give the "
+            "SuperNode a writable site-dir in its --node-config") from err
+
+
+# ---------------------------------------------------------------------------------------------
+# The ClientApp
+# ---------------------------------------------------------------------------------------------
+_DATA_CACHE: dict[tuple[str, float], Any] = {}
+
+
+def _load_node_data(path: Path):
+    from ..data.files import read_client_file
+
+    key = (str(path), path.stat().st_mtime if path.exists() else 0.0)
+    if key not in _DATA_CACHE:
+        _DATA_CACHE.clear()
+        _DATA_CACHE[key] = read_client_file(path)
+    return _DATA_CACHE[key]
+
+
+def _node_data_path(context, paths: list[str] | None) -> Path:
+    nc = dict(context.node_config)
+    if "data-path" in nc:
+        p = Path(str(nc["data-path"]))
+        if p.is_dir():
+            name = str(dict(context.run_config).get("data-name", ""))
+            if not name:
+                raise DataValidationError(
+                    f"node data-path {str(p)!r} is a directory: give the app's data-name "
+                    "(the file to use in it)"
+                )
+            p = p / name
+        return p
+    if paths is not None and "partition-id" in nc:
+        return Path(paths[int(nc["partition-id"])])
+    raise DataValidationError(
+        "this Flower node has no data: start the supernode with --node-config "
+        "'data-path=\"/path/to/client.parquet\"' (fedlatent flower partition writes the files)"
+    )
+
+
+def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None) -> dict[str, Any]:
+    """Answer one message on a node: ``fd`` is the node's one-client dataset, ``state`` Flower's
+    ``context.state`` (a RecordDict) where the node's private state persists between messages,
+    ``site`` the node's site directory, where it also outlives the run
+    (:mod:`fedlatent.runtime.flower_site`)."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+
+    from ..engine.client import ClientNode
+
+    (cid,) = fd.client_ids
+    run = msg.pop(RUN, None)
+    restore = msg.pop(RESTORE, None)
+    saved = {k: v.numpy() for k, v in state[_STATE].items()} if _STATE in state else {}
+    if restore is not None and method in ROUND_METHODS and site is not None and run is not None:
+        saved = restore_state(site, cid, str(run), int(restore))
+    node = ClientNode(cid, fd[cid], saved, source=fd)
+    if method == "describe":
+        return node.handle(method, msg)
+    if method != "setup":
+        if _MODEL not in state:
+            raise RuntimeError(f"client {cid!r} got {method!r} before the model's setup")
+        node.handle("setup", dict(state[_MODEL]))
+    reply = node.handle(method, msg)
+    if site is not None:
+        save_after(site, cid, method, msg, node.state, None if run is None else str(run),
+                   restoring=restore is not None)
+    if method == "setup":
+        state[_MODEL] = ConfigRecord({"model": str(msg["model"]),
+                                      "model_config": str(msg["model_config"])})
+    state[_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in node.state.items()})
+    return reply
+
+
+def make_client_app(paths: list[str] | None = None):
+    """A ``ClientApp`` answering fedlatent messages. ``paths`` (simulation): the data file of
+    each partition id; in a deployment the node's ``data-path`` names it."""
+    from flwr.app import Message
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+    paths = [str(p) for p in paths] if paths is not None else None
+
+    @app.query("fedlatent")
+    def handle(msg, context):
+        try:
+            d = decode(msg.content)
+            method = str(d.pop(_METHOD))
+            path = _node_data_path(context, paths)
+            fd = _load_node_data(path)
+            reply = serve(fd, context.state, method, d, site_dir(dict(context.node_config), path))
+        except Exception as err:  # noqa: BLE001 - sent back, raised on the server
+            logger.exception("fedlatent client error")
+            reply = {_ERROR: str(err), _ERROR_TYPE: type(err).__name__}
+        return Message(encode(reply), reply_to=msg)
+
+    return app
