@@ -380,6 +380,24 @@ class FedGMM(FederatedEstimator):
             path = files[str(client)]
         with np.load(path, allow_pickle=False) as z:
             pi = np.asarray(z["pi"], dtype=np.float64)
+        return self._attach_pi(str(client), pi, path)
+
+    def load_site_state(self, directory: str | Path) -> PersonalizedFedGMM:
+        """Attach the ``pi_c`` a site kept in its site directory after a deployed fit
+        (:mod:`fedlatent.engine.site_state`: the node config's ``site-dir``, by default
+        ``<data file stem>.site`` beside its data file); refused if another fit wrote it."""
+        from ...engine.registry import estimator_config
+        from ...engine.site_state import check_run, read_site_state
+
+        check_is_fitted(self)
+        site = read_site_state(directory)
+        check_run(site, *estimator_config(self))
+        if "model/pi" not in site.state:
+            raise ValueError(f"site state {site.path} holds no mixture weights 'model/pi'")
+        return self._attach_pi(site.client_id, site.state["model/pi"], site.path)
+
+    def _attach_pi(self, client: str, pi, path) -> PersonalizedFedGMM:
+        pi = np.asarray(pi, dtype=np.float64)
         M = (len(self.weights_x_), len(self.weights_y_))
         if pi.shape != M:
             raise ValueError(f"{path}: pi has shape {pi.shape}, this model needs {M}")
