@@ -6,7 +6,10 @@ from __future__ import annotations
 import math
 import sys
 
+import dp_accounting as dpa  # the `privacy` extra, which `make test` installs
 import pytest
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
 
 from fedlatent.engine.privacy import (
     Calibration,
@@ -17,10 +20,6 @@ from fedlatent.engine.privacy import (
     composed_epsilon,
     planned_releases,
 )
-
-dpa = pytest.importorskip("dp_accounting")
-from dp_accounting.pld.pld_privacy_accountant import PLDAccountant  # noqa: E402
-from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant  # noqa: E402
 
 DELTA = 1e-5
 
@@ -116,6 +115,28 @@ def test_budget_stops_before_the_release_that_would_exceed():
     assert budget.releases == 5  # nothing recorded by the refused release
     assert budget.would_exceed(k=2) and PrivacyBudget(cal, releases=3).would_exceed(k=3)
     assert not PrivacyBudget(cal, releases=3).would_exceed(k=2)
+
+
+def test_budget_state_round_trips_through_json_and_resumes():
+    import json
+
+    cal = DifferentialPrivacy(2.0, DELTA, clip=1.0).calibrate(12)
+    budget = PrivacyBudget(cal)
+    budget.spend(4)
+    again = PrivacyBudget.from_state(json.loads(json.dumps(budget.state())))
+    assert again.calibration == cal and again.releases == 4 and again.spent == budget.spent
+    bad = budget.state()
+    bad["calibration"]["noise_multiplier"] = -1.0
+    with pytest.raises(ValueError, match=r"privacy calibration: noise_multiplier must be a "
+                                         r"positive finite number, got -1.0"):
+        PrivacyBudget.from_state(bad)
+    with pytest.raises(ValueError, match=r"needs exactly the fields .* got \['delta'\]; the "
+                                         r"checkpoint is damaged"):
+        Calibration.from_dict({"delta": 0.1})
+    with pytest.raises(ValueError, match=r"privacy calibration: delta must be in \(0, 1\)"):
+        Calibration.from_dict({**cal.to_dict(), "delta": 2.0})
+    with pytest.raises(ValueError, match=r"budget state needs exactly the fields"):
+        PrivacyBudget.from_state({"releases": 3})
 
 
 def test_noise_std_splits_the_variance_among_parties():

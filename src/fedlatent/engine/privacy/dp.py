@@ -38,11 +38,10 @@ class PrivacyBudgetExceeded(RuntimeError):
     """A release would spend more than the privacy budget."""
 
 
-def _positive(name: str, value: object) -> float:
+def _positive(name: str, value: object, prefix: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             math.isfinite(value) and value > 0):
-        raise ValueError(f"DifferentialPrivacy: {name} must be a positive finite number, got "
-                         f"{value!r}")
+        raise ValueError(f"{prefix}{name} must be a positive finite number, got {value!r}")
     return float(value)
 
 
@@ -101,12 +100,12 @@ class DifferentialPrivacy:
     accountant: str = "pld"
 
     def __post_init__(self) -> None:
-        _positive("epsilon", self.epsilon)
+        _positive("epsilon", self.epsilon, "DifferentialPrivacy: ")
         if isinstance(self.delta, bool) or not isinstance(self.delta, int | float) or not (
                 0.0 < self.delta < 1.0):
             raise ValueError(f"DifferentialPrivacy: delta must be in (0, 1) (typically 1e-5, "
                              f"below 1 / n_records), got {self.delta!r}")
-        _positive("clip", self.clip)
+        _positive("clip", self.clip, "DifferentialPrivacy: ")
         if self.noise not in NOISE_MODES:
             raise ValueError(f"DifferentialPrivacy: noise must be one of {NOISE_MODES}, got "
                              f"{self.noise!r}")
@@ -184,6 +183,37 @@ class Calibration:
         return _epsilon(self.noise_multiplier, k, self.delta, self.sampling_rate,
                         self.accountant)
 
+    def to_dict(self) -> dict:
+        """JSON-ready fields (for checkpoints and fitted-model metadata; no pickle)."""
+        return {"epsilon": self.epsilon, "delta": self.delta, "releases": self.releases,
+                "noise_multiplier": self.noise_multiplier, "sampling_rate": self.sampling_rate,
+                "accountant": self.accountant}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        """Inverse of :meth:`to_dict`, checking every field."""
+        expected = {"epsilon", "delta", "releases", "noise_multiplier", "sampling_rate",
+                    "accountant"}
+        if not isinstance(data, dict) or set(data) != expected:
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"a privacy calibration needs exactly the fields {sorted(expected)}, "
+                             f"got {got}; the checkpoint is damaged or from another version")
+        q = data["sampling_rate"]
+        if q is not None and not (isinstance(q, int | float) and 0.0 < q <= 1.0):
+            raise ValueError(f"privacy calibration: sampling_rate must be in (0, 1] or null, "
+                             f"got {q!r}")
+        if data["accountant"] not in ACCOUNTANTS:
+            raise ValueError(f"privacy calibration: accountant must be one of {ACCOUNTANTS}, "
+                             f"got {data['accountant']!r}")
+        delta = data["delta"]
+        if not (isinstance(delta, int | float) and 0.0 < delta < 1.0):
+            raise ValueError(f"privacy calibration: delta must be in (0, 1), got {delta!r}")
+        pre = "privacy calibration: "
+        return cls(_positive("epsilon", data["epsilon"], pre), float(delta),
+                   _count("releases", data["releases"], 1),
+                   _positive("noise_multiplier", data["noise_multiplier"], pre),
+                   None if q is None else float(q), data["accountant"])
+
     def noise_std(self, sensitivity: float, n_parties: int = 1) -> float:
         """Standard deviation each of ``n_parties`` adds so that their sum carries
         ``noise_multiplier * sensitivity`` (``n_parties=1``: local noise)."""
@@ -231,6 +261,18 @@ class PrivacyBudget:
         if self.releases == 0:
             return 0.0, 0.0
         return self.calibration.epsilon_after(self.releases), self.calibration.delta
+
+    def state(self) -> dict:
+        """JSON-ready state: the calibration and the releases made (a checkpoint resumes it)."""
+        return {"calibration": self.calibration.to_dict(), "releases": self.releases}
+
+    @classmethod
+    def from_state(cls, state: dict) -> PrivacyBudget:
+        """Inverse of :meth:`state`."""
+        if not isinstance(state, dict) or set(state) != {"calibration", "releases"}:
+            raise ValueError("a privacy budget state needs exactly the fields ['calibration', "
+                             "'releases']; the checkpoint is damaged or from another version")
+        return cls(Calibration.from_dict(state["calibration"]), state["releases"])
 
     @property
     def remaining(self) -> int:
