@@ -14,6 +14,9 @@ Hooks, in the order ``fit`` calls them::
     _run(ctx, params0, options)       the fit itself; default: the FedEM round loop
     _store(result, model)             fitted attributes from the result
 
+and ``_selection() -> Selection | None`` when a size parameter may be ``"auto"``: ``fit`` then
+fits one copy per candidate and keeps the best (:mod:`fedlatent.engine.selection`).
+
 and for prediction on federated data ``_predict_client(client, data)`` (default:
 ``predict(data.X)``; :meth:`FederatedEstimator.predict_dataset` puts the clients' parts in the
 user's order, a Series indexed by ``fd.row_index``) and ``score_dataset(fd)``.
@@ -40,6 +43,7 @@ from .model import FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
 from .runtime import Runtime
+from .selection import Selection, select
 
 __all__ = [
     "FederatedEstimator",
@@ -205,6 +209,11 @@ class FederatedEstimator(BaseEstimator):
     def _after_load(self) -> None:
         """Derived attributes, after ``_store`` or :meth:`load`."""
 
+    def _selection(self) -> Selection | None:
+        """How an ``"auto"`` size parameter is chosen (:class:`~.selection.Selection`); None
+        when there is nothing to choose (the default)."""
+        return None
+
     def _check_loaded(self) -> None:
         """The model's invariants on the arrays :meth:`load` read (shapes for the saved
         settings, weights on the simplex, covariances positive definite...), with the checks of
@@ -308,6 +317,11 @@ class FederatedEstimator(BaseEstimator):
         callbacks : list of callables or None
             ``cb(round, params, S_hat, record)`` after every round.
         """
+        self._validate_params()
+        selection = self._selection()
+        if selection is not None:
+            return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
+                                      callbacks=callbacks, checkpoint=checkpoint, resume=resume)
         ctx = self._start(fd, runtime)
         params0 = self._initialize(ctx)
         options = LoopOptions(
@@ -331,6 +345,33 @@ class FederatedEstimator(BaseEstimator):
         self.n_features_in_ = fd.n_features
         self._runtime = ctx.runtime
         self._store(result, ctx.model)
+        return self
+
+    def _fit_selected(self, fd, selection: Selection, *, runtime, progress, callbacks,
+                      checkpoint, resume):
+        """``fit`` with an ``"auto"`` parameter: one fit per candidate (:func:`.selection.select`);
+        this estimator takes the best one's fitted attributes, ``<param>_`` (the chosen value)
+        and ``selection_scores_`` (one row per candidate)."""
+        p = selection.param
+        if checkpoint is not None or resume:
+            raise ValueError(f"{p}='auto' runs one fit per candidate and a checkpoint holds one "
+                             f"fit: choose {p} first (selection_scores_), then checkpoint the fit "
+                             "with that value")
+        if selection.split is not None and runtime is not None:
+            raise ValueError(f"{p}='auto' scores on held-out rows, which needs the data in this "
+                             f"process: fit without runtime=, or give {p} a number")
+
+        def fit_one(candidate, data):
+            return candidate.fit(data, runtime=runtime if data is fd else None,
+                                 progress=progress, callbacks=callbacks)
+
+        best, table = select(self, fd, selection, fit_one)
+        own = set(self.get_params(deep=False))
+        for key, value in vars(best).items():
+            if key not in own:
+                setattr(self, key, value)
+        setattr(self, f"{p}_", int(getattr(best, p)))
+        self.selection_scores_ = table
         return self
 
     # ---- prediction on federated data ----------------------------------------------------------
@@ -403,6 +444,11 @@ class FederatedEstimator(BaseEstimator):
             },
             "history": self.history_.to_frame().to_dict(orient="records"),
         }
+        table = getattr(self, "selection_scores_", None)
+        if table is not None:  # an "auto" size: the choice and every candidate's scores
+            param = str(table.index.name)
+            meta["selection"] = {"param": param, "value": int(getattr(self, f"{param}_")),
+                                 "scores": table.reset_index().to_dict(orient="records")}
         meta.update(self._save_extra())
         save_arrays_json(path, arrays, meta)
 
@@ -435,8 +481,25 @@ class FederatedEstimator(BaseEstimator):
         est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
         est.n_features_in_ = len(est.feature_names_in_)
         est.history_ = History.from_records(meta["history"])
+        if "selection" in meta:
+            est._load_selection(meta["selection"])
         est._load_extra(meta)
         return est
+
+    def _load_selection(self, doc: dict[str, Any]) -> None:
+        """``<param>_`` and ``selection_scores_`` of a saved ``"auto"`` fit (checked)."""
+        import pandas as pd
+
+        param, value = doc.get("param"), doc.get("value")
+        if param not in self._get_param_names() or isinstance(value, bool) or not isinstance(
+                value, int):
+            raise ValueError(f"entry 'selection' names {param!r} = {value!r}, not a size "
+                             f"parameter of {type(self).__name__} and an integer")
+        table = pd.DataFrame(doc.get("scores") or [])
+        if param not in table.columns or value not in set(table[param]):
+            raise ValueError(f"entry 'selection' has no scores for {param} = {value}")
+        setattr(self, f"{param}_", value)
+        self.selection_scores_ = table.set_index(param)
 
     @classmethod
     def load(cls, path: str | Path):

@@ -27,6 +27,7 @@ from ...engine.model import Params
 from ...engine.numerics import kmeans, logsumexp
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
+from ...engine.selection import AUTO_SIZE, Selection, check_candidates
 from ...engine.stats import Stats
 from .math import (
     COV_TYPES,
@@ -212,7 +213,10 @@ class FederatedGaussianMixture(FederatedEstimator):
 
     Parameters
     ----------
-    n_components : int, default 1
+    n_components : int or "auto", default 1
+        "auto": one fit per value of ``n_components_candidates``, the one of lowest BIC
+        (:meth:`bic` on the fitted data, computed on the clients) is kept; ``n_components_``
+        is the chosen number and ``selection_scores_`` every candidate's BIC.
     covariance_type : {"full", "tied", "diag", "spherical"}, default "full"
     reg_covar : float, default 1e-6
         Added to the diagonal of every covariance.
@@ -235,10 +239,17 @@ class FederatedGaussianMixture(FederatedEstimator):
     verbose : bool or None
         Progress bar; None shows it when stderr is a terminal.
     min_points_per_centroid : int, default 5
+    n_components_candidates : list of int or None, default None
+        The numbers of components ``n_components="auto"`` tries; None: 1 to 8.
 
     Attributes
     ----------
     weights_, means_, covariances_, precisions_cholesky_, precisions_
+    n_components_ : int
+        The number of components of the fit (the chosen one with "auto").
+    selection_scores_ : DataFrame
+        Only with "auto": per candidate (index ``n_components``), ``bic``, ``loglik`` (summed
+        over the rows), ``n_parameters``, ``n_iter``, ``converged`` and ``error``.
     history_ : History
         One record per round (objective, bytes, participants, seconds...).
     converged_ : bool
@@ -261,7 +272,7 @@ class FederatedGaussianMixture(FederatedEstimator):
 
     _parameter_constraints = {
         **ROUND_LOOP,
-        "n_components": [Integer(1)],
+        "n_components": [AUTO_SIZE],
         "covariance_type": [Options(*COV_TYPES)],
         "reg_covar": [Real(0)],
         "init_params": [Options("kmeans-federated", "random")],
@@ -269,6 +280,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         "means_init": [None, "array-like"],
         "precisions_init": [None, "array-like"],
         "min_points_per_centroid": [Integer(1)],
+        "n_components_candidates": [None, "array-like"],
     }
 
     def __init__(
@@ -287,6 +299,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         random_state=None,
         verbose: bool | None = None,
         min_points_per_centroid: int = 5,
+        n_components_candidates=None,
     ):
         self.n_components = n_components
         self.covariance_type = covariance_type
@@ -301,8 +314,38 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.min_points_per_centroid = min_points_per_centroid
+        self.n_components_candidates = n_components_candidates
 
     _score_name = "mean log-likelihood"
+
+    def _check_params(self) -> None:
+        if self.n_components != "auto":
+            return
+        check_candidates(self.n_components_candidates, range(1, 9), "n_components",
+                         "n_components_candidates")
+        given = [k for k in ("weights_init", "means_init", "precisions_init")
+                 if getattr(self, k) is not None]
+        if given:
+            raise ValueError(f"{given[0]} fixes the number of components, but n_components="
+                             "'auto' chooses it; give n_components a number or leave "
+                             f"{given[0]} out")
+
+    def _selection(self) -> Selection | None:
+        if self.n_components != "auto":
+            return None
+
+        def bic(est, fd) -> dict:
+            tot, n = est._federated_loglik(fd)
+            k = est._n_parameters()
+            return {"bic": -2.0 * tot + k * np.log(n), "loglik": tot, "n_parameters": k}
+
+        return Selection("n_components", check_candidates(
+            self.n_components_candidates, range(1, 9), "n_components",
+            "n_components_candidates"), "bic", bic)
+
+    def _fitted_k(self) -> int:
+        """The number of components of the fitted mixture."""
+        return int(np.shape(self.weights_)[0])
 
     def _validate_data(self, fd: FederatedDataset) -> None:
         n = fd.n_samples
@@ -333,7 +376,8 @@ class FederatedGaussianMixture(FederatedEstimator):
                 )
 
     def _make_model(self, fd):
-        return GMMModel(self.n_components, self.covariance_type, self.reg_covar)
+        K = self._fitted_k() if self.n_components == "auto" else self.n_components
+        return GMMModel(K, self.covariance_type, self.reg_covar)
 
     def _initialize(self, ctx: FitContext) -> Params:
         return initialize_gaussians(
@@ -353,6 +397,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.weights_ = p["weights"]
         self.means_ = p["means"]
         self.precisions_cholesky_ = p["precisions_cholesky"]
+        self.n_components_ = int(np.shape(p["weights"])[0])
         _, _, self.covariances_ = gmm_m_step(
             result.S_hat, p["center"], self.covariance_type, self.reg_covar
         )
@@ -362,7 +407,11 @@ class FederatedGaussianMixture(FederatedEstimator):
     def _check_loaded(self) -> None:
         from ...engine import loadcheck as lc
 
-        K, d, ct = int(self.n_components), int(self.n_features_in_), self.covariance_type
+        K = getattr(self, "n_components_", self.n_components)  # a saved "auto" fit: chosen K
+        if K == "auto":
+            raise ValueError("a model saved with n_components='auto' must record the chosen "
+                             "number (entry 'selection')")
+        K, d, ct = int(K), int(self.n_features_in_), self.covariance_type
         lc.expect_shape(self, "weights_", (K,))
         lc.expect_shape(self, "means_", (K, d))
         lc.expect_simplex(self, "weights_")
@@ -370,6 +419,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         lc.expect_precisions_cholesky(self, "precisions_cholesky_", ct, K, d)
 
     def _after_load(self) -> None:
+        self.n_components_ = self._fitted_k()
         pc = self.precisions_cholesky_
         if self.covariance_type == "full":
             self.precisions_ = np.einsum("kij,klj->kil", pc, pc)
@@ -413,7 +463,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         from sklearn.mixture import GaussianMixture
 
         check_is_fitted(self)
-        gm = GaussianMixture(self.n_components, covariance_type=self.covariance_type,
+        gm = GaussianMixture(self._fitted_k(), covariance_type=self.covariance_type,
                              reg_covar=self.reg_covar, tol=self.tol, max_iter=self.max_rounds)
         gm.weights_ = np.array(self.weights_, copy=True)
         gm.means_ = np.array(self.means_, copy=True)
@@ -437,7 +487,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         return self._weighted_log_prob(self._check_X(X)).argmax(axis=1)
 
     def _n_parameters(self) -> int:
-        return n_free_parameters(self.n_components, self.n_features_in_, self.covariance_type)
+        return n_free_parameters(self._fitted_k(), self.n_features_in_, self.covariance_type)
 
     def bic(self, X) -> float:
         """Bayesian information criterion (lower is better). X: array or FederatedDataset."""

@@ -18,8 +18,9 @@ from ...engine.estimator import FederatedEstimator, FitContext, check_features, 
 from ...engine.exchange import array, number
 from ...engine.loop import FitResult
 from ...engine.model import Params
-from ...engine.params import ROUND_LOOP, Integer, Real
+from ...engine.params import ROUND_LOOP, Real
 from ...engine.registry import register_estimator
+from ...engine.selection import AUTO_SIZE, Selection, check_candidates
 from ...engine.stats import Stats
 from .math import (
     add_intercept,
@@ -119,7 +120,10 @@ class LatentClassRegression(FederatedEstimator):
 
     Parameters
     ----------
-    n_components : int, default 2
+    n_components : int or "auto", default 2
+        "auto": one fit per value of ``n_components_candidates``, the one of lowest BIC
+        (:meth:`bic` on the fitted data, computed on the clients) is kept; ``n_components_``
+        is the chosen number and ``selection_scores_`` every candidate's BIC.
     fit_intercept : bool, default True
     max_rounds : int, default 100
         Rounds at most (round 1 is the E-step at the initial parameters).
@@ -142,9 +146,16 @@ class LatentClassRegression(FederatedEstimator):
     federation : fl.Federation or None
         Participation, step size, compression, control variates, variance reduction.
     random_state : int or None
+    n_components_candidates : list of int or None, default None
+        The numbers of components ``n_components="auto"`` tries; None: 1 to 6.
 
     Attributes
     ----------
+    n_components_ : int
+        The number of components of the fit (the chosen one with "auto").
+    selection_scores_ : DataFrame
+        Only with "auto": per candidate (index ``n_components``), ``bic``, ``loglik`` (summed
+        over the rows), ``n_parameters``, ``n_iter``, ``converged`` and ``error``.
     weights_ : ndarray of shape (n_components,)
     coef_ : ndarray of shape (n_components, n_features)
     intercept_ : ndarray of shape (n_components,)
@@ -195,13 +206,14 @@ class LatentClassRegression(FederatedEstimator):
 
     _parameter_constraints = {
         **ROUND_LOOP,
-        "n_components": [Integer(1)],
+        "n_components": [AUTO_SIZE],
         "fit_intercept": ["boolean"],
         "reg_noise": [Real(0)],
         "weights_init": [None, "array-like"],
         "coef_init": [None, "array-like"],
         "intercept_init": [None, "array-like"],
         "noise_variance_init": [None, "array-like"],
+        "n_components_candidates": [None, "array-like"],
     }
 
     def __init__(
@@ -218,6 +230,7 @@ class LatentClassRegression(FederatedEstimator):
         noise_variance_init=None,
         federation=None,
         random_state=None,
+        n_components_candidates=None,
     ):
         self.n_components = n_components
         self.fit_intercept = fit_intercept
@@ -230,10 +243,20 @@ class LatentClassRegression(FederatedEstimator):
         self.noise_variance_init = noise_variance_init
         self.federation = federation
         self.random_state = random_state
+        self.n_components_candidates = n_components_candidates
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
         K = self.n_components
+        if K == "auto":
+            check_candidates(self.n_components_candidates, range(1, 7), "n_components",
+                             "n_components_candidates")
+            given = [k for k in ("weights_init", "coef_init", "intercept_init",
+                                 "noise_variance_init") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{given[0]} fixes the number of components, but n_components="
+                                 "'auto' chooses it; give n_components a number or leave "
+                                 f"{given[0]} out")
         if self.intercept_init is not None and not self.fit_intercept:
             raise ValueError("intercept_init is given but fit_intercept=False; leave it out or "
                              "set fit_intercept=True")
@@ -287,8 +310,26 @@ class LatentClassRegression(FederatedEstimator):
         return {}
 
     # ---- fitting hooks ----------------------------------------------------------------------
+    def _selection(self) -> Selection | None:
+        if self.n_components != "auto":
+            return None
+
+        def bic(est, fd) -> dict:
+            tot, n = est._federated_loglik(fd)
+            k = est._n_parameters()
+            return {"bic": -2.0 * tot + k * np.log(n), "loglik": tot, "n_parameters": k}
+
+        return Selection("n_components", check_candidates(
+            self.n_components_candidates, range(1, 7), "n_components",
+            "n_components_candidates"), "bic", bic)
+
+    def _fitted_k(self) -> int:
+        """The number of components of the fitted model."""
+        return int(np.shape(self.weights_)[0])
+
     def _make_model(self, fd) -> LCRModel:
-        return LCRModel(self.n_components, self.fit_intercept, self.reg_noise)
+        K = self._fitted_k() if self.n_components == "auto" else self.n_components
+        return LCRModel(K, self.fit_intercept, self.reg_noise)
 
     def _explicit_init(self) -> bool:
         return (self.weights_init is not None and self.coef_init is not None
@@ -323,6 +364,7 @@ class LatentClassRegression(FederatedEstimator):
         self.intercept_ = (np.asarray(p["beta"][:, d], float) if self.fit_intercept
                            else np.zeros(self.n_components))
         self.noise_variance_ = np.asarray(p["noise_variance"], float)
+        self.n_components_ = int(self.weights_.shape[0])
         self.lower_bound_ = float(result.history[-1].objective)
         if result.converged and self.n_components > 1 and _nearly_identical(p):
             from ...engine.errors import ConvergenceWarning
@@ -338,7 +380,11 @@ class LatentClassRegression(FederatedEstimator):
     def _check_loaded(self) -> None:
         from ...engine import loadcheck as lc
 
-        K, d = int(self.n_components), int(self.n_features_in_)
+        K = getattr(self, "n_components_", self.n_components)  # a saved "auto" fit: chosen K
+        if K == "auto":
+            raise ValueError("a model saved with n_components='auto' must record the chosen "
+                             "number (entry 'selection')")
+        K, d = int(K), int(self.n_features_in_)
         for name, shape in (("weights_", (K,)), ("coef_", (K, d)), ("intercept_", (K,)),
                             ("noise_variance_", (K,))):
             lc.expect_shape(self, name, shape)
@@ -346,6 +392,7 @@ class LatentClassRegression(FederatedEstimator):
         lc.expect_positive(self, "noise_variance_")
 
     def _after_load(self) -> None:
+        self.n_components_ = self._fitted_k()
         if not hasattr(self, "lower_bound_") and len(self.history_):
             self.lower_bound_ = float(self.history_[-1].objective)
 
@@ -412,7 +459,7 @@ class LatentClassRegression(FederatedEstimator):
         return self.score(fd)
 
     def _n_parameters(self) -> int:
-        return n_free_parameters(self.n_components, self.n_features_in_ + int(self.fit_intercept))
+        return n_free_parameters(self._fitted_k(), self.n_features_in_ + int(self.fit_intercept))
 
     def bic(self, X, y=None) -> float:
         """Bayesian information criterion (lower is better): ``-2 log L + k log n``.

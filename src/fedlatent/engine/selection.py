@@ -1,0 +1,160 @@
+"""Choosing a model's size (``n_components="auto"``, ``n_clusters="auto"``) by a score.
+
+An estimator whose size parameter may be ``"auto"`` returns a :class:`Selection` from its
+``_selection()`` hook; the base estimator's ``fit`` then fits one copy per candidate value
+(:func:`select`), keeps the best by the criterion, and takes over its fitted attributes, with
+``<param>_`` (the chosen value) and ``selection_scores_`` (one row per candidate). The
+estimator never overrides ``fit``.
+
+Two ways to score a candidate:
+
+- on the data it was fitted on, e.g. BIC (``split=None``): the Gaussian mixture and the latent
+  class regression, ``score=lambda est, fd: {"bic": est.bic(fd), ...}``;
+- on held-out data (``split=`` a function ``fd -> (fit_part, held_out)``, e.g. events held out
+  per entity, or rows per client): each candidate is fitted on the first part and scored on
+  the second, and the chosen value is then fitted again on all of ``fd``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .params import Integer
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["AUTO_SIZE", "Selection", "check_candidates", "select"]
+
+
+class _SizeOrAuto(Integer):
+    """An integer >= 1 or ``"auto"``; its message stays the integer's ("n_components must be
+    an integer >= 1, got 0"), as before "auto" existed."""
+
+    def ok(self, value: Any) -> bool:
+        return (isinstance(value, str) and value == "auto") or super().ok(value)
+
+
+#: the ``_parameter_constraints`` entry of a size that may be "auto": ``[AUTO_SIZE]``
+AUTO_SIZE = _SizeOrAuto(1)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How an ``"auto"`` parameter is chosen.
+
+    Attributes
+    ----------
+    param : str
+        The constructor parameter, e.g. ``"n_components"``.
+    candidates : tuple of int
+        The values tried, in order (ties go to the first).
+    criterion : str
+        Name of the score (a column of ``selection_scores_``), e.g. ``"bic"``.
+    score : callable
+        ``score(fitted_candidate, fd) -> float`` or a dict holding ``criterion`` (its other
+        entries become columns too); ``fd`` is the held-out part when ``split`` is given.
+    lower_is_better : bool, default True
+        BIC: lower is better; a held-out log-likelihood: higher (give False).
+    split : callable or None
+        ``split(fd) -> (fit_part, held_out)``; None scores on the data of the fit.
+    """
+
+    param: str
+    candidates: tuple[int, ...]
+    criterion: str
+    score: Callable[[Any, Any], float | Mapping[str, float]]
+    lower_is_better: bool = True
+    split: Callable[[Any], tuple[Any, Any]] | None = None
+
+
+def check_candidates(values: Sequence[int] | None, default: Sequence[int], param: str,
+                     name: str) -> tuple[int, ...]:
+    """The candidate values as a tuple of distinct integers >= 1, or a ValueError naming
+    ``name`` (the constructor parameter holding them) and the fix."""
+    if values is None:
+        return tuple(int(v) for v in default)
+    try:
+        vals = [v for v in values]
+    except TypeError:
+        raise ValueError(f"{name} must be a list of integers >= 1 (the {param} values to try), "
+                         f"got {values!r}") from None
+    bad = [v for v in vals if isinstance(v, bool) or not isinstance(v, int | np.integer)
+           or v < 1]
+    if not vals or bad:
+        raise ValueError(f"{name} must be a non-empty list of integers >= 1 (the {param} "
+                         f"values to try), got {values!r}")
+    if len(set(vals)) != len(vals):
+        raise ValueError(f"{name} lists a value twice: {values!r}; give each {param} once")
+    return tuple(int(v) for v in vals)
+
+
+def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
+           ) -> tuple[Any, pd.DataFrame]:
+    """Fit a copy of ``est`` for every candidate and keep the best.
+
+    Parameters
+    ----------
+    est : FederatedEstimator
+        The estimator whose ``selection.param`` is ``"auto"`` (it is not modified).
+    fd : FederatedDataset
+    selection : Selection
+    fit : callable
+        ``fit(candidate, data) -> fitted candidate`` (the base estimator's fit with its
+        runtime and progress settings).
+
+    Returns
+    -------
+    best : the fitted candidate (fitted on all of ``fd``)
+    table : DataFrame indexed by the candidate values (index name ``selection.param``) with
+        the criterion, the other entries of the score, ``n_iter``, ``converged`` and
+        ``error`` (why a candidate could not be fitted: its fit's ValueError, with a NaN
+        criterion and a warning; when no candidate can be fitted, the first error is raised).
+    """
+    import pandas as pd
+    from sklearn.base import clone
+
+    fit_part, held_out = selection.split(fd) if selection.split is not None else (fd, fd)
+    rows, fitted, errors = [], {}, []
+    for k in selection.candidates:
+        cand = clone(est).set_params(**{selection.param: int(k)})
+        try:
+            fit(cand, fit_part)
+        except ValueError as err:  # e.g. more components than rows: this size cannot be fitted
+            errors.append(err)
+            rows.append({selection.criterion: np.nan, "n_iter": 0, "converged": False,
+                         "error": str(err)})
+            continue
+        got = selection.score(cand, held_out)
+        row = dict(got) if isinstance(got, Mapping) else {selection.criterion: float(got)}
+        if selection.criterion not in row:
+            raise KeyError(f"the score of {type(est).__name__} gave {sorted(row)}, not "
+                           f"{selection.criterion!r}")
+        row.update(n_iter=int(getattr(cand, "n_iter_", 0)),
+                   converged=bool(getattr(cand, "converged_", True)), error="")
+        rows.append(row)
+        fitted[int(k)] = cand
+    if not fitted:  # the same problem for every size: say it once, as a single fit would
+        raise errors[0]
+    if errors:
+        warnings.warn(f"{type(est).__name__}: {len(errors)} of {len(rows)} candidate "
+                      f"{selection.param} values could not be fitted (see selection_scores_"
+                      f"['error']); the first: {errors[0]}", UserWarning, stacklevel=4)
+    table = pd.DataFrame(rows, index=pd.Index(list(selection.candidates), name=selection.param))
+    crit = table[selection.criterion].to_numpy(dtype=np.float64)
+    if not np.isfinite(crit).any():
+        raise ValueError(f"no candidate {selection.param} has a finite {selection.criterion}: "
+                         f"{dict(zip(selection.candidates, crit.tolist(), strict=True))}")
+    crit = np.where(np.isfinite(crit), crit, np.inf if selection.lower_is_better else -np.inf)
+    best_k = selection.candidates[int(np.argmin(crit) if selection.lower_is_better
+                                      else np.argmax(crit))]
+    best = fitted[best_k]
+    if selection.split is not None:  # the chosen size, fitted on every row
+        best = clone(est).set_params(**{selection.param: int(best_k)})
+        fit(best, fd)
+    return best, table
