@@ -15,6 +15,10 @@ message, so that the *sum* over the ``n`` parties carries ``(z Delta)^2``. That 
 record only if nobody sees one party's message: use it with secure aggregation. If parties drop
 out after adding their share, the sum carries less noise than calibrated; the caller must
 re-noise or count the release at the noise actually present.
+
+Matrix blocks get independent noise in every entry (the mechanism on the vectorized matrix,
+whose Frobenius norm the sensitivities bound); symmetrizing a noisy ``x x^T`` sum afterwards is
+post-processing and costs no privacy.
 """
 
 from __future__ import annotations
