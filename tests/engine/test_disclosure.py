@@ -152,3 +152,9 @@ def test_policy_values_are_checked(kwargs, message):
 def test_policy_is_frozen():
     with pytest.raises(AttributeError):
         DisclosurePolicy().min_records = 1
+
+
+def test_numpy_scalars_become_plain_numbers():
+    p = DisclosurePolicy(min_records=np.int64(5), max_parameters_per_record=np.float32(0.5))
+    assert type(p.min_records) is int and p.min_records == 5
+    assert type(p.max_parameters_per_record) is float and p.max_parameters_per_record == 0.5

@@ -175,6 +175,14 @@ def test_settings_are_frozen_and_target_range_normalized():
         dp.epsilon = 3.0
 
 
+def test_numpy_scalars_become_plain_floats():
+    import numpy as np
+
+    dp = DifferentialPrivacy(np.int64(2), np.float64(1e-5), clip=np.float32(1.5))
+    assert [type(v) for v in (dp.epsilon, dp.delta, dp.clip)] == [float, float, float]
+    assert (dp.epsilon, dp.delta, dp.clip) == (2.0, 1e-5, 1.5)
+
+
 def test_distributed_noise_requires_secure_aggregation():
     dp = DifferentialPrivacy(1.0, DELTA, clip=1.0, noise="distributed")
     assert dp.requires_secure_aggregation

@@ -37,6 +37,7 @@ With secure aggregation the server sees only the sum over a round's participants
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -94,14 +95,16 @@ class DisclosurePolicy:
         for name, low in (("min_records", 0), ("min_records_per_block", 0),
                           ("tree_min_leaf", 1)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
                 raise ValueError(f"DisclosurePolicy: {name} must be an integer >= {low}, got "
                                  f"{v!r}")
+            object.__setattr__(self, name, int(v))  # numpy integers become plain ints
         for name in ("max_parameters_per_record", "max_levels_density"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or math.isnan(v) or v <= 0:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or v <= 0:
                 raise ValueError(f"DisclosurePolicy: {name} must be a number > 0 (math.inf "
                                  f"disables it), got {v!r}")
+            object.__setattr__(self, name, float(v))
         if not isinstance(self.allow_row_storing_learners, bool):
             raise ValueError(f"DisclosurePolicy: allow_row_storing_learners must be True or "
                              f"False, got {self.allow_row_storing_learners!r}")

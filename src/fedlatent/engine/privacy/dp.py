@@ -17,6 +17,7 @@ the clear, an objective value) is not covered and must be noised or withheld by 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,7 +40,7 @@ class PrivacyBudgetExceeded(RuntimeError):
 
 
 def _positive(name: str, value: object, prefix: str = "") -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
             math.isfinite(value) and value > 0):
         raise ValueError(f"{prefix}{name} must be a positive finite number, got {value!r}")
     return float(value)
@@ -101,11 +102,13 @@ class DifferentialPrivacy:
 
     def __post_init__(self) -> None:
         _positive("epsilon", self.epsilon, "DifferentialPrivacy: ")
-        if isinstance(self.delta, bool) or not isinstance(self.delta, int | float) or not (
+        if isinstance(self.delta, bool) or not isinstance(self.delta, numbers.Real) or not (
                 0.0 < self.delta < 1.0):
             raise ValueError(f"DifferentialPrivacy: delta must be in (0, 1) (typically 1e-5, "
                              f"below 1 / n_records), got {self.delta!r}")
         _positive("clip", self.clip, "DifferentialPrivacy: ")
+        for name in ("epsilon", "delta", "clip"):  # numpy scalars become plain floats
+            object.__setattr__(self, name, float(getattr(self, name)))
         if self.noise not in NOISE_MODES:
             raise ValueError(f"DifferentialPrivacy: noise must be one of {NOISE_MODES}, got "
                              f"{self.noise!r}")
@@ -115,7 +118,7 @@ class DifferentialPrivacy:
         if self.target_range is not None:
             tr = self.target_range
             ok = (isinstance(tr, tuple | list) and len(tr) == 2
-                  and all(isinstance(v, int | float) and math.isfinite(v) for v in tr)
+                  and all(isinstance(v, numbers.Real) and math.isfinite(v) for v in tr)
                   and tr[0] < tr[1])
             if not ok:
                 raise ValueError(f"DifferentialPrivacy: target_range must be (lo, hi) with "
@@ -199,14 +202,14 @@ class Calibration:
             raise ValueError(f"a privacy calibration needs exactly the fields {sorted(expected)}, "
                              f"got {got}; the checkpoint is damaged or from another version")
         q = data["sampling_rate"]
-        if q is not None and not (isinstance(q, int | float) and 0.0 < q <= 1.0):
+        if q is not None and not (isinstance(q, numbers.Real) and 0.0 < q <= 1.0):
             raise ValueError(f"privacy calibration: sampling_rate must be in (0, 1] or null, "
                              f"got {q!r}")
         if data["accountant"] not in ACCOUNTANTS:
             raise ValueError(f"privacy calibration: accountant must be one of {ACCOUNTANTS}, "
                              f"got {data['accountant']!r}")
         delta = data["delta"]
-        if not (isinstance(delta, int | float) and 0.0 < delta < 1.0):
+        if not (isinstance(delta, numbers.Real) and 0.0 < delta < 1.0):
             raise ValueError(f"privacy calibration: delta must be in (0, 1), got {delta!r}")
         pre = "privacy calibration: "
         return cls(_positive("epsilon", data["epsilon"], pre), float(delta),
