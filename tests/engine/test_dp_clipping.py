@@ -16,8 +16,11 @@ from scipy.special import softmax
 from fedlatent.engine.numerics import add_intercept
 from fedlatent.engine.privacy import (
     REPLACE_ONE_FACTOR,
+    center_from_sums,
+    center_sensitivity,
     clip_rows,
     clip_targets,
+    gaussian_mechanism,
     gmm_sensitivity,
     joint_sensitivity,
     logistic_sensitivity,
@@ -87,6 +90,29 @@ def test_clipping_arguments_are_checked(call, exc, message):
 
 def test_clip_targets():
     assert clip_targets([-10.0, 0.5, 1e9], LO, HI).tolist() == [LO, 0.5, HI]
+
+
+# ---- a privately estimated centre --------------------------------------------------------
+def test_centre_sums_move_by_at_most_the_sensitivity_and_the_noisy_centre_is_close():
+    rng = np.random.default_rng(6)
+    R0, origin = 50.0, np.zeros(D)  # a loose public ball
+    bound = center_sensitivity(R0)
+
+    def sums(X):
+        Xc = clip_rows(X, R0, origin)
+        return {"n": np.array([float(len(Xc))]), "sx": (Xc - origin).sum(0)}
+
+    X = CENTER + rng.normal(size=(20_000, D))
+    base = sums(X)
+    for x in _huge_rows(rng, TRIALS):
+        moved = _block_norms(sums(np.vstack([X, x])), base)
+        assert all(moved[k] <= bound[k] * (1 + 1e-9) for k in bound)
+    noisy = gaussian_mechanism(base, sensitivity=joint_sensitivity(bound), noise_multiplier=5.0,
+                               rng=np.random.default_rng(0))
+    c = center_from_sums(noisy["n"][0], noisy["sx"], origin)
+    # noise sd on each coordinate of the mean: 5 * sqrt(1 + 50^2) / 20000 ~ 0.0125
+    assert np.abs(c - CENTER).max() < 0.1
+    assert np.array_equal(center_from_sums(-3.0, np.ones(D), origin), np.ones(D))  # floored
 
 
 # ---- GMM -----------------------------------------------------------------------------------
@@ -224,6 +250,7 @@ def test_logistic_bounds_are_attained_for_three_classes():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: gmm_sensitivity(0.0), r"radius must be a positive finite number, got 0.0"),
+    (lambda: center_sensitivity(-1.0), r"radius must be a positive finite number, got -1.0"),
     (lambda: regression_sensitivity(1.0, -1.0), r"target_bound must be a positive finite"),
     (lambda: regression_sensitivity(1.0, 1.0, records_per_unit=0),
      r"records_per_unit must be a positive integer, got 0"),

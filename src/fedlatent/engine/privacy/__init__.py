@@ -20,6 +20,8 @@ from .accountant import calibrate_noise_multiplier, composed_epsilon
 from .attacks import record_from_regression_block, rows_from_one_record, rows_from_two_records
 from .clipping import (
     REPLACE_ONE_FACTOR,
+    center_from_sums,
+    center_sensitivity,
     clip_rows,
     clip_targets,
     gmm_sensitivity,
@@ -53,6 +55,8 @@ __all__ = [
     "PrivacyBudget",
     "PrivacyBudgetExceeded",
     "calibrate_noise_multiplier",
+    "center_from_sums",
+    "center_sensitivity",
     "check_aggregate",
     "check_counts",
     "check_learner",

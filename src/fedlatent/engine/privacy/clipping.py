@@ -27,6 +27,8 @@ import numpy as np
 
 __all__ = [
     "REPLACE_ONE_FACTOR",
+    "center_from_sums",
+    "center_sensitivity",
     "clip_rows",
     "clip_targets",
     "gmm_sensitivity",
@@ -86,6 +88,29 @@ def clip_targets(y: np.ndarray, lo: float, hi: float) -> np.ndarray:
     if not np.all(np.isfinite(y)):
         raise ValueError("y must be finite before clipping (impute or drop NaN targets)")
     return np.clip(y, lo, hi)
+
+
+def center_sensitivity(radius: float) -> dict[str, float]:
+    """Per-block L2 sensitivity of the sums that estimate a centre privately.
+
+    To clip around a data-dependent centre without spending it in the clear, each client clips
+    its rows to a loose public ball (radius ``R0`` around a public origin ``o``) and sends
+    ``n = sum_i 1`` and ``sx = sum_i (x_i - o)``; one record moves them by ``1`` and ``R0``
+    (joint ``sqrt(1 + R0^2)``). The server's centre is :func:`center_from_sums` of the noisy
+    sums, post-processing of one initialization release.
+    """
+    R = _radius("radius", radius)
+    return {"n": 1.0, "sx": R}
+
+
+def center_from_sums(n: float, sx: np.ndarray, origin: np.ndarray) -> np.ndarray:
+    """``o + sx / max(n, 1)``: the centre from (noisy) summed counts and offsets.
+
+    A noisy count can be tiny or negative; flooring it at 1 keeps the centre finite (free
+    post-processing).
+    """
+    sx = np.asarray(sx, dtype=np.float64)
+    return np.asarray(origin, dtype=np.float64) + sx / max(float(n), 1.0)
 
 
 def gmm_sensitivity(radius: float) -> dict[str, float]:
