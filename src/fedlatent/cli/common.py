@@ -11,6 +11,7 @@ non-zero exit code (2; 1 for an unexpected error, which also says how to see its
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import os
 import warnings
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ..data.dataset import FederatedDataset
 
 __all__ = [
+    "CATEGORICAL",
     "ClientOpt",
     "CliGroup",
     "CommandGroup",
@@ -92,6 +94,18 @@ ProgressOpt = Annotated[
     bool | None,
     typer.Option("--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ]
+
+
+#: ``--categorical`` of the running ``fit`` command (every fit command gets the option:
+#: :class:`fedlatent.cli.fit.FitGroup`); :func:`load_dataset` reads it
+CATEGORICAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("categorical",
+                                                                         default=None)
+CATEGORICAL_CHOICES = ("onehot", "onehot-all")
+CATEGORICAL_HELP = ("Encode text, categorical and boolean feature columns as indicator columns "
+                    "'col=level': 'onehot' drops each column's first level (the reference, "
+                    "collinear with an intercept otherwise), 'onehot-all' keeps every level. The "
+                    "levels are agreed from each client's distinct labels (they cross: merge rare "
+                    "labels first); 'fedlatent predict' encodes with the same levels.")
 
 
 # ---- messages ------------------------------------------------------------------------------
@@ -268,20 +282,32 @@ def _check_csv_header(path: Path, df: pd.DataFrame, sep: str) -> None:
 
 
 def load_dataset(path: Path, client: str, features: list[str] | str | None = None,
-                 target: str | None = None, entity: str | None = None
-                 ) -> tuple[pd.DataFrame, FederatedDataset]:
+                 target: str | None = None, entity: str | None = None,
+                 categorical=None) -> tuple[pd.DataFrame, FederatedDataset]:
     """The file's table and its federated dataset (DataValidationError names client and column).
 
     The dataset holds clients sorted by ``str(client id)``, each client's rows in file order;
-    :func:`file_order` maps its rows back to the file's.
+    :func:`file_order` maps its rows back to the file's (its ``row_index`` is the file's row
+    numbers). ``categorical``: as ``FederatedDataset.from_pandas``; None: the running fit
+    command's ``--categorical`` (:data:`CATEGORICAL`).
     """
     from ..data.dataset import FederatedDataset
+    from ..data.validation import DataValidationError
 
     df = read_frame(path)
     if isinstance(features, str):
         features = split_list(features)
-    fd = FederatedDataset.from_pandas(df, client=client, features=features, target=target,
-                                      entity=entity)
+    if categorical is None:
+        categorical = CATEGORICAL.get()
+    try:
+        fd = FederatedDataset.from_pandas(df, client=client, features=features, target=target,
+                                          entity=entity, categorical=categorical)
+    except DataValidationError as err:  # the library's fix, said as the command line says it
+        text = str(err)
+        if "categorical='onehot'" in text:
+            raise DataValidationError(text.replace("categorical='onehot'",
+                                                   "--categorical onehot")) from None
+        raise
     return df, fd
 
 

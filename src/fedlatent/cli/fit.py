@@ -16,6 +16,7 @@ was fitted with, which ``fedlatent predict`` and ``score`` read back.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import warnings
@@ -26,6 +27,9 @@ import click
 import typer
 
 from .common import (
+    CATEGORICAL,
+    CATEGORICAL_CHOICES,
+    CATEGORICAL_HELP,
     ClientOpt,
     CommandGroup,
     DataOpt,
@@ -72,7 +76,29 @@ class FitGroup(CommandGroup):
             if entry is not None:
                 cmd = generic_command(entry)
                 self.add_command(cmd, name)
+        return None if cmd is None else with_categorical(cmd)
+
+
+def with_categorical(cmd: click.Command) -> click.Command:
+    """``cmd`` with a ``--categorical`` option (once): the value is set in
+    :data:`~.common.CATEGORICAL` while the command runs, so its ``load_dataset`` encodes text
+    columns and :func:`fit_and_save` records the encoding in ``roles.json``."""
+    if any(p.name == "categorical" for p in cmd.params) or cmd.callback is None:
         return cmd
+    cmd.params.append(click.Option(["--categorical"], type=click.Choice(CATEGORICAL_CHOICES),
+                                   default=None, help=CATEGORICAL_HELP))
+    inner = cmd.callback
+
+    @functools.wraps(inner)
+    def callback(*args, categorical=None, **kwargs):
+        token = CATEGORICAL.set(categorical)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            CATEGORICAL.reset(token)
+
+    cmd.callback = callback
+    return cmd
 
 
 fit_app = typer.Typer(cls=FitGroup, no_args_is_help=True,
@@ -149,7 +175,8 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
 
     Returns the names written: ``model.npz``, ``model.json``, ``history.csv`` (when the estimator
     keeps a history), ``clients/`` (when its clients keep their own state: ``save_client_weights``)
-    and ``roles.json`` (the columns of the fit: client, features, target, entity), then the
+    and ``roles.json`` (the columns of the fit: client, features, target, entity, and the
+    categorical encoding when there is one), then the
     names ``extra(directory)`` returns (a command's own files, e.g. SEC's similarity matrix).
     Everything is written into a temporary sibling directory that becomes ``out`` only when
     every file was written (:func:`~.common.staged_dir`): a failed fit, or a failure while
@@ -174,6 +201,8 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
             est.save_client_weights(tmp / "clients")
             written.append("clients/")
         roles = {**roles, "features": [str(f) for f in fd.feature_names]}
+        if getattr(fd, "encoding", None) is not None:  # predict encodes with the same levels
+            roles["categorical"] = fd.encoding.to_json()
         (tmp / ROLES_FILE).write_text(json.dumps(roles, indent=1) + "\n")
         written.append(ROLES_FILE)
         if extra is not None:

@@ -34,6 +34,9 @@ _MODEL = typer.Option(..., "--model",
 _CLIENT = typer.Option(None, "--client", help="Client column (default: the fit's).")
 _TARGET = typer.Option(None, "--target", help="Response column (default: the fit's, if present).")
 _ENTITY = typer.Option(None, "--entity", help="Entity column (default: the fit's).")
+_UNKNOWN = typer.Option("error", "--handle-unknown",
+                        help="A categorical level the fit did not see: 'error' (default), or "
+                             "'ignore' (all its indicator columns 0).")
 _GLOBAL = typer.Option(False, "--global",
                        help="Models with per-client files (FedGMM): use the shared weights "
                             "instead of each client's.")
@@ -95,12 +98,24 @@ def _entry(est):
     return estimator_entries()[estimator_name(est)]
 
 
-def _dataset(est, df, roles: dict[str, Any], target: str | None):
+def _dataset(est, df, roles: dict[str, Any], target: str | None,
+             handle_unknown: str = "error"):
+    """The dataset of the file's table with the fit's roles; with the fit's categorical
+    encoding (``roles.json``), the table's text columns are encoded with the fit's levels."""
+    from ..data.categorical import CategoricalEncoding
     from ..data.dataset import FederatedDataset
 
+    features = [str(f) for f in est.feature_names_in_]
+    encoding = None
+    if roles.get("categorical") is not None:
+        try:
+            encoding = CategoricalEncoding.from_json(roles["categorical"])
+        except ValueError as err:
+            fail(f"roles.json: {err}; fit the model again")
+        features = list(encoding.features) or None
     return FederatedDataset.from_pandas(
-        df, client=roles["client"], features=[str(f) for f in est.feature_names_in_],
-        target=target, entity=roles.get("entity"))
+        df, client=roles["client"], features=features, target=target,
+        entity=roles.get("entity"), categorical=encoding, handle_unknown=handle_unknown)
 
 
 def _client_predictors(est, fd, prefix: Path, use_global: bool) -> dict[str, Any] | None:
@@ -135,6 +150,12 @@ def _to_file_order(values, order: np.ndarray, n_rows: int, what: str) -> np.ndar
     out = np.empty_like(values)
     out[order] = values
     return out
+
+
+def _unknown(value: str) -> str:
+    if value not in ("error", "ignore"):
+        fail(f"--handle-unknown must be 'error' or 'ignore', got {value!r}")
+    return value
 
 
 def _in_file_order(values, n_rows: int) -> np.ndarray:
@@ -216,6 +237,7 @@ def score(
     target: str | None = _TARGET,
     entity: str | None = _ENTITY,
     use_global: bool = _GLOBAL,
+    handle_unknown: str = _UNKNOWN,
 ):
     """Score a saved model on a data file with the model's own metric.
 
@@ -228,7 +250,7 @@ def score(
     roles = _roles(prefix, client=client, entity=entity)
     if target is None and roles.get("target") in df.columns:
         target = roles["target"]
-    fd = _dataset(est, df, roles, target)
+    fd = _dataset(est, df, roles, target, _unknown(handle_unknown))
     predictors = _client_predictors(est, fd, prefix, use_global)
     # everything is computed before anything is written: a failure leaves no --out file
     res = None

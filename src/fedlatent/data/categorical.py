@@ -52,10 +52,14 @@ class CategoricalEncoding:
         Source column -> its levels (sorted text labels).
     drop_first : bool
         Whether the first level of each column has no indicator (the reference level).
+    features : tuple of str
+        The source feature columns, in order (categorical or not): what a table must hold to
+        be encoded the same way (e.g. by ``fedlatent predict``).
     """
 
     levels: dict[str, tuple[str, ...]] = field(default_factory=dict)
     drop_first: bool = True
+    features: tuple[str, ...] = ()
 
     def columns_of(self, column: str) -> list[str]:
         """The indicator column names of one source column: ``column=level``."""
@@ -71,7 +75,7 @@ class CategoricalEncoding:
 
     def to_json(self) -> dict[str, Any]:
         return {"levels": {c: list(v) for c, v in self.levels.items()},
-                "drop_first": bool(self.drop_first)}
+                "drop_first": bool(self.drop_first), "features": list(self.features)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> CategoricalEncoding:
@@ -79,6 +83,7 @@ class CategoricalEncoding:
         try:
             levels = {str(c): tuple(str(v) for v in lv) for c, lv in doc["levels"].items()}
             drop = doc["drop_first"]
+            features = tuple(str(f) for f in doc.get("features", ()))
         except (KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"not a categorical encoding ({err!r}); expected "
                              "{'levels': {column: [levels]}, 'drop_first': bool}") from err
@@ -86,7 +91,9 @@ class CategoricalEncoding:
                                              for v in levels.values()):
             raise ValueError("not a categorical encoding: drop_first must be true/false and "
                              "each column's levels distinct and not empty")
-        return cls(levels, drop)
+        if any(c not in features for c in levels) and features:
+            raise ValueError("not a categorical encoding: an encoded column is not a feature")
+        return cls(levels, drop, features)
 
 
 def _is_categorical(series: pd.Series) -> bool:

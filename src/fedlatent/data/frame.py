@@ -109,8 +109,8 @@ def _encoding(df, features, categorical, ids_codes, uniq) -> CategoricalEncoding
     cols = categorical_columns(df, features)
     labels = {c: _labels(df[c]) for c in cols}
     reports = client_levels(labels, ids_codes, uniq)  # what each client says of its columns
-    return CategoricalEncoding(agree_levels(reports, cols),
-                               drop_first=categorical == "onehot")
+    return CategoricalEncoding(agree_levels(reports, cols), drop_first=categorical == "onehot",
+                               features=tuple(features))
 
 
 def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
@@ -136,6 +136,8 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
     df = df.copy()
     df.columns = columns
     df.index = pd.RangeIndex(len(df))
+    if features is None and isinstance(categorical, CategoricalEncoding) and categorical.features:
+        features = list(categorical.features)  # encode new data as the training data were
     features = _check_roles(df, columns, client, features, target, entity)
     if len(features) == 0:
         raise DataValidationError("no feature columns: give features=[...]")
