@@ -370,3 +370,42 @@ def test_cli_local_resume_without_a_checkpoint_starts_nothing(tmp_path):
     assert "--resume: there is no checkpoint" in res.output and "run without --resume" in \
         res.output
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# The node's data, cached as arrays in its site directory
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["gmm", "fedgmm", "hlcr", "lcr"])
+def test_node_data_cache_reads_back_exactly_and_follows_the_file(name, tmp_path):
+    from flower_cases import CASES
+
+    from fedlatent.data.files import read_client_file, write_client_files
+    from fedlatent.runtime import flower_site as fs
+
+    fd, _ = CASES[name]()
+    cid = fd.client_ids[0]
+    path = write_client_files(fd.subset([cid]), tmp_path / "data")[cid]
+    site = tmp_path / "site"
+    fs._DATA_CACHE.clear()
+    first = fs._load_node_data(path, site)  # from the file; writes the cache
+    assert (site / "data-cache.npz").exists() and (site / "data-cache.json").exists()
+    fs._DATA_CACHE.clear()
+    cached = fs._cached(path, site)
+    assert cached is not None
+    want = read_client_file(path)
+    for got in (first, cached):
+        assert got.client_ids == [cid] and got.feature_names == want.feature_names
+        assert (got.target_name, got.entity_name) == (want.target_name, want.entity_name)
+        for attr in ("X", "y", "entity"):
+            a, b = getattr(got[cid], attr), getattr(want[cid], attr)
+            assert (a is None) == (b is None), attr
+            if a is not None:
+                assert a.dtype == b.dtype and np.array_equal(a, b), attr
+    # the data file changes: the cache is not used, and is rewritten on the next load
+    other = fd.client_ids[1]
+    write_client_files(fd.subset([other]), tmp_path / "new")
+    path.write_bytes(next((tmp_path / "new").glob("*.parquet")).read_bytes())
+    assert fs._cached(path, site) is None
+    fs._DATA_CACHE.clear()
+    assert fs._load_node_data(path, site).client_ids == [other]
+    assert fs._cached(path, site).client_ids == [other]

@@ -90,15 +90,65 @@ def save_after(where: Path, cid: str, method: str, msg: dict[str, Any],
 # The ClientApp
 # ---------------------------------------------------------------------------------------------
 _DATA_CACHE: dict[tuple[str, float], Any] = {}
+#: the node's data file as arrays, in its site directory (see :func:`_load_node_data`)
+DATA_CACHE = "data-cache"
 
 
-def _load_node_data(path: Path):
+def _source_id(path: Path) -> dict[str, Any]:
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
+
+
+def _cached(path: Path, site: Path):
+    """The node's data from its cache in ``site`` if that is of this very file, else None."""
+    from ..data.dataset import ClientData, FederatedDataset
+    from ..engine.checkpoint import load_arrays_json
+
+    try:
+        arrays, meta = load_arrays_json(site / DATA_CACHE)
+        if meta.get("source") != _source_id(path):
+            return None
+        cd = ClientData(arrays["X"], arrays.get("y"), arrays.get("entity"))
+        return FederatedDataset({str(meta["client_id"]): cd}, list(meta["features"]),
+                                target_name=meta.get("target"), entity_name=meta.get("entity"))
+    except (OSError, ValueError, KeyError, TypeError):  # no cache yet, stale or damaged
+        return None
+
+
+def _write_cache(path: Path, site: Path, fd) -> None:
+    from ..engine.checkpoint import save_arrays_json
+
+    (cid,) = fd.client_ids
+    cd = fd[cid]
+    arrays = {k: np.asarray(v) for k, v in (("X", cd.X), ("y", cd.y), ("entity", cd.entity))
+              if v is not None}
+    if any(a.dtype == object for a in arrays.values()):
+        return  # labels or ids of mixed types: read from the data file every time
+    meta = {"source": _source_id(path), "client_id": cid, "features": list(fd.feature_names),
+            "target": fd.target_name, "entity": fd.entity_name}
+    try:
+        save_arrays_json(site / DATA_CACHE, arrays, meta)
+    except OSError as err:
+        logger.warning("cannot cache the node's data in %s (%s); reading %s every time", site,
+                       err, path)
+
+
+def _load_node_data(path: Path, site: Path | None = None):
+    """The node's one-client dataset. A ClientApp process answers one message; reading the
+    Parquet file costs seconds there (pyarrow's dataset module imports pandas), so the node
+    keeps its rows as arrays in its own site directory too (``data-cache.npz``/``.json``, the
+    sha256 verified, refreshed when the data file's size or modification time changes)."""
     from ..data.files import read_client_file
 
     key = (str(path), path.stat().st_mtime if path.exists() else 0.0)
     if key not in _DATA_CACHE:
         _DATA_CACHE.clear()
-        _DATA_CACHE[key] = read_client_file(path)
+        fd = _cached(path, site) if site is not None and path.exists() else None
+        if fd is None:
+            fd = read_client_file(path)
+            if site is not None:
+                _write_cache(path, site, fd)
+        _DATA_CACHE[key] = fd
     return _DATA_CACHE[key]
 
 
@@ -171,8 +221,9 @@ def make_client_app(paths: list[str] | None = None):
             d = decode(msg.content)
             method = str(d.pop(_METHOD))
             path = _node_data_path(context, paths)
-            fd = _load_node_data(path)
-            reply = serve(fd, context.state, method, d, site_dir(dict(context.node_config), path))
+            site = site_dir(dict(context.node_config), path)
+            fd = _load_node_data(path, site)
+            reply = serve(fd, context.state, method, d, site)
         except Exception as err:  # noqa: BLE001 - sent back, raised on the server
             logger.exception("fedlatent client error")
             reply = {_ERROR: str(err), _ERROR_TYPE: type(err).__name__}
