@@ -82,21 +82,34 @@ class _Logistic:
 
 class Local(_Logistic):
     """Each client fits a regularized logistic regression on its own data only
-    (parameters of :class:`_Logistic`)."""
+    (parameters of :class:`_Logistic`).
+
+    A client whose labels are all one class has nothing to discriminate: its model predicts
+    that class with probability 1 (``coef_[client]`` is None and ``only_class_[client]`` the
+    class).
+    """
 
     def fit(self, fd: FederatedDataset):
         self.classes_ = _labels(fd, self.classes)
-        self.coef_ = {
-            cid: _fit_logistic(cd.X, cd.y, self.classes_, self.l2, self.max_iter)
-            for cid, cd in fd.items()
-        }
+        self.coef_, self.only_class_ = {}, {}
+        for cid, cd in fd.items():
+            u = np.unique(cd.y)
+            if u.size == 1:
+                self.coef_[cid], self.only_class_[cid] = None, u[0]
+            else:
+                self.coef_[cid] = _fit_logistic(cd.X, cd.y, self.classes_, self.l2,
+                                                self.max_iter)
         return self
 
     def predict_proba(self, X, client=None) -> np.ndarray:
         if client is None or str(client) not in self.coef_:
             raise KeyError(f"Local has a model per client; unknown client {client!r}")
-        Xa = add_intercept(np.asarray(X, dtype=np.float64))
-        return np.exp(logistic_log_proba(Xa, self.coef_[str(client)]))
+        X = np.asarray(X, dtype=np.float64)
+        if str(client) in self.only_class_:
+            proba = np.zeros((X.shape[0], len(self.classes_)))
+            proba[:, np.searchsorted(self.classes_, self.only_class_[str(client)])] = 1.0
+            return proba
+        return np.exp(logistic_log_proba(add_intercept(X), self.coef_[str(client)]))
 
 
 class Centralized(_Logistic):

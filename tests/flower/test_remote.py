@@ -61,10 +61,12 @@ def test_client_files_round_trip_exactly(name, tmp_path):
 def test_describe_error_names_the_client():
     fd, _ = CASES["fedgmm"]()
     cid = fd.client_ids[1]
-    bad = fd.map(lambda c, cd: fl.data.ClientData(cd.X, np.zeros_like(cd.y)) if c == cid else cd)
+    # a label only that node sees (one-class clients are accepted: issue 14)
+    bad = fd.map(lambda c, cd: fl.data.ClientData(cd.X, np.full_like(cd.y, 7)) if c == cid
+                 else cd)
     rt = InProcessRuntime(bad)
-    with pytest.raises(ValueError, match=f"client '{cid}' has only one class"):
-        rt.broadcast(rt.client_ids, "describe", describe_message(fl.FedGMM(2, 2)))
+    with pytest.raises(ValueError, match=f"client '{cid}': y has labels \\[7\\] that are not in"):
+        rt.broadcast(rt.client_ids, "describe", describe_message(fl.FedGMM(2, 2, classes=[0, 1])))
 
 
 def test_remote_dataset_rejects_clients_that_disagree():

@@ -74,8 +74,10 @@ def test_simulation_reports_a_nodes_data_error_by_client(tmp_path):
 
     fd, make = CASES["fedgmm"]()
     cid = fd.client_ids[1]
-    bad = fd.map(lambda c, cd: fl.data.ClientData(cd.X, np.zeros_like(cd.y)) if c == cid else cd)
-    with pytest.raises(ValueError, match=f"client '{cid}' has only one class"):
-        simulate(make(), bad, workdir=tmp_path, num_cpus=2)
+    # a label only that node sees (one-class clients are accepted: issue 14)
+    bad = fd.map(lambda c, cd: fl.data.ClientData(cd.X, np.full_like(cd.y, 7)) if c == cid
+                 else cd)
+    with pytest.raises(ValueError, match=f"client '{cid}': y has labels \\[7\\] that are not in"):
+        simulate(make().set_params(classes=[0, 1]), bad, workdir=tmp_path, num_cpus=2)
     status = json.loads((tmp_path / "out" / "status.json").read_text())
     assert status["status"] == "error" and f"client '{cid}'" in status["error"]

@@ -213,14 +213,15 @@ def test_missing_target_is_rejected():
         FedGMM(1, 1).fit(fd)
 
 
-def test_client_with_one_class_is_rejected():
+def test_client_with_one_class_is_accepted():
+    # issue 14: the learners are shared, a one-class client's Newton sums are valid terms
     rng = np.random.default_rng(0)
     fd = FederatedDataset.from_arrays({
         "a": (rng.normal(size=(10, 2)), np.array([0, 1] * 5)),
         "b": (rng.normal(size=(10, 2)), np.zeros(10, int)),
     })
-    with pytest.raises(ValueError, match=r"client 'b' has only one class \(0\) in y"):
-        FedGMM(1, 1).fit(fd)
+    est = _fit(fd, 3, n_input_components=1, n_learners=1)
+    assert est.classes_.tolist() == [0, 1] and np.all(np.isfinite(est.coef_))
 
 
 def test_labels_outside_declared_classes_are_rejected():

@@ -204,6 +204,11 @@ class FedGMM(FederatedEstimator):
             self._classes = classes
         else:
             self._classes = np.array(sorted(labels))
+        if self._classes.size < 2:
+            raise ValueError(
+                f"y has one class ({self._classes.tolist()[0]!r}) in the whole federation; "
+                "FedGMM's learners need two or more: declare the others with classes=[...]"
+            )
         n = fd.n_samples
         if n < self.n_input_components:
             raise ValueError(
@@ -211,16 +216,20 @@ class FedGMM(FederatedEstimator):
                 f"{self.n_input_components}"
             )
 
-    @staticmethod
-    def _client_labels(cid, cd) -> list:
-        u = np.unique(cd.y)
-        if u.size < 2:
-            raise ValueError(
-                f"client {cid!r} has only one class ({u.tolist()[0]!r}) in y; FedGMM's "
-                "learners need at least two classes per client: merge the client with "
-                "another or drop it"
-            )
-        return u.tolist()
+    def _client_labels(self, cid, cd) -> list:
+        # A client may hold one class only (label skew): the learners are shared, and its
+        # Newton sums (gradient, Hessian) are valid terms of the federation's weighted fit.
+        # Labels outside the declared classes are refused where the data are, naming the client.
+        labels = np.unique(cd.y).tolist()
+        if self.classes is not None:
+            classes = np.unique(np.asarray(self.classes))
+            unknown = sorted(set(labels) - set(classes.tolist()))
+            if unknown:
+                raise ValueError(
+                    f"client {cid!r}: y has labels {unknown} that are not in classes="
+                    f"{classes.tolist()}; add them to classes or drop those rows"
+                )
+        return labels
 
     def _describe_local(self, fd: FederatedDataset) -> dict:
         self._validate_params()
