@@ -4,9 +4,12 @@ Server side, :class:`FlowerRuntime` implements the engine's :class:`~fedlatent.r
 over a Flower ``Grid``: ``call`` sends one ``query.fedlatent`` message per client and returns the
 replies that arrive within the round's timeout; a node that does not answer is absent from the
 result, so the engine treats it as not taking part in that round (and the history says so).
-Client side, the ``ClientApp`` handler rebuilds a :class:`~fedlatent.engine.client.ClientNode` on
-every message from the node's own data file and its private state kept in ``context.state``
-(FedGMM's pi_c, HLCR's labels and counts, control variates, SPIDER memory). Models do not change.
+Client side (:mod:`fedlatent.runtime.flower_site`), the ``ClientApp`` handler rebuilds a
+:class:`~fedlatent.engine.client.ClientNode` on every message from the node's own data file and
+its private state kept in ``context.state`` (FedGMM's pi_c, HLCR's labels and counts, control
+variates, SPIDER memory), which it also writes into its site directory after every round, so that
+it outlives the run: a site predicts with it afterwards, and a run that stopped resumes from the
+server's checkpoint and the sites' states (run config ``resume = true``). Models do not change.
 
 A message is a flat dict (see :mod:`fedlatent.engine.messages`): arrays travel in an
 ``ArrayRecord``, scalars and strings in a ``ConfigRecord``. Replies are validated by the engine

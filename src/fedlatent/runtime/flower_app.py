@@ -109,8 +109,20 @@ Each SuperNode names its data file, one Parquet file per client written by
     flower-supernode --insecure --superlink HOST:PORT --port 9094 \\
         --node-config 'data-path="/abs/path/client.parquet"'
 
+Each site keeps its private state (FedGMM's mixture weights, control variates...) in its
+site directory, written atomically after every round it takes part in: `site-dir="/abs/dir"`
+in its `--node-config`, by default `<data file stem>.site` beside its data file. After the run a
+site predicts with it: `fedlatent predict --model <out-dir> --site-state <site dir> --data
+<its file> --out pred.csv`.
+
 Run with `flwr run <this directory> <connection> --stream`. `flwr run` exits 0 even when the
-server app failed: read `status.json` in the `out-dir` of `[tool.flwr.app.config]`.
+server app failed: read `status.json` in the `out-dir` of `[tool.flwr.app.config]`. A run that
+stopped (a crash, `flwr stop`) resumes from the server's checkpoint in `out-dir` and the sites'
+states: `flwr run <this directory> <connection> --stream -c resume=true`.
+
+A SuperNode starts a `flower-superexec` child, which starts one `flwr-clientapp` process per
+message, all in the SuperNode's process group: start it as a group leader (`setsid
+flower-supernode ... &`) and stop it with its children by `kill -TERM -- -<its PID>`.
 """
 
 
