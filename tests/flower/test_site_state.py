@@ -409,3 +409,44 @@ def test_node_data_cache_reads_back_exactly_and_follows_the_file(name, tmp_path)
     fs._DATA_CACHE.clear()
     assert fs._load_node_data(path, site).client_ids == [other]
     assert fs._cached(path, site).client_ids == [other]
+
+
+def test_run_app_reports_every_round_while_it_waits(tmp_path):
+    import subprocess
+    import threading
+    import time
+
+    from fedlatent.runtime.flower_local import _wait_reporting
+
+    status = tmp_path / "status.json"
+
+    def server():
+        for k in (1, 2, 3):
+            time.sleep(0.6)
+            status.write_text(json.dumps({"round": k, "last": {
+                "objective": -1.5 * k, "participants": 3, "missing": ["b"] if k == 2 else [],
+                "seconds": 0.25}}))
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.6)"])
+    t = threading.Thread(target=server)
+    t.start()
+    seen = []
+    _wait_reporting(proc, time.monotonic() + 60, status, seen.append)
+    t.join()
+    assert [s["round"] for s in seen] == [1, 2, 3]
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            _wait_reporting(slow, time.monotonic() + 0.5, status, None)
+    finally:
+        slow.kill()
+        slow.wait()
+
+
+def test_flower_local_prints_one_line_per_round(capsys):
+    from fedlatent.cli.flower import _print_round
+
+    _print_round({"round": 2, "last": {"objective": -1.25, "participants": 2,
+                                       "missing": ["site-1"], "seconds": 3.5}})
+    assert capsys.readouterr().out == ("round 2: objective -1.25, 2 clients answered "
+                                       "(missing site-1), 3.5 s\n")
