@@ -18,19 +18,20 @@ import logging
 import numpy as np
 
 from ...data.dataset import DataValidationError, FederatedDataset
-from ...data.validation import to_float_target
-from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
+from ...engine.estimator import FederatedEstimator, FitContext
 from ...engine.exchange import number
 from ...engine.federation import Federation
 from ...engine.history import History
 from ...engine.loop import FederatedFitError, LoopOptions
 from ...engine.model import Params
-from ...engine.numerics import add_intercept
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
-from .math import check_entities, entity_log_marginal, entity_statistics, posterior_means
+from .fitting import HYPER_START, HLCRHistory, chain_for, finish_chain, start_params, store_fit
+from .math import check_entities, posterior_means
 from .model import SIZES_QUERY, HLCRModel
-from .solvers import HLCRFit, run_federated, run_gibbs
+from .predict import HLCRPrediction
+from .selection import choose_k
+from .solvers import ChainSettings, HLCRFit, run_federated, run_gibbs
 
 __all__ = ["HLCR"]
 
@@ -44,30 +45,37 @@ _POSITIVE = Real(0, closed="neither", desc="a finite number > 0")
     "hlcr", target=True, entity=True,
     description="HLCR / FedHLCR: hierarchical latent class regression by Gibbs (Yang et al.)",
 )
-class HLCR(FederatedEstimator):
+class HLCR(HLCRPrediction, FederatedEstimator):
     """Hierarchical latent class regression (HLCR) and its federated version (FedHLCR).
 
     Parameters
     ----------
-    n_clusters : int, default 4
-        Number of linear models K (>= 1).
+    n_clusters : int or "auto", default 4
+        Number of linear models K (>= 1). "auto": the K of ``n_clusters_range`` with the best
+        held-out predictive log-likelihood (every agent holds out ``holdout`` of each entity's
+        events, fits run on the rest, each agent scores its held-out events locally and only
+        the two sums cross); then a fit with that K on all events. ``n_clusters_`` and
+        ``k_scores_`` record the choice.
     alpha, beta : float, default 1.0
         Concentrations of the global and per-agent label priors (eq. (2)).
-    delta : float, default 1.0
-        Prior standard deviation of the coefficients, ``w_k ~ N(0, delta^2 I)``.
-    sigma : float, default 1.0
-        Noise standard deviation (> 0), fixed as in the paper.
+    delta : float or "auto", default "auto"
+        Prior standard deviation of the coefficients, ``w_k ~ N(0, delta^2 I)``. "auto": drawn
+        by Gibbs under an inverse-gamma prior on ``delta^2`` (see Notes). With
+        ``standardize``, a fixed delta applies to the standardized coefficients.
+    sigma : float or "auto", default "auto"
+        Noise standard deviation (> 0) in the target's units; "auto": drawn by Gibbs under an
+        inverse-gamma prior on ``sigma^2``. A number keeps it fixed, as in the paper.
     solver : {"federated", "gibbs"}, default "federated"
         "federated": FedHLCR (Algorithm 3) on the engine with ``federation``. "gibbs": the
         exact centralized collapsed Gibbs sampler (Algorithm 2) on the pooled data, a reference.
-    max_rounds : int, default 20
-        Rounds (federated, the initialization round included) or sweeps (gibbs).
-    burn_in : int or None
-        Gibbs only: labels_ are the most frequent labels over the sweeps after ``burn_in``
-        (None: the last sweep). The federated solver keeps the last sampled labels.
-    tol : float, default 1e-6
-        Stop when the mean per-entity log joint changes by less than ``tol`` between two
-        iterations (with a sampler this happens when no label moves).
+    max_rounds : int, default 100
+        Rounds (federated, the initialization round included) or sweeps (gibbs); all run.
+    burn_in : int or None, default None (``max_rounds // 2``)
+        Iterations discarded before the retained draws (always honoured).
+    tol : float, default 0.0
+        0: run every iteration (a sampler does not converge because one sweep moved no
+        label). > 0: the paper's stopping rule (Fig. 3), stop after ``burn_in`` once the mean
+        per-entity log joint changes by less than ``tol``.
     federation : fl.Federation or None
         Federated solver settings; the paper's smoothing is
         ``Federation(step_size=gamma, participation=f, control_variates=False)``.
@@ -76,65 +84,105 @@ class HLCR(FederatedEstimator):
     random_state : int, Generator or None
     verbose : bool or None
         Progress bar.
+    standardize : bool or "auto", default "auto"
+        Fit on standardized features and target (moments summed over the agents in one checked
+        exchange; without an intercept, scaled but not centred); everything fitted is reported
+        in the user's units. "auto": when sigma or delta is "auto".
+    thin : int, default 1
+        Keep every ``thin``-th iteration after ``burn_in``.
+    n_clusters_range : (int, int), default (1, 6)
+        Smallest and largest K tried by ``n_clusters="auto"``.
+    holdout : float, default 0.2
+        Fraction of each entity's events held out to score K (``n_clusters="auto"``).
 
     Attributes
     ----------
     coef_ : ndarray of shape (K, n_features)
-        Posterior means of the cluster coefficients, ``H_k c_k``.
+        Posterior means of the cluster coefficients at the point estimate, user's units.
     intercept_ : ndarray of shape (K,)
-    covariances_ : ndarray of shape (K, F, F)
-        Posterior covariances ``H_k = D_k^-1`` (F counts the intercept last).
-    precisions_, c_ : ndarrays (K, F, F), (K, F)
-        ``D_k`` and ``c_k`` of the paper.
+    covariances_, precisions_, c_ : ndarrays (K, F, F), (K, F, F), (K, F)
+        Posterior covariances ``H_k``, precisions ``D_k`` and ``c_k = D_k w_k`` (F counts the
+        intercept last), user's units.
+    sigma_, delta_ : float
+        Noise sd (user's units) and coefficient prior sd (fit units) of the point estimate:
+        the fixed values, or the root mean of the retained draws of sigma^2, delta^2.
+    draws_precisions_, draws_c_, draws_counts_, draws_labels_, draws_sigma_ : ndarrays
+        The retained draws (after burn-in and thinning), user's units: what "mean"
+        predictions average over. ``draws_labels_`` is -1 where the server cannot see labels.
     cluster_counts_ : ndarray of shape (K,)
         Entities per cluster ``N^(k)`` (smoothed in the federated solver).
     labels_ : ndarray of int, shape (n_pairs,)
         Cluster of every known (agent, entity) pair listed in ``pair_agents_``,
-        ``pair_entities_``. For the federated solver the labels live on the agents; they are read
-        from the runtime's client states (possible in-process), never from a message.
+        ``pair_entities_``: the most frequent label over the retained sweeps (gibbs), the
+        agents' last labels (federated; read from the runtime's client states, possible
+        in-process, never from a message).
+    n_clusters_ : int
+        K used (``n_clusters``, or the choice of "auto").
+    k_scores_ : dict of int to float
+        With ``n_clusters="auto"``: mean held-out log predictive density per held-out event
+        (user's units) of every K tried.
+    feature_mean_, feature_scale_, target_mean_, target_scale_ :
+        The internal standardization (0 and 1 without it).
+    mixing_ : float
+        RMS difference between the training-set predictive means of the first and the second
+        half of the retained draws, over the target's sd (NaN when the labels are not visible).
     n_entities_, n_events_ : int
-        Entities (agent-entity pairs) and events in the federation, as the agents reported
-        them in the checked initialization exchange.
+        Entities (agent-entity pairs) and events in the federation, as reported in the
+        checked initialization exchange.
     history_ : History
-        One row per iteration; ``history_.to_frame()`` adds ``log_joint`` and ``train_mse``
-        (per entity / per event). Gibbs: the log joint of the labelling after the sweep
-        (:func:`hlcr_log_joint`) and the training MSE under the posterior means. Federated: the
-        mean over the participating entities of ``log p(y_e | z_e)`` against the broadcast
-        statistics plus the log prior factor (2) of the drawn label (a Monte Carlo surrogate),
-        and the training MSE implied by the smoothed server statistic (exact with all agents
-        and gamma = 1).
+        One row per iteration; ``history_.to_frame()`` adds ``log_joint``, ``train_mse``
+        (user's units) and ``pred_change`` (retained iterations: RMS change of the running
+        posterior predictive mean of the training events, over the target's sd).
     n_iter_, converged_ : int, bool
-        Rounds (federated) or sweeps (gibbs) run, and whether ``tol`` stopped them.
+        Iterations run; ``converged_`` is ``mixing_ < 0.02`` with ``tol == 0`` (two halves of
+        the retained draws predict the same within 2% of the target's sd), or whether the
+        ``tol`` rule stopped the run.
+
+    Notes
+    -----
+    sigma and delta are estimated by a partially collapsed Gibbs step rather than empirical
+    Bayes: after every sweep (server step in FedHLCR) the coefficients are drawn given the
+    labels, then ``sigma^2 ~ IG(1 + n/2, 1 + SSE/2)`` and ``delta^2 ~ IG(1 + KF/2, 1 +
+    sum ||w_k||^2/2)`` (standardized units). The draws use only the clusters' summed statistics
+    the agents already send (no extra message), they stay conjugate, and their uncertainty
+    enters the predictive mean; empirical Bayes would need an optimizer inside every round.
 
     References
     ----------
     Yang, Carette, Jimbo, Maruyama, "Federated Latent Class Regression for Hierarchical Data",
-    2022: Algorithms 2 and 3, eqs. (1)-(10).
+    2022: Algorithms 2 and 3, eqs. (1)-(10). van Dyk and Park (2008), partially collapsed Gibbs.
     """
 
     _save_arrays = ("coef_", "intercept_", "precisions_", "c_", "covariances_",
                     "cluster_counts_", "labels_", "pair_agents_", "pair_entities_",
-                    "history_log_joint_", "history_train_mse_")
+                    "history_log_joint_", "history_train_mse_",
+                    "draws_precisions_", "draws_c_", "draws_counts_", "draws_labels_",
+                    "draws_sigma_", "feature_mean_", "feature_scale_")
     _score_name = "mse"
     _load_nonfinite = ("history_log_joint_", "history_train_mse_")
+    MIXING_TOL = 0.02
 
     _parameter_constraints = {
         **ROUND_LOOP,
-        "n_clusters": [Integer(1, desc="an integer K >= 1")],
         "alpha": [_POSITIVE],
         "beta": [_POSITIVE],
-        "delta": [_POSITIVE],
-        "sigma": [_POSITIVE],
+        "delta": [_POSITIVE, Options("auto")],
+        "sigma": [_POSITIVE, Options("auto")],
         "solver": [Options(*SOLVERS)],
         "burn_in": [None, Integer(0)],
         "fit_intercept": ["boolean"],
+        "standardize": ["boolean", Options("auto")],
+        "thin": [Integer(1)],
+        "holdout": [Real(0, 0.5, closed="neither")],
     }
 
-    def __init__(self, n_clusters: int = 4, alpha: float = 1.0, beta: float = 1.0,
-                 delta: float = 1.0, sigma: float = 1.0, solver: str = "federated",
-                 max_rounds: int = 20, burn_in: int | None = None, tol: float = 1e-6,
-                 federation: Federation | None = None, fit_intercept: bool = True,
-                 random_state=None, verbose: bool | None = None):
+    def __init__(self, n_clusters: int | str = 4, alpha: float = 1.0, beta: float = 1.0,
+                 delta: float | str = "auto", sigma: float | str = "auto",
+                 solver: str = "federated", max_rounds: int = 100, burn_in: int | None = None,
+                 tol: float = 0.0, federation: Federation | None = None,
+                 fit_intercept: bool = True, random_state=None, verbose: bool | None = None,
+                 standardize: bool | str = "auto", thin: int = 1,
+                 n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2):
         self.n_clusters = n_clusters
         self.alpha = alpha
         self.beta = beta
@@ -148,14 +196,42 @@ class HLCR(FederatedEstimator):
         self.fit_intercept = fit_intercept
         self.random_state = random_state
         self.verbose = verbose
+        self.standardize = standardize
+        self.thin = thin
+        self.n_clusters_range = n_clusters_range
+        self.holdout = holdout
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
+        K = self.n_clusters
+        if not (K == "auto" or (isinstance(K, int | np.integer) and not isinstance(K, bool)
+                                and K >= 1)):
+            raise ValueError(f"n_clusters must be an integer K >= 1, got {K!r} (or 'auto' to "
+                             "choose K by held-out predictive likelihood)")
+        rng_ = self.n_clusters_range
+        ok = (isinstance(rng_, tuple | list) and len(rng_) == 2
+              and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in rng_)
+              and 1 <= rng_[0] <= rng_[1])
+        if not ok:
+            raise ValueError(f"n_clusters_range must be (low, high) with 1 <= low <= high, got "
+                             f"{rng_!r}")
         if self.burn_in is not None and not self.burn_in < self.max_rounds:
             raise ValueError(
                 f"burn_in must be None or in [0, max_rounds={self.max_rounds}), got "
                 f"{self.burn_in!r}"
             )
+
+    def _standardizes(self) -> bool:
+        if self.standardize == "auto":
+            return self.sigma == "auto" or self.delta == "auto"
+        return bool(self.standardize)
+
+    def _chain(self) -> ChainSettings:
+        burn = self.max_rounds // 2 if self.burn_in is None else int(self.burn_in)
+        return ChainSettings(burn, int(self.thin),
+                             HYPER_START[0] if self.sigma == "auto" else float(self.sigma),
+                             HYPER_START[1] if self.delta == "auto" else float(self.delta),
+                             self.sigma == "auto", self.delta == "auto")
 
     def _describe_local(self, fd: FederatedDataset) -> dict:
         self._validate_params()
@@ -192,15 +268,24 @@ class HLCR(FederatedEstimator):
             check_entities(cd.entity, cid)
 
     def _make_model(self, fd: FederatedDataset) -> HLCRModel:
-        return HLCRModel(self.n_clusters, self.alpha, self.beta, self.delta, self.sigma,
-                         self.fit_intercept, fd.n_features)
+        K = self.n_clusters if self.n_clusters != "auto" else self.n_clusters_range[0]
+        return self._model_for(fd.n_features, K)
+
+    def _model_for(self, n_features: int, K: int, holdout: float = 0.0,
+                   seed: int = 0) -> HLCRModel:
+        ch = self._chain()
+        return HLCRModel(K, self.alpha, self.beta, ch.delta, ch.sigma, self.fit_intercept,
+                         n_features, estimate_sigma=ch.estimate_sigma,
+                         estimate_delta=ch.estimate_delta, standardize=self._standardizes(),
+                         holdout=holdout, holdout_seed=seed)
 
     # ---- the fit's hooks --------------------------------------------------------------------
     def _initialize(self, ctx: FitContext) -> Params:
         """Every agent reports its entity and event counts and its feature width (the checked
-        ``"sizes"`` exchange: finite, >= 1, entities as at setup, the fit's width); then the
-        start of Algorithm 3 (line 2): the prior, ``D_k = I/delta^2``, ``c_k = 0``, zero counts.
-        Round 1 draws the first labels. The reply changes no fitted number."""
+        ``"sizes"`` exchange: finite, >= 1, entities as at setup, the fit's width); with
+        ``standardize``, its sums of x, x^2, y, y^2 (``"moments"``). Then the start of
+        Algorithm 3 (line 2): the prior, ``D_k = I/delta^2``, ``c_k = 0``, zero counts. Round 1
+        draws the first labels. The sizes change no fitted number."""
         if self.solver == "gibbs" and ctx.runtime_given:
             raise ValueError("solver='gibbs' pools the data: runtime/checkpoint options apply "
                              "to solver='federated' only")
@@ -225,25 +310,29 @@ class HLCR(FederatedEstimator):
             n_ent += int(r["n_entities"])
             n_ev += int(r["n_events"])
         self._sizes = (n_ent, n_ev)
-        return ctx.model.initial_params()
+        return start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
 
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> HLCRFit:
-        """``"gibbs"``: the centralized sampler on ``ctx.data``; ``"federated"``: the engine's
-        round loop, its runtime wrapped in the tap that records every round's parameters."""
+        """``n_clusters="auto"``: :func:`.selection.choose_k` first. ``"gibbs"``: the
+        centralized sampler on ``ctx.data``; ``"federated"``: the engine's round loop, its
+        runtime wrapped in the tap that records every round's parameters."""
+        self._k_scores = None
+        if self.n_clusters == "auto":
+            if options.checkpoint is not None or options.resume:
+                raise ValueError("n_clusters='auto' runs one fit per candidate K: checkpoints "
+                                 "apply to a fit with a given n_clusters")
+            ctx, params0, self._k_scores = choose_k(self, ctx, options, super()._run)
+        chain = chain_for(self._chain(), params0)
         if self.solver == "gibbs":
-            return run_gibbs(self, ctx, options)
-        return run_federated(ctx, params0, options, super()._run)
+            result = run_gibbs(self, ctx, options, params0, chain)
+        else:
+            result = run_federated(ctx, params0, options, super()._run, chain)
+        finish_chain(self, ctx, params0, result, options.tol)
+        self._fit_start = (params0, chain)
+        return result
 
     def _store(self, result: HLCRFit, model: HLCRModel) -> None:
-        self.pair_agents_, self.pair_entities_ = result.pair_agents, result.pair_entities
-        self.labels_ = np.asarray(result.labels, dtype=np.int64)
-        p = result.params
-        self._set_cluster_params(p["D"], p["c"], p["counts"])
-        self.n_entities_, self.n_events_ = self._sizes
-        self._path = result.path
-        self.history_log_joint_ = np.asarray(result.log_joint, dtype=float)
-        self.history_train_mse_ = np.asarray(result.train_mse, dtype=float)
-        self.history_ = _HLCRHistory(result.history, self)
+        store_fit(self, result, *self._fit_start)
 
     def _set_cluster_params(self, D, c, counts) -> None:
         D = np.asarray(D, dtype=np.float64)
@@ -258,8 +347,8 @@ class HLCR(FederatedEstimator):
 
     # ---- persistence ------------------------------------------------------------------------
     def save(self, path) -> None:
-        """As the base's; the history is written without its derived columns (``log_joint``
-        and ``train_mse`` are saved as arrays and added back at load)."""
+        """As the base's; the history is written without its derived columns (``log_joint``,
+        ``train_mse`` and ``pred_change`` are saved as arrays and added back at load)."""
         full = self.history_
         self.history_ = History(full)
         try:
@@ -268,213 +357,55 @@ class HLCR(FederatedEstimator):
             self.history_ = full
 
     def _save_extra(self) -> dict:
+        scores = getattr(self, "k_scores_", None)
         return {"sizes": {"n_entities_": int(self.n_entities_),
-                          "n_events_": int(self.n_events_)}}
+                          "n_events_": int(self.n_events_)},
+                "fit": {"n_clusters_": int(self.n_clusters_), "sigma_": float(self.sigma_),
+                        "delta_": float(self.delta_), "mixing_": float(self.mixing_),
+                        "target_mean_": float(self.target_mean_),
+                        "target_scale_": float(self.target_scale_)},
+                "k_scores": None if scores is None else {str(k): float(v)
+                                                         for k, v in scores.items()},
+                "pred_change": [None if not np.isfinite(v) else float(v)
+                                for v in np.asarray(self._pred_change, dtype=float)]}
 
     def _load_extra(self, meta: dict) -> None:
         for k, v in meta.get("sizes", {}).items():
             setattr(self, k, int(v))
+        fit = meta.get("fit", {})
+        for k, v in fit.items():
+            setattr(self, k, int(v) if k == "n_clusters_" else float(v))
+        self._pred_change = np.array([np.nan if v is None else v
+                                      for v in meta.get("pred_change", [])], dtype=float)
+        scores = meta.get("k_scores")
+        self.k_scores_ = None if scores is None else {int(k): float(v)
+                                                      for k, v in scores.items()}
 
     def _check_loaded(self) -> None:
         from ...engine import loadcheck as lc
 
-        K, F = int(self.n_clusters), int(self.n_features_in_)
+        K, F = int(self.n_clusters_), int(self.n_features_in_)
         p = F + bool(self.fit_intercept)
+        T = len(np.asarray(self.draws_sigma_))
         for name, shape in (("coef_", (K, F)), ("intercept_", (K,)), ("precisions_", (K, p, p)),
                             ("covariances_", (K, p, p)), ("c_", (K, p)),
                             ("cluster_counts_", (K,)), ("labels_", self.pair_agents_.shape),
-                            ("pair_entities_", self.pair_agents_.shape)):
+                            ("pair_entities_", self.pair_agents_.shape),
+                            ("draws_precisions_", (T, K, p, p)), ("draws_c_", (T, K, p)),
+                            ("draws_counts_", (T, K)),
+                            ("draws_labels_", (T, *self.pair_agents_.shape)),
+                            ("feature_mean_", (F,)), ("feature_scale_", (F,))):
             lc.expect_shape(self, name, shape)
         lc.expect_pd(self, "precisions_")
         lc.expect_pd(self, "covariances_")
         lc.expect_positive(self, "cluster_counts_", strict=False)
+        lc.expect_positive(self, "draws_sigma_")
         lc.expect_labels(self, "labels_", K, low=-1)  # -1: a label the server never saw
 
     def _after_load(self) -> None:
         self.labels_ = np.asarray(self.labels_, dtype=np.int64)
+        self.draws_labels_ = np.asarray(self.draws_labels_, dtype=np.int64)
         self.pair_agents_ = np.asarray(self.pair_agents_).astype(str)
         self.pair_entities_ = np.asarray(self.pair_entities_).astype(str)
-        self.history_ = _HLCRHistory(self.history_, self)
+        self.history_ = HLCRHistory(self.history_, self)
         self._path = []
-
-    # ---- prediction -------------------------------------------------------------------------
-    def _agent_counts(self, labels: np.ndarray) -> dict[str, np.ndarray]:
-        K = int(self.n_clusters)
-        ok = labels >= 0
-        agents, inv = np.unique(self.pair_agents_, return_inverse=True)
-        if not len(agents):  # a fit on a RemoteDataset knows no pair
-            return {}
-        counts = np.bincount(inv.reshape(-1)[ok] * K + labels[ok],
-                             minlength=len(agents) * K).reshape(len(agents), K).astype(float)
-        return {str(a): counts[i] for i, a in enumerate(agents)}
-
-    def global_proportions(self, counts: np.ndarray | None = None) -> np.ndarray:
-        """Cluster proportions for a new agent: ``(N^(k) + alpha/K) / (N + alpha)``; (K,)."""
-        check_is_fitted(self)
-        Nk = self.cluster_counts_ if counts is None else counts
-        K = len(Nk)
-        return (Nk + self.alpha / K) / (Nk.sum() + self.alpha)
-
-    def _pairs(self, agents, entities):
-        """The rows' distinct (agent, entity) keys, each row's key, and where each key sits
-        among the fit's pairs (-1: a new pair). Independent of the labels: staged_predict
-        computes it once for every stage."""
-        agents = np.asarray(agents).astype(str)
-        entities = np.asarray(entities).astype(str)
-        key = np.char.add(np.char.add(agents, "\x1f"), entities)
-        ukey, inv = np.unique(key, return_inverse=True)
-        known_key = np.char.add(np.char.add(self.pair_agents_, "\x1f"), self.pair_entities_)
-        order = np.argsort(known_key)
-        if not len(order):  # a fit on a RemoteDataset knows no pair
-            return ukey, inv, None
-        pos = np.minimum(np.searchsorted(known_key[order], ukey), len(order) - 1)
-        return ukey, inv, np.where(known_key[order][pos] == ukey, order[pos], -1)
-
-    def _cluster_proba(self, pairs, context, D, c, counts, labels):
-        K = int(self.n_clusters)
-        ukey, inv, where = pairs
-        if where is None:
-            lab_pair = np.full(len(ukey), -1)
-        else:
-            lab_pair = np.where(where >= 0, labels[where], -1)
-        psi = self.global_proportions(counts)
-        acounts = self._agent_counts(labels)
-        ctx = {}
-        if context is not None:
-            for cid, cd in context.items():
-                names, XtX, Xty, yty, nn = entity_statistics(
-                    add_intercept(cd.X, self.fit_intercept),
-                    _target(cid, cd, context, "context: "), np.asarray(cd.entity), client=cid)
-                ll = entity_log_marginal(XtX, Xty, yty, nn, D, c, self.sigma)
-                for j, e in enumerate(names):
-                    ctx[f"{cid}\x1f{e}"] = ll[j]
-        P = np.empty((len(ukey), K))
-        for u, kk in enumerate(ukey):  # loop over distinct pairs, not events
-            if lab_pair[u] >= 0:
-                P[u] = np.eye(K)[lab_pair[u]]
-                continue
-            a = kk.split("\x1f", 1)[0]
-            if a in acounts:
-                Ni = acounts[a]
-                prior = (Ni + self.beta * psi) / (Ni.sum() + self.beta)
-            else:
-                prior = psi
-            lp = np.log(prior) + ctx.get(kk, 0.0)
-            lp = np.exp(lp - lp.max())
-            P[u] = lp / lp.sum()
-        return P[inv]
-
-    def predict_proba(self, agents, entities, context: FederatedDataset | None = None):
-        """Posterior cluster probabilities of each row's (agent, entity) pair; (n, K).
-
-        Known pairs: a point mass on their label. A new entity of a known agent: the agent's
-        proportions ``(N_i^(k) + beta psi)/(N_i + beta)`` times the marginal likelihood
-        (Theorem 1) of the entity's observed events in ``context`` (if any). A new agent: the
-        global proportions ``psi`` (times the context likelihood).
-        """
-        check_is_fitted(self)
-        return self._cluster_proba(self._pairs(agents, entities), context, self.precisions_,
-                                   self.c_, self.cluster_counts_, self.labels_)
-
-    def _prepare(self, X, agents, entities, method):
-        """The checked design matrix and the rows' pairs (what every stage shares)."""
-        if method not in ("map", "mean"):
-            raise ValueError(f"method must be 'map' or 'mean', got {method!r}")
-        X = check_features(self, X)
-        if not len(agents) == len(entities) == len(X):
-            raise ValueError(f"X has {len(X)} rows but agents has {len(agents)} and entities "
-                             f"{len(entities)}; give one agent and one entity id per row")
-        return add_intercept(X, self.fit_intercept), self._pairs(agents, entities)
-
-    def _predict_with(self, prepared, context, method, D, c, counts, labels):
-        Xa, pairs = prepared
-        P = self._cluster_proba(pairs, context, D, c, counts, labels)
-        W = posterior_means(D, c)
-        per = Xa @ W.T  # (n, K): Theorem 2 under each cluster
-        if method == "map":
-            return per[np.arange(len(Xa)), P.argmax(axis=1)]
-        return (P * per).sum(axis=1)
-
-    def predict(self, X, agents, entities, context: FederatedDataset | None = None,
-                method: str = "map") -> np.ndarray:
-        """Predict targets (Theorem 2, ``c_k^T H_k x``).
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n, n_features)
-            A DataFrame must have the fit's columns in the fit's order.
-        agents, entities : array-like of shape (n,)
-            Agent (client) and entity id of each row.
-        context : FederatedDataset or None
-            Observed events (with targets) of new pairs, used for their cluster posterior.
-        method : {"map", "mean"}
-            "map": the model of the most probable cluster; "mean": the posterior-mean prediction
-            ``sum_k p(k) c_k^T H_k x``.
-
-        Returns
-        -------
-        ndarray of shape (n,)
-        """
-        check_is_fitted(self)
-        return self._predict_with(self._prepare(X, agents, entities, method), context, method,
-                                  self.precisions_, self.c_, self.cluster_counts_, self.labels_)
-
-    def predict_dataset(self, fd: FederatedDataset, context: FederatedDataset | None = None,
-                        method: str = "map") -> np.ndarray:
-        """Predictions for every event of ``fd`` (client order, rows in order); (n_events,)."""
-        X, agents, ents = _flatten(fd)
-        return self.predict(X, agents, ents, context=context, method=method)
-
-    def staged_predict(self, fd: FederatedDataset, method: str = "map"):
-        """Predictions for ``fd`` after every iteration of the last fit (not kept by save)."""
-        check_is_fitted(self)
-        prepared = self._prepare(*_flatten(fd), method)
-        for p in self._path:
-            labels = p["labels"] if p["labels"] is not None else self.labels_
-            yield self._predict_with(prepared, None, method, p["D"], p["c"], p["counts"], labels)
-
-    def mse(self, fd: FederatedDataset, context: FederatedDataset | None = None,
-            method: str = "map") -> float:
-        """Mean squared error on the events of ``fd``."""
-        y = np.concatenate([_target(cid, cd, fd) for cid, cd in fd.items()])
-        return float(np.mean((self.predict_dataset(fd, context, method) - y) ** 2))
-
-    def score_dataset(self, fd: FederatedDataset) -> float:
-        """Mean squared error of :meth:`predict_dataset` on the events of ``fd``."""
-        return self.mse(fd)
-
-
-def _target(cid: str, cd, fd: FederatedDataset, where: str = "") -> np.ndarray:
-    """A client's target as floats; text, complex, NaN/inf or |y| > 1e150 are refused."""
-    name = fd.target_name or "y"
-    if cd.y is None:
-        raise DataValidationError(f"{where}client {cid!r} has no target; scoring HLCR needs the "
-                                  "observed y: build the dataset with target='COLUMN'")
-    return to_float_target(cd.y, name, where=f"{where}client {cid!r}: ")
-
-
-def _flatten(fd: FederatedDataset):
-    Xs, agents, ents = [], [], []
-    for cid, cd in fd.items():
-        Xs.append(cd.X)
-        agents.append(np.full(cd.n_samples, cid, dtype=object))
-        if cd.entity is None:
-            raise DataValidationError(f"client {cid!r} has no entity column")
-        ents.append(np.asarray(cd.entity).astype(str))
-    return np.vstack(Xs), np.concatenate(agents).astype(str), np.concatenate(ents)
-
-
-class _HLCRHistory(History):
-    """The engine's round records plus the per-iteration log joint and training MSE."""
-
-    def __init__(self, records, est: HLCR):
-        super().__init__(records)
-        self.log_joint = list(np.asarray(est.history_log_joint_, dtype=float))
-        self.train_mse = list(np.asarray(est.history_train_mse_, dtype=float))
-
-    def to_frame(self):
-        df = super().to_frame()
-        n = len(df)
-        df["log_joint"] = (self.log_joint + [np.nan] * n)[:n]
-        df["train_mse"] = (self.train_mse + [np.nan] * n)[:n]
-        return df

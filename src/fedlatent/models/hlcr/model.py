@@ -20,6 +20,7 @@ from ...engine.messages import bordered, count_problem, equal_problem, psd_probl
 from ...engine.model import ClientStep, FederatedModel, Params, register_model
 from ...engine.numerics import add_intercept
 from ...engine.stats import Stats
+from .kernels import entity_sums
 from .math import (
     entity_log_marginal,
     entity_sse,
@@ -28,13 +29,55 @@ from .math import (
     project_gram_psd,
 )
 from .sampler import sample_local_labels
+from .scaling import draw_hyper, transform_statistics
 
-__all__ = ["SIZES_QUERY", "HLCRModel"]
+__all__ = ["HELDOUT_QUERY", "MOMENTS_QUERY", "RESTART_QUERY", "SIZES_QUERY", "HLCRModel",
+           "holdout_mask"]
 
 logger = logging.getLogger(__name__)
 
 #: the initialization query: each agent's entity and event counts and its feature width
 SIZES_QUERY = "sizes"
+#: sums of x, x^2, y, y^2 and the event count over the agent's (training) events
+MOMENTS_QUERY = "moments"
+#: the held-out log predictive density of the agent's held-out events and their count
+HELDOUT_QUERY = "heldout"
+#: forget the labels (a new chain on the same agents, e.g. another K)
+RESTART_QUERY = "restart"
+
+
+def holdout_mask(entity_index: np.ndarray, y: np.ndarray, fraction: float, seed: int):
+    """Events an agent holds out: a ``fraction`` of each entity's events (one fold of
+    ``round(1/fraction)``, as :func:`fedlatent.datasets.split_events` makes them), drawn from the
+    agent's own data and ``seed`` only; an entity keeps at least one training event.
+
+    Parameters
+    ----------
+    entity_index : ndarray of int, shape (n,)
+    y : ndarray of shape (n,)
+    fraction : float in (0, 1)
+    seed : int
+
+    Returns
+    -------
+    ndarray of bool, shape (n,): True for held-out events.
+    """
+    import zlib
+
+    n = len(entity_index)
+    n_folds = max(int(round(1.0 / fraction)), 2)
+    key = zlib.crc32(np.ascontiguousarray(y, dtype=np.float64).tobytes())
+    rng = np.random.default_rng([int(seed), n, key])
+    order = np.lexsort((rng.random(n), entity_index))  # events of each entity, shuffled
+    ent = entity_index[order]
+    first = np.r_[0, np.flatnonzero(np.diff(ent)) + 1]
+    rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    start = rng.integers(n_folds, size=len(first))
+    fold = (np.repeat(start, np.diff(np.r_[first, n])) + rank) % n_folds
+    size = np.bincount(ent)[ent]
+    out = np.zeros(n, dtype=bool)
+    out[order] = (fold == 0) & (size >= 2)
+    return out
 
 
 @register_model
@@ -67,10 +110,20 @@ class HLCRModel(FederatedModel):
     name = "hlcr"
 
     def __init__(self, n_clusters: int, alpha: float, beta: float, delta: float, sigma: float,
-                 fit_intercept: bool = True, n_features: int = 1):
+                 fit_intercept: bool = True, n_features: int = 1, estimate_sigma: bool = False,
+                 estimate_delta: bool = False, standardize: bool = False, holdout: float = 0.0,
+                 holdout_seed: int = 0):
+        extra = {}
+        if estimate_sigma or estimate_delta or standardize or holdout:  # old configs unchanged
+            extra = {"estimate_sigma": bool(estimate_sigma),
+                     "estimate_delta": bool(estimate_delta), "standardize": bool(standardize),
+                     "holdout": float(holdout), "holdout_seed": int(holdout_seed)}
         super().__init__(n_clusters=int(n_clusters), alpha=float(alpha), beta=float(beta),
                          delta=float(delta), sigma=float(sigma), fit_intercept=bool(fit_intercept),
-                         n_features=int(n_features))
+                         n_features=int(n_features), **extra)
+        self.estimate_sigma, self.estimate_delta = bool(estimate_sigma), bool(estimate_delta)
+        self.standardize = bool(standardize)
+        self.holdout, self.holdout_seed = float(holdout), int(holdout_seed)
         self.K = int(n_clusters)
         self.alpha, self.beta = float(alpha), float(beta)
         self.delta, self.sigma = float(delta), float(sigma)
@@ -84,11 +137,51 @@ class HLCRModel(FederatedModel):
         if cache is not None and cache[0] is data:
             return cache[1]
         cats = getattr(data.entity, "categories", None)
-        out = entity_statistics(add_intercept(data.X, self.fit_intercept), data.y,
-                                data.entity if cats is None else np.asarray(data.entity),
-                                categories=cats)
-        self._cache = (data, out)
+        ent = data.entity if cats is None else np.asarray(data.entity)
+        Xa = add_intercept(data.X, self.fit_intercept)
+        if not self.holdout:
+            out = entity_statistics(Xa, data.y, ent, categories=cats)
+            held = None
+        else:
+            names, inv = np.unique(np.asarray(ent).astype(str), return_inverse=True)
+            inv = inv.reshape(-1)
+            m = holdout_mask(inv, np.asarray(data.y, dtype=np.float64), self.holdout,
+                             self.holdout_seed)
+            out = entity_statistics(Xa[~m], np.asarray(data.y)[~m], np.asarray(ent)[~m],
+                                    categories=names)
+            idx, hinv = np.unique(inv[m], return_inverse=True)
+            ysub = np.ascontiguousarray(np.asarray(data.y, dtype=np.float64)[m])
+            hn = np.bincount(hinv.reshape(-1), minlength=len(idx)).astype(np.float64)
+            held = (idx, *entity_sums(np.ascontiguousarray(Xa[m]), ysub,
+                                      np.ascontiguousarray(hinv.reshape(-1), dtype=np.int64),
+                                      len(idx)), hn)
+        self._cache = (data, out, held)
         return out
+
+    def _heldout_stats(self, data: ClientData):
+        """``(entity index, XtX, Xty, yty, n)`` of the held-out events grouped by entity (index
+        into the sorted entities), or None without a holdout."""
+        self._entity_stats(data)
+        return self._cache[2]
+
+    def _fit_stats(self, data: ClientData, params: Params):
+        """The entity statistics the sampler uses: standardized when ``params`` carry a
+        scaling (``T``, ``y_shift``, ``y_scale``), else the raw ones (the cached arrays)."""
+        _, XtX, Xty, yty, n = self._entity_stats(data)
+        if "T" not in params:
+            return XtX, Xty, yty, n
+        key = (id(data), np.asarray(params["T"]).tobytes(), float(params["y_shift"]),
+               float(params["y_scale"]))
+        cache = getattr(self, "_tcache", None)
+        if cache is None or cache[0] != key:
+            t = transform_statistics(XtX, Xty, yty, n, np.asarray(params["T"]),
+                                     float(params["y_shift"]), float(params["y_scale"]))
+            self._tcache = cache = (key, (*t, n))
+        return cache[1]
+
+    def sigma_of(self, params: Params) -> float:
+        """The noise sd the sampler uses at ``params`` (drawn when estimated)."""
+        return float(params["sigma"]) if "sigma" in params else self.sigma
 
     def n_units(self, data: ClientData) -> int:
         return len(self._entity_stats(data)[0])
@@ -97,7 +190,7 @@ class HLCRModel(FederatedModel):
         return {"labels": np.full(self.n_units(data), -1, dtype=np.int64)}
 
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
-        _, XtX, Xty, yty, n = self._entity_stats(data)
+        XtX, Xty, yty, n = self._fit_stats(data, params)
         E = len(n)
         labels = np.asarray(state.get("labels", np.full(E, -1)), dtype=np.int64)
         if rows is None:  # every entity: the cached statistics as they are, no copy
@@ -105,7 +198,8 @@ class HLCRModel(FederatedModel):
         else:  # a mini-batch: its entities' statistics gathered once
             rows = np.asarray(rows, dtype=np.int64)
             XtX, Xty, yty, n = XtX[rows], Xty[rows], yty[rows], n[rows]
-        loglik = entity_log_marginal(XtX, Xty, yty, n, params["D"], params["c"], self.sigma)
+        loglik = entity_log_marginal(XtX, Xty, yty, n, params["D"], params["c"],
+                                     self.sigma_of(params))
         full = np.zeros((E, self.K))
         full[rows] = loglik
         z, logprior = sample_local_labels(full, labels, params["counts"], self.alpha, self.beta,
@@ -133,7 +227,47 @@ class HLCRModel(FederatedModel):
             n = self._entity_stats(data)[4]
             return {"n_entities": float(len(n)), "n_events": float(n.sum()),
                     "n_features": float(np.shape(data.X)[1])}, state
+        if name == MOMENTS_QUERY:
+            return self._moments(data), state
+        if name == RESTART_QUERY:
+            return {"n_entities": float(self.n_units(data))}, {
+                **state, "labels": np.full(self.n_units(data), -1, dtype=np.int64)}
+        if name == HELDOUT_QUERY:
+            return self._heldout(payload, data, state), state
         return super().client_query(name, payload, data, state, rng)
+
+    def _moments(self, data: ClientData) -> dict[str, object]:
+        X = np.asarray(data.X, dtype=np.float64)
+        y = np.asarray(data.y, dtype=np.float64)
+        if self.holdout:
+            keep = ~holdout_mask(np.unique(np.asarray(data.entity).astype(str),
+                                           return_inverse=True)[1].reshape(-1), y,
+                                 self.holdout, self.holdout_seed)
+            X, y = X[keep], y[keep]
+        return {"n": float(len(y)), "sx": X.sum(axis=0), "sxx": (X * X).sum(axis=0),
+                "sy": float(y.sum()), "syy": float(y @ y)}
+
+    def _heldout(self, payload, data: ClientData, state) -> dict[str, float]:
+        """Sum over the agent's held-out events of their log predictive density given the
+        entity's label (Theorem 1 against the broadcast ``D``, ``c``: the joint predictive of
+        each entity's held-out events), in the units the fit works in, and their count."""
+        held = self._heldout_stats(data)
+        labels = np.asarray(state.get("labels", []), dtype=np.int64)
+        if held is None or not len(held[0]) or not len(labels):
+            return {"loglik": 0.0, "n": 0.0}
+        params = {k.split("/", 1)[1]: np.asarray(v) for k, v in payload.items()
+                  if k.startswith("params/")}
+        idx, XtX, Xty, yty, n = held
+        if "T" in params:
+            XtX, Xty, yty = transform_statistics(XtX, Xty, yty, n, params["T"],
+                                                 float(params["y_shift"]),
+                                                 float(params["y_scale"]))
+        ll = entity_log_marginal(XtX, Xty, yty, n, params["D"], params["c"],
+                                 self.sigma_of(params))
+        lab = labels[idx]
+        ok = lab >= 0
+        return {"loglik": float(ll[np.flatnonzero(ok), lab[ok]].sum()),
+                "n": float(n[ok].sum())}
 
     # ---- server side ----------------------------------------------------------------------
     def stat_shapes(self, params):
@@ -179,6 +313,10 @@ class HLCRModel(FederatedModel):
         return {"D": np.tile(np.eye(F) / self.delta**2, (K, 1, 1)), "c": np.zeros((K, F)),
                 "counts": np.zeros(K), "coef": np.zeros((K, F)), "train_mse": np.array(np.nan)}
 
+    @property
+    def estimates_hyper(self) -> bool:
+        return self.estimate_sigma or self.estimate_delta
+
     def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
         XtX, Xty, _, bad = project_gram_psd(S["XtX"] * n_total, S["Xty"] * n_total,
                                             S["yty"] * n_total)
@@ -186,10 +324,25 @@ class HLCRModel(FederatedModel):
             logger.debug("hlcr: smoothed statistics of clusters %s not a Gram matrix; "
                          "projected", np.flatnonzero(bad).tolist())
         F = self.F
-        D = np.eye(F)[None] / self.delta**2 + XtX / self.sigma**2
-        c = Xty / self.sigma**2
         counts = np.maximum(S["n_entities"] * n_total, 0.0)
         n_ev = float(np.maximum(S["n_events"], 0.0).sum())
         mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
+        if not ("sigma" in params or "T" in params):  # the paper's sampler, as it always was
+            D = np.eye(F)[None] / self.delta**2 + XtX / self.sigma**2
+            c = Xty / self.sigma**2
+            return {"D": D, "c": c, "counts": counts, "coef": posterior_means(D, c),
+                    "train_mse": np.array(mse)}
+        extra = {k: params[k] for k in ("T", "y_shift", "y_scale", "x_shift", "x_scale", "seed",
+                                        "step") if k in params}
+        sigma, delta = self.sigma_of(params), float(params.get("delta", self.delta))
+        if self.estimates_hyper:  # server-side Gibbs step, its stream keyed by (seed, step)
+            step = int(params["step"]) + 1
+            rng = np.random.default_rng([int(params["seed"]), step, 7])
+            sigma, delta = draw_hyper(XtX, Xty, S["yty"] * n_total, n_ev * n_total, sigma,
+                                      delta, rng, self.estimate_sigma, self.estimate_delta)
+            extra["step"] = np.array(float(step))
+        D = np.eye(F)[None] / delta**2 + XtX / sigma**2
+        c = Xty / sigma**2
         return {"D": D, "c": c, "counts": counts, "coef": posterior_means(D, c),
-                "train_mse": np.array(mse)}
+                "train_mse": np.array(mse), "sigma": np.array(sigma),
+                "delta": np.array(delta), **extra}

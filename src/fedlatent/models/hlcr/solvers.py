@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,8 +38,63 @@ from ...engine.runtime import Runtime
 from ...engine.stats import Stats
 from .math import cluster_statistics, entity_sse, hlcr_log_joint, posterior_means
 from .sampler import gibbs_init, gibbs_sweep
+from .scaling import draw_hyper
 
-__all__ = ["HLCRFit", "RoundTap", "entity_pairs", "run_federated", "run_gibbs"]
+__all__ = ["ChainSettings", "HLCRFit", "RoundTap", "chain_diagnostic", "entity_pairs",
+           "run_federated", "run_gibbs"]
+
+
+@dataclass(frozen=True)
+class ChainSettings:
+    """What both solvers need beyond the engine's options: the retained draws are the
+    iterations ``t > burn_in`` with ``(t - burn_in - 1) % thin == 0``; ``sigma``, ``delta`` are
+    the (starting) values in the units the sampler works in."""
+
+    burn_in: int
+    thin: int
+    sigma: float
+    delta: float
+    estimate_sigma: bool = False
+    estimate_delta: bool = False
+
+    def keep(self, t: int) -> bool:
+        return t > self.burn_in and (t - self.burn_in - 1) % self.thin == 0
+
+
+def chain_diagnostic(XtX, Xty, yty, n, draws, sd_y: float):
+    """How much the posterior predictive mean of the training events still moves.
+
+    Parameters
+    ----------
+    XtX, Xty, yty, n : entity statistics (fit units), shapes (E, F, F), (E, F), (E,), (E,)
+    draws : list of dict with ``D`` (K, F, F), ``c`` (K, F), ``labels`` (E,)
+    sd_y : float
+        Standard deviation of the training targets (fit units).
+
+    Returns
+    -------
+    change : ndarray of shape (n_draws,)
+        RMS over the events of the change of the running Rao-Blackwellized predictive mean when
+        draw t is added, over ``sd_y`` (NaN for the first draw).
+    split : float
+        RMS difference between the predictive means of the first and the second half of the
+        draws, over ``sd_y`` (NaN with fewer than 2 draws or unknown labels).
+    """
+    T = len(draws)
+    if T == 0 or any(d["labels"] is None or (np.asarray(d["labels"]) < 0).any()
+                     for d in draws):
+        return np.full(T, np.nan), float("nan")
+    W = np.stack([posterior_means(d["D"], d["c"])[np.asarray(d["labels"])] for d in draws])
+    run = np.cumsum(W, axis=0) / np.arange(1, T + 1)[:, None, None]
+    N = float(n.sum())
+
+    def rms(diff):  # diff (..., E, F): sqrt(sum_e d^T XtX_e d / N) / sd_y
+        return np.sqrt(np.maximum(np.einsum("...ef,efg,...eg->...", diff, XtX, diff), 0.0)
+                       / N) / sd_y
+
+    change = np.r_[np.nan, rms(np.diff(run, axis=0))] if T > 1 else np.full(1, np.nan)
+    split = float(rms(W[: T // 2].mean(0) - W[T // 2:].mean(0))) if T >= 2 else float("nan")
+    return change, split
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +122,9 @@ class HLCRFit(FitResult):
     path: list[dict[str, Any]] = field(default_factory=list)
     log_joint: np.ndarray = field(default_factory=lambda: np.zeros(0))
     train_mse: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    draws: list[dict[str, Any]] = field(default_factory=list)
+    sigma: float = float("nan")
+    delta: float = float("nan")
 
 
 def entity_pairs(fd: FederatedDataset | None) -> tuple[np.ndarray, np.ndarray]:
@@ -85,7 +144,8 @@ def _path_entry(params: Params, labels: dict[str, np.ndarray] | None) -> dict[st
     lab = None
     if labels is not None:
         lab = np.concatenate([labels[c] for c in sorted(labels)])
-    return {"D": params["D"], "c": params["c"], "counts": params["counts"], "labels": lab}
+    return {"D": params["D"], "c": params["c"], "counts": params["counts"], "labels": lab,
+            "sigma": params.get("sigma"), "delta": params.get("delta")}
 
 
 # ---- the federated solver ---------------------------------------------------------------------
@@ -138,11 +198,19 @@ def run_federated(
     params0: Params,
     options: LoopOptions,
     round_loop: Callable[[FitContext, Params, LoopOptions], FitResult],
+    chain: ChainSettings | None = None,
 ) -> HLCRFit:
     """FedHLCR: ``round_loop`` (the base estimator's ``_run``, the engine's round loop) over
-    ``ctx.runtime`` wrapped in a :class:`RoundTap`."""
+    ``ctx.runtime`` wrapped in a :class:`RoundTap`. With ``options.tol == 0`` every round runs
+    and the engine's objective-based ConvergenceWarning does not apply (the estimator judges
+    the chain by :func:`chain_diagnostic`)."""
     tap = RoundTap(ctx.runtime)
-    result = round_loop(replace(ctx, runtime=tap), params0, options)
+    with warnings.catch_warnings():
+        if options.tol == 0:
+            from ...engine.errors import ConvergenceWarning
+
+            warnings.simplefilter("ignore", ConvergenceWarning)
+        result = round_loop(replace(ctx, runtime=tap), params0, options)
     tap.finish(result.params, result.n_rounds)
     agents, ents = entity_pairs(ctx.data)
     states = tap.get_client_states()
@@ -155,69 +223,100 @@ def run_federated(
     path = [_path_entry(tap.path[r]["params"], tap.path[r]["labels"]) for r in sorted(tap.path)]
     train_mse = [float(tap.path[r.round]["params"]["train_mse"]) if r.round in tap.path
                  else np.nan for r in result.history]
+    rounds = sorted(tap.path)
+    draws = []
+    if chain is not None:
+        draws = [p for r, p in zip(rounds, path) if chain.keep(r)]
+        if not draws and path:  # stopped by tol before burn_in ended: the last round only
+            logger.warning("hlcr: the fit stopped at round %d, before burn_in=%d ended; the "
+                           "predictive uses the last round only (set tol=0 to run every "
+                           "round)", rounds[-1], chain.burn_in)
+            draws = [path[-1]]
+    p = result.params
     return HLCRFit(result.params, result.S_hat, result.history, result.converged,
                    result.n_rounds, labels=labels, pair_agents=agents, pair_entities=ents,
                    path=path,
                    log_joint=np.array([r.objective for r in result.history], dtype=float),
-                   train_mse=np.array(train_mse, dtype=float))
+                   train_mse=np.array(train_mse, dtype=float), draws=draws,
+                   sigma=float(p.get("sigma", np.nan)), delta=float(p.get("delta", np.nan)))
 
 
 # ---- the centralized Gibbs sampler ------------------------------------------------------------
-def run_gibbs(est, ctx: FitContext, options: LoopOptions) -> HLCRFit:
-    """Algorithm 2 on the pooled in-process data ``ctx.data``, ``options.max_rounds`` sweeps at
-    most; stops when the mean per-entity log joint changes by less than ``options.tol``.
+def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
+              chain: ChainSettings) -> HLCRFit:
+    """Algorithm 2 on the pooled in-process data ``ctx.data``: ``options.max_rounds`` sweeps
+    (with ``options.tol > 0``, the old rule: stop after ``burn_in`` once the mean per-entity log
+    joint changes by less than ``tol``).
 
-    ``est`` gives the model's settings (``n_clusters``, ``alpha``, ``beta``, ``delta``,
-    ``sigma``, ``burn_in``). With ``burn_in``, the labels are the most frequent ones over the
-    sweeps after it, and the cluster statistics are recomputed for them.
+    ``est`` gives ``n_clusters``, ``alpha``, ``beta``; ``chain`` the burn-in, thinning and
+    (starting) ``sigma``, ``delta``. When estimated, sigma and delta are redrawn after every
+    sweep (:func:`~fedlatent.models.hlcr.scaling.draw_hyper`) and the cluster statistics
+    rebuilt for them. The labels are the most frequent ones over the retained sweeps, with
+    their cluster statistics at the retained draws' mean sigma^2 and delta^2.
     """
     if options.checkpoint is not None or options.resume or options.callbacks:
         raise ValueError("solver='gibbs' pools the data: checkpoint, resume and callbacks "
                          "apply to solver='federated' only")
     fd = ctx.data
     rng = np.random.default_rng(ctx.seed)
-    K = int(est.n_clusters)
-    stats = [ctx.model._entity_stats(cd) for _, cd in fd.items()]
-    state = gibbs_init([s[1:] for s in stats], K, est.delta, est.sigma, rng)
+    K = int(ctx.model.K)
+    stats = [ctx.model._fit_stats(cd, params0) for _, cd in fd.items()]
+    sigma, delta = chain.sigma, chain.delta
+    estimate = chain.estimate_sigma or chain.estimate_delta
+    state = gibbs_init(stats, K, delta, sigma, rng)
     n, z, A = state["n"], state["z"], len(stats)
     history = History()
-    lj, mses, path = [], [], []
+    lj, mses, path, draws = [], [], [], []
     freq = np.zeros((len(n), K))
     converged = False
     bar = progress_bar(options.max_rounds, options.progress, options.description)
     try:
         for t in range(1, int(options.max_rounds) + 1):
             t0 = time.perf_counter()
-            changed = gibbs_sweep(state, est.alpha, est.beta, est.sigma, rng.random(len(n)))
+            changed = gibbs_sweep(state, est.alpha, est.beta, sigma, rng.random(len(n)))
+            if estimate:
+                onehot = np.eye(K)[z]
+                sums = (np.einsum("ek,eij->kij", onehot, state["XtX"]),
+                        onehot.T @ state["Xty"], onehot.T @ state["yty"])
+                sigma, delta = draw_hyper(*sums, float(n.sum()), sigma, delta, rng,
+                                          chain.estimate_sigma, chain.estimate_delta)
+                F = sums[1].shape[1]
+                state["D"][...] = np.eye(F)[None] / delta**2 + sums[0] / sigma**2
+                state["c"][...] = sums[1] / sigma**2
             D, c, Nk = state["D"], state["c"], state["Nk"]
             cur = {"D": D, "c": c, "yty": state["Y"], "n_events": state["Nev"],
                    "n_entities": Nk}
-            lj.append(hlcr_log_joint(cur, state["Nik"], est.alpha, est.beta, est.delta,
-                                     est.sigma) / len(n))
+            lj.append(hlcr_log_joint(cur, state["Nik"], est.alpha, est.beta, delta,
+                                     sigma) / len(n))
             W = posterior_means(D, c)
             mses.append(float(entity_sse(state["XtX"], state["Xty"], state["yty"], W, z).sum()
                               / n.sum()))
-            path.append({"D": D.copy(), "c": c.copy(), "counts": Nk.copy(), "labels": z.copy()})
-            if est.burn_in is not None and t > est.burn_in:
+            entry = {"D": D.copy(), "c": c.copy(), "counts": Nk.copy(), "labels": z.copy(),
+                     "sigma": sigma, "delta": delta}
+            path.append(entry)
+            if chain.keep(t):
                 freq[np.arange(len(z)), z] += 1.0
+                draws.append(entry)
             history.append(RoundRecord(round=t, objective=lj[-1], h_norm2=None,
                                        bytes_up=0, bytes_down=0, participants=A, step_size=1.0,
                                        seconds=time.perf_counter() - t0))
             bar.update(1)
             logger.debug("hlcr gibbs sweep %d: %d labels changed", t, changed)
-            if len(history) >= 2 and abs(lj[-1] - lj[-2]) < options.tol:
+            if (options.tol > 0 and t > chain.burn_in + 1
+                    and abs(lj[-1] - lj[-2]) < options.tol):
                 converged = True
                 break
     finally:
         bar.close()
-    cl = {"D": state["D"], "c": state["c"], "yty": state["Y"], "n_events": state["Nev"],
-          "n_entities": state["Nk"]}
-    if est.burn_in is not None and freq.sum() > 0:
-        z = freq.argmax(axis=1).astype(np.int64)
-        cl = cluster_statistics(state["XtX"], state["Xty"], state["yty"], n, z, K,
-                                est.delta, est.sigma)
+    if not draws:  # only when max_rounds <= burn_in, which the estimator refuses
+        draws, freq[np.arange(len(z)), z] = [path[-1]], 1.0
+    z = freq.argmax(axis=1).astype(np.int64)
+    if estimate:
+        sigma = float(np.sqrt(np.mean([d["sigma"] ** 2 for d in draws])))
+        delta = float(np.sqrt(np.mean([d["delta"] ** 2 for d in draws])))
+    cl = cluster_statistics(state["XtX"], state["Xty"], state["yty"], n, z, K, delta, sigma)
     agents, ents = entity_pairs(fd)
     params = {"D": cl["D"], "c": cl["c"], "counts": cl["n_entities"]}
     return HLCRFit(params, Stats(cl), history, converged, len(history), labels=z.copy(),
                    pair_agents=agents, pair_entities=ents, path=path, log_joint=np.array(lj),
-                   train_mse=np.array(mses))
+                   train_mse=np.array(mses), draws=draws, sigma=sigma, delta=delta)

@@ -1,0 +1,172 @@
+"""What the HLCR estimator does around a solver: the starting parameters (with the checked
+``"moments"`` exchange when it standardizes), the chain's diagnostic, and the fitted
+attributes in the user's units.
+
+References
+----------
+Yang, Carette, Jimbo, Maruyama, "Federated Latent Class Regression for Hierarchical Data",
+2022: Algorithm 3, line 2 (the prior start).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import numpy as np
+
+from ...engine.estimator import FitContext
+from ...engine.exchange import array, number
+from ...engine.history import History
+from ...engine.model import Params
+from .model import MOMENTS_QUERY
+from .scaling import moments_scaling, scaling_matrix, to_user_units
+from .solvers import ChainSettings, HLCRFit, chain_diagnostic
+
+__all__ = ["HYPER_START", "HLCRHistory", "finish_chain", "start_params", "store_fit"]
+
+#: starting sigma and delta when they are estimated (standardized units)
+HYPER_START = (0.5, 1.0)
+
+
+def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
+                 fit_intercept: bool) -> Params:
+    """Algorithm 3's start (the prior), plus, when the chain estimates sigma/delta or
+    standardizes, the scaling ``T, y_shift, y_scale`` (from the agents' summed moments), the
+    current ``sigma``, ``delta`` (fit units) and the seed and step of the server's draws. The
+    paper's fixed-sigma path gets exactly the old parameters."""
+    params = ctx.model.initial_params()
+    if not (standardize or chain.estimate_sigma or chain.estimate_delta):
+        return params
+    sigma = chain.sigma
+    if standardize:
+        F = ctx.n_features
+        rep = ctx.ask(MOMENTS_QUERY, expect={"n": number(low=1), "sx": array(F),
+                                             "sxx": array(F, low=0), "sy": number(),
+                                             "syy": number(low=0)},
+                      what="initialization (moments for standardizing)")
+        tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values())
+               for k in ("n", "sx", "sxx", "sy", "syy")}
+        mx, sx, my, sy = moments_scaling(tot["n"], tot["sx"], tot["sxx"], tot["sy"],
+                                         tot["syy"], fit_intercept)
+        params.update(T=scaling_matrix(mx, sx, fit_intercept), y_shift=np.array(my),
+                      y_scale=np.array(sy), x_shift=mx, x_scale=sx)
+        if not chain.estimate_sigma:  # a fixed sigma is in the target's units
+            sigma = chain.sigma / sy
+    params.update(sigma=np.array(float(sigma)), delta=np.array(float(chain.delta)),
+                  seed=np.array(float(int(ctx.seed) % (2**52))), step=np.array(0.0))
+    return params
+
+
+def chain_for(chain: ChainSettings, params0: Params) -> ChainSettings:
+    """The chain's starting sigma in the fit's units (a fixed sigma divided by the scale)."""
+    return replace(chain, sigma=float(params0.get("sigma", chain.sigma)))
+
+
+def finish_chain(est, ctx: FitContext, params0: Params, result: HLCRFit, tol: float) -> None:
+    """The mixing diagnostic (in-process data only) and ``result.converged``: the ``tol``
+    rule's verdict when ``tol > 0``, else ``mixing < est.MIXING_TOL`` (with a
+    ConvergenceWarning when it fails)."""
+    result.pred_change, result.mixing = np.full(len(result.draws), np.nan), float("nan")
+    if ctx.data is not None and result.draws:
+        parts = [ctx.model._fit_stats(cd, params0) for _, cd in ctx.data.items()]
+        XtX, Xty, yty, n = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        N = float(n.sum())
+        mean = float(Xty[:, -1].sum()) / N if est.fit_intercept else 0.0
+        sd = float(np.sqrt(max(float(yty.sum()) / N - mean**2, 1e-300)))
+        result.pred_change, result.mixing = chain_diagnostic(XtX, Xty, yty, n, result.draws, sd)
+    if tol > 0:
+        return
+    result.converged = bool(result.mixing < est.MIXING_TOL)
+    if not result.converged and np.isfinite(result.mixing):
+        from ...engine.errors import ConvergenceWarning
+
+        warnings.warn(
+            f"HLCR: the posterior predictive means of the two halves of the "
+            f"{len(result.draws)} retained draws differ by {100 * result.mixing:.1f}% of the "
+            f"target's sd (more than {100 * est.MIXING_TOL:g}%); raise max_rounds",
+            ConvergenceWarning, stacklevel=4)
+
+
+def _scaling(params0: Params, n_features: int, fit_intercept: bool):
+    if "T" in params0:
+        return (np.asarray(params0["T"]), float(params0["y_shift"]), float(params0["y_scale"]),
+                np.asarray(params0["x_shift"]), np.asarray(params0["x_scale"]))
+    return None, 0.0, 1.0, np.zeros(n_features), np.ones(n_features)
+
+
+def store_fit(est, result: HLCRFit, params0: Params, chain: ChainSettings) -> None:
+    """The fitted attributes from a solver's result (everything in the user's units)."""
+    F = int(est.n_features_in_)
+    T, my, sy, mx, sx = _scaling(params0, F, est.fit_intercept)
+
+    def user(D, c, sigma):
+        if T is None:
+            return np.asarray(D, dtype=np.float64), np.asarray(c, dtype=np.float64), sigma
+        return to_user_units(np.asarray(D), np.asarray(c), sigma, T, my, sy)
+
+    def sig(v):  # a draw's sigma (fit units); the fixed one where the params carry none
+        return chain.sigma if v is None or not np.isfinite(float(v)) else float(v)
+
+    p = result.params
+    K = int(np.shape(p["D"])[0])
+    est.n_clusters_ = K
+    est.pair_agents_, est.pair_entities_ = result.pair_agents, result.pair_entities
+    est.labels_ = np.asarray(result.labels, dtype=np.int64)
+    draws = result.draws
+    sig_fit = sig(result.sigma)
+    if chain.estimate_sigma and draws:
+        sig_fit = float(np.sqrt(np.mean([sig(d["sigma"]) ** 2 for d in draws])))
+    delta = float(result.delta) if np.isfinite(result.delta) else chain.delta
+    if chain.estimate_delta and draws:
+        delta = float(np.sqrt(np.mean([float(d["delta"]) ** 2 for d in draws])))
+    D, c, sigma_u = user(p["D"], p["c"], sig_fit)
+    est._set_cluster_params(D, c, p["counts"])
+    est.sigma_, est.delta_ = float(sigma_u), delta
+    E = len(est.labels_)
+    Ds, cs, ss = user(np.stack([d["D"] for d in draws]), np.stack([d["c"] for d in draws]),
+                      np.array([sig(d["sigma"]) for d in draws]))
+    est.draws_precisions_, est.draws_c_, est.draws_sigma_ = Ds, cs, np.asarray(ss, dtype=float)
+    est.draws_counts_ = np.stack([np.asarray(d["counts"], dtype=float) for d in draws])
+    est.draws_labels_ = np.stack([np.full(E, -1, dtype=np.int64) if d["labels"] is None
+                                  else np.asarray(d["labels"], dtype=np.int64) for d in draws])
+    est.feature_mean_, est.feature_scale_ = mx, sx
+    est.target_mean_, est.target_scale_ = my, sy
+    est.mixing_ = float(getattr(result, "mixing", np.nan))
+    est.n_entities_, est.n_events_ = est._sizes
+    kept = {id(d) for d in draws}
+    path = []
+    for e in result.path:
+        De, ce, se = user(e["D"], e["c"], sig(e.get("sigma")))
+        path.append({"D": De, "c": ce, "counts": e["counts"], "labels": e["labels"],
+                     "sigma": float(se), "kept": id(e) in kept})
+    est._path = path
+    est.history_log_joint_ = np.asarray(result.log_joint, dtype=float)
+    est.history_train_mse_ = np.asarray(result.train_mse, dtype=float) * sy**2
+    change = np.full(len(result.history), np.nan)
+    pc = np.asarray(getattr(result, "pred_change", []), dtype=float)
+    idx = [i for i, r in enumerate(result.history) if chain.keep(int(r.round))][:len(pc)]
+    change[idx] = pc[:len(idx)]
+    est._pred_change = change
+    est.history_ = HLCRHistory(result.history, est)
+    scores = getattr(est, "_k_scores", None)
+    est.k_scores_ = scores
+
+
+class HLCRHistory(History):
+    """The engine's round records plus the per-iteration log joint, training MSE and the
+    change of the running posterior predictive mean."""
+
+    def __init__(self, records, est):
+        super().__init__(records)
+        self.log_joint = list(np.asarray(est.history_log_joint_, dtype=float))
+        self.train_mse = list(np.asarray(est.history_train_mse_, dtype=float))
+        self.pred_change = list(np.asarray(getattr(est, "_pred_change", []), dtype=float))
+
+    def to_frame(self):
+        df = super().to_frame()
+        n = len(df)
+        df["pred_change"] = (self.pred_change + [np.nan] * n)[:n]
+        df["log_joint"] = (self.log_joint + [np.nan] * n)[:n]
+        df["train_mse"] = (self.train_mse + [np.nan] * n)[:n]
+        return df
