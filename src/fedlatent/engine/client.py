@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import ClientData, FederatedDataset
-from .federation import Quantizer
 from .messages import ERROR_KEY, pack, unpack
-from .model import FederatedModel, client_rng
+from .model import FederatedModel, client_key, client_rng
 from .registry import estimator_from_config, model_from_config
 from .stats import Stats
+from .streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
 
 __all__ = ["ClientNode", "describe_client"]
 
@@ -157,7 +157,6 @@ class ClientNode:
         params = unpack(msg, "params")
         n_units = self.model.n_units(self._data)
         rng_model = _LazyRng(seed, self.client_id, rnd, _P_MODEL)
-        rng_batch = _LazyRng(seed, self.client_id, rnd, _P_BATCH)
 
         if mode == "full" or mode == "spider-refresh":
             step = self._local_stats(params, None, rng_model)
@@ -166,15 +165,13 @@ class ClientNode:
                 _put(self.state, "spider_S", S_c.to_dict())
                 _put(self.state, "spider_params", params)
         elif mode == "batch":
-            b = min(int(msg["batch_size"]), n_units)
-            rows = np.sort(rng_batch.choice(n_units, size=b, replace=False))
+            rows = self._batch(seed, rnd, n_units, int(msg["batch_size"]))
             step = self._local_stats(params, rows, rng_model)
             S_c = step.stats / max(step.n, 1)
         elif mode == "spider":
             prev_S = _sub(self.state, "spider_S")
             prev_params = _sub(self.state, "spider_params")
-            b = min(int(msg["batch_size"]), n_units)
-            rows = np.sort(rng_batch.choice(n_units, size=b, replace=False))
+            rows = self._batch(seed, rnd, n_units, int(msg["batch_size"]))
             if not prev_S:  # never refreshed (joined late): full pass
                 step = self._local_stats(params, None, rng_model)
                 S_c = step.stats / max(step.n, 1)
@@ -204,8 +201,11 @@ class ClientNode:
             if V_c is not None:
                 delta = delta - V_c
         levels = int(msg.get("quant_levels", 0))
-        if levels > 0:
-            q = Quantizer(levels)(delta, client_rng(seed, self.client_id, rnd, _P_QUANT))
+        if levels > 0:  # the counter-based stream: what the batched path draws for us
+            flat = delta.flatten()
+            keys = stream_keys(seed, [client_key(self.client_id)], rnd, _P_QUANT)
+            q = delta.unflatten(quantize_flat(flat[None, :], [v.size for v in delta.values()],
+                                              levels, stream_uniforms(keys, flat.size))[0])
         else:
             q = delta
         if use_cv and len(S_hat) > 0:
@@ -216,6 +216,12 @@ class ClientNode:
         reply["n"] = int(step.n)
         reply["objective"] = float(step.objective)
         return reply
+
+    def _batch(self, seed: int, rnd: int, n_units: int, batch_size: int) -> np.ndarray:
+        """This round's mini-batch: ``min(batch_size, n_units)`` rows without replacement,
+        from the client's counter-based stream (the batched path's rows for this client)."""
+        keys = stream_keys(seed, [client_key(self.client_id)], rnd, _P_BATCH)
+        return np.flatnonzero(batch_rows(keys, np.array([n_units]), batch_size)[0])
 
     def _cv_init(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Control variate at the start: ``V_c = S_c(theta_0) - S_hat_0`` (Dieuleveut et al.'s

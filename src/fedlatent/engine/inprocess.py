@@ -1,4 +1,10 @@
-"""The default runtime: every client is an object in this process holding its own data."""
+"""The default runtime: every client is an object in this process holding its own data.
+
+When the model has a batched client step (and messages are not recorded), the round loop runs
+the clients' E-steps all at once (:mod:`fedlatent.engine.batched`); the clients' states then
+live in arrays and are written back to the client objects whenever they are looked at
+(``nodes``, :meth:`InProcessRuntime.get_client_states`, a per-client call).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import numpy as np
 
 from ..data.dataset import FederatedDataset
 from .client import ClientNode
+from .model import FederatedModel
 from .runtime import Runtime
 
 __all__ = ["InProcessRuntime"]
@@ -28,35 +35,87 @@ class InProcessRuntime(Runtime):
     fd : FederatedDataset
     record : bool, default False
         Keep every message that crosses (``self.log``: (direction, client, method, message)),
-        so tests can inspect exactly what left each client.
+        so tests can inspect exactly what left each client. Recording runs the clients one by
+        one (no batched step).
+    batched : bool, default True
+        Use the model's batched client step when it has one.
     """
 
-    def __init__(self, fd: FederatedDataset, record: bool = False):
+    def __init__(self, fd: FederatedDataset, record: bool = False, batched: bool = True):
         self._ids = fd.client_ids
         self._fd = fd
-        self.nodes = {cid: ClientNode(cid, fd[cid], source=fd) for cid in self._ids}
+        self._nodes = {cid: ClientNode(cid, fd[cid], source=fd) for cid in self._ids}
         self.record = record
+        self.use_batched = bool(batched)
         self.log: list[tuple[str, str, str, dict[str, Any]]] = []
+        self._batch = None
+        #: whether the batch's arrays hold the clients' states (else the nodes do)
+        self._batch_owns = False
 
     @property
     def client_ids(self) -> list[str]:
         return list(self._ids)
 
+    @property
+    def nodes(self) -> dict[str, ClientNode]:
+        """The client objects, their states up to date."""
+        self._to_nodes()
+        return self._nodes
+
+    def _to_nodes(self) -> None:
+        if self._batch_owns:
+            for cid, st in zip(self._ids, self._batch.dump()):
+                self._nodes[cid].state = st
+            self._batch_owns = False
+
+    def batched(self, model):
+        """The batched client side for ``model`` (None: clients are called one by one)."""
+        if self.record or not self.use_batched or type(self).call is not InProcessRuntime.call:
+            return None  # recording, or a runtime that changes what clients send: one by one
+        if type(model).client_stats_batched is FederatedModel.client_stats_batched:
+            return None
+        if self._batch is None or self._batch.model.get_config() != model.get_config() \
+                or self._batch.model.name != model.name:
+            from .batched import BatchedClients
+
+            self._to_nodes()
+            self._batch = BatchedClients(self._ids, [self._fd[c] for c in self._ids], model)
+        return self
+
+    def call_batched(self, method: str, idx: np.ndarray, msg: dict[str, Any], resets=None):
+        """``estep``, ``evaluate`` or ``cv_init`` of the clients at positions ``idx`` at once."""
+        b = self._batch
+        if not self._batch_owns:
+            b.load([self._nodes[c].state for c in self._ids])
+            self._batch_owns = True
+        if method == "estep":
+            return b.estep(idx, msg, resets or {})
+        if method == "evaluate":
+            return b.evaluate(idx, msg)
+        if method == "cv_init":
+            return b.cv_init(idx, msg)
+        raise KeyError(f"no batched method {method!r}")
+
     def call(self, client_ids, method, messages):
+        self._to_nodes()
         replies = {}
         for cid in client_ids:
             msg = _freeze(messages[cid])
             if self.record:
                 self.log.append(("down", cid, method, msg))
-            reply = _freeze(self.nodes[cid].handle(method, msg))
+            reply = _freeze(self._nodes[cid].handle(method, msg))
             if self.record:
                 self.log.append(("up", cid, method, reply))
             replies[cid] = reply
         return replies
 
     def get_client_states(self):
-        return {cid: {k: np.array(v) for k, v in n.state.items()} for cid, n in self.nodes.items()}
+        if self._batch_owns:
+            return {cid: st for cid, st in zip(self._ids, self._batch.dump())}
+        return {cid: {k: np.array(v) for k, v in n.state.items()}
+                for cid, n in self._nodes.items()}
 
     def set_client_states(self, states):
+        self._to_nodes()
         for cid, st in states.items():
-            self.nodes[cid].state = {k: np.array(v) for k, v in st.items()}
+            self._nodes[cid].state = {k: np.array(v) for k, v in st.items()}

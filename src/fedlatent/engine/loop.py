@@ -94,6 +94,23 @@ class FitResult:
 
 
 @dataclass
+class Gathered:
+    """One round's replies, screened: the new state (before the M-step) and the record."""
+
+    state: Any
+    missing: list
+    rejected: dict
+    errors: dict
+    obj_sum: float
+    obj_n: int
+    participants: int
+    bytes_down: int
+    bytes_up: int
+    after: Any  # after(S_hat_new): follow the clients' control variates
+    batched: bool
+
+
+@dataclass
 class LoopOptions:
     """How a fit runs (not what it computes).
 
@@ -206,6 +223,7 @@ class _Rounds:
         self.state = FedEMState()
         self.history = History()
         self.params: Params = {}
+        self.bserver = None
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, round_: int) -> None:
@@ -215,7 +233,13 @@ class _Rounds:
                              history=self.history,
                              client_states=self.runtime.get_client_states(),
                              identity=self.identity(), round_=round_, params0=self.params0,
-                             mirror=self.screen.checkpointed())
+                             mirror=self.mirror())
+
+    def mirror(self):
+        """The mirror of the clients' control variates for a checkpoint (per-client form)."""
+        if self.bserver is not None and self.screen.checkpointed() is not None:
+            return self.bserver.dump_mirror()
+        return self.screen.checkpointed()
 
     def identity(self) -> RunIdentity:
         """What a checkpoint of this run must match to be resumed."""
@@ -247,34 +271,18 @@ class _Rounds:
         init_round = not self.state.initialized
         gamma = 1.0 if init_round else self.fed.gamma(k)
         p = float(self.fed.participation)
-        active = select_active(self.cids, p, seed, k, init_round)
         msg = round_message(self.fed, seed, k, init_round, alpha)
         msg.update(pack("params", self.params))
         if self.state.S_hat is not None:
             msg.update(pack("S_hat", self.state.S_hat.to_dict()))
-        msgs = {c: msg for c in active}
-        bytes_down = message_nbytes(msg) * len(active)
-        # a client whose last reply was refused goes back to its mirrored V_c
-        for c in [c for c in active if c in self.screen.resync] if self.screen.resync else ():
-            reset = self.screen.resync_message(c)
-            if reset:
-                msgs[c] = {**msg, **reset}
-                bytes_down += message_nbytes(reset)
-        replies = self.runtime.call(active, "estep", msgs) if active else {}
-        got, parsed, missing, rejected, errors, obj_sum, obj_n = self.screen_replies(
-            k, active, replies, shapes, msg)
-        bytes_up = (raw_bytes if init_round else quant_bytes) * len(parsed)
-
-        if init_round:
-            if missing or rejected:
-                why = {**{c: errors.get(c, "no reply") for c in missing}, **rejected}
-                detail = "; ".join(f"client {c!r}: {r}" for c, r in why.items())
-                raise FederatedFitError(
-                    f"clients {list(why)} did not answer the initialization round validly "
-                    f"(every client must): {detail}", self.params, k)
-            new_state = self.state.after_init(got, self.weights, self.use_cv)
-        else:
-            new_state = self.state.after_round(got, self.weights, gamma, p, alpha)
+        g = None
+        if self.bserver is not None:
+            g = self.gather_batched(k, msg, init_round, gamma, p, alpha, raw_bytes,
+                                    quant_bytes)
+        if g is None:
+            g = self.gather(k, msg, shapes, init_round, gamma, p, alpha, raw_bytes, quant_bytes)
+        new_state, missing, rejected, errors = g.state, g.missing, g.rejected, g.errors
+        bytes_down, bytes_up = g.bytes_down, g.bytes_up
         if not new_state.S_hat.all_finite():
             raise FederatedFitError(
                 f"round {k}: the aggregated statistic is not finite; kept the parameters of "
@@ -298,20 +306,24 @@ class _Rounds:
                 self.params,
                 k,
             )
-        self.screen.after_round(init_round, active, parsed, errors, new_state.S_hat, alpha,
-                                rejected)
+        g.after(new_state.S_hat)
         converged_ok = not missing and not rejected
         h2 = None
-        if self.fed.track_h:
+        if self.fed.track_h and g.batched:
+            h2, rejected = self.bserver.h_norm2(k, new_params, new_state.S_hat, rejected)
+        elif self.fed.track_h:
             h2, missing, rejected, errors = self.h_norm2(k, shapes, new_params, new_state.S_hat,
                                                          missing, rejected, errors)
         if init_round and self.use_cv:
             # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0.
             cv_msg = {"seed": seed, "round": k, **pack("S_hat", new_state.S_hat.to_dict())}
-            self.runtime.broadcast(self.cids, "cv_init", cv_msg)
+            if g.batched:
+                self.runtime.call_batched("cv_init", np.arange(len(self.cids)), cv_msg)
+            else:
+                self.runtime.broadcast(self.cids, "cv_init", cv_msg)
             bytes_down += message_nbytes(cv_msg) * len(self.cids)
         self.state, self.params = new_state, new_params
-        objective = obj_sum / obj_n if obj_n else float("nan")
+        objective = g.obj_sum / g.obj_n if g.obj_n else float("nan")
         self.history.append(
             RoundRecord(
                 round=k,
@@ -319,7 +331,7 @@ class _Rounds:
                 h_norm2=h2,
                 bytes_up=int(bytes_up),
                 bytes_down=int(bytes_down),
-                participants=len(got),
+                participants=g.participants,
                 step_size=gamma,
                 seconds=time.perf_counter() - t0,
                 missing=missing,
@@ -333,6 +345,56 @@ class _Rounds:
             and converged_ok
             and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol
         )
+
+    def gather(self, k, msg, shapes, init_round, gamma, p, alpha, raw_bytes, quant_bytes):
+        """Round ``k`` with the clients called one by one: their replies screened, the new
+        state (before the M-step), and what to do once it is accepted."""
+        seed = int(self.opt.seed)
+        active = select_active(self.cids, p, seed, k, init_round)
+        msgs = {c: msg for c in active}
+        bytes_down = message_nbytes(msg) * len(active)
+        # a client whose last reply was refused goes back to its mirrored V_c
+        for c in [c for c in active if c in self.screen.resync] if self.screen.resync else ():
+            reset = self.screen.resync_message(c)
+            if reset:
+                msgs[c] = {**msg, **reset}
+                bytes_down += message_nbytes(reset)
+        replies = self.runtime.call(active, "estep", msgs) if active else {}
+        got, parsed, missing, rejected, errors, obj_sum, obj_n = self.screen_replies(
+            k, active, replies, shapes, msg)
+        bytes_up = (raw_bytes if init_round else quant_bytes) * len(parsed)
+        if init_round:
+            self.refuse_incomplete_init(k, {**{c: errors.get(c, "no reply") for c in missing},
+                                            **rejected})
+            new_state = self.state.after_init(got, self.weights, self.use_cv)
+        else:
+            new_state = self.state.after_round(got, self.weights, gamma, p, alpha)
+
+        def after(S_hat_new):
+            self.screen.after_round(init_round, active, parsed, errors, S_hat_new, alpha,
+                                    rejected)
+
+        return Gathered(new_state, missing, rejected, errors, obj_sum, obj_n, len(got),
+                        bytes_down, bytes_up, after, False)
+
+    def gather_batched(self, k, msg, init_round, gamma, p, alpha, raw_bytes, quant_bytes):
+        """Round ``k`` with every client's step computed at once (None: the model has no
+        batched step for these settings; the run goes on with clients one by one)."""
+        try:
+            return self.bserver.gather(k, msg, init_round, gamma, p, alpha, raw_bytes,
+                                       quant_bytes)
+        except NotImplementedError as err:
+            logger.info("round %d: no batched client step (%s); clients one by one", k, err)
+            self.screen.mirror, self.screen.resync = self.bserver.dump_mirror()
+            self.bserver = None
+            return None
+
+    def refuse_incomplete_init(self, k: int, why: dict[str, str]) -> None:
+        if why:
+            detail = "; ".join(f"client {c!r}: {r}" for c, r in why.items())
+            raise FederatedFitError(
+                f"clients {list(why)} did not answer the initialization round validly "
+                f"(every client must): {detail}", self.params, k)
 
     def judge(self, k: int, c: str, rep, shapes, mode: str, S_hat, what: str | None = None):
         """``(Q, reason)`` for client ``c``'s reply ``rep`` in round ``k``: its checked blocks
@@ -442,6 +504,12 @@ class _Rounds:
         self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params0.items()}
         self.params0 = self.params
         start_round = self.resume(shapes) if opt.resume else 1
+        batched = getattr(self.runtime, "batched", None)
+        if batched is not None and batched(self.model) is not None:
+            from .batched_round import BatchedServer
+
+            self.bserver = BatchedServer(self, self.runtime)
+            self.bserver.load_mirror(self.screen.mirror, self.screen.resync)
         converged = False
         bar = progress_bar(opt.max_rounds, opt.progress, opt.description)
         bar.update(start_round - 1)

@@ -12,6 +12,8 @@ Client side (runs where the data are)::
         the number of units summed, the objective summed over them, and the new client state
     client_query(name, payload, data, state, rng) -> (reply, state)
         model-specific one-off exchanges (initialization, local models for SEC...)
+    client_stats_batched(params, X, y, w, states) -> BatchStep or None   (optional)
+        ``client_stats`` of many clients at once, for the in-process runtime
 
 Server side::
 
@@ -122,6 +124,19 @@ class FederatedModel(ABC):
         rows: np.ndarray | None = None,
     ) -> ClientStep:
         """Expected sufficient statistics summed over ``rows`` (all units when None)."""
+
+    def client_stats_batched(self, params: Params, X: np.ndarray, y: np.ndarray | None,
+                             w: np.ndarray, state: ClientState):
+        """Optional: :meth:`client_stats` of many clients at once (None: not available, the
+        runtime calls the clients one by one).
+
+        ``X`` (C, m, d) holds C clients' rows padded to m, ``y`` (C, m) their targets or None,
+        ``w`` (C, m) the weight of each row (1 for a row to sum, 0 for padding or a row outside
+        the mini-batch), ``state`` the clients' states stacked (C, ...). Returns a
+        :class:`fedlatent.engine.batched.BatchStep` whose row ``c`` equals ``client_stats`` of
+        client ``c`` over its rows of weight 1 (up to the summation order).
+        """
+        return None
 
     def client_query(
         self,

@@ -53,6 +53,19 @@ class FedEMState:
             S_new = got[c] * weights[c] if S_new is None else S_new.add_(got[c], weights[c])
         return FedEMState(S_new, S_new.zeros_like() if use_cv else None)
 
+    def after_init_flat(self, Q: np.ndarray, w: np.ndarray, template: Stats,
+                        use_cv: bool) -> FedEMState:
+        """:meth:`after_init` with the statistics as rows of ``Q`` (A, F), weights ``w``."""
+        S_new = template.unflatten(_weighted_sum(Q, w))
+        return FedEMState(S_new, S_new.zeros_like() if use_cv else None)
+
+    def after_round_flat(self, Q: np.ndarray, w: np.ndarray, gamma: float, p: float,
+                         alpha: float) -> FedEMState:
+        """:meth:`after_round` with the differences as rows of ``Q`` (A, F), weights ``w``."""
+        assert self.S_hat is not None
+        agg = self.S_hat.unflatten(_weighted_sum(Q, w)) if len(w) else self.S_hat.zeros_like()
+        return self._step(agg, gamma, p, alpha)
+
     def after_round(self, got: dict[str, Stats], weights: dict[str, float], gamma: float,
                     p: float, alpha: float) -> FedEMState:
         """The state after a FedEM round with the (quantized) differences ``got``."""
@@ -60,12 +73,22 @@ class FedEMState:
         agg = self.S_hat.zeros_like()
         for c in got:
             agg.add_(got[c], weights[c])
+        return self._step(agg, gamma, p, alpha)
+
+    def _step(self, agg: Stats, gamma: float, p: float, alpha: float) -> FedEMState:
+        """``S_hat += gamma (agg / p + V)``, ``V += alpha agg``."""
         S_new = self.S_hat.copy().add_(agg, gamma / p)
         V_new = self.V
         if self.V is not None:
             S_new.add_(self.V, gamma)
             V_new = self.V.copy().add_(agg, alpha)
         return FedEMState(S_new, V_new)
+
+
+def _weighted_sum(Q: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``sum_c w_c Q_c`` added in client order, as the per-client path adds (a reduction
+    over the leading axis of a C-ordered array accumulates row after row): the same bits."""
+    return np.add.reduce(Q * w[:, None], axis=0)
 
 
 def client_weights(federation: Federation, n_units: dict[str, int]) -> dict[str, float]:

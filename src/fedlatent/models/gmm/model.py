@@ -95,7 +95,19 @@ class GMMModel(FederatedModel):
         X = data.X if rows is None else data.X[rows]
         log_resp, norm = self._log_resp(params, X)
         stats = gmm_statistics(X, np.exp(log_resp), params["center"], self.cov_type)
-        return ClientStep(stats, X.shape[0], float(norm.sum()), state)
+        # summed in row order (as the batched step sums): the same bits on either path
+        return ClientStep(stats, X.shape[0], float(np.cumsum(norm)[-1]) if len(norm) else 0.0,
+                          state)
+
+    def client_stats_batched(self, params, X, y, w, state):
+        from .batched import gmm_batched_stats
+
+        return gmm_batched_stats(params, X, w, self.cov_type, state)
+
+    def check_many(self, stats, n_units, slack=None):
+        from .batched import gaussian_suspects
+
+        return gaussian_suspects(stats, n_units, self.cov_type, slack)
 
     def stat_shapes(self, params):
         K, d = params["means"].shape

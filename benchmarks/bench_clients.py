@@ -1,0 +1,157 @@
+"""Per-round time of a federated GMM against the number of clients, over scikit-learn's
+per-iteration time on the pooled rows (issue 13: runtimes at scale).
+
+Two families of federations, d = 8, K = 4, full covariance:
+
+- a constant number of rows in all (``--total``, default 1,000,000) split over 10 ... 100,000
+  clients (``--split``);
+- ``--per-client`` rows (default 10) on each of 10 ... 100,000 clients (``--many``);
+
+each with plain federated EM and with FedEM (participation p = 0.5, the quantizer with 4 levels,
+control variates, step 0.5). Every configuration runs in its own process (one BLAS thread), so
+its peak resident memory (``ru_maxrss``, data included) is its own; scikit-learn's
+``GaussianMixture`` iteration is timed in that same process on the pooled rows, from the same
+initial parameters.
+
+    python benchmarks/bench_clients.py                    # the whole table (several minutes)
+    python benchmarks/bench_clients.py --split 10,100,1000 --total 100000 --many ""
+    python benchmarks/bench_clients.py --one 100000 10 fedem   # one configuration
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+
+_THREADS = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+D, K = 8, 4
+
+
+def make_data(n_clients: int, per_client: int, seed: int = 0):
+    """``n_clients`` clients of ``per_client`` rows, each with its own mixture of the K
+    components (non-IID), as one stacked array and the clients' row counts."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(scale=3.0, size=(K, D))
+    share = rng.dirichlet(np.full(K, 0.5), size=n_clients)
+    u = rng.random((n_clients, per_client))
+    z = (u[:, :, None] > np.cumsum(share, axis=1)[:, None, :]).sum(axis=2).clip(0, K - 1)
+    X = means[z.ravel()] + rng.standard_normal((n_clients * per_client, D))
+    return X
+
+
+def federation(kind: str):
+    import fedlatent as fl
+
+    if kind == "plain":
+        return fl.Federation(random_state=0)
+    return fl.Federation(participation=0.5, quantizer=fl.Quantizer(4), control_variates=True,
+                         step_size=0.5, random_state=0)
+
+
+def one(n_clients: int, per_client: int, kind: str, rounds: int) -> dict:
+    """Time one configuration in this process; returns the row of the table."""
+    from sklearn.mixture import GaussianMixture
+
+    import fedlatent as fl
+
+    X = make_data(n_clients, per_client)
+    width = len(str(n_clients - 1))
+    t = time.perf_counter()
+    fd = fl.FederatedDataset.from_arrays(
+        {f"c{c:0{width}d}": X[c * per_client:(c + 1) * per_client] for c in range(n_clients)})
+    t_data = time.perf_counter() - t
+    rng = np.random.default_rng(0)
+    w0 = np.full(K, 1.0 / K)
+    m0 = X[rng.choice(len(X), K, replace=False)]
+    p0 = np.repeat(np.eye(D)[None], K, 0)
+
+    gm = fl.FederatedGaussianMixture(K, max_rounds=rounds + 1, tol=0.0, weights_init=w0,
+                                     means_init=m0, precisions_init=p0,
+                                     federation=federation(kind), random_state=0, verbose=False)
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm.fit(fd)
+    t_fit = time.perf_counter() - t
+    secs = np.array([r.seconds for r in gm.history_])
+    ours = float(np.median(secs[1:]))  # the initialization round left out
+
+    def sk_fit(n):
+        sk = GaussianMixture(K, max_iter=n, tol=0.0, weights_init=w0, means_init=m0,
+                             precisions_init=p0, init_params="random", random_state=0)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sk.fit(X)
+        return time.perf_counter() - t0
+
+    iters = 4  # n iterations = fit(n + 1) - fit(1) (initialization, final E-step cancel)
+    base = min(sk_fit(1) for _ in range(3))
+    theirs = max((min(sk_fit(iters + 1) for _ in range(2)) - base) / iters, 1e-9)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB (Linux)
+    return {"clients": n_clients, "per_client": per_client, "rows": n_clients * per_client,
+            "kind": kind, "round_s": ours, "sklearn_s": theirs, "ratio": ours / theirs,
+            "fit_s": t_fit, "data_s": t_data, "first_round_s": float(secs[0]),
+            "peak_mib": peak, "data_mib": X.nbytes / 2**20}
+
+
+def run_child(n_clients: int, per_client: int, kind: str, rounds: int) -> dict:
+    env = {**os.environ, **_THREADS}
+    cmd = [sys.executable, __file__, "--one", str(n_clients), str(per_client), kind,
+           "--rounds", str(rounds)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"configuration {n_clients} x {per_client} {kind} failed:\n"
+                           f"{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--total", type=int, default=1_000_000, help="rows in all (--split)")
+    ap.add_argument("--split", default="10,1000,10000,100000",
+                    help="client counts sharing --total rows")
+    ap.add_argument("--per-client", type=int, default=10, help="rows per client (--many)")
+    ap.add_argument("--many", default="10,1000,10000,100000",
+                    help="client counts of --per-client rows each")
+    ap.add_argument("--kinds", default="plain,fedem")
+    ap.add_argument("--rounds", type=int, default=4, help="timed rounds per fit")
+    ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "PER_CLIENT", "KIND"))
+    a = ap.parse_args()
+    if a.one:
+        row = one(int(a.one[0]), int(a.one[1]), a.one[2], a.rounds)
+        print(json.dumps(row))
+        return
+    configs = [(n, a.total // n) for n in _ints(a.split)]
+    configs += [(n, a.per_client) for n in _ints(a.many) if (n, a.per_client) not in configs]
+    print(f"federated GMM, d={D}, K={K}, full covariance; one BLAS thread; median of "
+          f"{a.rounds} rounds (initialization round left out); scikit-learn GaussianMixture "
+          "per EM iteration on the pooled rows, same process, same initial parameters")
+    print("plain = Federation(); fedem = p=0.5, Quantizer(4), control variates, step 0.5")
+    head = (f"{'clients':>8} {'rows/cl':>8} {'rows':>9} {'kind':>6} {'round s':>9} "
+            f"{'sklearn s':>9} {'ratio':>7} {'fit s':>8} {'peak MiB':>9} {'data MiB':>8}")
+    print(head)
+    print("-" * len(head))
+    for n, m in configs:
+        for kind in a.kinds.split(","):
+            r = run_child(n, m, kind, a.rounds)
+            print(f"{r['clients']:>8} {r['per_client']:>8} {r['rows']:>9} {r['kind']:>6} "
+                  f"{r['round_s']:>9.4f} {r['sklearn_s']:>9.4f} {r['ratio']:>7.2f} "
+                  f"{r['fit_s']:>8.2f} {r['peak_mib']:>9.0f} {r['data_mib']:>8.1f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
