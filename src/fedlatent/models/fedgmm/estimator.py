@@ -14,12 +14,14 @@ from ...engine.loop import FitResult
 from ...engine.model import Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
+from ...engine.selection import AUTO_SIZE
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
 from ..gmm.estimator import initialize_gaussians
 from .math import fedgmm_log_components, fedgmm_predict_log_proba, fedgmm_responsibilities
 from .model import FedGMMModel
 from .personalized import PersonalizedFedGMM
+from .selection import auto_size, fedgmm_selection
 
 __all__ = ["FedGMM"]
 
@@ -35,10 +37,15 @@ class FedGMM(FederatedEstimator):
 
     Parameters
     ----------
-    n_input_components : int, default 3
-        ``M1``, Gaussian components of the input distribution.
-    n_learners : int, default 3
-        ``M2``, shared learners ``P_theta(y | x)``.
+    n_input_components : int or "auto", default 3
+        ``M1``, Gaussian components of the input distribution. "auto": chosen among
+        ``n_input_components_candidates`` by the held-out log-likelihood (each candidate fitted
+        on 80% of every client's rows, scored by the mean ``log h_c(x, y)`` of the other 20%
+        with the client's own ``pi_c``; the best is fitted again on all rows; see
+        :mod:`fedlatent.models.fedgmm.selection`).
+    n_learners : int or "auto", default 3
+        ``M2``, shared learners ``P_theta(y | x)``; "auto" as for ``n_input_components`` (one
+        of the two at a time).
     learner : {"logistic", "torch"}, default "logistic"
         Multinomial logistic regression (binary and multi-class) in NumPy, or a PyTorch MLP
         (``fedlatent[torch]``; needs ``learner_update="average"``).
@@ -79,9 +86,16 @@ class FedGMM(FederatedEstimator):
         Convergence on the change of the mean per-sample ``log h_c(x, y)``.
     random_state : int or None
     verbose : bool or None
+    n_input_components_candidates, n_learners_candidates : list of int or None
+        The sizes "auto" tries; None: 1 to 5.
 
     Attributes
     ----------
+    n_input_components_, n_learners_ : int
+        ``M1`` and ``M2`` of the fit (the chosen one with "auto").
+    selection_scores_ : DataFrame
+        Only with "auto": per candidate, ``heldout_loglik`` (mean ``log h_c(x, y)`` per
+        held-out row), ``n_heldout``, ``n_iter``, ``converged``, ``error``.
     means_, covariances_, precisions_cholesky_ : Gaussian input components
     weights_x_ : ndarray of shape (M1,)
         Federated marginal weight of each input component.
@@ -102,8 +116,10 @@ class FedGMM(FederatedEstimator):
 
     _parameter_constraints = {
         **ROUND_LOOP,
-        "n_input_components": [Integer(1)],
-        "n_learners": [Integer(1)],
+        "n_input_components": [AUTO_SIZE],
+        "n_learners": [AUTO_SIZE],
+        "n_input_components_candidates": [None, "array-like"],
+        "n_learners_candidates": [None, "array-like"],
         "learner": [Options("logistic", "torch")],
         "learner_params": [None, dict],
         "covariance_type": [Options(*COV_TYPES)],
@@ -142,6 +158,8 @@ class FedGMM(FederatedEstimator):
         tol: float = 1e-4,
         random_state=None,
         verbose: bool | None = None,
+        n_input_components_candidates=None,
+        n_learners_candidates=None,
     ):
         self.n_input_components = n_input_components
         self.n_learners = n_learners
@@ -163,11 +181,17 @@ class FedGMM(FederatedEstimator):
         self.tol = tol
         self.random_state = random_state
         self.verbose = verbose
+        self.n_input_components_candidates = n_input_components_candidates
+        self.n_learners_candidates = n_learners_candidates
 
     _score_name = "accuracy"
 
+    def _selection(self):
+        return fedgmm_selection(self)
+
     # ---- validation -----------------------------------------------------------------------
     def _check_params(self) -> None:
+        auto_size(self)  # at most one "auto" size, and valid candidates
         if self.learner == "torch":
             if self.learner_update != "average":
                 raise ValueError(
@@ -294,6 +318,8 @@ class FedGMM(FederatedEstimator):
         self.coef_ = p["coef"]
         self.weights_y_ = p["weights_y"]
         self.classes_ = np.asarray(self._classes)
+        self.n_input_components_ = int(p["means"].shape[0])
+        self.n_learners_ = int(p["coef"].shape[0])
         G = {k: result.S_hat[k] for k in ("nk", "sx", "sxx")}
         if self.covariance_aggregation == "paper":
             G["sxx"] = G["sxx"] + model._outer(G["sx"], G["nk"] + 10 * np.finfo(float).eps)
@@ -305,7 +331,10 @@ class FedGMM(FederatedEstimator):
     def _check_loaded(self) -> None:
         from ...engine import loadcheck as lc
 
-        M1, M2, d = int(self.n_input_components), int(self.n_learners), int(self.n_features_in_)
+        # a saved "auto" fit: the chosen sizes (its selection entry)
+        M1 = int(getattr(self, "n_input_components_", self.n_input_components))
+        M2 = int(getattr(self, "n_learners_", self.n_learners))
+        d = int(self.n_features_in_)
         for name, shape in (("weights_x_", (M1,)), ("weights_y_", (M2,)), ("means_", (M1, d)),
                             ("center_", (d,))):
             lc.expect_shape(self, name, shape)
@@ -323,6 +352,8 @@ class FedGMM(FederatedEstimator):
             "precisions_cholesky": self.precisions_cholesky_, "center": self.center_,
             "coef": self.coef_, "weights_y": self.weights_y_,
         }
+        self.n_input_components_ = len(self.weights_x_)
+        self.n_learners_ = len(self.weights_y_)
         self.client_ids_ = list(getattr(self, "client_ids_", []) or [])
 
     # ---- client-side predictors -------------------------------------------------------------
@@ -540,8 +571,9 @@ class FedGMM(FederatedEstimator):
 
     def score_dataset(self, fd: FederatedDataset) -> float:
         """Accuracy of :meth:`predict_dataset` on the labels of ``fd``."""
-        y = np.concatenate([np.asarray(cd.y) for _, cd in fd.items()])
-        return float(np.mean(self.predict_dataset(fd) == y))
+        # predict_dataset is in the source's row order: put the labels in the same order
+        y = fd.to_source_order(np.concatenate([np.asarray(cd.y) for _, cd in fd.items()]))
+        return float(np.mean(self.predict_dataset(fd).to_numpy() == y.to_numpy()))
 
     def _save_extra(self) -> dict:
         """Shared parameters only (``.npz`` + ``.json``); clients keep their ``pi_c`` files."""
