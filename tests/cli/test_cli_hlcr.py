@@ -43,3 +43,28 @@ def test_fit_hlcr_bad_inputs_fail_cleanly(tmp_path):
     res = CliRunner().invoke(app, base + ["--entity", "entity", "--sigma", "0"])
     assert res.exit_code == 2 and "sigma must be a finite number > 0" in res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_fit_hlcr_estimates_sigma_and_chooses_k_by_default_words(tmp_path):
+    path = _csv(tmp_path)
+    res = CliRunner().invoke(app, [
+        "fit", "hlcr", "--data", str(path), "--client", "agent", "--entity", "entity",
+        "--target", "y", "--features", "x0,x1,x2", "--clusters", "auto", "--max-rounds", "16",
+        "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    est = fl.HLCR.load(tmp_path / "out" / "model")
+    assert est.sigma == "auto" and est.n_clusters == "auto"
+    assert sorted(est.k_scores_) == [1, 2, 3, 4, 5, 6]
+    assert est.n_clusters_ == max(est.k_scores_, key=est.k_scores_.get)
+    assert f"K={est.n_clusters_}, sigma={est.sigma_:.4g}" in res.output
+    assert abs(est.sigma_ - 0.3) < 0.1  # the generator's noise sd, estimated
+
+
+def test_fit_hlcr_refuses_text_where_a_number_or_auto_is_expected(tmp_path):
+    path = _csv(tmp_path)
+    res = CliRunner().invoke(app, [
+        "fit", "hlcr", "--data", str(path), "--client", "agent", "--entity", "entity",
+        "--target", "y", "--clusters", "2", "--sigma", "big", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert "--sigma must be a number or 'auto', got 'big'" in res.output
+    assert not (tmp_path / "o").exists()

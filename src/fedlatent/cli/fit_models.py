@@ -126,13 +126,14 @@ def fit_hlcr(
     entity: str = typer.Option(..., "--entity", help="Column with the entity id."),
     target: TargetOpt,
     features: FeaturesOpt = None,
-    clusters: int = typer.Option(..., "--clusters", "-k", help="Number of clusters K."),
+    clusters: str = typer.Option(..., "--clusters", "-k",
+                                 help="Number of clusters K, or 'auto' (held-out likelihood)."),
     alpha: float = typer.Option(1.0, "--alpha"),
     beta: float = typer.Option(1.0, "--beta"),
-    delta: float = typer.Option(1.0, "--delta", help="Prior std of the coefficients."),
-    sigma: float = typer.Option(1.0, "--sigma", help="Noise std (> 0)."),
+    delta: str = typer.Option("auto", "--delta", help="Prior std of the coefficients or 'auto'."),
+    sigma: str = typer.Option("auto", "--sigma", help="Noise std (> 0) or 'auto' (estimated)."),
     solver: str = typer.Option("federated", "--solver", help="federated | gibbs"),
-    max_rounds: MaxRoundsOpt = 20,
+    max_rounds: MaxRoundsOpt = 100,
     max_iter: int | None = typer.Option(None, "--max-iter", hidden=True,
                                         help="Deprecated: --max-rounds."),
     participation: ParticipationOpt = 1.0,
@@ -154,14 +155,22 @@ def fit_hlcr(
         max_rounds = max_iter
     _, fd = load_dataset(data, client, features, target=target, entity=entity)
     fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
+    def auto(v: str, opt: str, kind=float):
+        try:
+            return v if v == "auto" else kind(v)
+        except ValueError:
+            raise ValueError(f"{opt} must be a number or 'auto', got {v!r}") from None
+
     est = build_estimator(HLCR, dict(
-        n_clusters=clusters, alpha=alpha, beta=beta, delta=delta, sigma=sigma, solver=solver,
+        n_clusters=auto(clusters, "--clusters", int), alpha=alpha, beta=beta,
+        delta=auto(delta, "--delta"), sigma=auto(sigma, "--sigma"), solver=solver,
         max_rounds=max_rounds, federation=fed, fit_intercept=fit_intercept, random_state=seed,
         verbose=progress))
     written = fit_and_save(est, fd, out, roles_of("hlcr", client, target, entity))
     typer.echo(
         f"HLCR ({solver}): {fd.n_clients} agents, {len(est.labels_)} agent-entity pairs, "
-        f"{fd.n_samples} events, {fd.n_features} features, K={clusters}"
+        f"{fd.n_samples} events, {fd.n_features} features, K={est.n_clusters_}, "
+        f"sigma={est.sigma_:.4g}"
     )
     typer.echo(f"iterations: {est.n_rounds_}  converged: {est.converged_}  "
                f"training MSE: {est.history_.train_mse[-1]:.6g}")
