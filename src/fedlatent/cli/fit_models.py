@@ -192,8 +192,9 @@ def fit_sec(
         "default", "--candidates",
         help="A candidate set (default, fairness, table2-1...) or comma-separated names "
              "(lasso_cv, rf, linear, ridge, enet, lars, knn, svr, gb, mlp)."),
-    k_selection: str = typer.Option("gap", "--k-selection", help="gap or penalty."),
-    max_clusters: int = typer.Option(10, "--max-clusters"),
+    k_selection: str = typer.Option("penalty", "--k-selection", help="penalty or gap."),
+    max_clusters: int = typer.Option(None, "--max-clusters",
+                                     help="Largest K considered (default: round(sqrt(2 L)))."),
     standardize: bool = typer.Option(True, "--standardize/--no-standardize",
                                      help="Standardize X and y within each learner."),
     n_jobs: int = typer.Option(None, "--n-jobs", help="Threads for the exchange."),

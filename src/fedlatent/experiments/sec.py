@@ -47,6 +47,12 @@ PAPER_TABLE2 = {1: (66.0, 2, 0.100, 0.133), 3: (74.0, 2, 0.095, 0.131), 5: (58.0
                 7: (70.0, 2, 0.096, 0.134), 9: (64.0, 2, 0.060, 0.112)}
 
 
+#: how the paper chooses K in its simulations: the gap statistic (Fig. 3(a), Section 6.1), K <= 10
+#: (SEC's defaults before issue 14; SEC now defaults to Remark 2's penalty, which is stable
+#: across seeds on real panels, see :mod:`.sec_real`)
+PAPER_K = {"k_selection": "gap", "max_clusters": 10}
+
+
 def _seeds(random_state, n: int) -> list[int]:
     ss = np.random.SeedSequence(int(random_state))
     return [int(c.generate_state(1)[0]) for c in ss.spawn(n)]
@@ -88,7 +94,7 @@ def _chart(out, name: str, xlabel: str, ylabel: str, title: str, legend_fontsize
 # ---------------------------------------------------------------------------------------------
 def _sim1_one(p: int, snr: float, seed: int) -> dict:
     fd, labels = make_sec_simulation1(n_features=p, snr=snr, random_state=seed)
-    sec = SEC(random_state=seed).fit(fd)
+    sec = SEC(random_state=seed, **PAPER_K).fit(fd)
     return {"p": p, "snr": snr, "accuracy": clustering_accuracy(labels, sec.labels_),
             "k_hat": sec.n_clusters_, "lasso_share": float(np.mean(
                 [s == "lasso_cv" for s in sec.selected_]))}
@@ -156,7 +162,7 @@ def _sim1_fig3(out: Path, random_state: int) -> None:
     from ..models.sec import spectral_embedding
 
     fd, labels = make_sec_simulation1(n_features=5, snr=16.0, random_state=random_state)
-    sec = SEC(random_state=random_state).fit(fd)
+    sec = SEC(random_state=random_state, **PAPER_K).fit(fd)
     U, _ = spectral_embedding(sec.similarity_, 2)
     with figure(out / "sec_simulation1_fig3.png", ncols=2, figsize=(9, 3.5)) as (_, axes):
         w = np.sort(sec.eigenvalues_)
@@ -177,7 +183,7 @@ def _sim1_fig3(out: Path, random_state: int) -> None:
 # ---------------------------------------------------------------------------------------------
 def _sim2_one(cset: str, p: int, seed: int) -> dict:
     fd, labels, (Xt, yt) = make_sec_simulation2(n_features=p, random_state=seed)
-    sec = SEC(candidates=cset, random_state=seed).fit(fd)
+    sec = SEC(candidates=cset, random_state=seed, **PAPER_K).fit(fd)
     first = sec.learner_ids_[0]
     collab = sec.predict(Xt, learner=first)
     alone = sec._raw_predictions(Xt, [0], first)[0]
@@ -278,7 +284,8 @@ def _fairness_one(b: float, seed: int, k_selection: str = "gap", gap_rule: str =
     fair = LinearRegression().fit(Xtr, ytr)
 
     sec = SEC(candidates="fairness", standardize=False, k_selection=k_selection,
-              gap_rule=gap_rule, random_state=seed).fit(train_fd)
+              gap_rule=gap_rule, max_clusters=PAPER_K["max_clusters"],
+              random_state=seed).fit(train_fd)
     sec.fit_pooled(train_fd, LinearRegression())
     assigned = sec.assign(test_fd, runtime=InProcessRuntime(train_fd))
     err = {"sec": [], "fair": [], "oracle": []}
@@ -376,7 +383,7 @@ def _attack_one(d: int, seed: int) -> dict:
         y = np.concatenate([fd[c].y for c in members])
         return float(np.mean((yt - LinearRegression().fit(X, y).predict(Xt)) ** 2))
 
-    sec = SEC(random_state=seed).fit(fd)
+    sec = SEC(random_state=seed, **PAPER_K).fit(fd)
     lab = sec.labels_[ids.index(me)]
     intact = [c for c, k in zip(ids, sec.labels_) if k == lab]
     return {

@@ -11,7 +11,7 @@ X -> Y relationship is the same, without moving samples:
    ``v_ij = |e_{i->j} - e_j| + |e_{j->i} - e_i|``.
 3. **Cluster** -- ``S = exp(-a V)``, normalized affinity ``D^-1/2 S D^-1/2``, top-K eigenvectors,
    row normalization, k-means with restarts (Ng, Jordan and Weiss, 2002). K is given, or chosen by
-   the gap statistic or by the penalty of Remark 2.
+   the penalty of Remark 2 (default) or by the gap statistic.
 
 The package, by concern:
 
@@ -49,6 +49,7 @@ from .clustering import (
     affinity,
     auto_affinity_scale,
     clustering_accuracy,
+    default_max_clusters,
     dissimilarity,
     gap_statistic,
     kmeans,
@@ -85,6 +86,7 @@ __all__ = [
     "check_learner",
     "check_model",
     "clustering_accuracy",
+    "default_max_clusters",
     "dissimilarity",
     "dumps_model",
     "gap_statistic",

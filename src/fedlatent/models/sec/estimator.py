@@ -12,6 +12,7 @@ models as skops bytes in one uint8 array (no pickle). Prediction, pooled models 
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from .candidates import per_learner_candidates
 from .clustering import (
     affinity,
     auto_affinity_scale,
+    default_max_clusters,
     dissimilarity,
     gap_statistic,
     penalty_selection,
@@ -39,7 +41,48 @@ from .predict import ClusterUseMixin
 from .protocol import Traffic, exchange_step, select_step, sender
 from .serialize import UntrustedModelError, check_extra_types, check_model, dumps_model
 
-__all__ = ["SEC"]
+__all__ = ["SEC", "warn_target_scales"]
+
+#: learners' target standard deviations this many times apart, unstandardized: a warning
+SCALE_RATIO_WARNING = 10.0
+
+
+def warn_target_scales(ids: list[str], scales: list[float], target: str | None = None,
+                       ratio: float = SCALE_RATIO_WARNING) -> bool:
+    """Warn when the learners' target standard deviations differ by ``ratio`` or more.
+
+    Without standardization, V (eq. 2) compares raw MSEs, so it is set by the learners whose
+    response varies most, and a model received from a learner of another scale predicts badly
+    (on ``Cigar``, collaborative prediction up to 12 times worse than a learner alone).
+
+    Parameters
+    ----------
+    ids : list of str
+        The learners.
+    scales : list of float
+        Standard deviation of each learner's target.
+    target : str, optional
+        The target column's name, for the message.
+
+    Returns
+    -------
+    bool
+        Whether it warned.
+    """
+    sd = np.asarray(scales, dtype=np.float64)
+    lo, hi = int(np.argmin(sd)), int(np.argmax(sd))
+    if not sd[lo] > 0 or sd[hi] / sd[lo] < ratio:
+        return False
+    order = np.argsort(sd)
+    small = ", ".join(f"{ids[i]!r} {sd[i]:.3g}" for i in order[:3])
+    large = ", ".join(f"{ids[i]!r} {sd[i]:.3g}" for i in order[::-1][:3])
+    warnings.warn(
+        f"the learners' target {target or 'y'!r} scales differ by a factor of "
+        f"{sd[hi] / sd[lo]:.3g} (standard deviation, smallest: {small}; largest: {large}) and "
+        "standardize=False: the dissimilarities compare raw MSEs, so the learners of large "
+        "variance decide the clusters and models cross between scales; use standardize=True "
+        "unless the response levels are the signal", UserWarning, stacklevel=3)
+    return True
 
 
 @register_estimator(
@@ -62,25 +105,35 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         a warning says so when they are used.
     n_clusters : int or None
         K. None: chosen by ``k_selection``.
-    k_selection : {"gap", "penalty"}
-        Gap statistic (default; Tibshirani's rule) or the penalty ``W_K + K * lambda_n`` of
-        Remark 2, both on the eigenvalue-weighted spectral embedding
-        (:func:`selection_embedding`). The gap statistic misses three or more equidistant
-        clusters (see :func:`gap_statistic`); the penalty finds them.
-    max_clusters : int
-        Largest K considered when K is chosen (also at most ``max(2, L // 2)``).
+    k_selection : {"penalty", "gap"}
+        The penalty ``W_K + K * lambda_n`` of Remark 2 (default) or the gap statistic, both on
+        the eigenvalue-weighted spectral embedding (:func:`selection_embedding`). The penalty
+        is the paper's own criterion (Remark 2, with its consistency result) and, unlike the
+        gap statistic, draws nothing: K depends on the seed only through V. On a real panel
+        without clear groups (46 US states' cigarette demand, Ecdat's ``Cigar``) the gap
+        statistic chose K from 3 to 10 as the seed changed (adjusted Rand index 0.3-0.6 between
+        seeds); the penalty chose K = 2 for every seed (ARI 1.0, see
+        :func:`fedlatent.experiments.sec_real`). The gap statistic (Tibshirani's rule) misses
+        three or more equidistant clusters (see :func:`gap_statistic`); the paper's simulations
+        use it (``k_selection="gap"``, the default before issue 14).
+    max_clusters : int or None
+        Largest K considered when K is chosen, at most ``max(2, L // 2)``. None:
+        :func:`default_max_clusters` (``round(sqrt(2 L))``: 6 for 20 learners, 10 for 46). When
+        the chosen K equals this cap, a warning says so (the criterion may want more).
     affinity_scale : "auto" or float
         ``a`` in ``S = exp(-a V)``. "auto": ``1 / mean`` of the off-diagonal dissimilarities
-        (:func:`auto_affinity_scale`).
+        (:func:`auto_affinity_scale`, which says why the mean rather than the median).
     standardize : bool
         Standardize X and y within each learner (Section 5). Turn off when the learners'
         response levels are the signal (the fairness example: standardizing y removes the
-        learner-level intercept ``b R_i``).
+        learner-level intercept ``b R_i``). Without it, V compares raw MSEs, so learners with
+        a large response variance dominate it: a UserWarning names the learners when their
+        targets' standard deviations differ by a factor of 10 or more.
     penalty : float or None
         ``lambda_n`` for ``k_selection="penalty"``. None: ``L / mean(n_i)`` (Remark 2 suggests
         ``lambda_n = O(max(1/n, u_n^4))`` per learner; the dispersion sums over L learners).
     n_init : int
-        k-means restarts.
+        k-means restarts (k-means++ seeding; the best inertia wins).
     n_refs : int
         Reference data sets of the gap statistic.
     gap_rule : {"tibshirani", "global"}
@@ -138,6 +191,15 @@ class SEC(ClusterUseMixin, FederatedEstimator):
 
     Notes
     -----
+    Where the seed enters: the learners' Select step (the half split of eq. 1 and the
+    ``random_state`` of candidates that leave it unset, e.g. the random forest) and, on the
+    server, the k-means restarts and the gap statistic's reference draws. The first two change
+    V a little (on ``Cigar`` about a third of the learners select another candidate from one
+    seed to the next); the Cluster step then decided the outcome: with the gap statistic K and
+    the partition moved with the seed even for a fixed V. The default penalty (Remark 2) draws
+    nothing, and its k-means restarts (``n_init``) agree on the optimum for the small K it
+    picks, so the clusters are a stable function of V (two seeds: ARI 1.0 on ``Cigar``).
+
     SEC is a one-shot protocol, not EM: the base estimator's ``fit`` calls :meth:`_run` (Select
     and Exchange through the engine's checked exchange, then Cluster on the server) instead of
     the round loop. A learner that does not answer, or answers a non-finite loss, an empty
@@ -154,7 +216,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         # candidates: resolved by make_candidates at fit, whose errors name the candidate
         "n_clusters": [None, Integer(1)],
         "k_selection": [Options("gap", "penalty")],
-        "max_clusters": [Integer(1)],
+        "max_clusters": [None, Integer(1)],
         "affinity_scale": [Real(0, closed="neither", desc="positive"), Options("auto")],
         "standardize": ["boolean"],
         "penalty": [None, Real(0)],
@@ -170,8 +232,8 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         self,
         candidates: Any = None,
         n_clusters: int | None = None,
-        k_selection: str = "gap",
-        max_clusters: int = 10,
+        k_selection: str = "penalty",
+        max_clusters: int | None = None,
         affinity_scale: str | float = "auto",
         standardize: bool = True,
         penalty: float | None = None,
@@ -282,6 +344,9 @@ class SEC(ClusterUseMixin, FederatedEstimator):
                               traffic=traffic)
             e = np.array([float(sel[c]["e"]) for c in cids])
             n = np.array([int(sel[c]["n"]) for c in cids])
+            if not self.standardize:
+                warn_target_scales(cids, [float(sel[c]["y_scale"]) for c in cids],
+                                   getattr(ctx.data, "target_name", None))
             step(1, float(n @ e / n.sum()), traffic, t0)
             t0, traffic = time.perf_counter(), Traffic()
             blobs = [np.asarray(sel[c]["model"], dtype=np.uint8) for c in cids]
@@ -323,13 +388,23 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         else:
             # at most L/2 clusters: beyond, clusters are mostly singletons and the dispersion
             # of k-means on L points carries no information (W_L = 0 for data and references)
-            kmax = min(int(self.max_clusters), max(2, L // 2))
+            cap = default_max_clusters(L) if self.max_clusters is None else int(self.max_clusters)
+            kmax = min(cap, max(2, L // 2))
             Y = selection_embedding(S, kmax)
             if self.k_selection == "gap":
                 k, info = gap_statistic(Y, kmax, self.n_refs, self.n_init, rng, self.gap_rule)
             else:
                 lam = L / float(np.mean(n)) if self.penalty is None else float(self.penalty)
                 k, info = penalty_selection(Y, kmax, lam, self.n_init, rng)
+            if k == kmax and kmax < L:
+                how = ("the gap statistic" if self.k_selection == "gap"
+                       else f"the penalty (lambda_n = {lam:.3g})")
+                warnings.warn(
+                    f"SEC chose K = {k}, the largest K considered (max_clusters={self.max_clusters}"
+                    f", at most L // 2 = {max(2, L // 2)} for {L} learners): {how} may want more "
+                    "clusters, or the learners form a continuum rather than groups; raise "
+                    "max_clusters, give n_clusters=..., or use k_selection='penalty' with a "
+                    "larger penalty", UserWarning, stacklevel=2)
         labels, U, w = spectral_clustering(S, k, self.n_init, rng)
         return {"dissimilarity": V, "affinity_scale": float(a), "similarity": S,
                 "eigenvalues": w, "embedding": U, "labels": labels, "k_selection_info": info}

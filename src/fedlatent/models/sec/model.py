@@ -58,7 +58,8 @@ class SECModel(FederatedModel):
     its private state and replies ``model`` (skops bytes, uint8), ``e`` (in-sample MSE), ``n``,
     ``selected`` (index), ``cv_mse`` (validation MSE per candidate) and, when standardizing, its
     scaling constants ``x_mean``, ``x_scale`` (p-vectors), ``y_mean``, ``y_scale`` (so the
-    server can express the model on the raw scale for prediction).
+    server can express the model on the raw scale for prediction); without standardizing,
+    ``y_scale`` alone (the target's standard deviation, for the server's scale warning).
 
     ``client_query("exchange", payload)``: other learners' fitted models arrive as
     ``payload["model/<k>"]``; the learner replies ``loss`` (one MSE per model on its own
@@ -137,6 +138,8 @@ class SECModel(FederatedModel):
         }
         if self.standardize:
             reply.update(x_mean=xm, x_scale=xs, y_mean=float(ym), y_scale=float(ys))
+        else:  # the server warns when the learners' scales are orders of magnitude apart
+            reply.update(y_scale=float(np.std(y)))
         new_state = dict(state)
         new_state["model"] = blob
         new_state["e"] = np.array(e)

@@ -119,10 +119,10 @@ def select_expect(n_features: int, standardize: bool) -> dict[str, Expect]:
         "selected": number(low=0),
         # a candidate that failed on the half split has validation MSE +inf
         "cv_mse": Expect((None,), low=0, finite=False),
+        "y_scale": number(),
     }
     if standardize:
-        expect.update(x_mean=array(n_features), x_scale=array(n_features), y_mean=number(),
-                      y_scale=number())
+        expect.update(x_mean=array(n_features), x_scale=array(n_features), y_mean=number())
     return expect
 
 
@@ -147,7 +147,7 @@ def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str,
     -------
     dict of str to dict
         Each learner's checked reply: ``model`` (skops bytes), ``e``, ``n``, ``selected``,
-        ``cv_mse`` and, when standardizing, ``x_mean``, ``x_scale``, ``y_mean``, ``y_scale``.
+        ``cv_mse``, ``y_scale`` and, when standardizing, ``x_mean``, ``x_scale``, ``y_mean``.
     """
     encoded: dict[int, dict[str, Any]] = {}
     jobs: list[Job] = []
@@ -174,8 +174,8 @@ def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str,
         cv = np.asarray(rep["cv_mse"], dtype=np.float64)
         if cv.size != m or np.isnan(cv).any():
             refuse(SELECT, c, f"sent {cv.size} validation MSEs (NaN or not) for {m} candidates")
-        if standardize and (np.any(np.asarray(rep["x_scale"]) <= 0) or
-                            float(rep["y_scale"]) <= 0):
+        if float(rep["y_scale"]) <= 0 or (standardize and
+                                          np.any(np.asarray(rep["x_scale"]) <= 0)):
             refuse(SELECT, c, "sent a scale <= 0")
         out[c] = rep
     return out
