@@ -51,6 +51,10 @@ The package, like :mod:`fedlatent.models.gmm`:
 - :mod:`.model`: the engine side (``FedGMMModel``: client statistics, server M-step);
 - :mod:`.personalized`: ``PersonalizedFedGMM``, the predictor of one client;
 - :mod:`.estimator`: ``FedGMM``, the estimator.
+- :mod:`.clients`: the client-side half of ``FedGMM`` (each client's ``pi_c``: personalize,
+  save and load it, adapt a new client);
+- :mod:`.selection`: ``n_input_components="auto"`` / ``n_learners="auto"`` by the held-out
+  log-likelihood.
 
 References
 ----------
