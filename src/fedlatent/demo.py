@@ -127,7 +127,8 @@ def _ellipse(ax, mean, cov, **kw):
 
 
 def _plot(fd, fed, sk, order, h, hq, path):
-    with figure(path, ncols=2, figsize=(12, 5), dpi=110) as (_, (a1, a2)):
+    with figure(path, ncols=2, figsize=(12, 5.4), dpi=110, tight=False,
+                layout="constrained") as (fig, (a1, a2)):
         cmap = pyplot().get_cmap("tab20")
         for i, (_, cd) in enumerate(fd.items()):
             a1.scatter(cd.X[:300, 0], cd.X[:300, 1], s=2, color=cmap(i % 20), alpha=0.5)
@@ -136,11 +137,15 @@ def _plot(fd, fed, sk, order, h, hq, path):
                      label="federated EM" if k == 0 else None)
             _ellipse(a1, sk.means_[order[k]], sk.covariances_[order[k]], color="orange", lw=1,
                      ls="--", label="centralized EM" if k == 0 else None)
-        a1.set_title("clients (colours) and fitted components (2-sigma)")
-        a1.legend(loc="upper right")
+        a1.set_xlabel(fd.feature_names[0])
+        a1.set_ylabel(fd.feature_names[1])
+        a1.set_title(f"{fd.n_clients} clients (one colour each, 300 rows shown) and the "
+                     "fitted components (2-sigma)", fontsize=10)
+        a1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=2, frameon=False)
         a2.semilogy(h["round"], h["h_norm2"], marker="o", label="federated EM (all clients)")
         a2.semilogy(hq["round"], hq["h_norm2"], label="FedEM p=0.5, 4-level quantization")
         a2.set_xlabel("round")
         a2.set_ylabel("||h(S)||^2  (distance to an EM fixed point)")
-        a2.set_title("convergence in the space of sufficient statistics")
-        a2.legend()
+        a2.set_title("convergence in the space of sufficient statistics", fontsize=10)
+        a2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=2, frameon=False)
+        fig.suptitle("fedlatent demo: federated EM equals centralized EM")
