@@ -6,7 +6,8 @@ the fit's seed: :func:`~fedlatent.models.hlcr.model.holdout_mask`, as
 training events; then each agent scores its held-out events locally (the joint predictive
 density of each entity's held-out events given its label, Theorem 1 against the fitted cluster
 statistics) and sends two numbers, the summed log density and the count. The K with the best
-mean held-out log density per event wins; the fit then reruns on all events with it.
+mean held-out log density per event wins (the smallest K within :data:`K_TIE` of the best);
+the fit then reruns on all events with it.
 
 References
 ----------
@@ -31,6 +32,10 @@ from .solvers import run_federated, run_gibbs
 __all__ = ["choose_k"]
 
 logger = logging.getLogger(__name__)
+
+#: scores closer than this (nats per held-out event) are a tie, won by the smallest K: extra
+#: clusters that stay empty do not change the held-out density
+K_TIE = 0.005
 
 
 def _switch(est, ctx: FitContext, K: int, holdout: float) -> tuple[FitContext, Params]:
@@ -96,6 +101,7 @@ def choose_k(est, ctx: FitContext, options: LoopOptions, round_loop):
         scale = float(p0.get("y_scale", 1.0))
         scores[K] = ll / n - np.log(scale)  # density of the target in its own units
         logger.info("hlcr: K=%d held-out log predictive %.4f per event", K, scores[K])
-    best = max(scores, key=lambda k: (scores[k], -k))
+    top = max(scores.values())
+    best = min(k for k, v in scores.items() if v >= top - K_TIE)
     ck, p0 = _switch(est, ctx, best, 0.0)
     return ck, p0, scores
