@@ -85,16 +85,16 @@ class BatchedServer:
         with np.errstate(invalid="ignore", over="ignore"):
             big = np.abs(Q).max(axis=1) if Q.shape[1] else np.zeros(len(n))
             suspect |= big * np.maximum(n, 1.0) > _MAX_SUM
-        S_c = slack = None
+        S_c = None
         if rd.screen.has_check and exact_rebuild:
-            S_c, slack, rebuilt = self.rebuild(rep, S_hat)
+            S_c, rebuilt = self.rebuild(rep, S_hat)
             ok = rebuilt & ~suspect
             if ok.any():
-                suspect[np.flatnonzero(ok)[self.check_many(rep, S_c, slack, ok, n)]] = True
+                suspect[np.flatnonzero(ok)[self.check_many(rep, S_c, ok, n, S_hat)]] = True
         reasons: dict[int, str] = {}
         self.malformed = 0
         for r in np.flatnonzero(suspect):
-            reason, sent = self.judge_one(rep, int(r), mode, S_c, slack)
+            reason, sent = self.judge_one(rep, int(r), mode, S_c, S_hat)
             self.malformed += sent == "an invalid reply"
             if reason:
                 reasons[int(r)] = reason
@@ -154,40 +154,50 @@ class BatchedServer:
                         bytes_down, bytes_up, after, True)
 
     def rebuild(self, rep, S_hat: Stats | None):
-        """``S_c``, its rounding ``slack`` and whether it could be rebuilt, for every row."""
+        """``S_c`` for every row and whether it could be rebuilt."""
         rd = self.rd
         if S_hat is None:
-            return rep.Q, None, np.ones(len(rep.n), dtype=bool)
-        s = S_hat.flatten()[None, :]
-        S_c = rep.Q + s
-        mag = np.abs(rep.Q) + np.abs(s)
-        rebuilt = np.ones(len(rep.n), dtype=bool)
-        if rd.screen.use_cv:
-            if self.mirror is None:
-                return None, None, np.zeros(len(rep.n), dtype=bool)
-            V = self.mirror[rep.clients]
-            S_c = S_c + V
-            mag = mag + np.abs(V)
-            rebuilt = self.known[rep.clients].copy()
-        return S_c, _REBUILD_EPS * mag, rebuilt
+            return rep.Q, np.ones(len(rep.n), dtype=bool)
+        S_c = rep.Q + S_hat.flatten()[None, :]
+        if not rd.screen.use_cv:
+            return S_c, np.ones(len(rep.n), dtype=bool)
+        if self.mirror is None:
+            return None, np.zeros(len(rep.n), dtype=bool)
+        S_c += self.mirror[rep.clients]
+        return S_c, self.known[rep.clients].copy()
 
-    def check_many(self, rep, S_c, slack, rows, n) -> np.ndarray:
-        """Which of ``rows`` break the model's invariants (a mask over them)."""
+    def slack(self, rep, r: int, S_hat: Stats | None) -> np.ndarray | None:
+        """The rounding bound of row ``r``'s rebuilt statistic (None: sent as is)."""
+        if S_hat is None:
+            return None
+        mag = np.abs(rep.Q[r]) + np.abs(S_hat.flatten())
+        if self.rd.screen.use_cv:
+            mag = mag + np.abs(self.mirror[rep.clients[r]])
+        return _REBUILD_EPS * mag
+
+    def check_many(self, rep, S_c, rows, n, S_hat) -> np.ndarray:
+        """Which of ``rows`` may break the model's invariants (a mask over them: the model's
+        ``check_many`` superset, or its ``check`` one by one)."""
         model = self.rd.model
-        nn = n[rows][:, None]
-        flat = S_c[rows] * nn
-        sl = None if slack is None else slack[rows] * nn
+        nn = n[rows]
+        flat = S_c[rows] * nn[:, None]
+        sl = None
+        if S_hat is not None:
+            mag = np.abs(rep.Q[rows]) + np.abs(S_hat.flatten())[None, :]
+            if self.rd.screen.use_cv:
+                mag += np.abs(self.mirror[rep.clients[rows]])
+            sl = mag * (_REBUILD_EPS * nn)[:, None]
         many = getattr(model, "check_many", None)
         tmpl = rep.template
-        if many is not None:
-            blocks = _blocks(tmpl, flat)
-            return np.asarray(many(blocks, n[rows], None if sl is None else _blocks(tmpl, sl)))
         with np.errstate(over="ignore", invalid="ignore"):
-            return np.array([model.check(tmpl.unflatten(flat[i]), n[rows][i],
-                                         None if sl is None else tmpl.unflatten(sl[i]))
-                             is not None for i in range(flat.shape[0])], dtype=bool)
+            if many is not None:
+                return np.asarray(many(_blocks(tmpl, flat), nn,
+                                       None if sl is None else _blocks(tmpl, sl)), dtype=bool)
+            return np.array([model.check(tmpl.unflatten(flat[i]), nn[i], None if sl is None
+                                         else tmpl.unflatten(sl[i])) is not None
+                             for i in range(flat.shape[0])], dtype=bool)
 
-    def judge_one(self, rep, r: int, mode: str, S_c, slack):
+    def judge_one(self, rep, r: int, mode: str, S_c, S_hat):
         """The per-client path's reason for row ``r`` (None: acceptable) and what it sent."""
         rd = self.rd
         c = self.ids[rep.clients[r]]
@@ -210,12 +220,13 @@ class BatchedServer:
                     sent
         if S_c is None or not rd.screen.has_check:
             return None, sent
-        if rd.screen.use_cv and slack is not None and not self.known[rep.clients[r]]:
+        if rd.screen.use_cv and S_hat is not None and not self.known[rep.clients[r]]:
             return None, sent
+        slack = self.slack(rep, r, S_hat)
         tmpl = rep.template
         with np.errstate(over="ignore", invalid="ignore"):
             reason = rd.model.check(tmpl.unflatten(S_c[r]) * nf, nf,
-                                    None if slack is None else tmpl.unflatten(slack[r]) * nf)
+                                    None if slack is None else tmpl.unflatten(slack) * nf)
         return reason, sent
 
     def after_round(self, init_round: bool, rep, accepted: np.ndarray, S_hat_new: Stats,

@@ -51,6 +51,8 @@ class InProcessRuntime(Runtime):
         self._batch = None
         #: whether the batch's arrays hold the clients' states (else the nodes do)
         self._batch_owns = False
+        #: how many batched calls ran (``estep``, ``evaluate``, ``cv_init``)
+        self.batched_calls = 0
 
     @property
     def client_ids(self) -> list[str]:
@@ -85,6 +87,7 @@ class InProcessRuntime(Runtime):
     def call_batched(self, method: str, idx: np.ndarray, msg: dict[str, Any], resets=None):
         """``estep``, ``evaluate`` or ``cv_init`` of the clients at positions ``idx`` at once."""
         b = self._batch
+        self.batched_calls += 1
         if not self._batch_owns:
             b.load([self._nodes[c].state for c in self._ids])
             self._batch_owns = True

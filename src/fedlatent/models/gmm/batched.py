@@ -18,6 +18,9 @@ from .math import estimate_log_gaussian_prob
 
 __all__ = ["gaussian_suspects", "gmm_batched_stats", "psd_suspects"]
 
+#: matrices checked per Cholesky call (bounds the temporaries)
+_CHUNK = 1 << 13
+
 
 def gmm_log_resp(params, X: np.ndarray, cov_type: str):
     """Log responsibilities (C, m, K) and per-row log-likelihoods (C, m) of stacked rows."""
@@ -76,42 +79,50 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
     return BatchStep(stats, w.sum(axis=1), objective, state)
 
 
-def psd_suspects(M: np.ndarray, slack: np.ndarray | None, rtol: float = 1e-8) -> np.ndarray:
+def psd_suspects(M: np.ndarray, slack: np.ndarray | None = None,
+                 rtol: float = 1e-8) -> np.ndarray:
     """A mask over the matrices (N, p, p) that may fail
     :func:`fedlatent.engine.messages.psd_failures` (every one that does is flagged).
 
-    Each matrix is scaled to unit diagonal as there; a Cholesky factorization of the scaled
-    matrix plus half the tolerance succeeds for all but the nearly indefinite; when one fails,
-    the exact test runs on all of them.
+    ``psd_failures`` scales each matrix to unit diagonal, ``Ms = D^-1/2 M D^-1/2`` (``D`` its
+    diagonal plus the slack's), and flags it when its smallest eigenvalue is below
+    ``-(rtol p + err)``, ``err`` the Frobenius norm of the scaled slack. A Cholesky
+    factorization of ``M + t D`` with ``t = rtol p / 2 + err`` - congruent to ``Ms + t I`` -
+    succeeds for every matrix that passes with a margin; a chunk where one does not (or with
+    a negative or non-finite diagonal) gets the exact test.
     """
     from ...engine.messages import psd_failures
 
     M = np.asarray(M, dtype=np.float64)
     N, p, _ = M.shape
-    if N == 0:
-        return np.zeros(0, dtype=bool)
-    E = None if slack is None else np.abs(slack)
-    with np.errstate(all="ignore"):
-        diag = np.diagonal(M, axis1=1, axis2=2)
-        ediag = 0.0 if E is None else np.diagonal(E, axis1=1, axis2=2)
-        tiny = np.finfo(np.float64).tiny
-        neg = np.any(diag < -ediag - rtol * np.abs(diag).max(axis=1, keepdims=True), axis=1)
-        s = np.sqrt(np.maximum(diag, 0.0) + ediag + tiny)
-        Ms = M / (s[:, :, None] * s[:, None, :])
-        Ms = 0.5 * (Ms + np.transpose(Ms, (0, 2, 1)))
-        finite = np.all(np.isfinite(Ms), axis=(1, 2))
-    if neg.any() or not finite.all():
-        out = np.zeros(N, dtype=bool)
-        out[psd_failures(M, slack, rtol)] = True
-        return out | neg | ~finite
-    Ms[:, np.arange(p), np.arange(p)] += 0.5 * rtol * p
-    try:
-        np.linalg.cholesky(Ms)
-    except np.linalg.LinAlgError:
-        out = np.zeros(N, dtype=bool)
-        out[psd_failures(M, slack, rtol)] = True
-        return out
-    return np.zeros(N, dtype=bool)
+    out = np.zeros(N, dtype=bool)
+    tiny = np.finfo(np.float64).tiny
+    idx = np.arange(p)
+    for lo in range(0, N, _CHUNK):
+        A = M[lo:lo + _CHUNK]
+        E = None if slack is None else np.abs(slack[lo:lo + _CHUNK])
+        with np.errstate(all="ignore"):
+            diag = A[:, idx, idx]
+            s2 = np.maximum(diag, 0.0) + tiny
+            t = np.full(len(A), 0.5 * rtol * p)
+            if E is not None:
+                s2 = s2 + E[:, idx, idx]
+                sq = np.sqrt(s2)
+                t = t + np.sqrt(np.sum((E / (sq[:, :, None] * sq[:, None, :])) ** 2,
+                                       axis=(1, 2)))
+            ok = np.all(np.isfinite(A), axis=(1, 2)) & (np.min(diag, axis=1) >= 0.0) \
+                & np.isfinite(t)
+            if ok.all():
+                B = A.copy()
+                B[:, idx, idx] += t[:, None] * s2
+                try:
+                    np.linalg.cholesky(B)
+                    continue
+                except np.linalg.LinAlgError:
+                    pass
+        out[lo + psd_failures(A, E, rtol)] = True
+        out[lo:lo + _CHUNK] |= ~ok
+    return out
 
 
 def count_suspects(counts: np.ndarray, n_units: np.ndarray, slack: np.ndarray | None,

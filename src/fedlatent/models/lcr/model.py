@@ -60,7 +60,16 @@ class LCRModel(FederatedModel):
         resp, loglik = lcr_responsibilities(
             Xt, y, params["weights"], params["beta"], params["noise_variance"]
         )
-        return ClientStep(lcr_statistics(Xt, y, resp), Xt.shape[0], float(loglik.sum()), state)
+        # the log-likelihood summed in row order, as the batched step sums it
+        return ClientStep(lcr_statistics(Xt, y, resp), Xt.shape[0],
+                          float(np.cumsum(loglik)[-1]) if len(loglik) else 0.0, state)
+
+    def client_stats_batched(self, params, X, y, w, state):
+        from .batched import lcr_batched_stats
+
+        if y is None:
+            raise ValueError("latent class regression needs a target y on every client")
+        return lcr_batched_stats(params, X, y, w, self.fit_intercept, state)
 
     def client_query(self, name, payload, data, state, rng):
         if name == "random_stats":
