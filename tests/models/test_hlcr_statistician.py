@@ -219,3 +219,20 @@ def test_save_load_keeps_the_draws_and_the_choice_of_k(synth, tmp_path):
     assert back.sigma_ == est.sigma_
     np.testing.assert_array_equal(back.history_.to_frame().pred_change,
                                   est.history_.to_frame().pred_change)
+
+
+def test_predictions_come_back_in_the_dataframes_row_order(synth):
+    fd, _ = synth
+    df = fd.to_pandas(client="agent").sample(frac=1.0, random_state=0)
+    df.index = [f"r{i}" for i in range(len(df))][::-1]
+    src = fl.FederatedDataset.from_pandas(df, client="agent", entity="entity", target="y",
+                                          features=fd.feature_names)
+    est = _fit(fl.HLCR(3, solver="gibbs", max_rounds=6, random_state=0), src)
+    pred = est.predict_dataset(src)
+    assert list(pred.index) == list(df.index)
+    direct = est.predict(df[fd.feature_names], df["agent"], df["entity"])
+    np.testing.assert_array_equal(pred.to_numpy(), direct)
+    last = list(est.staged_predict(src, method="mean"))[-1]
+    assert list(last.index) == list(df.index)
+    np.testing.assert_allclose(last.to_numpy(), direct, rtol=1e-12)
+    assert est.mse(src) == pytest.approx(float(np.mean((direct - df["y"].to_numpy()) ** 2)))

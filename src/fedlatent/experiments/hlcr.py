@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def _targets(fd) -> np.ndarray:
-    return np.concatenate([cd.y for _, cd in fd.items()]).astype(np.float64)
+    """The targets in the order of ``predict_dataset`` (the source's row order)."""
+    return fd.target_series().to_numpy(dtype=np.float64)
 
 
 def _fit(train, K, sigma, max_rounds, seed, federation=None, tol=1e-6):

@@ -69,9 +69,11 @@ def load_sleepstudy() -> tuple[pd.DataFrame, dict]:
 
 
 def _frame(fd: FederatedDataset, roles: dict) -> pd.DataFrame:
+    """The dataset's rows as a table in the source's row order (that of predict_dataset)."""
     df = fd.to_pandas(client=roles["client"])
     df[roles["entity"]] = df[roles["entity"]].astype(str)
-    return df
+    order = fd.to_source_order(np.arange(fd.n_samples)).to_numpy()
+    return df.iloc[order].reset_index(drop=True)
 
 
 def _timed(fn):

@@ -205,15 +205,29 @@ class HLCRPrediction:
         return self._predict_with(self._prepare(X, agents, entities, method, unknown, context),
                                   method)
 
-    def predict_dataset(self, fd: FederatedDataset, context: FederatedDataset | None = None,
-                        method: str = "mean", unknown: str = "warn") -> np.ndarray:
-        """Predictions for every event of ``fd`` (client order, rows in order); (n_events,)."""
+    def _predict_clients(self, fd, context, method, unknown) -> np.ndarray:
+        """Predictions for every event of ``fd`` in client order; (n_events,)."""
         X, agents, ents = _flatten(fd)
         return self.predict(X, agents, ents, context=context, method=method, unknown=unknown)
 
+    def predict_dataset(self, fd: FederatedDataset, context: FederatedDataset | None = None,
+                        method: str = "mean", unknown: str = "warn"):
+        """Predictions for every event of ``fd`` (``method``, ``unknown``: see :meth:`predict`).
+
+        Returns
+        -------
+        pandas Series of shape (n_events,)
+            Indexed like the DataFrame ``fd`` was made from, in its row order
+            (:meth:`FederatedDataset.to_source_order`; from arrays: clients in order, each
+            client's rows in order).
+        """
+        return fd.to_source_order(self._predict_clients(fd, context, method, unknown),
+                                  name="prediction")
+
     def staged_predict(self, fd: FederatedDataset, method: str = "sample",
                        unknown: str = "warn"):
-        """Predictions for ``fd`` after every iteration of the last fit (not kept by save).
+        """Predictions for ``fd`` after every iteration of the last fit (not kept by save), each
+        a Series in the source's row order as :meth:`predict_dataset`.
 
         ``method="sample"`` (default): the state after that iteration; ``"map"``: the same
         with the likeliest cluster of new pairs; ``"mean"``: the running posterior predictive
@@ -228,13 +242,14 @@ class HLCRPrediction:
                              hard=method == "map")
             if method == "mean" and p["kept"]:
                 total, count = total + pred, count + 1
-            yield total / count if method == "mean" and count else pred
+            yield fd.to_source_order(total / count if method == "mean" and count else pred,
+                                     name="prediction")
 
     def mse(self, fd: FederatedDataset, context: FederatedDataset | None = None,
             method: str = "mean", unknown: str = "warn") -> float:
         """Mean squared error on the events of ``fd``."""
         y = np.concatenate([_target(cid, cd, fd) for cid, cd in fd.items()])
-        pred = np.asarray(self.predict_dataset(fd, context, method, unknown))
+        pred = self._predict_clients(fd, context, method, unknown)  # client order, as y
         return float(np.mean((pred - y) ** 2))
 
     def score_dataset(self, fd: FederatedDataset) -> float:
