@@ -33,7 +33,7 @@ def panel():
 
 
 def _labels(fd, seeds, **kw):
-    # linear and ridge: the learners' choice between them follows the seed's half split
+    # linear and ridge: with a random split, the learners' choice between them follows the seed
     return [SEC(candidates=["linear", "ridge"], random_state=s, **kw).fit(fd).labels_
             for s in seeds]
 
@@ -48,10 +48,11 @@ def test_default_clusters_agree_across_seeds(panel):
     assert all(np.unique(lab).size >= 2 for lab in labels)
 
 
-def test_gap_statistic_on_the_same_panel_moves_with_the_seed(panel):
-    # positive control: the panel is hard enough that the former default (gap statistic) gives
-    # another partition for another seed, so the test above is not passed by an easy panel
-    labels = _labels(panel, (0, 1, 2), k_selection="gap", max_clusters=10)
+def test_former_defaults_on_the_same_panel_move_with_the_seed(panel):
+    # positive control: the panel is hard enough that the former defaults (random split, gap
+    # statistic) give another partition for another seed, so the test above is not passed by
+    # an easy panel
+    labels = _labels(panel, (0, 1, 2), split="random", k_selection="gap", max_clusters=10)
     assert _min_ari(labels) < 0.9
 
 
@@ -126,3 +127,37 @@ def test_affinity_scale_docstring_matches_the_code():
     assert abs(1.0 / v.mean() - 1.0 / np.median(v)) > 0.1 / v.mean()
     assert '"auto": ``1 / mean`` of the off-diagonal dissimilarities' in SEC.__doc__
     assert "a = 1 / mean(v_ij, i < j)" in auto_affinity_scale.__doc__
+
+
+def test_systematic_split_selects_the_same_models_for_any_seed():
+    from sklearn.ensemble import RandomForestRegressor
+    from sklearn.linear_model import LinearRegression
+
+    fd = continuum_panel(L=8)
+
+    def fit(seed, **kw):
+        cands = {"linear": LinearRegression(),
+                 "rf": RandomForestRegressor(n_estimators=5, max_depth=2)}
+        return SEC(candidates=cands, n_clusters=2, random_state=seed, **kw).fit(fd)
+
+    a, b = fit(0), fit(1)
+    assert a.selected_ == b.selected_
+    np.testing.assert_array_equal(a.dissimilarity_, b.dissimilarity_)
+    r = [fit(s, split="random") for s in (0, 1)]
+    assert not np.array_equal(r[0].dissimilarity_, r[1].dissimilarity_)
+
+
+def test_select_model_systematic_split_is_every_other_row():
+    from sklearn.linear_model import LinearRegression
+
+    from fedlatent.models.sec import select_model
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((9, 2))
+    y = X @ [1.0, 2.0] + rng.standard_normal(9)
+    _, _, _, cv = select_model(X, y, [("linear", LinearRegression())], rng, split="systematic")
+    tr, te = np.arange(0, 9, 2), np.arange(1, 9, 2)
+    want = np.mean((y[te] - LinearRegression().fit(X[tr], y[tr]).predict(X[te])) ** 2)
+    assert cv[0] == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="split must be 'random' or 'systematic', got 'kfold'"):
+        select_model(X, y, [("linear", LinearRegression())], rng, split="kfold")

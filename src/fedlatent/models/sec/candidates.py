@@ -170,8 +170,13 @@ def standardize_xy(X: np.ndarray, y: np.ndarray):
     return (X - xm) / xs, (y - ym) / ys, xm, xs, ym, ys
 
 
+#: the seed of candidates without their own ``random_state`` under ``split="systematic"``
+SYSTEMATIC_SEED = 0
+
+
 def select_model(
-    X: np.ndarray, y: np.ndarray, candidates: Sequence[tuple[str, Any]], rng: np.random.Generator
+    X: np.ndarray, y: np.ndarray, candidates: Sequence[tuple[str, Any]], rng: np.random.Generator,
+    split: str = "random",
 ) -> tuple[int, Any, float, np.ndarray]:
     """Step 1 (Select): half-half cross-validation among candidates, refit on all data.
 
@@ -181,7 +186,14 @@ def select_model(
     y : ndarray of shape (n_samples,)
     candidates : list of (name, unfitted regressor)
     rng : Generator
-        Draws the split and the seeds of candidates whose ``random_state`` is unset.
+        With ``split="random"``: draws the split and the seeds of candidates whose
+        ``random_state`` is unset. Unused with ``split="systematic"``.
+    split : {"random", "systematic"}
+        "random": a random half split (the paper's eq. 1). "systematic": rows 0, 2, 4, ... fit
+        and rows 1, 3, 5, ... validate (a systematic sample: both halves span the rows' order,
+        e.g. every period of a time-ordered learner), and candidates without a
+        ``random_state`` get :data:`SYSTEMATIC_SEED`; the learner's model is then a function
+        of its data alone.
 
     Returns
     -------
@@ -197,8 +209,14 @@ def select_model(
     from sklearn.base import clone
 
     n = X.shape[0]
-    perm = rng.permutation(n)
-    tr, te = perm[: n // 2], perm[n // 2 :]
+    if split == "systematic":
+        tr, te = np.arange(0, n, 2), np.arange(1, n, 2)
+        rng = np.random.default_rng(SYSTEMATIC_SEED)
+    elif split == "random":
+        perm = rng.permutation(n)
+        tr, te = perm[: n // 2], perm[n // 2 :]
+    else:
+        raise ValueError(f"split must be 'random' or 'systematic', got {split!r}")
     seeds = [int(s) for s in rng.integers(2**31 - 1, size=len(candidates))]
     cv = np.full(len(candidates), np.inf)
     for k, (name, cand) in enumerate(candidates):

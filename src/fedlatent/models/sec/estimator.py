@@ -103,6 +103,16 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         default). Unfitted candidates travel to the learners as skops bytes. Instance-based
         regressors (KNN, SVR, kernel ridge, GP) carry training samples inside the fitted model;
         a warning says so when they are used.
+    split : {"systematic", "random"}
+        The Select step's half split on each learner (:func:`select_model`). "systematic"
+        (default): rows 0, 2, 4, ... fit and rows 1, 3, 5, ... validate, and candidates
+        without their own ``random_state`` get a fixed one, so a learner's selected model, and
+        V, are functions of its data: the seed then moves nothing but the k-means restarts.
+        The split only estimates each candidate's prediction error; on the ``Cigar`` panel a
+        random split made a third of the learners select another candidate from one seed to
+        the next, enough to move learners between clusters (ARI 0.83 between two seeds with
+        the penalty's K = 2). "random": the paper's random half split, the candidates seeded
+        from ``random_state`` (the default before issue 14).
     n_clusters : int or None
         K. None: chosen by ``k_selection``.
     k_selection : {"penalty", "gap"}
@@ -193,12 +203,14 @@ class SEC(ClusterUseMixin, FederatedEstimator):
     -----
     Where the seed enters: the learners' Select step (the half split of eq. 1 and the
     ``random_state`` of candidates that leave it unset, e.g. the random forest) and, on the
-    server, the k-means restarts and the gap statistic's reference draws. The first two change
-    V a little (on ``Cigar`` about a third of the learners select another candidate from one
-    seed to the next); the Cluster step then decided the outcome: with the gap statistic K and
-    the partition moved with the seed even for a fixed V. The default penalty (Remark 2) draws
-    nothing, and its k-means restarts (``n_init``) agree on the optimum for the small K it
-    picks, so the clusters are a stable function of V (two seeds: ARI 1.0 on ``Cigar``).
+    server, the k-means restarts and the gap statistic's reference draws. With the former
+    defaults (random split, gap statistic) two seeds agreed at ARI 0.3-0.6 on ``Cigar``: the
+    gap statistic moved K and the partition with the seed even for a fixed V, and the random
+    split changed a third of the learners' selected candidates, hence V. The defaults remove
+    both: the systematic split makes V a function of the data, and the penalty (Remark 2)
+    draws nothing; only the k-means restarts (``n_init``, k-means++) still use the seed, and
+    they agree on the optimum for the small K the penalty picks (:func:`fedlatent.experiments.
+    sec_real` reports the ARI over seeds).
 
     SEC is a one-shot protocol, not EM: the base estimator's ``fit`` calls :meth:`_run` (Select
     and Exchange through the engine's checked exchange, then Cluster on the server) instead of
@@ -214,6 +226,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
     _parameter_constraints = {
         **ROUND_LOOP,
         # candidates: resolved by make_candidates at fit, whose errors name the candidate
+        "split": [Options("systematic", "random")],
         "n_clusters": [None, Integer(1)],
         "k_selection": [Options("gap", "penalty")],
         "max_clusters": [None, Integer(1)],
@@ -231,6 +244,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
     def __init__(
         self,
         candidates: Any = None,
+        split: str = "systematic",
         n_clusters: int | None = None,
         k_selection: str = "penalty",
         max_clusters: int | None = None,
@@ -246,6 +260,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         extra_trusted_types: list[str] | None = None,
     ):
         self.candidates = candidates
+        self.split = split
         self.n_clusters = n_clusters
         self.k_selection = k_selection
         self.max_clusters = max_clusters
@@ -341,7 +356,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
             t0, traffic = time.perf_counter(), Traffic()
             sel = select_step(send, cids, cands, ctx.seed, n_features=ctx.n_features,
                               standardize=bool(self.standardize), n_jobs=self.n_jobs,
-                              traffic=traffic)
+                              traffic=traffic, split=self.split)
             e = np.array([float(sel[c]["e"]) for c in cids])
             n = np.array([int(sel[c]["n"]) for c in cids])
             if not self.standardize:

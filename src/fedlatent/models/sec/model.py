@@ -53,7 +53,8 @@ class SECModel(FederatedModel):
     """The client half of SEC. Not an EM model: it answers two queries and nothing else.
 
     ``client_query("select", payload)``: the candidates arrive as skops bytes
-    (``payload["candidate/<k>"]``) with their names (``payload["candidate_names"]``, JSON);
+    (``payload["candidate/<k>"]``) with their names (``payload["candidate_names"]``, JSON) and
+    the kind of half split (``payload["split"]``, :func:`select_model`; "random" if absent);
     the learner runs :func:`select_model` on its (standardized) data, keeps the fitted model in
     its private state and replies ``model`` (skops bytes, uint8), ``e`` (in-sample MSE), ``n``,
     ``selected`` (index), ``cv_mse`` (validation MSE per candidate) and, when standardizing, its
@@ -127,7 +128,8 @@ class SECModel(FederatedModel):
                               extra_types=self.extra_trusted_types)
             _check_regressor(nm, est)
             cands.append((nm, est))
-        best, model, e, cv = select_model(X, y, cands, rng)
+        best, model, e, cv = select_model(X, y, cands, rng,
+                                          split=str(payload.get("split", "random")))
         blob = dumps_model(model)
         reply: dict[str, Any] = {
             "model": blob,

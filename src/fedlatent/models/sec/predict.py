@@ -181,7 +181,8 @@ class ClusterUseMixin:
         common = make_candidates(common_spec(self.candidates, self.learner_ids_))
         sel = select_step(sender(rt_new), new_ids, {c: common for c in new_ids}, self.seed_ + 1,
                           n_features=int(self.n_features_in_),
-                          standardize=bool(self.standardize), n_jobs=self.n_jobs)
+                          standardize=bool(self.standardize), n_jobs=self.n_jobs,
+                          split=getattr(self, "split", "random"))
         e_new = np.array([float(sel[c]["e"]) for c in new_ids])
         E_to_new = exchange_step(sender(rt_new), new_ids, self.models_, self.seed_,
                                  batch=int(self.exchange_batch), n_jobs=self.n_jobs)  # (L, T)

@@ -128,7 +128,8 @@ def select_expect(n_features: int, standardize: bool) -> dict[str, Expect]:
 
 def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str, Any]]],
                 seed: int, *, n_features: int, standardize: bool, n_jobs=None,
-                traffic: Traffic | None = None) -> dict[str, dict[str, Any]]:
+                traffic: Traffic | None = None, split: str = "random"
+                ) -> dict[str, dict[str, Any]]:
     """Step 1: every learner selects its candidate and replies its fitted model.
 
     Parameters
@@ -142,6 +143,8 @@ def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str,
     n_features : int
     standardize : bool
         Whether the learners standardize (their replies then carry the scaling constants).
+    split : {"random", "systematic"}
+        The learners' half split (:func:`~.candidates.select_model`).
 
     Returns
     -------
@@ -155,7 +158,7 @@ def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str,
         lst = cands[c]
         key = id(lst)
         if key not in encoded:
-            msg: dict[str, Any] = {"query": "select", "seed": int(seed),
+            msg: dict[str, Any] = {"query": "select", "seed": int(seed), "split": str(split),
                                    "candidate_names": json.dumps([n for n, _ in lst])}
             for k, (_, est) in enumerate(lst):
                 msg[f"candidate/{k}"] = dumps_model(est)
