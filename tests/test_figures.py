@@ -183,12 +183,6 @@ PENDING = {
     "sec_simulation1": "SEC figures: owned by the SEC engineer",
     "sec_simulation2": "SEC figures: owned by the SEC engineer",
     "hlcr_figure3": "HLCR figures: owned by the HLCR engineer",
-    "fedgmm_label_skew": "FedGMM figures: owned by the FedGMM engineer",
-    "fedgmm_nongaussian": "FedGMM figures: owned by the FedGMM engineer",
-    "fedgmm_novelty": "FedGMM figures: owned by the FedGMM engineer",
-    "fedgmm_synthetic": "FedGMM figures: owned by the FedGMM engineer",
-    "fedgmm_table2": "FedGMM figures: owned by the FedGMM engineer",
-    "fedgmm_unseen_clients": "FedGMM figures: owned by the FedGMM engineer",
 }
 #: smaller than quick where the experiment allows it (the sizes its own tests use)
 SMALL = {

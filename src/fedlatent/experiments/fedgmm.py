@@ -154,7 +154,7 @@ def fedgmm_synthetic(quick: bool = False, out=None, random_state: int = 0,
     if out is not None:
         name = ("fedgmm_synthetic.png" if generator == "paper"
                 else f"fedgmm_synthetic_{generator}.png")
-        with _figure(out, name, ncols=2, figsize=(11, 3.8)) as (fig, ax):
+        with _figure(out, name, ncols=2, figsize=(12, 3.8)) as (fig, ax):
             fig.suptitle(f"FedGMM Table 2, synthetic data ({generator} generator)")
             ax[0].barh(table["method"], table["accuracy"], label="test accuracy")
             ax[0].axvline(table["bayes_optimal"].iloc[0], color="k", ls="--",
@@ -169,7 +169,7 @@ def fedgmm_synthetic(quick: bool = False, out=None, random_state: int = 0,
             ax[1].set_xlabel("round")
             ax[1].set_ylabel("mean log-likelihood per sample")
             ax[1].set_title("training objective")
-            ax[1].legend(loc="lower right", fontsize=8)
+            ax[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     return table
 
 
