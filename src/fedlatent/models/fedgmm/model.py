@@ -129,8 +129,13 @@ class FedGMMModel(FederatedModel):
                                   self.prox * lw[m], self.step_max)
                 lt[m] = lw[m] * c_m.ravel()
             stats["ltheta"] = lt
-        return ClientStep(Stats(stats, copy=False), n, float(loglik.sum()),
-                          {"pi": q.mean(axis=0)})
+        return ClientStep(Stats(stats, copy=False), n,  # loglik summed in row order (batched)
+                          float(np.cumsum(loglik)[-1]) if n else 0.0, {"pi": q.mean(axis=0)})
+
+    def client_stats_batched(self, params, X, y, w, state):
+        from .batched import fedgmm_batched_stats
+
+        return fedgmm_batched_stats(self, params, X, y, w, state)
 
     def _outer(self, sx: np.ndarray, nk: np.ndarray) -> np.ndarray:
         """``sx sx^T / nk`` in the layout of ``sxx`` (removes the client's own mean)."""
