@@ -231,3 +231,17 @@ def test_cli_fit_hlcr_on_a_raw_file_with_text_columns(tmp_path):
     assert res.exit_code == 0, res.output
     roles = json.loads((out / "roles.json").read_text())
     assert roles["features"] == ["gender=M", "ses"]
+
+
+def test_the_fitted_estimator_keeps_the_encoding_through_save_and_load(tmp_path):
+    fd = fl.FederatedDataset.from_pandas(table(), client="site", target="y",
+                                         categorical="onehot")
+    lcr = fl.LatentClassRegression(1, max_rounds=5, random_state=0).fit(fd)
+    assert lcr.encoding_ == fd.encoding
+    lcr.save(tmp_path / "m")
+    back = fl.LatentClassRegression.load(tmp_path / "m")
+    assert back.encoding_ == fd.encoding
+    new = fl.FederatedDataset.from_pandas(table(12, seed=3), client="site", target="y",
+                                          categorical=back.encoding_)
+    np.testing.assert_allclose(back.predict_dataset(new).to_numpy(),
+                               lcr.predict_dataset(new).to_numpy(), rtol=1e-13)

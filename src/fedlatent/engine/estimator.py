@@ -343,6 +343,9 @@ class FederatedEstimator(BaseEstimator):
         self.client_faults_ = list(ctx.faults)
         self.feature_names_in_ = np.asarray(list(fd.feature_names), dtype=object)
         self.n_features_in_ = fd.n_features
+        #: the categorical encoding of the features (FederatedDataset.from_pandas(...,
+        #: categorical=est.encoding_) encodes new data the same way), None without one
+        self.encoding_ = getattr(fd, "encoding", None)
         self._runtime = ctx.runtime
         self._store(result, ctx.model)
         return self
@@ -444,6 +447,8 @@ class FederatedEstimator(BaseEstimator):
             },
             "history": self.history_.to_frame().to_dict(orient="records"),
         }
+        if getattr(self, "encoding_", None) is not None:
+            meta["encoding"] = self.encoding_.to_json()
         table = getattr(self, "selection_scores_", None)
         if table is not None:  # an "auto" size: the choice and every candidate's scores
             param = str(table.index.name)
@@ -481,6 +486,11 @@ class FederatedEstimator(BaseEstimator):
         est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
         est.n_features_in_ = len(est.feature_names_in_)
         est.history_ = History.from_records(meta["history"])
+        est.encoding_ = None
+        if meta.get("encoding") is not None:
+            from ..data.categorical import CategoricalEncoding
+
+            est.encoding_ = CategoricalEncoding.from_json(meta["encoding"])
         if "selection" in meta:
             est._load_selection(meta["selection"])
         est._load_extra(meta)
