@@ -1,6 +1,9 @@
-"""On a real loopback deployment: a FedGMM run stopped after round 2 and resumed (server
-checkpoint + the sites' own states) ends as the uninterrupted in-process fit, and a site then
-predicts with the state it kept exactly as the in-process personalized prediction."""
+"""On a real loopback deployment: a FedGMM run stopped after round 2 (``flwr stop``) and resumed
+(server checkpoint + the sites' own states) ends as the uninterrupted in-process fit, and a site
+then predicts with the state it kept exactly as the in-process personalized prediction.
+
+One deployment serves both runs (Flower keeps a node's ``context.state`` per run, so the resumed
+run's nodes start from nothing but their site directories)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ def case():
                                mean_scale=2.0, fractions=(0.8, 0.1, 0.1), random_state=5)
     # random initialization: one query; no control variates: no extra exchange after round 1
     fed = fl.Federation(control_variates=False)
-    return sp.train, lambda: fl.FedGMM(2, 2, max_rounds=4, tol=0.0, init_params="random",
+    return sp.train, lambda: fl.FedGMM(2, 2, max_rounds=3, tol=0.0, init_params="random",
                                        federation=fed, random_state=12)
 
 
@@ -35,7 +38,7 @@ def test_stopped_deployment_resumes_and_sites_predict_with_their_state(tmp_path)
     pytest.importorskip("flwr")
     from fedlatent.data.files import write_client_files
     from fedlatent.runtime.flower import load_result, run_config_for
-    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+    from fedlatent.runtime.flower_local import LocalDeployment, _stop_run, run_app
 
     fd, make = case()
     with warnings.catch_warnings():
@@ -47,9 +50,9 @@ def test_stopped_deployment_resumes_and_sites_predict_with_their_state(tmp_path)
     app = write_app(tmp_path / "app", run_config_for(make(), out_dir=out, min_nodes=3,
                                                      round_timeout=120.0))
     t0 = time.monotonic()
-    # 1. the run is stopped (every process of the deployment killed) once round 2 has ended
     first: dict[str, object] = {}
-    with LocalDeployment(files, workdir=tmp_path / "dep1") as dep:
+    with LocalDeployment(files, workdir=tmp_path / "dep") as dep:
+        # 1. the run is stopped (flwr stop) once round 2 has ended
         t = threading.Thread(target=lambda: first.setdefault("error", _run(run_app, app, dep)))
         t.start()
         stopped_at = None
@@ -60,22 +63,22 @@ def test_stopped_deployment_resumes_and_sites_predict_with_their_state(tmp_path)
                 st = {}
             if st.get("round", 0) >= 2:
                 stopped_at = int(st["round"])
-                dep.stop()
+                _stop_run(dep, dep.workdir / "flwr-run-0.log")
             time.sleep(0.1)
         t.join()
-        pids = dep.all_pids()
-    assert stopped_at == 2, "the run ended before round 2"
-    assert isinstance(first["error"], RuntimeError)  # the run did not finish
-    assert [p for p in pids if pid_alive(p)] == []
-    # 2. a new deployment resumes it: the server's checkpoint and each site's own state
-    with LocalDeployment(files, workdir=tmp_path / "dep2") as dep:
+        assert stopped_at == 2, "the run ended before round 2"
+        assert isinstance(first["error"], RuntimeError), first  # the run did not finish
+        assert json.loads((out / "status.json").read_text())["status"] != "ok"
+        # 2. resumed: the server's checkpoint and each site's own state
         run_app(app, dep, overrides={"resume": True}, timeout=900)
+        pids = dep.all_pids()
+    assert [p for p in pids if pid_alive(p)] == []
     wall = time.monotonic() - t0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est = load_result(out)
     assert est.flower_status_["resumed_from"] in (1, 2)
-    assert len(est.history_) == 4
+    assert len(est.history_) == 3
     for a in FITTED:
         x, y = np.asarray(getattr(est, a)), np.asarray(getattr(ref, a))
         assert float(np.max(np.abs(x - y))) <= 1e-10 * max(1.0, float(np.max(np.abs(y)))), a
@@ -87,7 +90,7 @@ def test_stopped_deployment_resumes_and_sites_predict_with_their_state(tmp_path)
     X = fd[cid].X
     np.testing.assert_allclose(mine.predict_proba(X), ref.personalize(cid).predict_proba(X),
                                rtol=0, atol=1e-10)
-    print(f"stop + resume on two loopback deployments: {wall:.0f} s")
+    print(f"stop + resume on a loopback deployment: {wall:.0f} s")
 
 
 def _run(run_app, app, dep):
