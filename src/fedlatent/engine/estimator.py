@@ -43,7 +43,7 @@ from .model import FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
 from .runtime import Runtime
-from .selection import Selection, select
+from .selection import Selection, fit_selected, load_selection
 
 __all__ = [
     "FederatedEstimator",
@@ -350,32 +350,9 @@ class FederatedEstimator(BaseEstimator):
         self._store(result, ctx.model)
         return self
 
-    def _fit_selected(self, fd, selection: Selection, *, runtime, progress, callbacks,
-                      checkpoint, resume):
-        """``fit`` with an ``"auto"`` parameter: one fit per candidate (:func:`.selection.select`);
-        this estimator takes the best one's fitted attributes, ``<param>_`` (the chosen value)
-        and ``selection_scores_`` (one row per candidate)."""
-        p = selection.param
-        if checkpoint is not None or resume:
-            raise ValueError(f"{p}='auto' runs one fit per candidate and a checkpoint holds one "
-                             f"fit: choose {p} first (selection_scores_), then checkpoint the fit "
-                             "with that value")
-        if selection.split is not None and runtime is not None:
-            raise ValueError(f"{p}='auto' scores on held-out rows, which needs the data in this "
-                             f"process: fit without runtime=, or give {p} a number")
-
-        def fit_one(candidate, data):
-            return candidate.fit(data, runtime=runtime if data is fd else None,
-                                 progress=progress, callbacks=callbacks)
-
-        best, table = select(self, fd, selection, fit_one)
-        own = set(self.get_params(deep=False))
-        for key, value in vars(best).items():
-            if key not in own:
-                setattr(self, key, value)
-        setattr(self, f"{p}_", int(getattr(best, p)))
-        self.selection_scores_ = table
-        return self
+    def _fit_selected(self, fd, selection: Selection, **fit_kwargs):
+        """``fit`` with an ``"auto"`` parameter (:func:`.selection.fit_selected`)."""
+        return fit_selected(self, fd, selection, **fit_kwargs)
 
     # ---- prediction on federated data ----------------------------------------------------------
     def _fitted_params(self) -> Params:  # pragma: no cover - overridden where scoring is asked
@@ -498,18 +475,7 @@ class FederatedEstimator(BaseEstimator):
 
     def _load_selection(self, doc: dict[str, Any]) -> None:
         """``<param>_`` and ``selection_scores_`` of a saved ``"auto"`` fit (checked)."""
-        import pandas as pd
-
-        param, value = doc.get("param"), doc.get("value")
-        if param not in self._get_param_names() or isinstance(value, bool) or not isinstance(
-                value, int):
-            raise ValueError(f"entry 'selection' names {param!r} = {value!r}, not a size "
-                             f"parameter of {type(self).__name__} and an integer")
-        table = pd.DataFrame(doc.get("scores") or [])
-        if param not in table.columns or value not in set(table[param]):
-            raise ValueError(f"entry 'selection' has no scores for {param} = {value}")
-        setattr(self, f"{param}_", value)
-        self.selection_scores_ = table.set_index(param)
+        load_selection(self, doc)
 
     @classmethod
     def load(cls, path: str | Path):

@@ -29,7 +29,8 @@ from .params import Integer
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["AUTO_SIZE", "Selection", "check_candidates", "select"]
+__all__ = ["AUTO_SIZE", "Selection", "check_candidates", "fit_selected", "load_selection",
+           "select"]
 
 
 class _SizeOrAuto(Integer):
@@ -158,3 +159,49 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
         best = clone(est).set_params(**{selection.param: int(best_k)})
         fit(best, fd)
     return best, table
+
+
+def fit_selected(est, fd, selection: Selection, *, runtime, progress, callbacks, checkpoint,
+                 resume):
+    """The base estimator's ``fit`` when ``selection.param`` is ``"auto"``: one fit per
+    candidate (:func:`select`); ``est`` takes the best one's fitted attributes, ``<param>_``
+    (the chosen value) and ``selection_scores_`` (one row per candidate). Returns ``est``."""
+    p = selection.param
+    if checkpoint is not None or resume:
+        raise ValueError(f"{p}='auto' runs one fit per candidate and a checkpoint holds one "
+                         f"fit: choose {p} first (selection_scores_), then checkpoint the fit "
+                         "with that value")
+    if selection.split is not None and runtime is not None:
+        raise ValueError(f"{p}='auto' scores on held-out rows, which needs the data in this "
+                         f"process: fit without runtime=, or give {p} a number")
+
+    def fit_one(candidate, data):
+        return candidate.fit(data, runtime=runtime if data is fd else None,
+                             progress=progress, callbacks=callbacks)
+
+    best, table = select(est, fd, selection, fit_one)
+    own = set(est.get_params(deep=False))
+    for key, value in vars(best).items():
+        if key not in own:
+            setattr(est, key, value)
+    setattr(est, f"{p}_", int(getattr(best, p)))
+    est.selection_scores_ = table
+    return est
+
+
+def load_selection(est, doc: dict[str, Any]) -> None:
+    """Set ``<param>_`` and ``selection_scores_`` of ``est`` from a saved model's
+    ``selection`` entry; ValueError when it names no size parameter or lacks the chosen
+    value's scores."""
+    import pandas as pd
+
+    param, value = doc.get("param"), doc.get("value")
+    if param not in est._get_param_names() or isinstance(value, bool) or not isinstance(
+            value, int):
+        raise ValueError(f"entry 'selection' names {param!r} = {value!r}, not a size "
+                         f"parameter of {type(est).__name__} and an integer")
+    table = pd.DataFrame(doc.get("scores") or [])
+    if param not in table.columns or value not in set(table[param]):
+        raise ValueError(f"entry 'selection' has no scores for {param} = {value}")
+    setattr(est, f"{param}_", value)
+    est.selection_scores_ = table.set_index(param)
