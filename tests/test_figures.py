@@ -183,6 +183,8 @@ PENDING = {
     "sec_simulation1": "SEC figures: owned by the SEC engineer",
     "sec_simulation2": "SEC figures: owned by the SEC engineer",
     "hlcr_figure3": "HLCR figures: owned by the HLCR engineer",
+    "hlcr_real": "HLCR figures: owned by the HLCR engineer",
+    "sec_real": "SEC figures: owned by the SEC engineer",
 }
 #: smaller than quick where the experiment allows it (the sizes its own tests use)
 SMALL = {
@@ -190,9 +192,15 @@ SMALL = {
     "fedem_toy": {"n_clients": 20, "n_per_client": 40, "n_seeds": 2,
                   "cases": ("heterogeneous",)},
     "sec_simulation2": {"candidate_sets": ("table2-1",), "n_replications": 1, "n_features": 6},
+    "sec_attack": {"n_replications": 1},
+    "sec_fairness": {"n_replications": 1},
+    "sec_simulation1": {"n_replications": 1},
+    "sec_real": {"n_seeds": 2},
 }
-#: the experiments whose quick run takes a few seconds; the others (30 s to 5 min each on a
-#: loaded 2-core machine) run with the slow tests
+#: the experiments whose quick run takes a few seconds; the others run with the slow tests
+#: (quick runs measured on the shared 2-core machine at load 10-14: fedem_toy 275 s,
+#: fedgmm_label_skew 31, fedgmm_nongaussian 109, fedgmm_novelty 681, fedgmm_synthetic 21,
+#: fedgmm_table2 88, fedgmm_unseen_clients 27, hlcr_figure3 68, lcr_flexmix 15, sec_attack 310)
 FAST = {"lcr_flexmix"}
 
 

@@ -180,6 +180,7 @@ def lcr_flexmix(
                 len(cen_obj))
     if out is not None:
         _plot(Path(out), fd, classes, truth, table, est, part, cen_obj)
+        logger.info("lcr_flexmix: wrote %s", Path(out) / "lcr_flexmix.png")
     return table
 
 
