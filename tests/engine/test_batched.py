@@ -225,12 +225,23 @@ def _nan_one(reply):
     return reply
 
 
-@pytest.mark.parametrize("lie", ["negative-count", "nan"])
+def _shift_batched(rep, r):
+    rep.Q[r, 2 + 2 * 3] -= 1e3  # sxx[0, 0, 0] (after nk (2,) and sx (2, 3))
+
+
+def _shift_one(reply):
+    reply["delta/sxx"] = np.array(reply["delta/sxx"], copy=True)
+    reply["delta/sxx"][0, 0, 0] -= 1e3
+    return reply
+
+
+@pytest.mark.parametrize("lie", ["negative-count", "nan", "not-psd"])
 def test_batched_replies_are_refused_with_the_per_client_reasons(lie):
     fd = _ragged(n_clients=8, seed=5)
     victim = fd.client_ids[3]
     edit_b, edit_1 = {"negative-count": (_neg_count_batched, _neg_count_one),
-                      "nan": (_nan_batched, _nan_one)}[lie]
+                      "nan": (_nan_batched, _nan_one),
+                      "not-psd": (_shift_batched, _shift_one)}[lie]
 
     def make():
         return fl.FederatedGaussianMixture(2, max_rounds=5, tol=0.0, random_state=0)
@@ -246,7 +257,8 @@ def test_batched_replies_are_refused_with_the_per_client_reasons(lie):
     assert rej_b == rej_1
     assert all(victim in r for r in rej_b[2:]) and not rej_b[0] and not rej_b[1]
     reason = rej_b[2][victim]
-    want = "is negative" if lie == "negative-count" else "non-finite"
+    want = {"negative-count": "is negative", "nan": "non-finite",
+            "not-psd": "not positive semi-definite"}[lie]
     assert want in reason
     np.testing.assert_array_equal(many.means_, one.means_)
     with pytest.raises(fl.engine.loop.FederatedFitError,

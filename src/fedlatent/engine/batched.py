@@ -306,6 +306,7 @@ class BatchedClients:
             for i, v in resets.items():
                 V.arrays[""][i] = v
                 V.present[i] = True
+        full = idx.size == len(self.ids)  # every client: views, not copies
         if not S_hat:
             delta = S_c
             if bool(msg.get("keep_init", False)):
@@ -313,13 +314,16 @@ class BatchedClients:
                 g.arrays[""][idx] = S_c
                 g.present[idx] = True
         else:
-            delta = S_c - self.template.__class__(S_hat).flatten()[None, :]
+            # S_c - S_hat - V_c, in place (S_c is this step's own array; stored copies were
+            # taken above)
+            delta = S_c
+            delta -= Stats(S_hat).flatten()[None, :]
             if V is not None:
                 has = V.present[idx]
                 if has.all():
-                    delta = delta - V.arrays[""][idx]
+                    delta -= V.arrays[""] if full else V.arrays[""][idx]
                 elif has.any():
-                    delta[has] = delta[has] - V.arrays[""][idx[has]]
+                    delta[has] -= V.arrays[""][idx[has]]
         levels = int(msg.get("quant_levels", 0))
         if levels > 0:
             u = stream_uniforms(stream_keys(seed, self.keys[idx], rnd, _P_QUANT), delta.shape[1])
@@ -328,8 +332,12 @@ class BatchedClients:
             q = delta
         if use_cv and S_hat:
             alpha = float(msg["alpha"])
-            old = np.where(V.present[idx][:, None], V.arrays[""][idx], 0.0)
-            V.arrays[""][idx] = old + alpha * q if alpha != 1.0 else old + q
+            step = alpha * q if alpha != 1.0 else q
+            if full and V.present.all():
+                V.arrays[""] += step
+            else:
+                old = np.where(V.present[idx][:, None], V.arrays[""][idx], 0.0)
+                V.arrays[""][idx] = old + step
             V.present[idx] = True
         return BatchReply(idx, q, n, obj, self.template)
 

@@ -163,7 +163,7 @@ class BatchedServer:
             return S_c, np.ones(len(rep.n), dtype=bool)
         if self.mirror is None:
             return None, np.zeros(len(rep.n), dtype=bool)
-        S_c += self.mirror[rep.clients]
+        S_c += self.mirror if rep.clients.size == len(self.ids) else self.mirror[rep.clients]
         return S_c, self.known[rep.clients].copy()
 
     def slack(self, rep, r: int, S_hat: Stats | None) -> np.ndarray | None:
@@ -179,14 +179,17 @@ class BatchedServer:
         """Which of ``rows`` may break the model's invariants (a mask over them: the model's
         ``check_many`` superset, or its ``check`` one by one)."""
         model = self.rd.model
-        nn = n[rows]
-        flat = S_c[rows] * nn[:, None]
+        every = bool(rows.all())
+        nn = n if every else n[rows]
+        flat = (S_c if every else S_c[rows]) * nn[:, None]
         sl = None
         if S_hat is not None:
-            mag = np.abs(rep.Q[rows]) + np.abs(S_hat.flatten())[None, :]
+            sl = np.abs(rep.Q if every else rep.Q[rows])
+            sl += np.abs(S_hat.flatten())[None, :]
             if self.rd.screen.use_cv:
-                mag += np.abs(self.mirror[rep.clients[rows]])
-            sl = mag * (_REBUILD_EPS * nn)[:, None]
+                who = rep.clients if every else rep.clients[rows]
+                sl += np.abs(self.mirror if who.size == len(self.ids) else self.mirror[who])
+            sl *= (_REBUILD_EPS * (1.0 - 1e-9) * nn)[:, None]  # a hair under: a superset
         many = getattr(model, "check_many", None)
         tmpl = rep.template
         with np.errstate(over="ignore", invalid="ignore"):
@@ -250,10 +253,12 @@ class BatchedServer:
         self.resync[refused[self.known[refused]]] = True
         ok = idx[accepted]
         self.resync[ok] = False
+        step = rep.Q if alpha == 1.0 else alpha * rep.Q
+        if ok.size == len(self.ids) and self.known.all():  # everyone: in place
+            self.mirror += step
+            return
         upd = ok[self.known[ok]]
-        Qa = rep.Q[accepted][self.known[ok]]
-        self.mirror[upd] = self.mirror[upd] + alpha * Qa if alpha != 1.0 else \
-            self.mirror[upd] + Qa
+        self.mirror[upd] = self.mirror[upd] + step[accepted][self.known[ok]]
 
     def h_norm2(self, k: int, params, S_hat: Stats, rejected: dict[str, str]):
         """``||mean_c S_c(params) - S_hat||^2`` from one batched evaluation (see

@@ -195,13 +195,17 @@ def summarize_toy(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _plot(table: pd.DataFrame, out: Path) -> None:
+    """One figure per criterion, a panel per case (constrained layout, every panel titled and
+    labelled, the methods' legend outside the panels)."""
     cases = list(dict.fromkeys(table["case"]))
-    for what, ylabel, fname, logy in (
-        ("h2_mean", "E ||h(S_k)||^2", "fedem_toy_h.png", True),
-        ("weight_mean", "weight of component (-2, 0)  (true 0.3)", "fedem_toy_weight.png", False),
+    for what, ylabel, fname, logy, title in (
+        ("h2_mean", "E ||h(S_k)||^2  (Monte Carlo mean)", "fedem_toy_h.png", True,
+         "FedEM toy: distance to an EM fixed point"),
+        ("weight_mean", "weight of component (-2, 0)", "fedem_toy_weight.png", False,
+         "FedEM toy: estimated mixture weight (true 0.3)"),
     ):
-        with figure(out / fname, ncols=len(cases), figsize=(6 * len(cases), 4.2),
-                    squeeze=False) as (_, axes):
+        with figure(out / fname, ncols=len(cases), figsize=(5.5 * len(cases) + 2.2, 4.2),
+                    squeeze=False, tight=False, layout="constrained") as (fig, axes):
             for ax, case in zip(axes[0], cases):
                 sub = table[table["case"] == case]
                 for method, m in sub.groupby("method", sort=False):
@@ -209,8 +213,10 @@ def _plot(table: pd.DataFrame, out: Path) -> None:
                 if logy:
                     ax.set_yscale("log")
                 else:
-                    ax.axhline(0.3, color="k", lw=0.8, ls=":")
+                    ax.axhline(0.3, color="k", lw=0.8, ls=":", label="true weight 0.3")
                 ax.set_title(f"{case} clients")
                 ax.set_xlabel("round (epoch)")
                 ax.set_ylabel(ylabel)
-            axes[0][-1].legend(fontsize=8)
+            fig.suptitle(title)
+            handles, labels = axes[0][-1].get_legend_handles_labels()
+            fig.legend(handles, labels, loc="outside right upper", fontsize=8)

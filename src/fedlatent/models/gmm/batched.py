@@ -79,8 +79,9 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
     return BatchStep(stats, w.sum(axis=1), objective, state)
 
 
-def psd_suspects(M: np.ndarray, slack: np.ndarray | None = None,
-                 rtol: float = 1e-8) -> np.ndarray:
+def psd_suspects(M: np.ndarray, slack: np.ndarray | None = None, rtol: float = 1e-8, *,
+                 s2: np.ndarray | None = None, err: np.ndarray | None = None,
+                 exact_slack=None) -> np.ndarray:
     """A mask over the matrices (N, p, p) that may fail
     :func:`fedlatent.engine.messages.psd_failures` (every one that does is flagged).
 
@@ -89,7 +90,9 @@ def psd_suspects(M: np.ndarray, slack: np.ndarray | None = None,
     ``-(rtol p + err)``, ``err`` the Frobenius norm of the scaled slack. A Cholesky
     factorization of ``M + t D`` with ``t = rtol p / 2 + err`` - congruent to ``Ms + t I`` -
     succeeds for every matrix that passes with a margin; a chunk where one does not (or with
-    a negative or non-finite diagonal) gets the exact test.
+    a negative or non-finite diagonal) gets the exact test. ``s2`` (N, p) and ``err`` (N,)
+    may be given instead of ``slack`` (then ``exact_slack(lo, hi)`` builds the slack of a
+    chunk for the exact test).
     """
     from ...engine.messages import psd_failures
 
@@ -99,29 +102,35 @@ def psd_suspects(M: np.ndarray, slack: np.ndarray | None = None,
     tiny = np.finfo(np.float64).tiny
     idx = np.arange(p)
     for lo in range(0, N, _CHUNK):
-        A = M[lo:lo + _CHUNK]
-        E = None if slack is None else np.abs(slack[lo:lo + _CHUNK])
+        hi = min(lo + _CHUNK, N)
+        A = M[lo:hi]
+        E = None if slack is None else np.abs(slack[lo:hi])
         with np.errstate(all="ignore"):
             diag = A[:, idx, idx]
-            s2 = np.maximum(diag, 0.0) + tiny
             t = np.full(len(A), 0.5 * rtol * p)
-            if E is not None:
-                s2 = s2 + E[:, idx, idx]
-                sq = np.sqrt(s2)
-                t = t + np.sqrt(np.sum((E / (sq[:, :, None] * sq[:, None, :])) ** 2,
-                                       axis=(1, 2)))
+            if s2 is not None:
+                d2, t = s2[lo:hi], t + err[lo:hi]
+            else:
+                d2 = np.maximum(diag, 0.0) + tiny
+                if E is not None:
+                    d2 = d2 + E[:, idx, idx]
+                    sq = np.sqrt(d2)
+                    t = t + np.sqrt(np.sum((E / (sq[:, :, None] * sq[:, None, :])) ** 2,
+                                           axis=(1, 2)))
             ok = np.all(np.isfinite(A), axis=(1, 2)) & (np.min(diag, axis=1) >= 0.0) \
                 & np.isfinite(t)
             if ok.all():
                 B = A.copy()
-                B[:, idx, idx] += t[:, None] * s2
+                B[:, idx, idx] += t[:, None] * d2
                 try:
                     np.linalg.cholesky(B)
                     continue
                 except np.linalg.LinAlgError:
                     pass
+        if E is None and exact_slack is not None:
+            E = exact_slack(lo, hi)
         out[lo + psd_failures(A, E, rtol)] = True
-        out[lo:lo + _CHUNK] |= ~ok
+        out[lo:hi] |= ~ok
     return out
 
 
@@ -162,6 +171,27 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
     C = nk.shape[0]
     bad = count_suspects(nk, n_units, None if slack is None else slack["nk"])
     M = gaussian_moments(nk, sx, sxx, cov_type)
-    E = None if slack is None else gaussian_moments(
-        *(np.abs(slack[k]) for k in ("nk", "sx", "sxx")), cov_type)
-    return bad | psd_suspects(M, E).reshape(C, -1).any(axis=1)
+    if slack is None:
+        return bad | psd_suspects(M).reshape(C, -1).any(axis=1)
+    en, ex, exx = (np.abs(np.asarray(slack[k], dtype=np.float64)) for k in ("nk", "sx", "sxx"))
+    if cov_type != "full":
+        E = gaussian_moments(en, ex, exx, cov_type)
+        return bad | psd_suspects(M, E).reshape(C, -1).any(axis=1)
+    # full: the scaled slack's norm from the blocks, without building the slack's matrices
+    K, d = sx.shape[1:]
+    tiny = np.finfo(np.float64).tiny
+    idx = np.arange(d)
+    s0 = np.maximum(nk, 0.0) + en + tiny  # (C, K)
+    sj = np.maximum(sxx[:, :, idx, idx], 0.0) + exx[:, :, idx, idx] + tiny  # (C, K, d)
+    with np.errstate(all="ignore"):
+        err2 = (en / s0) ** 2 + 2.0 * np.sum(ex**2 / (s0[:, :, None] * sj), axis=2) \
+            + np.sum(exx**2 / (sj[:, :, :, None] * sj[:, :, None, :]), axis=(2, 3))
+    s2 = np.concatenate([s0[:, :, None], sj], axis=2).reshape(C * K, d + 1)
+
+    def exact_slack(lo, hi):
+        c0, c1 = lo // K, -(-hi // K)
+        E = gaussian_moments(en[c0:c1], ex[c0:c1], exx[c0:c1], cov_type)
+        return E[lo - c0 * K:hi - c0 * K]
+
+    sus = psd_suspects(M, None, s2=s2, err=np.sqrt(err2).ravel(), exact_slack=exact_slack)
+    return bad | sus.reshape(C, -1).any(axis=1)
