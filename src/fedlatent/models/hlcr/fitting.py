@@ -19,7 +19,7 @@ from ...engine.estimator import FitContext
 from ...engine.exchange import array, number
 from ...engine.history import History
 from ...engine.model import Params
-from .model import MOMENTS_QUERY
+from .model import MOMENTS_QUERY, _num
 from .scaling import moments_scaling, scaling_matrix, to_user_units
 from .solvers import ChainSettings, HLCRFit, chain_diagnostic
 
@@ -60,7 +60,7 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
 
 def chain_for(chain: ChainSettings, params0: Params) -> ChainSettings:
     """The chain's starting sigma in the fit's units (a fixed sigma divided by the scale)."""
-    return replace(chain, sigma=float(params0.get("sigma", chain.sigma)))
+    return replace(chain, sigma=_num(params0.get("sigma", chain.sigma)))
 
 
 def finish_chain(est, ctx: FitContext, params0: Params, result: HLCRFit, tol: float) -> None:
@@ -90,7 +90,7 @@ def finish_chain(est, ctx: FitContext, params0: Params, result: HLCRFit, tol: fl
 
 def _scaling(params0: Params, n_features: int, fit_intercept: bool):
     if "T" in params0:
-        return (np.asarray(params0["T"]), float(params0["y_shift"]), float(params0["y_scale"]),
+        return (np.asarray(params0["T"]), _num(params0["y_shift"]), _num(params0["y_scale"]),
                 np.asarray(params0["x_shift"]), np.asarray(params0["x_scale"]))
     return None, 0.0, 1.0, np.zeros(n_features), np.ones(n_features)
 
@@ -106,7 +106,7 @@ def store_fit(est, result: HLCRFit, params0: Params, chain: ChainSettings) -> No
         return to_user_units(np.asarray(D), np.asarray(c), sigma, T, my, sy)
 
     def sig(v):  # a draw's sigma (fit units); the fixed one where the params carry none
-        return chain.sigma if v is None or not np.isfinite(float(v)) else float(v)
+        return chain.sigma if v is None or not np.isfinite(_num(v)) else _num(v)
 
     p = result.params
     K = int(np.shape(p["D"])[0])
@@ -119,7 +119,7 @@ def store_fit(est, result: HLCRFit, params0: Params, chain: ChainSettings) -> No
         sig_fit = float(np.sqrt(np.mean([sig(d["sigma"]) ** 2 for d in draws])))
     delta = float(result.delta) if np.isfinite(result.delta) else chain.delta
     if chain.estimate_delta and draws:
-        delta = float(np.sqrt(np.mean([float(d["delta"]) ** 2 for d in draws])))
+        delta = float(np.sqrt(np.mean([_num(d["delta"]) ** 2 for d in draws])))
     D, c, sigma_u = user(p["D"], p["c"], sig_fit)
     est._set_cluster_params(D, c, p["counts"])
     est.sigma_, est.delta_ = float(sigma_u), delta

@@ -46,6 +46,11 @@ HELDOUT_QUERY = "heldout"
 RESTART_QUERY = "restart"
 
 
+def _num(v) -> float:
+    """A scalar parameter as a float (a transport may carry it as an array of one value)."""
+    return float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
+
+
 def holdout_mask(entity_index: np.ndarray, y: np.ndarray, fraction: float, seed: int):
     """Events an agent holds out: a ``fraction`` of each entity's events (one fold of
     ``round(1/fraction)``, as :func:`fedlatent.datasets.split_events` makes them), drawn from the
@@ -170,18 +175,18 @@ class HLCRModel(FederatedModel):
         _, XtX, Xty, yty, n = self._entity_stats(data)
         if "T" not in params:
             return XtX, Xty, yty, n
-        key = (id(data), np.asarray(params["T"]).tobytes(), float(params["y_shift"]),
-               float(params["y_scale"]))
+        key = (id(data), np.asarray(params["T"]).tobytes(), _num(params["y_shift"]),
+               _num(params["y_scale"]))
         cache = getattr(self, "_tcache", None)
         if cache is None or cache[0] != key:
             t = transform_statistics(XtX, Xty, yty, n, np.asarray(params["T"]),
-                                     float(params["y_shift"]), float(params["y_scale"]))
+                                     _num(params["y_shift"]), _num(params["y_scale"]))
             self._tcache = cache = (key, (*t, n))
         return cache[1]
 
     def sigma_of(self, params: Params) -> float:
         """The noise sd the sampler uses at ``params`` (drawn when estimated)."""
-        return float(params["sigma"]) if "sigma" in params else self.sigma
+        return _num(params["sigma"]) if "sigma" in params else self.sigma
 
     def n_units(self, data: ClientData) -> int:
         return len(self._entity_stats(data)[0])
@@ -260,8 +265,8 @@ class HLCRModel(FederatedModel):
         idx, XtX, Xty, yty, n = held
         if "T" in params:
             XtX, Xty, yty = transform_statistics(XtX, Xty, yty, n, params["T"],
-                                                 float(params["y_shift"]),
-                                                 float(params["y_scale"]))
+                                                 _num(params["y_shift"]),
+                                                 _num(params["y_scale"]))
         ll = entity_log_marginal(XtX, Xty, yty, n, params["D"], params["c"],
                                  self.sigma_of(params))
         lab = labels[idx]
@@ -334,10 +339,10 @@ class HLCRModel(FederatedModel):
                     "train_mse": np.array(mse)}
         extra = {k: params[k] for k in ("T", "y_shift", "y_scale", "x_shift", "x_scale", "seed",
                                         "step") if k in params}
-        sigma, delta = self.sigma_of(params), float(params.get("delta", self.delta))
+        sigma, delta = self.sigma_of(params), _num(params.get("delta", self.delta))
         if self.estimates_hyper:  # server-side Gibbs step, its stream keyed by (seed, step)
-            step = int(params["step"]) + 1
-            rng = np.random.default_rng([int(params["seed"]), step, 7])
+            step = int(_num(params["step"])) + 1
+            rng = np.random.default_rng([int(_num(params["seed"])), step, 7])
             sigma, delta = draw_hyper(XtX, Xty, S["yty"] * n_total, n_ev * n_total, sigma,
                                       delta, rng, self.estimate_sigma, self.estimate_delta)
             extra["step"] = np.array(float(step))

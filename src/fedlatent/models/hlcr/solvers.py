@@ -37,6 +37,7 @@ from ...engine.model import Params
 from ...engine.runtime import Runtime
 from ...engine.stats import Stats
 from .math import cluster_statistics, entity_sse, hlcr_log_joint, posterior_means
+from .model import _num
 from .sampler import gibbs_init, gibbs_sweep
 from .scaling import draw_hyper
 
@@ -238,7 +239,7 @@ def run_federated(
                    path=path,
                    log_joint=np.array([r.objective for r in result.history], dtype=float),
                    train_mse=np.array(train_mse, dtype=float), draws=draws,
-                   sigma=float(p.get("sigma", np.nan)), delta=float(p.get("delta", np.nan)))
+                   sigma=_num(p.get("sigma", np.nan)), delta=_num(p.get("delta", np.nan)))
 
 
 # ---- the centralized Gibbs sampler ------------------------------------------------------------
