@@ -144,3 +144,27 @@ def test_select_with_a_split_scores_on_held_out_rows_and_refits_on_all():
 def test_check_candidates_default_and_values():
     assert check_candidates(None, range(1, 4), "n_clusters", "k") == (1, 2, 3)
     assert check_candidates(np.array([4, 2]), (), "n_clusters", "k") == (4, 2)
+
+
+def test_cli_fit_lcr_auto_saves_the_choice(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedlatent.cli import app
+
+    fd = two_lines(40)
+    df = fd.to_pandas(client="site")
+    path = tmp_path / "d.csv"
+    df.to_csv(path, index=False)
+    res = CliRunner().invoke(app, [
+        "fit", "lcr", "--data", str(path), "--client", "site", "--target", "y",
+        "--param", "n_components=auto", "--param", "n_components_candidates=[1, 2]",
+        "--param", "tol=1e-6", "--out", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    meta = json.loads((tmp_path / "m" / "model.json").read_text())
+    assert meta["params"]["n_components"] == "auto"
+    assert meta["selection"]["param"] == "n_components" and meta["selection"]["value"] == 2
+    assert [r["n_components"] for r in meta["selection"]["scores"]] == [1, 2]
+    back = fl.LatentClassRegression.load(tmp_path / "m" / "model")
+    assert back.n_components_ == 2 and int(back.selection_scores_["bic"].idxmin()) == 2
