@@ -245,3 +245,37 @@ def test_the_fitted_estimator_keeps_the_encoding_through_save_and_load(tmp_path)
                                           categorical=back.encoding_)
     np.testing.assert_allclose(back.predict_dataset(new).to_numpy(),
                                lcr.predict_dataset(new).to_numpy(), rtol=1e-13)
+
+
+def test_named_columns_encode_numeric_codes_too():
+    df = table()
+    df["region"] = np.tile([3, 1, 2], len(df) // 3)
+    fd = fl.FederatedDataset.from_pandas(df, client="site", features=["region", "x"],
+                                         categorical="onehot", categorical_columns=["region"])
+    assert fd.feature_names == ["region=2", "region=3", "x"]
+    X = fd.to_source_order({c: cd.X for c, cd in fd.items()}, columns=fd.feature_names)
+    np.testing.assert_array_equal(X["region=3"], (df["region"] == 3).astype(float))
+    with pytest.raises(DataValidationError, match=r"^categorical column 'zip' is not a feature; "
+                       r"features: \['region', 'x'\]$"):
+        fl.FederatedDataset.from_pandas(df, client="site", features=["region", "x"],
+                                        categorical="onehot", categorical_columns=["zip"])
+    with pytest.raises(DataValidationError, match=r"^categorical_columns is given without "
+                       r"categorical=; add categorical='onehot'$"):
+        fl.FederatedDataset.from_pandas(df, client="site", categorical_columns=["region"])
+
+
+def test_cli_categorical_columns(raw_csv, tmp_path):
+    df = pd.read_csv(raw_csv)
+    df["region"] = np.tile([3, 1, 2], len(df) // 3)
+    df.to_csv(raw_csv, index=False)
+    out = tmp_path / "m"
+    res = runner.invoke(app, ["fit", "gmm", "--data", str(raw_csv), "--client", "site",
+                              "--features", "region,x", "-k", "2", "--categorical", "onehot",
+                              "--categorical-columns", "region", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    roles = json.loads((out / "roles.json").read_text())
+    assert roles["features"] == ["region=2", "region=3", "x"]
+    res = runner.invoke(app, ["predict", "--model", str(out), "--data", str(raw_csv),
+                              "--out", str(tmp_path / "p.csv")])
+    assert res.exit_code == 0, res.output
+    assert len(pd.read_csv(tmp_path / "p.csv")) == len(df)

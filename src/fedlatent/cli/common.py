@@ -100,6 +100,9 @@ ProgressOpt = Annotated[
 #: :class:`fedlatent.cli.fit.FitGroup`); :func:`load_dataset` reads it
 CATEGORICAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("categorical",
                                                                          default=None)
+#: ``--categorical-columns`` (None: every text, categorical or boolean feature)
+CATEGORICAL_COLUMNS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "categorical_columns", default=None)
 CATEGORICAL_CHOICES = ("onehot", "onehot-all")
 CATEGORICAL_HELP = ("Encode text, categorical and boolean feature columns as indicator columns "
                     "'col=level': 'onehot' drops each column's first level (the reference, "
@@ -297,11 +300,16 @@ def load_dataset(path: Path, client: str, features: list[str] | str | None = Non
     df = read_frame(path)
     if isinstance(features, str):
         features = split_list(features)
+    columns = None
     if categorical is None:
         categorical = CATEGORICAL.get()
+        columns = split_list(CATEGORICAL_COLUMNS.get())
+    if columns is not None and categorical is None:
+        fail("--categorical-columns needs --categorical onehot (or onehot-all)")
     try:
         fd = FederatedDataset.from_pandas(df, client=client, features=features, target=target,
-                                          entity=entity, categorical=categorical)
+                                          entity=entity, categorical=categorical,
+                                          categorical_columns=columns)
     except DataValidationError as err:  # the library's fix, said as the command line says it
         text = str(err)
         if "categorical='onehot'" in text:

@@ -29,6 +29,7 @@ import typer
 from .common import (
     CATEGORICAL,
     CATEGORICAL_CHOICES,
+    CATEGORICAL_COLUMNS,
     CATEGORICAL_HELP,
     ClientOpt,
     CommandGroup,
@@ -87,14 +88,20 @@ def with_categorical(cmd: click.Command) -> click.Command:
         return cmd
     cmd.params.append(click.Option(["--categorical"], type=click.Choice(CATEGORICAL_CHOICES),
                                    default=None, help=CATEGORICAL_HELP))
+    cmd.params.append(click.Option(
+        ["--categorical-columns"], default=None,
+        help="Comma-separated feature columns --categorical encodes (numbers as labels too, "
+             "e.g. region codes); default: every text, categorical or boolean feature."))
     inner = cmd.callback
 
     @functools.wraps(inner)
-    def callback(*args, categorical=None, **kwargs):
+    def callback(*args, categorical=None, categorical_columns=None, **kwargs):
         token = CATEGORICAL.set(categorical)
+        token_columns = CATEGORICAL_COLUMNS.set(categorical_columns)
         try:
             return inner(*args, **kwargs)
         finally:
+            CATEGORICAL_COLUMNS.reset(token_columns)
             CATEGORICAL.reset(token)
 
     cmd.callback = callback

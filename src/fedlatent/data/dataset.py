@@ -184,6 +184,7 @@ class FederatedDataset(DatasetShape):
         *,
         categorical: str | CategoricalEncoding | None = None,
         handle_unknown: str = "error",
+        categorical_columns: Sequence[str] | None = None,
     ) -> FederatedDataset:
         """From a long table with one row per sample and a client column.
 
@@ -215,11 +216,14 @@ class FederatedDataset(DatasetShape):
         handle_unknown : {"error", "ignore"}, default "error"
             A label outside a given encoding's levels: an error naming the client, the column
             and the label, or all-zero indicators.
+        categorical_columns : list of str or None
+            With "onehot"/"onehot-all": exactly these feature columns are encoded (numbers as
+            labels too, e.g. region codes); None: every text, categorical or boolean feature.
         """
         from .frame import frame_parts
 
         return cls(**frame_parts(df, client, features, target, entity, categorical,
-                                 handle_unknown))
+                                 handle_unknown, categorical_columns))
 
     @classmethod
     def read_table(
@@ -232,6 +236,7 @@ class FederatedDataset(DatasetShape):
         *,
         categorical: str | CategoricalEncoding | None = None,
         handle_unknown: str = "error",
+        categorical_columns: Sequence[str] | None = None,
         **read_kwargs,
     ) -> FederatedDataset:
         """Read a CSV (``.csv``, ``.csv.gz``, ``.tsv``) or Parquet (``.parquet``, ``.pq``) file
@@ -253,7 +258,8 @@ class FederatedDataset(DatasetShape):
                 f"cannot read {path!r}: expected a .csv, .tsv or .parquet file"
             )
         return cls.from_pandas(df, client=client, features=features, target=target, entity=entity,
-                               categorical=categorical, handle_unknown=handle_unknown)
+                               categorical=categorical, handle_unknown=handle_unknown,
+                               categorical_columns=categorical_columns)
 
     # -- validation -----------------------------------------------------------------------------
     def validate(self) -> None:

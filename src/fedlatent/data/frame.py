@@ -91,9 +91,13 @@ def _check_roles(df, columns, client, features, target, entity) -> list[str]:
     return features
 
 
-def _encoding(df, features, categorical, ids_codes, uniq) -> CategoricalEncoding | None:
+def _encoding(df, features, categorical, ids_codes, uniq,
+              columns=None) -> CategoricalEncoding | None:
     """The encoding asked for: agreed from the clients' reported levels, or the one given."""
     if categorical is None:
+        if columns is not None:
+            raise DataValidationError("categorical_columns is given without categorical=; "
+                                      "add categorical='onehot'")
         return None
     if isinstance(categorical, CategoricalEncoding):
         unknown = [c for c in categorical.levels if c not in features]
@@ -106,7 +110,16 @@ def _encoding(df, features, categorical, ids_codes, uniq) -> CategoricalEncoding
         raise DataValidationError(
             f"categorical must be one of {list(ENCODINGS)} or a CategoricalEncoding (e.g. "
             f"fd_train.encoding), got {categorical!r}")
-    cols = categorical_columns(df, features)
+    if columns is None:
+        cols = categorical_columns(df, features)
+    else:
+        if isinstance(columns, str):
+            columns = [columns]
+        cols = [str(c) for c in columns]
+        bad = [c for c in cols if c not in features]
+        if bad:
+            raise DataValidationError(
+                f"categorical column {bad[0]!r} is not a feature; features: {features}")
     labels = {c: _labels(df[c]) for c in cols}
     reports = client_levels(labels, ids_codes, uniq)  # what each client says of its columns
     return CategoricalEncoding(agree_levels(reports, cols), drop_first=categorical == "onehot",
@@ -115,7 +128,8 @@ def _encoding(df, features, categorical, ids_codes, uniq) -> CategoricalEncoding
 
 def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
                 target: str | None, entity: str | None, categorical: Any = None,
-                handle_unknown: str = "error") -> dict[str, Any]:
+                handle_unknown: str = "error", categorical_columns: Any = None
+                ) -> dict[str, Any]:
     """The keyword arguments of the :class:`FederatedDataset` of a long table.
 
     Returns a dict with ``clients`` (id -> ClientData, each with its rows' positions in the
@@ -159,7 +173,7 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
     uniq, order, bounds = client_row_order(ids.to_numpy())
     row_client = np.empty(len(df), dtype=np.intp)
     row_client[order] = np.repeat(np.arange(len(uniq)), np.diff(bounds))
-    encoding = _encoding(df, features, categorical, row_client, uniq)
+    encoding = _encoding(df, features, categorical, row_client, uniq, categorical_columns)
     encoded = set() if encoding is None else set(encoding.levels)
     # Text, complex, dates: name the column and the first client holding one.
     dtypes = df.dtypes
