@@ -56,6 +56,9 @@ class FedGMM(ClientWeights, FederatedEstimator):
     l2 : float, default 1e-3
         Ridge on each learner's responsibility-weighted *mean* cross-entropy (the penalty
         scales with the learner's responsibility mass, so it does not depend on the sample size).
+        It also keeps the Newton step well-posed when clients hold one class (label skew;
+        accepted): a learner whose responsibility falls on one class has no finite optimum
+        without it, and with it ``||theta_m||^2 <= 2 log K / l2``. Keep ``l2 > 0`` then.
     learner_update : {"newton", "average"}, default "newton"
         "newton": exact federated Newton / IRLS step from summed gradients and Hessians.
         "average": each client refits locally (``local_steps`` Newton steps from the broadcast
