@@ -24,7 +24,11 @@ The package, like :mod:`fedlatent.models.gmm`:
 - :mod:`.math`: pure functions over arrays (statistics, Theorem 1, eq. (2), predictions);
 - :mod:`.kernels`: the numba kernels they call, and :mod:`.sampler`: the label samplers;
 - :mod:`.model`: the engine side (``HLCRModel``), all a client process imports;
-- :mod:`.solvers` and :mod:`.estimator`: ``HLCR``, the estimator, imported on first use.
+- :mod:`.scaling`: the internal standardization (on statistics) and the sigma/delta Gibbs step;
+- :mod:`.solvers` and :mod:`.estimator`: ``HLCR``, the estimator, imported on first use, with
+  :mod:`.fitting` (start, diagnostic, fitted attributes in the user's units), :mod:`.predict`
+  (posterior predictive mean over the retained draws, one draw, or the point estimate) and
+  :mod:`.selection` (``n_clusters="auto"`` by held-out predictive log-likelihood).
 
 References
 ----------
