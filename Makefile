@@ -36,6 +36,7 @@ lint: $(STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_gmm.py
+	$(BIN)/python benchmarks/bench_clients.py
 	$(BIN)/python benchmarks/bench_fedgmm.py
 	$(BIN)/python benchmarks/bench_hlcr.py
 	$(BIN)/python benchmarks/bench_sec.py
