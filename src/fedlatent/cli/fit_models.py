@@ -237,20 +237,35 @@ def fit_sec(
 
 
 def _similarity_heatmap(sec, path: Path) -> None:
-    """SEC's similarity matrix, learners ordered by cluster."""
+    """SEC's similarity matrix, learners ordered by cluster (then by id), clusters outlined."""
     import numpy as np
 
     from ..plotting import figure
 
-    ids = sec.learner_ids_
-    order = np.argsort(sec.labels_, kind="stable")
+    ids = [str(c) for c in sec.learner_ids_]
+    labels = np.asarray(sec.labels_)
+    order = np.lexsort((np.array(ids), labels))
     L = len(ids)
-    with figure(path, figsize=(min(2 + 0.25 * L, 12), min(1.6 + 0.25 * L, 11))) as (fig, ax):
+    side = float(np.clip(2.5 + 0.17 * L, 5.0, 16.0))
+    font = float(np.clip(200.0 / max(L, 1), 5.0, 9.0))
+    step = max(1, int(np.ceil(L / 90)))  # at most ~90 tick labels per axis
+    with figure(path, figsize=(side + 1.2, side), tight=False, layout="constrained") as (fig, ax):
         im = ax.imshow(sec.similarity_[np.ix_(order, order)], cmap="viridis", vmin=0, vmax=1)
-        if L <= 60:
-            ax.set_xticks(range(L), [ids[i] for i in order], rotation=90, fontsize=6)
-            ax.set_yticks(range(L), [ids[i] for i in order], fontsize=6)
-        ax.set_title(
-            f"SEC similarity exp(-a V), a = {sec.affinity_scale_:.3g}; K = {sec.n_clusters_}"
-        )
-        fig.colorbar(im, ax=ax)
+        ticks = np.arange(0, L, step)
+        ax.set_xticks(ticks, [ids[order[i]] for i in ticks], rotation=90, fontsize=font)
+        ax.set_yticks(ticks, [ids[order[i]] for i in ticks], fontsize=font)
+        bounds = np.flatnonzero(np.diff(labels[order])) + 0.5
+        for b in bounds:
+            ax.axhline(b, color="white", lw=1.2)
+            ax.axvline(b, color="white", lw=1.2)
+        if bounds.size < 12:  # name the clusters above the map while the names fit
+            mid = (np.concatenate([[-0.5], bounds]) + np.concatenate([bounds, [L - 0.5]])) / 2
+            top = ax.secondary_xaxis("top")
+            top.set_xticks(mid, [f"cluster {int(k)}" for k in np.unique(labels)],
+                           fontsize=font + 1)
+            top.tick_params(length=0)
+        ax.set_xlabel("learner (ordered by cluster)")
+        ax.set_ylabel("learner (ordered by cluster)")
+        ax.set_title(f"SEC similarity exp(-a V) of {L} learners, a = {sec.affinity_scale_:.3g}; "
+                     f"K = {sec.n_clusters_} (white lines separate clusters)", fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.8, label="similarity S_ij")
