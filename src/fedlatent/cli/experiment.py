@@ -14,6 +14,21 @@ from .common import CommandGroup, SeedOpt
 
 __all__ = ["experiment_app"]
 
+#: rows of an experiment's table printed (the CSV has them all)
+SHORT_ROWS = 20
+
+
+def _files(out: Path) -> dict[Path, int]:
+    """Every file under ``out`` with its modification time (ns)."""
+    if not out.is_dir():
+        return {}
+    return {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+
+def _written(out: Path, before: dict[Path, int]) -> list[Path]:
+    """The files under ``out`` that are new or changed since ``before``, sorted."""
+    return sorted(p for p, t in _files(out).items() if before.get(p) != t)
+
 
 class ExperimentGroup(CommandGroup):
     """One command per experiment, built when asked for (listing imports no experiment)."""
@@ -46,7 +61,8 @@ def _command(name: str, description: str) -> click.Command:
     sub = typer.Typer(add_completion=False)
 
     @sub.command(name, help=f"{description}\n\nfedlatent.experiments.{name}(quick, out, "
-                            "random_state): prints the table, writes NAME.csv and plots to --out.",
+                            "random_state): prints the table's first rows, writes NAME.csv "
+                            "and plots to --out and names every file written.",
                  short_help=description)
     def run(
         *,
@@ -58,11 +74,16 @@ def _command(name: str, description: str) -> click.Command:
 
         from .. import experiments
 
+        before = _files(out)
         table = getattr(experiments, name)(quick=quick, out=out, random_state=seed)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / f"{name}.csv", index=False)
-        with pd.option_context("display.max_rows", 200, "display.width", 160):
-            typer.echo(table.to_string(index=False))
-        typer.echo(f"wrote {out / (name + '.csv')}")
+        with pd.option_context("display.width", 160, "display.max_columns", 12):
+            typer.echo(table.head(SHORT_ROWS).to_string(index=False))
+        if len(table) > SHORT_ROWS:
+            typer.echo(f"... {len(table) - SHORT_ROWS} more rows: the full table is "
+                       f"{out / (name + '.csv')}")
+        for path in _written(out, before):  # every file the run wrote, named
+            typer.echo(f"wrote {path}")
 
     return typer.main.get_command(sub)
