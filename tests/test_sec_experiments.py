@@ -84,3 +84,29 @@ def test_cli_fit_sec(tmp_path):
                               "--target", "y", "--clusters", "9", "--out", str(out)])
     assert res.exit_code == 2
     assert "n_clusters=9 is larger than the number of learners (8)" in res.output
+
+
+def test_quick_figure_says_what_it_shows(tmp_path, monkeypatch):
+    # a quick run's chart has one x value: its title says the run's size and each point carries
+    # its value, in a constrained layout
+    from matplotlib.figure import Figure
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    from fedlatent.experiments.sec import _chart, _size
+
+    figs = []
+    orig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (figs.append(self),
+                                                                  orig(self, *a, **k))[1])
+    table = pd.DataFrame({"b": [2.0], "mse": [1.234], "n_replications": [2]})
+    with _chart(tmp_path, "q.png", "b", "validation MSE", "SEC fairness example (Table 1)",
+                size=_size(table, "quick run: 1 value(s) of b")) as ax:
+        ax.plot(table["b"], table["mse"], "o-", label="SEC-Fairness")
+    (fig,) = figs
+    ax = fig.axes[0]
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    assert ax.get_title() == ("SEC fairness example (Table 1)\n"
+                              "quick run: 1 value(s) of b; 2 replications per point")
+    assert [t.get_text() for t in ax.texts] == ["1.23"]
+    assert ax.get_xlim() == (1.0, 3.0)
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("b", "validation MSE")

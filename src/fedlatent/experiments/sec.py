@@ -79,14 +79,36 @@ def _replicate(fn, args: list, n_jobs, by, **columns) -> pd.DataFrame:
 
 
 @contextmanager
-def _chart(out, name: str, xlabel: str, ylabel: str, title: str, legend_fontsize=None):
-    """One 5 x 3.5 in. axes to draw on, labelled, with a legend, written to ``out / name``."""
-    with figure(Path(out) / name) as (_, ax):
+def _chart(out, name: str, xlabel: str, ylabel: str, title: str, legend_fontsize=None,
+           size: str = ""):
+    """One 5.5 x 3.8 in. axes to draw on, labelled, with a legend, written to ``out / name``.
+
+    ``size`` says what the run covers (grid and replications) under the title. When the run
+    has one x value (a quick run), each point is labelled with its value, so a figure of
+    single points still says what it shows.
+    """
+    with figure(Path(out) / name, figsize=(5.5, 3.8), tight=False,
+                layout="constrained") as (_, ax):
         yield ax
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set_title(title + (f"\n{size}" if size else ""), fontsize=10)
+        xs = {float(x) for line in ax.get_lines() for x in np.atleast_1d(line.get_xdata())}
+        if len(xs) == 1:
+            for line in ax.get_lines():
+                x, y = np.atleast_1d(line.get_xdata())[0], np.atleast_1d(line.get_ydata())[0]
+                if np.isfinite(y):
+                    ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(6, 0),
+                                fontsize=7, color=line.get_color(), va="center")
+            x0 = next(iter(xs))
+            ax.set_xlim(x0 - 1.0, x0 + 1.0)
         ax.legend(fontsize=legend_fontsize)
+
+
+def _size(table: pd.DataFrame, what: str) -> str:
+    """``"quick run: ..."``-style note of the grid and replications behind a figure."""
+    reps = sorted({int(r) for r in table["n_replications"]})
+    return f"{what}; {'/'.join(map(str, reps))} replication{'s' * (reps != [1])} per point"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +171,9 @@ def sec_simulation1(
     )
     if out is not None:
         with _chart(out, "sec_simulation1_fig2.png", "log2 SNR", "clustering accuracy",
-                    "SEC, Simulation 1 (Fig. 2)") as ax:
+                    "SEC, Simulation 1 (Fig. 2)",
+                    size=_size(table, f"{'quick run: ' if quick else ''}{len(grid)} SNR "
+                                      f"value(s), p in {sorted(set(ps))}")) as ax:
             for p, g in table.groupby("p"):
                 ax.errorbar(np.log2(g["snr"]), g["accuracy"], yerr=g["accuracy_se"], marker="o",
                             label=f"p = {p}")
@@ -164,7 +188,8 @@ def _sim1_fig3(out: Path, random_state: int) -> None:
     fd, labels = make_sec_simulation1(n_features=5, snr=16.0, random_state=random_state)
     sec = SEC(random_state=random_state, **PAPER_K).fit(fd)
     U, _ = spectral_embedding(sec.similarity_, 2)
-    with figure(out / "sec_simulation1_fig3.png", ncols=2, figsize=(9, 3.5)) as (_, axes):
+    with figure(out / "sec_simulation1_fig3.png", ncols=2, figsize=(9, 3.5), tight=False,
+                layout="constrained") as (_, axes):
         w = np.sort(sec.eigenvalues_)
         axes[0].plot(np.arange(1, w.size + 1), w, "o-")
         axes[0].set_xlabel("index (sorted small to large)")
@@ -247,7 +272,9 @@ def sec_simulation2(
     )
     if out is not None:
         with _chart(out, "sec_simulation2_table2.png", "number of candidate methods",
-                    "test MSE of learner 1 / var(y_1)", "SEC, Simulation 2 (Table 2)") as ax:
+                    "test MSE of learner 1 / var(y_1)", "SEC, Simulation 2 (Table 2)",
+                    size=_size(table, f"{'quick run: ' if quick else ''}{len(sets)} candidate "
+                                      f"set(s), p = {p}")) as ax:
             x = table["n_candidates"]
             ax.plot(x, table["mse_collaboration_std"], "o-", label="collaboration (eq. 4)")
             ax.plot(x, table["mse_no_collaboration_std"], "s-", label="no collaboration")
@@ -357,7 +384,9 @@ def sec_fairness(
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "sec_fairness_table1.csv", index=False)
         with _chart(out, "sec_fairness_table1.png", "b (coefficient of the sensitive variable)",
-                    "validation MSE", "SEC fairness example (Table 1)", legend_fontsize=7) as ax:
+                    "validation MSE", "SEC fairness example (Table 1)", legend_fontsize=7,
+                    size=_size(table, f"{'quick run: ' if quick else ''}{len(grid)} value(s) "
+                                      "of b")) as ax:
             for col, lab in (("sec_fairness", "SEC-Fairness"), ("fairness", "Fairness"),
                              ("oracle", "Oracle")):
                 ax.plot(table["b"], table[col], "o-", label=lab)
@@ -435,7 +464,9 @@ def sec_attack(
     if out is not None:
         with _chart(out, "sec_attack_fig4.png", "number of attacked learners d",
                     "test MSE of learner 50", "SEC under attack, diabetes data (Fig. 4)",
-                    legend_fontsize=7) as ax:
+                    legend_fontsize=7,
+                    size=_size(table, f"{'quick run: ' if quick else ''}{len(grid)} values of "
+                                      "d")) as ax:
             for col, lab, st in (("mse_all", "collaboration with all", "o-"),
                                  ("mse_none", "no collaboration", "s-"),
                                  ("mse_sec", "SEC (intact cluster)", "^-"),
