@@ -117,9 +117,14 @@ class ClusterUseMixin:
         return self.predict(data.X, learner=client)
 
     def score_dataset(self, fd: FederatedDataset) -> float:
-        """Mean squared error of :meth:`predict_dataset` on the targets of ``fd``."""
-        y = np.concatenate([_target(cid, cd, fd) for cid, cd in fd.items()])
-        return float(np.mean((self.predict_dataset(fd) - y) ** 2))
+        """Mean squared error of :meth:`predict_dataset` on the targets of ``fd``.
+
+        :meth:`predict_dataset` returns the rows in the user's order (a Series indexed like
+        the source DataFrame); the targets are put in the same order before they meet.
+        """
+        y = fd.to_source_order(np.concatenate([_target(cid, cd, fd) for cid, cd in fd.items()]))
+        pred = self.predict_dataset(fd)
+        return float(np.mean((pred.to_numpy() - y.to_numpy()) ** 2))
 
     def fit_pooled(self, fd: FederatedDataset, estimator: Any = None):
         """Fit one model per cluster on the pooled data of its learners (Remark 3, case 2).
