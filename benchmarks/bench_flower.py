@@ -16,7 +16,7 @@ adds one to them. Its seconds per round are Flower's floor on this machine (Supe
 one ClientApp process per message); the benchmark prints fedlatent's deployment round over it.
 
     .venv/bin/python benchmarks/bench_flower.py [--rows 20000] [--rounds 8] [--skip-deploy]
-                                                [--skip-sim] [--floor-rounds 8]
+                                                [--skip-sim] [--floor-rounds 10]
 
 Needs ``pip install fedlatent[flower-sim]`` (``fedlatent[flower]`` with ``--skip-sim``).
 """
@@ -123,7 +123,9 @@ def write_floor_app(app_dir: Path, out_dir: Path, rounds: int, min_nodes: int) -
 
 def deployment(fd, est, tmp: Path, floor_rounds: int):
     """fedlatent's fit and the empty app on one loopback deployment: (fitted estimator,
-    empty-round seconds, processes' start-up seconds)."""
+    empty-round seconds). The empty app runs before and after the fit (half of
+    ``floor_rounds`` each), so that a change of the machine's load during the run weighs on both
+    alike."""
     from fedlatent.data.files import write_client_files
     from fedlatent.runtime.flower import load_result, run_config_for
     from fedlatent.runtime.flower_local import LocalDeployment, run_app, write_app
@@ -131,23 +133,28 @@ def deployment(fd, est, tmp: Path, floor_rounds: int):
     paths = write_client_files(fd, tmp / "data")
     files = [paths[c] for c in fd.client_ids]
     app = write_app(tmp / "app", run_config_for(est, out_dir=tmp / "dep", min_nodes=len(files)))
-    floor = write_floor_app(tmp / "floor-app", tmp / "floor", floor_rounds, len(files))
+    half = max(2, floor_rounds // 2)
+    floors = [write_floor_app(tmp / f"floor-app-{i}", tmp / f"floor-{i}", half, len(files))
+              for i in (0, 1)]
     with LocalDeployment(files, workdir=tmp / "deploy") as dep:
+        run_app(floors[0], dep, timeout=1800)
         t0 = time.perf_counter()
         run_app(app, dep, timeout=1800)
         wall = time.perf_counter() - t0
-        run_app(floor, dep, timeout=1800)
+        run_app(floors[1], dep, timeout=1800)
     fitted = load_result(tmp / "dep")
     fitted.flower_deployment_ = {"startup_seconds": dep.startup_seconds, "wall": wall}
-    secs = json.loads((tmp / "floor" / "floor.json").read_text())["seconds"]
-    return fitted, secs
+    # the first empty round of a run includes the nodes' first contact with it: left out
+    secs = [json.loads((tmp / f"floor-{i}" / "floor.json").read_text())["seconds"][1:]
+            for i in (0, 1)]
+    return fitted, secs[0] + secs[1]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--floor-rounds", type=int, default=8)
+    ap.add_argument("--floor-rounds", type=int, default=10)
     ap.add_argument("--skip-deploy", action="store_true")
     ap.add_argument("--skip-sim", action="store_true")
     args = ap.parse_args()
@@ -191,14 +198,15 @@ def main() -> None:
     for name, start, pr, wall, diff in rows:
         print(f"{name:<20}{start:>11.2f}{pr:>10.3f}{pr / base:>8.1f}{wall:>10.2f}{diff:>12.1e}")
     if floor is not None:
-        # the first empty round includes the nodes' first contact with the run: left out
-        empty = float(np.median(floor[1:] if len(floor) > 1 else floor))
-        fed = [r.seconds for r in dep.history_]
+        empty = float(np.median(floor))
+        # round 1 is the initialization round (and the control variates' start): left out
+        fed = [r.seconds for r in dep.history_][1:]
         ours = float(np.median(fed))
-        print(f"Flower's floor (empty Message-API round, same deployment): {empty:.2f} s per "
-              f"round (median of {len(floor)}: {', '.join(f'{s:.2f}' for s in floor)})")
-        print(f"fedlatent deployment round (median of {len(fed)}): {ours:.2f} s; "
-              f"fedlatent round / empty round = {ours / empty:.2f}")
+        print(f"Flower's floor (empty Message-API round, same deployment, before and after the "
+              f"fit): {empty:.2f} s per round (median of {', '.join(f'{s:.2f}' for s in floor)})")
+        print(f"fedlatent deployment round (median of rounds 2-{len(fed) + 1}: "
+              f"{', '.join(f'{s:.2f}' for s in fed)}): {ours:.2f} s")
+        print(f"fedlatent round / empty round = {ours / empty:.2f}")
 
 
 if __name__ == "__main__":
