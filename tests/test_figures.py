@@ -181,7 +181,6 @@ PENDING = {
     "sec_attack": "SEC figures: owned by the SEC engineer",
     "sec_fairness": "SEC figures: owned by the SEC engineer",
     "sec_simulation1": "SEC figures: owned by the SEC engineer",
-    "sec_simulation2": "SEC figures: owned by the SEC engineer",
     "hlcr_figure3": "HLCR figures: owned by the HLCR engineer",
     "hlcr_real": "HLCR figures: owned by the HLCR engineer",
     "sec_real": "SEC figures: owned by the SEC engineer",
