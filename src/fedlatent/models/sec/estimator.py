@@ -108,11 +108,12 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         (default): rows 0, 2, 4, ... fit and rows 1, 3, 5, ... validate, and candidates
         without their own ``random_state`` get a fixed one, so a learner's selected model, and
         V, are functions of its data: the seed then moves nothing but the k-means restarts.
-        The split only estimates each candidate's prediction error; on the ``Cigar`` panel a
-        random split made a third of the learners select another candidate from one seed to
-        the next, enough to move learners between clusters (ARI 0.83 between two seeds with
-        the penalty's K = 2). "random": the paper's random half split, the candidates seeded
-        from ``random_state`` (the default before issue 14).
+        The split only estimates each candidate's prediction error; on the ``Cigar`` panel
+        (:func:`fedlatent.experiments.sec_real`) a random split made about a third of the
+        learners select another candidate from one seed to the next, enough to move learners
+        between clusters: with the penalty, three seeds gave K = 2, 1, 2 (pairwise ARI 0.0 to
+        0.47). "random": the paper's random half split, the candidates seeded from
+        ``random_state`` (the default before issue 14).
     n_clusters : int or None
         K. None: chosen by ``k_selection``.
     k_selection : {"penalty", "gap"}
@@ -120,10 +121,10 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         the eigenvalue-weighted spectral embedding (:func:`selection_embedding`). The penalty
         is the paper's own criterion (Remark 2, with its consistency result) and, unlike the
         gap statistic, draws nothing: K depends on the seed only through V. On a real panel
-        without clear groups (46 US states' cigarette demand, Ecdat's ``Cigar``) the gap
-        statistic chose K from 3 to 10 as the seed changed (adjusted Rand index 0.3-0.6 between
-        seeds); the penalty chose K = 2 for every seed (ARI 1.0, see
-        :func:`fedlatent.experiments.sec_real`). The gap statistic (Tibshirani's rule) misses
+        without clear groups (46 US states' cigarette demand in levels, Ecdat's ``Cigar``) the
+        gap statistic chose K from 4 to 9 for one fixed V as its seed changed (ARI with the
+        first seed down to 0.32); the penalty chose K = 2 for every seed and V (ARI 1.0). The gap
+        statistic (Tibshirani's rule) misses
         three or more equidistant clusters (see :func:`gap_statistic`); the paper's simulations
         use it (``k_selection="gap"``, the default before issue 14).
     max_clusters : int or None
@@ -204,13 +205,14 @@ class SEC(ClusterUseMixin, FederatedEstimator):
     Where the seed enters: the learners' Select step (the half split of eq. 1 and the
     ``random_state`` of candidates that leave it unset, e.g. the random forest) and, on the
     server, the k-means restarts and the gap statistic's reference draws. With the former
-    defaults (random split, gap statistic) two seeds agreed at ARI 0.3-0.6 on ``Cigar``: the
-    gap statistic moved K and the partition with the seed even for a fixed V, and the random
-    split changed a third of the learners' selected candidates, hence V. The defaults remove
+    defaults (random split, gap statistic, K <= 10) three seeds agreed at ARI 0.41-0.60 on
+    ``Cigar`` (:func:`fedlatent.experiments.sec_real`'s panel): the gap statistic moved K and
+    the partition with the seed even for a fixed V, and the random split changed about a third
+    of the learners' selected candidates, hence V. The defaults remove
     both: the systematic split makes V a function of the data, and the penalty (Remark 2)
     draws nothing; only the k-means restarts (``n_init``, k-means++) still use the seed, and
-    they agree on the optimum for the small K the penalty picks (:func:`fedlatent.experiments.
-    sec_real` reports the ARI over seeds).
+    they agree on the optimum for the small K the penalty picks: five seeds give the same
+    clusters (ARI 1.0) on ``Cigar``.
 
     SEC is a one-shot protocol, not EM: the base estimator's ``fit`` calls :meth:`_run` (Select
     and Exchange through the engine's checked exchange, then Cluster on the server) instead of
