@@ -56,7 +56,7 @@ def test_heatmap_is_ordered_by_cluster_with_readable_labels(interleaved_sec, sav
         tuple(f"l{i:02d}" for i in range(0, 12, 2)), tuple(f"l{i:02d}" for i in range(1, 12, 2))}
     idx = [sec.learner_ids_.index(c) for c in shown]
     np.testing.assert_array_equal(ax.images[0].get_array(), sec.similarity_[np.ix_(idx, idx)])
-    assert min(t.get_fontsize() for t in ax.get_xticklabels()) >= 5
+    assert min(t.get_fontsize() for t in ax.get_xticklabels()) >= 6
     assert ax.get_xlabel() == ax.get_ylabel() == "learner (ordered by cluster)"
     assert ax.get_title().startswith("SEC similarity exp(-a V) of 12 learners")
     # one white line between the clusters, each way
@@ -75,4 +75,4 @@ def test_heatmap_of_many_learners_thins_its_labels(saved, tmp_path):
     _similarity_heatmap(Fitted(), tmp_path / "s.png")
     ax = saved[0].axes[0]
     assert len(ax.get_xticklabels()) == 67  # every third learner: at most 90 labels
-    assert ax.get_xticklabels()[0].get_fontsize() == 5.0
+    assert ax.get_xticklabels()[0].get_fontsize() == 6.0

@@ -247,7 +247,7 @@ def _similarity_heatmap(sec, path: Path) -> None:
     order = np.lexsort((np.array(ids), labels))
     L = len(ids)
     side = float(np.clip(2.5 + 0.17 * L, 5.0, 16.0))
-    font = float(np.clip(200.0 / max(L, 1), 5.0, 9.0))
+    font = float(np.clip(280.0 / max(L, 1), 6.0, 10.0))
     step = max(1, int(np.ceil(L / 90)))  # at most ~90 tick labels per axis
     with figure(path, figsize=(side + 1.2, side), tight=False, layout="constrained") as (fig, ax):
         im = ax.imshow(sec.similarity_[np.ix_(order, order)], cmap="viridis", vmin=0, vmax=1)
