@@ -24,8 +24,8 @@ def test_synthetic_ordering_matches_the_paper(tmp_path):
     assert t.loc["FedGMM", "paper"] == 72.02
 
 
-def test_unseen_clients_lose_at_most_three_points():
-    t = fedgmm_unseen_clients(quick=True, random_state=0).set_index("method")
+def test_unseen_clients_lose_at_most_three_points(tmp_path):
+    t = fedgmm_unseen_clients(quick=True, out=tmp_path, random_state=0).set_index("method")
     assert t.loc["FedGMM", "drop"] <= 3.0
     np.testing.assert_allclose(t["drop"], t["seen_accuracy"] - t["unseen_accuracy"])
     assert t.loc["FedGMM", "unseen_accuracy"] > t.loc["FedAvg", "unseen_accuracy"] + 5.0

@@ -42,9 +42,9 @@ def test_attack_intact_cluster_is_clean_and_near_oracle(tmp_path):
     assert (tmp_path / "sec_attack_fig4.png").stat().st_size > 0
 
 
-def test_simulation2_quick_runs_one_set():
-    table = sec_simulation2(quick=True, candidate_sets=("table2-1",), n_replications=1,
-                            n_features=6)
+def test_simulation2_quick_runs_one_set(tmp_path):
+    table = sec_simulation2(quick=True, out=tmp_path, candidate_sets=("table2-1",),
+                            n_replications=1, n_features=6)
     row = table.iloc[0]
     assert row["n_candidates"] == 1 and row["gb"] == 1.0
     assert 0 <= row["accuracy"] <= 100

@@ -32,7 +32,7 @@ def figure(
     nrows: int = 1,
     ncols: int = 1,
     dpi: float = 120,
-    tight: bool = True,
+    tight: bool = False,
     bbox_inches: str | None = None,
     **subplots_kw,
 ) -> Iterator[tuple]:
@@ -40,13 +40,16 @@ def figure(
 
     Yields ``(fig, ax)`` from ``pyplot().subplots(nrows, ncols, figsize=figsize,
     **subplots_kw)`` (``ax`` an array when there are several axes, as there). The directory of
-    ``path`` is created first. When the block ends normally the figure gets ``tight_layout()``
-    (unless ``tight`` is false) and is saved at ``dpi`` (with ``bbox_inches`` when given); it is
+    ``path`` is created first. The figure uses matplotlib's constrained layout (a layout engine
+    that keeps titles, labels and legends apart), or ``tight_layout()`` when ``tight`` is true.
+    When the block ends normally it is saved at ``dpi`` (with ``bbox_inches`` when given); it is
     closed in any case, also when the block raises.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     plt = pyplot()
+    if not tight:
+        subplots_kw.setdefault("layout", "constrained")
     fig, ax = plt.subplots(nrows, ncols, figsize=figsize, **subplots_kw)
     try:
         yield fig, ax
