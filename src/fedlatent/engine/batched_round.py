@@ -182,23 +182,26 @@ class BatchedServer:
         every = bool(rows.all())
         nn = n if every else n[rows]
         flat = (S_c if every else S_c[rows]) * nn[:, None]
-        sl = None
         if S_hat is not None:
-            sl = np.abs(rep.Q if every else rep.Q[rows])
-            sl += np.abs(S_hat.flatten())[None, :]
-            if self.rd.screen.use_cv:
-                who = rep.clients if every else rep.clients[rows]
-                sl += np.abs(self.mirror if who.size == len(self.ids) else self.mirror[who])
-            sl *= (_REBUILD_EPS * (1.0 - 1e-9) * nn)[:, None]  # a hair under: a superset
+            who_all = rep.clients if every else rep.clients[rows]
+            Q_all = rep.Q if every else rep.Q[rows]
+            s_abs = np.abs(S_hat.flatten())[None, :]
+
+            def sl_rows(r):  # the slack of some of these rows, computed when asked
+                out = np.abs(Q_all[r]) + s_abs
+                if self.rd.screen.use_cv:
+                    out += np.abs(self.mirror[who_all[r]])
+                out *= (_REBUILD_EPS * (1.0 - 1e-9) * nn[r])[:, None]  # a hair under
+                return out
         many = getattr(model, "check_many", None)
         tmpl = rep.template
         with np.errstate(over="ignore", invalid="ignore"):
             if many is not None:
-                return np.asarray(many(_blocks(tmpl, flat), nn,
-                                       None if sl is None else _blocks(tmpl, sl)), dtype=bool)
-            return np.array([model.check(tmpl.unflatten(flat[i]), nn[i], None if sl is None
-                                         else tmpl.unflatten(sl[i])) is not None
-                             for i in range(flat.shape[0])], dtype=bool)
+                lazy = None if S_hat is None else (lambda r: _blocks(tmpl, sl_rows(r)))
+                return np.asarray(many(_blocks(tmpl, flat), nn, lazy), dtype=bool)
+            return np.array([model.check(tmpl.unflatten(flat[i]), nn[i], None if S_hat is None
+                                         else tmpl.unflatten(sl_rows(np.array([i]))[0]))
+                             is not None for i in range(flat.shape[0])], dtype=bool)
 
     def judge_one(self, rep, r: int, mode: str, S_c, S_hat):
         """The per-client path's reason for row ``r`` (None: acceptable) and what it sent."""

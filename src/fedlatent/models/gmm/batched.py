@@ -165,33 +165,76 @@ def gaussian_moments(nk, sx, sxx, cov_type: str) -> np.ndarray:
     return M.reshape(-1, 2, 2)
 
 
+def _cholesky_ok(B: np.ndarray) -> np.ndarray:
+    """Which of the symmetric matrices ``B`` (N, p, p) a Cholesky factorization accepts (all
+    pivots positive), vectorized over the matrices (one failure does not stop the others)."""
+    N, p, _ = B.shape
+    L = np.zeros_like(B)
+    ok = np.ones(N, dtype=bool)
+    with np.errstate(all="ignore"):
+        for j in range(p):
+            row = L[:, j, :j]
+            piv = B[:, j, j] - np.einsum("nk,nk->n", row, row)
+            ok &= piv > 0.0
+            piv = np.sqrt(np.where(piv > 0.0, piv, 1.0))
+            L[:, j, j] = piv
+            if j + 1 < p:
+                L[:, j + 1:, j] = (B[:, j + 1:, j] - np.einsum("nik,nk->ni", L[:, j + 1:, :j],
+                                                               row)) / piv[:, None]
+    return ok & np.isfinite(L).all(axis=(1, 2))
+
+
 def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
-    """Clients whose Gaussian blocks may fail ``gaussian_problem`` (a mask of shape (C,))."""
+    """Clients whose Gaussian blocks may fail ``gaussian_problem`` (a mask of shape (C,)).
+
+    ``slack`` is None, the blocks' rounding bounds, or a callable ``slack(clients)`` giving
+    them for some clients only (asked only for the clients the test without slack flags).
+    """
+    from ...engine.messages import psd_failures
+
     nk, sx, sxx = (np.asarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx"))
     C = nk.shape[0]
-    bad = count_suspects(nk, n_units, None if slack is None else slack["nk"])
+    get = slack if callable(slack) or slack is None else \
+        (lambda rows: {k: np.asarray(slack[k])[rows] for k in ("nk", "sx", "sxx")})
+    bad = count_suspects(nk, n_units, None)
+    if bad.any() and get is not None:
+        rows = np.flatnonzero(bad)
+        bad[rows] = count_suspects(nk[rows], np.asarray(n_units)[rows], get(rows)["nk"])
     M = gaussian_moments(nk, sx, sxx, cov_type)
-    if slack is None:
-        return bad | psd_suspects(M).reshape(C, -1).any(axis=1)
-    en, ex, exx = (np.abs(np.asarray(slack[k], dtype=np.float64)) for k in ("nk", "sx", "sxx"))
-    if cov_type != "full":
-        E = gaussian_moments(en, ex, exx, cov_type)
-        return bad | psd_suspects(M, E).reshape(C, -1).any(axis=1)
-    # full: the scaled slack's norm from the blocks, without building the slack's matrices
-    K, d = sx.shape[1:]
+    per = M.shape[0] // C
+    p = M.shape[1]
+    ix = np.arange(p)
     tiny = np.finfo(np.float64).tiny
-    idx = np.arange(d)
-    s0 = np.maximum(nk, 0.0) + en + tiny  # (C, K)
-    sj = np.maximum(sxx[:, :, idx, idx], 0.0) + exx[:, :, idx, idx] + tiny  # (C, K, d)
+    rtol = 1e-8
     with np.errstate(all="ignore"):
-        err2 = (en / s0) ** 2 + 2.0 * np.sum(ex**2 / (s0[:, :, None] * sj), axis=2) \
-            + np.sum(exx**2 / (sj[:, :, :, None] * sj[:, :, None, :]), axis=(2, 3))
-    s2 = np.concatenate([s0[:, :, None], sj], axis=2).reshape(C * K, d + 1)
-
-    def exact_slack(lo, hi):
-        c0, c1 = lo // K, -(-hi // K)
-        E = gaussian_moments(en[c0:c1], ex[c0:c1], exx[c0:c1], cov_type)
-        return E[lo - c0 * K:hi - c0 * K]
-
-    sus = psd_suspects(M, None, s2=s2, err=np.sqrt(err2).ravel(), exact_slack=exact_slack)
-    return bad | sus.reshape(C, -1).any(axis=1)
+        diag = M[:, ix, ix]
+        sane = np.all(np.isfinite(M), axis=(1, 2)) & (np.min(diag, axis=1) >= 0.0)
+        B = M.copy()
+        B[:, ix, ix] += (0.5 * rtol * p) * (np.maximum(diag, 0.0) + tiny)
+    ok = sane & _cholesky_ok(B)  # passes without slack: passes with it
+    sel = np.flatnonzero(~ok)
+    if sel.size and get is not None:
+        clients = np.unique(sel // per)
+        e = get(clients)
+        E_all = gaussian_moments(*(np.abs(np.asarray(e[k], dtype=np.float64))
+                                   for k in ("nk", "sx", "sxx")), cov_type)
+        pos = {int(c): i for i, c in enumerate(clients)}
+        E = E_all[[pos[int(c)] * per + int(m) % per for c, m in zip(sel // per, sel)]]
+        with np.errstate(all="ignore"):
+            d2 = np.maximum(diag[sel], 0.0) + E[:, ix, ix] + tiny
+            sq = np.sqrt(d2)
+            err = np.sqrt(np.sum((E / (sq[:, :, None] * sq[:, None, :])) ** 2, axis=(1, 2)))
+            B2 = M[sel].copy()
+            B2[:, ix, ix] += (0.5 * rtol * p + err)[:, None] * d2
+        ok[sel] = sane[sel] & np.isfinite(err) & _cholesky_ok(B2)
+        rest = np.flatnonzero(~ok)
+        if rest.size:
+            keep = np.isin(sel, rest)
+            failed = np.zeros(len(ok), dtype=bool)
+            failed[rest[psd_failures(M[rest], E[keep], rtol)]] = True
+            ok[rest] = ~failed[rest] & sane[rest]
+    elif sel.size:
+        failed = np.zeros(len(ok), dtype=bool)
+        failed[sel[psd_failures(M[sel], None, rtol)]] = True
+        ok[sel] = ~failed[sel] & sane[sel]
+    return bad | (~ok).reshape(C, per).any(axis=1)
