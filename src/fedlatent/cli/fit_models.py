@@ -33,13 +33,22 @@ from .fit import build_estimator, echo_written, fit_and_save, fit_app, make_fede
 __all__: list[str] = []  # the commands are registered on fit_app
 
 
+def _number_or_auto(value: str, option: str, kind=float):
+    """``value`` as a number of ``kind``, or the string 'auto' (the estimator chooses)."""
+    try:
+        return value if value == "auto" else kind(value)
+    except ValueError:
+        raise ValueError(f"{option} must be a number or 'auto', got {value!r}") from None
+
+
 @fit_app.command("gmm")
 def fit_gmm(
     *,
     data: DataOpt,
     client: ClientOpt,
     features: FeaturesOpt = None,
-    components: int = typer.Option(..., "--components", "-k", help="Number of components."),
+    components: str = typer.Option(..., "--components", "-k",
+                                   help="Number of components, or 'auto' (lowest BIC)."),
     covariance_type: str = typer.Option("full", "--covariance-type"),
     participation: ParticipationOpt = 1.0,
     step_size: StepOpt = 1.0,
@@ -59,12 +68,13 @@ def fit_gmm(
     _, fd = load_dataset(data, client, features)
     fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
     gm = build_estimator(FederatedGaussianMixture, dict(
-        n_components=components, covariance_type=covariance_type, max_rounds=max_rounds,
+        n_components=_number_or_auto(components, "--components", int),
+        covariance_type=covariance_type, max_rounds=max_rounds,
         tol=tol, federation=fed, random_state=seed, verbose=progress))
     written = fit_and_save(gm, fd, out, roles_of("gmm", client, None, None))
     typer.echo(
         f"FederatedGaussianMixture: {fd.n_clients} clients, {fd.n_samples} samples, "
-        f"{fd.n_features} features, K={components} ({covariance_type})"
+        f"{fd.n_features} features, K={gm.n_components_} ({covariance_type})"
     )
     typer.echo(f"rounds: {gm.n_rounds_}  converged: {gm.converged_}  "
                f"mean log-likelihood: {gm.lower_bound_:.6f}")
@@ -80,8 +90,9 @@ def fit_fedgmm(
     client: ClientOpt,
     target: TargetOpt,
     features: FeaturesOpt = None,
-    input_components: int = typer.Option(3, "--input-components", help="M1."),
-    learners: int = typer.Option(3, "--learners", help="M2."),
+    input_components: str = typer.Option(
+        "3", "--input-components", help="M1, or 'auto' (held-out log-likelihood)."),
+    learners: str = typer.Option("3", "--learners", help="M2, or 'auto' (one of the two)."),
     covariance_type: str = typer.Option("full", "--covariance-type"),
     reg_covar: float = typer.Option(1e-6, "--reg-covar"),
     l2: float = typer.Option(1e-3, "--l2"),
@@ -104,14 +115,15 @@ def fit_fedgmm(
     _, fd = load_dataset(data, client, features, target)
     fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
     est = build_estimator(FedGMM, dict(
-        n_input_components=input_components, n_learners=learners,
+        n_input_components=_number_or_auto(input_components, "--input-components", int),
+        n_learners=_number_or_auto(learners, "--learners", int),
         covariance_type=covariance_type, reg_covar=reg_covar, l2=l2,
         learner_update=learner_update, covariance_aggregation=covariance_aggregation,
         federation=fed, max_rounds=max_rounds, tol=tol, random_state=seed, verbose=progress))
     written = fit_and_save(est, fd, out, roles_of("fedgmm", client, target, None))
     typer.echo(
         f"FedGMM: {fd.n_clients} clients, {fd.n_samples} samples, {fd.n_features} features, "
-        f"M1={input_components}, M2={learners}, classes {est.classes_.tolist()}"
+        f"M1={est.n_input_components_}, M2={est.n_learners_}, classes {est.classes_.tolist()}"
     )
     typer.echo(f"rounds: {est.n_rounds_}  converged: {est.converged_}  "
                f"mean log h_c(x, y): {est.lower_bound_:.6f}")
@@ -155,15 +167,10 @@ def fit_hlcr(
         max_rounds = max_iter
     _, fd = load_dataset(data, client, features, target=target, entity=entity)
     fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
-    def auto(v: str, opt: str, kind=float):
-        try:
-            return v if v == "auto" else kind(v)
-        except ValueError:
-            raise ValueError(f"{opt} must be a number or 'auto', got {v!r}") from None
-
     est = build_estimator(HLCR, dict(
-        n_clusters=auto(clusters, "--clusters", int), alpha=alpha, beta=beta,
-        delta=auto(delta, "--delta"), sigma=auto(sigma, "--sigma"), solver=solver,
+        n_clusters=_number_or_auto(clusters, "--clusters", int), alpha=alpha, beta=beta,
+        delta=_number_or_auto(delta, "--delta"), sigma=_number_or_auto(sigma, "--sigma"),
+        solver=solver,
         max_rounds=max_rounds, federation=fed, fit_intercept=fit_intercept, random_state=seed,
         verbose=progress))
     written = fit_and_save(est, fd, out, roles_of("hlcr", client, target, entity))
