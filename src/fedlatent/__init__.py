@@ -8,6 +8,7 @@
 from . import data as datasets  # noqa: F401  (fl.datasets.* generators, imported on first use)
 from .data import FederatedDataset
 from .engine import (
+    DisclosurePolicy,
     Federation,
     InProcessRuntime,
     Quantizer,
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 # Estimators are listed by the registry (fl.FedGMM...), not here: see __getattr__ and __dir__.
 __all__ = [
     "ConvergenceWarning",
+    "DisclosurePolicy",
     "NotFittedError",
     "FederatedDataset",
     "Federation",

@@ -17,6 +17,7 @@ from .inprocess import InProcessRuntime
 from .loop import FederatedFitError, FitResult, LoopOptions, run_federated_em
 from .messages import ClientReplyError, check_reply
 from .model import ClientStep, FederatedModel, client_rng
+from .privacy.disclosure import DisclosurePolicy
 from .registry import model_from_config, register_estimator, register_model
 from .runtime import Runtime
 from .stats import Stats
@@ -32,6 +33,7 @@ __all__ = [
     "ClientNode",
     "ClientReplyError",
     "ClientStep",
+    "DisclosurePolicy",
     "ConvergenceWarning",
     "FederatedEstimator",
     "FederatedFitError",

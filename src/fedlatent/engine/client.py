@@ -29,6 +29,14 @@ import numpy as np
 from ..data.dataset import ClientData, FederatedDataset
 from .messages import ERROR_KEY, pack, unpack
 from .model import FederatedModel, client_key, client_rng
+from .privacy.disclosure import DisclosurePolicy, check_counts
+from .privacy.enforce import (
+    DisclosureRefused,
+    policy_from_json,
+    setup_refusal,
+    stricter,
+    suppress_blocks,
+)
 from .registry import estimator_from_config, model_from_config
 from .stats import Stats
 from .streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
@@ -82,6 +90,9 @@ class ClientNode:
     source : FederatedDataset, optional
         The dataset ``data`` comes from (column names and roles, for ``describe``); only this
         client's part of it is ever read.
+    disclosure : DisclosurePolicy, optional
+        The site's own disclosure policy: the server's (sent at setup) can make it stricter,
+        never looser (:mod:`fedlatent.engine.privacy.enforce`). None: the server's.
     """
 
     def __init__(
@@ -91,8 +102,11 @@ class ClientNode:
         state: dict[str, np.ndarray] | None = None,
         *,
         source: FederatedDataset | None = None,
+        disclosure: DisclosurePolicy | None = None,
     ):
         self.client_id = str(client_id)
+        self.own_disclosure = disclosure
+        self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
         self._data = data
         self._source = source
         self.state: dict[str, np.ndarray] = dict(state or {})
@@ -122,6 +136,15 @@ class ClientNode:
         import json
 
         self.model = model_from_config(str(msg["model"]), json.loads(str(msg["model_config"])))
+        sent = policy_from_json(str(msg.get("disclosure") or ""))
+        own = self.own_disclosure
+        self.disclosure = sent if own is None else stricter(own, sent)
+        self.model.disclosure = self.disclosure
+        refusal = setup_refusal(self.disclosure, self.client_id,
+                                self.model.n_records(self._data))
+        if refusal:
+            logger.warning("%s", refusal)
+            return {ERROR_KEY: refusal}
         if not any(k.startswith("model/") for k in self.state):
             _put(self.state, "model", self.model.init_client_state(self._data))
             self.state.setdefault("engine/initialized", np.array(1.0))
@@ -130,9 +153,23 @@ class ClientNode:
 
     # ------------------------------------------------------------------------------------------
     def _local_stats(self, params, rows, rng, commit: bool = True):
+        """The model's client step, refused (:class:`DisclosureRefused`) when it is a sum over
+        fewer than ``min_records`` records, with blocks over too few records suppressed."""
         assert self.model is not None
+        n_rec = self.model.n_records(self._data, rows)
+        refusal = check_counts(self.disclosure, self.client_id, n_rec,
+                               "the statistic of this step" if rows is None
+                               else "a mini-batch statistic")
+        if refusal:
+            raise DisclosureRefused(refusal)
         mstate = _sub(self.state, "model")
         step = self.model.client_stats(params, self._data, mstate, rng, rows)
+        step.stats, small = suppress_blocks(self.disclosure, step.stats,
+                                            self.model.disclosure_blocks(step.stats))
+        if small:
+            logger.debug("client %r: blocks %s over fewer than min_records_per_block=%d "
+                         "records suppressed", self.client_id, small,
+                         self.disclosure.min_records_per_block)
         if commit:
             _put(self.state, "model", step.state)
         return step
@@ -177,9 +214,7 @@ class ClientNode:
                 S_c = step.stats / max(step.n, 1)
             else:
                 step = self._local_stats(params, rows, rng_model)
-                old = self.model.client_stats(
-                    prev_params, self._data, _sub(self.state, "model"), rng_model, rows
-                )
+                old = self._local_stats(prev_params, rows, rng_model, commit=False)
                 S_c = Stats(prev_S) + step.stats / max(step.n, 1) - old.stats / max(old.n, 1)
             _put(self.state, "spider_S", S_c.to_dict())
             _put(self.state, "spider_params", params)

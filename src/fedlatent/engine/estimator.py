@@ -275,7 +275,7 @@ class FederatedEstimator(BaseEstimator):
         runtime = runtime if given else InProcessRuntime(fd)
         ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
                          data=None if remote else fd, runtime_given=given)
-        ctx.n_units = setup_clients(runtime, model)
+        ctx.n_units = setup_clients(runtime, model, federation.disclosure)
         return ctx
 
     def initial_parameters(self, fd, *, runtime: Runtime | None = None) -> Params:
@@ -372,7 +372,7 @@ class FederatedEstimator(BaseEstimator):
                              f"{type(self).__name__} was fitted with {fitted}")
         model = self._make_model(fd)
         rt = runtime if runtime is not None else InProcessRuntime(fd)
-        setup_clients(rt, model)
+        setup_clients(rt, model, self._federation().disclosure)
         payload = {f"params/{k}": v for k, v in self._fitted_params().items()}
         rep = FitContext(rt, model, None, 0).ask(
             "loglik", payload, expect={"n": number(low=0), "loglik": number()}, what="scoring")

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .messages import ClientReplyError, Expect, array, check_fields, number, text
+from .messages import ERROR_KEY, ClientReplyError, Expect, array, check_fields, number, text
 from .runtime import Runtime
 
 __all__ = ["Expect", "Replies", "array", "ask", "number", "setup_clients", "text"]
@@ -91,6 +91,9 @@ def ask(
         try:
             if reply is None:
                 raise ClientReplyError(c, "no reply")
+            if ERROR_KEY in reply:  # the client declined or failed, and said why
+                why = str(reply[ERROR_KEY])
+                raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
             if expect:
                 check_fields(c, reply, expect)
         except ClientReplyError as err:
@@ -105,17 +108,22 @@ def ask(
     return good
 
 
-def setup_clients(runtime: Runtime, model) -> dict[str, int]:
-    """Send every client the model's name and config; return each client's number of units.
+def setup_clients(runtime: Runtime, model, disclosure=None) -> dict[str, int]:
+    """Send every client the model's name and config and the disclosure policy (None: the
+    default, on); return each client's number of units.
 
     The one place a model reaches the clients: they rebuild it from the registry (no code or
-    pickle crosses).
+    pickle crosses). A client the policy keeps from answering anything (fewer records than
+    ``min_records``) refuses here, before the first round, and the fit stops naming it.
     """
     import json
 
     from .loop import FederatedFitError
+    from .privacy.disclosure import DisclosurePolicy
+    from .privacy.enforce import policy_to_json
 
-    msg = {"model": model.name, "model_config": json.dumps(model.get_config())}
+    msg = {"model": model.name, "model_config": json.dumps(model.get_config()),
+           "disclosure": policy_to_json(DisclosurePolicy() if disclosure is None else disclosure)}
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})
     n_units = {c: int(replies[c]["n_units"]) for c in runtime.client_ids}
     for c, m in n_units.items():

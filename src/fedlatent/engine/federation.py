@@ -21,12 +21,15 @@ slide "VR-FedEM").
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .privacy.disclosure import DisclosurePolicy
+from .privacy.enforce import policy_from_config, policy_to_json
 from .stats import Stats
 
 __all__ = ["Federation", "Quantizer", "Spider", "StepSchedule"]
@@ -154,6 +157,10 @@ class Federation:
         than it has, a moment matrix that is not positive semi-definite): "exclude" leaves it
         out of that round and records it in ``history_`` (column ``rejected``); "raise" stops
         the fit with an error naming the client and the reason.
+    disclosure : DisclosurePolicy, default DisclosurePolicy() (on)
+        What a client refuses to send: replies that are functions of too few records
+        (DataSHIELD's defaults, :mod:`fedlatent.engine.privacy.disclosure`). It travels to the
+        clients in the setup message and they enforce it. ``DisclosurePolicy.off()`` disables it.
     """
 
     participation: float = 1.0
@@ -167,6 +174,7 @@ class Federation:
     track_h: bool = False
     random_state: int | None = None
     on_invalid: str = "exclude"
+    disclosure: DisclosurePolicy = DisclosurePolicy()
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -201,6 +209,23 @@ class Federation:
             )
         if self.alpha is not None and not (0.0 < float(self.alpha) <= 1.0):
             raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
+        self._validate_disclosure()
+
+    def _validate_disclosure(self) -> None:
+        pol = self.disclosure
+        if not isinstance(pol, DisclosurePolicy):
+            raise ValueError("Federation(disclosure=...) must be a fl.DisclosurePolicy (or "
+                             f"DisclosurePolicy.off()), got {type(pol).__name__}")
+        sizes = [("batch_size", self.batch_size)]
+        if self.variance_reduction is not None:
+            sizes.append(("variance_reduction.batch_size", self.variance_reduction.batch_size))
+        for name, b in sizes:
+            if b is not None and pol.count_scope == "client" and int(b) < pol.min_records:
+                raise ValueError(
+                    f"Federation({name}={int(b)}): a mini-batch statistic is a sum over {int(b)} "
+                    f"record(s), fewer than the disclosure policy's min_records="
+                    f"{pol.min_records}, so every client would refuse it; use a batch of at "
+                    f"least {pol.min_records}, or lower DisclosurePolicy(min_records=...)")
 
     def gamma(self, k: int) -> float:
         """Step size at round ``k`` (1-based)."""
@@ -228,6 +253,7 @@ class Federation:
         """JSON-able description (a callable step size is recorded by its repr)."""
         d = asdict(self)
         d.pop("_extra", None)
+        d["disclosure"] = json.loads(policy_to_json(self.disclosure))
         if callable(self.step_size):
             d["step_size"] = repr(self.step_size)
         return d
@@ -241,6 +267,7 @@ class Federation:
             fed["quantizer"] = Quantizer(**fed["quantizer"])
         if fed.get("variance_reduction"):
             fed["variance_reduction"] = Spider(**fed["variance_reduction"])
+        fed["disclosure"] = policy_from_config(fed.get("disclosure"))
         if isinstance(fed.get("step_size"), str):
             raise ValueError(
                 f"Federation step_size {fed['step_size']!r} is a callable and cannot be rebuilt "

@@ -76,6 +76,9 @@ class InProcessRuntime(Runtime):
             return None  # recording, or a runtime that changes what clients send: one by one
         if type(model).client_stats_batched is FederatedModel.client_stats_batched:
             return None
+        if type(model).disclosure_blocks is not FederatedModel.disclosure_blocks or any(
+                n.own_disclosure is not None for n in self._nodes.values()):
+            return None  # a client may suppress blocks or refuse by its own policy: one by one
         if self._batch is None or self._batch.model.get_config() != model.get_config() \
                 or self._batch.model.name != model.name:
             from .batched import BatchedClients

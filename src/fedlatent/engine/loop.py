@@ -206,7 +206,7 @@ def run_rounds(
     if n_units is None:
         from .exchange import setup_clients
 
-        n_units = setup_clients(runtime, model)
+        n_units = setup_clients(runtime, model, federation.disclosure)
     return _Rounds(model, runtime, federation, options, n_units).run(params0)
 
 

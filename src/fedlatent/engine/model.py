@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..data.dataset import ClientData
+from .privacy.disclosure import DisclosurePolicy
 from .registry import model_from_config, register_model
 from .stats import Stats
 
@@ -100,6 +101,9 @@ class FederatedModel(ABC):
     """Base of every model's math. Subclasses set ``name`` and implement the hooks."""
 
     name: ClassVar[str] = ""
+    #: the disclosure policy in force on this client (the client node sets it at setup);
+    #: model-specific queries that send sums over subsets consult it
+    disclosure: DisclosurePolicy = DisclosurePolicy()
 
     def __init__(self, **config: Any):
         self.config = dict(config)
@@ -113,6 +117,20 @@ class FederatedModel(ABC):
 
     def init_client_state(self, data: ClientData) -> ClientState:
         return {}
+
+    # ---- disclosure control (fedlatent.engine.privacy.enforce) ------------------------------
+    def n_records(self, data: ClientData, rows: np.ndarray | None = None) -> int:
+        """Records (rows of the data) behind a sum over ``rows`` of the units (all when
+        None); the client refuses replies over fewer than ``min_records``. Default: a unit
+        is a row."""
+        return int(data.n_samples if rows is None else len(rows))
+
+    def disclosure_blocks(self, stats: Stats) -> tuple[np.ndarray, tuple[str, ...]] | None:
+        """``(records per block, names of the statistics whose axis 0 indexes the blocks)``
+        for statistics made of sums over hard-labelled subsets of the records (HLCR's cluster
+        blocks); blocks over ``0 < n < min_records_per_block`` records are sent as zeros.
+        Default None: every block is a (soft-weighted) sum over all the client's records."""
+        return None
 
     @abstractmethod
     def client_stats(

@@ -201,7 +201,8 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None)
                    restoring=restore is not None)
     if method == "setup":
         state[_MODEL] = ConfigRecord({"model": str(msg["model"]),
-                                      "model_config": str(msg["model_config"])})
+                                      "model_config": str(msg["model_config"]),
+                                      "disclosure": str(msg.get("disclosure", ""))})
     state[_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in node.state.items()})
     return reply
 

@@ -215,5 +215,6 @@ class FedGMMModel(FederatedModel):
     def client_query(self, name, payload, data, state, rng):
         if name in _GMM_QUERIES:
             gm = GMMModel(self.M1, self.cov_type, self.reg)
+            gm.disclosure = self.disclosure
             return gm.client_query(name, payload, data, {}, rng)[0], state
         return super().client_query(name, payload, data, state, rng)

@@ -139,6 +139,8 @@ class GMMModel(FederatedModel):
         if name == "kmeans":
             k = int(payload["k"])
             min_points = int(payload["min_points"])
+            if self.disclosure.count_scope == "client":  # a centroid is a mean over its points
+                min_points = max(min_points, self.disclosure.min_records_per_block)
             n_loc = min(k, X.shape[0] // max(min_points, 1))
             if n_loc < 1:
                 d = X.shape[1]
@@ -157,13 +159,32 @@ class GMMModel(FederatedModel):
                 + np.einsum("ij,ij->i", centers, centers)[None, :]
             )
             resp = np.zeros((X.shape[0], centers.shape[0]))
-            resp[np.arange(X.shape[0]), d2.argmin(1)] = 1.0
+            resp[np.arange(X.shape[0]), hard_labels(d2, self.disclosure)] = 1.0
             st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type)
             return {f"stat/{k}": v for k, v in st.items()}, state
         if name == "loglik":
             _, norm = self._log_resp(payload_params(payload), X)
             return {"n": X.shape[0], "loglik": float(norm.sum())}, state
         return super().client_query(name, payload, data, state, rng)
+
+
+def hard_labels(d2: np.ndarray, policy) -> np.ndarray:
+    """Nearest-centre labels from squared distances ``d2`` (n, K), where the rows of a centre
+    holding ``0 < m < min_records_per_block`` of them move to their nearest centre among those
+    holding enough (a hard block of one row is that row), until none is too small; when no
+    centre holds enough, every row goes to the largest."""
+    labels = d2.argmin(1)
+    need = policy.min_records_per_block if policy.count_scope == "client" else 0
+    d2 = np.array(d2, dtype=np.float64, copy=True)
+    while True:
+        counts = np.bincount(labels, minlength=d2.shape[1])
+        small = (counts > 0) & (counts < need)
+        if not small.any():
+            return labels
+        if small.sum() == (counts > 0).sum():
+            return np.full_like(labels, int(counts.argmax()))
+        d2[:, small] = np.inf
+        labels = d2.argmin(1)
 
 
 def payload_params(payload: dict[str, Any]) -> Params:

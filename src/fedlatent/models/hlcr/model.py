@@ -36,6 +36,8 @@ __all__ = ["HELDOUT_QUERY", "MOMENTS_QUERY", "RESTART_QUERY", "SIZES_QUERY", "HL
 
 logger = logging.getLogger(__name__)
 
+_STAT_NAMES = ("XtX", "Xty", "yty", "n_events", "n_entities", "sse")
+
 #: the initialization query: each agent's entity and event counts and its feature width
 SIZES_QUERY = "sizes"
 #: sums of x, x^2, y, y^2 and the event count over the agent's (training) events
@@ -191,6 +193,18 @@ class HLCRModel(FederatedModel):
     def n_units(self, data: ClientData) -> int:
         return len(self._entity_stats(data)[0])
 
+    def n_records(self, data: ClientData, rows=None) -> int:
+        """Events (the records) of the entities ``rows`` (all when None)."""
+        n = self._entity_stats(data)[4]
+        return int(n.sum() if rows is None else n[np.asarray(rows, dtype=np.int64)].sum())
+
+    def disclosure_blocks(self, stats):
+        """A cluster block of an agent is a sum over the events of the entities it labels k:
+        one block per cluster, over ``n_events[k]`` records. A block over too few events is
+        sent as zeros (the round's cluster statistics then lack those entities; their labels
+        stay on the agent and they count again once their block is large enough)."""
+        return np.asarray(stats["n_events"]), tuple(_STAT_NAMES)
+
     def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
         return {"labels": np.full(self.n_units(data), -1, dtype=np.int64)}
 
@@ -281,13 +295,15 @@ class HLCRModel(FederatedModel):
                 "n_entities": (K,), "sse": (K,)}
 
     def check(self, stats, n_units, slack=None):
-        """Entity counts in ``[0, n]`` summing to ``n`` (the agent's entities); event counts
+        """Entity counts in ``[0, n]`` summing to at most ``n`` (the agent's entities; blocks
+        the disclosure policy suppressed are zeros); event counts
         ``>= 0`` and at least the entity counts (every entity has an event); with an
         intercept, the intercept's entry of ``XtX`` equal to the event count; ``sse >= 0``;
         and per cluster ``[[XtX, Xty], [Xty^T, yty]]`` positive semi-definite (so ``XtX`` is
         and ``yty >= 0``)."""
         e = (lambda k: None) if slack is None else (lambda k: np.abs(slack[k]))
-        reason = count_problem("n_entities", stats["n_entities"], n_units, e("n_entities"))
+        reason = count_problem("n_entities", stats["n_entities"], n_units, e("n_entities"),
+                               total=False)
         if reason:
             return reason
         ent, ev = np.asarray(stats["n_entities"]), np.asarray(stats["n_events"])
