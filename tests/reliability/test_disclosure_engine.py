@@ -277,3 +277,28 @@ def test_hlcr_small_blocks_are_suppressed_under_the_default_policy():
     frame = est.history_.to_frame()
     assert set(frame["rejected"]) == {"{}"} and set(frame["errors"]) == {"{}"}  # none refused
     assert np.isfinite(est.coef_).all()
+
+
+def test_hard_labels_move_the_rows_of_too_small_centres():
+    from fedlatent.models.gmm.model import hard_labels
+
+    d2 = np.array([[0.0, 5, 9], [0, 4, 9], [0, 6, 9], [7, 0, 1], [9, 2, 0], [1, 0, 3]])
+    assert hard_labels(d2, OFF).tolist() == [0, 0, 0, 1, 2, 1]
+    assert hard_labels(d2, fl.DisclosurePolicy()).tolist() == [0] * 6
+    assert hard_labels(d2, fl.DisclosurePolicy(min_records_per_block=2)).tolist() == [
+        0, 0, 0, 1, 1, 1]
+    assert hard_labels(d2[3:], fl.DisclosurePolicy(min_records_per_block=4)).tolist() == [1] * 3
+
+
+def test_gmm_initialization_sends_no_block_of_fewer_than_min_records_per_block_rows():
+    fd, _ = _gmm_data(4)
+    est = fl.FederatedGaussianMixture(3, random_state=0, max_rounds=1, min_points_per_centroid=1)
+    rt = fl.InProcessRuntime(fd, record=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fl.ConvergenceWarning)
+        est.fit(fd, runtime=rt)
+    counts = [np.asarray(m.get("counts", m.get("stat/nk")), dtype=float)
+              for d, _, meth, m in rt.log
+              if d == "up" and meth == "query" and ("counts" in m or "stat/nk" in m)]
+    assert len(counts) == 6  # k-means centroids and hard-assignment sums of 3 clients
+    assert all(np.all((c == 0) | (c >= 3)) for c in counts)

@@ -297,7 +297,11 @@ class ClientNode:
         rnd = int(msg.get("round", 0))
         rng = client_rng(int(msg.get("seed", 0)), self.client_id, rnd, purpose)
         mstate = _sub(self.state, "model")
-        reply, mstate = self.model.client_query(name, msg, self._data, mstate, rng)
+        try:
+            reply, mstate = self.model.client_query(name, msg, self._data, mstate, rng)
+        except DisclosureRefused as err:  # the model declined: the server learns why
+            logger.warning("client %r: query %r refused: %s", self.client_id, name, err)
+            return {ERROR_KEY: f"client {self.client_id!r}: {err}"}
         _put(self.state, "model", mstate)
         return reply
 

@@ -167,6 +167,12 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         (each node of a deployment, which gets this list with the model) and every load of a
         saved model check the types of a model before building it; a model naming any other
         type is refused with an ``UntrustedModelError`` naming the learner and the type.
+    federation : fl.Federation or None
+        Only its ``disclosure`` policy applies (SEC is one-shot: no rounds to configure). By
+        default tree candidates are fitted with ``min_samples_leaf >= tree_min_leaf`` (3) and
+        candidates whose fitted models store training rows (``knn``, ``svr``) are refused by
+        every learner; ``fl.Federation(disclosure=fl.DisclosurePolicy(
+        allow_row_storing_learners=True))`` allows them.
 
     Attributes
     ----------
@@ -260,6 +266,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         exchange_batch: int = 64,
         random_state: Any = None,
         extra_trusted_types: list[str] | None = None,
+        federation: Any = None,
     ):
         self.candidates = candidates
         self.split = split
@@ -276,6 +283,7 @@ class SEC(ClusterUseMixin, FederatedEstimator):
         self.exchange_batch = exchange_batch
         self.random_state = random_state
         self.extra_trusted_types = extra_trusted_types
+        self.federation = federation
 
     _save_arrays = ("errors_", "n_samples_", "cv_mse_", "exchange_losses_", "dissimilarity_",
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",

@@ -14,6 +14,7 @@ from ...data.dataset import ClientData, DataValidationError
 from ...engine.model import ClientStep, FederatedModel, Params, register_model
 from ...engine.stats import Stats
 from .candidates import _check_regressor, select_model, standardize_xy
+from .disclosure import enforce_candidate, refuse_small_leaves
 from .serialize import check_extra_types, dumps_model, loads_model, predict_many
 
 __all__ = ["MIN_SAMPLES", "SECModel", "check_learner"]
@@ -127,9 +128,10 @@ class SECModel(FederatedModel):
             est = loads_model(b, source=f"candidate {nm!r} sent by the server",
                               extra_types=self.extra_trusted_types)
             _check_regressor(nm, est)
-            cands.append((nm, est))
+            cands.append((nm, enforce_candidate(self.disclosure, nm, est)))
         best, model, e, cv = select_model(X, y, cands, rng,
                                           split=str(payload.get("split", "random")))
+        refuse_small_leaves(self.disclosure, names[best], model)
         blob = dumps_model(model)
         reply: dict[str, Any] = {
             "model": blob,

@@ -182,7 +182,7 @@ class ClusterUseMixin:
         self._check_models(self.learner_ids_, self.models_, "")  # before any is sent
         new_ids = new_fd.client_ids
         rt_new = InProcessRuntime(new_fd)
-        setup_clients(rt_new, self._make_model(new_fd))
+        setup_clients(rt_new, self._make_model(new_fd), self._federation().disclosure)
         common = make_candidates(common_spec(self.candidates, self.learner_ids_))
         sel = select_step(sender(rt_new), new_ids, {c: common for c in new_ids}, self.seed_ + 1,
                           n_features=int(self.n_features_in_),
@@ -194,7 +194,8 @@ class ClusterUseMixin:
         D1 = np.abs(E_to_new - e_new[None, :]).T  # (T, L): |e_{i->t} - e_t|
         if runtime is not None:
             blobs = [np.asarray(sel[c]["model"], dtype=np.uint8) for c in new_ids]
-            setup_clients(runtime, self._make_model(new_fd))
+            setup_clients(runtime, self._make_model(new_fd),
+                          self._federation().disclosure)
             E_from_new = exchange_step(sender(runtime), self.learner_ids_, blobs, self.seed_,
                                        batch=int(self.exchange_batch),
                                        n_jobs=self.n_jobs)  # (T, L)
