@@ -44,7 +44,7 @@ def _switch(est, ctx: FitContext, K: int, holdout: float) -> tuple[FitContext, P
     from .fitting import start_params
 
     model = est._model_for(ctx.n_features, K, holdout, int(ctx.seed) % (2**31))
-    n_units = setup_clients(ctx.runtime, model)
+    n_units = setup_clients(ctx.runtime, model, ctx.federation.disclosure)
     new = replace(ctx, model=model, n_units=n_units)
     new.ask(RESTART_QUERY, expect={"n_entities": number(low=1)}, what="restart (choosing K)")
     return new, start_params(new, est._chain(), est._standardizes(), est.fit_intercept)
