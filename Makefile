@@ -26,7 +26,7 @@ demo: $(STAMP)
 	MPLBACKEND=Agg $(BIN)/fedlatent demo --out demo-output
 
 test: $(TEST_STAMP)
-	MPLBACKEND=Agg $(BIN)/python -m pytest -q
+	MPLBACKEND=Agg $(BIN)/python -m pytest -q --durations=25
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
 
