@@ -14,6 +14,9 @@ Methods a node answers:
 ``query``       a model-specific exchange (``message["query"]`` names it)
 ``describe``    the client's own data checked by the estimator's checks; counts and column
                 names only (how the server of a deployment learns the federation's shape)
+``secagg``      secure aggregation: the key set-up and the reveal of shares
+                (:mod:`fedlatent.engine.secure`); a message carrying ``secagg/slot`` gets
+                its ``estep`` or ``query`` reply masked
 
 The private state (model state such as FedGMM's pi_c or HLCR labels, the control variate V_c,
 the SPIDER memory) is a flat dict of arrays and never leaves the node.
@@ -111,6 +114,8 @@ class ClientNode:
         self._source = source
         self.state: dict[str, np.ndarray] = dict(state or {})
         self.model: FederatedModel | None = None
+        #: this client's secure-aggregation secrets for the current fit (never sent)
+        self.secagg = None
 
     # ------------------------------------------------------------------------------------------
     def handle(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +125,17 @@ class ClientNode:
             return describe_client(self._source.subset([self.client_id]), msg)
         if method == "setup":
             return self._setup(msg)
+        if method == "secagg":
+            from .secure import secagg_step
+
+            return secagg_step(self, msg)
+        if "secagg/slot" in msg and method in ("estep", "query"):
+            from .secure import mask_reply
+
+            return mask_reply(self, method, msg, self._answer(method, msg))
+        return self._answer(method, msg)
+
+    def _answer(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if self.model is None:
             self._setup(msg)
         if method == "estep":

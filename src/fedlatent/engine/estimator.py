@@ -136,6 +136,20 @@ class FitContext:
     data: FederatedDataset | None = None
     #: whether the runtime was given by the caller (not built in-process from the data)
     runtime_given: bool = False
+    #: the fit's SecureChannel under ``Federation(secure_aggregation=True)`` (else None):
+    #: initializations then ask through :meth:`ask_sum`
+    secure: Any = None
+
+    def ask_sum(self, query: str, payload: dict[str, Any] | None = None, *,
+                shapes: dict[str, tuple], what: str | None = None) -> dict[str, np.ndarray]:
+        """A query whose replies are needed only summed, through secure aggregation:
+        ``{field: sum over every client}`` (each field's shape and finiteness checked on the
+        aggregate). Only under secure aggregation (otherwise :meth:`ask` checks each reply)."""
+        from .secure import secure_sum_query
+
+        if self.secure is None:
+            raise RuntimeError("ask_sum is the secure-aggregation form of ask; use ask")
+        return secure_sum_query(self, query, payload, shapes, what=what or f"query {query!r}")
 
     @property
     def client_ids(self) -> list[str]:
@@ -184,6 +198,10 @@ class FederatedEstimator(BaseEstimator):
     #: saved arrays that may hold NaN (e.g. a history with unknown entries)
     _load_nonfinite: ClassVar[tuple[str, ...]] = ()
     _score_name: ClassVar[str] = "score"
+    #: None when the estimator supports ``Federation(secure_aggregation=True)``; otherwise why
+    #: not (the refusal's message)
+    _secure_aggregation: ClassVar[str | None] = (
+        "its fit does not yet route every sum through secure aggregation")
 
     # ---- hooks ---------------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -201,7 +219,7 @@ class FederatedEstimator(BaseEstimator):
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> FitResult:
         """The fit proper; default: the FedEM round loop of the engine."""
         return run_rounds(ctx.model, ctx.runtime, ctx.federation, params0, options,
-                          n_units=ctx.n_units)
+                          n_units=ctx.n_units, secure=ctx.secure)
 
     def _store(self, result: FitResult, model: FederatedModel) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -263,8 +281,12 @@ class FederatedEstimator(BaseEstimator):
             raise ValueError(
                 "a RemoteDataset has no rows: fit it with the runtime its description came from"
             )
-        self._validate_data(fd)
         federation = self._federation()
+        if federation.secure_aggregation and self._secure_aggregation is not None:
+            raise ValueError(
+                f"{type(self).__name__} refuses Federation(secure_aggregation=True): "
+                f"{self._secure_aggregation}; fit it with secure_aggregation=False")
+        self._validate_data(fd)
         seed = resolve_seed(
             federation.random_state
             if federation.random_state is not None
@@ -275,7 +297,15 @@ class FederatedEstimator(BaseEstimator):
         runtime = runtime if given else InProcessRuntime(fd)
         ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
                          data=None if remote else fd, runtime_given=given)
-        ctx.n_units = setup_clients(runtime, model, federation.disclosure)
+        from .privacy.disclosure import effective
+
+        ctx.n_units = setup_clients(runtime, model, effective(federation.disclosure,
+                                                              federation.secure_aggregation))
+        if federation.secure_aggregation:
+            from .secure import open_channel
+
+            ctx.secure = open_channel(runtime, federation, ctx.n_units,
+                                      int(getattr(self, "max_rounds", 100)))
         return ctx
 
     def initial_parameters(self, fd, *, runtime: Runtime | None = None) -> Params:

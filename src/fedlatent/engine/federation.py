@@ -161,6 +161,19 @@ class Federation:
         What a client refuses to send: replies that are functions of too few records
         (DataSHIELD's defaults, :mod:`fedlatent.engine.privacy.disclosure`). It travels to the
         clients in the setup message and they enforce it. ``DisclosurePolicy.off()`` disables it.
+    secure_aggregation : bool, default False
+        The server learns only the sum of each exchange's replies (round statistics, counts,
+        objectives, initialization sums), never one client's (:mod:`fedlatent.engine.secure`):
+        keys set up once per fit, masks that cancel exactly in a fixed-point ring, dropped
+        clients recovered from the survivors' secret shares. Reply checks then apply to the
+        aggregate; ``track_h`` is not available.
+    secagg_threshold : int or None
+        Survivors needed to unmask a sum; None: ``floor(n_clients / 2) + 1``. Must lie in
+        ``(n_clients / 2, n_clients]``.
+    secagg_bound : float, default 2**20
+        Largest magnitude of an entry a client sends under secure aggregation (a weighted
+        per-unit statistic such as ``x_j x_k``); it fixes the public fixed-point scale, the
+        largest power of two <= 2^40 with ``bound * scale * n_clients < 2^62``.
     """
 
     participation: float = 1.0
@@ -175,6 +188,9 @@ class Federation:
     random_state: int | None = None
     on_invalid: str = "exclude"
     disclosure: DisclosurePolicy = DisclosurePolicy()
+    secure_aggregation: bool = False
+    secagg_threshold: int | None = None
+    secagg_bound: float = 2.0**20
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -210,6 +226,7 @@ class Federation:
         if self.alpha is not None and not (0.0 < float(self.alpha) <= 1.0):
             raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
         self._validate_disclosure()
+        self._validate_secure()
 
     def _validate_disclosure(self) -> None:
         pol = self.disclosure
@@ -226,6 +243,24 @@ class Federation:
                     f"record(s), fewer than the disclosure policy's min_records="
                     f"{pol.min_records}, so every client would refuse it; use a batch of at "
                     f"least {pol.min_records}, or lower DisclosurePolicy(min_records=...)")
+
+    def _validate_secure(self) -> None:
+        if not isinstance(self.secure_aggregation, bool | np.bool_):
+            raise ValueError("Federation(secure_aggregation=...) must be True or False, got "
+                             f"{self.secure_aggregation!r}")
+        t = self.secagg_threshold
+        if t is not None and (not isinstance(t, int | np.integer) or isinstance(t, bool)
+                              or t < 1):
+            raise ValueError(f"Federation(secagg_threshold=...) must be None or an integer "
+                             f">= 1, got {t!r}")
+        b = self.secagg_bound
+        if not isinstance(b, int | float | np.floating) or not (0 < float(b) < 2.0**50):
+            raise ValueError(f"Federation(secagg_bound=...) must be a number in (0, 2^50), "
+                             f"got {b!r}")
+        if self.secure_aggregation and self.track_h:
+            raise ValueError("Federation(track_h=True) needs every client's statistic at the "
+                             "new parameters, which secure aggregation hides; set "
+                             "track_h=False or secure_aggregation=False")
 
     def gamma(self, k: int) -> float:
         """Step size at round ``k`` (1-based)."""

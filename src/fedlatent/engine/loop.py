@@ -198,16 +198,29 @@ def run_rounds(
     options: LoopOptions,
     *,
     n_units: dict[str, int] | None = None,
+    secure=None,
 ) -> FitResult:
-    """The round loop (see the module docstring); returns the last good round's result."""
+    """The round loop (see the module docstring); returns the last good round's result.
+
+    ``secure`` is the fit's :class:`~fedlatent.engine.secure.SecureChannel` (set up by the
+    estimator); with ``Federation(secure_aggregation=True)`` and none given, one is set up
+    here."""
     federation.validate()
     if options.max_rounds < 1:
         raise ValueError(f"max_rounds must be >= 1, got {options.max_rounds}")
     if n_units is None:
         from .exchange import setup_clients
+        from .privacy.disclosure import effective
 
-        n_units = setup_clients(runtime, model, federation.disclosure)
-    return _Rounds(model, runtime, federation, options, n_units).run(params0)
+        n_units = setup_clients(runtime, model, effective(federation.disclosure,
+                                                          federation.secure_aggregation))
+    if federation.secure_aggregation and secure is None:
+        from .secure import open_channel
+
+        secure = open_channel(runtime, federation, n_units, options.max_rounds)
+    rounds = _Rounds(model, runtime, federation, options, n_units)
+    rounds.secure = secure
+    return rounds.run(params0)
 
 
 class _Rounds:
@@ -224,6 +237,7 @@ class _Rounds:
         self.history = History()
         self.params: Params = {}
         self.bserver = None
+        self.secure = None  # the SecureChannel under secure aggregation
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, round_: int) -> None:
@@ -276,7 +290,11 @@ class _Rounds:
         if self.state.S_hat is not None:
             msg.update(pack("S_hat", self.state.S_hat.to_dict()))
         g = None
-        if self.bserver is not None:
+        if self.secure is not None:
+            from .secure_round import gather_secure
+
+            g = gather_secure(self, k, msg, shapes, init_round, gamma, p, alpha)
+        elif self.bserver is not None:
             g = self.gather_batched(k, msg, init_round, gamma, p, alpha, raw_bytes,
                                     quant_bytes)
         if g is None:
@@ -505,7 +523,7 @@ class _Rounds:
         self.params0 = self.params
         start_round = self.resume(shapes) if opt.resume else 1
         batched = getattr(self.runtime, "batched", None)
-        if batched is not None and batched(self.model) is not None:
+        if self.secure is None and batched is not None and batched(self.model) is not None:
             from .batched_round import BatchedServer
 
             self.bserver = BatchedServer(self, self.runtime)

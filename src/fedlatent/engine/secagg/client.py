@@ -25,6 +25,7 @@ from .protocol import (
     exchange_label,
     pair_mask,
     self_mask,
+    slot_item,
 )
 
 __all__ = ["SecAggClient", "share_context"]
@@ -64,15 +65,20 @@ class SecAggClient:
         _crypto.require()
         self.id = str(client_id)
         self.config = config
-        self._mask_private = _crypto.generate_private()  # s_u
+        E = config.n_slots
+        self._mask_privates = [_crypto.generate_private() for _ in range(E)]  # s_u per slot
         self._enc_private = _crypto.generate_private()  # c_u
-        self._self_seed = _crypto.random_bytes()  # b_u
+        self._self_seeds = [_crypto.random_bytes() for _ in range(E)]  # b_u per slot
+        self._mask_private, self._self_seed = self._mask_privates[0], self._self_seeds[0]
         self._roster: Roster | None = None
         self._shared = False
-        self._held: dict[str, tuple[int, int]] = {}  # owner -> (share of s_owner, of b_owner)
-        self._pair_secret: dict[str, bytes] = {}
+        self._held: dict[str, tuple[int, int]] = {}  # owner -> (share of s, of b), slot 0
+        # owner -> per slot (share of s_owner, share of b_owner)
+        self._held_slots: dict[str, list[tuple[int, int]]] = {}
+        self._pair_secret: dict[tuple[str, int], bytes] = {}
         self._enc_shared: dict[str, bytes] = {}
         self._masked: dict[bytes, tuple[str, ...]] = {}
+        self._slot_of: dict[bytes, int] = {}  # exchange label -> the slot it used
         self._revealed: set[bytes] = set()
         self._revealed_self: dict[str, str] = {}  # peer -> the exchange its b was revealed in
         self._revealed_mask: dict[str, str] = {}  # peer -> the exchange its s was revealed in
@@ -80,9 +86,9 @@ class SecAggClient:
     # --- set-up, once per fit -----------------------------------------------------------------
     def public_keys(self) -> dict[str, np.ndarray]:
         """The public keys of s_u and c_u and a SHA-256 commitment to b_u (uint8 arrays)."""
-        return {"mask_key": as_u8(_crypto.public_raw(self._mask_private)),
+        return {"mask_key": as_u8(b"".join(_crypto.public_raw(k) for k in self._mask_privates)),
                 "enc_key": as_u8(_crypto.public_raw(self._enc_private)),
-                "self_commit": as_u8(_crypto.commit(self._self_seed))}
+                "self_commit": as_u8(b"".join(_crypto.commit(b) for b in self._self_seeds))}
 
     def receive_peer_keys(self, roster: Mapping) -> None:
         """Take the roster the server broadcasts (:meth:`SecAggServer.collect_keys`): every
@@ -106,15 +112,17 @@ class SecAggClient:
             raise SecureAggregationError(f"client {self.id!r}: shares are dealt once per fit")
         t = self.config.threshold
         xs = [roster.index[v] for v in roster.ids]
-        s_shares = shamir.share(_crypto.private_raw(self._mask_private), xs, t)
-        b_shares = shamir.share(self._self_seed, xs, t)
+        s_shares = [shamir.share(_crypto.private_raw(k), xs, t) for k in self._mask_privates]
+        b_shares = [shamir.share(b, xs, t) for b in self._self_seeds]
         out = {}
         for v in roster.ids:
             x = roster.index[v]
             if v == self.id:
-                self._held[v] = (s_shares[x], b_shares[x])
+                self._held_slots[v] = [(s[x], b[x]) for s, b in zip(s_shares, b_shares)]
+                self._held[v] = self._held_slots[v][0]
                 continue
-            plain = shamir.share_to_bytes(s_shares[x]) + shamir.share_to_bytes(b_shares[x])
+            plain = b"".join(shamir.share_to_bytes(s[x]) + shamir.share_to_bytes(b[x])
+                             for s, b in zip(s_shares, b_shares))
             ad = share_context(self.id, v)
             key = _crypto.derive_key(self._enc_secret(v), ad)
             out[v] = as_u8(_crypto.aead_seal(key, plain, ad))
@@ -140,7 +148,14 @@ class SecAggClient:
                 raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} does not "
                                              f"open ({exc})") from exc
             n = shamir.SHARE_BYTES
-            self._held[u] = (shamir.int_from_share(plain[:n]), shamir.int_from_share(plain[n:]))
+            if len(plain) != 2 * n * self.config.n_slots:
+                raise SecureAggregationError(
+                    f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
+                    f"expected {2 * n * self.config.n_slots} ({self.config.n_slots} slots)")
+            self._held_slots[u] = [(shamir.int_from_share(plain[i:i + n]),
+                                    shamir.int_from_share(plain[i + n:i + 2 * n]))
+                                   for i in range(0, len(plain), 2 * n)]
+            self._held[u] = self._held_slots[u][0]
 
     @property
     def enrolled(self) -> tuple[str, ...]:
@@ -149,10 +164,12 @@ class SecAggClient:
 
     # --- per exchange -------------------------------------------------------------------------
     def mask(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
-             participants: Sequence[str]) -> dict[str, np.ndarray]:
+             participants: Sequence[str], slot: int | None = None) -> dict[str, np.ndarray]:
         """y_u = encode(x_u) + PRG(b_u; k, e) + sum_{v in P, v != u} +-PRG(s_uv; k, e) mod 2^64.
 
         The sign is + when u sorts before v. Each (round, exchange) is masked at most once.
+        With per-exchange secrets (``config.slots``), ``slot`` is the exchange's number the
+        server announced; each slot is used for one exchange only.
         """
         roster = self._need_roster()
         where = describe(round, exchange)
@@ -178,15 +195,16 @@ class SecAggClient:
         if len(P) < t:
             raise SecureAggregationError(f"{where}: {len(P)} participants, fewer than the "
                                          f"threshold {t}; the sum could never be unmasked")
+        e = self._take_slot(slot, label, where)
         encoded = self.config.encoding.encode(stats, client=self.id)
         layout = Layout.of(encoded)
         y = layout.flatten(encoded, np.uint64)
         n = y.size
-        y += self_mask(self._self_seed, label, n)
+        y += self_mask(self._self_seeds[e], label, n)
         for v in P:
             if v == self.id:
                 continue
-            m = pair_mask(self._secret_with(v), label, n)
+            m = pair_mask(self._secret_with(v, e), label, n)
             if self.id < v:
                 y += m
             else:
@@ -225,8 +243,10 @@ class SecAggClient:
         if len(S) < t:
             raise SecureAggregationError(f"{where}: {len(S)} survivors, fewer than the threshold "
                                          f"{t}; refusing to reveal (the sum cannot be unmasked)")
+        e = self._slot_of[label]
         for d in D:
-            if d in self._revealed_self:
+            # one secret per fit: a self-mask seed revealed in any exchange unmasks them all
+            if self.config.slots is None and d in self._revealed_self:
                 raise SecureAggregationError(
                     f"client {self.id!r}: refusing to reveal the mask key of {d!r} (declared "
                     f"dropped in {where}): its self-mask seed was revealed in "
@@ -238,10 +258,10 @@ class SecAggClient:
                     f"{where}: its mask key was revealed in {self._revealed_mask[u]}")
         out = {}
         for u in S:
-            out[f"self:{u}"] = as_u8(shamir.share_to_bytes(self._held[u][1]))
+            out[f"self:{u}"] = as_u8(shamir.share_to_bytes(self._held_slots[u][e][1]))
             self._revealed_self.setdefault(u, where)
         for d in D:
-            out[f"mask:{d}"] = as_u8(shamir.share_to_bytes(self._held[d][0]))
+            out[f"mask:{d}"] = as_u8(shamir.share_to_bytes(self._held_slots[d][e][0]))
             self._revealed_mask.setdefault(d, where)
         self._revealed.add(label)
         if D:
@@ -261,9 +281,28 @@ class SecAggClient:
             self._enc_shared[v] = _crypto.agree(self._enc_private, self._roster.keys[v]["enc_key"])
         return self._enc_shared[v]
 
-    def _secret_with(self, v: str) -> bytes:
-        if v not in self._pair_secret:
-            self._pair_secret[v] = _crypto.agree(self._mask_private,
-                                                 self._roster.keys[v]["mask_key"])
-        return self._pair_secret[v]
+    def _secret_with(self, v: str, slot: int) -> bytes:
+        if (v, slot) not in self._pair_secret:
+            self._pair_secret[v, slot] = _crypto.agree(
+                self._mask_privates[slot], slot_item(self._roster.keys[v]["mask_key"], slot))
+        return self._pair_secret[v, slot]
+
+    def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
+        """The slot of one exchange: 0 with one secret per fit, else the announced one, each
+        used once."""
+        if self.config.slots is None:
+            self._slot_of[label] = 0
+            return 0
+        E = self.config.n_slots
+        if not isinstance(slot, int | np.integer) or not 0 <= int(slot) < E:
+            raise SecureAggregationError(
+                f"client {self.id!r}: {where} announced slot {slot!r}; the set-up planned "
+                f"slots 0..{E - 1} (one per exchange); set up again with more slots")
+        used = [lab for lab, s in self._slot_of.items() if s == int(slot)]
+        if used:
+            raise SecureAggregationError(
+                f"client {self.id!r}: slot {int(slot)} announced for {where} was already used "
+                "by another exchange; every exchange uses its own secrets")
+        self._slot_of[label] = int(slot)
+        return int(slot)
 

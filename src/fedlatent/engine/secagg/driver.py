@@ -108,9 +108,11 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
     P = server.announce(round, exchange, participants)
     masked = {}
     for u in P:
-        announced = wire.send("announce", SERVER, u, {"participants": json.dumps(P)})
+        announced = wire.send("announce", SERVER, u, {"participants": json.dumps(P),
+                                                      "slot": str(server.slot)})
         if u not in drop:
-            y = clients[u].mask(stats[u], round, exchange, json.loads(announced["participants"]))
+            y = clients[u].mask(stats[u], round, exchange, json.loads(announced["participants"]),
+                                slot=int(announced["slot"]))
             masked[u] = wire.send("masked", u, SERVER, y)
     request = {k: json.dumps(v) for k, v in server.aggregate(masked).items()}
     revealed = {}

@@ -16,7 +16,7 @@ from . import _crypto
 from .encoding import FixedPoint
 
 __all__ = ["Roster", "SecAggConfig", "SecureAggregationError", "as_bytes", "as_u8",
-           "exchange_label", "pair_mask", "self_mask"]
+           "exchange_label", "pair_mask", "self_mask", "slot_item"]
 
 KEY_FIELDS = ("mask_key", "enc_key", "self_commit")
 
@@ -38,10 +38,24 @@ class SecAggConfig:
         honest clients can each hand the server a different kind of secret for the same client.
     encoding : FixedPoint
         The public fixed-point scale and bounds.
+    slots : int or None
+        None (one mask key and one self-mask seed per client for the whole fit): a client whose
+        self-mask seed was revealed (it survived an exchange) can never be recovered later.
+        An int E: every client draws E mask key pairs and E self-mask seeds at set-up, all
+        Shamir-shared then, and exchange number e (0 <= e < E, assigned by the server's
+        :meth:`~.server.SecAggServer.announce`) uses only the e-th of each; revealing the
+        secrets of one exchange reveals nothing of another, so a client that drops in any
+        exchange is recovered (and excluded for the rest of the fit).
     """
 
     threshold: int
     encoding: FixedPoint
+    slots: int | None = None
+
+    @property
+    def n_slots(self) -> int:
+        """Secrets per client: one per planned exchange (``slots``), or one for the fit."""
+        return 1 if self.slots is None else int(self.slots)
 
     def check_clients(self, n_clients: int) -> None:
         """Refuse a threshold outside (n_clients / 2, n_clients]."""
@@ -89,6 +103,16 @@ def as_bytes(arr, *, what: str, size: int | None = None) -> bytes:
     return a.tobytes()
 
 
+def _per(field: str, config: SecAggConfig) -> int:
+    """32-byte items per client in a key field: one per slot for mask keys and commitments."""
+    return 1 if field == "enc_key" else config.n_slots
+
+
+def slot_item(blob: bytes, slot: int) -> bytes:
+    """The 32 bytes of ``slot`` in a per-slot key field."""
+    return blob[32 * slot:32 * slot + 32]
+
+
 class Roster:
     """The clients enrolled at set-up, their public keys and their Shamir x-coordinates.
 
@@ -113,7 +137,8 @@ class Roster:
             if missing:
                 raise SecureAggregationError(f"client {u!r}: public keys lack {missing}; send "
                                              "what SecAggClient.public_keys() returns")
-            self.keys[u] = {f: as_bytes(msg[f], what=f"client {u!r}: field {f!r}", size=32)
+            self.keys[u] = {f: as_bytes(msg[f], what=f"client {u!r}: field {f!r}",
+                                        size=32 * _per(f, config))
                             for f in KEY_FIELDS}
         for f in ("mask_key", "enc_key"):
             seen: dict[bytes, str] = {}
@@ -144,9 +169,10 @@ class Roster:
         keys: dict[str, dict] = {u: {} for u in ids}
         for f in KEY_FIELDS:
             a = np.asarray(msg.get(f))
-            if a.dtype != np.uint8 or a.shape != (len(ids), 32):
-                raise SecureAggregationError(f"the roster's {f!r} must be a ({len(ids)}, 32) "
-                                             f"uint8 array, got {a.dtype} {a.shape}")
+            width = 32 * _per(f, config)
+            if a.dtype != np.uint8 or a.shape != (len(ids), width):
+                raise SecureAggregationError(f"the roster's {f!r} must be a ({len(ids)}, {width})"
+                                             f" uint8 array, got {a.dtype} {a.shape}")
             for u, row in zip(ids, a):
                 keys[u][f] = row
         if len(set(ids)) != len(ids):

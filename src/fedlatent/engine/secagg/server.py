@@ -24,6 +24,7 @@ from .protocol import (
     exchange_label,
     pair_mask,
     self_mask,
+    slot_item,
 )
 
 __all__ = ["SecAggServer", "route_shares"]
@@ -63,6 +64,7 @@ class SecAggServer:
         self.excluded: dict[str, str] = {}  # dropped clients whose mask key was rebuilt
         self._pending: dict | None = None
         self._done: set[bytes] = set()
+        self._next_slot = 0
 
     def collect_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
         """Check every client's public keys ``{client: public_keys()}`` and return the roster to
@@ -93,9 +95,22 @@ class SecAggServer:
             raise SecureAggregationError(f"{where}: {len(P)} participants, fewer than the "
                                          f"threshold {t}; add participants or lower the "
                                          "threshold at set-up")
+        slot = 0
+        if self.config.slots is not None:
+            if self._next_slot >= self.config.n_slots:
+                raise SecureAggregationError(
+                    f"{where}: the {self.config.n_slots} exchanges planned at set-up are used "
+                    "up; set up again with more slots (a longer fit needs more)")
+            slot = self._next_slot
+            self._next_slot += 1
         self._pending = {"round": int(round), "exchange": str(exchange), "label": label,
-                         "participants": P}
+                         "participants": P, "slot": slot}
         return list(P)
+
+    @property
+    def slot(self) -> int:
+        """The slot of the open exchange (what the announcement tells the participants)."""
+        return int(self._need_pending()["slot"])
 
     def aggregate(self, masked: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, list[str]]:
         """Sum the masked replies ``{client: {field: uint64 array}}`` of the open exchange.
@@ -178,21 +193,23 @@ class SecAggServer:
                 shares[k][roster.index[h]] = y
         total = pend["total"].copy()
         n = total.size
+        e = pend["slot"]
         for u in S:
             seed = shamir.reconstruct(shares[f"self:{u}"], t)
-            if _crypto.commit(seed) != roster.keys[u]["self_commit"]:
+            if _crypto.commit(seed) != slot_item(roster.keys[u]["self_commit"], e):
                 raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
                                              "the revealed shares does not match its commitment; "
                                              "a revealing client sent a wrong share")
             total -= self_mask(seed, label, n)
         for d in D:
             private = _crypto.load_private(shamir.reconstruct(shares[f"mask:{d}"], t))
-            if _crypto.public_raw(private) != roster.keys[d]["mask_key"]:
+            if _crypto.public_raw(private) != slot_item(roster.keys[d]["mask_key"], e):
                 raise SecureAggregationError(f"{where}: the mask key of dropped {d!r} rebuilt "
                                              "from the revealed shares does not match its public "
                                              "key; a revealing client sent a wrong share")
             for u in S:  # u added +m if u < d else -m; remove it
-                m = pair_mask(_crypto.agree(private, roster.keys[u]["mask_key"]), label, n)
+                m = pair_mask(_crypto.agree(private, slot_item(roster.keys[u]["mask_key"], e)),
+                              label, n)
                 if u < d:
                     total -= m
                 else:

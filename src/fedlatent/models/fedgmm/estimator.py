@@ -187,6 +187,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         self.n_learners_candidates = n_learners_candidates
 
     _score_name = "accuracy"
+    _secure_aggregation = None
 
     def _selection(self):
         return fedgmm_selection(self)

@@ -149,6 +149,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.n_components_candidates = n_components_candidates
 
     _score_name = "mean log-likelihood"
+    _secure_aggregation = None
 
     def _check_params(self) -> None:
         if self.n_components != "auto":

@@ -4,6 +4,8 @@ FedGMM's Gaussian part uses it too. Every reply is checked before it is used."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from scipy import linalg
 
@@ -17,6 +19,8 @@ from .math import compute_precision_cholesky, gmm_m_step
 from .model import gaussian_problem
 
 __all__ = ["initialize_gaussians"]
+
+logger = logging.getLogger(__name__)
 
 
 def _stat_shapes(K: int, d: int, covariance_type: str) -> dict[str, tuple[int, ...]]:
@@ -107,10 +111,22 @@ def initialize_gaussians(
     seed = ctx.seed
     d = ctx.n_features
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xC0FFEE,)))
-    mom = ctx.ask("moments", expect=_moments_expect(ctx, d), what="initialization (moments)")
-    n = sum(float(mom[c]["n"]) for c in cids)
-    sx = sum(np.asarray(mom[c]["sx"]) for c in cids)
-    sxx = sum(np.asarray(mom[c]["sxx"]) for c in cids)
+    if ctx.secure is not None:
+        mom = ctx.ask_sum("moments", shapes={"n": (), "sx": (d,), "sxx": (d, d)},
+                          what="initialization (moments)")
+        n, sx, sxx = float(np.rint(mom["n"])), mom["sx"], mom["sxx"]
+        if init_params == "kmeans-federated":
+            # local centroids are not sums: under secure aggregation the start is drawn from
+            # the pooled moments ("random": means from N(global mean, global covariance))
+            logger.info("secure aggregation: init_params='kmeans-federated' needs each "
+                        "client's centroids; starting from the pooled moments ('random')")
+            init_params = "random"
+    else:
+        mom = ctx.ask("moments", expect=_moments_expect(ctx, d),
+                      what="initialization (moments)")
+        n = sum(float(mom[c]["n"]) for c in cids)
+        sx = sum(np.asarray(mom[c]["sx"]) for c in cids)
+        sxx = sum(np.asarray(mom[c]["sxx"]) for c in cids)
     center = sx / n
     gcov = sxx / n - np.outer(center, center)
     gcov = 0.5 * (gcov + gcov.T)

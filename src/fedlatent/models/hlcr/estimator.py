@@ -159,6 +159,9 @@ class HLCR(HLCRPrediction, FederatedEstimator):
                     "draws_precisions_", "draws_c_", "draws_counts_", "draws_labels_",
                     "draws_sigma_", "feature_mean_", "feature_scale_")
     _score_name = "mse"
+    _secure_aggregation = ("its Gibbs sampler (and FedHLCR) exchanges cluster statistics and "
+                           "entity labels outside the engine's round loop, not yet through "
+                           "secure aggregation")
     _load_nonfinite = ("history_log_joint_", "history_train_mse_")
     MIXING_TOL = 0.02
 

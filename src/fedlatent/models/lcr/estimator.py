@@ -67,6 +67,12 @@ def initialize_random_memberships(ctx: FitContext, n_components: int, n_coef: in
     for k, shp in shapes.items():
         expect[f"stat/{k}"] = array(*shp, low=0 if k in ("nk", "syy") else None,
                                     check=meaning if k == "nk" else None)
+    if ctx.secure is not None:  # the same sums, only their total seen
+        tot = ctx.ask_sum("random_stats", shapes={f"stat/{k}": shp for k, shp in shapes.items()},
+                          what="initialization (random memberships)")
+        S = Stats({k: tot[f"stat/{k}"] for k in shapes})
+        weights, beta, var = lcr_m_step(S, reg_noise)
+        return {"weights": weights, "beta": beta, "noise_variance": var}
     rep = ctx.ask("random_stats", expect=expect,
                   what="initialization (random memberships)")
     S = None
@@ -203,6 +209,7 @@ class LatentClassRegression(FederatedEstimator):
 
     _save_arrays = ("weights_", "coef_", "intercept_", "noise_variance_")
     _score_name = "mean log-likelihood"
+    _secure_aggregation = None
 
     _parameter_constraints = {
         **ROUND_LOOP,

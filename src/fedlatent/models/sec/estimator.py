@@ -289,6 +289,8 @@ class SEC(ClusterUseMixin, FederatedEstimator):
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",
                     "_model_sizes", "_scaler_x", "_scaler_y")
     _score_name = "mean squared error"
+    _secure_aggregation = ("SEC's replies are fitted local models and per-pair losses, not "
+                           "sums, so there is nothing for secure aggregation to add up")
     _load_nonfinite = ("cv_mse_",)  # NaN: fewer candidates; inf: a candidate that failed
 
     def _per_learner(self, cids: list[str], warn: bool = False) -> dict[str, list[tuple[str, Any]]]:

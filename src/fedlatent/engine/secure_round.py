@@ -1,0 +1,85 @@
+"""One FedEM round under secure aggregation: the server gets only the round's sums.
+
+The clients send ``w_c Q_c`` (the weighted, possibly quantized, difference; the statistic itself
+in the initialization round), ``n_c / N`` and ``objective_c / N`` masked
+(:mod:`fedlatent.engine.secure`); the FedEM update needs only ``sum_c w_c Q_c``, so it is the
+same update as without secure aggregation (:meth:`FedEMState.after_round` on one summed reply).
+Reply checks act on the aggregate (its shapes and finite values; on full passes the units it
+claims equal the survivors' units; in the initialization round the model's invariants of the
+summed statistic). The batched in-process path is not used (every client masks its own reply).
+"""
+
+from __future__ import annotations
+
+from .messages import ClientReplyError, check_reply
+
+__all__ = ["gather_secure"]
+
+
+def _active(rounds, k: int, p: float, init_round: bool) -> tuple[list[str], list[str], dict]:
+    """Round ``k``'s participants without the clients excluded earlier in the fit."""
+    from .update import select_active
+
+    chosen = select_active(rounds.cids, p, int(rounds.opt.seed), k, init_round)
+    excluded = rounds.secure.excluded
+    gone = [c for c in chosen if c in excluded]
+    why = {c: f"excluded since {excluded[c]} (declared dropped; its masks were recovered)"
+           for c in gone}
+    return [c for c in chosen if c not in excluded], gone, why
+
+
+def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p: float,
+                  alpha: float):
+    """Round ``k`` through secure aggregation (see the module docstring); returns the
+    loop's ``Gathered``."""
+    from .loop import FederatedFitError, Gathered
+
+    active, gone, errors = _active(rounds, k, p, init_round)
+    if init_round and gone:
+        raise FederatedFitError(f"round {k}: clients {gone} are excluded; the initialization "
+                                "round needs every client", rounds.params, k)
+    try:
+        res = rounds.secure.sum("estep", {c: msg for c in active}, round=k, exchange="estep",
+                                weights={c: rounds.weights[c] for c in active})
+    except FederatedFitError as err:
+        raise FederatedFitError(f"{err}; kept the parameters of round {k - 1}", rounds.params,
+                                k) from err
+    S, D = res["survivors"], res["dropped"]
+    errors.update({c: res["errors"][c] for c in res["errors"]})
+    missing = gone + list(D)
+    who = f"the aggregate of clients {S}"
+    try:
+        Q = check_reply(who, {**res["sums"], "n": 0.0, "objective": 0.0}, shapes)
+    except ClientReplyError as err:
+        raise FederatedFitError(f"round {k}: {who} is not valid ({err.reason}); secure "
+                                "aggregation hides which client sent it; kept the parameters "
+                                f"of round {k - 1}", rounds.params, k) from err
+    sums = res["sums"]
+    n_sum = float(sums["n"])
+    units = float(sum(rounds.screen.n_units[c] for c in S))
+    mode = str(msg.get("mode", "full"))
+    reason = None
+    if mode in ("full", "spider-refresh") and abs(n_sum - units) > 0.5:
+        reason = f"claims {n_sum:.6g} units, its clients set up {units:g}"
+    elif init_round and rounds.screen.has_check:
+        weight = sum(rounds.weights[c] for c in S)
+        reason = rounds.model.check(Q * (units / weight), units)
+    if not reason:  # disclosure control on the aggregate (count_scope="aggregate")
+        from .privacy.disclosure import check_aggregate, effective
+
+        policy = effective(rounds.fed.disclosure, True)
+        refusal = check_aggregate(policy, n_sum, "the round's statistic", S)
+        if refusal:
+            raise FederatedFitError(f"round {k}: {refusal}; kept the parameters of round "
+                                    f"{k - 1}", rounds.params, k)
+    if reason:
+        raise FederatedFitError(f"round {k}: {who} breaks the model's invariants: {reason}; "
+                                "secure aggregation hides which client sent it; kept the "
+                                f"parameters of round {k - 1}", rounds.params, k)
+    if init_round:
+        rounds.refuse_incomplete_init(k, {c: errors.get(c, "no reply") for c in D})
+        new_state = rounds.state.after_init({"all": Q}, {"all": 1.0}, rounds.use_cv)
+    else:
+        new_state = rounds.state.after_round({"all": Q}, {"all": 1.0}, gamma, p, alpha)
+    return Gathered(new_state, missing, {}, errors, float(sums["objective"]), round(n_sum),
+                    len(S), res["bytes_down"], res["bytes_up"], lambda S_hat: None, False)
