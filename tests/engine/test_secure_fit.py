@@ -214,3 +214,30 @@ def test_models_without_secure_sums_refuse_it(name):
     with pytest.raises(ValueError, match=rf"^{name} refuses Federation\(secure_aggregation="
                        r"True\): .*; fit it with secure_aggregation=False$"):
         est._start(lines(4), None)
+
+
+def test_auto_sizes_are_refused_under_secure_aggregation():
+    est = fl.FederatedGaussianMixture("auto", federation=fl.Federation(secure_aggregation=True))
+    with pytest.raises(ValueError, match=r"^FederatedGaussianMixture: a size 'auto' is chosen by "
+                       r"scores each client sends"):
+        est._start(blobs(4), None)
+
+
+def test_a_lying_client_is_caught_on_the_aggregate_of_the_initialization_round():
+    fd = blobs(n_clients=5)
+    rt = fl.InProcessRuntime(fd)
+    node = rt.nodes["c01"]
+    honest = node._estep
+
+    def lie(msg):
+        reply = honest(msg)
+        reply["delta/nk"] = reply["delta/nk"] - 50.0  # negative counts, hidden in the sum
+        return reply
+
+    node._estep = lie
+    est = fl.FederatedGaussianMixture(2, init_params="random", max_rounds=3, verbose=False,
+                                      federation=fl.Federation(secure_aggregation=True))
+    with pytest.raises(FederatedFitError, match=r"^round 1: the aggregate of clients \['c00', "
+                       r"'c01', 'c02', 'c03', 'c04'\] breaks the model's invariants: .*; secure "
+                       r"aggregation hides which client sent it"):
+        fit(est, fd, runtime=rt)

@@ -172,6 +172,10 @@ class FitContext:
         A client that does not answer or fails a check stops the fit with a message naming it
         (``required=True``) or is left out and recorded in ``faults``.
         """
+        if self.secure is not None:
+            from .secure import refuse_clear_query
+
+            refuse_clear_query(query, what)
         base = {"query": query, "seed": int(self.seed)}
         if per_client is not None:
             msgs = {c: {**base, **p} for c, p in per_client.items()}
@@ -282,10 +286,10 @@ class FederatedEstimator(BaseEstimator):
                 "a RemoteDataset has no rows: fit it with the runtime its description came from"
             )
         federation = self._federation()
-        if federation.secure_aggregation and self._secure_aggregation is not None:
-            raise ValueError(
-                f"{type(self).__name__} refuses Federation(secure_aggregation=True): "
-                f"{self._secure_aggregation}; fit it with secure_aggregation=False")
+        if federation.secure_aggregation:
+            from .secure import refuse_unsupported
+
+            refuse_unsupported(self)
         self._validate_data(fd)
         seed = resolve_seed(
             federation.random_state

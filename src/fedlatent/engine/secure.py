@@ -47,7 +47,8 @@ import numpy as np
 from .messages import ERROR_KEY, message_nbytes
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
-           "open_channel", "secagg_step", "secure_sum_query"]
+           "open_channel", "refuse_clear_query", "refuse_unsupported", "secagg_step",
+           "secure_sum_query"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
     for k, v in reply.items():
         if isinstance(v, str):
             continue
-        a = np.asarray(v, dtype=np.float64)
+        a = np.asarray(v, dtype=np.float64).reshape(np.shape(v) or (1,))  # as records carry it
         fields[k] = a * (w if method == "estep" and k.startswith("delta/") else unit)
     if method == "estep" and "objective" in fields:  # unbounded: split into two limbs
         o = fields.pop("objective")
@@ -252,6 +253,9 @@ class SecureChannel:
             raise FederatedFitError(f"{where}{err}", None, round) from err
         if "objective/hi" in sums:
             sums["objective"] = sums.pop("objective/hi") * _LIMB + sums.pop("objective/lo")
+        for k in ("n", "objective"):  # scalars cross as one-entry vectors
+            if k in sums and sums[k].size == 1:
+                sums[k] = sums[k].reshape(())
         for k in sums:
             if not (method == "estep" and k.startswith("delta/")):
                 sums[k] = sums[k] * self.n_total
@@ -287,9 +291,33 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
     out = {}
     for k, shp in shapes.items():
         v = np.asarray(res["sums"].get(k, np.nan), dtype=np.float64)
+        if v.size == int(np.prod(shp)):
+            v = v.reshape(shp)
         if v.shape != tuple(shp) or not np.all(np.isfinite(v)):
             raise FederatedFitError(f"{what}: the aggregate field {k!r} has shape {v.shape} "
                                     f"(expected {tuple(shp)}) or non-finite values; secure "
                                     "aggregation hides which client sent it")
         out[k] = v
     return out
+
+
+def refuse_unsupported(est) -> None:
+    """ValueError unless estimator ``est`` can be fitted under secure aggregation: its class
+    says why not (``_secure_aggregation``), or a size ``'auto'`` would be chosen by per-client
+    held-out scores."""
+    name = type(est).__name__
+    if est._secure_aggregation is not None:
+        raise ValueError(f"{name} refuses Federation(secure_aggregation=True): "
+                         f"{est._secure_aggregation}; fit it with secure_aggregation=False")
+    if est._selection() is not None:
+        raise ValueError(f"{name}: a size 'auto' is chosen by scores each client sends on its "
+                         "held-out rows, which secure aggregation would not hide; give the size "
+                         "or fit with secure_aggregation=False")
+
+
+def refuse_clear_query(query: str, what: str | None) -> None:
+    """The error of a per-client query under secure aggregation."""
+    raise ValueError(f"query {query!r} ({what or 'an exchange'}) would send each client's reply "
+                     "to the server in the clear; under secure aggregation only sums cross "
+                     "(FitContext.ask_sum); use a start built from sums, or "
+                     "secure_aggregation=False")

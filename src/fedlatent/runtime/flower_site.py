@@ -36,6 +36,8 @@ __all__ = ["RESTORE", "RUN", "make_client_app", "restore_state", "save_after", "
 logger = logging.getLogger(__name__)
 
 RUN = "fedlatent.run"
+#: where a node keeps its secure-aggregation secrets during a run (never in its site directory)
+_SECAGG = "fedlatent.secagg"
 RESTORE = "fedlatent.restore"
 #: methods a node's state is restored on (the resumed run's first message of a round)
 ROUND_METHODS = ("estep", "evaluate", "cv_init")
@@ -195,7 +197,14 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None)
         if _MODEL not in state:
             raise RuntimeError(f"client {cid!r} got {method!r} before the model's setup")
         node.handle("setup", dict(state[_MODEL]))
+    secure = method == "secagg" or "secagg/slot" in msg
+    if secure and _SECAGG in state and msg.get("step") != "keys":  # "keys": a new fit
+        from ..engine.secagg import SecAggClient
+
+        node.secagg = SecAggClient.load(str(state[_SECAGG]["client"]))
     reply = node.handle(method, msg)
+    if secure and node.secagg is not None:  # the secrets stay in the node's context only
+        state[_SECAGG] = ConfigRecord({"client": node.secagg.dump()})
     if site is not None:
         save_after(site, cid, method, msg, node.state, None if run is None else str(run),
                    restoring=restore is not None)

@@ -268,6 +268,58 @@ class SecAggClient:
             log.info("client %r revealed mask-key shares of dropped %s in %s", self.id, D, where)
         return out
 
+    # --- persistence (a client rebuilt on every message, as on Flower) ------------------------
+    def dump(self) -> str:
+        """This client's whole state as JSON (its secrets included: it stays on the client,
+        like its data; no pickle). :meth:`load` is the inverse."""
+        enc = self.config.encoding
+        roster = None
+        if self._roster is not None:
+            msg = self._roster.to_message()
+            roster = {k: v if isinstance(v, str) else v.tobytes().hex() for k, v in msg.items()}
+        return json.dumps({
+            "id": self.id, "threshold": int(self.config.threshold), "scale": enc.scale,
+            "bound": enc.bound, "slots": self.config.slots,
+            "mask_private": [_crypto.private_raw(k).hex() for k in self._mask_privates],
+            "enc_private": _crypto.private_raw(self._enc_private).hex(),
+            "self_seed": [b.hex() for b in self._self_seeds],
+            "roster": roster, "shared": self._shared,
+            "held": {u: [[hex(a), hex(b)] for a, b in v] for u, v in self._held_slots.items()},
+            "masked": {k.hex(): list(v) for k, v in self._masked.items()},
+            "slot_of": {k.hex(): v for k, v in self._slot_of.items()},
+            "revealed": [k.hex() for k in self._revealed],
+            "revealed_self": self._revealed_self, "revealed_mask": self._revealed_mask})
+
+    @classmethod
+    def load(cls, text: str) -> SecAggClient:
+        """The client :meth:`dump` wrote."""
+        from .encoding import FixedPoint
+
+        d = json.loads(text)
+        cfg = SecAggConfig(int(d["threshold"]), FixedPoint(scale=float(d["scale"]),
+                                                           bound=d["bound"]), slots=d["slots"])
+        c = cls.__new__(cls)
+        c.id, c.config = str(d["id"]), cfg
+        c._mask_privates = [_crypto.load_private(bytes.fromhex(h)) for h in d["mask_private"]]
+        c._enc_private = _crypto.load_private(bytes.fromhex(d["enc_private"]))
+        c._self_seeds = [bytes.fromhex(h) for h in d["self_seed"]]
+        c._mask_private, c._self_seed = c._mask_privates[0], c._self_seeds[0]
+        c._roster = None
+        if d["roster"] is not None:
+            msg = {k: v if k == "ids" else np.frombuffer(bytes.fromhex(v), np.uint8).reshape(
+                len(json.loads(d["roster"]["ids"])), -1) for k, v in d["roster"].items()}
+            c._roster = Roster.from_message(msg, cfg)
+        c._shared = bool(d["shared"])
+        c._held_slots = {u: [(int(a, 16), int(b, 16)) for a, b in v] for u, v in d["held"].items()}
+        c._held = {u: v[0] for u, v in c._held_slots.items()}
+        c._pair_secret, c._enc_shared = {}, {}
+        c._masked = {bytes.fromhex(k): tuple(v) for k, v in d["masked"].items()}
+        c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
+        c._revealed = {bytes.fromhex(k) for k in d["revealed"]}
+        c._revealed_self = dict(d["revealed_self"])
+        c._revealed_mask = dict(d["revealed_mask"])
+        return c
+
     # --- helpers ------------------------------------------------------------------------------
     def _need_roster(self) -> Roster:
         if self._roster is None:
