@@ -207,13 +207,31 @@ def test_a_statistic_beyond_the_bound_is_refused_naming_the_client_and_field():
         fit(est, fd)
 
 
-@pytest.mark.parametrize("name", ["SEC", "HLCR"])
-def test_models_without_secure_sums_refuse_it(name):
-    est = getattr(fl, name)()
+@pytest.mark.parametrize("name, kw, why", [
+    ("SEC", {}, "SEC's replies are fitted local models and per-pair losses, not sums"),
+    ("HLCR", {"solver": "gibbs"}, "solver='gibbs' pools the rows in one place; use "
+     "solver='federated'")])
+def test_models_without_secure_sums_refuse_it(name, kw, why):
+    est = getattr(fl, name)(**kw)
     est.federation = fl.Federation(secure_aggregation=True)  # SEC takes no federation argument
     with pytest.raises(ValueError, match=rf"^{name} refuses Federation\(secure_aggregation="
-                       r"True\): .*; fit it with secure_aggregation=False$"):
+                       rf"True\): {why}.*; fit it with secure_aggregation=False$"):
         est._start(lines(4), None)
+
+
+def test_fedhlcr_with_secure_aggregation_equals_the_plain_fit():
+    fd = fl.datasets.make_synthhlcr(n_agents=N_CLIENTS, n_entities=36, entities_per_agent=4,
+                                    events_per_entity=8, n_clusters=2, n_features=3, sigma=0.5,
+                                    random_state=3)
+
+    def est(secure):  # sigma and delta estimated by the server's Gibbs steps, from the sums
+        return fl.HLCR(n_clusters=2, max_rounds=6, random_state=quorum_seed(3, 6),
+                       federation=federation(secure))
+
+    plain, secure = fit(est(False), fd), fit(est(True), fd)
+    assert min(plain.history_.to_frame()["participants"][1:]) < N_CLIENTS
+    for name in ("coef_", "intercept_", "precisions_", "c_", "cluster_counts_", "draws_sigma_"):
+        assert rel(getattr(secure, name), getattr(plain, name)) < 1e-6, name
 
 
 def test_auto_sizes_are_refused_under_secure_aggregation():

@@ -218,6 +218,8 @@ def run_rounds(
         from .secure import open_channel
 
         secure = open_channel(runtime, federation, n_units, options.max_rounds)
+    if secure is not None:
+        secure.runtime = runtime  # the runtime this loop is given (a wrapper, say)
     rounds = _Rounds(model, runtime, federation, options, n_units)
     rounds.secure = secure
     return rounds.run(params0)

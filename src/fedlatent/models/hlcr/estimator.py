@@ -26,7 +26,15 @@ from ...engine.loop import FederatedFitError, LoopOptions
 from ...engine.model import Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
-from .fitting import HYPER_START, HLCRHistory, chain_for, finish_chain, start_params, store_fit
+from .fitting import (
+    HYPER_START,
+    HLCRHistory,
+    chain_for,
+    finish_chain,
+    secure_sizes,
+    start_params,
+    store_fit,
+)
 from .math import check_entities, posterior_means
 from .model import SIZES_QUERY, HLCRModel
 from .predict import HLCRPrediction
@@ -159,9 +167,13 @@ class HLCR(HLCRPrediction, FederatedEstimator):
                     "draws_precisions_", "draws_c_", "draws_counts_", "draws_labels_",
                     "draws_sigma_", "feature_mean_", "feature_scale_")
     _score_name = "mse"
-    _secure_aggregation = ("its Gibbs sampler (and FedHLCR) exchanges cluster statistics and "
-                           "entity labels outside the engine's round loop, not yet through "
-                           "secure aggregation")
+    @property
+    def _secure_aggregation(self) -> str | None:
+        """FedHLCR runs on the engine's round loop (every sum secure); the Gibbs solver pools
+        the rows."""
+        if self.solver == "gibbs":
+            return "solver='gibbs' pools the rows in one place; use solver='federated'"
+        return None
     _load_nonfinite = ("history_log_joint_", "history_train_mse_")
     MIXING_TOL = 0.02
 
@@ -293,6 +305,9 @@ class HLCR(HLCRPrediction, FederatedEstimator):
             raise ValueError("solver='gibbs' pools the data: runtime/checkpoint options apply "
                              "to solver='federated' only")
         what = "initialization (agent sizes)"
+        if ctx.secure is not None:
+            self._sizes = secure_sizes(ctx, what)
+            return start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
         sizes = ctx.ask(SIZES_QUERY, expect={"n_entities": number(low=1),
                                              "n_events": number(low=1),
                                              "n_features": number(low=1)}, what=what)

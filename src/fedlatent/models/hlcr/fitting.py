@@ -19,11 +19,12 @@ from ...engine.estimator import FitContext
 from ...engine.exchange import array, number
 from ...engine.history import History
 from ...engine.model import Params
-from .model import MOMENTS_QUERY, _num
+from .model import MOMENTS_QUERY, SIZES_QUERY, _num
 from .scaling import moments_scaling, scaling_matrix, to_user_units
 from .solvers import ChainSettings, HLCRFit, chain_diagnostic
 
-__all__ = ["HYPER_START", "HLCRHistory", "finish_chain", "start_params", "store_fit"]
+__all__ = ["HYPER_START", "HLCRHistory", "finish_chain", "secure_sizes", "start_params",
+           "store_fit"]
 
 #: starting sigma and delta when they are estimated (standardized units)
 HYPER_START = (0.5, 1.0)
@@ -41,12 +42,16 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
     sigma = chain.sigma
     if standardize:
         F = ctx.n_features
-        rep = ctx.ask(MOMENTS_QUERY, expect={"n": number(low=1), "sx": array(F),
-                                             "sxx": array(F, low=0), "sy": number(),
-                                             "syy": number(low=0)},
-                      what="initialization (moments for standardizing)")
-        tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values())
-               for k in ("n", "sx", "sxx", "sy", "syy")}
+        what = "initialization (moments for standardizing)"
+        if ctx.secure is not None:  # the same sums, only their total seen
+            tot = ctx.ask_sum(MOMENTS_QUERY, shapes={"n": (), "sx": (F,), "sxx": (F,),
+                                                     "sy": (), "syy": ()}, what=what)
+        else:
+            rep = ctx.ask(MOMENTS_QUERY, expect={"n": number(low=1), "sx": array(F),
+                                                 "sxx": array(F, low=0), "sy": number(),
+                                                 "syy": number(low=0)}, what=what)
+            tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values())
+                   for k in ("n", "sx", "sxx", "sy", "syy")}
         mx, sx, my, sy = moments_scaling(tot["n"], tot["sx"], tot["sxx"], tot["sy"],
                                          tot["syy"], fit_intercept)
         params.update(T=scaling_matrix(mx, sx, fit_intercept), y_shift=np.array(my),
@@ -56,6 +61,29 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
     params.update(sigma=np.array(float(sigma)), delta=np.array(float(chain.delta)),
                   seed=np.array(float(int(ctx.seed) % (2**52))), step=np.array(0.0))
     return params
+
+
+def secure_sizes(ctx: FitContext, what: str) -> tuple[int, int]:
+    """The agents' summed entity and event counts under secure aggregation, checked on the
+    aggregate: the entities set up, at least one event each, the fit's width on every agent."""
+    from ...engine.loop import FederatedFitError
+
+    tot = ctx.ask_sum(SIZES_QUERY, shapes={"n_entities": (), "n_events": (), "n_features": ()},
+                      what=what)
+    n_ent, n_ev, width = (float(np.rint(tot[k])) for k in ("n_entities", "n_events",
+                                                            "n_features"))
+    want = float(sum(ctx.n_units.values()))
+    problem = None
+    if n_ent != want:
+        problem = f"report {n_ent:g} entities, {want:g} at setup"
+    elif n_ev < n_ent:
+        problem = f"report {n_ev:g} events for {n_ent:g} entities"
+    elif width != ctx.n_features * len(ctx.client_ids):
+        problem = f"report {width:g} features in all, not {ctx.n_features} each"
+    if problem:
+        raise FederatedFitError(f"{what}: the agents together {problem} (secure aggregation "
+                                "hides which one); nothing of this exchange was used")
+    return int(n_ent), int(n_ev)
 
 
 def chain_for(chain: ChainSettings, params0: Params) -> ChainSettings:
