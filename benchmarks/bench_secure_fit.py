@@ -6,8 +6,8 @@ the quantizer (8 levels) and control variates, fitted for ``--rounds`` rounds wi
 medians): CPU seconds of this process (every client runs here, in turn: divide the client part
 by the participants for one client's time in a deployment) and bytes up and down as the
 history records them (secure: masked uint64 replies plus the reveal round trip); and the
-once-per-fit key set-up (seconds, bytes). The plain reference is the per-client path
-(``InProcessRuntime(batched=False)``) and the batched one.
+once-per-fit key set-up (seconds, bytes; the history adds them to round 1). The plain
+reference is the per-client path (``InProcessRuntime(batched=False)``) and the batched one.
 
 Run: ``python benchmarks/bench_secure_fit.py [--clients 10 50] [--rounds 8]``.
 """

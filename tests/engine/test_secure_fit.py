@@ -119,14 +119,26 @@ def test_same_seed_same_parameters_exactly_but_fresh_client_messages():
         rt = fl.InProcessRuntime(fd, record=True)
         est = fit(gmm(True), fd, runtime=rt)
         masked = [m for d, c, meth, m in rt.log if d == "up" and meth == "estep"]
-        runs.append((est, masked))
-    (a, ma), (b, mb) = runs
+        runs.append((est, masked, rt.log))
+    (a, ma, _), (b, mb, _) = runs
     for name in ("weights_", "means_", "covariances_"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     assert len(ma) == len(mb) > 0
     for x, y in zip(ma, mb):
         assert sorted(x) == sorted(y) and all(np.asarray(v).dtype == np.uint64 for v in x.values())
         assert all(not np.array_equal(x[k], y[k]) for k in x)  # fresh masks every run
+    # the history counts every byte of a round: masked replies and the reveal round trip
+    from fedlatent.engine.messages import message_nbytes
+
+    up: dict = {}
+    log = runs[1][2]
+    for (_, _, meth, down), (_, _, _, reply) in zip(log[::2], log[1::2]):
+        if meth == "estep" or (meth == "secagg" and down.get("step") == "reveal"):
+            k = int(down["round"])
+            up[k] = up.get(k, 0) + message_nbytes(reply)
+    hist = b.history_.to_frame()
+    assert [up[k] for k in range(2, 9)] == hist["bytes_up"].tolist()[1:]
+    assert hist["bytes_up"].iloc[0] > up[1]  # the key set-up counts in round 1
     # nothing a client sent in a round is one of its statistics in the clear
     assert all(set(m) <= {"delta/nk", "delta/sx", "delta/sxx", "n", "objective/hi",
                                  "objective/lo"} for m in ma)

@@ -167,17 +167,22 @@ class SecureChannel:
         self.config = SecAggConfig(t, fixed_point(bound, n), slots=int(slots))
         self.config.check_clients(n)
         self.server = SecAggServer(self.config)
-        self.setup_bytes = 0
+        #: bytes of the key set-up, (down, up); the initialization round's record adds them
+        self.setup_down = self.setup_up = 0
 
     @property
     def excluded(self) -> dict[str, str]:
         """Clients declared dropped (their mask key revealed): out for the rest of the fit."""
         return self.server.excluded
 
+    @property
+    def setup_bytes(self) -> int:
+        return self.setup_down + self.setup_up
+
     def _call(self, ids, method, msgs) -> dict:
-        self.setup_bytes += sum(message_nbytes(msgs[c]) for c in ids)
+        self.setup_down += sum(message_nbytes(msgs[c]) for c in ids)
         replies = self.runtime.call(ids, method, msgs) if ids else {}
-        self.setup_bytes += sum(message_nbytes(r) for r in replies.values())
+        self.setup_up += sum(message_nbytes(r) for r in replies.values())
         return replies
 
     def setup(self) -> SecureChannel:

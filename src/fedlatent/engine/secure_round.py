@@ -81,5 +81,8 @@ def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p
         new_state = rounds.state.after_init({"all": Q}, {"all": 1.0}, rounds.use_cv)
     else:
         new_state = rounds.state.after_round({"all": Q}, {"all": 1.0}, gamma, p, alpha)
+    down, up = res["bytes_down"], res["bytes_up"]
+    if init_round:  # the fit's key set-up counts in its first round
+        down, up = down + rounds.secure.setup_down, up + rounds.secure.setup_up
     return Gathered(new_state, missing, {}, errors, float(sums["objective"]), round(n_sum),
-                    len(S), res["bytes_down"], res["bytes_up"], lambda S_hat: None, False)
+                    len(S), down, up, lambda S_hat: None, False)
