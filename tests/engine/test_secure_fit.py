@@ -196,6 +196,20 @@ def test_fewer_survivors_than_the_threshold_stops_the_round():
     assert err.value.round == 3 and set(err.value.last_good) >= {"weights", "means"}
 
 
+def test_too_few_clients_drawn_stop_the_round_before_anything_is_sent():
+    fd = blobs(n_clients=6)
+    seed = next(s for s in range(100) if len(select_active([str(i) for i in range(6)], 0.5, s,
+                                                           2, False)) < 4)
+    est = fl.FederatedGaussianMixture(2, init_params="random", max_rounds=3, tol=0.0,
+                                      random_state=seed, verbose=False,
+                                      federation=fl.Federation(participation=0.5,
+                                                               secure_aggregation=True))
+    with pytest.raises(FederatedFitError, match=r"^round 2: [0-3] clients drawn to take part "
+                       r"\(participation 0.5\), fewer than the secure aggregation threshold 4; "
+                       r"raise the participation or lower secagg_threshold"):
+        fit(est, fd)
+
+
 def test_threshold_and_settings_are_checked():
     fd = blobs(n_clients=5)
     est = fl.FederatedGaussianMixture(2, init_params="random", max_rounds=2, verbose=False,

@@ -38,6 +38,13 @@ def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p
     if init_round and gone:
         raise FederatedFitError(f"round {k}: clients {gone} are excluded; the initialization "
                                 "round needs every client", rounds.params, k)
+    t = rounds.secure.config.threshold
+    if len(active) < t:
+        raise FederatedFitError(
+            f"round {k}: {len(active)} clients drawn to take part (participation {p:g}"
+            f"{', after exclusions' if gone else ''}), fewer than the secure aggregation "
+            f"threshold {t}; raise the participation or lower secagg_threshold (it must stay "
+            f"above half the clients); kept the parameters of round {k - 1}", rounds.params, k)
     try:
         res = rounds.secure.sum("estep", {c: msg for c in active}, round=k, exchange="estep",
                                 weights={c: rounds.weights[c] for c in active})

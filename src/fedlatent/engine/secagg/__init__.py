@@ -8,10 +8,17 @@ seed sealed with ChaCha20-Poly1305 for each peer (:mod:`.shamir`), pairwise and 
 ChaCha20 keystream of HKDF-derived per-exchange keys, and recovery of dropped participants' masks
 from the survivors' shares. :mod:`.driver` runs the whole protocol in memory.
 
+Per-exchange secrets (``SecAggConfig(slots=E)``, what the engine uses): every client draws E
+mask key pairs and E self-mask seeds at set-up, all shared then, and exchange e uses only the
+e-th; revealing one exchange's secrets reveals nothing of another, so a client that drops in
+any exchange (not only its first) is recovered. With ``slots=None`` (one secret of each kind
+per fit) a client whose self-mask seed was revealed can never be recovered later.
+
 Multi-round rule: over a fit, an honest client never reveals both the self-mask seed and the
-mask key of the same peer. A dropped client whose mask key was rebuilt is excluded from later
-exchanges (it must rejoin with new keys); a client whose self-mask seed was revealed (it survived
-an exchange) cannot later be declared dropped: its peers refuse, and that exchange is abandoned.
+mask key of the same peer (of the same exchange, with slots). A dropped client whose mask key
+was rebuilt is excluded from later exchanges (it must rejoin with new keys); without slots, a
+client whose self-mask seed was revealed (it survived an exchange) cannot later be declared
+dropped: its peers refuse, and that exchange is abandoned.
 """
 
 from .client import SecAggClient
