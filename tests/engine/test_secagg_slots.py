@@ -81,3 +81,22 @@ def test_slots_are_announced_once_each_and_run_out_with_a_clear_message():
     with pytest.raises(SecureAggregationError, match=r"round 3, exchange 'c': the 2 exchanges "
                        r"planned at set-up are used up; set up again with more slots"):
         server.announce(3, "c", IDS)
+
+
+def test_a_client_rebuilt_from_its_dump_every_message_gives_the_same_protocol():
+    """What a Flower node does: its client is rebuilt from JSON before each message."""
+    from fedlatent.engine.secagg import SecAggClient
+
+    server, clients = setup(IDS, config())
+    stats = inputs(5)
+    for k in (1, 2):
+        clients = {u: SecAggClient.load(c.dump()) for u, c in clients.items()}
+        drop = ["c4"] if k == 2 else []
+        got = run_exchange(server, clients, stats, k, "estep", IDS, drop=drop)
+        alive = [u for u in IDS if u not in drop]
+        assert np.max(np.abs(got["s"] - sum(stats[u]["s"] for u in alive))) <= 5 / (2 * SCALE)
+    again = SecAggClient.load(clients["c0"].dump())
+    assert again.dump() == clients["c0"].dump()
+    with pytest.raises(SecureAggregationError, match=r"client 'c0': already revealed shares for "
+                       r"round 2, exchange 'estep'"):
+        again.reveal(2, "estep", [u for u in IDS if u != "c4"], ["c4"])
