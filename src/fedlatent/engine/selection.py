@@ -29,8 +29,8 @@ from .params import Integer
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["AUTO_SIZE", "Selection", "check_candidates", "fit_selected", "load_selection",
-           "select"]
+__all__ = ["AUTO_SIZE", "Selection", "bic_selection", "check_candidates", "fit_selected",
+           "load_selection", "select"]
 
 
 class _SizeOrAuto(Integer):
@@ -93,6 +93,24 @@ def check_candidates(values: Sequence[int] | None, default: Sequence[int], param
     if len(set(vals)) != len(vals):
         raise ValueError(f"{name} lists a value twice: {values!r}; give each {param} once")
     return tuple(int(v) for v in vals)
+
+
+def _bic(est, fd) -> dict[str, float]:
+    """BIC of a fitted candidate from its federated log-likelihood (sums from the clients)."""
+    tot, n = est._federated_loglik(fd)
+    k = est._n_parameters()
+    return {"bic": -2.0 * tot + k * np.log(n), "loglik": tot, "n_parameters": k}
+
+
+def bic_selection(est, default: Sequence[int]) -> Selection | None:
+    """The ``n_components="auto"`` selection by lowest BIC of a mixture estimator with
+    ``n_components_candidates``, ``_federated_loglik`` and ``_n_parameters`` (None when
+    ``n_components`` is a number)."""
+    if est.n_components != "auto":
+        return None
+    return Selection("n_components", check_candidates(
+        est.n_components_candidates, default, "n_components", "n_components_candidates"),
+        "bic", _bic)
 
 
 def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]

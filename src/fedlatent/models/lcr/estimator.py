@@ -20,7 +20,7 @@ from ...engine.loop import FitResult
 from ...engine.model import Params
 from ...engine.params import ROUND_LOOP, Real
 from ...engine.registry import register_estimator
-from ...engine.selection import AUTO_SIZE, Selection, check_candidates
+from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
 from ...engine.stats import Stats
 from .math import (
     add_intercept,
@@ -318,17 +318,7 @@ class LatentClassRegression(FederatedEstimator):
 
     # ---- fitting hooks ----------------------------------------------------------------------
     def _selection(self) -> Selection | None:
-        if self.n_components != "auto":
-            return None
-
-        def bic(est, fd) -> dict:
-            tot, n = est._federated_loglik(fd)
-            k = est._n_parameters()
-            return {"bic": -2.0 * tot + k * np.log(n), "loglik": tot, "n_parameters": k}
-
-        return Selection("n_components", check_candidates(
-            self.n_components_candidates, range(1, 7), "n_components",
-            "n_components_candidates"), "bic", bic)
+        return bic_selection(self, range(1, 7))
 
     def _fitted_k(self) -> int:
         """The number of components of the fitted model."""
