@@ -16,10 +16,7 @@ from ...engine.batched import BatchStep
 from ...engine.numerics import logsumexp
 from .math import estimate_log_gaussian_prob
 
-__all__ = ["gaussian_suspects", "gmm_batched_stats", "psd_suspects"]
-
-#: matrices checked per Cholesky call (bounds the temporaries)
-_CHUNK = 1 << 13
+__all__ = ["gaussian_suspects", "gmm_batched_stats"]
 
 
 def gmm_log_resp(params, X: np.ndarray, cov_type: str):
@@ -77,61 +74,6 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
     stats = gaussian_sums(X, resp, params["center"], cov_type, w)
     objective = np.cumsum(norm * w, axis=1)[:, -1]  # in row order, as client_stats sums
     return BatchStep(stats, w.sum(axis=1), objective, state)
-
-
-def psd_suspects(M: np.ndarray, slack: np.ndarray | None = None, rtol: float = 1e-8, *,
-                 s2: np.ndarray | None = None, err: np.ndarray | None = None,
-                 exact_slack=None) -> np.ndarray:
-    """A mask over the matrices (N, p, p) that may fail
-    :func:`fedlatent.engine.messages.psd_failures` (every one that does is flagged).
-
-    ``psd_failures`` scales each matrix to unit diagonal, ``Ms = D^-1/2 M D^-1/2`` (``D`` its
-    diagonal plus the slack's), and flags it when its smallest eigenvalue is below
-    ``-(rtol p + err)``, ``err`` the Frobenius norm of the scaled slack. A Cholesky
-    factorization of ``M + t D`` with ``t = rtol p / 2 + err`` - congruent to ``Ms + t I`` -
-    succeeds for every matrix that passes with a margin; a chunk where one does not (or with
-    a negative or non-finite diagonal) gets the exact test. ``s2`` (N, p) and ``err`` (N,)
-    may be given instead of ``slack`` (then ``exact_slack(lo, hi)`` builds the slack of a
-    chunk for the exact test).
-    """
-    from ...engine.messages import psd_failures
-
-    M = np.asarray(M, dtype=np.float64)
-    N, p, _ = M.shape
-    out = np.zeros(N, dtype=bool)
-    tiny = np.finfo(np.float64).tiny
-    idx = np.arange(p)
-    for lo in range(0, N, _CHUNK):
-        hi = min(lo + _CHUNK, N)
-        A = M[lo:hi]
-        E = None if slack is None else np.abs(slack[lo:hi])
-        with np.errstate(all="ignore"):
-            diag = A[:, idx, idx]
-            t = np.full(len(A), 0.5 * rtol * p)
-            if s2 is not None:
-                d2, t = s2[lo:hi], t + err[lo:hi]
-            else:
-                d2 = np.maximum(diag, 0.0) + tiny
-                if E is not None:
-                    d2 = d2 + E[:, idx, idx]
-                    sq = np.sqrt(d2)
-                    t = t + np.sqrt(np.sum((E / (sq[:, :, None] * sq[:, None, :])) ** 2,
-                                           axis=(1, 2)))
-            ok = np.all(np.isfinite(A), axis=(1, 2)) & (np.min(diag, axis=1) >= 0.0) \
-                & np.isfinite(t)
-            if ok.all():
-                B = A.copy()
-                B[:, idx, idx] += t[:, None] * d2
-                try:
-                    np.linalg.cholesky(B)
-                    continue
-                except np.linalg.LinAlgError:
-                    pass
-        if E is None and exact_slack is not None:
-            E = exact_slack(lo, hi)
-        out[lo + psd_failures(A, E, rtol)] = True
-        out[lo:hi] |= ~ok
-    return out
 
 
 def count_suspects(counts: np.ndarray, n_units: np.ndarray, slack: np.ndarray | None,
