@@ -61,4 +61,8 @@ def test_fit_fedgmm_learners_auto(three_blobs, tmp_path):
     assert r.exit_code == 0, r.output
     line = next(s for s in r.output.splitlines() if s.startswith("FedGMM:"))
     m2 = int(line.split("M2=")[1].split(",")[0])
-    assert line.split("M1=")[1].startswith("2,") and m2 >= 1
+    assert line.split("M1=")[1].startswith("2,")
+    sel = json.loads((out / "model.json").read_text())["selection"]
+    assert sel["param"] == "n_learners" and sel["value"] == m2  # printed = saved choice
+    score = {row["n_learners"]: row["heldout_loglik"] for row in sel["scores"]}
+    assert len(score) > 1 and max(score, key=score.get) == m2  # highest held-out likelihood
