@@ -8,6 +8,7 @@
 from . import data as datasets  # noqa: F401  (fl.datasets.* generators, imported on first use)
 from .data import FederatedDataset
 from .engine import (
+    DifferentialPrivacy,
     DisclosurePolicy,
     Federation,
     InProcessRuntime,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 # Estimators are listed by the registry (fl.FedGMM...), not here: see __getattr__ and __dir__.
 __all__ = [
     "ConvergenceWarning",
+    "DifferentialPrivacy",
     "DisclosurePolicy",
     "NotFittedError",
     "FederatedDataset",

@@ -18,6 +18,7 @@ from .loop import FederatedFitError, FitResult, LoopOptions, run_federated_em
 from .messages import ClientReplyError, check_reply
 from .model import ClientStep, FederatedModel, client_rng
 from .privacy.disclosure import DisclosurePolicy
+from .privacy.dp import DifferentialPrivacy
 from .registry import model_from_config, register_estimator, register_model
 from .runtime import Runtime
 from .stats import Stats
@@ -34,6 +35,7 @@ __all__ = [
     "ClientReplyError",
     "ClientStep",
     "DisclosurePolicy",
+    "DifferentialPrivacy",
     "ConvergenceWarning",
     "FederatedEstimator",
     "FederatedFitError",

@@ -111,7 +111,10 @@ class ClientNode:
         self.own_disclosure = disclosure
         self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
         self._data = data
+        self._raw = data  # as given; ``_data`` is its clipped copy under differential privacy
         self._source = source
+        #: the fit's differential privacy (ClientPrivacy) or None; set at setup
+        self.privacy = None
         self.state: dict[str, np.ndarray] = dict(state or {})
         self.model: FederatedModel | None = None
         #: this client's secure-aggregation secrets for the current fit (never sent)
@@ -161,11 +164,30 @@ class ClientNode:
         if refusal:
             logger.warning("%s", refusal)
             return {ERROR_KEY: refusal}
+        self._setup_privacy(msg)
         if not any(k.startswith("model/") for k in self.state):
             _put(self.state, "model", self.model.init_client_state(self._data))
             self.state.setdefault("engine/initialized", np.array(1.0))
         n = self.model.n_units(self._data)
         return {"n_units": int(n)}
+
+    def _setup_privacy(self, msg: dict[str, Any]) -> None:
+        """Differential privacy as the setup message sets it: calibrate, clip the data once."""
+        from .privacy.client_dp import ClientPrivacy
+
+        self.privacy = ClientPrivacy.from_message(msg, self.client_id, self.state)
+        assert self.model is not None
+        self.model.privacy = None if self.privacy is None else self.privacy.dp
+        self._data = (self._raw if self.privacy is None
+                      else self.model.dp_clip(self._raw, self.privacy.dp))
+
+    def _private(self, sums, sensitivities, msg: dict[str, Any], what: str):
+        """``sums`` with this client's calibrated noise (one release of its budget)."""
+        assert self.privacy is not None
+        return self.privacy.release(
+            sums, sensitivities, what=what, client_key=client_key(self.client_id),
+            round_=int(msg.get("round", 0)),
+            secagg=self.secagg if "secagg/slot" in msg else None, state=self.state)
 
     # ------------------------------------------------------------------------------------------
     def _local_stats(self, params, rows, rng, commit: bool = True):
@@ -210,9 +232,18 @@ class ClientNode:
         params = unpack(msg, "params")
         n_units = self.model.n_units(self._data)
         rng_model = _LazyRng(seed, self.client_id, rnd, _P_MODEL)
+        if self.privacy is not None and mode not in ("full", "batch"):
+            raise ValueError(f"client {self.client_id!r}: E-step mode {mode!r} is not available "
+                             "under differential privacy (SPIDER releases two correlated "
+                             "statistics per round); use full passes or mini-batches")
 
         if mode == "full" or mode == "spider-refresh":
             step = self._local_stats(params, None, rng_model)
+            if self.privacy is not None:
+                step.stats = Stats(self._private(
+                    step.stats, self.model.dp_sensitivity(params, self.privacy.dp), msg,
+                    f"round {rnd}'s statistic"))
+                step.objective = 0.0  # not released: not covered by the noise
             S_c = step.stats / max(step.n, 1)
             if mode == "spider-refresh":
                 _put(self.state, "spider_S", S_c.to_dict())
@@ -220,6 +251,11 @@ class ClientNode:
         elif mode == "batch":
             rows = self._batch(seed, rnd, n_units, int(msg["batch_size"]))
             step = self._local_stats(params, rows, rng_model)
+            if self.privacy is not None:
+                step.stats = Stats(self._private(
+                    step.stats, self.model.dp_sensitivity(params, self.privacy.dp), msg,
+                    f"round {rnd}'s mini-batch statistic"))
+                step.objective = 0.0
             S_c = step.stats / max(step.n, 1)
         elif mode == "spider":
             prev_S = _sub(self.state, "spider_S")
@@ -296,6 +332,9 @@ class ClientNode:
 
     def _evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.model is not None
+        if self.privacy is not None:
+            raise ValueError(f"client {self.client_id!r}: the evaluation pass (track_h) is not "
+                             "available under differential privacy (it is not in the budget)")
         params = unpack(msg, "params")
         rng = client_rng(int(msg["seed"]), self.client_id, int(msg["round"]), _P_MODEL)
         step = self._local_stats(params, None, rng, commit=False)
@@ -318,6 +357,18 @@ class ClientNode:
         except DisclosureRefused as err:  # the model declined: the server learns why
             logger.warning("client %r: query %r refused: %s", self.client_id, name, err)
             return {ERROR_KEY: f"client {self.client_id!r}: {err}"}
+        if self.privacy is not None:
+            sens = self.model.dp_query_sensitivity(name, msg, self.privacy.dp)
+            if sens is None:
+                return {ERROR_KEY: f"client {self.client_id!r}: query {name!r} is not available "
+                                   "under differential privacy (its reply has no declared "
+                                   "sensitivity, so no noise can protect it)"}
+            from .privacy.dp import PrivacyBudgetExceeded
+
+            try:
+                reply = self._private(reply, sens, msg, f"query {name!r}")
+            except PrivacyBudgetExceeded as err:
+                return {ERROR_KEY: str(err)}
         _put(self.state, "model", mstate)
         return reply
 

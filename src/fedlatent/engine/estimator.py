@@ -139,17 +139,41 @@ class FitContext:
     #: the fit's SecureChannel under ``Federation(secure_aggregation=True)`` (else None):
     #: initializations then ask through :meth:`ask_sum`
     secure: Any = None
+    #: the fit's PrivacyBudget under ``Federation(privacy=...)`` (else None): every query is
+    #: one release (the clients add the noise), spent here
+    privacy: Any = None
+
+    @property
+    def summed_only(self) -> bool:
+        """Whether initializations must use :meth:`ask_sum` (secure aggregation, or
+        differential privacy: per-client checks cannot hold on noisy replies)."""
+        return self.secure is not None or self.privacy is not None
 
     def ask_sum(self, query: str, payload: dict[str, Any] | None = None, *,
                 shapes: dict[str, tuple], what: str | None = None) -> dict[str, np.ndarray]:
-        """A query whose replies are needed only summed, through secure aggregation:
-        ``{field: sum over every client}`` (each field's shape and finiteness checked on the
-        aggregate). Only under secure aggregation (otherwise :meth:`ask` checks each reply)."""
-        from .secure import secure_sum_query
+        """A query whose replies are needed only summed: ``{field: sum over every client}``.
 
-        if self.secure is None:
-            raise RuntimeError("ask_sum is the secure-aggregation form of ask; use ask")
-        return secure_sum_query(self, query, payload, shapes, what=what or f"query {query!r}")
+        Under secure aggregation the server sees only the sum (each field's shape and
+        finiteness checked on the aggregate); under differential privacy alone each client's
+        reply carries its own noise and is checked for shape and finiteness. Only under one of
+        them (otherwise :meth:`ask` checks each reply)."""
+        what = what or f"query {query!r}"
+        if self.secure is not None:
+            from .secure import secure_sum_query
+
+            out = secure_sum_query(self, query, payload, shapes, what=what)
+        elif self.privacy is not None:
+            from .exchange import array
+
+            rep = self._ask(query, payload, expect={f: array(*shp) for f, shp in shapes.items()},
+                            what=what)
+            out = {f: sum(np.asarray(rep[c][f], dtype=np.float64) for c in self.client_ids)
+                   for f in shapes}
+        else:
+            raise RuntimeError("ask_sum is the secure-aggregation or private form of ask; use ask")
+        if self.privacy is not None:
+            self.privacy.spend(1)
+        return out
 
     @property
     def client_ids(self) -> list[str]:
@@ -176,6 +200,14 @@ class FitContext:
             from .secure import refuse_clear_query
 
             refuse_clear_query(query, what)
+        replies = self._ask(query, payload, expect=expect, what=what, required=required,
+                            clients=clients, per_client=per_client)
+        if self.privacy is not None:  # every query is a release (the clients noise it)
+            self.privacy.spend(1)
+        return replies
+
+    def _ask(self, query, payload=None, *, expect=None, what=None, required=True, clients=None,
+             per_client=None) -> Replies:
         base = {"query": query, "seed": int(self.seed)}
         if per_client is not None:
             msgs = {c: {**base, **p} for c, p in per_client.items()}
@@ -206,6 +238,11 @@ class FederatedEstimator(BaseEstimator):
     #: not (the refusal's message)
     _secure_aggregation: ClassVar[str | None] = (
         "its fit does not yet route every sum through secure aggregation")
+    #: None when the estimator supports ``Federation(privacy=...)``; otherwise why not
+    _differential_privacy: ClassVar[str | None] = (
+        "its statistics have no bounded sensitivity yet")
+    #: Gaussian releases its initialization makes under differential privacy (queries)
+    _dp_init_releases: ClassVar[int] = 0
 
     # ---- hooks ---------------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -223,7 +260,7 @@ class FederatedEstimator(BaseEstimator):
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> FitResult:
         """The fit proper; default: the FedEM round loop of the engine."""
         return run_rounds(ctx.model, ctx.runtime, ctx.federation, params0, options,
-                          n_units=ctx.n_units, secure=ctx.secure)
+                          n_units=ctx.n_units, secure=ctx.secure, privacy=ctx.privacy)
 
     def _store(self, result: FitResult, model: FederatedModel) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -303,14 +340,34 @@ class FederatedEstimator(BaseEstimator):
                          data=None if remote else fd, runtime_given=given)
         from .privacy.disclosure import effective
 
+        releases = 0
+        if federation.privacy is not None:
+            from .privacy.dp import PrivacyBudget, planned_releases
+
+            self._refuse_private(fd, federation)
+            releases = planned_releases(int(getattr(self, "max_rounds", 100)), 1,
+                                        int(self._dp_init_releases))
+            ctx.privacy = PrivacyBudget(federation.privacy.calibrate(releases))
         ctx.n_units = setup_clients(runtime, model, effective(federation.disclosure,
-                                                              federation.secure_aggregation))
+                                                              federation.secure_aggregation),
+                                    federation.privacy, releases)
         if federation.secure_aggregation:
             from .secure import open_channel
 
             ctx.secure = open_channel(runtime, federation, ctx.n_units,
                                       int(getattr(self, "max_rounds", 100)))
         return ctx
+
+    def _refuse_private(self, fd, federation) -> None:
+        """ValueError unless this estimator can be fitted under ``federation.privacy``."""
+        name = type(self).__name__
+        if self._differential_privacy is not None:
+            raise ValueError(f"{name} refuses Federation(privacy=DifferentialPrivacy(...)): "
+                             f"{self._differential_privacy}; fit it with privacy=None")
+        if self._selection() is not None:
+            raise ValueError(f"{name}: a size 'auto' is chosen by held-out scores outside the "
+                             "privacy budget; give the size under differential privacy")
+        federation.privacy.center_for(fd.n_features)  # one centre per feature
 
     def initial_parameters(self, fd, *, runtime: Runtime | None = None) -> Params:
         """The parameters a fit on ``fd`` would start from (its initialization exchanges run,
@@ -375,6 +432,9 @@ class FederatedEstimator(BaseEstimator):
         self.converged_ = result.converged
         self.n_iter_ = result.n_rounds
         self.client_faults_ = list(ctx.faults)
+        #: ``(epsilon, delta)`` spent by the fit under differential privacy (initialization
+        #: included; never above the budget), None without it
+        self.privacy_spent_ = None if ctx.privacy is None else tuple(ctx.privacy.spent)
         self.feature_names_in_ = np.asarray(list(fd.feature_names), dtype=object)
         self.n_features_in_ = fd.n_features
         #: the categorical encoding of the features (FederatedDataset.from_pandas(...,

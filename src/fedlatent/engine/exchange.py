@@ -108,9 +108,11 @@ def ask(
     return good
 
 
-def setup_clients(runtime: Runtime, model, disclosure=None) -> dict[str, int]:
+def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
+                  privacy_releases: int = 0) -> dict[str, int]:
     """Send every client the model's name and config and the disclosure policy (None: the
-    default, on); return each client's number of units.
+    default, on), and the differential-privacy setting with the number of releases the fit
+    plans (None: not private); return each client's number of units.
 
     The one place a model reaches the clients: they rebuild it from the registry (no code or
     pickle crosses). A client the policy keeps from answering anything (fewer records than
@@ -124,6 +126,9 @@ def setup_clients(runtime: Runtime, model, disclosure=None) -> dict[str, int]:
 
     msg = {"model": model.name, "model_config": json.dumps(model.get_config()),
            "disclosure": policy_to_json(DisclosurePolicy() if disclosure is None else disclosure)}
+    if privacy is not None:
+        msg["privacy"] = json.dumps(privacy.to_config())
+        msg["privacy_releases"] = int(privacy_releases)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})
     n_units = {c: int(replies[c]["n_units"]) for c in runtime.client_ids}
     for c, m in n_units.items():

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .privacy.disclosure import DisclosurePolicy
+from .privacy.dp import DifferentialPrivacy
 from .privacy.enforce import policy_from_config, policy_to_json
 from .stats import Stats
 
@@ -170,6 +171,15 @@ class Federation:
     secagg_threshold : int or None
         Survivors needed to unmask a sum; None: ``floor(n_clients / 2) + 1``. Must lie in
         ``(n_clients / 2, n_clients]``.
+    privacy : DifferentialPrivacy or None
+        Record-level ``(epsilon, delta)`` differential privacy of everything the server sees
+        over the whole fit, initialization included (:mod:`fedlatent.engine.privacy`): every
+        client clips its data and adds Gaussian noise calibrated up front for the planned
+        releases (``max_rounds`` rounds plus the initialization's); ``noise="distributed"``
+        needs ``secure_aggregation=True``. The fit runs its planned rounds (no early stop on
+        noisy objectives), stops before a round that would exceed the budget, and reports the
+        spend in ``history_["epsilon"]`` and ``privacy_spent_``. SPIDER and ``track_h`` are
+        not available under it.
     secagg_bound : float, default 2**20
         Largest magnitude of an entry a client sends under secure aggregation (a weighted
         per-unit statistic such as ``x_j x_k``); it fixes the public fixed-point scale, the
@@ -191,6 +201,7 @@ class Federation:
     secure_aggregation: bool = False
     secagg_threshold: int | None = None
     secagg_bound: float = 2.0**20
+    privacy: DifferentialPrivacy | None = None
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -227,6 +238,24 @@ class Federation:
             raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
         self._validate_disclosure()
         self._validate_secure()
+        self._validate_privacy()
+
+    def _validate_privacy(self) -> None:
+        dp = self.privacy
+        if dp is None:
+            return
+        if not isinstance(dp, DifferentialPrivacy):
+            raise ValueError("Federation(privacy=...) must be None or a fl.DifferentialPrivacy("
+                             f"epsilon, delta, clip=...), got {type(dp).__name__}")
+        dp.check_secure_aggregation(bool(self.secure_aggregation))
+        if self.variance_reduction is not None:
+            raise ValueError("Federation(variance_reduction=Spider(...)) is not available under "
+                             "differential privacy (each round would release two correlated "
+                             "statistics); use variance_reduction=None")
+        if self.track_h:
+            raise ValueError("Federation(track_h=True) is not available under differential "
+                             "privacy (the evaluation pass is an extra release of every "
+                             "client); set track_h=False")
 
     def _validate_disclosure(self) -> None:
         pol = self.disclosure
@@ -289,6 +318,7 @@ class Federation:
         d = asdict(self)
         d.pop("_extra", None)
         d["disclosure"] = json.loads(policy_to_json(self.disclosure))
+        d["privacy"] = None if self.privacy is None else self.privacy.to_config()
         if callable(self.step_size):
             d["step_size"] = repr(self.step_size)
         return d
@@ -303,6 +333,7 @@ class Federation:
         if fed.get("variance_reduction"):
             fed["variance_reduction"] = Spider(**fed["variance_reduction"])
         fed["disclosure"] = policy_from_config(fed.get("disclosure"))
+        fed["privacy"] = DifferentialPrivacy.from_config(fed.get("privacy"))
         if isinstance(fed.get("step_size"), str):
             raise ValueError(
                 f"Federation step_size {fed['step_size']!r} is a callable and cannot be rebuilt "

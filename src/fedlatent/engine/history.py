@@ -40,6 +40,10 @@ class RoundRecord:
     errors : dict of str to str
         Clients that raised during the round, with the exception's type and text
         (``evaluate:`` first when it was in the ``track_h`` evaluation).
+    epsilon : float or None
+        Under differential privacy, the epsilon spent by the fit up to and including this
+        round (initialization included; at the setting's delta), the accountant's figure.
+        None without it.
     """
 
     round: int
@@ -53,6 +57,7 @@ class RoundRecord:
     missing: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    epsilon: float | None = None
 
 
 def _as_reasons(value) -> dict[str, str]:

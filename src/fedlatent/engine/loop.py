@@ -199,21 +199,34 @@ def run_rounds(
     *,
     n_units: dict[str, int] | None = None,
     secure=None,
+    privacy=None,
 ) -> FitResult:
     """The round loop (see the module docstring); returns the last good round's result.
 
     ``secure`` is the fit's :class:`~fedlatent.engine.secure.SecureChannel` (set up by the
     estimator); with ``Federation(secure_aggregation=True)`` and none given, one is set up
-    here."""
+    here. ``privacy`` is the fit's :class:`~fedlatent.engine.privacy.PrivacyBudget` (its
+    initialization releases spent); under ``Federation(privacy=...)`` with none given, one is
+    planned here for ``max_rounds`` rounds."""
     federation.validate()
     if options.max_rounds < 1:
         raise ValueError(f"max_rounds must be >= 1, got {options.max_rounds}")
+    if federation.privacy is not None and privacy is None:
+        if n_units is not None:
+            raise ValueError("under Federation(privacy=...) the clients must be set up with "
+                             "the fit's plan: pass the PrivacyBudget the setup used")
+        from .privacy.dp import PrivacyBudget, planned_releases
+
+        privacy = PrivacyBudget(federation.privacy.calibrate(
+            planned_releases(options.max_rounds)))
     if n_units is None:
         from .exchange import setup_clients
         from .privacy.disclosure import effective
 
         n_units = setup_clients(runtime, model, effective(federation.disclosure,
-                                                          federation.secure_aggregation))
+                                                          federation.secure_aggregation),
+                                federation.privacy,
+                                0 if privacy is None else privacy.calibration.releases)
     if federation.secure_aggregation and secure is None:
         from .secure import open_channel
 
@@ -222,6 +235,7 @@ def run_rounds(
         secure.runtime = runtime  # the runtime this loop is given (a wrapper, say)
     rounds = _Rounds(model, runtime, federation, options, n_units)
     rounds.secure = secure
+    rounds.budget = privacy
     return rounds.run(params0)
 
 
@@ -240,6 +254,7 @@ class _Rounds:
         self.params: Params = {}
         self.bserver = None
         self.secure = None  # the SecureChannel under secure aggregation
+        self.budget = None  # the PrivacyBudget under differential privacy
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, round_: int) -> None:
@@ -275,6 +290,8 @@ class _Rounds:
         self.params = params
         self.state = FedEMState(S_hat, V)
         self.history = History.from_records(records)
+        if self.budget is not None:  # the rounds already run were releases too
+            self.budget.releases += len(self.history)
         if states:
             self.runtime.set_client_states(states)
         return round_ + 1
@@ -292,6 +309,10 @@ class _Rounds:
         if self.state.S_hat is not None:
             msg.update(pack("S_hat", self.state.S_hat.to_dict()))
         g = None
+        if self.budget is not None:
+            self.screen.set_privacy(self.fed.privacy, self.budget.calibration.noise_multiplier,
+                                    self.params, None if self.secure is None
+                                    else self.secure.config.threshold)
         if self.secure is not None:
             from .secure_round import gather_secure
 
@@ -344,6 +365,10 @@ class _Rounds:
             bytes_down += message_nbytes(cv_msg) * len(self.cids)
         self.state, self.params = new_state, new_params
         objective = g.obj_sum / g.obj_n if g.obj_n else float("nan")
+        epsilon = None
+        if self.budget is not None:  # the round's release, whoever took part
+            objective = float("nan")  # withheld by the clients: not covered by the noise
+            epsilon = self.budget.spend(1)[0]
         self.history.append(
             RoundRecord(
                 round=k,
@@ -357,6 +382,7 @@ class _Rounds:
                 missing=missing,
                 rejected=rejected,
                 errors=errors,
+                epsilon=epsilon,
             )
         )
         return (
@@ -525,7 +551,8 @@ class _Rounds:
         self.params0 = self.params
         start_round = self.resume(shapes) if opt.resume else 1
         batched = getattr(self.runtime, "batched", None)
-        if self.secure is None and batched is not None and batched(self.model) is not None:
+        if (self.secure is None and self.budget is None and batched is not None
+                and batched(self.model) is not None):
             from .batched_round import BatchedServer
 
             self.bserver = BatchedServer(self, self.runtime)
@@ -536,6 +563,12 @@ class _Rounds:
         last_round = start_round - 1
         try:
             for k in range(start_round, opt.max_rounds + 1):
+                if self.budget is not None and self.budget.would_exceed(1):
+                    c = self.budget.calibration
+                    logger.warning(
+                        "round %d would spend epsilon=%.4g > budget %g: stopped before it", k,
+                        c.epsilon_after(self.budget.releases + 1), c.epsilon)
+                    break
                 converged = self.round(k, shapes, alpha, raw_bytes, quant_bytes)
                 last_round = k
                 rec = self.history[-1]
@@ -555,6 +588,6 @@ class _Rounds:
         finally:
             bar.close()
         self.save(last_round)
-        if self.fed.is_plain_em and not converged:
+        if self.fed.is_plain_em and not converged and self.budget is None:
             warn_not_converged(opt.description, opt.max_rounds, opt.tol)
         return FitResult(self.params, self.state.S_hat, self.history, converged, last_round)

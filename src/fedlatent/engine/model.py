@@ -104,6 +104,9 @@ class FederatedModel(ABC):
     #: the disclosure policy in force on this client (the client node sets it at setup);
     #: model-specific queries that send sums over subsets consult it
     disclosure: DisclosurePolicy = DisclosurePolicy()
+    #: the DifferentialPrivacy setting in force on this client (None: not private); set at
+    #: setup, for queries whose reply depends on it (a centre, say)
+    privacy: Any = None
 
     def __init__(self, **config: Any):
         self.config = dict(config)
@@ -130,6 +133,35 @@ class FederatedModel(ABC):
         for statistics made of sums over hard-labelled subsets of the records (HLCR's cluster
         blocks); blocks over ``0 < n < min_records_per_block`` records are sent as zeros.
         Default None: every block is a (soft-weighted) sum over all the client's records."""
+        return None
+
+    # ---- differential privacy (fedlatent.engine.privacy.client_dp) -------------------------
+    def dp_clip(self, data: ClientData, dp) -> ClientData:
+        """The client's data with one record's influence bounded, once at setup: feature rows
+        clipped to the L2 ball of radius ``dp.clip`` around ``dp.center`` and, where the data
+        have a target and ``dp.target_range`` is set, targets clipped to it. Models whose
+        target is a class label override this (labels need no clipping)."""
+        from .privacy.clipping import clip_rows, clip_targets
+
+        X = clip_rows(data.X, dp.clip, dp.center_for(data.n_features))
+        y = data.y
+        if y is not None and dp.target_range is not None:
+            y = clip_targets(y, *dp.target_range)
+        return ClientData(X, y, data.entity, data.rows)
+
+    def dp_sensitivity(self, params: Params, dp) -> dict[str, float]:
+        """Per-record L2 bounds (add/remove one record) of every block :meth:`client_stats`
+        sums, for data clipped by :meth:`dp_clip` (they must hold simultaneously; see
+        :mod:`fedlatent.engine.privacy.clipping`). Models that support differential privacy
+        override it."""
+        raise NotImplementedError(f"model {self.name!r} does not bound its statistics' "
+                                  "sensitivity; it cannot run under differential privacy")
+
+    def dp_query_sensitivity(self, name: str, payload: dict[str, Any],
+                             dp) -> dict[str, float] | None:
+        """Per-record bounds of the fields of query ``name``'s reply that carry data (the
+        client adds noise to these; every other field must be public, e.g. its row count), or
+        None: the query is refused under differential privacy."""
         return None
 
     @abstractmethod

@@ -70,7 +70,8 @@ def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p
         reason = f"claims {n_sum:.6g} units, its clients set up {units:g}"
     elif init_round and rounds.screen.has_check:
         weight = sum(rounds.weights[c] for c in S)
-        reason = rounds.model.check(Q * (units / weight), units)
+        total = Q * (units / weight)
+        reason = rounds.model.check(total, units, rounds.screen.dp_slack(total, len(S)))
     if not reason:  # disclosure control on the aggregate (count_scope="aggregate")
         from .privacy.disclosure import check_aggregate, effective
 

@@ -187,6 +187,27 @@ class ReplyScreen:
             return f"claims {n:g} units in a mini-batch, it has {m}"
         return None
 
+    #: under differential privacy: each client's noise standard deviation per block (sum scale)
+    dp_stds: dict[str, float] | None = None
+    #: a client's noise is judged honest within this many standard deviations
+    DP_SIGMAS = 7.0
+
+    def set_privacy(self, dp, noise_multiplier: float, params, threshold: int | None) -> None:
+        """The noise a client adds this round (the invariants then hold up to it)."""
+        from .privacy.client_dp import release_stds
+
+        parties = 1 if dp.noise == "local" else int(threshold)
+        self.dp_stds = release_stds(self.model.dp_sensitivity(params, dp), noise_multiplier,
+                                    n_parties=parties)
+
+    def dp_slack(self, Q: Stats, shares: int = 1) -> Stats | None:
+        """Per-entry slack (sum scale) for the noise of ``shares`` clients' replies."""
+        if self.dp_stds is None:
+            return None
+        f = self.DP_SIGMAS * float(np.sqrt(shares))
+        return Stats({k: np.full(np.shape(v), f * self.dp_stds.get(k, 0.0)) for k, v in
+                      Q.items()}, copy=False)
+
     def problem(self, c: str, Q: Stats, reply: dict[str, Any], mode: str,
                 S_hat: Stats | None) -> str | None:
         """Why client ``c``'s reply ``Q`` (its checked blocks) must not be aggregated."""
@@ -203,8 +224,12 @@ class ReplyScreen:
         S_c, slack = self.rebuild(c, Q, mode, S_hat)
         if S_c is None:
             return None
+        slack = None if slack is None else slack * n
+        noise = self.dp_slack(Q)
+        if noise is not None:
+            slack = noise if slack is None else slack + noise
         with np.errstate(over="ignore", invalid="ignore"):
-            return self.model.check(S_c * n, n, None if slack is None else slack * n)
+            return self.model.check(S_c * n, n, slack)
 
     def rebuild(self, c: str, Q: Stats, mode: str, S_hat: Stats | None):
         """``(S_c, slack)``: the client's own mean statistic and its rounding bound, or

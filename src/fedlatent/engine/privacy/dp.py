@@ -21,6 +21,8 @@ import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from .accountant import ACCOUNTANTS, calibrate_noise_multiplier, composed_epsilon
 
 __all__ = [
@@ -44,6 +46,14 @@ def _positive(name: str, value: object, prefix: str = "") -> float:
             math.isfinite(value) and value > 0):
         raise ValueError(f"{prefix}{name} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def _numeric(value: object) -> bool:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return arr.ndim <= 1
 
 
 def _count(name: str, value: object, minimum: int) -> int:
@@ -91,6 +101,15 @@ class DifferentialPrivacy:
         ``(lo, hi)`` the targets are clipped to, for models that have a target.
     accountant : {"pld", "rdp"}
         ``dp-accounting``'s privacy-loss-distribution (tight) or Renyi (looser) accountant.
+    center : tuple of float or None
+        The public centre of the clipping ball (None: the origin). Choose it from public
+        knowledge (a published mean, the middle of the instruments' range), never from the
+        data themselves.
+    noise_seed : int or None
+        None (the default, and the only private choice): every client draws its noise from
+        the operating system's randomness, so nobody can subtract it. An integer makes the
+        noise a function of ``(noise_seed, client, round)`` so that simulations are
+        reproducible; whoever knows it can remove the noise: never set it in a deployment.
     """
 
     epsilon: float
@@ -99,6 +118,8 @@ class DifferentialPrivacy:
     noise: str = "local"
     target_range: tuple[float, float] | None = None
     accountant: str = "pld"
+    center: tuple[float, ...] | None = None
+    noise_seed: int | None = None
 
     def __post_init__(self) -> None:
         _positive("epsilon", self.epsilon, "DifferentialPrivacy: ")
@@ -124,6 +145,54 @@ class DifferentialPrivacy:
                 raise ValueError(f"DifferentialPrivacy: target_range must be (lo, hi) with "
                                  f"finite lo < hi, got {tr!r}")
             object.__setattr__(self, "target_range", (float(tr[0]), float(tr[1])))
+        if self.center is not None:
+            c = np.asarray(self.center, dtype=np.float64).ravel() if _numeric(self.center) \
+                else None
+            if c is None or c.size == 0 or not np.all(np.isfinite(c)):
+                raise ValueError(f"DifferentialPrivacy: center must be a non-empty sequence of "
+                                 f"finite numbers (one per feature), got {self.center!r}")
+            object.__setattr__(self, "center", tuple(float(v) for v in c))
+        if self.noise_seed is not None and (isinstance(self.noise_seed, bool) or not isinstance(
+                self.noise_seed, numbers.Integral) or self.noise_seed < 0):
+            raise ValueError(f"DifferentialPrivacy: noise_seed must be None or a non-negative "
+                             f"integer, got {self.noise_seed!r}")
+
+    def center_for(self, n_features: int) -> np.ndarray:
+        """The clipping centre as an array of ``n_features`` (the origin when None), or a
+        ValueError naming the mismatch."""
+        if self.center is None:
+            return np.zeros(int(n_features))
+        if len(self.center) != int(n_features):
+            raise ValueError(f"DifferentialPrivacy(center=...) has {len(self.center)} values for "
+                             f"{n_features} features; give one per feature")
+        return np.asarray(self.center, dtype=np.float64)
+
+    def to_config(self) -> dict:
+        """JSON-ready fields (they travel to the clients in the setup message)."""
+        return {"epsilon": self.epsilon, "delta": self.delta, "clip": self.clip,
+                "noise": self.noise,
+                "target_range": None if self.target_range is None else list(self.target_range),
+                "accountant": self.accountant,
+                "center": None if self.center is None else list(self.center),
+                "noise_seed": self.noise_seed}
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> DifferentialPrivacy | None:
+        """Inverse of :meth:`to_config` (None stays None); every field checked."""
+        if config is None:
+            return None
+        fields = {"epsilon", "delta", "clip", "noise", "target_range", "accountant", "center",
+                  "noise_seed"}
+        if not isinstance(config, dict) or not set(config) <= fields:
+            got = sorted(config) if isinstance(config, dict) else type(config).__name__
+            raise ValueError(f"a DifferentialPrivacy config has the fields {sorted(fields)}, "
+                             f"got {got}")
+        cfg = dict(config)
+        if cfg.get("target_range") is not None:
+            cfg["target_range"] = tuple(cfg["target_range"])
+        if cfg.get("center") is not None:
+            cfg["center"] = tuple(cfg["center"])
+        return cls(**cfg)
 
     @property
     def requires_secure_aggregation(self) -> bool:

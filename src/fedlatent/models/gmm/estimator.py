@@ -150,6 +150,8 @@ class FederatedGaussianMixture(FederatedEstimator):
 
     _score_name = "mean log-likelihood"
     _secure_aggregation = None
+    _differential_privacy = None
+    _dp_init_releases = 2  # the pooled moments, the private k-means start
 
     def _check_params(self) -> None:
         if self.n_components != "auto":

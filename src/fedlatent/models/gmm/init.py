@@ -15,7 +15,7 @@ from ...engine.messages import bordered, count_problem, psd_problem
 from ...engine.model import Params
 from ...engine.numerics import kmeans
 from ...engine.stats import Stats
-from .math import compute_precision_cholesky, gmm_m_step
+from .math import compute_precision_cholesky, floor_covariances, gmm_m_step
 from .model import gaussian_problem
 
 __all__ = ["initialize_gaussians"]
@@ -82,6 +82,64 @@ def _stats_check(ctx: FitContext, covariance_type: str):
     return check
 
 
+def _nearest_psd(C: np.ndarray, scale: float) -> np.ndarray:
+    """``C`` with its eigenvalues floored at ``1e-3 * scale`` (noisy moments can leave the
+    cone; post-processing, free under differential privacy)."""
+    w, V = np.linalg.eigh(C)
+    return (V * np.maximum(w, 1e-3 * scale)) @ V.T
+
+
+def _spread_draws(mean: np.ndarray, chol: np.ndarray, K: int, rng, per: int = 10) -> np.ndarray:
+    """``K`` means chosen among ``per * K`` draws from ``N(mean, chol chol^T)`` by farthest
+    point (in the global Mahalanobis metric) from a random first one: the start k-means++
+    would give from the pooled Gaussian. Uses no data beyond the (private) moments."""
+    Z = rng.standard_normal((per * K, mean.size))
+    picked = [int(rng.integers(per * K))]
+    d2 = np.sum((Z - Z[picked[0]]) ** 2, axis=1)
+    for _ in range(K - 1):
+        picked.append(int(np.argmax(d2)))
+        d2 = np.minimum(d2, np.sum((Z - Z[picked[-1]]) ** 2, axis=1))
+    return mean + Z[picked] @ chol.T
+
+
+def _private_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, center, n: float,
+                          rng, per: int = 10):
+    """The k-means start under differential privacy, from sums only (one more release).
+
+    ``per * K`` candidate centres are drawn from the pooled (noisy) Gaussian; every client
+    sends its hard-assignment statistics to them (``hard_stats``, noised like a round's); the
+    server keeps the candidates that gathered rows, moves each to the mean of its rows,
+    clusters them into ``K`` groups (weighted k-means on the noisy counts) and runs one M-step
+    on each group's pooled statistics. Everything after the release is post-processing.
+    """
+    d = mean.size
+    M = per * K
+    ridge = (1e-9 * np.trace(gcov) / d + 1e-12) * np.eye(d)
+    cands = mean + rng.standard_normal((M, d)) @ np.linalg.cholesky(gcov + ridge).T
+    shapes = _stat_shapes(M, d, ct)
+    hs = ctx.ask_sum("hard_stats", {"centers": cands, "center": center},
+                     shapes={f"stat/{k}": shp for k, shp in shapes.items()},
+                     what="private k-means initialization (hard-assignment statistics)")
+    S = {k: np.asarray(hs[f"stat/{k}"], dtype=np.float64) for k in shapes}
+    nk = S["nk"]
+    keep = np.flatnonzero(nk > 0.25 * n / M)
+    if keep.size < K:  # too few candidates gathered rows: the K most populated
+        keep = np.argsort(-nk)[:K]
+    cents = center + S["sx"][keep] / np.maximum(nk[keep], 1.0)[:, None]
+    _, labels, _ = kmeans(cents, K, rng, sample_weight=np.maximum(nk[keep], 1.0), n_init=10)
+    grouped = {"nk": np.zeros(K), "sx": np.zeros((K, d))}
+    np.add.at(grouped["nk"], labels, nk[keep])
+    np.add.at(grouped["sx"], labels, S["sx"][keep])
+    if ct == "tied":
+        grouped["sxx"] = S["sxx"]
+    else:
+        grouped["sxx"] = np.zeros((K,) + S["sxx"].shape[1:])
+        np.add.at(grouped["sxx"], labels, S["sxx"][keep])
+    grouped["nk"] = np.maximum(grouped["nk"], 1.0)
+    weights, means, cov = gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
+    return weights, means, floor_covariances(cov, ct, max(reg_covar, 1e-6))
+
+
 def initialize_gaussians(
     ctx: FitContext,
     n_components: int,
@@ -111,15 +169,18 @@ def initialize_gaussians(
     seed = ctx.seed
     d = ctx.n_features
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xC0FFEE,)))
-    if ctx.secure is not None:
+    dp = ctx.federation.privacy
+    if ctx.summed_only:
         mom = ctx.ask_sum("moments", shapes={"n": (), "sx": (d,), "sxx": (d, d)},
                           what="initialization (moments)")
         n, sx, sxx = float(np.rint(mom["n"])), mom["sx"], mom["sxx"]
-        if init_params == "kmeans-federated":
-            # local centroids are not sums: under secure aggregation the start is drawn from
-            # the pooled moments ("random": means from N(global mean, global covariance))
-            logger.info("secure aggregation: init_params='kmeans-federated' needs each "
-                        "client's centroids; starting from the pooled moments ('random')")
+        if init_params == "kmeans-federated" and dp is None:
+            # local centroids are not sums: under secure aggregation or differential privacy
+            # the start is drawn from the pooled moments ("random": means from N(global mean,
+            # global covariance))
+            logger.info("secure aggregation / differential privacy: init_params="
+                        "'kmeans-federated' needs each client's centroids; starting from the "
+                        "pooled moments ('random')")
             init_params = "random"
     else:
         mom = ctx.ask("moments", expect=_moments_expect(ctx, d),
@@ -127,18 +188,33 @@ def initialize_gaussians(
         n = sum(float(mom[c]["n"]) for c in cids)
         sx = sum(np.asarray(mom[c]["sx"]) for c in cids)
         sxx = sum(np.asarray(mom[c]["sxx"]) for c in cids)
-    center = sx / n
-    gcov = sxx / n - np.outer(center, center)
-    gcov = 0.5 * (gcov + gcov.T)
+    if dp is not None:  # noisy moments about the public clipping centre
+        c0 = dp.center_for(d)
+        m0 = sx / n
+        gcov = sxx / n - np.outer(m0, m0)
+        gcov = _nearest_psd(0.5 * (gcov + gcov.T), dp.clip ** 2 / d)
+        center = c0  # the statistics are centred where the rows were clipped
+        mean = c0 + m0
+    else:
+        center = sx / n
+        gcov = sxx / n - np.outer(center, center)
+        gcov = 0.5 * (gcov + gcov.T)
+        mean = center
     K = n_components
     ct = covariance_type
     explicit = weights_init is not None and means_init is not None and precisions_init is not None
     if explicit:
         weights = means = cov = None
+    elif dp is not None and init_params == "kmeans-federated":
+        weights, means, cov = _private_kmeans_start(ctx, K, ct, reg_covar, mean, gcov, center,
+                                                    n, rng)
     elif init_params == "random":
         ridge = (1e-9 * np.trace(gcov) / d + 1e-12) * np.eye(d)
         jitter = np.linalg.cholesky(gcov + ridge)
-        means = center + rng.standard_normal((K, d)) @ jitter.T
+        if dp is not None:  # spread-out draws: what k-means++ would pick, data-free
+            means = _spread_draws(mean, jitter, K, rng)
+        else:
+            means = mean + rng.standard_normal((K, d)) @ jitter.T
         weights = np.full(K, 1.0 / K)
         gcov = gcov / K  # K components share the global spread
         cov = {

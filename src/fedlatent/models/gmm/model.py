@@ -14,6 +14,7 @@ import numpy as np
 from ...engine.messages import count_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, Params
 from ...engine.numerics import kmeans, logsumexp
+from ...engine.privacy.clipping import gmm_sensitivity
 from ...engine.registry import register_model
 from ...engine.stats import Stats
 from .math import (
@@ -109,6 +110,23 @@ class GMMModel(FederatedModel):
 
         return gaussian_suspects(stats, n_units, self.cov_type, slack)
 
+    # ---- differential privacy ---------------------------------------------------------------
+    def dp_sensitivity(self, params, dp):
+        """:func:`~fedlatent.engine.privacy.gmm_sensitivity` of the clipping radius, widened by
+        the distance from the clipping centre to the centre the statistics are taken about."""
+        c = np.asarray(params["center"], dtype=np.float64)
+        R = dp.clip + float(np.linalg.norm(c - dp.center_for(c.size)))
+        return gmm_sensitivity(R)
+
+    def dp_query_sensitivity(self, name, payload, dp):
+        if name == "moments":  # n is public (client sizes are); sums about the centre
+            return {"sx": dp.clip, "sxx": dp.clip ** 2}
+        if name == "hard_stats":  # one-hot responsibilities: a round's bounds
+            c = np.asarray(payload["center"], dtype=np.float64)
+            R = dp.clip + float(np.linalg.norm(c - dp.center_for(c.size)))
+            return {f"stat/{k}": v for k, v in gmm_sensitivity(R).items()}
+        return None
+
     def stat_shapes(self, params):
         K, d = params["means"].shape
         sxx = {"full": (K, d, d), "tied": (d, d), "diag": (K, d), "spherical": (K, d)}
@@ -135,6 +153,8 @@ class GMMModel(FederatedModel):
     def client_query(self, name, payload, data, state, rng):
         X = data.X
         if name == "moments":
+            if self.privacy is not None:  # about the clipping centre: bounded by the radius
+                X = X - self.privacy.center_for(X.shape[1])
             return {"n": X.shape[0], "sx": X.sum(0), "sxx": X.T @ X}, state
         if name == "kmeans":
             k = int(payload["k"])
