@@ -102,6 +102,7 @@ COVERED_BY = {
     "hlcr_figure3": "test_hlcr_experiments.py",
     "hlcr_real": "test_hlcr_real.py",
     "lcr_flexmix": "test_lcr_experiments.py",
+    "privacy_utility": "test_privacy_utility.py",
     "sec_attack": "test_sec_experiments.py",
     "sec_fairness": "test_sec_experiments.py",
     "sec_real": "test_sec_real.py",
