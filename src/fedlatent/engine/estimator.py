@@ -435,6 +435,9 @@ class FederatedEstimator(BaseEstimator):
         #: ``(epsilon, delta)`` spent by the fit under differential privacy (initialization
         #: included; never above the budget), None without it
         self.privacy_spent_ = None if ctx.privacy is None else tuple(ctx.privacy.spent)
+        #: the noise fixed before the first release (Calibration: noise_multiplier, releases
+        #: planned, accountant), None without differential privacy
+        self.privacy_calibration_ = None if ctx.privacy is None else ctx.privacy.calibration
         self.feature_names_in_ = np.asarray(list(fd.feature_names), dtype=object)
         self.n_features_in_ = fd.n_features
         #: the categorical encoding of the features (FederatedDataset.from_pandas(...,

@@ -23,7 +23,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from .accountant import ACCOUNTANTS, calibrate_noise_multiplier, composed_epsilon
+from .accountant import (
+    ACCOUNTANTS,
+    calibrate_noise_multiplier,
+    composed_epsilon,
+    require_dp_accounting,
+)
 
 __all__ = [
     "NOISE_MODES",
@@ -214,10 +219,19 @@ class DifferentialPrivacy:
         participation is not one (the server sees who takes part; see :mod:`.accountant`).
         """
         releases = _count("releases", releases, 1)
-        z = calibrate_noise_multiplier(self.epsilon, self.delta, releases,
-                                       sampling_rate=sampling_rate, accountant=self.accountant)
+        require_dp_accounting()  # the clear ImportError, cached figures or not
+        z = _calibrated(self.epsilon, self.delta, releases, sampling_rate, self.accountant)
         return Calibration(self.epsilon, self.delta, releases, z, sampling_rate,
                            self.accountant)
+
+
+@lru_cache(maxsize=256)
+def _calibrated(epsilon: float, delta: float, releases: int, q: float | None,
+                accountant: str) -> float:
+    """The calibration is a pure function of the plan: every client of a fit (and every fit
+    of a study) computes the same one."""
+    return calibrate_noise_multiplier(epsilon, delta, releases, sampling_rate=q,
+                                      accountant=accountant)
 
 
 @lru_cache(maxsize=4096)
