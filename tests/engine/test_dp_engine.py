@@ -260,3 +260,13 @@ def test_the_setting_travels_as_json_and_round_trips():
     assert DifferentialPrivacy.from_config(json.loads(json.dumps(dp.to_config()))) == dp
     fed = fl.Federation(privacy=dp, secure_aggregation=True)
     assert fl.Federation.from_config(json.loads(json.dumps(fed.to_config()))) == fed
+
+
+def test_sec_refuses_differential_privacy_saying_why():
+    rng = np.random.default_rng(0)
+    fd = fl.FederatedDataset.from_arrays(
+        {f"c{i}": (rng.normal(size=(30, 2)), rng.normal(size=30)) for i in range(4)})
+    dp = DifferentialPrivacy(1.0, DELTA, clip=1.0, target_range=(-3, 3))
+    with pytest.raises(ValueError, match="SEC refuses Federation.privacy=Differential.*fitted "
+                                         "model .* not sums of bounded records"):
+        fl.SEC(n_clusters=2, federation=fl.Federation(privacy=dp)).fit(fd)

@@ -291,6 +291,12 @@ class SEC(ClusterUseMixin, FederatedEstimator):
     _score_name = "mean squared error"
     _secure_aggregation = ("SEC's replies are fitted local models and per-pair losses, not "
                            "sums, so there is nothing for secure aggregation to add up")
+    _differential_privacy = (
+        "SEC ships each learner's fitted model (any scikit-learn estimator: trees, kernels, "
+        "lasso...) and its losses on the other learners' models, not sums of bounded records, "
+        "so no clipping bounds their sensitivity and Gaussian noise has nothing to calibrate "
+        "to; private SEC would need differentially private learners (DP-SGD, objective "
+        "perturbation) and a private selection step, which fedlatent does not provide")
     _load_nonfinite = ("cv_mse_",)  # NaN: fewer candidates; inf: a candidate that failed
 
     def _per_learner(self, cids: list[str], warn: bool = False) -> dict[str, list[tuple[str, Any]]]:
