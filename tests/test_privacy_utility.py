@@ -113,3 +113,51 @@ def test_a_model_without_dp_support_is_skipped_with_its_reason(monkeypatch):
 def test_sizes_round_to_whole_entities(n):
     d = make_privacy_data(n, 4, random_state=0)
     assert d.train["x"].n_samples == (n // 4 // 10) * 10 * 4
+
+
+# ---- the private fits (need Federation(privacy=...) and the accountant) -------------------------
+def _plain_gmm_score(n, seed=0):
+    from fedlatent.models.gmm import FederatedGaussianMixture
+
+    d = make_privacy_data(n, 10, random_state=seed)
+    est = FederatedGaussianMixture(3, max_rounds=10, tol=0.0, random_state=seed, verbose=False)
+    with pytest.warns(fl.ConvergenceWarning, match="did not converge in 10 rounds"):
+        est.fit(d.train["x"])  # tol=0: every planned round runs, as in the experiment
+    return est.score(d.test["x"].pooled().X)
+
+
+@pytest.mark.slow  # 8 s of CPU; about 35 s of wall time on the shared 2-core machine
+def test_quick_run_gives_the_table_and_its_figure(tmp_path, saved_figures):
+    pytest.importorskip("dp_accounting")
+    table = fl.experiments.privacy_utility(quick=True, out=tmp_path, random_state=0,
+                                           models=("FederatedGaussianMixture",))
+    assert table.shape == (3, 14)
+    assert table["epsilon"].tolist() == [np.inf, 1.0, 8.0]
+    assert set(table["n_records"]) == {10_000} and set(table["n_seeds"]) == {1}
+    assert table["failed"].sum() == 0
+    plain = table.iloc[0]
+    # the no-DP row is a plain fit with the same settings, and the reference of every ratio
+    assert plain["value"] == _plain_gmm_score(10_000)
+    assert (plain["ratio"], plain["relative_loss"], plain["epsilon_spent"]) == (1.0, 0.0, 0.0)
+    assert np.all(table["nonprivate"] == plain["value"])
+    private = table.iloc[1:]
+    np.testing.assert_allclose(private["ratio"], private["value"] / plain["value"])
+    # the accountant's spend: at most the budget, and (nearly) all of it for the planned rounds
+    assert np.all(private["epsilon_spent"] <= private["epsilon"] * (1 + 1e-9))
+    assert np.all(private["epsilon_spent"] >= 0.9 * private["epsilon"])
+    # more budget, less noise: epsilon 8 is closer to the plain fit than epsilon 1
+    assert 0.0 <= private["relative_loss"].iloc[1] < private["relative_loss"].iloc[0]
+    assert [name for name, _ in saved_figures] == ["privacy_utility.png"]
+    assert (tmp_path / "privacy_utility.png").stat().st_size > 0
+
+
+def test_gmm_at_epsilon_1_and_1e5_records_is_within_5_percent_of_the_plain_fit():
+    """Issue 12's done-when: at epsilon = 1, delta = 1e-5 and 10^5 records the federated GMM's
+    mean held-out log-likelihood is within 5% of the non-private fit."""
+    pytest.importorskip("dp_accounting")
+    table = fl.experiments.privacy_utility(sizes=(100_000,), epsilons=(1.0,), n_seeds=1,
+                                           models=("FederatedGaussianMixture",), out=None,
+                                           random_state=0)
+    row = table[table["epsilon"] == 1.0].iloc[0]
+    assert row["epsilon_spent"] <= 1.0 + 1e-9
+    assert 0.0 <= row["relative_loss"] < 0.05
