@@ -235,7 +235,11 @@ def _estimator(spec: _Spec, K: int, max_rounds: int, federation: Federation, see
         return cls(K, tol=0.0, **common)
     if spec.estimator == "FedGMM":
         return cls(K, K, tol=0.0, verbose=False, **common)
-    return cls(K, tol=0.0, verbose=False, **common)
+    est = cls(K, tol=0.0, verbose=False, **common)
+    if federation.privacy is not None and "dp_max_events" in est.get_params():
+        # the unit of privacy is the entity with its events: every entity has this many
+        est.set_params(dp_max_events=EVENTS_PER_ENTITY - TEST_EVENTS_PER_ENTITY)
+    return est
 
 
 def _metric(spec: _Spec, est, test: FederatedDataset) -> float:
