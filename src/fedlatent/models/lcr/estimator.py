@@ -22,6 +22,7 @@ from ...engine.params import ROUND_LOOP, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
 from ...engine.stats import Stats
+from .dp import initialize_private, lcr_dp_sensitivity, shift_for
 from .math import (
     add_intercept,
     lcr_log_prob,
@@ -150,7 +151,10 @@ class LatentClassRegression(FederatedEstimator):
         per-component sums; the server runs the M-step on their total), and the given parts
         replace the corresponding parts of that start.
     federation : fl.Federation or None
-        Participation, step size, compression, control variates, variance reduction.
+        Participation, step size, compression, control variates, variance reduction, and
+        ``privacy=fl.DifferentialPrivacy(..., target_range=(lo, hi))`` (required): rows clipped
+        around the public centre, targets to the range, statistics about both centres, and a
+        private start from the pooled sums (:mod:`fedlatent.models.lcr.dp`).
     random_state : int or None
     n_components_candidates : list of int or None, default None
         The numbers of components ``n_components="auto"`` tries; None: 1 to 6.
@@ -210,6 +214,12 @@ class LatentClassRegression(FederatedEstimator):
     _save_arrays = ("weights_", "coef_", "intercept_", "noise_variance_")
     _score_name = "mean log-likelihood"
     _secure_aggregation = None
+    _differential_privacy = None
+
+    @property
+    def _dp_init_releases(self) -> int:
+        """One release (the pooled sums of the private start) unless the start is explicit."""
+        return 0 if self._explicit_init() else 1
 
     _parameter_constraints = {
         **ROUND_LOOP,
@@ -255,6 +265,10 @@ class LatentClassRegression(FederatedEstimator):
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
         K = self.n_components
+        if K == "auto" and self.federation is not None and self.federation.privacy is not None:
+            raise ValueError("LatentClassRegression: n_components='auto' is chosen by the BIC on "
+                             "log-likelihoods released outside the privacy budget; give "
+                             "n_components a number under differential privacy")
         if K == "auto":
             check_candidates(self.n_components_candidates, range(1, 7), "n_components",
                              "n_components_candidates")
@@ -301,6 +315,9 @@ class LatentClassRegression(FederatedEstimator):
 
     def _validate_data(self, fd) -> None:
         self._validate_target(fd)
+        dp = self._federation().privacy
+        if dp is not None:  # the refusal before any message (lcr_dp_sensitivity's own)
+            lcr_dp_sensitivity(dp, fd.n_features, self.fit_intercept)
         n = fd.n_samples
         if n < self.n_components:
             raise ValueError(
@@ -326,7 +343,12 @@ class LatentClassRegression(FederatedEstimator):
 
     def _make_model(self, fd) -> LCRModel:
         K = self._fitted_k() if self.n_components == "auto" else self.n_components
-        return LCRModel(K, self.fit_intercept, self.reg_noise)
+        dp = self._federation().privacy
+        if dp is None:
+            return LCRModel(K, self.fit_intercept, self.reg_noise)
+        return LCRModel(K, self.fit_intercept, self.reg_noise, dp={
+            "n_features": fd.n_features,
+            "shift": shift_for(dp, fd.n_features, self.fit_intercept)})
 
     def _explicit_init(self) -> bool:
         return (self.weights_init is not None and self.coef_init is not None
@@ -338,6 +360,8 @@ class LatentClassRegression(FederatedEstimator):
         p = d + int(self.fit_intercept)
         if self._explicit_init():
             params = {}
+        elif ctx.privacy is not None:
+            params = initialize_private(ctx, K, p, self.reg_noise)
         else:
             params = initialize_random_memberships(ctx, K, p, self.reg_noise)
         if self.weights_init is not None:

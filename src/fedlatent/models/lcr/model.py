@@ -15,6 +15,8 @@ import numpy as np
 from ...engine.messages import bordered, count_problem, equal_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, Params
 from ...engine.registry import register_model
+from ...engine.stats import Stats
+from .dp import from_shifted, lcr_dp_sensitivity, project_moments, to_shifted
 from .math import (
     add_intercept,
     lcr_m_step,
@@ -29,23 +31,41 @@ __all__ = ["LCRModel", "payload_params"]
 @register_model
 class LCRModel(FederatedModel):
     """Mixture of linear regressions for the engine. Config: n_components, fit_intercept,
-    reg_noise.
+    reg_noise, and under differential privacy ``dp``.
 
     Parameters (``params``): ``weights`` (K,), ``beta`` (K, p) with the intercept as the last
     column when ``fit_intercept``, ``noise_variance`` (K,).
+
+    ``dp`` (None: not private) is ``{"n_features": d, "shift": None | {"center": [...],
+    "target_center": m}}``
+    (:func:`fedlatent.models.lcr.dp.shift_for`): the statistics are then sums in the shifted
+    coordinates ``(x - c, y - m)`` (the parameters stay in the data's), and the M-step first
+    projects the noisy moment matrices onto the positive-definite cone (see
+    :mod:`fedlatent.models.lcr.dp`).
     """
 
     name = "lcr"
 
-    def __init__(self, n_components: int, fit_intercept: bool = True, reg_noise: float = 1e-6):
-        super().__init__(
-            n_components=int(n_components),
-            fit_intercept=bool(fit_intercept),
-            reg_noise=float(reg_noise),
-        )
+    def __init__(self, n_components: int, fit_intercept: bool = True, reg_noise: float = 1e-6,
+                 dp: dict | None = None):
+        config = dict(n_components=int(n_components), fit_intercept=bool(fit_intercept),
+                      reg_noise=float(reg_noise))
+        self.shift = None
+        self.n_features = None
+        if dp is not None:  # only then in the config: the non-private config is unchanged
+            shift = dp.get("shift")
+            self.n_features = int(dp["n_features"])
+            config["dp"] = {"n_features": self.n_features, "shift": None if shift is None else {
+                "center": [float(v) for v in shift["center"]],
+                "target_center": float(shift["target_center"])}}
+            if shift is not None:
+                self.shift = (np.asarray(shift["center"], dtype=np.float64),
+                              float(shift["target_center"]))
+        super().__init__(**config)
         self.K = int(n_components)
         self.fit_intercept = bool(fit_intercept)
         self.reg = float(reg_noise)
+        self.noisy = dp is not None
 
     # ---- client side ------------------------------------------------------------------------
     def _design(self, data, rows=None) -> tuple[np.ndarray, np.ndarray]:
@@ -55,20 +75,48 @@ class LCRModel(FederatedModel):
         y = data.y if rows is None else data.y[rows]
         return add_intercept(X, self.fit_intercept), np.asarray(y, dtype=np.float64)
 
+    def _statistics(self, Xt: np.ndarray, y: np.ndarray, resp: np.ndarray) -> Stats:
+        """:func:`lcr_statistics`, in the shifted coordinates under differential privacy."""
+        if self.shift is not None:
+            c, m = self.shift
+            Xt = np.array(Xt, copy=True)
+            Xt[:, :-1] -= c
+            y = y - m
+        return lcr_statistics(Xt, y, resp)
+
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
         Xt, y = self._design(data, rows)
         resp, loglik = lcr_responsibilities(
             Xt, y, params["weights"], params["beta"], params["noise_variance"]
         )
         # the log-likelihood summed in row order, as the batched step sums it
-        return ClientStep(lcr_statistics(Xt, y, resp), Xt.shape[0],
+        return ClientStep(self._statistics(Xt, y, resp), Xt.shape[0],
                           float(np.cumsum(loglik)[-1]) if len(loglik) else 0.0, state)
+
+    # ---- differential privacy (see .dp) -------------------------------------------------------
+    def dp_sensitivity(self, params, dp):
+        return lcr_dp_sensitivity(dp, self._dp_features(), self.fit_intercept)
+
+    def dp_query_sensitivity(self, name, payload, dp):
+        if name in ("random_stats", "pooled_stats"):  # n is public (client sizes are)
+            return {f"stat/{k}": v for k, v in
+                    lcr_dp_sensitivity(dp, self._dp_features(), self.fit_intercept).items()}
+        return None  # "loglik" (an objective) is not released under differential privacy
+
+    def _dp_features(self) -> int:
+        if not self.noisy:
+            raise ValueError("LCRModel was built without its differential-privacy config "
+                             "(dp=...); build it with LatentClassRegression under "
+                             "Federation(privacy=...)")
+        return self.n_features
 
     def client_stats_batched(self, params, X, y, w, state):
         from .batched import lcr_batched_stats
 
         if y is None:
             raise ValueError("latent class regression needs a target y on every client")
+        if self.noisy:  # shifted statistics: the one-by-one step (the engine's choice too)
+            return None
         return lcr_batched_stats(params, X, y, w, self.fit_intercept, state)
 
     def client_query(self, name, payload, data, state, rng):
@@ -80,7 +128,11 @@ class LCRModel(FederatedModel):
             # sum x~ y = [x_i y_i, y_i]) would be that record.
             Xt, y = self._design(data)
             resp = rng.dirichlet(np.ones(self.K), size=Xt.shape[0])
-            st = lcr_statistics(Xt, y, resp)
+            st = self._statistics(Xt, y, resp)
+            return {"n": int(Xt.shape[0]), **{f"stat/{k}": v for k, v in st.items()}}, state
+        if name == "pooled_stats":  # the one-component statistics (the private start)
+            Xt, y = self._design(data)
+            st = self._statistics(Xt, y, np.ones((Xt.shape[0], 1)))
             return {"n": int(Xt.shape[0]), **{f"stat/{k}": v for k, v in st.items()}}, state
         if name == "loglik":
             Xt, y = self._design(data)
@@ -117,7 +169,30 @@ class LCRModel(FederatedModel):
         # S is a mean over rows (or, with partial participation and step sizes, a stochastic
         # approximation of it): every parameter is a ratio of its blocks, so the scale cancels.
         # A component left without mass keeps its previous coefficients and variance.
-        w, beta, var = lcr_m_step(S, self.reg, previous=params)
+        if not self.noisy:
+            w, beta, var = lcr_m_step(S, self.reg, previous=params)
+            return {"weights": w, "beta": beta, "noise_variance": var}
+        return self.noisy_m_step(S, params)
+
+    def noisy_m_step(self, S, previous: Params | None) -> Params:
+        """The M-step on noisy (differentially private) statistics: moment matrices projected
+        onto the positive-definite cone, negative counts treated as empty components (they keep
+        ``previous``), the shift undone. A component whose moment matrix had to be projected
+        keeps its previous noise variance: its residual sum of squares (a difference of large
+        noisy sums) is then noise, and a variance driven to zero would end the component. With
+        no positive mass at all the parameters stay."""
+        S, projected = project_moments(Stats(S))
+        if not float(np.asarray(S["nk"]).sum()) > 0 and previous is not None:
+            return {k: np.array(previous[k], copy=True) for k in
+                    ("weights", "beta", "noise_variance")}
+        prev = previous
+        if self.shift is not None and previous is not None:
+            prev = {**previous, "beta": to_shifted(previous["beta"], *self.shift)}
+        w, beta, var = lcr_m_step(S, self.reg, previous=prev)
+        if self.shift is not None:
+            beta = from_shifted(beta, *self.shift)
+        if previous is not None and projected.any():
+            var = np.where(projected, previous["noise_variance"], var)
         return {"weights": w, "beta": beta, "noise_variance": var}
 
 
