@@ -14,6 +14,7 @@ Yang, Carette, Jimbo, Maruyama, "Federated Latent Class Regression for Hierarchi
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from .fitting import (
 from .math import check_entities, posterior_means
 from .model import SIZES_QUERY, HLCRModel
 from .predict import HLCRPrediction
+from .privacy import noise_ridge
 from .selection import choose_k
 from .solvers import ChainSettings, HLCRFit, run_federated, run_gibbs
 
@@ -102,6 +104,12 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         Smallest and largest K tried by ``n_clusters="auto"``.
     holdout : float, default 0.2
         Fraction of each entity's events held out to score K (``n_clusters="auto"``).
+    dp_max_events : int or None, default None
+        Under ``Federation(privacy=DifferentialPrivacy(...))`` (and only there; required
+        then): the unit of privacy is an entity, and every agent keeps the first
+        ``dp_max_events`` events of each entity (its row order) so that one entity's
+        influence is bounded (:mod:`fedlatent.models.hlcr.privacy`). The noise grows with it;
+        about the typical number of events per entity is a good value.
 
     Attributes
     ----------
@@ -136,7 +144,9 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         half of the retained draws, over the target's sd (NaN when the labels are not visible).
     n_entities_, n_events_ : int
         Entities (agent-entity pairs) and events in the federation, as reported in the
-        checked initialization exchange.
+        checked initialization exchange. Under differential privacy: the entities set up and
+        the noisy count of the events the fit used (-1 without standardization: not
+        released).
     history_ : History
         One row per iteration; ``history_.to_frame()`` adds ``log_joint``, ``train_mse``
         (user's units) and ``pred_change`` (retained iterations: RMS change of the running
@@ -148,6 +158,13 @@ class HLCR(HLCRPrediction, FederatedEstimator):
 
     Notes
     -----
+    Differential privacy (``Federation(privacy=...)``, ``solver="federated"``): needs
+    ``target_range`` and ``dp_max_events``; the unit is an entity with its (capped) events,
+    labels are drawn under the global prior only (the within-agent counts of eq. (2) would
+    make the agent the unit), the standardizing moments are one noisy release and every round
+    one more; ``n_clusters="auto"`` and held-out scoring are refused, ``mixing_`` is NaN (it
+    reads the agents' rows). See :mod:`fedlatent.models.hlcr.privacy`.
+
     sigma and delta are estimated by a partially collapsed Gibbs step rather than empirical
     Bayes: after every sweep (server step in FedHLCR) the coefficients are drawn given the
     labels, then ``sigma^2 ~ IG(1 + n/2, 1 + SSE/2)`` and ``delta^2 ~ IG(1 + KF/2, 1 +
@@ -174,6 +191,20 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         if self.solver == "gibbs":
             return "solver='gibbs' pools the rows in one place; use solver='federated'"
         return None
+
+    @property
+    def _differential_privacy(self) -> str | None:
+        """FedHLCR releases noisy cluster sums (:mod:`.privacy`); the Gibbs solver pools the
+        rows, so there is no release to add noise to."""
+        if self.solver == "gibbs":
+            return ("solver='gibbs' pools the rows in one place (nothing is released that "
+                    "noise could protect); use solver='federated'")
+        return None
+
+    @property
+    def _dp_init_releases(self) -> int:
+        """The standardizing moments (when the fit standardizes); nothing else."""
+        return int(self._standardizes())
     _load_nonfinite = ("history_log_joint_", "history_train_mse_")
     MIXING_TOL = 0.02
 
@@ -189,6 +220,7 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         "standardize": ["boolean", Options("auto")],
         "thin": [Integer(1)],
         "holdout": [Real(0, 0.5, closed="neither")],
+        "dp_max_events": [None, Integer(1)],
     }
 
     def __init__(self, n_clusters: int | str = 4, alpha: float = 1.0, beta: float = 1.0,
@@ -197,7 +229,8 @@ class HLCR(HLCRPrediction, FederatedEstimator):
                  tol: float = 0.0, federation: Federation | None = None,
                  fit_intercept: bool = True, random_state=None, verbose: bool | None = None,
                  standardize: bool | str = "auto", thin: int = 1,
-                 n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2):
+                 n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2,
+                 dp_max_events: int | None = None):
         self.n_clusters = n_clusters
         self.alpha = alpha
         self.beta = beta
@@ -215,6 +248,7 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         self.thin = thin
         self.n_clusters_range = n_clusters_range
         self.holdout = holdout
+        self.dp_max_events = dp_max_events
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -289,10 +323,32 @@ class HLCR(HLCRPrediction, FederatedEstimator):
     def _model_for(self, n_features: int, K: int, holdout: float = 0.0,
                    seed: int = 0) -> HLCRModel:
         ch = self._chain()
+        fed = self.federation
+        private = fed is not None and fed.privacy is not None
         return HLCRModel(K, self.alpha, self.beta, ch.delta, ch.sigma, self.fit_intercept,
                          n_features, estimate_sigma=ch.estimate_sigma,
                          estimate_delta=ch.estimate_delta, standardize=self._standardizes(),
-                         holdout=holdout, holdout_seed=seed)
+                         holdout=holdout, holdout_seed=seed,
+                         dp_max_events=self.dp_max_events if private else None)
+
+    def _refuse_private(self, fd, federation) -> None:
+        """The engine's refusals, then HLCR's: ``n_clusters="auto"`` (held-out scores are
+        outside the budget), no ``target_range`` (the target's sums are unbounded), no
+        ``dp_max_events`` (an entity's events are unbounded)."""
+        super()._refuse_private(fd, federation)
+        if self.n_clusters == "auto":
+            raise ValueError("HLCR: n_clusters='auto' scores every K on held-out events outside "
+                             "the privacy budget; give n_clusters an integer under "
+                             "differential privacy")
+        if federation.privacy.target_range is None:
+            raise ValueError("HLCR under differential privacy needs DifferentialPrivacy("
+                             "target_range=(lo, hi)), a public bound on the target "
+                             f"{getattr(fd, 'target_name', None) or 'y'!r}: without it one "
+                             "entity moves X^T y and y^T y without limit")
+        if self.dp_max_events is None:
+            raise ValueError("HLCR under differential privacy protects an entity with all its "
+                             "events: give HLCR(dp_max_events=M), the number of events every "
+                             "agent keeps per entity (the first M in its row order)")
 
     # ---- the fit's hooks --------------------------------------------------------------------
     def _initialize(self, ctx: FitContext) -> Params:
@@ -305,6 +361,21 @@ class HLCR(HLCRPrediction, FederatedEstimator):
             raise ValueError("solver='gibbs' pools the data: runtime/checkpoint options apply "
                              "to solver='federated' only")
         what = "initialization (agent sizes)"
+        if ctx.privacy is not None:  # entity counts are public; events come with the moments
+            from ...engine.privacy.disclosure import effective
+
+            fed = ctx.federation  # the rule the agents apply, for the server's noise slack
+            ctx.model.disclosure = effective(fed.disclosure, fed.secure_aggregation)
+            sizes: dict = {}
+            params = start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept,
+                                  sizes)
+            self._sizes = (int(sum(ctx.n_units.values())),
+                           int(round(sizes.get("n_events", -1))))
+            thr = None if ctx.secure is None else ctx.secure.config.threshold
+            params["dp_ridge"] = np.array(noise_ridge(
+                ctx.model, params, fed.privacy, ctx.privacy.calibration.noise_multiplier,
+                len(ctx.client_ids), thr))
+            return params
         if ctx.secure is not None:
             self._sizes = secure_sizes(ctx, what)
             return start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
@@ -345,7 +416,8 @@ class HLCR(HLCRPrediction, FederatedEstimator):
             result = run_gibbs(self, ctx, options, params0, chain)
         else:
             result = run_federated(ctx, params0, options, super()._run, chain)
-        finish_chain(self, ctx, params0, result, options.tol)
+        finish_chain(self, ctx if ctx.privacy is None else replace(ctx, data=None), params0,
+                     result, options.tol)
         self._fit_start = (params0, chain)
         return result
 

@@ -20,6 +20,7 @@ from ...engine.exchange import array, number
 from ...engine.history import History
 from ...engine.model import Params
 from .model import MOMENTS_QUERY, SIZES_QUERY, _num
+from .privacy import dp_moments_scaling
 from .scaling import moments_scaling, scaling_matrix, to_user_units
 from .solvers import ChainSettings, HLCRFit, chain_diagnostic
 
@@ -31,11 +32,15 @@ HYPER_START = (0.5, 1.0)
 
 
 def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
-                 fit_intercept: bool) -> Params:
+                 fit_intercept: bool, sizes: dict | None = None) -> Params:
     """Algorithm 3's start (the prior), plus, when the chain estimates sigma/delta or
     standardizes, the scaling ``T, y_shift, y_scale`` (from the agents' summed moments), the
     current ``sigma``, ``delta`` (fit units) and the seed and step of the server's draws. The
-    paper's fixed-sigma path gets exactly the old parameters."""
+    paper's fixed-sigma path gets exactly the old parameters.
+
+    Under differential privacy the moments are one noisy release (summed replies only, about
+    the clipping centre; :func:`.privacy.dp_moments_scaling`) and ``sizes["n_events"]`` gets
+    their noisy event count."""
     params = ctx.model.initial_params()
     if not (standardize or chain.estimate_sigma or chain.estimate_delta):
         return params
@@ -43,7 +48,14 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
     if standardize:
         F = ctx.n_features
         what = "initialization (moments for standardizing)"
-        if ctx.secure is not None:  # the same sums, only their total seen
+        if ctx.privacy is not None:
+            tot = ctx.ask_sum(MOMENTS_QUERY, shapes={"n": (), "sx": (F,), "sxx": (F,),
+                                                     "sy": (), "syy": ()}, what=what)
+            mx, sx, my, sy, n_ev = dp_moments_scaling(tot, ctx.federation.privacy,
+                                                      fit_intercept)
+            if sizes is not None:
+                sizes["n_events"] = n_ev
+        elif ctx.secure is not None:  # the same sums, only their total seen
             tot = ctx.ask_sum(MOMENTS_QUERY, shapes={"n": (), "sx": (F,), "sxx": (F,),
                                                      "sy": (), "syy": ()}, what=what)
         else:
@@ -52,8 +64,9 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
                                                  "syy": number(low=0)}, what=what)
             tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values())
                    for k in ("n", "sx", "sxx", "sy", "syy")}
-        mx, sx, my, sy = moments_scaling(tot["n"], tot["sx"], tot["sxx"], tot["sy"],
-                                         tot["syy"], fit_intercept)
+        if ctx.privacy is None:
+            mx, sx, my, sy = moments_scaling(tot["n"], tot["sx"], tot["sxx"], tot["sy"],
+                                             tot["syy"], fit_intercept)
         params.update(T=scaling_matrix(mx, sx, fit_intercept), y_shift=np.array(my),
                       y_scale=np.array(sy), x_shift=mx, x_scale=sx)
         if not chain.estimate_sigma:  # a fixed sigma is in the target's units

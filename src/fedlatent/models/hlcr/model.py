@@ -28,7 +28,15 @@ from .math import (
     posterior_means,
     project_gram_psd,
 )
-from .sampler import sample_local_labels
+from .privacy import (
+    DP_SIGMA_FLOOR,
+    dp_clip_events,
+    hlcr_query_sensitivity,
+    hlcr_sensitivity,
+    private_moments,
+    sse_from_sums,
+)
+from .sampler import sample_local_labels, sample_public_prior_labels
 from .scaling import draw_hyper, transform_statistics
 
 __all__ = ["HELDOUT_QUERY", "MOMENTS_QUERY", "RESTART_QUERY", "SIZES_QUERY", "HLCRModel",
@@ -112,6 +120,12 @@ class HLCRModel(FederatedModel):
     - Agents sample labels in turn with their own counts ``N_i^(k)`` (the entity itself
       excluded) and the broadcast global counts ``N^(k)``; the entity's data are not removed
       from the broadcast statistics before sampling (as the paper says for FedHLCR).
+
+    ``dp_max_events`` (set by the estimator under ``Federation(privacy=...)`` only): the
+    private variant of :mod:`.privacy`: an entity is the unit, with at most that many events;
+    labels are drawn under the global prior only, ``sse`` is not sent (the server rebuilds the
+    training MSE from the sums), the standardizing moments are centred where the rows were
+    clipped.
     """
 
     name = "hlcr"
@@ -119,12 +133,14 @@ class HLCRModel(FederatedModel):
     def __init__(self, n_clusters: int, alpha: float, beta: float, delta: float, sigma: float,
                  fit_intercept: bool = True, n_features: int = 1, estimate_sigma: bool = False,
                  estimate_delta: bool = False, standardize: bool = False, holdout: float = 0.0,
-                 holdout_seed: int = 0):
+                 holdout_seed: int = 0, dp_max_events: int | None = None):
         extra = {}
         if estimate_sigma or estimate_delta or standardize or holdout:  # old configs unchanged
             extra = {"estimate_sigma": bool(estimate_sigma),
                      "estimate_delta": bool(estimate_delta), "standardize": bool(standardize),
                      "holdout": float(holdout), "holdout_seed": int(holdout_seed)}
+        if dp_max_events is not None:  # only private fits carry it
+            extra["dp_max_events"] = int(dp_max_events)
         super().__init__(n_clusters=int(n_clusters), alpha=float(alpha), beta=float(beta),
                          delta=float(delta), sigma=float(sigma), fit_intercept=bool(fit_intercept),
                          n_features=int(n_features), **extra)
@@ -136,6 +152,7 @@ class HLCRModel(FederatedModel):
         self.delta, self.sigma = float(delta), float(sigma)
         self.fit_intercept = bool(fit_intercept)
         self.F = int(n_features) + int(self.fit_intercept)
+        self.dp_max_events = None if dp_max_events is None else int(dp_max_events)
 
     # ---- client side ----------------------------------------------------------------------
     def _entity_stats(self, data: ClientData):
@@ -221,12 +238,18 @@ class HLCRModel(FederatedModel):
                                      self.sigma_of(params))
         full = np.zeros((E, self.K))
         full[rows] = loglik
-        z, logprior = sample_local_labels(full, labels, params["counts"], self.alpha, self.beta,
-                                          rng, rows)
+        if self.dp_max_events is None:
+            z, logprior = sample_local_labels(full, labels, params["counts"], self.alpha,
+                                              self.beta, rng, rows)
+        else:  # private: no entity's label depends on another's (see .privacy)
+            z, logprior = sample_public_prior_labels(full, labels, params["counts"], self.alpha,
+                                                     rng, rows)
         zr = z[rows]
         onehot = np.zeros((len(rows), self.K))
         onehot[np.arange(len(rows)), zr] = 1.0
         sse = entity_sse(XtX, Xty, yty, params["coef"], zr)
+        if self.dp_max_events is not None:  # not sent: its sensitivity is unbounded
+            sse = np.zeros_like(sse)
         stats = Stats({
             "XtX": np.einsum("ek,eij->kij", onehot, XtX),
             "Xty": onehot.T @ Xty,
@@ -258,6 +281,8 @@ class HLCRModel(FederatedModel):
     def _moments(self, data: ClientData) -> dict[str, object]:
         X = np.asarray(data.X, dtype=np.float64)
         y = np.asarray(data.y, dtype=np.float64)
+        if self.privacy is not None:  # about the clipping centre (no holdout: 'auto' refused)
+            return private_moments(X, y, self.privacy)
         if self.holdout:
             keep = ~holdout_mask(np.unique(np.asarray(data.entity).astype(str),
                                            return_inverse=True)[1].reshape(-1), y,
@@ -287,6 +312,31 @@ class HLCRModel(FederatedModel):
         ok = lab >= 0
         return {"loglik": float(ll[np.flatnonzero(ok), lab[ok]].sum()),
                 "n": float(n[ok].sum())}
+
+    # ---- differential privacy (see .privacy) ---------------------------------------------
+    def dp_clip(self, data: ClientData, dp) -> ClientData:
+        """Rows clipped to the ball, targets to ``dp.target_range``, the first
+        ``dp_max_events`` events of every entity kept."""
+        return dp_clip_events(data, dp, self.dp_max_events)
+
+    def dp_sensitivity(self, params: Params, dp) -> dict[str, float]:
+        """Per-entity bounds of the cluster sums in the fit's units (:mod:`.privacy`), widened
+        for the per-block disclosure rule in force on this agent."""
+        if self.dp_max_events is None:
+            raise ValueError("HLCRModel: differential privacy needs dp_max_events (events kept "
+                             "per entity); give HLCR(dp_max_events=M)")
+        pol = self.disclosure
+        t = pol.min_records_per_block if pol.count_scope == "client" else 1
+        return hlcr_sensitivity(dp, params, n_features=self.F - int(self.fit_intercept),
+                                fit_intercept=self.fit_intercept, max_events=self.dp_max_events,
+                                min_block=t)
+
+    def dp_query_sensitivity(self, name, payload, dp):
+        """Only the standardizing moments are answered under differential privacy; the sizes,
+        held-out scores and restarts are refused."""
+        if name == MOMENTS_QUERY and self.dp_max_events is not None:
+            return hlcr_query_sensitivity(dp, self.dp_max_events)
+        return None
 
     # ---- server side ----------------------------------------------------------------------
     def stat_shapes(self, params):
@@ -339,29 +389,45 @@ class HLCRModel(FederatedModel):
         return self.estimate_sigma or self.estimate_delta
 
     def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
-        XtX, Xty, _, bad = project_gram_psd(S["XtX"] * n_total, S["Xty"] * n_total,
-                                            S["yty"] * n_total)
+        private = self.dp_max_events is not None
+        XtX0 = S["XtX"] * n_total
+        if private:  # independent noise per entry: symmetrize (post-processing)
+            XtX0 = 0.5 * (XtX0 + np.swapaxes(XtX0, 1, 2))
+        XtX, Xty, yty, bad = project_gram_psd(XtX0, S["Xty"] * n_total, S["yty"] * n_total)
         if bad.any():
             logger.debug("hlcr: smoothed statistics of clusters %s not a Gram matrix; "
                          "projected", np.flatnonzero(bad).tolist())
         F = self.F
         counts = np.maximum(S["n_entities"] * n_total, 0.0)
         n_ev = float(np.maximum(S["n_events"], 0.0).sum())
-        mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
+        if private:  # the squared error of the broadcast coefficients, from the noisy sums
+            sse = sse_from_sums(XtX, Xty, yty, params["coef"]).sum()
+            mse = float(sse / max(n_ev * n_total, 1.0))  # noisy counts can all be <= 0
+            # the noise's own scale as a ridge (AdaSSP, Wang 2018): no direction of X^T X is
+            # trusted below what the noise alone would give it
+            XtX = XtX + _num(params.get("dp_ridge", 0.0)) * np.eye(F)[None]
+        else:
+            mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
         if not ("sigma" in params or "T" in params):  # the paper's sampler, as it always was
             D = np.eye(F)[None] / self.delta**2 + XtX / self.sigma**2
             c = Xty / self.sigma**2
-            return {"D": D, "c": c, "counts": counts, "coef": posterior_means(D, c),
-                    "train_mse": np.array(mse)}
+            out = {"D": D, "c": c, "counts": counts, "coef": posterior_means(D, c),
+                   "train_mse": np.array(mse)}
+            if "dp_ridge" in params:
+                out["dp_ridge"] = params["dp_ridge"]
+            return out
         extra = {k: params[k] for k in ("T", "y_shift", "y_scale", "x_shift", "x_scale", "seed",
-                                        "step") if k in params}
+                                        "step", "dp_ridge") if k in params}
         sigma, delta = self.sigma_of(params), _num(params.get("delta", self.delta))
         if self.estimates_hyper:  # server-side Gibbs step, its stream keyed by (seed, step)
             step = int(_num(params["step"])) + 1
             rng = np.random.default_rng([int(_num(params["seed"])), step, 7])
-            sigma, delta = draw_hyper(XtX, Xty, S["yty"] * n_total, n_ev * n_total, sigma,
-                                      delta, rng, self.estimate_sigma, self.estimate_delta)
+            sigma, delta = draw_hyper(XtX, Xty, yty if private else S["yty"] * n_total,
+                                      n_ev * n_total, sigma, delta, rng, self.estimate_sigma,
+                                      self.estimate_delta)
             extra["step"] = np.array(float(step))
+            if private and "T" in params:  # noise can empty the residual: R^2 <= 1 - floor^2
+                sigma = max(sigma, DP_SIGMA_FLOOR)
         D = np.eye(F)[None] / delta**2 + XtX / sigma**2
         c = Xty / sigma**2
         return {"D": D, "c": c, "counts": counts, "coef": posterior_means(D, c),

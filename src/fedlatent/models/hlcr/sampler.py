@@ -16,7 +16,7 @@ import numpy as np
 from .kernels import gibbs_sweep_kernel, sample_local_kernel
 from .math import cluster_statistics
 
-__all__ = ["gibbs_init", "gibbs_sweep", "sample_local_labels"]
+__all__ = ["gibbs_init", "gibbs_sweep", "sample_local_labels", "sample_public_prior_labels"]
 
 
 def gibbs_init(
@@ -128,3 +128,40 @@ def sample_local_labels(
                         np.asarray(counts_global, np.float64), float(alpha), float(beta),
                         rng.random(len(rows)), lp)
     return z, lp
+
+
+def sample_public_prior_labels(
+    loglik: np.ndarray,
+    labels: np.ndarray,
+    counts_global: np.ndarray,
+    alpha: float,
+    rng: np.random.Generator,
+    rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Labels of one agent's entities under the global prior only (differential privacy).
+
+    As :func:`sample_local_labels` without the agent's own counts: every entity independently
+    gets ``k`` with probability proportional to ``psi_k L_k``, ``psi_k = (N^(k) + alpha/K) /
+    (N + alpha)`` from the broadcast counts (floored at 0) and ``L_k`` its marginal likelihood.
+    No entity's label then depends on another's (see :mod:`.privacy`). Same draws as the
+    kernel: one uniform per entity of ``rows``, inverse-CDF over the clusters in order.
+
+    Returns
+    -------
+    labels : ndarray of int, shape (E,)
+        New labels (a copy).
+    log_prior : ndarray of shape (len(rows),)
+        ``log psi`` of each drawn label.
+    """
+    E, K = loglik.shape
+    rows = np.arange(E, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+    Nk = np.maximum(np.asarray(counts_global, dtype=np.float64), 0.0)
+    logpsi = np.log((Nk + alpha / K) / (Nk.sum() + alpha))
+    logp = loglik[rows] + logpsi
+    p = np.exp(logp - logp.max(axis=1, keepdims=True))
+    cum = np.cumsum(p, axis=1)
+    target = rng.random(len(rows)) * cum[:, -1]
+    k = np.minimum((cum <= target[:, None]).sum(axis=1), K - 1)
+    z = np.array(labels, dtype=np.int64, copy=True)
+    z[rows] = k
+    return z, logpsi[k]
