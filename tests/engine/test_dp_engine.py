@@ -270,3 +270,13 @@ def test_sec_refuses_differential_privacy_saying_why():
     with pytest.raises(ValueError, match="SEC refuses Federation.privacy=Differential.*fitted "
                                          "model .* not sums of bounded records"):
         fl.SEC(n_clusters=2, federation=fl.Federation(privacy=dp)).fit(fd)
+
+
+def test_a_saved_private_model_keeps_its_spend_and_calibration(tmp_path):
+    est = _gmm_fit(DifferentialPrivacy(1.0, DELTA, clip=5.0, noise_seed=2), max_rounds=1)
+    est.save(tmp_path / "m")
+    back = fl.FederatedGaussianMixture.load(tmp_path / "m")
+    assert back.privacy_spent_ == est.privacy_spent_
+    assert back.privacy_calibration_ == est.privacy_calibration_
+    np.testing.assert_array_equal(back.covariances_, est.covariances_)
+    assert np.all(np.linalg.eigvalsh(back.covariances_) > 0)

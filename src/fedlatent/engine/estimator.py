@@ -334,6 +334,7 @@ class FederatedEstimator(BaseEstimator):
             else getattr(self, "random_state", None)
         )
         model = self._make_model(fd)
+        model.privacy = federation.privacy  # the server's copy: its M-step knows the noise
         given = runtime is not None
         runtime = runtime if given else InProcessRuntime(fd)
         ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
@@ -523,6 +524,9 @@ class FederatedEstimator(BaseEstimator):
         }
         if getattr(self, "encoding_", None) is not None:
             meta["encoding"] = self.encoding_.to_json()
+        if getattr(self, "privacy_calibration_", None) is not None:
+            meta["privacy"] = {"spent": [float(v) for v in self.privacy_spent_],
+                               "calibration": self.privacy_calibration_.to_dict()}
         table = getattr(self, "selection_scores_", None)
         if table is not None:  # an "auto" size: the choice and every candidate's scores
             param = str(table.index.name)
@@ -565,6 +569,17 @@ class FederatedEstimator(BaseEstimator):
             from ..data.categorical import CategoricalEncoding
 
             est.encoding_ = CategoricalEncoding.from_json(meta["encoding"])
+        est.privacy_spent_ = est.privacy_calibration_ = None
+        if meta.get("privacy") is not None:
+            from .privacy.dp import Calibration
+
+            priv = meta["privacy"]
+            est.privacy_calibration_ = Calibration.from_dict(priv["calibration"])
+            spent = [float(v) for v in priv["spent"]]
+            if len(spent) != 2 or spent[0] > est.privacy_calibration_.epsilon * (1 + 1e-9):
+                raise ValueError(f"privacy spent {spent} is not (epsilon, delta) within the "
+                                 "calibrated budget; the file is damaged")
+            est.privacy_spent_ = (spent[0], spent[1])
         if "selection" in meta:
             est._load_selection(meta["selection"])
         est._load_extra(meta)

@@ -211,7 +211,10 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None)
     if method == "setup":
         state[_MODEL] = ConfigRecord({"model": str(msg["model"]),
                                       "model_config": str(msg["model_config"]),
-                                      "disclosure": str(msg.get("disclosure", ""))})
+                                      "disclosure": str(msg.get("disclosure", "")),
+                                      # differential privacy: replayed with every message
+                                      "privacy": str(msg.get("privacy", "")),
+                                      "privacy_releases": int(msg.get("privacy_releases", 0))})
     state[_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in node.state.items()})
     return reply
 

@@ -223,9 +223,13 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.means_ = p["means"]
         self.precisions_cholesky_ = p["precisions_cholesky"]
         self.n_components_ = int(np.shape(p["weights"])[0])
-        _, _, self.covariances_ = gmm_m_step(
-            result.S_hat, p["center"], self.covariance_type, self.reg_covar
-        )
+        if model.privacy is not None:  # the floored covariances the M-step used
+            self.covariances_ = _covariances_from_precisions(p["precisions_cholesky"],
+                                                             self.covariance_type)
+        else:
+            _, _, self.covariances_ = gmm_m_step(
+                result.S_hat, p["center"], self.covariance_type, self.reg_covar
+            )
         self.lower_bound_ = result.history[-1].objective
         self._after_load()
 
@@ -347,3 +351,14 @@ class FederatedGaussianMixture(FederatedEstimator):
             Xs.append(rng.multivariate_normal(self.means_[k], cov, nk))
             ys.append(np.full(nk, k))
         return np.vstack(Xs), np.concatenate(ys)
+
+
+def _covariances_from_precisions(prec_chol: np.ndarray, covariance_type: str) -> np.ndarray:
+    """Covariances from the Cholesky factors of the precisions (``P = L L^T``, ``C = P^-1``)."""
+    if covariance_type in ("diag", "spherical"):
+        return 1.0 / prec_chol ** 2
+    L = prec_chol if covariance_type == "full" else prec_chol[None]
+    P = L @ np.transpose(L, (0, 2, 1))
+    C = np.linalg.inv(P)
+    C = 0.5 * (C + np.transpose(C, (0, 2, 1)))
+    return C if covariance_type == "full" else C[0]

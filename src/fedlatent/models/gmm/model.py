@@ -139,9 +139,15 @@ class GMMModel(FederatedModel):
         # Stochastic statistics (quantized, mini-batch, partial participation) can leave the set
         # where T is defined; project the parameters back (the exact-EM path is untouched).
         tiny = 1e-10 * max(float(np.abs(S["nk"]).sum()), 1e-300)
+        if self.privacy is not None:  # noisy counts: a component keeps >= 1% of its share
+            tiny = 0.01 * max(float(np.abs(S["nk"]).sum()), 1e-300) / S["nk"].size
         if np.any(S["nk"] <= tiny):
             S = Stats({**S, "nk": np.maximum(S["nk"], tiny)})
         w, m, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
+        if self.privacy is not None:  # noisy moments: eigenvalues kept well away from 0
+            scale = float(np.mean(np.abs(np.diagonal(cov, axis1=-2, axis2=-1))
+                                  if self.cov_type in ("full", "tied") else np.abs(cov)))
+            cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-3 * scale))
         try:
             prec = compute_precision_cholesky(cov, self.cov_type)
         except ValueError:
