@@ -403,9 +403,11 @@ class HLCRModel(FederatedModel):
         if private:  # the squared error of the broadcast coefficients, from the noisy sums
             sse = sse_from_sums(XtX, Xty, yty, params["coef"]).sum()
             mse = float(sse / max(n_ev * n_total, 1.0))  # noisy counts can all be <= 0
-            # the noise's own scale as a ridge (AdaSSP, Wang 2018): no direction of X^T X is
-            # trusted below what the noise alone would give it
-            XtX = XtX + _num(params.get("dp_ridge", 0.0)) * np.eye(F)[None]
+            # AdaSSP's adaptive ridge (Wang 2018): a cluster whose X^T X has a direction
+            # weaker than the noise's own scale is lifted to it; strong clusters are unchanged
+            lift = np.maximum(_num(params.get("dp_ridge", 0.0))
+                              - np.linalg.eigvalsh(XtX)[:, 0], 0.0)
+            XtX = XtX + lift[:, None, None] * np.eye(F)[None]
         else:
             mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
         if not ("sigma" in params or "T" in params):  # the paper's sampler, as it always was

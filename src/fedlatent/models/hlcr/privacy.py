@@ -52,8 +52,9 @@ applies to the aggregate under secure aggregation). The squared error ``sse`` is
 (zeros); the server rebuilds the training MSE from the noisy sums.
 
 The server's step (post-processing): the noisy ``X^T X`` is symmetrized, each cluster's
-``[[X^T X, X^T y], [y^T X, y^T y]]`` projected on the PSD cone, a ridge of the noise's own
-scale added to ``X^T X`` (:func:`noise_ridge`, as AdaSSP does for private linear regression)
+``[[X^T X, X^T y], [y^T X, y^T y]]`` projected on the PSD cone, ``X^T X`` given the ridge
+``max(0, tau - lambda_min)`` with ``tau`` the noise's own scale (:func:`noise_ridge`; AdaSSP's
+adaptive ridge for private linear regression)
 and the drawn sigma kept above :data:`DP_SIGMA_FLOOR` (standardized units): without them a
 noisy direction of ``X^T X`` near zero gives wild coefficients, and a residual the
 projection emptied a vanishing sigma.
@@ -245,11 +246,12 @@ def dp_moments_scaling(tot: dict, dp, fit_intercept: bool):
 
 def noise_ridge(model, params, dp, noise_multiplier: float, n_agents: int,
                 threshold: int | None) -> float:
-    """The ridge the server adds to every cluster's noisy ``X^T X`` (sum over the agents):
-    ``sd * sqrt(2 F)``, about the spectral norm of the symmetrized noise the sum carries
-    (``sd`` its entry standard deviation: ``sqrt(n_agents)`` agents' local noise, or the
-    calibrated noise times ``sqrt(n_agents / threshold)`` when distributed). A function of
-    public quantities only (the setting, the plan, the broadcast scaling)."""
+    """The eigenvalue level ``tau`` below which the server lifts a cluster's noisy ``X^T X``
+    (sum over the agents) by a ridge: ``sd * sqrt(2 F)``, about the spectral norm of the
+    symmetrized noise the sum carries (``sd`` its entry standard deviation:
+    ``sqrt(n_agents)`` agents' local noise, or the calibrated noise times
+    ``sqrt(n_agents / threshold)`` when distributed). A function of public quantities only
+    (the setting, the plan, the broadcast scaling)."""
     from ...engine.privacy.client_dp import release_stds
 
     parties = 1 if dp.noise == "local" else int(threshold)
