@@ -18,6 +18,7 @@ from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
 from ..gmm.estimator import initialize_gaussians
 from .clients import ClientWeights
+from .dp import private_refusal
 from .math import fedgmm_log_components, fedgmm_predict_log_proba
 from .model import FedGMMModel
 from .selection import auto_size, fedgmm_selection
@@ -83,6 +84,9 @@ class FedGMM(ClientWeights, FederatedEstimator):
         Standard deviation of the random initial learner coefficients (breaks the symmetry
         between learners).
     federation : fl.Federation or None
+        With ``privacy=fl.DifferentialPrivacy(...)`` (Newton updates, exact covariances, no
+        ``target_range``): rows clipped, labels not; the released E-step uses a public joint
+        table and the learners send gradients (:mod:`fedlatent.models.fedgmm.dp`).
     max_rounds : int, default 100
     tol : float, default 1e-4
         Convergence on the change of the mean per-sample ``log h_c(x, y)``.
@@ -188,12 +192,23 @@ class FedGMM(ClientWeights, FederatedEstimator):
 
     _score_name = "accuracy"
     _secure_aggregation = None
+    _differential_privacy = None  # with the settings private_refusal accepts
+
+    @property
+    def _dp_init_releases(self) -> int:
+        """The Gaussian start's releases: the moments, and the private k-means start's
+        hard-assignment sums (:func:`~fedlatent.models.gmm.init.initialize_gaussians`); the
+        learners start from random coefficients (no data)."""
+        return 2 if self.init_params == "kmeans-federated" else 1
 
     def _selection(self):
         return fedgmm_selection(self)
 
     # ---- validation -----------------------------------------------------------------------
     def _check_params(self) -> None:
+        refusal = private_refusal(self)
+        if refusal:
+            raise ValueError(f"FedGMM under differential privacy: {refusal}")
         auto_size(self)  # at most one "auto" size, and valid candidates
         if self.learner == "torch":
             if self.learner_update != "average":
@@ -281,6 +296,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
             learner=self.learner,
             learner_params=dict(self.learner_params or {}),
             n_features=fd.n_features,
+            private=self._federation().privacy is not None,
         )
 
     def _initialize(self, ctx: FitContext) -> Params:
@@ -309,6 +325,10 @@ class FedGMM(ClientWeights, FederatedEstimator):
             "center": g["center"],
             "coef": coef,
             "weights_y": np.full(self.n_learners, 1.0 / self.n_learners),
+            # under differential privacy: the public joint table of the E-step (.dp)
+            **({"pi_joint": np.outer(g["weights"], np.full(self.n_learners,
+                                                           1.0 / self.n_learners))}
+               if model.private else {}),
         }
 
     def _store(self, result: FitResult, model: FedGMMModel) -> None:

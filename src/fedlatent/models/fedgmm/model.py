@@ -9,9 +9,16 @@ from ...engine.messages import count_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, register_model
 from ...engine.numerics import add_intercept
 from ...engine.stats import Stats
-from ..gmm import GMMModel, compute_precision_cholesky, gmm_m_step, gmm_statistics
+from ..gmm import (
+    GMMModel,
+    compute_precision_cholesky,
+    floor_covariances,
+    gmm_m_step,
+    gmm_statistics,
+)
 from ..gmm.model import gaussian_problem
-from ..logistic import irls_statistics, local_refit, newton_solve
+from ..logistic import irls_statistics, local_refit, newton_solve, weighted_grad_hess
+from .dp import fedgmm_dp_sensitivity, floor_psd
 from .math import fedgmm_log_components, fedgmm_responsibilities
 
 __all__ = ["FedGMMModel"]
@@ -25,7 +32,9 @@ class FedGMMModel(FederatedModel):
 
     Config: ``n_input_components``, ``n_learners``, ``classes`` (list of label values),
     ``covariance_type``, ``reg_covar``, ``l2``, ``learner_update``, ``covariance_aggregation``,
-    ``local_steps``, ``prox``. Client state: ``pi`` of shape (M1, M2).
+    ``local_steps``, ``prox``, and ``private=True`` under differential privacy (the E-step
+    of the released sums then uses the public weights and the learners send gradients:
+    :mod:`fedlatent.models.fedgmm.dp`). Client state: ``pi`` of shape (M1, M2).
     """
 
     name = "fedgmm"
@@ -46,7 +55,9 @@ class FedGMMModel(FederatedModel):
         learner: str = "logistic",
         learner_params: dict | None = None,
         n_features: int | None = None,
+        private: bool = False,
     ):
+        extra = {"private": True} if private else {}  # the non-private config is unchanged
         super().__init__(
             n_input_components=int(n_input_components),
             n_learners=int(n_learners),
@@ -62,7 +73,9 @@ class FedGMMModel(FederatedModel):
             learner=str(learner),
             learner_params=dict(learner_params or {}),
             n_features=None if n_features is None else int(n_features),
+            **extra,
         )
+        self.private = bool(private)
         self.learner_name = str(learner)
         self.learner_params = dict(learner_params or {})
         self.n_features = n_features
@@ -103,6 +116,9 @@ class FedGMMModel(FederatedModel):
         lg, lp = fedgmm_log_components(X, params, self.cov_type, learner)
         lpy = lp[np.arange(n), :, y]  # (n, M2)
         q, loglik = fedgmm_responsibilities(lg, lpy, state["pi"])
+        new_pi = q.mean(axis=0)
+        if self.private:  # the released sums: public weights, so one record moves only its q
+            q, loglik = fedgmm_responsibilities(lg, lpy, params["pi_joint"])
         rx, ry = q.sum(axis=2), q.sum(axis=1)
         stats = dict(gmm_statistics(X, rx, params["center"], self.cov_type))
         if self.cov_agg == "paper":
@@ -112,13 +128,16 @@ class FedGMMModel(FederatedModel):
         coef = params["coef"]
         lw = ry.sum(axis=0)
         stats["lw"] = lw
+        if self.private:
+            stats["pq"] = q.sum(axis=0)
         if self.update == "newton":
             P = coef[0].size
             lb, lH = np.empty((self.M2, P)), np.empty((self.M2, P, P))
+            newton = weighted_grad_hess if self.private else irls_statistics
             for m in range(self.M2):  # the learners' probabilities are lp's, computed above
-                lb[m], lH[m] = irls_statistics(Xa, y, ry[:, m], coef[m],
-                                               None if learner is not None else lp[:, m])
-            stats["lb"], stats["lH"] = lb, lH
+                lb[m], lH[m] = newton(Xa, y, ry[:, m], coef[m],
+                                      None if learner is not None else lp[:, m])
+            stats["lg" if self.private else "lb"], stats["lH"] = lb, lH
         else:
             lt = np.empty((self.M2, coef[0].size))
             for m in range(self.M2):
@@ -130,11 +149,13 @@ class FedGMMModel(FederatedModel):
                 lt[m] = lw[m] * c_m.ravel()
             stats["ltheta"] = lt
         return ClientStep(Stats(stats, copy=False), n,  # loglik summed in row order (batched)
-                          float(np.cumsum(loglik)[-1]) if n else 0.0, {"pi": q.mean(axis=0)})
+                          float(np.cumsum(loglik)[-1]) if n else 0.0, {"pi": new_pi})
 
     def client_stats_batched(self, params, X, y, w, state):
         from .batched import fedgmm_batched_stats
 
+        if self.private:  # the private step is the one-by-one one (the engine's choice too)
+            return None
         return fedgmm_batched_stats(self, params, X, y, w, state)
 
     def _outer(self, sx: np.ndarray, nk: np.ndarray) -> np.ndarray:
@@ -150,8 +171,10 @@ class FedGMMModel(FederatedModel):
         sxx = {"full": (M1, d, d), "tied": (d, d), "diag": (M1, d), "spherical": (M1, d)}
         P = params["coef"][0].size
         shapes = {"nk": (M1,), "sx": (M1, d), "sxx": sxx[self.cov_type], "lw": (self.M2,)}
+        if self.private:
+            shapes["pq"] = (M1, self.M2)
         if self.update == "newton":
-            shapes.update(lb=(self.M2, P), lH=(self.M2, P, P))
+            shapes.update({"lg" if self.private else "lb": (self.M2, P), "lH": (self.M2, P, P)})
         else:
             shapes["ltheta"] = (self.M2, P)
         return shapes
@@ -174,6 +197,8 @@ class FedGMMModel(FederatedModel):
                            None if slack is None else slack["lH"], "learner")
 
     def server_step(self, S, params, n_total):
+        if self.private:
+            return self._private_server_step(S, params, n_total)
         G = {k: S[k] for k in ("nk", "sx", "sxx")}
         if self.cov_agg == "paper":
             nk = G["nk"] + 10 * np.finfo(np.float64).eps
@@ -212,9 +237,69 @@ class FedGMMModel(FederatedModel):
             "weights_y": lw / max(lw.sum(), np.finfo(np.float64).tiny),
         }
 
+    def _private_server_step(self, S, params, n_total):
+        """The M-step on noisy sums: counts and learner masses floored (a noisy count can be
+        negative; a component or learner left with none keeps its parameters), covariances
+        and Hessians projected onto their cones, and the IRLS right-hand side formed here from
+        the noisy gradient, ``b = H theta - g``. All post-processing."""
+        nk = np.asarray(S["nk"], dtype=np.float64)
+        tiny = 1e-10 * max(float(np.abs(nk).sum()), 1e-300)
+        dead = nk <= max(tiny, 1e-8 / max(n_total, 1))
+        G = {"nk": np.maximum(nk, tiny), "sx": S["sx"], "sxx": S["sxx"]}
+        wx, means, cov = gmm_m_step(Stats(G, copy=False), params["center"], self.cov_type,
+                                    self.reg)
+        cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-6))
+        prec = np.array(params["precisions_cholesky"], copy=True)
+        if self.cov_type == "tied" or not dead.any():
+            prec = compute_precision_cholesky(cov, self.cov_type)
+        else:
+            prec[~dead] = compute_precision_cholesky(cov[~dead], self.cov_type)
+            means[dead] = params["means"][dead]
+        lw = np.asarray(S["lw"], dtype=np.float64)
+        lw_tiny = 1e-10 * max(float(np.abs(lw).sum()), 1e-300)
+        coef = params["coef"]
+        H = floor_psd(np.asarray(S["lH"], dtype=np.float64))
+        new = np.array(coef, dtype=np.float64, copy=True)
+        for m in range(self.M2):
+            if lw[m] <= lw_tiny:
+                continue  # no mass: the learner keeps its coefficients
+            b = H[m] @ coef[m].ravel() - S["lg"][m]
+            new[m] = newton_solve(b, H[m], self.l2 * lw[m], coef[m].shape)
+            step = np.max(np.abs(new[m] - coef[m]))
+            if self.step_max is not None and step > self.step_max:
+                new[m] = coef[m] + (new[m] - coef[m]) * (self.step_max / step)
+        lw = np.maximum(lw, lw_tiny)
+        pq = np.asarray(S["pq"], dtype=np.float64)
+        pq = np.maximum(pq, 1e-10 * max(float(np.abs(pq).sum()), 1e-300))
+        return {"weights_x": wx, "means": means, "precisions_cholesky": prec,
+                "center": params["center"], "coef": new, "weights_y": lw / lw.sum(),
+                "pi_joint": pq / pq.sum()}
+
+    # ---- differential privacy (see .dp) -------------------------------------------------------
+    def dp_clip(self, data, dp):
+        """Feature rows clipped to the ball of ``dp.clip`` around the centre; the labels are
+        classes and stay as they are."""
+        from ...engine.privacy.clipping import clip_rows
+
+        return ClientData(clip_rows(data.X, dp.clip, dp.center_for(data.n_features)), data.y,
+                          data.entity, data.rows)
+
+    def dp_sensitivity(self, params, dp):
+        if not self.private:
+            raise ValueError("FedGMMModel was built without private=True; build it with FedGMM "
+                             "under Federation(privacy=...)")
+        return fedgmm_dp_sensitivity(dp, params["center"], self.K)
+
+    def dp_query_sensitivity(self, name, payload, dp):
+        if name in ("moments", "hard_stats"):  # the Gaussian part's start (the GMM's queries)
+            return GMMModel(self.M1, self.cov_type, self.reg).dp_query_sensitivity(
+                name, payload, dp)
+        return None
+
     def client_query(self, name, payload, data, state, rng):
         if name in _GMM_QUERIES:
             gm = GMMModel(self.M1, self.cov_type, self.reg)
             gm.disclosure = self.disclosure
+            gm.privacy = self.privacy
             return gm.client_query(name, payload, data, {}, rng)[0], state
         return super().client_query(name, payload, data, state, rng)
