@@ -164,6 +164,11 @@ def test_a_private_fit_spends_at_most_its_budget_with_reproducible_or_fresh_nois
     h = a.history_.to_frame()
     assert len(h) == 3 and np.all(np.diff(h["epsilon"]) > 0)
     assert h["epsilon"].iloc[-1] == pytest.approx(eps, rel=1e-12)
+    # the covariances are the M-step's floored ones (positive definite, inverse precisions)
+    assert np.linalg.eigvalsh(a.covariances_).min() > 0
+    L = a.precisions_cholesky_
+    np.testing.assert_allclose(a.covariances_ @ L @ np.transpose(L, (0, 2, 1)),
+                               np.broadcast_to(np.eye(2), (2, 2, 2)), atol=1e-9)
     b = _fit(fd, _dp(1.0, noise_seed=5))
     np.testing.assert_array_equal(a.coef_, b.coef_)
     np.testing.assert_array_equal(a.means_, b.means_)

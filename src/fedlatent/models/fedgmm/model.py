@@ -240,7 +240,8 @@ class FedGMMModel(FederatedModel):
     def _private_server_step(self, S, params, n_total):
         """The M-step on noisy sums: counts and learner masses floored (a noisy count can be
         negative; a component or learner left with none keeps its parameters), covariances
-        and Hessians projected onto their cones, and the IRLS right-hand side formed here from
+        projected onto the cone with eigenvalues at least 1e-3 of their mean variance, Hessians
+        onto theirs, and the IRLS right-hand side formed here from
         the noisy gradient, ``b = H theta - g``. All post-processing."""
         nk = np.asarray(S["nk"], dtype=np.float64)
         tiny = 1e-10 * max(float(np.abs(nk).sum()), 1e-300)
@@ -248,7 +249,11 @@ class FedGMMModel(FederatedModel):
         G = {"nk": np.maximum(nk, tiny), "sx": S["sx"], "sxx": S["sxx"]}
         wx, means, cov = gmm_m_step(Stats(G, copy=False), params["center"], self.cov_type,
                                     self.reg)
-        cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-6))
+        # noisy moments: eigenvalues kept well away from 0 (as the private GMM does)
+        diag = np.diagonal(cov, axis1=-2, axis2=-1) if self.cov_type in ("full", "tied") else cov
+        alive_diag = diag if self.cov_type == "tied" else diag[~dead]
+        scale = float(np.mean(np.abs(alive_diag))) if np.size(alive_diag) else 1.0
+        cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-3 * scale))
         prec = np.array(params["precisions_cholesky"], copy=True)
         if self.cov_type == "tied" or not dead.any():
             prec = compute_precision_cholesky(cov, self.cov_type)
