@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .categorical import CategoricalEncoding
 from .validation import (
     DataValidationError,
     check_array_values,
@@ -25,6 +24,8 @@ from .validation import (
 
 if TYPE_CHECKING:  # pandas is imported where a table is read or written (it is slow to import)
     import pandas as pd
+
+    from .categorical import CategoricalEncoding  # (annotations only; frame.py encodes)
 
 __all__ = ["ClientData", "DataValidationError", "DatasetShape", "FederatedDataset",
            "client_row_order"]

@@ -5,16 +5,15 @@ runtime, the client node, the round loop and its update, the one checked protoco
 exchange, the registry of models and the base estimator. It imports no model and no runtime
 adapter.
 
-The base estimator and scikit-learn's warning and error classes are imported on first use, so a
-Flower client process (one per message) does not import scikit-learn.
+Only what a client answers a message with is imported with the package (the client node, the
+messages, the model contract, the registry, the privacy settings); the server's side (the round
+loop and its update, checkpoints, the history, the exchange, the in-process runtime, the
+federation settings) and the base estimator with scikit-learn's warning and error classes are
+imported on first use (``from fedlatent.engine import X`` works for every X in ``__all__``), so a
+Flower client process (one per message) imports neither scikit-learn nor the server loop.
 """
 
 from .client import ClientNode
-from .exchange import Replies, ask
-from .federation import Federation, Quantizer, Spider, StepSchedule
-from .history import History, RoundRecord
-from .inprocess import InProcessRuntime
-from .loop import FederatedFitError, FitResult, LoopOptions, run_federated_em
 from .messages import ClientReplyError, check_reply
 from .model import ClientStep, FederatedModel, client_rng
 from .privacy.disclosure import DisclosurePolicy
@@ -23,11 +22,25 @@ from .registry import model_from_config, register_estimator, register_model
 from .runtime import Runtime
 from .stats import Stats
 
+#: name -> the module of this package that defines it (imported on first use)
 _LAZY = {
     "ConvergenceWarning": "errors",
     "NotFittedError": "errors",
     "FederatedEstimator": "estimator",
     "FitContext": "estimator",
+    "Replies": "exchange",
+    "ask": "exchange",
+    "Federation": "federation",
+    "Quantizer": "federation",
+    "Spider": "federation",
+    "StepSchedule": "federation",
+    "History": "history",
+    "RoundRecord": "history",
+    "InProcessRuntime": "inprocess",
+    "FederatedFitError": "loop",
+    "FitResult": "loop",
+    "LoopOptions": "loop",
+    "run_federated_em": "loop",
 }
 
 __all__ = [
@@ -70,3 +83,7 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -140,13 +140,13 @@ def _load_node_data(path: Path, site: Path | None = None):
     Parquet file costs seconds there (pyarrow's dataset module imports pandas), so the node
     keeps its rows as arrays in its own site directory too (``data-cache.npz``/``.json``, the
     sha256 verified, refreshed when the data file's size or modification time changes)."""
-    from ..data.files import read_client_file
-
     key = (str(path), path.stat().st_mtime if path.exists() else 0.0)
     if key not in _DATA_CACHE:
         _DATA_CACHE.clear()
         fd = _cached(path, site) if site is not None and path.exists() else None
         if fd is None:
+            from ..data.files import read_client_file  # the readers: only without a cache
+
             fd = read_client_file(path)
             if site is not None:
                 _write_cache(path, site, fd)

@@ -12,7 +12,6 @@ Dempster, Laird, Rubin (1977), "Maximum likelihood from incomplete data via the 
 from __future__ import annotations
 
 import numpy as np
-from scipy import linalg
 
 from ...engine.numerics import logsumexp  # noqa: F401  (re-exported)
 from ...engine.stats import Stats
@@ -44,6 +43,8 @@ def compute_precision_cholesky(covariances: np.ndarray, covariance_type: str) ->
     -------
     ndarray, same shape as ``covariances``
     """
+    from scipy import linalg  # the server's M-step only: a client process never imports SciPy
+
     msg = (
         "a covariance matrix is not positive definite (a component collapsed onto few points); "
         "raise reg_covar or lower n_components"
