@@ -299,3 +299,20 @@ def test_an_agent_without_the_cap_or_the_target_bound_refuses_to_clip():
     bare = DifferentialPrivacy(1.0, DELTA, clip=3.0)
     with pytest.raises(ValueError, match=r"target_range=\(lo, hi\)\): without a bound"):
         HLCRModel(2, 1.0, 1.0, 1.0, 0.7, True, 2, dp_max_events=M).dp_clip(data, bare)
+
+
+def test_the_private_start_spreads_the_clusters_without_reading_data():
+    """Standardized private fits start from K distinct prior means (no budget spent on them);
+    the paper's start (identical clusters) stays for unstandardized fits."""
+    tr, _ = _data()
+    dp = DifferentialPrivacy(2.0, DELTA, clip=4.0, target_range=(-8.0, 8.0), noise_seed=0)
+    p = _private(dp).initial_parameters(tr)
+    W = p["coef"]
+    assert len(np.unique(np.round(W, 12), axis=0)) == 2 and np.all(np.abs(W).sum(1) > 0)
+    np.testing.assert_allclose(p["c"], np.einsum("kij,kj->ki", p["D"], W))
+    assert p["dp_ridge"] > 0
+    fixed = fl.HLCR(2, max_rounds=4, random_state=0, dp_max_events=8, sigma=1.0, delta=1.0,
+                    standardize=False, federation=fl.Federation(privacy=dp))
+    q = fixed.initial_parameters(tr)
+    assert np.all(q["coef"] == 0) and np.all(q["c"] == 0)
+    assert fixed._dp_init_releases == 0  # nothing asked before round 1

@@ -39,7 +39,7 @@ from .fitting import (
 from .math import check_entities, posterior_means
 from .model import SIZES_QUERY, HLCRModel
 from .predict import HLCRPrediction
-from .privacy import noise_ridge
+from .privacy import noise_ridge, spread_start
 from .selection import choose_k
 from .solvers import ChainSettings, HLCRFit, run_federated, run_gibbs
 
@@ -371,6 +371,10 @@ class HLCR(HLCRPrediction, FederatedEstimator):
                                   sizes)
             self._sizes = (int(sum(ctx.n_units.values())),
                            int(round(sizes.get("n_events", -1))))
+            if "T" in params:  # standardized: a spread-out start costs no budget
+                rng = np.random.default_rng(np.random.SeedSequence(ctx.seed,
+                                                                   spawn_key=(0x5EED,)))
+                params.update(spread_start(params, ctx.model.K, rng))
             thr = None if ctx.secure is None else ctx.secure.config.threshold
             params["dp_ridge"] = np.array(noise_ridge(
                 ctx.model, params, fed.privacy, ctx.privacy.calibration.noise_multiplier,

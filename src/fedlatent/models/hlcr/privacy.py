@@ -87,7 +87,7 @@ from ...engine.privacy.clipping import clip_rows, clip_targets, regression_sensi
 
 __all__ = ["DP_SIGMA_FLOOR", "SCALE_FLOOR", "cap_events", "dp_clip_events", "dp_moments_scaling",
            "hlcr_query_sensitivity", "hlcr_sensitivity", "noise_ridge", "private_moments",
-           "sse_from_sums",
+           "spread_start", "sse_from_sums",
            "target_band"]
 
 #: under differential privacy, the smallest noise sd the server's sigma draw may give, in
@@ -258,6 +258,25 @@ def noise_ridge(model, params, dp, noise_multiplier: float, n_agents: int,
     sd = release_stds(model.dp_sensitivity(params, dp), noise_multiplier,
                       n_parties=parties)["XtX"] * math.sqrt(n_agents)
     return float(sd * math.sqrt(2.0 * model.F))
+
+
+def spread_start(params, K: int, rng: np.random.Generator, per: int = 10) -> dict:
+    """A data-free private start: ``K`` coefficient vectors picked by farthest point among
+    ``per * K`` draws from ``N(0, I / F)`` (standardized units: a fit explaining the target's
+    whole variance has ``||w||`` about 1), set as the clusters' prior means (``c_k = D_k w_k``
+    with the prior ``D_k``). Round 1 then sends each entity to the nearest one, as k-means++
+    would, instead of drawing every label from identical clusters: under differential privacy
+    each round costs budget, and symmetric clusters need many to split. No data are read."""
+    D = np.asarray(params["D"], dtype=np.float64)
+    F = D.shape[1]
+    Z = rng.standard_normal((per * K, F)) / math.sqrt(F)
+    picked = [int(rng.integers(per * K))]
+    d2 = np.sum((Z - Z[picked[0]]) ** 2, axis=1)
+    for _ in range(K - 1):
+        picked.append(int(np.argmax(d2)))
+        d2 = np.minimum(d2, np.sum((Z - Z[picked[-1]]) ** 2, axis=1))
+    W = Z[picked]
+    return {"c": np.einsum("kij,kj->ki", D, W), "coef": W}
 
 
 def sse_from_sums(XtX: np.ndarray, Xty: np.ndarray, yty: np.ndarray,
