@@ -29,8 +29,11 @@ from ...engine.privacy.clipping import regression_sensitivity
 from ...engine.stats import Stats
 
 __all__ = [
+    "adaptive_ridge",
     "from_shifted",
+    "initialize_private",
     "lcr_dp_sensitivity",
+    "noise_scale",
     "project_moments",
     "shift_for",
     "to_shifted",
@@ -119,6 +122,37 @@ def project_moments(S: Stats, floor: float = 1e-9) -> tuple[Stats, np.ndarray]:
     return Stats({**S, "sxx": M[:, :p, :p], "sxy": M[:, :p, p], "syy": M[:, p, p]}), bad
 
 
+def noise_scale(model, dp, noise_multiplier: float, n_clients: int,
+                threshold: int | None) -> float:
+    """The spectral scale ``tau`` of the noise a round's summed ``sxx`` carries (sum scale):
+    ``sd * sqrt(2 p)`` with ``sd`` its entry standard deviation (``sqrt(n_clients)`` clients'
+    local noise, or the calibrated noise times ``sqrt(n_clients / threshold)`` when
+    distributed) and ``p`` the coefficients. Public quantities only (setting and plan)."""
+    from ...engine.privacy.client_dp import release_stds
+
+    parties = 1 if dp.noise == "local" else int(threshold)
+    sd = release_stds(lcr_dp_sensitivity(dp, model.n_features, model.fit_intercept),
+                      noise_multiplier, n_parties=parties)["sxx"] * np.sqrt(n_clients)
+    return float(sd * np.sqrt(2.0 * (model.n_features + int(model.fit_intercept))))
+
+
+def adaptive_ridge(A: np.ndarray, tau: float) -> np.ndarray:
+    """AdaSSP's ridge (Wang 2018): each ``A_k`` (K, p, p) lifted by
+    ``max(0, tau - lambda_min(A_k))`` on its diagonal, so that no direction the noise can
+    swamp (eigenvalue below the noise's scale ``tau``) drives the solve; a well-determined
+    ``A_k`` is unchanged.
+
+    References
+    ----------
+    Wang, "Revisiting differentially private linear regression: optimal and adaptive
+    prediction & estimation in unbounded domain", UAI 2018 (AdaSSP).
+    """
+    if not tau > 0:
+        return A
+    lam = np.maximum(0.0, tau - np.linalg.eigvalsh(A)[:, 0])
+    return A + lam[:, None, None] * np.eye(A.shape[-1])[None]
+
+
 def _spread(p: int, K: int, rng: np.random.Generator, per: int = 10) -> np.ndarray:
     """``K`` directions of ``R^p`` chosen among ``per * K`` standard normal draws by farthest
     point from a random first one, scaled by ``1 / sqrt(p)`` (unit mean square)."""
@@ -139,14 +173,17 @@ def initialize_private(ctx, n_components: int, n_coef: int, reg_noise: float) ->
     differential privacy every round costs budget. Instead every client sends its
     one-component sums (``pooled_stats``: ``n``, ``sum x~ x~^T``, ``sum x~ y``, ``sum y^2``,
     noised), the server fits the pooled regression (coefficients ``b``, residual variance
-    ``s^2``) and spreads ``K`` lines around it: ``b_k = b + s L^-T z_k`` with ``L L^T`` the
+    ``s^2``) and spreads ``K`` lines around it: ``b_k = b + s A^(-1/2) z_k`` with ``A`` the
     mean of ``x~ x~^T`` (so a line's predictions differ from the pooled one's by about ``s``
     on the data) and ``z_k`` spread-out draws, each with variance ``s^2`` and weight
     ``1 / K``. Everything after the release is post-processing.
 
+    The parameters carry ``dp_ridge``, the noise's scale :func:`noise_scale` of a round's
+    sums, for the M-step's :func:`adaptive_ridge`.
+
     Returns
     -------
-    dict with ``weights`` (K,), ``beta`` (K, n_coef), ``noise_variance`` (K,)
+    dict with ``weights`` (K,), ``beta`` (K, n_coef), ``noise_variance`` (K,), ``dp_ridge`` ()
     """
     K, p = int(n_components), int(n_coef)
     shapes = {"nk": (1,), "sxx": (1, p, p), "sxy": (1, p), "syy": (1,)}
@@ -159,20 +196,26 @@ def initialize_private(ctx, n_components: int, n_coef: int, reg_noise: float) ->
         raise ValueError(f"private initialization: the noisy pooled count is {n:.3g} <= 0 (the "
                          "noise swamps the data); use a larger epsilon or more records")
     model = ctx.model
-    pooled = model.noisy_m_step(S, None)  # in the data's coordinates
+    tau = noise_scale(model, ctx.federation.privacy, ctx.privacy.calibration.noise_multiplier,
+                      len(ctx.client_ids),
+                      None if ctx.secure is None else ctx.secure.config.threshold)
+    pooled = model.noisy_m_step(S, None, tau)  # in the data's coordinates
     beta0 = pooled["beta"][0]
     shift = model.shift
     if shift is not None:
         beta0 = to_shifted(beta0[None], *shift)[0]
     s2 = float(pooled["noise_variance"][0])
-    A = S["sxx"][0] / n
-    L = np.linalg.cholesky(A + 1e-12 * (np.trace(A) / p + 1e-300) * np.eye(p))
+    # A^(-1/2) z: predictions of the spread lines differ by about s on the data; eigenvalues
+    # floored at the noise's scale (directions the noise swamps get no spread from it)
+    vals, vecs = np.linalg.eigh(0.5 * (S["sxx"][0] + S["sxx"][0].T) / n)
+    vals = np.maximum(vals, max(tau / n, 1e-12 * float(np.abs(vals).mean()), 1e-300))
     rng = np.random.default_rng(np.random.SeedSequence(ctx.seed, spawn_key=(0x1C7,)))
     Z = _spread(p, K, rng)
-    delta = np.linalg.solve(L.T, Z.T).T * np.sqrt(s2) if K > 1 else np.zeros((1, p))
+    delta = ((Z @ vecs) / np.sqrt(vals)) @ vecs.T * np.sqrt(s2) if K > 1 else np.zeros((1, p))
     beta = beta0[None] + delta
     if shift is not None:
         beta = from_shifted(beta, *shift)
     logger.info("differential privacy: the start is %d lines spread around the pooled "
                 "regression (residual variance %.4g)", K, s2)
-    return {"weights": np.full(K, 1.0 / K), "beta": beta, "noise_variance": np.full(K, s2)}
+    return {"weights": np.full(K, 1.0 / K), "beta": beta, "noise_variance": np.full(K, s2),
+            "dp_ridge": np.array(tau)}

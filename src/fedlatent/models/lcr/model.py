@@ -16,7 +16,13 @@ from ...engine.messages import bordered, count_problem, equal_problem, psd_probl
 from ...engine.model import ClientStep, FederatedModel, Params
 from ...engine.registry import register_model
 from ...engine.stats import Stats
-from .dp import from_shifted, lcr_dp_sensitivity, project_moments, to_shifted
+from .dp import (
+    adaptive_ridge,
+    from_shifted,
+    lcr_dp_sensitivity,
+    project_moments,
+    to_shifted,
+)
 from .math import (
     add_intercept,
     lcr_m_step,
@@ -172,14 +178,20 @@ class LCRModel(FederatedModel):
         if not self.noisy:
             w, beta, var = lcr_m_step(S, self.reg, previous=params)
             return {"weights": w, "beta": beta, "noise_variance": var}
-        return self.noisy_m_step(S, params)
+        ridge = float(params.get("dp_ridge", 0.0)) / max(float(n_total), 1.0)  # mean scale
+        out = self.noisy_m_step(S, params, ridge)
+        if "dp_ridge" in params:
+            out["dp_ridge"] = np.array(params["dp_ridge"], copy=True)
+        return out
 
-    def noisy_m_step(self, S, previous: Params | None) -> Params:
+    def noisy_m_step(self, S, previous: Params | None, ridge: float = 0.0) -> Params:
         """The M-step on noisy (differentially private) statistics: moment matrices projected
         onto the positive-definite cone, negative counts treated as empty components (they keep
         ``previous``), the shift undone. A component whose moment matrix had to be projected
         keeps its previous noise variance: its residual sum of squares (a difference of large
-        noisy sums) is then noise, and a variance driven to zero would end the component. With
+        noisy sums) is then noise, and a variance driven to zero would end the component. The
+        solve uses :func:`~fedlatent.models.lcr.dp.adaptive_ridge` at the noise's scale
+        ``ridge`` (in the scale of ``S``; the residuals are taken with the unlifted sums). With
         no positive mass at all the parameters stay."""
         S, projected = project_moments(Stats(S))
         if not float(np.asarray(S["nk"]).sum()) > 0 and previous is not None:
@@ -189,6 +201,14 @@ class LCRModel(FederatedModel):
         if self.shift is not None and previous is not None:
             prev = {**previous, "beta": to_shifted(previous["beta"], *self.shift)}
         w, beta, var = lcr_m_step(S, self.reg, previous=prev)
+        if ridge > 0:  # AdaSSP: the lines from lifted sums, their residuals from the sums
+            lifted = adaptive_ridge(np.asarray(S["sxx"], dtype=np.float64), ridge)
+            nk = np.asarray(S["nk"], dtype=np.float64)
+            live = w > 0
+            for k in np.flatnonzero(live):
+                b = np.linalg.solve(lifted[k], S["sxy"][k])
+                ssr = float(S["syy"][k] - 2.0 * b @ S["sxy"][k] + b @ S["sxx"][k] @ b)
+                beta[k], var[k] = b, max(ssr, 0.0) / nk[k] + self.reg
         if self.shift is not None:
             beta = from_shifted(beta, *self.shift)
         if previous is not None and projected.any():
