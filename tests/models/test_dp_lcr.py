@@ -13,7 +13,7 @@ import pytest
 import fedlatent as fl
 from fedlatent.data.dataset import ClientData
 from fedlatent.engine.stats import Stats
-from fedlatent.models.lcr.dp import shift_for
+from fedlatent.models.lcr.dp import adaptive_ridge, shift_for
 from fedlatent.models.lcr.math import add_intercept, lcr_m_step, lcr_statistics
 from fedlatent.models.lcr.model import LCRModel
 
@@ -216,3 +216,27 @@ def test_the_loglik_query_has_no_declared_sensitivity():
     assert _model(dp).dp_query_sensitivity("loglik", {}, dp) is None
     with pytest.raises(ValueError, match=r"built without its differential-privacy config"):
         LCRModel(2).dp_sensitivity(_params(), dp)
+
+
+def test_adaptive_ridge_lifts_only_the_directions_the_noise_swamps():
+    A = np.stack([np.diag([5.0, 0.1]), np.diag([5.0, 3.0])])
+    out = adaptive_ridge(A, 1.0)
+    np.testing.assert_allclose(out[0], np.diag([5.9, 1.0]))  # lambda_min lifted to tau
+    np.testing.assert_array_equal(out[1], A[1])  # well determined: unchanged
+    np.testing.assert_array_equal(adaptive_ridge(A, 0.0), A)
+
+
+def test_the_m_step_uses_the_planned_ridge_and_passes_it_on():
+    model = _model(_dp())
+    params = {**_params(), "dp_ridge": np.array(50.0)}
+    S = {"nk": np.array([600.0, 400.0]), "sxx": np.zeros((2, 3, 3)),
+         "sxy": np.array([[60.0, 1.0, 30.0], [-50.0, 2.0, -40.0]]),
+         "syy": np.array([900.0, 800.0])}
+    S["sxx"][:] = np.diag([300.0, 1.0, 1.0])  # the second feature barely varies: swamped
+    S["sxx"][:, 2, 2] = S["nk"]
+    plain = model.server_step(Stats(S) / 1000.0, _params(), 1000)
+    ridged = model.server_step(Stats(S) / 1000.0, params, 1000)
+    assert ridged["dp_ridge"] == 50.0
+    # the shifted slope on the swamped feature is solved with 1 + (50 - 1) = 50, not 1
+    assert abs(ridged["beta"][0, 1]) < 0.1 * abs(plain["beta"][0, 1])
+    assert ridged["beta"][0, 1] == pytest.approx(S["sxy"][0, 1] / 50.0, rel=0.02)
