@@ -16,6 +16,12 @@ Sensitivity (add/remove one record, blocks jointly): :func:`regression_sensitivi
 <fedlatent.engine.privacy.clipping.regression_sensitivity>` with those ``R`` and ``B``:
 ``nk`` 1, ``sxx`` ``a^2``, ``sxy`` ``a B``, ``syy`` ``B^2`` (``a^2 = R^2 + 1``), the record's
 responsibilities being in the simplex.
+
+The M-step on noisy sums (:meth:`LCRModel.noisy_m_step
+<fedlatent.models.lcr.model.LCRModel.noisy_m_step>`) projects each component's moment matrix
+onto the positive-definite cone (:func:`project_moments`) and solves its lines with AdaSSP's
+adaptive ridge at the noise's spectral scale (:func:`adaptive_ridge`, :func:`noise_scale`,
+carried in the public parameter ``dp_ridge``); the start is :func:`initialize_private`.
 """
 
 from __future__ import annotations
