@@ -64,7 +64,17 @@ Initialization: the standardizing moments (``"moments"``: ``n``, ``sum (x - c)``
 half-width of ``target_range``) move by at most ``M, M R, M R^2, M h, M h^2`` (no per-block
 suppression there); one release. The agent-size exchange (``"sizes"``) is not made (entity
 counts are public, event counts come from the noisy moments), the held-out scoring of
-``n_clusters="auto"`` is refused.
+``n_clusters="auto"`` is refused. Standardized fits start from ``K`` spread-out prior means
+drawn without data (:func:`spread_start`) instead of Algorithm 3's identical clusters: every
+round costs budget, and identical clusters need several to split.
+
+Measured (``make_synthhlcr``: K = 3, F = 3, alpha = 10, 50 agents, 20 events per entity,
+``dp_max_events=20``, ``clip=3.4``, ``target_range=(-4, 4)``, delta = 1e-5, 10 rounds; held-out
+MSE over the plain fit's, whose pooled K = 1 fit is 2.1x): with 50,000 entities (10^6 events)
+1.29x (epsilon 1) and 1.01x (epsilon 4) with local noise, 1.008x and 1.001x with secure
+aggregation and distributed noise; with 5,000 entities local noise is worse than K = 1 at
+epsilon <= 4, distributed noise 1.60x and 1.04x. The unit is the entity, so what counts is
+the number of entities, not of events.
 
 References
 ----------
