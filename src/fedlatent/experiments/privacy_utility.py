@@ -421,7 +421,8 @@ def _summarize(raw: pd.DataFrame, specs) -> pd.DataFrame:
 
 def _plot(table: pd.DataFrame, path: Path, settings: dict) -> None:
     """Metric against epsilon (log x), one line per record count, the non-private value as a
-    dashed line of the same colour; one panel per model; the legend below the panels."""
+    dashed line of the same colour, bars of one standard deviation over the seeds; one panel per
+    model; the legend below the panels."""
     models = list(dict.fromkeys(table["model"]))
     sizes = sorted(table["n_records"].unique())
     colors = dict(zip(sizes, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
@@ -448,6 +449,7 @@ def _plot(table: pd.DataFrame, path: Path, settings: dict) -> None:
             ax.set_ylabel(labels[str(sub["metric"].iloc[0])])
         fig.suptitle(f"Utility under differential privacy\n{settings['n_clients']} clients, "
                      f"{settings['max_rounds']} rounds, clip radius {settings['clip']:.2f}, "
-                     f"{settings['noise']} noise", fontsize=10)
+                     f"{settings['noise']} noise; bars: standard deviation over seeds",
+                     fontsize=10)
         handles, labs = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, labs, loc="outside lower center", ncols=len(sizes), fontsize=8)
