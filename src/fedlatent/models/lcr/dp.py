@@ -19,9 +19,10 @@ responsibilities being in the simplex.
 
 The M-step on noisy sums (:meth:`LCRModel.noisy_m_step
 <fedlatent.models.lcr.model.LCRModel.noisy_m_step>`) projects each component's moment matrix
-onto the positive-definite cone (:func:`project_moments`) and solves its lines with AdaSSP's
-adaptive ridge at the noise's spectral scale (:func:`adaptive_ridge`, :func:`noise_scale`,
-carried in the public parameter ``dp_ridge``); the start is :func:`initialize_private`.
+onto the positive-definite cone (:func:`project_moments`) and solves its lines with an
+adaptive ridge (AdaSSP's, in the swamped directions only) at the noise's spectral scale
+(:func:`adaptive_ridge`, :func:`noise_scale`, carried in the public parameter ``dp_ridge``);
+the start is :func:`initialize_private`.
 """
 
 from __future__ import annotations
@@ -143,10 +144,11 @@ def noise_scale(model, dp, noise_multiplier: float, n_clients: int,
 
 
 def adaptive_ridge(A: np.ndarray, tau: float) -> np.ndarray:
-    """AdaSSP's ridge (Wang 2018): each ``A_k`` (K, p, p) lifted by
-    ``max(0, tau - lambda_min(A_k))`` on its diagonal, so that no direction the noise can
-    swamp (eigenvalue below the noise's scale ``tau``) drives the solve; a well-determined
-    ``A_k`` is unchanged.
+    """Each ``A_k`` (K, p, p) with its eigenvalues below ``tau`` raised to ``tau``: a ridge
+    in the directions the noise can swamp only (eigenvalue below the noise's scale), so that
+    they do not drive the solve, while well-determined directions keep their sums (AdaSSP's
+    adaptive ridge lifts every direction by ``max(0, tau - lambda_min)``, which biases the
+    well-determined ones too). A well-determined ``A_k`` is unchanged.
 
     References
     ----------
@@ -155,8 +157,13 @@ def adaptive_ridge(A: np.ndarray, tau: float) -> np.ndarray:
     """
     if not tau > 0:
         return A
-    lam = np.maximum(0.0, tau - np.linalg.eigvalsh(A)[:, 0])
-    return A + lam[:, None, None] * np.eye(A.shape[-1])[None]
+    A = 0.5 * (A + np.transpose(A, (0, 2, 1)))
+    vals, vecs = np.linalg.eigh(A)
+    low = (vals < tau).any(axis=1)
+    if not low.any():
+        return A
+    lifted = np.einsum("kij,kj,klj->kil", vecs, np.maximum(vals, tau), vecs)
+    return np.where(low[:, None, None], lifted, A)
 
 
 def _spread(p: int, K: int, rng: np.random.Generator, per: int = 10) -> np.ndarray:
