@@ -434,6 +434,8 @@ def _plot(table: pd.DataFrame, path: Path, settings: dict) -> None:
             sub = table[table["model"] == model]
             for n in sizes:
                 rows = sub[sub["n_records"] == n].sort_values("epsilon")
+                if rows.empty:  # a table put together from partial runs
+                    continue
                 private = rows[np.isfinite(rows["epsilon"])]
                 ax.errorbar(private["epsilon"], private["value"], yerr=private["value_std"],
                             marker="o", color=colors[n], capsize=2,
