@@ -280,3 +280,19 @@ def test_a_saved_private_model_keeps_its_spend_and_calibration(tmp_path):
     assert back.privacy_calibration_ == est.privacy_calibration_
     np.testing.assert_array_equal(back.covariances_, est.covariances_)
     assert np.all(np.linalg.eigvalsh(back.covariances_) > 0)
+
+
+def test_an_auto_size_is_refused_under_dp_before_any_candidate_is_fitted():
+    est = fl.FederatedGaussianMixture(
+        "auto", federation=fl.Federation(privacy=DifferentialPrivacy(1.0, DELTA, clip=5.0)))
+    with pytest.raises(ValueError, match="size 'auto' is chosen by held-out scores outside"):
+        est.fit(_fd())
+
+
+def test_private_fits_on_tiny_data_survive_any_noise_draw():
+    # 3 clients of 60 rows at epsilon 1: the noise dwarfs the sums, yet the start and the
+    # M-step stay finite and positive definite (fresh OS noise every fit)
+    for _ in range(15):
+        est = _gmm_fit(DifferentialPrivacy(1.0, DELTA, clip=5.0), max_rounds=1)
+        assert np.all(np.linalg.eigvalsh(est.covariances_) > 0)
+        assert np.all(np.isfinite(est.means_))

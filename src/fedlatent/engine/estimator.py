@@ -411,6 +411,10 @@ class FederatedEstimator(BaseEstimator):
         """
         self._validate_params()
         selection = self._selection()
+        if selection is not None and self._federation().privacy is not None:
+            raise ValueError(f"{type(self).__name__}: a size 'auto' is chosen by held-out scores "
+                             "outside the privacy budget; give the size under differential "
+                             "privacy")
         if selection is not None:
             return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
                                       callbacks=callbacks, checkpoint=checkpoint, resume=resume)

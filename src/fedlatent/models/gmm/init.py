@@ -137,7 +137,9 @@ def _private_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, ce
         np.add.at(grouped["sxx"], labels, S["sxx"][keep])
     grouped["nk"] = np.maximum(grouped["nk"], 1.0)
     weights, means, cov = gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
-    return weights, means, floor_covariances(cov, ct, max(reg_covar, 1e-6))
+    scale = float(np.mean(np.abs(np.diagonal(cov, axis1=-2, axis2=-1))
+                          if ct in ("full", "tied") else np.abs(cov)))
+    return weights, means, floor_covariances(cov, ct, max(reg_covar, 1e-3 * scale))
 
 
 def initialize_gaussians(
