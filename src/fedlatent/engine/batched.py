@@ -31,6 +31,10 @@ __all__ = ["Bucket", "BatchStep", "BatchReply", "BatchedClients", "ClientBatch"]
 
 # purposes of the per-(client, round) streams (as in engine/client.py)
 _P_QUANT, _P_BATCH = 1, 2
+#: rows of one call of the model's batched step (its temporaries then stay in cache)
+_CHUNK_ROWS = 16384
+#: rows of the statistics processed at once after the step (differences, quantizer, V_c)
+_CHUNK = 1024
 #: up to this many distinct client sizes, one bucket per size (no padding: every client's sums
 #: are the same products as its own step's, bit for bit); beyond, buckets by powers of two
 _MAX_EXACT_BUCKETS = 256
@@ -222,7 +226,9 @@ class BatchedClients:
                commit: bool):
         """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (in
         batch positions, ascending), over their rows or the rows in ``masks`` (bucket ->
-        (C_b, m) selection)."""
+        (C_b, m) selection). The model is called on chunks of a bucket's clients (about
+        ``_CHUNK_ROWS`` rows), so its temporaries stay small; each chunk's sums are written
+        into their rows of the result."""
         A = idx.size
         want = np.zeros(len(self.ids), dtype=bool)
         want[idx] = True
@@ -234,27 +240,36 @@ class BatchedClients:
             sel = want[bk.clients]
             if not sel.any():
                 continue
-            cl = bk.clients[sel]
-            w = bk.real[sel] if masks is None else masks[b][sel]
-            step = self.model.client_stats_batched(
-                params, bk.X[sel], None if bk.y is None else bk.y[sel], w.astype(np.float64),
-                self._model_state(cl))
-            if step is None:
-                raise NotImplementedError("the model has no batched step for these settings")
-            st = Stats(step.stats, copy=False) if not isinstance(step.stats, Stats) \
-                else step.stats
-            if self.template is None:
-                self.template = Stats({k: v[0] for k, v in st.items()})
-            if Q is None:
-                Q, n, obj = np.empty((A, self.template.size)), np.empty(A), np.empty(A)
-            rows = row_of[cl]
-            Q[rows] = np.concatenate([v.reshape(v.shape[0], -1) for v in st.values()], axis=1)
-            n[rows] = step.n
-            obj[rows] = step.objective
-            for k, v in step.state.items():
-                if k not in new_state:
-                    new_state[k] = np.empty((A, *v.shape[1:]), dtype=v.dtype)
-                new_state[k][rows] = v
+            every = bool(sel.all())
+            pos = None if every else np.flatnonzero(sel)
+            W = bk.real if masks is None else masks[b]
+            count = len(bk.clients) if every else pos.size
+            per = max(1, _CHUNK_ROWS // max(bk.X.shape[1], 1))
+            for lo in range(0, count, per):
+                take = slice(lo, min(lo + per, count)) if every else pos[lo:lo + per]
+                cl = bk.clients[take]
+                step = self.model.client_stats_batched(
+                    params, bk.X[take], None if bk.y is None else bk.y[take],
+                    W[take].astype(np.float64), self._model_state(cl))
+                if step is None:
+                    raise NotImplementedError("the model has no batched step for these settings")
+                st = step.stats
+                if self.template is None:
+                    self.template = Stats({k: np.asarray(v[0]) for k, v in st.items()})
+                if Q is None:
+                    Q, n, obj = np.empty((A, self.template.size)), np.empty(A), np.empty(A)
+                rows = _as_slice(row_of[cl])
+                col = 0
+                for v in st.values():
+                    v = v.reshape(v.shape[0], -1)
+                    Q[rows, col:col + v.shape[1]] = v
+                    col += v.shape[1]
+                n[rows] = step.n
+                obj[rows] = step.objective
+                for k, v in step.state.items():
+                    if k not in new_state:
+                        new_state[k] = np.empty((A, *v.shape[1:]), dtype=v.dtype)
+                    new_state[k][rows] = v
         if commit and new_state:
             g = self.groups.setdefault("model", _Group(len(self.ids)))
             for k, v in new_state.items():
@@ -282,69 +297,77 @@ class BatchedClients:
 
     def estep(self, idx: np.ndarray, msg: dict, resets: dict[int, np.ndarray]) -> BatchReply:
         """The E-step of the clients ``idx`` (ascending batch positions) for round message
-        ``msg``; ``resets`` maps a position to the flat ``V_c`` it must adopt first."""
+        ``msg``; ``resets`` maps a position to the flat ``V_c`` it must adopt first.
+
+        After the statistics, each chunk of rows is turned into the reply in place (mean,
+        ``- S_hat - V_c``, the quantizer, ``V_c += alpha Q_c``): one pass over the sums, the
+        same operations, element by element, as a client alone makes."""
         seed, rnd = int(msg["seed"]), int(msg["round"])
         mode = str(msg.get("mode", "full"))
         params = unpack(msg, "params")
-        if mode in ("full", "spider-refresh"):
-            Q, n, obj = self._stats(params, idx, None, True)
-            S_c = Q / np.maximum(n, 1)[:, None]
+        S_hat = unpack(msg, "S_hat")
+        keep_init = not S_hat and bool(msg.get("keep_init", False))
+        divided = True  # whether S_c already holds means (else sums, divided chunk by chunk)
+        if mode in ("full", "spider-refresh", "batch"):
+            masks = None if mode != "batch" else \
+                self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
+            S_c, n, obj = self._stats(params, idx, masks, True)
+            divided = mode == "spider-refresh" or keep_init
+            if divided:
+                S_c /= np.maximum(n, 1)[:, None]
             if mode == "spider-refresh":
                 self._spider_put(idx, S_c, params)
-        elif mode == "batch":
-            masks = self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
-            Q, n, obj = self._stats(params, idx, masks, True)
-            S_c = Q / np.maximum(n, 1)[:, None]
         elif mode == "spider":
             S_c, n, obj = self._spider(seed, rnd, idx, params, int(msg["batch_size"]))
         else:
             raise KeyError(f"unknown E-step mode {mode!r}")
-        S_hat = unpack(msg, "S_hat")
         use_cv = bool(msg.get("control_variates", False))
         V = self._flat_group("V") if use_cv else None
         if use_cv and resets:
             for i, v in resets.items():
                 V.arrays[""][i] = v
                 V.present[i] = True
-        full = idx.size == len(self.ids)  # every client: views, not copies
-        if not S_hat:
-            delta = S_c
-            if bool(msg.get("keep_init", False)):
-                g = self._flat_group("init_S")
-                g.arrays[""][idx] = S_c
-                g.present[idx] = True
-        else:
-            # S_c - S_hat - V_c, in place (S_c is this step's own array; stored copies were
-            # taken above)
-            delta = S_c
-            delta -= Stats(S_hat).flatten()[None, :]
-            if V is not None:
-                has = V.present[idx]
-                if has.all():
-                    delta -= V.arrays[""] if full else V.arrays[""][idx]
-                elif has.any():
-                    delta[has] -= V.arrays[""][idx[has]]
+        if keep_init:
+            g = self._flat_group("init_S")
+            g.arrays[""][idx] = S_c
+            g.present[idx] = True
         levels = int(msg.get("quant_levels", 0))
-        if levels > 0:
-            u = stream_uniforms(stream_keys(seed, self.keys[idx], rnd, _P_QUANT), delta.shape[1])
-            q = quantize_flat(delta, [v.size for v in self.template.values()], levels, u)
-        else:
-            q = delta
-        if use_cv and S_hat:
-            alpha = float(msg["alpha"])
-            step = alpha * q if alpha != 1.0 else q
-            if full and V.present.all():
-                V.arrays[""] += step
-            else:
-                old = np.where(V.present[idx][:, None], V.arrays[""][idx], 0.0)
-                V.arrays[""][idx] = old + step
+        keys = stream_keys(seed, self.keys[idx], rnd, _P_QUANT) if levels > 0 else None
+        sizes = [v.size for v in self.template.values()]
+        S_flat = Stats(S_hat).flatten()[None, :] if S_hat else None
+        cv = V is not None and bool(S_hat)
+        alpha = float(msg["alpha"]) if cv else 1.0
+        Vf = V.arrays[""] if V is not None else None
+        had = V.present[idx] if V is not None else None
+        scale = np.maximum(n, 1)[:, None]
+        for lo in range(0, idx.size, _CHUNK):
+            hi = min(lo + _CHUNK, idx.size)
+            d, ii = S_c[lo:hi], idx[lo:hi]  # a view: the reply is built in place
+            if not divided:
+                d /= scale[lo:hi]
+            if S_flat is not None:
+                d -= S_flat  # S_c - S_hat - V_c
+                if V is not None:
+                    h = had[lo:hi]
+                    if h.all():
+                        d -= Vf[ii]
+                    elif h.any():
+                        d[h] -= Vf[ii[h]]
+            if levels > 0:
+                d[...] = quantize_flat(d, sizes, levels, stream_uniforms(keys[lo:hi], d.shape[1]))
+            if cv:
+                step = alpha * d if alpha != 1.0 else d
+                h = had[lo:hi]
+                Vf[ii] = (Vf[ii] if h.all() else np.where(h[:, None], Vf[ii], 0.0)) + step
+        if cv:
             V.present[idx] = True
-        return BatchReply(idx, q, n, obj, self.template)
+        return BatchReply(idx, S_c, n, obj, self.template)
 
     def evaluate(self, idx: np.ndarray, msg: dict) -> BatchReply:
         """Mean statistics at the message's parameters; no state changes."""
         Q, n, obj = self._stats(unpack(msg, "params"), idx, None, False)
-        return BatchReply(idx, Q / np.maximum(n, 1)[:, None], n, obj, self.template)
+        Q /= np.maximum(n, 1)[:, None]
+        return BatchReply(idx, Q, n, obj, self.template)
 
     def cv_init(self, idx: np.ndarray, msg: dict) -> None:
         """``V_c = S_c(theta_0) - S_hat_0`` for the clients that kept ``S_c(theta_0)``."""
@@ -403,3 +426,11 @@ class BatchedClients:
                            - Qo / np.maximum(no, 1)[:, None])
         self._spider_put(idx, S_c, params)
         return S_c, n, obj
+
+
+def _as_slice(rows: np.ndarray):
+    """``rows`` as a slice when they are consecutive and ascending (a view, no scatter)."""
+    if rows.size and rows[-1] - rows[0] == rows.size - 1 and (
+            rows.size < 2 or bool(np.all(np.diff(rows) == 1))):
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows

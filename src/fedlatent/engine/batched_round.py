@@ -15,9 +15,12 @@ import numpy as np
 
 from .messages import ClientReplyError, check_reply, pack
 from .stats import Stats
-from .update import _MAX_SUM, _REBUILD_EPS, _weighted_sum
+from .update import _MAX_SUM, _REBUILD_EPS
 
 __all__ = ["BatchedServer"]
+
+#: rows of a reply screened at once (a few MiB of rebuilt statistics, in cache)
+_CHUNK = 2048
 
 
 class BatchedServer:
@@ -71,30 +74,38 @@ class BatchedServer:
                what: str | None = None):
         """``(accepted, reasons)``: a mask over the reply's rows and ``{row: reason}`` of the
         refused ones (the per-client path's reasons; ``on_invalid="raise"`` raises on the
-        first, in client order)."""
+        first, in client order). The rows are tested in chunks (each chunk's rebuilt
+        statistics stay in cache; nothing of the size of the reply is allocated)."""
         rd = self.rd
         Q, n, idx = rep.Q, rep.n, rep.clients
         if self.template is None:
             self.template = rep.template.zeros_like()
         m = self.n_units[idx]
-        suspect = ~(np.isfinite(Q).all(axis=1) & np.isfinite(n) & np.isfinite(rep.objective))
+        A = len(n)
+        suspect = ~(np.isfinite(n) & np.isfinite(rep.objective))
         if mode in ("full", "spider-refresh"):
             suspect |= n != m
         else:
             suspect |= (n != np.round(n)) | (n < 1) | (n > m)
-        with np.errstate(invalid="ignore", over="ignore"):
-            big = np.abs(Q).max(axis=1) if Q.shape[1] else np.zeros(len(n))
-            suspect |= big * np.maximum(n, 1.0) > _MAX_SUM
-        S_c = None
+        if Q.shape[1]:
+            finite, big = np.empty(A, dtype=bool), np.empty(A)
+            for lo, hi in _chunks(A):
+                finite[lo:hi] = np.isfinite(Q[lo:hi]).all(axis=1)
+                big[lo:hi] = np.abs(Q[lo:hi]).max(axis=1)
+            suspect |= ~finite
+            with np.errstate(invalid="ignore", over="ignore"):
+                suspect |= big * np.maximum(n, 1.0) > _MAX_SUM
+        rebuilt = None
         if rd.screen.has_check and exact_rebuild:
-            S_c, rebuilt = self.rebuild(rep, S_hat)
-            ok = rebuilt & ~suspect
-            if ok.any():
-                suspect[np.flatnonzero(ok)[self.check_many(rep, S_c, ok, n, S_hat)]] = True
+            rebuilt = self.rebuildable(rep, S_hat)
+            rows = np.flatnonzero(rebuilt & ~suspect)
+            for lo, hi in _chunks(rows.size):
+                r = rows[lo:hi]
+                suspect[r[self.check_rows(rep, r, n, S_hat)]] = True
         reasons: dict[int, str] = {}
         self.malformed = 0
         for r in np.flatnonzero(suspect):
-            reason, sent = self.judge_one(rep, int(r), mode, S_c, S_hat)
+            reason, sent = self.judge_one(rep, int(r), mode, rebuilt, S_hat)
             self.malformed += sent == "an invalid reply"
             if reason:
                 reasons[int(r)] = reason
@@ -136,16 +147,17 @@ class BatchedServer:
                            "; ".join(f"client {c!r}: {r}" for c, r in rejected.items()))
         parsed = idx.size - self.malformed
         bytes_up = (raw_bytes if init_round else quant_bytes) * parsed
-        Qa, wa = rep.Q[accepted], self.w[idx][accepted]
+        total = weighted_rows(rep.Q, self.w[idx], accepted)  # sum_c w_c Q_c, (1, F) or (0, F)
         obj = rep.objective[accepted]
         obj_sum = float(np.cumsum(obj)[-1]) if obj.size else 0.0  # client order, as summed one
         # by one
         obj_n = int(rep.n[accepted].sum())
         if init_round:
             rd.refuse_incomplete_init(k, rejected)
-            state = rd.state.after_init_flat(Qa, wa, rep.template, rd.use_cv)
+            state = rd.state.after_init_flat(total, np.ones(len(total)), rep.template,
+                                             rd.use_cv)
         else:
-            state = rd.state.after_round_flat(Qa, wa, gamma, p, alpha)
+            state = rd.state.after_round_flat(total, np.ones(len(total)), gamma, p, alpha)
 
         def after(S_hat_new):
             self.after_round(init_round, rep, accepted, S_hat_new, alpha)
@@ -153,18 +165,24 @@ class BatchedServer:
         return Gathered(state, [], rejected, {}, obj_sum, obj_n, int(accepted.sum()),
                         bytes_down, bytes_up, after, True)
 
-    def rebuild(self, rep, S_hat: Stats | None):
-        """``S_c`` for every row and whether it could be rebuilt."""
-        rd = self.rd
-        if S_hat is None:
-            return rep.Q, np.ones(len(rep.n), dtype=bool)
-        S_c = rep.Q + S_hat.flatten()[None, :]
-        if not rd.screen.use_cv:
-            return S_c, np.ones(len(rep.n), dtype=bool)
+    def rebuildable(self, rep, S_hat: Stats | None) -> np.ndarray:
+        """Which rows' statistics ``S_c`` the server can rebuild (with control variates, those
+        of the clients whose ``V_c`` it follows)."""
+        if S_hat is None or not self.rd.screen.use_cv:
+            return np.ones(len(rep.n), dtype=bool)
         if self.mirror is None:
-            return None, np.zeros(len(rep.n), dtype=bool)
-        S_c += self.mirror if rep.clients.size == len(self.ids) else self.mirror[rep.clients]
-        return S_c, self.known[rep.clients].copy()
+            return np.zeros(len(rep.n), dtype=bool)
+        return self.known[rep.clients].copy()
+
+    def rebuild_rows(self, rep, rows: np.ndarray, S_hat: Stats | None) -> np.ndarray:
+        """``S_c = Q_c + S_hat + V_c`` of some rows (A_r, F), added in the per-client path's
+        order."""
+        if S_hat is None:
+            return rep.Q[rows]
+        S_c = rep.Q[rows] + S_hat.flatten()[None, :]
+        if self.rd.screen.use_cv:
+            S_c += self.mirror[rep.clients[rows]]
+        return S_c
 
     def slack(self, rep, r: int, S_hat: Stats | None) -> np.ndarray | None:
         """The rounding bound of row ``r``'s rebuilt statistic (None: sent as is)."""
@@ -175,20 +193,19 @@ class BatchedServer:
             mag = mag + np.abs(self.mirror[rep.clients[r]])
         return _REBUILD_EPS * mag
 
-    def check_many(self, rep, S_c, rows, n, S_hat) -> np.ndarray:
-        """Which of ``rows`` may break the model's invariants (a mask over them: the model's
-        ``check_many`` superset, or its ``check`` one by one)."""
+    def check_rows(self, rep, rows: np.ndarray, n, S_hat) -> np.ndarray:
+        """Which of ``rows`` (indices into the reply) may break the model's invariants (a
+        mask over them: the model's ``check_many`` superset, or its ``check`` one by one)."""
         model = self.rd.model
-        every = bool(rows.all())
-        nn = n if every else n[rows]
-        flat = (S_c if every else S_c[rows]) * nn[:, None]
+        nn = n[rows]
+        flat = self.rebuild_rows(rep, rows, S_hat)
+        flat *= nn[:, None]
         if S_hat is not None:
-            who_all = rep.clients if every else rep.clients[rows]
-            Q_all = rep.Q if every else rep.Q[rows]
+            who_all = rep.clients[rows]
             s_abs = np.abs(S_hat.flatten())[None, :]
 
             def sl_rows(r):  # the slack of some of these rows, computed when asked
-                out = np.abs(Q_all[r]) + s_abs
+                out = np.abs(rep.Q[rows[r]]) + s_abs
                 if self.rd.screen.use_cv:
                     out += np.abs(self.mirror[who_all[r]])
                 out *= (_REBUILD_EPS * (1.0 - 1e-9) * nn[r])[:, None]  # a hair under
@@ -203,8 +220,9 @@ class BatchedServer:
                                          else tmpl.unflatten(sl_rows(np.array([i]))[0]))
                              is not None for i in range(flat.shape[0])], dtype=bool)
 
-    def judge_one(self, rep, r: int, mode: str, S_c, S_hat):
-        """The per-client path's reason for row ``r`` (None: acceptable) and what it sent."""
+    def judge_one(self, rep, r: int, mode: str, rebuilt, S_hat):
+        """The per-client path's reason for row ``r`` (None: acceptable) and what it sent;
+        ``rebuilt`` (None: no check of the statistics) says which rows can be rebuilt."""
         rd = self.rd
         c = self.ids[rep.clients[r]]
         reply = {**pack("delta", rep.stats(r).to_dict()), "n": rep.n[r],
@@ -224,14 +242,13 @@ class BatchedServer:
             if bigv * max(nf, 1.0) > _MAX_SUM:
                 return f"statistic {key!r} reaches {bigv:.3g} per unit, beyond any sum of data", \
                     sent
-        if S_c is None or not rd.screen.has_check:
-            return None, sent
-        if rd.screen.use_cv and S_hat is not None and not self.known[rep.clients[r]]:
+        if rebuilt is None or not rd.screen.has_check or not rebuilt[r]:
             return None, sent
         slack = self.slack(rep, r, S_hat)
         tmpl = rep.template
+        S_c = self.rebuild_rows(rep, np.array([r]), S_hat)[0]
         with np.errstate(over="ignore", invalid="ignore"):
-            reason = rd.model.check(tmpl.unflatten(S_c[r]) * nf, nf,
+            reason = rd.model.check(tmpl.unflatten(S_c) * nf, nf,
                                     None if slack is None else tmpl.unflatten(slack) * nf)
         return reason, sent
 
@@ -280,10 +297,42 @@ class BatchedServer:
         total = float(w.sum())
         if total <= 0.0:
             return float("nan"), rejected
-        mean = S_hat.unflatten(_weighted_sum(rep.Q[accepted], w))
+        mean = S_hat.unflatten(weighted_rows(rep.Q, self.w[idx], accepted)[0])
         if not accepted.all():
             mean = mean * (1.0 / total)
         return (mean - S_hat).squared_norm(), rejected
+
+
+def weighted_rows(Q: np.ndarray, w: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``sum_c w_c Q_c`` over the rows in ``mask``, as one row (1, F) (none: (0, F)).
+
+    The products are added row after row in client order, as the per-client path adds them
+    (``update._weighted_sum``: a reduction over the leading axis accumulates row after row),
+    so the sum has the same bits; a chunk at a time, the running sum carried as the first row
+    of the next chunk's buffer, so no array of the size of ``Q`` is made.
+    """
+    rows = np.flatnonzero(mask)
+    F = Q.shape[1]
+    if rows.size == 0:
+        return np.zeros((0, F))
+    every = rows.size == len(w)
+    buf = np.empty((min(rows.size, _CHUNK) + 1, F))
+    acc = None
+    for lo, hi in _chunks(rows.size):
+        Qc, wc = (Q[lo:hi], w[lo:hi]) if every else (Q[rows[lo:hi]], w[rows[lo:hi]])
+        if acc is None:
+            np.multiply(Qc, wc[:, None], out=buf[1:hi - lo + 1])
+            acc = np.add.reduce(buf[1:hi - lo + 1], axis=0)
+        else:
+            buf[0] = acc
+            np.multiply(Qc, wc[:, None], out=buf[1:hi - lo + 1])
+            acc = np.add.reduce(buf[:hi - lo + 1], axis=0)
+    return acc[None, :]
+
+
+def _chunks(n: int):
+    """``(lo, hi)`` bounds of consecutive chunks of ``range(n)`` (``_CHUNK`` long)."""
+    return ((lo, min(lo + _CHUNK, n)) for lo in range(0, n, _CHUNK))
 
 
 def _blocks(template: Stats, flat: np.ndarray) -> dict[str, np.ndarray]:

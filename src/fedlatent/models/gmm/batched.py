@@ -107,23 +107,8 @@ def gaussian_moments(nk, sx, sxx, cov_type: str) -> np.ndarray:
     return M.reshape(-1, 2, 2)
 
 
-def _cholesky_ok(B: np.ndarray) -> np.ndarray:
-    """Which of the symmetric matrices ``B`` (N, p, p) a Cholesky factorization accepts (all
-    pivots positive), vectorized over the matrices (one failure does not stop the others)."""
-    N, p, _ = B.shape
-    L = np.zeros_like(B)
-    ok = np.ones(N, dtype=bool)
-    with np.errstate(all="ignore"):
-        for j in range(p):
-            row = L[:, j, :j]
-            piv = B[:, j, j] - np.einsum("nk,nk->n", row, row)
-            ok &= piv > 0.0
-            piv = np.sqrt(np.where(piv > 0.0, piv, 1.0))
-            L[:, j, j] = piv
-            if j + 1 < p:
-                L[:, j + 1:, j] = (B[:, j + 1:, j] - np.einsum("nik,nk->ni", L[:, j + 1:, :j],
-                                                               row)) / piv[:, None]
-    return ok & np.isfinite(L).all(axis=(1, 2))
+#: clients whose moment matrices are built and screened at once (a few MiB, in cache)
+_SCREEN_CHUNK = 2048
 
 
 def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
@@ -131,8 +116,12 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
 
     ``slack`` is None, the blocks' rounding bounds, or a callable ``slack(clients)`` giving
     them for some clients only (asked only for the clients the test without slack flags).
+    The moment matrices are screened by the compiled
+    :func:`~fedlatent.engine.psd_screen.psd_certified` in chunks of clients; the few it does
+    not certify are judged by :func:`~fedlatent.engine.messages.psd_failures` itself.
     """
     from ...engine.messages import psd_failures
+    from ...engine.psd_screen import psd_certified
 
     nk, sx, sxx = (np.asarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx"))
     C = nk.shape[0]
@@ -142,41 +131,34 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
     if bad.any() and get is not None:
         rows = np.flatnonzero(bad)
         bad[rows] = count_suspects(nk[rows], np.asarray(n_units)[rows], get(rows)["nk"])
-    M = gaussian_moments(nk, sx, sxx, cov_type)
-    per = M.shape[0] // C
-    p = M.shape[1]
-    ix = np.arange(p)
-    tiny = np.finfo(np.float64).tiny
     rtol = 1e-8
-    with np.errstate(all="ignore"):
-        diag = M[:, ix, ix]
-        sane = np.all(np.isfinite(M), axis=(1, 2)) & (np.min(diag, axis=1) >= 0.0)
-        B = M.copy()
-        B[:, ix, ix] += (0.5 * rtol * p) * (np.maximum(diag, 0.0) + tiny)
-    ok = sane & _cholesky_ok(B)  # passes without slack: passes with it
-    sel = np.flatnonzero(~ok)
-    if sel.size and get is not None:
-        clients = np.unique(sel // per)
-        e = get(clients)
-        E_all = gaussian_moments(*(np.abs(np.asarray(e[k], dtype=np.float64))
-                                   for k in ("nk", "sx", "sxx")), cov_type)
-        pos = {int(c): i for i, c in enumerate(clients)}
-        E = E_all[[pos[int(c)] * per + int(m) % per for c, m in zip(sel // per, sel)]]
-        with np.errstate(all="ignore"):
-            d2 = np.maximum(diag[sel], 0.0) + E[:, ix, ix] + tiny
-            sq = np.sqrt(d2)
-            err = np.sqrt(np.sum((E / (sq[:, :, None] * sq[:, None, :])) ** 2, axis=(1, 2)))
-            B2 = M[sel].copy()
-            B2[:, ix, ix] += (0.5 * rtol * p + err)[:, None] * d2
-        ok[sel] = sane[sel] & np.isfinite(err) & _cholesky_ok(B2)
-        rest = np.flatnonzero(~ok)
+    per = 1 if cov_type == "tied" else (sx.shape[1] * sx.shape[2] if cov_type in
+                                        ("diag", "spherical") else sx.shape[1])
+    ok = np.empty(C * per, dtype=bool)
+    for lo in range(0, C, _SCREEN_CHUNK):
+        hi = min(lo + _SCREEN_CHUNK, C)
+        ok[lo * per:hi * per] = psd_certified(
+            gaussian_moments(nk[lo:hi], sx[lo:hi], sxx[lo:hi], cov_type), None, rtol)
+    sel = np.flatnonzero(~ok)  # not certified without slack: with it, or judged exactly
+    if sel.size:
+        clients, inv = np.unique(sel // per, return_inverse=True)
+        M = gaussian_moments(nk[clients], sx[clients], sxx[clients], cov_type)[
+            inv.ravel() * per + sel % per]
+        E = None
+        if get is not None:
+            e = get(clients)
+            E = gaussian_moments(*(np.abs(np.asarray(e[k], dtype=np.float64))
+                                   for k in ("nk", "sx", "sxx")), cov_type)[
+                inv.ravel() * per + sel % per]
+            ok[sel] = psd_certified(M, E, rtol)
+        rest = np.flatnonzero(~ok[sel])
         if rest.size:
-            keep = np.isin(sel, rest)
-            failed = np.zeros(len(ok), dtype=bool)
-            failed[rest[psd_failures(M[rest], E[keep], rtol)]] = True
-            ok[rest] = ~failed[rest] & sane[rest]
-    elif sel.size:
-        failed = np.zeros(len(ok), dtype=bool)
-        failed[sel[psd_failures(M[sel], None, rtol)]] = True
-        ok[sel] = ~failed[sel] & sane[sel]
+            Mr = M[rest]
+            ix = np.arange(Mr.shape[1])
+            with np.errstate(invalid="ignore"):
+                sane = np.all(np.isfinite(Mr), axis=(1, 2)) & (np.min(Mr[:, ix, ix], axis=1)
+                                                                >= 0.0)
+            good = sane.copy()
+            good[psd_failures(Mr, None if E is None else E[rest], rtol)] = False
+            ok[sel[rest]] = good
     return bad | (~ok).reshape(C, per).any(axis=1)

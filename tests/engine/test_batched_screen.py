@@ -1,0 +1,225 @@
+"""The batched path at scale (issue 13): the compiled PSD screen of the replies' moment
+matrices, and the chunked client step and server screen, which must change no bit of the
+result and no word of a refusal."""
+
+import warnings
+
+import numpy as np
+import pytest
+from test_batched import (
+    FEDEM,
+    TamperBatched,
+    TamperOne,
+    _fitted_arrays,
+    _ragged,
+    _shift_batched,
+    _shift_one,
+)
+
+import fedlatent as fl
+import fedlatent.engine.batched as eb
+import fedlatent.engine.batched_round as ebr
+import fedlatent.models.gmm.batched as gb
+from fedlatent.engine.batched_round import weighted_rows
+from fedlatent.engine.inprocess import InProcessRuntime
+from fedlatent.engine.messages import psd_failures
+from fedlatent.engine.psd_screen import psd_certified
+from fedlatent.engine.update import _weighted_sum
+from fedlatent.models.gmm.batched import gaussian_moments, gaussian_suspects
+from fedlatent.models.gmm.model import gaussian_problem
+
+
+def _moments(rng, N, p, rows):
+    """N moment matrices ``sum_r q_r [1, u_r][1, u_r]^T`` of ``rows`` rows in dimension p,
+    with weights from 1 down to 1e-30 (nearly singular ones among them)."""
+    U = rng.normal(size=(N, rows, p))
+    U[:, :, 0] = 1.0
+    q = 10.0 ** rng.uniform(-30, 0, size=(N, rows))
+    return np.einsum("nr,nri,nrj->nij", q, U, U)
+
+
+def _near_boundary(rng, N, p, rtol=1e-8):
+    """Unit-diagonal matrices whose smallest eigenvalue is within a few tolerances of the
+    limit ``-rtol p`` of ``psd_failures``, on both sides."""
+    A = rng.normal(size=(N, p, p))
+    Qm, _ = np.linalg.qr(A)
+    lam = rng.uniform(0.5, 2.0, size=(N, p))
+    lam[:, 0] = -rtol * p * rng.uniform(0.0, 3.0, size=N)
+    M = np.einsum("nij,nj,nkj->nik", Qm, lam, Qm)
+    s = np.sqrt(np.diagonal(M, axis1=1, axis2=2))
+    return M / (s[:, :, None] * s[:, None, :]) * rng.uniform(0.1, 1e3, size=(N, 1, 1))
+
+
+@pytest.mark.parametrize("p", [2, 5, 9])
+def test_a_certified_matrix_passes_the_exact_test(p):
+    rng = np.random.default_rng(p)
+    M = np.concatenate([_moments(rng, 3000, p, 12), _moments(rng, 500, p, p - 1),
+                        _near_boundary(rng, 3000, p)])
+    ok = psd_certified(M)
+    failed = np.zeros(len(M), dtype=bool)
+    failed[psd_failures(M)] = True
+    assert not (ok & failed).any()  # a certificate is never wrong
+    assert ok[:3500].all()  # honest sums of rows are certified (however singular)
+    # near the boundary both answers occur, and the screen certifies every matrix whose
+    # scaled smallest eigenvalue is above -0.4 rtol p (it certifies down to -0.5 rtol p)
+    assert failed[3500:].sum() > 300 and (~failed[3500:]).sum() > 300
+    s = np.sqrt(np.diagonal(M, axis1=1, axis2=2))
+    lam = np.linalg.eigvalsh(M / (s[:, :, None] * s[:, None, :]))[:, 0]
+    clear = lam > -0.4e-8 * p
+    assert clear[3500:].sum() > 50 and ok[clear].all()
+
+
+def test_the_certificate_widens_by_the_slack_as_the_exact_test_does():
+    rng = np.random.default_rng(7)
+    M = _near_boundary(rng, 4000, 6)
+    E = np.abs(M) * 1e-8 * rng.uniform(0, 2, size=M.shape)
+    ok, ok_e = psd_certified(M), psd_certified(M, E)
+    failed = np.zeros(len(M), dtype=bool)
+    failed[psd_failures(M, E)] = True
+    assert not (ok_e & failed).any()
+    assert ok_e.sum() > ok.sum()  # the slack lets more through, as in psd_failures
+    assert (ok_e | ~ok).all()
+
+
+def test_the_screen_refuses_non_finite_values_a_negative_diagonal_and_a_lying_triangle():
+    M = np.repeat(np.eye(3)[None], 5, axis=0)
+    M[1, 0, 2] = np.nan
+    M[2, 2, 1] = np.inf
+    M[3, 1, 1] = -1e-300
+    M[4, 2, 0], M[4, 0, 2] = 0.5, 3.0  # the lower triangle is PSD; the matrix is not
+    assert psd_certified(M).tolist() == [True, False, False, False, False]
+    assert psd_failures(M[4:]).tolist() == [0]
+    assert psd_certified(np.zeros((0, 4, 4))).shape == (0,)
+
+
+def _gmm_stats(rng, C, m, d, K, cov):
+    from fedlatent.models.gmm.batched import gmm_batched_stats
+
+    X = rng.normal(size=(C, m, d)) * rng.choice([1e-3, 1.0, 1e3], size=(C, 1, 1))
+    prec = {"full": np.repeat(np.eye(d)[None], K, 0) * 0.3, "diag": np.full((K, d), 0.3),
+            "tied": np.eye(d) * 0.3}[cov]
+    params = {"weights": np.full(K, 1 / K), "means": rng.normal(size=(K, d)),
+              "precisions_cholesky": prec, "center": np.zeros(d)}
+    st = gmm_batched_stats(params, X, np.ones((C, m)), cov, {}).stats
+    return {k: v.copy() for k, v in st.items()}
+
+
+@pytest.mark.parametrize("cov", ["full", "diag", "tied"])
+def test_gaussian_suspects_are_the_clients_gaussian_problem_refuses(cov, monkeypatch):
+    monkeypatch.setattr(gb, "_SCREEN_CHUNK", 37)  # many chunks
+    rng = np.random.default_rng(11)
+    C, m, d, K = 400, 6, 3, 3
+    st = _gmm_stats(rng, C, m, d, K, cov)
+    lie = rng.random(C) < 0.15
+    factor = rng.choice([-1.0, 0.3, 1 - 1e-9], size=lie.sum())
+    st["sxx"][lie] *= factor.reshape((-1,) + (1,) * (st["sxx"].ndim - 1))
+    negative = np.flatnonzero(lie)[factor < 0]
+    S_hat = {k: v.mean(0) for k, v in st.items()}
+    S = {k: (st[k] - S_hat[k]) + S_hat[k] for k in st}  # rebuilt: rounding, within slack
+    S["sx"][5, 0] = np.nan
+    slack = {k: 64 * np.finfo(float).eps * (np.abs(st[k] - S_hat[k]) + np.abs(S_hat[k]))
+             for k in st}
+    n = np.full(C, float(m))
+    asked = []
+
+    def lazy(rows):
+        asked.append(np.asarray(rows).copy())
+        return {k: v[rows] for k, v in slack.items()}
+
+    for sl in (None, slack, lazy):
+        got = gaussian_suspects(S, n, cov, sl)
+        truth = np.array([gaussian_problem({k: v[i] for k, v in S.items()}, m, cov,
+                                           None if sl is None else
+                                           {k: v[i] for k, v in slack.items()}) is not None
+                          for i in range(C)])
+        np.testing.assert_array_equal(got, truth)
+    assert negative.size > 10 and truth[negative].all() and truth[5]
+    assert truth.sum() < C // 2
+    flagged = np.unique(np.concatenate(asked))
+    assert 0 < flagged.size < C  # the slack is asked only for the clients flagged without it
+
+
+@pytest.mark.parametrize("A", [1, 3, 2048, 2049, 5000])
+def test_chunked_weighted_sum_has_the_bits_of_the_sum_in_client_order(A):
+    rng = np.random.default_rng(A)
+    Q = rng.normal(size=(A, 50)) * 10.0 ** rng.uniform(-8, 8, size=(A, 1))
+    w = rng.random(A)
+    for mask in (np.ones(A, dtype=bool), rng.random(A) < 0.6):
+        mask[0] = True
+        np.testing.assert_array_equal(weighted_rows(Q, w, mask)[0],
+                                      _weighted_sum(Q[mask], w[mask]))
+    assert weighted_rows(Q, w, np.zeros(A, dtype=bool)).shape == (0, 50)
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    """Chunks of a few clients in every batched stage, so a small federation crosses many
+    chunk boundaries."""
+    monkeypatch.setattr(eb, "_CHUNK_ROWS", 40)
+    monkeypatch.setattr(eb, "_CHUNK", 3)
+    monkeypatch.setattr(ebr, "_CHUNK", 4)
+    monkeypatch.setattr(gb, "_SCREEN_CHUNK", 2)
+
+
+@pytest.mark.parametrize("fed", [
+    fl.Federation(), FEDEM, fl.Federation(step_size=0.5, batch_size=7, random_state=1),
+    fl.Federation(participation=0.6, control_variates=True, step_size=0.5, random_state=3)],
+    ids=["plain", "fedem", "mini-batch", "partial-cv"])
+def test_chunked_batched_path_equals_the_per_client_path_bit_for_bit(fed, tiny_chunks):
+    fd = _ragged(n_clients=17, seed=8)
+
+    def fit(batched):
+        rt = InProcessRuntime(fd, batched=batched)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = fl.FederatedGaussianMixture(3, max_rounds=6, tol=0.0, random_state=0,
+                                              federation=fed).fit(fd, runtime=rt)
+        return est, rt
+
+    (one, rt1), (many, rtb) = fit(False), fit(True)
+    assert rtb.batched_calls >= many.n_iter_ and rt1.batched_calls == 0
+    a, b = _fitted_arrays(one), _fitted_arrays(many)
+    assert a.keys() == b.keys() and len(a) >= 3
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    np.testing.assert_array_equal(one.history_.to_frame()["objective"],
+                                  many.history_.to_frame()["objective"])
+    sa, sb = rt1.get_client_states(), rtb.get_client_states()
+    for c in sa:
+        assert sa[c].keys() == sb[c].keys()
+        for key in sa[c]:
+            np.testing.assert_array_equal(sa[c][key], sb[c][key], err_msg=f"{c} {key}")
+
+
+#: partial participation and control variates without a quantizer: the server rebuilds
+#: S_c = Q_c + S_hat + V_c exactly and checks it
+PARTIAL_CV = fl.Federation(participation=0.6, control_variates=True, step_size=0.5,
+                           random_state=3)
+
+
+def test_a_lie_in_a_later_chunk_is_refused_with_the_per_client_reason(tiny_chunks):
+    fd = _ragged(n_clients=12, seed=5)
+    victim = fd.client_ids[10]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rt = TamperBatched(fd, victim, _shift_batched)
+        many = fl.FederatedGaussianMixture(2, max_rounds=6, tol=0.0, random_state=0,
+                                           federation=PARTIAL_CV).fit(fd, runtime=rt)
+        one = fl.FederatedGaussianMixture(2, max_rounds=6, tol=0.0, random_state=0,
+                                          federation=PARTIAL_CV).fit(
+            fd, runtime=TamperOne(fd, victim, _shift_one))
+    assert rt.batched_calls > 0
+    rej_b, rej_1 = [r.rejected for r in many.history_], [r.rejected for r in one.history_]
+    assert rej_b == rej_1
+    took_part = [r for r in rej_b[2:] if victim in r]
+    assert took_part and all("not positive semi-definite" in r[victim] for r in took_part)
+    np.testing.assert_array_equal(many.means_, one.means_)
+
+
+def test_moment_matrices_of_every_covariance_type_have_the_documented_layout():
+    rng = np.random.default_rng(0)
+    st = _gmm_stats(rng, 4, 5, 2, 3, "full")
+    M = gaussian_moments(st["nk"], st["sx"], st["sxx"], "full")
+    assert M.shape == (12, 3, 3)
+    np.testing.assert_array_equal(M[4, 0, 0], st["nk"][1, 1])
+    np.testing.assert_array_equal(M[4, 1:, 1:], st["sxx"][1, 1])
