@@ -23,7 +23,7 @@ import fedlatent.models.gmm.batched as gb
 from fedlatent.engine.batched_round import weighted_rows
 from fedlatent.engine.inprocess import InProcessRuntime
 from fedlatent.engine.messages import psd_failures
-from fedlatent.engine.psd_screen import psd_certified
+from fedlatent.engine.psd_screen import bordered_certified, psd_certified
 from fedlatent.engine.update import _weighted_sum
 from fedlatent.models.gmm.batched import gaussian_moments, gaussian_suspects
 from fedlatent.models.gmm.model import gaussian_problem
@@ -90,6 +90,22 @@ def test_the_screen_refuses_non_finite_values_a_negative_diagonal_and_a_lying_tr
     assert psd_certified(M).tolist() == [True, False, False, False, False]
     assert psd_failures(M[4:]).tolist() == [0]
     assert psd_certified(np.zeros((0, 4, 4))).shape == (0,)
+
+
+def test_the_bordered_certificate_reads_each_matrix_from_its_parts():
+    rng = np.random.default_rng(3)
+    M = np.concatenate([_moments(rng, 500, 5, 8), _near_boundary(rng, 1500, 5)])
+    M[::7, 1:, 1:] *= 0.999  # some lies
+    M[3, 2, 0] = np.nan  # a non-finite border entry (the other triangle is not read)
+    E = np.abs(M) * 1e-9
+    parts = (M[:, 0, 0], M[:, 1:, 0], M[:, 1:, 1:])
+    eparts = (E[:, 0, 0], E[:, 1:, 0], E[:, 1:, 1:])
+    Msym = M.copy()
+    Msym[3, 0, 2] = np.nan
+    got, want = bordered_certified(*parts), psd_certified(Msym)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(bordered_certified(*parts, eparts), psd_certified(Msym, E))
+    assert 0 < got.sum() < len(M) and not got[3]
 
 
 def _gmm_stats(rng, C, m, d, K, cov):

@@ -124,7 +124,8 @@ class BatchReply:
     """The replies of many clients to one E-step or evaluation, as arrays.
 
     ``clients`` are positions in the batch; ``Q`` row ``i`` is client ``clients[i]``'s statistic
-    flattened block by block (the blocks of ``template``).
+    flattened block by block (the blocks of ``template``). ``Q`` is rows of the runtime's reply
+    buffer: valid until the next call of the same kind (copy what must outlive it).
     """
 
     clients: np.ndarray
@@ -163,6 +164,9 @@ class BatchedClients:
         self.model = model
         self.groups: dict[str, _Group] = {}
         self.template: Stats | None = None
+        #: the arrays the replies of ``estep`` and ``evaluate`` are written into, round after
+        #: round (a reply's ``Q`` is valid until the next call of the same kind)
+        self._buffers: dict[str, np.ndarray] = {}
 
     # ---- states <-> nodes ----------------------------------------------------------------
     def load(self, states: list[dict[str, np.ndarray]]) -> None:
@@ -222,13 +226,25 @@ class BatchedClients:
         g = self.groups.get("model")
         return {} if g is None else {k: v[idx] for k, v in g.arrays.items()}
 
+    def _reply_buffer(self, kind: str, A: int) -> np.ndarray | None:
+        """Rows ``(A, F)`` of the array kept for the replies of ``kind`` (None before the
+        statistic's layout is known). A round's replies are written over the previous
+        round's (read by then): at 100,000 clients the reply is hundreds of MiB, and mapping
+        fresh pages for it every round costs as much as a tenth of the round."""
+        if self.template is None:
+            return None
+        buf = self._buffers.get(kind)
+        if buf is None or buf.shape != (len(self.ids), self.template.size):
+            buf = self._buffers[kind] = np.empty((len(self.ids), self.template.size))
+        return buf[:A]
+
     def _stats(self, params, idx: np.ndarray, masks: dict[int, np.ndarray] | None,
-               commit: bool):
+               commit: bool, reuse: str | None = None):
         """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (in
         batch positions, ascending), over their rows or the rows in ``masks`` (bucket ->
         (C_b, m) selection). The model is called on chunks of a bucket's clients (about
         ``_CHUNK_ROWS`` rows), so its temporaries stay small; each chunk's sums are written
-        into their rows of the result."""
+        into their rows of the result (with ``reuse``, rows of that reply buffer)."""
         A = idx.size
         want = np.zeros(len(self.ids), dtype=bool)
         want[idx] = True
@@ -257,7 +273,10 @@ class BatchedClients:
                 if self.template is None:
                     self.template = Stats({k: np.asarray(v[0]) for k, v in st.items()})
                 if Q is None:
-                    Q, n, obj = np.empty((A, self.template.size)), np.empty(A), np.empty(A)
+                    Q = None if reuse is None else self._reply_buffer(reuse, A)
+                    if Q is None:
+                        Q = np.empty((A, self.template.size))
+                    n, obj = np.empty(A), np.empty(A)
                 rows = _as_slice(row_of[cl])
                 col = 0
                 for v in st.values():
@@ -311,7 +330,7 @@ class BatchedClients:
         if mode in ("full", "spider-refresh", "batch"):
             masks = None if mode != "batch" else \
                 self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
-            S_c, n, obj = self._stats(params, idx, masks, True)
+            S_c, n, obj = self._stats(params, idx, masks, True, "estep")
             divided = mode == "spider-refresh" or keep_init
             if divided:
                 S_c /= np.maximum(n, 1)[:, None]
@@ -365,7 +384,7 @@ class BatchedClients:
 
     def evaluate(self, idx: np.ndarray, msg: dict) -> BatchReply:
         """Mean statistics at the message's parameters; no state changes."""
-        Q, n, obj = self._stats(unpack(msg, "params"), idx, None, False)
+        Q, n, obj = self._stats(unpack(msg, "params"), idx, None, False, "evaluate")
         Q /= np.maximum(n, 1)[:, None]
         return BatchReply(idx, Q, n, obj, self.template)
 

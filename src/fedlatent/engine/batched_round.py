@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .batched import _as_slice
 from .messages import ClientReplyError, check_reply, pack
 from .stats import Stats
 from .update import _MAX_SUM, _REBUILD_EPS
@@ -87,21 +88,19 @@ class BatchedServer:
             suspect |= n != m
         else:
             suspect |= (n != np.round(n)) | (n < 1) | (n > m)
-        if Q.shape[1]:
-            finite, big = np.empty(A, dtype=bool), np.empty(A)
-            for lo, hi in _chunks(A):
-                finite[lo:hi] = np.isfinite(Q[lo:hi]).all(axis=1)
-                big[lo:hi] = np.abs(Q[lo:hi]).max(axis=1)
-            suspect |= ~finite
-            with np.errstate(invalid="ignore", over="ignore"):
-                suspect |= big * np.maximum(n, 1.0) > _MAX_SUM
-        rebuilt = None
-        if rd.screen.has_check and exact_rebuild:
-            rebuilt = self.rebuildable(rep, S_hat)
-            rows = np.flatnonzero(rebuilt & ~suspect)
-            for lo, hi in _chunks(rows.size):
-                r = rows[lo:hi]
-                suspect[r[self.check_rows(rep, r, n, S_hat)]] = True
+        rebuilt = self.rebuildable(rep, S_hat) if rd.screen.has_check and exact_rebuild \
+            else None
+        scale = np.maximum(n, 1.0)
+        for lo, hi in _chunks(A):  # one pass over the replies, a chunk of rows at a time
+            if Q.shape[1]:
+                Qc = Q[lo:hi]
+                with np.errstate(invalid="ignore", over="ignore"):
+                    suspect[lo:hi] |= ~np.isfinite(Qc).all(axis=1) | (
+                        np.abs(Qc).max(axis=1) * scale[lo:hi] > _MAX_SUM)
+            if rebuilt is not None:
+                r = lo + np.flatnonzero(rebuilt[lo:hi] & ~suspect[lo:hi])
+                if r.size:
+                    suspect[r[self.check_rows(rep, r, n, S_hat)]] = True
         reasons: dict[int, str] = {}
         self.malformed = 0
         for r in np.flatnonzero(suspect):
@@ -177,8 +176,9 @@ class BatchedServer:
     def rebuild_rows(self, rep, rows: np.ndarray, S_hat: Stats | None) -> np.ndarray:
         """``S_c = Q_c + S_hat + V_c`` of some rows (A_r, F), added in the per-client path's
         order."""
+        rows = _as_slice(rows)
         if S_hat is None:
-            return rep.Q[rows]
+            return rep.Q[rows]  # a view when the rows are consecutive: read only
         S_c = rep.Q[rows] + S_hat.flatten()[None, :]
         if self.rd.screen.use_cv:
             S_c += self.mirror[rep.clients[rows]]
@@ -198,8 +198,7 @@ class BatchedServer:
         mask over them: the model's ``check_many`` superset, or its ``check`` one by one)."""
         model = self.rd.model
         nn = n[rows]
-        flat = self.rebuild_rows(rep, rows, S_hat)
-        flat *= nn[:, None]
+        flat = self.rebuild_rows(rep, rows, S_hat) * nn[:, None]
         if S_hat is not None:
             who_all = rep.clients[rows]
             s_abs = np.abs(S_hat.flatten())[None, :]

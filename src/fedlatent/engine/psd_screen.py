@@ -24,89 +24,93 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["psd_certified"]
+__all__ = ["bordered_certified", "psd_certified"]
 
 _TINY = float(np.finfo(np.float64).tiny)
 
 
 @njit(cache=True)
-def _factor_shifted(M, i, shift, work):
-    """Whether the Cholesky factorization of the symmetric part of ``M[i]`` plus ``diag(shift)``
-    succeeds (every pivot positive and finite); ``work`` (p, p) is scratch."""
-    p = M.shape[1]
+def _certify_one(mat, emat, use_slack, h, work, shift, sq):
+    """Whether the (p, p) matrix ``mat`` (slack ``emat``) is certified: finite, diagonal >= 0,
+    and the Cholesky factorization of the symmetric part of ``mat`` plus the diagonal shift
+    succeeds (every pivot positive and finite). ``work``, ``shift``, ``sq`` are scratch."""
+    p = mat.shape[0]
     for a in range(p):
-        for b in range(a):
-            work[a, b] = 0.5 * (M[i, a, b] + M[i, b, a])
-        work[a, a] = M[i, a, a] + shift[a]
-    for j in range(p):
-        s = work[j, j]
-        for k in range(j):
-            s -= work[j, k] * work[j, k]
-        if not (s > 0.0 and s < math.inf):  # NaN fails too
-            return False
-        piv = math.sqrt(s)
-        for r in range(j + 1, p):
-            t = work[r, j]
-            for k in range(j):
-                t -= work[r, k] * work[j, k]
-            work[r, j] = t / piv
-    return True
-
-
-@njit(cache=True)
-def _sane(M, i):
-    """Every entry finite and the diagonal >= 0."""
-    p = M.shape[1]
-    for a in range(p):
-        if not M[i, a, a] >= 0.0:
+        if not mat[a, a] >= 0.0:
             return False
         for b in range(p):
-            if not math.isfinite(M[i, a, b]):
+            if not math.isfinite(mat[a, b]):
                 return False
-    return True
-
-
-@njit(cache=True)
-def _certify(M, rtol):
-    N, p = M.shape[0], M.shape[1]
-    ok = np.zeros(N, dtype=np.bool_)
-    work = np.empty((p, p))
-    shift = np.empty(p)
-    h = 0.5 * rtol * p
-    for i in range(N):
-        if not _sane(M, i):
-            continue
+    if use_slack:
         for a in range(p):
-            shift[a] = h * (M[i, a, a] + _TINY)
-        ok[i] = _factor_shifted(M, i, shift, work)
-    return ok
-
-
-@njit(cache=True)
-def _certify_slack(M, E, rtol):
-    N, p = M.shape[0], M.shape[1]
-    ok = np.zeros(N, dtype=np.bool_)
-    work = np.empty((p, p))
-    shift = np.empty(p)
-    sq = np.empty(p)
-    h = 0.5 * rtol * p
-    for i in range(N):
-        if not _sane(M, i):
-            continue
-        for a in range(p):
-            shift[a] = M[i, a, a] + abs(E[i, a, a]) + _TINY  # d2 = s^2
+            shift[a] = mat[a, a] + abs(emat[a, a]) + _TINY  # s_a^2
             sq[a] = math.sqrt(shift[a])
         err2 = 0.0
         for a in range(p):
             for b in range(p):
-                v = abs(E[i, a, b]) / (sq[a] * sq[b])
+                v = abs(emat[a, b]) / (sq[a] * sq[b])
                 err2 += v * v
         err = math.sqrt(err2)
         if not math.isfinite(err):
-            continue
+            return False
         for a in range(p):
             shift[a] *= h + err
-        ok[i] = _factor_shifted(M, i, shift, work)
+    else:
+        for a in range(p):
+            shift[a] = h * (mat[a, a] + _TINY)
+    for a in range(p):
+        for b in range(a):
+            work[a, b] = 0.5 * (mat[a, b] + mat[b, a])
+        work[a, a] = mat[a, a] + shift[a]
+    for j in range(p):
+        t = work[j, j]
+        for k in range(j):
+            t -= work[j, k] * work[j, k]
+        if not (t > 0.0 and t < math.inf):  # NaN fails too
+            return False
+        piv = math.sqrt(t)
+        for r in range(j + 1, p):
+            u = work[r, j]
+            for k in range(j):
+                u -= work[r, k] * work[j, k]
+            work[r, j] = u / piv
+    return True
+
+
+@njit(cache=True)
+def _certify_stack(M, E, use_slack, rtol):
+    N, p = M.shape[0], M.shape[1]
+    ok = np.zeros(N, dtype=np.bool_)
+    work, shift, sq = np.empty((p, p)), np.empty(p), np.empty(p)
+    h = 0.5 * rtol * p
+    for i in range(N):
+        ok[i] = _certify_one(M[i], E[i if use_slack else 0], use_slack, h, work, shift, sq)
+    return ok
+
+
+@njit(cache=True)
+def _certify_bordered(c, b, A, ec, eb, eA, use_slack, rtol):
+    N, q = b.shape
+    p = q + 1
+    ok = np.zeros(N, dtype=np.bool_)
+    mat, emat = np.zeros((p, p)), np.zeros((p, p))
+    work, shift, sq = np.empty((p, p)), np.empty(p), np.empty(p)
+    h = 0.5 * rtol * p
+    for i in range(N):
+        mat[0, 0] = c[i]
+        for a in range(q):
+            mat[0, a + 1] = b[i, a]
+            mat[a + 1, 0] = b[i, a]
+            for r in range(q):
+                mat[a + 1, r + 1] = A[i, a, r]
+        if use_slack:
+            emat[0, 0] = ec[i]
+            for a in range(q):
+                emat[0, a + 1] = eb[i, a]
+                emat[a + 1, 0] = eb[i, a]
+                for r in range(q):
+                    emat[a + 1, r + 1] = eA[i, a, r]
+        ok[i] = _certify_one(mat, emat, use_slack, h, work, shift, sq)
     return ok
 
 
@@ -132,6 +136,28 @@ def psd_certified(M: np.ndarray, slack: np.ndarray | None = None,
     if M.shape[0] == 0:
         return np.zeros(0, dtype=bool)
     if slack is None:
-        return _certify(M, float(rtol))
+        return _certify_stack(M, M[:1], False, float(rtol))
     E = np.ascontiguousarray(slack, dtype=np.float64)
-    return _certify_slack(M, E, float(rtol))
+    return _certify_stack(M, E, True, float(rtol))
+
+
+def bordered_certified(corner: np.ndarray, border: np.ndarray, block: np.ndarray,
+                       slack: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                       rtol: float = 1e-8) -> np.ndarray:
+    """:func:`psd_certified` of the matrices ``[[corner, border^T], [border, block]]``, read
+    from their parts (no stack of the matrices is built).
+
+    Parameters
+    ----------
+    corner : ndarray of shape (m,)
+    border : ndarray of shape (m, q)
+    block : ndarray of shape (m, q, q)
+    slack : the parts' slack in the same shapes, or None
+    """
+    parts = [np.ascontiguousarray(v, dtype=np.float64) for v in (corner, border, block)]
+    if parts[1].shape[0] == 0:
+        return np.zeros(0, dtype=bool)
+    if slack is None:
+        return _certify_bordered(*parts, *parts, False, float(rtol))
+    eparts = [np.ascontiguousarray(v, dtype=np.float64) for v in slack]
+    return _certify_bordered(*parts, *eparts, True, float(rtol))

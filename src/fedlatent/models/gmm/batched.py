@@ -111,6 +111,31 @@ def gaussian_moments(nk, sx, sxx, cov_type: str) -> np.ndarray:
 _SCREEN_CHUNK = 2048
 
 
+def _certify(nk, sx, sxx, cov_type: str, rows=None, slack=None) -> np.ndarray:
+    """The compiled screen of the moment matrices of clients (all, or the matrices ``rows``
+    of the stack ``gaussian_moments`` makes), with the blocks' ``slack`` (same layout) or
+    None. "full" reads each matrix from the blocks; the others build the stack."""
+    from ...engine.psd_screen import bordered_certified, psd_certified
+
+    if cov_type == "full":
+        C, K, d = sx.shape
+
+        def parts(a, b, c):
+            a, b, c = a.reshape(C * K), b.reshape(C * K, d), c.reshape(C * K, d, d)
+            return (a, b, c) if rows is None else (a[rows], b[rows], c[rows])
+
+        return bordered_certified(*parts(nk, sx, sxx),
+                                  None if slack is None else parts(*slack), _RTOL)
+    M = gaussian_moments(nk, sx, sxx, cov_type)
+    E = None if slack is None else gaussian_moments(*slack, cov_type)
+    if rows is not None:
+        M, E = M[rows], (None if E is None else E[rows])
+    return psd_certified(M, E, _RTOL)
+
+
+_RTOL = 1e-8
+
+
 def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
     """Clients whose Gaussian blocks may fail ``gaussian_problem`` (a mask of shape (C,)).
 
@@ -121,7 +146,6 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
     not certify are judged by :func:`~fedlatent.engine.messages.psd_failures` itself.
     """
     from ...engine.messages import psd_failures
-    from ...engine.psd_screen import psd_certified
 
     nk, sx, sxx = (np.asarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx"))
     C = nk.shape[0]
@@ -131,34 +155,31 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
     if bad.any() and get is not None:
         rows = np.flatnonzero(bad)
         bad[rows] = count_suspects(nk[rows], np.asarray(n_units)[rows], get(rows)["nk"])
-    rtol = 1e-8
     per = 1 if cov_type == "tied" else (sx.shape[1] * sx.shape[2] if cov_type in
                                         ("diag", "spherical") else sx.shape[1])
     ok = np.empty(C * per, dtype=bool)
     for lo in range(0, C, _SCREEN_CHUNK):
         hi = min(lo + _SCREEN_CHUNK, C)
-        ok[lo * per:hi * per] = psd_certified(
-            gaussian_moments(nk[lo:hi], sx[lo:hi], sxx[lo:hi], cov_type), None, rtol)
+        ok[lo * per:hi * per] = _certify(nk[lo:hi], sx[lo:hi], sxx[lo:hi], cov_type)
     sel = np.flatnonzero(~ok)  # not certified without slack: with it, or judged exactly
     if sel.size:
         clients, inv = np.unique(sel // per, return_inverse=True)
-        M = gaussian_moments(nk[clients], sx[clients], sxx[clients], cov_type)[
-            inv.ravel() * per + sel % per]
+        at = inv.ravel() * per + sel % per  # the matrices in the stack of ``clients``
+        mine = (nk[clients], sx[clients], sxx[clients])
         E = None
         if get is not None:
             e = get(clients)
-            E = gaussian_moments(*(np.abs(np.asarray(e[k], dtype=np.float64))
-                                   for k in ("nk", "sx", "sxx")), cov_type)[
-                inv.ravel() * per + sel % per]
-            ok[sel] = psd_certified(M, E, rtol)
+            E = tuple(np.abs(np.asarray(e[k], dtype=np.float64)) for k in ("nk", "sx", "sxx"))
+            ok[sel] = _certify(*mine, cov_type, at, E)
         rest = np.flatnonzero(~ok[sel])
         if rest.size:
-            Mr = M[rest]
+            Mr = gaussian_moments(*mine, cov_type)[at[rest]]
+            Er = None if E is None else gaussian_moments(*E, cov_type)[at[rest]]
             ix = np.arange(Mr.shape[1])
             with np.errstate(invalid="ignore"):
                 sane = np.all(np.isfinite(Mr), axis=(1, 2)) & (np.min(Mr[:, ix, ix], axis=1)
                                                                 >= 0.0)
             good = sane.copy()
-            good[psd_failures(Mr, None if E is None else E[rest], rtol)] = False
+            good[psd_failures(Mr, Er, _RTOL)] = False
             ok[sel[rest]] = good
     return bad | (~ok).reshape(C, per).any(axis=1)
