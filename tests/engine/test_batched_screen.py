@@ -69,6 +69,22 @@ def test_a_certified_matrix_passes_the_exact_test(p):
     assert clear[3500:].sum() > 50 and ok[clear].all()
 
 
+@pytest.mark.parametrize("with_slack", [False, True])
+def test_psd_failures_screened_first_gives_the_answer_of_the_eigenvalue_test(with_slack):
+    from fedlatent.engine.messages import _psd_failures
+
+    rng = np.random.default_rng(5)
+    M = np.concatenate([_moments(rng, 300, 4, 6), _near_boundary(rng, 2000, 4)])
+    M[::11, 0, 0] *= -1.0
+    M[7, 1, 2] = np.nan
+    E = np.nan_to_num(np.abs(M)) * 1e-8 * rng.uniform(0, 2, size=M.shape) if with_slack else None
+    with np.errstate(all="ignore"):
+        want = _psd_failures(M, E, 1e-8)
+    got = psd_failures(M, E)
+    np.testing.assert_array_equal(got, want)
+    assert 100 < got.size < len(M) - 300 and 7 in got
+
+
 def test_the_certificate_widens_by_the_slack_as_the_exact_test_does():
     rng = np.random.default_rng(7)
     M = _near_boundary(rng, 4000, 6)
