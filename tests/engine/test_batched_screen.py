@@ -197,8 +197,16 @@ def tiny_chunks(monkeypatch):
     fl.Federation(), FEDEM, fl.Federation(step_size=0.5, batch_size=7, random_state=1),
     fl.Federation(participation=0.6, control_variates=True, step_size=0.5, random_state=3)],
     ids=["plain", "fedem", "mini-batch", "partial-cv"])
-def test_chunked_batched_path_equals_the_per_client_path_bit_for_bit(fed, tiny_chunks):
-    fd = _ragged(n_clients=17, seed=8)
+@pytest.mark.parametrize("sizes", ["ragged", "equal"])
+def test_chunked_batched_path_equals_the_per_client_path_bit_for_bit(fed, sizes, tiny_chunks):
+    """Ragged sizes: many buckets, each reply finished after the step; equal sizes: one
+    bucket, each chunk finished (mean, differences, quantizer, V_c) as soon as computed."""
+    if sizes == "ragged":
+        fd = _ragged(n_clients=17, seed=8)
+    else:
+        rng = np.random.default_rng(8)
+        fd = fl.FederatedDataset.from_arrays(
+            {f"c{i:02d}": rng.normal(size=(9, 3)) + 3.0 * (i % 3) for i in range(17)})
 
     def fit(batched):
         rt = InProcessRuntime(fd, batched=batched)

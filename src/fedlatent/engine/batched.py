@@ -239,12 +239,14 @@ class BatchedClients:
         return buf[:A]
 
     def _stats(self, params, idx: np.ndarray, masks: dict[int, np.ndarray] | None,
-               commit: bool, reuse: str | None = None):
+               commit: bool, reuse: str | None = None, finish=None):
         """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (in
         batch positions, ascending), over their rows or the rows in ``masks`` (bucket ->
         (C_b, m) selection). The model is called on chunks of a bucket's clients (about
         ``_CHUNK_ROWS`` rows), so its temporaries stay small; each chunk's sums are written
-        into their rows of the result (with ``reuse``, rows of that reply buffer)."""
+        into their rows of the result (with ``reuse``, rows of that reply buffer).
+        ``finish`` is None or ``(f, done)``: ``f(Q, n, lo, hi)`` is called on each chunk of
+        consecutive rows as soon as they are written, and ``done[lo:hi]`` set."""
         A = idx.size
         want = np.zeros(len(self.ids), dtype=bool)
         want[idx] = True
@@ -289,6 +291,9 @@ class BatchedClients:
                     if k not in new_state:
                         new_state[k] = np.empty((A, *v.shape[1:]), dtype=v.dtype)
                     new_state[k][rows] = v
+                if finish is not None and isinstance(rows, slice):
+                    finish[0](Q, n, rows.start, rows.stop)  # while the rows are in cache
+                    finish[1][rows] = True
         if commit and new_state:
             g = self.groups.setdefault("model", _Group(len(self.ids)))
             for k, v in new_state.items():
@@ -326,59 +331,79 @@ class BatchedClients:
         params = unpack(msg, "params")
         S_hat = unpack(msg, "S_hat")
         keep_init = not S_hat and bool(msg.get("keep_init", False))
+        use_cv = bool(msg.get("control_variates", False))
+        levels = int(msg.get("quant_levels", 0))
+        keys = stream_keys(seed, self.keys[idx], rnd, _P_QUANT) if levels > 0 else None
+        S_flat = Stats(S_hat).flatten()[None, :] if S_hat else None
+        cv = use_cv and bool(S_hat)
+        alpha = float(msg["alpha"]) if cv else 1.0
         divided = True  # whether S_c already holds means (else sums, divided chunk by chunk)
+        V = had = None
+
+        def control_variates():
+            """``V_c`` (after the resets) and who had one, once the statistic's layout is
+            known (the first chunk of the step)."""
+            nonlocal V, had
+            if use_cv and V is None and self.template is not None:
+                V = self._flat_group("V")
+                for i, v in resets.items():
+                    V.arrays[""][i] = v
+                    V.present[i] = True
+                had = V.present[idx]
+
+        def finish(Q, n, lo, hi):
+            """Rows ``lo:hi`` of the sums made into the reply, in place."""
+            control_variates()
+            d, ii = Q[lo:hi], idx[lo:hi]
+            if not divided:
+                d /= np.maximum(n[lo:hi], 1)[:, None]
+            if S_flat is not None:
+                d -= S_flat  # S_c - S_hat - V_c
+                if V is not None:
+                    h = had[lo:hi]
+                    if h.all():
+                        d -= V.arrays[""][ii]
+                    elif h.any():
+                        d[h] -= V.arrays[""][ii[h]]
+            if levels > 0:
+                d[...] = quantize_flat(d, [v.size for v in self.template.values()], levels,
+                                       stream_uniforms(keys[lo:hi], d.shape[1]))
+            if cv:
+                Vf = V.arrays[""]
+                step = alpha * d if alpha != 1.0 else d
+                h = had[lo:hi]
+                Vf[ii] = (Vf[ii] if h.all() else np.where(h[:, None], Vf[ii], 0.0)) + step
+
+        done = np.zeros(idx.size, dtype=bool)
         if mode in ("full", "spider-refresh", "batch"):
             masks = None if mode != "batch" else \
                 self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
-            S_c, n, obj = self._stats(params, idx, masks, True, "estep")
-            divided = mode == "spider-refresh" or keep_init
-            if divided:
+            divided = False
+            fused = mode != "spider-refresh" and not keep_init
+            S_c, n, obj = self._stats(params, idx, masks, True, "estep",
+                                      (finish, done) if fused else None)
+            if not fused:
                 S_c /= np.maximum(n, 1)[:, None]
+                divided = True
             if mode == "spider-refresh":
                 self._spider_put(idx, S_c, params)
         elif mode == "spider":
             S_c, n, obj = self._spider(seed, rnd, idx, params, int(msg["batch_size"]))
         else:
             raise KeyError(f"unknown E-step mode {mode!r}")
-        use_cv = bool(msg.get("control_variates", False))
-        V = self._flat_group("V") if use_cv else None
-        if use_cv and resets:
-            for i, v in resets.items():
-                V.arrays[""][i] = v
-                V.present[i] = True
         if keep_init:
             g = self._flat_group("init_S")
             g.arrays[""][idx] = S_c
             g.present[idx] = True
-        levels = int(msg.get("quant_levels", 0))
-        keys = stream_keys(seed, self.keys[idx], rnd, _P_QUANT) if levels > 0 else None
-        sizes = [v.size for v in self.template.values()]
-        S_flat = Stats(S_hat).flatten()[None, :] if S_hat else None
-        cv = V is not None and bool(S_hat)
-        alpha = float(msg["alpha"]) if cv else 1.0
-        Vf = V.arrays[""] if V is not None else None
-        had = V.present[idx] if V is not None else None
-        scale = np.maximum(n, 1)[:, None]
-        for lo in range(0, idx.size, _CHUNK):
-            hi = min(lo + _CHUNK, idx.size)
-            d, ii = S_c[lo:hi], idx[lo:hi]  # a view: the reply is built in place
-            if not divided:
-                d /= scale[lo:hi]
-            if S_flat is not None:
-                d -= S_flat  # S_c - S_hat - V_c
-                if V is not None:
-                    h = had[lo:hi]
-                    if h.all():
-                        d -= Vf[ii]
-                    elif h.any():
-                        d[h] -= Vf[ii[h]]
-            if levels > 0:
-                d[...] = quantize_flat(d, sizes, levels, stream_uniforms(keys[lo:hi], d.shape[1]))
-            if cv:
-                step = alpha * d if alpha != 1.0 else d
-                h = had[lo:hi]
-                Vf[ii] = (Vf[ii] if h.all() else np.where(h[:, None], Vf[ii], 0.0)) + step
-        if cv:
+        control_variates()
+        if not done.all():
+            # the rows not finished during the step (all of them, or rows of buckets whose
+            # positions are not consecutive), in chunks of consecutive rows
+            todo = np.flatnonzero(~done)
+            for run in np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1):
+                for lo in range(int(run[0]), int(run[-1]) + 1, _CHUNK):
+                    finish(S_c, n, lo, min(lo + _CHUNK, int(run[-1]) + 1))
+        if cv and V is not None:
             V.present[idx] = True
         return BatchReply(idx, S_c, n, obj, self.template)
 
