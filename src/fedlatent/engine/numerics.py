@@ -10,7 +10,25 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["add_intercept", "kmeans", "logsumexp"]
+__all__ = ["add_intercept", "kmeans", "lift_eigenvalues", "logsumexp"]
+
+
+def lift_eigenvalues(M: np.ndarray, floor) -> tuple[np.ndarray, np.ndarray]:
+    """The symmetric part of each matrix of ``M`` (..., p, p), its eigenvalues below ``floor``
+    raised to it, in the matrices that have one; the others are returned (symmetrized)
+    unchanged. ``floor`` is a number or an array of shape ``M.shape[:-2]``.
+
+    The projection noisy moment matrices need (noise can leave the positive-definite cone),
+    post-processing under differential privacy. Returns ``(matrices, moved)``, ``moved`` the
+    boolean mask of the matrices changed."""
+    M = 0.5 * (M + np.swapaxes(M, -1, -2))
+    vals, vecs = np.linalg.eigh(M)
+    fl = np.asarray(floor, dtype=np.float64)[..., None]
+    moved = (vals < fl).any(axis=-1)
+    if not moved.any():
+        return M, moved
+    lifted = np.einsum("...ij,...j,...kj->...ik", vecs, np.maximum(vals, fl), vecs)
+    return np.where(moved[..., None, None], lifted, M), moved
 
 
 def logsumexp(a: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -47,7 +47,7 @@ import numpy as np
 
 from ...engine.privacy.clipping import gmm_sensitivity, logistic_sensitivity
 
-__all__ = ["fedgmm_dp_sensitivity", "floor_psd", "private_refusal"]
+__all__ = ["fedgmm_dp_sensitivity", "private_refusal"]
 
 
 def private_refusal(est) -> str | None:
@@ -91,16 +91,3 @@ def fedgmm_dp_sensitivity(dp, center: np.ndarray, n_classes: int) -> dict[str, f
     lg = logistic_sensitivity(dp.clip + float(np.linalg.norm(c0)), int(n_classes))
     out.update(lw=1.0, pq=1.0, lg=lg["grad"], lH=lg["hess"])
     return out
-
-
-def floor_psd(H: np.ndarray) -> np.ndarray:
-    """``H`` (..., P, P) with negative eigenvalues raised to 0 where there are any (noise can
-    leave the cone; a Newton solve on an indefinite Hessian goes uphill). Matrices already
-    positive semi-definite are returned unchanged. Post-processing."""
-    H = 0.5 * (H + np.swapaxes(H, -1, -2))
-    vals, vecs = np.linalg.eigh(H)
-    bad = (vals < 0).any(axis=-1)
-    if not bad.any():
-        return H
-    fixed = np.einsum("...ij,...j,...kj->...ik", vecs, np.maximum(vals, 0.0), vecs)
-    return np.where(bad[..., None, None], fixed, H)

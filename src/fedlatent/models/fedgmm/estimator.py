@@ -16,7 +16,8 @@ from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
-from ..gmm.estimator import _covariances_from_precisions, initialize_gaussians
+from ..gmm.estimator import initialize_gaussians
+from ..gmm.math import covariances_from_precisions
 from .clients import ClientWeights
 from .dp import private_refusal
 from .math import fedgmm_log_components, fedgmm_predict_log_proba
@@ -347,7 +348,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         if self.covariance_aggregation == "paper":
             G["sxx"] = G["sxx"] + model._outer(G["sx"], G["nk"] + 10 * np.finfo(float).eps)
         if model.private:  # the floored covariances the M-step used, not the raw noisy ones
-            self.covariances_ = _covariances_from_precisions(p["precisions_cholesky"],
+            self.covariances_ = covariances_from_precisions(p["precisions_cholesky"],
                                                              self.covariance_type)
         else:
             _, _, self.covariances_ = gmm_m_step(Stats(G), p["center"], self.covariance_type,

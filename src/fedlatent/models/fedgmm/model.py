@@ -7,18 +7,18 @@ import numpy as np
 from ...data.dataset import ClientData
 from ...engine.messages import count_problem, psd_problem
 from ...engine.model import ClientStep, FederatedModel, register_model
-from ...engine.numerics import add_intercept
+from ...engine.numerics import add_intercept, lift_eigenvalues
 from ...engine.stats import Stats
 from ..gmm import (
     GMMModel,
     compute_precision_cholesky,
-    floor_covariances,
+    floor_noisy_covariances,
     gmm_m_step,
     gmm_statistics,
 )
 from ..gmm.model import gaussian_problem
 from ..logistic import irls_statistics, local_refit, newton_solve, weighted_grad_hess
-from .dp import fedgmm_dp_sensitivity, floor_psd
+from .dp import fedgmm_dp_sensitivity
 from .math import fedgmm_log_components, fedgmm_responsibilities
 
 __all__ = ["FedGMMModel"]
@@ -250,10 +250,7 @@ class FedGMMModel(FederatedModel):
         wx, means, cov = gmm_m_step(Stats(G, copy=False), params["center"], self.cov_type,
                                     self.reg)
         # noisy moments: eigenvalues kept well away from 0 (as the private GMM does)
-        diag = np.diagonal(cov, axis1=-2, axis2=-1) if self.cov_type in ("full", "tied") else cov
-        alive_diag = diag if self.cov_type == "tied" else diag[~dead]
-        scale = float(np.mean(np.abs(alive_diag))) if np.size(alive_diag) else 1.0
-        cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-3 * scale))
+        cov = floor_noisy_covariances(cov, self.cov_type, self.reg, alive=~dead)
         prec = np.array(params["precisions_cholesky"], copy=True)
         if self.cov_type == "tied" or not dead.any():
             prec = compute_precision_cholesky(cov, self.cov_type)
@@ -263,7 +260,7 @@ class FedGMMModel(FederatedModel):
         lw = np.asarray(S["lw"], dtype=np.float64)
         lw_tiny = 1e-10 * max(float(np.abs(lw).sum()), 1e-300)
         coef = params["coef"]
-        H = floor_psd(np.asarray(S["lH"], dtype=np.float64))
+        H = lift_eigenvalues(np.asarray(S["lH"], dtype=np.float64), 0.0)[0]
         new = np.array(coef, dtype=np.float64, copy=True)
         for m in range(self.M2):
             if lw[m] <= lw_tiny:

@@ -28,6 +28,7 @@ from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candi
 from .init import initialize_gaussians
 from .math import (
     COV_TYPES,
+    covariances_from_precisions,
     estimate_log_gaussian_prob,
     gmm_m_step,
     n_free_parameters,
@@ -224,7 +225,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.precisions_cholesky_ = p["precisions_cholesky"]
         self.n_components_ = int(np.shape(p["weights"])[0])
         if model.privacy is not None:  # the floored covariances the M-step used
-            self.covariances_ = _covariances_from_precisions(p["precisions_cholesky"],
+            self.covariances_ = covariances_from_precisions(p["precisions_cholesky"],
                                                              self.covariance_type)
         else:
             _, _, self.covariances_ = gmm_m_step(
@@ -352,13 +353,3 @@ class FederatedGaussianMixture(FederatedEstimator):
             ys.append(np.full(nk, k))
         return np.vstack(Xs), np.concatenate(ys)
 
-
-def _covariances_from_precisions(prec_chol: np.ndarray, covariance_type: str) -> np.ndarray:
-    """Covariances from the Cholesky factors of the precisions (``P = L L^T``, ``C = P^-1``)."""
-    if covariance_type in ("diag", "spherical"):
-        return 1.0 / prec_chol ** 2
-    L = prec_chol if covariance_type == "full" else prec_chol[None]
-    P = L @ np.transpose(L, (0, 2, 1))
-    C = np.linalg.inv(P)
-    C = 0.5 * (C + np.transpose(C, (0, 2, 1)))
-    return C if covariance_type == "full" else C[0]

@@ -13,9 +13,9 @@ from ...engine.estimator import FitContext
 from ...engine.exchange import array, number
 from ...engine.messages import bordered, count_problem, psd_problem
 from ...engine.model import Params
-from ...engine.numerics import kmeans
+from ...engine.numerics import kmeans, lift_eigenvalues
 from ...engine.stats import Stats
-from .math import compute_precision_cholesky, floor_covariances, gmm_m_step
+from .math import compute_precision_cholesky, floor_noisy_covariances, gmm_m_step
 from .model import gaussian_problem
 
 __all__ = ["initialize_gaussians"]
@@ -82,13 +82,6 @@ def _stats_check(ctx: FitContext, covariance_type: str):
     return check
 
 
-def _nearest_psd(C: np.ndarray, scale: float) -> np.ndarray:
-    """``C`` with its eigenvalues floored at ``1e-3 * scale`` (noisy moments can leave the
-    cone; post-processing, free under differential privacy)."""
-    w, V = np.linalg.eigh(C)
-    return (V * np.maximum(w, 1e-3 * scale)) @ V.T
-
-
 def _spread_draws(mean: np.ndarray, chol: np.ndarray, K: int, rng, per: int = 10) -> np.ndarray:
     """``K`` means chosen among ``per * K`` draws from ``N(mean, chol chol^T)`` by farthest
     point (in the global Mahalanobis metric) from a random first one: the start k-means++
@@ -137,9 +130,7 @@ def _private_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, ce
         np.add.at(grouped["sxx"], labels, S["sxx"][keep])
     grouped["nk"] = np.maximum(grouped["nk"], 1.0)
     weights, means, cov = gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
-    scale = float(np.mean(np.abs(np.diagonal(cov, axis1=-2, axis2=-1))
-                          if ct in ("full", "tied") else np.abs(cov)))
-    return weights, means, floor_covariances(cov, ct, max(reg_covar, 1e-3 * scale))
+    return weights, means, floor_noisy_covariances(cov, ct, reg_covar)
 
 
 def initialize_gaussians(
@@ -194,7 +185,7 @@ def initialize_gaussians(
         c0 = dp.center_for(d)
         m0 = sx / n
         gcov = sxx / n - np.outer(m0, m0)
-        gcov = _nearest_psd(0.5 * (gcov + gcov.T), dp.clip ** 2 / d)
+        gcov = lift_eigenvalues(gcov, 1e-3 * dp.clip ** 2 / d)[0]  # noisy: back in the cone
         center = c0  # the statistics are centred where the rows were clipped
         mean = c0 + m0
     else:

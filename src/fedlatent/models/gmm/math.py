@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.numerics import logsumexp  # noqa: F401  (re-exported)
+from ...engine.numerics import (
+    lift_eigenvalues,
+    logsumexp,  # noqa: F401  (re-exported)
+)
 from ...engine.stats import Stats
 
 __all__ = [
     "COV_TYPES",
     "compute_precision_cholesky",
     "estimate_log_gaussian_prob",
+    "covariances_from_precisions",
     "floor_covariances",
+    "floor_noisy_covariances",
     "gmm_m_step",
     "gmm_statistics",
     "logsumexp",
@@ -193,14 +198,34 @@ def gmm_m_step(
 
 def floor_covariances(cov: np.ndarray, covariance_type: str, floor: float) -> np.ndarray:
     """Covariances with every eigenvalue raised to at least ``floor`` (a projection onto the
-    positive-definite cone used when stochastic statistics leave it)."""
+    positive-definite cone used when stochastic statistics leave it); covariances already
+    above it are unchanged."""
     if covariance_type in ("diag", "spherical"):
         return np.maximum(cov, floor)
-    mats = cov if covariance_type == "full" else cov[None]
-    vals, vecs = np.linalg.eigh(0.5 * (mats + np.transpose(mats, (0, 2, 1))))
-    vals = np.maximum(vals, floor)
-    out = np.einsum("kij,kj,klj->kil", vecs, vals, vecs)
-    return out if covariance_type == "full" else out[0]
+    return lift_eigenvalues(cov, floor)[0]
+
+
+def floor_noisy_covariances(cov: np.ndarray, covariance_type: str, reg: float,
+                            alive: np.ndarray | None = None) -> np.ndarray:
+    """Covariances from noisy (differentially private) moments, their eigenvalues kept at
+    least ``1e-3`` of the mean variance (over the ``alive`` components when given) and at
+    least ``reg``: noise can shrink a component onto a few directions."""
+    diag = (np.diagonal(cov, axis1=-2, axis2=-1) if covariance_type in ("full", "tied")
+            else cov)
+    if alive is not None and covariance_type != "tied":
+        diag = diag[alive]
+    scale = float(np.mean(np.abs(diag))) if np.size(diag) else 1.0
+    return floor_covariances(cov, covariance_type, max(reg, 1e-3 * scale))
+
+
+def covariances_from_precisions(prec_chol: np.ndarray, covariance_type: str) -> np.ndarray:
+    """Covariances from the Cholesky factors of the precisions (``P = L L^T``, ``C = P^-1``)."""
+    if covariance_type in ("diag", "spherical"):
+        return 1.0 / prec_chol ** 2
+    L = prec_chol if covariance_type == "full" else prec_chol[None]
+    C = np.linalg.inv(L @ np.transpose(L, (0, 2, 1)))
+    C = 0.5 * (C + np.transpose(C, (0, 2, 1)))
+    return C if covariance_type == "full" else C[0]
 
 
 def n_free_parameters(n_components: int, n_features: int, covariance_type: str) -> int:

@@ -21,6 +21,7 @@ from .math import (
     compute_precision_cholesky,
     estimate_log_gaussian_prob,
     floor_covariances,
+    floor_noisy_covariances,
     gmm_m_step,
     gmm_statistics,
 )
@@ -145,9 +146,7 @@ class GMMModel(FederatedModel):
             S = Stats({**S, "nk": np.maximum(S["nk"], tiny)})
         w, m, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
         if self.privacy is not None:  # noisy moments: eigenvalues kept well away from 0
-            scale = float(np.mean(np.abs(np.diagonal(cov, axis1=-2, axis2=-1))
-                                  if self.cov_type in ("full", "tied") else np.abs(cov)))
-            cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-3 * scale))
+            cov = floor_noisy_covariances(cov, self.cov_type, self.reg)
         try:
             prec = compute_precision_cholesky(cov, self.cov_type)
         except ValueError:

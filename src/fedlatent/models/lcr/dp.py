@@ -32,6 +32,7 @@ import logging
 import numpy as np
 
 from ...engine.messages import bordered
+from ...engine.numerics import lift_eigenvalues
 from ...engine.privacy.clipping import regression_sensitivity
 from ...engine.stats import Stats
 
@@ -157,13 +158,7 @@ def adaptive_ridge(A: np.ndarray, tau: float) -> np.ndarray:
     """
     if not tau > 0:
         return A
-    A = 0.5 * (A + np.transpose(A, (0, 2, 1)))
-    vals, vecs = np.linalg.eigh(A)
-    low = (vals < tau).any(axis=1)
-    if not low.any():
-        return A
-    lifted = np.einsum("kij,kj,klj->kil", vecs, np.maximum(vals, tau), vecs)
-    return np.where(low[:, None, None], lifted, A)
+    return lift_eigenvalues(A, tau)[0]
 
 
 def _spread(p: int, K: int, rng: np.random.Generator, per: int = 10) -> np.ndarray:
