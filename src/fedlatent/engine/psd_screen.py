@@ -89,6 +89,18 @@ def _certify_stack(M, E, use_slack, rtol):
 
 
 @njit(cache=True)
+def _fill_bordered(out, c, b, A, i):
+    """``out = [[c_i, b_i^T], [b_i, A_i]]`` in place."""
+    q = b.shape[1]
+    out[0, 0] = c[i]
+    for a in range(q):
+        out[0, a + 1] = b[i, a]
+        out[a + 1, 0] = b[i, a]
+        for r in range(q):
+            out[a + 1, r + 1] = A[i, a, r]
+
+
+@njit(cache=True)
 def _certify_bordered(c, b, A, ec, eb, eA, use_slack, rtol):
     N, q = b.shape
     p = q + 1
@@ -97,19 +109,9 @@ def _certify_bordered(c, b, A, ec, eb, eA, use_slack, rtol):
     work, shift, sq = np.empty((p, p)), np.empty(p), np.empty(p)
     h = 0.5 * rtol * p
     for i in range(N):
-        mat[0, 0] = c[i]
-        for a in range(q):
-            mat[0, a + 1] = b[i, a]
-            mat[a + 1, 0] = b[i, a]
-            for r in range(q):
-                mat[a + 1, r + 1] = A[i, a, r]
+        _fill_bordered(mat, c, b, A, i)
         if use_slack:
-            emat[0, 0] = ec[i]
-            for a in range(q):
-                emat[0, a + 1] = eb[i, a]
-                emat[a + 1, 0] = eb[i, a]
-                for r in range(q):
-                    emat[a + 1, r + 1] = eA[i, a, r]
+            _fill_bordered(emat, ec, eb, eA, i)
         ok[i] = _certify_one(mat, emat, use_slack, h, work, shift, sq)
     return ok
 
