@@ -122,8 +122,7 @@ def test_one_record_changed_arbitrarily_moves_the_clipped_statistic_by_at_most_t
     data = fl.FederatedDataset.from_arrays({"a": X})["a"]
     base = model.client_stats(params, model.dp_clip(data, dp), {}, None).stats
     bound = model.dp_sensitivity(params, dp)
-    q_base = model.client_query("moments", {}, model.dp_clip(data, dp), {}, None)[0]
-    model.privacy = dp
+    model.privacy = dp  # the moments query is taken about the clipping centre under DP
     q_base = model.client_query("moments", {}, model.dp_clip(data, dp), {}, None)[0]
     q_bound = model.dp_query_sensitivity("moments", {}, dp)
     worst = {b: 0.0 for b in bound}

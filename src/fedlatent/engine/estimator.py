@@ -366,9 +366,12 @@ class FederatedEstimator(BaseEstimator):
             raise ValueError(f"{name} refuses Federation(privacy=DifferentialPrivacy(...)): "
                              f"{self._differential_privacy}; fit it with privacy=None")
         if self._selection() is not None:
-            raise ValueError(f"{name}: a size 'auto' is chosen by held-out scores outside the "
-                             "privacy budget; give the size under differential privacy")
+            self._refuse_private_selection()
         federation.privacy.center_for(fd.n_features)  # one centre per feature
+
+    def _refuse_private_selection(self) -> None:
+        raise ValueError(f"{type(self).__name__}: a size 'auto' is chosen by held-out scores "
+                         "outside the privacy budget; give the size under differential privacy")
 
     def initial_parameters(self, fd, *, runtime: Runtime | None = None) -> Params:
         """The parameters a fit on ``fd`` would start from (its initialization exchanges run,
@@ -412,9 +415,7 @@ class FederatedEstimator(BaseEstimator):
         self._validate_params()
         selection = self._selection()
         if selection is not None and self._federation().privacy is not None:
-            raise ValueError(f"{type(self).__name__}: a size 'auto' is chosen by held-out scores "
-                             "outside the privacy budget; give the size under differential "
-                             "privacy")
+            self._refuse_private_selection()
         if selection is not None:
             return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
                                       callbacks=callbacks, checkpoint=checkpoint, resume=resume)
