@@ -169,6 +169,8 @@ class SecureChannel:
         self.server = SecAggServer(self.config)
         #: bytes of the key set-up, (down, up); the initialization round's record adds them
         self.setup_down = self.setup_up = 0
+        #: how many times each initialization query was asked (its exchanges' labels)
+        self.asked: dict[str, int] = {}
 
     @property
     def excluded(self) -> dict[str, str]:
@@ -288,7 +290,10 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
 
     channel = ctx.secure
     base = {"query": query, "seed": int(ctx.seed), **(payload or {})}
-    res = channel.sum("query", {c: base for c in ctx.client_ids}, round=0, exchange=query)
+    # every exchange needs its own label: a query asked again (a Lloyd step) is "name#2", ...
+    channel.asked[query] = channel.asked.get(query, 0) + 1
+    label = query if channel.asked[query] == 1 else f"{query}#{channel.asked[query]}"
+    res = channel.sum("query", {c: base for c in ctx.client_ids}, round=0, exchange=label)
     if res["dropped"]:
         detail = "; ".join(f"client {c!r}: {res['errors'].get(c, 'no reply')}"
                            for c in res["dropped"])
