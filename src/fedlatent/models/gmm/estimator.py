@@ -58,7 +58,7 @@ class FederatedGaussianMixture(FederatedEstimator):
     tol : float, default 1e-3
         Convergence threshold on the change of the mean per-sample log-likelihood.
     init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
-        "kmeans-sums": a k-means start built from sums only: ``10 K`` candidate centres drawn
+        "kmeans-sums": a k-means start built from sums only: ``12 K`` candidate centres drawn
         from the pooled Gaussian, the clients' summed hard-assignment statistics to them, a
         weighted k-means of the populated candidates on the server, two Lloyd steps (summed
         too) and one M-step; the same start with or without secure aggregation (to the

@@ -26,6 +26,8 @@ __all__ = ["INIT_PARAMS", "initialize_gaussians"]
 INIT_PARAMS = ("kmeans-sums", "kmeans-federated", "random")
 #: Lloyd steps of the "kmeans-sums" start after its candidate round (one summed exchange each)
 LLOYD_STEPS = 2
+#: candidate centres per component of the "kmeans-sums" start
+CANDIDATES_PER_COMPONENT = 12
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +182,7 @@ def _too_few(K: int, got: int, M: int):
 
 
 def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, center, n: float,
-                       rng, per: int = 10, lloyd: int = LLOYD_STEPS):
+                       rng, per: int = CANDIDATES_PER_COMPONENT, lloyd: int = LLOYD_STEPS):
     """The default start, "kmeans-sums": k-means built from hard-assignment sums only.
 
     ``per * K`` candidate centres are drawn from the pooled Gaussian; the clients' summed
@@ -306,7 +308,7 @@ def _effective_init(ctx: FitContext, init_params: str) -> str:
             "secure aggregation does not allow: this fit starts from the pooled moments "
             "('random'), a weaker start; init_params='kmeans-sums' (the default) is the "
             "k-means start built from sums, the same as the plain fit's", UserWarning,
-            stacklevel=4)
+            stacklevel=5)
         return "random"
     return init_params
 
@@ -336,7 +338,7 @@ def initialize_gaussians(
 
     Every client's moments (n, sum x, sum x x^T) are summed first. Then, by ``init_params``:
 
-    - "kmeans-sums" (default): k-means built from hard-assignment sums only: ``10 K``
+    - "kmeans-sums" (default): k-means built from hard-assignment sums only: ``12 K``
       candidate centres drawn from the pooled Gaussian, the summed statistics of the rows
       nearest to each, a weighted k-means of the populated candidates on the server, two
       Lloyd steps (each one more summed exchange) and one M-step. The plain, the secure and
