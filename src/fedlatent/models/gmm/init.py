@@ -337,19 +337,11 @@ def initialize_gaussians(
     """Initial Gaussian components from the clients' aggregates (never their rows).
 
     Every client's moments (n, sum x, sum x x^T) are summed first. Then, by ``init_params``:
-
-    - "kmeans-sums" (default): k-means built from hard-assignment sums only: ``12 K``
-      candidate centres drawn from the pooled Gaussian, the summed statistics of the rows
-      nearest to each, a weighted k-means of the populated candidates on the server, two
-      Lloyd steps (each one more summed exchange) and one M-step. The plain, the secure and
-      (without the Lloyd steps, noised) the private fit run the same start.
-    - "kmeans-federated": each client sends local k-means centroids of at least
-      ``min_points_per_centroid`` samples with their counts, the server clusters them
-      (weighted k-means) and one hard-assignment round gives the start. Not sums: under
-      secure aggregation it falls back to "random" (one UserWarning); under differential
-      privacy it is the private "kmeans-sums" start.
-    - "random": means from N(global mean, global covariance), equal weights, the global
-      covariance divided by K (under differential privacy, farthest-point draws).
+    "kmeans-sums" (default, :func:`_sums_kmeans_start`; the same start in plain and secure
+    fits; under DP the noised :func:`_private_kmeans_start`), "kmeans-federated" (each
+    client's local centroids, :func:`_local_kmeans_start`; not sums: "random" with one
+    UserWarning under secure aggregation, "kmeans-sums" under DP) or "random" (means from
+    N(global mean, global covariance), equal weights, the global covariance / K).
 
     Every reply is checked (shapes, finite values, the model's invariants; only the sum under
     secure aggregation or DP) and a client that fails to answer stops the fit with a message
