@@ -251,3 +251,18 @@ def test_default_start_sends_no_small_block_and_checks_each_reply():
                        r"sums to candidate centres\): client 'c03': value 'stat/nk': counts 'nk' "
                        r"sum to 216, not to the 180 units; nothing of this exchange was used"):
         fit(gmm(3, False, max_rounds=1), fd, runtime=Tamper(fd))
+
+
+def test_too_few_populated_candidates_start_from_the_pooled_moments_with_one_warning():
+    rng = np.random.default_rng(1)
+    data = {f"c{i}": rng.normal(size=(30, 2)) for i in range(3)}
+    data["c1"][4, 0] = 1e100  # stretches the pooled Gaussian: every row nears one candidate
+    fd = fl.FederatedDataset.from_arrays(data)
+    # (plain only: secure aggregation refuses such values, beyond its fixed-point bound)
+    with pytest.warns(UserWarning, match=r"^init_params='kmeans-sums': only 1 of the 24 "
+                      r"candidate centres \(or k-means groups\) gathered rows, fewer than "
+                      r"the 2 components; this fit starts from the pooled moments") as rec:
+        est = fit(gmm(2, False, max_rounds=3), fd)
+    assert sum("kmeans-sums" in str(w.message) for w in rec) == 1
+    assert rec[0].filename == __file__  # points at the caller's fit
+    assert np.isfinite(est.means_).all() and np.isfinite(est.covariances_).all()

@@ -175,10 +175,14 @@ def _private_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, ce
     return weights, means, floor_noisy_covariances(cov, ct, reg_covar)
 
 
-def _too_few(K: int, got: int, M: int):
-    return ValueError(
-        f"init_params='kmeans-sums': only {got} of the {M} candidate centres gathered rows, "
-        f"fewer than the {K} components; use init_params='random' or fewer components")
+def _too_few(K: int, got: int, M: int) -> None:
+    """One UserWarning: the data leave the "kmeans-sums" start fewer than K populated groups
+    (e.g. one extreme value stretches the pooled Gaussian the candidates are drawn from)."""
+    warnings.warn(
+        f"init_params='kmeans-sums': only {got} of the {M} candidate centres (or k-means groups) "
+        f"gathered rows, fewer than the {K} components; this fit starts from the pooled "
+        "moments ('random'), a weaker start (look for extreme values, or use fewer components)",
+        UserWarning, stacklevel=6)
 
 
 def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, center, n: float,
@@ -192,14 +196,15 @@ def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, cente
     one M-step on the last statistics gives the start. The server needs only sums, so the
     plain and the secure fit compute the same start (to the fixed-point rounding); a client's
     cell of fewer than ``min_records_per_block`` rows joins its nearest larger cell in every
-    mode (:func:`~fedlatent.models.gmm.model.hard_labels`).
+    mode (:func:`~fedlatent.models.gmm.model.hard_labels`). None (after one UserWarning) when
+    fewer than ``K`` groups hold rows: the caller starts from the pooled moments.
     """
     M = per * K
     S = _hard_sums(ctx, _candidates(K, mean, gcov, rng, per), center, ct,
                    "k-means initialization (hard-assignment sums to candidate centres)")
     keep = np.flatnonzero(S["nk"] >= 0.5)  # counts are whole numbers (or 0) on every path
     if keep.size < K:
-        raise _too_few(K, keep.size, M)
+        return _too_few(K, keep.size, M)
     cents = center + S["sx"][keep] / S["nk"][keep][:, None]
     _, labels, _ = kmeans(cents, K, rng, sample_weight=S["nk"][keep], n_init=10)
     grouped = _group(S, keep, labels, K, ct)
@@ -212,7 +217,7 @@ def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, cente
             break
         grouped = step
     if np.any(grouped["nk"] < 0.5):
-        raise _too_few(K, int(np.sum(grouped["nk"] >= 0.5)), M)
+        return _too_few(K, int(np.sum(grouped["nk"] >= 0.5)), M)
     return gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
 
 
@@ -361,9 +366,9 @@ def initialize_gaussians(
         weights = means = cov = None
     elif dp is not None and init_params != "random":
         weights, means, cov = _private_kmeans_start(*args)
-    elif init_params == "kmeans-sums":
-        weights, means, cov = _sums_kmeans_start(*args)
-    elif init_params == "random":
+    elif init_params == "kmeans-sums" and (start := _sums_kmeans_start(*args)) is not None:
+        weights, means, cov = start
+    elif init_params in ("kmeans-sums", "random"):  # (kmeans-sums: too few groups, warned)
         weights, means, cov = _random_start(K, ct, reg_covar, mean, gcov, rng, dp is not None)
     else:
         weights, means, cov = _local_kmeans_start(ctx, K, ct, reg_covar, center, n, rng,
