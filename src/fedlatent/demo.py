@@ -104,7 +104,7 @@ def run_demo(out: str | Path = "demo-output", seed: int = 0, progress: bool | No
 
 
 def _initial_parameters(fd, seed):
-    """The initial parameters the federated fit used (its kmeans-federated start)."""
+    """The initial parameters the federated fit used (its default, kmeans-sums start)."""
     est = FederatedGaussianMixture(3, random_state=seed, verbose=False)
     p = est.initial_parameters(fd)
     pc = p["precisions_cholesky"]

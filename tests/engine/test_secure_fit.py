@@ -3,6 +3,7 @@ rounding, with partial participation, the quantizer and control variates; the pa
 a function of the seed while the client messages are fresh; dropouts after the set-up are
 recovered in any round, and too few survivors stop the round with a clear message."""
 
+import re
 import warnings
 
 import numpy as np
@@ -196,7 +197,8 @@ def test_fewer_survivors_than_the_threshold_stops_the_round():
     assert err.value.round == 3 and set(err.value.last_good) >= {"weights", "means"}
 
 
-def test_too_few_clients_drawn_stop_the_round_before_anything_is_sent():
+def test_too_few_clients_drawn_skip_the_round_before_anything_is_sent():
+    # (issue 19, item 7: such a round used to end the fit; it is now skipped and recorded)
     fd = blobs(n_clients=6)
     seed = next(s for s in range(100) if len(select_active([str(i) for i in range(6)], 0.5, s,
                                                            2, False)) < 4)
@@ -204,10 +206,13 @@ def test_too_few_clients_drawn_stop_the_round_before_anything_is_sent():
                                       random_state=seed, verbose=False,
                                       federation=fl.Federation(participation=0.5,
                                                                secure_aggregation=True))
-    with pytest.raises(FederatedFitError, match=r"^round 2: [0-3] clients drawn to take part "
-                       r"\(participation 0.5\), fewer than the secure aggregation threshold 4; "
-                       r"raise the participation or lower secagg_threshold"):
-        fit(est, fd)
+    rt = fl.InProcessRuntime(fd, record=True)
+    fit(est, fd, runtime=rt)
+    assert est.n_iter_ == 3
+    assert re.match(r"^[0-3] clients drawn \[.*\] \(participation 0.5\), fewer than the secure "
+                    r"aggregation threshold 4: skipped", est.history_[1].skipped)
+    assert not [m for d, c, meth, m in rt.log
+                if d == "down" and meth == "estep" and int(m["round"]) == 2]
 
 
 def test_threshold_and_settings_are_checked():

@@ -208,7 +208,8 @@ def test_convergence_warning_when_max_rounds_is_reached(blobs_fd):
         ({"covariance_type": "banded"}, r"covariance_type must be one of \('full', 'tied', "
                                         r"'diag', 'spherical'\), got 'banded'"),
         ({"reg_covar": -1.0}, "reg_covar must be >= 0, got -1.0"),
-        ({"init_params": "kmeans"}, "init_params must be 'kmeans-federated' or 'random'"),
+        ({"init_params": "kmeans"}, r"init_params must be one of \('kmeans-sums', "
+                                     r"'kmeans-federated', 'random'\), got 'kmeans'"),
         ({"means_init": np.zeros((2, 2))}, r"means_init must have shape \(3, 4\), got \(2, 2\)"),
         ({"weights_init": np.array([0.5, 0.5, 0.5])}, "weights_init must be 3 non-negative"),
     ],

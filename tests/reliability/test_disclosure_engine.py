@@ -295,7 +295,8 @@ def test_hard_labels_move_the_rows_of_too_small_centres():
 
 def test_gmm_initialization_sends_no_block_of_fewer_than_min_records_per_block_rows():
     fd, _ = _gmm_data(4)
-    est = fl.FederatedGaussianMixture(3, random_state=0, max_rounds=1, min_points_per_centroid=1)
+    est = fl.FederatedGaussianMixture(3, random_state=0, max_rounds=1, min_points_per_centroid=1,
+                                      init_params="kmeans-federated")
     rt = fl.InProcessRuntime(fd, record=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fl.ConvergenceWarning)

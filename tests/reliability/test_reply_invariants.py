@@ -55,9 +55,9 @@ FD = make_blobs_federation(n_clients=8)
 VICTIM = FD.client_ids[2]
 
 
-def gmm(federation=None, rounds=6):
+def gmm(federation=None, rounds=6, **kw):
     return fl.FederatedGaussianMixture(3, max_rounds=rounds, tol=0.0, random_state=0,
-                                       federation=federation)
+                                       federation=federation, **kw)
 
 
 def fit(est, fd=FD, **kw):
@@ -253,7 +253,8 @@ def test_an_initialization_reply_that_cannot_be_true_is_named(query, edit, reaso
     rt = Tamper(FD, VICTIM, edit, method="query", query=query)
     with pytest.raises(FederatedFitError, match=rf"client '{VICTIM}': {reason}.*nothing of this "
                        "exchange was used"):
-        fit(gmm(), runtime=rt)
+        # the exchanges of the "kmeans-federated" start (local centroids, then hard_stats)
+        fit(gmm(init_params="kmeans-federated"), runtime=rt)
     assert rt.hits == 1
 
 

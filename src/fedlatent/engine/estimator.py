@@ -416,6 +416,10 @@ class FederatedEstimator(BaseEstimator):
         selection = self._selection()
         if selection is not None and self._federation().privacy is not None:
             self._refuse_private_selection()
+        if selection is not None and self._federation().secure_aggregation:
+            from .secure import refuse_unsupported
+
+            refuse_unsupported(self)  # before any exchange: 'auto' scores cross in the clear
         if selection is not None:
             return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
                                       callbacks=callbacks, checkpoint=checkpoint, resume=resume)

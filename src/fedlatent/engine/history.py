@@ -44,6 +44,10 @@ class RoundRecord:
         Under differential privacy, the epsilon spent by the fit up to and including this
         round (initialization included; at the setting's delta), the accountant's figure.
         None without it.
+    skipped : str
+        Why the round was skipped ("" when it ran): under secure aggregation, a draw of fewer
+        clients than the threshold; nothing was exchanged, the parameters were kept, and the
+        round counts toward ``max_rounds``.
     """
 
     round: int
@@ -58,6 +62,7 @@ class RoundRecord:
     rejected: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     epsilon: float | None = None
+    skipped: str = ""
 
 
 def _as_reasons(value) -> dict[str, str]:
@@ -105,5 +110,7 @@ class History(list):
             r["missing"] = m.split(";") if isinstance(m, str) and m else list(m) if m else []
             r["rejected"] = _as_reasons(r.get("rejected"))
             r["errors"] = _as_reasons(r.get("errors"))
+            s = r.get("skipped")  # histories saved before the column: ""
+            r["skipped"] = s if isinstance(s, str) else ""
             h.append(RoundRecord(**r))
         return h

@@ -108,6 +108,7 @@ class Gathered:
     bytes_up: int
     after: Any  # after(S_hat_new): follow the clients' control variates
     batched: bool
+    skipped: str = ""  # why nothing was exchanged ("" when the round ran)
 
 
 @dataclass
@@ -322,6 +323,13 @@ class _Rounds:
                                     quant_bytes)
         if g is None:
             g = self.gather(k, msg, shapes, init_round, gamma, p, alpha, raw_bytes, quant_bytes)
+        if g.skipped:  # nothing crossed: state, parameters and privacy budget unchanged
+            self.history.append(RoundRecord(
+                round=k, objective=float("nan"), h_norm2=None, bytes_up=0, bytes_down=0,
+                participants=0, step_size=0.0, seconds=time.perf_counter() - t0,
+                missing=g.missing, errors=g.errors, skipped=g.skipped,
+                epsilon=None if self.budget is None else self.budget.spent[0]))
+            return False
         new_state, missing, rejected, errors = g.state, g.missing, g.rejected, g.errors
         bytes_down, bytes_up = g.bytes_down, g.bytes_up
         if not new_state.S_hat.all_finite():

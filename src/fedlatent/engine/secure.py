@@ -32,7 +32,9 @@ whose squares exceed it. Each entry carries at most ``1 / (2 scale)`` of roundin
 A dropped client's masks are recovered from the survivors' shares; its mask key of that
 exchange is then known, so it is excluded for the rest of the fit. Fewer survivors than the
 threshold stop the fit, naming the round, the count and the threshold; an abandoned exchange
-is never retried.
+is never retried. A round whose draw of participants (after exclusions) is below the
+threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
+refused before any exchange (:func:`refuse_unsupported`).
 """
 
 from __future__ import annotations
@@ -169,6 +171,8 @@ class SecureChannel:
         self.server = SecAggServer(self.config)
         #: bytes of the key set-up, (down, up); the initialization round's record adds them
         self.setup_down = self.setup_up = 0
+        #: how many times each initialization query was asked (its exchanges' labels)
+        self.asked: dict[str, int] = {}
 
     @property
     def excluded(self) -> dict[str, str]:
@@ -288,7 +292,10 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
 
     channel = ctx.secure
     base = {"query": query, "seed": int(ctx.seed), **(payload or {})}
-    res = channel.sum("query", {c: base for c in ctx.client_ids}, round=0, exchange=query)
+    # every exchange needs its own label: a query asked again (a Lloyd step) is "name#2", ...
+    channel.asked[query] = channel.asked.get(query, 0) + 1
+    label = query if channel.asked[query] == 1 else f"{query}#{channel.asked[query]}"
+    res = channel.sum("query", {c: base for c in ctx.client_ids}, round=0, exchange=label)
     if res["dropped"]:
         detail = "; ".join(f"client {c!r}: {res['errors'].get(c, 'no reply')}"
                            for c in res["dropped"])
@@ -314,10 +321,12 @@ def refuse_unsupported(est) -> None:
     if est._secure_aggregation is not None:
         raise ValueError(f"{name} refuses Federation(secure_aggregation=True): "
                          f"{est._secure_aggregation}; fit it with secure_aggregation=False")
-    if est._selection() is not None:
-        raise ValueError(f"{name}: a size 'auto' is chosen by scores each client sends on its "
-                         "held-out rows, which secure aggregation would not hide; give the size "
-                         "or fit with secure_aggregation=False")
+    sel = est._selection()
+    if sel is not None:
+        raise ValueError(f"{name}: a size 'auto' is chosen by scores each client sends in the "
+                         f"clear ({sel.param}='auto': its log-likelihood, or its score on "
+                         "held-out rows), which secure aggregation would not hide; give "
+                         f"{sel.param} a number or fit with secure_aggregation=False")
 
 
 def refuse_clear_query(query: str, what: str | None) -> None:

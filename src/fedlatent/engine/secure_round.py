@@ -7,11 +7,17 @@ same update as without secure aggregation (:meth:`FedEMState.after_round` on one
 Reply checks act on the aggregate (its shapes and finite values; on full passes the units it
 claims equal the survivors' units; in the initialization round the model's invariants of the
 summed statistic). The batched in-process path is not used (every client masks its own reply).
+A round whose draw (after exclusions) falls below the threshold is skipped and recorded
+(:func:`_skipped`), never ends the fit, unless no draw can ever reach the threshold.
 """
 
 from __future__ import annotations
 
+import logging
+
 from .messages import ClientReplyError, check_reply
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["gather_secure"]
 
@@ -28,6 +34,36 @@ def _active(rounds, k: int, p: float, init_round: bool) -> tuple[list[str], list
     return [c for c in chosen if c not in excluded], gone, why
 
 
+def _skipped(rounds, k: int, active: list[str], gone: list[str], errors: dict, p: float,
+             init_round: bool):
+    """The ``Gathered`` of a round whose draw is below the threshold: skipped, nothing sent
+    (FederatedFitError when no later draw can reach the threshold either).
+
+    Why skip rather than lower the threshold to the cohort: the Shamir shares were dealt once
+    per fit, of degree ``t - 1``; a smaller cohort cannot unmask with them, and re-dealing
+    shares for a lower threshold would let the server unmask a sum of fewer than ``t``
+    clients, which the threshold exists to prevent (with ``t > n / 2`` it also keeps two
+    disjoint groups from revealing both secrets of one client). A skipped round reveals
+    nothing: no masked reply, no share; the server knows only the draw, a public function of
+    the seed. The round counts toward ``max_rounds``; ``history_`` records it (``skipped``).
+    """
+    from .loop import FederatedFitError, Gathered
+
+    t = rounds.secure.config.threshold
+    left = len(rounds.cids) - len(rounds.secure.excluded)
+    if init_round or left < t:
+        raise FederatedFitError(
+            f"round {k}: {len(active)} clients can take part ({left} not excluded), fewer than "
+            f"the secure aggregation threshold {t}; no round can be unmasked any more; kept the "
+            f"parameters of round {k - 1}", rounds.params, k)
+    why = (f"{len(active)} clients drawn {active} (participation {p:g}"
+           f"{', after exclusions' if gone else ''}), fewer than the secure aggregation "
+           f"threshold {t}: skipped, nothing exchanged, the parameters of round {k - 1} kept")
+    logger.warning("round %d: %s", k, why)
+    return Gathered(rounds.state, list(gone), {}, errors, 0.0, 0, 0, 0, 0, lambda S_hat: None,
+                    False, skipped=why)
+
+
 def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p: float,
                   alpha: float):
     """Round ``k`` through secure aggregation (see the module docstring); returns the
@@ -38,13 +74,8 @@ def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p
     if init_round and gone:
         raise FederatedFitError(f"round {k}: clients {gone} are excluded; the initialization "
                                 "round needs every client", rounds.params, k)
-    t = rounds.secure.config.threshold
-    if len(active) < t:
-        raise FederatedFitError(
-            f"round {k}: {len(active)} clients drawn to take part (participation {p:g}"
-            f"{', after exclusions' if gone else ''}), fewer than the secure aggregation "
-            f"threshold {t}; raise the participation or lower secagg_threshold (it must stay "
-            f"above half the clients); kept the parameters of round {k - 1}", rounds.params, k)
+    if len(active) < rounds.secure.config.threshold:
+        return _skipped(rounds, k, active, gone, errors, p, init_round)
     try:
         res = rounds.secure.sum("estep", {c: msg for c in active}, round=k, exchange="estep",
                                 weights={c: rounds.weights[c] for c in active})

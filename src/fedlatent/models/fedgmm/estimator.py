@@ -17,6 +17,7 @@ from ...engine.selection import AUTO_SIZE
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
 from ..gmm.estimator import initialize_gaussians
+from ..gmm.init import INIT_PARAMS
 from ..gmm.math import covariances_from_precisions
 from .clients import ClientWeights
 from .dp import private_refusal
@@ -79,7 +80,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         centralized IRLS step.
     classes : list or None
         Label values; default the union of the training labels.
-    init_params : {"kmeans-federated", "random"}, default "kmeans-federated"
+    init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
         Initialization of the Gaussian components (see :class:`FederatedGaussianMixture`).
     learner_init_scale : float, default 1.0
         Standard deviation of the random initial learner coefficients (breaks the symmetry
@@ -138,7 +139,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         "prox": [Real(0)],
         "newton_step_max": [None, Real(0, closed="neither")],
         "classes": [None, list, tuple, np.ndarray],
-        "init_params": [Options("kmeans-federated", "random")],
+        "init_params": [Options(*INIT_PARAMS)],
         "learner_init_scale": [Real(0)],
     }
 
@@ -158,7 +159,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         prox: float = 0.0,
         newton_step_max: float | None = 5.0,
         classes=None,
-        init_params: str = "kmeans-federated",
+        init_params: str = "kmeans-sums",
         learner_init_scale: float = 1.0,
         federation=None,
         max_rounds: int = 100,
@@ -200,7 +201,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         """The Gaussian start's releases: the moments, and the private k-means start's
         hard-assignment sums (:func:`~fedlatent.models.gmm.init.initialize_gaussians`); the
         learners start from random coefficients (no data)."""
-        return 2 if self.init_params == "kmeans-federated" else 1
+        return 1 if self.init_params == "random" else 2
 
     def _selection(self):
         return fedgmm_selection(self)

@@ -25,7 +25,7 @@ from ...engine.numerics import logsumexp
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
-from .init import initialize_gaussians
+from .init import INIT_PARAMS, initialize_gaussians
 from .math import (
     COV_TYPES,
     covariances_from_precisions,
@@ -57,12 +57,18 @@ class FederatedGaussianMixture(FederatedEstimator):
         Rounds at most (round 1 is the initialization E-step).
     tol : float, default 1e-3
         Convergence threshold on the change of the mean per-sample log-likelihood.
-    init_params : {"kmeans-federated", "random"}, default "kmeans-federated"
-        "kmeans-federated": each client runs k-means locally and sends centroids with counts
-        (centroids of fewer than ``min_points_per_centroid`` samples are not sent); the server
-        clusters them (weighted k-means) and one hard-assignment round gives the initial
-        parameters. "random": means drawn from N(global mean, global covariance), covariances the
-        global covariance divided by K, equal weights, from federated global moments.
+    init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
+        "kmeans-sums": a k-means start built from sums only: ``12 K`` candidate centres drawn
+        from the pooled Gaussian, the clients' summed hard-assignment statistics to them, a
+        weighted k-means of the populated candidates on the server, two Lloyd steps (summed
+        too) and one M-step; the same start with or without secure aggregation (to the
+        fixed-point rounding). "kmeans-federated": each client runs k-means locally and sends
+        centroids with counts (centroids of fewer than ``min_points_per_centroid`` samples are
+        not sent); the server clusters them (weighted k-means) and one hard-assignment round
+        gives the initial parameters; not sums, so under secure aggregation it becomes
+        "random" with a UserWarning. "random": means drawn from N(global mean, global
+        covariance), covariances the global covariance divided by K, equal weights, from
+        federated global moments.
     weights_init, means_init, precisions_init : array_like or None
         Explicit initial parameters, named and shaped as in scikit-learn; they override the
         corresponding parts of ``init_params``.
@@ -108,7 +114,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         "n_components": [AUTO_SIZE],
         "covariance_type": [Options(*COV_TYPES)],
         "reg_covar": [Real(0)],
-        "init_params": [Options("kmeans-federated", "random")],
+        "init_params": [Options(*INIT_PARAMS)],
         "weights_init": [None, "array-like"],
         "means_init": [None, "array-like"],
         "precisions_init": [None, "array-like"],
@@ -124,7 +130,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         reg_covar: float = 1e-6,
         max_rounds: int = 100,
         tol: float = 1e-3,
-        init_params: str = "kmeans-federated",
+        init_params: str = "kmeans-sums",
         weights_init=None,
         means_init=None,
         precisions_init=None,

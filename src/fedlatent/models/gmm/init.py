@@ -1,10 +1,12 @@
 """The Gaussian mixture's initialization from the clients' aggregates (never their rows):
-federated moments, local k-means centroids clustered on the server, one hard-assignment round.
+federated moments, then (default) a k-means start built from hard-assignment sums only, the
+same in plain, secure and private fits; or local k-means centroids clustered on the server.
 FedGMM's Gaussian part uses it too. Every reply is checked before it is used."""
 
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 from scipy import linalg
@@ -18,7 +20,14 @@ from ...engine.stats import Stats
 from .math import compute_precision_cholesky, floor_noisy_covariances, gmm_m_step
 from .model import gaussian_problem
 
-__all__ = ["initialize_gaussians"]
+__all__ = ["INIT_PARAMS", "initialize_gaussians"]
+
+#: the starts of :func:`initialize_gaussians`, the default first
+INIT_PARAMS = ("kmeans-sums", "kmeans-federated", "random")
+#: Lloyd steps of the "kmeans-sums" start after its candidate round (one summed exchange each)
+LLOYD_STEPS = 2
+#: candidate centres per component of the "kmeans-sums" start
+CANDIDATES_PER_COMPONENT = 12
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +104,52 @@ def _spread_draws(mean: np.ndarray, chol: np.ndarray, K: int, rng, per: int = 10
     return mean + Z[picked] @ chol.T
 
 
+def _summed(ctx: FitContext, query: str, payload: dict, shapes: dict, *, expect=None,
+            what: str) -> dict[str, np.ndarray]:
+    """``{field: sum over every client}`` of one query: through :meth:`FitContext.ask_sum`
+    under secure aggregation or differential privacy, else every reply checked (``expect``)
+    and summed in client order. The same sums in every mode (to the fixed-point rounding)."""
+    if ctx.summed_only:
+        return ctx.ask_sum(query, payload, shapes=shapes, what=what)
+    rep = ctx.ask(query, payload, expect=expect, what=what)
+    return {k: sum(np.asarray(rep[c][k], dtype=np.float64) for c in ctx.client_ids)
+            for k in shapes}
+
+
+def _hard_sums(ctx: FitContext, centers, center, ct: str, what: str) -> dict[str, np.ndarray]:
+    """The hard-assignment statistics of every row to its nearest of ``centers``, summed
+    over the clients (``nk``, ``sx``, ``sxx`` about ``center``)."""
+    centers = np.asarray(centers, dtype=np.float64)
+    shapes = _stat_shapes(centers.shape[0], centers.shape[1], ct)
+    expect = {f"stat/{k}": array(*shp, low=0 if k == "nk" else None,
+                                 check=_stats_check(ctx, ct) if k == "nk" else None)
+              for k, shp in shapes.items()}
+    S = _summed(ctx, "hard_stats", {"centers": centers, "center": center},
+                {f"stat/{k}": shp for k, shp in shapes.items()}, expect=expect, what=what)
+    return {k: np.asarray(S[f"stat/{k}"], dtype=np.float64) for k in shapes}
+
+
+def _group(S: dict, keep: np.ndarray, labels: np.ndarray, K: int, ct: str) -> dict:
+    """The candidates' statistics ``S[.][keep]`` pooled by their k-means ``labels``."""
+    d = S["sx"].shape[1]
+    grouped = {"nk": np.zeros(K), "sx": np.zeros((K, d))}
+    np.add.at(grouped["nk"], labels, S["nk"][keep])
+    np.add.at(grouped["sx"], labels, S["sx"][keep])
+    if ct == "tied":
+        grouped["sxx"] = S["sxx"]
+    else:
+        grouped["sxx"] = np.zeros((K,) + S["sxx"].shape[1:])
+        np.add.at(grouped["sxx"], labels, S["sxx"][keep])
+    return grouped
+
+
+def _candidates(K: int, mean, gcov, rng, per: int) -> np.ndarray:
+    """``per * K`` candidate centres drawn from the pooled Gaussian ``N(mean, gcov)``."""
+    d = mean.size
+    ridge = (1e-9 * np.trace(gcov) / d + 1e-12) * np.eye(d)
+    return mean + rng.standard_normal((per * K, d)) @ np.linalg.cholesky(gcov + ridge).T
+
+
 def _private_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, center, n: float,
                           rng, per: int = 10):
     """The k-means start under differential privacy, from sums only (one more release).
@@ -105,32 +160,171 @@ def _private_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, ce
     clusters them into ``K`` groups (weighted k-means on the noisy counts) and runs one M-step
     on each group's pooled statistics. Everything after the release is post-processing.
     """
-    d = mean.size
     M = per * K
-    ridge = (1e-9 * np.trace(gcov) / d + 1e-12) * np.eye(d)
-    cands = mean + rng.standard_normal((M, d)) @ np.linalg.cholesky(gcov + ridge).T
-    shapes = _stat_shapes(M, d, ct)
-    hs = ctx.ask_sum("hard_stats", {"centers": cands, "center": center},
-                     shapes={f"stat/{k}": shp for k, shp in shapes.items()},
-                     what="private k-means initialization (hard-assignment statistics)")
-    S = {k: np.asarray(hs[f"stat/{k}"], dtype=np.float64) for k in shapes}
+    S = _hard_sums(ctx, _candidates(K, mean, gcov, rng, per), center, ct,
+                   "private k-means initialization (hard-assignment statistics)")
     nk = S["nk"]
     keep = np.flatnonzero(nk > 0.25 * n / M)
     if keep.size < K:  # too few candidates gathered rows: the K most populated
         keep = np.argsort(-nk)[:K]
     cents = center + S["sx"][keep] / np.maximum(nk[keep], 1.0)[:, None]
     _, labels, _ = kmeans(cents, K, rng, sample_weight=np.maximum(nk[keep], 1.0), n_init=10)
-    grouped = {"nk": np.zeros(K), "sx": np.zeros((K, d))}
-    np.add.at(grouped["nk"], labels, nk[keep])
-    np.add.at(grouped["sx"], labels, S["sx"][keep])
-    if ct == "tied":
-        grouped["sxx"] = S["sxx"]
-    else:
-        grouped["sxx"] = np.zeros((K,) + S["sxx"].shape[1:])
-        np.add.at(grouped["sxx"], labels, S["sxx"][keep])
+    grouped = _group(S, keep, labels, K, ct)
     grouped["nk"] = np.maximum(grouped["nk"], 1.0)
     weights, means, cov = gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
     return weights, means, floor_noisy_covariances(cov, ct, reg_covar)
+
+
+def _too_few(K: int, got: int, M: int) -> None:
+    """One UserWarning: the data leave the "kmeans-sums" start fewer than K populated groups
+    (e.g. one extreme value stretches the pooled Gaussian the candidates are drawn from)."""
+    warnings.warn(
+        f"init_params='kmeans-sums': only {got} of the {M} candidate centres (or k-means groups) "
+        f"gathered rows, fewer than the {K} components; this fit starts from the pooled "
+        "moments ('random'), a weaker start (look for extreme values, or use fewer components)",
+        UserWarning, stacklevel=6)
+
+
+def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, center, n: float,
+                       rng, per: int = CANDIDATES_PER_COMPONENT, lloyd: int = LLOYD_STEPS):
+    """The default start, "kmeans-sums": k-means built from hard-assignment sums only.
+
+    ``per * K`` candidate centres are drawn from the pooled Gaussian; the clients' summed
+    hard-assignment statistics to them (``hard_stats``) move each populated candidate to the
+    mean of its rows; a weighted k-means on the server groups them into ``K``; ``lloyd``
+    Lloyd steps (each one more ``hard_stats`` sum, to the ``K`` group means) refine them and
+    one M-step on the last statistics gives the start. The server needs only sums, so the
+    plain and the secure fit compute the same start (to the fixed-point rounding); a client's
+    cell of fewer than ``min_records_per_block`` rows joins its nearest larger cell in every
+    mode (:func:`~fedlatent.models.gmm.model.hard_labels`). None (after one UserWarning) when
+    fewer than ``K`` groups hold rows: the caller starts from the pooled moments.
+    """
+    M = per * K
+    S = _hard_sums(ctx, _candidates(K, mean, gcov, rng, per), center, ct,
+                   "k-means initialization (hard-assignment sums to candidate centres)")
+    keep = np.flatnonzero(S["nk"] >= 0.5)  # counts are whole numbers (or 0) on every path
+    if keep.size < K:
+        return _too_few(K, keep.size, M)
+    cents = center + S["sx"][keep] / S["nk"][keep][:, None]
+    _, labels, _ = kmeans(cents, K, rng, sample_weight=S["nk"][keep], n_init=10)
+    grouped = _group(S, keep, labels, K, ct)
+    for _ in range(lloyd):
+        if np.any(grouped["nk"] < 0.5):
+            break
+        centres = center + grouped["sx"] / grouped["nk"][:, None]
+        step = _hard_sums(ctx, centres, center, ct, "k-means initialization (a Lloyd step)")
+        if np.any(step["nk"] < 0.5):  # a centre lost every row: keep the previous grouping
+            break
+        grouped = step
+    if np.any(grouped["nk"] < 0.5):
+        return _too_few(K, int(np.sum(grouped["nk"] >= 0.5)), M)
+    return gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
+
+
+def _pooled_moments(ctx: FitContext, d: int):
+    """``(n, mean, gcov, center, replies)``: the pooled moments (summed; under DP about the
+    clipping centre, noisy), the pooled mean and covariance, the centre the statistics use,
+    and each client's checked reply (None when only the sum crossed)."""
+    shapes = {"n": (), "sx": (d,), "sxx": (d, d)}
+    mom = None
+    if ctx.summed_only:
+        tot = ctx.ask_sum("moments", shapes=shapes, what="initialization (moments)")
+        tot["n"] = np.rint(tot["n"])
+    else:
+        mom = ctx.ask("moments", expect=_moments_expect(ctx, d),
+                      what="initialization (moments)")
+        tot = {k: sum(np.asarray(mom[c][k], dtype=np.float64) for c in ctx.client_ids)
+               for k in shapes}
+    n, sx, sxx = float(tot["n"]), tot["sx"], tot["sxx"]
+    dp = ctx.federation.privacy
+    if dp is not None:  # noisy moments about the public clipping centre
+        c0 = dp.center_for(d)
+        m0 = sx / n
+        gcov = sxx / n - np.outer(m0, m0)
+        gcov = lift_eigenvalues(gcov, 1e-3 * dp.clip ** 2 / d)[0]  # noisy: back in the cone
+        return n, c0 + m0, gcov, c0, mom  # statistics centred where the rows were clipped
+    center = sx / n
+    gcov = sxx / n - np.outer(center, center)
+    return n, center, 0.5 * (gcov + gcov.T), center, mom
+
+
+def _random_start(K: int, ct: str, reg_covar: float, mean, gcov, rng, spread: bool):
+    """Means drawn from N(global mean, global covariance) (``spread``: farthest-point draws),
+    equal weights, the global covariance divided by K."""
+    d = mean.size
+    ridge = (1e-9 * np.trace(gcov) / d + 1e-12) * np.eye(d)
+    jitter = np.linalg.cholesky(gcov + ridge)
+    if spread:  # spread-out draws: what k-means++ would pick, data-free
+        means = _spread_draws(mean, jitter, K, rng)
+    else:
+        means = mean + rng.standard_normal((K, d)) @ jitter.T
+    gcov = gcov / K  # K components share the global spread
+    cov = {
+        "full": np.repeat(gcov[None] + reg_covar * np.eye(d), K, 0),
+        "tied": gcov + reg_covar * np.eye(d),
+        "diag": np.repeat(np.diag(gcov)[None] + reg_covar, K, 0),
+        "spherical": np.full(K, np.trace(gcov) / d + reg_covar),
+    }[ct]
+    return np.full(K, 1.0 / K), means, cov
+
+
+def _local_kmeans_start(ctx, K: int, ct: str, reg_covar: float, center, n: float, rng,
+                        min_points: int, mom):
+    """"kmeans-federated": local k-means centroids and counts from every client (not sums),
+    clustered on the server (weighted k-means), then one hard-assignment round; ``mom``:
+    each client's moments (its centroids are checked against them)."""
+    d = center.size
+    km = ctx.ask("kmeans", {"k": K, "min_points": int(min_points)},
+                 expect={"counts": array(None, low=0, check=_counts_check(ctx)),
+                         "centroids": array(None, d, check=_centroids_check(ctx, mom))},
+                 what="k-means initialization")
+    cids = ctx.client_ids
+    for c in cids:
+        if np.shape(km[c]["centroids"])[0] != np.size(km[c]["counts"]):
+            from ...engine.loop import FederatedFitError
+
+            raise FederatedFitError(
+                f"k-means initialization: client {c!r} sent "
+                f"{np.shape(km[c]['centroids'])[0]} centroids with "
+                f"{np.size(km[c]['counts'])} counts; nothing of this exchange was used"
+            )
+    cents = np.vstack([np.asarray(km[c]["centroids"]).reshape(-1, d) for c in cids])
+    counts = np.concatenate([np.asarray(km[c]["counts"]).ravel() for c in cids])
+    if cents.shape[0] < K:
+        raise ValueError(
+            f"kmeans-federated initialization got {cents.shape[0]} centroids for "
+            f"{K} components (clients send only centroids of at least "
+            f"{min_points} samples); use init_params='kmeans-sums' (the default) or "
+            "'random', or lower min_points_per_centroid"
+        )
+    centers, _, _ = kmeans(cents, K, rng, sample_weight=counts, n_init=10)
+    S = _hard_sums(ctx, centers, center, ct,
+                   "k-means initialization (hard-assignment statistics)")
+    return gmm_m_step(Stats(S) / n, center, ct, reg_covar)
+
+
+def _effective_init(ctx: FitContext, init_params: str) -> str:
+    """``init_params`` as this fit can run it: "kmeans-federated" (each client's centroids)
+    cannot cross secure aggregation; it falls back to "random" with one UserWarning."""
+    if (init_params == "kmeans-federated" and ctx.secure is not None
+            and ctx.federation.privacy is None):
+        warnings.warn(
+            "init_params='kmeans-federated' sends each client's local k-means centroids, which "
+            "secure aggregation does not allow: this fit starts from the pooled moments "
+            "('random'), a weaker start; init_params='kmeans-sums' (the default) is the "
+            "k-means start built from sums, the same as the plain fit's", UserWarning,
+            stacklevel=5)
+        return "random"
+    return init_params
+
+
+def _precisions_cholesky(precisions_init, ct: str) -> np.ndarray:
+    prec = np.asarray(precisions_init, float)
+    if ct == "full":
+        return np.stack([linalg.cholesky(p, lower=True) for p in prec])
+    if ct == "tied":
+        return linalg.cholesky(prec, lower=True)
+    return np.sqrt(prec)
 
 
 def initialize_gaussians(
@@ -139,7 +333,7 @@ def initialize_gaussians(
     *,
     covariance_type: str = "full",
     reg_covar: float = 1e-6,
-    init_params: str = "kmeans-federated",
+    init_params: str = "kmeans-sums",
     min_points_per_centroid: int = 5,
     weights_init=None,
     means_init=None,
@@ -147,122 +341,44 @@ def initialize_gaussians(
 ) -> Params:
     """Initial Gaussian components from the clients' aggregates (never their rows).
 
-    Every client sends its moments (n, sum x, sum x x^T); with "kmeans-federated" each also
-    sends local k-means centroids of at least ``min_points_per_centroid`` samples with their
-    counts, the server clusters them (weighted k-means) and one hard-assignment round of
-    statistics gives the initial parameters; "random" draws means from N(global mean, global
-    covariance). Every reply is checked (shapes, finite values, counts >= 0) and a client that
-    fails to answer stops the fit with a message naming it. FedGMM's Gaussian part uses this too.
+    Every client's moments (n, sum x, sum x x^T) are summed first. Then, by ``init_params``:
+    "kmeans-sums" (default, :func:`_sums_kmeans_start`; the same start in plain and secure
+    fits; under DP the noised :func:`_private_kmeans_start`), "kmeans-federated" (each
+    client's local centroids, :func:`_local_kmeans_start`; not sums: "random" with one
+    UserWarning under secure aggregation, "kmeans-sums" under DP) or "random" (means from
+    N(global mean, global covariance), equal weights, the global covariance / K).
+
+    Every reply is checked (shapes, finite values, the model's invariants; only the sum under
+    secure aggregation or DP) and a client that fails to answer stops the fit with a message
+    naming it. FedGMM's Gaussian part uses this too.
 
     Returns
     -------
     dict with ``weights`` (K,), ``means`` (K, d), ``precisions_cholesky`` and ``center`` (d,)
     """
-    cids = ctx.client_ids
-    seed = ctx.seed
-    d = ctx.n_features
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xC0FFEE,)))
+    d, K, ct = ctx.n_features, n_components, covariance_type
+    rng = np.random.default_rng(np.random.SeedSequence(ctx.seed, spawn_key=(0xC0FFEE,)))
     dp = ctx.federation.privacy
-    if ctx.summed_only:
-        mom = ctx.ask_sum("moments", shapes={"n": (), "sx": (d,), "sxx": (d, d)},
-                          what="initialization (moments)")
-        n, sx, sxx = float(np.rint(mom["n"])), mom["sx"], mom["sxx"]
-        if init_params == "kmeans-federated" and dp is None:
-            # local centroids are not sums: under secure aggregation or differential privacy
-            # the start is drawn from the pooled moments ("random": means from N(global mean,
-            # global covariance))
-            logger.info("secure aggregation / differential privacy: init_params="
-                        "'kmeans-federated' needs each client's centroids; starting from the "
-                        "pooled moments ('random')")
-            init_params = "random"
-    else:
-        mom = ctx.ask("moments", expect=_moments_expect(ctx, d),
-                      what="initialization (moments)")
-        n = sum(float(mom[c]["n"]) for c in cids)
-        sx = sum(np.asarray(mom[c]["sx"]) for c in cids)
-        sxx = sum(np.asarray(mom[c]["sxx"]) for c in cids)
-    if dp is not None:  # noisy moments about the public clipping centre
-        c0 = dp.center_for(d)
-        m0 = sx / n
-        gcov = sxx / n - np.outer(m0, m0)
-        gcov = lift_eigenvalues(gcov, 1e-3 * dp.clip ** 2 / d)[0]  # noisy: back in the cone
-        center = c0  # the statistics are centred where the rows were clipped
-        mean = c0 + m0
-    else:
-        center = sx / n
-        gcov = sxx / n - np.outer(center, center)
-        gcov = 0.5 * (gcov + gcov.T)
-        mean = center
-    K = n_components
-    ct = covariance_type
-    explicit = weights_init is not None and means_init is not None and precisions_init is not None
-    if explicit:
+    init_params = _effective_init(ctx, init_params)
+    n, mean, gcov, center, mom = _pooled_moments(ctx, d)
+    args = (ctx, K, ct, reg_covar, mean, gcov, center, n, rng)
+    if weights_init is not None and means_init is not None and precisions_init is not None:
         weights = means = cov = None
-    elif dp is not None and init_params == "kmeans-federated":
-        weights, means, cov = _private_kmeans_start(ctx, K, ct, reg_covar, mean, gcov, center,
-                                                    n, rng)
-    elif init_params == "random":
-        ridge = (1e-9 * np.trace(gcov) / d + 1e-12) * np.eye(d)
-        jitter = np.linalg.cholesky(gcov + ridge)
-        if dp is not None:  # spread-out draws: what k-means++ would pick, data-free
-            means = _spread_draws(mean, jitter, K, rng)
-        else:
-            means = mean + rng.standard_normal((K, d)) @ jitter.T
-        weights = np.full(K, 1.0 / K)
-        gcov = gcov / K  # K components share the global spread
-        cov = {
-            "full": np.repeat(gcov[None] + reg_covar * np.eye(d), K, 0),
-            "tied": gcov + reg_covar * np.eye(d),
-            "diag": np.repeat(np.diag(gcov)[None] + reg_covar, K, 0),
-            "spherical": np.full(K, np.trace(gcov) / d + reg_covar),
-        }[ct]
+    elif dp is not None and init_params != "random":
+        weights, means, cov = _private_kmeans_start(*args)
+    elif init_params == "kmeans-sums" and (start := _sums_kmeans_start(*args)) is not None:
+        weights, means, cov = start
+    elif init_params in ("kmeans-sums", "random"):  # (kmeans-sums: too few groups, warned)
+        weights, means, cov = _random_start(K, ct, reg_covar, mean, gcov, rng, dp is not None)
     else:
-        km = ctx.ask("kmeans", {"k": K, "min_points": int(min_points_per_centroid)},
-                     expect={"counts": array(None, low=0, check=_counts_check(ctx)),
-                             "centroids": array(None, d, check=_centroids_check(ctx, mom))},
-                     what="k-means initialization")
-        for c in cids:
-            if np.shape(km[c]["centroids"])[0] != np.size(km[c]["counts"]):
-                from ...engine.loop import FederatedFitError
-
-                raise FederatedFitError(
-                    f"k-means initialization: client {c!r} sent "
-                    f"{np.shape(km[c]['centroids'])[0]} centroids with "
-                    f"{np.size(km[c]['counts'])} counts; nothing of this exchange was used"
-                )
-        cents = np.vstack([np.asarray(km[c]["centroids"]).reshape(-1, d) for c in cids])
-        counts = np.concatenate([np.asarray(km[c]["counts"]).ravel() for c in cids])
-        if cents.shape[0] < K:
-            raise ValueError(
-                f"kmeans-federated initialization got {cents.shape[0]} centroids for "
-                f"{K} components (clients send only centroids of at least "
-                f"{min_points_per_centroid} samples); use init_params='random' or "
-                "lower min_points_per_centroid"
-            )
-        centers, _, _ = kmeans(cents, K, rng, sample_weight=counts, n_init=10)
-        shapes = _stat_shapes(K, d, ct)
-        hs = ctx.ask("hard_stats", {"centers": centers, "center": center},
-                     expect={f"stat/{k}": array(*shp, low=0 if k == "nk" else None,
-                                                check=_stats_check(ctx, ct) if k == "nk" else None)
-                             for k, shp in shapes.items()},
-                     what="k-means initialization (hard-assignment statistics)")
-        S = None
-        for c in cids:
-            st = Stats({k[5:]: v for k, v in hs[c].items() if k.startswith("stat/")})
-            S = st if S is None else S.add_(st)
-        weights, means, cov = gmm_m_step(S / n, center, ct, reg_covar)
+        weights, means, cov = _local_kmeans_start(ctx, K, ct, reg_covar, center, n, rng,
+                                                  min_points_per_centroid, mom)
     if weights_init is not None:
         weights = np.asarray(weights_init, float).copy()
     if means_init is not None:
         means = np.asarray(means_init, float).copy()
     if precisions_init is not None:
-        prec = np.asarray(precisions_init, float)
-        if ct == "full":
-            prec_chol = np.stack([linalg.cholesky(p, lower=True) for p in prec])
-        elif ct == "tied":
-            prec_chol = linalg.cholesky(prec, lower=True)
-        else:
-            prec_chol = np.sqrt(prec)
+        prec_chol = _precisions_cholesky(precisions_init, ct)
     else:
         prec_chol = compute_precision_cholesky(cov, ct)
     return {"weights": weights, "means": means, "precisions_cholesky": prec_chol, "center": center}

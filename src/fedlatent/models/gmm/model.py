@@ -197,9 +197,10 @@ def hard_labels(d2: np.ndarray, policy) -> np.ndarray:
     """Nearest-centre labels from squared distances ``d2`` (n, K), where the rows of a centre
     holding ``0 < m < min_records_per_block`` of them move to their nearest centre among those
     holding enough (a hard block of one row is that row), until none is too small; when no
-    centre holds enough, every row goes to the largest."""
+    centre holds enough, every row goes to the largest. In every count scope: under secure
+    aggregation too, so that the secure start is the plain one."""
     labels = d2.argmin(1)
-    need = policy.min_records_per_block if policy.count_scope == "client" else 0
+    need = policy.min_records_per_block
     d2 = np.array(d2, dtype=np.float64, copy=True)
     while True:
         counts = np.bincount(labels, minlength=d2.shape[1])
