@@ -62,20 +62,21 @@ def run(words: list[str], cwd: Path) -> None:
     report(res.returncode == 0, time.perf_counter() - start, words, res.stdout + res.stderr)
 
 
-def command_paths() -> list[tuple[str, ...]]:
-    """Every command and subcommand of ``fedlatent``, as the words after it."""
+def commands() -> list[tuple[tuple[str, ...], object]]:
+    """Every command and subcommand of ``fedlatent`` (the words after it) with its command
+    object, listed from the app: a new command is in the list."""
     import typer
 
     from fedlatent.cli import app
 
-    paths, todo = [], [((), typer.main.get_command(app), None)]
+    found, todo = [], [((), typer.main.get_command(app), None)]
     while todo:
         path, cmd, parent = todo.pop(0)
-        paths.append(path)
+        found.append((path, cmd))
         ctx = typer.Context(cmd, info_name=path[-1] if path else "fedlatent", parent=parent)
         for name in getattr(cmd, "list_commands", lambda ctx: [])(ctx):
             todo.append(((*path, name), cmd.get_command(ctx, name), ctx))
-    return paths
+    return found
 
 
 def every_help() -> None:
@@ -84,7 +85,7 @@ def every_help() -> None:
     from fedlatent.cli import app
 
     runner = CliRunner()
-    for path in command_paths()[1:]:  # the root: through the entry point
+    for path, _ in commands()[1:]:  # the root: through the entry point
         start = time.perf_counter()
         res = runner.invoke(app, [*path, "--help"], prog_name="fedlatent")
         ok = res.exit_code == 0 and "Usage" in res.output
