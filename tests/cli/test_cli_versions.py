@@ -11,6 +11,9 @@ the CLI independent of which click is underneath.
 import ast
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +143,12 @@ def test_readme_quickstart_is_what_ci_runs():
                                       ["fedlatent", "score"]]
     assert lines[0][2:5] == ["gmm", "--data", "data.csv"]
     assert lines[1][lines[1].index("--model") + 1] == "fit/"
+
+
+def test_python_m_runs_the_cli():
+    """``python -m fedlatent.cli`` is the ``fedlatent`` command (no entry-point script needed)."""
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    res = subprocess.run([sys.executable, "-m", "fedlatent.cli", "fit", "--help"], env=env,
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "Usage: fedlatent fit" in " ".join(res.stdout.split())
