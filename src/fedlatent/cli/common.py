@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextvars
 import difflib
 import os
+import sys
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -111,6 +111,20 @@ CATEGORICAL_HELP = ("Encode text, categorical and boolean feature columns as ind
                     "labels first); 'fedlatent predict' encodes with the same levels.")
 
 
+# ---- the click underneath typer ---------------------------------------------------------------
+# typer < 0.26 runs on the click package, typer >= 0.26 on its own copy (typer._click, without
+# the click package installed): fedlatent never imports click. Its exceptions come from typer's
+# public names: typer.Exit and typer.Abort, and the module of typer.BadParameter (click's
+# exceptions module, or typer's copy of it) for the usage errors.
+_CLICK_ERRORS = sys.modules[typer.BadParameter.__module__]
+#: an error of the command line (unknown option, bad value...): one line, exit 2
+UsageError: type[Exception] = _CLICK_ERRORS.UsageError
+#: every error click (or typer's copy) formats itself
+ClickException: type[Exception] = _CLICK_ERRORS.ClickException
+#: ``no_args_is_help`` (click >= 8.2 raises it; older versions print the help and exit 0)
+NoArgsIsHelpError: type[Exception] | tuple[()] = getattr(_CLICK_ERRORS, "NoArgsIsHelpError", ())
+
+
 # ---- messages ------------------------------------------------------------------------------
 def one_line(text: object) -> str:
     """``text`` on one line (newlines and runs of spaces become one space)."""
@@ -165,16 +179,16 @@ def user_errors():
         warnings.showwarning = _show_warning
         try:
             yield
-        except (click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
-        except click.exceptions.NoArgsIsHelpError:
+        except NoArgsIsHelpError:
             raise
-        except click.UsageError as err:
+        except UsageError as err:
             if debug:
                 raise
             where = err.ctx.command_path if err.ctx is not None else "fedlatent"
             fail(f"{err.format_message()} (see '{where} --help')", code=err.exit_code)
-        except click.ClickException as err:
+        except ClickException as err:
             fail(err.format_message(), code=err.exit_code)
         except Exception as err:
             if debug:
@@ -190,7 +204,7 @@ class CommandGroup(TyperGroup):
 
     what, listing = "command", "available"
 
-    def resolve_command(self, ctx: click.Context, args: list[str]):
+    def resolve_command(self, ctx: typer.Context, args: list[str]):
         if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
             names = self.list_commands(ctx)
             close = difflib.get_close_matches(args[0], names, n=1)
@@ -202,10 +216,10 @@ class CommandGroup(TyperGroup):
 class CliGroup(CommandGroup):
     """The root command group: every subcommand runs inside :func:`user_errors`."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: typer.Context) -> list[str]:
         return sorted(super().list_commands(ctx))
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: typer.Context):
         with user_errors():
             return super().invoke(ctx)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import click
 import typer
+from typer.core import TyperCommand
 
 from .common import CommandGroup, SeedOpt
 
@@ -35,12 +35,12 @@ class ExperimentGroup(CommandGroup):
 
     what = "experiment"
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: typer.Context) -> list[str]:
         from .. import experiments
 
         return list(experiments.available())
 
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+    def get_command(self, ctx: typer.Context, name: str) -> TyperCommand | None:
         from .. import experiments
 
         cmd = super().get_command(ctx, name)
@@ -57,7 +57,7 @@ experiment_app = typer.Typer(
 )
 
 
-def _command(name: str, description: str) -> click.Command:
+def _command(name: str, description: str) -> TyperCommand:
     sub = typer.Typer(add_completion=False)
 
     @sub.command(name, help=f"{description}\n\nfedlatent.experiments.{name}(quick, out, "

@@ -16,6 +16,7 @@ was fitted with, which ``fedlatent predict`` and ``score`` read back.
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import json
@@ -23,8 +24,8 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
+from typer.core import TyperCommand
 
 from .common import (
     CATEGORICAL,
@@ -63,12 +64,12 @@ class FitGroup(CommandGroup):
 
     what, listing = "model", "registered"
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: typer.Context) -> list[str]:
         from ..engine.registry import estimator_names
 
         return sorted(set(super().list_commands(ctx)) | set(estimator_names()))
 
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+    def get_command(self, ctx: typer.Context, name: str) -> TyperCommand | None:
         cmd = super().get_command(ctx, name)
         if cmd is None:
             from ..engine.registry import estimator_entries
@@ -80,23 +81,42 @@ class FitGroup(CommandGroup):
         return None if cmd is None else with_categorical(cmd)
 
 
-def with_categorical(cmd: click.Command) -> click.Command:
+#: the values of ``--categorical``
+Categorical = enum.Enum("Categorical", {c.replace("-", "_"): c for c in CATEGORICAL_CHOICES},
+                        type=str)
+
+
+def _categorical_options(
+    categorical: Annotated[
+        Categorical | None, typer.Option("--categorical", help=CATEGORICAL_HELP)] = None,
+    categorical_columns: Annotated[str | None, typer.Option(
+        "--categorical-columns",
+        help="Comma-separated feature columns --categorical encodes (numbers as labels too, "
+             "e.g. region codes); default: every text, categorical or boolean feature.")] = None,
+) -> None:
+    """The options :func:`with_categorical` adds (a function only typer reads)."""
+
+
+def categorical_params() -> list:
+    """``--categorical`` and ``--categorical-columns`` as parameters built by typer (so of the
+    click typer runs on: the click package or typer's own copy)."""
+    sub = typer.Typer(add_completion=False)
+    sub.command("options")(_categorical_options)
+    return list(typer.main.get_command(sub).params)
+
+
+def with_categorical(cmd: TyperCommand) -> TyperCommand:
     """``cmd`` with a ``--categorical`` option (once): the value is set in
     :data:`~.common.CATEGORICAL` while the command runs, so its ``load_dataset`` encodes text
     columns and :func:`fit_and_save` records the encoding in ``roles.json``."""
     if any(p.name == "categorical" for p in cmd.params) or cmd.callback is None:
         return cmd
-    cmd.params.append(click.Option(["--categorical"], type=click.Choice(CATEGORICAL_CHOICES),
-                                   default=None, help=CATEGORICAL_HELP))
-    cmd.params.append(click.Option(
-        ["--categorical-columns"], default=None,
-        help="Comma-separated feature columns --categorical encodes (numbers as labels too, "
-             "e.g. region codes); default: every text, categorical or boolean feature."))
+    cmd.params.extend(categorical_params())
     inner = cmd.callback
 
     @functools.wraps(inner)
     def callback(*args, categorical=None, categorical_columns=None, **kwargs):
-        token = CATEGORICAL.set(categorical)
+        token = CATEGORICAL.set(None if categorical is None else Categorical(categorical).value)
         token_columns = CATEGORICAL_COLUMNS.set(categorical_columns)
         try:
             return inner(*args, **kwargs)
@@ -237,7 +257,7 @@ def _help(entry) -> str:
             f"Parameters of {entry.cls.__name__} (--param NAME=VALUE): {params}.")
 
 
-def generic_command(entry) -> click.Command:
+def generic_command(entry) -> TyperCommand:
     """``fedlatent fit NAME`` for a registered estimator without a hand-written command."""
     sub = typer.Typer(add_completion=False)
 
