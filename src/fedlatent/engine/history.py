@@ -44,6 +44,11 @@ class RoundRecord:
         Under differential privacy, the epsilon spent by the fit up to and including this
         round (initialization included; at the setting's delta), the accountant's figure.
         None without it.
+    stat_change : float or None
+        How much the server statistic moved this round, per unit step:
+        ``max_b ||S_k[b] - S_{k-1}[b]|| / (gamma_k max(||S_k[b]||, 1e-8 max_b' ||S_k[b']||))``
+        over the statistic's blocks ``b`` (None in round 1). The stopping rule of fits that
+        are not plain EM reads it (:class:`fedlatent.engine.loop.LoopOptions`).
     """
 
     round: int
@@ -58,6 +63,7 @@ class RoundRecord:
     rejected: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     epsilon: float | None = None
+    stat_change: float | None = None
 
 
 def _as_reasons(value) -> dict[str, str]:
