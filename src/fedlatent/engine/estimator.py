@@ -38,7 +38,7 @@ from .exchange import Expect, Replies, ask, number, setup_clients
 from .federation import Federation
 from .history import History
 from .inprocess import InProcessRuntime
-from .loop import FitResult, LoopOptions, run_rounds
+from .loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
 from .model import FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
@@ -302,6 +302,13 @@ class FederatedEstimator(BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "n_iter_")
 
+    def _max_rounds(self) -> int:
+        """``max_rounds`` resolved: None (not given) is 100 rounds, or under
+        ``Federation(privacy=...)`` the short private plan
+        (:data:`~fedlatent.engine.loop.PRIVATE_MAX_ROUNDS`)."""
+        return resolve_max_rounds(getattr(self, "max_rounds", None),
+                                  self._federation().privacy is not None)
+
     @property
     def n_rounds_(self) -> int:
         """Alias of ``n_iter_``: the number of rounds the fit ran."""
@@ -346,7 +353,7 @@ class FederatedEstimator(BaseEstimator):
             from .privacy.dp import PrivacyBudget, planned_releases
 
             self._refuse_private(fd, federation)
-            releases = planned_releases(int(getattr(self, "max_rounds", 100)), 1,
+            releases = planned_releases(self._max_rounds(), 1,
                                         int(self._dp_init_releases))
             ctx.privacy = PrivacyBudget(federation.privacy.calibrate(releases))
         ctx.n_units = setup_clients(runtime, model, effective(federation.disclosure,
@@ -356,7 +363,7 @@ class FederatedEstimator(BaseEstimator):
             from .secure import open_channel
 
             ctx.secure = open_channel(runtime, federation, ctx.n_units,
-                                      int(getattr(self, "max_rounds", 100)))
+                                      self._max_rounds())
         return ctx
 
     def _refuse_private(self, fd, federation) -> None:
@@ -423,7 +430,7 @@ class FederatedEstimator(BaseEstimator):
         params0 = self._initialize(ctx)
         options = LoopOptions(
             seed=ctx.seed,
-            max_rounds=int(getattr(self, "max_rounds", 100)),
+            max_rounds=self._max_rounds(),
             tol=float(getattr(self, "tol", 1e-3)),
             progress=progress if progress is not None else getattr(self, "verbose", None),
             checkpoint=checkpoint,

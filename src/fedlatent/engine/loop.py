@@ -44,6 +44,9 @@ __all__ = [
     "ServerStepError",
     "FitResult",
     "LoopOptions",
+    "DEFAULT_MAX_ROUNDS",
+    "PRIVATE_MAX_ROUNDS",
+    "resolve_max_rounds",
     "run_federated_em",
     "run_rounds",
 ]
@@ -158,6 +161,23 @@ class LoopOptions:
     resume: bool = False
     description: str = "fedlatent"
     callbacks: list | None = None
+
+
+#: rounds of a fit whose ``max_rounds`` is not given (None)
+DEFAULT_MAX_ROUNDS = 100
+#: rounds of a fit under ``Federation(privacy=...)`` whose ``max_rounds`` is not given: every
+#: round is a release paid from the budget, so the plan is short (the README's "1 to 3 rounds
+#: after a good private start"; a GMM at epsilon 1 on 1e5 rows loses 0.17% of held-out
+#: log-likelihood with 3 rounds, 7.2% with 100)
+PRIVATE_MAX_ROUNDS = 3
+
+
+def resolve_max_rounds(max_rounds: int | None, private: bool) -> int:
+    """An estimator's ``max_rounds``: as given, or when None, :data:`PRIVATE_MAX_ROUNDS` under
+    differential privacy and :data:`DEFAULT_MAX_ROUNDS` otherwise."""
+    if max_rounds is not None:
+        return int(max_rounds)
+    return PRIVATE_MAX_ROUNDS if private else DEFAULT_MAX_ROUNDS
 
 
 def progress_bar(total: int, enabled: bool | None, desc: str):

@@ -88,7 +88,9 @@ class FedGMM(ClientWeights, FederatedEstimator):
         With ``privacy=fl.DifferentialPrivacy(...)`` (Newton updates, exact covariances, no
         ``target_range``): rows clipped, labels not; the released E-step uses a public joint
         table and the learners send gradients (:mod:`fedlatent.models.fedgmm.dp`).
-    max_rounds : int, default 100
+    max_rounds : int or None, default None
+        None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
+        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-4
         Convergence on the change of the mean per-sample ``log h_c(x, y)``.
     random_state : int or None
@@ -123,6 +125,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
 
     _parameter_constraints = {
         **ROUND_LOOP,
+        "max_rounds": [None, Integer(1)],
         "n_input_components": [AUTO_SIZE],
         "n_learners": [AUTO_SIZE],
         "n_input_components_candidates": [None, "array-like"],
@@ -161,7 +164,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         init_params: str = "kmeans-federated",
         learner_init_scale: float = 1.0,
         federation=None,
-        max_rounds: int = 100,
+        max_rounds: int | None = None,
         tol: float = 1e-4,
         random_state=None,
         verbose: bool | None = None,

@@ -53,8 +53,10 @@ class FederatedGaussianMixture(FederatedEstimator):
     covariance_type : {"full", "tied", "diag", "spherical"}, default "full"
     reg_covar : float, default 1e-6
         Added to the diagonal of every covariance.
-    max_rounds : int, default 100
+    max_rounds : int or None, default None
         Rounds at most (round 1 is the initialization E-step).
+        None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
+        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-3
         Convergence threshold on the change of the mean per-sample log-likelihood.
     init_params : {"kmeans-federated", "random"}, default "kmeans-federated"
@@ -105,6 +107,7 @@ class FederatedGaussianMixture(FederatedEstimator):
 
     _parameter_constraints = {
         **ROUND_LOOP,
+        "max_rounds": [None, Integer(1)],
         "n_components": [AUTO_SIZE],
         "covariance_type": [Options(*COV_TYPES)],
         "reg_covar": [Real(0)],
@@ -122,7 +125,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         *,
         covariance_type: str = "full",
         reg_covar: float = 1e-6,
-        max_rounds: int = 100,
+        max_rounds: int | None = None,
         tol: float = 1e-3,
         init_params: str = "kmeans-federated",
         weights_init=None,
@@ -294,7 +297,7 @@ class FederatedGaussianMixture(FederatedEstimator):
 
         check_is_fitted(self)
         gm = GaussianMixture(self._fitted_k(), covariance_type=self.covariance_type,
-                             reg_covar=self.reg_covar, tol=self.tol, max_iter=self.max_rounds)
+                             reg_covar=self.reg_covar, tol=self.tol, max_iter=self._max_rounds())
         gm.weights_ = np.array(self.weights_, copy=True)
         gm.means_ = np.array(self.means_, copy=True)
         gm.covariances_ = np.array(self.covariances_, copy=True)

@@ -18,7 +18,7 @@ from ...engine.estimator import FederatedEstimator, FitContext, check_features, 
 from ...engine.exchange import array, number
 from ...engine.loop import FitResult
 from ...engine.model import Params
-from ...engine.params import ROUND_LOOP, Real
+from ...engine.params import ROUND_LOOP, Integer, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
 from ...engine.stats import Stats
@@ -132,8 +132,10 @@ class LatentClassRegression(FederatedEstimator):
         (:meth:`bic` on the fitted data, computed on the clients) is kept; ``n_components_``
         is the chosen number and ``selection_scores_`` every candidate's BIC.
     fit_intercept : bool, default True
-    max_rounds : int, default 100
+    max_rounds : int or None, default None
         Rounds at most (round 1 is the E-step at the initial parameters).
+        None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
+        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-3
         Convergence threshold on the change of the mean per-row log-likelihood.
     reg_noise : float, default 1e-6
@@ -223,6 +225,7 @@ class LatentClassRegression(FederatedEstimator):
 
     _parameter_constraints = {
         **ROUND_LOOP,
+        "max_rounds": [None, Integer(1)],
         "n_components": [AUTO_SIZE],
         "fit_intercept": ["boolean"],
         "reg_noise": [Real(0)],
@@ -238,7 +241,7 @@ class LatentClassRegression(FederatedEstimator):
         n_components: int = 2,
         *,
         fit_intercept: bool = True,
-        max_rounds: int = 100,
+        max_rounds: int | None = None,
         tol: float = 1e-3,
         reg_noise: float = 1e-6,
         weights_init=None,
