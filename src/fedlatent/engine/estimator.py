@@ -316,8 +316,9 @@ class FederatedEstimator(BaseEstimator):
         return self.n_iter_
 
     # ---- the fit -------------------------------------------------------------------------------
-    def _start(self, fd, runtime: Runtime | None) -> FitContext:
-        """Validate, build the model, set the clients up: the context the hooks share."""
+    def _start(self, fd, runtime: Runtime | None, seed: int | None = None) -> FitContext:
+        """Validate, build the model, set the clients up: the context the hooks share
+        (``seed``: this start's, :mod:`.starts`; None: from ``random_state``)."""
         self._validate_params()
         remote = getattr(fd, "is_remote", False)
         if not isinstance(fd, FederatedDataset) and not remote:
@@ -335,7 +336,7 @@ class FederatedEstimator(BaseEstimator):
 
             refuse_unsupported(self)
         self._validate_data(fd)
-        seed = resolve_seed(
+        seed = seed if seed is not None else resolve_seed(
             federation.random_state
             if federation.random_state is not None
             else getattr(self, "random_state", None)
@@ -426,20 +427,15 @@ class FederatedEstimator(BaseEstimator):
         if selection is not None:
             return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
                                       callbacks=callbacks, checkpoint=checkpoint, resume=resume)
-        ctx = self._start(fd, runtime)
-        params0 = self._initialize(ctx)
-        options = LoopOptions(
-            seed=ctx.seed,
-            max_rounds=self._max_rounds(),
-            tol=float(getattr(self, "tol", 1e-3)),
-            progress=progress if progress is not None else getattr(self, "verbose", None),
-            checkpoint=checkpoint,
-            checkpoint_every=checkpoint_every,
-            resume=resume,
-            description=type(self).__name__,
-            callbacks=callbacks,
-        )
-        result = self._run(ctx, params0, options)
+        run = dict(progress=progress if progress is not None else getattr(self, "verbose", None),
+                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                   callbacks=callbacks)
+        from .starts import fit_starts, n_starts
+
+        if n_starts(self, run) > 1:
+            ctx, result = fit_starts(self, fd, runtime, run)
+        else:
+            ctx, result = self._fit_start(fd, runtime, None, run)
         self.seed_ = ctx.seed
         self.history_ = result.history
         self.converged_ = result.converged
@@ -459,6 +455,16 @@ class FederatedEstimator(BaseEstimator):
         self._runtime = ctx.runtime
         self._store(result, ctx.model)
         return self
+
+    def _fit_start(self, fd, runtime, seed: int | None, run: dict) -> tuple[FitContext, FitResult]:
+        """One start: set up (``seed``; None: from ``random_state``), initialize, run the rounds
+        (``run``: the LoopOptions of ``fit``'s arguments)."""
+        ctx = self._start(fd, runtime, seed)
+        params0 = self._initialize(ctx)
+        options = LoopOptions(seed=ctx.seed, max_rounds=self._max_rounds(),
+                              tol=float(getattr(self, "tol", 1e-3)),
+                              description=type(self).__name__, **run)
+        return ctx, self._run(ctx, params0, options)
 
     def _fit_selected(self, fd, selection: Selection, **fit_kwargs):
         """``fit`` with an ``"auto"`` parameter (:func:`.selection.fit_selected`)."""

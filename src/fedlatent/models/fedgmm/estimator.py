@@ -84,6 +84,11 @@ class FedGMM(ClientWeights, FederatedEstimator):
     learner_init_scale : float, default 1.0
         Standard deviation of the random initial learner coefficients (breaks the symmetry
         between learners).
+    n_init : int, default 1
+        Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
+        own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
+        ``best_start_``; :mod:`fedlatent.engine.starts`). Refused under differential privacy,
+        partial participation and with checkpoints.
     federation : fl.Federation or None
         With ``privacy=fl.DifferentialPrivacy(...)`` (Newton updates, exact covariances, no
         ``target_range``): rows clipped, labels not; the released E-step uses a public joint
@@ -126,6 +131,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
+        "n_init": [Integer(1)],
         "n_input_components": [AUTO_SIZE],
         "n_learners": [AUTO_SIZE],
         "n_input_components_candidates": [None, "array-like"],
@@ -163,6 +169,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         classes=None,
         init_params: str = "kmeans-federated",
         learner_init_scale: float = 1.0,
+        n_init: int = 1,
         federation=None,
         max_rounds: int | None = None,
         tol: float = 1e-4,
@@ -186,6 +193,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         self.classes = classes
         self.init_params = init_params
         self.learner_init_scale = learner_init_scale
+        self.n_init = n_init
         self.federation = federation
         self.max_rounds = max_rounds
         self.tol = tol

@@ -65,6 +65,11 @@ class FederatedGaussianMixture(FederatedEstimator):
         clusters them (weighted k-means) and one hard-assignment round gives the initial
         parameters. "random": means drawn from N(global mean, global covariance), covariances the
         global covariance divided by K, equal weights, from federated global moments.
+    n_init : int, default 1
+        Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
+        own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
+        ``best_start_``; :mod:`fedlatent.engine.starts`). Refused under differential privacy,
+        partial participation and with checkpoints.
     weights_init, means_init, precisions_init : array_like or None
         Explicit initial parameters, named and shaped as in scikit-learn; they override the
         corresponding parts of ``init_params``.
@@ -108,6 +113,7 @@ class FederatedGaussianMixture(FederatedEstimator):
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
+        "n_init": [Integer(1)],
         "n_components": [AUTO_SIZE],
         "covariance_type": [Options(*COV_TYPES)],
         "reg_covar": [Real(0)],
@@ -128,6 +134,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         max_rounds: int | None = None,
         tol: float = 1e-3,
         init_params: str = "kmeans-federated",
+        n_init: int = 1,
         weights_init=None,
         means_init=None,
         precisions_init=None,
@@ -143,6 +150,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.max_rounds = max_rounds
         self.tol = tol
         self.init_params = init_params
+        self.n_init = n_init
         self.weights_init = weights_init
         self.means_init = means_init
         self.precisions_init = precisions_init
