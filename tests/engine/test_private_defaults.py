@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.loop import PRIVATE_MAX_ROUNDS, resolve_max_rounds
 from fedlatent.engine.privacy.dp import planned_releases
 
 pytest.importorskip("dp_accounting")
@@ -26,6 +25,8 @@ def _dp():
 
 
 def test_the_private_default_is_three_rounds_and_the_plan_uses_it(fd):
+    from fedlatent.engine.loop import PRIVATE_MAX_ROUNDS
+
     assert PRIVATE_MAX_ROUNDS == 3
     est = fl.FederatedGaussianMixture(2, federation=fl.Federation(privacy=_dp()),
                                       random_state=0, verbose=False)
@@ -59,6 +60,8 @@ def test_max_rounds_defaults_to_none_and_resolves_to_100_without_privacy(name):
 
 
 def test_resolve_max_rounds():
+    from fedlatent.engine.loop import resolve_max_rounds
+
     assert resolve_max_rounds(None, False) == 100
     assert resolve_max_rounds(None, True) == 3
     assert resolve_max_rounds(12, True) == 12

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.starts import start_seeds
+
+
+def start_seeds(seed, n):
+    from fedlatent.engine.starts import start_seeds as seeds
+
+    return seeds(seed, n)
 
 
 @pytest.fixture(scope="module")

@@ -85,7 +85,7 @@ def test_default_start_is_lines_spread_around_the_pooled_ols():
     assert np.ptp(r0["beta"], axis=0).max() < 0.2 * np.ptp(p0["beta"], axis=0).max()
 
 
-def test_default_recovers_two_lines_where_the_random_start_stays_symmetric():
+def test_default_recovers_two_crossing_lines():  # a guard: the random start did too
     fd = _two_lines()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fl.ConvergenceWarning)

@@ -1,6 +1,8 @@
-"""Multi-start (scikit-learn's ``n_init``, flexmix's ``nrep``): an estimator with ``n_init > 1``
-runs its whole fit (initialization exchanges and rounds) once per start, each from its own
-seed, and keeps the start of highest final mean log-likelihood.
+"""Multi-start (scikit-learn's ``n_init``, flexmix's ``nrep``): an estimator that declares
+``_multi_start = True`` and has ``n_init > 1`` runs its whole fit (initialization exchanges
+and rounds) once per start, each from its own seed, and keeps the start of highest final mean
+log-likelihood (FederatedGaussianMixture, LatentClassRegression, FedGMM; SEC's ``n_init`` is
+its k-means restarts).
 
 The seeds: start 0 uses the fit's seed (``random_state``, or the federation's), so ``n_init=1``
 is the single fit; start ``i > 0`` a child of it (:func:`start_seeds`). A fit with ``n_init=n``
@@ -75,8 +77,10 @@ def _score(ctx, result, comparable: bool) -> float:
 def n_starts(est, run: dict[str, Any]) -> int:
     """The number of starts of ``est``'s fit: its ``n_init`` (checked: a setting that cannot
     compare starts is refused); ``n_init=None`` is the estimator's ``_default_n_init`` where
-    the starts can be compared, one start otherwise (differential privacy, a checkpoint, a
-    complete explicit start, or what :func:`_refuse` refuses)."""
+    a round's objective scores a start for free, one start otherwise (partial participation,
+    mini-batches, differential privacy, a checkpoint, a complete explicit start)."""
+    if not getattr(est, "_multi_start", False):  # n_init means something else there (SEC)
+        return 1
     n = getattr(est, "n_init", 1)
     if n is not None:
         if int(n) > 1:
@@ -84,10 +88,11 @@ def n_starts(est, run: dict[str, Any]) -> int:
         return int(n)
     default = int(getattr(est, "_default_n_init", 1))
     explicit = getattr(est, "_explicit_init", None)
-    if default <= 1 or (explicit is not None and explicit()):
+    fed = est._federation()
+    if default <= 1 or (explicit is not None and explicit()) or not _comparable(fed):
         return 1
     try:
-        _refuse(est, est._federation(), run, default)
+        _refuse(est, fed, run, default)
     except ValueError:
         return 1
     return default

@@ -128,6 +128,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
     _save_arrays = ("means_", "covariances_", "precisions_cholesky_", "weights_x_", "coef_",
                     "weights_y_", "center_", "classes_")
 
+    _multi_start = True  # n_init: engine/starts.py
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],

@@ -97,6 +97,10 @@ class FederatedGaussianMixture(FederatedEstimator):
         Rounds run (``n_rounds_`` is an alias).
     lower_bound_ : float
         Mean per-sample log-likelihood at the last round's broadcast parameters.
+    init_scores_ : DataFrame
+        Only with more than one start: per start (index ``start``), its ``seed``, ``score``
+        (final mean log-likelihood over every client), ``n_iter`` and ``converged``;
+        ``best_start_`` is the kept one.
 
     Examples
     --------
@@ -160,6 +164,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.min_points_per_centroid = min_points_per_centroid
         self.n_components_candidates = n_components_candidates
 
+    _multi_start = True  # n_init: engine/starts.py
     _score_name = "mean log-likelihood"
     _secure_aggregation = None
     _differential_privacy = None

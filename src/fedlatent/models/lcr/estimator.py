@@ -181,12 +181,13 @@ class LatentClassRegression(FederatedEstimator):
     n_init : int or None, default None
         Starts (scikit-learn's ``n_init``, flexmix's ``nrep``): each from its own seed, the
         one of highest final log-likelihood kept (``init_scores_``, ``best_start_``;
-        :mod:`fedlatent.engine.starts`). None: 3 starts, or 1 where starts cannot be compared
-        or cost budget (differential privacy, a checkpoint, a complete explicit start, secure
-        aggregation with partial participation). On Hsb82 (mathach ~ ses, client = sector,
-        20% of the rows held out) the defaults beat pooled OLS in held-out log-likelihood for
-        each of ten seeds (-3.225 to -3.246 per row against -3.270); one start alone ends
-        at a worse optimum, below OLS, for 4 seeds in 10.
+        :mod:`fedlatent.engine.starts`). None: 3 starts with full participation and full
+        passes, else 1 (partial participation or mini-batches, where scoring a start costs an
+        exchange; differential privacy; a checkpoint; a complete explicit start). On Hsb82
+        (mathach ~ ses, client = sector, 20% of the rows held out) the defaults beat pooled
+        OLS in held-out log-likelihood for each of ten seeds (-3.225 to -3.246 per row
+        against -3.270); one start alone ends at a worse optimum, below OLS, for 4 seeds in
+        10.
     weights_init : array-like of shape (n_components,) or None
     coef_init : array-like of shape (n_components, n_features) or None
     intercept_init : array-like of shape (n_components,) or None
@@ -226,6 +227,10 @@ class LatentClassRegression(FederatedEstimator):
         Rounds run (``n_rounds_`` is an alias).
     lower_bound_ : float
         Mean per-row log-likelihood at the last round's broadcast parameters.
+    init_scores_ : DataFrame
+        Only with more than one start: per start (index ``start``), its ``seed``, ``score``
+        (final mean log-likelihood over every client), ``n_iter`` and ``converged``;
+        ``best_start_`` is the kept one.
     feature_names_in_, n_features_in_
 
     Notes
@@ -260,6 +265,7 @@ class LatentClassRegression(FederatedEstimator):
     """
 
     _save_arrays = ("weights_", "coef_", "intercept_", "noise_variance_")
+    _multi_start = True  # n_init: engine/starts.py
     _default_n_init = 3  # n_init=None
     _score_name = "mean log-likelihood"
     _secure_aggregation = None
