@@ -127,3 +127,18 @@ def test_a_kept_start_that_did_not_converge_warns_once(fd):
                                           n_init=3, random_state=0, verbose=False).fit(fd)
     assert sum(issubclass(w.category, fl.ConvergenceWarning) for w in rec) == 1
     assert est.converged_ is False
+
+
+def test_n_init_under_secure_aggregation_picks_the_start_the_plain_fit_picks(fd):
+    pytest.importorskip("cryptography")
+
+    def est(secure):
+        return fl.FederatedGaussianMixture(
+            4, init_params="random", tol=1e-4, max_rounds=8, n_init=2, random_state=0,
+            verbose=False, federation=fl.Federation(secure_aggregation=secure))
+
+    plain, secure = _quiet(est(False), fd), _quiet(est(True), fd)
+    assert secure.best_start_ == plain.best_start_
+    np.testing.assert_allclose(secure.init_scores_["score"], plain.init_scores_["score"],
+                               rtol=1e-6)
+    np.testing.assert_allclose(secure.means_, plain.means_, rtol=1e-5, atol=1e-6)
