@@ -54,7 +54,7 @@ def test_fit_gmm_with_partial_participation_and_quantization(tmp_path):
     res = runner.invoke(app, ["fit", "gmm", "--data", str(data), "--client", "site",
                               "--features", "a,b", "-k", "2", "--participation", "0.5",
                               "--step-size", "0.5", "--quantize", "4", "--max-rounds", "15",
-                              "--out", str(out), "--no-progress"])
+                              "--tol", "0", "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     hist = pd.read_csv(out / "history.csv")
     assert len(hist) == 15 and hist["participants"].iloc[1:].max() < 6

@@ -134,7 +134,7 @@ def test_full_participation_equals_centralized_em(fd30, T):
 def test_random_membership_start_then_centralized_em(fd30):
     """The default start (random memberships drawn on the clients) followed by 5 rounds equals
     centralized EM from the start the same seed gives."""
-    est = fl.LatentClassRegression(K, max_rounds=5, tol=0.0, random_state=3)
+    est = fl.LatentClassRegression(K, max_rounds=5, tol=0.0, random_state=3, n_init=1)
     p0 = est.initial_parameters(fd30)
     assert np.isclose(p0["weights"].sum(), 1.0) and np.all(p0["weights"] > 0.2)
     fit_quietly(est, fd30)
@@ -300,7 +300,8 @@ def test_stopping_at_the_symmetric_start_warns():
     leaves it slowly, and a loose tol can stop there: the fit says so."""
     fd = unequal_federation()
     with pytest.warns(fl.ConvergenceWarning, match="nearly identical components"):
-        fl.LatentClassRegression(K, tol=1e-3, random_state=0).fit(fd, progress=False)
+        fl.LatentClassRegression(K, tol=1e-3, random_state=0, init_params="random",
+                                 n_init=1).fit(fd, progress=False)
 
 
 def test_predict_checks_features_and_y(fitted):
@@ -321,7 +322,7 @@ def test_predict_checks_features_and_y(fitted):
     [
         ({"n_components": 0}, "n_components must be an integer >= 1, got 0"),
         ({"fit_intercept": "yes"}, "fit_intercept must be True or False, got 'yes'"),
-        ({"max_rounds": 0}, "max_rounds must be an integer >= 1, got 0"),
+        ({"max_rounds": 0}, "max_rounds must be None or an integer >= 1, got 0"),
         ({"tol": -1.0}, "tol must be >= 0, got -1.0"),
         ({"reg_noise": -1e-3}, "reg_noise must be >= 0, got -0.001"),
         ({"random_state": "x"}, "random_state must be None, an integer or a numpy Generator"),

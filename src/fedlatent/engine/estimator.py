@@ -38,7 +38,7 @@ from .exchange import Expect, Replies, ask, number, setup_clients
 from .federation import Federation
 from .history import History
 from .inprocess import InProcessRuntime
-from .loop import FitResult, LoopOptions, run_rounds
+from .loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
 from .model import FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
@@ -302,6 +302,13 @@ class FederatedEstimator(BaseEstimator):
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "n_iter_")
 
+    def _max_rounds(self) -> int:
+        """``max_rounds`` resolved: None (not given) is 100 rounds, or under
+        ``Federation(privacy=...)`` the short private plan
+        (:data:`~fedlatent.engine.loop.PRIVATE_MAX_ROUNDS`)."""
+        return resolve_max_rounds(getattr(self, "max_rounds", None),
+                                  self._federation().privacy is not None)
+
     @property
     def n_rounds_(self) -> int:
         """Alias of ``n_iter_``: the number of rounds the fit ran."""
@@ -309,8 +316,9 @@ class FederatedEstimator(BaseEstimator):
         return self.n_iter_
 
     # ---- the fit -------------------------------------------------------------------------------
-    def _start(self, fd, runtime: Runtime | None) -> FitContext:
-        """Validate, build the model, set the clients up: the context the hooks share."""
+    def _start(self, fd, runtime: Runtime | None, seed: int | None = None) -> FitContext:
+        """Validate, build the model, set the clients up: the context the hooks share
+        (``seed``: this start's, :mod:`.starts`; None: from ``random_state``)."""
         self._validate_params()
         remote = getattr(fd, "is_remote", False)
         if not isinstance(fd, FederatedDataset) and not remote:
@@ -328,7 +336,7 @@ class FederatedEstimator(BaseEstimator):
 
             refuse_unsupported(self)
         self._validate_data(fd)
-        seed = resolve_seed(
+        seed = seed if seed is not None else resolve_seed(
             federation.random_state
             if federation.random_state is not None
             else getattr(self, "random_state", None)
@@ -346,7 +354,7 @@ class FederatedEstimator(BaseEstimator):
             from .privacy.dp import PrivacyBudget, planned_releases
 
             self._refuse_private(fd, federation)
-            releases = planned_releases(int(getattr(self, "max_rounds", 100)), 1,
+            releases = planned_releases(self._max_rounds(), 1,
                                         int(self._dp_init_releases))
             ctx.privacy = PrivacyBudget(federation.privacy.calibrate(releases))
         ctx.n_units = setup_clients(runtime, model, effective(federation.disclosure,
@@ -356,7 +364,7 @@ class FederatedEstimator(BaseEstimator):
             from .secure import open_channel
 
             ctx.secure = open_channel(runtime, federation, ctx.n_units,
-                                      int(getattr(self, "max_rounds", 100)))
+                                      self._max_rounds())
         return ctx
 
     def _refuse_private(self, fd, federation) -> None:
@@ -423,20 +431,15 @@ class FederatedEstimator(BaseEstimator):
         if selection is not None:
             return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
                                       callbacks=callbacks, checkpoint=checkpoint, resume=resume)
-        ctx = self._start(fd, runtime)
-        params0 = self._initialize(ctx)
-        options = LoopOptions(
-            seed=ctx.seed,
-            max_rounds=int(getattr(self, "max_rounds", 100)),
-            tol=float(getattr(self, "tol", 1e-3)),
-            progress=progress if progress is not None else getattr(self, "verbose", None),
-            checkpoint=checkpoint,
-            checkpoint_every=checkpoint_every,
-            resume=resume,
-            description=type(self).__name__,
-            callbacks=callbacks,
-        )
-        result = self._run(ctx, params0, options)
+        run = dict(progress=progress if progress is not None else getattr(self, "verbose", None),
+                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                   callbacks=callbacks)
+        from .starts import fit_starts, n_starts
+
+        if n_starts(self, run) > 1:
+            ctx, result = fit_starts(self, fd, runtime, run)
+        else:
+            ctx, result = self._fit_start(fd, runtime, None, run)
         self.seed_ = ctx.seed
         self.history_ = result.history
         self.converged_ = result.converged
@@ -456,6 +459,16 @@ class FederatedEstimator(BaseEstimator):
         self._runtime = ctx.runtime
         self._store(result, ctx.model)
         return self
+
+    def _fit_start(self, fd, runtime, seed: int | None, run: dict) -> tuple[FitContext, FitResult]:
+        """One start: set up (``seed``; None: from ``random_state``), initialize, run the rounds
+        (``run``: the LoopOptions of ``fit``'s arguments)."""
+        ctx = self._start(fd, runtime, seed)
+        params0 = self._initialize(ctx)
+        options = LoopOptions(seed=ctx.seed, max_rounds=self._max_rounds(),
+                              tol=float(getattr(self, "tol", 1e-3)),
+                              description=type(self).__name__, **run)
+        return ctx, self._run(ctx, params0, options)
 
     def _fit_selected(self, fd, selection: Selection, **fit_kwargs):
         """``fit`` with an ``"auto"`` parameter (:func:`.selection.fit_selected`)."""

@@ -48,6 +48,11 @@ class RoundRecord:
         Why the round was skipped ("" when it ran): under secure aggregation, a draw of fewer
         clients than the threshold; nothing was exchanged, the parameters were kept, and the
         round counts toward ``max_rounds``.
+    stat_change : float or None
+        How much the server statistic moved this round, per unit step:
+        ``max_b ||S_k[b] - S_{k-1}[b]|| / (gamma_k max(||S_k[b]||, 1e-8 max_b' ||S_k[b']||))``
+        over the statistic's blocks ``b`` (None in round 1). The stopping rule of fits that
+        are not plain EM reads it (:class:`fedlatent.engine.loop.LoopOptions`).
     """
 
     round: int
@@ -63,6 +68,7 @@ class RoundRecord:
     errors: dict[str, str] = field(default_factory=dict)
     epsilon: float | None = None
     skipped: str = ""
+    stat_change: float | None = None
 
 
 def _as_reasons(value) -> dict[str, str]:

@@ -13,6 +13,7 @@ FedHLCR's smoothing ``S_t = (1 - gamma) S_{t-1} + gamma S`` is ``p = fraction``,
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 import warnings
@@ -43,6 +44,9 @@ __all__ = [
     "ServerStepError",
     "FitResult",
     "LoopOptions",
+    "DEFAULT_MAX_ROUNDS",
+    "PRIVATE_MAX_ROUNDS",
+    "resolve_max_rounds",
     "run_federated_em",
     "run_rounds",
 ]
@@ -122,8 +126,17 @@ class LoopOptions:
     max_rounds : int
         Number of rounds at most, the initialization round included.
     tol : float
-        Convergence when the mean per-unit objective changes by less than ``tol`` between two
-        deterministic rounds (full participation and full passes).
+        Plain EM (:attr:`Federation.is_plain_em`): convergence when the mean per-unit objective
+        changes by less than ``tol`` between two rounds. Any other federation (partial
+        participation, a step size, compression, mini-batches), where each round's objective
+        is computed on that round's participants only: convergence when the server statistic
+        has settled, i.e. ``history_["stat_change"]`` (its relative change per unit step, see
+        :class:`~fedlatent.engine.history.RoundRecord`) stayed below ``tol`` in each of the last
+        ``max(2, ceil(1 / participation))`` rounds, every one with at least one participant and
+        none missing or refused. ``tol=0`` never stops early. Under differential privacy the
+        fit runs its planned rounds (no early stop, no ConvergenceWarning: the number of
+        rounds is the plan). Any other fit that ends at ``max_rounds`` unconverged raises a
+        :class:`~fedlatent.engine.errors.ConvergenceWarning`.
     progress : bool or None
         tqdm bar; None shows it only when stderr is a terminal.
     checkpoint : path or None
@@ -151,6 +164,23 @@ class LoopOptions:
     callbacks: list | None = None
 
 
+#: rounds of a fit whose ``max_rounds`` is not given (None)
+DEFAULT_MAX_ROUNDS = 100
+#: rounds of a fit under ``Federation(privacy=...)`` whose ``max_rounds`` is not given: every
+#: round is a release paid from the budget, so the plan is short (the README's "1 to 3 rounds
+#: after a good private start"; in ``experiments.privacy_utility``'s setting a GMM at epsilon 1
+#: on 1e5 records loses 0.95% of held-out log-likelihood with 3 rounds, 31% with 100)
+PRIVATE_MAX_ROUNDS = 3
+
+
+def resolve_max_rounds(max_rounds: int | None, private: bool) -> int:
+    """An estimator's ``max_rounds``: as given, or when None, :data:`PRIVATE_MAX_ROUNDS` under
+    differential privacy and :data:`DEFAULT_MAX_ROUNDS` otherwise."""
+    if max_rounds is not None:
+        return int(max_rounds)
+    return PRIVATE_MAX_ROUNDS if private else DEFAULT_MAX_ROUNDS
+
+
 def progress_bar(total: int, enabled: bool | None, desc: str):
     from tqdm.auto import tqdm
 
@@ -159,15 +189,41 @@ def progress_bar(total: int, enabled: bool | None, desc: str):
     return tqdm(total=total, disable=not enabled, desc=desc, leave=False)
 
 
-def warn_not_converged(description: str, max_rounds: int, tol: float) -> None:
+def warn_not_converged(description: str, max_rounds: int, tol: float,
+                       plain: bool = True) -> None:
     from .errors import ConvergenceWarning
 
+    what = ("the mean objective still changed" if plain else
+            "the server statistic still moved (history_['stat_change'])")
     warnings.warn(
-        f"{description}: did not converge in {max_rounds} rounds (the mean objective still "
-        f"changed by more than tol={tol}); raise max_rounds or tol",
+        f"{description}: did not converge in {max_rounds} rounds ({what} by more than "
+        f"tol={tol}); raise max_rounds or tol",
         ConvergenceWarning,
         stacklevel=6,
     )
+
+
+def stat_change(old: Stats | None, new: Stats, gamma: float) -> float | None:
+    """The relative change of the server statistic in one round, per unit step (None without a
+    previous statistic): ``max_b ||new[b] - old[b]|| / (gamma max(||new[b]||, 1e-8 m))`` over
+    the blocks ``b``, ``m`` the largest block norm (a block that is zero by construction, such
+    as sums about their own centre, is measured against the others' scale)."""
+    if old is None or gamma <= 0.0:
+        return None
+    norms = {b: float(np.linalg.norm(v)) for b, v in new.items()}
+    floor = 1e-8 * max(norms.values(), default=0.0)
+    worst = 0.0
+    for b, v in new.items():
+        diff = float(np.linalg.norm(v - old[b]))
+        scale = max(norms[b], floor)
+        if diff > 0.0:
+            worst = max(worst, diff / scale if scale > 0.0 else math.inf)
+    return worst / gamma
+
+
+def window_size(participation: float) -> int:
+    """Rounds the stopping rule of a non-plain federation looks back over."""
+    return max(2, math.ceil(1.0 / float(participation) - 1e-9))
 
 
 def run_federated_em(
@@ -371,6 +427,7 @@ class _Rounds:
             else:
                 self.runtime.broadcast(self.cids, "cv_init", cv_msg)
             bytes_down += message_nbytes(cv_msg) * len(self.cids)
+        change = stat_change(self.state.S_hat, new_state.S_hat, gamma)
         self.state, self.params = new_state, new_params
         objective = g.obj_sum / g.obj_n if g.obj_n else float("nan")
         epsilon = None
@@ -391,14 +448,28 @@ class _Rounds:
                 rejected=rejected,
                 errors=errors,
                 epsilon=epsilon,
+                stat_change=change,
             )
         )
+        if not self.fed.is_plain_em:
+            return self.settled()
         return (
-            self.fed.is_plain_em
-            and len(self.history) >= 2
+            len(self.history) >= 2
             and converged_ok
             and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol
         )
+
+    def settled(self) -> bool:
+        """The stopping rule of a federation that is not plain EM (see :class:`LoopOptions`):
+        ``stat_change < tol`` in each of the last :func:`window_size` rounds, each with
+        participants and none missing or refused; never under differential privacy."""
+        w = window_size(self.fed.participation)
+        recent = self.history[-w:]
+        if self.budget is not None or self.opt.tol <= 0 or len(recent) < w:
+            return False
+        return all(r.stat_change is not None and r.stat_change < self.opt.tol
+                   and r.participants > 0 and not r.missing and not r.rejected
+                   for r in recent)
 
     def gather(self, k, msg, shapes, init_round, gamma, p, alpha, raw_bytes, quant_bytes):
         """Round ``k`` with the clients called one by one: their replies screened, the new
@@ -596,6 +667,6 @@ class _Rounds:
         finally:
             bar.close()
         self.save(last_round)
-        if self.fed.is_plain_em and not converged and self.budget is None:
-            warn_not_converged(opt.description, opt.max_rounds, opt.tol)
+        if not converged and self.budget is None:
+            warn_not_converged(opt.description, opt.max_rounds, opt.tol, self.fed.is_plain_em)
         return FitResult(self.params, self.state.S_hat, self.history, converged, last_round)

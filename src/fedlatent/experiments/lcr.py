@@ -144,7 +144,8 @@ def lcr_flexmix(
     pooled = fd.pooled()
     X, y = pooled.X, pooled.y
 
-    est = LatentClassRegression(2, tol=tol, max_rounds=max_rounds, random_state=random_state)
+    est = LatentClassRegression(2, tol=tol, max_rounds=max_rounds, random_state=random_state,
+                                n_init=1)  # one start: the centralized EM starts there too
     params0 = est.initial_parameters(fd)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -85,11 +85,18 @@ class FedGMM(ClientWeights, FederatedEstimator):
     learner_init_scale : float, default 1.0
         Standard deviation of the random initial learner coefficients (breaks the symmetry
         between learners).
+    n_init : int, default 1
+        Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
+        own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
+        ``best_start_``; :mod:`fedlatent.engine.starts`). Refused under differential privacy,
+        partial participation and with checkpoints.
     federation : fl.Federation or None
         With ``privacy=fl.DifferentialPrivacy(...)`` (Newton updates, exact covariances, no
         ``target_range``): rows clipped, labels not; the released E-step uses a public joint
         table and the learners send gradients (:mod:`fedlatent.models.fedgmm.dp`).
-    max_rounds : int, default 100
+    max_rounds : int or None, default None
+        None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
+        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-4
         Convergence on the change of the mean per-sample ``log h_c(x, y)``.
     random_state : int or None
@@ -122,8 +129,11 @@ class FedGMM(ClientWeights, FederatedEstimator):
     _save_arrays = ("means_", "covariances_", "precisions_cholesky_", "weights_x_", "coef_",
                     "weights_y_", "center_", "classes_")
 
+    _multi_start = True  # n_init: engine/starts.py
     _parameter_constraints = {
         **ROUND_LOOP,
+        "max_rounds": [None, Integer(1)],
+        "n_init": [Integer(1)],
         "n_input_components": [AUTO_SIZE],
         "n_learners": [AUTO_SIZE],
         "n_input_components_candidates": [None, "array-like"],
@@ -161,8 +171,9 @@ class FedGMM(ClientWeights, FederatedEstimator):
         classes=None,
         init_params: str = "kmeans-sums",
         learner_init_scale: float = 1.0,
+        n_init: int = 1,
         federation=None,
-        max_rounds: int = 100,
+        max_rounds: int | None = None,
         tol: float = 1e-4,
         random_state=None,
         verbose: bool | None = None,
@@ -184,6 +195,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         self.classes = classes
         self.init_params = init_params
         self.learner_init_scale = learner_init_scale
+        self.n_init = n_init
         self.federation = federation
         self.max_rounds = max_rounds
         self.tol = tol

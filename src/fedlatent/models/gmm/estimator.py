@@ -53,8 +53,10 @@ class FederatedGaussianMixture(FederatedEstimator):
     covariance_type : {"full", "tied", "diag", "spherical"}, default "full"
     reg_covar : float, default 1e-6
         Added to the diagonal of every covariance.
-    max_rounds : int, default 100
+    max_rounds : int or None, default None
         Rounds at most (round 1 is the initialization E-step).
+        None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
+        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-3
         Convergence threshold on the change of the mean per-sample log-likelihood.
     init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
@@ -69,6 +71,11 @@ class FederatedGaussianMixture(FederatedEstimator):
         "random" with a UserWarning. "random": means drawn from N(global mean, global
         covariance), covariances the global covariance divided by K, equal weights, from
         federated global moments.
+    n_init : int, default 1
+        Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
+        own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
+        ``best_start_``; :mod:`fedlatent.engine.starts`). Refused under differential privacy,
+        partial participation and with checkpoints.
     weights_init, means_init, precisions_init : array_like or None
         Explicit initial parameters, named and shaped as in scikit-learn; they override the
         corresponding parts of ``init_params``.
@@ -96,6 +103,10 @@ class FederatedGaussianMixture(FederatedEstimator):
         Rounds run (``n_rounds_`` is an alias).
     lower_bound_ : float
         Mean per-sample log-likelihood at the last round's broadcast parameters.
+    init_scores_ : DataFrame
+        Only with more than one start: per start (index ``start``), its ``seed``, ``score``
+        (final mean log-likelihood over every client), ``n_iter`` and ``converged``;
+        ``best_start_`` is the kept one.
 
     Examples
     --------
@@ -111,6 +122,8 @@ class FederatedGaussianMixture(FederatedEstimator):
 
     _parameter_constraints = {
         **ROUND_LOOP,
+        "max_rounds": [None, Integer(1)],
+        "n_init": [Integer(1)],
         "n_components": [AUTO_SIZE],
         "covariance_type": [Options(*COV_TYPES)],
         "reg_covar": [Real(0)],
@@ -128,9 +141,10 @@ class FederatedGaussianMixture(FederatedEstimator):
         *,
         covariance_type: str = "full",
         reg_covar: float = 1e-6,
-        max_rounds: int = 100,
+        max_rounds: int | None = None,
         tol: float = 1e-3,
         init_params: str = "kmeans-sums",
+        n_init: int = 1,
         weights_init=None,
         means_init=None,
         precisions_init=None,
@@ -146,6 +160,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.max_rounds = max_rounds
         self.tol = tol
         self.init_params = init_params
+        self.n_init = n_init
         self.weights_init = weights_init
         self.means_init = means_init
         self.precisions_init = precisions_init
@@ -155,6 +170,7 @@ class FederatedGaussianMixture(FederatedEstimator):
         self.min_points_per_centroid = min_points_per_centroid
         self.n_components_candidates = n_components_candidates
 
+    _multi_start = True  # n_init: engine/starts.py
     _score_name = "mean log-likelihood"
     _secure_aggregation = None
     _differential_privacy = None
@@ -300,7 +316,7 @@ class FederatedGaussianMixture(FederatedEstimator):
 
         check_is_fitted(self)
         gm = GaussianMixture(self._fitted_k(), covariance_type=self.covariance_type,
-                             reg_covar=self.reg_covar, tol=self.tol, max_iter=self.max_rounds)
+                             reg_covar=self.reg_covar, tol=self.tol, max_iter=self._max_rounds())
         gm.weights_ = np.array(self.weights_, copy=True)
         gm.means_ = np.array(self.means_, copy=True)
         gm.covariances_ = np.array(self.covariances_, copy=True)
