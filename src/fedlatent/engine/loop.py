@@ -38,6 +38,7 @@ from .update import (
     select_active,
     stat_bytes,
 )
+from .warn import user_stacklevel
 
 __all__ = [
     "FederatedFitError",
@@ -199,7 +200,7 @@ def warn_not_converged(description: str, max_rounds: int, tol: float,
         f"{description}: did not converge in {max_rounds} rounds ({what} by more than "
         f"tol={tol}); raise max_rounds or tol",
         ConvergenceWarning,
-        stacklevel=6,
+        stacklevel=user_stacklevel(),
     )
 
 

@@ -17,6 +17,7 @@ from ...engine.messages import bordered, count_problem, psd_problem
 from ...engine.model import Params
 from ...engine.numerics import kmeans, lift_eigenvalues
 from ...engine.stats import Stats
+from ...engine.warn import user_stacklevel
 from .math import compute_precision_cholesky, floor_noisy_covariances, gmm_m_step
 from .model import gaussian_problem
 
@@ -182,7 +183,7 @@ def _too_few(K: int, got: int, M: int) -> None:
         f"init_params='kmeans-sums': only {got} of the {M} candidate centres (or k-means groups) "
         f"gathered rows, fewer than the {K} components; this fit starts from the pooled "
         "moments ('random'), a weaker start (look for extreme values, or use fewer components)",
-        UserWarning, stacklevel=6)
+        UserWarning, stacklevel=user_stacklevel())
 
 
 def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, center, n: float,
@@ -313,7 +314,7 @@ def _effective_init(ctx: FitContext, init_params: str) -> str:
             "secure aggregation does not allow: this fit starts from the pooled moments "
             "('random'), a weaker start; init_params='kmeans-sums' (the default) is the "
             "k-means start built from sums, the same as the plain fit's", UserWarning,
-            stacklevel=5)
+            stacklevel=user_stacklevel())
         return "random"
     return init_params
 
