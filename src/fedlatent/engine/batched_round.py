@@ -16,7 +16,7 @@ import numpy as np
 from .batched import _as_slice
 from .messages import ClientReplyError, check_reply, pack
 from .stats import Stats
-from .update import _MAX_SUM, _REBUILD_EPS
+from .update import _MAX_PER_UNIT, _MAX_SUM, _REBUILD_EPS, magnitude_problem
 
 __all__ = ["BatchedServer"]
 
@@ -96,7 +96,8 @@ class BatchedServer:
                 Qc = Q[lo:hi]
                 with np.errstate(invalid="ignore", over="ignore"):
                     suspect[lo:hi] |= ~np.isfinite(Qc).all(axis=1) | (
-                        np.abs(Qc).max(axis=1) * scale[lo:hi] > _MAX_SUM)
+                        np.abs(Qc).max(axis=1) * scale[lo:hi] > _MAX_SUM) | (
+                        np.abs(Qc).max(axis=1) > _MAX_PER_UNIT)
             if rebuilt is not None:
                 r = lo + np.flatnonzero(rebuilt[lo:hi] & ~suspect[lo:hi])
                 if r.size:
@@ -122,7 +123,7 @@ class BatchedServer:
     def gather(self, k, msg, init_round, gamma, p, alpha, raw_bytes, quant_bytes):
         """Round ``k`` for the clients drawn (the per-client path's draw), all at once."""
         from .loop import Gathered, logger
-        from .messages import message_nbytes
+        from .messages import fault_detail, message_nbytes
         from .model import server_rng
 
         rd = self.rd
@@ -142,8 +143,7 @@ class BatchedServer:
         accepted, reasons = self.screen(k, rep, mode, rd.state.S_hat, exact)
         rejected = {self.ids[idx[r]]: why for r, why in reasons.items()}
         if rejected:
-            logger.warning("round %d: left out %s", k,
-                           "; ".join(f"client {c!r}: {r}" for c, r in rejected.items()))
+            logger.warning("round %d: left out %s", k, fault_detail(rejected))
         parsed = idx.size - self.malformed
         bytes_up = (raw_bytes if init_round else quant_bytes) * parsed
         total = weighted_rows(rep.Q, self.w[idx], accepted)  # sum_c w_c Q_c, (1, F) or (0, F)
@@ -236,20 +236,18 @@ class BatchedServer:
         if reason:
             return reason, sent
         nf = float(reply["n"])
-        for key, v in Q.items():
-            bigv = float(np.max(np.abs(v))) if v.size else 0.0
-            if bigv * max(nf, 1.0) > _MAX_SUM:
-                return f"statistic {key!r} reaches {bigv:.3g} per unit, beyond any sum of data", \
-                    sent
+        reason = magnitude_problem(Q, nf)
+        if reason:
+            return reason, sent
         if rebuilt is None or not rd.screen.has_check or not rebuilt[r]:
-            return None, sent
+            return magnitude_problem(Q, nf, True), sent
         slack = self.slack(rep, r, S_hat)
         tmpl = rep.template
         S_c = self.rebuild_rows(rep, np.array([r]), S_hat)[0]
         with np.errstate(over="ignore", invalid="ignore"):
             reason = rd.model.check(tmpl.unflatten(S_c) * nf, nf,
                                     None if slack is None else tmpl.unflatten(slack) * nf)
-        return reason, sent
+        return reason or magnitude_problem(Q, nf, True), sent
 
     def after_round(self, init_round: bool, rep, accepted: np.ndarray, S_hat_new: Stats,
                     alpha: float) -> None:

@@ -22,10 +22,18 @@ from typing import Any
 
 import numpy as np
 
+from ..data.validation import name_list
 from .checkpoint import RunIdentity, load_loop_checkpoint, save_loop_checkpoint
 from .federation import Federation
 from .history import History, RoundRecord
-from .messages import ERROR_KEY, ClientReplyError, check_reply, message_nbytes, pack
+from .messages import (
+    ERROR_KEY,
+    ClientReplyError,
+    check_reply,
+    fault_detail,
+    message_nbytes,
+    pack,
+)
 from .model import FederatedModel, Params
 from .runtime import Runtime
 from .stats import Stats
@@ -66,12 +74,16 @@ def __getattr__(name: str):
 
 class FederatedFitError(RuntimeError):
     """A fault during a run. ``last_good`` holds the parameters of the last good round,
-    ``round_`` (also ``round``) the round that failed."""
+    ``round_`` (also ``round``) the round that failed, ``clients`` every client it names
+    (``faults``: client -> reason; the message shows at most 10 of them)."""
 
-    def __init__(self, message: str, last_good: Params | None = None, round_: int | None = None):
+    def __init__(self, message: str, last_good: Params | None = None, round_: int | None = None,
+                 faults: dict[str, str] | None = None):
         super().__init__(message)
         self.last_good = last_good
         self.round = round_
+        self.faults: dict[str, str] = dict(faults or {})
+        self.clients: list[str] = list(self.faults)
 
     @property
     def round_(self) -> int | None:
@@ -437,10 +449,9 @@ class _Rounds:
 
     def refuse_incomplete_init(self, k: int, why: dict[str, str]) -> None:
         if why:
-            detail = "; ".join(f"client {c!r}: {r}" for c, r in why.items())
             raise FederatedFitError(
-                f"clients {list(why)} did not answer the initialization round validly "
-                f"(every client must): {detail}", self.params, k)
+                f"clients [{name_list(why)}] did not answer the initialization round validly "
+                f"(every client must): {fault_detail(why)}", self.params, k, faults=why)
 
     def judge(self, k: int, c: str, rep, shapes, mode: str, S_hat, what: str | None = None):
         """``(Q, reason)`` for client ``c``'s reply ``rep`` in round ``k``: its checked blocks
@@ -492,11 +503,11 @@ class _Rounds:
             obj_n += int(rep["n"])
         missing = [c for c in active if c not in replies or c in errors]
         if missing:
-            logger.warning("round %d: clients %s did not answer; treated as absent%s", k, missing,
-                           "".join(f"; {c}: {e}" for c, e in errors.items()))
+            logger.warning("round %d: %d client(s) [%s] did not answer; treated as absent%s", k,
+                           len(missing), name_list(missing),
+                           f"; {fault_detail(errors)}" if errors else "")
         if rejected:
-            logger.warning("round %d: left out %s", k,
-                           "; ".join(f"client {c!r}: {r}" for c, r in rejected.items()))
+            logger.warning("round %d: left out %s", k, fault_detail(rejected))
         return got, parsed, missing, rejected, errors, obj_sum, obj_n
 
     def h_norm2(self, k: int, shapes, params, S_hat, missing, rejected, errors):

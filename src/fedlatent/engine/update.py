@@ -30,6 +30,27 @@ __all__ = ["FedEMState", "ReplyScreen", "client_weights", "round_message", "sele
 _REBUILD_EPS = 64 * np.finfo(np.float64).eps
 #: sums beyond this magnitude cannot be aggregated (a weighted mean of them overflows)
 _MAX_SUM = 1e306
+#: the largest magnitude of a reply's statistic per unit: the server multiplies two of them
+#: (a mean's outer product in an M-step, a pivot of the PSD certificate), so beyond about
+#: 1e154 its checks and M-steps overflow. Data within 1e75 give mean statistics within 1e150
+#: (second moments), and a difference from the server's statistic a few times that
+_MAX_PER_UNIT = 1e151
+
+
+def magnitude_problem(Q: Stats, n: float, per_unit: bool = False) -> str | None:
+    """Why a reply's statistic ``Q`` (per unit, over ``n`` units) cannot be aggregated: a
+    sum beyond float range; with ``per_unit``, an entry beyond :data:`_MAX_PER_UNIT` (which
+    the model's checks may have let through, having overflowed). None when it can."""
+    for key, v in Q.items():
+        big = float(np.max(np.abs(v))) if np.size(v) else 0.0
+        if big * max(n, 1.0) > _MAX_SUM:
+            return f"statistic {key!r} reaches {big:.3g} per unit, beyond any sum of data"
+        if per_unit and big > _MAX_PER_UNIT:
+            return (f"statistic {key!r} magnitude {big:.3g} per unit exceeds the bound "
+                    f"{_MAX_PER_UNIT:.0e} for {n:g} units (the server's checks and M-step "
+                    "multiply two such values and would overflow; data within 1e75 stay below "
+                    "it: rescale larger columns)")
+    return None
 
 
 @dataclass
@@ -215,10 +236,15 @@ class ReplyScreen:
         if reason:
             return reason
         n = float(reply["n"])
-        for k, v in Q.items():
-            big = float(np.max(np.abs(v))) if v.size else 0.0
-            if big * max(n, 1.0) > _MAX_SUM:
-                return f"statistic {k!r} reaches {big:.3g} per unit, beyond any sum of data"
+        reason = magnitude_problem(Q, n)
+        if reason:
+            return reason
+        return self.invariants_problem(c, Q, mode, S_hat, n) or magnitude_problem(Q, n, True)
+
+    def invariants_problem(self, c: str, Q: Stats, mode: str, S_hat: Stats | None,
+                           n: float) -> str | None:
+        """The model's invariants on the client's rebuilt statistic (None where it cannot
+        be rebuilt, or the model states none)."""
         if not self.has_check:
             return None
         S_c, slack = self.rebuild(c, Q, mode, S_hat)
