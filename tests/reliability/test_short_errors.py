@@ -34,11 +34,12 @@ def test_name_list_shows_ten_names_and_the_count():
 def test_fault_detail_groups_clients_by_reason_and_counts_the_rest():
     from fedlatent.engine.messages import fault_detail
 
-    assert fault_detail({"a": "x", "b": "y", "c": "x"}) == "clients 'a', 'c': x; client 'b': y"
+    assert fault_detail({"a": "x", "b": "y", "c": "x"}) == ("client 'a': x (also client 'c'); "
+                                                          "client 'b': y")
     faults = {f"c{i}": f"r{i % 3}" for i in range(25)}
-    assert fault_detail(faults) == ("clients 'c0', 'c3', 'c6', 'c9': r0; clients 'c1', 'c4', "
-                                    "'c7': r1; clients 'c2', 'c5', 'c8': r2; and 15 more "
-                                    "client(s)")
+    assert fault_detail(faults) == ("client 'c0': r0 (also clients 'c3', 'c6', 'c9'); client "
+                                    "'c1': r1 (also clients 'c4', 'c7'); client 'c2': r2 (also "
+                                    "clients 'c5', 'c8'); and 15 more client(s)")
     assert fault_detail({"a": "x"}) == "client 'a': x"
 
 
@@ -53,8 +54,8 @@ def test_refusing_many_small_clients_is_one_short_message(n_clients, rows, caplo
     fd = _tiny_clients(n_clients, rows)
     with caplog.at_level(logging.INFO, logger="fedlatent"):
         with pytest.raises(FederatedFitError, match=(
-                r"setup: clients 'c00000', 'c00001', .*'c00009': refused by the disclosure "
-                rf"policy: min_records=3 \(it holds {rows} record\(s\).*; and "
+                r"setup: client 'c00000': refused by the disclosure policy: min_records=3 "
+                rf"\(it holds {rows} record\(s\).* \(also clients 'c00001', .*'c00009'\); and "
                 rf"{n_clients - 10} more client\(s\); nothing of this exchange was used")) as err:
             fl.FederatedGaussianMixture(2, random_state=0).fit(fd)
     assert len(str(err.value)) < 2000

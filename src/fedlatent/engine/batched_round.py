@@ -16,7 +16,7 @@ import numpy as np
 from .batched import _as_slice
 from .messages import ClientReplyError, check_reply, pack
 from .stats import Stats
-from .update import _MAX_PER_UNIT, _MAX_SUM, _REBUILD_EPS, magnitude_problem
+from .update import _MAX_SUM, _REBUILD_EPS
 
 __all__ = ["BatchedServer"]
 
@@ -96,8 +96,7 @@ class BatchedServer:
                 Qc = Q[lo:hi]
                 with np.errstate(invalid="ignore", over="ignore"):
                     suspect[lo:hi] |= ~np.isfinite(Qc).all(axis=1) | (
-                        np.abs(Qc).max(axis=1) * scale[lo:hi] > _MAX_SUM) | (
-                        np.abs(Qc).max(axis=1) > _MAX_PER_UNIT)
+                        np.abs(Qc).max(axis=1) * scale[lo:hi] > _MAX_SUM)
             if rebuilt is not None:
                 r = lo + np.flatnonzero(rebuilt[lo:hi] & ~suspect[lo:hi])
                 if r.size:
@@ -161,8 +160,15 @@ class BatchedServer:
         def after(S_hat_new):
             self.after_round(init_round, rep, accepted, S_hat_new, alpha)
 
+        def dominant():
+            from .update import dominant_client
+
+            rows = np.flatnonzero(accepted)
+            return dominant_client([self.ids[i] for i in idx[rows]], rep.Q[rows],
+                                   self.w[idx[rows]])
+
         return Gathered(state, [], rejected, {}, obj_sum, obj_n, int(accepted.sum()),
-                        bytes_down, bytes_up, after, True)
+                        bytes_down, bytes_up, after, True, dominant)
 
     def rebuildable(self, rep, S_hat: Stats | None) -> np.ndarray:
         """Which rows' statistics ``S_c`` the server can rebuild (with control variates, those
@@ -236,18 +242,20 @@ class BatchedServer:
         if reason:
             return reason, sent
         nf = float(reply["n"])
-        reason = magnitude_problem(Q, nf)
-        if reason:
-            return reason, sent
+        for key, v in Q.items():
+            bigv = float(np.max(np.abs(v))) if v.size else 0.0
+            if bigv * max(nf, 1.0) > _MAX_SUM:
+                return f"statistic {key!r} reaches {bigv:.3g} per unit, beyond any sum of data", \
+                    sent
         if rebuilt is None or not rd.screen.has_check or not rebuilt[r]:
-            return magnitude_problem(Q, nf, True), sent
+            return None, sent
         slack = self.slack(rep, r, S_hat)
         tmpl = rep.template
         S_c = self.rebuild_rows(rep, np.array([r]), S_hat)[0]
         with np.errstate(over="ignore", invalid="ignore"):
             reason = rd.model.check(tmpl.unflatten(S_c) * nf, nf,
                                     None if slack is None else tmpl.unflatten(slack) * nf)
-        return reason or magnitude_problem(Q, nf, True), sent
+        return reason, sent
 
     def after_round(self, init_round: bool, rep, accepted: np.ndarray, S_hat_new: Stats,
                     alpha: float) -> None:

@@ -41,6 +41,7 @@ from .update import (
     FedEMState,
     ReplyScreen,
     client_weights,
+    dominant_client,
     round_message,
     select_active,
     stat_bytes,
@@ -120,6 +121,8 @@ class Gathered:
     bytes_up: int
     after: Any  # after(S_hat_new): follow the clients' control variates
     batched: bool
+    #: dominant() -> why the aggregate is one client's (update.dominant_client), or None
+    dominant: Any = None
 
 
 @dataclass
@@ -336,10 +339,11 @@ class _Rounds:
             g = self.gather(k, msg, shapes, init_round, gamma, p, alpha, raw_bytes, quant_bytes)
         new_state, missing, rejected, errors = g.state, g.missing, g.rejected, g.errors
         bytes_down, bytes_up = g.bytes_down, g.bytes_up
+        who = (lambda: f"; {g.dominant()}" if g.dominant is not None and g.dominant() else "")
         if not new_state.S_hat.all_finite():
             raise FederatedFitError(
-                f"round {k}: the aggregated statistic is not finite; kept the parameters of "
-                f"round {k - 1}",
+                f"round {k}: the aggregated statistic is not finite{who()}; kept the parameters "
+                f"of round {k - 1}",
                 self.params,
                 k,
             )
@@ -349,7 +353,7 @@ class _Rounds:
                 np.linalg.LinAlgError) as err:
             raise ServerStepError(
                 f"round {k}: the M-step failed on the aggregated statistics "
-                f"({type(err).__name__}: {err}); kept the parameters of round {k - 1}",
+                f"({type(err).__name__}: {err}){who()}; kept the parameters of round {k - 1}",
                 self.params, k) from err
         bad = [n for n, v in new_params.items() if not np.all(np.isfinite(v))]
         if bad:
@@ -432,8 +436,13 @@ class _Rounds:
             self.screen.after_round(init_round, active, parsed, errors, S_hat_new, alpha,
                                     rejected)
 
+        def dominant():
+            ids = list(got)
+            return dominant_client(ids, np.array([got[c].flatten() for c in ids]),
+                                   np.array([self.weights[c] for c in ids])) if ids else None
+
         return Gathered(new_state, missing, rejected, errors, obj_sum, obj_n, len(got),
-                        bytes_down, bytes_up, after, False)
+                        bytes_down, bytes_up, after, False, dominant)
 
     def gather_batched(self, k, msg, init_round, gamma, p, alpha, raw_bytes, quant_bytes):
         """Round ``k`` with every client's step computed at once (None: the model has no

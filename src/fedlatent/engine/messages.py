@@ -51,8 +51,8 @@ class ClientReplyError(RuntimeError):
 
 
 def fault_detail(faults: Mapping[str, str], limit: int | None = None) -> str:
-    """``"client 'a': why; clients 'b', 'c': why2; and 333 more client(s)"``: the clients
-    grouped by reason (in order of appearance), at most ``limit`` of them named (default
+    """``"client 'a': why (also clients 'c', 'd'); client 'b': why2; and 333 more client(s)"``:
+    the clients grouped by reason (in order of appearance), at most ``limit`` of them named (default
     :data:`~fedlatent.data.validation.NAMES_SHOWN`, 10), so a message about thousands of
     clients stays short; the caller keeps the full mapping.
 
@@ -76,7 +76,8 @@ def fault_detail(faults: Mapping[str, str], limit: int | None = None) -> str:
             break
         groups.setdefault(str(r), []).append(c)
         budget -= 1
-    parts = [f"client{'s' if len(cs) > 1 else ''} {', '.join(map(repr, cs))}: {r}"
+    parts = [f"client {cs[0]!r}: {r}" + (f" (also client{'s' if len(cs) > 2 else ''} "
+                                          f"{', '.join(map(repr, cs[1:]))})" if cs[1:] else "")
              for r, cs in groups.items()]
     rest = len(faults) - sum(len(cs) for cs in groups.values())
     return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")

@@ -24,33 +24,13 @@ from .federation import Federation
 from .model import FederatedModel, server_rng
 from .stats import Stats
 
-__all__ = ["FedEMState", "ReplyScreen", "client_weights", "round_message", "select_active"]
+__all__ = ["DOMINANCE", "FedEMState", "ReplyScreen", "client_weights", "dominant_client",
+           "round_message", "select_active"]
 
 #: rounding allowed, per unit of magnitude, when a statistic is rebuilt as Q_c + S_hat + V_c
 _REBUILD_EPS = 64 * np.finfo(np.float64).eps
 #: sums beyond this magnitude cannot be aggregated (a weighted mean of them overflows)
 _MAX_SUM = 1e306
-#: the largest magnitude of a reply's statistic per unit: the server multiplies two of them
-#: (a mean's outer product in an M-step, a pivot of the PSD certificate), so beyond about
-#: 1e154 its checks and M-steps overflow. Data within 1e75 give mean statistics within 1e150
-#: (second moments), and a difference from the server's statistic a few times that
-_MAX_PER_UNIT = 1e151
-
-
-def magnitude_problem(Q: Stats, n: float, per_unit: bool = False) -> str | None:
-    """Why a reply's statistic ``Q`` (per unit, over ``n`` units) cannot be aggregated: a
-    sum beyond float range; with ``per_unit``, an entry beyond :data:`_MAX_PER_UNIT` (which
-    the model's checks may have let through, having overflowed). None when it can."""
-    for key, v in Q.items():
-        big = float(np.max(np.abs(v))) if np.size(v) else 0.0
-        if big * max(n, 1.0) > _MAX_SUM:
-            return f"statistic {key!r} reaches {big:.3g} per unit, beyond any sum of data"
-        if per_unit and big > _MAX_PER_UNIT:
-            return (f"statistic {key!r} magnitude {big:.3g} per unit exceeds the bound "
-                    f"{_MAX_PER_UNIT:.0e} for {n:g} units (the server's checks and M-step "
-                    "multiply two such values and would overflow; data within 1e75 stay below "
-                    "it: rescale larger columns)")
-    return None
 
 
 @dataclass
@@ -110,6 +90,39 @@ def _weighted_sum(Q: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``sum_c w_c Q_c`` added in client order, as the per-client path adds (a reduction
     over the leading axis of a C-ordered array accumulates row after row): the same bits."""
     return np.add.reduce(Q * w[:, None], axis=0)
+
+
+#: a client whose weighted statistic exceeds every other client's by this factor is named
+#: when the M-step fails on the aggregate (the aggregate is then essentially its statistic)
+DOMINANCE = 1e6
+
+
+def dominant_client(ids: list[str], Q: np.ndarray, w: np.ndarray) -> str | None:
+    """Why the aggregate ``sum_c w_c Q_c`` is one client's: ``"client 'x' dominates them
+    (...)"``, or None when no client's weighted statistic exceeds every other's by
+    :data:`DOMINANCE`.
+
+    Parameters
+    ----------
+    ids : list of str
+        The clients of the rows of ``Q``.
+    Q : ndarray of shape (A, F)
+        Their statistics (per unit, flattened).
+    w : ndarray of shape (A,)
+        Their weights.
+    """
+    if len(ids) < 2 or not np.size(Q):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        m = np.abs(np.asarray(Q, dtype=np.float64)).max(axis=1) * np.abs(w)
+    top = int(np.argmax(m))
+    rest = float(np.max(np.delete(m, top)))
+    if not m[top] > DOMINANCE * rest:
+        return None
+    big = float(np.abs(Q[top]).max())
+    return (f"client {ids[top]!r} dominates them (its statistic reaches {big:.3g} per unit, "
+            f"more than {DOMINANCE:.0e} times any other client's weighted statistic): check its "
+            "data, or leave it out")
 
 
 def client_weights(federation: Federation, n_units: dict[str, int]) -> dict[str, float]:
@@ -236,15 +249,10 @@ class ReplyScreen:
         if reason:
             return reason
         n = float(reply["n"])
-        reason = magnitude_problem(Q, n)
-        if reason:
-            return reason
-        return self.invariants_problem(c, Q, mode, S_hat, n) or magnitude_problem(Q, n, True)
-
-    def invariants_problem(self, c: str, Q: Stats, mode: str, S_hat: Stats | None,
-                           n: float) -> str | None:
-        """The model's invariants on the client's rebuilt statistic (None where it cannot
-        be rebuilt, or the model states none)."""
+        for k, v in Q.items():
+            big = float(np.max(np.abs(v))) if v.size else 0.0
+            if big * max(n, 1.0) > _MAX_SUM:
+                return f"statistic {k!r} reaches {big:.3g} per unit, beyond any sum of data"
         if not self.has_check:
             return None
         S_c, slack = self.rebuild(c, Q, mode, S_hat)
