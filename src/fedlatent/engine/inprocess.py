@@ -131,14 +131,16 @@ class InProcessRuntime(Runtime):
     def _handle(self, cid: str, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         """Client ``cid``'s reply; an exception escaping its handler becomes an error reply
         (the server records the client as missing, or an exchange every client must answer
-        stops naming it), as a Flower node's error does. As on Flower, the data's own errors
-        (``DataValidationError``; ``describe``'s ValueError and TypeError) reach the caller."""
+        stops naming it), as a Flower node's error does. The data's own errors
+        (``DataValidationError``) and, outside the rounds' E-step and evaluation, the
+        ValueError and TypeError that say a setting is wrong (a secure-aggregation bound, a
+        column) reach the caller as they are."""
         try:
             return self._nodes[cid].handle(method, msg)
         except DataValidationError:
             raise
         except (ValueError, TypeError) as err:
-            if method == "describe":
+            if method not in ("estep", "evaluate"):
                 raise
             return _error_reply(cid, method, msg, err)
         except Exception as err:  # noqa: BLE001 - reported to the server as the client's error
