@@ -182,3 +182,21 @@ def test_a_handler_that_raises_on_an_initialization_query_is_named():
                        r"was used") as err:
         fit(gmm(), runtime=RaisingHandler(FD, VICTIM, method="query", from_round=0))
     assert err.value.faults == {VICTIM: "RuntimeError: handler crashed"}
+
+
+@pytest.mark.parametrize("scale", [1e-100, 1e-8, 1.0, 1e8, 1e100])
+def test_the_psd_screen_passes_honest_singular_moments_at_any_scale(scale):
+    """Rank-deficient moment matrices of honest data (a constant column, a column that is
+    3 times another) pass at every scale: the tolerance is relative to each diagonal entry;
+    a matrix breaking Cauchy-Schwarz by 1e-6 is refused at every scale."""
+    from fedlatent.engine.messages import psd_failures
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 1))
+    Z = np.column_stack([x, 3 * x, np.full(50, 5.0), np.ones(50)]) * np.sqrt(scale)
+    M = (Z.T @ Z)[None]
+    assert psd_failures(M).size == 0
+    bad = M.copy()
+    c = np.sqrt(bad[0, 0, 0] * bad[0, 1, 1]) * (1 + 1e-6)
+    bad[0, 0, 1] = bad[0, 1, 0] = c
+    assert psd_failures(bad).tolist() == [0]
