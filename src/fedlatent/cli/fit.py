@@ -209,9 +209,14 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
     every file was written (:func:`~.common.staged_dir`): a failed fit, or a failure while
     writing, leaves no ``out`` and no half-written directory.
     """
+    from ..engine.loop import FederatedFitError
     from .common import staged_dir
 
-    est.fit(fd)
+    try:
+        est.fit(fd)
+    except FederatedFitError as err:
+        write_refused(err, out)
+        raise
     if hasattr(est, "save_client_weights"):  # client ids name no path: checked before writing
         from ..data.files import client_file_names
 
@@ -235,6 +240,30 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
         if extra is not None:
             written.extend(extra(tmp))
     return written
+
+
+#: the file a failed fit writes when it names more clients than its message shows
+REFUSED_FILE = "refused_clients.csv"
+
+
+def write_refused(err, out: Path) -> None:
+    """A fit that stopped naming more clients than its one-line message shows writes them
+    all, with their reasons, to ``OUT/refused_clients.csv`` (the only file written) and says
+    so at the end of its message."""
+    import csv
+
+    from ..data.validation import NAMES_SHOWN
+
+    faults = getattr(err, "faults", {})
+    if len(faults) <= NAMES_SHOWN or (out.exists() and not out.is_dir()):
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / REFUSED_FILE, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["client", "reason"])
+        w.writerows(faults.items())
+    err.args = (f"{err} (all {len(faults)} clients and their reasons: {out / REFUSED_FILE})",
+                *err.args[1:])
 
 
 def roles_of(entry_name: str, client: str, target: str | None, entity: str | None) -> dict:

@@ -40,6 +40,7 @@ __all__ = [
     "check_target_values",
     "check_unique_names",
     "frame_column",
+    "name_list",
     "to_float_array",
     "to_float_target",
 ]
@@ -47,6 +48,34 @@ __all__ = [
 #: The largest magnitude a value may have (see the module docstring): 1e150 squared is 1e300,
 #: which leaves room for sums over ~1.8e8 rows below float64's maximum, 1.8e308.
 MAX_ABS_VALUE = 1e150
+
+#: how many names an error message or a log line lists before "and N more"
+NAMES_SHOWN = 10
+
+
+def name_list(names: Sequence[object], limit: int = NAMES_SHOWN) -> str:
+    """``"'a', 'b', ... and 333 more"``: at most ``limit`` names (repr), then the count of the
+    others, so a message naming thousands of clients or columns stays one line.
+
+    Parameters
+    ----------
+    names : sequence
+        The names, in the order to show them.
+    limit : int
+        How many to show.
+
+    Returns
+    -------
+    str
+        ``"(none)"`` for no names.
+    """
+    names = list(names)
+    if not names:
+        return "(none)"
+    shown = ", ".join(repr(str(v)) for v in names[:limit])
+    rest = len(names) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
+
 
 _DATE_FIX = "convert it to a number, e.g. (df[col] - df[col].min()).dt.total_seconds()"
 _DURATION_FIX = "convert it to a number, e.g. df[col].dt.total_seconds()"

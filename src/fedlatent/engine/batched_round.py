@@ -122,7 +122,7 @@ class BatchedServer:
     def gather(self, k, msg, init_round, gamma, p, alpha, raw_bytes, quant_bytes):
         """Round ``k`` for the clients drawn (the per-client path's draw), all at once."""
         from .loop import Gathered, logger
-        from .messages import message_nbytes
+        from .messages import fault_detail, message_nbytes
         from .model import server_rng
 
         rd = self.rd
@@ -142,8 +142,7 @@ class BatchedServer:
         accepted, reasons = self.screen(k, rep, mode, rd.state.S_hat, exact)
         rejected = {self.ids[idx[r]]: why for r, why in reasons.items()}
         if rejected:
-            logger.warning("round %d: left out %s", k,
-                           "; ".join(f"client {c!r}: {r}" for c, r in rejected.items()))
+            logger.warning("round %d: left out %s", k, fault_detail(rejected))
         parsed = idx.size - self.malformed
         bytes_up = (raw_bytes if init_round else quant_bytes) * parsed
         total = weighted_rows(rep.Q, self.w[idx], accepted)  # sum_c w_c Q_c, (1, F) or (0, F)
@@ -161,8 +160,15 @@ class BatchedServer:
         def after(S_hat_new):
             self.after_round(init_round, rep, accepted, S_hat_new, alpha)
 
+        def dominant():
+            from .update import dominant_client
+
+            rows = np.flatnonzero(accepted)
+            return dominant_client([self.ids[i] for i in idx[rows]], rep.Q[rows],
+                                   self.w[idx[rows]])
+
         return Gathered(state, [], rejected, {}, obj_sum, obj_n, int(accepted.sum()),
-                        bytes_down, bytes_up, after, True)
+                        bytes_down, bytes_up, after, True, dominant)
 
     def rebuildable(self, rep, S_hat: Stats | None) -> np.ndarray:
         """Which rows' statistics ``S_c`` the server can rebuild (with control variates, those

@@ -119,6 +119,10 @@ class ClientNode:
         self.model: FederatedModel | None = None
         #: this client's secure-aggregation secrets for the current fit (never sent)
         self.secagg = None
+        #: the level of this client's own log of its refusals and failures (the server logs
+        #: them too, summarized: the in-process runtime lowers it to DEBUG, else a federation
+        #: of 200,000 refused clients writes 200,000 warnings)
+        self.log_level = logging.WARNING
 
     # ------------------------------------------------------------------------------------------
     def handle(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +166,7 @@ class ClientNode:
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:
-            logger.warning("%s", refusal)
+            logger.log(self.log_level, "%s", refusal)
             return {ERROR_KEY: refusal}
         self._setup_privacy(msg)
         if not any(k.startswith("model/") for k in self.state):
@@ -220,8 +224,8 @@ class ClientNode:
             return self._estep(msg)
         except Exception as err:  # noqa: BLE001 - reported to the server, not hidden
             self.state = before
-            logger.warning("client %r: round %s failed: %s", self.client_id, msg.get("round"),
-                           err)
+            logger.log(self.log_level, "client %r: round %s failed: %s", self.client_id,
+                       msg.get("round"), err)
             return {ERROR_KEY: f"{type(err).__name__}: {err}"}
 
     def _estep(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -326,8 +330,8 @@ class ClientNode:
         try:
             return self._evaluate(msg)
         except Exception as err:  # noqa: BLE001 - reported to the server, not hidden
-            logger.warning("client %r: evaluation of round %s failed: %s", self.client_id,
-                           msg.get("round"), err)
+            logger.log(self.log_level, "client %r: evaluation of round %s failed: %s",
+                       self.client_id, msg.get("round"), err)
             return {ERROR_KEY: f"{type(err).__name__}: {err}"}
 
     def _evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +359,8 @@ class ClientNode:
         try:
             reply, mstate = self.model.client_query(name, msg, self._data, mstate, rng)
         except DisclosureRefused as err:  # the model declined: the server learns why
-            logger.warning("client %r: query %r refused: %s", self.client_id, name, err)
+            logger.log(self.log_level, "client %r: query %r refused: %s", self.client_id, name,
+                       err)
             return {ERROR_KEY: f"client {self.client_id!r}: {err}"}
         if self.privacy is not None:
             sens = self.model.dp_query_sensitivity(name, msg, self.privacy.dp)

@@ -21,7 +21,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .messages import ERROR_KEY, ClientReplyError, Expect, array, check_fields, number, text
+from .messages import (
+    ERROR_KEY,
+    ClientReplyError,
+    Expect,
+    array,
+    check_fields,
+    fault_detail,
+    number,
+    text,
+)
 from .runtime import Runtime
 
 __all__ = ["Expect", "Replies", "array", "ask", "number", "setup_clients", "text"]
@@ -101,9 +110,10 @@ def ask(
             continue
         good[c] = reply
     if good.faults:
-        detail = "; ".join(f"client {c!r}: {r}" for c, r in good.faults.items())
+        detail = fault_detail(good.faults)
         if required:
-            raise FederatedFitError(f"{what}: {detail}; nothing of this exchange was used")
+            raise FederatedFitError(f"{what}: {detail}; nothing of this exchange was used",
+                                    faults=good.faults)
         logger.warning("%s: left out %s", what, detail)
     return good
 

@@ -9,22 +9,33 @@ live in arrays and are written back to the client objects whenever they are look
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import numpy as np
 
 from ..data.dataset import FederatedDataset
+from ..data.validation import DataValidationError
 from .client import ClientNode
+from .messages import ERROR_KEY
 from .model import FederatedModel
 from .runtime import Runtime
 
 __all__ = ["InProcessRuntime"]
+
+logger = logging.getLogger(__name__)
 
 
 def _freeze(msg: dict[str, Any]) -> dict[str, Any]:
     """A copy of a message, as if it had crossed a wire (no shared arrays)."""
     return {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else copy.copy(v))
             for k, v in msg.items()}
+
+
+def _error_reply(cid: str, method: str, msg: dict[str, Any], err: Exception) -> dict[str, Any]:
+    """The reply of a client whose handler raised ``err``: its type and text."""
+    logger.debug("client %r: %s (round %s) raised %r", cid, method, msg.get("round"), err)
+    return {ERROR_KEY: f"{type(err).__name__}: {err}"}
 
 
 class InProcessRuntime(Runtime):
@@ -45,6 +56,8 @@ class InProcessRuntime(Runtime):
         self._ids = fd.client_ids
         self._fd = fd
         self._nodes = {cid: ClientNode(cid, fd[cid], source=fd) for cid in self._ids}
+        for node in self._nodes.values():  # the server logs their faults, summarized
+            node.log_level = logging.DEBUG
         self.record = record
         self.use_batched = bool(batched)
         self.log: list[tuple[str, str, str, dict[str, Any]]] = []
@@ -109,11 +122,29 @@ class InProcessRuntime(Runtime):
             msg = _freeze(messages[cid])
             if self.record:
                 self.log.append(("down", cid, method, msg))
-            reply = _freeze(self._nodes[cid].handle(method, msg))
+            reply = _freeze(self._handle(cid, method, msg))
             if self.record:
                 self.log.append(("up", cid, method, reply))
             replies[cid] = reply
         return replies
+
+    def _handle(self, cid: str, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+        """Client ``cid``'s reply; an exception escaping its handler becomes an error reply
+        (the server records the client as missing, or an exchange every client must answer
+        stops naming it), as a Flower node's error does. The data's own errors
+        (``DataValidationError``) and, outside the rounds' E-step and evaluation, the
+        ValueError and TypeError that say a setting is wrong (a secure-aggregation bound, a
+        column) reach the caller as they are."""
+        try:
+            return self._nodes[cid].handle(method, msg)
+        except DataValidationError:
+            raise
+        except (ValueError, TypeError) as err:
+            if method not in ("estep", "evaluate"):
+                raise
+            return _error_reply(cid, method, msg, err)
+        except Exception as err:  # noqa: BLE001 - reported to the server as the client's error
+            return _error_reply(cid, method, msg, err)
 
     def get_client_states(self):
         if self._batch_owns:

@@ -23,10 +23,18 @@ from typing import Any
 
 import numpy as np
 
+from ..data.validation import name_list
 from .checkpoint import RunIdentity, load_loop_checkpoint, save_loop_checkpoint
 from .federation import Federation
 from .history import History, RoundRecord
-from .messages import ERROR_KEY, ClientReplyError, check_reply, message_nbytes, pack
+from .messages import (
+    ERROR_KEY,
+    ClientReplyError,
+    check_reply,
+    fault_detail,
+    message_nbytes,
+    pack,
+)
 from .model import FederatedModel, Params
 from .runtime import Runtime
 from .stats import Stats
@@ -34,6 +42,7 @@ from .update import (
     FedEMState,
     ReplyScreen,
     client_weights,
+    dominant_client,
     round_message,
     select_active,
     stat_bytes,
@@ -71,12 +80,16 @@ def __getattr__(name: str):
 
 class FederatedFitError(RuntimeError):
     """A fault during a run. ``last_good`` holds the parameters of the last good round,
-    ``round_`` (also ``round``) the round that failed."""
+    ``round_`` (also ``round``) the round that failed, ``clients`` every client it names
+    (``faults``: client -> reason; the message shows at most 10 of them)."""
 
-    def __init__(self, message: str, last_good: Params | None = None, round_: int | None = None):
+    def __init__(self, message: str, last_good: Params | None = None, round_: int | None = None,
+                 faults: dict[str, str] | None = None):
         super().__init__(message)
         self.last_good = last_good
         self.round = round_
+        self.faults: dict[str, str] = dict(faults or {})
+        self.clients: list[str] = list(self.faults)
 
     @property
     def round_(self) -> int | None:
@@ -114,6 +127,8 @@ class Gathered:
     after: Any  # after(S_hat_new): follow the clients' control variates
     batched: bool
     skipped: str = ""  # why nothing was exchanged ("" when the round ran)
+    #: dominant() -> why the aggregate is one client's (update.dominant_client), or None
+    dominant: Any = None
 
 
 @dataclass
@@ -389,10 +404,11 @@ class _Rounds:
             return False
         new_state, missing, rejected, errors = g.state, g.missing, g.rejected, g.errors
         bytes_down, bytes_up = g.bytes_down, g.bytes_up
+        who = (lambda: f"; {g.dominant()}" if g.dominant is not None and g.dominant() else "")
         if not new_state.S_hat.all_finite():
             raise FederatedFitError(
-                f"round {k}: the aggregated statistic is not finite; kept the parameters of "
-                f"round {k - 1}",
+                f"round {k}: the aggregated statistic is not finite{who()}; kept the parameters "
+                f"of round {k - 1}",
                 self.params,
                 k,
             )
@@ -402,7 +418,7 @@ class _Rounds:
                 np.linalg.LinAlgError) as err:
             raise ServerStepError(
                 f"round {k}: the M-step failed on the aggregated statistics "
-                f"({type(err).__name__}: {err}); kept the parameters of round {k - 1}",
+                f"({type(err).__name__}: {err}){who()}; kept the parameters of round {k - 1}",
                 self.params, k) from err
         bad = [n for n, v in new_params.items() if not np.all(np.isfinite(v))]
         if bad:
@@ -500,8 +516,13 @@ class _Rounds:
             self.screen.after_round(init_round, active, parsed, errors, S_hat_new, alpha,
                                     rejected)
 
+        def dominant():
+            ids = list(got)
+            return dominant_client(ids, np.array([got[c].flatten() for c in ids]),
+                                   np.array([self.weights[c] for c in ids])) if ids else None
+
         return Gathered(new_state, missing, rejected, errors, obj_sum, obj_n, len(got),
-                        bytes_down, bytes_up, after, False)
+                        bytes_down, bytes_up, after, False, dominant=dominant)
 
     def gather_batched(self, k, msg, init_round, gamma, p, alpha, raw_bytes, quant_bytes):
         """Round ``k`` with every client's step computed at once (None: the model has no
@@ -517,10 +538,9 @@ class _Rounds:
 
     def refuse_incomplete_init(self, k: int, why: dict[str, str]) -> None:
         if why:
-            detail = "; ".join(f"client {c!r}: {r}" for c, r in why.items())
             raise FederatedFitError(
-                f"clients {list(why)} did not answer the initialization round validly "
-                f"(every client must): {detail}", self.params, k)
+                f"clients [{name_list(why)}] did not answer the initialization round validly "
+                f"(every client must): {fault_detail(why)}", self.params, k, faults=why)
 
     def judge(self, k: int, c: str, rep, shapes, mode: str, S_hat, what: str | None = None):
         """``(Q, reason)`` for client ``c``'s reply ``rep`` in round ``k``: its checked blocks
@@ -572,11 +592,11 @@ class _Rounds:
             obj_n += int(rep["n"])
         missing = [c for c in active if c not in replies or c in errors]
         if missing:
-            logger.warning("round %d: clients %s did not answer; treated as absent%s", k, missing,
-                           "".join(f"; {c}: {e}" for c, e in errors.items()))
+            logger.warning("round %d: %d client(s) [%s] did not answer; treated as absent%s", k,
+                           len(missing), name_list(missing),
+                           f"; {fault_detail(errors)}" if errors else "")
         if rejected:
-            logger.warning("round %d: left out %s", k,
-                           "; ".join(f"client {c!r}: {r}" for c, r in rejected.items()))
+            logger.warning("round %d: left out %s", k, fault_detail(rejected))
         return got, parsed, missing, rejected, errors, obj_sum, obj_n
 
     def h_norm2(self, k: int, shapes, params, S_hat, missing, rejected, errors):

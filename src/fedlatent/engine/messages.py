@@ -22,6 +22,7 @@ __all__ = [
     "bordered",
     "count_problem",
     "equal_problem",
+    "fault_detail",
     "psd_failures",
     "psd_problem",
     "array",
@@ -47,6 +48,39 @@ class ClientReplyError(RuntimeError):
         self.client = client
         self.reason = reason
         super().__init__(f"client {client!r} sent an invalid reply: {reason}")
+
+
+def fault_detail(faults: Mapping[str, str], limit: int | None = None) -> str:
+    """``"client 'a': why (also clients 'c', 'd'); client 'b': why2; and 333 more client(s)"``:
+    the clients grouped by reason (in order of appearance), at most ``limit`` of them named (default
+    :data:`~fedlatent.data.validation.NAMES_SHOWN`, 10), so a message about thousands of
+    clients stays short; the caller keeps the full mapping.
+
+    Parameters
+    ----------
+    faults : mapping of str to str
+        Client -> why it is named.
+    limit : int or None
+        How many clients to name.
+
+    Returns
+    -------
+    str
+    """
+    from ..data.validation import NAMES_SHOWN
+
+    budget = NAMES_SHOWN if limit is None else int(limit)
+    groups: dict[str, list[str]] = {}
+    for c, r in faults.items():
+        if budget <= 0:
+            break
+        groups.setdefault(str(r), []).append(c)
+        budget -= 1
+    parts = [f"client {cs[0]!r}: {r}" + (f" (also client{'s' if len(cs) > 2 else ''} "
+                                          f"{', '.join(map(repr, cs[1:]))})" if cs[1:] else "")
+             for r, cs in groups.items()]
+    rest = len(faults) - sum(len(cs) for cs in groups.values())
+    return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")
 
 
 def pack(prefix: str, arrays: Mapping[str, np.ndarray]) -> Message:

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from .messages import ERROR_KEY, message_nbytes
+from ..data.validation import name_list
+from .messages import ERROR_KEY, fault_detail, message_nbytes
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
            "open_channel", "refuse_clear_query", "refuse_unsupported", "secagg_step",
@@ -199,8 +200,9 @@ class SecureChannel:
         keys = self._call(self.cids, "secagg", {c: base for c in self.cids})
         missing = [c for c in self.cids if c not in keys or ERROR_KEY in keys[c]]
         if missing:
-            raise FederatedFitError(f"secure aggregation set-up: clients {missing} sent no "
-                                    "public keys; every client must take part in the set-up")
+            raise FederatedFitError(f"secure aggregation set-up: clients [{name_list(missing)}] "
+                                    "sent no public keys; every client must take part in the "
+                                    "set-up", faults={c: "no public keys" for c in missing})
         roster = self.server.collect_keys(keys)
         out = self._call(self.cids, "secagg", {c: {"step": "roster", **roster}
                                                for c in self.cids})
@@ -269,8 +271,8 @@ class SecureChannel:
             if not (method == "estep" and k.startswith("delta/")):
                 sums[k] = sums[k] * self.n_total
         if request["dropped"]:
-            logger.warning("round %s, exchange %r: recovered the masks of dropped %s (excluded "
-                           "from now on)", round, exchange, request["dropped"])
+            logger.warning("round %s, exchange %r: recovered the masks of dropped [%s] "
+                           "(excluded from now on)", round, exchange, name_list(request["dropped"]))
         return {"sums": sums, "survivors": list(S), "dropped": list(request["dropped"]),
                 "errors": errors, "bytes_up": int(up), "bytes_down": int(down)}
 
@@ -297,9 +299,9 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
     label = query if channel.asked[query] == 1 else f"{query}#{channel.asked[query]}"
     res = channel.sum("query", {c: base for c in ctx.client_ids}, round=0, exchange=label)
     if res["dropped"]:
-        detail = "; ".join(f"client {c!r}: {res['errors'].get(c, 'no reply')}"
-                           for c in res["dropped"])
-        raise FederatedFitError(f"{what}: every client must answer; {detail}")
+        faults = {c: res["errors"].get(c, "no reply") for c in res["dropped"]}
+        raise FederatedFitError(f"{what}: every client must answer; {fault_detail(faults)}",
+                                faults=faults)
     out = {}
     for k, shp in shapes.items():
         v = np.asarray(res["sums"].get(k, np.nan), dtype=np.float64)

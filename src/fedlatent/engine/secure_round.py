@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from ..data.validation import name_list
 from .messages import ClientReplyError, check_reply
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def _skipped(rounds, k: int, active: list[str], gone: list[str], errors: dict, p
             f"round {k}: {len(active)} clients can take part ({left} not excluded), fewer than "
             f"the secure aggregation threshold {t}; no round can be unmasked any more; kept the "
             f"parameters of round {k - 1}", rounds.params, k)
-    why = (f"{len(active)} clients drawn {active} (participation {p:g}"
+    why = (f"{len(active)} clients drawn [{name_list(active)}] (participation {p:g}"
            f"{', after exclusions' if gone else ''}), fewer than the secure aggregation "
            f"threshold {t}: skipped, nothing exchanged, the parameters of round {k - 1} kept")
     logger.warning("round %d: %s", k, why)
@@ -72,8 +73,8 @@ def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p
 
     active, gone, errors = _active(rounds, k, p, init_round)
     if init_round and gone:
-        raise FederatedFitError(f"round {k}: clients {gone} are excluded; the initialization "
-                                "round needs every client", rounds.params, k)
+        raise FederatedFitError(f"round {k}: clients {name_list(gone)} are excluded; the "
+                                "initialization round needs every client", rounds.params, k)
     if len(active) < rounds.secure.config.threshold:
         return _skipped(rounds, k, active, gone, errors, p, init_round)
     try:
@@ -85,7 +86,7 @@ def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p
     S, D = res["survivors"], res["dropped"]
     errors.update({c: res["errors"][c] for c in res["errors"]})
     missing = gone + list(D)
-    who = f"the aggregate of clients {S}"
+    who = f"the aggregate of clients [{name_list(S)}]"
     try:
         Q = check_reply(who, {**res["sums"], "n": 0.0, "objective": 0.0}, shapes)
     except ClientReplyError as err:

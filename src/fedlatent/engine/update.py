@@ -24,7 +24,8 @@ from .federation import Federation
 from .model import FederatedModel, server_rng
 from .stats import Stats
 
-__all__ = ["FedEMState", "ReplyScreen", "client_weights", "round_message", "select_active"]
+__all__ = ["DOMINANCE", "FedEMState", "ReplyScreen", "client_weights", "dominant_client",
+           "round_message", "select_active"]
 
 #: rounding allowed, per unit of magnitude, when a statistic is rebuilt as Q_c + S_hat + V_c
 _REBUILD_EPS = 64 * np.finfo(np.float64).eps
@@ -89,6 +90,39 @@ def _weighted_sum(Q: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``sum_c w_c Q_c`` added in client order, as the per-client path adds (a reduction
     over the leading axis of a C-ordered array accumulates row after row): the same bits."""
     return np.add.reduce(Q * w[:, None], axis=0)
+
+
+#: a client whose weighted statistic exceeds every other client's by this factor is named
+#: when the M-step fails on the aggregate (the aggregate is then essentially its statistic)
+DOMINANCE = 1e6
+
+
+def dominant_client(ids: list[str], Q: np.ndarray, w: np.ndarray) -> str | None:
+    """Why the aggregate ``sum_c w_c Q_c`` is one client's: ``"client 'x' dominates them
+    (...)"``, or None when no client's weighted statistic exceeds every other's by
+    :data:`DOMINANCE`.
+
+    Parameters
+    ----------
+    ids : list of str
+        The clients of the rows of ``Q``.
+    Q : ndarray of shape (A, F)
+        Their statistics (per unit, flattened).
+    w : ndarray of shape (A,)
+        Their weights.
+    """
+    if len(ids) < 2 or not np.size(Q):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        m = np.abs(np.asarray(Q, dtype=np.float64)).max(axis=1) * np.abs(w)
+    top = int(np.argmax(m))
+    rest = float(np.max(np.delete(m, top)))
+    if not m[top] > DOMINANCE * rest:
+        return None
+    big = float(np.abs(Q[top]).max())
+    return (f"client {ids[top]!r} dominates them (its statistic reaches {big:.3g} per unit, "
+            f"more than {DOMINANCE:.0e} times any other client's weighted statistic): check its "
+            "data, or leave it out")
 
 
 def client_weights(federation: Federation, n_units: dict[str, int]) -> dict[str, float]:

@@ -21,7 +21,7 @@ from ...engine.history import History
 from ...engine.model import Params
 from .model import MOMENTS_QUERY, SIZES_QUERY, _num
 from .privacy import dp_moments_scaling
-from .scaling import moments_scaling, scaling_matrix, to_user_units
+from .scaling import constant_columns, moments_scaling, scaling_matrix, to_user_units
 from .solvers import ChainSettings, HLCRFit, chain_diagnostic
 
 __all__ = ["HYPER_START", "HLCRHistory", "finish_chain", "secure_sizes", "start_params",
@@ -67,6 +67,8 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
         if ctx.privacy is None:
             mx, sx, my, sy = moments_scaling(tot["n"], tot["sx"], tot["sxx"], tot["sy"],
                                              tot["syy"], fit_intercept)
+            if fit_intercept:
+                _warn_constant(ctx, tot)
         params.update(T=scaling_matrix(mx, sx, fit_intercept), y_shift=np.array(my),
                       y_scale=np.array(sy), x_shift=mx, x_scale=sx)
         if not chain.estimate_sigma:  # a fixed sigma is in the target's units
@@ -74,6 +76,24 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
     params.update(sigma=np.array(float(sigma)), delta=np.array(float(chain.delta)),
                   seed=np.array(float(int(ctx.seed) % (2**52))), step=np.array(0.0))
     return params
+
+
+def _warn_constant(ctx: FitContext, tot: dict) -> None:
+    """One warning naming the (nearly) constant features: they are not standardized (centring
+    them through sums would leave only rounding noise), so with the intercept they mostly
+    duplicate it."""
+    const = np.flatnonzero(constant_columns(tot["n"], tot["sx"], tot["sxx"]))
+    if not const.size:
+        return
+    from ...data.validation import name_list
+
+    names = ctx.data.feature_names if ctx.data is not None else None
+    cols = [str(names[j]) if names is not None else f"column {j}" for j in const]
+    warnings.warn(
+        f"HLCR: feature(s) {name_list(cols)} are constant across the federation (variance at "
+        "most 1e-8 of the mean square): not standardized, so they mostly duplicate the "
+        "intercept; drop them, or centre them yourself if they vary", UserWarning,
+        stacklevel=4)
 
 
 def secure_sizes(ctx: FitContext, what: str) -> tuple[int, int]:

@@ -25,7 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
+    "CONSTANT_RTOL",
     "HYPER_PRIOR",
+    "constant_columns",
     "draw_hyper",
     "moments_scaling",
     "scaling_matrix",
@@ -36,6 +38,20 @@ __all__ = [
 #: shape and rate ``(a, b)`` of the inverse-gamma priors on sigma^2 and delta^2 (on the
 #: standardized scale: prior mode b/(a+1) = 0.5, weak next to hundreds of events)
 HYPER_PRIOR = (1.0, 1.0)
+
+
+#: a column whose pooled variance is at most this fraction of its mean square is constant to
+#: rounding: centring it through sums (``sum x^2 - n m^2``) would cancel to noise, and an
+#: agent's standardized statistics would carry that noise (refused as not PSD)
+CONSTANT_RTOL = 1e-8
+
+
+def constant_columns(n, sx, sxx) -> np.ndarray:
+    """Which columns are constant, or nearly (variance <= ``CONSTANT_RTOL`` x mean square),
+    from pooled moments: a boolean mask of shape (F,)."""
+    n = float(n)
+    mx, mxx = np.asarray(sx, float) / n, np.asarray(sxx, float) / n
+    return mxx - mx**2 <= CONSTANT_RTOL * mxx
 
 
 def moments_scaling(n, sx, sxx, sy, syy, fit_intercept: bool):
@@ -57,19 +73,24 @@ def moments_scaling(n, sx, sxx, sy, syy, fit_intercept: bool):
     -------
     x_shift, x_scale : ndarray of shape (F,)
     y_shift, y_scale : float
-        Zero-variance columns get scale 1.
+        A (nearly) constant column (:func:`constant_columns`) is not centred: shift 0 and
+        its root mean square as scale (1 for an all-zero column).
     """
     n = float(n)
     mx, mxx = np.asarray(sx, float) / n, np.asarray(sxx, float) / n
     my, myy = float(sy) / n, float(syy) / n
     if fit_intercept:
-        vx, vy = np.maximum(mxx - mx**2, 0.0), max(myy - my**2, 0.0)
+        const_x = constant_columns(n, sx, sxx)
+        const_y = bool(constant_columns(n, np.array([sy]), np.array([syy]))[0])
+        mx = np.where(const_x, 0.0, mx)
+        vx = np.where(const_x, mxx, np.maximum(mxx - mx**2, 0.0))
+        my, vy = (0.0, myy) if const_y else (my, max(myy - my**2, 0.0))
     else:
         mx, my = np.zeros_like(mx), 0.0
         vx, vy = mxx, myy
     sx_ = np.sqrt(vx)
-    sx_ = np.where(sx_ > 1e-12 * np.maximum(np.abs(mx), 1.0), sx_, 1.0)
-    sy_ = float(np.sqrt(vy)) if vy > 1e-24 * max(my * my, 1.0) else 1.0
+    sx_ = np.where(sx_ > 0.0, sx_, 1.0)
+    sy_ = float(np.sqrt(vy)) if vy > 0.0 else 1.0
     return mx, sx_, my, sy_
 
 
