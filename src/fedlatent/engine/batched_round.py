@@ -168,7 +168,7 @@ class BatchedServer:
                                    self.w[idx[rows]])
 
         return Gathered(state, [], rejected, {}, obj_sum, obj_n, int(accepted.sum()),
-                        bytes_down, bytes_up, after, True, dominant)
+                        bytes_down, bytes_up, after, True, dominant=dominant)
 
     def rebuildable(self, rep, S_hat: Stats | None) -> np.ndarray:
         """Which rows' statistics ``S_c`` the server can rebuild (with control variates, those

@@ -17,7 +17,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +126,10 @@ class Gathered:
     bytes_up: int
     after: Any  # after(S_hat_new): follow the clients' control variates
     batched: bool
-    skipped: str = ""  # why nothing was exchanged ("" when the round ran)
+    # keyword-only: two optional fields after eleven positional ones are easy to mix up
+    skipped: str = field(default="", kw_only=True)  # why nothing crossed ("" when it ran)
     #: dominant() -> why the aggregate is one client's (update.dominant_client), or None
-    dominant: Any = None
+    dominant: Any = field(default=None, kw_only=True)
 
 
 @dataclass
