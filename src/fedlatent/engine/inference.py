@@ -300,3 +300,22 @@ class InferenceMixin:
                 "Observations": str(n), "Log-likelihood": f"{loglik:.6g}",
                 "Converged": str(bool(self.converged_)), "Covariance": "observed (Louis)"}
         return Summary(f"{type(self).__name__} results", info, table)
+
+
+def degenerate_reason(weights, variances, floor: float, n_rows: int | None,
+                      min_rows: int) -> str:
+    """Why a fitted mixture has a degenerate component ("" when none): a weight worth fewer
+    than ``min_rows`` of the ``n_rows`` rows (or below 1e-8 when ``n_rows`` is unknown), or a
+    variance (per component, its smallest; ``floor`` the regularization added to it) at most
+    1e-6 of the largest. For the size selection (:func:`fedlatent.engine.selection.skip_reason`)."""
+    w = np.asarray(weights, dtype=np.float64)
+    small = w * n_rows < min_rows if n_rows else w < 1e-8
+    if small.any():
+        k = int(np.flatnonzero(small)[0])
+        return f"component {k} has weight {w[k]:.3g} (a degenerate component)"
+    raw = np.asarray(variances, dtype=np.float64) - floor
+    tiny = raw <= 1e-6 * max(float(raw.max()), 0.0)
+    if tiny.any():
+        k = int(np.flatnonzero(tiny)[0])
+        return f"component {k} has a (near) zero variance {raw[k] + floor:.3g} (degenerate)"
+    return ""

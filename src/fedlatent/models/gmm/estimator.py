@@ -294,6 +294,16 @@ class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
         """Mean per-sample log-likelihood over the clients of ``fd``."""
         return self.score(fd)
 
+    def _degenerate_reason(self, n_rows: int | None) -> str:
+        """A degenerate component ("" when none), for the size selection: weight worth fewer
+        than d + 1 rows, or a covariance's smallest eigenvalue near zero (singular)."""
+        from ...engine.inference import degenerate_reason
+        from .inference import full_covariances
+
+        K, d = self.means_.shape
+        eig = np.linalg.eigvalsh(full_covariances(self.covariances_, self.covariance_type, K, d))
+        return degenerate_reason(self.weights_, eig.min(1), self.reg_covar, n_rows, d + 1)
+
     def _inference_layout(self):  # fedlatent.engine.inference, .inference
         from .inference import gmm_layout
 

@@ -438,6 +438,14 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
             ["intercept"] if self.fit_intercept else [])
         return lcr_layout(p["weights"], p["beta"], p["noise_variance"], names)
 
+    def _degenerate_reason(self, n_rows: int | None) -> str:
+        """A degenerate component ("" when none), for the size selection: weight worth fewer
+        rows than its coefficients and variance, or a noise variance at its floor."""
+        from ...engine.inference import degenerate_reason
+
+        return degenerate_reason(self.weights_, self.noise_variance_, self.reg_noise, n_rows,
+                                 self.coef_.shape[1] + int(self.fit_intercept) + 1)
+
     def predict_interval(self, X, alpha: float = 0.05) -> np.ndarray:
         """Central ``1 - alpha`` prediction intervals of y given x from the fitted mixture
         predictive distribution ``sum_k w_k N(x^T coef_k + intercept_k, noise_variance_k)``
