@@ -174,3 +174,20 @@ def test_prediction_intervals_cover_new_data_at_their_level():
         assert iv.shape == (20000, 2) and np.all(iv[:, 0] < iv[:, 1])
         cover = np.mean((iv[:, 0] <= yn) & (yn <= iv[:, 1]))
         assert abs(cover - (1 - alpha)) < 0.015, (alpha, cover)
+
+
+def test_the_readme_inference_example_prints_its_table():
+    rng = np.random.default_rng(0)
+
+    def client(n):
+        x, z = rng.normal(size=(n, 1)), rng.random(n) < 0.4
+        return x, np.where(z, 1 + 2 * x[:, 0] + 0.5 * rng.normal(size=n),
+                           -1 - x[:, 0] + rng.normal(size=n))
+
+    fd = fl.FederatedDataset.from_arrays({f"c{i}": client(300) for i in range(4)},
+                                         feature_names=["x"])
+    t = LatentClassRegression(2, tol=1e-8, random_state=0).fit(fd).summary().table
+    np.testing.assert_allclose(t.loc[("0", "weight"), ["coef", "std err"]], [0.5816, 0.01718],
+                               rtol=5e-4)
+    np.testing.assert_allclose(t.loc[("0", "x"), ["coef", "std err"]], [-0.9728, 0.03905],
+                               rtol=5e-4)
