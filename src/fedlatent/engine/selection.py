@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["AUTO_SIZE", "Selection", "bic_selection", "check_candidates", "fit_selected",
-           "load_selection", "select"]
+           "load_selection", "select", "skip_reason"]
 
 
 class _SizeOrAuto(Integer):
@@ -133,7 +133,9 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
     table : DataFrame indexed by the candidate values (index name ``selection.param``) with
         the criterion, the other entries of the score, ``n_iter``, ``converged`` and
         ``error`` (why a candidate could not be fitted: its fit's ValueError, with a NaN
-        criterion and a warning; when no candidate can be fitted, the first error is raised).
+        criterion and a warning; when no candidate can be fitted, the first error is raised)
+        and ``skipped`` (why a fitted candidate is not eligible, :func:`skip_reason`: not
+        converged or a degenerate component; its scores are still reported).
     """
     import pandas as pd
     from sklearn.base import clone
@@ -147,7 +149,7 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
         except ValueError as err:  # e.g. more components than rows: this size cannot be fitted
             errors.append(err)
             rows.append({selection.criterion: np.nan, "n_iter": 0, "converged": False,
-                         "error": str(err)})
+                         "error": str(err), "skipped": "could not be fitted"})
             continue
         got = selection.score(cand, held_out)
         row = dict(got) if isinstance(got, Mapping) else {selection.criterion: float(got)}
@@ -155,7 +157,8 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
             raise KeyError(f"the score of {type(est).__name__} gave {sorted(row)}, not "
                            f"{selection.criterion!r}")
         row.update(n_iter=int(getattr(cand, "n_iter_", 0)),
-                   converged=bool(getattr(cand, "converged_", True)), error="")
+                   converged=bool(getattr(cand, "converged_", True)), error="",
+                   skipped=skip_reason(cand, getattr(fit_part, "n_samples", None)))
         rows.append(row)
         fitted[int(k)] = cand
     if not fitted:  # the same problem for every size: say it once, as a single fit would
@@ -169,7 +172,7 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
     if not np.isfinite(crit).any():
         raise ValueError(f"no candidate {selection.param} has a finite {selection.criterion}: "
                          f"{dict(zip(selection.candidates, crit.tolist(), strict=True))}")
-    crit = np.where(np.isfinite(crit), crit, np.inf if selection.lower_is_better else -np.inf)
+    crit = _eligible(table, crit, selection, type(est).__name__)
     best_k = selection.candidates[int(np.argmin(crit) if selection.lower_is_better
                                       else np.argmax(crit))]
     best = fitted[best_k]
@@ -177,6 +180,35 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
         best = clone(est).set_params(**{selection.param: int(best_k)})
         fit(best, fd)
     return best, table
+
+
+def skip_reason(cand, n_rows: int | None = None) -> str:
+    """Why a fitted candidate must not be chosen ("" when it may), for estimators with a
+    ``_degenerate_reason(n_rows)`` hook (the EM mixtures scored by BIC; others are never
+    skipped): its fit did not converge, or the hook names a degenerate component (``n_rows``:
+    the rows it was fitted on, None when unknown)."""
+    hook = getattr(cand, "_degenerate_reason", None)
+    if hook is None:
+        return ""
+    if not bool(getattr(cand, "converged_", True)):
+        return f"did not converge in {int(getattr(cand, 'n_iter_', 0))} rounds"
+    return hook(n_rows) or ""
+
+
+def _eligible(table, crit: np.ndarray, selection: Selection, name: str) -> np.ndarray:
+    """The criterion with the candidates that cannot be chosen set to the worst value: those
+    with no finite score and those skipped (``table['skipped']``); when every finite one is
+    skipped, the least bad of them is chosen with a UserWarning."""
+    worst = np.inf if selection.lower_is_better else -np.inf
+    finite = np.isfinite(crit)
+    ok = finite & (table["skipped"].to_numpy() == "")
+    if not ok.any():
+        warnings.warn(f"{name}: every candidate {selection.param} was skipped (see "
+                      "selection_scores_['skipped']: not converged or a degenerate component); "
+                      f"the best {selection.criterion} among them is kept, but raise max_rounds "
+                      "or give fewer candidates", UserWarning, stacklevel=5)
+        ok = finite
+    return np.where(ok, crit, worst)
 
 
 def fit_selected(est, fd, selection: Selection, *, runtime, progress, callbacks, checkpoint,

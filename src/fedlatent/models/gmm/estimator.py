@@ -19,6 +19,7 @@ import numpy as np
 
 from ...data.dataset import FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
+from ...engine.inference import InferenceMixin
 from ...engine.loop import FitResult
 from ...engine.model import Params
 from ...engine.numerics import logsumexp
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 @register_estimator("gmm", description="Gaussian mixture fitted by federated EM (clusters)")
-class FederatedGaussianMixture(FederatedEstimator):
+class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
     """Gaussian mixture fitted by federated EM; raw samples never leave the clients.
 
     Parameters
@@ -308,6 +309,22 @@ class FederatedGaussianMixture(FederatedEstimator):
     def score_dataset(self, fd: FederatedDataset) -> float:
         """Mean per-sample log-likelihood over the clients of ``fd``."""
         return self.score(fd)
+
+    def _degenerate_reason(self, n_rows: int | None) -> str:
+        """A degenerate component ("" when none), for the size selection: weight worth fewer
+        than d + 1 rows, or a covariance's smallest eigenvalue near zero (singular)."""
+        from ...engine.inference import degenerate_reason
+        from .inference import full_covariances
+
+        K, d = self.means_.shape
+        eig = np.linalg.eigvalsh(full_covariances(self.covariances_, self.covariance_type, K, d))
+        return degenerate_reason(self.weights_, eig.min(1), self.reg_covar, n_rows, d + 1)
+
+    def _inference_layout(self):  # fedlatent.engine.inference, .inference
+        from .inference import gmm_layout
+
+        return gmm_layout(self.weights_, self.means_, self.covariances_, self.covariance_type,
+                          [str(f) for f in self.feature_names_in_])
 
     def to_sklearn(self):
         """The fitted mixture as a fitted ``sklearn.mixture.GaussianMixture`` (same weights,

@@ -190,6 +190,12 @@ class GMMModel(FederatedModel):
         if name == "loglik":
             _, norm = self._log_resp(payload_params(payload), X)
             return {"n": X.shape[0], "loglik": float(norm.sum())}, state
+        if name == "information":  # Louis' observed information (fedlatent.engine.inference)
+            from .inference import gmm_information
+
+            info, ll = gmm_information(X, payload["params/weights"], payload["params/means"],
+                                       payload["params/covariances"], self.cov_type)
+            return {"n": X.shape[0], "loglik": ll, "information": info}, state
         return super().client_query(name, payload, data, state, rng)
 
 

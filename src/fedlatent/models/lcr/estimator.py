@@ -16,6 +16,7 @@ import numpy as np
 from ...data.dataset import FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
 from ...engine.exchange import array, number
+from ...engine.inference import InferenceMixin
 from ...engine.loop import FitResult
 from ...engine.model import Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
@@ -144,7 +145,7 @@ def _target_problem(cid: str, cd, target: str) -> str | None:
     "lcr", target=True,
     description="Latent class regression: mixture of linear regressions by federated EM",
 )
-class LatentClassRegression(FederatedEstimator):
+class LatentClassRegression(InferenceMixin, FederatedEstimator):
     """Latent class regression (a mixture of linear regressions) fitted by federated EM.
 
     ``p(y | x) = sum_k w_k N(y; x^T coef_k + intercept_k, noise_variance_k)``. Clients send,
@@ -490,6 +491,37 @@ class LatentClassRegression(FederatedEstimator):
 
     def _design(self, X) -> np.ndarray:
         return add_intercept(check_features(self, X), self.fit_intercept)
+
+    # ---- inference (fedlatent.engine.inference, .inference) ---------------------------------
+    def _inference_layout(self):
+        from .inference import lcr_layout
+
+        p = self._fitted_params()
+        names = [str(f) for f in self.feature_names_in_] + (
+            ["intercept"] if self.fit_intercept else [])
+        return lcr_layout(p["weights"], p["beta"], p["noise_variance"], names)
+
+    def _degenerate_reason(self, n_rows: int | None) -> str:
+        """A degenerate component ("" when none), for the size selection: weight worth fewer
+        rows than its coefficients and variance, or a noise variance at its floor."""
+        from ...engine.inference import degenerate_reason
+
+        return degenerate_reason(self.weights_, self.noise_variance_, self.reg_noise, n_rows,
+                                 self.coef_.shape[1] + int(self.fit_intercept) + 1)
+
+    def predict_interval(self, X, alpha: float = 0.05) -> np.ndarray:
+        """Central ``1 - alpha`` prediction intervals of y given x from the fitted mixture
+        predictive distribution ``sum_k w_k N(x^T coef_k + intercept_k, noise_variance_k)``
+        (plug-in: the parameters' own uncertainty is not added), shape (n, 2): lower, upper.
+        Its quantiles are found by bisection."""
+        from ...engine.inference import _check_alpha
+        from .inference import mixture_quantiles
+
+        alpha = _check_alpha(alpha)
+        p = self._fitted_params()
+        means = self._design(X) @ p["beta"].T
+        return mixture_quantiles(means, np.sqrt(p["noise_variance"]), p["weights"],
+                                 np.array([alpha / 2.0, 1.0 - alpha / 2.0]))
 
     @staticmethod
     def _check_y(y, n: int) -> np.ndarray:

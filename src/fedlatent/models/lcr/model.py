@@ -145,6 +145,13 @@ class LCRModel(FederatedModel):
             p = payload_params(payload)
             _, loglik = lcr_responsibilities(Xt, y, p["weights"], p["beta"], p["noise_variance"])
             return {"n": int(Xt.shape[0]), "loglik": float(loglik.sum())}, state
+        if name == "information":  # Louis' observed information (fedlatent.engine.inference)
+            from .inference import lcr_information
+
+            Xt, y = self._design(data)
+            p = payload_params(payload)
+            info, ll = lcr_information(Xt, y, p["weights"], p["beta"], p["noise_variance"])
+            return {"n": int(Xt.shape[0]), "loglik": ll, "information": info}, state
         return super().client_query(name, payload, data, state, rng)
 
     # ---- server side ------------------------------------------------------------------------

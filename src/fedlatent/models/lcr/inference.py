@@ -1,0 +1,125 @@
+"""Inference for the latent class regression: the observed information a client sends, the
+reported parameters, and prediction intervals from the mixture predictive distribution.
+
+Free parameters (the order of the information matrix): the weights ``pi_1..pi_{K-1}``
+(``pi_K = 1 - sum``), then per component its coefficients (intercept last when fitted) and its
+noise variance (raw, not its log). Per record and component the complete-data log-density is
+``log pi_k - log(2 pi s2_k) / 2 - e^2 / (2 s2_k)``, ``e = y - x~^T beta_k``, with score
+``(x~ e / s2, (e^2 / s2 - 1) / (2 s2))`` and minus Hessian
+``[[x~ x~^T / s2, x~ e / s2^2], [., e^2 / s2^3 - 1 / (2 s2^2)]]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import special
+
+from ...engine.inference import InferenceLayout, louis_information, weight_scores
+from .math import lcr_responsibilities
+
+__all__ = ["lcr_information", "lcr_layout", "mixture_quantiles"]
+
+#: rows per block of the per-record scores (bounds the memory at rows x K x P floats)
+CHUNK = 2048
+
+
+def _complete_block(Xt, e, r, var) -> np.ndarray:
+    """``sum_i r_i (-H_i)`` of one component's (beta, s2) for rows ``Xt`` with residuals ``e``."""
+    p = Xt.shape[1]
+    out = np.empty((p + 1, p + 1))
+    out[:p, :p] = (Xt * r[:, None]).T @ Xt / var
+    out[:p, p] = out[p, :p] = (Xt * (r * e)[:, None]).sum(0) / var**2
+    out[p, p] = float((r * (e**2 / var**3 - 0.5 / var**2)).sum())
+    return out
+
+
+def _chunk_information(Xt, y, weights, beta, var) -> tuple[np.ndarray, float]:
+    K, p = beta.shape
+    q = p + 1
+    P = K - 1 + K * q
+    resp, ll = lcr_responsibilities(Xt, y, weights, beta, var)
+    e = y[:, None] - Xt @ beta.T
+    a = weight_scores(weights)
+    S = np.zeros((Xt.shape[0], K, P))
+    S[:, :, :K - 1] = a[None]
+    complete = np.zeros((P, P))
+    complete[:K - 1, :K - 1] = np.einsum("k,ki,kj->ij", resp.sum(0), a, a)
+    for k in range(K):  # a loop over components, each vectorized over the rows
+        o = K - 1 + k * q
+        S[:, k, o:o + p] = Xt * (e[:, k] / var[k])[:, None]
+        S[:, k, o + p] = (e[:, k] ** 2 / var[k] - 1.0) / (2.0 * var[k])
+        complete[o:o + q, o:o + q] = _complete_block(Xt, e[:, k], resp[:, k], var[k])
+    return louis_information(resp, S, complete), float(ll.sum())
+
+
+def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np.ndarray,
+                    noise_variance: np.ndarray) -> tuple[np.ndarray, float]:
+    """Louis' observed information summed over the rows ``(Xt, y)`` (``Xt`` with its
+    intercept column), and their log-likelihood.
+
+    Returns
+    -------
+    info : ndarray (P, P), P = K - 1 + K (p + 1)
+    loglik : float
+    """
+    beta = np.asarray(beta, dtype=np.float64)
+    var = np.asarray(noise_variance, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    K, p = beta.shape
+    P = K - 1 + K * (p + 1)
+    info, loglik = np.zeros((P, P)), 0.0
+    for start in range(0, Xt.shape[0], CHUNK):
+        part, ll = _chunk_information(Xt[start:start + CHUNK], y[start:start + CHUNK], w, beta,
+                                      var)
+        info += part
+        loglik += ll
+    return info, loglik
+
+
+def lcr_layout(weights, beta, noise_variance, names: list[str]) -> InferenceLayout:
+    """The reported parameters per component (``weight``, one coefficient per name in
+    ``names``, i.e. the features then ``intercept`` when fitted, ``noise_variance``) and
+    their map from the free parameters."""
+    beta = np.asarray(beta, dtype=np.float64)
+    K, p = beta.shape
+    q = p + 1
+    P = K - 1 + K * q
+    index, est, rows = [], [], []
+    for k in range(K):
+        row = np.zeros(P)
+        if k < K - 1:
+            row[k] = 1.0
+        else:
+            row[:K - 1] = -1.0
+        index.append((str(k), "weight"))
+        est.append(float(weights[k]))
+        rows.append(row)
+        o = K - 1 + k * q
+        for j, name in enumerate([*names, "noise_variance"]):
+            index.append((str(k), name))
+            est.append(float(beta[k, j]) if j < p else float(noise_variance[k]))
+            rows.append(np.eye(P)[o + j])
+    payload = {"params/weights": np.asarray(weights, float), "params/beta": beta,
+               "params/noise_variance": np.asarray(noise_variance, float)}
+    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload)
+
+
+def mixture_quantiles(means: np.ndarray, sds: np.ndarray, weights: np.ndarray,
+                      probs: np.ndarray, n_iter: int = 80) -> np.ndarray:
+    """Quantiles of the normal mixtures ``sum_k w_k N(means[i, k], sds[k]^2)``, one per row
+    ``i`` and probability, by bisection on the mixture's distribution function (vectorized
+    over the rows). Returns an array (n, len(probs))."""
+    means = np.asarray(means, dtype=np.float64)
+    lo0 = (means - 12.0 * sds[None, :]).min(1)
+    hi0 = (means + 12.0 * sds[None, :]).max(1)
+    out = np.empty((means.shape[0], len(probs)))
+    for j, prob in enumerate(probs):
+        lo, hi = lo0.copy(), hi0.copy()
+        for _ in range(n_iter):
+            mid = 0.5 * (lo + hi)
+            cdf = special.ndtr((mid[:, None] - means) / sds[None, :]) @ weights
+            below = cdf < prob
+            lo = np.where(below, mid, lo)
+            hi = np.where(below, hi, mid)
+        out[:, j] = 0.5 * (lo + hi)
+    return out
