@@ -68,8 +68,9 @@ def _case(name, federation=None, rounds=4):
                                           init_params=init, federation=federation)
         return est, make_blobs_federation(n_clients=N_CLIENTS), "means_"
     if name == "lcr":
+        # one start: the rounds and the liar's hits counted are those of one fit
         est = fl.LatentClassRegression(2, max_rounds=rounds, tol=0.0, random_state=0,
-                                       federation=federation)
+                                       n_init=1, federation=federation)
         return est, _lcr_data(n_clients=N_CLIENTS), "coef_"
     if name == "fedgmm":
         est = fl.FedGMM(2, 2, max_rounds=rounds, tol=0.0, random_state=0, verbose=False,

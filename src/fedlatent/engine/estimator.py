@@ -439,7 +439,7 @@ class FederatedEstimator(BaseEstimator):
         if n_starts(self, run) > 1:
             ctx, result = fit_starts(self, fd, runtime, run)
         else:
-            ctx, result = self._fit_start(fd, runtime, None, run)
+            ctx, result = self._fit_one_start(fd, runtime, None, run)
         self.seed_ = ctx.seed
         self.history_ = result.history
         self.converged_ = result.converged
@@ -460,7 +460,8 @@ class FederatedEstimator(BaseEstimator):
         self._store(result, ctx.model)
         return self
 
-    def _fit_start(self, fd, runtime, seed: int | None, run: dict) -> tuple[FitContext, FitResult]:
+    def _fit_one_start(self, fd, runtime, seed: int | None,
+                       run: dict) -> tuple[FitContext, FitResult]:
         """One start: set up (``seed``; None: from ``random_state``), initialize, run the rounds
         (``run``: the LoopOptions of ``fit``'s arguments)."""
         ctx = self._start(fd, runtime, seed)

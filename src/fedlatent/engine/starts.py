@@ -112,7 +112,7 @@ def fit_starts(est, fd, runtime, run: dict[str, Any]):
     for i, seed in enumerate(start_seeds(base, n_starts(est, run))):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ctx, result = est._fit_start(fd, runtime, seed, run)
+            ctx, result = est._fit_one_start(fd, runtime, seed, run)
             score = _score(ctx, result, _comparable(fed))
         rows.append({"start": i, "seed": seed, "score": score,
                      "n_iter": int(result.n_rounds), "converged": bool(result.converged)})
