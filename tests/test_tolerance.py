@@ -42,7 +42,7 @@ def test_assert_same_is_every_bit():
 
 #: numpy's exact array comparisons; the suite compares arrays through tests/tolerance.py
 #: wherever two code paths are in view
-EXACT = re.compile(r"assert_array_equal|array_equal\(")
+EXACT = re.compile(r"assert_array" r"_equal|array_equal\(")  # split: this file is no hit
 PATHS = re.compile(r"batched|remote|bit.for.bit", re.IGNORECASE)
 
 
