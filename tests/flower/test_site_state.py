@@ -3,7 +3,7 @@ in, read back for personalized prediction at the site and for resuming a run tha
 
 The Flower server (``run_server``) runs here over a Grid that answers in-process with the
 ClientApp's own node code (``serve``) and one site directory per node: the same code paths as a
-deployment, without its processes (the loopback deployment test is in test_deploy_state.py).
+deployment, without its processes (the loopback deployment test is in test_deploy.py).
 """
 
 from __future__ import annotations
