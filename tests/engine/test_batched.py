@@ -1,7 +1,9 @@
 """Batched in-process clients (issue 13, section 1): the batched path computes what the clients
-computed one by one - bit for bit - for every model that has a batched step, with plain EM and
-with FedEM (partial participation, quantizer, control variates), and its reply checks refuse
-what the per-client checks refuse, with the same reasons."""
+computed one by one - to a relative 1e-12 (tests/tolerance.py: the two paths group the same
+sums differently, so their last bits follow the CPU's kernels) - for every model that has a
+batched step, with plain EM and with FedEM (partial participation, quantizer, control
+variates), and its reply checks refuse what the per-client checks refuse, with the same
+reasons."""
 
 import warnings
 
@@ -14,6 +16,7 @@ from fedlatent.engine.client import ClientNode
 from fedlatent.engine.inprocess import InProcessRuntime
 from fedlatent.engine.model import client_key
 from fedlatent.engine.streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
+from tolerance import assert_close, assert_same
 
 FEDEM = fl.Federation(participation=0.5, quantizer=fl.Quantizer(4), control_variates=True,
                       step_size=0.5, random_state=3)
@@ -66,7 +69,7 @@ MODELS = {
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("model", list(MODELS))
-def test_batched_and_per_client_paths_agree_bit_for_bit(model, setting):
+def test_batched_and_per_client_paths_agree_to_1e12(model, setting):
     make, target = MODELS[model]
     fd = _ragged(target=target)
     one, rt1 = _fit(lambda: make(SETTINGS[setting]), fd, batched=False)
@@ -75,10 +78,10 @@ def test_batched_and_per_client_paths_agree_bit_for_bit(model, setting):
     a, b = _fitted_arrays(one), _fitted_arrays(many)
     assert a.keys() == b.keys() and len(a) >= 3
     for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        assert_close(a[k], b[k], err_msg=k)
     ha, hb = one.history_.to_frame(), many.history_.to_frame()
-    for col in ("objective", "participants", "bytes_up", "bytes_down"):
-        np.testing.assert_array_equal(ha[col], hb[col], err_msg=col)
+    for col in ("objective", "participants", "bytes_up", "bytes_down"):  # counts: exact
+        assert_close(ha[col], hb[col], err_msg=col)
     if setting == "fedem":
         assert ha["participants"].iloc[1:].lt(fd.n_clients).any()  # some rounds were partial
     # the clients' private states (V_c, pi_c...) are the same, seen through the nodes
@@ -87,7 +90,7 @@ def test_batched_and_per_client_paths_agree_bit_for_bit(model, setting):
     for c in sa:
         assert sa[c].keys() == sb[c].keys()
         for key in sa[c]:
-            np.testing.assert_array_equal(sa[c][key], sb[c][key], err_msg=f"{c} {key}")
+            assert_close(sa[c][key], sb[c][key], err_msg=f"{c} {key}")
 
 
 @pytest.mark.parametrize("fed", [
@@ -96,7 +99,7 @@ def test_batched_and_per_client_paths_agree_bit_for_bit(model, setting):
                   random_state=1),
     fl.Federation(quantizer=fl.Quantizer(2), step_size=0.3, track_h=True, random_state=1),
 ], ids=["mini-batch", "spider", "track-h"])
-def test_mini_batch_spider_and_h_tracking_agree_bit_for_bit(fed):
+def test_mini_batch_spider_and_h_tracking_agree_to_1e12(fed):
     fd = _ragged(seed=4)
 
     def make():
@@ -106,20 +109,20 @@ def test_mini_batch_spider_and_h_tracking_agree_bit_for_bit(fed):
     one, _ = _fit(make, fd, batched=False)
     many, rt = _fit(make, fd, batched=True)
     assert rt.batched_calls > 0
-    np.testing.assert_array_equal(one.means_, many.means_)
-    np.testing.assert_array_equal(one.covariances_, many.covariances_)
+    assert_close(one.means_, many.means_)
+    assert_close(one.covariances_, many.covariances_)
     cols = ["objective", "h_norm2"] if fed.track_h else ["objective"]
     for col in cols:
-        np.testing.assert_array_equal(one.history_.to_frame()[col],
-                                      many.history_.to_frame()[col])
+        assert_close(one.history_.to_frame()[col], many.history_.to_frame()[col], err_msg=col)
 
 
 def test_a_client_streams_are_the_slices_of_the_batched_draw():
     keys = stream_keys(7, [client_key(c) for c in ("a", "b", "c17")], 4, 1)
     u = stream_uniforms(keys, 1000)
     assert u.shape == (3, 1000) and u.min() >= 0.0 and u.max() < 1.0
-    np.testing.assert_array_equal(stream_uniforms(keys[1:2], 1000)[0], u[1])
-    np.testing.assert_array_equal(stream_uniforms(keys, 10), u[:, :10])  # a prefix of it
+    # exact: one counter-based draw (integer hashing, then one scaling) sliced two ways
+    assert_same(stream_uniforms(keys[1:2], 1000)[0], u[1])
+    assert_same(stream_uniforms(keys, 10), u[:, :10])  # a prefix of it
     # distinct keys, rounds and purposes give unrelated streams, each uniform
     other = stream_uniforms(stream_keys(7, [client_key("a")], 5, 1), 1000)[0]
     assert abs(np.corrcoef(u[0], other)[0, 1]) < 0.1
@@ -132,7 +135,7 @@ def test_a_client_streams_are_the_slices_of_the_batched_draw():
 def test_mini_batches_have_the_size_asked_without_repeats():
     keys = stream_keys(1, np.arange(4), 3, 2)
     mask = batch_rows(keys, np.array([5, 12, 3, 12]), 4)
-    np.testing.assert_array_equal(mask.sum(1), [4, 4, 3, 4])
+    assert_same(mask.sum(1), [4, 4, 3, 4])
     assert not mask[0, 5:].any() and not mask[2, 3:].any()
     assert (mask[1] != mask[3]).any()  # two clients of the same size draw different rows
 
@@ -146,7 +149,7 @@ def test_quantize_flat_is_unbiased_and_on_the_grid():
     np.testing.assert_allclose(levels, np.round(levels), atol=1e-12)
     assert (draws[:, 2] == 0.0).all()
     zero = quantize_flat(np.zeros((1, 3)), [3], 2, np.full((1, 3), 0.5))
-    np.testing.assert_array_equal(zero, 0.0)
+    assert (zero == 0.0).all() and zero.shape == (1, 3)
 
 
 def test_client_node_draws_its_slice_of_the_batched_quantizer():
@@ -171,7 +174,7 @@ def test_client_node_draws_its_slice_of_the_batched_quantizer():
             model.get_config())})
         got = node.handle("estep", dict(msg))
         flat = np.concatenate([got[f"delta/{k}"].ravel() for k in S_hat])
-        np.testing.assert_array_equal(flat, rep.Q[i])
+        assert_close(flat, rep.Q[i], err_msg=c)
         assert got["n"] == rep.n[i]
 
 
@@ -260,7 +263,7 @@ def test_batched_replies_are_refused_with_the_per_client_reasons(lie):
     want = {"negative-count": "is negative", "nan": "non-finite",
             "not-psd": "not positive semi-definite"}[lie]
     assert want in reason
-    np.testing.assert_array_equal(many.means_, one.means_)
+    assert_close(many.means_, one.means_)
     with pytest.raises(fl.engine.loop.FederatedFitError,
                        match=rf"round 3: client '{victim}' sent .*{want}.*on_invalid='raise'"):
         fl.FederatedGaussianMixture(2, max_rounds=5, tol=0.0, random_state=0,
@@ -278,4 +281,4 @@ def test_buckets_group_clients_by_size_and_pad_beyond_256_sizes():
     many = ClientBatch([ClientData(np.ones((n, 1))) for n in range(1, 301)])
     assert len(many.buckets) == 10  # powers of two up to 512
     for bk in many.buckets:
-        np.testing.assert_array_equal(bk.real.sum(1), [n + 1 for n in bk.clients])
+        assert_same(bk.real.sum(1), [n + 1 for n in bk.clients])

@@ -1,7 +1,9 @@
 """Every model on a small federation, shared by the Flower tests (simulation, deployment).
 
 Kept to few messages: on a deployment every message costs seconds (GMM keeps the default
-k-means initialization, three queries; FedGMM uses the random one, one query).
+k-means initialization, three queries; FedGMM uses the random one, one query), and two rounds
+for the models with a round loop (the second starts from parameters the server computed and
+sent).
 
 Each case gives a dataset, a fresh estimator (same seed every time) and the fitted arrays that
 must agree between runtimes.
@@ -20,7 +22,7 @@ def gmm_case():
     rng = np.random.default_rng(0)
     data = {f"site-{i}": rng.normal(size=(80 + 30 * i, 3)) + 1.5 * i for i in range(3)}
     fd = fl.FederatedDataset.from_arrays(data)
-    return fd, lambda: fl.FederatedGaussianMixture(2, max_rounds=3, random_state=11)
+    return fd, lambda: fl.FederatedGaussianMixture(2, max_rounds=2, random_state=11)
 
 
 def fedgmm_case():
@@ -35,7 +37,7 @@ def hlcr_case():
     fd = fl.datasets.make_synthhlcr(n_agents=3, n_entities=9, entities_per_agent=4,
                                     events_per_entity=8, n_clusters=2, n_features=3, sigma=0.5,
                                     random_state=3)
-    return fd, lambda: fl.HLCR(n_clusters=2, max_rounds=3, sigma=0.5, random_state=13)
+    return fd, lambda: fl.HLCR(n_clusters=2, max_rounds=2, sigma=0.5, random_state=13)
 
 
 def sec_case():
@@ -54,7 +56,7 @@ def lcr_case():
         data[f"site-{i}"] = (x, np.where(line, 5 + 2 * x[:, 0], 15 - x[:, 0])
                              + rng.normal(size=len(x)))
     fd = fl.FederatedDataset.from_arrays(data)
-    return fd, lambda: fl.LatentClassRegression(2, max_rounds=3, random_state=15)
+    return fd, lambda: fl.LatentClassRegression(2, max_rounds=2, random_state=15)
 
 
 CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case,

@@ -1,7 +1,8 @@
 """What a Flower client process imports: Flower starts one ``flwr-clientapp`` process per message,
 so every message pays the ClientApp's imports. The component the app directory names, a GMM
 client's ``setup`` and ``estep`` answered through it, import neither SciPy, pandas nor
-scikit-learn, nor the server's round loop; the reply is the in-process node's, bit for bit.
+scikit-learn, nor the server's round loop; the reply is the in-process node's to a relative
+1e-12 (another process, and the lean app's own imports: tests/tolerance.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 
 import fedlatent as fl
 from fedlatent.engine.messages import pack
+from tolerance import assert_close
 
 pytestmark = pytest.mark.flower
 
@@ -99,7 +101,7 @@ def test_gmm_client_answers_setup_and_estep_without_scipy_pandas_or_sklearn(tmp_
     assert got["imported"] == []
     assert got["setup"] == {"n_units": 320}
 
-    # the same node in-process answers the same bits
+    # the same node in-process answers the same, to rounding
     node = ClientNode("site-0", fd["site-0"])
     node.handle("setup", {"model": "gmm", "model_config": json.dumps(MODEL_CONFIG)})
     want = node.handle("estep", {"seed": 5, "round": 1, "mode": "full",
@@ -108,8 +110,9 @@ def test_gmm_client_answers_setup_and_estep_without_scipy_pandas_or_sklearn(tmp_
         arrays = {k: z[k] for k in z.files}
     assert sorted(arrays) == ["delta/nk", "delta/sx", "delta/sxx"]
     for k, v in arrays.items():
-        np.testing.assert_array_equal(v, want[k])
-    assert got["scalars"] == {"n": 320, "objective": want["objective"]}
+        assert_close(v, want[k], err_msg=k)
+    assert sorted(got["scalars"]) == ["n", "objective"] and got["scalars"]["n"] == 320
+    assert_close(got["scalars"]["objective"], want["objective"], err_msg="objective")
     assert float(arrays["delta/nk"].sum()) == pytest.approx(1.0, abs=1e-12)  # mean statistic
     # the node kept its state in its site directory (written after the round)
     assert sorted(p.suffix for p in (path.parent / (path.stem + ".site")).glob("state-*")) == [

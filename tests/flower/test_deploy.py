@@ -1,5 +1,7 @@
 """A real Flower deployment on loopback (superlink + one supernode per client file) gives the
-in-process fit, survives a crashed supernode, and leaves no process behind."""
+in-process fit for every model, reports a failed server app, resumes a stopped run from the
+server's checkpoint and the sites' states, survives a crashed supernode, and leaves no process
+behind. One deployment (a module-scoped fixture) serves all of these."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import threading
 import time
 import tomllib
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -215,8 +218,20 @@ def fl_two_clients():
                                             "b": rng.normal(size=(12, 2))})
 
 
+def test_run_app_refuses_an_override_not_in_the_app(tmp_path):
+    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+
+    app = write_app(tmp_path / "app", {"out-dir": str(tmp_path / "out"), "min-nodes": 1})
+    dep = LocalDeployment([tmp_path / "x.parquet"], workdir=tmp_path / "dep")  # not started
+    with pytest.raises(ValueError, match=r"run-config overrides \['colour'\] are not in the app's "
+                                         r"\[tool.flwr.app.config\] \(keys: \['min-nodes', "
+                                         r"'out-dir'\]\)"):
+        run_app(app, dep, overrides={"colour": 1})
+    assert dep.pids == []
+
+
 # ---------------------------------------------------------------------------------------------
-# Real deployments (flwr installed)
+# Real deployments (flwr installed): one loopback deployment serves every check of this module
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture
 def flwr():
@@ -230,55 +245,102 @@ def client_files(fd, where):
     return [files[c] for c in fd.client_ids]
 
 
-# Every message starts a fresh client process (importing fedlatent) and the SuperNodes poll every
-# few seconds, so one exchange costs seconds: the models share one deployment and run at once,
-# each node holding one file per model in its data directory (data-path = the directory, the
-# app's data-name picks the file).
-@pytest.mark.slow
-def test_every_model_on_one_deployment_equals_inprocess(flwr, tmp_path):
-    import shutil
+def state_case():
+    """FedGMM stopped after round 2 and resumed (random initialization: one query; no control
+    variates: no extra exchange after round 1)."""
+    import fedlatent as fl
+    from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
 
-    from fedlatent.runtime.flower import load_result, run_config_for
-    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+    sp = make_fedgmm_synthetic(n_clients=3, n_samples_per_client=100, n_features=3,
+                               mean_scale=2.0, fractions=(0.8, 0.1, 0.1), random_state=5)
+    fed = fl.Federation(control_variates=False)
+    return sp.train, lambda: fl.FedGMM(2, 2, max_rounds=3, tol=0.0, init_params="random",
+                                       federation=fed, random_state=12)
 
-    names = sorted(CASES)
-    node_dirs = [tmp_path / f"site-{i}" for i in range(3)]
-    refs, apps, fds = {}, {}, {}
-    for name in names:
-        fd, refs[name] = fit_inprocess(name)
-        fds[name] = fd
+
+#: the data sets the deployment's three nodes hold, one file each in the node's directory
+#: (data-path = the directory; an app's data-name picks the file)
+DEPLOYED = {**CASES, "state": state_case}
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """Three SuperNodes and a SuperLink for the whole module (starting them costs seconds and
+    every test here needs the same three sites); at the end every process it started is gone.
+    The dead-supernode test kills node 1 and so comes last."""
+    pytest.importorskip("flwr")
+    from fedlatent.runtime.flower_local import LocalDeployment
+
+    root = tmp_path_factory.mktemp("deploy")
+    node_dirs = [root / f"site-{i}" for i in range(3)]
+    for d in node_dirs:
+        d.mkdir()
+    for name, case in DEPLOYED.items():
+        fd, _ = case()
         assert fd.n_clients == 3
-        for d, f in zip(node_dirs, client_files(fd, tmp_path / "data" / name)):
-            d.mkdir(exist_ok=True)
-            shutil.copy(f, d / f"{name}.parquet")
-        _, make = CASES[name]()
-        apps[name] = write_app(tmp_path / f"app-{name}", run_config_for(
-            make(), out_dir=tmp_path / f"out-{name}", min_nodes=3, round_timeout=120.0,
-            data_name=f"{name}.parquet"))
-    results: dict[str, object] = {}
-    with LocalDeployment(node_dirs, workdir=tmp_path / "dep") as dep:
+        for d, f in zip(node_dirs, client_files(fd, root / "data" / name)):
+            f.replace(d / f"{name}.parquet")
+    dep = LocalDeployment(node_dirs, workdir=root / "dep")
+    with dep:
         assert dep.startup_seconds > 0
-
-        def go(name):
-            try:
-                results[name] = run_app(apps[name], dep, timeout=600)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-                results[name] = e
-
-        threads = [threading.Thread(target=go, args=(n,)) for n in names]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        yield SimpleNamespace(dep=dep, node_dirs=node_dirs, root=root)
         pids = dep.all_pids()
         assert len(pids) >= 4  # the SuperLink and three SuperNodes at least
     assert_all_gone(pids)
+
+
+def app_for(deployment, tag, name, est, **kw):
+    """An app (``app-<tag>``) fitting ``est`` on the nodes' ``name`` files; its result in
+    ``out-<tag>``, a directory of its own."""
+    from fedlatent.runtime.flower import run_config_for
+
+    kw = {"min_nodes": 3, "round_timeout": 120.0, **kw}
+    out = deployment.root / f"out-{tag}"
+    assert not out.exists(), f"{out} is another test's"
+    return write_app(deployment.root / f"app-{tag}", run_config_for(
+        est, out_dir=out, data_name=f"{name}.parquet", **kw)), out
+
+
+# Every message starts a fresh client process (importing fedlatent) and the SuperNodes poll every
+# few seconds, so one exchange costs seconds: the models run at once (their server apps started
+# one after the other), each with the few rounds of its case (flower_cases.py).
+@pytest.mark.slow
+def test_every_model_on_one_deployment_equals_inprocess(flwr, deployment):
+    from fedlatent.runtime.flower import load_result
+    from fedlatent.runtime.flower_local import run_app
+
+    names = sorted(CASES)
+    refs, apps, fds = {}, {}, {}
+    for name in names:
+        fds[name], refs[name] = fit_inprocess(name)
+        _, make = CASES[name]()
+        apps[name] = app_for(deployment, name, name, make())
+    results: dict[str, object] = {}
+
+    def go(name):
+        try:
+            results[name] = run_app(apps[name][0], deployment.dep, timeout=900)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            results[name] = e
+
+    threads = [threading.Thread(target=go, args=(n,)) for n in names]
+    for name, t in zip(names, threads):
+        t.start()
+        # the next run starts once this one's server app is up (it writes status.json first):
+        # server apps starting all at once on a loaded machine failed Flower's task-token check
+        deadline = time.monotonic() + 120
+        while t.is_alive() and not (apps[name][1] / "status.json").exists() \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+    for t in threads:
+        t.join()
+    deployment.dep.all_pids()  # every process seen is checked gone when the deployment stops
     for name in names:
         if isinstance(results[name], BaseException):
             raise results[name]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            est = load_result(tmp_path / f"out-{name}")
+            est = load_result(apps[name][1])
         assert_same_fit(name, refs[name], est, rtol=1e-8)
         st = est.flower_status_
         assert st["status"] == "ok" and st["clients"] == fds[name].client_ids and st["lost"] == {}
@@ -287,46 +349,130 @@ def test_every_model_on_one_deployment_equals_inprocess(flwr, tmp_path):
 
 
 @pytest.mark.slow
-def test_dead_supernode_is_missing_from_later_rounds(flwr, tmp_path):
+def test_failed_server_app_raises_its_error(flwr, deployment):
+    from fedlatent.runtime.flower_local import run_app
+
+    _, make = CASES["gmm"]()
+    app, out = app_for(deployment, "failed", "gmm", make())
+    # -c overrides travel as a TOML file: min-nodes above the 3 nodes started, a short wait
+    with pytest.raises(RuntimeError) as info:
+        run_app(app, deployment.dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300)
+    deployment.dep.all_pids()  # checked gone when the deployment stops
+    msg = str(info.value)
+    assert msg.startswith("Flower run failed: the server app reported status 'error': "
+                          "TimeoutError: only 3 of min-nodes=5 Flower nodes connected within 1 s")
+    assert "superlink.log" in msg  # the logs' tails come with it
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "error" and status["round"] == 0
+
+
+@pytest.mark.slow
+def test_stopped_deployment_resumes_and_sites_predict_with_their_state(flwr, deployment):
+    """A FedGMM run stopped after round 2 (``flwr stop``) and resumed (server checkpoint + the
+    sites' own states) ends as the uninterrupted in-process fit, and a site then predicts with
+    the state it kept as the in-process personalized prediction. Flower keeps a node's
+    ``context.state`` per run, so the resumed run's nodes start from nothing but their site
+    directories."""
+    from fedlatent.runtime.flower import load_result
+    from fedlatent.runtime.flower_local import _stop_run, run_app
+
+    fd, make = state_case()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = make().fit(fd)
+    dep = deployment.dep
+    app, out = app_for(deployment, "state", "state", make())
+    t0 = time.monotonic()
+    first: dict[str, object] = {}
+    logs_before = set(dep.workdir.glob("flwr-run-*.log"))
+    # 1. the run is stopped (flwr stop) once round 2 has ended
+    t = threading.Thread(target=lambda: first.setdefault("error", _run(run_app, app, dep)))
+    t.start()
+    stopped_at = None
+    while t.is_alive() and stopped_at is None:
+        try:
+            st = json.loads((out / "status.json").read_text())
+        except (OSError, ValueError):
+            st = {}
+        if st.get("round", 0) >= 2:
+            stopped_at = int(st["round"])
+            (log,) = set(dep.workdir.glob("flwr-run-*.log")) - logs_before
+            _stop_run(dep, log)
+        time.sleep(0.1)
+    t.join()
+    assert stopped_at == 2, "the run ended before round 2"
+    assert isinstance(first["error"], RuntimeError), first  # the run did not finish
+    assert json.loads((out / "status.json").read_text())["status"] != "ok"
+    # 2. resumed: the server's checkpoint and each site's own state
+    run_app(app, dep, overrides={"resume": True}, timeout=900)
+    dep.all_pids()  # checked gone when the deployment stops
+    wall = time.monotonic() - t0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = load_result(out)
+    assert est.flower_status_["resumed_from"] in (1, 2)
+    assert len(est.history_) == 3
+    for a in ("weights_x_", "means_", "precisions_cholesky_", "coef_", "weights_y_"):
+        x, y = np.asarray(getattr(est, a)), np.asarray(getattr(ref, a))
+        assert float(np.max(np.abs(x - y))) <= 1e-10 * max(1.0, float(np.max(np.abs(y)))), a
+    # 3. a site predicts with the state it kept: the in-process personalized prediction
+    cid = fd.client_ids[1]
+    mine = est.load_site_state(deployment.node_dirs[1] / "state.site")
+    assert mine.client == cid
+    X = fd[cid].X
+    np.testing.assert_allclose(mine.predict_proba(X), ref.personalize(cid).predict_proba(X),
+                               rtol=0, atol=1e-10)
+    print(f"stop + resume on a loopback deployment: {wall:.0f} s")
+
+
+def _run(run_app, app, dep):
+    try:
+        run_app(app, dep, timeout=900)
+    except BaseException as e:  # noqa: BLE001 - examined in the test thread
+        return e
+    return None
+
+
+# Last: it kills a SuperNode of the module's deployment.
+@pytest.mark.slow
+def test_dead_supernode_is_missing_from_later_rounds(flwr, deployment):
     import fedlatent as fl
-    from fedlatent.runtime.flower import load_result, run_config_for
-    from fedlatent.runtime.flower_local import LocalDeployment, run_app
+    from fedlatent.runtime.flower import load_result
+    from fedlatent.runtime.flower_local import run_app
 
     fd, _ = CASES["gmm"]()
+    dep = deployment.dep
     # random init: one initialization query instead of three (each costs a network exchange)
     est0 = fl.FederatedGaussianMixture(2, max_rounds=4, tol=0.0, random_state=11,
                                        init_params="random")
-    out = tmp_path / "out"
-    app = write_app(tmp_path / "app", run_config_for(
-        est0, out_dir=out, min_nodes=fd.n_clients, round_timeout=ROUND_TIMEOUT, node_wait=60.0))
+    app, out = app_for(deployment, "dead", "gmm", est0, min_nodes=fd.n_clients,
+                       round_timeout=ROUND_TIMEOUT, node_wait=60.0)
     victim = 1
     killed_at: dict[str, int] = {}
-    with LocalDeployment(client_files(fd, tmp_path / "data"), workdir=tmp_path / "dep") as dep:
-        result: dict[str, object] = {}
+    result: dict[str, object] = {}
 
-        def run():
-            try:
-                result["out"] = run_app(app, dep, timeout=600)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-                result["error"] = e
+    def run():
+        try:
+            result["out"] = run_app(app, dep, timeout=600)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            result["error"] = e
 
-        t = threading.Thread(target=run)
-        t.start()
-        deadline = time.monotonic() + 400
-        while t.is_alive() and time.monotonic() < deadline:
-            try:
-                status = json.loads((out / "status.json").read_text())
-            except (OSError, ValueError):
-                status = {}
-            if status.get("round", 0) >= 2:
-                killed_at["round"] = int(status["round"])
-                dep.kill_node(victim)
-                break
-            time.sleep(0.1)
-        t.join()
-        pids = dep.all_pids()
-        assert not pid_alive(dep.node_pids[victim])
-    assert_all_gone(pids)
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 400
+    while t.is_alive() and time.monotonic() < deadline:
+        try:
+            status = json.loads((out / "status.json").read_text())
+        except (OSError, ValueError):
+            status = {}
+        if status.get("round", 0) >= 2:
+            killed_at["round"] = int(status["round"])
+            dep.kill_node(victim)
+            break
+        time.sleep(0.1)
+    t.join()
+    dep.all_pids()  # checked gone when the deployment stops
+    assert not pid_alive(dep.node_pids[victim])
     if "error" in result:
         raise result["error"]
     assert "round" in killed_at, "the run ended before round 2"
@@ -345,37 +491,3 @@ def test_dead_supernode_is_missing_from_later_rounds(flwr, tmp_path):
     assert [r.missing for r in hist[k + 1 :]] == [[cid]] * (len(hist) - k - 1)
     assert [r.participants for r in hist[k + 1 :]] == [fd.n_clients - 1] * (len(hist) - k - 1)
     assert cid in est.flower_status_["lost"]
-
-
-def test_run_app_refuses_an_override_not_in_the_app(tmp_path):
-    from fedlatent.runtime.flower_local import LocalDeployment, run_app
-
-    app = write_app(tmp_path / "app", {"out-dir": str(tmp_path / "out"), "min-nodes": 1})
-    dep = LocalDeployment([tmp_path / "x.parquet"], workdir=tmp_path / "dep")  # not started
-    with pytest.raises(ValueError, match=r"run-config overrides \['colour'\] are not in the app's "
-                                         r"\[tool.flwr.app.config\] \(keys: \['min-nodes', "
-                                         r"'out-dir'\]\)"):
-        run_app(app, dep, overrides={"colour": 1})
-    assert dep.pids == []
-
-
-@pytest.mark.slow
-def test_failed_server_app_raises_its_error_and_stops_everything(flwr, tmp_path):
-    from fedlatent.runtime.flower import run_config_for
-    from fedlatent.runtime.flower_local import LocalDeployment, run_app
-
-    fd, make = CASES["gmm"]()
-    config = run_config_for(make(), out_dir=tmp_path / "out", min_nodes=fd.n_clients)
-    app = write_app(tmp_path / "app", config)
-    with LocalDeployment(client_files(fd, tmp_path / "data"), workdir=tmp_path / "dep") as dep:
-        # -c overrides travel as a TOML file: min-nodes above the 3 nodes started, a short wait
-        with pytest.raises(RuntimeError) as info:
-            run_app(app, dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300)
-        pids = dep.all_pids()
-    msg = str(info.value)
-    assert msg.startswith("Flower run failed: the server app reported status 'error': "
-                          "TimeoutError: only 3 of min-nodes=5 Flower nodes connected within 1 s")
-    assert "superlink.log" in msg  # the logs' tails come with it
-    status = json.loads((tmp_path / "out" / "status.json").read_text())
-    assert status["status"] == "error" and status["round"] == 0
-    assert_all_gone(pids)

@@ -3,7 +3,7 @@ in, read back for personalized prediction at the site and for resuming a run tha
 
 The Flower server (``run_server``) runs here over a Grid that answers in-process with the
 ClientApp's own node code (``serve``) and one site directory per node: the same code paths as a
-deployment, without its processes (the loopback deployment test is in test_deploy_state.py).
+deployment, without its processes (the loopback deployment test is in test_deploy.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from fedlatent.engine.site_state import (
     run_key,
     write_site_state,
 )
+from tolerance import assert_close, assert_same
 
 RUN = {"estimator": "fedgmm", "params": {"n_input_components": 2, "random_state": 1}}
 
@@ -41,8 +42,8 @@ def test_entries_are_kept_newest_first_and_read_back_exactly(tmp_path):
     assert KEEP == 3
     site = read_site_state(tmp_path)
     assert (site.client_id, site.round, site.key) == ("a", 5, run_key(RUN))
-    np.testing.assert_array_equal(site.state["model/pi"], [0.5, 0.5])
-    np.testing.assert_array_equal(site.state["V/nk"], [0.0, 5.0, 10.0])
+    assert_same(site.state["model/pi"], [0.5, 0.5])  # the values written, read back
+    assert_same(site.state["V/nk"], [0.0, 5.0, 10.0])
     # a server checkpointed one round behind its sites: the state of that round
     assert read_site_state(tmp_path, at_most_round=4, run_key=run_key(RUN)).round == 4
     with pytest.raises(FileNotFoundError, match=r"holds no entry of run [0-9a-f]{16} written at "
@@ -220,6 +221,8 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(flower_task, tmp_path):
 
     fd, make = fedgmm_case(rounds=5)
     ref = fitted_inprocess(fd, make)
+    full_sites = run(fd, make, tmp_path / "full")  # the same run, uninterrupted
+    full = load_result(tmp_path / "full" / "out")
     with pytest.raises(Stop):
         run(fd, make, tmp_path, stop_at_round=3)  # sites took round 3, the server died in it
     status = json.loads((tmp_path / "out" / "status.json").read_text())
@@ -228,14 +231,22 @@ def test_stopped_run_resumes_to_the_uninterrupted_result(flower_task, tmp_path):
     est = load_result(tmp_path / "out")
     assert est.flower_status_["resumed_from"] == 2
     assert len(est.history_) == 5
+    # exact against the uninterrupted run of the same server and nodes: the resumed rounds
+    # repeat its operations in the same order from the checkpointed bits, on one machine;
+    # to 1e-12 against the in-process fit (other code paths, tests/tolerance.py)
     for a in FITTED:
-        np.testing.assert_array_equal(getattr(est, a), getattr(ref, a))
+        assert_same(getattr(est, a), getattr(full, a), err_msg=a)
+        assert_close(getattr(est, a), getattr(ref, a), err_msg=a)
     assert [r.participants for r in est.history_] == [r.participants for r in ref.history_]
+    assert [r.participants for r in est.history_] == [r.participants for r in full.history_]
     for i, cid in enumerate(fd.client_ids):
         node = ref._runtime.nodes[cid].state
         site = read_site_state(sites[i]).state
+        uninterrupted = read_site_state(full_sites[i]).state
+        assert sorted(site) == sorted(node) == sorted(uninterrupted)
         for k in node:
-            np.testing.assert_array_equal(site[k], node[k])
+            assert_same(site[k], uninterrupted[k], err_msg=f"{cid} {k}")
+            assert_close(site[k], node[k], err_msg=f"{cid} {k}")
 
 
 def test_resume_without_a_checkpoint_says_so(flower_task, tmp_path):
@@ -284,7 +295,7 @@ def test_cli_predict_with_site_state_equals_inprocess(flower_task, tmp_path):
     want = ref.personalize(cid).predict_proba(fd[cid].X)
     proba = got[[f"proba_{c}" for c in ref.classes_.tolist()]].to_numpy()
     np.testing.assert_allclose(proba, want, rtol=0, atol=1e-10)
-    np.testing.assert_array_equal(got["prediction"], ref.classes_[want.argmax(axis=1)])
+    assert_same(got["prediction"], ref.classes_[want.argmax(axis=1)])  # labels
     assert (got["client"] == cid).all()
     # another site's data with this site's state: refused, nothing written
     other = fd.client_ids[1]
@@ -400,7 +411,8 @@ def test_node_data_cache_reads_back_exactly_and_follows_the_file(name, tmp_path)
             a, b = getattr(got[cid], attr), getattr(want[cid], attr)
             assert (a is None) == (b is None), attr
             if a is not None:
-                assert a.dtype == b.dtype and np.array_equal(a, b), attr
+                assert a.dtype == b.dtype, attr
+                assert_same(a, b, err_msg=attr)  # the values cached, read back
     # the data file changes: the cache is not used, and is rewritten on the next load
     other = fd.client_ids[1]
     write_client_files(fd.subset([other]), tmp_path / "new")

@@ -26,6 +26,7 @@ from fedlatent.engine import (
 )
 from fedlatent.engine.history import History
 from fedlatent.engine.loop import FederatedFitError, ServerStepError
+from tolerance import assert_close, assert_same
 
 
 class Tamper(InProcessRuntime):
@@ -130,12 +131,12 @@ def test_on_invalid_raise_stops_naming_the_client_and_keeps_the_last_good_round(
         fit(gmm(fed), runtime=rt, checkpoint=ck)
     assert err.value.round_ == 3
     good = fit(gmm(fed, rounds=2))
-    np.testing.assert_array_equal(err.value.last_good["means"], good.means_)
+    assert_close(err.value.last_good["means"], good.means_)  # per-client vs batched clients
     from fedlatent.engine.checkpoint import load_arrays_json
 
     arrays, meta = load_arrays_json(ck)
     assert meta["round"] == 2
-    np.testing.assert_array_equal(arrays["params/means"], good.means_)
+    assert_close(arrays["params/means"], good.means_)
 
 
 def test_on_invalid_is_validated_and_round_trips_through_the_config():
@@ -164,7 +165,7 @@ def test_a_client_that_raises_mid_round_is_missing_with_its_text():
                     del node._local_stats
                     assert node.state.keys() == state_before.keys()
                     for key in state_before:  # the failed round left its state as it was
-                        np.testing.assert_array_equal(node.state[key], state_before[key])
+                        assert_same(node.state[key], state_before[key])
             return super().call(client_ids, method, messages)
 
     est = fit(gmm(fl.Federation(step_size=0.5)), runtime=Raising(FD))
@@ -218,12 +219,13 @@ def test_server_step_failure_names_the_round_and_keeps_the_last_good_state(tmp_p
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
         good = run_federated_em(FragileToy(99, error), InProcessRuntime(fd), fl.Federation(),
                                 p0, seed=0, max_rounds=3, tol=0.0, progress=False)
-    np.testing.assert_array_equal(err.value.last_good["mu"], good.params["mu"])
+    # exact: one runtime and one toy model, the same operations until round 3 in both runs
+    assert_same(err.value.last_good["mu"], good.params["mu"])
     from fedlatent.engine.checkpoint import load_arrays_json
 
     arrays, meta = load_arrays_json(ck)
     assert meta["round"] == 3
-    np.testing.assert_array_equal(arrays["params/mu"], good.params["mu"])
+    assert_same(arrays["params/mu"], good.params["mu"])
 
 
 # ---- initialization exchanges ----------------------------------------------------------------
