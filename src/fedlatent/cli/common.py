@@ -280,6 +280,33 @@ class CliGroup(CommandGroup):
             return super().invoke(ctx)
 
 
+# ---- progress of long work -------------------------------------------------------------------
+@contextmanager
+def progress_lines(enabled: bool | None = None):
+    """While the block runs, fedlatent's INFO log records (one per step of an experiment or a
+    deployment) go to stderr as one timestamped line each; ``enabled`` None: when stderr is not
+    a terminal (a terminal shows progress bars instead), or when asked."""
+    import logging
+
+    if enabled is None:
+        enabled = not sys.stderr.isatty()
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("fedlatent")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 # ---- data ------------------------------------------------------------------------------------
 def split_list(value: str | None) -> list[str] | None:
     """``"a, b,c"`` -> ``["a", "b", "c"]``; None or empty -> None."""

@@ -155,6 +155,7 @@ def fedem_toy(
     if settings is not None:
         feds = {k: feds[k] for k in settings}
     rows = []
+    step, steps = 0, len(cases) * n_seeds * len(feds)
     for case in cases:
         for s in range(n_seeds):
             seed = random_state * 1000 + s
@@ -162,6 +163,9 @@ def fedem_toy(
             for name, fed in feds.items():
                 trace: list[float] = []
                 gm = _run_one(fd, fed, seed, rounds, trace)
+                step += 1
+                logger.info("fedem_toy %d/%d: %s clients, seed %d, %s (%d rounds)", step,
+                            steps, case, seed, name, rounds)
                 rows.extend(
                     {
                         "case": case,
@@ -174,7 +178,6 @@ def fedem_toy(
                     }
                     for r, w in zip(gm.history_, trace)
                 )
-            logger.info("fedem_toy: %s seed %d done", case, seed)
     raw = pd.DataFrame(rows)
     g = raw.groupby(["case", "method", "round"], sort=False)
     table = g.agg(
