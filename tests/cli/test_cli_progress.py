@@ -86,3 +86,65 @@ def test_experiment_quick_reports_at_least_every_ten_seconds(tmp_path):
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert len(times) == 2 + 2 * 4 * 7
     assert max(gaps) <= 10.0, max(gaps)
+
+
+# ---- flower local: a line while no round ends ---------------------------------------------------
+def test_waiting_on_a_deployment_reports_every_few_seconds(tmp_path):
+    import json
+
+    from fedlatent.runtime.flower_local import _wait_reporting
+
+    (tmp_path / "status.json").write_text(json.dumps(
+        {"status": "running", "round": 0, "exchanges": 3, "exchange": "init_means"}))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2.4)"])
+    calls: list[tuple[float, dict | None, float]] = []
+    start = time.monotonic()
+    _wait_reporting(proc, start + 60, tmp_path / "status.json", on_round=lambda s: None,
+                    on_wait=lambda s, t: calls.append((time.monotonic() - start, s, t)),
+                    wait_every=0.5)
+    assert len(calls) >= 3
+    assert all(s["exchanges"] == 3 for _, s, _ in calls)
+    times = [0.0] + [t for t, _, _ in calls]
+    assert max(b - a for a, b in zip(times, times[1:])) <= 1.2
+    assert all(abs(elapsed - t) < 0.3 for t, _, elapsed in calls)
+
+
+@pytest.mark.parametrize("status, line", [
+    (None, "... 12 s: waiting for the server app to start and the clients to answer"),
+    ({"round": 0, "exchanges": 4, "exchange": "init_kmeans"},
+     "... 12 s: initialization: 4 exchanges with the clients done (last: init_kmeans)"),
+    ({"round": 2, "exchanges": 9}, "... 12 s: round 3 running"),
+])
+def test_the_waiting_line_says_what_the_server_does(capsys, status, line):
+    from fedlatent.cli.flower import _print_wait
+
+    _print_wait(status, 12.2)
+    assert capsys.readouterr().out == line + "\n"
+
+
+@pytest.mark.slow
+def test_flower_local_reports_at_least_every_ten_seconds(tmp_path):
+    """A real loopback deployment (``flower local gmm``) with stdout on a pipe."""
+    pytest.importorskip("flwr")
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(rng.normal(size=(120, 2)), columns=["a", "b"])
+    df["site"] = np.repeat(["s0", "s1", "s2"], 40)
+    df.to_csv(tmp_path / "d.csv", index=False)
+    cmd = [sys.executable, "-m", "fedlatent.cli", "flower", "local", "gmm", "--data",
+           str(tmp_path / "d.csv"), "--client", "site", "-k", "2", "--max-rounds", "3",
+           "--out", str(tmp_path / "run")]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**_env(), "FLWR_TELEMETRY_ENABLED": "0",
+                                 "FLWR_DISABLE_UPDATE_CHECK": "1"})
+    arrivals = [(time.monotonic() - start, line.rstrip()) for line in proc.stdout]
+    proc.wait(timeout=600)
+    assert proc.returncode == 0, arrivals
+    times = [0.0] + [t for t, _ in arrivals]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    ready = next(i for i, (_, text) in enumerate(arrivals) if text.startswith("deployment ready"))
+    assert max(gaps[ready + 1:]) <= 10.0, arrivals
+    assert any(text.startswith("round 3:") for _, text in arrivals), arrivals

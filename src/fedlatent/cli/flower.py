@@ -277,6 +277,20 @@ def _print_round(status: dict) -> None:
                + (f", {last['seconds']:.1f} s" if "seconds" in last else ""))
 
 
+def _print_wait(status: dict | None, seconds: float) -> None:
+    """A line while no round ends: what the server is doing (initialization exchanges)."""
+    status = status or {}
+    done = int(status.get("round") or 0)
+    if done:
+        what = f"round {done + 1} running"
+    elif status.get("exchanges"):
+        what = (f"initialization: {status['exchanges']} exchanges with the clients done "
+                f"(last: {status.get('exchange')})")
+    else:
+        what = "waiting for the server app to start and the clients to answer"
+    typer.echo(f"... {seconds:.0f} s: {what}")
+
+
 @flower_app.command("local")
 def local(
     *,
@@ -349,7 +363,8 @@ def local(
         with LocalDeployment(files, workdir=out / "deploy") as dep:
             typer.echo(f"deployment ready in {dep.startup_seconds:.1f} s "
                        f"(SuperLink {dep.address}, PIDs {dep.pids})")
-            result = run_app(app_dir, dep, timeout=timeout, on_round=_print_round)
+            result = run_app(app_dir, dep, timeout=timeout, on_round=_print_round,
+                             on_wait=_print_wait)
     except KeyboardInterrupt:
         typer.echo("interrupted: every Flower process stopped", err=True)
         raise typer.Exit(130) from None
