@@ -15,6 +15,7 @@ import pytest
 
 LINE = re.compile(r"^\d\d:\d\d:\d\d fedem_toy (\d+)/(\d+): (homogeneous|heterogeneous) clients, "
                   r"seed \d+, .+ \(\d+ rounds\)$")
+DRAWING = re.compile(r"^\d\d:\d\d:\d\d fedem_toy: drawing .+fedem_toy_(h|weight)\.png$")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 #: the CLI with fedem_toy shrunk (the command always runs its --quick size)
@@ -60,7 +61,8 @@ def test_experiment_off_a_terminal_logs_one_line_per_step(tmp_path):
     code, out, lines, _ = _run(["-c", SMALL_TOY], ["experiment", "fedem_toy", "--quick",
                                                    "--out", str(tmp_path)], timeout=300)
     assert code == 0, (out, lines)
-    steps = [LINE.match(text) for _, text in lines]
+    assert [DRAWING.match(text).group(1) for _, text in lines[-2:]] == ["h", "weight"]
+    steps = [LINE.match(text) for _, text in lines[:-2]]
     assert all(steps), [text for _, text in lines]
     assert [int(m.group(1)) for m in steps] == list(range(1, 7))
     assert {int(m.group(2)) for m in steps} == {6}  # 2 cases x 1 seed x 3 settings
@@ -82,9 +84,10 @@ def test_experiment_quick_reports_at_least_every_ten_seconds(tmp_path):
                                                              "--quick", "--out", str(tmp_path)],
                                    timeout=900)
     assert code == 0, (out, lines)
-    times = [0.0] + [t for t, text in lines if LINE.match(text)] + [total]
+    times = [0.0] + [t for t, text in lines if LINE.match(text) or DRAWING.match(text)]
+    times.append(total)
     gaps = [b - a for a, b in zip(times, times[1:])]
-    assert len(times) == 2 + 2 * 4 * 7
+    assert len(times) == 2 + 2 * 4 * 7 + 2
     assert max(gaps) <= 10.0, max(gaps)
 
 

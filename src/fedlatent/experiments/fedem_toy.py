@@ -244,6 +244,7 @@ def _plot(table: pd.DataFrame, out: Path) -> None:
         ("weight_mean", "weight of component (-2, 0)", "fedem_toy_weight.png", False,
          "FedEM toy: estimated mixture weight (true 0.3)"),
     ):
+        logger.info("fedem_toy: drawing %s", out / fname)
         rows = [[m for m in methods if logy or m not in outliers]]
         if not logy and outliers:
             rows.append(outliers)
