@@ -149,5 +149,6 @@ def test_flower_local_reports_at_least_every_ten_seconds(tmp_path):
     times = [0.0] + [t for t, _ in arrivals]
     gaps = [b - a for a, b in zip(times, times[1:])]
     ready = next(i for i, (_, text) in enumerate(arrivals) if text.startswith("deployment ready"))
-    assert max(gaps[ready + 1:]) <= 10.0, arrivals
+    shown = [f"{g:5.1f} s  {text}" for g, (_, text) in zip(gaps, arrivals)]
+    assert max(gaps[ready + 1:]) <= 10.0, "\n".join(shown)
     assert any(text.startswith("round 3:") for _, text in arrivals), arrivals

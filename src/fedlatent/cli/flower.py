@@ -277,6 +277,37 @@ def _print_round(status: dict) -> None:
                + (f", {last['seconds']:.1f} s" if "seconds" in last else ""))
 
 
+class _Beat:
+    """After :meth:`start`, a line every ``every`` seconds until the ``with`` block ends (a
+    step whose end nobody reports, such as stopping the deployment's processes)."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        import threading
+
+        self.every, self._done, self._thread = every, threading.Event(), None
+
+    def start(self, text: str) -> None:
+        import threading
+        import time
+
+        t0 = time.monotonic()
+
+        def beat() -> None:
+            while not self._done.wait(self.every):
+                typer.echo(f"... {time.monotonic() - t0:.0f} s: {text}")
+
+        self._thread = threading.Thread(target=beat, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> _Beat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 def _print_wait(status: dict | None, seconds: float) -> None:
     """A line while no round ends: what the server is doing (initialization exchanges)."""
     status = status or {}
@@ -360,11 +391,14 @@ def local(
     typer.echo(f"starting a SuperLink and {len(files)} SuperNodes on 127.0.0.1 "
                f"(logs in {out / 'deploy'})")
     try:
-        with LocalDeployment(files, workdir=out / "deploy") as dep:
+        with _Beat() as beat, LocalDeployment(files, workdir=out / "deploy") as dep:
             typer.echo(f"deployment ready in {dep.startup_seconds:.1f} s "
                        f"(SuperLink {dep.address}, PIDs {dep.pids})")
             result = run_app(app_dir, dep, timeout=timeout, on_round=_print_round,
                              on_wait=_print_wait)
+            typer.echo(f"run finished in {dep.last_run_seconds:.1f} s; stopping every Flower "
+                       "process")
+            beat.start("stopping every Flower process")  # until the deployment has stopped
     except KeyboardInterrupt:
         typer.echo("interrupted: every Flower process stopped", err=True)
         raise typer.Exit(130) from None
@@ -373,7 +407,7 @@ def local(
     finally:
         signal.signal(signal.SIGTERM, previous)
     status = json.loads((result / "status.json").read_text())
-    typer.echo(f"run finished in {dep.last_run_seconds:.1f} s: {status.get('rounds')} rounds"
+    typer.echo(f"every Flower process stopped; {status.get('rounds')} rounds"
                + (f", {status['seconds_per_round']:.1f} s per round"
                   if status.get("seconds_per_round") else ""))
     if status.get("lost"):
