@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+import fedlatent
+
 LINE = re.compile(r"^\d\d:\d\d:\d\d fedem_toy (\d+)/(\d+): (homogeneous|heterogeneous) clients, "
                   r"seed \d+, .+ \(\d+ rounds\)$")
 DRAWING = re.compile(r"^\d\d:\d\d:\d\d fedem_toy: drawing .+fedem_toy_(h|weight)\.png$")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+#: the source tree of the fedlatent under test (the subprocesses import the same one)
+SRC = str(Path(fedlatent.__file__).resolve().parents[1])
 
 #: the CLI with fedem_toy shrunk (the command always runs its --quick size)
 SMALL_TOY = """
