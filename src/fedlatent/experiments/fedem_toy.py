@@ -272,3 +272,4 @@ def _plot(table: pd.DataFrame, out: Path) -> None:
                         labels.append(lab)
             fig.legend([handles[lab] for lab in labels], labels, loc="outside right upper",
                        fontsize=8)
+        logger.info("fedem_toy: wrote %s", out / fname)
