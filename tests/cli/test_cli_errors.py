@@ -129,14 +129,15 @@ def test_user_error_is_one_line(case, tmp_path, good_csv, monkeypatch):
         ("colour=1", "--param colour: toy (ToyMixture) has no parameter 'colour'; its "
                      "parameters: n_components, covariance_type"),
         ("n_components", "--param expects NAME=VALUE, got 'n_components'"),
-        ("n_components=0", "n_components must be an integer >= 1, got 0"),
+        (["--components", "0"], "n_components must be an integer >= 1, got 0"),
         ("covariance_type=round", "covariance_type must be one of ('full', 'tied', 'diag', "
                                   "'spherical'), got 'round'"),
     ],
 )
 def test_bad_param_is_one_line(toy_estimator, param, message, good_csv, tmp_path):
     res = runner.invoke(app, ["fit", "toy", "--data", str(good_csv), "--client", "site",
-                              "--param", param, "--out", str(tmp_path / "o")])
+                              *(param if isinstance(param, list) else ["--param", param]),
+                              "--out", str(tmp_path / "o")])
     assert_one_error_line(res, message)
     assert not (tmp_path / "o").exists()
 

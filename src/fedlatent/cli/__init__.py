@@ -29,6 +29,24 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Federated latent-variable models: federated EM, FedGMM, HLCR/FedHLCR, SEC...",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"fedlatent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the version of fedlatent and exit."),
+) -> None:
+    """Federated latent-variable models: federated EM, FedGMM, HLCR/FedHLCR, SEC..."""
+
+
 app.add_typer(fit_app, name="fit")
 app.command("predict")(predict)
 app.command("score")(score)

@@ -199,10 +199,66 @@ def user_errors():
                  "FEDLATENT_DEBUG=1 to see the traceback)", code=1)
 
 
+def _option_rows(cmd, ctx: typer.Context) -> list[tuple[str, str]]:
+    """The options' help records (typer escapes ``[default: ...]`` for rich: unescaped here)."""
+    rows = []
+    for param in cmd.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is not None:
+            rows.append((record[0], record[1].replace("\\[", "[")))
+    return rows
+
+
+def plain_help(cmd):
+    """``cmd`` with help written in full: wrapped to the terminal, never cut mid-word (typer's
+    rich tables shorten options and help text to fit)."""
+    if getattr(cmd, "rich_markup_mode", None) is None:
+        return cmd
+    cmd.rich_markup_mode = None
+    if not isinstance(cmd, TyperGroup):
+        def format_options(ctx: typer.Context, formatter) -> None:
+            rows = _option_rows(cmd, ctx)
+            if rows:
+                with formatter.section("Options"):
+                    formatter.write_dl(rows)
+
+        cmd.format_options = format_options
+    return cmd
+
+
 class CommandGroup(TyperGroup):
-    """A command group whose unknown subcommand is one error line listing what there is."""
+    """A command group whose unknown subcommand is one error line listing what there is; its
+    help and its commands' help are written in full (:func:`plain_help`)."""
 
     what, listing = "command", "available"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        plain_help(self)
+
+    def get_command(self, ctx: typer.Context, name: str):
+        cmd = super().get_command(ctx, name)
+        return None if cmd is None else plain_help(cmd)
+
+    def format_options(self, ctx: typer.Context, formatter) -> None:
+        rows = _option_rows(self, ctx)
+        if rows:
+            with formatter.section("Options"):
+                formatter.write_dl(rows)
+        self.format_commands(ctx, formatter)
+
+    def format_commands(self, ctx: typer.Context, formatter) -> None:
+        """The commands and their one-line help, in full (click cuts it to the width)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            text = cmd.short_help or (cmd.help or "").strip().split("\n\n")[0]
+            rows.append((name, " ".join(text.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def resolve_command(self, ctx: typer.Context, args: list[str]):
         if args and not args[0].startswith("-") and self.get_command(ctx, args[0]) is None:
@@ -222,6 +278,33 @@ class CliGroup(CommandGroup):
     def invoke(self, ctx: typer.Context):
         with user_errors():
             return super().invoke(ctx)
+
+
+# ---- progress of long work -------------------------------------------------------------------
+@contextmanager
+def progress_lines(enabled: bool | None = None):
+    """While the block runs, fedlatent's INFO log records (one per step of an experiment or a
+    deployment) go to stderr as one timestamped line each; ``enabled`` None: when stderr is not
+    a terminal (a terminal shows progress bars instead), or when asked."""
+    import logging
+
+    if enabled is None:
+        enabled = not sys.stderr.isatty()
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("fedlatent")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 # ---- data ------------------------------------------------------------------------------------

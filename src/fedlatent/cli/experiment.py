@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from typer.core import TyperCommand
 
-from .common import CommandGroup, SeedOpt
+from .common import CommandGroup, ProgressOpt, SeedOpt, progress_lines
 
 __all__ = ["experiment_app"]
 
@@ -69,13 +69,15 @@ def _command(name: str, description: str) -> TyperCommand:
         quick: bool = typer.Option(False, "--quick", help="The small size used in tests."),
         out: Path = typer.Option(Path("experiment-output"), "--out"),
         seed: SeedOpt = 0,
+        progress: ProgressOpt = None,
     ):
         import pandas as pd
 
         from .. import experiments
 
         before = _files(out)
-        table = getattr(experiments, name)(quick=quick, out=out, random_state=seed)
+        with progress_lines(None if progress is None else progress):
+            table = getattr(experiments, name)(quick=quick, out=out, random_state=seed)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / f"{name}.csv", index=False)
         with pd.option_context("display.width", 160, "display.max_columns", 12):

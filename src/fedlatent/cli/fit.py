@@ -45,6 +45,7 @@ from .common import (
     fail,
     load_dataset,
 )
+from .vocabulary import SHARED, apply_shared, deprecated, with_shared
 
 __all__ = ["ROLES_FILE", "FitGroup", "build_estimator", "fit_and_save", "fit_app",
            "make_federation", "parse_params"]
@@ -78,7 +79,7 @@ class FitGroup(CommandGroup):
             if entry is not None:
                 cmd = generic_command(entry)
                 self.add_command(cmd, name)
-        return None if cmd is None else with_categorical(cmd)
+        return None if cmd is None else with_shared(with_categorical(cmd))
 
 
 #: the values of ``--categorical``
@@ -159,6 +160,8 @@ def parse_params(items: list[str] | None, cls: type, name: str) -> dict[str, Any
                  f"parameters: {', '.join(known)}")
         if key in out:
             fail(f"--param {key} is given twice")
+        if key in _SHARED_SPELLING:
+            deprecated(f"--param {key}=", _SHARED_SPELLING[key])
         try:
             value = json.loads(raw)
         except ValueError:
@@ -171,12 +174,23 @@ def parse_params(items: list[str] | None, cls: type, name: str) -> dict[str, Any
     return out
 
 
+#: constructor parameters that have a shared option (:mod:`.vocabulary`): ``--param`` for them
+#: is a deprecated spelling
+_SHARED_SPELLING = {"n_components": "--components", "n_clusters": "--components",
+                    "n_input_components": "--components", "max_rounds": "--max-rounds",
+                    "tol": "--tol"}
+
+
 def build_estimator(cls: type, params: dict[str, Any], name: str = ""):
-    """``cls(**params)``; a required parameter that is missing is named."""
+    """``cls(**params)`` with the shared options the command did not declare
+    (:data:`~.vocabulary.SHARED`); a required parameter that is missing is named."""
+    params = apply_shared(cls, params, SHARED.get())
     known = constructor_parameters(cls)
     missing = [k for k, p in known.items() if p.default is p.empty and k not in params]
     if missing:
-        fail(f"{name or cls.__name__} needs " + ", ".join(f"--param {k}=VALUE" for k in missing))
+        fail(f"{name or cls.__name__} needs " + ", ".join(
+            f"{_SHARED_SPELLING[k]} VALUE" if k in _SHARED_SPELLING else f"--param {k}=VALUE"
+            for k in missing))
     return cls(**params)
 
 

@@ -25,20 +25,31 @@ from .common import (
     SeedOpt,
     StepOpt,
     TargetOpt,
+    fail,
     load_dataset,
     split_list,
 )
 from .fit import build_estimator, echo_written, fit_and_save, fit_app, make_federation, roles_of
+from .vocabulary import deprecated, number_or_auto
 
 __all__: list[str] = []  # the commands are registered on fit_app
 
 
-def _number_or_auto(value: str, option: str, kind=float):
-    """``value`` as a number of ``kind``, or the string 'auto' (the estimator chooses)."""
-    try:
-        return value if value == "auto" else kind(value)
-    except ValueError:
-        raise ValueError(f"{option} must be a number or 'auto', got {value!r}") from None
+_number_or_auto = number_or_auto
+
+
+def _count(components: str | None, old: str | None, old_flag: str, default=None):
+    """``--components`` or its deprecated spelling ``old_flag`` (with a warning)."""
+    if old is not None:
+        deprecated(old_flag, "--components/-k")
+        if components is not None and components != old:
+            fail(f"--components {components} and {old_flag} {old} disagree; give --components")
+        components = old
+    return default if components is None else components
+
+
+def _deprecated_option(flag: str):
+    return typer.Option(None, flag, hidden=True, help="Deprecated: --components.")
 
 
 @fit_app.command("gmm")
@@ -90,8 +101,10 @@ def fit_fedgmm(
     client: ClientOpt,
     target: TargetOpt,
     features: FeaturesOpt = None,
-    input_components: str = typer.Option(
-        "3", "--input-components", help="M1, or 'auto' (held-out log-likelihood)."),
+    components: str = typer.Option(
+        None, "--components", "-k",
+        help="M1, the input components, or 'auto' (held-out log-likelihood); default 3."),
+    input_components: str | None = _deprecated_option("--input-components"),
     learners: str = typer.Option("3", "--learners", help="M2, or 'auto' (one of the two)."),
     covariance_type: str = typer.Option("full", "--covariance-type"),
     reg_covar: float = typer.Option(1e-6, "--reg-covar"),
@@ -115,7 +128,8 @@ def fit_fedgmm(
     _, fd = load_dataset(data, client, features, target)
     fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
     est = build_estimator(FedGMM, dict(
-        n_input_components=_number_or_auto(input_components, "--input-components", int),
+        n_input_components=_number_or_auto(
+            _count(components, input_components, "--input-components", "3"), "--components", int),
         n_learners=_number_or_auto(learners, "--learners", int),
         covariance_type=covariance_type, reg_covar=reg_covar, l2=l2,
         learner_update=learner_update, covariance_aggregation=covariance_aggregation,
@@ -138,8 +152,9 @@ def fit_hlcr(
     entity: str = typer.Option(..., "--entity", help="Column with the entity id."),
     target: TargetOpt,
     features: FeaturesOpt = None,
-    clusters: str = typer.Option(..., "--clusters", "-k",
-                                 help="Number of clusters K, or 'auto' (held-out likelihood)."),
+    components: str = typer.Option(None, "--components", "-k",
+                                   help="Number of clusters K, or 'auto' (held-out likelihood)."),
+    clusters: str | None = _deprecated_option("--clusters"),
     alpha: float = typer.Option(1.0, "--alpha"),
     beta: float = typer.Option(1.0, "--beta"),
     delta: str = typer.Option("auto", "--delta", help="Prior std of the coefficients or 'auto'."),
@@ -165,10 +180,13 @@ def fit_hlcr(
     if max_iter is not None:
         warnings.warn("--max-iter is deprecated; use --max-rounds", FutureWarning, stacklevel=1)
         max_rounds = max_iter
+    clusters = _count(components, clusters, "--clusters")
+    if clusters is None:
+        fail("fit hlcr needs --components K (the number of clusters, or 'auto')")
     _, fd = load_dataset(data, client, features, target=target, entity=entity)
     fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
     est = build_estimator(HLCR, dict(
-        n_clusters=_number_or_auto(clusters, "--clusters", int), alpha=alpha, beta=beta,
+        n_clusters=_number_or_auto(clusters, "--components", int), alpha=alpha, beta=beta,
         delta=_number_or_auto(delta, "--delta"), sigma=_number_or_auto(sigma, "--sigma"),
         solver=solver,
         max_rounds=max_rounds, federation=fed, fit_intercept=fit_intercept, random_state=seed,
@@ -193,8 +211,9 @@ def fit_sec(
     client: ClientOpt,
     target: TargetOpt,
     features: FeaturesOpt = None,
-    clusters: int = typer.Option(None, "--clusters", "-k",
-                                 help="Number of clusters (default: chosen from the data)."),
+    components: int = typer.Option(None, "--components", "-k",
+                                   help="Number of clusters (default: chosen from the data)."),
+    clusters: int | None = _deprecated_option("--clusters"),
     candidates: str = typer.Option(
         "default", "--candidates",
         help="A candidate set (default, fairness, table2-1...) or comma-separated names "
@@ -217,6 +236,7 @@ def fit_sec(
 
     from ..models.sec import CANDIDATE_SETS, SEC
 
+    clusters = _count(components, clusters, "--clusters")
     _, fd = load_dataset(data, client, features, target=target)
     names = split_list(candidates) or ["default"]
     spec = names[0] if len(names) == 1 and names[0] in CANDIDATE_SETS else names

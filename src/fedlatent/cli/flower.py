@@ -12,9 +12,11 @@
 
 Both check that the Flower extra is installed before anything is written or started.
 
-The model is named as in the registry (``fedlatent fit --help`` lists them) and its parameters
-given as JSON, exactly as the estimator's constructor takes them:
-``--params '{"n_components": 3, "random_state": 0}'``.
+The model is named as in the registry (``fedlatent fit --help`` lists them); ``local`` and
+``app`` take the options every ``fit`` command takes (``--components``, ``--participation``,
+``--seed``, ``--max-rounds``...: :mod:`fedlatent.cli.vocabulary`) and ``--param NAME=VALUE`` for
+the estimator's other parameters. The JSON of ``--params``/``--federation`` still works for one
+release, with a warning.
 """
 
 from __future__ import annotations
@@ -38,18 +40,15 @@ from .common import (
     read_frame,
     split_list,
 )
+from .fit import ParamOpt
 
 __all__ = ["flower_app"]
 
 _MODEL = typer.Argument(..., help="Model, a registered name: see 'fedlatent fit --help'.")
-_PARAMS = typer.Option(
-    "{}", "--params",
-    help='Estimator parameters as JSON, e.g. \'{"n_components": 3}\' (its constructor\'s names).',
-)
-_FEDERATION = typer.Option(
-    None, "--federation",
-    help='Federation settings as JSON, e.g. \'{"participation": 0.5}\' (default: plain EM).',
-)
+_PARAMS = typer.Option("{}", "--params", hidden=True,
+                       help="Deprecated: the shared options and --param NAME=VALUE.")
+_FEDERATION = typer.Option(None, "--federation", hidden=True,
+                           help="Deprecated: --participation, --step-size, --quantize...")
 _MIN_NODES = typer.Option(None, "--min-nodes", help="SuperNodes the server waits for.")
 _ROUND_TIMEOUT = typer.Option(
     120.0, "--round-timeout", help="Seconds to wait for the replies of one round."
@@ -73,12 +72,24 @@ def _require_flower() -> None:
         fail(f"the Flower extra is not installed; install it with: {_FLOWER_EXTRA}")
 
 
-def _estimator(model: str, params: str, federation: str | None, seed: int | None = None):
-    """The estimator named on the command line; exit with the reason when it cannot be built."""
-    from ..engine.registry import estimator_from_config, estimator_names
+def _estimator(model: str, params: str, federation: str | None, seed: int | None = None,
+               param: list[str] | None = None):
+    """The estimator named on the command line; exit with the reason when it cannot be built.
+
+    Its parameters: the shared options (:mod:`.vocabulary`), ``--param NAME=VALUE``, and the
+    deprecated JSON of ``--params``/``--federation``."""
+    from ..engine.registry import estimator_class, estimator_from_config, estimator_names
+    from .fit import parse_params
+    from .vocabulary import SHARED, apply_shared, deprecated
 
     if model not in estimator_names():
         fail(f"unknown model {model!r}; choose one of {', '.join(estimator_names())}")
+    if params != "{}":
+        deprecated("--params JSON", "the shared options (--components, --max-rounds...) and "
+                   "--param NAME=VALUE")
+    if federation:
+        deprecated("--federation JSON", "--participation, --step-size, --quantize, "
+                   "--secure-aggregation, --privacy")
     try:
         p = json.loads(params)
     except ValueError as e:
@@ -90,6 +101,15 @@ def _estimator(model: str, params: str, federation: str | None, seed: int | None
             p["federation"] = json.loads(federation)
         except ValueError as e:
             fail(f"--federation is not valid JSON ({e}): {federation!r}")
+    cls = estimator_class(model)
+    extra = parse_params(param, cls, model)
+    if hasattr(extra.get("federation"), "to_config"):  # --param federation={...}: as JSON
+        extra["federation"] = extra["federation"].to_config()
+    p.update(extra)
+    try:
+        p = apply_shared(cls, p, SHARED.get(), as_config=True)
+    except ValueError as e:
+        fail(str(e))
     if seed is not None:
         given = p.get("random_state")
         if given is not None and given != seed:
@@ -159,8 +179,18 @@ def _split_rows(data: Path, n: int, features: str | None, target: str | None, se
                         None if target is None else df[target].to_numpy(), feature_names=cols)
 
 
+class FlowerGroup(CommandGroup):
+    """The ``flower`` group: ``local`` and ``app`` take the shared options of every fit."""
+
+    def get_command(self, ctx: typer.Context, name: str):
+        from .vocabulary import with_shared
+
+        cmd = super().get_command(ctx, name)
+        return with_shared(cmd) if cmd is not None and name in ("local", "app") else cmd
+
+
 flower_app = typer.Typer(
-    cls=CommandGroup,
+    cls=FlowerGroup,
     no_args_is_help=True,
     help="Run a fit on a Flower deployment (needs the Flower extra of fedlatent).",
 )
@@ -196,6 +226,7 @@ def write_app_cmd(
     out: Path = typer.Option(..., "--out", help="Directory of the Flower app to write."),
     params: str = _PARAMS,
     federation: str | None = _FEDERATION,
+    param: ParamOpt = None,
     seed: _SeedOpt = None,
     min_nodes: int | None = typer.Option(
         None, "--min-nodes",
@@ -218,7 +249,7 @@ def write_app_cmd(
     _require_flower()
     from ..runtime.flower_local import write_app
 
-    est = _estimator(model, params, federation, seed)
+    est = _estimator(model, params, federation, seed, param)
     if min_nodes is None:
         if data is not None:
             min_nodes = len(_client_dir_files(data))
@@ -246,6 +277,51 @@ def _print_round(status: dict) -> None:
                + (f", {last['seconds']:.1f} s" if "seconds" in last else ""))
 
 
+class _Beat:
+    """After :meth:`start`, a line every ``every`` seconds until the ``with`` block ends (a
+    step whose end nobody reports, such as stopping the deployment's processes)."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        import threading
+
+        self.every, self._done, self._thread = every, threading.Event(), None
+
+    def start(self, text: str) -> None:
+        import threading
+        import time
+
+        t0 = time.monotonic()
+
+        def beat() -> None:
+            while not self._done.wait(self.every):
+                typer.echo(f"... {time.monotonic() - t0:.0f} s: {text}")
+
+        self._thread = threading.Thread(target=beat, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> _Beat:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _print_wait(status: dict | None, seconds: float) -> None:
+    """A line while no round ends: what the server is doing (initialization exchanges)."""
+    status = status or {}
+    done = int(status.get("round") or 0)
+    if done:
+        what = f"round {done + 1} running"
+    elif status.get("exchanges"):
+        what = (f"initialization: {status['exchanges']} exchanges with the clients done "
+                f"(last: {status.get('exchange')})")
+    else:
+        what = "waiting for the server app to start and the clients to answer"
+    typer.echo(f"... {seconds:.0f} s: {what}")
+
+
 @flower_app.command("local")
 def local(
     *,
@@ -263,6 +339,7 @@ def local(
     entity: EntityOpt = None,
     params: str = _PARAMS,
     federation: str | None = _FEDERATION,
+    param: ParamOpt = None,
     min_nodes: int | None = _MIN_NODES,
     round_timeout: float = _ROUND_TIMEOUT,
     node_wait: float = _NODE_WAIT,
@@ -282,7 +359,7 @@ def local(
     from ..data.files import write_client_files
     from ..runtime.flower_local import LocalDeployment, run_app, write_app
 
-    est = _estimator(model, params, federation, seed)
+    est = _estimator(model, params, federation, seed, param)
     out = out.resolve()
     if resume and not (out / "result" / "checkpoint.npz").exists():
         fail(f"--resume: there is no checkpoint {out / 'result' / 'checkpoint.npz'} to resume "
@@ -314,10 +391,14 @@ def local(
     typer.echo(f"starting a SuperLink and {len(files)} SuperNodes on 127.0.0.1 "
                f"(logs in {out / 'deploy'})")
     try:
-        with LocalDeployment(files, workdir=out / "deploy") as dep:
+        with _Beat() as beat, LocalDeployment(files, workdir=out / "deploy") as dep:
             typer.echo(f"deployment ready in {dep.startup_seconds:.1f} s "
                        f"(SuperLink {dep.address}, PIDs {dep.pids})")
-            result = run_app(app_dir, dep, timeout=timeout, on_round=_print_round)
+            result = run_app(app_dir, dep, timeout=timeout, on_round=_print_round,
+                             on_wait=_print_wait)
+            typer.echo(f"run finished in {dep.last_run_seconds:.1f} s; stopping every Flower "
+                       "process")
+            beat.start("stopping every Flower process")  # until the deployment has stopped
     except KeyboardInterrupt:
         typer.echo("interrupted: every Flower process stopped", err=True)
         raise typer.Exit(130) from None
@@ -326,7 +407,7 @@ def local(
     finally:
         signal.signal(signal.SIGTERM, previous)
     status = json.loads((result / "status.json").read_text())
-    typer.echo(f"run finished in {dep.last_run_seconds:.1f} s: {status.get('rounds')} rounds"
+    typer.echo(f"every Flower process stopped; {status.get('rounds')} rounds"
                + (f", {status['seconds_per_round']:.1f} s per round"
                   if status.get("seconds_per_round") else ""))
     if status.get("lost"):

@@ -176,6 +176,9 @@ def predict(
     site_state: Path | None = typer.Option(
         None, "--site-state", help="A site's state directory after a deployed (Flower) fit: "
         "predict the site's rows with its own state (FedGMM's pi_c)."),
+    with_proba: bool = typer.Option(
+        False, "--proba", help="Also write the probabilities: one column proba_<class> per "
+        "class (classifiers) or proba_<k> per component (mixtures)."),
 ):
     """Predict every row of a data file with a saved model (any registered estimator)."""
     import pandas as pd
@@ -197,6 +200,8 @@ def predict(
     proba = None
     if predictors is not None and hasattr(est, "classes_"):
         proba = np.vstack([predictors[c].predict_proba(cd.X) for c, cd in fd.items()])
+    elif with_proba:
+        proba = _probabilities(est, fd)
     res = pd.DataFrame({roles["client"]: df[roles["client"]].to_numpy()})
     if hasattr(values, "index"):  # a Series in the file's order, indexed by its rows
         res["prediction"] = _in_file_order(values, len(df))
@@ -204,10 +209,27 @@ def predict(
         res["prediction"] = _to_file_order(values, order, len(df), "predictions")
     if proba is not None:
         proba = _to_file_order(proba, order, len(df), "probability rows")
-        for j, c in enumerate(np.asarray(est.classes_).tolist()):
+        names = (np.asarray(est.classes_).tolist() if hasattr(est, "classes_")
+                 else range(proba.shape[1]))
+        for j, c in enumerate(names):
             res[f"proba_{c}"] = proba[:, j]
     write_atomic(out, lambda tmp: res.to_csv(tmp, index_label="row"))  # no file on failure
     typer.echo(f"wrote {len(res)} predictions to {out}")
+
+
+def _probabilities(est, fd) -> np.ndarray:
+    """``est.predict_proba`` of every client's rows, in the dataset's order; exits with one line
+    when the estimator has no probabilities of the features alone."""
+    import inspect
+
+    method = getattr(est, "predict_proba", None)
+    needed = [] if method is None else [
+        p for p in list(inspect.signature(method).parameters.values())[1:]
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if method is None or needed:
+        fail(f"--proba: {type(est).__name__} has no probabilities of the features alone "
+             "(predict_proba(X)); leave out --proba")
+    return np.vstack([method(cd.X) for _, cd in fd.items()])
 
 
 def _row_scores(est, supervised: bool, fd, predictors):

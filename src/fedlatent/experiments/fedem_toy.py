@@ -155,6 +155,7 @@ def fedem_toy(
     if settings is not None:
         feds = {k: feds[k] for k in settings}
     rows = []
+    step, steps = 0, len(cases) * n_seeds * len(feds)
     for case in cases:
         for s in range(n_seeds):
             seed = random_state * 1000 + s
@@ -162,6 +163,9 @@ def fedem_toy(
             for name, fed in feds.items():
                 trace: list[float] = []
                 gm = _run_one(fd, fed, seed, rounds, trace)
+                step += 1
+                logger.info("fedem_toy %d/%d: %s clients, seed %d, %s (%d rounds)", step,
+                            steps, case, seed, name, rounds)
                 rows.extend(
                     {
                         "case": case,
@@ -174,7 +178,6 @@ def fedem_toy(
                     }
                     for r, w in zip(gm.history_, trace)
                 )
-            logger.info("fedem_toy: %s seed %d done", case, seed)
     raw = pd.DataFrame(rows)
     g = raw.groupby(["case", "method", "round"], sort=False)
     table = g.agg(
@@ -194,29 +197,79 @@ def summarize_toy(table: pd.DataFrame) -> pd.DataFrame:
     return last[["case", "method", "h2_mean", "h2_se", "weight_mean"]].reset_index(drop=True)
 
 
+#: a marker and a line style per method (with its colour), so that lines which coincide (EM
+#: and FedEM p=1 at the start, the participation levels) stay visible
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _draw(ax, sub: pd.DataFrame, what: str, methods: list[str]) -> None:
+    """One line per method of ``sub``, each with its own colour, marker and line style (markers
+    staggered between methods, so that coinciding lines show each other's markers)."""
+    n_rounds = max(int(sub["round"].nunique()), 1)
+    every = max(1, n_rounds // 8)
+    for method, m in sub.groupby("method", sort=False):
+        i = methods.index(method)
+        ax.plot(m["round"], m[what], label=method, color=f"C{i}", lw=1.3, ms=4,
+                ls=_LINESTYLES[i % len(_LINESTYLES)], marker=_MARKERS[i % len(_MARKERS)],
+                markevery=(i * every // len(methods), every))
+
+
+def _flattening(sub: pd.DataFrame, what: str) -> list[str]:
+    """The methods whose curve reaches further outside the others' range than that range is
+    wide: drawn with the others, they would squeeze every other line of the panel flat."""
+    out = []
+    for method in dict.fromkeys(sub["method"]):
+        mine = sub.loc[sub["method"] == method, what]
+        others = sub.loc[sub["method"] != method, what]
+        if others.empty or sub["method"].nunique() < 3:
+            continue
+        span = max(float(others.max() - others.min()), 1e-12)
+        if mine.max() > others.max() + span or mine.min() < others.min() - span:
+            out.append(method)
+    return out
+
+
 def _plot(table: pd.DataFrame, out: Path) -> None:
     """One figure per criterion, a panel per case (constrained layout, every panel titled and
-    labelled, the methods' legend outside the panels)."""
+    labelled, the methods' legend outside the panels). Each method has its own colour, marker
+    and line style; E||h||^2 is on a log scale, and a method whose weight estimate would flatten
+    the others (naive FedEM's excursion) gets a second row of panels on its own scale."""
     cases = list(dict.fromkeys(table["case"]))
+    methods = list(dict.fromkeys(table["method"]))
+    outliers = _flattening(table, "weight_mean")
     for what, ylabel, fname, logy, title in (
         ("h2_mean", "E ||h(S_k)||^2  (Monte Carlo mean)", "fedem_toy_h.png", True,
          "FedEM toy: distance to an EM fixed point"),
         ("weight_mean", "weight of component (-2, 0)", "fedem_toy_weight.png", False,
          "FedEM toy: estimated mixture weight (true 0.3)"),
     ):
-        with figure(out / fname, ncols=len(cases), figsize=(5.5 * len(cases) + 2.2, 4.2),
+        logger.info("fedem_toy: drawing %s", out / fname)
+        rows = [[m for m in methods if logy or m not in outliers]]
+        if not logy and outliers:
+            rows.append(outliers)
+        with figure(out / fname, nrows=len(rows), ncols=len(cases),
+                    figsize=(5.5 * len(cases) + 2.2, 4.2 * len(rows)),
                     squeeze=False, tight=False, layout="constrained") as (fig, axes):
-            for ax, case in zip(axes[0], cases):
-                sub = table[table["case"] == case]
-                for method, m in sub.groupby("method", sort=False):
-                    ax.plot(m["round"], m[what], label=method)
-                if logy:
-                    ax.set_yscale("log")
-                else:
-                    ax.axhline(0.3, color="k", lw=0.8, ls=":", label="true weight 0.3")
-                ax.set_title(f"{case} clients")
-                ax.set_xlabel("round (epoch)")
-                ax.set_ylabel(ylabel)
+            for r, shown in enumerate(rows):
+                for ax, case in zip(axes[r], cases):
+                    sub = table[(table["case"] == case) & table["method"].isin(shown)]
+                    _draw(ax, sub, what, methods)
+                    if logy:
+                        ax.set_yscale("log")
+                    else:
+                        ax.axhline(0.3, color="k", lw=0.8, ls=":", label="true weight 0.3")
+                    ax.set_title(f"{case} clients" if r == 0 else
+                                 f"{case} clients: {', '.join(shown)} (own scale)")
+                    ax.set_xlabel("round (epoch)")
+                    ax.set_ylabel(ylabel)
             fig.suptitle(title)
-            handles, labels = axes[0][-1].get_legend_handles_labels()
-            fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+            handles, labels = {}, []
+            for ax in axes.ravel():
+                for h, lab in zip(*ax.get_legend_handles_labels()):
+                    if lab not in handles:
+                        handles[lab] = h
+                        labels.append(lab)
+            fig.legend([handles[lab] for lab in labels], labels, loc="outside right upper",
+                       fontsize=8)
+        logger.info("fedem_toy: wrote %s", out / fname)

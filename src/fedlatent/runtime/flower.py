@@ -280,6 +280,23 @@ def _save_log(out: Path, log) -> None:
     _write_json(out / "messages.json", index)
 
 
+def _report_exchanges(rt: FlowerRuntime, status: dict[str, Any], path: Path) -> None:
+    """Count ``rt``'s exchanges in ``status`` (``exchanges``, ``exchange``: the last method)
+    and write it to ``path`` after each one before the first round, so that whoever watches
+    the run sees the initialization advance."""
+    call = rt.call
+
+    def counted(client_ids, method, messages):
+        replies = call(client_ids, method, messages)
+        status["exchanges"] = int(status.get("exchanges", 0)) + 1
+        status["exchange"] = str(method)
+        if not status.get("round"):
+            _write_json(path, status)
+        return replies
+
+    rt.call = counted
+
+
 def run_server(grid, config: Mapping[str, Any]) -> None:
     """The server app's work: rebuild the estimator, fit it over the grid, save the result."""
     from ..data.remote import RemoteDataset
@@ -305,6 +322,7 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
                            record=bool(config.get("record", False)), restore_round=restore)
         status["startup_seconds"] = rt.startup_seconds
         status["clients"] = rt.client_ids
+        _report_exchanges(rt, status, out / "status.json")
         rd = RemoteDataset.from_replies(rt.describe_replies)
         t_fit = time.perf_counter()
 

@@ -110,6 +110,8 @@ def run_app(
     overrides: Mapping[str, Any] | None = None,
     timeout: float = 600.0,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    on_wait: Callable[[dict[str, Any] | None, float], None] | None = None,
+    wait_every: float = 5.0,
 ) -> Path:
     """Run the app on a started deployment with ``flwr run --stream``; return its ``out-dir``.
 
@@ -127,6 +129,10 @@ def run_app(
     on_round : callable, optional
         Called with the server app's ``status.json`` (a dict: ``round``, ``last`` = the round's
         objective, participants, missing clients and seconds) each time a round ends.
+    on_wait : callable, optional
+        Called with the server's status (None before it wrote one: ``exchanges`` counts the
+        initialization's exchanges) and the seconds since the run started, every
+        ``wait_every`` seconds without a new round: progress of the long first steps.
 
     Raises
     ------
@@ -170,7 +176,7 @@ def run_app(
         )
     deployment._seen.add(proc.pid)
     try:
-        _wait_reporting(proc, t0 + timeout, status_path, on_round)
+        _wait_reporting(proc, t0 + timeout, status_path, on_round, on_wait, wait_every)
     except subprocess.TimeoutExpired:
         _stop_run(deployment, log)
         raise RuntimeError(
@@ -201,21 +207,28 @@ def run_app(
 
 
 def _wait_reporting(proc: subprocess.Popen, deadline: float, status_path: Path,
-                    on_round: Callable[[dict[str, Any]], None] | None) -> None:
+                    on_round: Callable[[dict[str, Any]], None] | None,
+                    on_wait: Callable[[dict[str, Any] | None, float], None] | None = None,
+                    wait_every: float = 5.0) -> None:
     """Wait for ``proc`` until ``deadline`` (TimeoutExpired after it), calling ``on_round``
-    with the server's status each time its round advances."""
+    with the server's status each time its round advances, and ``on_wait`` (status, seconds
+    since the start) every ``wait_every`` seconds without a new round."""
     seen = 0
+    start = last = time.monotonic()
     while True:
         try:
-            proc.wait(timeout=0.5)
+            proc.wait(timeout=min(0.5, wait_every))
             finished = True
         except subprocess.TimeoutExpired:
             finished = False
-        if on_round is not None:
-            status = _read_status(status_path.parent)
-            if status is not None and int(status.get("round") or 0) > seen:
-                seen = int(status["round"])
-                on_round(status)
+        status = _read_status(status_path.parent)
+        if on_round is not None and status is not None and int(status.get("round") or 0) > seen:
+            seen = int(status["round"])
+            on_round(status)
+            last = time.monotonic()
+        elif on_wait is not None and not finished and time.monotonic() - last >= wait_every:
+            last = time.monotonic()
+            on_wait(status, last - start)
         if finished:
             return
         if time.monotonic() >= deadline:
