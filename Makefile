@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # Lint, import contracts and declared imports first: `test` runs `lint`, then pytest.
 test: lint
-	MPLBACKEND=Agg $(BIN)/python -m pytest -q --durations=25
+	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 # Every third-party module src/ imports must be declared in pyproject.toml (core or an extra):
 # checked by the shared tool beside the clone, against the venv with every extra installed.

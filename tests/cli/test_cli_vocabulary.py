@@ -92,7 +92,10 @@ def test_generic_command_maps_the_shared_options_onto_the_estimator(tmp_path):
                               "--participation", "0.5", "--quantize", "8", "--max-rounds", "7",
                               "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "warning" not in res.stderr
+    # no option deprecated or ignored (7 rounds at tol 1e-5 may leave the fit unconverged: that
+    # ConvergenceWarning is the fit's, not the vocabulary's)
+    assert [w for w in res.stderr.splitlines()
+            if w.startswith("warning:") and "ConvergenceWarning" not in w] == []
     p = _params(out)
     assert (p["n_components"], p["tol"], p["max_rounds"]) == (2, 1e-5, 7)
     assert p["federation"]["participation"] == 0.5

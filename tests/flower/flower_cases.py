@@ -56,7 +56,9 @@ def lcr_case():
         data[f"site-{i}"] = (x, np.where(line, 5 + 2 * x[:, 0], 15 - x[:, 0])
                              + rng.normal(size=len(x)))
     fd = fl.FederatedDataset.from_arrays(data)
-    return fd, lambda: fl.LatentClassRegression(2, max_rounds=2, random_state=15)
+    # one start (n_init=1): a Flower run always writes a checkpoint, and a fit with a checkpoint
+    # runs one start, so the in-process reference must too
+    return fd, lambda: fl.LatentClassRegression(2, max_rounds=2, n_init=1, random_state=15)
 
 
 CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case,

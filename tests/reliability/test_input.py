@@ -356,7 +356,7 @@ def test_predict_accepts_the_good_frame(fitted, model):
 # ---- the command line --------------------------------------------------------------------------
 FIT_ARGS = {
     "gmm": ["fit", "gmm", "-k", "2"],
-    "lcr": ["fit", "lcr", "--target", "y", "--param", "n_components=2"],
+    "lcr": ["fit", "lcr", "--target", "y", "--components", "2"],
     "hlcr": ["fit", "hlcr", "--target", "y", "--entity", "e", "-k", "2"],
     "sec": ["fit", "sec", "--target", "y"],
     "fedgmm": ["fit", "fedgmm", "--target", "y"],
