@@ -37,6 +37,7 @@ __all__ = [
     "Summary",
     "federated_information",
     "louis_information",
+    "weight_row",
     "weight_scores",
     "z_table",
 ]
@@ -71,6 +72,18 @@ class InferenceLayout:
     @property
     def n_free(self) -> int:
         return int(self.jacobian.shape[1])
+
+
+def weight_row(k: int, K: int, P: int) -> np.ndarray:
+    """The row of the reported ``pi_k`` in the map from the ``P`` free parameters, whose first
+    ``K - 1`` are ``pi_1..pi_{K-1}`` (``pi_K = 1 - sum``): a unit row, or ``-1`` on all of
+    them for the last weight."""
+    row = np.zeros(P)
+    if k < K - 1:
+        row[k] = 1.0
+    else:
+        row[:K - 1] = -1.0
+    return row
 
 
 def weight_scores(weights: np.ndarray) -> np.ndarray:

@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.inference import InferenceLayout, louis_information, weight_scores
+from ...engine.inference import (
+    InferenceLayout,
+    louis_information,
+    weight_row,
+    weight_scores,
+)
 from ...engine.numerics import logsumexp
 
 __all__ = ["full_covariances", "gmm_information", "gmm_layout"]
@@ -168,14 +173,9 @@ def gmm_layout(weights, means, covariances, covariance_type: str,
     index, est, rows = [], [], []
     cnames = _cov_names(names, covariance_type)
     for k in range(K):
-        row = np.zeros(P)
-        if k < K - 1:
-            row[k] = 1.0
-        else:
-            row[:K - 1] = -1.0
         index.append((str(k), "weight"))
         est.append(float(weights[k]))
-        rows.append(row)
+        rows.append(weight_row(k, K, P))
         om = K - 1 + (k * d if covariance_type == "tied" else k * (d + len(cnames)))
         for j in range(d):
             index.append((str(k), f"mean {names[j]}"))

@@ -14,7 +14,12 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from ...engine.inference import InferenceLayout, louis_information, weight_scores
+from ...engine.inference import (
+    InferenceLayout,
+    louis_information,
+    weight_row,
+    weight_scores,
+)
 from .math import lcr_responsibilities
 
 __all__ = ["lcr_information", "lcr_layout", "mixture_quantiles"]
@@ -86,14 +91,9 @@ def lcr_layout(weights, beta, noise_variance, names: list[str]) -> InferenceLayo
     P = K - 1 + K * q
     index, est, rows = [], [], []
     for k in range(K):
-        row = np.zeros(P)
-        if k < K - 1:
-            row[k] = 1.0
-        else:
-            row[:K - 1] = -1.0
         index.append((str(k), "weight"))
         est.append(float(weights[k]))
-        rows.append(row)
+        rows.append(weight_row(k, K, P))
         o = K - 1 + k * q
         for j, name in enumerate([*names, "noise_variance"]):
             index.append((str(k), name))
