@@ -142,3 +142,15 @@ def test_n_init_under_secure_aggregation_picks_the_start_the_plain_fit_picks(fd)
     np.testing.assert_allclose(secure.init_scores_["score"], plain.init_scores_["score"],
                                rtol=1e-6)
     np.testing.assert_allclose(secure.means_, plain.means_, rtol=1e-5, atol=1e-6)
+
+
+def test_a_one_start_refit_drops_the_earlier_multi_start_table():
+    fd = fl.FederatedDataset.from_arrays(
+        {f"c{i}": np.random.default_rng(i).normal(size=(60, 2)) for i in range(4)})
+    est = fl.FederatedGaussianMixture(2, n_init=2, max_rounds=5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(fd)
+        assert len(est.init_scores_) == 2
+        est.set_params(n_init=1).fit(fd)
+    assert not hasattr(est, "init_scores_") and not hasattr(est, "best_start_")

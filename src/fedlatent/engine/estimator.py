@@ -440,6 +440,8 @@ class FederatedEstimator(BaseEstimator):
             ctx, result = fit_starts(self, fd, runtime, run)
         else:
             ctx, result = self._fit_one_start(fd, runtime, None, run)
+            for stale in ("init_scores_", "best_start_"):  # of an earlier multi-start fit
+                self.__dict__.pop(stale, None)
         self.seed_ = ctx.seed
         self.history_ = result.history
         self.converged_ = result.converged
