@@ -294,148 +294,169 @@ def app_for(deployment, tag, name, est, **kw):
     ``out-<tag>``, a directory of its own."""
     from fedlatent.runtime.flower import run_config_for
 
-    kw = {"min_nodes": 3, "round_timeout": 120.0, **kw}
+    # the runs share the nodes, each serving one message at a time: on a loaded machine an
+    # exchange can wait minutes behind the others' (a timeout only ends a failing run sooner)
+    kw = {"min_nodes": 3, "round_timeout": 600.0, "node_wait": 600.0, **kw}
     out = deployment.root / f"out-{tag}"
     assert not out.exists(), f"{out} is another test's"
     return write_app(deployment.root / f"app-{tag}", run_config_for(
         est, out_dir=out, data_name=f"{name}.parquet", **kw)), out
 
 
-# Every message starts a fresh client process (importing fedlatent) and the SuperNodes poll every
-# few seconds, so one exchange costs seconds: the models run at once (their server apps started
-# one after the other), each with the few rounds of its case (flower_cases.py).
-@pytest.mark.slow
-def test_every_model_on_one_deployment_equals_inprocess(flwr, deployment):
-    from fedlatent.runtime.flower import load_result
+# A SuperNode serves one message at a time, each in a fresh client process (importing
+# fedlatent), and sleeps between polls: one run alone leaves the nodes idle most of the time.
+# So every run of this module but the dead-node one runs at once, each server app started once
+# the previous one is up; the tests then check their results.
+def _launch(runs, key, target, out, deadline=120.0):
+    """Start ``target`` in a thread recording its result (or exception) in ``runs[key]``; return
+    once its server app has written ``out/status.json`` (server apps starting all at once on a
+    loaded machine failed Flower's task-token check) or the thread ended."""
+
+    def go():
+        try:
+            runs[key] = target()
+        except BaseException as e:  # noqa: BLE001 - examined in the test thread
+            runs[key] = e
+
+    t = threading.Thread(target=go)
+    t.start()
+    end = time.monotonic() + deadline
+    while t.is_alive() and not (out / "status.json").exists() and time.monotonic() < end:
+        time.sleep(0.2)
+    return t
+
+
+def _stop_and_resume(deployment, app, out, log_of):
+    """Run ``app``; stop it (``flwr stop``) once round 2 has ended; resume it. Return the round
+    it was stopped at, the first run's exception and the wall time."""
+    from fedlatent.runtime.flower_local import _stop_run, run_app
+
+    dep, t0, seen = deployment.dep, time.monotonic(), {}
+
+    def stop_at_two(status):
+        if int(status.get("round") or 0) >= 2 and "stopped_at" not in seen:
+            seen["stopped_at"] = int(status["round"])
+            while "state" not in log_of:  # set by the launcher once this run's server is up
+                time.sleep(0.1)
+            _stop_run(dep, log_of["state"])
+
+    try:
+        run_app(app, dep, timeout=1500, on_round=stop_at_two)
+        first = None
+    except RuntimeError as e:  # the stopped run does not finish
+        first = e
+    first_status = json.loads((out / "status.json").read_text())["status"]
+    run_app(app, dep, overrides={"resume": True}, timeout=1500)
+    return SimpleNamespace(stopped_at=seen.get("stopped_at"), first=first,
+                           first_status=first_status, wall=time.monotonic() - t0)
+
+
+@pytest.fixture(scope="module")
+def runs(deployment):
+    """The results of every run but the dead-node one, run at once on the module's deployment:
+    ``runs[name]`` for each case (its out-dir, or the exception), ``runs["failed"]`` (a server
+    app that must fail) and ``runs["state"]`` (FedGMM stopped after round 2, then resumed)."""
+    pytest.importorskip("flwr")
     from fedlatent.runtime.flower_local import run_app
 
-    names = sorted(CASES)
-    refs, apps, fds = {}, {}, {}
-    for name in names:
-        fds[name], refs[name] = fit_inprocess(name)
-        _, make = CASES[name]()
-        apps[name] = app_for(deployment, name, name, make())
+    dep, out = deployment.dep, {}
     results: dict[str, object] = {}
-
-    def go(name):
-        try:
-            results[name] = run_app(apps[name][0], deployment.dep, timeout=900)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-            results[name] = e
-
-    threads = [threading.Thread(target=go, args=(n,)) for n in names]
-    for name, t in zip(names, threads):
-        t.start()
-        # the next run starts once this one's server app is up (it writes status.json first):
-        # server apps starting all at once on a loaded machine failed Flower's task-token check
-        deadline = time.monotonic() + 120
-        while t.is_alive() and not (apps[name][1] / "status.json").exists() \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
+    threads, log_of = [], {}
+    # 1. the run that is stopped and resumed: its log is the only one when its server is up
+    fd, make = state_case()
+    app, out["state"] = app_for(deployment, "state", "state", make())
+    before = set(dep.workdir.glob("flwr-run-*.log"))
+    threads.append(_launch(results, "state", lambda: _stop_and_resume(
+        deployment, app, out["state"], log_of), out["state"]))
+    (log_of["state"],) = set(dep.workdir.glob("flwr-run-*.log")) - before
+    # 2. a server app that fails: min-nodes above the 3 nodes started, a short wait
+    _, make = CASES["gmm"]()
+    failed, out["failed"] = app_for(deployment, "failed", "gmm", make())
+    threads.append(_launch(results, "failed", lambda: run_app(
+        failed, dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300), out["failed"]))
+    # 3. every model
+    apps = {}
+    for name in sorted(CASES):
+        _, make = CASES[name]()
+        apps[name], out[name] = app_for(deployment, name, name, make())
+        threads.append(_launch(results, name, lambda a=apps[name]: run_app(a, dep, timeout=1500),
+                               out[name]))
     for t in threads:
         t.join()
-    deployment.dep.all_pids()  # every process seen is checked gone when the deployment stops
-    for name in names:
-        if isinstance(results[name], BaseException):
-            raise results[name]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            est = load_result(apps[name][1])
-        assert_same_fit(name, refs[name], est, rtol=1e-8)
-        st = est.flower_status_
-        assert st["status"] == "ok" and st["clients"] == fds[name].client_ids and st["lost"] == {}
-        if name != "sec":  # SEC has no round loop
-            assert st["round"] == refs[name].n_rounds_ == len(est.history_)
+    dep.all_pids()  # every process seen is checked gone when the deployment stops
+    return SimpleNamespace(results=results, out=out, apps=apps)
 
 
 @pytest.mark.slow
-def test_failed_server_app_raises_its_error(flwr, deployment):
-    from fedlatent.runtime.flower_local import run_app
+def test_every_model_on_one_deployment_equals_inprocess(flwr, runs):
+    from fedlatent.runtime.flower import load_result
 
-    _, make = CASES["gmm"]()
-    app, out = app_for(deployment, "failed", "gmm", make())
-    # -c overrides travel as a TOML file: min-nodes above the 3 nodes started, a short wait
-    with pytest.raises(RuntimeError) as info:
-        run_app(app, deployment.dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300)
-    deployment.dep.all_pids()  # checked gone when the deployment stops
-    msg = str(info.value)
+    for name in sorted(CASES):
+        fd, ref = fit_inprocess(name)
+        if isinstance(runs.results[name], BaseException):
+            raise runs.results[name]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = load_result(runs.out[name])
+        assert_same_fit(name, ref, est, rtol=1e-8)
+        st = est.flower_status_
+        assert st["status"] == "ok" and st["clients"] == fd.client_ids and st["lost"] == {}
+        if name != "sec":  # SEC has no round loop
+            assert st["round"] == ref.n_rounds_ == len(est.history_)
+
+
+@pytest.mark.slow
+def test_failed_server_app_raises_its_error(flwr, runs):
+    err = runs.results["failed"]
+    assert isinstance(err, RuntimeError), err
+    msg = str(err)
     assert msg.startswith("Flower run failed: the server app reported status 'error': "
                           "TimeoutError: only 3 of min-nodes=5 Flower nodes connected within 1 s")
     assert "superlink.log" in msg  # the logs' tails come with it
-    status = json.loads((out / "status.json").read_text())
+    status = json.loads((runs.out["failed"] / "status.json").read_text())
     assert status["status"] == "error" and status["round"] == 0
 
 
 @pytest.mark.slow
-def test_stopped_deployment_resumes_and_sites_predict_with_their_state(flwr, deployment):
+def test_stopped_deployment_resumes_and_sites_predict_with_their_state(flwr, deployment, runs):
     """A FedGMM run stopped after round 2 (``flwr stop``) and resumed (server checkpoint + the
     sites' own states) ends as the uninterrupted in-process fit, and a site then predicts with
     the state it kept as the in-process personalized prediction. Flower keeps a node's
     ``context.state`` per run, so the resumed run's nodes start from nothing but their site
     directories."""
     from fedlatent.runtime.flower import load_result
-    from fedlatent.runtime.flower_local import _stop_run, run_app
 
     fd, make = state_case()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = make().fit(fd)
-    dep = deployment.dep
-    app, out = app_for(deployment, "state", "state", make())
-    t0 = time.monotonic()
-    first: dict[str, object] = {}
-    logs_before = set(dep.workdir.glob("flwr-run-*.log"))
-    # 1. the run is stopped (flwr stop) once round 2 has ended
-    t = threading.Thread(target=lambda: first.setdefault("error", _run(run_app, app, dep)))
-    t.start()
-    stopped_at = None
-    while t.is_alive() and stopped_at is None:
-        try:
-            st = json.loads((out / "status.json").read_text())
-        except (OSError, ValueError):
-            st = {}
-        if st.get("round", 0) >= 2:
-            stopped_at = int(st["round"])
-            (log,) = set(dep.workdir.glob("flwr-run-*.log")) - logs_before
-            _stop_run(dep, log)
-        time.sleep(0.1)
-    t.join()
-    assert stopped_at == 2, "the run ended before round 2"
-    assert isinstance(first["error"], RuntimeError), first  # the run did not finish
-    assert json.loads((out / "status.json").read_text())["status"] != "ok"
-    # 2. resumed: the server's checkpoint and each site's own state
-    run_app(app, dep, overrides={"resume": True}, timeout=900)
-    dep.all_pids()  # checked gone when the deployment stops
-    wall = time.monotonic() - t0
+    res = runs.results["state"]
+    if isinstance(res, BaseException):
+        raise res
+    assert res.stopped_at == 2, "the run ended before round 2"
+    assert isinstance(res.first, RuntimeError), res.first  # the first run did not finish
+    assert res.first_status != "ok"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = load_result(out)
+        est = load_result(runs.out["state"])
     assert est.flower_status_["resumed_from"] in (1, 2)
     assert len(est.history_) == 3
     for a in ("weights_x_", "means_", "precisions_cholesky_", "coef_", "weights_y_"):
         x, y = np.asarray(getattr(est, a)), np.asarray(getattr(ref, a))
         assert float(np.max(np.abs(x - y))) <= 1e-10 * max(1.0, float(np.max(np.abs(y)))), a
-    # 3. a site predicts with the state it kept: the in-process personalized prediction
+    # a site predicts with the state it kept: the in-process personalized prediction
     cid = fd.client_ids[1]
     mine = est.load_site_state(deployment.node_dirs[1] / "state.site")
     assert mine.client == cid
     X = fd[cid].X
     np.testing.assert_allclose(mine.predict_proba(X), ref.personalize(cid).predict_proba(X),
                                rtol=0, atol=1e-10)
-    print(f"stop + resume on a loopback deployment: {wall:.0f} s")
-
-
-def _run(run_app, app, dep):
-    try:
-        run_app(app, dep, timeout=900)
-    except BaseException as e:  # noqa: BLE001 - examined in the test thread
-        return e
-    return None
+    print(f"stop + resume on a loopback deployment: {res.wall:.0f} s")
 
 
 # Last: it kills a SuperNode of the module's deployment.
 @pytest.mark.slow
-def test_dead_supernode_is_missing_from_later_rounds(flwr, deployment):
+def test_dead_supernode_is_missing_from_later_rounds(flwr, deployment, runs):
     import fedlatent as fl
     from fedlatent.runtime.flower import load_result
     from fedlatent.runtime.flower_local import run_app
