@@ -96,6 +96,10 @@ class ClientNode:
     disclosure : DisclosurePolicy, optional
         The site's own disclosure policy: the server's (sent at setup) can make it stricter,
         never looser (:mod:`fedlatent.engine.privacy.enforce`). None: the server's.
+    identity : SiteIdentity, optional
+        The site's signing key and pinned roster (:mod:`fedlatent.engine.site.keys`): it signs
+        its key-agreement keys and SEC models, and with a roster accepts only peers' keys and
+        models that rostered sites signed. None: nothing signed, nothing verified.
     """
 
     def __init__(
@@ -106,8 +110,11 @@ class ClientNode:
         *,
         source: FederatedDataset | None = None,
         disclosure: DisclosurePolicy | None = None,
+        identity=None,
     ):
         self.client_id = str(client_id)
+        #: the site's keys and pinned roster (SiteIdentity) or None
+        self.identity = identity
         self.own_disclosure = disclosure
         self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
         self._data = data
@@ -163,6 +170,7 @@ class ClientNode:
         own = self.own_disclosure
         self.disclosure = sent if own is None else stricter(own, sent)
         self.model.disclosure = self.disclosure
+        self.model.identity = self.identity
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:

@@ -107,6 +107,10 @@ class FederatedModel(ABC):
     #: the DifferentialPrivacy setting in force on this client (None: not private); set at
     #: setup, for queries whose reply depends on it (a centre, say)
     privacy: Any = None
+    #: the site's keys and pinned roster (:class:`~fedlatent.engine.site.keys.SiteIdentity`,
+    #: None: none); set at setup, for queries that sign what they send or verify what they
+    #: are sent (SEC's models)
+    identity: Any = None
 
     def __init__(self, **config: Any):
         self.config = dict(config)
