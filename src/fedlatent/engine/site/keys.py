@@ -220,7 +220,7 @@ class Roster:
 
     def to_json(self) -> str:
         """The roster file's text (keys in base64)."""
-        sites = {s: base64.b64encode(_public_raw(k)).decode() for s, k in sorted(self._keys.items())}
+        sites = {s: base64.b64encode(_public_raw(self._keys[s])).decode() for s in self.sites}
         return json.dumps({"format": ROSTER_FORMAT, "sites": sites}, indent=1) + "\n"
 
     @property
