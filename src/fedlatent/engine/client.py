@@ -170,7 +170,8 @@ class ClientNode:
         own = self.own_disclosure
         self.disclosure = sent if own is None else stricter(own, sent)
         self.model.disclosure = self.disclosure
-        self.model.identity = self.identity
+        self.model.identity = (None if self.identity is None
+                               else self.identity.for_site(self.client_id))
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:

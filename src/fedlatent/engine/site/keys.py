@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -287,12 +287,23 @@ class SiteIdentity:
         today's behaviour (an honest-but-curious server is assumed; nothing is verified).
     sec_quota : int or None
         Most distinct SEC models the site evaluates per run; None: one per rostered site.
+    site : str or None
+        The site's id (the client id it answers as; the roster lists it under this id). The
+        client node binds it (:meth:`for_site`).
     """
 
     keys: SiteKeys | None = None
     roster: Roster | None = None
     sec_quota: int | None = None
+    site: str | None = None
     _runs: set = field(default_factory=set, compare=False, repr=False)
+
+    def for_site(self, site: str) -> SiteIdentity:
+        """This identity bound to the client id ``site`` (its record of set-up runs shared)."""
+        if self.site is not None and self.site != str(site):
+            raise ValueError(f"the site identity of {self.site!r} is given to client "
+                             f"{str(site)!r}; give each client its own site's key")
+        return replace(self, site=str(site))
 
     @classmethod
     def from_paths(cls, signing_key: str | os.PathLike | None = None,

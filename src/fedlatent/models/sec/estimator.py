@@ -11,6 +11,7 @@ models as skops bytes in one uint8 array (no pickle). Prediction, pooled models 
 
 from __future__ import annotations
 
+import secrets
 import time
 import warnings
 from typing import Any
@@ -372,9 +373,10 @@ class SEC(ClusterUseMixin, FederatedEstimator):
 
         try:
             t0, traffic = time.perf_counter(), Traffic()
+            run = secrets.token_hex(16)  # the models are signed for this run only
             sel = select_step(send, cids, cands, ctx.seed, n_features=ctx.n_features,
                               standardize=bool(self.standardize), n_jobs=self.n_jobs,
-                              traffic=traffic, split=self.split)
+                              traffic=traffic, split=self.split, run=run)
             e = np.array([float(sel[c]["e"]) for c in cids])
             n = np.array([int(sel[c]["n"]) for c in cids])
             if not self.standardize:
@@ -384,8 +386,9 @@ class SEC(ClusterUseMixin, FederatedEstimator):
             t0, traffic = time.perf_counter(), Traffic()
             blobs = [np.asarray(sel[c]["model"], dtype=np.uint8) for c in cids]
             self._check_models(cids, blobs, " (sent in the select step)")
+            signed = [(c, sel[c].get("signature")) for c in cids]
             E = exchange_step(send, cids, blobs, ctx.seed, batch=int(self.exchange_batch),
-                              n_jobs=self.n_jobs, traffic=traffic)
+                              n_jobs=self.n_jobs, traffic=traffic, run=run, signed=signed)
             step(2, float(E[~np.eye(len(cids), dtype=bool)].mean()), traffic, t0)
         finally:
             bar.close()
