@@ -530,10 +530,13 @@ class FederatedEstimator(BaseEstimator):
         return self.fit(fd, **fit_params).predict_dataset(fd)
 
     # ---- persistence (no pickle) ---------------------------------------------------------------
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, *, signer=None) -> None:
         """Write ``<path>.npz`` (arrays), then ``<path>.json`` (settings, history, the .npz's
         sha256), each atomically: an interrupted save leaves a pair that :meth:`load` refuses,
-        never one it reads wrongly. No pickle."""
+        never one it reads wrongly. No pickle. With ``signer`` (a
+        :class:`~fedlatent.engine.site.keys.SiteIdentity` with a signing key and a site id),
+        the JSON also records that site's Ed25519 signature of the pair, which
+        ``load(path, trust=roster)`` verifies."""
         check_is_fitted(self)
         arrays = {name: np.asarray(getattr(self, name)) for name in self._save_arrays}
         meta = {
@@ -558,7 +561,7 @@ class FederatedEstimator(BaseEstimator):
             meta["selection"] = {"param": param, "value": int(getattr(self, f"{param}_")),
                                  "scores": table.reset_index().to_dict(orient="records")}
         meta.update(self._save_extra())
-        save_arrays_json(path, arrays, meta)
+        save_arrays_json(path, arrays, meta, signer=signer)
 
     def _save_extra(self) -> dict[str, Any]:
         """More JSON for :meth:`save` (read back by ``_load_extra``)."""
@@ -615,16 +618,19 @@ class FederatedEstimator(BaseEstimator):
         load_selection(self, doc)
 
     @classmethod
-    def load(cls, path: str | Path):
+    def load(cls, path: str | Path, *, trust=None):
         """Read what :meth:`save` wrote, refusing (ValueError naming the file and the field) a
         pair whose .npz does not match the sha256 its .json records, arrays other than the
         saved ones, non-finite values and anything breaking the model's invariants
-        (``_check_loaded``). No pickle."""
+        (``_check_loaded``). No pickle. With ``trust`` (a pinned
+        :class:`~fedlatent.engine.site.keys.Roster`), an unsigned pair, or one not signed by
+        a rostered site, or edited since it was signed, is refused; without it the signature
+        is not checked (files saved before signatures load as before)."""
         from .loadcheck import check_saved
 
         path = Path(path)
         npz, js = path.with_name(path.name + ".npz"), path.with_name(path.name + ".json")
-        arrays, meta = load_arrays_json(path)
+        arrays, meta = load_arrays_json(path, trust=trust)
         if meta.get("class") != cls.__name__:
             raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
         check_saved(cls, arrays, meta, npz, js)

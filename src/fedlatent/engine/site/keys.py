@@ -308,10 +308,10 @@ class SiteIdentity:
     @classmethod
     def from_paths(cls, signing_key: str | os.PathLike | None = None,
                    roster: str | os.PathLike | None = None,
-                   sec_quota: int | None = None) -> SiteIdentity:
+                   sec_quota: int | None = None, site: str | None = None) -> SiteIdentity:
         """The identity of a site policy's ``signing-key`` and ``roster`` paths."""
         return cls(None if signing_key is None else SiteKeys.load(signing_key),
-                   None if roster is None else Roster.load(roster), sec_quota)
+                   None if roster is None else Roster.load(roster), sec_quota, site)
 
     @property
     def quota(self) -> int | None:

@@ -440,13 +440,13 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         self.cluster_counts_ = np.asarray(counts, dtype=np.float64)
 
     # ---- persistence ------------------------------------------------------------------------
-    def save(self, path) -> None:
+    def save(self, path, *, signer=None) -> None:
         """As the base's; the history is written without its derived columns (``log_joint``,
         ``train_mse`` and ``pred_change`` are saved as arrays and added back at load)."""
         full = self.history_
         self.history_ = History(full)
         try:
-            super().save(path)
+            super().save(path, signer=signer)
         finally:
             self.history_ = full
 
