@@ -156,7 +156,7 @@ class SecAggClient:
             try:
                 trust.verify(v, roster.signatures[v], KEYS_PURPOSE, self.key_context(v),
                              keys_payload({f: roster.keys[v][f] for f in KEY_FIELDS}),
-                             what="the key-agreement keys")
+                             what="the key announcement")
             except AuthenticationError as err:
                 log.warning("client %r: secure aggregation set-up aborted: %s", self.id, err)
                 raise SecureAggregationError(
