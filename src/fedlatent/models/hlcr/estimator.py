@@ -36,8 +36,8 @@ from .fitting import (
     start_params,
     store_fit,
 )
-from .math import check_entities, posterior_means
 from .inference import HLCRInference, extra_chains, store_chains
+from .math import check_entities, posterior_means
 from .model import SIZES_QUERY, HLCRModel
 from .predict import HLCRPrediction
 from .privacy import noise_ridge, spread_start
