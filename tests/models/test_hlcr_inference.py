@@ -50,6 +50,8 @@ def test_rhat_is_nan_for_one_chain_or_constant_draws():
     assert np.isnan(rhat(np.ones((2, 10))))
     assert np.isnan(rhat(np.random.default_rng(0).normal(size=(1, 10))))
     assert ess_bulk(np.ones((2, 10))) == 20.0
+    jitter = 0.4 + 1e-16 * np.random.default_rng(1).normal(size=(2, 10))
+    assert ess_bulk(jitter) == ess_tail(jitter) == 20.0 and np.isnan(rhat(jitter))
 
 
 def test_mixture_quantiles_of_normals_and_of_a_two_point_mixture():

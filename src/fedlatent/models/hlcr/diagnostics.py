@@ -35,7 +35,9 @@ def z_scale(x: np.ndarray) -> np.ndarray:
 
 
 def _constant(x: np.ndarray) -> bool:
-    return float(np.max(x) - np.min(x)) < np.finfo(float).resolution
+    """Draws that never move (up to rounding: a share computed from the same counts)."""
+    scale = max(1.0, float(np.max(np.abs(x))))
+    return float(np.max(x) - np.min(x)) < np.finfo(float).resolution * scale
 
 
 def _rhat_basic(x: np.ndarray) -> float:
@@ -101,6 +103,8 @@ def ess_bulk(x: np.ndarray) -> float:
     x = np.atleast_2d(np.asarray(x, dtype=np.float64))
     if x.shape[1] < 4 or not np.all(np.isfinite(x)):
         return float("nan")
+    if _constant(x):  # rank-normalizing rounding noise would invent autocorrelation
+        return float(x.size)
     return _ess(z_scale(split_chains(x)))
 
 
@@ -110,6 +114,8 @@ def ess_tail(x: np.ndarray) -> float:
     x = np.atleast_2d(np.asarray(x, dtype=np.float64))
     if x.shape[1] < 4 or not np.all(np.isfinite(x)):
         return float("nan")
+    if _constant(x):
+        return float(x.size)
     out = []
     for prob in (0.05, 0.95):
         q = np.quantile(x, prob)
