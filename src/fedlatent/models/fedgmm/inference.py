@@ -14,13 +14,14 @@ import numpy as np
 from ...engine.estimator import check_is_fitted
 from ...engine.inference import Summary
 
-__all__ = ["NO_SE_REASON", "SUMMARY_COLUMNS", "FedGMMSummary", "fedgmm_table"]
+__all__ = ["NO_SE_NOTE", "NO_SE_REASON", "SUMMARY_COLUMNS", "FedGMMSummary", "fedgmm_table"]
 
 #: the columns of FedGMM's summary table
 SUMMARY_COLUMNS = ["coef", "std err", "note"]
 
-#: why the table has no standard errors
-NO_SE_REASON = ("no SE: FedGMM's clients send no observed information (penalized Newton "
+#: the ``note`` of every row, and the header's longer reason
+NO_SE_NOTE = "no SE: no observed information"
+NO_SE_REASON = ("none: FedGMM's clients send no observed information (penalized Newton "
                 "learners, per-client weights)")
 
 
@@ -28,7 +29,7 @@ def fedgmm_table(weights_x, means, weights_y, coef, classes, names: list[str]):
     """The summary table: per input component (``x0``, ``x1``...) its federated weight and
     mean per feature; per learner (``learner 0``...) its weight and, per non-reference class,
     its coefficients and intercept (``<class>: <feature>``). Indexed by (component,
-    parameter); columns :data:`SUMMARY_COLUMNS` (``std err`` NaN, ``note`` the reason)."""
+    parameter); columns :data:`SUMMARY_COLUMNS` (``std err`` NaN, ``note`` why)."""
     import pandas as pd
 
     index, est = [], []
@@ -47,7 +48,7 @@ def fedgmm_table(weights_x, means, weights_y, coef, classes, names: list[str]):
             est += [float(v) for v in coef[m, j]]
     idx = pd.MultiIndex.from_tuples(index, names=["component", "parameter"])
     return pd.DataFrame({"coef": est, "std err": np.full(len(est), np.nan),
-                         "note": NO_SE_REASON}, index=idx)
+                         "note": NO_SE_NOTE}, index=idx)
 
 
 class FedGMMSummary:
@@ -75,5 +76,5 @@ class FedGMMSummary:
                 "Classes": f"{', '.join(classes)} (reference {classes[0]})",
                 "Mean log h_c(x, y)": f"{float(self.lower_bound_):.6g}",
                 "Converged": str(bool(self.converged_)),
-                "Covariance": "none (see the note column)"}
+                "Standard errors": NO_SE_REASON}
         return Summary(f"{type(self).__name__} results", info, table)
