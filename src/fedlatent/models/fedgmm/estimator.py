@@ -21,6 +21,7 @@ from ..gmm.init import INIT_PARAMS
 from ..gmm.math import covariances_from_precisions
 from .clients import ClientWeights
 from .dp import private_refusal
+from .inference import FedGMMSummary
 from .math import fedgmm_log_components, fedgmm_predict_log_proba
 from .model import FedGMMModel
 from .selection import auto_size, fedgmm_selection
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
     "fedgmm", target=True,
     description="FedGMM: personalized mixture of Gaussian inputs and shared learners (Wu et al.)",
 )
-class FedGMM(ClientWeights, FederatedEstimator):
+class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
     """Personalized federated learning under a mixture of joint distributions (FedGMM).
 
     Parameters

@@ -41,6 +41,7 @@ from .model import SECModel, check_learner
 from .predict import ClusterUseMixin
 from .protocol import Traffic, exchange_step, select_step, sender
 from .serialize import UntrustedModelError, check_extra_types, check_model, dumps_model
+from .summary import SECSummary
 
 __all__ = ["SEC", "warn_target_scales"]
 
@@ -90,7 +91,7 @@ def warn_target_scales(ids: list[str], scales: list[float], target: str | None =
     "sec", target=True,
     description="SEC: meta clustering of learners by select-exchange-cluster (Ye et al.)",
 )
-class SEC(ClusterUseMixin, FederatedEstimator):
+class SEC(SECSummary, ClusterUseMixin, FederatedEstimator):
     """Meta clustering of learners by Select-Exchange-Cluster.
 
     Parameters
