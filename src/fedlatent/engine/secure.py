@@ -18,7 +18,7 @@ one exchange (a round's ``estep``, or an initialization ``query``)
 
 What the server learns: per exchange, the sums over the survivors, who was asked and who
 answered (client sizes were public already). What it cannot do any more: screen one client's
-reply (:class:`~fedlatent.engine.update.ReplyScreen`): the checks apply to the aggregate (its
+reply (:mod:`fedlatent.engine.rounds.screen`): the checks apply to the aggregate (its
 shapes, finite values, the units it claims equal the survivors' units on full passes, and
 the model's invariants on the initialization round's sum), and a failing aggregate stops the
 fit naming the round and the clients it came from (secure aggregation hides which of them).
