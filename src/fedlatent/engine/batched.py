@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.dataset import ClientData
+from .clientstep import fedem_rows
 from .messages import unpack
 from .model import client_key
 from .stats import Stats
-from .streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
+from .streams import batch_rows, stream_keys, stream_uniforms
 
 __all__ = ["Bucket", "BatchStep", "BatchReply", "BatchedClients", "ClientBatch"]
 
@@ -354,25 +355,16 @@ class BatchedClients:
         def finish(Q, n, lo, hi):
             """Rows ``lo:hi`` of the sums made into the reply, in place."""
             control_variates()
-            d, ii = Q[lo:hi], idx[lo:hi]
-            if not divided:
-                d /= np.maximum(n[lo:hi], 1)[:, None]
-            if S_flat is not None:
-                d -= S_flat  # S_c - S_hat - V_c
-                if V is not None:
-                    h = had[lo:hi]
-                    if h.all():
-                        d -= V.arrays[""][ii]
-                    elif h.any():
-                        d[h] -= V.arrays[""][ii[h]]
-            if levels > 0:
-                d[...] = quantize_flat(d, [v.size for v in self.template.values()], levels,
-                                       stream_uniforms(keys[lo:hi], d.shape[1]))
-            if cv:
-                Vf = V.arrays[""]
-                step = alpha * d if alpha != 1.0 else d
-                h = had[lo:hi]
-                Vf[ii] = (Vf[ii] if h.all() else np.where(h[:, None], Vf[ii], 0.0)) + step
+            ii = idx[lo:hi]
+            Vr = None if V is None else V.arrays[""][ii]
+            new = fedem_rows(
+                Q[lo:hi], None if divided else n[lo:hi], S_flat, Vr,
+                None if had is None else had[lo:hi], levels=levels,
+                sizes=[v.size for v in self.template.values()],
+                uniforms=stream_uniforms(keys[lo:hi], Q.shape[1]) if levels > 0 else None,
+                alpha=alpha, cv=cv)
+            if new is not None:
+                V.arrays[""][ii] = new
 
         done = np.zeros(idx.size, dtype=bool)
         if mode in ("full", "spider-refresh", "batch"):
