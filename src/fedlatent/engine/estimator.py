@@ -44,6 +44,7 @@ from .model import FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
 from .runtime import Runtime
+from .seeds import resolve_seed
 from .selection import Selection, fit_selected, load_selection
 
 __all__ = [
@@ -104,17 +105,6 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
                  fix_inf="drop or clip them before predicting")
     check_magnitude(X, names, where="X: ")
     return X
-
-
-def resolve_seed(random_state) -> int:
-    """One integer seed from an int, a Generator or None (fresh entropy)."""
-    if random_state is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
-    if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2**31 - 1))
-    return int(random_state)
 
 
 @dataclass

@@ -8,7 +8,7 @@ finite values, bounds) with the same checks as the round loop's statistics
 badly is treated one way:
 
 - ``required=True`` (the default, what an initialization needs): the exchange stops with a
-  :class:`~fedlatent.engine.loop.FederatedFitError` naming the client(s) and the reason;
+  :class:`~fedlatent.engine.faults.FederatedFitError` naming the client(s) and the reason;
 - ``required=False``: the client is left out of this exchange, recorded in ``Replies.faults``
   (client -> reason) and logged; the caller combines the replies of the others.
 
@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .faults import FederatedFitError
 from .messages import (
     ERROR_KEY,
     ClientReplyError,
@@ -85,8 +86,6 @@ def ask(
     -------
     Replies
     """
-    from .loop import FederatedFitError
-
     if per_client:
         msgs = {str(c): dict(m) for c, m in messages.items()}
         ids = list(msgs) if clients is None else list(clients)
@@ -130,7 +129,6 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     """
     import json
 
-    from .loop import FederatedFitError
     from .privacy.disclosure import DisclosurePolicy
     from .privacy.enforce import policy_to_json
 

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..data.validation import name_list
+from .faults import FederatedFitError
 from .messages import ERROR_KEY, fault_detail, message_nbytes
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
@@ -192,8 +193,6 @@ class SecureChannel:
 
     def setup(self) -> SecureChannel:
         """Keys, roster and sealed shares: three messages to every client, once per fit."""
-        from .loop import FederatedFitError
-
         enc = self.config.encoding
         base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
                 "bound": float(enc.bound), "slots": int(self.config.n_slots)}
@@ -227,7 +226,6 @@ class SecureChannel:
         Raises FederatedFitError naming the round, the count and the threshold when fewer than
         ``threshold`` clients take part, reply or reveal.
         """
-        from .loop import FederatedFitError
         from .secagg import SecureAggregationError
 
         where = "" if method == "estep" else f"initialization {exchange!r}: "
@@ -290,8 +288,6 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
     """An initialization query whose replies the server needs only summed, through secure
     aggregation: ``{field: sum over every client}``, each field checked for its shape and
     finite values; every client must take part (a dropout stops the fit, naming it)."""
-    from .loop import FederatedFitError
-
     channel = ctx.secure
     base = {"query": query, "seed": int(ctx.seed), **(payload or {})}
     # every exchange needs its own label: a query asked again (a Lloyd step) is "name#2", ...
