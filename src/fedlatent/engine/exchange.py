@@ -95,19 +95,10 @@ def ask(
     raw = runtime.call(ids, method, msgs) if ids else {}
     good = Replies()
     for c in ids:
-        reply = raw.get(c)
         try:
-            if reply is None:
-                raise ClientReplyError(c, "no reply")
-            if ERROR_KEY in reply:  # the client declined or failed, and said why
-                why = str(reply[ERROR_KEY])
-                raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
-            if expect:
-                check_fields(c, reply, expect)
+            good[c] = _checked(c, raw.get(c), expect)
         except ClientReplyError as err:
             good.faults[c] = err.reason
-            continue
-        good[c] = reply
     if good.faults:
         detail = fault_detail(good.faults)
         if required:
@@ -115,6 +106,18 @@ def ask(
                                     faults=good.faults)
         logger.warning("%s: left out %s", what, detail)
     return good
+
+
+def _checked(c: str, reply, expect) -> dict[str, Any]:
+    """Client ``c``'s reply if it holds what ``expect`` says (ClientReplyError otherwise)."""
+    if reply is None:
+        raise ClientReplyError(c, "no reply")
+    if ERROR_KEY in reply:  # the client declined or failed, and said why
+        why = str(reply[ERROR_KEY])
+        raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
+    if expect:
+        check_fields(c, reply, expect)
+    return reply
 
 
 def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
