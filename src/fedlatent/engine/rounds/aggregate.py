@@ -103,9 +103,9 @@ class Aggregate:
     units: int
     bytes_down: int
     bytes_up: int
-    missing: list[str] = field(default_factory=list)
-    rejected: dict[str, str] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
+    missing: list[str]
+    rejected: dict[str, str]
+    errors: dict[str, str]
     skipped: str = ""
     accepted: Accepted | None = None
 
