@@ -44,7 +44,7 @@ def h_norm2(rd, k: int, params, S_hat: Stats, missing, rejected, errors):
     if rows is None or not accepted.any():
         return float("nan"), missing, rejected, errors
     w = rd.w[rows.clients]
-    mean = S_hat.unflatten(weighted_rows(rows.Q, w, accepted)[0])
+    mean = rows.template.unflatten(weighted_rows(rows.Q, w, accepted)[0])
     if st.missing or refused:  # the weights of the others, added in client order
         mean = mean * (1.0 / float(np.cumsum(w[accepted])[-1]))
     return (mean - S_hat).squared_norm(), missing, rejected, errors

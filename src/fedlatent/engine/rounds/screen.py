@@ -125,7 +125,7 @@ class Mirror:
                 self.arr = np.zeros((len(self.ids), rows.Q.shape[1]))
                 self.template = rows.template.zeros_like()
             self.known[:] = False
-            self.arr[rows.clients] = rows.Q - S_hat_new.flatten()[None, :]
+            self.arr[rows.clients] = rows.Q - _flat(S_hat_new, rows.template)[None, :]
             self.known[rows.clients] = True
             self.resync[:] = False
             return
@@ -247,7 +247,7 @@ class Screen:
         rows = _as_slice(rows)
         if S_hat is None:
             return rep.Q[rows]  # a view when the rows are consecutive: read only
-        S_c = rep.Q[rows] + S_hat.flatten()[None, :]
+        S_c = rep.Q[rows] + _flat(S_hat, rep.template)[None, :]
         if self.use_cv:
             S_c += mirror.arr[rep.clients[rows]]
         return S_c
@@ -256,7 +256,7 @@ class Screen:
         """The rounding bound of row ``r``'s rebuilt statistic (None: sent as is)."""
         if S_hat is None:
             return None
-        mag = np.abs(rep.Q[r]) + np.abs(S_hat.flatten())
+        mag = np.abs(rep.Q[r]) + np.abs(_flat(S_hat, rep.template))
         if self.use_cv:
             mag = mag + np.abs(mirror.arr[rep.clients[r]])
         return REBUILD_EPS * mag
@@ -269,7 +269,7 @@ class Screen:
         flat = self.rebuild_rows(rep, rows, S_hat, mirror) * nn[:, None]
         if S_hat is not None:
             who_all = rep.clients[rows]
-            s_abs = np.abs(S_hat.flatten())[None, :]
+            s_abs = np.abs(_flat(S_hat, rep.template))[None, :]
 
             def sl_rows(r):  # the slack of some of these rows, computed when asked
                 out = np.abs(rep.Q[rows[r]]) + s_abs
@@ -317,6 +317,12 @@ class Screen:
         S_c = self.rebuild_rows(rep, np.array([r]), S_hat, mirror)[0]
         with np.errstate(over="ignore", invalid="ignore"):
             return self.model.check(tmpl.unflatten(S_c) * nf, nf, slack), UNTRUE
+
+
+def _flat(S: Stats, template: Stats) -> np.ndarray:
+    """``S`` flattened in the block order of the rows' ``template``."""
+    return np.concatenate([np.ravel(S[k]) for k in template]) if len(template) else \
+        np.zeros(0)
 
 
 def _blocks(template: Stats, flat: np.ndarray) -> dict[str, np.ndarray]:
