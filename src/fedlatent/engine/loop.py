@@ -6,8 +6,14 @@ iteration); with control variates every client then sets ``V_c = S_c(theta_0) - 
 initialization of the paper's convergence theorem (so the server's ``V`` starts at 0 exactly, and
 the first compressed differences are small). From round 2 on, the FedEM update of
 Dieuleveut, Fort, Moulines and Robin (2021), written in :mod:`fedlatent.engine.update` (the state
-update and the plan of each round); checkpoints in :mod:`fedlatent.engine.checkpoint`.
+update); checkpoints in :mod:`fedlatent.engine.checkpoint`.
 FedHLCR's smoothing ``S_t = (1 - gamma) S_{t-1} + gamma S`` is ``p = fraction``, step ``gamma``.
+
+A round is plan -> gather -> server step -> record (:meth:`_Rounds.round`): the
+:class:`~fedlatent.engine.rounds.plan.RoundPlan` of the round; one collector
+(:mod:`fedlatent.engine.rounds.collectors`: one client at a time, batched, or secure) returns the
+round's :class:`~fedlatent.engine.rounds.aggregate.Aggregate`; the FedEM step and the model's
+M-step; the mirror of the control variates follows the accepted replies; the round's record.
 """
 
 from __future__ import annotations
