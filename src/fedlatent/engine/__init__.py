@@ -37,7 +37,7 @@ _LAZY = {
     "History": "history",
     "RoundRecord": "history",
     "InProcessRuntime": "inprocess",
-    "FederatedFitError": "loop",
+    "FederatedFitError": "faults",
     "FitResult": "loop",
     "LoopOptions": "loop",
     "run_federated_em": "loop",

@@ -286,7 +286,8 @@ def save_loop_checkpoint(path, *, params, state, history, client_states, identit
                          round_: int, params0, mirror=None) -> Path:
     """Write the round loop's checkpoint ``<path>.npz`` atomically (see the module docstring);
     returns the file written. ``mirror`` is ``(V_c by client (None: unknown), clients to
-    resync)``, the server's copy of the clients' control variates (ReplyScreen), or None."""
+    resync)``, the server's copy of the clients' control variates (``rounds.screen.Mirror``), or
+    None."""
     path = Path(path)
     ids = list(identity.clients)
     arrays = {f"params/{k}": np.asarray(v) for k, v in params.items()}

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import ClientData, FederatedDataset
+from .clientstep import fedem_rows
 from .messages import ERROR_KEY, pack, unpack
 from .model import FederatedModel, client_key, client_rng
 from .privacy.disclosure import DisclosurePolicy, check_counts
@@ -42,7 +43,7 @@ from .privacy.enforce import (
 )
 from .registry import estimator_from_config, model_from_config
 from .stats import Stats
-from .streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
+from .streams import batch_rows, stream_keys, stream_uniforms
 
 __all__ = ["ClientNode", "describe_client"]
 
@@ -70,6 +71,11 @@ class _LazyRng:
 def _sub(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     p = prefix + "/"
     return {k[len(p) :]: v for k, v in state.items() if k.startswith(p)}
+
+
+def _flat_like(template: Stats, other: Stats) -> np.ndarray:
+    """``other`` flattened in the block order of ``template``, as one row (1, F)."""
+    return np.concatenate([np.ravel(other[k]) for k in template])[None, :]
 
 
 def _put(state: dict[str, np.ndarray], prefix: str, arrays: dict[str, np.ndarray]) -> None:
@@ -286,36 +292,40 @@ class ClientNode:
         else:
             raise KeyError(f"unknown E-step mode {mode!r}")
 
+        q = self._fedem_update(S_c, msg)
+        reply = pack("delta", q.to_dict())
+        reply["n"] = int(step.n)
+        reply["objective"] = float(step.objective)
+        return reply
+
+    def _fedem_update(self, S_c: Stats, msg: dict[str, Any]) -> Stats:
+        """``Q_c = Quant(S_c - S_hat - V_c)`` and ``V_c += alpha Q_c``: the client update of
+        :func:`~fedlatent.engine.clientstep.fedem_rows` on a batch of one (the initialization
+        round keeps ``S_c`` when control variates will start from it, and sends it)."""
         S_hat = Stats(unpack(msg, "S_hat"))
         use_cv = bool(msg.get("control_variates", False))
         reset = unpack(msg, "V_reset")
         if use_cv and reset:  # the server refused our last reply: back to the V_c it holds
             _put(self.state, "V", reset)
         V_c = Stats(_sub(self.state, "V")) if use_cv and _sub(self.state, "V") else None
-        if len(S_hat) == 0:  # initialization round: send the statistic itself
-            delta = S_c
-            if bool(msg.get("keep_init", False)):
-                _put(self.state, "init_S", S_c.to_dict())
-        else:
-            delta = S_c - S_hat
-            if V_c is not None:
-                delta = delta - V_c
+        if len(S_hat) == 0 and bool(msg.get("keep_init", False)):
+            _put(self.state, "init_S", S_c.to_dict())
         levels = int(msg.get("quant_levels", 0))
+        cv = use_cv and len(S_hat) > 0
+        d = S_c.flatten()[None, :].copy()
+        uniforms = None
         if levels > 0:  # the counter-based stream: what the batched path draws for us
-            flat = delta.flatten()
-            keys = stream_keys(seed, [client_key(self.client_id)], rnd, _P_QUANT)
-            q = delta.unflatten(quantize_flat(flat[None, :], [v.size for v in delta.values()],
-                                              levels, stream_uniforms(keys, flat.size))[0])
-        else:
-            q = delta
-        if use_cv and len(S_hat) > 0:
-            alpha = float(msg["alpha"])
-            V_new = (V_c if V_c is not None else q.zeros_like()).copy().add_(q, alpha)
-            _put(self.state, "V", V_new.to_dict())
-        reply = pack("delta", q.to_dict())
-        reply["n"] = int(step.n)
-        reply["objective"] = float(step.objective)
-        return reply
+            keys = stream_keys(int(msg["seed"]), [client_key(self.client_id)],
+                               int(msg["round"]), _P_QUANT)
+            uniforms = stream_uniforms(keys, d.shape[1])
+        V_new = fedem_rows(
+            d, None, _flat_like(S_c, S_hat) if len(S_hat) else None,
+            _flat_like(S_c, V_c) if V_c is not None else np.zeros_like(d),
+            np.array([V_c is not None]), levels=levels, sizes=[v.size for v in S_c.values()],
+            uniforms=uniforms, alpha=float(msg["alpha"]) if cv else 1.0, cv=cv)
+        if V_new is not None:
+            _put(self.state, "V", S_c.unflatten(V_new[0]).to_dict())
+        return S_c.unflatten(d[0])
 
     def _batch(self, seed: int, rnd: int, n_units: int, batch_size: int) -> np.ndarray:
         """This round's mini-batch: ``min(batch_size, n_units)`` rows without replacement,

@@ -36,6 +36,7 @@ from .checkpoint import load_arrays_json, save_arrays_json
 from .errors import NotFittedError
 from .exchange import Expect, Replies, ask, number, setup_clients
 from .federation import Federation
+from .fitsetup import setup_fit
 from .history import History
 from .inprocess import InProcessRuntime
 from .loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
@@ -43,6 +44,7 @@ from .model import FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
 from .runtime import Runtime
+from .seeds import resolve_seed
 from .selection import Selection, fit_selected, load_selection
 
 __all__ = [
@@ -103,17 +105,6 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
                  fix_inf="drop or clip them before predicting")
     check_magnitude(X, names, where="X: ")
     return X
-
-
-def resolve_seed(random_state) -> int:
-    """One integer seed from an int, a Generator or None (fresh entropy)."""
-    if random_state is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
-    if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2**31 - 1))
-    return int(random_state)
 
 
 @dataclass
@@ -347,24 +338,12 @@ class FederatedEstimator(BaseEstimator):
         runtime = runtime if given else InProcessRuntime(fd)
         ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
                          data=None if remote else fd, runtime_given=given)
-        from .privacy.disclosure import effective
-
-        releases = 0
-        if federation.privacy is not None:
-            from .privacy.dp import PrivacyBudget, planned_releases
-
+        private = federation.privacy is not None
+        if private:
             self._refuse_private(fd, federation)
-            releases = planned_releases(self._max_rounds(), 1,
-                                        int(self._dp_init_releases))
-            ctx.privacy = PrivacyBudget(federation.privacy.calibrate(releases))
-        ctx.n_units = setup_clients(runtime, model, effective(federation.disclosure,
-                                                              federation.secure_aggregation),
-                                    federation.privacy, releases)
-        if federation.secure_aggregation:
-            from .secure import open_channel
-
-            ctx.secure = open_channel(runtime, federation, ctx.n_units,
-                                      self._max_rounds())
+        setup = setup_fit(runtime, model, federation, self._max_rounds(),
+                          init_releases=int(self._dp_init_releases) if private else 0)
+        ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
         return ctx
 
     def _refuse_private(self, fd, federation) -> None:

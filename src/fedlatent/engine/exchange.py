@@ -8,7 +8,7 @@ finite values, bounds) with the same checks as the round loop's statistics
 badly is treated one way:
 
 - ``required=True`` (the default, what an initialization needs): the exchange stops with a
-  :class:`~fedlatent.engine.loop.FederatedFitError` naming the client(s) and the reason;
+  :class:`~fedlatent.engine.faults.FederatedFitError` naming the client(s) and the reason;
 - ``required=False``: the client is left out of this exchange, recorded in ``Replies.faults``
   (client -> reason) and logged; the caller combines the replies of the others.
 
@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .faults import FederatedFitError
 from .messages import (
     ERROR_KEY,
     ClientReplyError,
@@ -85,8 +86,6 @@ def ask(
     -------
     Replies
     """
-    from .loop import FederatedFitError
-
     if per_client:
         msgs = {str(c): dict(m) for c, m in messages.items()}
         ids = list(msgs) if clients is None else list(clients)
@@ -96,19 +95,10 @@ def ask(
     raw = runtime.call(ids, method, msgs) if ids else {}
     good = Replies()
     for c in ids:
-        reply = raw.get(c)
         try:
-            if reply is None:
-                raise ClientReplyError(c, "no reply")
-            if ERROR_KEY in reply:  # the client declined or failed, and said why
-                why = str(reply[ERROR_KEY])
-                raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
-            if expect:
-                check_fields(c, reply, expect)
+            good[c] = _checked(c, raw.get(c), expect)
         except ClientReplyError as err:
             good.faults[c] = err.reason
-            continue
-        good[c] = reply
     if good.faults:
         detail = fault_detail(good.faults)
         if required:
@@ -116,6 +106,18 @@ def ask(
                                     faults=good.faults)
         logger.warning("%s: left out %s", what, detail)
     return good
+
+
+def _checked(c: str, reply, expect) -> dict[str, Any]:
+    """Client ``c``'s reply if it holds what ``expect`` says (ClientReplyError otherwise)."""
+    if reply is None:
+        raise ClientReplyError(c, "no reply")
+    if ERROR_KEY in reply:  # the client declined or failed, and said why
+        why = str(reply[ERROR_KEY])
+        raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
+    if expect:
+        check_fields(c, reply, expect)
+    return reply
 
 
 def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
@@ -130,7 +132,6 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     """
     import json
 
-    from .loop import FederatedFitError
     from .privacy.disclosure import DisclosurePolicy
     from .privacy.enforce import policy_to_json
 

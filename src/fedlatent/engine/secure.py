@@ -18,7 +18,7 @@ one exchange (a round's ``estep``, or an initialization ``query``)
 
 What the server learns: per exchange, the sums over the survivors, who was asked and who
 answered (client sizes were public already). What it cannot do any more: screen one client's
-reply (:class:`~fedlatent.engine.update.ReplyScreen`): the checks apply to the aggregate (its
+reply (:mod:`fedlatent.engine.rounds.screen`): the checks apply to the aggregate (its
 shapes, finite values, the units it claims equal the survivors' units on full passes, and
 the model's invariants on the initialization round's sum), and a failing aggregate stops the
 fit naming the round and the clients it came from (secure aggregation hides which of them).
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..data.validation import name_list
+from .faults import FederatedFitError
 from .messages import ERROR_KEY, fault_detail, message_nbytes
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
@@ -218,8 +219,6 @@ class SecureChannel:
 
     def setup(self) -> SecureChannel:
         """Keys, roster and sealed shares: three messages to every client, once per fit."""
-        from .loop import FederatedFitError
-
         enc = self.config.encoding
         base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
                 "bound": float(enc.bound), "slots": int(self.config.n_slots), "run": self.run,
@@ -259,7 +258,6 @@ class SecureChannel:
         Raises FederatedFitError naming the round, the count and the threshold when fewer than
         ``threshold`` clients take part, reply or reveal.
         """
-        from .loop import FederatedFitError
         from .secagg import SecureAggregationError
 
         where = "" if method == "estep" else f"initialization {exchange!r}: "
@@ -322,8 +320,6 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
     """An initialization query whose replies the server needs only summed, through secure
     aggregation: ``{field: sum over every client}``, each field checked for its shape and
     finite values; every client must take part (a dropout stops the fit, naming it)."""
-    from .loop import FederatedFitError
-
     channel = ctx.secure
     base = {"query": query, "seed": int(ctx.seed), **(payload or {})}
     # every exchange needs its own label: a query asked again (a Lloyd step) is "name#2", ...

@@ -151,15 +151,7 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
             rows.append({selection.criterion: np.nan, "n_iter": 0, "converged": False,
                          "error": str(err), "skipped": "could not be fitted"})
             continue
-        got = selection.score(cand, held_out)
-        row = dict(got) if isinstance(got, Mapping) else {selection.criterion: float(got)}
-        if selection.criterion not in row:
-            raise KeyError(f"the score of {type(est).__name__} gave {sorted(row)}, not "
-                           f"{selection.criterion!r}")
-        row.update(n_iter=int(getattr(cand, "n_iter_", 0)),
-                   converged=bool(getattr(cand, "converged_", True)), error="",
-                   skipped=skip_reason(cand, getattr(fit_part, "n_samples", None)))
-        rows.append(row)
+        rows.append(_scored(est, cand, selection, fit_part, held_out))
         fitted[int(k)] = cand
     if not fitted:  # the same problem for every size: say it once, as a single fit would
         raise errors[0]
@@ -180,6 +172,19 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
         best = clone(est).set_params(**{selection.param: int(best_k)})
         fit(best, fd)
     return best, table
+
+
+def _scored(est, cand, selection: Selection, fit_part, held_out) -> dict[str, Any]:
+    """The row of the fitted candidate ``cand`` in the selection table."""
+    got = selection.score(cand, held_out)
+    row = dict(got) if isinstance(got, Mapping) else {selection.criterion: float(got)}
+    if selection.criterion not in row:
+        raise KeyError(f"the score of {type(est).__name__} gave {sorted(row)}, not "
+                       f"{selection.criterion!r}")
+    row.update(n_iter=int(getattr(cand, "n_iter_", 0)),
+               converged=bool(getattr(cand, "converged_", True)), error="",
+               skipped=skip_reason(cand, getattr(fit_part, "n_samples", None)))
+    return row
 
 
 def skip_reason(cand, n_rows: int | None = None) -> str:

@@ -42,8 +42,6 @@ def _comparable(fed) -> bool:
 
 
 def _refuse(est, fed, run: dict[str, Any], n: int | None = None) -> None:
-    from .estimator import FederatedEstimator
-
     name, n = type(est).__name__, int(n if n is not None else est.n_init)
     if fed.privacy is not None:
         raise ValueError(f"{name}(n_init={n}) under differential privacy: every start would "
@@ -53,7 +51,8 @@ def _refuse(est, fed, run: dict[str, Any], n: int | None = None) -> None:
                          "use n_init=1 to checkpoint, or fit without checkpoint=")
     if _comparable(fed):
         return
-    scorable = type(est)._fitted_params is not FederatedEstimator._fitted_params
+    # overridden below the base estimator (which this module does not import: no circle)
+    scorable = type(est)._fitted_params.__qualname__ != "FederatedEstimator._fitted_params"
     if fed.secure_aggregation or not scorable:
         raise ValueError(f"{name}(n_init={n}): the starts are compared by the log-likelihood "
                          "over every client, which under partial participation or mini-batches "
@@ -103,7 +102,7 @@ def fit_starts(est, fd, runtime, run: dict[str, Any]):
     sets ``est.init_scores_`` and ``est.best_start_``."""
     import pandas as pd
 
-    from .estimator import resolve_seed
+    from .seeds import resolve_seed
 
     fed = est._federation()
     base = resolve_seed(fed.random_state if fed.random_state is not None
