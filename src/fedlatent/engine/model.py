@@ -2,7 +2,7 @@
 
 A model is the pure math of one latent-variable method, reconstructible from a JSON config on
 any node (so a Flower client can rebuild it): the engine and the runtimes know nothing about its
-internals. DESIGN.md section 3.
+internals. docs/architecture.md, section 3.
 
 Client side (runs where the data are)::
 
