@@ -5,7 +5,12 @@ Like scikit-learn's ``BaseMixture``: one class owns the loop and the single Conv
 each model fills in hooks. ``__init__`` only stores its arguments; validation happens in ``fit``
 from one declarative table (``_parameter_constraints``, :mod:`fedlatent.engine.params`).
 
-Hooks, in the order ``fit`` calls them::
+The contract (every hook, declared below with its docstring; the table in
+``docs/architecture.md``). Declared data: ``_parameter_constraints``, ``_save_arrays``,
+``_load_nonfinite``, ``_score_name``, ``capabilities`` (secure aggregation, differential
+privacy), ``_dp_init_releases``, ``_multi_start``, ``_default_n_init``.
+
+Hooks, in the order ``fit`` calls them (the first three and ``_store`` are abstract)::
 
     _check_params()                   cross-parameter checks (the table covers the rest)
     _validate_data(fd)                data-dependent checks, before any message is sent
@@ -24,6 +29,7 @@ user's order, a Series indexed by ``fd.row_index``) and ``score_dataset(fd)``.
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,7 +46,7 @@ from .fitsetup import setup_fit
 from .history import History
 from .inprocess import InProcessRuntime
 from .loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
-from .model import FederatedModel, Params
+from .model import NO_CAPABILITIES, Capabilities, FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
 from .runtime import Runtime
@@ -213,27 +219,32 @@ class FitContext:
         return replies
 
 
-class FederatedEstimator(BaseEstimator):
+class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
     """Base of fedlatent estimators: a scikit-learn estimator fitted over a federation.
 
     Subclasses define ``__init__`` (storing their arguments), ``_parameter_constraints`` and
     the hooks listed in the module docstring.
     """
 
+    # ---- declared data (class attributes) ------------------------------------------------------
+    #: the constructor parameters' constraints (:mod:`fedlatent.engine.params`)
     _parameter_constraints: ClassVar[dict[str, list]] = {}
+    #: the fitted array attributes :meth:`save` writes and :meth:`load` requires, exactly
     _save_arrays: ClassVar[tuple[str, ...]] = ()
     #: saved arrays that may hold NaN (e.g. a history with unknown entries)
     _load_nonfinite: ClassVar[tuple[str, ...]] = ()
+    #: what :meth:`score_dataset` returns, named (the command line prints ``<name>: value``)
     _score_name: ClassVar[str] = "score"
-    #: None when the estimator supports ``Federation(secure_aggregation=True)``; otherwise why
-    #: not (the refusal's message)
-    _secure_aggregation: ClassVar[str | None] = (
-        "its fit does not yet route every sum through secure aggregation")
-    #: None when the estimator supports ``Federation(privacy=...)``; otherwise why not
-    _differential_privacy: ClassVar[str | None] = (
-        "its statistics have no bounded sensitivity yet")
-    #: Gaussian releases its initialization makes under differential privacy (queries)
+    #: what the estimator supports (secure aggregation, differential privacy), with the reason
+    #: of each refusal; an estimator whose support depends on its settings makes this a property
+    capabilities: ClassVar[Capabilities] = NO_CAPABILITIES
+    #: Gaussian releases its initialization makes under differential privacy (queries); a
+    #: property where it depends on the settings
     _dp_init_releases: ClassVar[int] = 0
+    #: whether ``n_init`` means "starts" (the whole fit once per start, :mod:`.starts`)
+    _multi_start: ClassVar[bool] = False
+    #: the number of starts ``n_init=None`` means, where ``_multi_start``
+    _default_n_init: ClassVar[int] = 1
 
     # ---- hooks ---------------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -242,22 +253,70 @@ class FederatedEstimator(BaseEstimator):
     def _validate_data(self, fd: FederatedDataset) -> None:
         """Data-dependent checks, before any message is sent."""
 
-    def _make_model(self, fd: FederatedDataset) -> FederatedModel:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def _make_model(self, fd: FederatedDataset) -> FederatedModel:
+        """The model's math for a fit on ``fd`` (rebuilt by name on every client).
 
-    def _initialize(self, ctx: FitContext) -> Params:  # pragma: no cover - overridden
-        raise NotImplementedError
+        Parameters
+        ----------
+        fd : FederatedDataset or RemoteDataset
+            The data (or their description): its sizes and feature count, never its rows.
+
+        Returns
+        -------
+        FederatedModel
+        """
+
+    @abstractmethod
+    def _initialize(self, ctx: FitContext) -> Params:
+        """The initial parameters, asking the clients through ``ctx.ask`` (or ``ctx.ask_sum``
+        when ``ctx.summed_only``: under secure aggregation or differential privacy).
+
+        Parameters
+        ----------
+        ctx : FitContext
+
+        Returns
+        -------
+        dict of str to ndarray
+            The parameters of the first round's broadcast.
+        """
+
+    def _explicit_init(self) -> bool:
+        """Whether the start is given by the user (``*_init`` arrays): then ``n_init`` starts
+        would be identical and one is run (:mod:`.starts`). Default False."""
+        return False
 
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> FitResult:
         """The fit proper; default: the FedEM round loop of the engine."""
         return run_rounds(ctx.model, ctx.runtime, ctx.federation, params0, options,
                           n_units=ctx.n_units, secure=ctx.secure, privacy=ctx.privacy)
 
-    def _store(self, result: FitResult, model: FederatedModel) -> None:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def _store(self, result: FitResult, model: FederatedModel) -> None:
+        """Set the fitted attributes (``weights_``...) from the fit's result.
+
+        Parameters
+        ----------
+        result : FitResult
+            The final parameters, statistics ``S_hat`` and history.
+        model : FederatedModel
+            The model of the fit (its ``privacy`` says whether the fit was private).
+        """
 
     def _after_load(self) -> None:
         """Derived attributes, after ``_store`` or :meth:`load`."""
+
+    def _n_parameters(self) -> int:
+        """The number of free parameters of the fitted model (BIC, AIC, the size selection)."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its parameters")
+
+    def _degenerate_reason(self, n_rows: int | None) -> str | None:
+        """Why the fitted model is degenerate ("" when it is not), for the size selection
+        (:func:`~.selection.skip_reason`: a degenerate or unconverged candidate is skipped).
+        ``n_rows``: the rows it was fitted on (None when unknown). Default None: no test, the
+        candidate is never skipped."""
+        return None
 
     def _selection(self) -> Selection | None:
         """How an ``"auto"`` size parameter is chosen (:class:`~.selection.Selection`); None
@@ -349,9 +408,10 @@ class FederatedEstimator(BaseEstimator):
     def _refuse_private(self, fd, federation) -> None:
         """ValueError unless this estimator can be fitted under ``federation.privacy``."""
         name = type(self).__name__
-        if self._differential_privacy is not None:
+        caps = self.capabilities
+        if not caps.differential_privacy:
             raise ValueError(f"{name} refuses Federation(privacy=DifferentialPrivacy(...)): "
-                             f"{self._differential_privacy}; fit it with privacy=None")
+                             f"{caps.privacy_refusal}; fit it with privacy=None")
         if self._selection() is not None:
             self._refuse_private_selection()
         federation.privacy.center_for(fd.n_features)  # one centre per feature
@@ -457,15 +517,32 @@ class FederatedEstimator(BaseEstimator):
         return fit_selected(self, fd, selection, **fit_kwargs)
 
     # ---- prediction on federated data ----------------------------------------------------------
-    def _fitted_params(self) -> Params:  # pragma: no cover - overridden where scoring is asked
-        """The fitted parameters in the model's own form (what a client's queries take)."""
+    def _fitted_params(self) -> Params:
+        """The fitted parameters in the model's own form (what a client's queries take, as
+        ``params/<name>``). Required for :meth:`_federated_loglik`, ``score`` on federated
+        data, multi-start comparison and the size selection; the default refuses.
+
+        Returns
+        -------
+        dict of str to ndarray
+        """
         raise NotImplementedError(f"{type(self).__name__} does not send its fitted parameters")
 
     def _federated_loglik(self, fd, runtime: Runtime | None = None) -> tuple[float, int]:
         """Sum of the log-likelihoods and the number of rows over the clients of ``fd``, computed
         where the rows are (the model's ``loglik`` query; only the two sums come back, checked).
 
-        ``fd`` must have the columns of the fit, in the same order.
+        Parameters
+        ----------
+        fd : FederatedDataset
+            Must have the columns of the fit, in the same order.
+        runtime : Runtime or None
+            Transport to the clients; default: in-process clients built from ``fd``.
+
+        Returns
+        -------
+        (float, int)
+            The summed log-likelihood and the number of rows.
         """
         check_is_fitted(self)
         fitted = [str(f) for f in self.feature_names_in_]
@@ -547,7 +624,8 @@ class FederatedEstimator(BaseEstimator):
         return {}
 
     def _load_extra(self, meta: dict[str, Any]) -> None:
-        pass
+        """Read back what ``_save_extra`` wrote into the saved JSON ``meta`` (default:
+        nothing)."""
 
     @classmethod
     def _from_saved(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]):

@@ -87,7 +87,7 @@ class InProcessRuntime(Runtime):
         """The batched client side for ``model`` (None: clients are called one by one)."""
         if self.record or not self.use_batched or type(self).call is not InProcessRuntime.call:
             return None  # recording, or a runtime that changes what clients send: one by one
-        if type(model).client_stats_batched is FederatedModel.client_stats_batched:
+        if not model.batched_step:  # declared by the model (FederatedModel.batched_step)
             return None
         if type(model).disclosure_blocks is not FederatedModel.disclosure_blocks or any(
                 n.own_disclosure is not None for n in self._nodes.values()):

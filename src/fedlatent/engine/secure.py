@@ -345,12 +345,13 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
 
 def refuse_unsupported(est) -> None:
     """ValueError unless estimator ``est`` can be fitted under secure aggregation: its class
-    says why not (``_secure_aggregation``), or a size ``'auto'`` would be chosen by per-client
-    held-out scores."""
+    says why not (``capabilities.secure_refusal``), or a size ``'auto'`` would be chosen by
+    per-client held-out scores."""
     name = type(est).__name__
-    if est._secure_aggregation is not None:
+    caps = est.capabilities
+    if not caps.secure_aggregation:
         raise ValueError(f"{name} refuses Federation(secure_aggregation=True): "
-                         f"{est._secure_aggregation}; fit it with secure_aggregation=False")
+                         f"{caps.secure_refusal}; fit it with secure_aggregation=False")
     sel = est._selection()
     if sel is not None:
         raise ValueError(f"{name}: a size 'auto' is chosen by scores each client sends in the "

@@ -192,12 +192,12 @@ def skip_reason(cand, n_rows: int | None = None) -> str:
     ``_degenerate_reason(n_rows)`` hook (the EM mixtures scored by BIC; others are never
     skipped): its fit did not converge, or the hook names a degenerate component (``n_rows``:
     the rows it was fitted on, None when unknown)."""
-    hook = getattr(cand, "_degenerate_reason", None)
-    if hook is None:
+    reason = cand._degenerate_reason(n_rows)
+    if reason is None:  # no degeneracy test: never skipped
         return ""
     if not bool(getattr(cand, "converged_", True)):
         return f"did not converge in {int(getattr(cand, 'n_iter_', 0))} rounds"
-    return hook(n_rows) or ""
+    return reason
 
 
 def _eligible(table, crit: np.ndarray, selection: Selection, name: str) -> np.ndarray:

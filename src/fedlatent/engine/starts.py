@@ -78,17 +78,16 @@ def n_starts(est, run: dict[str, Any]) -> int:
     compare starts is refused); ``n_init=None`` is the estimator's ``_default_n_init`` where
     a round's objective scores a start for free, one start otherwise (partial participation,
     mini-batches, differential privacy, a checkpoint, a complete explicit start)."""
-    if not getattr(est, "_multi_start", False):  # n_init means something else there (SEC)
+    if not est._multi_start:  # n_init means something else there (SEC)
         return 1
     n = getattr(est, "n_init", 1)
     if n is not None:
         if int(n) > 1:
             _refuse(est, est._federation(), run)
         return int(n)
-    default = int(getattr(est, "_default_n_init", 1))
-    explicit = getattr(est, "_explicit_init", None)
+    default = int(est._default_n_init)
     fed = est._federation()
-    if default <= 1 or (explicit is not None and explicit()) or not _comparable(fed):
+    if default <= 1 or est._explicit_init() or not _comparable(fed):
         return 1
     try:
         _refuse(est, fed, run, default)

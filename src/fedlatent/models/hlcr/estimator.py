@@ -24,7 +24,7 @@ from ...engine.exchange import number
 from ...engine.federation import Federation
 from ...engine.history import History
 from ...engine.loop import FederatedFitError, LoopOptions
-from ...engine.model import Params
+from ...engine.model import ALL_CAPABILITIES, Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from .fitting import (
@@ -199,21 +199,17 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                     "draws_sigma_", "feature_mean_", "feature_scale_")
     _score_name = "mse"
     @property
-    def _secure_aggregation(self) -> str | None:
-        """FedHLCR runs on the engine's round loop (every sum secure); the Gibbs solver pools
-        the rows."""
+    def capabilities(self) -> Capabilities:
+        """FedHLCR runs on the engine's round loop (every sum secure) and releases noisy
+        cluster sums (:mod:`.privacy`); the Gibbs solver pools the rows, so there is neither a
+        sum to aggregate securely nor a release to add noise to."""
         if self.solver == "gibbs":
-            return "solver='gibbs' pools the rows in one place; use solver='federated'"
-        return None
-
-    @property
-    def _differential_privacy(self) -> str | None:
-        """FedHLCR releases noisy cluster sums (:mod:`.privacy`); the Gibbs solver pools the
-        rows, so there is no release to add noise to."""
-        if self.solver == "gibbs":
-            return ("solver='gibbs' pools the rows in one place (nothing is released that "
-                    "noise could protect); use solver='federated'")
-        return None
+            return Capabilities(
+                secure_refusal="solver='gibbs' pools the rows in one place; use "
+                               "solver='federated'",
+                privacy_refusal="solver='gibbs' pools the rows in one place (nothing is "
+                                "released that noise could protect); use solver='federated'")
+        return ALL_CAPABILITIES
 
     @property
     def _dp_init_releases(self) -> int:

@@ -22,7 +22,7 @@ from ...data.dataset import DataValidationError, FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext
 from ...engine.history import History, RoundRecord
 from ...engine.loop import FitResult, LoopOptions, progress_bar
-from ...engine.model import Params
+from ...engine.model import Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import Stats
@@ -291,14 +291,14 @@ class SEC(SECSummary, ClusterUseMixin, FederatedEstimator):
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",
                     "_model_sizes", "_scaler_x", "_scaler_y")
     _score_name = "mean squared error"
-    _secure_aggregation = ("SEC's replies are fitted local models and per-pair losses, not "
-                           "sums, so there is nothing for secure aggregation to add up")
-    _differential_privacy = (
+    capabilities = Capabilities(secure_refusal=(
+        "SEC's replies are fitted local models and per-pair losses, not "
+        "sums, so there is nothing for secure aggregation to add up"), privacy_refusal=(
         "SEC ships each learner's fitted model (any scikit-learn estimator: trees, kernels, "
         "lasso...) and its losses on the other learners' models, not sums of bounded records, "
         "so no clipping bounds their sensitivity and Gaussian noise has nothing to calibrate "
         "to; private SEC would need differentially private learners (DP-SGD, objective "
-        "perturbation) and a private selection step, which fedlatent does not provide")
+        "perturbation) and a private selection step, which fedlatent does not provide"))
     _load_nonfinite = ("cv_mse_",)  # NaN: fewer candidates; inf: a candidate that failed
 
     def _per_learner(self, cids: list[str], warn: bool = False) -> dict[str, list[tuple[str, Any]]]:
