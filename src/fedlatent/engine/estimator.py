@@ -359,13 +359,24 @@ class FederatedEstimator(BaseEstimator):
             ctx.privacy = PrivacyBudget(federation.privacy.calibrate(releases))
         ctx.n_units = setup_clients(runtime, model, effective(federation.disclosure,
                                                               federation.secure_aggregation),
-                                    federation.privacy, releases)
+                                    federation.privacy, releases, run=self._run_label(seed))
         if federation.secure_aggregation:
             from .secure import open_channel
 
             ctx.secure = open_channel(runtime, federation, ctx.n_units,
                                       self._max_rounds())
         return ctx
+
+    def _run_label(self, seed: int) -> str:
+        """The fit's label for the sites' ledgers: the estimator, its settings and the seed (a
+        resumed fit has the same one, so a site continues its plan, never a new one)."""
+        import hashlib
+        import json
+
+        text = json.dumps([type(self).__name__, int(seed),
+                           params_to_json(self.get_params(deep=False), strict=False)],
+                          sort_keys=True, default=str)
+        return f"{type(self).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
     def _refuse_private(self, fd, federation) -> None:
         """ValueError unless this estimator can be fitted under ``federation.privacy``."""
