@@ -273,6 +273,7 @@ class SiteGuard:
                                **where)
         logger.info("site %r: %s of round %d re-asked: the recorded answer", self.site,
                     exchange, rnd)
+        self.ledger.append("replay", run=self.run, dataset=self.dataset, key=key, **where)
         return kept
 
     def _message_refusal(self, method, exchange, msg, rnd) -> tuple[str, str, str] | None:

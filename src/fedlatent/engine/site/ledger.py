@@ -14,6 +14,10 @@ Entries (``kind``):
               exchange, round, mechanism, noise multiplier, epsilon after it, records touched)
 ``answer``    an exchange answered (run, exchange, round, the question's digest, masked or not)
 ``refusal``   a message refused (rule and the one-line reason)
+``replay``    a question asked again, answered with the recorded answer (no new release)
+
+The chain shows an edited, removed or reordered line; a ledger cut after its last line looks
+whole (keep a copy of the last line's sha256 elsewhere to detect that).
 
 :meth:`Ledger.lifetime_epsilon` composes the releases of every run on a data set with the
 accountant (:mod:`fedlatent.engine.privacy.accountant`): Gaussian releases with noise
