@@ -130,6 +130,7 @@ class SiteGuard:
         plan = {k: msg.get(k) for k in _PLAN_KEYS}
         digest = question_digest(plan)
         self.run = str(msg.get("run") or f"unnamed-{digest[:16]}")
+        self.plan = None  # until this setup is accepted, nothing else is answered
         fixed = self.ledger.plan(self.run)
         if fixed is not None and fixed["digest"] != digest:
             return self.refuse(
@@ -279,6 +280,9 @@ class SiteGuard:
     def _message_refusal(self, method, exchange, msg, rnd) -> tuple[str, str, str] | None:
         p = self.policy
         masked = "secagg/slot" in msg
+        if self.plan is None:
+            return ("setup", f"{exchange} asked before a setup it accepted",
+                    "set the run up first, within the site's policy")
         if p.exchanges is not None and exchange not in p.exchanges:
             return ("answer.exchanges", f"exchange {exchange!r} is not one it answers",
                     f"use only {list(p.exchanges)}, or ask the site's operator")
