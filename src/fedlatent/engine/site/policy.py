@@ -46,6 +46,16 @@ _TABLES = {
     "sec": {"evaluate_others", "trusted_types"},
     "limits": {"max_message_bytes", "max_rounds", "max_releases"},
 }
+#: (attribute, key in the file) of what ``describe`` lists after the disclosure floor
+_DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
+    ("max_epsilon", "privacy", "max_epsilon"), ("max_delta", "privacy", "max_delta"),
+    ("lifetime_epsilon", "privacy", "lifetime_epsilon"),
+    ("lifetime_delta", "privacy", "lifetime_delta"), ("models", "answer", "models"),
+    ("exchanges", "answer", "exchanges"), ("sec_evaluate_others", "sec", "evaluate_others"),
+    ("sec_trusted_types", "sec", "trusted_types"),
+    ("max_message_bytes", "limits", "max_message_bytes"),
+    ("max_rounds", "limits", "max_rounds"), ("max_releases", "limits", "max_releases"),
+    ("roster", "site", "roster"), ("signing_key", "site", "signing_key")))
 #: exchanges every site answers (the protocol itself: no data cross in them)
 PROTOCOL_EXCHANGES = ("setup", "describe", "secagg")
 
@@ -174,32 +184,34 @@ class SitePolicy:
                  for f in fields(DisclosurePolicy)]
         rows += [("secure-aggregation.required", str(self.secure_aggregation_required)),
                  ("privacy.required", str(self.privacy_required))]
-        for key in ("max_epsilon", "max_delta", "lifetime_epsilon", "lifetime_delta",
-                    "models", "exchanges", "sec_evaluate_others", "sec_trusted_types",
-                    "max_message_bytes", "max_rounds", "max_releases", "roster",
-                    "signing_key"):
+        for key, name in _DESCRIBED:
             value = getattr(self, key)
-            rows.append((key.replace("_", "-"), "(any)" if value is None else str(value)))
+            if isinstance(value, tuple):
+                value = ", ".join(value)
+            rows.append((name, "(not set)" if value is None else str(value)))
         rows += [(f"datasets.{k}", str(v)) for k, v in sorted(self.datasets.items())]
         return rows
 
 
 # ---- the tables ---------------------------------------------------------------------------
 def _check_tables(doc: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    doc = _norm(doc)
-    unknown = sorted(set(doc) - set(_TABLES))
+    unknown = sorted(k for k in doc if str(k).replace("-", "_") not in _TABLES)
     if unknown:
-        raise PolicyError(f"{where}: unknown table(s) {unknown}; known: {sorted(_TABLES)}")
+        known = sorted(t.replace("_", "-") for t in _TABLES)
+        raise PolicyError(f"{where}: unknown table(s) {unknown}; known: {known}")
+    doc = _norm(doc)
     out = {}
     for table, keys in _TABLES.items():
         value = doc.get(table, {})
         if not isinstance(value, dict):
             raise PolicyError(f"{where}: [{table}] must be a table, got {value!r}")
+        if keys is not None:
+            bad = sorted(k for k in value if str(k).replace("-", "_") not in keys)
+            if bad:
+                known = sorted(k if table == "disclosure" else k.replace("_", "-") for k in keys)
+                raise PolicyError(f"{where}: unknown key(s) {[f'{table}.{k}' for k in bad]}; "
+                                  f"known in [{table}]: {known}")
         value = _norm(value) if table != "datasets" else dict(value)
-        if keys is not None and set(value) - keys:
-            bad = sorted(set(value) - keys)
-            raise PolicyError(f"{where}: unknown key(s) {[f'{table}.{k}' for k in bad]}; "
-                              f"known in [{table}]: {sorted(keys)}")
         out[table] = value
     return out
 
