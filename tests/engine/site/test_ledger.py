@@ -9,7 +9,6 @@ print what left the site.
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pytest
@@ -99,17 +98,6 @@ def test_a_killed_and_resumed_private_fit_spends_its_plan_and_no_more(tmp_path):
         # round 3 was answered before the kill: asked again, its recorded answer went back
         # (the initialization is not asked again: the resumed fit starts from the checkpoint)
         assert [(e["exchange"], e["round"]) for e in ledger.of("replay")] == [("estep", 3)]
-
-
-def test_a_private_fit_resumes_without_running_its_private_start_again(tmp_path):
-    with pytest.raises(Kill):
-        _gmm().fit(_fd(), checkpoint=tmp_path / "ck", checkpoint_every=1,
-                   callbacks=[_kill_at(2)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "stopped before round" budget warning either
-        est = _gmm().fit(_fd(), checkpoint=tmp_path / "ck", resume=True)
-    assert est.n_iter_ == 4
-    assert est.privacy_spent_[0] == pytest.approx(est.privacy_calibration_.epsilon_after(6))
 
 
 def test_a_second_fit_beyond_the_lifetime_budget_is_refused_before_any_release(tmp_path):
