@@ -1,5 +1,6 @@
 """The server names a data set, never a file (issue 21): a Flower node refuses a run config
-``data-name`` that is a path (``..``, ``/``, ``\\``), with or without a site policy."""
+``data-name`` that is a path (``..``, ``/``, ``\\``), even without a site policy (with one:
+``test_server_deviates.py``)."""
 
 from __future__ import annotations
 
