@@ -215,6 +215,7 @@ def test_restoring_a_sites_state_does_not_roll_back_its_release_count(tmp_path):
     fourth = server.estep(4)
     assert "refused (privacy.plan): round 4's statistic would be release 4 of run 'r1', whose " \
            "plan has 3" in fourth["c2"][ERROR_KEY]
+    assert len(_refusals(server.ledger("c2"), "privacy.plan")) == 1
     # a new process (a node rebuilt from the site directory) counts from the ledger too
     node = ClientNode("c2", _fd()["c2"], policy=SitePolicy(directory=tmp_path / "site-c2"))
     node.handle("setup", _setup_msg(dp=dp, releases=3))

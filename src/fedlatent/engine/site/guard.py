@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import fields, replace
 from typing import Any
 
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 _LOWER_IS_STRICTER = ("max_parameters_per_record", "max_levels_density")
 #: methods whose reply carries something computed from the data
 _DATA_METHODS = ("estep", "evaluate", "query")
+_RULE = re.compile(r"site '.*?' refused \(([a-z.-]+)\)")
 _PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases")
 
 
@@ -310,9 +312,12 @@ class SiteGuard:
             return
         exchange = str(msg["query"]) if method == "query" else method
         rnd = int(msg.get("round", 0))
-        if ERROR_KEY in reply:
-            self.ledger.append("refusal", run=self.run, dataset=self.dataset, rule="model",
-                               reason=str(reply[ERROR_KEY]), exchange=exchange, round=rnd)
+        if ERROR_KEY in reply:  # the site's own rule (a release beyond the plan), or the model's
+            text = str(reply[ERROR_KEY])
+            rule = _RULE.search(text)
+            self.ledger.append("refusal", run=self.run, dataset=self.dataset,
+                               rule=rule.group(1) if rule else "model", reason=text,
+                               exchange=exchange, round=rnd)
             return
         key, digest = self._key(method, exchange, msg, rnd)
         masked = "secagg/slot" in msg
