@@ -250,6 +250,14 @@ def test_re_asking_moments_under_secure_aggregation_with_one_client_left_out_is_
             "difference the two); fix: a server asks each question once")
 
 
+def test_a_setup_replayed_as_a_flower_node_stores_it_is_the_same_plan():
+    server = Server(_fd(), SitePolicy())
+    server.send("setup", _setup_msg())
+    stored = {**_setup_msg(), "privacy": "", "privacy_releases": 0}  # flower_site's record
+    assert all(ERROR_KEY not in r for r in server.send("setup", stored).values())
+    assert len(server.ledger("c0").of("plan")) == 1
+
+
 def test_a_round_asked_again_with_other_parameters_is_refused():
     server = Server(_fd(), SitePolicy())
     server.send("setup", _setup_msg())

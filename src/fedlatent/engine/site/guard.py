@@ -129,7 +129,8 @@ class SiteGuard:
     # ---- setup -----------------------------------------------------------------------------
     def setup(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         """Check a setup against the floors and fix the run's plan; a refusal reply or None."""
-        plan = {k: msg.get(k) for k in _PLAN_KEYS}
+        plan = {k: str(msg.get(k) or "") for k in _PLAN_KEYS}  # as a replayed setup has it
+        plan["privacy_releases"] = int(msg.get("privacy_releases") or 0)
         digest = question_digest(plan)
         self.run = str(msg.get("run") or f"unnamed-{digest[:16]}")
         self.plan = None  # until this setup is accepted, nothing else is answered
