@@ -18,6 +18,7 @@ from fedlatent.engine.inprocess import InProcessRuntime
 from fedlatent.engine.loop import FederatedFitError
 from fedlatent.engine.privacy import DifferentialPrivacy, composed_epsilon
 from fedlatent.engine.site import Ledger, LedgerError, SitePolicy
+from fedlatent.engine.site.guard import parse_refusal
 from fedlatent.engine.site.ledger import compose_epsilon, read_ledger
 
 DELTA = 1e-5
@@ -106,8 +107,10 @@ def test_a_second_fit_beyond_the_lifetime_budget_is_refused_before_any_release(t
     _gmm().fit(_fd(), runtime=rt)
     with pytest.raises(FederatedFitError, match=r"site 'c0' refused "
                                                 r"\(privacy.lifetime-epsilon\): this plan would "
-                                                r"bring data set 'default' to epsilon=1.4"):
+                                                r"bring data set 'default' to epsilon=1.4") as err:
         _gmm(seed=1).fit(_fd(), runtime=rt)  # two fits of epsilon 1 compose to 1.4
+    assert {c: parse_refusal(t) for c, t in err.value.faults.items()} == {
+        c: (c, "privacy.lifetime-epsilon") for c in ("c0", "c1", "c2")}
     for c in ("c0", "c1", "c2"):
         ledger = Ledger(tmp_path / f"site-{c}", c)
         runs = {e["run"] for e in ledger.of("release")}

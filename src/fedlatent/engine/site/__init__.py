@@ -5,11 +5,13 @@
   (every differential-privacy release written before its reply leaves), composed across fits
   against the lifetime budget of each data set;
 - :mod:`.guard`: :class:`SiteGuard`, what a :class:`~fedlatent.engine.client.ClientNode`
-  consults before it answers (a refused message gets a one-line reason: site, rule, fix).
+  consults before it answers (a refused message gets a one-line reason: site, rule, fix;
+  :func:`parse_refusal` reads ``(site, rule)`` back from what the server recorded);
+- :mod:`.report`: the ledger as tables (``fedlatent site ledger`` / ``site report``).
 """
 
-from .guard import SiteGuard, SiteRefused
+from .guard import SiteGuard, SiteRefused, parse_refusal
 from .ledger import Ledger, LedgerError
 from .policy import SitePolicy
 
-__all__ = ["Ledger", "LedgerError", "SiteGuard", "SitePolicy", "SiteRefused"]
+__all__ = ["Ledger", "LedgerError", "SiteGuard", "SitePolicy", "SiteRefused", "parse_refusal"]

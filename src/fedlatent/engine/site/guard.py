@@ -36,19 +36,26 @@ from ..privacy.disclosure import DisclosurePolicy
 from .ledger import Ledger
 from .policy import PROTOCOL_EXCHANGES, SitePolicy
 
-__all__ = ["SiteGuard", "SiteRefused", "question_digest"]
+__all__ = ["SiteGuard", "SiteRefused", "parse_refusal", "question_digest"]
 
 logger = logging.getLogger(__name__)
 
 _LOWER_IS_STRICTER = ("max_parameters_per_record", "max_levels_density")
 #: methods whose reply carries something computed from the data
 _DATA_METHODS = ("estep", "evaluate", "query")
-_RULE = re.compile(r"site '.*?' refused \(([a-z.-]+)\)")
+_REFUSAL = re.compile(r"site '(.*?)' refused \(([a-z.-]+)\)")
 _PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases")
 
 
 class SiteRefused(RuntimeError):
     """A site refused a message by its own policy (the text is the one-line reason)."""
+
+
+def parse_refusal(text: str) -> tuple[str, str] | None:
+    """``(site, rule)`` of a site's refusal as the server records it (in
+    ``FederatedFitError.faults`` or ``history_.errors``), or None for another fault."""
+    m = _REFUSAL.search(str(text))
+    return None if m is None else (m.group(1), m.group(2))
 
 
 def _feed(h, value: Any) -> None:
@@ -315,9 +322,9 @@ class SiteGuard:
         rnd = int(msg.get("round", 0))
         if ERROR_KEY in reply:  # the site's own rule (a release beyond the plan), or the model's
             text = str(reply[ERROR_KEY])
-            rule = _RULE.search(text)
+            rule = parse_refusal(text)
             self.ledger.append("refusal", run=self.run, dataset=self.dataset,
-                               rule=rule.group(1) if rule else "model", reason=text,
+                               rule=rule[1] if rule else "model", reason=text,
                                exchange=exchange, round=rnd)
             return
         key, digest = self._key(method, exchange, msg, rnd)
