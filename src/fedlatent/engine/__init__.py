@@ -41,6 +41,7 @@ _LAZY = {
     "FitResult": "loop",
     "LoopOptions": "loop",
     "run_federated_em": "loop",
+    "SitePolicy": "site.policy",
 }
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "Replies",
     "RoundRecord",
     "Runtime",
+    "SitePolicy",
     "Spider",
     "Stats",
     "StepSchedule",

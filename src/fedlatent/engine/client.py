@@ -106,6 +106,14 @@ class ClientNode:
         The site's signing key and pinned roster (:mod:`fedlatent.engine.site.keys`): it signs
         its key-agreement keys and SEC models, and with a roster accepts only peers' keys and
         models that rostered sites signed. None: nothing signed, nothing verified.
+    policy : SitePolicy, optional
+        The site's own policy (:mod:`fedlatent.engine.site`): its floors, its ledger, one plan
+        and one answer per question; a message it refuses gets a one-line reason (site, rule,
+        fix). None: no policy (the node answers as the server's settings say).
+    dataset : str
+        The name of the data set ``data`` is (its lifetime privacy budget is kept by name).
+    site_dir : path, optional
+        Where the site's ledger lives when the policy names no directory.
     """
 
     def __init__(
@@ -117,10 +125,24 @@ class ClientNode:
         source: FederatedDataset | None = None,
         disclosure: DisclosurePolicy | None = None,
         identity=None,
+        policy=None,
+        dataset: str = "default",
+        site_dir=None,
     ):
         self.client_id = str(client_id)
         #: the site's keys and pinned roster (SiteIdentity) or None
         self.identity = identity
+        #: the site's guard (its policy and ledger), None without a policy
+        self.guard = None
+        #: whether a server's ``noise_seed`` is honoured (a site policy says; in-process: yes)
+        self.honour_noise_seed = True
+        if policy is not None:
+            from .site.guard import SiteGuard
+
+            self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir)
+            self.honour_noise_seed = bool(policy.simulation)
+            disclosure = (policy.disclosure if disclosure is None
+                          else stricter(policy.disclosure, disclosure))
         self.own_disclosure = disclosure
         self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
         self._data = data
@@ -149,6 +171,11 @@ class ClientNode:
             from .secure import secagg_step
 
             return secagg_step(self, msg)
+        if self.guard is not None:  # the site's policy: refuse, replay or answer (recorded)
+            return self.guard.answer(self, method, msg, self._reply)
+        return self._reply(method, msg)
+
+    def _reply(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if "secagg/slot" in msg and method in ("estep", "query"):
             from .secure import mask_reply
 
@@ -171,6 +198,10 @@ class ClientNode:
     def _setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         import json
 
+        if self.guard is not None:
+            refusal = self.guard.setup(msg)
+            if refusal is not None:
+                return refusal
         self.model = model_from_config(str(msg["model"]), json.loads(str(msg["model_config"])))
         sent = policy_from_json(str(msg.get("disclosure") or ""))
         own = self.own_disclosure
@@ -194,7 +225,8 @@ class ClientNode:
         """Differential privacy as the setup message sets it: calibrate, clip the data once."""
         from .privacy.client_dp import ClientPrivacy
 
-        self.privacy = ClientPrivacy.from_message(msg, self.client_id, self.state)
+        self.privacy = ClientPrivacy.from_message(msg, self.client_id, self.state,
+                                                  honour_seed=self.honour_noise_seed)
         assert self.model is not None
         self.model.privacy = None if self.privacy is None else self.privacy.dp
         self._data = (self._raw if self.privacy is None
@@ -203,10 +235,15 @@ class ClientNode:
     def _private(self, sums, sensitivities, msg: dict[str, Any], what: str):
         """``sums`` with this client's calibrated noise (one release of its budget)."""
         assert self.privacy is not None
-        return self.privacy.release(
+        if self.guard is not None:  # the ledger's count, never the restorable state's
+            self.guard.before_release(self.privacy, self.state, what)
+        out = self.privacy.release(
             sums, sensitivities, what=what, client_key=client_key(self.client_id),
             round_=int(msg.get("round", 0)),
             secagg=self.secagg if "secagg/slot" in msg else None, state=self.state)
+        if self.guard is not None:  # on the ledger before the reply leaves
+            self.guard.released(self.privacy, msg, what, self.model.n_records(self._data))
+        return out
 
     # ------------------------------------------------------------------------------------------
     def _local_stats(self, params, rows, rng, commit: bool = True):

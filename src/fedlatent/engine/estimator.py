@@ -401,9 +401,21 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         if private:
             self._refuse_private(fd, federation)
         setup = setup_fit(runtime, model, federation, self._max_rounds(),
-                          init_releases=int(self._dp_init_releases) if private else 0)
+                          init_releases=int(self._dp_init_releases) if private else 0,
+                          run=self._run_label(seed))
         ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
         return ctx
+
+    def _run_label(self, seed: int) -> str:
+        """The fit's label for the sites' ledgers: the estimator, its settings and the seed (a
+        resumed fit has the same one, so a site continues its plan, never a new one)."""
+        import hashlib
+        import json
+
+        text = json.dumps([type(self).__name__, int(seed),
+                           params_to_json(self.get_params(deep=False), strict=False)],
+                          sort_keys=True, default=str)
+        return f"{type(self).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
     def _refuse_private(self, fd, federation) -> None:
         """ValueError unless this estimator can be fitted under ``federation.privacy``."""
@@ -506,11 +518,37 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         """One start: set up (``seed``; None: from ``random_state``), initialize, run the rounds
         (``run``: the LoopOptions of ``fit``'s arguments)."""
         ctx = self._start(fd, runtime, seed)
-        params0 = self._initialize(ctx)
+        params0 = self._private_resume_start(ctx, run)
+        if params0 is None:
+            params0 = self._initialize(ctx)
         options = LoopOptions(seed=ctx.seed, max_rounds=self._max_rounds(),
                               tol=float(getattr(self, "tol", 1e-3)),
                               description=type(self).__name__, **run)
         return ctx, self._run(ctx, params0, options)
+
+    def _private_resume_start(self, ctx: FitContext, run: dict) -> Params | None:
+        """A resumed private fit starts from its checkpoint's initial parameters: its private
+        initialization is not run again (it would spend the budget twice, and its fresh noise
+        would not give the checkpoint's start). None when not resuming a private fit."""
+        path = run.get("checkpoint")
+        if not run.get("resume") or ctx.privacy is None or path is None:
+            return None
+        from .checkpoint import _read_checkpoint_file
+
+        npz = Path(path).with_name(Path(path).name + ".npz")
+        if not npz.exists():
+            return None  # the loop says there is nothing to resume from
+        arrays, _ = _read_checkpoint_file(npz)
+        params0 = {k[len("params0/"):]: v for k, v in arrays.items() if k.startswith("params0/")}
+        if not params0:
+            return None
+        ctx.privacy.spend(int(self._dp_init_releases))  # spent by the interrupted fit
+        import logging
+
+        logging.getLogger(__name__).info(
+            "%s: resumed from %s without re-running the private initialization",
+            type(self).__name__, npz)
+        return params0
 
     def _fit_selected(self, fd, selection: Selection, **fit_kwargs):
         """``fit`` with an ``"auto"`` parameter (:func:`.selection.fit_selected`)."""

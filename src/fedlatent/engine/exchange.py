@@ -121,7 +121,7 @@ def _checked(c: str, reply, expect) -> dict[str, Any]:
 
 
 def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
-                  privacy_releases: int = 0) -> dict[str, int]:
+                  privacy_releases: int = 0, run: str | None = None) -> dict[str, int]:
     """Send every client the model's name and config and the disclosure policy (None: the
     default, on), and the differential-privacy setting with the number of releases the fit
     plans (None: not private); return each client's number of units.
@@ -129,6 +129,8 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     The one place a model reaches the clients: they rebuild it from the registry (no code or
     pickle crosses). A client the policy keeps from answering anything (fewer records than
     ``min_records``) refuses here, before the first round, and the fit stops naming it.
+    ``run`` labels the fit for the sites' ledgers (a site fixes a run's plan at its first
+    setup; a resumed fit sends the same label).
     """
     import json
 
@@ -140,6 +142,8 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     if privacy is not None:
         msg["privacy"] = json.dumps(privacy.to_config())
         msg["privacy_releases"] = int(privacy_releases)
+    if run is not None:
+        msg["run"] = str(run)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})
     n_units = {c: int(replies[c]["n_units"]) for c in runtime.client_ids}
     for c, m in n_units.items():

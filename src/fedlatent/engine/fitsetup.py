@@ -33,11 +33,13 @@ class FitSetup:
 
 
 def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, *,
-              init_releases: int = 0, privacy=None, open_secure: bool = True) -> FitSetup:
+              init_releases: int = 0, privacy=None, open_secure: bool = True,
+              run: str | None = None) -> FitSetup:
     """Set a fit up: under differential privacy its budget planned for ``max_rounds`` rounds
     and ``init_releases`` initialization releases (unless ``privacy`` gives it), the clients
     set up with the model, the disclosure policy and that plan, and under secure aggregation
-    (with ``open_secure``) the channel's keys and shares exchanged."""
+    (with ``open_secure``) the channel's keys and shares exchanged. ``run`` labels the fit for
+    the sites' ledgers (:func:`~fedlatent.engine.exchange.setup_clients`)."""
     from .privacy.disclosure import effective
 
     if federation.privacy is not None and privacy is None:
@@ -48,7 +50,7 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
     n_units = setup_clients(runtime, model, effective(federation.disclosure,
                                                       federation.secure_aggregation),
                             federation.privacy,
-                            0 if privacy is None else privacy.calibration.releases)
+                            0 if privacy is None else privacy.calibration.releases, run=run)
     secure = None
     if federation.secure_aggregation and open_secure:
         from .secure import open_channel
