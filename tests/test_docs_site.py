@@ -8,8 +8,11 @@ and that the performance page includes the tables benchmarks/report.py writes.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from pathlib import Path
+
+import pytest
 
 import fedlatent as fl
 from fedlatent.runtime import flower_deployment
@@ -63,3 +66,16 @@ def test_the_performance_page_includes_the_generated_tables():
     assert [re.search(r"`(bench_\w+\.py)`", r)[1] for r in rows] == [
         "bench_gmm.py", "bench_lcr.py", "bench_fedgmm.py"]
     assert all(float(r.split("|")[6]) > 0 for r in rows)  # the ratio column
+
+
+def test_sphinx_roles_of_the_docstrings_become_inline_code_in_the_reference():
+    pytest.importorskip("griffe")
+    spec = importlib.util.spec_from_file_location("sphinx_roles",
+                                                  ROOT / "docs" / "_ext" / "sphinx_roles.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    text = ("Kept by :meth:`bic` (:func:`fedlatent.engine.starts.best`, :class:`~fl.Federation`, "
+            ":py:mod:`the engine <fedlatent.engine>`); ``x`` and `y` stay.")
+    assert ext.roles_as_code(text) == ("Kept by `bic` (`fedlatent.engine.starts.best`, "
+                                       "`Federation`, `the engine`); ``x`` and `y` stay.")
+    assert "extensions: [docs/_ext/sphinx_roles.py]" in CONFIG
