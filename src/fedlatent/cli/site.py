@@ -52,3 +52,12 @@ def report(directory: Path = typer.Argument(..., help="The site directory (or le
     if life:
         typer.echo("")
         typer.echo(format_table(("data set", "releases", "lifetime epsilon"), life))
+
+
+def _register_keys() -> None:
+    from .site_keys import register
+
+    register(site_app)
+
+
+_register_keys()  # ``fedlatent site keygen`` and ``fedlatent site roster``

@@ -130,8 +130,6 @@ class ClientNode:
         site_dir=None,
     ):
         self.client_id = str(client_id)
-        #: the site's keys and pinned roster (SiteIdentity) or None
-        self.identity = identity
         #: the site's guard (its policy and ledger), None without a policy
         self.guard = None
         #: whether a server's ``noise_seed`` is honoured (a site policy says; in-process: yes)
@@ -141,8 +139,15 @@ class ClientNode:
 
             self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir)
             self.honour_noise_seed = bool(policy.simulation)
+            if identity is None and (policy.signing_key or policy.roster):
+                from .site.keys import SiteIdentity
+
+                identity = SiteIdentity.from_paths(policy.signing_key, policy.roster,
+                                                   site=policy.name or self.client_id)
             disclosure = (policy.disclosure if disclosure is None
                           else stricter(policy.disclosure, disclosure))
+        #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
+        self.identity = identity
         self.own_disclosure = disclosure
         self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
         self._data = data
