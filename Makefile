@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test-extras
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint docs bench clean venv
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Extras some tests need: the CPU build of torch 2.13.0 (pinned: an unpinned torch pulls
-# gigabytes of CUDA packages) and Flower 1.41 with Ray for the simulation and deployment tests
-# (marked `flower`; skip them locally with `pytest -m "not flower"`).
+# gigabytes of CUDA packages), Flower 1.41 with Ray for the simulation and deployment tests
+# (marked `flower`; skip them locally with `pytest -m "not flower"`) and MkDocs for `make docs`.
 $(TEST_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[dev,torch,flower-sim,privacy]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,torch,flower-sim,privacy,docs]"
 	touch $(TEST_STAMP)
 
 venv: $(STAMP)
@@ -25,8 +25,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	MPLBACKEND=Agg $(BIN)/fedlatent demo --out demo-output
 
-# Lint, import contracts and declared imports first: `test` runs `lint`, then pytest.
-test: lint
+# Lint, import contracts and declared imports first, then the documentation site (strict: a
+# broken link or anchor fails), then pytest (tests/test_docs_code_blocks.py runs every example).
+test: lint docs
 	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
 
 # Every third-party module src/ imports must be declared in pyproject.toml (core or an extra):
@@ -41,6 +42,10 @@ lint: $(TEST_STAMP)
 	exit 1; }
 	$(BIN)/python $(DECLARED_IMPORTS) src
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict turns every warning into an error.
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
+
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_gmm.py
 	$(BIN)/python benchmarks/bench_clients.py
@@ -50,4 +55,4 @@ bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/bench_flower.py
 
 clean:
-	rm -rf $(VENV) .ci-plain-venv demo-output .pytest_cache
+	rm -rf $(VENV) .ci-plain-venv demo-output site .pytest_cache

@@ -10,60 +10,31 @@ from sklearn.base import BaseEstimator, clone
 
 import fedlatent as fl
 from fedlatent.engine import FederatedFitError, InProcessRuntime, Runtime
-from fedlatent.engine.registry import estimator_entries
+from fedlatent.engine.registry import estimator_entries, estimator_names
+from fedlatent.engine.registry import example as registry_example
 
 
 def _lcr_data(seed=0, n_clients=6):
-    rng = np.random.default_rng(seed)
-    data = {}
-    for c in range(n_clients):
-        n = int(rng.integers(20, 60))
-        X = rng.uniform(0, 10, size=(n, 1))
-        k = rng.random(n) < (0.2 + 0.6 * (c % 2))
-        y = np.where(k, 5 + 2 * X[:, 0], 15 - X[:, 0]) + rng.normal(size=n)
-        data[f"c{c}"] = (X, y)
-    return fl.FederatedDataset.from_arrays(data)
+    """Two lines mixed differently per client (the LCR example's data; other tests import it)."""
+    from fedlatent.models.lcr.example import two_lines
+
+    return two_lines(seed, n_clients)
 
 
 def _case(name):
-    """(estimator, fd, predict(est, X_frame, fd) -> array) for a small problem of each model."""
-    if name == "gmm":
-        from federations import make_blobs_federation
-
-        fd = make_blobs_federation(n_clients=8)
-        est = fl.FederatedGaussianMixture(3, max_rounds=4, random_state=0, verbose=False)
-        return est, fd, lambda e, X, fd: e.predict(X)
-    if name == "lcr":
-        est = fl.LatentClassRegression(2, max_rounds=4, random_state=0)
-        return est, _lcr_data(), lambda e, X, fd: e.predict(X)
-    if name == "fedgmm":
-        sp = fl.datasets.make_fedgmm_synthetic(n_clients=4, n_samples_per_client=80,
-                                               n_components=2, n_features=3, random_state=0)
-        est = fl.FedGMM(2, 2, max_rounds=3, random_state=0, verbose=False)
-        return est, sp.train, lambda e, X, fd: e.predict(X)
-    if name == "hlcr":
-        fd = fl.datasets.make_synthhlcr(n_agents=5, n_entities=8, n_clusters=2, n_features=3,
-                                        events_per_entity=5, random_state=0)
-
-        def pred(e, X, fd):
-            cid = fd.client_ids[0]
-            n = len(X)
-            return e.predict(X, np.full(n, cid), np.asarray(fd[cid].entity[:n]).astype(str))
-
-        return fl.HLCR(2, max_rounds=3, random_state=0), fd, pred
-    if name == "sec":
-        fd, _ = fl.datasets.make_sec_simulation1(n_learners=6, n_samples=40, snr=64.0,
-                                                 random_state=0)
-        est = fl.SEC(candidates="linear", random_state=0)
-        return est, fd, lambda e, X, fd: e.predict(X, learner=fd.client_ids[0])
-    raise KeyError(name)
+    """(estimator, fd, predict(est, X_frame, fd) -> array) for a small problem of each model:
+    the registry's example of the model (``fedlatent.models.<name>.example``)."""
+    ex = registry_example(name)
+    case = ex.case()
+    return case.make(), case.data(), ex.predict_rows
 
 
-NAMES = ["gmm", "lcr", "fedgmm", "hlcr", "sec"]
+#: every registered model: a new one is covered without editing this list
+NAMES = estimator_names()
 
 
 def test_the_five_models_are_registered():
-    assert set(NAMES) <= set(estimator_entries())
+    assert {"gmm", "lcr", "fedgmm", "hlcr", "sec"} <= set(NAMES) <= set(estimator_entries())
 
 
 def _fit(est, fd, **kw):

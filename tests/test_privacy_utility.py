@@ -99,10 +99,11 @@ def test_no_model_gives_an_empty_table_with_the_columns(tmp_path, saved_figures)
 
 
 def test_a_model_without_dp_support_is_skipped_with_its_reason(monkeypatch):
+    from fedlatent.engine.model import Capabilities
     from fedlatent.models.gmm import FederatedGaussianMixture
 
-    monkeypatch.setattr(FederatedGaussianMixture, "_differential_privacy",
-                        "no bounded sensitivity", raising=False)
+    monkeypatch.setattr(FederatedGaussianMixture, "capabilities", Capabilities(
+        secure_aggregation=True, privacy_refusal="no bounded sensitivity"))
     table = fl.experiments.privacy_utility(quick=True, out=None, random_state=0,
                                            models=("FederatedGaussianMixture",))
     assert table.empty

@@ -21,11 +21,11 @@ from fedlatent.engine.privacy import (
     clip_rows,
     clip_targets,
     gaussian_mechanism,
-    gmm_sensitivity,
     joint_sensitivity,
     logistic_sensitivity,
     regression_sensitivity,
 )
+from fedlatent.models.gmm.dp import gmm_sensitivity
 from fedlatent.models.gmm.math import gmm_statistics
 from fedlatent.models.lcr.math import lcr_statistics
 from fedlatent.models.logistic import weighted_grad_hess

@@ -15,62 +15,20 @@ import warnings
 
 import numpy as np
 
-import fedlatent as fl
+from fedlatent.engine.registry import estimator_class, estimator_names, example
 
 
-def gmm_case():
-    rng = np.random.default_rng(0)
-    data = {f"site-{i}": rng.normal(size=(80 + 30 * i, 3)) + 1.5 * i for i in range(3)}
-    fd = fl.FederatedDataset.from_arrays(data)
-    return fd, lambda: fl.FederatedGaussianMixture(2, max_rounds=2, random_state=11)
+def _flower_case(name):
+    case = example(name).case("flower")
+    return lambda: (case.data(), case.make)
 
 
-def fedgmm_case():
-    from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
+#: every registered model's Flower case (its example's "flower" case, fedlatent.models.<name>.
+#: example): a new registered model is covered without editing this file
+CASES = {name: _flower_case(name) for name in estimator_names()}
 
-    sp = make_fedgmm_synthetic(n_clients=3, n_samples_per_client=120, n_features=3,
-                               mean_scale=2.0, fractions=(0.8, 0.1, 0.1), random_state=5)
-    return sp.train, lambda: fl.FedGMM(2, 2, max_rounds=2, init_params="random", random_state=12)
-
-
-def hlcr_case():
-    fd = fl.datasets.make_synthhlcr(n_agents=3, n_entities=9, entities_per_agent=4,
-                                    events_per_entity=8, n_clusters=2, n_features=3, sigma=0.5,
-                                    random_state=3)
-    return fd, lambda: fl.HLCR(n_clusters=2, max_rounds=2, sigma=0.5, random_state=13)
-
-
-def sec_case():
-    from fedlatent.data.sec_data import make_sec_simulation1
-
-    fd, _ = make_sec_simulation1(n_learners=3, n_samples=40, snr=64.0, random_state=3)
-    return fd, lambda: fl.SEC(candidates="fairness", n_clusters=2, random_state=14)
-
-
-def lcr_case():
-    rng = np.random.default_rng(4)
-    data = {}
-    for i in range(3):
-        x = rng.uniform(0, 10, size=(60 + 20 * i, 1))
-        line = rng.random(len(x)) < 0.3 + 0.2 * i
-        data[f"site-{i}"] = (x, np.where(line, 5 + 2 * x[:, 0], 15 - x[:, 0])
-                             + rng.normal(size=len(x)))
-    fd = fl.FederatedDataset.from_arrays(data)
-    # one start (n_init=1): a Flower run always writes a checkpoint, and a fit with a checkpoint
-    # runs one start, so the in-process reference must too
-    return fd, lambda: fl.LatentClassRegression(2, max_rounds=2, n_init=1, random_state=15)
-
-
-CASES = {"gmm": gmm_case, "fedgmm": fedgmm_case, "hlcr": hlcr_case, "sec": sec_case,
-         "lcr": lcr_case}
-
-FITTED = {
-    "gmm": ("weights_", "means_", "covariances_", "precisions_cholesky_"),
-    "fedgmm": ("weights_x_", "means_", "precisions_cholesky_", "coef_", "weights_y_"),
-    "hlcr": ("coef_", "intercept_", "precisions_", "c_", "cluster_counts_"),
-    "sec": ("errors_", "exchange_losses_", "labels_", "n_samples_"),
-    "lcr": ("weights_", "coef_", "intercept_", "noise_variance_"),
-}
+#: per model, the fitted arrays that must agree between runtimes
+FITTED = {name: example(name).fitted_arrays(estimator_class(name)) for name in CASES}
 
 
 def fit_inprocess(name):

@@ -5,8 +5,9 @@ One module per concern: :mod:`~fedlatent.cli.common` (options, errors, data file
 :mod:`~fedlatent.cli.fit` (``fit NAME`` for every registered model, one fitting path) with the
 hand-written commands of :mod:`~fedlatent.cli.fit_models`, :mod:`~fedlatent.cli.predict`
 (``predict``, ``score``), :mod:`~fedlatent.cli.experiment`, :mod:`~fedlatent.cli.flower`,
-:mod:`~fedlatent.cli.demo`. Lists of models and experiments come from the registry and from
-:func:`fedlatent.experiments.available`, never from a list kept here.
+:mod:`~fedlatent.cli.demo`, :mod:`~fedlatent.cli.site` (a site's policy and ledger). Lists of
+models and experiments come from the registry and from :func:`fedlatent.experiments.available`,
+never from a list kept here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .experiment import experiment_app
 from .fit import fit_app
 from .flower import flower_app
 from .predict import predict, score
+from .site import site_app
 
 __all__ = ["app", "main"]
 
@@ -53,6 +55,7 @@ app.command("score")(score)
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
 app.add_typer(flower_app, name="flower")
+app.add_typer(site_app, name="site")
 
 
 def main() -> None:  # pragma: no cover - entry point

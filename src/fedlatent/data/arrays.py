@@ -21,7 +21,7 @@ def arrays_parts(data: Mapping[object, object], feature_names: Sequence[str] | N
                  entities: Mapping[object, np.ndarray] | None = None) -> dict[str, Any]:
     """The keyword arguments of the :class:`FederatedDataset` of ``data`` (see
     :meth:`FederatedDataset.from_arrays`)."""
-    from .dataset import ClientData
+    from .client import ClientData
 
     if not isinstance(data, Mapping) or len(data) == 0:
         raise DataValidationError(

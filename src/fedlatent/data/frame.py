@@ -138,7 +138,7 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
     """
     import pandas as pd
 
-    from .dataset import ClientData, client_row_order
+    from .client import ClientData, client_row_order
 
     if not isinstance(df, pd.DataFrame):
         raise DataValidationError(f"from_pandas expects a DataFrame, got {type(df).__name__}")

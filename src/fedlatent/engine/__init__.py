@@ -1,4 +1,4 @@
-"""The model-agnostic federated-EM engine (DESIGN.md sections 1 and 3).
+"""The model-agnostic federated-EM engine (docs/architecture.md, sections 1-3).
 
 The engine owns the protocol: the transport interface (:class:`Runtime`) and the in-process
 runtime, the client node, the round loop and its update, the one checked protocol for every other
@@ -37,10 +37,11 @@ _LAZY = {
     "History": "history",
     "RoundRecord": "history",
     "InProcessRuntime": "inprocess",
-    "FederatedFitError": "loop",
+    "FederatedFitError": "faults",
     "FitResult": "loop",
     "LoopOptions": "loop",
     "run_federated_em": "loop",
+    "SitePolicy": "site.policy",
 }
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "Replies",
     "RoundRecord",
     "Runtime",
+    "SitePolicy",
     "Spider",
     "Stats",
     "StepSchedule",

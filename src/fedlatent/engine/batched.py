@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.dataset import ClientData
+from .clientstep import fedem_rows
 from .messages import unpack
 from .model import client_key
 from .stats import Stats
-from .streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
+from .streams import batch_rows, stream_keys, stream_uniforms
 
 __all__ = ["Bucket", "BatchStep", "BatchReply", "BatchedClients", "ClientBatch"]
 
@@ -295,13 +296,17 @@ class BatchedClients:
                     finish[0](Q, n, rows.start, rows.stop)  # while the rows are in cache
                     finish[1][rows] = True
         if commit and new_state:
-            g = self.groups.setdefault("model", _Group(len(self.ids)))
-            for k, v in new_state.items():
-                if k not in g.arrays:
-                    g.arrays[k] = np.zeros((len(self.ids), *v.shape[1:]), dtype=v.dtype)
-                g.arrays[k][idx] = v
-            g.present[idx] = True
+            self._commit_state(idx, new_state)
         return Q, n, obj
+
+    def _commit_state(self, idx: np.ndarray, new_state: dict[str, np.ndarray]) -> None:
+        """The clients ``idx``'s new private model state (rows of ``new_state``) kept."""
+        g = self.groups.setdefault("model", _Group(len(self.ids)))
+        for k, v in new_state.items():
+            if k not in g.arrays:
+                g.arrays[k] = np.zeros((len(self.ids), *v.shape[1:]), dtype=v.dtype)
+            g.arrays[k][idx] = v
+        g.present[idx] = True
 
     def _batch_masks(self, seed: int, rnd: int, idx: np.ndarray, batch_size: int):
         """Each client's mini-batch as masks per bucket (the per-client path's rows)."""
@@ -337,7 +342,9 @@ class BatchedClients:
         S_flat = Stats(S_hat).flatten()[None, :] if S_hat else None
         cv = use_cv and bool(S_hat)
         alpha = float(msg["alpha"]) if cv else 1.0
-        divided = True  # whether S_c already holds means (else sums, divided chunk by chunk)
+        # full passes and mini-batches are made into replies chunk by chunk during the step
+        # (from sums); otherwise the step's means are, after it
+        fused = mode in ("full", "batch") and not keep_init
         V = had = None
 
         def control_variates():
@@ -354,58 +361,45 @@ class BatchedClients:
         def finish(Q, n, lo, hi):
             """Rows ``lo:hi`` of the sums made into the reply, in place."""
             control_variates()
-            d, ii = Q[lo:hi], idx[lo:hi]
-            if not divided:
-                d /= np.maximum(n[lo:hi], 1)[:, None]
-            if S_flat is not None:
-                d -= S_flat  # S_c - S_hat - V_c
-                if V is not None:
-                    h = had[lo:hi]
-                    if h.all():
-                        d -= V.arrays[""][ii]
-                    elif h.any():
-                        d[h] -= V.arrays[""][ii[h]]
-            if levels > 0:
-                d[...] = quantize_flat(d, [v.size for v in self.template.values()], levels,
-                                       stream_uniforms(keys[lo:hi], d.shape[1]))
-            if cv:
-                Vf = V.arrays[""]
-                step = alpha * d if alpha != 1.0 else d
-                h = had[lo:hi]
-                Vf[ii] = (Vf[ii] if h.all() else np.where(h[:, None], Vf[ii], 0.0)) + step
+            ii = idx[lo:hi]
+            new = fedem_rows(
+                Q[lo:hi], n[lo:hi] if fused else None, S_flat,
+                None if V is None else V.arrays[""][ii], None if had is None else had[lo:hi],
+                levels=levels, sizes=[v.size for v in self.template.values()],
+                uniforms=stream_uniforms(keys[lo:hi], Q.shape[1]) if levels > 0 else None,
+                alpha=alpha, cv=cv)
+            if new is not None:
+                V.arrays[""][ii] = new
 
         done = np.zeros(idx.size, dtype=bool)
-        if mode in ("full", "spider-refresh", "batch"):
-            masks = None if mode != "batch" else \
-                self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
-            divided = False
-            fused = mode != "spider-refresh" and not keep_init
-            S_c, n, obj = self._stats(params, idx, masks, True, "estep",
-                                      (finish, done) if fused else None)
-            if not fused:
-                S_c /= np.maximum(n, 1)[:, None]
-                divided = True
-            if mode == "spider-refresh":
-                self._spider_put(idx, S_c, params)
-        elif mode == "spider":
-            S_c, n, obj = self._spider(seed, rnd, idx, params, int(msg["batch_size"]))
-        else:
-            raise KeyError(f"unknown E-step mode {mode!r}")
+        S_c, n, obj = self._estep_stats(mode, seed, rnd, idx, params, msg,
+                                        (finish, done) if fused else None)
         if keep_init:
             g = self._flat_group("init_S")
             g.arrays[""][idx] = S_c
             g.present[idx] = True
         control_variates()
-        if not done.all():
-            # the rows not finished during the step (all of them, or rows of buckets whose
-            # positions are not consecutive), in chunks of consecutive rows
-            todo = np.flatnonzero(~done)
-            for run in np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1):
-                for lo in range(int(run[0]), int(run[-1]) + 1, _CHUNK):
-                    finish(S_c, n, lo, min(lo + _CHUNK, int(run[-1]) + 1))
+        _finish_rest(done, finish, S_c, n)
         if cv and V is not None:
             V.present[idx] = True
         return BatchReply(idx, S_c, n, obj, self.template)
+
+    def _estep_stats(self, mode: str, seed: int, rnd: int, idx: np.ndarray, params, msg,
+                     hook):
+        """The step's statistics: sums made into replies by ``hook`` as they come (full
+        passes, mini-batches), or means (``hook`` None; SPIDER's, kept for its corrections)."""
+        if mode in ("full", "spider-refresh", "batch"):
+            masks = None if mode != "batch" else \
+                self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
+            S_c, n, obj = self._stats(params, idx, masks, True, "estep", hook)
+            if hook is None:
+                S_c /= np.maximum(n, 1)[:, None]
+            if mode == "spider-refresh":
+                self._spider_put(idx, S_c, params)
+            return S_c, n, obj
+        if mode == "spider":
+            return self._spider(seed, rnd, idx, params, int(msg["batch_size"]))
+        raise KeyError(f"unknown E-step mode {mode!r}")
 
     def evaluate(self, idx: np.ndarray, msg: dict) -> BatchReply:
         """Mean statistics at the message's parameters; no state changes."""
@@ -470,6 +464,17 @@ class BatchedClients:
                            - Qo / np.maximum(no, 1)[:, None])
         self._spider_put(idx, S_c, params)
         return S_c, n, obj
+
+
+def _finish_rest(done: np.ndarray, finish, S_c: np.ndarray, n: np.ndarray) -> None:
+    """The rows not finished during the step (all of them, or rows of buckets whose positions
+    are not consecutive), in chunks of consecutive rows."""
+    if done.all():
+        return
+    todo = np.flatnonzero(~done)
+    for run in np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1):
+        for lo in range(int(run[0]), int(run[-1]) + 1, _CHUNK):
+            finish(S_c, n, lo, min(lo + _CHUNK, int(run[-1]) + 1))
 
 
 def _as_slice(rows: np.ndarray):

@@ -14,6 +14,15 @@ federation, clients, or with client states missing) with a message saying what d
 history), each written atomically, the ``.npz`` first; the JSON, written last, records the
 sha256 of the ``.npz``. :func:`load_arrays_json` refuses a pair whose hash differs (an
 interrupted save, a truncated or edited file). Everything is read with ``allow_pickle=False``.
+
+**A hash is a checksum, not a signature**: whoever edits a file can recompute its sha256. A
+pair saved with a ``signer`` (a :class:`~fedlatent.engine.site.keys.SiteIdentity` holding a
+signing key and a site id) also records, in the JSON, that site's Ed25519 signature of the
+.npz's sha256 and of the rest of the JSON (``"signature": {"site", "ed25519"}``). Loaded with
+``trust`` (a pinned :class:`~fedlatent.engine.site.keys.Roster`), a pair is refused unless it
+is signed by a rostered site and the signature verifies (an unsigned file, an edited one, one
+signed by another key). Without ``trust`` the signature is not checked and files written
+before signatures (or without one) load as before.
 """
 
 from __future__ import annotations
@@ -124,24 +133,75 @@ def _to_json(obj: Any) -> Any:
 
 
 # ---- saved models: a pair committed by the JSON, written last --------------------------------
-def save_arrays_json(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
-    """Write ``path.npz`` then ``path.json`` (which records the .npz's sha256), each
-    atomically."""
+#: the JSON field holding a saved pair's signature, and what such a signature is for
+SIGNATURE_KEY, FILE_PURPOSE = "signature", "saved-file"
+
+
+def _signed_content(meta: dict[str, Any]) -> bytes:
+    """What a pair's signature covers: the canonical JSON of ``meta`` without its signature
+    (the .npz's sha256 included)."""
+    doc = {k: v for k, v in _to_json(meta).items() if k != SIGNATURE_KEY}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _sign_meta(meta: dict[str, Any], signer) -> dict[str, Any]:
+    import base64
+
+    if signer.keys is None or signer.site is None:
+        raise ValueError("a file is signed by a site: give a SiteIdentity with a signing key "
+                         "and a site id (SiteIdentity(SiteKeys.load(...), site='...'))")
+    sig = signer.keys.sign(FILE_PURPOSE, {"site": signer.site}, _signed_content(meta))
+    return {**meta, SIGNATURE_KEY: {"site": signer.site,
+                                    "ed25519": base64.b64encode(sig).decode()}}
+
+
+def _verify_meta(meta: dict[str, Any], trust, where: Path) -> None:
+    """Raise ValueError unless ``meta`` carries a rostered site's valid signature."""
+    import base64
+    import binascii
+
+    sig = meta.get(SIGNATURE_KEY)
+    if not isinstance(sig, dict) or not isinstance(sig.get("site"), str):
+        raise ValueError(f"{where} is not signed, and a roster was given to check it: only "
+                         "files signed by a rostered site are loaded; ask its author to save it "
+                         "with a signing key (save(..., signer=...))")
+    try:
+        raw = base64.b64decode(str(sig.get("ed25519", "")), validate=True)
+    except (ValueError, binascii.Error):
+        raw = b""
+    trust.verify(sig["site"], raw, FILE_PURPOSE, {"site": sig["site"]}, _signed_content(meta),
+                 what=f"{where} (signed)")
+
+
+def save_arrays_json(path: str | os.PathLike, arrays: dict[str, np.ndarray], meta: dict[str, Any],
+                     *, signer=None):
+    """Write ``path.npz`` then ``path.json`` (which records the .npz's sha256 and, with a
+    ``signer``, its Ed25519 signature of the pair), each atomically."""
     path = Path(path)
     data = _npz_bytes(arrays)
     atomic_write(path.with_name(path.name + ".npz"), data)
     meta = {**meta, "npz_sha256": hashlib.sha256(data).hexdigest()}
+    if signer is not None:
+        meta = _sign_meta(meta, signer)
     text = json.dumps(meta, indent=1, default=_json_default)
     atomic_write(path.with_name(path.name + ".json"), text.encode())
 
 
-def load_arrays_json(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def load_arrays_json(path: str | os.PathLike, *, trust=None
+                     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(arrays, meta)`` of what :func:`save_arrays_json` wrote at ``path`` (the .npz is
-    verified against the sha256 in the .json), or of a one-file checkpoint ``path.npz``."""
+    verified against the sha256 in the .json), or of a one-file checkpoint ``path.npz``.
+
+    With ``trust`` (a pinned :class:`~fedlatent.engine.site.keys.Roster`), the pair must also
+    carry a rostered site's valid signature (ValueError naming the file and the site otherwise);
+    a one-file checkpoint, which is never signed, is then refused."""
     path = Path(path)
     npz = path.with_name(path.name + ".npz")
     js = path.with_name(path.name + ".json")
     if not js.exists():
+        if npz.exists() and trust is not None:
+            raise ValueError(f"{npz} is a checkpoint, which is never signed; a roster was given "
+                             "to check a signed model or site state")
         if npz.exists():
             return _read_checkpoint_file(npz)
         raise FileNotFoundError(f"no model or checkpoint at {path} (expected {npz.name} and "
@@ -166,6 +226,8 @@ def load_arrays_json(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
             f"{want[:12]}... (an interrupted save, or a file truncated or edited since); save "
             "the model again"
         )
+    if trust is not None:
+        _verify_meta(meta, trust, js)
     return _read_npz(data, npz), meta
 
 
@@ -224,7 +286,8 @@ def save_loop_checkpoint(path, *, params, state, history, client_states, identit
                          round_: int, params0, mirror=None) -> Path:
     """Write the round loop's checkpoint ``<path>.npz`` atomically (see the module docstring);
     returns the file written. ``mirror`` is ``(V_c by client (None: unknown), clients to
-    resync)``, the server's copy of the clients' control variates (ReplyScreen), or None."""
+    resync)``, the server's copy of the clients' control variates (``rounds.screen.Mirror``), or
+    None."""
     path = Path(path)
     ids = list(identity.clients)
     arrays = {f"params/{k}": np.asarray(v) for k, v in params.items()}

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import ClientData, FederatedDataset
+from .clientstep import fedem_rows
 from .messages import ERROR_KEY, pack, unpack
 from .model import FederatedModel, client_key, client_rng
 from .privacy.disclosure import DisclosurePolicy, check_counts
@@ -42,7 +43,7 @@ from .privacy.enforce import (
 )
 from .registry import estimator_from_config, model_from_config
 from .stats import Stats
-from .streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
+from .streams import batch_rows, stream_keys, stream_uniforms
 
 __all__ = ["ClientNode", "describe_client"]
 
@@ -72,6 +73,11 @@ def _sub(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {k[len(p) :]: v for k, v in state.items() if k.startswith(p)}
 
 
+def _flat_like(template: Stats, other: Stats) -> np.ndarray:
+    """``other`` flattened in the block order of ``template``, as one row (1, F)."""
+    return np.concatenate([np.ravel(other[k]) for k in template])[None, :]
+
+
 def _put(state: dict[str, np.ndarray], prefix: str, arrays: dict[str, np.ndarray]) -> None:
     p = prefix + "/"
     for k in [k for k in state if k.startswith(p)]:
@@ -96,6 +102,18 @@ class ClientNode:
     disclosure : DisclosurePolicy, optional
         The site's own disclosure policy: the server's (sent at setup) can make it stricter,
         never looser (:mod:`fedlatent.engine.privacy.enforce`). None: the server's.
+    identity : SiteIdentity, optional
+        The site's signing key and pinned roster (:mod:`fedlatent.engine.site.keys`): it signs
+        its key-agreement keys and SEC models, and with a roster accepts only peers' keys and
+        models that rostered sites signed. None: nothing signed, nothing verified.
+    policy : SitePolicy, optional
+        The site's own policy (:mod:`fedlatent.engine.site`): its floors, its ledger, one plan
+        and one answer per question; a message it refuses gets a one-line reason (site, rule,
+        fix). None: no policy (the node answers as the server's settings say).
+    dataset : str
+        The name of the data set ``data`` is (its lifetime privacy budget is kept by name).
+    site_dir : path, optional
+        Where the site's ledger lives when the policy names no directory.
     """
 
     def __init__(
@@ -106,8 +124,30 @@ class ClientNode:
         *,
         source: FederatedDataset | None = None,
         disclosure: DisclosurePolicy | None = None,
+        identity=None,
+        policy=None,
+        dataset: str = "default",
+        site_dir=None,
     ):
         self.client_id = str(client_id)
+        #: the site's guard (its policy and ledger), None without a policy
+        self.guard = None
+        #: whether a server's ``noise_seed`` is honoured (a site policy says; in-process: yes)
+        self.honour_noise_seed = True
+        if policy is not None:
+            from .site.guard import SiteGuard
+
+            self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir)
+            self.honour_noise_seed = bool(policy.simulation)
+            if identity is None and (policy.signing_key or policy.roster):
+                from .site.keys import SiteIdentity
+
+                identity = SiteIdentity.from_paths(policy.signing_key, policy.roster,
+                                                   site=policy.name or self.client_id)
+            disclosure = (policy.disclosure if disclosure is None
+                          else stricter(policy.disclosure, disclosure))
+        #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
+        self.identity = identity
         self.own_disclosure = disclosure
         self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
         self._data = data
@@ -136,6 +176,11 @@ class ClientNode:
             from .secure import secagg_step
 
             return secagg_step(self, msg)
+        if self.guard is not None:  # the site's policy: refuse, replay or answer (recorded)
+            return self.guard.answer(self, method, msg, self._reply)
+        return self._reply(method, msg)
+
+    def _reply(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if "secagg/slot" in msg and method in ("estep", "query"):
             from .secure import mask_reply
 
@@ -158,11 +203,17 @@ class ClientNode:
     def _setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         import json
 
+        if self.guard is not None:
+            refusal = self.guard.setup(msg)
+            if refusal is not None:
+                return refusal
         self.model = model_from_config(str(msg["model"]), json.loads(str(msg["model_config"])))
         sent = policy_from_json(str(msg.get("disclosure") or ""))
         own = self.own_disclosure
         self.disclosure = sent if own is None else stricter(own, sent)
         self.model.disclosure = self.disclosure
+        self.model.identity = (None if self.identity is None
+                               else self.identity.for_site(self.client_id))
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:
@@ -179,7 +230,8 @@ class ClientNode:
         """Differential privacy as the setup message sets it: calibrate, clip the data once."""
         from .privacy.client_dp import ClientPrivacy
 
-        self.privacy = ClientPrivacy.from_message(msg, self.client_id, self.state)
+        self.privacy = ClientPrivacy.from_message(msg, self.client_id, self.state,
+                                                  honour_seed=self.honour_noise_seed)
         assert self.model is not None
         self.model.privacy = None if self.privacy is None else self.privacy.dp
         self._data = (self._raw if self.privacy is None
@@ -188,10 +240,15 @@ class ClientNode:
     def _private(self, sums, sensitivities, msg: dict[str, Any], what: str):
         """``sums`` with this client's calibrated noise (one release of its budget)."""
         assert self.privacy is not None
-        return self.privacy.release(
+        if self.guard is not None:  # the ledger's count, never the restorable state's
+            self.guard.before_release(self.privacy, self.state, what)
+        out = self.privacy.release(
             sums, sensitivities, what=what, client_key=client_key(self.client_id),
             round_=int(msg.get("round", 0)),
             secagg=self.secagg if "secagg/slot" in msg else None, state=self.state)
+        if self.guard is not None:  # on the ledger before the reply leaves
+            self.guard.released(self.privacy, msg, what, self.model.n_records(self._data))
+        return out
 
     # ------------------------------------------------------------------------------------------
     def _local_stats(self, params, rows, rng, commit: bool = True):
@@ -277,36 +334,40 @@ class ClientNode:
         else:
             raise KeyError(f"unknown E-step mode {mode!r}")
 
+        q = self._fedem_update(S_c, msg)
+        reply = pack("delta", q.to_dict())
+        reply["n"] = int(step.n)
+        reply["objective"] = float(step.objective)
+        return reply
+
+    def _fedem_update(self, S_c: Stats, msg: dict[str, Any]) -> Stats:
+        """``Q_c = Quant(S_c - S_hat - V_c)`` and ``V_c += alpha Q_c``: the client update of
+        :func:`~fedlatent.engine.clientstep.fedem_rows` on a batch of one (the initialization
+        round keeps ``S_c`` when control variates will start from it, and sends it)."""
         S_hat = Stats(unpack(msg, "S_hat"))
         use_cv = bool(msg.get("control_variates", False))
         reset = unpack(msg, "V_reset")
         if use_cv and reset:  # the server refused our last reply: back to the V_c it holds
             _put(self.state, "V", reset)
         V_c = Stats(_sub(self.state, "V")) if use_cv and _sub(self.state, "V") else None
-        if len(S_hat) == 0:  # initialization round: send the statistic itself
-            delta = S_c
-            if bool(msg.get("keep_init", False)):
-                _put(self.state, "init_S", S_c.to_dict())
-        else:
-            delta = S_c - S_hat
-            if V_c is not None:
-                delta = delta - V_c
+        if len(S_hat) == 0 and bool(msg.get("keep_init", False)):
+            _put(self.state, "init_S", S_c.to_dict())
         levels = int(msg.get("quant_levels", 0))
+        cv = use_cv and len(S_hat) > 0
+        d = S_c.flatten()[None, :].copy()
+        uniforms = None
         if levels > 0:  # the counter-based stream: what the batched path draws for us
-            flat = delta.flatten()
-            keys = stream_keys(seed, [client_key(self.client_id)], rnd, _P_QUANT)
-            q = delta.unflatten(quantize_flat(flat[None, :], [v.size for v in delta.values()],
-                                              levels, stream_uniforms(keys, flat.size))[0])
-        else:
-            q = delta
-        if use_cv and len(S_hat) > 0:
-            alpha = float(msg["alpha"])
-            V_new = (V_c if V_c is not None else q.zeros_like()).copy().add_(q, alpha)
-            _put(self.state, "V", V_new.to_dict())
-        reply = pack("delta", q.to_dict())
-        reply["n"] = int(step.n)
-        reply["objective"] = float(step.objective)
-        return reply
+            keys = stream_keys(int(msg["seed"]), [client_key(self.client_id)],
+                               int(msg["round"]), _P_QUANT)
+            uniforms = stream_uniforms(keys, d.shape[1])
+        V_new = fedem_rows(
+            d, None, _flat_like(S_c, S_hat) if len(S_hat) else None,
+            _flat_like(S_c, V_c) if V_c is not None else np.zeros_like(d),
+            np.array([V_c is not None]), levels=levels, sizes=[v.size for v in S_c.values()],
+            uniforms=uniforms, alpha=float(msg["alpha"]) if cv else 1.0, cv=cv)
+        if V_new is not None:
+            _put(self.state, "V", S_c.unflatten(V_new[0]).to_dict())
+        return S_c.unflatten(d[0])
 
     def _batch(self, seed: int, rnd: int, n_units: int, batch_size: int) -> np.ndarray:
         """This round's mini-batch: ``min(batch_size, n_units)`` rows without replacement,

@@ -5,7 +5,12 @@ Like scikit-learn's ``BaseMixture``: one class owns the loop and the single Conv
 each model fills in hooks. ``__init__`` only stores its arguments; validation happens in ``fit``
 from one declarative table (``_parameter_constraints``, :mod:`fedlatent.engine.params`).
 
-Hooks, in the order ``fit`` calls them::
+The contract (every hook, declared below with its docstring; the table in
+``docs/architecture.md``). Declared data: ``_parameter_constraints``, ``_save_arrays``,
+``_load_nonfinite``, ``_score_name``, ``capabilities`` (secure aggregation, differential
+privacy), ``_dp_init_releases``, ``_multi_start``, ``_default_n_init``.
+
+Hooks, in the order ``fit`` calls them (the first three and ``_store`` are abstract)::
 
     _check_params()                   cross-parameter checks (the table covers the rest)
     _validate_data(fd)                data-dependent checks, before any message is sent
@@ -24,6 +29,7 @@ user's order, a Series indexed by ``fd.row_index``) and ``score_dataset(fd)``.
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,13 +42,15 @@ from .checkpoint import load_arrays_json, save_arrays_json
 from .errors import NotFittedError
 from .exchange import Expect, Replies, ask, number, setup_clients
 from .federation import Federation
+from .fitsetup import setup_fit
 from .history import History
 from .inprocess import InProcessRuntime
 from .loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
-from .model import FederatedModel, Params
+from .model import NO_CAPABILITIES, Capabilities, FederatedModel, Params
 from .params import validate_params
 from .registry import params_to_json
 from .runtime import Runtime
+from .seeds import resolve_seed
 from .selection import Selection, fit_selected, load_selection
 
 __all__ = [
@@ -103,17 +111,6 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
                  fix_inf="drop or clip them before predicting")
     check_magnitude(X, names, where="X: ")
     return X
-
-
-def resolve_seed(random_state) -> int:
-    """One integer seed from an int, a Generator or None (fresh entropy)."""
-    if random_state is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**63 - 1))
-    if isinstance(random_state, np.random.RandomState):
-        return int(random_state.randint(0, 2**31 - 1))
-    return int(random_state)
 
 
 @dataclass
@@ -222,27 +219,32 @@ class FitContext:
         return replies
 
 
-class FederatedEstimator(BaseEstimator):
+class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
     """Base of fedlatent estimators: a scikit-learn estimator fitted over a federation.
 
     Subclasses define ``__init__`` (storing their arguments), ``_parameter_constraints`` and
     the hooks listed in the module docstring.
     """
 
+    # ---- declared data (class attributes) ------------------------------------------------------
+    #: the constructor parameters' constraints (:mod:`fedlatent.engine.params`)
     _parameter_constraints: ClassVar[dict[str, list]] = {}
+    #: the fitted array attributes :meth:`save` writes and :meth:`load` requires, exactly
     _save_arrays: ClassVar[tuple[str, ...]] = ()
     #: saved arrays that may hold NaN (e.g. a history with unknown entries)
     _load_nonfinite: ClassVar[tuple[str, ...]] = ()
+    #: what :meth:`score_dataset` returns, named (the command line prints ``<name>: value``)
     _score_name: ClassVar[str] = "score"
-    #: None when the estimator supports ``Federation(secure_aggregation=True)``; otherwise why
-    #: not (the refusal's message)
-    _secure_aggregation: ClassVar[str | None] = (
-        "its fit does not yet route every sum through secure aggregation")
-    #: None when the estimator supports ``Federation(privacy=...)``; otherwise why not
-    _differential_privacy: ClassVar[str | None] = (
-        "its statistics have no bounded sensitivity yet")
-    #: Gaussian releases its initialization makes under differential privacy (queries)
+    #: what the estimator supports (secure aggregation, differential privacy), with the reason
+    #: of each refusal; an estimator whose support depends on its settings makes this a property
+    capabilities: ClassVar[Capabilities] = NO_CAPABILITIES
+    #: Gaussian releases its initialization makes under differential privacy (queries); a
+    #: property where it depends on the settings
     _dp_init_releases: ClassVar[int] = 0
+    #: whether ``n_init`` means "starts" (the whole fit once per start, :mod:`.starts`)
+    _multi_start: ClassVar[bool] = False
+    #: the number of starts ``n_init=None`` means, where ``_multi_start``
+    _default_n_init: ClassVar[int] = 1
 
     # ---- hooks ---------------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -251,22 +253,70 @@ class FederatedEstimator(BaseEstimator):
     def _validate_data(self, fd: FederatedDataset) -> None:
         """Data-dependent checks, before any message is sent."""
 
-    def _make_model(self, fd: FederatedDataset) -> FederatedModel:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def _make_model(self, fd: FederatedDataset) -> FederatedModel:
+        """The model's math for a fit on ``fd`` (rebuilt by name on every client).
 
-    def _initialize(self, ctx: FitContext) -> Params:  # pragma: no cover - overridden
-        raise NotImplementedError
+        Parameters
+        ----------
+        fd : FederatedDataset or RemoteDataset
+            The data (or their description): its sizes and feature count, never its rows.
+
+        Returns
+        -------
+        FederatedModel
+        """
+
+    @abstractmethod
+    def _initialize(self, ctx: FitContext) -> Params:
+        """The initial parameters, asking the clients through ``ctx.ask`` (or ``ctx.ask_sum``
+        when ``ctx.summed_only``: under secure aggregation or differential privacy).
+
+        Parameters
+        ----------
+        ctx : FitContext
+
+        Returns
+        -------
+        dict of str to ndarray
+            The parameters of the first round's broadcast.
+        """
+
+    def _explicit_init(self) -> bool:
+        """Whether the start is given by the user (``*_init`` arrays): then ``n_init`` starts
+        would be identical and one is run (:mod:`.starts`). Default False."""
+        return False
 
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> FitResult:
         """The fit proper; default: the FedEM round loop of the engine."""
         return run_rounds(ctx.model, ctx.runtime, ctx.federation, params0, options,
                           n_units=ctx.n_units, secure=ctx.secure, privacy=ctx.privacy)
 
-    def _store(self, result: FitResult, model: FederatedModel) -> None:  # pragma: no cover
-        raise NotImplementedError
+    @abstractmethod
+    def _store(self, result: FitResult, model: FederatedModel) -> None:
+        """Set the fitted attributes (``weights_``...) from the fit's result.
+
+        Parameters
+        ----------
+        result : FitResult
+            The final parameters, statistics ``S_hat`` and history.
+        model : FederatedModel
+            The model of the fit (its ``privacy`` says whether the fit was private).
+        """
 
     def _after_load(self) -> None:
         """Derived attributes, after ``_store`` or :meth:`load`."""
+
+    def _n_parameters(self) -> int:
+        """The number of free parameters of the fitted model (BIC, AIC, the size selection)."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its parameters")
+
+    def _degenerate_reason(self, n_rows: int | None) -> str | None:
+        """Why the fitted model is degenerate ("" when it is not), for the size selection
+        (:func:`~.selection.skip_reason`: a degenerate or unconverged candidate is skipped).
+        ``n_rows``: the rows it was fitted on (None when unknown). Default None: no test, the
+        candidate is never skipped."""
+        return None
 
     def _selection(self) -> Selection | None:
         """How an ``"auto"`` size parameter is chosen (:class:`~.selection.Selection`); None
@@ -347,32 +397,33 @@ class FederatedEstimator(BaseEstimator):
         runtime = runtime if given else InProcessRuntime(fd)
         ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
                          data=None if remote else fd, runtime_given=given)
-        from .privacy.disclosure import effective
-
-        releases = 0
-        if federation.privacy is not None:
-            from .privacy.dp import PrivacyBudget, planned_releases
-
+        private = federation.privacy is not None
+        if private:
             self._refuse_private(fd, federation)
-            releases = planned_releases(self._max_rounds(), 1,
-                                        int(self._dp_init_releases))
-            ctx.privacy = PrivacyBudget(federation.privacy.calibrate(releases))
-        ctx.n_units = setup_clients(runtime, model, effective(federation.disclosure,
-                                                              federation.secure_aggregation),
-                                    federation.privacy, releases)
-        if federation.secure_aggregation:
-            from .secure import open_channel
-
-            ctx.secure = open_channel(runtime, federation, ctx.n_units,
-                                      self._max_rounds())
+        setup = setup_fit(runtime, model, federation, self._max_rounds(),
+                          init_releases=int(self._dp_init_releases) if private else 0,
+                          run=self._run_label(seed))
+        ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
         return ctx
+
+    def _run_label(self, seed: int) -> str:
+        """The fit's label for the sites' ledgers: the estimator, its settings and the seed (a
+        resumed fit has the same one, so a site continues its plan, never a new one)."""
+        import hashlib
+        import json
+
+        text = json.dumps([type(self).__name__, int(seed),
+                           params_to_json(self.get_params(deep=False), strict=False)],
+                          sort_keys=True, default=str)
+        return f"{type(self).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
     def _refuse_private(self, fd, federation) -> None:
         """ValueError unless this estimator can be fitted under ``federation.privacy``."""
         name = type(self).__name__
-        if self._differential_privacy is not None:
+        caps = self.capabilities
+        if not caps.differential_privacy:
             raise ValueError(f"{name} refuses Federation(privacy=DifferentialPrivacy(...)): "
-                             f"{self._differential_privacy}; fit it with privacy=None")
+                             f"{caps.privacy_refusal}; fit it with privacy=None")
         if self._selection() is not None:
             self._refuse_private_selection()
         federation.privacy.center_for(fd.n_features)  # one centre per feature
@@ -467,26 +518,69 @@ class FederatedEstimator(BaseEstimator):
         """One start: set up (``seed``; None: from ``random_state``), initialize, run the rounds
         (``run``: the LoopOptions of ``fit``'s arguments)."""
         ctx = self._start(fd, runtime, seed)
-        params0 = self._initialize(ctx)
+        params0 = self._private_resume_start(ctx, run)
+        if params0 is None:
+            params0 = self._initialize(ctx)
         options = LoopOptions(seed=ctx.seed, max_rounds=self._max_rounds(),
                               tol=float(getattr(self, "tol", 1e-3)),
                               description=type(self).__name__, **run)
         return ctx, self._run(ctx, params0, options)
+
+    def _private_resume_start(self, ctx: FitContext, run: dict) -> Params | None:
+        """A resumed private fit starts from its checkpoint's initial parameters: its private
+        initialization is not run again (it would spend the budget twice, and its fresh noise
+        would not give the checkpoint's start). None when not resuming a private fit."""
+        path = run.get("checkpoint")
+        if not run.get("resume") or ctx.privacy is None or path is None:
+            return None
+        from .checkpoint import _read_checkpoint_file
+
+        npz = Path(path).with_name(Path(path).name + ".npz")
+        if not npz.exists():
+            return None  # the loop says there is nothing to resume from
+        arrays, _ = _read_checkpoint_file(npz)
+        params0 = {k[len("params0/"):]: v for k, v in arrays.items() if k.startswith("params0/")}
+        if not params0:
+            return None
+        ctx.privacy.spend(int(self._dp_init_releases))  # spent by the interrupted fit
+        import logging
+
+        logging.getLogger(__name__).info(
+            "%s: resumed from %s without re-running the private initialization",
+            type(self).__name__, npz)
+        return params0
 
     def _fit_selected(self, fd, selection: Selection, **fit_kwargs):
         """``fit`` with an ``"auto"`` parameter (:func:`.selection.fit_selected`)."""
         return fit_selected(self, fd, selection, **fit_kwargs)
 
     # ---- prediction on federated data ----------------------------------------------------------
-    def _fitted_params(self) -> Params:  # pragma: no cover - overridden where scoring is asked
-        """The fitted parameters in the model's own form (what a client's queries take)."""
+    def _fitted_params(self) -> Params:
+        """The fitted parameters in the model's own form (what a client's queries take, as
+        ``params/<name>``). Required for :meth:`_federated_loglik`, ``score`` on federated
+        data, multi-start comparison and the size selection; the default refuses.
+
+        Returns
+        -------
+        dict of str to ndarray
+        """
         raise NotImplementedError(f"{type(self).__name__} does not send its fitted parameters")
 
     def _federated_loglik(self, fd, runtime: Runtime | None = None) -> tuple[float, int]:
         """Sum of the log-likelihoods and the number of rows over the clients of ``fd``, computed
         where the rows are (the model's ``loglik`` query; only the two sums come back, checked).
 
-        ``fd`` must have the columns of the fit, in the same order.
+        Parameters
+        ----------
+        fd : FederatedDataset
+            Must have the columns of the fit, in the same order.
+        runtime : Runtime or None
+            Transport to the clients; default: in-process clients built from ``fd``.
+
+        Returns
+        -------
+        (float, int)
+            The summed log-likelihood and the number of rows.
         """
         check_is_fitted(self)
         fitted = [str(f) for f in self.feature_names_in_]
@@ -530,10 +624,13 @@ class FederatedEstimator(BaseEstimator):
         return self.fit(fd, **fit_params).predict_dataset(fd)
 
     # ---- persistence (no pickle) ---------------------------------------------------------------
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, *, signer=None) -> None:
         """Write ``<path>.npz`` (arrays), then ``<path>.json`` (settings, history, the .npz's
         sha256), each atomically: an interrupted save leaves a pair that :meth:`load` refuses,
-        never one it reads wrongly. No pickle."""
+        never one it reads wrongly. No pickle. With ``signer`` (a
+        :class:`~fedlatent.engine.site.keys.SiteIdentity` with a signing key and a site id),
+        the JSON also records that site's Ed25519 signature of the pair, which
+        ``load(path, trust=roster)`` verifies."""
         check_is_fitted(self)
         arrays = {name: np.asarray(getattr(self, name)) for name in self._save_arrays}
         meta = {
@@ -558,14 +655,15 @@ class FederatedEstimator(BaseEstimator):
             meta["selection"] = {"param": param, "value": int(getattr(self, f"{param}_")),
                                  "scores": table.reset_index().to_dict(orient="records")}
         meta.update(self._save_extra())
-        save_arrays_json(path, arrays, meta)
+        save_arrays_json(path, arrays, meta, signer=signer)
 
     def _save_extra(self) -> dict[str, Any]:
         """More JSON for :meth:`save` (read back by ``_load_extra``)."""
         return {}
 
     def _load_extra(self, meta: dict[str, Any]) -> None:
-        pass
+        """Read back what ``_save_extra`` wrote into the saved JSON ``meta`` (default:
+        nothing)."""
 
     @classmethod
     def _from_saved(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
@@ -615,16 +713,19 @@ class FederatedEstimator(BaseEstimator):
         load_selection(self, doc)
 
     @classmethod
-    def load(cls, path: str | Path):
+    def load(cls, path: str | Path, *, trust=None):
         """Read what :meth:`save` wrote, refusing (ValueError naming the file and the field) a
         pair whose .npz does not match the sha256 its .json records, arrays other than the
         saved ones, non-finite values and anything breaking the model's invariants
-        (``_check_loaded``). No pickle."""
+        (``_check_loaded``). No pickle. With ``trust`` (a pinned
+        :class:`~fedlatent.engine.site.keys.Roster`), an unsigned pair, or one not signed by
+        a rostered site, or edited since it was signed, is refused; without it the signature
+        is not checked (files saved before signatures load as before)."""
         from .loadcheck import check_saved
 
         path = Path(path)
         npz, js = path.with_name(path.name + ".npz"), path.with_name(path.name + ".json")
-        arrays, meta = load_arrays_json(path)
+        arrays, meta = load_arrays_json(path, trust=trust)
         if meta.get("class") != cls.__name__:
             raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
         check_saved(cls, arrays, meta, npz, js)

@@ -8,7 +8,7 @@ finite values, bounds) with the same checks as the round loop's statistics
 badly is treated one way:
 
 - ``required=True`` (the default, what an initialization needs): the exchange stops with a
-  :class:`~fedlatent.engine.loop.FederatedFitError` naming the client(s) and the reason;
+  :class:`~fedlatent.engine.faults.FederatedFitError` naming the client(s) and the reason;
 - ``required=False``: the client is left out of this exchange, recorded in ``Replies.faults``
   (client -> reason) and logged; the caller combines the replies of the others.
 
@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .faults import FederatedFitError
 from .messages import (
     ERROR_KEY,
     ClientReplyError,
@@ -85,8 +86,6 @@ def ask(
     -------
     Replies
     """
-    from .loop import FederatedFitError
-
     if per_client:
         msgs = {str(c): dict(m) for c, m in messages.items()}
         ids = list(msgs) if clients is None else list(clients)
@@ -96,19 +95,10 @@ def ask(
     raw = runtime.call(ids, method, msgs) if ids else {}
     good = Replies()
     for c in ids:
-        reply = raw.get(c)
         try:
-            if reply is None:
-                raise ClientReplyError(c, "no reply")
-            if ERROR_KEY in reply:  # the client declined or failed, and said why
-                why = str(reply[ERROR_KEY])
-                raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
-            if expect:
-                check_fields(c, reply, expect)
+            good[c] = _checked(c, raw.get(c), expect)
         except ClientReplyError as err:
             good.faults[c] = err.reason
-            continue
-        good[c] = reply
     if good.faults:
         detail = fault_detail(good.faults)
         if required:
@@ -118,8 +108,20 @@ def ask(
     return good
 
 
+def _checked(c: str, reply, expect) -> dict[str, Any]:
+    """Client ``c``'s reply if it holds what ``expect`` says (ClientReplyError otherwise)."""
+    if reply is None:
+        raise ClientReplyError(c, "no reply")
+    if ERROR_KEY in reply:  # the client declined or failed, and said why
+        why = str(reply[ERROR_KEY])
+        raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
+    if expect:
+        check_fields(c, reply, expect)
+    return reply
+
+
 def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
-                  privacy_releases: int = 0) -> dict[str, int]:
+                  privacy_releases: int = 0, run: str | None = None) -> dict[str, int]:
     """Send every client the model's name and config and the disclosure policy (None: the
     default, on), and the differential-privacy setting with the number of releases the fit
     plans (None: not private); return each client's number of units.
@@ -127,10 +129,11 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     The one place a model reaches the clients: they rebuild it from the registry (no code or
     pickle crosses). A client the policy keeps from answering anything (fewer records than
     ``min_records``) refuses here, before the first round, and the fit stops naming it.
+    ``run`` labels the fit for the sites' ledgers (a site fixes a run's plan at its first
+    setup; a resumed fit sends the same label).
     """
     import json
 
-    from .loop import FederatedFitError
     from .privacy.disclosure import DisclosurePolicy
     from .privacy.enforce import policy_to_json
 
@@ -139,6 +142,8 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     if privacy is not None:
         msg["privacy"] = json.dumps(privacy.to_config())
         msg["privacy_releases"] = int(privacy_releases)
+    if run is not None:
+        msg["run"] = str(run)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})
     n_units = {c: int(replies[c]["n_units"]) for c in runtime.client_ids}
     for c, m in n_units.items():

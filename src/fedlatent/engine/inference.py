@@ -158,7 +158,7 @@ def federated_information(est, layout: InferenceLayout, fd=None,
     for its shape and finite values and the matrix for symmetry; under secure aggregation only
     the total is seen (and checked)."""
     from .exchange import array, number
-    from .loop import FederatedFitError
+    from .faults import FederatedFitError
 
     ctx = _context(est, fd, runtime)
     P = layout.n_free

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,20 @@ def _error_reply(cid: str, method: str, msg: dict[str, Any], err: Exception) -> 
     return {ERROR_KEY: f"{type(err).__name__}: {err}"}
 
 
+def _site(policies, cid: str) -> dict[str, Any]:
+    """``ClientNode`` keywords of client ``cid``'s site policy (none: no keywords)."""
+    if policies is None:
+        return {}
+    if isinstance(policies, dict):
+        return {"policy": policies[cid]} if cid in policies else {}
+    from dataclasses import replace
+
+    if policies.directory is not None:  # one ledger per site, never shared (a client id is
+        safe = re.sub(r"[^A-Za-z0-9_-]", "_", str(cid))  # data, never a path)
+        policies = replace(policies, directory=policies.directory / f"site-{safe}")
+    return {"policy": policies}
+
+
 class InProcessRuntime(Runtime):
     """Clients as objects; messages are copied both ways as if serialized.
 
@@ -50,12 +65,18 @@ class InProcessRuntime(Runtime):
         one (no batched step).
     batched : bool, default True
         Use the model's batched client step when it has one.
+    policies : SitePolicy or dict of str to SitePolicy, optional
+        The sites' own policies (:mod:`fedlatent.engine.site`): one for every client (its
+        directory, if any, gets a sub-directory per client) or one per client id. A policy
+        built here for a test may say ``simulation = true`` to keep a ``noise_seed``.
     """
 
-    def __init__(self, fd: FederatedDataset, record: bool = False, batched: bool = True):
+    def __init__(self, fd: FederatedDataset, record: bool = False, batched: bool = True,
+                 policies=None):
         self._ids = fd.client_ids
         self._fd = fd
-        self._nodes = {cid: ClientNode(cid, fd[cid], source=fd) for cid in self._ids}
+        self._nodes = {cid: ClientNode(cid, fd[cid], source=fd, **_site(policies, cid))
+                       for cid in self._ids}
         for node in self._nodes.values():  # the server logs their faults, summarized
             node.log_level = logging.DEBUG
         self.record = record
@@ -87,10 +108,11 @@ class InProcessRuntime(Runtime):
         """The batched client side for ``model`` (None: clients are called one by one)."""
         if self.record or not self.use_batched or type(self).call is not InProcessRuntime.call:
             return None  # recording, or a runtime that changes what clients send: one by one
-        if type(model).client_stats_batched is FederatedModel.client_stats_batched:
+        if not model.batched_step:  # declared by the model (FederatedModel.batched_step)
             return None
         if type(model).disclosure_blocks is not FederatedModel.disclosure_blocks or any(
-                n.own_disclosure is not None for n in self._nodes.values()):
+                n.own_disclosure is not None or n.guard is not None
+                for n in self._nodes.values()):
             return None  # a client may suppress blocks or refuse by its own policy: one by one
         if self._batch is None or self._batch.model.get_config() != model.get_config() \
                 or self._batch.model.name != model.name:

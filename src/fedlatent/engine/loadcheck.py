@@ -3,9 +3,9 @@
 :meth:`FederatedEstimator.load <fedlatent.engine.estimator.FederatedEstimator.load>` checks what
 every model shares (the saved arrays are the expected ones, plain numbers, finite); each
 estimator's ``_check_loaded`` then states its own invariants with these functions: shapes
-consistent with the saved settings, weights on the simplex, covariances positive definite,
-variances positive, labels in range. Each raises ValueError naming the field; ``load`` adds the
-file.
+consistent with the saved settings, weights on the simplex, matrices positive definite,
+values positive, labels in range. Checks of one model family live in that model's package.
+Each raises ValueError naming the field; ``load`` adds the file.
 """
 
 from __future__ import annotations
@@ -14,19 +14,12 @@ import numpy as np
 
 __all__ = [
     "check_saved",
-    "expect_covariances",
     "expect_labels",
     "expect_pd",
     "expect_positive",
-    "expect_precisions_cholesky",
     "expect_shape",
     "expect_simplex",
 ]
-
-#: the shape of a Gaussian mixture's covariances (and precision Cholesky factors) by type
-_COV_SHAPES = {"full": lambda K, d: (K, d, d), "tied": lambda K, d: (d, d),
-               "diag": lambda K, d: (K, d), "spherical": lambda K, d: (K,)}
-
 
 def _get(est, name: str) -> np.ndarray:
     return np.asarray(getattr(est, name))
@@ -75,35 +68,6 @@ def expect_pd(est, name: str) -> None:
     except np.linalg.LinAlgError:
         raise ValueError(f"field {name!r} is not positive definite (its Cholesky factorization "
                          "fails)") from None
-
-
-def expect_covariances(est, name: str, covariance_type: str, K: int, d: int) -> None:
-    """Covariances of a Gaussian mixture of ``covariance_type``: shape, then positive definite
-    (``full``, ``tied``) or positive (``diag``, ``spherical``)."""
-    if covariance_type not in _COV_SHAPES:
-        raise ValueError(f"setting 'covariance_type' is {covariance_type!r}, not one of "
-                         f"{sorted(_COV_SHAPES)}")
-    expect_shape(est, name, _COV_SHAPES[covariance_type](K, d))
-    if covariance_type in ("full", "tied"):
-        expect_pd(est, name)
-    else:
-        expect_positive(est, name)
-
-
-def expect_precisions_cholesky(est, name: str, covariance_type: str, K: int, d: int) -> None:
-    """Cholesky factors of a mixture's precisions: shape, upper triangular (``full``,
-    ``tied``) with a positive diagonal, so the precisions they give are positive definite."""
-    if covariance_type not in _COV_SHAPES:
-        raise ValueError(f"setting 'covariance_type' is {covariance_type!r}, not one of "
-                         f"{sorted(_COV_SHAPES)}")
-    a = expect_shape(est, name, _COV_SHAPES[covariance_type](K, d))
-    square = covariance_type in ("full", "tied")
-    if square and np.any(np.tril(a, -1) != 0):
-        raise ValueError(f"field {name!r} is not upper triangular (a Cholesky factor is)")
-    diag = np.diagonal(a, axis1=-2, axis2=-1) if square else a
-    if np.any(diag <= 0):
-        raise ValueError(f"field {name!r} has a non-positive diagonal: the precisions it gives "
-                         "are not positive definite")
 
 
 def expect_labels(est, name: str, n: int, *, low: int = 0) -> None:

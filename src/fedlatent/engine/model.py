@@ -2,7 +2,7 @@
 
 A model is the pure math of one latent-variable method, reconstructible from a JSON config on
 any node (so a Flower client can rebuild it): the engine and the runtimes know nothing about its
-internals. DESIGN.md section 3.
+internals. docs/architecture.md, section 3.
 
 Client side (runs where the data are)::
 
@@ -19,7 +19,14 @@ Server side::
 
     stat_shapes(params) -> {name: shape}              what a client must send (for validation)
     check(stats, n_units, slack) -> reason or None     what one client's statistics must mean
+    check_many(stats, n_units, slack) -> mask          ``check`` of many clients at once
     server_step(S, params, n_total) -> params          the M-step T(S) on mean statistics
+        (default: ``m_step(project_stats(S), ...)``: a new model writes ``m_step`` and
+        declares its ``count_stats``; the engine projects them back into their domain)
+
+Declared data: ``name``, ``batched_step`` (whether ``client_stats_batched`` serves the
+in-process batched round), ``count_stats`` (statistics that are sums of non-negative weights).
+Every hook is listed, with what it must do, in ``docs/architecture.md`` (the contract table).
 
 ``S`` given to ``server_step`` is on the scale of a *mean over units* (the client-weighted
 average of per-client means); ``n_total`` is the number of units in the federation, for models
@@ -41,9 +48,11 @@ from .registry import model_from_config, register_model
 from .stats import Stats
 
 __all__ = [
+    "Capabilities",
     "ClientStep",
     "FederatedModel",
     "Params",
+    "payload_params",
     "register_model",
     "model_from_config",
     "client_rng",
@@ -75,6 +84,42 @@ def server_rng(seed: int, round_: int, purpose: int = 0) -> np.random.Generator:
     return np.random.default_rng(ss)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What an estimator supports, declared as data (``FederatedEstimator.capabilities``).
+
+    Attributes
+    ----------
+    secure_aggregation : bool
+        Whether ``Federation(secure_aggregation=True)`` is supported: every sum of the fit
+        (initialization and rounds) goes through :meth:`FitContext.ask_sum` and the round loop.
+    differential_privacy : bool
+        Whether ``Federation(privacy=DifferentialPrivacy(...))`` is supported: the model bounds
+        its statistics' sensitivity (``FederatedModel.dp_sensitivity``) and its queries'.
+    secure_refusal : str
+        Why not, when ``secure_aggregation`` is False (the refusal's message).
+    privacy_refusal : str
+        Why not, when ``differential_privacy`` is False (the refusal's message).
+    """
+
+    secure_aggregation: bool = False
+    differential_privacy: bool = False
+    secure_refusal: str = "its fit does not yet route every sum through secure aggregation"
+    privacy_refusal: str = "its statistics have no bounded sensitivity yet"
+
+    def __post_init__(self):
+        for flag, reason in ((self.secure_aggregation, self.secure_refusal),
+                             (self.differential_privacy, self.privacy_refusal)):
+            if not flag and not reason:
+                raise ValueError("an unsupported capability needs its reason (the refusal)")
+
+
+#: what a model that declares nothing supports: neither secure aggregation nor privacy
+NO_CAPABILITIES = Capabilities()
+#: a model whose every sum is secure-aggregated and whose statistics are bounded
+ALL_CAPABILITIES = Capabilities(secure_aggregation=True, differential_privacy=True)
+
+
 @dataclass
 class ClientStep:
     """What one client step produces (before the engine turns it into a message).
@@ -98,27 +143,55 @@ class ClientStep:
 
 
 class FederatedModel(ABC):
-    """Base of every model's math. Subclasses set ``name`` and implement the hooks."""
+    """Base of every model's math. Subclasses set ``name`` and implement the hooks.
 
+    Required: :meth:`client_stats`, :meth:`stat_shapes` and the M-step (:meth:`m_step`, or
+    :meth:`server_step` for a model that projects its statistics itself). Everything else has
+    a default that is right for a model whose unit is a row and that sends soft-weighted sums.
+    """
+
+    #: the registry name: any node rebuilds the model from ``(name, get_config())``
     name: ClassVar[str] = ""
+    #: whether :meth:`client_stats_batched` serves the in-process batched round (data, read by
+    #: the in-process runtime; the method may still decline one configuration by returning None)
+    batched_step: ClassVar[bool] = False
+    #: statistics that are sums of non-negative weights (counts): an honest client's are >= 0,
+    #: but the server's mean statistics of a stochastic-approximation round (quantized,
+    #: mini-batch, partial participation, noisy) need not be; :meth:`project_stats` puts them
+    #: back before :meth:`m_step`
+    count_stats: ClassVar[tuple[str, ...]] = ()
     #: the disclosure policy in force on this client (the client node sets it at setup);
     #: model-specific queries that send sums over subsets consult it
     disclosure: DisclosurePolicy = DisclosurePolicy()
     #: the DifferentialPrivacy setting in force on this client (None: not private); set at
     #: setup, for queries whose reply depends on it (a centre, say)
     privacy: Any = None
+    #: the site's keys and pinned roster (:class:`~fedlatent.engine.site.keys.SiteIdentity`,
+    #: None: none); set at setup, for queries that sign what they send or verify what they
+    #: are sent (SEC's models)
+    identity: Any = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own_step = cls.server_step is not FederatedModel.server_step
+        own_m = cls.m_step is not FederatedModel.m_step
+        if cls.name and not (own_step or own_m):  # a concrete (named) model
+            raise TypeError(f"{cls.__name__} must define m_step (or server_step)")
 
     def __init__(self, **config: Any):
         self.config = dict(config)
 
     def get_config(self) -> dict[str, Any]:
+        """The JSON config the model was built with (``model_from_config(name, config)``)."""
         return dict(self.config)
 
     # ---- client side ----------------------------------------------------------------------
     def n_units(self, data: ClientData) -> int:
+        """How many units the client's statistics are sums over (default: its rows)."""
         return data.n_samples
 
     def init_client_state(self, data: ClientData) -> ClientState:
+        """The client's private state at setup (never sent; default: none)."""
         return {}
 
     # ---- disclosure control (fedlatent.engine.privacy.enforce) ------------------------------
@@ -196,6 +269,10 @@ class FederatedModel(ABC):
         state: ClientState,
         rng: np.random.Generator,
     ) -> tuple[dict[str, Any], ClientState]:
+        """A model-specific one-off exchange (initialization, scoring...): the reply (checked
+        by the server against what it expects) and the client's new state. ``payload`` holds
+        the server's message; parameters travel as ``params/<name>`` (:func:`payload_params`).
+        Unknown names raise KeyError (the default)."""
         raise KeyError(f"model {self.name!r} has no client query {name!r}")
 
     # ---- server side ----------------------------------------------------------------------
@@ -203,9 +280,36 @@ class FederatedModel(ABC):
     def stat_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
         """Shapes of the statistic blocks a client sends."""
 
-    @abstractmethod
     def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
-        """The M-step: new parameters from mean statistics ``S``."""
+        """The M-step the engine calls: new parameters from mean statistics ``S``.
+
+        Default: :meth:`m_step` on ``project_stats(S)``. Models that project their statistics
+        themselves (the Gaussian mixtures floor counts and covariances) override this instead.
+        """
+        return self.m_step(self.project_stats(S), params, n_total)
+
+    def m_step(self, S: Stats, params: Params, n_total: float) -> Params:
+        """The M-step ``T(S)`` on mean statistics ``S`` already in their domain (counts >= 0).
+
+        Parameters
+        ----------
+        S : Stats
+            Client-weighted mean over units of the statistics :meth:`client_stats` sums.
+        params : dict of str to ndarray
+            The current parameters (for the parts ``S`` does not determine, e.g. a centre).
+        n_total : float
+            The number of units in the federation (for priors that do not scale with n).
+        """
+        raise NotImplementedError(f"model {self.name!r} defines neither m_step nor server_step")
+
+    def project_stats(self, S: Stats) -> Stats:
+        """``S`` with the :attr:`count_stats` clipped at 0 (the same object when none is
+        negative, so exact EM is untouched). A stochastic-approximation mean ``S`` can leave the
+        set where the M-step is defined; this projection is the engine's, not the model's."""
+        neg = [k for k in self.count_stats if np.any(np.asarray(S[k]) < 0)]
+        if not neg:
+            return S
+        return Stats({k: (np.maximum(v, 0.0) if k in neg else v) for k, v in S.items()})
 
     def check(self, stats: Stats, n_units: float, slack: Stats | None = None) -> str | None:
         """The invariants of one client's statistics; None when they hold, else the reason.
@@ -221,5 +325,30 @@ class FederatedModel(ABC):
         """
         return None
 
+    def check_many(self, stats: dict[str, np.ndarray], n_units: np.ndarray,
+                   slack=None) -> np.ndarray:
+        """:meth:`check` of many clients at once, for the batched round: a boolean mask over
+        the rows of ``stats`` (each block stacked, shape (C, ...)) that is True at least where
+        :meth:`check` fails (a superset: the engine then asks :meth:`check` row by row).
+
+        ``slack`` is None or a callable ``slack(rows) -> {name: (len(rows), ...)}`` giving the
+        slack of some rows when asked. Default: :meth:`check` row by row (exact)."""
+        n_units = np.asarray(n_units)
+        out = np.zeros(n_units.shape[0], dtype=bool)
+        for i in range(out.size):
+            row = {k: v[i] for k, v in stats.items()}
+            sl = None if slack is None else {k: v[0] for k, v in
+                                             slack(np.array([i])).items()}
+            out[i] = self.check(Stats(row, copy=False), n_units[i],
+                                None if sl is None else Stats(sl, copy=False)) \
+                is not None
+        return out
+
     def param_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
+        """Shapes of the parameters broadcast to the clients (checked by the engine)."""
         return {k: np.shape(v) for k, v in params.items()}
+
+
+def payload_params(payload: dict[str, Any]) -> Params:
+    """The parameters a query's payload carries as ``params/<name>`` entries."""
+    return {k[7:]: np.asarray(v) for k, v in payload.items() if k.startswith("params/")}

@@ -24,11 +24,14 @@ import importlib
 import inspect
 import json
 import pkgutil
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "Case",
     "EstimatorEntry",
+    "Example",
     "describe_message",
     "discover",
     "estimator_class",
@@ -37,6 +40,7 @@ __all__ = [
     "estimator_from_config",
     "estimator_name",
     "estimator_names",
+    "example",
     "model_class",
     "model_from_config",
     "params_to_json",
@@ -68,6 +72,9 @@ class EstimatorEntry:
         Whether a fit needs a target column ``y``.
     entity : bool
         Whether a fit needs an entity column (hierarchical data).
+    example : str
+        The module holding the model's :class:`Example` as ``EXAMPLE`` (default: the module
+        ``example`` of the estimator's package); read by :meth:`load_example`.
     """
 
     name: str
@@ -75,6 +82,91 @@ class EstimatorEntry:
     description: str = ""
     target: bool = False
     entity: bool = False
+    example: str = ""
+
+    def load_example(self) -> Example:
+        """The model's :class:`Example` (imported on first use: the generic tests', the
+        documentation's; a client process never needs it)."""
+        module = self.example or self.cls.__module__.rsplit(".", 1)[0] + ".example"
+        try:
+            ex = importlib.import_module(module).EXAMPLE
+        except (ModuleNotFoundError, AttributeError) as err:
+            raise LookupError(f"estimator {self.name!r} has no example: define EXAMPLE (a "
+                              f"fedlatent.engine.registry.Example) in module {module!r}") \
+                from err
+        if not isinstance(ex, Example):
+            raise TypeError(f"{module}.EXAMPLE is a {type(ex).__name__}, not an Example")
+        return ex
+
+
+@dataclass(frozen=True)
+class Case:
+    """One small problem: a federated dataset and a fresh estimator for it.
+
+    Attributes
+    ----------
+    data : callable
+        ``data() -> FederatedDataset``, small and synthetic (no download), the same every call.
+    make : callable
+        ``make() -> estimator``, a fresh unfitted estimator with small settings (few rounds, a
+        fixed seed).
+    """
+
+    data: Callable[[], Any]
+    make: Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Example:
+    """What the generic tests need of a registered model, declared by the model's package.
+
+    The estimator, command-line, save/load, fault and Flower tests are parametrized by the
+    registry and read this: a new registered model with an ``EXAMPLE`` is covered without
+    editing a test.
+
+    Attributes
+    ----------
+    cases : mapping of str to Case
+        ``"default"`` (required: the estimator, fault and command-line tests), and where the
+        default does not suit them ``"flower"`` (a deployment: few messages, few rounds) and
+        ``"saved"`` (save/load); :meth:`case` falls back to the default.
+    predict : callable or None
+        ``predict(est, X, fd) -> array`` for rows ``X`` (a DataFrame or array of ``fd``'s
+        features) of ``fd``; None: ``est.predict(X)``.
+    fitted : tuple of str
+        The fitted arrays that must agree between runtimes (in-process, Flower); empty: the
+        estimator's ``_save_arrays``.
+    cli_args : tuple of str
+        Options of ``fedlatent fit <name>`` beyond the data's (``--data``, ``--client``,
+        ``--features``, ``--target``, ``--entity``, ``--out``) for a small fit of the default
+        case's data, e.g. ``("-k", "2", "--max-rounds", "4")``.
+    personalized : bool
+        Whether predictions use per-client fitted state kept beside the saved model (FedGMM's
+        client weights): the command line's then differ from a loaded model's
+        ``predict_dataset``.
+    """
+
+    cases: Mapping[str, Case]
+    predict: Callable[..., Any] | None = None
+    fitted: tuple[str, ...] = ()
+    cli_args: tuple[str, ...] = field(default_factory=tuple)
+    personalized: bool = False
+
+    def __post_init__(self):
+        if "default" not in self.cases:
+            raise ValueError("an Example needs a 'default' case")
+
+    def case(self, kind: str = "default") -> Case:
+        """The case of ``kind`` (``"default"``, ``"flower"``, ``"saved"``), or the default."""
+        return self.cases.get(kind, self.cases["default"])
+
+    def predict_rows(self, est, X, fd):
+        """``est``'s predictions for rows ``X`` of ``fd`` (:attr:`predict`)."""
+        return est.predict(X) if self.predict is None else self.predict(est, X, fd)
+
+    def fitted_arrays(self, cls: type) -> tuple[str, ...]:
+        """:attr:`fitted`, or the estimator class's saved arrays."""
+        return self.fitted or tuple(cls._save_arrays)
 
 
 def register_model(cls: type) -> type:
@@ -86,7 +178,7 @@ def register_model(cls: type) -> type:
 
 
 def register_estimator(name: str, *, description: str = "", target: bool = False,
-                       entity: bool = False):
+                       entity: bool = False, example: str = ""):
     """Class decorator: list an estimator under ``name`` (see :class:`EstimatorEntry`)."""
 
     def deco(cls: type) -> type:
@@ -94,7 +186,7 @@ def register_estimator(name: str, *, description: str = "", target: bool = False
         if old is not None and old.cls.__qualname__ != cls.__qualname__:
             raise ValueError(f"estimator name {name!r} is taken by {old.cls.__name__}")
         first_line = description or (inspect.getdoc(cls) or "").split("\n")[0]
-        _ESTIMATORS[name] = EstimatorEntry(name, cls, first_line, target, entity)
+        _ESTIMATORS[name] = EstimatorEntry(name, cls, first_line, target, entity, example)
         cls._estimator_name = name
         return cls
 
@@ -155,7 +247,14 @@ def estimator_entries() -> dict[str, EstimatorEntry]:
 
 
 def estimator_names() -> list[str]:
+    """Every registered estimator's short name (sorted)."""
     return list(estimator_entries())
+
+
+def example(name: str) -> Example:
+    """The :class:`Example` of the registered estimator ``name``."""
+    estimator_class(name)
+    return _ESTIMATORS[name].load_example()
 
 
 def estimator_class(name: str) -> type:

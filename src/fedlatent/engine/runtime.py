@@ -33,6 +33,12 @@ class Runtime(ABC):
     ) -> dict[str, dict[str, Any]]:
         return self.call(client_ids, method, {c: message for c in client_ids})
 
+    def batched(self, model) -> Any:
+        """The batched client side for ``model`` (an object with ``call_batched``), or None
+        (the default): the round loop then calls the clients one message at a time. Only a
+        runtime holding every client's data in one process can batch (``InProcessRuntime``)."""
+        return None
+
     # Checkpointing of client state is possible only where the runtime can see it (in-process).
     def get_client_states(self) -> dict[str, dict[str, np.ndarray]] | None:
         return None

@@ -18,7 +18,7 @@ one exchange (a round's ``estep``, or an initialization ``query``)
 
 What the server learns: per exchange, the sums over the survivors, who was asked and who
 answered (client sizes were public already). What it cannot do any more: screen one client's
-reply (:class:`~fedlatent.engine.update.ReplyScreen`): the checks apply to the aggregate (its
+reply (:mod:`fedlatent.engine.rounds.screen`): the checks apply to the aggregate (its
 shapes, finite values, the units it claims equal the survivors' units on full passes, and
 the model's invariants on the initialization round's sum), and a failing aggregate stops the
 fit naming the round and the clients it came from (secure aggregation hides which of them).
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..data.validation import name_list
+from .faults import FederatedFitError
 from .messages import ERROR_KEY, fault_detail, message_nbytes
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
@@ -96,16 +97,20 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
     from .secagg import SecAggClient
 
     step = str(msg["step"])
+    identity = getattr(node, "identity", None)
     if step == "keys":  # a new fit: new secrets
-        node.secagg = SecAggClient(node.client_id, _config(msg))
-        return node.secagg.public_keys()
+        run, rnd = str(msg.get("run", "")), int(msg.get("round", 0))
+        signer = _check_identity(node, identity, run)
+        node.secagg = SecAggClient(node.client_id, _config(msg), run=run, round=rnd)
+        return node.secagg.public_keys(signer=signer)
     client = node.secagg
     if client is None:
         raise ValueError(f"client {node.client_id!r}: secure aggregation step {step!r} before "
                          "the key set-up; the server must start with step 'keys'")
     if step == "roster":
         client.receive_peer_keys({k: v for k, v in msg.items() if k in
-                                  ("ids", "mask_key", "enc_key", "self_commit")})
+                                  ("ids", "mask_key", "enc_key", "self_commit", "signature")},
+                                 trust=None if identity is None else identity.roster)
         return {f"to/{v}": ct for v, ct in client.share_messages().items()}
     if step == "shares":
         client.receive_shares({k[5:]: v for k, v in msg.items() if k.startswith("from/")})
@@ -114,6 +119,23 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
         return client.reveal(int(msg["round"]), str(msg["exchange"]),
                              json.loads(msg["survivors"]), json.loads(msg["dropped"]))
     raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
+
+
+def _check_identity(node, identity, run: str):
+    """The site's signing key for a key set-up of ``run`` (None: it signs nothing); with a
+    pinned roster, the set-up needs a run id, once per site, and the site must be rostered."""
+    if identity is None:
+        return None
+    if identity.roster is not None:
+        if not run:
+            raise ValueError(f"client {node.client_id!r}: the secure aggregation set-up names "
+                             "no run; a site with a pinned roster signs keys only for a named "
+                             "run (an unnamed one could be replayed)")
+        if node.client_id not in identity.roster:
+            raise ValueError(f"client {node.client_id!r} is not in its own pinned roster; its "
+                             "peers could not authenticate it: add it to the roster")
+        identity.claim_run(node.client_id, run, "the secure aggregation key set-up")
+    return identity.keys
 
 
 def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
@@ -156,12 +178,17 @@ class SecureChannel:
         Largest magnitude of an entry one client sends (see the module docstring).
     slots : int
         Exchanges the fit may run (its rounds plus :data:`INIT_SLOTS`).
+    run : str or None
+        The run's id, bound into the sites' signatures of their keys; None: a fresh random id.
     """
 
     def __init__(self, runtime, n_units: dict[str, int], *, threshold: int | None,
-                 bound: float, slots: int):
+                 bound: float, slots: int, run: str | None = None):
+        import secrets
+
         from .secagg import SecAggConfig, SecAggServer
 
+        self.run = str(run) if run else secrets.token_hex(16)
         self.runtime = runtime
         self.cids = list(runtime.client_ids)
         self.n_total = float(sum(n_units[c] for c in self.cids))
@@ -192,11 +219,10 @@ class SecureChannel:
 
     def setup(self) -> SecureChannel:
         """Keys, roster and sealed shares: three messages to every client, once per fit."""
-        from .loop import FederatedFitError
-
         enc = self.config.encoding
         base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
-                "bound": float(enc.bound), "slots": int(self.config.n_slots)}
+                "bound": float(enc.bound), "slots": int(self.config.n_slots), "run": self.run,
+                "round": 0}
         keys = self._call(self.cids, "secagg", {c: base for c in self.cids})
         missing = [c for c in self.cids if c not in keys or ERROR_KEY in keys[c]]
         if missing:
@@ -206,6 +232,11 @@ class SecureChannel:
         roster = self.server.collect_keys(keys)
         out = self._call(self.cids, "secagg", {c: {"step": "roster", **roster}
                                                for c in self.cids})
+        refused = {c: str(r[ERROR_KEY]) for c, r in out.items() if ERROR_KEY in r}
+        if refused:  # a site that cannot authenticate a peer deals no shares: stop here
+            raise FederatedFitError(f"secure aggregation set-up: clients "
+                                    f"[{name_list(list(refused))}] refused the relayed keys; "
+                                    f"{fault_detail(refused)}", faults=refused)
         inbox: dict[str, dict] = {c: {"step": "shares"} for c in self.cids}
         for u in self.cids:
             for k, ct in out.get(u, {}).items():
@@ -227,7 +258,6 @@ class SecureChannel:
         Raises FederatedFitError naming the round, the count and the threshold when fewer than
         ``threshold`` clients take part, reply or reveal.
         """
-        from .loop import FederatedFitError
         from .secagg import SecureAggregationError
 
         where = "" if method == "estep" else f"initialization {exchange!r}: "
@@ -290,8 +320,6 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
     """An initialization query whose replies the server needs only summed, through secure
     aggregation: ``{field: sum over every client}``, each field checked for its shape and
     finite values; every client must take part (a dropout stops the fit, naming it)."""
-    from .loop import FederatedFitError
-
     channel = ctx.secure
     base = {"query": query, "seed": int(ctx.seed), **(payload or {})}
     # every exchange needs its own label: a query asked again (a Lloyd step) is "name#2", ...
@@ -317,12 +345,13 @@ def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
 
 def refuse_unsupported(est) -> None:
     """ValueError unless estimator ``est`` can be fitted under secure aggregation: its class
-    says why not (``_secure_aggregation``), or a size ``'auto'`` would be chosen by per-client
-    held-out scores."""
+    says why not (``capabilities.secure_refusal``), or a size ``'auto'`` would be chosen by
+    per-client held-out scores."""
     name = type(est).__name__
-    if est._secure_aggregation is not None:
+    caps = est.capabilities
+    if not caps.secure_aggregation:
         raise ValueError(f"{name} refuses Federation(secure_aggregation=True): "
-                         f"{est._secure_aggregation}; fit it with secure_aggregation=False")
+                         f"{caps.secure_refusal}; fit it with secure_aggregation=False")
     sel = est._selection()
     if sel is not None:
         raise ValueError(f"{name}: a size 'auto' is chosen by scores each client sends in the "

@@ -3,7 +3,7 @@
 The clients send ``w_c Q_c`` (the weighted, possibly quantized, difference; the statistic itself
 in the initialization round), ``n_c / N`` and ``objective_c / N`` masked
 (:mod:`fedlatent.engine.secure`); the FedEM update needs only ``sum_c w_c Q_c``, so it is the
-same update as without secure aggregation (:meth:`FedEMState.after_round` on one summed reply).
+same update as without secure aggregation (:meth:`FedEMState.advance` of one summed reply).
 Reply checks act on the aggregate (its shapes and finite values; on full passes the units it
 claims equal the survivors' units; in the initialization round the model's invariants of the
 summed statistic). The batched in-process path is not used (every client masks its own reply).
@@ -16,18 +16,28 @@ from __future__ import annotations
 import logging
 
 from ..data.validation import name_list
+from .faults import FederatedFitError
 from .messages import ClientReplyError, check_reply
+from .rounds.aggregate import Aggregate
+from .rounds.collectors import OneByOne, refuse_incomplete_init
+from .rounds.plan import RoundPlan
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["gather_secure"]
+__all__ = ["SecureCollector"]
 
 
-def _active(rounds, k: int, p: float, init_round: bool) -> tuple[list[str], list[str], dict]:
+class SecureCollector(OneByOne):
+    """The collector of a fit under secure aggregation: the round's sum, nothing per client
+    (the evaluation pass and the control variates' start as :class:`OneByOne`)."""
+
+    def gather(self, plan: RoundPlan) -> Aggregate:
+        return gather_secure(self.rd, plan)
+
+
+def _active(rounds, plan: RoundPlan) -> tuple[list[str], list[str], dict]:
     """Round ``k``'s participants without the clients excluded earlier in the fit."""
-    from .update import select_active
-
-    chosen = select_active(rounds.cids, p, int(rounds.opt.seed), k, init_round)
+    chosen = [rounds.cids[i] for i in plan.idx]
     excluded = rounds.secure.excluded
     gone = [c for c in chosen if c in excluded]
     why = {c: f"excluded since {excluded[c]} (declared dropped; its masks were recovered)"
@@ -36,8 +46,8 @@ def _active(rounds, k: int, p: float, init_round: bool) -> tuple[list[str], list
 
 
 def _skipped(rounds, k: int, active: list[str], gone: list[str], errors: dict, p: float,
-             init_round: bool):
-    """The ``Gathered`` of a round whose draw is below the threshold: skipped, nothing sent
+             init_round: bool) -> Aggregate:
+    """The :class:`Aggregate` of a round whose draw is below the threshold: skipped, nothing sent
     (FederatedFitError when no later draw can reach the threshold either).
 
     Why skip rather than lower the threshold to the cohort: the Shamir shares were dealt once
@@ -48,8 +58,6 @@ def _skipped(rounds, k: int, active: list[str], gone: list[str], errors: dict, p
     nothing: no masked reply, no share; the server knows only the draw, a public function of
     the seed. The round counts toward ``max_rounds``; ``history_`` records it (``skipped``).
     """
-    from .loop import FederatedFitError, Gathered
-
     t = rounds.secure.config.threshold
     left = len(rounds.cids) - len(rounds.secure.excluded)
     if init_round or left < t:
@@ -61,46 +69,56 @@ def _skipped(rounds, k: int, active: list[str], gone: list[str], errors: dict, p
            f"{', after exclusions' if gone else ''}), fewer than the secure aggregation "
            f"threshold {t}: skipped, nothing exchanged, the parameters of round {k - 1} kept")
     logger.warning("round %d: %s", k, why)
-    return Gathered(rounds.state, list(gone), {}, errors, 0.0, 0, 0, 0, 0, lambda S_hat: None,
-                    False, skipped=why)
+    return Aggregate(None, 0, 0.0, 0, 0, 0, list(gone), {}, errors, skipped=why)
 
 
-def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p: float,
-                  alpha: float):
-    """Round ``k`` through secure aggregation (see the module docstring); returns the
-    loop's ``Gathered``."""
-    from .loop import FederatedFitError, Gathered
-
-    active, gone, errors = _active(rounds, k, p, init_round)
+def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
+    """Round ``plan.k`` through secure aggregation (see the module docstring)."""
+    k, init_round = plan.k, plan.init_round
+    active, gone, errors = _active(rounds, plan)
     if init_round and gone:
         raise FederatedFitError(f"round {k}: clients {name_list(gone)} are excluded; the "
                                 "initialization round needs every client", rounds.params, k)
     if len(active) < rounds.secure.config.threshold:
-        return _skipped(rounds, k, active, gone, errors, p, init_round)
+        return _skipped(rounds, k, active, gone, errors, plan.p, init_round)
     try:
-        res = rounds.secure.sum("estep", {c: msg for c in active}, round=k, exchange="estep",
+        res = rounds.secure.sum("estep", {c: plan.msg for c in active}, round=k,
+                                exchange="estep",
                                 weights={c: rounds.weights[c] for c in active})
     except FederatedFitError as err:
         raise FederatedFitError(f"{err}; kept the parameters of round {k - 1}", rounds.params,
                                 k) from err
     S, D = res["survivors"], res["dropped"]
     errors.update({c: res["errors"][c] for c in res["errors"]})
-    missing = gone + list(D)
+    Q = _check_aggregate(rounds, plan, S, res["sums"])
+    if init_round:
+        refuse_incomplete_init(rounds, k, {c: errors.get(c, "no reply") for c in D})
+    down, up = res["bytes_down"], res["bytes_up"]
+    if init_round:  # the fit's key set-up counts in its first round
+        down, up = down + rounds.secure.setup_down, up + rounds.secure.setup_up
+    sums = res["sums"]
+    return Aggregate(Q, len(S), float(sums["objective"]), round(float(sums["n"])), down, up,
+                     gone + list(D), {}, errors)
+
+
+def _check_aggregate(rounds, plan: RoundPlan, S: list[str], sums):
+    """The round's sum over the survivors ``S`` as checked statistics: its shapes and finite
+    values, the units it claims (full passes), the model's invariants (initialization round),
+    disclosure control on the aggregate; a failure stops the fit naming the round."""
+    k = plan.k
     who = f"the aggregate of clients [{name_list(S)}]"
     try:
-        Q = check_reply(who, {**res["sums"], "n": 0.0, "objective": 0.0}, shapes)
+        Q = check_reply(who, {**sums, "n": 0.0, "objective": 0.0}, plan.shapes)
     except ClientReplyError as err:
         raise FederatedFitError(f"round {k}: {who} is not valid ({err.reason}); secure "
                                 "aggregation hides which client sent it; kept the parameters "
                                 f"of round {k - 1}", rounds.params, k) from err
-    sums = res["sums"]
     n_sum = float(sums["n"])
     units = float(sum(rounds.screen.n_units[c] for c in S))
-    mode = str(msg.get("mode", "full"))
     reason = None
-    if mode in ("full", "spider-refresh") and abs(n_sum - units) > 0.5:
+    if plan.mode in ("full", "spider-refresh") and abs(n_sum - units) > 0.5:
         reason = f"claims {n_sum:.6g} units, its clients set up {units:g}"
-    elif init_round and rounds.screen.has_check:
+    elif plan.init_round and rounds.screen.has_check:
         weight = sum(rounds.weights[c] for c in S)
         total = Q * (units / weight)
         reason = rounds.model.check(total, units, rounds.screen.dp_slack(total, len(S)))
@@ -116,13 +134,4 @@ def gather_secure(rounds, k: int, msg, shapes, init_round: bool, gamma: float, p
         raise FederatedFitError(f"round {k}: {who} breaks the model's invariants: {reason}; "
                                 "secure aggregation hides which client sent it; kept the "
                                 f"parameters of round {k - 1}", rounds.params, k)
-    if init_round:
-        rounds.refuse_incomplete_init(k, {c: errors.get(c, "no reply") for c in D})
-        new_state = rounds.state.after_init({"all": Q}, {"all": 1.0}, rounds.use_cv)
-    else:
-        new_state = rounds.state.after_round({"all": Q}, {"all": 1.0}, gamma, p, alpha)
-    down, up = res["bytes_down"], res["bytes_up"]
-    if init_round:  # the fit's key set-up counts in its first round
-        down, up = down + rounds.secure.setup_down, up + rounds.secure.setup_up
-    return Gathered(new_state, missing, {}, errors, float(sums["objective"]), round(n_sum),
-                    len(S), down, up, lambda S_hat: None, False)
+    return Q

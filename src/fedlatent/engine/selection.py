@@ -151,15 +151,7 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
             rows.append({selection.criterion: np.nan, "n_iter": 0, "converged": False,
                          "error": str(err), "skipped": "could not be fitted"})
             continue
-        got = selection.score(cand, held_out)
-        row = dict(got) if isinstance(got, Mapping) else {selection.criterion: float(got)}
-        if selection.criterion not in row:
-            raise KeyError(f"the score of {type(est).__name__} gave {sorted(row)}, not "
-                           f"{selection.criterion!r}")
-        row.update(n_iter=int(getattr(cand, "n_iter_", 0)),
-                   converged=bool(getattr(cand, "converged_", True)), error="",
-                   skipped=skip_reason(cand, getattr(fit_part, "n_samples", None)))
-        rows.append(row)
+        rows.append(_scored(est, cand, selection, fit_part, held_out))
         fitted[int(k)] = cand
     if not fitted:  # the same problem for every size: say it once, as a single fit would
         raise errors[0]
@@ -182,17 +174,30 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
     return best, table
 
 
+def _scored(est, cand, selection: Selection, fit_part, held_out) -> dict[str, Any]:
+    """The row of the fitted candidate ``cand`` in the selection table."""
+    got = selection.score(cand, held_out)
+    row = dict(got) if isinstance(got, Mapping) else {selection.criterion: float(got)}
+    if selection.criterion not in row:
+        raise KeyError(f"the score of {type(est).__name__} gave {sorted(row)}, not "
+                       f"{selection.criterion!r}")
+    row.update(n_iter=int(getattr(cand, "n_iter_", 0)),
+               converged=bool(getattr(cand, "converged_", True)), error="",
+               skipped=skip_reason(cand, getattr(fit_part, "n_samples", None)))
+    return row
+
+
 def skip_reason(cand, n_rows: int | None = None) -> str:
     """Why a fitted candidate must not be chosen ("" when it may), for estimators with a
     ``_degenerate_reason(n_rows)`` hook (the EM mixtures scored by BIC; others are never
     skipped): its fit did not converge, or the hook names a degenerate component (``n_rows``:
     the rows it was fitted on, None when unknown)."""
-    hook = getattr(cand, "_degenerate_reason", None)
-    if hook is None:
+    reason = cand._degenerate_reason(n_rows)
+    if reason is None:  # no degeneracy test: never skipped
         return ""
     if not bool(getattr(cand, "converged_", True)):
         return f"did not converge in {int(getattr(cand, 'n_iter_', 0))} rounds"
-    return hook(n_rows) or ""
+    return reason
 
 
 def _eligible(table, crit: np.ndarray, selection: Selection, name: str) -> np.ndarray:

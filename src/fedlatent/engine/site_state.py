@@ -20,7 +20,10 @@ Two uses:
   its newest entry of that run written at a round ``<= r`` (``read_site_state(at_most_round=r,
   run_key=...)``), which is the state the uninterrupted run had there.
 
-Everything is read with ``allow_pickle=False`` and verified against its sha256.
+Everything is read with ``allow_pickle=False`` and verified against its sha256. A sha256 is a
+checksum anyone editing the files can recompute: a site with a signing key signs every entry
+(``write_site_state(..., signer=identity)``), and ``read_site_state(..., trust=roster)`` then
+refuses an entry that is unsigned, signed by a key the roster does not hold, or edited since.
 """
 
 from __future__ import annotations
@@ -107,9 +110,10 @@ def _remove(json_path: Path) -> None:
 
 
 def write_site_state(directory: str | Path, *, client_id: str, state: Mapping[str, np.ndarray],
-                     round_: int, run: Mapping[str, Any]) -> Path:
+                     round_: int, run: Mapping[str, Any], signer=None) -> Path:
     """Write one entry of ``client_id``'s private ``state`` after round ``round_`` of ``run``
-    into ``directory`` (created if needed); returns the entry's ``.json``.
+    into ``directory`` (created if needed); returns the entry's ``.json``. With ``signer``
+    (the site's :class:`~fedlatent.engine.site.keys.SiteIdentity`) the entry is signed.
 
     Keeps the :data:`KEEP` newest entries of this run and removes those of other runs.
     """
@@ -121,7 +125,7 @@ def write_site_state(directory: str | Path, *, client_id: str, state: Mapping[st
     meta = {"format": FORMAT, "client_id": str(client_id), "round": int(round_),
             "run": dict(run), "run_key": key, "keys": sorted(arrays)}
     prefix = directory / f"state-{seq:06d}"
-    save_arrays_json(prefix, arrays, meta)
+    save_arrays_json(prefix, arrays, meta, signer=signer)
     mine = []
     for _, p in entries:
         m = _meta(p)
@@ -135,9 +139,10 @@ def write_site_state(directory: str | Path, *, client_id: str, state: Mapping[st
 
 
 def read_site_state(directory: str | Path, *, at_most_round: int | None = None,
-                    run_key: str | None = None) -> SiteState:
+                    run_key: str | None = None, trust=None) -> SiteState:
     """The newest entry of a site directory (of the run ``run_key`` and written at a round
-    ``<= at_most_round`` when given), verified against its sha256.
+    ``<= at_most_round`` when given), verified against its sha256 and, with ``trust`` (a
+    pinned :class:`~fedlatent.engine.site.keys.Roster`), against a rostered site's signature.
 
     Raises
     ------
@@ -167,7 +172,7 @@ def read_site_state(directory: str | Path, *, at_most_round: int | None = None,
             continue
         if at_most_round is not None and int(meta.get("round", -1)) > int(at_most_round):
             continue
-        arrays, meta = load_arrays_json(path.with_suffix(""))
+        arrays, meta = load_arrays_json(path.with_suffix(""), trust=trust)
         return SiteState(str(meta["client_id"]), arrays, int(meta["round"]),
                          dict(meta.get("run") or {}), str(meta.get("run_key", "")), path)
     what = [] if run_key is None else [f"of run {run_key}"]

@@ -42,8 +42,6 @@ def _comparable(fed) -> bool:
 
 
 def _refuse(est, fed, run: dict[str, Any], n: int | None = None) -> None:
-    from .estimator import FederatedEstimator
-
     name, n = type(est).__name__, int(n if n is not None else est.n_init)
     if fed.privacy is not None:
         raise ValueError(f"{name}(n_init={n}) under differential privacy: every start would "
@@ -53,7 +51,8 @@ def _refuse(est, fed, run: dict[str, Any], n: int | None = None) -> None:
                          "use n_init=1 to checkpoint, or fit without checkpoint=")
     if _comparable(fed):
         return
-    scorable = type(est)._fitted_params is not FederatedEstimator._fitted_params
+    # overridden below the base estimator (which this module does not import: no circle)
+    scorable = type(est)._fitted_params.__qualname__ != "FederatedEstimator._fitted_params"
     if fed.secure_aggregation or not scorable:
         raise ValueError(f"{name}(n_init={n}): the starts are compared by the log-likelihood "
                          "over every client, which under partial participation or mini-batches "
@@ -79,17 +78,16 @@ def n_starts(est, run: dict[str, Any]) -> int:
     compare starts is refused); ``n_init=None`` is the estimator's ``_default_n_init`` where
     a round's objective scores a start for free, one start otherwise (partial participation,
     mini-batches, differential privacy, a checkpoint, a complete explicit start)."""
-    if not getattr(est, "_multi_start", False):  # n_init means something else there (SEC)
+    if not est._multi_start:  # n_init means something else there (SEC)
         return 1
     n = getattr(est, "n_init", 1)
     if n is not None:
         if int(n) > 1:
             _refuse(est, est._federation(), run)
         return int(n)
-    default = int(getattr(est, "_default_n_init", 1))
-    explicit = getattr(est, "_explicit_init", None)
+    default = int(est._default_n_init)
     fed = est._federation()
-    if default <= 1 or (explicit is not None and explicit()) or not _comparable(fed):
+    if default <= 1 or est._explicit_init() or not _comparable(fed):
         return 1
     try:
         _refuse(est, fed, run, default)
@@ -103,7 +101,7 @@ def fit_starts(est, fd, runtime, run: dict[str, Any]):
     sets ``est.init_scores_`` and ``est.best_start_``."""
     import pandas as pd
 
-    from .estimator import resolve_seed
+    from .seeds import resolve_seed
 
     fed = est._federation()
     base = resolve_seed(fed.random_state if fed.random_state is not None

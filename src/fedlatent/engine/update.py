@@ -21,16 +21,11 @@ from typing import Any
 import numpy as np
 
 from .federation import Federation
-from .model import FederatedModel, server_rng
+from .model import server_rng
 from .stats import Stats
 
-__all__ = ["DOMINANCE", "FedEMState", "ReplyScreen", "client_weights", "dominant_client",
-           "round_message", "select_active"]
-
-#: rounding allowed, per unit of magnitude, when a statistic is rebuilt as Q_c + S_hat + V_c
-_REBUILD_EPS = 64 * np.finfo(np.float64).eps
-#: sums beyond this magnitude cannot be aggregated (a weighted mean of them overflows)
-_MAX_SUM = 1e306
+__all__ = ["DOMINANCE", "FedEMState", "client_weights", "dominant_client", "round_message",
+           "select_active"]
 
 
 @dataclass
@@ -45,36 +40,16 @@ class FedEMState:
     def initialized(self) -> bool:
         return self.S_hat is not None
 
-    def after_init(self, got: dict[str, Stats], weights: dict[str, float],
-                   use_cv: bool) -> FedEMState:
-        """The state after the initialization round: ``S_hat = sum_c w_c S_c`` (every client
-        answered), ``V = 0``."""
-        S_new = None
-        for c in weights:
-            S_new = got[c] * weights[c] if S_new is None else S_new.add_(got[c], weights[c])
-        return FedEMState(S_new, S_new.zeros_like() if use_cv else None)
-
-    def after_init_flat(self, Q: np.ndarray, w: np.ndarray, template: Stats,
-                        use_cv: bool) -> FedEMState:
-        """:meth:`after_init` with the statistics as rows of ``Q`` (A, F), weights ``w``."""
-        S_new = template.unflatten(_weighted_sum(Q, w))
-        return FedEMState(S_new, S_new.zeros_like() if use_cv else None)
-
-    def after_round_flat(self, Q: np.ndarray, w: np.ndarray, gamma: float, p: float,
-                         alpha: float) -> FedEMState:
-        """:meth:`after_round` with the differences as rows of ``Q`` (A, F), weights ``w``."""
+    def advance(self, total: Stats | None, init_round: bool, gamma: float, p: float,
+                alpha: float, use_cv: bool) -> FedEMState:
+        """The state after a round whose accepted replies sum to ``total = sum_c w_c Q_c``
+        (None: nothing accepted). The initialization round: ``S_hat = total`` (the clients'
+        statistics; every client answered), ``V = 0``; later rounds: the FedEM step."""
+        if init_round:
+            S_new = total.copy()
+            return FedEMState(S_new, S_new.zeros_like() if use_cv else None)
         assert self.S_hat is not None
-        agg = self.S_hat.unflatten(_weighted_sum(Q, w)) if len(w) else self.S_hat.zeros_like()
-        return self._step(agg, gamma, p, alpha)
-
-    def after_round(self, got: dict[str, Stats], weights: dict[str, float], gamma: float,
-                    p: float, alpha: float) -> FedEMState:
-        """The state after a FedEM round with the (quantized) differences ``got``."""
-        assert self.S_hat is not None
-        agg = self.S_hat.zeros_like()
-        for c in got:
-            agg.add_(got[c], weights[c])
-        return self._step(agg, gamma, p, alpha)
+        return self._step(self.S_hat.zeros_like() if total is None else total, gamma, p, alpha)
 
     def _step(self, agg: Stats, gamma: float, p: float, alpha: float) -> FedEMState:
         """``S_hat += gamma (agg / p + V)``, ``V += alpha agg``."""
@@ -176,160 +151,3 @@ def stat_bytes(federation: Federation, shapes: dict[str, tuple[int, ...]]) -> tu
     raw = int(sum(8 * int(np.prod(s)) for s in shapes.values())) + 16
     quant = federation.quantizer
     return raw, (quant.nbytes(shapes) + 16) if quant is not None else raw
-
-
-class ReplyScreen:
-    """What each round's well-formed replies must mean, before anything is aggregated.
-
-    Every reply: the units claimed (``n``) equal the units the client set up (full passes)
-    or lie in ``[1, n_units]`` (mini-batches, SPIDER corrections), and no sum is beyond what
-    can be aggregated. Where the server can rebuild the client's own statistic ``S_c`` (the
-    initialization round, which sends ``S_c`` itself; later rounds without a quantizer, from
-    ``Q_c + S_hat (+ V_c)``, with ``V_c`` mirrored from the client's replies), the model's
-    invariants (:meth:`~fedlatent.engine.model.FederatedModel.check`) on ``S_c`` scaled to
-    sums; the rebuilt entries carry a rounding ``slack``. Not rebuilt, so only the generic
-    checks: quantized differences, SPIDER corrections (a difference of mini-batch terms, not
-    a statistic of data), and with control variates a client whose ``V_c`` the server lost
-    track of (a reply that never arrived). The mirror is checkpointed (a resumed run checks as
-    much as the uninterrupted one).
-    The mirror costs the server one statistic per client, as much as one round's replies.
-    """
-
-    def __init__(self, model, n_units: dict[str, int], federation: Federation):
-        self.model, self.n_units = model, n_units
-        self.exact = federation.quantizer is None
-        self.use_cv = bool(federation.control_variates)
-        #: the model states invariants (else rebuilding S_c per client would be wasted work)
-        self.has_check = type(model).check is not FederatedModel.check
-        #: V_c as each client holds it (None: unknown); only without a quantizer
-        self.mirror: dict[str, Stats | None] = {}
-        #: clients whose last reply was refused: told to go back to their mirrored V_c
-        self.resync: set[str] = set()
-
-    def units_problem(self, c: str, n: Any, mode: str) -> str | None:
-        try:
-            n = float(n)
-        except (TypeError, ValueError):
-            return f"claims {n!r} units"
-        m = int(self.n_units[c])
-        if n != round(n):
-            return f"claims {n:g} units, not a whole number"
-        if mode in ("full", "spider-refresh"):
-            if n != m:
-                return f"claims {n:g} units, {m} at setup"
-        elif not 1 <= n <= m:
-            return f"claims {n:g} units in a mini-batch, it has {m}"
-        return None
-
-    #: under differential privacy: each client's noise standard deviation per block (sum scale)
-    dp_stds: dict[str, float] | None = None
-    #: a client's noise is judged honest within this many standard deviations
-    DP_SIGMAS = 7.0
-
-    def set_privacy(self, dp, noise_multiplier: float, params, threshold: int | None) -> None:
-        """The noise a client adds this round (the invariants then hold up to it)."""
-        from .privacy.client_dp import release_stds
-
-        parties = 1 if dp.noise == "local" else int(threshold)
-        self.dp_stds = release_stds(self.model.dp_sensitivity(params, dp), noise_multiplier,
-                                    n_parties=parties)
-
-    def dp_slack(self, Q: Stats, shares: int = 1) -> Stats | None:
-        """Per-entry slack (sum scale) for the noise of ``shares`` clients' replies."""
-        if self.dp_stds is None:
-            return None
-        f = self.DP_SIGMAS * float(np.sqrt(shares))
-        return Stats({k: np.full(np.shape(v), f * self.dp_stds.get(k, 0.0)) for k, v in
-                      Q.items()}, copy=False)
-
-    def problem(self, c: str, Q: Stats, reply: dict[str, Any], mode: str,
-                S_hat: Stats | None) -> str | None:
-        """Why client ``c``'s reply ``Q`` (its checked blocks) must not be aggregated."""
-        reason = self.units_problem(c, reply.get("n"), mode)
-        if reason:
-            return reason
-        n = float(reply["n"])
-        for k, v in Q.items():
-            big = float(np.max(np.abs(v))) if v.size else 0.0
-            if big * max(n, 1.0) > _MAX_SUM:
-                return f"statistic {k!r} reaches {big:.3g} per unit, beyond any sum of data"
-        if not self.has_check:
-            return None
-        S_c, slack = self.rebuild(c, Q, mode, S_hat)
-        if S_c is None:
-            return None
-        slack = None if slack is None else slack * n
-        noise = self.dp_slack(Q)
-        if noise is not None:
-            slack = noise if slack is None else slack + noise
-        with np.errstate(over="ignore", invalid="ignore"):
-            return self.model.check(S_c * n, n, slack)
-
-    def rebuild(self, c: str, Q: Stats, mode: str, S_hat: Stats | None):
-        """``(S_c, slack)``: the client's own mean statistic and its rounding bound, or
-        ``(None, None)`` where it cannot be rebuilt."""
-        if S_hat is None:
-            return Q, None
-        if not self.exact or mode == "spider":
-            return None, None
-        terms = [Q, S_hat]
-        if self.use_cv:
-            V = self.mirror.get(c)
-            if V is None:
-                return None, None
-            terms.append(V)
-        S_c = Q + S_hat
-        if self.use_cv:
-            S_c = S_c + V
-        slack = Stats({k: _REBUILD_EPS * sum(np.abs(t[k]) for t in terms) for k in Q},
-                      copy=False)
-        return S_c, slack
-
-    def after_round(self, init_round: bool, asked: list[str], parsed: dict[str, Stats],
-                    errors: dict[str, str], S_hat_new: Stats, alpha: float,
-                    rejected: dict[str, str]) -> None:
-        """Follow every client's ``V_c``: ``S_c0 - S_hat_0`` after the initialization round,
-        then ``V_c + alpha Q_c`` for every reply aggregated; unknown after a reply that did not
-        arrive; unchanged when it raised (a client that raises keeps its state).
-
-        A refused reply (malformed, or breaking the invariants) enters neither ``S_hat`` nor
-        ``V`` nor the mirror: the client did ``V_c += alpha Q_c`` with what it meant to send,
-        which the server cannot know (a lie, or a reply corrupted on the way). So the mirror
-        keeps the last accepted ``V_c`` and the client is put in :attr:`resync`: its next round
-        message carries that ``V_c`` (``V_reset/``), which it adopts before its step. Then
-        ``V = sum_c w_c V_c`` still holds, an honest client whose one reply was corrupted is
-        rebuilt exactly (and accepted) from its next reply on, and a client that keeps lying is
-        checked against the true ``V_c`` every round (and refused every round)."""
-        if not (self.use_cv and self.exact):
-            return
-        if init_round:
-            self.mirror = {c: Q - S_hat_new for c, Q in parsed.items()}
-            self.resync = set()
-            return
-        for c in asked:
-            if c in errors:
-                continue
-            V = self.mirror.get(c)
-            if c in rejected:
-                if V is not None:
-                    self.resync.add(c)
-                continue
-            self.resync.discard(c)
-            if c in parsed and V is not None:
-                self.mirror[c] = V.copy().add_(parsed[c], alpha)
-            else:
-                self.mirror[c] = None
-
-    def checkpointed(self):
-        """``(mirror, resync)`` for a checkpoint, None when no mirror is kept."""
-        if not (self.use_cv and self.exact):
-            return None
-        return self.mirror, self.resync
-
-    def resync_message(self, c: str) -> dict[str, np.ndarray]:
-        """The ``V_reset/`` blocks client ``c`` must adopt before its next step (empty unless
-        its last reply was refused)."""
-        V = self.mirror.get(c)
-        if c not in self.resync or V is None:
-            return {}
-        return {f"V_reset/{k}": np.array(v, copy=True) for k, v in V.items()}

@@ -1,7 +1,7 @@
 """Utility under differential privacy: each DP-capable model's held-out metric against epsilon.
 
 Issue 12, section 4. Every model that supports ``fl.DifferentialPrivacy`` (its estimator class
-has ``_differential_privacy is None``; the others give the reason there and are listed as
+declares ``capabilities.differential_privacy``; the others give the reason there and are listed as
 skipped) is fitted on the same federated data with ``epsilon`` in {0.5, 1, 2, 4, 8} at
 ``delta = 1e-5`` (record-level, the whole fit, initialization included) and without privacy,
 for 10^4, 10^5 and 10^6 training records in all; the table gives its held-out metric beside the
@@ -264,9 +264,10 @@ def dp_support(spec: _Spec) -> str | None:
     cls = estimator_by_class_name(spec.estimator)
     if cls is None:
         return "not registered"
-    reason = getattr(cls, "_differential_privacy", "the estimator does not declare DP support")
-    if isinstance(reason, property):  # decided per instance: ask a default one
-        reason = cls()._differential_privacy
+    caps = cls.capabilities
+    if isinstance(caps, property):  # decided per instance: ask a default one
+        caps = cls().capabilities
+    reason = None if caps.differential_privacy else caps.privacy_refusal
     if reason is None and "privacy" not in {f.name for f in fields(Federation)}:
         return "this version's Federation has no privacy setting"
     return reason

@@ -413,13 +413,14 @@ def load_result(out_dir):
 
 
 def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, record: bool = False,
-             num_cpus: int | None = None, verbose: bool = False):
+             num_cpus: int | None = None, verbose: bool = False, policies=None):
     """Fit ``estimator`` on ``fd`` with Flower's simulation engine (one supernode per client).
 
     Each client's rows are written to its own file in ``workdir`` (a temporary directory,
     removed afterwards, by default) and read only by that client's node. Returns the fitted
     estimator loaded from what the server app saved; ``est.flower_status_`` has the timings
-    (``startup_seconds``, ``seconds_per_round``, ``total_seconds``).
+    (``startup_seconds``, ``seconds_per_round``, ``total_seconds``). ``policies``: a site
+    policy file per client id (``{client: path}``), as a SuperNode's ``policy-path``.
     """
     import tempfile
 
@@ -430,7 +431,8 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
     if workdir is None:  # the client files and results are loaded, then removed
         with tempfile.TemporaryDirectory(prefix="fedlatent-") as tmp:
             return simulate(estimator, fd, workdir=tmp, round_timeout=round_timeout,
-                            record=record, num_cpus=num_cpus, verbose=verbose)
+                            record=record, num_cpus=num_cpus, verbose=verbose,
+                            policies=policies)
     work = Path(workdir)
     files = write_client_files(fd, work / "data")
     out = work / "out"
@@ -442,7 +444,10 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
                              "log_to_driver": bool(verbose)}}
     t0 = time.perf_counter()
     run_simulation(server_app=make_server_app(config),
-                   client_app=make_client_app([str(files[c]) for c in fd.client_ids]),
+                   client_app=make_client_app(
+                       [str(files[c]) for c in fd.client_ids],
+                       None if policies is None else [str(policies.get(c, "") or "")
+                                                      for c in fd.client_ids]),
                    num_supernodes=fd.n_clients, backend_config=backend,
                    verbose_logging=bool(verbose))
     est = load_result(out)

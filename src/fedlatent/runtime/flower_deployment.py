@@ -148,6 +148,9 @@ class LocalDeployment:
         Seconds to wait for the SuperLink's health and every SuperNode's registration.
     stop_timeout : float
         Grace seconds after SIGTERM before SIGKILL.
+    policy_paths : list of path or None, optional
+        A site policy file per SuperNode (None: none for that node), passed as its node
+        config's ``policy-path`` (:mod:`fedlatent.engine.site`).
 
     Attributes
     ----------
@@ -172,8 +175,11 @@ class LocalDeployment:
         host: str = "127.0.0.1",
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
+        policy_paths: Sequence[str | os.PathLike | None] | None = None,
     ) -> None:
         self.data_paths = [Path(p).resolve() for p in data_paths]
+        self.policy_paths = [None if p is None else Path(p).resolve()
+                             for p in (policy_paths or [None] * len(self.data_paths))]
         self.workdir = Path(workdir).resolve()
         self.extra_env = dict(env or {})
         self.host = host
@@ -320,7 +326,9 @@ class LocalDeployment:
                 _flower_exe("flower-supernode"), "--insecure",
                 "--superlink", self.address,
                 "--host", self.host, "--port", str(port),
-                "--node-config", f"data-path={_toml_string(str(path))}",
+                "--node-config", f"data-path={_toml_string(str(path))}" + (
+                    "" if self.policy_paths[i] is None
+                    else f" policy-path={_toml_string(str(self.policy_paths[i]))}"),
             ]
             self._nodes.append(self._spawn(cmd, log, self.workdir / f"supernode-{i}" / "flwr-home"))
             logs.append(log)

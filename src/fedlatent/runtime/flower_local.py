@@ -277,6 +277,7 @@ def local_fit(
     env: Mapping[str, str] | None = None,
     resume: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    policy_paths: Sequence[str | os.PathLike | None] | None = None,
 ) -> Any:
     """Fit on a loopback Flower deployment, one SuperNode per data file; return the estimator.
 
@@ -300,6 +301,8 @@ def local_fit(
         states (each site's ``<data file stem>.site`` directory): ends as the uninterrupted run.
     on_round : callable, optional
         Called with the server's status after every round (see :func:`run_app`).
+    policy_paths : list of path or None, optional
+        A site policy file per SuperNode, its node config's ``policy-path``.
 
     Returns
     -------
@@ -323,7 +326,7 @@ def local_fit(
             round_timeout=round_timeout, node_wait=node_wait, data_name=data_name, resume=resume,
         )
     app_dir = write_app(workdir / "app", run_config)
-    with LocalDeployment(data_paths, workdir=workdir, env=env) as dep:
+    with LocalDeployment(data_paths, workdir=workdir, env=env, policy_paths=policy_paths) as dep:
         run_app(app_dir, dep, overrides=overrides, timeout=timeout, on_round=on_round)
     est = flower.load_result(out_dir)
     est.flower_deployment_ = {

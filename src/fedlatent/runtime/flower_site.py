@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import DataValidationError
+from ..engine.messages import ERROR_KEY as _ERROR_KEY
 from ..engine.site_state import read_site_state, run_key, write_site_state
 from .flower_records import _ERROR, _ERROR_TYPE, _METHOD, _MODEL, _STATE, decode, encode
 
-__all__ = ["RESTORE", "RUN", "make_client_app", "restore_state", "save_after", "serve",
-           "site_dir"]
+__all__ = ["RESTORE", "RUN", "make_client_app", "node_policy", "restore_state", "save_after",
+           "serve", "site_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,18 +155,25 @@ def _load_node_data(path: Path, site: Path | None = None):
     return _DATA_CACHE[key]
 
 
-def _node_data_path(context, paths: list[str] | None) -> Path:
+def _node_data_path(context, paths: list[str] | None, policy=None) -> Path:
+    """The node's data file. The server names a data set (the run config's ``data-name``),
+    never a path: a name with ``/``, ``\\`` or ``..`` is refused, and under a site policy with
+    ``[datasets]`` only its names are (each mapped to a local file by the site)."""
     nc = dict(context.node_config)
+    name = str(dict(context.run_config).get("data-name", ""))
+    if policy is not None and policy.datasets and name:
+        return policy.dataset_path(name)
     if "data-path" in nc:
         p = Path(str(nc["data-path"]))
         if p.is_dir():
-            name = str(dict(context.run_config).get("data-name", ""))
             if not name:
                 raise DataValidationError(
                     f"node data-path {str(p)!r} is a directory: give the app's data-name "
                     "(the file to use in it)"
                 )
-            p = p / name
+            from ..engine.site.policy import SitePolicy
+
+            p = p / (policy or SitePolicy()).dataset_path(name)
         return p
     if paths is not None and "partition-id" in nc:
         return Path(paths[int(nc["partition-id"])])
@@ -175,11 +183,15 @@ def _node_data_path(context, paths: list[str] | None) -> Path:
     )
 
 
-def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None) -> dict[str, Any]:
+def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None, *,
+          policy=None, dataset: str = "default", simulation: bool = True) -> dict[str, Any]:
     """Answer one message on a node: ``fd`` is the node's one-client dataset, ``state`` Flower's
     ``context.state`` (a RecordDict) where the node's private state persists between messages,
     ``site`` the node's site directory, where it also outlives the run
-    (:mod:`fedlatent.runtime.flower_site`)."""
+    (:mod:`fedlatent.runtime.flower_site`). ``policy``: the site's own
+    (:class:`~fedlatent.engine.site.SitePolicy`; its ledger lives in ``site`` unless it names a
+    directory), ``dataset`` the data set's name on the ledger; ``simulation=False`` (a
+    deployed node without a policy): a server's ``noise_seed`` is ignored."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
     from ..engine.client import ClientNode
@@ -190,13 +202,18 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None)
     saved = {k: v.numpy() for k, v in state[_STATE].items()} if _STATE in state else {}
     if restore is not None and method in ROUND_METHODS and site is not None and run is not None:
         saved = restore_state(site, cid, str(run), int(restore))
-    node = ClientNode(cid, fd[cid], saved, source=fd)
+    node = ClientNode(cid, fd[cid], saved, source=fd, policy=policy, dataset=dataset,
+                      site_dir=site)
+    if policy is None:
+        node.honour_noise_seed = bool(simulation)
     if method == "describe":
         return node.handle(method, msg)
     if method != "setup":
         if _MODEL not in state:
             raise RuntimeError(f"client {cid!r} got {method!r} before the model's setup")
-        node.handle("setup", dict(state[_MODEL]))
+        again = node.handle("setup", dict(state[_MODEL]))
+        if _ERROR_KEY in again:  # the site's policy refuses the run now (a replaced file)
+            return again
     secure = method == "secagg" or "secagg/slot" in msg
     if secure and _SECAGG in state and msg.get("step") != "keys":  # "keys": a new fit
         from ..engine.secagg import SecAggClient
@@ -208,8 +225,9 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None)
     if site is not None:
         save_after(site, cid, method, msg, node.state, None if run is None else str(run),
                    restoring=restore is not None)
-    if method == "setup":
-        state[_MODEL] = ConfigRecord({"model": str(msg["model"]),
+    if method == "setup" and _ERROR_KEY not in reply:  # a refused setup is not replayed
+        state[_MODEL] = ConfigRecord({"run": str(msg.get("run", "")),
+                                      "model": str(msg["model"]),
                                       "model_config": str(msg["model_config"]),
                                       "disclosure": str(msg.get("disclosure", "")),
                                       # differential privacy: replayed with every message
@@ -219,9 +237,22 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None)
     return reply
 
 
-def make_client_app(paths: list[str] | None = None):
+def node_policy(node_config: dict[str, Any], policies: list[str] | None = None):
+    """The node's site policy: its node config's ``policy-path``, else (simulation) the file
+    of its partition id in ``policies``; None without one."""
+    from ..engine.site.policy import SitePolicy
+
+    given = node_config.get("policy-path")
+    if given in (None, "") and policies is not None and "partition-id" in node_config:
+        given = policies[int(node_config["partition-id"])]
+    return None if given in (None, "") else SitePolicy.load(Path(str(given)).expanduser())
+
+
+def make_client_app(paths: list[str] | None = None, policies: list[str] | None = None):
     """A ``ClientApp`` answering fedlatent messages. ``paths`` (simulation): the data file of
-    each partition id; in a deployment the node's ``data-path`` names it."""
+    each partition id; in a deployment the node's ``data-path`` names it. ``policies``
+    (simulation): the site policy file of each partition id (or None); in a deployment the
+    node config's ``policy-path`` names it."""
     from flwr.app import Message
     from flwr.clientapp import ClientApp
 
@@ -233,10 +264,14 @@ def make_client_app(paths: list[str] | None = None):
         try:
             d = decode(msg.content)
             method = str(d.pop(_METHOD))
-            path = _node_data_path(context, paths)
-            site = site_dir(dict(context.node_config), path)
+            nc = dict(context.node_config)
+            policy = node_policy(nc, policies)
+            path = _node_data_path(context, paths, policy)
+            site = site_dir(nc, path)
             fd = _load_node_data(path, site)
-            reply = serve(fd, context.state, method, d, site)
+            name = str(dict(context.run_config).get("data-name", "")) or path.name
+            reply = serve(fd, context.state, method, d, site, policy=policy, dataset=name,
+                          simulation="data-path" not in nc)
         except Exception as err:  # noqa: BLE001 - sent back, raised on the server
             logger.exception("fedlatent client error")
             reply = {_ERROR: str(err), _ERROR_TYPE: type(err).__name__}

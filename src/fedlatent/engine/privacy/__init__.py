@@ -24,7 +24,6 @@ from .clipping import (
     center_sensitivity,
     clip_rows,
     clip_targets,
-    gmm_sensitivity,
     logistic_sensitivity,
     regression_sensitivity,
 )
@@ -68,7 +67,6 @@ __all__ = [
     "composed_epsilon",
     "effective",
     "gaussian_mechanism",
-    "gmm_sensitivity",
     "joint_sensitivity",
     "logistic_sensitivity",
     "noise_stds",

@@ -24,7 +24,9 @@ the fit's seed, so noise drawn from it could be subtracted.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -33,6 +35,8 @@ from .dp import DifferentialPrivacy, PrivacyBudget, PrivacyBudgetExceeded
 from .mechanisms import joint_sensitivity, noise_stds
 
 __all__ = ["ClientPrivacy", "release_stds", "STATE_KEY"]
+
+logger = logging.getLogger(__name__)
 
 #: where a client keeps the number of releases it has made (in its private state)
 STATE_KEY = "engine/dp_releases"
@@ -78,15 +82,26 @@ class ClientPrivacy:
         self.calibration = dp.calibrate(int(releases))
         self.budget = PrivacyBudget(self.calibration, int(spent))
         self.client_id = str(client_id)
-        self._os_rng = np.random.default_rng() if dp.noise_seed is None else None
+        # the operating system's entropy (SeedSequence() draws it through ``secrets``)
+        self._os_rng = (np.random.default_rng(np.random.SeedSequence())
+                        if dp.noise_seed is None else None)
 
     @classmethod
-    def from_message(cls, msg: Mapping, client_id: str, state: dict) -> ClientPrivacy | None:
-        """The setting the setup message carries (None when the fit is not private)."""
+    def from_message(cls, msg: Mapping, client_id: str, state: dict, *,
+                     honour_seed: bool = True) -> ClientPrivacy | None:
+        """The setting the setup message carries (None when the fit is not private).
+
+        ``honour_seed=False`` (a site that is not a simulation): a server's ``noise_seed`` is
+        dropped, the noise comes from the site's own randomness."""
         raw = str(msg.get("privacy") or "")
         if not raw:
             return None
         dp = DifferentialPrivacy.from_config(json.loads(raw))
+        if dp.noise_seed is not None and not honour_seed:
+            logger.warning("client %r: the server's noise_seed is ignored (this site is not a "
+                           "simulation): the noise comes from the site's own randomness",
+                           client_id)
+            dp = replace(dp, noise_seed=None)
         spent = int(np.asarray(state.get(STATE_KEY, 0)).item())
         return cls(dp, int(msg["privacy_releases"]), client_id, spent)
 

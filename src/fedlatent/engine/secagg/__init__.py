@@ -8,6 +8,12 @@ seed sealed with ChaCha20-Poly1305 for each peer (:mod:`.shamir`), pairwise and 
 ChaCha20 keystream of HKDF-derived per-exchange keys, and recovery of dropped participants' masks
 from the survivors' shares. :mod:`.driver` runs the whole protocol in memory.
 
+Authenticated peers (optional): a client given its site's Ed25519 signing key signs its public
+keys for the run and the set-up round; a client given a pinned roster of site keys
+(:mod:`fedlatent.engine.site.keys`) verifies every peer's signed keys before deriving anything
+from them and aborts naming an unknown, unsigned or substituted peer. Without a roster the
+server is trusted to relay the keys faithfully (honest-but-curious), as before.
+
 Per-exchange secrets (``SecAggConfig(slots=E)``, what the engine uses): every client draws E
 mask key pairs and E self-mask seeds at set-up, all shared then, and exchange e uses only the
 e-th; revealing one exchange's secrets reveals nothing of another, so a client that drops in

@@ -16,6 +16,9 @@ import numpy as np
 from . import _crypto, shamir
 from .encoding import Layout
 from .protocol import (
+    KEY_FIELDS,
+    KEYS_PURPOSE,
+    SIGNATURE_FIELD,
     Roster,
     SecAggConfig,
     SecureAggregationError,
@@ -23,6 +26,7 @@ from .protocol import (
     as_u8,
     describe,
     exchange_label,
+    keys_payload,
     pair_mask,
     self_mask,
     slot_item,
@@ -49,9 +53,21 @@ class SecAggClient:
         The client's id (its order among the ids fixes the signs of pairwise masks).
     config : SecAggConfig
         The public threshold and fixed-point encoding.
+    run : str
+        The run this set-up belongs to, and ``round`` the round it happens in: both are bound
+        into the client's signature of its keys (:meth:`public_keys` with a signer), so a
+        signature made for one run or round never authenticates keys in another.
+    round : int
 
     Notes
     -----
+    Authenticated peers (optional): a client given its site's signing key signs its public
+    keys; a client given a pinned roster (:class:`fedlatent.engine.site.keys.Roster`) accepts
+    the relayed roster only when every peer's keys carry a valid signature of that peer's
+    rostered key for this run and round, and aborts naming the peer otherwise. Without a
+    roster nothing is verified: the server is trusted to relay keys faithfully
+    (honest-but-curious).
+
     Order of calls: :meth:`public_keys` -> (server relays) :meth:`receive_peer_keys` ->
     :meth:`share_messages` -> (server relays) :meth:`receive_shares`, once per fit; then per
     exchange :meth:`mask` and, when the server asks, :meth:`reveal`.
@@ -61,10 +77,12 @@ class SecAggClient:
     Bonawitz et al., CCS 2017, section 4 (Figure 4); Bell et al., CCS 2020 (SecAgg+).
     """
 
-    def __init__(self, client_id: str, config: SecAggConfig):
+    def __init__(self, client_id: str, config: SecAggConfig, *, run: str = "",
+                 round: int = 0):
         _crypto.require()
         self.id = str(client_id)
         self.config = config
+        self.run, self.setup_round = str(run), int(round)
         E = config.n_slots
         self._mask_privates = [_crypto.generate_private() for _ in range(E)]  # s_u per slot
         self._enc_private = _crypto.generate_private()  # c_u
@@ -84,15 +102,37 @@ class SecAggClient:
         self._revealed_mask: dict[str, str] = {}  # peer -> the exchange its s was revealed in
 
     # --- set-up, once per fit -----------------------------------------------------------------
-    def public_keys(self) -> dict[str, np.ndarray]:
-        """The public keys of s_u and c_u and a SHA-256 commitment to b_u (uint8 arrays)."""
-        return {"mask_key": as_u8(b"".join(_crypto.public_raw(k) for k in self._mask_privates)),
-                "enc_key": as_u8(_crypto.public_raw(self._enc_private)),
-                "self_commit": as_u8(b"".join(_crypto.commit(b) for b in self._self_seeds))}
+    def public_keys(self, signer=None) -> dict[str, np.ndarray]:
+        """The public keys of s_u and c_u and a SHA-256 commitment to b_u (uint8 arrays).
 
-    def receive_peer_keys(self, roster: Mapping) -> None:
+        With ``signer`` (the site's :class:`~fedlatent.engine.site.keys.SiteKeys`), also
+        ``"signature"``: its Ed25519 signature of the keys, this client's id, the run and the
+        set-up round.
+        """
+        out = {"mask_key": as_u8(b"".join(_crypto.public_raw(k) for k in self._mask_privates)),
+               "enc_key": as_u8(_crypto.public_raw(self._enc_private)),
+               "self_commit": as_u8(b"".join(_crypto.commit(b) for b in self._self_seeds))}
+        if signer is not None:
+            payload = keys_payload({k: v.tobytes() for k, v in out.items()})
+            out[SIGNATURE_FIELD] = as_u8(signer.sign(KEYS_PURPOSE, self.key_context(self.id),
+                                                     payload))
+        return out
+
+    def key_context(self, site: str) -> dict:
+        """What a site's signature of its keys is bound to: the site, the run, the round, and
+        the public settings of the set-up."""
+        return {"site": str(site), "run": self.run, "round": self.setup_round,
+                "threshold": int(self.config.threshold), "slots": self.config.slots}
+
+    def receive_peer_keys(self, roster: Mapping, trust=None) -> None:
         """Take the roster the server broadcasts (:meth:`SecAggServer.collect_keys`): every
-        enrolled client's public keys, its own among them unchanged."""
+        enrolled client's public keys, its own among them unchanged.
+
+        With ``trust`` (a pinned :class:`~fedlatent.engine.site.keys.Roster`), every peer's
+        keys must carry its rostered key's signature for this run and round: an unknown,
+        unsigned or substituted peer raises SecureAggregationError naming it, before any
+        secret is derived from its keys.
+        """
         if self._roster is not None:
             raise SecureAggregationError(f"client {self.id!r}: keys are set up once per fit; "
                                          "start a new SecAggClient to rejoin with new keys")
@@ -101,8 +141,26 @@ class SecAggClient:
         if roster.keys.get(self.id) != own:
             raise SecureAggregationError(f"client {self.id!r}: the relayed roster lacks or "
                                          "alters this client's own public keys")
+        if trust is not None:
+            self._authenticate(roster, trust)
         self.config.encoding.check_capacity(roster.n)
         self._roster = roster
+
+    def _authenticate(self, roster: Roster, trust) -> None:
+        """Verify every peer's signed keys against the pinned roster ``trust``."""
+        from ..site.keys import AuthenticationError
+
+        for v in roster.ids:
+            if v == self.id:
+                continue
+            try:
+                trust.verify(v, roster.signatures[v], KEYS_PURPOSE, self.key_context(v),
+                             keys_payload({f: roster.keys[v][f] for f in KEY_FIELDS}),
+                             what="the key announcement")
+            except AuthenticationError as err:
+                log.warning("client %r: secure aggregation set-up aborted: %s", self.id, err)
+                raise SecureAggregationError(
+                    f"client {self.id!r}: peer {v!r} is not authenticated: {err}") from err
 
     def share_messages(self) -> dict[str, np.ndarray]:
         """Shamir shares of s_u and b_u for every other enrolled client, each sealed with
@@ -278,7 +336,8 @@ class SecAggClient:
             msg = self._roster.to_message()
             roster = {k: v if isinstance(v, str) else v.tobytes().hex() for k, v in msg.items()}
         return json.dumps({
-            "id": self.id, "threshold": int(self.config.threshold), "scale": enc.scale,
+            "id": self.id, "run": self.run, "setup_round": self.setup_round,
+            "threshold": int(self.config.threshold), "scale": enc.scale,
             "bound": enc.bound, "slots": self.config.slots,
             "mask_private": [_crypto.private_raw(k).hex() for k in self._mask_privates],
             "enc_private": _crypto.private_raw(self._enc_private).hex(),
@@ -300,6 +359,7 @@ class SecAggClient:
                                                            bound=d["bound"]), slots=d["slots"])
         c = cls.__new__(cls)
         c.id, c.config = str(d["id"]), cfg
+        c.run, c.setup_round = str(d.get("run", "")), int(d.get("setup_round", 0))
         c._mask_privates = [_crypto.load_private(bytes.fromhex(h)) for h in d["mask_private"]]
         c._enc_private = _crypto.load_private(bytes.fromhex(d["enc_private"]))
         c._self_seeds = [bytes.fromhex(h) for h in d["self_seed"]]

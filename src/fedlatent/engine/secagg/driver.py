@@ -63,16 +63,25 @@ class Wire:
         return out
 
 
-def setup(client_ids: Iterable[str], config: SecAggConfig, *, wire: Wire | None = None
+def setup(client_ids: Iterable[str], config: SecAggConfig, *, wire: Wire | None = None,
+          identities: Mapping | None = None, run: str = "", round: int = 0
           ) -> tuple[SecAggServer, dict[str, SecAggClient]]:
-    """The once-per-fit key set-up: keys, roster broadcast, sealed shares relayed by the server."""
+    """The once-per-fit key set-up: keys, roster broadcast, sealed shares relayed by the server.
+
+    ``identities`` (client id -> :class:`~fedlatent.engine.site.keys.SiteIdentity`): a client
+    with a signing key signs its keys for ``(run, round)``; one with a pinned roster verifies
+    its peers' signed keys (:meth:`SecAggClient.receive_peer_keys`).
+    """
     wire = wire or Wire()
-    clients = {str(u): SecAggClient(str(u), config) for u in client_ids}
+    ident = dict(identities or {})
+    clients = {str(u): SecAggClient(str(u), config, run=run, round=round) for u in client_ids}
     server = SecAggServer(config)
-    keys = {u: wire.send("keys", u, SERVER, c.public_keys()) for u, c in clients.items()}
+    keys = {u: wire.send("keys", u, SERVER, c.public_keys(
+        signer=getattr(ident.get(u), "keys", None))) for u, c in clients.items()}
     roster = server.collect_keys(keys)
     for u, c in clients.items():
-        c.receive_peer_keys(wire.send("roster", SERVER, u, roster))
+        c.receive_peer_keys(wire.send("roster", SERVER, u, roster),
+                            trust=getattr(ident.get(u), "roster", None))
     outgoing = {u: wire.send("shares", u, SERVER, c.share_messages()) for u, c in clients.items()}
     for v, inbox in route_shares(outgoing).items():
         clients[v].receive_shares(wire.send("shares", SERVER, v, inbox))

@@ -15,10 +15,20 @@ import numpy as np
 from . import _crypto
 from .encoding import FixedPoint
 
-__all__ = ["Roster", "SecAggConfig", "SecureAggregationError", "as_bytes", "as_u8",
-           "exchange_label", "pair_mask", "self_mask", "slot_item"]
+__all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
+           "as_u8", "exchange_label", "keys_payload", "pair_mask", "self_mask", "slot_item"]
 
 KEY_FIELDS = ("mask_key", "enc_key", "self_commit")
+#: the optional field carrying a client's Ed25519 signature of its public keys
+#: (:mod:`fedlatent.engine.site.keys`); 64 zero bytes in the roster: unsigned
+SIGNATURE_FIELD, SIGNATURE_BYTES = "signature", 64
+#: what a site's signature of its key-agreement keys is for
+KEYS_PURPOSE = "secagg-keys"
+
+
+def keys_payload(keys: Mapping[str, bytes]) -> bytes:
+    """The bytes a site signs of its public keys: the key fields in a fixed order."""
+    return b"".join(bytes(keys[f]) for f in KEY_FIELDS)
 
 
 class SecureAggregationError(RuntimeError):
@@ -140,6 +150,11 @@ class Roster:
             self.keys[u] = {f: as_bytes(msg[f], what=f"client {u!r}: field {f!r}",
                                         size=32 * _per(f, config))
                             for f in KEY_FIELDS}
+        #: each client's signature of its keys (64 zero bytes: it sent none)
+        self.signatures = {u: bytes(SIGNATURE_BYTES) if keys[u].get(SIGNATURE_FIELD) is None
+                           else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
+                                         what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
+                           for u in ids}
         for f in ("mask_key", "enc_key"):
             seen: dict[bytes, str] = {}
             for u in ids:
@@ -155,6 +170,8 @@ class Roster:
         msg: dict = {"ids": json.dumps(list(self.ids))}
         for f in KEY_FIELDS:
             msg[f] = np.stack([as_u8(self.keys[u][f]) for u in self.ids])
+        if any(any(s) for s in self.signatures.values()):  # relayed when any client signed
+            msg[SIGNATURE_FIELD] = np.stack([as_u8(self.signatures[u]) for u in self.ids])
         return msg
 
     @classmethod
@@ -175,6 +192,14 @@ class Roster:
                                              f" uint8 array, got {a.dtype} {a.shape}")
             for u, row in zip(ids, a):
                 keys[u][f] = row
+        if msg.get(SIGNATURE_FIELD) is not None:
+            a = np.asarray(msg[SIGNATURE_FIELD])
+            if a.dtype != np.uint8 or a.shape != (len(ids), SIGNATURE_BYTES):
+                raise SecureAggregationError(
+                    f"the roster's {SIGNATURE_FIELD!r} must be a ({len(ids)}, {SIGNATURE_BYTES}) "
+                    f"uint8 array, got {a.dtype} {a.shape}")
+            for u, row in zip(ids, a):
+                keys[u][SIGNATURE_FIELD] = row
         if len(set(ids)) != len(ids):
             raise SecureAggregationError("the roster lists a client twice")
         return cls(keys, config)

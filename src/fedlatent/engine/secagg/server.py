@@ -178,19 +178,8 @@ class SecAggServer:
         if len(holders) < t:
             raise SecureAggregationError(f"{where}: {len(holders)} survivors revealed shares, "
                                          f"fewer than the threshold {t}; the sum stays masked")
-        want = [f"self:{u}" for u in S] + [f"mask:{d}" for d in D]
-        shares: dict[str, dict[int, int]] = {k: {} for k in want}
-        for h in holders:
-            reply = revealed[h]
-            missing = sorted(set(want) - set(reply))
-            extra = sorted(set(reply) - set(want))
-            if missing or extra:
-                raise SecureAggregationError(f"{where}: client {h!r}'s reveal lacks {missing} "
-                                             f"and has unexpected {extra}")
-            for k in want:
-                y = shamir.int_from_share(as_bytes(reply[k], what=f"client {h!r}, field {k!r}",
-                                                   size=shamir.SHARE_BYTES))
-                shares[k][roster.index[h]] = y
+        shares = self._shares(revealed, holders,
+                              [f"self:{u}" for u in S] + [f"mask:{d}" for d in D], where)
         total = pend["total"].copy()
         n = total.size
         e = pend["slot"]
@@ -220,6 +209,23 @@ class SecAggServer:
         self._done.add(label)
         self._pending = None
         return self.config.encoding.decode(pend["layout"].unflatten(total))
+
+    def _shares(self, revealed, holders, want: list[str], where: str) -> dict[str, dict]:
+        """``{secret: {holder index: share}}`` of the secrets ``want`` from the holders'
+        reveals (each must hold exactly those secrets)."""
+        shares: dict[str, dict[int, int]] = {k: {} for k in want}
+        for h in holders:
+            reply = revealed[h]
+            missing = sorted(set(want) - set(reply))
+            extra = sorted(set(reply) - set(want))
+            if missing or extra:
+                raise SecureAggregationError(f"{where}: client {h!r}'s reveal lacks {missing} "
+                                             f"and has unexpected {extra}")
+            for k in want:
+                y = shamir.int_from_share(as_bytes(reply[k], what=f"client {h!r}, field {k!r}",
+                                                   size=shamir.SHARE_BYTES))
+                shares[k][self.roster.index[h]] = y
+        return shares
 
     def _need_roster(self) -> Roster:
         if self.roster is None:

@@ -25,7 +25,7 @@ Sensitivity (add/remove one record, all blocks jointly). The record has responsi
 ``q`` in the simplex of ``M1 x M2``; its input marginal ``r = q.sum(1)`` and learner marginal
 ``s = q.sum(0)`` are in the simplices of ``M1`` and ``M2`` (so ``||r||_2, ||s||_2 <= 1``):
 
-- ``nk``, ``sx``, ``sxx``: :func:`~fedlatent.engine.privacy.clipping.gmm_sensitivity` with
+- ``nk``, ``sx``, ``sxx``: :func:`~fedlatent.models.gmm.dp.gmm_sensitivity` with
   ``R + ||center - c0||`` (the sums are about the broadcast ``center``, which the private start
   sets to ``c0``);
 - ``lw = sum s``: ``||s||_2 <= 1``; ``pq = sum q``: ``||q||_F <= 1``;
@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.privacy.clipping import gmm_sensitivity, logistic_sensitivity
+from ...engine.privacy.clipping import logistic_sensitivity
+from ..gmm.dp import gmm_sensitivity
 
 __all__ = ["fedgmm_dp_sensitivity", "private_refusal"]
 

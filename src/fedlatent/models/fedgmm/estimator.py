@@ -10,7 +10,7 @@ import pandas as pd
 from ...data.dataset import ClientData, FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
 from ...engine.loop import FitResult
-from ...engine.model import Params
+from ...engine.model import ALL_CAPABILITIES, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE
@@ -21,6 +21,7 @@ from ..gmm.init import INIT_PARAMS
 from ..gmm.math import covariances_from_precisions
 from .clients import ClientWeights
 from .dp import private_refusal
+from .inference import FedGMMSummary
 from .math import fedgmm_log_components, fedgmm_predict_log_proba
 from .model import FedGMMModel
 from .selection import auto_size, fedgmm_selection
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
     "fedgmm", target=True,
     description="FedGMM: personalized mixture of Gaussian inputs and shared learners (Wu et al.)",
 )
-class FedGMM(ClientWeights, FederatedEstimator):
+class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
     """Personalized federated learning under a mixture of joint distributions (FedGMM).
 
     Parameters
@@ -205,8 +206,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
         self.n_learners_candidates = n_learners_candidates
 
     _score_name = "accuracy"
-    _secure_aggregation = None
-    _differential_privacy = None  # with the settings private_refusal accepts
+    capabilities = ALL_CAPABILITIES  # DP: with the settings private_refusal accepts
 
     @property
     def _dp_init_releases(self) -> int:
@@ -371,6 +371,7 @@ class FedGMM(ClientWeights, FederatedEstimator):
 
     def _check_loaded(self) -> None:
         from ...engine import loadcheck as lc
+        from ..gmm import checks as gmm_checks
 
         # a saved "auto" fit: the chosen sizes (its selection entry)
         M1 = int(getattr(self, "n_input_components_", self.n_input_components))
@@ -381,8 +382,9 @@ class FedGMM(ClientWeights, FederatedEstimator):
             lc.expect_shape(self, name, shape)
         lc.expect_simplex(self, "weights_x_")
         lc.expect_simplex(self, "weights_y_")
-        lc.expect_covariances(self, "covariances_", self.covariance_type, M1, d)
-        lc.expect_precisions_cholesky(self, "precisions_cholesky_", self.covariance_type, M1, d)
+        gmm_checks.expect_covariances(self, "covariances_", self.covariance_type, M1, d)
+        gmm_checks.expect_precisions_cholesky(self, "precisions_cholesky_",
+                                              self.covariance_type, M1, d)
         if np.ndim(self.coef_) < 1 or len(self.coef_) != M2:
             raise ValueError(f"field 'coef_' has shape {np.shape(self.coef_)}, the saved settings"
                              f" need {M2} learners first")

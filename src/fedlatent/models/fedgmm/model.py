@@ -38,6 +38,7 @@ class FedGMMModel(FederatedModel):
     """
 
     name = "fedgmm"
+    batched_step = True
 
     def __init__(
         self,

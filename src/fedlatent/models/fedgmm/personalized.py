@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:
-    from .estimator import FedGMM
-
 __all__ = ["PersonalizedFedGMM"]
+
+
+class _Fitted(Protocol):
+    """What a predictor reads of the fitted FedGMM (this module does not import the estimator,
+    which imports it: no circle)."""
+
+    classes_: np.ndarray
+
+    def _predict_proba_pi(self, X, pi: np.ndarray) -> np.ndarray: ...
+
+    def _score_pi(self, X, y, pi: np.ndarray) -> pd.DataFrame: ...
 
 
 class PersonalizedFedGMM:
@@ -25,7 +33,7 @@ class PersonalizedFedGMM:
     classes_ : ndarray of shape (K,)
     """
 
-    def __init__(self, estimator: FedGMM, pi: np.ndarray, client: str | None = None):
+    def __init__(self, estimator: _Fitted, pi: np.ndarray, client: str | None = None):
         self._est = estimator
         self.pi = np.asarray(pi, dtype=np.float64)
         self.client = client

@@ -13,14 +13,10 @@ The held-out rows stay with their client: each client scores its own rows with i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from ...engine.estimator import FederatedEstimator
 from ...engine.selection import Selection, check_candidates
-
-if TYPE_CHECKING:
-    from .estimator import FedGMM
 
 __all__ = ["DEFAULT_CANDIDATES", "HOLDOUT", "auto_size", "fedgmm_selection", "heldout_loglik"]
 
@@ -33,7 +29,7 @@ _SIZES = {"n_input_components": "n_input_components_candidates",
           "n_learners": "n_learners_candidates"}
 
 
-def auto_size(est: FedGMM) -> str | None:
+def auto_size(est: FederatedEstimator) -> str | None:
     """The size parameter set to ``"auto"`` (None when both are numbers); both at once is an
     error."""
     auto = [p for p in _SIZES if getattr(est, p) == "auto"]
@@ -46,7 +42,7 @@ def auto_size(est: FedGMM) -> str | None:
     return auto[0] if auto else None
 
 
-def heldout_loglik(est: FedGMM, held_out) -> dict[str, float]:
+def heldout_loglik(est: FederatedEstimator, held_out) -> dict[str, float]:
     """``heldout_loglik``: the mean over the held-out rows of ``log h_c(x, y)``, each client
     with its own ``pi_c``; ``n_heldout``: the number of rows."""
     tot, n = 0.0, 0
@@ -57,7 +53,7 @@ def heldout_loglik(est: FedGMM, held_out) -> dict[str, float]:
     return {"heldout_loglik": tot / max(n, 1), "n_heldout": float(n)}
 
 
-def fedgmm_selection(est: FedGMM) -> Selection | None:
+def fedgmm_selection(est: FederatedEstimator) -> Selection | None:
     """The :class:`~fedlatent.engine.selection.Selection` of an ``"auto"`` size, or None."""
     param = auto_size(est)
     if param is None:

@@ -18,11 +18,11 @@ import logging
 import numpy as np
 
 from ...data.dataset import FederatedDataset
-from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
+from ...engine.base_mixture import FederatedMixture
+from ...engine.estimator import FitContext, check_is_fitted
 from ...engine.inference import InferenceMixin
 from ...engine.loop import FitResult
-from ...engine.model import Params
-from ...engine.numerics import logsumexp
+from ...engine.model import ALL_CAPABILITIES, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 @register_estimator("gmm", description="Gaussian mixture fitted by federated EM (clusters)")
-class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
+class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
     """Gaussian mixture fitted by federated EM; raw samples never leave the clients.
 
     Parameters
@@ -172,9 +172,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
         self.n_components_candidates = n_components_candidates
 
     _multi_start = True  # n_init: engine/starts.py
-    _score_name = "mean log-likelihood"
-    _secure_aggregation = None
-    _differential_privacy = None
+    capabilities = ALL_CAPABILITIES
     _dp_init_releases = 2  # the pooled moments, the private k-means start
 
     def _check_params(self) -> None:
@@ -259,6 +257,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
 
     def _check_loaded(self) -> None:
         from ...engine import loadcheck as lc
+        from . import checks as gmm_checks
 
         K = getattr(self, "n_components_", self.n_components)  # a saved "auto" fit: chosen K
         if K == "auto":
@@ -268,8 +267,8 @@ class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
         lc.expect_shape(self, "weights_", (K,))
         lc.expect_shape(self, "means_", (K, d))
         lc.expect_simplex(self, "weights_")
-        lc.expect_covariances(self, "covariances_", ct, K, d)
-        lc.expect_precisions_cholesky(self, "precisions_cholesky_", ct, K, d)
+        gmm_checks.expect_covariances(self, "covariances_", ct, K, d)
+        gmm_checks.expect_precisions_cholesky(self, "precisions_cholesky_", ct, K, d)
 
     def _after_load(self) -> None:
         self.n_components_ = self._fitted_k()
@@ -282,33 +281,15 @@ class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
             self.precisions_ = pc**2
 
     # ---- prediction -----------------------------------------------------------------------
-    def _check_X(self, X) -> np.ndarray:
-        return check_features(self, X)
-
-    def _weighted_log_prob(self, X) -> np.ndarray:
+    def _estimate_weighted_log_prob(self, X) -> np.ndarray:
+        """``log p(x | k) + log pi_k`` (the base gives predict, score, bic... from it)."""
         return estimate_log_gaussian_prob(
             X, self.means_, self.precisions_cholesky_, self.covariance_type
         ) + np.log(self.weights_)
 
-    def score_samples(self, X) -> np.ndarray:
-        """Log-likelihood of each sample, shape (n_samples,)."""
-        return logsumexp(self._weighted_log_prob(self._check_X(X)), axis=1)
-
-    def score(self, X) -> float:
-        """Mean per-sample log-likelihood. X may be an array or a FederatedDataset (computed on
-        the clients; only sums come back)."""
-        if isinstance(X, FederatedDataset):
-            tot, n = self._federated_loglik(X)
-            return tot / n
-        return float(self.score_samples(X).mean())
-
     def _fitted_params(self) -> Params:
         return {"weights": self.weights_, "means": self.means_,
                 "precisions_cholesky": self.precisions_cholesky_}
-
-    def score_dataset(self, fd: FederatedDataset) -> float:
-        """Mean per-sample log-likelihood over the clients of ``fd``."""
-        return self.score(fd)
 
     def _degenerate_reason(self, n_rows: int | None) -> str:
         """A degenerate component ("" when none), for the size selection: weight worth fewer
@@ -346,27 +327,8 @@ class FederatedGaussianMixture(InferenceMixin, FederatedEstimator):
         gm.feature_names_in_ = np.array(self.feature_names_in_, dtype=object)
         return gm
 
-    def predict_proba(self, X) -> np.ndarray:
-        """Posterior probability of each component, shape (n_samples, n_components)."""
-        wlp = self._weighted_log_prob(self._check_X(X))
-        return np.exp(wlp - logsumexp(wlp, axis=1)[:, None])
-
-    def predict(self, X) -> np.ndarray:
-        """Most probable component of each sample."""
-        return self._weighted_log_prob(self._check_X(X)).argmax(axis=1)
-
     def _n_parameters(self) -> int:
         return n_free_parameters(self._fitted_k(), self.n_features_in_, self.covariance_type)
-
-    def bic(self, X) -> float:
-        """Bayesian information criterion (lower is better). X: array or FederatedDataset."""
-        n = X.n_samples if isinstance(X, FederatedDataset) else self._check_X(X).shape[0]
-        return -2 * self.score(X) * n + self._n_parameters() * np.log(n)
-
-    def aic(self, X) -> float:
-        """Akaike information criterion (lower is better). X: array or FederatedDataset."""
-        n = X.n_samples if isinstance(X, FederatedDataset) else self._check_X(X).shape[0]
-        return -2 * self.score(X) * n + 2 * self._n_parameters()
 
     def sample(self, n_samples: int = 1, random_state=None) -> tuple[np.ndarray, np.ndarray]:
         """Draw ``n_samples`` from the fitted mixture; returns (X, component labels)."""

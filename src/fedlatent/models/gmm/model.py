@@ -7,16 +7,14 @@ at initialization (the federated global mean), which keeps the second moments we
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ...engine.messages import count_problem, psd_problem
-from ...engine.model import ClientStep, FederatedModel, Params
+from ...engine.model import ClientStep, FederatedModel, Params, payload_params
 from ...engine.numerics import kmeans, logsumexp
-from ...engine.privacy.clipping import gmm_sensitivity
 from ...engine.registry import register_model
 from ...engine.stats import Stats
+from .dp import gmm_sensitivity
 from .math import (
     compute_precision_cholesky,
     estimate_log_gaussian_prob,
@@ -75,6 +73,7 @@ class GMMModel(FederatedModel):
     """Gaussian mixture math for the engine. Config: n_components, covariance_type, reg_covar."""
 
     name = "gmm"
+    batched_step = True
 
     def __init__(self, n_components: int, covariance_type: str = "full", reg_covar: float = 1e-6):
         super().__init__(
@@ -113,7 +112,7 @@ class GMMModel(FederatedModel):
 
     # ---- differential privacy ---------------------------------------------------------------
     def dp_sensitivity(self, params, dp):
-        """:func:`~fedlatent.engine.privacy.gmm_sensitivity` of the clipping radius, widened by
+        """:func:`~fedlatent.models.gmm.dp.gmm_sensitivity` of the clipping radius, widened by
         the distance from the clipping centre to the centre the statistics are taken about."""
         c = np.asarray(params["center"], dtype=np.float64)
         R = dp.clip + float(np.linalg.norm(c - dp.center_for(c.size)))
@@ -218,6 +217,3 @@ def hard_labels(d2: np.ndarray, policy) -> np.ndarray:
         d2[:, small] = np.inf
         labels = d2.argmin(1)
 
-
-def payload_params(payload: dict[str, Any]) -> Params:
-    return {k[7:]: np.asarray(v) for k, v in payload.items() if k.startswith("params/")}

@@ -24,7 +24,7 @@ from ...engine.exchange import number
 from ...engine.federation import Federation
 from ...engine.history import History
 from ...engine.loop import FederatedFitError, LoopOptions
-from ...engine.model import Params
+from ...engine.model import ALL_CAPABILITIES, Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from .fitting import (
@@ -36,6 +36,7 @@ from .fitting import (
     start_params,
     store_fit,
 )
+from .inference import HLCRInference, extra_chains, store_chains
 from .math import check_entities, posterior_means
 from .model import SIZES_QUERY, HLCRModel
 from .predict import HLCRPrediction
@@ -55,7 +56,7 @@ _POSITIVE = Real(0, closed="neither", desc="a finite number > 0")
     "hlcr", target=True, entity=True,
     description="HLCR / FedHLCR: hierarchical latent class regression by Gibbs (Yang et al.)",
 )
-class HLCR(HLCRPrediction, FederatedEstimator):
+class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
     """Hierarchical latent class regression (HLCR) and its federated version (FedHLCR).
 
     Parameters
@@ -110,6 +111,12 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         ``dp_max_events`` events of each entity (its row order) so that one entity's
         influence is bounded (:mod:`fedlatent.models.hlcr.privacy`). The noise grows with it;
         about the typical number of events per entity is a good value.
+    n_chains : int or None, default None
+        Chains run (each from its own seed; :mod:`fedlatent.models.hlcr.inference`): chain 0
+        is the fit (its draws are ``draws_*``, what ``predict`` uses), the others serve
+        ``summary()`` (R-hat, ESS; a ConvergenceWarning when an R-hat exceeds 1.01). None: 2,
+        or 1 under differential privacy or secure aggregation (refused there: another chain
+        would be paid from the budget, or rerun the masked rounds).
 
     Attributes
     ----------
@@ -151,6 +158,13 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         One row per iteration; ``history_.to_frame()`` adds ``log_joint``, ``train_mse``
         (user's units) and ``pred_change`` (retained iterations: RMS change of the running
         posterior predictive mean of the training events, over the target's sd).
+    chains_ : dict of ndarrays (n_chains, T, ...)
+        Every chain's retained draws (user's units; clusters matched to chain 0's):
+        ``coef`` and ``coef_var`` (the conditional posterior means and variances of the
+        coefficients, intercept last), ``share``, ``sigma``, ``delta``. Not saved.
+    n_chains_ : int
+    rhat_max_ : float
+        The largest rank-normalized split R-hat of ``summary()`` (NaN with one chain).
     n_iter_, converged_ : int, bool
         Iterations run; ``converged_`` is ``mixing_ < 0.02`` with ``tol == 0`` (two halves of
         the retained draws predict the same within 2% of the target's sd), or whether the
@@ -185,21 +199,17 @@ class HLCR(HLCRPrediction, FederatedEstimator):
                     "draws_sigma_", "feature_mean_", "feature_scale_")
     _score_name = "mse"
     @property
-    def _secure_aggregation(self) -> str | None:
-        """FedHLCR runs on the engine's round loop (every sum secure); the Gibbs solver pools
-        the rows."""
+    def capabilities(self) -> Capabilities:
+        """FedHLCR runs on the engine's round loop (every sum secure) and releases noisy
+        cluster sums (:mod:`.privacy`); the Gibbs solver pools the rows, so there is neither a
+        sum to aggregate securely nor a release to add noise to."""
         if self.solver == "gibbs":
-            return "solver='gibbs' pools the rows in one place; use solver='federated'"
-        return None
-
-    @property
-    def _differential_privacy(self) -> str | None:
-        """FedHLCR releases noisy cluster sums (:mod:`.privacy`); the Gibbs solver pools the
-        rows, so there is no release to add noise to."""
-        if self.solver == "gibbs":
-            return ("solver='gibbs' pools the rows in one place (nothing is released that "
-                    "noise could protect); use solver='federated'")
-        return None
+            return Capabilities(
+                secure_refusal="solver='gibbs' pools the rows in one place; use "
+                               "solver='federated'",
+                privacy_refusal="solver='gibbs' pools the rows in one place (nothing is "
+                                "released that noise could protect); use solver='federated'")
+        return ALL_CAPABILITIES
 
     @property
     def _dp_init_releases(self) -> int:
@@ -221,6 +231,7 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         "thin": [Integer(1)],
         "holdout": [Real(0, 0.5, closed="neither")],
         "dp_max_events": [None, Integer(1)],
+        "n_chains": [None, Integer(1)],
     }
 
     def __init__(self, n_clusters: int | str = 4, alpha: float = 1.0, beta: float = 1.0,
@@ -230,7 +241,7 @@ class HLCR(HLCRPrediction, FederatedEstimator):
                  fit_intercept: bool = True, random_state=None, verbose: bool | None = None,
                  standardize: bool | str = "auto", thin: int = 1,
                  n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2,
-                 dp_max_events: int | None = None):
+                 dp_max_events: int | None = None, n_chains: int | None = None):
         self.n_clusters = n_clusters
         self.alpha = alpha
         self.beta = beta
@@ -249,6 +260,7 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         self.n_clusters_range = n_clusters_range
         self.holdout = holdout
         self.dp_max_events = dp_max_events
+        self.n_chains = n_chains
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -269,6 +281,20 @@ class HLCR(HLCRPrediction, FederatedEstimator):
                 f"burn_in must be None or in [0, max_rounds={self.max_rounds}), got "
                 f"{self.burn_in!r}"
             )
+        self._n_chains()
+
+    def _n_chains(self) -> int:
+        """``n_chains``: as given (more than one refused under differential privacy or secure
+        aggregation), or 2, 1 under either."""
+        fed = self.federation
+        guarded = fed is not None and (fed.privacy is not None or fed.secure_aggregation)
+        if self.n_chains is None:
+            return 1 if guarded else 2
+        if guarded and self.n_chains > 1:
+            raise ValueError(f"n_chains={self.n_chains}: more than one chain is refused under "
+                             "differential privacy (each chain is paid from the budget) and "
+                             "secure aggregation; give n_chains=1 or None")
+        return int(self.n_chains)
 
     def _standardizes(self) -> bool:
         if self.standardize == "auto":
@@ -423,10 +449,13 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         finish_chain(self, ctx if ctx.privacy is None else replace(ctx, data=None), params0,
                      result, options.tol)
         self._fit_start = (params0, chain)
+        self._extra_chains = extra_chains(self, ctx, params0, options, chain, super()._run,
+                                          self._n_chains())
         return result
 
     def _store(self, result: HLCRFit, model: HLCRModel) -> None:
         store_fit(self, result, *self._fit_start)
+        store_chains(self, result, *self._fit_start, self._extra_chains)
 
     def _set_cluster_params(self, D, c, counts) -> None:
         D = np.asarray(D, dtype=np.float64)
@@ -440,13 +469,13 @@ class HLCR(HLCRPrediction, FederatedEstimator):
         self.cluster_counts_ = np.asarray(counts, dtype=np.float64)
 
     # ---- persistence ------------------------------------------------------------------------
-    def save(self, path) -> None:
+    def save(self, path, *, signer=None) -> None:
         """As the base's; the history is written without its derived columns (``log_joint``,
         ``train_mse`` and ``pred_change`` are saved as arrays and added back at load)."""
         full = self.history_
         self.history_ = History(full)
         try:
-            super().save(path)
+            super().save(path, signer=signer)
         finally:
             self.history_ = full
 

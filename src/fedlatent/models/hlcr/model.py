@@ -17,7 +17,7 @@ import numpy as np
 
 from ...data.dataset import ClientData
 from ...engine.messages import bordered, count_problem, equal_problem, psd_problem
-from ...engine.model import ClientStep, FederatedModel, Params, register_model
+from ...engine.model import ClientStep, FederatedModel, Params, payload_params, register_model
 from ...engine.numerics import add_intercept
 from ...engine.stats import Stats
 from .kernels import entity_sums
@@ -299,8 +299,7 @@ class HLCRModel(FederatedModel):
         labels = np.asarray(state.get("labels", []), dtype=np.int64)
         if held is None or not len(held[0]) or not len(labels):
             return {"loglik": 0.0, "n": 0.0}
-        params = {k.split("/", 1)[1]: np.asarray(v) for k, v in payload.items()
-                  if k.startswith("params/")}
+        params = payload_params(payload)
         idx, XtX, Xty, yty, n = held
         if "T" in params:
             XtX, Xty, yty = transform_statistics(XtX, Xty, yty, n, params["T"],

@@ -15,10 +15,10 @@ import numpy as np
 
 from ...data.dataset import FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
-from ...engine.exchange import array, number
 from ...engine.inference import InferenceMixin
 from ...engine.loop import FitResult
-from ...engine.model import Params
+from ...engine.mixture import random_membership_stats
+from ...engine.model import ALL_CAPABILITIES, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
@@ -58,29 +58,7 @@ def initialize_random_memberships(ctx: FitContext, n_components: int, n_coef: in
     dict with ``weights`` (K,), ``beta`` (K, n_coef), ``noise_variance`` (K,)
     """
     shapes = lcr_stat_shapes(n_components, n_coef)
-    def units(n, reply, c):
-        return None if float(n) == ctx.n_units[c] else (
-            f"claims {float(n):g} rows, {ctx.n_units[c]} at setup")
-
-    def meaning(nk, reply, c):  # the model's invariants of one client's sums
-        return ctx.model.check({k: np.asarray(reply[f"stat/{k}"]) for k in shapes},
-                               ctx.n_units[c])
-
-    expect = {"n": number(low=1, check=units)}
-    for k, shp in shapes.items():
-        expect[f"stat/{k}"] = array(*shp, low=0 if k in ("nk", "syy") else None,
-                                    check=meaning if k == "nk" else None)
-    if ctx.secure is not None:  # the same sums, only their total seen
-        tot = ctx.ask_sum("random_stats", shapes={f"stat/{k}": shp for k, shp in shapes.items()},
-                          what="initialization (random memberships)")
-        S = Stats({k: tot[f"stat/{k}"] for k in shapes})
-    else:
-        rep = ctx.ask("random_stats", expect=expect,
-                      what="initialization (random memberships)")
-        S = None
-        for c in ctx.client_ids:
-            st = Stats({k: rep[c][f"stat/{k}"] for k in shapes})
-            S = st if S is None else S.add_(st)
+    S = random_membership_stats(ctx, shapes, nonnegative=("nk", "syy"))
     if spread:
         return spread_around_pooled(S, reg_noise, ctx.seed)
     weights, beta, var = lcr_m_step(S, reg_noise)
@@ -269,8 +247,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     _multi_start = True  # n_init: engine/starts.py
     _default_n_init = 3  # n_init=None
     _score_name = "mean log-likelihood"
-    _secure_aggregation = None
-    _differential_privacy = None
+    capabilities = ALL_CAPABILITIES
 
     @property
     def _dp_init_releases(self) -> int:

@@ -8,12 +8,11 @@ weighted least-squares problem per component. Nothing else crosses.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ...engine.messages import bordered, count_problem, equal_problem, psd_problem
-from ...engine.model import ClientStep, FederatedModel, Params
+from ...engine.mixture import MixtureModel
+from ...engine.model import ClientStep, Params, payload_params
 from ...engine.registry import register_model
 from ...engine.stats import Stats
 from .dp import (
@@ -35,7 +34,7 @@ __all__ = ["LCRModel", "payload_params"]
 
 
 @register_model
-class LCRModel(FederatedModel):
+class LCRModel(MixtureModel):
     """Mixture of linear regressions for the engine. Config: n_components, fit_intercept,
     reg_noise, and under differential privacy ``dp``.
 
@@ -51,6 +50,7 @@ class LCRModel(FederatedModel):
     """
 
     name = "lcr"
+    batched_step = True
 
     def __init__(self, n_components: int, fit_intercept: bool = True, reg_noise: float = 1e-6,
                  dp: dict | None = None):
@@ -125,17 +125,15 @@ class LCRModel(FederatedModel):
             return None
         return lcr_batched_stats(params, X, y, w, self.fit_intercept, state)
 
+    def responsibility_stats(self, data, resp):
+        """The statistics at responsibilities ``resp`` (the random-membership start's)."""
+        Xt, y = self._design(data)
+        return self._statistics(Xt, y, resp)
+
     def client_query(self, name, payload, data, state, rng):
-        if name == "random_stats":
-            # flexmix's default start (random memberships), made soft: every row's
-            # memberships are a uniform draw on the simplex (Dirichlet(1, ..., 1)) from the
-            # client's own generator, keyed by seed, client and query. Hard random labels
-            # would let a component hold one row of a small client, and its sums (n_k = 1,
-            # sum x~ y = [x_i y_i, y_i]) would be that record.
-            Xt, y = self._design(data)
-            resp = rng.dirichlet(np.ones(self.K), size=Xt.shape[0])
-            st = self._statistics(Xt, y, resp)
-            return {"n": int(Xt.shape[0]), **{f"stat/{k}": v for k, v in st.items()}}, state
+        # "random_stats" (flexmix's default start, made soft: hard random labels would let a
+        # component hold one row of a small client, and its sums would be that record) is the
+        # engine's random-membership start (fedlatent.engine.mixture), from responsibility_stats
         if name == "pooled_stats":  # the one-component statistics (the private start)
             Xt, y = self._design(data)
             st = self._statistics(Xt, y, np.ones((Xt.shape[0], 1)))
@@ -222,6 +220,3 @@ class LCRModel(FederatedModel):
             var = np.where(projected, previous["noise_variance"], var)
         return {"weights": w, "beta": beta, "noise_variance": var}
 
-
-def payload_params(payload: dict[str, Any]) -> Params:
-    return {k[7:]: np.asarray(v) for k, v in payload.items() if k.startswith("params/")}

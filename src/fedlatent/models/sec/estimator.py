@@ -11,6 +11,7 @@ models as skops bytes in one uint8 array (no pickle). Prediction, pooled models 
 
 from __future__ import annotations
 
+import secrets
 import time
 import warnings
 from typing import Any
@@ -21,7 +22,7 @@ from ...data.dataset import DataValidationError, FederatedDataset
 from ...engine.estimator import FederatedEstimator, FitContext
 from ...engine.history import History, RoundRecord
 from ...engine.loop import FitResult, LoopOptions, progress_bar
-from ...engine.model import Params
+from ...engine.model import Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import Stats
@@ -40,6 +41,7 @@ from .model import SECModel, check_learner
 from .predict import ClusterUseMixin
 from .protocol import Traffic, exchange_step, select_step, sender
 from .serialize import UntrustedModelError, check_extra_types, check_model, dumps_model
+from .summary import SECSummary
 
 __all__ = ["SEC", "warn_target_scales"]
 
@@ -89,7 +91,7 @@ def warn_target_scales(ids: list[str], scales: list[float], target: str | None =
     "sec", target=True,
     description="SEC: meta clustering of learners by select-exchange-cluster (Ye et al.)",
 )
-class SEC(ClusterUseMixin, FederatedEstimator):
+class SEC(SECSummary, ClusterUseMixin, FederatedEstimator):
     """Meta clustering of learners by Select-Exchange-Cluster.
 
     Parameters
@@ -289,14 +291,14 @@ class SEC(ClusterUseMixin, FederatedEstimator):
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",
                     "_model_sizes", "_scaler_x", "_scaler_y")
     _score_name = "mean squared error"
-    _secure_aggregation = ("SEC's replies are fitted local models and per-pair losses, not "
-                           "sums, so there is nothing for secure aggregation to add up")
-    _differential_privacy = (
+    capabilities = Capabilities(secure_refusal=(
+        "SEC's replies are fitted local models and per-pair losses, not "
+        "sums, so there is nothing for secure aggregation to add up"), privacy_refusal=(
         "SEC ships each learner's fitted model (any scikit-learn estimator: trees, kernels, "
         "lasso...) and its losses on the other learners' models, not sums of bounded records, "
         "so no clipping bounds their sensitivity and Gaussian noise has nothing to calibrate "
         "to; private SEC would need differentially private learners (DP-SGD, objective "
-        "perturbation) and a private selection step, which fedlatent does not provide")
+        "perturbation) and a private selection step, which fedlatent does not provide"))
     _load_nonfinite = ("cv_mse_",)  # NaN: fewer candidates; inf: a candidate that failed
 
     def _per_learner(self, cids: list[str], warn: bool = False) -> dict[str, list[tuple[str, Any]]]:
@@ -372,9 +374,10 @@ class SEC(ClusterUseMixin, FederatedEstimator):
 
         try:
             t0, traffic = time.perf_counter(), Traffic()
+            run = secrets.token_hex(16)  # the models are signed for this run only
             sel = select_step(send, cids, cands, ctx.seed, n_features=ctx.n_features,
                               standardize=bool(self.standardize), n_jobs=self.n_jobs,
-                              traffic=traffic, split=self.split)
+                              traffic=traffic, split=self.split, run=run)
             e = np.array([float(sel[c]["e"]) for c in cids])
             n = np.array([int(sel[c]["n"]) for c in cids])
             if not self.standardize:
@@ -384,8 +387,9 @@ class SEC(ClusterUseMixin, FederatedEstimator):
             t0, traffic = time.perf_counter(), Traffic()
             blobs = [np.asarray(sel[c]["model"], dtype=np.uint8) for c in cids]
             self._check_models(cids, blobs, " (sent in the select step)")
+            signed = [(c, sel[c].get("signature")) for c in cids]
             E = exchange_step(send, cids, blobs, ctx.seed, batch=int(self.exchange_batch),
-                              n_jobs=self.n_jobs, traffic=traffic)
+                              n_jobs=self.n_jobs, traffic=traffic, run=run, signed=signed)
             step(2, float(E[~np.eye(len(cids), dtype=bool)].mean()), traffic, t0)
         finally:
             bar.close()

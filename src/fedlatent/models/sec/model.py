@@ -16,6 +16,7 @@ from ...engine.stats import Stats
 from .candidates import _check_regressor, select_model, standardize_xy
 from .disclosure import enforce_candidate, refuse_small_leaves
 from .serialize import check_extra_types, dumps_model, loads_model, predict_many
+from .signed import charge_quota, model_signature, verify_models
 
 __all__ = ["MIN_SAMPLES", "SECModel", "check_learner"]
 
@@ -66,6 +67,12 @@ class SECModel(FederatedModel):
     ``client_query("exchange", payload)``: other learners' fitted models arrive as
     ``payload["model/<k>"]``; the learner replies ``loss`` (one MSE per model on its own
     data). Only models and scalar losses cross; samples never do.
+
+    Authenticated models (:mod:`.signed`): a learner whose site has a signing key signs the
+    model it selects for the run (``payload["run"]``), replying ``signature``; a learner whose
+    site pins a roster evaluates only models signed by rostered sites for the run
+    (``payload["signer/<k>"]``, ``payload["signature/<k>"]``) and at most its quota of distinct
+    models per run; anything else is refused before a model is built.
 
     SEC does not use the federated EM loop: ``client_stats`` returns empty statistics,
     ``stat_shapes`` is empty and ``server_step`` returns its parameters unchanged.
@@ -140,6 +147,9 @@ class SECModel(FederatedModel):
             "selected": int(best),
             "cv_mse": np.asarray(cv, dtype=np.float64),
         }
+        sig = model_signature(self.identity, blob, str(payload.get("run", "")))
+        if sig is not None:  # the site's signature: peers with a roster evaluate only these
+            reply["signature"] = sig
         if self.standardize:
             reply.update(x_mean=xm, x_scale=xs, y_mean=float(ym), y_scale=float(ys))
         else:  # the server warns when the learners' scales are orders of magnitude apart
@@ -152,9 +162,13 @@ class SECModel(FederatedModel):
     def _exchange(self, payload, data, state):
         X, y, *_ = self._xy(data)
         off = int(payload.get("offset", 0))
+        blobs = _payload_models(payload, "model")
+        # a site with a roster evaluates only rostered sites' models, within its quota
+        verify_models(self.identity, payload, blobs, off)
+        state = charge_quota(self.identity, state, blobs, str(payload.get("run", "")))
         models = [loads_model(b, source=f"model {off + k} of the exchange (sent by the server)",
                               extra_types=self.extra_trusted_types)
-                  for k, b in enumerate(_payload_models(payload, "model"))]
+                  for k, b in enumerate(blobs)]
         P = predict_many(models, X)
         loss = np.mean((y[None, :] - P) ** 2, axis=1)
         return {"loss": loss}, state

@@ -128,7 +128,7 @@ def select_expect(n_features: int, standardize: bool) -> dict[str, Expect]:
 
 def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str, Any]]],
                 seed: int, *, n_features: int, standardize: bool, n_jobs=None,
-                traffic: Traffic | None = None, split: str = "random"
+                traffic: Traffic | None = None, split: str = "random", run: str = ""
                 ) -> dict[str, dict[str, Any]]:
     """Step 1: every learner selects its candidate and replies its fitted model.
 
@@ -145,6 +145,8 @@ def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str,
         Whether the learners standardize (their replies then carry the scaling constants).
     split : {"random", "systematic"}
         The learners' half split (:func:`~.candidates.select_model`).
+    run : str
+        The run's id: a learner with a signing key signs its model for it (``signature``).
 
     Returns
     -------
@@ -159,7 +161,8 @@ def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str,
         key = id(lst)
         if key not in encoded:
             msg: dict[str, Any] = {"query": "select", "seed": int(seed), "split": str(split),
-                                   "candidate_names": json.dumps([n for n, _ in lst])}
+                                   "candidate_names": json.dumps([n for n, _ in lst]),
+                                   "run": str(run)}
             for k, (_, est) in enumerate(lst):
                 msg[f"candidate/{k}"] = dumps_model(est)
             encoded[key] = msg
@@ -185,7 +188,8 @@ def select_step(send: Send, cids: list[str], cands: Mapping[str, list[tuple[str,
 
 
 def exchange_step(send: Send, receivers: list[str], blobs: Sequence[np.ndarray], seed: int, *,
-                  batch: int, n_jobs=None, traffic: Traffic | None = None) -> np.ndarray:
+                  batch: int, n_jobs=None, traffic: Traffic | None = None, run: str = "",
+                  signed: Sequence[tuple[str, np.ndarray | None]] | None = None) -> np.ndarray:
     """Step 2: every receiver evaluates every model on its own data.
 
     Parameters
@@ -196,6 +200,10 @@ def exchange_step(send: Send, receivers: list[str], blobs: Sequence[np.ndarray],
         Fitted models as skops bytes; ``batch`` of them per message.
     seed : int
     batch : int
+    run : str
+        The run's id (the one the models were signed for).
+    signed : list of (signer id, signature or None), optional
+        Who selected each model and its signature, relayed for learners that verify them.
 
     Returns
     -------
@@ -207,9 +215,14 @@ def exchange_step(send: Send, receivers: list[str], blobs: Sequence[np.ndarray],
     where = []
     for j, c in enumerate(receivers):
         for s in range(0, m, batch):
-            msg: dict[str, Any] = {"query": "exchange", "seed": int(seed), "offset": s}
+            msg: dict[str, Any] = {"query": "exchange", "seed": int(seed), "offset": s,
+                                   "run": str(run)}
             for k in range(s, min(s + batch, m)):
                 msg[f"model/{k - s}"] = blobs[k]
+                if signed is not None:  # who selected it, and its signature when it signed
+                    msg[f"signer/{k - s}"] = str(signed[k][0])
+                    if signed[k][1] is not None:
+                        msg[f"signature/{k - s}"] = signed[k][1]
             jobs.append((c, msg))
             where.append((j, s))
     replies = run_jobs(send, jobs, {"loss": array(None, low=0)}, EXCHANGE, n_jobs, traffic)

@@ -1,0 +1,83 @@
+"""One client's own data (:class:`ClientData`) and the grouping of a table's rows by client.
+
+Below the readers (:mod:`.arrays`, :mod:`.frame`) and the dataset (:mod:`.dataset`), which all
+build :class:`ClientData`: none of them imports another in a circle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["ClientData", "client_row_order"]
+
+
+def client_row_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of a table grouped by client, clients sorted by the text of their id.
+
+    Parameters
+    ----------
+    keys : ndarray of shape (n_rows,)
+        The client id of each row, as text.
+
+    Returns
+    -------
+    ids : ndarray of shape (n_clients,)
+        The distinct ids, sorted.
+    order : ndarray of shape (n_rows,)
+        The rows, client after client, each client's rows in table order (a stable sort).
+    bounds : ndarray of shape (n_clients + 1,)
+        Client ``j``'s rows are ``order[bounds[j]:bounds[j + 1]]``.
+
+    The ids are hashed once (``pandas.factorize``) and only the distinct ones are sorted as text:
+    rows are then sorted by an integer rank, much faster than sorting every row's text.
+    """
+    import pandas as pd
+
+    codes, uniques = pd.factorize(keys)
+    uniques = np.asarray(uniques, dtype=object)
+    by_text = np.argsort(uniques, kind="stable")
+    rank = np.empty(len(uniques), dtype=np.intp)
+    rank[by_text] = np.arange(len(uniques))
+    row_rank = rank[codes]
+    order = np.argsort(row_rank, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(row_rank, minlength=len(uniques)))])
+    return uniques[by_text], order, bounds
+
+
+@dataclass
+class ClientData:
+    """One client's own data. Stays inside the client object.
+
+    Attributes
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+    y : ndarray of shape (n_samples,) or None
+    entity : ndarray of shape (n_samples,) or None
+        Entity id of each row (hierarchical data: agent = client, rows = events).
+    rows : ndarray of shape (n_samples,) or None
+        Position of each row in the table the dataset was made from (``from_pandas``); None
+        for data made from arrays. Stays in this process: no message carries it.
+    """
+
+    X: np.ndarray
+    y: np.ndarray | None = None
+    entity: np.ndarray | None = None
+    rows: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.X.shape[1])
+
+    def take(self, rows: np.ndarray) -> ClientData:
+        return ClientData(
+            self.X[rows],
+            None if self.y is None else self.y[rows],
+            None if self.entity is None else self.entity[rows],
+            None if self.rows is None else self.rows[rows],
+        )

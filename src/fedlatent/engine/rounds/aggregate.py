@@ -1,0 +1,114 @@
+"""What a collector returns: the round's accepted replies summed, and the round's record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..batched import BatchReply
+from ..stats import Stats
+from ..update import dominant_client
+
+__all__ = ["Aggregate", "Stacked", "Accepted"]
+
+
+@dataclass
+class Stacked:
+    """The well-formed replies of one exchange as rows, and what became of the others.
+
+    Attributes
+    ----------
+    rows : BatchReply or None
+        One row per well-formed reply, in client order (None: none).
+    missing : list of str
+        Clients that did not answer or raised (``errors`` has the exception's text).
+    errors : dict of str to str
+    malformed : dict of int to str
+        Position -> why the reply is not well formed (a block missing, a wrong shape, a
+        non-finite value).
+    """
+
+    rows: BatchReply | None
+    missing: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    malformed: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class Accepted:
+    """The rows a round aggregated (what the mirror of the control variates follows).
+
+    Attributes
+    ----------
+    rows : BatchReply or None
+        The round's well-formed replies.
+    mask : ndarray of bool
+        Which rows were aggregated.
+    refused : ndarray of int
+        Positions of the clients whose reply was refused (malformed or breaking invariants).
+    absent : ndarray of int
+        Positions of the clients that did not answer (and did not raise).
+    ids : list of str
+        Every client of the run, by position.
+    w : ndarray
+        Every client's weight, by position.
+    """
+
+    rows: BatchReply | None
+    mask: np.ndarray
+    refused: np.ndarray
+    absent: np.ndarray
+    ids: list[str]
+    w: np.ndarray
+
+    def dominant(self) -> str | None:
+        """Why the aggregate is one client's (:func:`~fedlatent.engine.update.dominant_client`)."""
+        if self.rows is None:
+            return None
+        r = np.flatnonzero(self.mask)
+        pos = self.rows.clients[r]
+        return dominant_client([self.ids[i] for i in pos], self.rows.Q[r], self.w[pos]) \
+            if r.size else None
+
+
+@dataclass
+class Aggregate:
+    """One round's replies, screened and summed: the same small type from every collector.
+
+    Attributes
+    ----------
+    total : Stats or None
+        ``sum_c w_c Q_c`` over the accepted replies (the statistics themselves in the
+        initialization round, the differences after); None when nothing was accepted.
+    participants : int
+        Replies aggregated.
+    objective_sum : float
+        Sum of their objectives.
+    units : int
+        Sum of their units.
+    bytes_down, bytes_up : int
+    missing : list of str
+    rejected : dict of str to str
+    errors : dict of str to str
+    skipped : str
+        Why nothing crossed ("" when the round ran).
+    accepted : Accepted or None
+        The rows aggregated (None when the server sees only a sum: secure aggregation).
+    """
+
+    total: Stats | None
+    participants: int
+    objective_sum: float
+    units: int
+    bytes_down: int
+    bytes_up: int
+    missing: list[str]
+    rejected: dict[str, str]
+    errors: dict[str, str]
+    skipped: str = ""
+    accepted: Accepted | None = None
+
+    def dominant(self) -> str | None:
+        """Why the aggregate is one client's, or None (unknown under secure aggregation)."""
+        return None if self.accepted is None else self.accepted.dominant()

@@ -1,0 +1,82 @@
+"""The plan of one round: what the server asks of whom, fixed before anything is sent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..federation import Federation
+from ..messages import pack
+from ..model import server_rng
+from ..update import round_message
+
+__all__ = ["RoundPlan", "draw_positions", "make_plan"]
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round of the loop, as every collector reads it.
+
+    Attributes
+    ----------
+    k : int
+        The round (1 is the initialization round of a fresh run).
+    seed : int
+        The run's seed.
+    init_round : bool
+        Whether this is the initialization round (every client, statistics sent as they are).
+    gamma, p, alpha : float
+        Step size, participation probability and control-variate step of the round.
+    idx : ndarray of int
+        Positions (in the runtime's client order) of the clients drawn.
+    msg : dict
+        The round message every drawn client gets (settings, parameters, ``S_hat``).
+    shapes : dict of str to tuple
+        The blocks of the statistic and their shapes.
+    reply_bytes : int
+        Bytes of one reply (uncompressed in the initialization round, else as quantized).
+    """
+
+    k: int
+    seed: int
+    init_round: bool
+    gamma: float
+    p: float
+    alpha: float
+    idx: np.ndarray
+    msg: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    reply_bytes: int
+
+    @property
+    def mode(self) -> str:
+        """The E-step of the round: ``full``, ``batch``, ``spider-refresh`` or ``spider``."""
+        return str(self.msg.get("mode", "full"))
+
+
+def draw_positions(n: int, p: float, seed: int, k: int, init_round: bool) -> np.ndarray:
+    """Positions of the clients of round ``k``: everyone in the initialization round, else
+    Bernoulli(p) each from the server's generator of that round (the draw of
+    :func:`~fedlatent.engine.update.select_active`, the same in every runtime)."""
+    if init_round or p >= 1.0:
+        return np.arange(n)
+    return np.flatnonzero(server_rng(seed, k).random(n) < p)
+
+
+def make_plan(fed: Federation, k: int, seed: int, state, params, n_clients: int,
+              shapes: dict[str, tuple[int, ...]], alpha: float,
+              sizes: tuple[int, int]) -> RoundPlan:
+    """Round ``k``'s plan from the federation and the server's ``state`` and ``params``;
+    ``sizes`` are the bytes of one uncompressed reply and of one quantized reply."""
+    init_round = not state.initialized
+    gamma = 1.0 if init_round else fed.gamma(k)
+    p = float(fed.participation)
+    msg = round_message(fed, seed, k, init_round, alpha)
+    msg.update(pack("params", params))
+    if state.S_hat is not None:
+        msg.update(pack("S_hat", state.S_hat.to_dict()))
+    return RoundPlan(k, int(seed), init_round, gamma, p, alpha,
+                     draw_positions(n_clients, p, int(seed), k, init_round), msg, shapes,
+                     sizes[0] if init_round else sizes[1])

@@ -1,0 +1,207 @@
+"""Latent class analysis fitted by federated EM (the model of R's poLCA).
+
+Each row holds ``J`` categorical variables coded ``0 .. R_j - 1``; given its latent class the
+variables are independent. Clients send, per class, the sum of the responsibilities and the
+responsibility-weighted counts of each category (:mod:`.model`); the server's M-step divides.
+The start is the engine's random-membership start (poLCA starts from random probabilities;
+random memberships give the same kind of start from sums only, so it runs under secure
+aggregation and differential privacy). With full participation and step 1 the iterates are
+centralized EM's.
+
+References
+----------
+Linzer and Lewis, "poLCA: An R Package for Polytomous Variable Latent Class Analysis", Journal
+of Statistical Software 42(10), 2011.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...data.dataset import FederatedDataset
+from ...engine.base_mixture import FederatedMixture
+from ...engine.estimator import FitContext, check_features
+from ...engine.loop import FitResult
+from ...engine.mixture import random_membership_stats
+from ...engine.model import ALL_CAPABILITIES, Params
+from ...engine.params import ROUND_LOOP, Integer
+from ...engine.registry import register_estimator
+from .math import lca_log_prob, n_free_parameters, offsets, one_hot
+from .model import LCAModel, code_problem
+
+__all__ = ["LatentClassAnalysis"]
+
+
+@register_estimator("lca", description="Latent class analysis (poLCA): a mixture of "
+                    "independent categorical variables")
+class LatentClassAnalysis(FederatedMixture):
+    """Latent class analysis fitted by federated EM; raw rows never leave the clients.
+
+    Parameters
+    ----------
+    n_components : int, default 2
+        The number of latent classes.
+    n_categories : int, list of int or None, default None
+        Categories of each variable (one number: every variable). None: each client's largest
+        code per column, plus one (read where the data are, like their feature names); give it
+        under secure aggregation or differential privacy, where nothing but sums may cross.
+    max_rounds : int or None, default None
+        Rounds at most; None: 100, or the short private plan under ``Federation(privacy=...)``.
+    tol : float, default 1e-6
+        Convergence threshold on the change of the mean per-row log-likelihood.
+    n_init : int, default 1
+        Starts (the whole fit once per start; the best final log-likelihood is kept).
+    federation : fl.Federation or None
+    random_state : int or None
+    verbose : bool or None
+
+    Attributes
+    ----------
+    weights_ : ndarray (K,)
+        Class shares.
+    probabilities_ : ndarray (K, sum R_j)
+        Per class, the probability of each category of each variable, variable after variable
+        (``n_categories_`` says where each starts).
+    n_categories_ : ndarray (J,)
+    lower_bound_ : float
+        Mean per-row log-likelihood at the last round's broadcast parameters.
+
+    Examples
+    --------
+    >>> import numpy as np, fedlatent as fl
+    >>> rng = np.random.default_rng(0)
+    >>> fd = fl.FederatedDataset.from_arrays(
+    ...     {c: rng.integers(0, 3, size=(60, 4)).astype(float) for c in range(3)})
+    >>> lca = fl.LatentClassAnalysis(2, random_state=0, max_rounds=5).fit(fd)
+    >>> lca.probabilities_.shape
+    (2, 12)
+    """
+
+    _save_arrays = ("weights_", "probabilities_", "n_categories_")
+    _parameter_constraints = {
+        **ROUND_LOOP,
+        "max_rounds": [None, Integer(1)],
+        "n_components": [Integer(1)],
+        "n_categories": [None, Integer(1), "array-like"],
+        "n_init": [Integer(1)],
+    }
+    capabilities = ALL_CAPABILITIES
+    _multi_start = True
+    _dp_init_releases = 1  # the random-membership sums
+
+    def __init__(self, n_components: int = 2, *, n_categories=None,
+                 max_rounds: int | None = None, tol: float = 1e-6, n_init: int = 1,
+                 federation=None, random_state=None, verbose: bool | None = None):
+        self.n_components = n_components
+        self.n_categories = n_categories
+        self.max_rounds = max_rounds
+        self.tol = tol
+        self.n_init = n_init
+        self.federation = federation
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # ---- fit hooks ---------------------------------------------------------------------------
+    def _check_params(self) -> None:
+        fed = self._federation()
+        if self.n_categories is None and (fed.secure_aggregation or fed.privacy is not None):
+            raise ValueError("LatentClassAnalysis(n_categories=None) reads each client's "
+                             "largest code, which is not a sum; under secure aggregation or "
+                             "differential privacy give n_categories (the categories of each "
+                             "variable)")
+
+    def _categories(self, fd) -> list[int]:
+        """The categories of each variable: ``n_categories``, or from each client's codes."""
+        J = int(fd.n_features)
+        if self.n_categories is not None:
+            cats = [int(r) for r in np.broadcast_to(np.atleast_1d(self.n_categories), (J,))] \
+                if np.size(self.n_categories) in (1, J) else None
+            if cats is None:
+                raise ValueError(f"n_categories has {np.size(self.n_categories)} entries, the "
+                                 f"data {J} variables (columns {list(fd.feature_names)})")
+            return cats
+        if not isinstance(fd, FederatedDataset):
+            raise ValueError("a RemoteDataset does not show its codes: give n_categories")
+        top = np.zeros(J)
+        for _, cd in fd.items():
+            if cd.n_samples:
+                top = np.maximum(top, np.asarray(cd.X).max(axis=0))
+        return [int(t) + 1 for t in top]
+
+    def _validate_data(self, fd) -> None:
+        if fd.n_samples < self.n_components:
+            raise ValueError(f"the federation has {fd.n_samples} rows in all, fewer than "
+                             f"n_components={self.n_components}")
+        cats = self._categories(fd)
+        if isinstance(fd, FederatedDataset):
+            names = list(fd.feature_names)
+            for cid, cd in fd.items():
+                reason = code_problem(cd.X, cats, lambda j: f"column {names[j]!r}")
+                if reason:
+                    raise ValueError(f"client {cid!r}: {reason}")
+
+    def _make_model(self, fd) -> LCAModel:
+        return LCAModel(self.n_components, self._categories(fd))
+
+    def _initialize(self, ctx: FitContext) -> Params:
+        """The random-membership start (the engine's), then one M-step on its sums."""
+        model = ctx.model
+        total = int(offsets(model.n_categories)[-1])
+        S = random_membership_stats(ctx, {"nk": (model.K,), "counts": (model.K, total)})
+        return model.server_step(S, {}, 0.0)
+
+    def _store(self, result: FitResult, model: LCAModel) -> None:
+        self.weights_ = np.asarray(result.params["weights"], dtype=np.float64)
+        self.probabilities_ = np.asarray(result.params["probs"], dtype=np.float64)
+        self.n_categories_ = np.asarray(model.n_categories, dtype=np.int64)
+        self.lower_bound_ = result.history[-1].objective
+        self._after_load()
+
+    def _after_load(self) -> None:
+        self.n_components_ = int(np.shape(self.weights_)[0])
+
+    def _check_loaded(self) -> None:
+        from ...engine import loadcheck as lc
+
+        K, J = int(self.n_components), int(self.n_features_in_)
+        cats = lc.expect_shape(self, "n_categories_", (J,))
+        lc.expect_labels(self, "n_categories_", np.iinfo(np.int64).max, low=1)
+        lc.expect_shape(self, "weights_", (K,))
+        lc.expect_simplex(self, "weights_")
+        probs = lc.expect_shape(self, "probabilities_", (K, int(cats.sum())))
+        lc.expect_positive(self, "probabilities_", strict=False)
+        off = offsets(cats)
+        for j in range(J):
+            total = probs[:, off[j]:off[j + 1]].sum(axis=1)
+            if np.any(np.abs(total - 1.0) > 1e-6):
+                raise ValueError(f"field 'probabilities_' of variable {j} does not sum to 1 "
+                                 f"(sum {total[0]:.12g}); they are probabilities")
+
+    # ---- the mixture base's hooks -------------------------------------------------------------
+    def _check_X(self, X) -> np.ndarray:
+        X = check_features(self, X)
+        names = [str(f) for f in self.feature_names_in_]
+        reason = code_problem(X, self.n_categories_, lambda j: f"column {names[j]!r}")
+        if reason:
+            raise ValueError(f"X: {reason}")
+        return X
+
+    def _estimate_weighted_log_prob(self, X) -> np.ndarray:
+        """``log pi_k + sum_j log P(x_j | k)`` for every row and class."""
+        return lca_log_prob(one_hot(X, self.n_categories_), self.weights_, self.probabilities_)
+
+    def _n_parameters(self) -> int:
+        return n_free_parameters(self.n_components_, self.n_categories_)
+
+    def _fitted_params(self) -> Params:
+        return {"weights": self.weights_, "probs": self.probabilities_}
+
+    def _federated_loglik(self, fd, runtime=None):
+        """Scoring sends the fitted parameters; the model's codes come from the fit."""
+        if not isinstance(fd, FederatedDataset) or self.n_categories is not None:
+            return super()._federated_loglik(fd, runtime)
+        saved, self.n_categories = self.n_categories, [int(r) for r in self.n_categories_]
+        try:
+            return super()._federated_loglik(fd, runtime)
+        finally:
+            self.n_categories = saved

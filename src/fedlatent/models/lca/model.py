@@ -1,0 +1,121 @@
+"""Latent class analysis, the engine side: client statistics, the M-step, queries.
+
+Clients send, per class ``k``, the sum of the responsibilities ``nk`` and the
+responsibility-weighted counts of each category of each variable (:mod:`.math`); nothing else
+crosses. A row moves the counts of each variable by at most one in all (its responsibilities are
+on the simplex), so under differential privacy the bounds need no clipping of the data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...engine.messages import count_problem, equal_problem
+from ...engine.mixture import MixtureModel
+from ...engine.model import ClientStep, payload_params
+from ...engine.registry import register_model
+from ...engine.stats import Stats
+from .math import lca_m_step, lca_statistics, offsets, one_hot, responsibilities
+
+__all__ = ["LCAModel", "code_problem"]
+
+
+def code_problem(X: np.ndarray, n_categories, name=lambda j: f"column {j}") -> str | None:
+    """Why ``X`` cannot hold category codes (None when it can): every value an integer in
+    ``[0, R_j)`` for its column ``j`` (``name(j)`` names it in the reason)."""
+    X = np.asarray(X, dtype=np.float64)
+    R = np.asarray(n_categories, dtype=np.int64)
+    if X.ndim != 2 or X.shape[1] != R.size:
+        return f"the data have {X.shape[-1]} columns, the model {R.size} variables"
+    bad = (X != np.round(X)) | (X < 0) | (X >= R[None, :])
+    if bad.any():
+        i, j = np.argwhere(bad)[0]
+        return (f"{name(int(j))} holds {X[i, j]:g}, not a category code in 0..{int(R[j]) - 1} "
+                "(code each variable's categories as 0, 1, ...)")
+    return None
+
+
+@register_model
+class LCAModel(MixtureModel):
+    """Latent class analysis for the engine. Config: n_components, n_categories (one per
+    variable). Parameters: ``weights`` (K,), ``probs`` (K, sum R_j)."""
+
+    name = "lca"
+    count_stats = ("nk", "counts")
+
+    def __init__(self, n_components: int, n_categories):
+        cats = [int(r) for r in np.atleast_1d(n_categories)]
+        super().__init__(n_components=int(n_components), n_categories=cats)
+        self.K = int(n_components)
+        self.n_categories = cats
+
+    def _codes(self, data, rows=None) -> np.ndarray:
+        X = data.X if rows is None else data.X[rows]
+        reason = code_problem(X, self.n_categories)
+        if reason:
+            raise ValueError(f"latent class analysis: {reason}")
+        return one_hot(X, self.n_categories)
+
+    def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
+        Z = self._codes(data, rows)
+        resp, norm = responsibilities(Z, params["weights"], params["probs"])
+        return ClientStep(Stats(lca_statistics(Z, resp)), Z.shape[0],
+                          float(np.cumsum(norm)[-1]) if len(norm) else 0.0, state)
+
+    def responsibility_stats(self, data, resp):
+        return Stats(lca_statistics(self._codes(data), resp))
+
+    def stat_shapes(self, params):
+        K, total = np.shape(params["probs"])
+        return {"nk": (K,), "counts": (K, total)}
+
+    def check(self, stats, n_units, slack=None):
+        e = (lambda k: None) if slack is None else (lambda k: slack[k])
+        reason = count_problem("nk", stats["nk"], n_units, e("nk"))
+        if reason:
+            return reason
+        counts = np.asarray(stats["counts"], dtype=np.float64)
+        reason = count_problem("counts", counts, n_units, e("counts"), total=False)
+        if reason:
+            return reason
+        return equal_problem("a class's counts over a variable's categories and its 'nk'",
+                             *self._block_sums(stats, slack))
+
+    def _block_sums(self, stats, slack):
+        """Per class and variable: the counts' sum, 'nk', and their slacks (None: exact)."""
+        off = offsets(self.n_categories)
+
+        def per_block(a):
+            a = np.asarray(a, dtype=np.float64)
+            return np.stack([a[:, off[j]:off[j + 1]].sum(axis=1)
+                             for j in range(len(off) - 1)], axis=1)
+
+        sums = per_block(stats["counts"])
+        nk = np.repeat(np.asarray(stats["nk"], dtype=np.float64)[:, None], sums.shape[1], 1)
+        if slack is None:
+            return sums, nk, None, None
+        e_nk = np.repeat(np.abs(np.asarray(slack["nk"]))[:, None], sums.shape[1], 1)
+        return sums, nk, per_block(np.abs(slack["counts"])), e_nk
+
+    def m_step(self, S, params, n_total):
+        weights, probs = lca_m_step(S, self.n_categories)
+        return {"weights": weights, "probs": probs}
+
+    # ---- differential privacy -----------------------------------------------------------
+    def dp_clip(self, data, dp):
+        """Category codes need no clipping: a row's influence is bounded by construction."""
+        return data
+
+    def dp_sensitivity(self, params, dp):
+        """One row adds ``r`` (on the simplex) to ``nk`` (L2 norm <= 1) and ``r_k`` to one
+        category of each of the ``J`` variables of each class (Frobenius norm
+        ``sqrt(J) ||r||_2 <= sqrt(J)``): a record moves its counts by at most one per variable."""
+        return {"nk": 1.0, "counts": float(np.sqrt(len(self.n_categories)))}
+
+    # ---- queries ------------------------------------------------------------------------
+    def client_query(self, name, payload, data, state, rng):
+        if name == "loglik":
+            p = payload_params(payload)
+            _, norm = responsibilities(self._codes(data), p["weights"], p["probs"])
+            return {"n": int(data.n_samples), "loglik": float(norm.sum())}, state
+        return super().client_query(name, payload, data, state, rng)

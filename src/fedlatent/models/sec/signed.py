@@ -1,0 +1,96 @@
+"""Signed SEC models and the per-run evaluation quota, on the learner (issue 21, item 5).
+
+In the Exchange step a learner evaluates models the server sends and replies their losses on its
+own data. A server free to send models of its own (stumps with chosen thresholds and leaf values,
+all of allowed types) can read a learner's rows back from the losses. So a learner whose site
+pins a roster (:class:`~fedlatent.engine.site.keys.SiteIdentity`) evaluates only models that a
+rostered site signed for this run, in its own Select step, and at most ``quota`` distinct
+models per run (:attr:`SiteIdentity.quota`: by default one per rostered site). A learner with a
+signing key signs the model it selects, bound to the run and to its site id.
+
+Without a roster nothing is verified (today's behaviour: the server is assumed to follow the
+protocol); a quota set on the identity applies all the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...engine.privacy.enforce import DisclosureRefused
+
+__all__ = ["MODEL_PURPOSE", "charge_quota", "model_signature", "verify_models"]
+
+#: what a site's signature of its SEC model is for
+MODEL_PURPOSE = "sec-model"
+_RUN, _SEEN = "quota_run", "quota_seen"
+
+
+def _digest(blob: np.ndarray) -> bytes:
+    return hashlib.sha256(np.asarray(blob, dtype=np.uint8).tobytes()).digest()
+
+
+def model_signature(identity: Any, blob: np.ndarray, run: str) -> np.ndarray | None:
+    """The site's signature of its selected model for ``run`` (uint8, 64 bytes), or None when
+    the site has no signing key."""
+    if identity is None or identity.keys is None:
+        return None
+    if identity.site is None:
+        raise ValueError("a SEC model is signed by a site id: bind the identity to the client "
+                         "(SiteIdentity.for_site)")
+    sig = identity.keys.sign(MODEL_PURPOSE, {"site": identity.site, "run": str(run)},
+                             _digest(blob))
+    return np.frombuffer(sig, dtype=np.uint8).copy()
+
+
+def verify_models(identity: Any, payload: Mapping[str, Any], blobs: list[np.ndarray],
+                  offset: int) -> None:
+    """Raise :class:`DisclosureRefused` unless every model of an exchange message carries a
+    signature (``signature/<k>``) of the rostered site it names (``signer/<k>``) for the run
+    (``run``); nothing is verified without a pinned roster."""
+    from ...engine.site.keys import AuthenticationError
+
+    if identity is None or identity.roster is None:
+        return
+    run = str(payload.get("run", ""))
+    if not run:
+        raise DisclosureRefused("the exchange names no run; a learner with a pinned roster "
+                                "evaluates only models signed for a named run")
+    for k, blob in enumerate(blobs):
+        signer = str(payload.get(f"signer/{k}", ""))
+        sig = np.asarray(payload.get(f"signature/{k}", np.zeros(0, np.uint8)), dtype=np.uint8)
+        try:
+            identity.roster.verify(signer, sig.tobytes(), MODEL_PURPOSE,
+                                   {"site": signer, "run": run}, _digest(blob),
+                                   what=f"model {offset + k} of the exchange")
+        except AuthenticationError as err:
+            raise DisclosureRefused(f"{err}; a server cannot have a learner evaluate models "
+                                    "of its own") from err
+
+
+def charge_quota(identity: Any, state: Mapping[str, np.ndarray], blobs: list[np.ndarray],
+                 run: str) -> dict[str, np.ndarray]:
+    """The learner's state with ``blobs`` counted against the run's quota of distinct models;
+    raises :class:`DisclosureRefused` (nothing evaluated) when they would exceed it. A new run
+    starts a new count; a model sent again is not counted again."""
+    quota = None if identity is None else identity.quota
+    if quota is None:
+        return dict(state)
+    tag = np.frombuffer(str(run).encode(), dtype=np.uint8)
+    same = _RUN in state and np.array_equal(np.asarray(state[_RUN], np.uint8), tag)
+    seen = {bytes(r) for r in np.asarray(state[_SEEN], np.uint8)} if same and _SEEN in state \
+        else set()
+    new = {_digest(b) for b in blobs} - seen
+    if len(seen) + len(new) > quota:
+        raise DisclosureRefused(
+            f"the exchange asks for {len(new)} more distinct models in run {run!r}, beyond the "
+            f"site's quota of {quota} per run ({len(seen)} evaluated already); raise sec_quota in "
+            "the site policy if the consortium is larger")
+    out = dict(state)
+    out[_RUN] = tag
+    rows = sorted(seen | new)
+    out[_SEEN] = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), 32)
+    return out
