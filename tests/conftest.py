@@ -46,13 +46,3 @@ def saved_figures(monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", savefig)
     return seen
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), the Flower tests run
-    one after another on one worker: their deployments and simulations spawn processes that a
-    second Flower test at the same time would slow past their timeouts. Their waits (client
-    processes, polling) leave the CPU to the other worker's tests."""
-    for item in items:
-        if item.get_closest_marker("flower") is not None:
-            item.add_marker(pytest.mark.xdist_group("flower"))
