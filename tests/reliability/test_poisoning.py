@@ -77,8 +77,9 @@ def _case(name, federation=None, rounds=4):
                         federation=federation)
         return est, _fedgmm_data(), "means_"
     if name == "hlcr":
+        # one chain: the rounds and the liar's hits counted are those of one chain
         return fl.HLCR(2, sigma=1.0, delta=1.0, max_rounds=rounds, random_state=0,
-                       federation=federation), \
+                       n_chains=1, federation=federation), \
             _hlcr_data(), "coef_"
     if name == "sec":
         fd, _ = fl.datasets.make_sec_simulation1(n_learners=N_CLIENTS, n_samples=20, snr=64.0,

@@ -92,3 +92,44 @@ class FederatedMixture(FederatedEstimator):
         """Akaike information criterion (lower is better). X: array or FederatedDataset."""
         n = self._n_rows(X)
         return -2 * self.score(X) * n + 2 * self._n_parameters()
+
+    #: why :meth:`summary` gives no standard errors (a mixture with its own observed
+    #: information overrides :meth:`summary`, as :class:`~fedlatent.engine.inference.
+    #: InferenceMixin` does)
+    _no_se_reason = "no SE: the observed information is not implemented for this model"
+
+    def summary(self):
+        """A statsmodels-style table of the fitted parameters: one row per component and entry
+        of each fitted array (``_fitted_params``), point estimates with the reason why there
+        are no standard errors.
+
+        Returns
+        -------
+        Summary
+            ``.table`` indexed by (component, parameter), columns ``coef``, ``std err``,
+            ``note``; ``.info`` the model, components, objective and convergence.
+        """
+        import pandas as pd
+        from sklearn.utils.validation import check_is_fitted
+
+        from .inference import Summary
+
+        check_is_fitted(self)
+        rows, index = [], []
+        for name, value in self._fitted_params().items():
+            arr = np.asarray(value, dtype=float)
+            for k in range(arr.shape[0]):
+                flat = arr[k].reshape(-1)
+                for j, v in enumerate(flat):
+                    index.append((str(k), name if flat.size == 1 and arr.ndim == 1
+                                  else f"{name}[{j}]"))
+                    rows.append((float(v), np.nan, self._no_se_reason))
+        table = pd.DataFrame(rows, columns=["coef", "std err", "note"],
+                             index=pd.MultiIndex.from_tuples(index,
+                                                             names=["component", "parameter"]))
+        info = {"Model": type(self).__name__,
+                "Components": str(int(np.asarray(self._fitted_params()["weights"]).shape[0])),
+                f"Final {self._score_name}": f"{float(getattr(self, 'lower_bound_', np.nan)):.6g}",
+                "Converged": str(bool(getattr(self, "converged_", False))),
+                "Standard errors": self._no_se_reason}
+        return Summary(f"{type(self).__name__} results", info, table)
