@@ -28,7 +28,7 @@ demo: $(STAMP)
 # Lint, import contracts and declared imports first, then the documentation site (strict: a
 # broken link or anchor fails), then pytest (tests/test_docs_code_blocks.py runs every example).
 test: lint docs
-	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 3 --dist loadfile --durations=25
+	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 # Every third-party module src/ imports must be declared in pyproject.toml (core or an extra):
 # checked by the shared tool beside the clone, against the venv with every extra installed.

@@ -48,7 +48,7 @@ def saved_figures(monkeypatch):
     return seen
 
 
-#: test files that take minutes, started first (``make test`` runs ``-n 3 --dist loadfile``:
+#: test files that take minutes, started first (``make test`` runs ``-n 2 --dist loadfile``:
 #: one file per worker at a time, handed out in collection order), so that no worker begins one
 #: near the end while the others idle
 SLOW_FILES = ("flower/test_deploy.py", "cli/test_cli_progress.py", "flower/test_simulation.py",

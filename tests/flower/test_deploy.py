@@ -1,7 +1,8 @@
 """A real Flower deployment on loopback (superlink + one supernode per client file) gives the
 in-process fit for every model, reports a failed server app, resumes a stopped run from the
 server's checkpoint and the sites' states, survives a crashed supernode, and leaves no process
-behind. One deployment (a module-scoped fixture) serves all of these."""
+behind. One deployment (a module-scoped fixture) serves all of these but the crashed
+supernode, which kills a node of a deployment of its own, at the same time."""
 
 from __future__ import annotations
 
@@ -288,7 +289,7 @@ DEPLOYED = {**CASES, "state": state_case}
 def deployment(tmp_path_factory):
     """Three SuperNodes and a SuperLink for the whole module (starting them costs seconds and
     every test here needs the same three sites); at the end every process it started is gone.
-    The dead-supernode test kills node 1 and so comes last."""
+    The dead-supernode scenario kills a node of a deployment of its own."""
     pytest.importorskip("flwr")
     from fedlatent.runtime.flower_local import LocalDeployment
 
@@ -347,6 +348,13 @@ def _launch(runs, key, target, out, deadline=120.0):
     return t
 
 
+def _guarded(fn, *args):
+    try:
+        return fn(*args)
+    except BaseException as e:  # noqa: BLE001 - examined in the test thread
+        return e
+
+
 def _stop_and_resume(deployment, app, out, log_of):
     """Run ``app``; stop it (``flwr stop``) once round 2 has ended; resume it. Return the round
     it was stopped at, the first run's exception and the wall time."""
@@ -374,15 +382,23 @@ def _stop_and_resume(deployment, app, out, log_of):
 
 @pytest.fixture(scope="module")
 def runs(deployment):
-    """The results of every run but the dead-node one, run at once on the module's deployment:
-    ``runs[name]`` for each case (its out-dir, or the exception), ``runs["failed"]`` (a server
-    app that must fail) and ``runs["state"]`` (FedGMM stopped after round 2, then resumed)."""
+    """The results of every run, all at once: on the module's deployment ``runs[name]`` for
+    each case (its out-dir, or the exception), ``runs["failed"]`` (a server app that must fail)
+    and ``runs["state"]`` (FedGMM stopped after round 2, then resumed); on a deployment of its
+    own ``runs["dead"]`` (a SuperNode killed mid-run)."""
     pytest.importorskip("flwr")
     from fedlatent.runtime.flower_local import run_app
 
     dep, out = deployment.dep, {}
     results: dict[str, object] = {}
     threads, log_of = [], {}
+    # 0. the dead-node scenario, on a deployment of its own (it kills a node): at once with the
+    # rest, its waits for the dead node overlap their work
+    (deployment.root / "dead").mkdir()
+    dead = threading.Thread(target=lambda: results.__setitem__(
+        "dead", _guarded(_dead_node_scenario, deployment.root / "dead")))
+    dead.start()
+    threads.append(dead)
     # 1. the run that is stopped and resumed: its log is the only one when its server is up
     fd, make = state_case()
     app, out["state"] = app_for(deployment, "state", "state", make())
@@ -475,59 +491,78 @@ def test_stopped_deployment_resumes_and_sites_predict_with_their_state(flwr, dep
     print(f"stop + resume on a loopback deployment: {res.wall:.0f} s")
 
 
-# Last: it kills a SuperNode of the module's deployment.
-@pytest.mark.slow
-def test_dead_supernode_is_missing_from_later_rounds(flwr, deployment, runs):
+def _dead_node_scenario(root):
+    """On a deployment of its own (it kills a node): a GMM run whose SuperNode 1 is killed
+    (SIGKILL) once round 2 has ended. Returns what the test checks; every process it started is
+    checked gone."""
     import fedlatent as fl
-    from fedlatent.runtime.flower import load_result
-    from fedlatent.runtime.flower_local import run_app
+    from fedlatent.runtime.flower_local import LocalDeployment, run_app
 
     fd, _ = CASES["gmm"]()
-    dep = deployment.dep
+    dirs = [root / f"site-{i}" for i in range(3)]
+    for d, f in zip(dirs, client_files(fd, root / "data")):
+        d.mkdir()
+        f.replace(d / "gmm.parquet")
     # random init: one initialization query instead of three (each costs a network exchange)
     est0 = fl.FederatedGaussianMixture(2, max_rounds=4, tol=0.0, random_state=11,
                                        init_params="random")
-    app, out = app_for(deployment, "dead", "gmm", est0, min_nodes=fd.n_clients,
-                       round_timeout=ROUND_TIMEOUT, node_wait=60.0)
-    victim = 1
-    killed_at: dict[str, int] = {}
-    result: dict[str, object] = {}
+    res = SimpleNamespace(fd=fd, killed_at=None, error=None, victim=1)
+    with LocalDeployment(dirs, workdir=root / "dep") as dep:
+        here = SimpleNamespace(dep=dep, root=root)
+        app, res.out = app_for(here, "dead", "gmm", est0, min_nodes=fd.n_clients,
+                               round_timeout=ROUND_TIMEOUT, node_wait=600.0)
+        result: dict[str, object] = {}
+        t = threading.Thread(target=lambda: result.setdefault("error", _run(run_app, app, dep)))
+        t.start()
+        deadline = time.monotonic() + 1200
+        while t.is_alive() and time.monotonic() < deadline:
+            try:
+                status = json.loads((res.out / "status.json").read_text())
+            except (OSError, ValueError):
+                status = {}
+            if status.get("round", 0) >= 2:
+                res.killed_at = int(status["round"])
+                dep.kill_node(res.victim)
+                break
+            time.sleep(0.1)
+        t.join()
+        res.error = result.get("error")
+        res.victim_alive = pid_alive(dep.node_pids[res.victim])
+        pids = dep.all_pids()
+    assert_all_gone(pids)
+    return res
 
-    def run():
-        try:
-            result["out"] = run_app(app, dep, timeout=600)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
-            result["error"] = e
 
-    t = threading.Thread(target=run)
-    t.start()
-    deadline = time.monotonic() + 400
-    while t.is_alive() and time.monotonic() < deadline:
-        try:
-            status = json.loads((out / "status.json").read_text())
-        except (OSError, ValueError):
-            status = {}
-        if status.get("round", 0) >= 2:
-            killed_at["round"] = int(status["round"])
-            dep.kill_node(victim)
-            break
-        time.sleep(0.1)
-    t.join()
-    dep.all_pids()  # checked gone when the deployment stops
-    assert not pid_alive(dep.node_pids[victim])
-    if "error" in result:
-        raise result["error"]
-    assert "round" in killed_at, "the run ended before round 2"
+def _run(run_app, app, dep):
+    try:
+        run_app(app, dep, timeout=1200)
+    except BaseException as e:  # noqa: BLE001 - examined in the test thread
+        return e
+    return None
+
+
+@pytest.mark.slow
+def test_dead_supernode_is_missing_from_later_rounds(flwr, runs):
+    from fedlatent.runtime.flower import load_result
+
+    res = runs.results["dead"]
+    if isinstance(res, BaseException):
+        raise res
+    assert not res.victim_alive
+    if res.error is not None:
+        raise res.error
+    assert res.killed_at is not None, "the run ended before round 2"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = load_result(out)
-    cid = fd.client_ids[victim]
+        est = load_result(res.out)
+    fd = res.fd
+    cid = fd.client_ids[res.victim]
     hist = est.history_
     assert est.flower_status_["status"] == "ok"
     assert len(hist) == 4
     # rounds 1..k ended before the kill with every client; round k+1 may have been answered
     # before the crash; every round after that misses exactly the dead client
-    k = killed_at["round"]
+    k = res.killed_at
     assert k == 2  # status.json is polled every 0.1 s, a round takes seconds
     assert [r.missing for r in hist[:k]] == [[]] * k
     assert [r.missing for r in hist[k + 1 :]] == [[cid]] * (len(hist) - k - 1)
