@@ -71,12 +71,17 @@ def _command(name: str, description: str) -> TyperCommand:
         seed: SeedOpt = 0,
         progress: ProgressOpt = None,
     ):
-        import pandas as pd
+        import logging
 
-        from .. import experiments
-
-        before = _files(out)
         with progress_lines(None if progress is None else progress):
+            # a line as soon as the command runs: the imports and the first step take seconds
+            logging.getLogger("fedlatent").info("experiment %s: starting%s", name,
+                                                " (quick)" if quick else "")
+            import pandas as pd
+
+            from .. import experiments
+
+            before = _files(out)
             table = getattr(experiments, name)(quick=quick, out=out, random_state=seed)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / f"{name}.csv", index=False)
