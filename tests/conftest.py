@@ -46,32 +46,3 @@ def saved_figures(monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", savefig)
     return seen
-
-
-#: test files handed out first, in this order (``make test`` runs ``-n 2 --dist loadfile``;
-#: xdist's own order is by number of tests, which started the deployment file minutes in and
-#: left one worker running it alone at the end). Each worker holds two files at a time: the
-#: deployment file's companion is a short one, so nothing waits behind the deployments.
-FIRST_FILES = ("flower/test_deploy.py", "cli/test_cli_progress.py", "test_imports.py",
-               "flower/test_simulation.py", "test_sec_experiments.py", "test_sec_real.py",
-               "test_figures.py", "test_docs_code_blocks.py")
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with :data:`FIRST_FILES` handed out first."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class FirstFilesFirst(LoadFileScheduling):
-        _ordered = False
-
-        def _assign_work_unit(self, node):
-            if not self._ordered:
-                self._ordered = True
-                for name in reversed(FIRST_FILES):
-                    for scope in [s for s in self.workqueue if s.endswith("tests/" + name)]:
-                        self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
-
-    return FirstFilesFirst(config, log)
