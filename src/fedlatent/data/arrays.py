@@ -18,7 +18,8 @@ __all__ = ["arrays_parts"]
 
 
 def arrays_parts(data: Mapping[object, object], feature_names: Sequence[str] | None = None,
-                 entities: Mapping[object, np.ndarray] | None = None) -> dict[str, Any]:
+                 entities: Mapping[object, np.ndarray] | None = None,
+                 weights: Mapping[object, np.ndarray] | None = None) -> dict[str, Any]:
     """The keyword arguments of the :class:`FederatedDataset` of ``data`` (see
     :meth:`FederatedDataset.from_arrays`)."""
     from .client import ClientData
@@ -89,7 +90,27 @@ def arrays_parts(data: Mapping[object, object], feature_names: Sequence[str] | N
         raise DataValidationError(
             f"feature_names has {len(names)} names but the data have {width} columns"
         )
+    if weights is not None:
+        _attach_weights(clients, weights)
     return {"clients": clients, "feature_names": names, "target_name": "y" if has_y else None,
             "entity_name": "entity" if any(c.entity is not None for c in clients.values())
-            else None}
+            else None, "weight_name": None if weights is None else "weight"}
+
+
+def _attach_weights(clients: dict, weights: Mapping[object, np.ndarray]) -> None:
+    """Each client's weights (``{client: weights}``, every client), checked when the dataset
+    validates (:mod:`fedlatent.data.weights`)."""
+    from .weights import weight_array
+
+    if not isinstance(weights, Mapping):
+        raise DataValidationError("weights must be a dict {client: weight of each row}")
+    given = {str(k): v for k, v in weights.items()}
+    missing = [c for c in clients if c not in given]
+    unknown = [c for c in given if c not in clients]
+    if missing or unknown:
+        raise DataValidationError(
+            f"weights must name exactly the clients of the data: missing {missing[:10]}, "
+            f"unknown {unknown[:10]}")
+    for cid, cd in clients.items():
+        cd.weight = weight_array(given[cid], "weight", cid, cd.n_samples)
 

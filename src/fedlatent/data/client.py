@@ -7,6 +7,7 @@ build :class:`ClientData`: none of them imports another in a circle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import replace as _replace
 
 import numpy as np
 
@@ -59,12 +60,16 @@ class ClientData:
     rows : ndarray of shape (n_samples,) or None
         Position of each row in the table the dataset was made from (``from_pandas``); None
         for data made from arrays. Stays in this process: no message carries it.
+    weight : ndarray of shape (n_samples,) or None
+        Frequency weight of each row (:mod:`fedlatent.data.weights`): a row of weight ``w``
+        counts ``w`` times in every sum; None: every row counts once.
     """
 
     X: np.ndarray
     y: np.ndarray | None = None
     entity: np.ndarray | None = None
     rows: np.ndarray | None = field(default=None, repr=False, compare=False)
+    weight: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_samples(self) -> int:
@@ -74,10 +79,37 @@ class ClientData:
     def n_features(self) -> int:
         return int(self.X.shape[1])
 
+    def weights_of(self, rows: np.ndarray | None = None) -> np.ndarray | None:
+        """The frequency weights of ``rows`` (all when None); None when the data have none."""
+        if self.weight is None:
+            return None
+        return self.weight if rows is None else self.weight[rows]
+
+    def mass(self, rows: np.ndarray | None = None) -> float | int:
+        """The weighted number of ``rows`` (all when None): the sum of their weights, or their
+        number when the data have no weights (an int then)."""
+        if self.weight is None:
+            return int(self.n_samples if rows is None else len(rows))
+        return float(self.weights_of(rows).sum())
+
+    def n_records(self, rows: np.ndarray | None = None) -> int:
+        """Records behind a sum over ``rows`` (all when None), what disclosure control counts:
+        the rows of positive weight (a row of weight 100 is one record; one of weight 0 adds
+        nothing to any sum)."""
+        if self.weight is None:
+            return int(self.n_samples if rows is None else len(rows))
+        return int(np.count_nonzero(self.weights_of(rows) > 0))
+
+    def replace(self, **changes) -> ClientData:
+        """A copy with some fields changed (the others, weights and row positions included,
+        kept)."""
+        return _replace(self, **changes)
+
     def take(self, rows: np.ndarray) -> ClientData:
         return ClientData(
             self.X[rows],
             None if self.y is None else self.y[rows],
             None if self.entity is None else self.entity[rows],
             None if self.rows is None else self.rows[rows],
+            None if self.weight is None else self.weight[rows],
         )

@@ -77,6 +77,9 @@ class FederatedDataset(DatasetShape):
         positions in it are each client's ``ClientData.rows``. See :attr:`row_index`.
     encoding : CategoricalEncoding or None
         The categorical encoding of the features (``from_pandas(..., categorical=...)``).
+    weight_name : str or None
+        The frequency-weight column (``from_pandas(..., weight=...)``); each client's weights
+        are its ``ClientData.weight`` (:mod:`fedlatent.data.weights`). None: unweighted.
     """
 
     clients: dict[str, ClientData]
@@ -86,6 +89,7 @@ class FederatedDataset(DatasetShape):
     _validated: bool = field(default=False, repr=False)
     source_index: pd.Index | None = field(default=None, repr=False, compare=False)
     encoding: CategoricalEncoding | None = field(default=None, repr=False, compare=False)
+    weight_name: str | None = None
 
     def __post_init__(self) -> None:
         check_client_ids(self.clients)  # 1 and "1" would merge below
@@ -100,11 +104,14 @@ class FederatedDataset(DatasetShape):
         *,
         feature_names: Sequence[str] | None = None,
         entities: Mapping[object, np.ndarray] | None = None,
+        weights: Mapping[object, np.ndarray] | None = None,
     ) -> FederatedDataset:
-        """From ``{client: X}`` or ``{client: (X, y)}`` (optionally ``(X, y, entity)``)."""
+        """From ``{client: X}`` or ``{client: (X, y)}`` (optionally ``(X, y, entity)``);
+        ``weights``: ``{client: frequency weight of each row}`` for every client (see
+        :meth:`from_pandas`'s ``weight``)."""
         from .arrays import arrays_parts
 
-        return cls(**arrays_parts(data, feature_names, entities))
+        return cls(**arrays_parts(data, feature_names, entities, weights))
 
     @classmethod
     def from_pandas(
@@ -118,6 +125,7 @@ class FederatedDataset(DatasetShape):
         categorical: str | CategoricalEncoding | None = None,
         handle_unknown: str = "error",
         categorical_columns: Sequence[str] | None = None,
+        weight: str | None = None,
     ) -> FederatedDataset:
         """From a long table with one row per sample and a client column.
 
@@ -152,11 +160,17 @@ class FederatedDataset(DatasetShape):
         categorical_columns : list of str or None
             With "onehot"/"onehot-all": exactly these feature columns are encoded (numbers as
             labels too, e.g. region codes); None: every text, categorical or boolean feature.
+        weight : str or None
+            Column of frequency weights: a non-negative finite number per row; a row of weight
+            ``w`` counts as ``w`` copies of itself in every model's statistics (weight 2 is the
+            row twice). Disclosure thresholds still count rows (records of positive weight),
+            not weights. Refused: negative, NaN or infinite weights, and a client whose
+            weights are all zero (:mod:`fedlatent.data.weights`).
         """
         from .frame import frame_parts
 
         return cls(**frame_parts(df, client, features, target, entity, categorical,
-                                 handle_unknown, categorical_columns))
+                                 handle_unknown, categorical_columns, weight))
 
     @classmethod
     def read_table(
@@ -170,10 +184,11 @@ class FederatedDataset(DatasetShape):
         categorical: str | CategoricalEncoding | None = None,
         handle_unknown: str = "error",
         categorical_columns: Sequence[str] | None = None,
+        weight: str | None = None,
         **read_kwargs,
     ) -> FederatedDataset:
         """Read a CSV (``.csv``, ``.csv.gz``, ``.tsv``) or Parquet (``.parquet``, ``.pq``) file
-        (``categorical``, ``handle_unknown``: as in :meth:`from_pandas`)."""
+        (``categorical``, ``handle_unknown``, ``weight``: as in :meth:`from_pandas`)."""
         import pandas as pd
 
         path = os.fspath(path)
@@ -192,7 +207,7 @@ class FederatedDataset(DatasetShape):
             )
         return cls.from_pandas(df, client=client, features=features, target=target, entity=entity,
                                categorical=categorical, handle_unknown=handle_unknown,
-                               categorical_columns=categorical_columns)
+                               categorical_columns=categorical_columns, weight=weight)
 
     # -- validation -----------------------------------------------------------------------------
     def validate(self) -> None:
@@ -229,7 +244,30 @@ class FederatedDataset(DatasetShape):
                 f"{len(self.feature_names)} feature names for {width} columns"
             )
         check_unique_names(self.feature_names, what="feature name", where="feature_names")
+        self._check_weights()
         self._validated = True
+
+    def _check_weights(self) -> None:
+        """Weights for every client or none, each a valid frequency weight per row."""
+        from .weights import check_weights, weight_array
+
+        has = [cd.weight is not None for cd in self.clients.values()]
+        if not any(has):
+            return
+        column = self.weight_name or "weight"
+        if not all(has):
+            none = [c for c, cd in self.clients.items() if cd.weight is None]
+            raise DataValidationError(f"clients {none[:10]} have no {column!r} weights but "
+                                      "others do; give weights for every client or none")
+        for cid, cd in self.clients.items():
+            cd.weight = weight_array(cd.weight, column, cid, cd.n_samples)
+        check_weights({c: cd.weight for c, cd in self.clients.items()}, column)
+        self.weight_name = column
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether the rows carry frequency weights (:attr:`weight_name`)."""
+        return any(c.weight is not None for c in self.clients.values())
 
     # -- access ---------------------------------------------------------------------------------
     def client_sizes(self) -> dict[str, int]:
@@ -263,19 +301,24 @@ class FederatedDataset(DatasetShape):
     def _like(self, clients: dict[str, ClientData]) -> FederatedDataset:
         """A dataset of other clients (or rows) of the same table: names, index, encoding."""
         return FederatedDataset(clients, self.feature_names, self.target_name, self.entity_name,
-                                source_index=self.source_index, encoding=self.encoding)
+                                source_index=self.source_index, encoding=self.encoding,
+                                weight_name=self.weight_name)
 
     def subset(self, client_ids: Sequence[str]) -> FederatedDataset:
         return self._like({str(c): self.clients[str(c)] for c in client_ids})
 
     def map(self, fn) -> FederatedDataset:
         """A new dataset with ``fn(client_id, ClientData) -> ClientData`` applied per client
-        (a client whose row count is unchanged keeps its rows' positions in the source)."""
+        (a client whose row count is unchanged keeps its rows' positions in the source and
+        their weights)."""
         out = {}
         for cid, cd in self.items():
             new = fn(cid, cd)
-            if new.rows is None and cd.rows is not None and new.n_samples == cd.n_samples:
-                new = ClientData(new.X, new.y, new.entity, rows=cd.rows)
+            same = new.n_samples == cd.n_samples
+            if new.rows is None and cd.rows is not None and same:
+                new = new.replace(rows=cd.rows)
+            if new.weight is None and cd.weight is not None and same:
+                new = new.replace(weight=cd.weight)  # a row keeps its weight
             out[cid] = new
         return self._like(out)
 
@@ -375,7 +418,8 @@ class FederatedDataset(DatasetShape):
         ent = None
         if self.has_entity:
             ent = np.concatenate([c.entity for c in cds])
-        return ClientData(X, y, ent)
+        w = np.concatenate([c.weight for c in cds]) if self.has_weights else None
+        return ClientData(X, y, ent, weight=w)
 
     def to_pandas(self, client: str = "client") -> pd.DataFrame:
         import pandas as pd
@@ -387,6 +431,8 @@ class FederatedDataset(DatasetShape):
                 f[self.target_name or "y"] = cd.y
             if cd.entity is not None:
                 f[self.entity_name or "entity"] = cd.entity
+            if cd.weight is not None:
+                f[self.weight_name or "weight"] = cd.weight
             f.insert(0, client, cid)
             frames.append(f)
         return pd.concat(frames, ignore_index=True)

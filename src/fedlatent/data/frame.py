@@ -54,15 +54,15 @@ def _client_of_row(df: pd.DataFrame, client: str):
     return lambda i: f"client {str(df[client].iloc[i])!r}: "
 
 
-def _check_roles(df, columns, client, features, target, entity) -> list[str]:
+def _check_roles(df, columns, client, features, target, entity, weight=None) -> list[str]:
     """The feature columns, after checking that every role names one column of the table."""
-    for role, col in (("client", client), ("target", target), ("entity", entity)):
+    named = (("client", client), ("target", target), ("entity", entity), ("weight", weight))
+    for role, col in named:
         if col is not None and col not in columns:
             raise DataValidationError(
                 f"{role} column {col!r} is not in the data; available columns: {columns}"
             )
-    roles = [(r, c) for r, c in (("client", client), ("target", target),
-                                  ("entity", entity)) if c is not None]
+    roles = [(r, c) for r, c in named if c is not None]
     for i, (r1, c1) in enumerate(roles):  # one column, one role
         for r2, c2 in roles[i + 1:]:
             if c1 == c2:
@@ -73,7 +73,7 @@ def _check_roles(df, columns, client, features, target, entity) -> list[str]:
         raise DataValidationError(
             f"features must be a list of column names, got the string {features!r}; write "
             f"features=[{features!r}]")
-    reserved = {client, target, entity} - {None}
+    reserved = {client, target, entity, weight} - {None}
     check_unique_names(columns, None if features is None else
                        [*reserved, *(str(f) for f in features)])
     if features is None:
@@ -86,7 +86,8 @@ def _check_roles(df, columns, client, features, target, entity) -> list[str]:
             )
         if f in reserved:
             raise DataValidationError(
-                f"column {f!r} cannot be both a feature and the client/target/entity column"
+                f"column {f!r} cannot be both a feature and the client/target/entity/weight "
+                "column"
             )
     return features
 
@@ -126,35 +127,10 @@ def _encoding(df, features, categorical, ids_codes, uniq,
                                features=tuple(features))
 
 
-def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
-                target: str | None, entity: str | None, categorical: Any = None,
-                handle_unknown: str = "error", categorical_columns: Any = None
-                ) -> dict[str, Any]:
-    """The keyword arguments of the :class:`FederatedDataset` of a long table.
-
-    Returns a dict with ``clients`` (id -> ClientData, each with its rows' positions in the
-    table), ``feature_names``, ``target_name``, ``entity_name``, ``source_index`` (the table's
-    index) and ``encoding`` (None without ``categorical``).
-    """
+def _client_keys(df: pd.DataFrame, client: str) -> pd.Series:
+    """The text of each row's client id, after checking that every row has one."""
     import pandas as pd
 
-    from .client import ClientData, client_row_order
-
-    if not isinstance(df, pd.DataFrame):
-        raise DataValidationError(f"from_pandas expects a DataFrame, got {type(df).__name__}")
-    if handle_unknown not in HANDLE_UNKNOWN:
-        raise DataValidationError(f"handle_unknown must be one of {list(HANDLE_UNKNOWN)}, got "
-                                  f"{handle_unknown!r}")
-    source_index = df.index
-    columns = [str(c) for c in df.columns]
-    df = df.copy()
-    df.columns = columns
-    df.index = pd.RangeIndex(len(df))
-    if features is None and isinstance(categorical, CategoricalEncoding) and categorical.features:
-        features = list(categorical.features)  # encode new data as the training data were
-    features = _check_roles(df, columns, client, features, target, entity)
-    if len(features) == 0:
-        raise DataValidationError("no feature columns: give features=[...]")
     if df[client].isna().any():
         n = int(df[client].isna().sum())
         raise DataValidationError(
@@ -169,13 +145,12 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
             f"client column {client!r} has {int(blank.sum())} rows with an empty client id; "
             "every row needs a client id")
     check_client_ids(pd.unique(df[client]), where=f"client column {client!r}: ")
-    where = _client_of_row(df, client)
-    uniq, order, bounds = client_row_order(ids.to_numpy())
-    row_client = np.empty(len(df), dtype=np.intp)
-    row_client[order] = np.repeat(np.arange(len(uniq)), np.diff(bounds))
-    encoding = _encoding(df, features, categorical, row_client, uniq, categorical_columns)
-    encoded = set() if encoding is None else set(encoding.levels)
-    # Text, complex, dates: name the column and the first client holding one.
+    return ids
+
+
+def _numeric_features(df: pd.DataFrame, features: list[str], encoded: set, where) -> None:
+    """Convert the feature columns that are not plain numbers in place, refusing text,
+    complex values and dates with the column and the first client holding one."""
     dtypes = df.dtypes
     for f in features:
         dt = dtypes[f]
@@ -188,6 +163,74 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
             if "is not numeric" not in str(err) or not _all_text(df[f]):
                 raise
             raise DataValidationError(f"{err}{CATEGORICAL_HINT}") from None
+
+
+def _client_data(cid: str, rows: np.ndarray, Xall: np.ndarray, cols: dict[str, Any],
+                 names: dict[str, str | None]):
+    """One client's :class:`ClientData` from the table's arrays (``cols``: ``y``, ``entity``,
+    ``weight``, each None or one value per row; ``names``: their columns)."""
+    import pandas as pd
+
+    from .client import ClientData
+    from .weights import weight_array
+
+    y, ent, w = (None if cols[k] is None else cols[k][rows] for k in ("y", "entity", "weight"))
+    if y is not None:
+        y = np.asarray(y)
+        if y.dtype == object:
+            y = pd.to_numeric(pd.Series(y)).to_numpy()
+        if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any():
+            raise DataValidationError(
+                f"client {cid!r}: target column {names['y']!r} has "
+                f"{int(np.isnan(y).sum())} NaN values; drop those rows before fitting"
+            )
+    if ent is not None and pd.isna(ent).any():
+        raise DataValidationError(
+            f"client {cid!r}: entity column {names['entity']!r} has "
+            f"{int(pd.isna(ent).sum())} missing values; every event needs an entity id"
+        )
+    if w is not None:
+        w = weight_array(w, names["weight"], cid, len(rows))
+    return ClientData(Xall[rows], y, ent, rows=rows.astype(np.int64), weight=w)
+
+
+def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
+                target: str | None, entity: str | None, categorical: Any = None,
+                handle_unknown: str = "error", categorical_columns: Any = None,
+                weight: str | None = None) -> dict[str, Any]:
+    """The keyword arguments of the :class:`FederatedDataset` of a long table.
+
+    Returns a dict with ``clients`` (id -> ClientData, each with its rows' positions in the
+    table and, with ``weight``, their frequency weights), ``feature_names``, ``target_name``,
+    ``entity_name``, ``weight_name``, ``source_index`` (the table's index) and ``encoding``
+    (None without ``categorical``).
+    """
+    import pandas as pd
+
+    from .client import client_row_order
+
+    if not isinstance(df, pd.DataFrame):
+        raise DataValidationError(f"from_pandas expects a DataFrame, got {type(df).__name__}")
+    if handle_unknown not in HANDLE_UNKNOWN:
+        raise DataValidationError(f"handle_unknown must be one of {list(HANDLE_UNKNOWN)}, got "
+                                  f"{handle_unknown!r}")
+    source_index = df.index
+    columns = [str(c) for c in df.columns]
+    df = df.copy()
+    df.columns = columns
+    df.index = pd.RangeIndex(len(df))
+    if features is None and isinstance(categorical, CategoricalEncoding) and categorical.features:
+        features = list(categorical.features)  # encode new data as the training data were
+    features = _check_roles(df, columns, client, features, target, entity, weight)
+    if len(features) == 0:
+        raise DataValidationError("no feature columns: give features=[...]")
+    ids = _client_keys(df, client)
+    where = _client_of_row(df, client)
+    uniq, order, bounds = client_row_order(ids.to_numpy())
+    row_client = np.empty(len(df), dtype=np.intp)
+    row_client[order] = np.repeat(np.arange(len(uniq)), np.diff(bounds))
+    encoding = _encoding(df, features, categorical, row_client, uniq, categorical_columns)
+    _numeric_features(df, features, set() if encoding is None else set(encoding.levels), where)
     if target is not None:
         df[target] = frame_column(df[target], target, where, "target column",
                                   "encode it as numbers")
@@ -196,29 +239,13 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
         Xall = df[features].to_numpy(dtype=np.float64)
     else:
         Xall, names = encode_columns(df, features, encoding, where, handle_unknown)
-    yall = df[target].to_numpy() if target is not None else None
-    eall = df[entity].to_numpy() if entity is not None else None
-    clients: dict[str, ClientData] = {}
-    for j, cid in enumerate(uniq):  # one step per client, not per row
-        rows = order[bounds[j] : bounds[j + 1]]
-        y = yall[rows] if yall is not None else None
-        if y is not None:
-            y = np.asarray(y)
-            if y.dtype == object:
-                y = pd.to_numeric(pd.Series(y)).to_numpy()
-            if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any():
-                raise DataValidationError(
-                    f"client {cid!r}: target column {target!r} has "
-                    f"{int(np.isnan(y).sum())} NaN values; drop those rows before fitting"
-                )
-        ent = eall[rows] if eall is not None else None
-        if ent is not None and pd.isna(ent).any():
-            raise DataValidationError(
-                f"client {cid!r}: entity column {entity!r} has {int(pd.isna(ent).sum())} "
-                "missing values; every event needs an entity id"
-            )
-        clients[str(cid)] = ClientData(Xall[rows], y, ent, rows=rows.astype(np.int64))
+    cols = {"y": target, "entity": entity, "weight": weight}
+    values = {k: None if c is None else df[c].to_numpy() for k, c in cols.items()}
+    clients = {str(cid): _client_data(str(cid), order[bounds[j]:bounds[j + 1]], Xall, values,
+                                      cols)
+               for j, cid in enumerate(uniq)}  # one step per client, not per row
     if entity is not None:  # 1 and "1" would pool into one entity
         check_entity_ids(pd.unique(df[entity]), where=f"entity column {entity!r}: ")
     return {"clients": clients, "feature_names": names, "target_name": target,
-            "entity_name": entity, "source_index": source_index, "encoding": encoding}
+            "entity_name": entity, "source_index": source_index, "encoding": encoding,
+            "weight_name": weight}

@@ -33,6 +33,7 @@ from ..data.dataset import ClientData, FederatedDataset
 from .clientstep import fedem_rows
 from .messages import ERROR_KEY, pack, unpack
 from .model import FederatedModel, client_key, client_rng
+from .privacy.clipping import weights_refusal
 from .privacy.disclosure import DisclosurePolicy, check_counts
 from .privacy.enforce import (
     DisclosureRefused,
@@ -42,7 +43,7 @@ from .privacy.enforce import (
     suppress_blocks,
 )
 from .registry import estimator_from_config, model_from_config
-from .stats import Stats
+from .stats import Stats, units_number
 from .streams import batch_rows, stream_keys, stream_uniforms
 
 __all__ = ["ClientNode", "describe_client"]
@@ -220,11 +221,16 @@ class ClientNode:
             logger.log(self.log_level, "%s", refusal)
             return {ERROR_KEY: refusal}
         self._setup_privacy(msg)
+        refusal = "" if self.privacy is None else weights_refusal(self._raw.weight,
+                                                                    self.client_id)
+        if refusal:
+            logger.log(self.log_level, "%s", refusal)
+            return {ERROR_KEY: refusal}
         if not any(k.startswith("model/") for k in self.state):
             _put(self.state, "model", self.model.init_client_state(self._data))
             self.state.setdefault("engine/initialized", np.array(1.0))
         n = self.model.n_units(self._data)
-        return {"n_units": int(n)}
+        return {"n_units": units_number(n)}
 
     def _setup_privacy(self, msg: dict[str, Any]) -> None:
         """Differential privacy as the setup message sets it: calibrate, clip the data once."""
@@ -291,7 +297,7 @@ class ClientNode:
         rnd = int(msg["round"])
         mode = str(msg.get("mode", "full"))
         params = unpack(msg, "params")
-        n_units = self.model.n_units(self._data)
+        n_units = self.model.n_draws(self._data)  # what a mini-batch draws from
         rng_model = _LazyRng(seed, self.client_id, rnd, _P_MODEL)
         if self.privacy is not None and mode not in ("full", "batch"):
             raise ValueError(f"client {self.client_id!r}: E-step mode {mode!r} is not available "
@@ -305,7 +311,7 @@ class ClientNode:
                     step.stats, self.model.dp_sensitivity(params, self.privacy.dp), msg,
                     f"round {rnd}'s statistic"))
                 step.objective = 0.0  # not released: not covered by the noise
-            S_c = step.stats / max(step.n, 1)
+            S_c = step.stats / (step.n or 1)
             if mode == "spider-refresh":
                 _put(self.state, "spider_S", S_c.to_dict())
                 _put(self.state, "spider_params", params)
@@ -317,18 +323,18 @@ class ClientNode:
                     step.stats, self.model.dp_sensitivity(params, self.privacy.dp), msg,
                     f"round {rnd}'s mini-batch statistic"))
                 step.objective = 0.0
-            S_c = step.stats / max(step.n, 1)
+            S_c = step.stats / (step.n or 1)
         elif mode == "spider":
             prev_S = _sub(self.state, "spider_S")
             prev_params = _sub(self.state, "spider_params")
             rows = self._batch(seed, rnd, n_units, int(msg["batch_size"]))
             if not prev_S:  # never refreshed (joined late): full pass
                 step = self._local_stats(params, None, rng_model)
-                S_c = step.stats / max(step.n, 1)
+                S_c = step.stats / (step.n or 1)
             else:
                 step = self._local_stats(params, rows, rng_model)
                 old = self._local_stats(prev_params, rows, rng_model, commit=False)
-                S_c = Stats(prev_S) + step.stats / max(step.n, 1) - old.stats / max(old.n, 1)
+                S_c = Stats(prev_S) + step.stats / (step.n or 1) - old.stats / (old.n or 1)
             _put(self.state, "spider_S", S_c.to_dict())
             _put(self.state, "spider_params", params)
         else:
@@ -336,7 +342,7 @@ class ClientNode:
 
         q = self._fedem_update(S_c, msg)
         reply = pack("delta", q.to_dict())
-        reply["n"] = int(step.n)
+        reply["n"] = units_number(step.n)
         reply["objective"] = float(step.objective)
         return reply
 
@@ -403,8 +409,8 @@ class ClientNode:
         params = unpack(msg, "params")
         rng = client_rng(int(msg["seed"]), self.client_id, int(msg["round"]), _P_MODEL)
         step = self._local_stats(params, None, rng, commit=False)
-        reply = pack("delta", (step.stats / max(step.n, 1)).to_dict())
-        reply["n"] = int(step.n)
+        reply = pack("delta", (step.stats / (step.n or 1)).to_dict())
+        reply["n"] = units_number(step.n)
         reply["objective"] = float(step.objective)
         return reply
 

@@ -594,7 +594,7 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         rep = FitContext(rt, model, None, 0).ask(
             "loglik", payload, expect={"n": number(low=0), "loglik": number()}, what="scoring")
         return (sum(float(r["loglik"]) for r in rep.values()),
-                sum(int(r["n"]) for r in rep.values()))
+                sum(float(r["n"]) for r in rep.values()))
 
     def _predict_client(self, client: str, data: ClientData) -> np.ndarray:
         """Predictions for one client's rows (default: ``predict(data.X)``)."""

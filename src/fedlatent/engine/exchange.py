@@ -33,6 +33,7 @@ from .messages import (
     text,
 )
 from .runtime import Runtime
+from .stats import units_number
 
 __all__ = ["Expect", "Replies", "array", "ask", "number", "setup_clients", "text"]
 
@@ -145,8 +146,8 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     if run is not None:
         msg["run"] = str(run)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})
-    n_units = {c: int(replies[c]["n_units"]) for c in runtime.client_ids}
+    n_units = {c: units_number(replies[c]["n_units"]) for c in runtime.client_ids}
     for c, m in n_units.items():
-        if m < 1:
+        if m <= 0:
             raise FederatedFitError(f"client {c!r} has no units to fit")
     return n_units

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .estimator import FitContext, check_is_fitted
+from .stats import units_number
 
 __all__ = [
     "INFORMATION_QUERY",
@@ -97,7 +98,8 @@ def weight_scores(weights: np.ndarray) -> np.ndarray:
     return a
 
 
-def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray) -> np.ndarray:
+def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray,
+                      weight: np.ndarray | None = None) -> np.ndarray:
     """Louis' observed information of a block of records.
 
     Parameters
@@ -107,7 +109,10 @@ def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray
     scores : ndarray (n, K, P)
         Complete-data score of each record under each component, in the free parameters.
     complete : ndarray (P, P)
-        ``sum_i sum_k r_ik (-H_ik)``, the expected complete-data information of the block.
+        ``sum_i sum_k r_ik (-H_ik)``, the expected complete-data information of the block
+        (with ``weight``: each record's term times its weight).
+    weight : ndarray (n,) or None
+        Frequency weights: a record of weight ``w`` counts ``w`` times (as ``w`` copies).
 
     Returns
     -------
@@ -116,8 +121,10 @@ def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray
     """
     n, K, P = scores.shape
     s = np.einsum("nk,nkp->np", resp, scores)
-    weighted = (scores * resp[:, :, None]).reshape(n * K, P)
-    info = complete - weighted.T @ scores.reshape(n * K, P) + s.T @ s
+    wr = resp if weight is None else resp * weight[:, None]
+    weighted = (scores * wr[:, :, None]).reshape(n * K, P)
+    ws = s if weight is None else s * weight[:, None]
+    info = complete - weighted.T @ scores.reshape(n * K, P) + ws.T @ s
     return 0.5 * (info + info.T)
 
 
@@ -176,7 +183,7 @@ def federated_information(est, layout: InferenceLayout, fd=None,
                 raise FederatedFitError(f"client {c!r} sent an information matrix that is not "
                                         "symmetric; check that client's fedlatent version")
         tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values()) for k in shapes}
-    return (np.asarray(tot["information"]), int(round(float(tot["n"]))),
+    return (np.asarray(tot["information"]), units_number(round(float(tot["n"]), 9)),
             float(tot["loglik"]))
 
 

@@ -114,6 +114,8 @@ class InProcessRuntime(Runtime):
                 n.own_disclosure is not None or n.guard is not None
                 for n in self._nodes.values()):
             return None  # a client may suppress blocks or refuse by its own policy: one by one
+        if getattr(self._fd, "has_weights", False):
+            return None  # frequency weights: the clients' own steps weight their rows
         if self._batch is None or self._batch.model.get_config() != model.get_config() \
                 or self._batch.model.name != model.name:
             from .batched import BatchedClients

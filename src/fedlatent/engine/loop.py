@@ -41,7 +41,7 @@ from .rounds.evaluation import h_norm2
 from .rounds.plan import RoundPlan, make_plan
 from .rounds.screen import Mirror, Screen
 from .runtime import Runtime
-from .stats import Stats
+from .stats import Stats, units_number
 from .update import FedEMState, client_weights, stat_bytes
 from .warn import user_stacklevel
 
@@ -289,7 +289,8 @@ class _Rounds:
     def identity(self) -> RunIdentity:
         """What a checkpoint of this run must match to be resumed."""
         return RunIdentity(self.model.name, self.model.get_config(), self.fed.to_config(),
-                           int(self.opt.seed), {c: int(self.screen.n_units[c]) for c in self.cids})
+                           int(self.opt.seed),
+                           {c: units_number(self.screen.n_units[c]) for c in self.cids})
 
     def resume(self, shapes) -> int:
         """Load the checkpoint (refused, saying what differs, unless it is of this very run);

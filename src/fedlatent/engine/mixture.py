@@ -61,11 +61,14 @@ class MixtureModel(FederatedModel):
     def client_query(self, name: str, payload: dict[str, Any], data: ClientData, state,
                      rng: np.random.Generator):
         """``"random_stats"``: the statistics at memberships drawn uniform on the simplex
-        (Dirichlet(1, ..., 1)) for every row, from the client's own generator."""
+        (Dirichlet(1, ..., 1)) for every row, from the client's own generator. A row of
+        frequency weight 2 takes one draw, counted twice: equal in distribution to its two
+        copies' draws only in the mean, so a weighted and a duplicated fit start from
+        different random memberships (the deterministic starts are equal)."""
         if name == RANDOM_QUERY:
             resp = rng.dirichlet(np.ones(self.K), size=data.n_samples)
-            st = self.responsibility_stats(data, resp)
-            return {"n": int(data.n_samples), **{f"stat/{k}": v for k, v in st.items()}}, state
+            st = self.responsibility_stats(data, resp)  # weighs the rows by their weights
+            return {"n": data.mass(), **{f"stat/{k}": v for k, v in st.items()}}, state
         return super().client_query(name, payload, data, state, rng)
 
     def dp_query_sensitivity(self, name: str, payload: dict[str, Any], dp):

@@ -186,8 +186,14 @@ class FederatedModel(ABC):
         return dict(self.config)
 
     # ---- client side ----------------------------------------------------------------------
-    def n_units(self, data: ClientData) -> int:
-        """How many units the client's statistics are sums over (default: its rows)."""
+    def n_units(self, data: ClientData) -> int | float:
+        """How many units the client's statistics are sums over (default: its rows, or the
+        sum of their frequency weights when the data are weighted)."""
+        return data.mass()
+
+    def n_draws(self, data: ClientData) -> int:
+        """How many units a mini-batch draws from (default: the rows; with frequency
+        weights :meth:`n_units` is their sum, not a count of rows)."""
         return data.n_samples
 
     def init_client_state(self, data: ClientData) -> ClientState:
@@ -198,8 +204,8 @@ class FederatedModel(ABC):
     def n_records(self, data: ClientData, rows: np.ndarray | None = None) -> int:
         """Records (rows of the data) behind a sum over ``rows`` of the units (all when
         None); the client refuses replies over fewer than ``min_records``. Default: a unit
-        is a row."""
-        return int(data.n_samples if rows is None else len(rows))
+        is a row (of positive weight, when the data are weighted)."""
+        return data.n_records(rows)
 
     def disclosure_blocks(self, stats: Stats) -> tuple[np.ndarray, tuple[str, ...]] | None:
         """``(records per block, names of the statistics whose axis 0 indexes the blocks)``
@@ -220,7 +226,7 @@ class FederatedModel(ABC):
         y = data.y
         if y is not None and dp.target_range is not None:
             y = clip_targets(y, *dp.target_range)
-        return ClientData(X, y, data.entity, data.rows)
+        return data.replace(X=X, y=y)
 
     def dp_sensitivity(self, params: Params, dp) -> dict[str, float]:
         """Per-record L2 bounds (add/remove one record) of every block :meth:`client_stats`

@@ -69,7 +69,7 @@ def _score(ctx, result, comparable: bool) -> float:
 
     rep = ctx.ask("loglik", {f"params/{k}": v for k, v in result.params.items()},
                   expect={"n": number(low=0), "loglik": number()}, what="scoring a start")
-    n = sum(int(r["n"]) for r in rep.values())
+    n = sum(float(r["n"]) for r in rep.values())
     return sum(float(r["loglik"]) for r in rep.values()) / n if n else float("nan")
 
 

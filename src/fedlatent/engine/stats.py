@@ -12,7 +12,14 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["Stats"]
+__all__ = ["Stats", "units_number"]
+
+
+def units_number(n) -> int | float:
+    """A count of units as a message carries it: an int when whole, else the float (units of
+    frequency-weighted rows are weight sums, :mod:`fedlatent.data.weights`)."""
+    f = float(n)
+    return int(f) if f.is_integer() else f
 
 
 class Stats(Mapping[str, np.ndarray]):

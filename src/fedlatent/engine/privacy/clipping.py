@@ -17,6 +17,12 @@ the entity, with its number of events capped (:func:`regression_sensitivity`'s
 ``records_per_unit``). Its within-agent prior (the agent's other entities' labels) also depends
 on each entity, which this bound does not cover: the integration must treat labels as
 post-processing of private releases or take the agent as the unit.
+
+Frequency weights (:mod:`fedlatent.data.weights`): a record of weight ``w`` contributes ``w``
+times its term, so the bounds here hold only for ``w <= 1``. Under differential privacy a
+client whose weights exceed 1 refuses at setup (:func:`weights_refusal`): a weight-2 row is two
+people, and their privacy needs a bound twice as large, which the calibration does not give.
+Weights in ``[0, 1]`` only shrink each term and keep every bound.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ __all__ = [
     "clip_targets",
     "logistic_sensitivity",
     "regression_sensitivity",
+    "weights_refusal",
 ]
 
 #: the sensitivity under replace-one adjacency is at most this times the add/remove one
@@ -44,6 +51,18 @@ def _radius(name: str, value: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return value
+
+
+def weights_refusal(weight: np.ndarray | None, client: str) -> str:
+    """Why a client with these frequency weights cannot run under differential privacy ("" when
+    it can): a weight above 1 would multiply that record's contribution beyond the bound the
+    noise is calibrated to."""
+    if weight is None or weight.size == 0 or float(weight.max()) <= 1.0:
+        return ""
+    n = int(np.count_nonzero(weight > 1.0))
+    return (f"client {client!r} refuses differential privacy: {n} of its rows have a frequency "
+            f"weight above 1 (largest {float(weight.max()):g}), and a record's contribution is "
+            "bounded only for weights <= 1; fit without privacy, or give weights in [0, 1]")
 
 
 def clip_rows(X: np.ndarray, radius: float, center: np.ndarray | None = None) -> np.ndarray:

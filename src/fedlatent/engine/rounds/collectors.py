@@ -21,7 +21,7 @@ from ..batched import BatchReply
 from ..batched_round import weighted_rows
 from ..faults import FederatedFitError
 from ..messages import ERROR_KEY, ClientReplyError, check_reply, fault_detail, message_nbytes
-from ..stats import Stats
+from ..stats import Stats, units_number
 from .aggregate import Accepted, Aggregate, Stacked
 from .plan import RoundPlan
 
@@ -133,7 +133,7 @@ def aggregate_rows(rd, plan: RoundPlan, st: Stacked, bytes_down: int) -> Aggrega
     return Aggregate(
         rows.template.unflatten(total[0]) if len(total) else None, int(accepted.sum()),
         float(np.cumsum(obj)[-1]) if obj.size else 0.0,  # client order, as summed one by one
-        int(rows.n[accepted].sum()), bytes_down, plan.reply_bytes * parsed, st.missing,
+        units_number(rows.n[accepted].sum()), bytes_down, plan.reply_bytes * parsed, st.missing,
         rejected, st.errors, accepted=acc)
 
 

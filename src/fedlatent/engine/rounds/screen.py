@@ -171,13 +171,13 @@ class Screen:
             n = float(n)
         except (TypeError, ValueError):
             return f"claims {n!r} units"
-        m = int(self.n_units[c])
-        if n != round(n):
+        m = self.n_units[c]
+        if n != round(n) and float(m).is_integer():  # weighted units may be fractional
             return f"claims {n:g} units, not a whole number"
         if mode in ("full", "spider-refresh"):
             if n != m:
                 return f"claims {n:g} units, {m} at setup"
-        elif not 1 <= n <= m:
+        elif not (1 <= n <= m if float(m).is_integer() else 0 < n <= m):
             return f"claims {n:g} units in a mini-batch, it has {m}"
         return None
 

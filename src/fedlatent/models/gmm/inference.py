@@ -98,7 +98,7 @@ def _complete_phi(N: float, M1, M2, prec, E) -> np.ndarray:
     return out
 
 
-def _chunk(X, w, means, covs, precs, logdets, maps, P):
+def _chunk(X, w, means, covs, precs, logdets, maps, P, fw):
     K, d = means.shape
     ia, ib = _vech_pairs(d)
     f = np.where(ia == ib, 0.5, 1.0)
@@ -109,26 +109,29 @@ def _chunk(X, w, means, covs, precs, logdets, maps, P):
             - 0.5 * d * np.log(2 * np.pi) + np.log(w)[None])
     norm = logsumexp(logp, axis=1)
     resp = np.exp(logp - norm[:, None])
+    wresp = resp * fw[:, None]  # frequency weights: a row of weight 2 is the row twice
     a = weight_scores(w)
     S = np.zeros((X.shape[0], K, P))
     complete = np.zeros((P, P))
-    complete[:K - 1, :K - 1] = np.einsum("k,ki,kj->ij", resp.sum(0), a, a)
+    complete[:K - 1, :K - 1] = np.einsum("k,ki,kj->ij", wresp.sum(0), a, a)
     for k in range(K):  # a loop over components, each vectorized over the rows
         uk = u[:, k]
         s_phi = np.hstack([uk, f * (uk[:, ia] * uk[:, ib] - precs[k][ia, ib])])
         S[:, k] = s_phi @ maps[k]
         S[:, k, :K - 1] = a[k]
-        r = resp[:, k]
+        r = wresp[:, k]
         M2 = (e[:, k] * r[:, None]).T @ e[:, k]
         H = _complete_phi(float(r.sum()), r @ e[:, k], M2, precs[k], E)
         complete += maps[k].T @ H @ maps[k]
-    return louis_information(resp, S, complete), float(norm.sum())
+    return louis_information(resp, S, complete, fw), float(norm @ fw)
 
 
-def gmm_information(X: np.ndarray, weights, means, covariances,
-                    covariance_type: str) -> tuple[np.ndarray, float]:
+def gmm_information(X: np.ndarray, weights, means, covariances, covariance_type: str,
+                    sample_weight: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Louis' observed information summed over the rows of ``X`` at the mixture (weights,
-    means, sklearn-shaped covariances), and their log-likelihood."""
+    means, sklearn-shaped covariances), and their log-likelihood; ``sample_weight``: each
+    row's frequency weight (a row of weight 2 counts twice)."""
+    fw = np.ones(X.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
     means = np.asarray(means, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     K, d = means.shape
@@ -138,7 +141,8 @@ def gmm_information(X: np.ndarray, weights, means, covariances,
     maps, P = _maps(K, d, covariance_type)
     info, loglik = np.zeros((P, P)), 0.0
     for start in range(0, X.shape[0], CHUNK):
-        part, ll = _chunk(X[start:start + CHUNK], w, means, covs, precs, logdets, maps, P)
+        part, ll = _chunk(X[start:start + CHUNK], w, means, covs, precs, logdets, maps, P,
+                          fw[start:start + CHUNK])
         info += part
         loglik += ll
     return info, loglik

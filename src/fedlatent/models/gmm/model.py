@@ -95,10 +95,13 @@ class GMMModel(FederatedModel):
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
         X = data.X if rows is None else data.X[rows]
         log_resp, norm = self._log_resp(params, X)
-        stats = gmm_statistics(X, np.exp(log_resp), params["center"], self.cov_type)
+        resp, fw = np.exp(log_resp), data.weights_of(rows)
+        if fw is not None:  # frequency weights: a row of weight w is w rows
+            resp, norm = resp * fw[:, None], norm * fw
+        stats = gmm_statistics(X, resp, params["center"], self.cov_type)
         # summed in row order (as the batched step sums): the same bits on either path
-        return ClientStep(stats, X.shape[0], float(np.cumsum(norm)[-1]) if len(norm) else 0.0,
-                          state)
+        return ClientStep(stats, data.mass(rows),
+                          float(np.cumsum(norm)[-1]) if len(norm) else 0.0, state)
 
     def client_stats_batched(self, params, X, y, w, state):
         from .batched import gmm_batched_stats
@@ -155,11 +158,12 @@ class GMMModel(FederatedModel):
 
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):
-        X = data.X
+        X, fw = data.X, data.weight
         if name == "moments":
             if self.privacy is not None:  # about the clipping centre: bounded by the radius
                 X = X - self.privacy.center_for(X.shape[1])
-            return {"n": X.shape[0], "sx": X.sum(0), "sxx": X.T @ X}, state
+            WX = X if fw is None else X * fw[:, None]
+            return {"n": data.mass(), "sx": WX.sum(0), "sxx": WX.T @ X}, state
         if name == "kmeans":
             k = int(payload["k"])
             min_points = int(payload["min_points"])
@@ -169,11 +173,12 @@ class GMMModel(FederatedModel):
             if n_loc < 1:
                 d = X.shape[1]
                 return {"centroids": np.zeros((0, d)), "counts": np.zeros(0)}, state
-            _, labels, _ = kmeans(X, n_loc, rng, n_init=3)
-            counts = np.bincount(labels, minlength=n_loc).astype(float)
-            keep = counts >= min_points
+            _, labels, _ = kmeans(X, n_loc, rng, n_init=3, sample_weight=fw)
+            counts = np.bincount(labels, weights=fw, minlength=n_loc).astype(float)
+            keep = (np.bincount(labels[fw > 0] if fw is not None else labels,
+                                minlength=n_loc) >= min_points) & (counts > 0)  # records
             sums = np.zeros((n_loc, X.shape[1]))
-            np.add.at(sums, labels, X)
+            np.add.at(sums, labels, X if fw is None else X * fw[:, None])
             cent = sums[keep] / counts[keep, None]
             return {"centroids": cent, "counts": counts[keep]}, state
         if name == "hard_stats":
@@ -184,17 +189,20 @@ class GMMModel(FederatedModel):
             )
             resp = np.zeros((X.shape[0], centers.shape[0]))
             resp[np.arange(X.shape[0]), hard_labels(d2, self.disclosure)] = 1.0
+            resp = resp if fw is None else resp * fw[:, None]
             st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type)
             return {f"stat/{k}": v for k, v in st.items()}, state
         if name == "loglik":
             _, norm = self._log_resp(payload_params(payload), X)
-            return {"n": X.shape[0], "loglik": float(norm.sum())}, state
+            return {"n": data.mass(), "loglik": float(norm.sum() if fw is None
+                                                         else norm @ fw)}, state
         if name == "information":  # Louis' observed information (fedlatent.engine.inference)
             from .inference import gmm_information
 
             info, ll = gmm_information(X, payload["params/weights"], payload["params/means"],
-                                       payload["params/covariances"], self.cov_type)
-            return {"n": X.shape[0], "loglik": ll, "information": info}, state
+                                       payload["params/covariances"], self.cov_type,
+                                       sample_weight=fw)
+            return {"n": data.mass(), "loglik": ll, "information": info}, state
         return super().client_query(name, payload, data, state, rng)
 
 

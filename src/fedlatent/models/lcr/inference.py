@@ -38,29 +38,32 @@ def _complete_block(Xt, e, r, var) -> np.ndarray:
     return out
 
 
-def _chunk_information(Xt, y, weights, beta, var) -> tuple[np.ndarray, float]:
+def _chunk_information(Xt, y, weights, beta, var, fw) -> tuple[np.ndarray, float]:
     K, p = beta.shape
     q = p + 1
     P = K - 1 + K * q
     resp, ll = lcr_responsibilities(Xt, y, weights, beta, var)
+    wresp = resp * fw[:, None]  # frequency weights: a row of weight 2 is the row twice
     e = y[:, None] - Xt @ beta.T
     a = weight_scores(weights)
     S = np.zeros((Xt.shape[0], K, P))
     S[:, :, :K - 1] = a[None]
     complete = np.zeros((P, P))
-    complete[:K - 1, :K - 1] = np.einsum("k,ki,kj->ij", resp.sum(0), a, a)
+    complete[:K - 1, :K - 1] = np.einsum("k,ki,kj->ij", wresp.sum(0), a, a)
     for k in range(K):  # a loop over components, each vectorized over the rows
         o = K - 1 + k * q
         S[:, k, o:o + p] = Xt * (e[:, k] / var[k])[:, None]
         S[:, k, o + p] = (e[:, k] ** 2 / var[k] - 1.0) / (2.0 * var[k])
-        complete[o:o + q, o:o + q] = _complete_block(Xt, e[:, k], resp[:, k], var[k])
-    return louis_information(resp, S, complete), float(ll.sum())
+        complete[o:o + q, o:o + q] = _complete_block(Xt, e[:, k], wresp[:, k], var[k])
+    return louis_information(resp, S, complete, fw), float(ll @ fw)
 
 
 def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np.ndarray,
-                    noise_variance: np.ndarray) -> tuple[np.ndarray, float]:
+                    noise_variance: np.ndarray,
+                    sample_weight: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Louis' observed information summed over the rows ``(Xt, y)`` (``Xt`` with its
-    intercept column), and their log-likelihood.
+    intercept column), and their log-likelihood; ``sample_weight``: each row's frequency
+    weight (a row of weight 2 counts twice).
 
     Returns
     -------
@@ -73,9 +76,10 @@ def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np
     K, p = beta.shape
     P = K - 1 + K * (p + 1)
     info, loglik = np.zeros((P, P)), 0.0
+    fw = np.ones(Xt.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
     for start in range(0, Xt.shape[0], CHUNK):
         part, ll = _chunk_information(Xt[start:start + CHUNK], y[start:start + CHUNK], w, beta,
-                                      var)
+                                      var, fw[start:start + CHUNK])
         info += part
         loglik += ll
     return info, loglik

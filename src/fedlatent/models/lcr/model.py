@@ -95,8 +95,11 @@ class LCRModel(MixtureModel):
         resp, loglik = lcr_responsibilities(
             Xt, y, params["weights"], params["beta"], params["noise_variance"]
         )
+        fw = data.weights_of(rows)
+        if fw is not None:  # frequency weights: a row of weight w is w rows
+            resp, loglik = resp * fw[:, None], loglik * fw
         # the log-likelihood summed in row order, as the batched step sums it
-        return ClientStep(self._statistics(Xt, y, resp), Xt.shape[0],
+        return ClientStep(self._statistics(Xt, y, resp), data.mass(rows),
                           float(np.cumsum(loglik)[-1]) if len(loglik) else 0.0, state)
 
     # ---- differential privacy (see .dp) -------------------------------------------------------
@@ -126,9 +129,10 @@ class LCRModel(MixtureModel):
         return lcr_batched_stats(params, X, y, w, self.fit_intercept, state)
 
     def responsibility_stats(self, data, resp):
-        """The statistics at responsibilities ``resp`` (the random-membership start's)."""
+        """The statistics at responsibilities ``resp`` (the random-membership start's; rows
+        weighted by their frequency weights)."""
         Xt, y = self._design(data)
-        return self._statistics(Xt, y, resp)
+        return self._statistics(Xt, y, _weigh(resp, data.weight))
 
     def client_query(self, name, payload, data, state, rng):
         # "random_stats" (flexmix's default start, made soft: hard random labels would let a
@@ -136,20 +140,22 @@ class LCRModel(MixtureModel):
         # engine's random-membership start (fedlatent.engine.mixture), from responsibility_stats
         if name == "pooled_stats":  # the one-component statistics (the private start)
             Xt, y = self._design(data)
-            st = self._statistics(Xt, y, np.ones((Xt.shape[0], 1)))
-            return {"n": int(Xt.shape[0]), **{f"stat/{k}": v for k, v in st.items()}}, state
+            st = self._statistics(Xt, y, _weigh(np.ones((Xt.shape[0], 1)), data.weight))
+            return {"n": data.mass(), **{f"stat/{k}": v for k, v in st.items()}}, state
         if name == "loglik":
             Xt, y = self._design(data)
             p = payload_params(payload)
             _, loglik = lcr_responsibilities(Xt, y, p["weights"], p["beta"], p["noise_variance"])
-            return {"n": int(Xt.shape[0]), "loglik": float(loglik.sum())}, state
+            return {"n": data.mass(), "loglik": float(_weigh(loglik[:, None], data.weight).sum())
+                    }, state
         if name == "information":  # Louis' observed information (fedlatent.engine.inference)
             from .inference import lcr_information
 
             Xt, y = self._design(data)
             p = payload_params(payload)
-            info, ll = lcr_information(Xt, y, p["weights"], p["beta"], p["noise_variance"])
-            return {"n": int(Xt.shape[0]), "loglik": ll, "information": info}, state
+            info, ll = lcr_information(Xt, y, p["weights"], p["beta"], p["noise_variance"],
+                                       sample_weight=data.weight)
+            return {"n": data.mass(), "loglik": ll, "information": info}, state
         return super().client_query(name, payload, data, state, rng)
 
     # ---- server side ------------------------------------------------------------------------
@@ -220,3 +226,7 @@ class LCRModel(MixtureModel):
             var = np.where(projected, previous["noise_variance"], var)
         return {"weights": w, "beta": beta, "noise_variance": var}
 
+
+def _weigh(resp: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
+    """Rows of ``resp`` times their frequency weights (``resp`` itself without weights)."""
+    return resp if weight is None else resp * weight[:, None]
