@@ -62,11 +62,11 @@ class MixtureModel(FederatedModel):
                      rng: np.random.Generator):
         """``"random_stats"``: the statistics at memberships drawn uniform on the simplex
         (Dirichlet(1, ..., 1)) for every row, from the client's own generator. A row of
-        frequency weight 2 takes one draw, counted twice: equal in distribution to its two
-        copies' draws only in the mean, so a weighted and a duplicated fit start from
-        different random memberships (the deterministic starts are equal)."""
+        frequency weight ``w`` takes ``ceil(w)`` draws in turn, its membership their mean
+        (:func:`_memberships`): for whole weights its weighted sum is exactly the sum of the
+        draws its copies would take, placed next to it."""
         if name == RANDOM_QUERY:
-            resp = rng.dirichlet(np.ones(self.K), size=data.n_samples)
+            resp = _memberships(rng, self.K, data.n_samples, data.weight)
             st = self.responsibility_stats(data, resp)  # weighs the rows by their weights
             return {"n": data.mass(), **{f"stat/{k}": v for k, v in st.items()}}, state
         return super().client_query(name, payload, data, state, rng)
@@ -77,6 +77,22 @@ class MixtureModel(FederatedModel):
         if name == RANDOM_QUERY:
             return {f"stat/{k}": v for k, v in self.dp_sensitivity({}, dp).items()}
         return super().dp_query_sensitivity(name, payload, dp)
+
+
+def _memberships(rng: np.random.Generator, K: int, n: int,
+                 weight: np.ndarray | None) -> np.ndarray:
+    """Random memberships (n, K) uniform on the simplex; with frequency weights, each row's
+    mean of ``ceil(w)`` consecutive draws (its copies' draws; 0 for a weight-0 row), so that
+    a weighted client draws what its rows repeated ``w`` times next to each other draw."""
+    if weight is None:
+        return rng.dirichlet(np.ones(K), size=n)
+    reps = np.ceil(weight).astype(np.int64)
+    draws = rng.dirichlet(np.ones(K), size=int(reps.sum()))
+    out = np.zeros((n, K))
+    live = reps > 0
+    starts = np.concatenate([[0], np.cumsum(reps)[:-1]])[live]
+    out[live] = np.add.reduceat(draws, starts, axis=0) / reps[live, None]
+    return out
 
 
 def random_membership_stats(ctx, shapes: dict[str, tuple[int, ...]], *,

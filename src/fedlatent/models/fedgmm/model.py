@@ -117,9 +117,12 @@ class FedGMMModel(FederatedModel):
         lg, lp = fedgmm_log_components(X, params, self.cov_type, learner)
         lpy = lp[np.arange(n), :, y]  # (n, M2)
         q, loglik = fedgmm_responsibilities(lg, lpy, state["pi"])
-        new_pi = q.mean(axis=0)
+        fw = data.weights_of(rows)  # frequency weights: a row of weight w is w rows
+        new_pi = q.mean(axis=0) if fw is None else np.einsum("n,nij->ij", fw, q) / fw.sum()
         if self.private:  # the released sums: public weights, so one record moves only its q
             q, loglik = fedgmm_responsibilities(lg, lpy, params["pi_joint"])
+        if fw is not None:
+            q, loglik = q * fw[:, None, None], loglik * fw
         rx, ry = q.sum(axis=2), q.sum(axis=1)
         stats = dict(gmm_statistics(X, rx, params["center"], self.cov_type))
         if self.cov_agg == "paper":
@@ -149,7 +152,7 @@ class FedGMMModel(FederatedModel):
                                   self.prox * lw[m], self.step_max)
                 lt[m] = lw[m] * c_m.ravel()
             stats["ltheta"] = lt
-        return ClientStep(Stats(stats, copy=False), n,  # loglik summed in row order (batched)
+        return ClientStep(Stats(stats, copy=False), data.mass(rows),  # loglik: in row order
                           float(np.cumsum(loglik)[-1]) if n else 0.0, {"pi": new_pi})
 
     def client_stats_batched(self, params, X, y, w, state):
@@ -284,8 +287,7 @@ class FedGMMModel(FederatedModel):
         classes and stay as they are."""
         from ...engine.privacy.clipping import clip_rows
 
-        return ClientData(clip_rows(data.X, dp.clip, dp.center_for(data.n_features)), data.y,
-                          data.entity, data.rows)
+        return data.replace(X=clip_rows(data.X, dp.clip, dp.center_for(data.n_features)))
 
     def dp_sensitivity(self, params, dp):
         if not self.private:

@@ -27,6 +27,7 @@ from ...engine.loop import FederatedFitError, LoopOptions
 from ...engine.model import ALL_CAPABILITIES, Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
+from ...engine.stats import units_number
 from .fitting import (
     HYPER_START,
     HLCRHistory,
@@ -427,8 +428,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                 raise FederatedFitError(f"{what}: client {c!r} {problem}; nothing of this "
                                         "exchange was used")
             n_ent += int(r["n_entities"])
-            n_ev += int(r["n_events"])
-        self._sizes = (n_ent, n_ev)
+            n_ev += r["n_events"]  # with frequency weights, a weight sum
+        self._sizes = (n_ent, units_number(n_ev))
         return start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
 
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> HLCRFit:

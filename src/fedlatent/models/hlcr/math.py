@@ -47,6 +47,7 @@ def entity_statistics(
     *,
     categories: np.ndarray | None = None,
     client: str = "?",
+    weight: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Sufficient statistics of every entity of one agent.
 
@@ -61,6 +62,10 @@ def entity_statistics(
         None: the distinct ids in ``entity``. A declared entity without events is an error.
     client : str
         Agent name used in error messages.
+    weight : ndarray of shape (n_events,) or None
+        Frequency weight of each event: an event of weight ``w`` counts as ``w`` events of the
+        same entity (its sums and its count ``n``); an entity's weights must sum to at least 1
+        (every entity is at least one event).
 
     Returns
     -------
@@ -70,7 +75,7 @@ def entity_statistics(
     Xty : ndarray of shape (E, F)
     yty : ndarray of shape (E,)
     n : ndarray of shape (E,)
-        Number of events of each entity.
+        Number of events of each entity (the sum of their weights, with ``weight``).
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     y = np.ascontiguousarray(y, dtype=np.float64)
@@ -105,8 +110,26 @@ def entity_statistics(
             f"({empty.size} such entities); drop entities without events (e.g. "
             "remove_unused_categories) before fitting"
         )
-    XtX, Xty, yty = entity_sums(X, y, inv, len(names))
-    return names, XtX, Xty, yty, n
+    if weight is None:
+        return names, *entity_sums(X, y, inv, len(names)), n
+    return names, *_weighted_entity_sums(X, y, inv, names, weight, client)
+
+
+def _weighted_entity_sums(X, y, inv, names, weight, client):
+    """``XtX, Xty, yty, n`` of each entity with frequency-weighted events (the sums of rows
+    scaled by ``sqrt(w)``: ``sum w x x^T`` and ``sum w x y``)."""
+    w = np.asarray(weight, dtype=np.float64)
+    n = np.bincount(inv, weights=w, minlength=len(names))
+    light = np.flatnonzero(n < 1.0)
+    if light.size:
+        raise DataValidationError(
+            f"client {client!r}: the events of entity {str(names[light[0]])!r} weigh "
+            f"{n[light[0]]:g} in all ({light.size} such entities); every entity is at least one "
+            "event: give its events weights summing to 1 or more, or drop it")
+    r = np.sqrt(w)
+    XtX, Xty, yty = entity_sums(np.ascontiguousarray(X * r[:, None]),
+                                np.ascontiguousarray(y * r), inv, len(names))
+    return XtX, Xty, yty, n
 
 
 def check_entities(entity, client: str = "?") -> None:

@@ -61,6 +61,17 @@ def _num(v) -> float:
     return float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
 
 
+def _entity_records(names: np.ndarray, ent, weight: np.ndarray, keep) -> np.ndarray:
+    """Events of positive weight of each entity (``names`` order; ``keep``: the training
+    events, or None for all): what disclosure control counts."""
+    ent = np.asarray(ent).astype(str)
+    pos = weight > 0
+    if keep is not None:
+        pos = pos & keep
+    idx = np.searchsorted(names, ent)
+    return np.bincount(idx, weights=pos.astype(np.float64), minlength=len(names))
+
+
 def holdout_mask(entity_index: np.ndarray, y: np.ndarray, fraction: float, seed: int):
     """Events an agent holds out: a ``fraction`` of each entity's events (one fold of
     ``round(1/fraction)``, as :func:`fedlatent.datasets.split_events` makes them), drawn from the
@@ -153,6 +164,7 @@ class HLCRModel(FederatedModel):
         self.fit_intercept = bool(fit_intercept)
         self.F = int(n_features) + int(self.fit_intercept)
         self.dp_max_events = None if dp_max_events is None else int(dp_max_events)
+        self._records = None  # with frequency weights: each entity's records (client side)
 
     # ---- client side ----------------------------------------------------------------------
     def _entity_stats(self, data: ClientData):
@@ -163,23 +175,27 @@ class HLCRModel(FederatedModel):
         cats = getattr(data.entity, "categories", None)
         ent = data.entity if cats is None else np.asarray(data.entity)
         Xa = add_intercept(data.X, self.fit_intercept)
+        fw, train = data.weight, None  # frequency weights of the events; training events
         if not self.holdout:
-            out = entity_statistics(Xa, data.y, ent, categories=cats)
+            out = entity_statistics(Xa, data.y, ent, categories=cats, weight=fw)
             held = None
         else:
             names, inv = np.unique(np.asarray(ent).astype(str), return_inverse=True)
             inv = inv.reshape(-1)
             m = holdout_mask(inv, np.asarray(data.y, dtype=np.float64), self.holdout,
                              self.holdout_seed)
+            train = ~m
             out = entity_statistics(Xa[~m], np.asarray(data.y)[~m], np.asarray(ent)[~m],
-                                    categories=names)
+                                    categories=names, weight=None if fw is None else fw[~m])
             idx, hinv = np.unique(inv[m], return_inverse=True)
-            ysub = np.ascontiguousarray(np.asarray(data.y, dtype=np.float64)[m])
-            hn = np.bincount(hinv.reshape(-1), minlength=len(idx)).astype(np.float64)
-            held = (idx, *entity_sums(np.ascontiguousarray(Xa[m]), ysub,
+            r = np.ones(int(m.sum())) if fw is None else np.sqrt(fw[m])
+            ysub = np.ascontiguousarray(np.asarray(data.y, dtype=np.float64)[m] * r)
+            hn = np.bincount(hinv.reshape(-1), weights=r * r, minlength=len(idx))
+            held = (idx, *entity_sums(np.ascontiguousarray(Xa[m] * r[:, None]), ysub,
                                       np.ascontiguousarray(hinv.reshape(-1), dtype=np.int64),
                                       len(idx)), hn)
         self._cache = (data, out, held)
+        self._records = None if fw is None else _entity_records(out[0], ent, fw, train)
         return out
 
     def _heldout_stats(self, data: ClientData):
@@ -211,16 +227,20 @@ class HLCRModel(FederatedModel):
         return len(self._entity_stats(data)[0])
 
     def n_records(self, data: ClientData, rows=None) -> int:
-        """Events (the records) of the entities ``rows`` (all when None)."""
+        """Events (the records; with frequency weights, those of positive weight) of the
+        entities ``rows`` (all when None)."""
         n = self._entity_stats(data)[4]
+        n = n if self._records is None else self._records
         return int(n.sum() if rows is None else n[np.asarray(rows, dtype=np.int64)].sum())
 
     def disclosure_blocks(self, stats):
         """A cluster block of an agent is a sum over the events of the entities it labels k:
         one block per cluster, over ``n_events[k]`` records. A block over too few events is
         sent as zeros (the round's cluster statistics then lack those entities; their labels
-        stay on the agent and they count again once their block is large enough)."""
-        return np.asarray(stats["n_events"]), tuple(_STAT_NAMES)
+        stay on the agent and they count again once their block is large enough). With
+        frequency weights the blocks' records are counted, not their weights."""
+        blocks = getattr(self, "_block_records", None)
+        return (np.asarray(stats["n_events"]) if blocks is None else blocks), tuple(_STAT_NAMES)
 
     def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
         return {"labels": np.full(self.n_units(data), -1, dtype=np.int64)}
@@ -259,6 +279,8 @@ class HLCRModel(FederatedModel):
             "sse": onehot.T @ sse,
         }, copy=False)
         objective = float(loglik[np.arange(len(rows)), zr].sum() + logprior.sum())
+        self._block_records = (None if self._records is None  # weighted: records per block
+                               else onehot.T @ self._records[rows])
         return ClientStep(stats, len(rows), objective, {"labels": z})
 
     # ---- initialization exchange (counts only) ---------------------------------------------
@@ -283,13 +305,14 @@ class HLCRModel(FederatedModel):
         y = np.asarray(data.y, dtype=np.float64)
         if self.privacy is not None:  # about the clipping centre (no holdout: 'auto' refused)
             return private_moments(X, y, self.privacy)
+        w = np.ones(len(y)) if data.weight is None else data.weight
         if self.holdout:
             keep = ~holdout_mask(np.unique(np.asarray(data.entity).astype(str),
                                            return_inverse=True)[1].reshape(-1), y,
                                  self.holdout, self.holdout_seed)
-            X, y = X[keep], y[keep]
-        return {"n": float(len(y)), "sx": X.sum(axis=0), "sxx": (X * X).sum(axis=0),
-                "sy": float(y.sum()), "syy": float(y @ y)}
+            X, y, w = X[keep], y[keep], w[keep]
+        return {"n": float(w.sum()), "sx": w @ X, "sxx": w @ (X * X),
+                "sy": float(w @ y), "syy": float(w @ (y * y))}
 
     def _heldout(self, payload, data: ClientData, state) -> dict[str, float]:
         """Sum over the agent's held-out events of their log predictive density given the

@@ -155,7 +155,7 @@ def dp_clip_events(data: ClientData, dp, max_events: int | None) -> ClientData:
     target_band(dp)
     X = clip_rows(data.X, dp.clip, dp.center_for(data.n_features))
     y = clip_targets(data.y, *dp.target_range)
-    clipped = ClientData(X, y, data.entity, data.rows)
+    clipped = data.replace(X=X, y=y)  # weights (<= 1 under privacy) kept
     return clipped.take(cap_events(data.entity, max_events))
 
 

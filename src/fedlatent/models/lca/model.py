@@ -59,11 +59,16 @@ class LCAModel(MixtureModel):
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
         Z = self._codes(data, rows)
         resp, norm = responsibilities(Z, params["weights"], params["probs"])
-        return ClientStep(Stats(lca_statistics(Z, resp)), Z.shape[0],
+        fw = data.weights_of(rows)
+        if fw is not None:  # frequency weights: a row of weight w is w rows
+            resp, norm = resp * fw[:, None], norm * fw
+        return ClientStep(Stats(lca_statistics(Z, resp)), data.mass(rows),
                           float(np.cumsum(norm)[-1]) if len(norm) else 0.0, state)
 
     def responsibility_stats(self, data, resp):
-        return Stats(lca_statistics(self._codes(data), resp))
+        fw = data.weight  # rows weighted by their frequency weights
+        return Stats(lca_statistics(self._codes(data), resp if fw is None
+                                    else resp * fw[:, None]))
 
     def stat_shapes(self, params):
         K, total = np.shape(params["probs"])
@@ -117,5 +122,7 @@ class LCAModel(MixtureModel):
         if name == "loglik":
             p = payload_params(payload)
             _, norm = responsibilities(self._codes(data), p["weights"], p["probs"])
-            return {"n": int(data.n_samples), "loglik": float(norm.sum())}, state
+            fw = data.weight
+            return {"n": data.mass(), "loglik": float(norm.sum() if fw is None else norm @ fw)
+                    }, state
         return super().client_query(name, payload, data, state, rng)
