@@ -153,19 +153,22 @@ def _seed_estimator(est: Any, rng: np.random.Generator) -> Any:
     return est
 
 
-def standardize_xy(X: np.ndarray, y: np.ndarray):
-    """Per-learner standardization of X (columns) and y (Section 5: "we standardize x and y").
+def standardize_xy(X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None = None):
+    """Per-learner standardization of X (columns) and y (Section 5: "we standardize x and y"),
+    with frequency weights the weighted means and standard deviations (a row of weight 2 as
+    the row twice).
 
     Returns
     -------
     Xs, ys, x_mean, x_scale, y_mean, y_scale
         Constant columns get scale 1.
     """
-    xm = X.mean(0)
-    xs = X.std(0)
+    w = None if sample_weight is None else sample_weight / sample_weight.sum()
+    xm = X.mean(0) if w is None else w @ X
+    xs = X.std(0) if w is None else np.sqrt(w @ (X - xm) ** 2)
     xs = np.where(xs > 0, xs, 1.0)
-    ym = float(y.mean())
-    ys = float(y.std())
+    ym = float(y.mean() if w is None else w @ y)
+    ys = float(y.std() if w is None else np.sqrt(w @ (y - ym) ** 2))
     ys = ys if ys > 0 else 1.0
     return (X - xm) / xs, (y - ym) / ys, xm, xs, ym, ys
 
@@ -176,7 +179,7 @@ SYSTEMATIC_SEED = 0
 
 def select_model(
     X: np.ndarray, y: np.ndarray, candidates: Sequence[tuple[str, Any]], rng: np.random.Generator,
-    split: str = "random",
+    split: str = "random", sample_weight: np.ndarray | None = None,
 ) -> tuple[int, Any, float, np.ndarray]:
     """Step 1 (Select): half-half cross-validation among candidates, refit on all data.
 
@@ -194,6 +197,12 @@ def select_model(
         e.g. every period of a time-ordered learner), and candidates without a
         ``random_state`` get :data:`SYSTEMATIC_SEED`; the learner's model is then a function
         of its data alone.
+    sample_weight : ndarray of shape (n_samples,) or None
+        Frequency weights: candidates are fitted with them (``sample_weight``; a candidate
+        that does not take them is skipped, with a warning naming it) and every MSE is
+        weighted. The half split still splits rows (a row and its weight go to one half), so
+        the selection equals the duplicated rows' only in distribution; with one candidate the
+        refit, ``e`` and the model are the duplicated rows' (to rounding).
 
     Returns
     -------
@@ -224,12 +233,12 @@ def select_model(
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                est.fit(X[tr], y[tr])
+                _fit(est, X[tr], y[tr], None if sample_weight is None else sample_weight[tr])
                 pred = np.asarray(est.predict(X[te]), dtype=np.float64).reshape(-1)
         except Exception as e:  # a candidate unable to fit this learner is skipped
             logger.warning("candidate %r failed on a half-split: %s", name, e)
             continue
-        mse = float(np.mean((y[te] - pred) ** 2))
+        mse = _mse(y[te], pred, None if sample_weight is None else sample_weight[te])
         cv[k] = mse if np.isfinite(mse) else np.inf
     if not np.isfinite(cv).any():
         raise ValueError("no candidate could be fitted on this learner's data")
@@ -237,9 +246,27 @@ def select_model(
     model = _seed_estimator(clone(candidates[best][1]), np.random.default_rng(seeds[best]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.fit(X, y)
-    e = float(np.mean((y - np.asarray(model.predict(X), dtype=np.float64).reshape(-1)) ** 2))
+        _fit(model, X, y, sample_weight)
+    e = _mse(y, np.asarray(model.predict(X), dtype=np.float64).reshape(-1), sample_weight)
     return best, model, e, cv
+
+
+def _fit(est: Any, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None) -> None:
+    """``est.fit`` with frequency weights passed as ``sample_weight`` (to a pipeline's last
+    step); a candidate that does not take them raises TypeError."""
+    if sample_weight is None:
+        est.fit(X, y)
+        return
+    steps = getattr(est, "steps", None)
+    key = f"{steps[-1][0]}__sample_weight" if steps else "sample_weight"
+    est.fit(X, y, **{key: sample_weight})
+
+
+def _mse(y: np.ndarray, pred: np.ndarray, sample_weight: np.ndarray | None) -> float:
+    """Mean squared error, weighted by the frequency weights when given."""
+    r2 = (y - pred) ** 2
+    return float(np.mean(r2) if sample_weight is None else sample_weight @ r2
+                 / sample_weight.sum())
 
 
 def _final(est: Any) -> Any:

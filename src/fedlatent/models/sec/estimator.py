@@ -25,7 +25,7 @@ from ...engine.loop import FitResult, LoopOptions, progress_bar
 from ...engine.model import Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
-from ...engine.stats import Stats
+from ...engine.stats import Stats, units_number
 from .candidates import per_learner_candidates
 from .clustering import (
     affinity,
@@ -379,7 +379,7 @@ class SEC(SECSummary, ClusterUseMixin, FederatedEstimator):
                               standardize=bool(self.standardize), n_jobs=self.n_jobs,
                               traffic=traffic, split=self.split, run=run)
             e = np.array([float(sel[c]["e"]) for c in cids])
-            n = np.array([int(sel[c]["n"]) for c in cids])
+            n = np.array([units_number(sel[c]["n"]) for c in cids])  # weighted: weight sums
             if not self.standardize:
                 warn_target_scales(cids, [float(sel[c]["y_scale"]) for c in cids],
                                    getattr(ctx.data, "target_name", None))

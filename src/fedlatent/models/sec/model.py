@@ -12,7 +12,7 @@ import numpy as np
 
 from ...data.dataset import ClientData, DataValidationError
 from ...engine.model import ClientStep, FederatedModel, Params, register_model
-from ...engine.stats import Stats
+from ...engine.stats import Stats, units_number
 from .candidates import _check_regressor, select_model, standardize_xy
 from .disclosure import enforce_candidate, refuse_small_leaves
 from .serialize import check_extra_types, dumps_model, loads_model, predict_many
@@ -101,7 +101,7 @@ class SECModel(FederatedModel):
             raise ValueError("SEC needs a target y on every learner")
         y = np.asarray(data.y, dtype=np.float64).reshape(-1)
         if self.standardize:
-            return standardize_xy(X, y)
+            return standardize_xy(X, y, data.weight)
         return X, y, None, None, None, None
 
     # ---- EM hooks: unused ------------------------------------------------------------------
@@ -137,13 +137,14 @@ class SECModel(FederatedModel):
             _check_regressor(nm, est)
             cands.append((nm, enforce_candidate(self.disclosure, nm, est)))
         best, model, e, cv = select_model(X, y, cands, rng,
-                                          split=str(payload.get("split", "random")))
+                                          split=str(payload.get("split", "random")),
+                                          sample_weight=data.weight)
         refuse_small_leaves(self.disclosure, names[best], model)
         blob = dumps_model(model)
         reply: dict[str, Any] = {
             "model": blob,
             "e": float(e),
-            "n": int(X.shape[0]),
+            "n": units_number(data.mass()),  # rows, or their weights' sum
             "selected": int(best),
             "cv_mse": np.asarray(cv, dtype=np.float64),
         }
@@ -170,5 +171,6 @@ class SECModel(FederatedModel):
                               extra_types=self.extra_trusted_types)
                   for k, b in enumerate(blobs)]
         P = predict_many(models, X)
-        loss = np.mean((y[None, :] - P) ** 2, axis=1)
+        r2 = (y[None, :] - P) ** 2
+        loss = r2.mean(axis=1) if data.weight is None else r2 @ data.weight / data.weight.sum()
         return {"loss": loss}, state
