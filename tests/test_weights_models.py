@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
+from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.registry import estimator_entries
 
 #: weighted vs duplicated: the same sums in another order, through a few EM rounds
@@ -99,3 +100,90 @@ def test_predictions_do_not_read_weights(name):
     X = fd[cid].X[:5]
     np.testing.assert_array_equal(np.asarray(ex.predict_rows(est, X, fw)),
                                   np.asarray(ex.predict_rows(est, X, fd)))
+
+
+def _gmm_data():
+    rng = np.random.default_rng(3)
+    return fl.FederatedDataset.from_arrays(
+        {f"c{c}": rng.normal(size=(30 + 7 * c, 2)) + 3 * (c % 2) for c in range(4)})
+
+
+@pytest.mark.parametrize("cov", ["full", "tied", "diag", "spherical"])
+def test_gmm_every_covariance_type(cov):
+    fd = _gmm_data()
+    w = weights_for(fd, seed=cov.__len__())
+
+    def make():
+        return fl.FederatedGaussianMixture(2, covariance_type=cov, max_rounds=6, tol=0,
+                                           random_state=1, verbose=False)
+    a, b = _fit(make, weighted(fd, w)), _fit(make, duplicated(fd, w))
+    for k in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(a, k), getattr(b, k), rtol=TOL, atol=TOL,
+                                   err_msg=k)
+    assert a.bic(weighted(fd, w)) == pytest.approx(b.bic(duplicated(fd, w)), rel=1e-10)
+
+
+@pytest.mark.parametrize("model", ["gmm", "lcr"])
+def test_standard_errors_equal_the_duplicated_rows(model):
+    """engine/inference.py: Louis' information with frequency weights is the duplicated
+    rows' (each record's score outer product counted w times)."""
+    if model == "gmm":
+        fd = _gmm_data()
+
+        def make():
+            return fl.FederatedGaussianMixture(2, covariance_type="full", max_rounds=30,
+                                               tol=0, random_state=1, verbose=False)
+    else:
+        fd = ENTRIES["lcr"].load_example().case().data()
+
+        def make():
+            return fl.LatentClassRegression(2, max_rounds=30, tol=0, n_init=1, random_state=0)
+    w = weights_for(fd, seed=11)
+    a, b = _fit(make, weighted(fd, w)), _fit(make, duplicated(fd, w))
+    ca, cb = a.cov_params().to_numpy(), b.cov_params().to_numpy()
+    np.testing.assert_allclose(ca, cb, rtol=1e-8, atol=1e-10 * np.abs(cb).max())
+    assert a.summary().info["Observations"] == b.summary().info["Observations"] == str(
+        int(sum(x.sum() for x in w.values())))
+
+
+def _two_rows_weighing_ten():
+    rng = np.random.default_rng(0)
+    data = {f"c{c}": rng.normal(size=(20, 2)) for c in range(3)}
+    data["small"] = rng.normal(size=(2, 2))
+    w = {c: np.ones(len(x)) for c, x in data.items()}
+    w["small"] = np.array([5.0, 5.0])
+    return data, w
+
+
+def test_disclosure_counts_records_not_weights():
+    """A client of two rows of weight 5 is two records: under min_records=3 it refuses, as
+    it would without the weights; its ten copies would pass."""
+    data, w = _two_rows_weighing_ten()
+    fd = fl.FederatedDataset.from_arrays(data, weights=w)
+    est = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0, verbose=False)
+    with pytest.raises(FederatedFitError, match=r"client 'small'.*2 record"):
+        est.fit(fd)
+    dup = fl.FederatedDataset.from_arrays({**data, "small": np.repeat(data["small"], 5, 0)})
+    assert est.fit(dup).n_rounds_ == 2
+    zero = {**w, "small": np.array([1.0, 1.0, 0.0, 0.0, 0.0])}  # 2 records + 3 of weight 0
+    fd0 = fl.FederatedDataset.from_arrays(
+        {**data, "small": np.vstack([data["small"], np.zeros((3, 2))])}, weights=zero)
+    with pytest.raises(FederatedFitError, match=r"client 'small'.*2 record"):
+        est.fit(fd0)
+
+
+def test_differential_privacy_refuses_weights_above_one():
+    data, w = _two_rows_weighing_ten()
+    data["small"] = np.repeat(data["small"], 3, 0)
+    w["small"] = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 2.5])
+    dp = fl.DifferentialPrivacy(epsilon=5.0, delta=1e-5, clip=3.0)
+    est = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0, verbose=False,
+                                      federation=fl.Federation(privacy=dp))
+    with pytest.raises(FederatedFitError,
+                       match=r"client 'small' refuses differential privacy: 1 of its rows have "
+                             r"a frequency weight above 1 \(largest 2.5\)"):
+        est.fit(fl.FederatedDataset.from_arrays(data, weights=w))
+    w["small"] = np.array([1.0, 1.0, 0.5, 1.0, 1.0, 0.25])  # weights <= 1 keep the bound
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert est.fit(fl.FederatedDataset.from_arrays(data, weights=w)).n_rounds_ == 2

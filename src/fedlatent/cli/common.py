@@ -389,10 +389,12 @@ def load_dataset(path: Path, client: str, features: list[str] | str | None = Non
     The dataset holds clients sorted by ``str(client id)``, each client's rows in file order;
     :func:`file_order` maps its rows back to the file's (its ``row_index`` is the file's row
     numbers). ``categorical``: as ``FederatedDataset.from_pandas``; None: the running fit
-    command's ``--categorical`` (:data:`CATEGORICAL`).
+    command's ``--categorical`` (:data:`CATEGORICAL`). The frequency weights are the running
+    command's ``--weight`` column (:mod:`.vocabulary`), if any.
     """
     from ..data.dataset import FederatedDataset
     from ..data.validation import DataValidationError
+    from .vocabulary import SHARED
 
     df = read_frame(path)
     if isinstance(features, str):
@@ -406,7 +408,8 @@ def load_dataset(path: Path, client: str, features: list[str] | str | None = Non
     try:
         fd = FederatedDataset.from_pandas(df, client=client, features=features, target=target,
                                           entity=entity, categorical=categorical,
-                                          categorical_columns=columns)
+                                          categorical_columns=columns,
+                                          weight=(SHARED.get() or {}).get("weight"))
     except DataValidationError as err:  # the library's fix, said as the command line says it
         text = str(err)
         if "categorical='onehot'" in text:

@@ -16,6 +16,8 @@ option                        estimator parameter
 ``--max-rounds``              ``max_rounds``
 ``--tol``                     ``tol``
 ``--progress/--no-progress``  ``verbose``
+``--weight COLUMN``           not a parameter: the data's frequency-weight column
+                              (``FederatedDataset.from_pandas(..., weight=COLUMN)``)
 ============================  =====================================================
 
 A command that declares one of these options itself uses it directly; :func:`with_shared` adds
@@ -75,6 +77,9 @@ def _shared_options(
         "--tol", help="Convergence tolerance of the objective.")] = None,
     progress: Annotated[bool | None, typer.Option(
         "--progress/--no-progress", help="Progress bars (default: on a terminal).")] = None,
+    weight: Annotated[str | None, typer.Option(
+        "--weight", help="Column of frequency weights (a row of weight 2 counts as the row "
+                         "twice; disclosure control still counts rows).")] = None,
 ) -> None:
     """The shared options (a function only typer reads)."""
 

@@ -265,6 +265,14 @@ class FederatedDataset(DatasetShape):
         self.weight_name = column
 
     @property
+    def total_weight(self) -> int | float:
+        """The rows' frequency weights summed (their number when unweighted): the ``n`` of a
+        likelihood criterion (BIC), as the duplicated rows would have."""
+        if not self.has_weights:
+            return self.n_samples
+        return float(sum(cd.mass() for cd in self.clients.values()))
+
+    @property
     def has_weights(self) -> bool:
         """Whether the rows carry frequency weights (:attr:`weight_name`)."""
         return any(c.weight is not None for c in self.clients.values())

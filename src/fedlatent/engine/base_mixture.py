@@ -81,7 +81,7 @@ class FederatedMixture(FederatedEstimator):
         return self._estimate_weighted_log_prob(self._check_X(X)).argmax(axis=1)
 
     def _n_rows(self, X) -> int:
-        return X.n_samples if isinstance(X, FederatedDataset) else self._check_X(X).shape[0]
+        return X.total_weight if isinstance(X, FederatedDataset) else self._check_X(X).shape[0]
 
     def bic(self, X) -> float:
         """Bayesian information criterion (lower is better). X: array or FederatedDataset."""

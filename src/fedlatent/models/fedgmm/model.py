@@ -124,7 +124,7 @@ class FedGMMModel(FederatedModel):
         if fw is not None:
             q, loglik = q * fw[:, None, None], loglik * fw
         rx, ry = q.sum(axis=2), q.sum(axis=1)
-        stats = dict(gmm_statistics(X, rx, params["center"], self.cov_type))
+        stats = dict(gmm_statistics(X, rx, params["center"], self.cov_type, fw))
         if self.cov_agg == "paper":
             nk = stats["nk"] + 10 * np.finfo(np.float64).eps
             stats["sxx"] = stats["sxx"] - self._outer(stats["sx"], nk)

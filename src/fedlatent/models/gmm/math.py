@@ -134,7 +134,8 @@ def estimate_log_gaussian_prob(
 
 
 def gmm_statistics(
-    X: np.ndarray, resp: np.ndarray, center: np.ndarray, covariance_type: str
+    X: np.ndarray, resp: np.ndarray, center: np.ndarray, covariance_type: str,
+    row_mass: np.ndarray | None = None,
 ) -> Stats:
     """Sufficient statistics of a Gaussian mixture, summed over samples.
 
@@ -145,6 +146,9 @@ def gmm_statistics(
         Responsibilities (rows sum to 1).
     center : ndarray of shape (n_features,)
         Shift applied to X before the moments (any fixed vector; the sums stay additive).
+    row_mass : ndarray of shape (n_samples,) or None
+        Frequency weight of each row, for the one block ``resp`` does not weigh ("tied"'s
+        pooled ``sum x x^T``); ``resp`` is then already weighted. None: 1 per row.
 
     Returns
     -------
@@ -160,7 +164,7 @@ def gmm_statistics(
         for k in range(K):
             sxx[k] = (Xc * resp[:, k : k + 1]).T @ Xc
     elif covariance_type == "tied":
-        sxx = Xc.T @ Xc
+        sxx = Xc.T @ Xc if row_mass is None else (Xc * row_mass[:, None]).T @ Xc
     else:
         sxx = resp.T @ (Xc * Xc)
     return Stats({"nk": nk, "sx": sx, "sxx": sxx}, copy=False)

@@ -98,7 +98,7 @@ class GMMModel(FederatedModel):
         resp, fw = np.exp(log_resp), data.weights_of(rows)
         if fw is not None:  # frequency weights: a row of weight w is w rows
             resp, norm = resp * fw[:, None], norm * fw
-        stats = gmm_statistics(X, resp, params["center"], self.cov_type)
+        stats = gmm_statistics(X, resp, params["center"], self.cov_type, fw)
         # summed in row order (as the batched step sums): the same bits on either path
         return ClientStep(stats, data.mass(rows),
                           float(np.cumsum(norm)[-1]) if len(norm) else 0.0, state)
@@ -190,7 +190,7 @@ class GMMModel(FederatedModel):
             resp = np.zeros((X.shape[0], centers.shape[0]))
             resp[np.arange(X.shape[0]), hard_labels(d2, self.disclosure)] = 1.0
             resp = resp if fw is None else resp * fw[:, None]
-            st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type)
+            st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type, fw)
             return {f"stat/{k}": v for k, v in st.items()}, state
         if name == "loglik":
             _, norm = self._log_resp(payload_params(payload), X)

@@ -569,4 +569,4 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         return self.bic(X, y) - self._n_parameters() * (np.log(self._n_rows(X, y)) - 2.0)
 
     def _n_rows(self, X, y) -> int:
-        return X.n_samples if isinstance(X, FederatedDataset) else self._design(X).shape[0]
+        return X.total_weight if isinstance(X, FederatedDataset) else self._design(X).shape[0]
