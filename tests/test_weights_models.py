@@ -187,3 +187,20 @@ def test_differential_privacy_refuses_weights_above_one():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert est.fit(fl.FederatedDataset.from_arrays(data, weights=w)).n_rounds_ == 2
+
+
+def test_secure_aggregation_with_fractional_weights_is_the_plain_weighted_fit():
+    """Fractional weights make fractional units: the secure sums' fixed-point rounding must
+    not round them to whole numbers (the start's n, the objective's units)."""
+    fd = _gmm_data()
+    w = {c: 0.7 * v for c, v in weights_for(fd, seed=3).items()}
+
+    def fit(secure):
+        return _fit(lambda: fl.FederatedGaussianMixture(
+            2, max_rounds=5, tol=0, random_state=1, verbose=False,
+            federation=fl.Federation(secure_aggregation=secure)), weighted(fd, w))
+    a, b = fit(True), fit(False)
+    np.testing.assert_allclose(a.means_, b.means_, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(a.covariances_, b.covariances_, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(a.history_.objective, float),
+                               np.asarray(b.history_.objective, float), rtol=1e-9)

@@ -120,3 +120,13 @@ def test_frame_parts_is_decomposed_under_80_lines():
     fns = {n.name: n for n in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(frame))))
            if isinstance(n, ast.FunctionDef)}
     assert fns["frame_parts"].end_lineno - fns["frame_parts"].lineno + 1 < 80
+
+
+def test_client_files_refuse_weights_rather_than_drop_them(tmp_path):
+    from fedlatent.data.files import write_client_files
+
+    fd = fl.FederatedDataset.from_pandas(table(), client="site", weight="w")
+    with pytest.raises(DataValidationError, match=r"client files do not carry frequency "
+                                                  r"weights yet: the weight column 'w'"):
+        write_client_files(fd, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -142,6 +142,11 @@ def write_client_files(fd: FederatedDataset, out_dir: str | os.PathLike) -> dict
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if fd.has_weights:  # refused, not dropped: a site's fit would silently be unweighted
+        raise DataValidationError(
+            f"client files do not carry frequency weights yet: the weight column "
+            f"{fd.weight_name!r} cannot go to a Flower deployment; fit in-process, or repeat "
+            "the rows by their (whole) weights")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = fd.target_name or ("y" if fd.has_target else None)

@@ -97,8 +97,19 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
     if init_round:  # the fit's key set-up counts in its first round
         down, up = down + rounds.secure.setup_down, up + rounds.secure.setup_up
     sums = res["sums"]
-    return Aggregate(Q, len(S), float(sums["objective"]), round(float(sums["n"])), down, up,
+    return Aggregate(Q, len(S), float(sums["objective"]), _units(rounds, S, sums), down, up,
                      gone + list(D), {}, errors)
+
+
+def _units(rounds, S: list[str], sums) -> int | float:
+    """The units the survivors' sum covers, without the fixed-point rounding: a whole number,
+    or (frequency weights: fractional units) the survivors' units at setup when the sum
+    claims them (a full pass), else the sum as sent."""
+    n = float(sums["n"])
+    units = float(sum(rounds.screen.n_units[c] for c in S))
+    if units.is_integer():
+        return round(n)
+    return units if abs(n - units) <= 0.5 else n
 
 
 def _check_aggregate(rounds, plan: RoundPlan, S: list[str], sums):

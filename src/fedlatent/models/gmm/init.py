@@ -230,7 +230,8 @@ def _pooled_moments(ctx: FitContext, d: int):
     mom = None
     if ctx.summed_only:
         tot = ctx.ask_sum("moments", shapes=shapes, what="initialization (moments)")
-        tot["n"] = np.rint(tot["n"])
+        units = float(sum(ctx.n_units.values()))  # (weight sums: need not be whole)
+        tot["n"] = units if abs(float(tot["n"]) - units) <= 0.5 else np.rint(tot["n"])
     else:
         mom = ctx.ask("moments", expect=_moments_expect(ctx, d),
                       what="initialization (moments)")
