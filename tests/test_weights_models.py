@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
+from fedlatent.data.validation import DataValidationError
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.registry import estimator_entries
 
@@ -204,3 +205,48 @@ def test_secure_aggregation_with_fractional_weights_is_the_plain_weighted_fit():
     np.testing.assert_allclose(a.covariances_, b.covariances_, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(np.asarray(a.history_.objective, float),
                                np.asarray(b.history_.objective, float), rtol=1e-9)
+
+
+def _hlcr_case():
+    case = ENTRIES["hlcr"].load_example().case()
+    return case, case.data()
+
+
+def test_hlcr_refuses_an_entity_lighter_than_one_event():
+    case, fd = _hlcr_case()
+    first = fd.client_ids[0]
+
+    def light(cid, cd):
+        w = np.ones(cd.n_samples)
+        if cid == first:
+            w[cd.entity == cd.entity[0]] = 0.1  # 5 events of weight 0.1
+        return cd.replace(weight=w, rows=None)
+    with pytest.raises(DataValidationError,
+                       match=rf"client '{first}': the events of entity '.+' weigh 0.5 in all "
+                             r"\(1 such entities\); every entity is at least one event"):
+        case.make().fit(fd.map(light))
+
+
+def test_hlcr_blocks_count_records_not_weights():
+    """Disclosure control of an agent's cluster blocks counts their events of positive weight
+    (records), not the weight sum the statistics carry."""
+    from fedlatent.models.hlcr.model import HLCRModel
+
+    case, fd = _hlcr_case()
+    cd = fd[fd.client_ids[0]]
+    w = np.where(np.arange(cd.n_samples) % 2 == 0, 10.0, 0.0)
+    w[cd.entity == cd.entity[0]] = 10.0
+    m = HLCRModel(2, 1.0, 1.0, 10.0, 1.0, n_features=cd.n_features)
+    weighted_cd = cd.replace(weight=w)
+    names = m._entity_stats(weighted_cd)[0]
+    n_ev = m._entity_stats(weighted_cd)[4]
+    rec = np.array([np.count_nonzero((np.asarray(cd.entity).astype(str) == e) & (w > 0))
+                    for e in names])
+    np.testing.assert_allclose(n_ev, [w[np.asarray(cd.entity).astype(str) == e].sum()
+                                      for e in names])
+    assert m.n_records(weighted_cd) == int(rec.sum()) < int(n_ev.sum())
+    step = m.client_stats(m.initial_params(), weighted_cd, m.init_client_state(weighted_cd),
+                          np.random.default_rng(0))
+    blocks, _ = m.disclosure_blocks(step.stats)
+    np.testing.assert_allclose(blocks.sum(), rec.sum())
+    np.testing.assert_allclose(step.stats["n_events"].sum(), n_ev.sum())

@@ -341,7 +341,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                     f"client {cid!r}: target {fd.target_name or 'y'!r} has NaN or infinite "
                     "values; drop those rows before fitting"
                 )
-            check_entities(cd.entity, cid)
+            check_entities(cd.entity, cid, cd.weight)
 
     def _make_model(self, fd: FederatedDataset) -> HLCRModel:
         K = self.n_clusters if self.n_clusters != "auto" else self.n_clusters_range[0]

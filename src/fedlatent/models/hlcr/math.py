@@ -120,21 +120,27 @@ def _weighted_entity_sums(X, y, inv, names, weight, client):
     scaled by ``sqrt(w)``: ``sum w x x^T`` and ``sum w x y``)."""
     w = np.asarray(weight, dtype=np.float64)
     n = np.bincount(inv, weights=w, minlength=len(names))
-    light = np.flatnonzero(n < 1.0)
-    if light.size:
-        raise DataValidationError(
-            f"client {client!r}: the events of entity {str(names[light[0]])!r} weigh "
-            f"{n[light[0]]:g} in all ({light.size} such entities); every entity is at least one "
-            "event: give its events weights summing to 1 or more, or drop it")
+    _refuse_light(names, n, client)
     r = np.sqrt(w)
     XtX, Xty, yty = entity_sums(np.ascontiguousarray(X * r[:, None]),
                                 np.ascontiguousarray(y * r), inv, len(names))
     return XtX, Xty, yty, n
 
 
-def check_entities(entity, client: str = "?") -> None:
+def _refuse_light(names: np.ndarray, n: np.ndarray, client: str) -> None:
+    """Refuse entities whose events' frequency weights ``n`` sum to less than 1."""
+    light = np.flatnonzero(n < 1.0)
+    if light.size:
+        raise DataValidationError(
+            f"client {client!r}: the events of entity {str(names[light[0]])!r} weigh "
+            f"{n[light[0]]:g} in all ({light.size} such entities); every entity is at least one "
+            "event: give its events weights summing to 1 or more, or drop it")
+
+
+def check_entities(entity, client: str = "?", weight: np.ndarray | None = None) -> None:
     """Raise DataValidationError if a declared entity (categories of a pandas Categorical) has
-    zero events, or if an entity id is missing."""
+    zero events, if an entity id is missing, or (``weight``: the events' frequency weights) if
+    an entity's events weigh less than 1 in all."""
     import pandas as pd
 
     cats = getattr(entity, "categories", None)
@@ -154,6 +160,10 @@ def check_entities(entity, client: str = "?") -> None:
                 f"({int((~present).sum())} such entities); drop entities without events (e.g. "
                 "remove_unused_categories) before fitting"
             )
+    if weight is not None:
+        names, inv = np.unique(keys.astype(str), return_inverse=True)
+        _refuse_light(names, np.bincount(inv.reshape(-1), weights=weight,
+                                         minlength=len(names)), client)
 
 
 def cluster_statistics(
