@@ -250,3 +250,15 @@ def test_hlcr_blocks_count_records_not_weights():
     blocks, _ = m.disclosure_blocks(step.stats)
     np.testing.assert_allclose(blocks.sum(), rec.sum())
     np.testing.assert_allclose(step.stats["n_events"].sum(), n_ev.sum())
+
+
+def test_random_memberships_of_a_weighted_row_are_its_copies_draws():
+    from fedlatent.engine.mixture import MAX_DRAWS_PER_ROW, _memberships
+
+    w = np.array([2.0, 0.0, 1.0, 3.0])
+    got = _memberships(np.random.default_rng(5), 3, 4, w) * w[:, None]
+    copies = np.random.default_rng(5).dirichlet(np.ones(3), size=6)  # rows 0, 0, 2, 3, 3, 3
+    want = np.stack([copies[0:2].sum(0), np.zeros(3), copies[2], copies[3:6].sum(0)])
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
+    huge = _memberships(np.random.default_rng(5), 3, 4, np.full(4, MAX_DRAWS_PER_ROW + 1.0))
+    np.testing.assert_allclose(huge, np.random.default_rng(5).dirichlet(np.ones(3), size=4))

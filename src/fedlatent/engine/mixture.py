@@ -28,6 +28,9 @@ __all__ = ["MixtureModel", "random_membership_stats"]
 
 #: the query of the random-membership start
 RANDOM_QUERY = "random_stats"
+#: with frequency weights, the random start draws a row's copies' memberships up to this many
+#: draws per row on average (beyond: one draw per row)
+MAX_DRAWS_PER_ROW = 16
 
 
 class MixtureModel(FederatedModel):
@@ -83,10 +86,12 @@ def _memberships(rng: np.random.Generator, K: int, n: int,
                  weight: np.ndarray | None) -> np.ndarray:
     """Random memberships (n, K) uniform on the simplex; with frequency weights, each row's
     mean of ``ceil(w)`` consecutive draws (its copies' draws; 0 for a weight-0 row), so that
-    a weighted client draws what its rows repeated ``w`` times next to each other draw."""
-    if weight is None:
+    a weighted client draws what its rows repeated ``w`` times next to each other draw. Large
+    (survey-scale) weights would need more than :data:`MAX_DRAWS_PER_ROW` draws per row: one
+    draw per row then (a start as random, not the copies')."""
+    reps = None if weight is None else np.ceil(weight).astype(np.int64)
+    if reps is None or reps.sum() > MAX_DRAWS_PER_ROW * max(n, 1):
         return rng.dirichlet(np.ones(K), size=n)
-    reps = np.ceil(weight).astype(np.int64)
     draws = rng.dirichlet(np.ones(K), size=int(reps.sum()))
     out = np.zeros((n, K))
     live = reps > 0
