@@ -109,7 +109,7 @@ def _chunk(X, w, means, covs, precs, logdets, maps, P, fw):
             - 0.5 * d * np.log(2 * np.pi) + np.log(w)[None])
     norm = logsumexp(logp, axis=1)
     resp = np.exp(logp - norm[:, None])
-    wresp = resp * fw[:, None]  # frequency weights: a row of weight 2 is the row twice
+    wresp = resp if fw is None else resp * fw[:, None]  # a row of weight 2 is the row twice
     a = weight_scores(w)
     S = np.zeros((X.shape[0], K, P))
     complete = np.zeros((P, P))
@@ -123,7 +123,8 @@ def _chunk(X, w, means, covs, precs, logdets, maps, P, fw):
         M2 = (e[:, k] * r[:, None]).T @ e[:, k]
         H = _complete_phi(float(r.sum()), r @ e[:, k], M2, precs[k], E)
         complete += maps[k].T @ H @ maps[k]
-    return louis_information(resp, S, complete, fw), float(norm @ fw)
+    return louis_information(resp, S, complete, fw), float(norm.sum() if fw is None
+                                                           else norm @ fw)
 
 
 def gmm_information(X: np.ndarray, weights, means, covariances, covariance_type: str,
@@ -131,7 +132,7 @@ def gmm_information(X: np.ndarray, weights, means, covariances, covariance_type:
     """Louis' observed information summed over the rows of ``X`` at the mixture (weights,
     means, sklearn-shaped covariances), and their log-likelihood; ``sample_weight``: each
     row's frequency weight (a row of weight 2 counts twice)."""
-    fw = np.ones(X.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
+    fw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     means = np.asarray(means, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
     K, d = means.shape
@@ -142,7 +143,7 @@ def gmm_information(X: np.ndarray, weights, means, covariances, covariance_type:
     info, loglik = np.zeros((P, P)), 0.0
     for start in range(0, X.shape[0], CHUNK):
         part, ll = _chunk(X[start:start + CHUNK], w, means, covs, precs, logdets, maps, P,
-                          fw[start:start + CHUNK])
+                          None if fw is None else fw[start:start + CHUNK])
         info += part
         loglik += ll
     return info, loglik

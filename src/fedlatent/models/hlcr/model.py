@@ -305,14 +305,17 @@ class HLCRModel(FederatedModel):
         y = np.asarray(data.y, dtype=np.float64)
         if self.privacy is not None:  # about the clipping centre (no holdout: 'auto' refused)
             return private_moments(X, y, self.privacy)
-        w = np.ones(len(y)) if data.weight is None else data.weight
+        w = data.weight
         if self.holdout:
             keep = ~holdout_mask(np.unique(np.asarray(data.entity).astype(str),
                                            return_inverse=True)[1].reshape(-1), y,
                                  self.holdout, self.holdout_seed)
-            X, y, w = X[keep], y[keep], w[keep]
-        return {"n": float(w.sum()), "sx": w @ X, "sxx": w @ (X * X),
-                "sy": float(w @ y), "syy": float(w @ (y * y))}
+            X, y, w = X[keep], y[keep], (None if w is None else w[keep])
+        if w is not None:  # frequency weights: a row of weight w is w rows
+            return {"n": float(w.sum()), "sx": w @ X, "sxx": w @ (X * X),
+                    "sy": float(w @ y), "syy": float(w @ (y * y))}
+        return {"n": float(len(y)), "sx": X.sum(axis=0), "sxx": (X * X).sum(axis=0),
+                "sy": float(y.sum()), "syy": float(y @ y)}
 
     def _heldout(self, payload, data: ClientData, state) -> dict[str, float]:
         """Sum over the agent's held-out events of their log predictive density given the

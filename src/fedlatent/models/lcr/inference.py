@@ -43,7 +43,7 @@ def _chunk_information(Xt, y, weights, beta, var, fw) -> tuple[np.ndarray, float
     q = p + 1
     P = K - 1 + K * q
     resp, ll = lcr_responsibilities(Xt, y, weights, beta, var)
-    wresp = resp * fw[:, None]  # frequency weights: a row of weight 2 is the row twice
+    wresp = resp if fw is None else resp * fw[:, None]  # a row of weight 2 is the row twice
     e = y[:, None] - Xt @ beta.T
     a = weight_scores(weights)
     S = np.zeros((Xt.shape[0], K, P))
@@ -55,7 +55,8 @@ def _chunk_information(Xt, y, weights, beta, var, fw) -> tuple[np.ndarray, float
         S[:, k, o:o + p] = Xt * (e[:, k] / var[k])[:, None]
         S[:, k, o + p] = (e[:, k] ** 2 / var[k] - 1.0) / (2.0 * var[k])
         complete[o:o + q, o:o + q] = _complete_block(Xt, e[:, k], wresp[:, k], var[k])
-    return louis_information(resp, S, complete, fw), float(ll @ fw)
+    return louis_information(resp, S, complete, fw), float(ll.sum() if fw is None
+                                                           else ll @ fw)
 
 
 def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np.ndarray,
@@ -76,10 +77,10 @@ def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np
     K, p = beta.shape
     P = K - 1 + K * (p + 1)
     info, loglik = np.zeros((P, P)), 0.0
-    fw = np.ones(Xt.shape[0]) if sample_weight is None else np.asarray(sample_weight, float)
+    fw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     for start in range(0, Xt.shape[0], CHUNK):
         part, ll = _chunk_information(Xt[start:start + CHUNK], y[start:start + CHUNK], w, beta,
-                                      var, fw[start:start + CHUNK])
+                                      var, None if fw is None else fw[start:start + CHUNK])
         info += part
         loglik += ll
     return info, loglik

@@ -146,8 +146,9 @@ class LCRModel(MixtureModel):
             Xt, y = self._design(data)
             p = payload_params(payload)
             _, loglik = lcr_responsibilities(Xt, y, p["weights"], p["beta"], p["noise_variance"])
-            return {"n": data.mass(), "loglik": float(_weigh(loglik[:, None], data.weight).sum())
-                    }, state
+            fw = data.weight
+            return {"n": data.mass(), "loglik": float(loglik.sum() if fw is None
+                                                      else loglik @ fw)}, state
         if name == "information":  # Louis' observed information (fedlatent.engine.inference)
             from .inference import lcr_information
 
