@@ -221,7 +221,7 @@ class FederatedDataset(DatasetShape):
                     f"client {cid!r} has {X.shape[1]} features but client {first!r} has {width}; "
                     "every client must have the same columns"
                 )
-            check_array_values(X, name_of, where=f"client {cid!r}: ")
+            check_array_values(X, name_of, where=f"client {cid!r}: ", allow_nan=True)
             if cd.y is not None:
                 check_target_values(cd.y, self.target_name or "y", where=f"client {cid!r}: ")
         if len(self.feature_names) != width:
@@ -235,6 +235,22 @@ class FederatedDataset(DatasetShape):
     def client_sizes(self) -> dict[str, int]:
         """Rows of each client."""
         return {cid: cd.n_samples for cid, cd in self.clients.items()}
+
+    @property
+    def has_missing(self) -> bool:
+        """Whether some client's X holds NaN (missing values; see ``docs/missing.md``)."""
+        return any(np.isnan(np.asarray(c.X, dtype=np.float64)).any()
+                   for c in self.clients.values())
+
+    def refuse_missing(self, fix: str = "drop or impute them before fitting") -> None:
+        """Raise today's NaN error (naming the client and the column) if some X holds NaN:
+        for models that cannot take missing values."""
+        from .validation import check_finite
+
+        names = [str(f) for f in self.feature_names]
+        for cid in self.client_ids:
+            check_finite(np.asarray(self.clients[cid].X, dtype=np.float64), names,
+                         where=f"client {cid!r}: ", fix_nan=fix)
 
     @property
     def has_target(self) -> bool:

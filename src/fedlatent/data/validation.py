@@ -243,15 +243,17 @@ def to_float_array(X, names: Callable[[int], str], where: str = "",
 
 def check_finite(X: np.ndarray, names: Sequence[str] | Callable[[int], str], where: str = "",
                  fix_nan: str = "drop or impute them before fitting",
-                 fix_inf: str = "drop or clip them before fitting") -> None:
-    """Refuse NaN and infinite values of a 2-D float array, naming the first bad column."""
-    bad = ~np.isfinite(X)
+                 fix_inf: str = "drop or clip them before fitting",
+                 allow_nan: bool = False) -> None:
+    """Refuse NaN (unless ``allow_nan``: missing values) and infinite values of a 2-D float
+    array, naming the first bad column."""
+    bad = np.isinf(X) if allow_nan else ~np.isfinite(X)
     if not bad.any():
         return
     col = int(np.flatnonzero(bad.any(axis=0))[0])
     name = names(col) if callable(names) else names[col]
     column = X[:, col]
-    n_nan = int(np.isnan(column).sum())
+    n_nan = 0 if allow_nan else int(np.isnan(column).sum())
     if n_nan:
         raise DataValidationError(f"{where}column {name!r} has {n_nan} NaN values; {fix_nan}")
     n_inf = int(np.isinf(column).sum())
@@ -281,14 +283,16 @@ def check_magnitude(X: np.ndarray, names: Sequence[str] | Callable[[int], str],
 
 
 def check_array_values(X: np.ndarray, names: Sequence[str] | Callable[[int], str],
-                       where: str = "") -> None:
-    """The data layer's checks of a client's X: real numbers, finite, not too large."""
+                       where: str = "", allow_nan: bool = False) -> None:
+    """The data layer's checks of a client's X: real numbers, finite (NaN, missing values,
+    allowed with ``allow_nan``: the fit refuses them for models that cannot take them), not
+    too large."""
     _refuse_complex_or_temporal(X, names, where)
     if X.dtype.kind not in "biuf":
         raise DataValidationError(
             f"{where}X is not numeric (dtype {X.dtype}); convert it to numbers"
         )
-    check_finite(X, names, where)
+    check_finite(X, names, where, allow_nan=allow_nan)
     check_magnitude(X, names, where)
 
 

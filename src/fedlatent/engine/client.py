@@ -453,7 +453,11 @@ def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]
     if msg.get("estimator"):
         est = estimator_from_config(str(msg["estimator"]),
                                     json.loads(str(msg.get("estimator_params", "{}"))))
+        if not getattr(est.capabilities, "missing_values", False):
+            fd.refuse_missing()
         extras = est._describe_local(fd)
+        if fd.has_missing:  # the server asks for the missing-data form of its queries
+            extras = {**extras, "missing": True}
     (cid,) = fd.client_ids
     return {
         "client_id": cid,

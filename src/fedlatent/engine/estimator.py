@@ -76,9 +76,10 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
 
     A DataFrame must have the columns the estimator was fitted with, in the same order
     (scikit-learn's check and message). A 1-D X is one sample. ``what`` names the estimator
-    in the message (default: its class). Text, complex, date/time, NaN, infinite values and
-    values beyond ``fedlatent.data.validation.MAX_ABS_VALUE`` are refused (a ValueError naming
-    the column), as the data layer refuses them at fit.
+    in the message (default: its class). Text, complex, date/time, NaN (unless the estimator
+    declares ``capabilities.missing_values``), infinite values and values beyond
+    ``fedlatent.data.validation.MAX_ABS_VALUE`` are refused (a ValueError naming the column),
+    as the data layer refuses them at fit.
     """
     from ..data.validation import check_finite, check_magnitude, frame_column, to_float_array
 
@@ -108,7 +109,8 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
             f" was fitted with {est.n_features_in_} ({list(est.feature_names_in_)})"
         )
     check_finite(X, names, where="X: ", fix_nan="drop or impute them before predicting",
-                 fix_inf="drop or clip them before predicting")
+                 fix_inf="drop or clip them before predicting",
+                 allow_nan=getattr(getattr(est, "capabilities", None), "missing_values", False))
     check_magnitude(X, names, where="X: ")
     return X
 
@@ -385,6 +387,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             from .secure import refuse_unsupported
 
             refuse_unsupported(self)
+        if not remote and not getattr(self.capabilities, "missing_values", False):
+            fd.refuse_missing()  # NaN: today's error, for models that cannot take them
         self._validate_data(fd)
         seed = seed if seed is not None else resolve_seed(
             federation.random_state

@@ -100,12 +100,16 @@ class Capabilities:
         Why not, when ``secure_aggregation`` is False (the refusal's message).
     privacy_refusal : str
         Why not, when ``differential_privacy`` is False (the refusal's message).
+    missing_values : bool
+        Whether the model takes NaN in X (missing at random, handled by its E-step); when
+        False a fit or a prediction refuses NaN naming the client and the column.
     """
 
     secure_aggregation: bool = False
     differential_privacy: bool = False
     secure_refusal: str = "its fit does not yet route every sum through secure aggregation"
     privacy_refusal: str = "its statistics have no bounded sensitivity yet"
+    missing_values: bool = False
 
     def __post_init__(self):
         for flag, reason in ((self.secure_aggregation, self.secure_refusal),

@@ -94,6 +94,10 @@ class GMMModel(FederatedModel):
 
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
         X = data.X if rows is None else data.X[rows]
+        if np.isnan(X).any():  # missing values: the E-step over observed parts (.missing)
+            from .missing_model import missing_step
+
+            return missing_step(self, params, X, state)
         log_resp, norm = self._log_resp(params, X)
         stats = gmm_statistics(X, np.exp(log_resp), params["center"], self.cov_type)
         # summed in row order (as the batched step sums): the same bits on either path
@@ -111,6 +115,13 @@ class GMMModel(FederatedModel):
         return gaussian_suspects(stats, n_units, self.cov_type, slack)
 
     # ---- differential privacy ---------------------------------------------------------------
+    def dp_clip(self, data, dp):
+        if np.isnan(data.X).any():  # rows clipped on their observed coordinates
+            from .missing_model import clip_observed
+
+            return clip_observed(data, dp)
+        return super().dp_clip(data, dp)
+
     def dp_sensitivity(self, params, dp):
         """:func:`~fedlatent.models.gmm.dp.gmm_sensitivity` of the clipping radius, widened by
         the distance from the clipping centre to the centre the statistics are taken about."""
@@ -156,6 +167,12 @@ class GMMModel(FederatedModel):
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):
         X = data.X
+        if np.isnan(X).any() or payload.get("missing"):  # .missing_model: NaN-aware queries
+            from .missing_model import missing_query
+
+            reply = missing_query(self, name, payload, X)
+            if reply is not None:
+                return reply, state
         if name == "moments":
             if self.privacy is not None:  # about the clipping centre: bounded by the radius
                 X = X - self.privacy.center_for(X.shape[1])
