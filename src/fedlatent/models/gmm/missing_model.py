@@ -77,11 +77,10 @@ def _moments(model, X: np.ndarray) -> dict:
     return {"n": X.shape[0], "nobs": M.T @ M, "sx": Xz.sum(0), "sxx": Xz.T @ Xz}
 
 
-def _hard_stats(model, payload, X: np.ndarray) -> dict:
+def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
     """Hard-assignment statistics: each row to its nearest centre on its observed
-    coordinates, its missing coordinates taken from that centre."""
-    from .model import hard_labels
-
+    coordinates, its missing coordinates taken from that centre (``hard_labels``: the
+    model's labelling with its disclosure rule, ``model.hard_labels``)."""
     centers = np.asarray(payload["centers"])
     M = ~np.isnan(X)
     Xz = np.where(M, X, 0.0)
@@ -95,13 +94,14 @@ def _hard_stats(model, payload, X: np.ndarray) -> dict:
     return {f"stat/{k}": v for k, v in st.items()}
 
 
-def missing_query(model, name: str, payload, X: np.ndarray) -> dict | None:
-    """The reply of query ``name`` on rows with NaN (None: the complete-data query applies)."""
+def missing_query(model, name: str, payload, X: np.ndarray, hard_labels) -> dict | None:
+    """The reply of query ``name`` on rows with NaN (None: the complete-data query applies);
+    ``hard_labels`` as :func:`_hard_stats` takes it."""
     X = rare_columns_dropped(X, model.disclosure)
     if name == "moments":
         return _moments(model, X)
     if name == "hard_stats":
-        return _hard_stats(model, payload, X)
+        return _hard_stats(model, payload, X, hard_labels)
     if name == "loglik":
         from ...engine.model import payload_params
 

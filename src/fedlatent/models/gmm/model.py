@@ -170,7 +170,7 @@ class GMMModel(FederatedModel):
         if np.isnan(X).any() or payload.get("missing"):  # .missing_model: NaN-aware queries
             from .missing_model import missing_query
 
-            reply = missing_query(self, name, payload, X)
+            reply = missing_query(self, name, payload, X, hard_labels)
             if reply is not None:
                 return reply, state
         if name == "moments":
