@@ -47,7 +47,7 @@ def _units_check(ctx: FitContext):
 
 def pairwise_moments(ctx: FitContext, d: int, names, covariance_type: str):
     """``(n, mean, gcov, center, None)`` as ``init._pooled_moments``, from pairwise moments
-    (queried with ``missing=1`` so that every client, complete or not, sends this form).
+    (queried with ``missing=d`` so that every client, complete or not, sends this form).
 
     Raises
     ------
@@ -55,7 +55,7 @@ def pairwise_moments(ctx: FitContext, d: int, names, covariance_type: str):
         A column observed nowhere, or (full/tied) two columns never observed together.
     """
     shapes = {"n": (), "nobs": (d, d), "sx": (d,), "sxx": (d, d)}
-    payload = {"missing": 1}
+    payload = {"missing": int(d)}  # (the DP sensitivity of nobs: one row adds at most d)
     if ctx.summed_only:
         tot = ctx.ask_sum("moments", payload, shapes=shapes, what="initialization (moments)")
     else:

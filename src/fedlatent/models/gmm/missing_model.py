@@ -88,6 +88,10 @@ def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
           + M.astype(np.float64) @ (centers ** 2).T)
     labels = hard_labels(d2, model.disclosure)
     filled = np.where(M, X, centers[labels])
+    if model.privacy is not None:  # completed rows back in the clipping ball
+        from ...engine.privacy.clipping import clip_rows
+
+        filled = clip_rows(filled, model.privacy.clip, model.privacy.center_for(X.shape[1]))
     resp = np.zeros((X.shape[0], centers.shape[0]))
     resp[np.arange(X.shape[0]), labels] = 1.0
     st = gmm_statistics(filled, resp, np.asarray(payload["center"]), model.cov_type)

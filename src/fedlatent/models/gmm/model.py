@@ -131,6 +131,8 @@ class GMMModel(FederatedModel):
 
     def dp_query_sensitivity(self, name, payload, dp):
         if name == "moments":  # n is public (client sizes are); sums about the centre
+            if payload.get("missing"):  # pairwise observed counts: a row adds <= d ones
+                return {"nobs": float(payload["missing"]), "sx": dp.clip, "sxx": dp.clip ** 2}
             return {"sx": dp.clip, "sxx": dp.clip ** 2}
         if name == "hard_stats":  # one-hot responsibilities: a round's bounds
             c = np.asarray(payload["center"], dtype=np.float64)
