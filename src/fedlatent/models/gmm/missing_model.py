@@ -8,7 +8,10 @@ fields): the complete-data path is untouched.
 
 Disclosure: a client whose column is observed on ``0 < n < min_records_per_block`` rows would
 send sums over those few values (the per-column moments); it drops those values (as if it
-lacked the column) and logs it, in the client count scope (its own rows).
+lacked the column: the pattern group is merged into "missing") and logs it; in its pairwise
+moments a pair of columns observed together on that few rows is sent as never observed
+together. In the client count scope (each client's own rows). The round statistics are sums
+over all of a client's rows: no statistic of one pattern group alone crosses.
 """
 
 from __future__ import annotations
@@ -74,7 +77,12 @@ def _moments(model, X: np.ndarray) -> dict:
         X = X - model.privacy.center_for(X.shape[1])
     M = (~np.isnan(X)).astype(np.float64)
     Xz = np.nan_to_num(X, nan=0.0)
-    return {"n": X.shape[0], "nobs": M.T @ M, "sx": Xz.sum(0), "sxx": Xz.T @ Xz}
+    nobs, sxx = M.T @ M, Xz.T @ Xz
+    need = int(getattr(model.disclosure, "min_records_per_block", 0))
+    if model.disclosure.count_scope == "client":  # a pair seen together on too few rows
+        few = (nobs > 0) & (nobs < need)
+        nobs[few], sxx[few] = 0.0, 0.0
+    return {"n": X.shape[0], "nobs": nobs, "sx": Xz.sum(0), "sxx": sxx}
 
 
 def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
