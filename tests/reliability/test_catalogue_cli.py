@@ -185,7 +185,10 @@ def _fit_cases():
             yield pytest.param(model, make, match, id=f"fit-{model}-{name}")
     for i, (name, make, match) in enumerate(TARGET_CASES):
         # sec and fedgmm call load_dataset(data, client, features, target) as lcr does
-        for model in ("lcr", "hlcr", "sec", "fedgmm") if i == 0 else ("lcr", "hlcr"):
+        models = ("lcr", "hlcr", "sec", "fedgmm") if i == 0 else ("lcr", "hlcr")
+        if name == "target_nan":  # lcr and hlcr leave those rows out (issue 25)
+            models = ("sec", "fedgmm")
+        for model in models:
             yield pytest.param(model, make, match, id=f"fit-{model}-{name}")
 
 

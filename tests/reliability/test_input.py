@@ -136,7 +136,9 @@ ROLES = {"unsupervised": {}, "supervised": {"target": "y"},
 @pytest.mark.parametrize("case, roles", [
     pytest.param(c, r, id=f"{c.name}-{r}") for c in CASES for r in ROLES
     if not (c.target and "target" not in ROLES[r])
-    and c.name != "nan"])  # NaN in X: kept by the data layer, refused at fit (issue 25)
+    # NaN in X or y: kept by the data layer, refused at fit by the models that cannot take
+    # them (issue 25; tests/data/test_missing.py, tests/models/test_missing_target.py)
+    and c.name not in ("nan", "target_nan")])
 def test_from_pandas_refuses_naming_client_and_column(case, roles):
     with pytest.raises(DataValidationError, match=case.match):
         FederatedDataset.from_pandas(bad_frame(case), client="site", features=["a", "b"],
@@ -188,9 +190,11 @@ ARRAY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("data, match", [c[1:] for c in ARRAY_CASES],
-                         ids=[c[0] for c in ARRAY_CASES])
+@pytest.mark.parametrize("data, match", [c[1:] for c in ARRAY_CASES if c[0] != "target_nan"],
+                         ids=[c[0] for c in ARRAY_CASES if c[0] != "target_nan"])
 def test_from_arrays_refuses_naming_client_and_column(data, match):
+    # (target_nan: kept by the data layer, refused at fit by the models that cannot leave the
+    # rows out, with this message: tests/models/test_missing_target.py)
     with pytest.raises(DataValidationError, match=match):
         FederatedDataset.from_arrays(data, feature_names=["u", "v"])
 
@@ -386,6 +390,8 @@ def _cli_cases():
             if case.target and model == "gmm":
                 continue
             if case.name == "nan" and model == "gmm":  # the GMM takes NaN (issue 25)
+                continue
+            if case.name == "target_nan" and model in ("lcr", "hlcr"):  # rows left out (25)
                 continue
             if model in ("sec", "fedgmm") and case.name not in firsts:
                 continue

@@ -206,11 +206,8 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
             y = np.asarray(y)
             if y.dtype == object:
                 y = pd.to_numeric(pd.Series(y)).to_numpy()
-            if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any():
-                raise DataValidationError(
-                    f"client {cid!r}: target column {target!r} has "
-                    f"{int(np.isnan(y).sum())} NaN values; drop those rows before fitting"
-                )
+            # NaN (a missing target) is kept: the fit refuses it for the models that cannot
+            # leave those rows out (FederatedDataset.refuse_missing_target)
         ent = eall[rows] if eall is not None else None
         if ent is not None and pd.isna(ent).any():
             raise DataValidationError(

@@ -296,18 +296,20 @@ def check_array_values(X: np.ndarray, names: Sequence[str] | Callable[[int], str
     check_magnitude(X, names, where)
 
 
-def check_target_values(y, name: str, where: str = "") -> None:
+def check_target_values(y, name: str, where: str = "", allow_nan: bool = False) -> None:
     """A target: refused when complex or date/time; when numeric, finite and not too large.
 
     Other targets (text labels of a classifier) are left to the model. The checks are those of
     :func:`to_float_target`, written once there.
     """
     if np.asarray(y).dtype.kind in "cmMf":
-        to_float_target(y, name, where, fix="drop those rows before fitting")
+        to_float_target(y, name, where, fix="drop those rows before fitting",
+                        allow_nan=allow_nan)
 
 
 def to_float_target(y, name: str = "y", where: str = "", n: int | None = None,
-                    fix: str = "drop those rows before predicting") -> np.ndarray:
+                    fix: str = "drop those rows before predicting",
+                    allow_nan: bool = False) -> np.ndarray:
     """A numeric target as a 1-D float64 array, or an error naming ``name``.
 
     Refuses what :func:`check_target_values` refuses (complex, date/time, NaN, infinite,
@@ -330,7 +332,7 @@ def to_float_target(y, name: str = "y", where: str = "", n: int | None = None,
                 _check_python_value(v, name, where, "target", fix)
             raise _not_numeric(where, "target", name, y.ravel()[0], fix) from None
     y = np.asarray(y, dtype=np.float64).reshape(-1)
-    bad = ~np.isfinite(y)
+    bad = np.isinf(y) if allow_nan else ~np.isfinite(y)  # allow_nan: missing targets
     if bad.any():
         raise DataValidationError(
             f"{where}target {name!r} has {int(bad.sum())} NaN or infinite values; {fix}")

@@ -214,6 +214,7 @@ class ClientNode:
         self.model.disclosure = self.disclosure
         self.model.identity = (None if self.identity is None
                                else self.identity.for_site(self.client_id))
+        self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:
@@ -234,8 +235,8 @@ class ClientNode:
                                                   honour_seed=self.honour_noise_seed)
         assert self.model is not None
         self.model.privacy = None if self.privacy is None else self.privacy.dp
-        self._data = (self._raw if self.privacy is None
-                      else self.model.dp_clip(self._raw, self.privacy.dp))
+        self._data = (self._data if self.privacy is None  # (fit_data's rows, from _setup)
+                      else self.model.dp_clip(self._data, self.privacy.dp))
 
     def _private(self, sums, sensitivities, msg: dict[str, Any], what: str):
         """``sums`` with this client's calibrated noise (one release of its budget)."""
@@ -455,9 +456,14 @@ def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]
                                     json.loads(str(msg.get("estimator_params", "{}"))))
         if not getattr(est.capabilities, "missing_values", False):
             fd.refuse_missing()
-        extras = est._describe_local(fd)
+        dropped = sum(fd.missing_target_counts().values())
+        if dropped and not getattr(est.capabilities, "missing_target", False):
+            fd.refuse_missing_target()
+        extras = est._describe_local(fd.with_target() if dropped else fd)
         if fd.has_missing:  # the server asks for the missing-data form of its queries
             extras = {**extras, "missing": True}
+        if dropped:  # rows the node leaves out of the fit (FederatedModel.fit_data)
+            extras = {**extras, "missing_target": dropped}
     (cid,) = fd.client_ids
     return {
         "client_id": cid,

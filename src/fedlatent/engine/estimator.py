@@ -29,6 +29,7 @@ user's order, a Series indexed by ``fd.row_index``) and ``score_dataset(fd)``.
 
 from __future__ import annotations
 
+import logging
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ from .registry import params_to_json
 from .runtime import Runtime
 from .seeds import resolve_seed
 from .selection import Selection, fit_selected, load_selection
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "FederatedEstimator",
@@ -389,6 +392,7 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             refuse_unsupported(self)
         if not remote and not getattr(self.capabilities, "missing_values", False):
             fd.refuse_missing()  # NaN: today's error, for models that cannot take them
+        fd, dropped = self._rows_with_target(fd, remote)
         self._validate_data(fd)
         seed = seed if seed is not None else resolve_seed(
             federation.random_state
@@ -396,6 +400,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             else getattr(self, "random_state", None)
         )
         model = self._make_model(fd)
+        if dropped:  # the clients leave those rows out (fit_data): one client at a time
+            model.batched_step = False
         model.privacy = federation.privacy  # the server's copy: its M-step knows the noise
         given = runtime is not None
         runtime = runtime if given else InProcessRuntime(fd)
@@ -409,6 +415,23 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
                           run=self._run_label(seed))
         ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
         return ctx
+
+    def _rows_with_target(self, fd, remote: bool):
+        """``(fd, rows left out)``: rows with a NaN target are refused (today's error) unless
+        the estimator declares ``capabilities.missing_target``; then they are left out of the
+        fit, counted in ``n_missing_target_`` and logged."""
+        if remote:
+            n = sum(int(e.get("missing_target", 0)) for e in getattr(fd, "extras", {}).values())
+        else:
+            n = sum(fd.missing_target_counts().values())
+            if n and not getattr(self.capabilities, "missing_target", False):
+                fd.refuse_missing_target()
+            fd = fd.with_target() if n else fd
+        self.n_missing_target_ = int(n)
+        if n:
+            logger.info("%s: %d rows with a missing target are left out of the fit",
+                        type(self).__name__, n)
+        return fd, int(n)
 
     def _run_label(self, seed: int) -> str:
         """The fit's label for the sites' ledgers: the estimator, its settings and the seed (a

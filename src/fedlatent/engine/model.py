@@ -103,6 +103,9 @@ class Capabilities:
     missing_values : bool
         Whether the model takes NaN in X (missing at random, handled by its E-step); when
         False a fit or a prediction refuses NaN naming the client and the column.
+    missing_target : bool
+        Whether rows with a NaN target are left out of the fit (counted and logged; the model's
+        ``fit_data``); when False such a target is refused naming the client.
     """
 
     secure_aggregation: bool = False
@@ -110,6 +113,7 @@ class Capabilities:
     secure_refusal: str = "its fit does not yet route every sum through secure aggregation"
     privacy_refusal: str = "its statistics have no bounded sensitivity yet"
     missing_values: bool = False
+    missing_target: bool = False
 
     def __post_init__(self):
         for flag, reason in ((self.secure_aggregation, self.secure_refusal),
@@ -193,6 +197,12 @@ class FederatedModel(ABC):
     def n_units(self, data: ClientData) -> int:
         """How many units the client's statistics are sums over (default: its rows)."""
         return data.n_samples
+
+    def fit_data(self, data: ClientData) -> ClientData:
+        """The client's rows the model fits (idempotent; the client applies it at setup).
+        Default: all. Conditional models leave out the rows without a target
+        (``data.with_target()``)."""
+        return data
 
     def init_client_state(self, data: ClientData) -> ClientState:
         """The client's private state at setup (never sent; default: none)."""
