@@ -74,6 +74,7 @@ def test_round_statistics_are_those_without_the_dropped_values():
     Y[:, 2] = np.nan
     want = m.client_stats(params, ClientData(Y), {}, None).stats
     for k in ("nk", "sx", "sxx"):
+        assert np.all(np.isfinite(got[k]))  # the missing-data E-step (no NaN sums)
         np.testing.assert_array_equal(got[k], want[k])
     off = _model(DisclosurePolicy.off()).client_stats(params, ClientData(X), {}, None).stats
     assert not np.allclose(off["sx"], got["sx"])
