@@ -451,19 +451,19 @@ def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]
     if fd.n_clients != 1:
         raise ValueError(f"describe_client expects one client's data, got {fd.n_clients}")
     extras: dict[str, Any] = {}
+    dropped = sum(fd.missing_target_counts().values())
     if msg.get("estimator"):
         est = estimator_from_config(str(msg["estimator"]),
                                     json.loads(str(msg.get("estimator_params", "{}"))))
         if not getattr(est.capabilities, "missing_values", False):
             fd.refuse_missing()
-        dropped = sum(fd.missing_target_counts().values())
         if dropped and not getattr(est.capabilities, "missing_target", False):
             fd.refuse_missing_target()
         extras = est._describe_local(fd.with_target() if dropped else fd)
-        if fd.has_missing:  # the server asks for the missing-data form of its queries
-            extras = {**extras, "missing": True}
-        if dropped:  # rows the node leaves out of the fit (FederatedModel.fit_data)
-            extras = {**extras, "missing_target": dropped}
+    if fd.has_missing:  # the server asks for the missing-data form of its queries
+        extras = {**extras, "missing": True}
+    if dropped:  # rows the node leaves out of the fit (FederatedModel.fit_data)
+        extras = {**extras, "missing_target": dropped}
     (cid,) = fd.client_ids
     return {
         "client_id": cid,

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from ..data.dataset import ClientData, FederatedDataset
+from ..data.dataset import ClientData, DataValidationError, FederatedDataset
 from .checkpoint import load_arrays_json, save_arrays_json
 from .errors import NotFittedError
 from .exchange import Expect, Replies, ask, number, setup_clients
@@ -116,6 +116,18 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
                  allow_nan=getattr(getattr(est, "capabilities", None), "missing_values", False))
     check_magnitude(X, names, where="X: ")
     return X
+
+
+def refuse_missing(fd, remote: bool) -> None:
+    """Today's NaN error for a model that cannot take missing values: in-process naming the
+    client and the column; for a RemoteDataset the client (its ``describe`` reply said so)."""
+    if not remote:
+        fd.refuse_missing()
+        return
+    for c, e in fd.extras.items():
+        if e.get("missing"):
+            raise DataValidationError(f"client {c!r}: its features have NaN values; drop or "
+                                      "impute them before fitting")
 
 
 @dataclass
@@ -390,8 +402,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             from .secure import refuse_unsupported
 
             refuse_unsupported(self)
-        if not remote and not getattr(self.capabilities, "missing_values", False):
-            fd.refuse_missing()  # NaN: today's error, for models that cannot take them
+        if not getattr(self.capabilities, "missing_values", False):
+            refuse_missing(fd, remote)  # NaN: today's error, for models that cannot take them
         fd, dropped = self._rows_with_target(fd, remote)
         self._validate_data(fd)
         seed = seed if seed is not None else resolve_seed(
@@ -421,7 +433,12 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         the estimator declares ``capabilities.missing_target``; then they are left out of the
         fit, counted in ``n_missing_target_`` and logged."""
         if remote:
-            n = sum(int(e.get("missing_target", 0)) for e in getattr(fd, "extras", {}).values())
+            per = {c: int(e.get("missing_target", 0)) for c, e in fd.extras.items()}
+            n = sum(per.values())
+            if n and not getattr(self.capabilities, "missing_target", False):
+                c = next(c for c, k in per.items() if k)
+                raise DataValidationError(f"client {c!r}: target has {per[c]} NaN values; drop "
+                                          "those rows before fitting")
         else:
             n = sum(fd.missing_target_counts().values())
             if n and not getattr(self.capabilities, "missing_target", False):
