@@ -40,8 +40,13 @@ def _federation(seed=0, n=60, sites=4):
 
 
 def _full(cov, ct, K):
+    cov = np.asarray(cov, dtype=float)
     if ct == "full":
-        return np.array(cov, dtype=float)
+        return cov
+    if ct == "tied":
+        return np.stack([cov] * K)
+    if ct == "spherical":
+        return np.stack([np.eye(D) * c for c in cov])
     return np.stack([np.diag(c) for c in cov])
 
 
@@ -77,21 +82,29 @@ def _reference_em(X, w, means, covs, ct, n_iter, reg=1e-6):
         w = nk / nk.sum()
         means = sx / nk[:, None]
         covs = sxx / nk[:, None, None] - np.einsum("ki,kj->kij", means, means)
+        if ct == "tied":  # pooled within-component scatter
+            covs = np.stack([np.einsum("k,kij->ij", nk, covs) / nk.sum()] * K)
         covs = covs + reg * np.eye(D)
         if ct == "diag":
             covs = np.stack([np.diag(np.diag(c)) for c in covs])
+        if ct == "spherical":
+            covs = np.stack([np.eye(D) * np.trace(c) / D for c in covs])
     return w, means, covs
 
 
-@pytest.mark.parametrize("ct", ["full", "diag"])
+COV0 = {"full": np.stack([np.eye(D) * 2.0] * 2), "diag": np.full((2, D), 2.0),
+        "tied": np.eye(D) * 2.0, "spherical": np.full(2, 2.0)}
+
+
+@pytest.mark.parametrize("ct", ["full", "diag", "tied", "spherical"])
 def test_federated_equals_centralized_missing_data_em(ct):
     data = _federation()
     X = np.vstack(list(data.values()))
     assert 0.24 < np.isnan(X).mean() < 0.26  # 25% of the values missing, one site lacks x2
     w0 = np.array([0.5, 0.5])
     m0 = np.array([[0.5, 0.5, 0.5], [2.0, 2.0, -1.0]])
-    cov0 = np.stack([np.eye(D) * 2.0] * 2) if ct == "full" else np.full((2, D), 2.0)
-    prec0 = np.linalg.inv(cov0) if ct == "full" else 1.0 / cov0
+    cov0 = COV0[ct]
+    prec0 = np.linalg.inv(cov0) if ct in ("full", "tied") else 1.0 / cov0
     n_iter = 6
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
@@ -103,8 +116,7 @@ def test_federated_equals_centralized_missing_data_em(ct):
     assert gm.n_iter_ == n_iter
     np.testing.assert_allclose(gm.weights_, w, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(gm.means_, mu, rtol=1e-8, atol=1e-10)
-    got = gm.covariances_ if ct == "full" else np.stack([np.diag(c) for c in gm.covariances_])
-    np.testing.assert_allclose(got, cov, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(_full(gm.covariances_, ct, 2), cov, rtol=1e-8, atol=1e-10)
 
 
 def test_predictions_use_the_observed_part():
