@@ -60,9 +60,12 @@ def test_read_table_unknown_suffix_and_missing_file(tmp_path):
 def test_nan_names_client_and_column():
     df = frame()
     df.loc[[12, 15, 17, 18], "x3"] = np.nan
+    # the data layer keeps NaN (missing values, issue 25); a model that cannot take them
+    # refuses at fit, before any round, with the same message
+    fd = fl.FederatedDataset.from_pandas(df, client="client", target="y")
     with pytest.raises(DataValidationError, match=r"^client 'b': column 'x3' has 4 NaN values; "
                        r"drop or impute them before fitting$"):
-        fl.FederatedDataset.from_pandas(df, client="client", target="y")
+        fl.LatentClassRegression(2, random_state=0).fit(fd)
 
 
 def test_inf_names_client_and_column():
@@ -110,8 +113,10 @@ def test_y_length_and_nan_target():
         fl.FederatedDataset.from_arrays({"a": (np.ones((3, 2)), [0, 1])})
     df = frame().astype({"y": float})
     df.loc[3, "y"] = np.nan
+    # kept by the data layer (issue 25); refused at fit by a model that cannot leave the row out
+    fd = fl.FederatedDataset.from_pandas(df, client="client", target="y")
     with pytest.raises(DataValidationError, match=r"^client 'a': target column 'y' has 1 NaN"):
-        fl.FederatedDataset.from_pandas(df, client="client", target="y")
+        fl.FederatedGaussianMixture(2).fit(fd)
 
 
 def test_missing_client_id():

@@ -135,7 +135,10 @@ ROLES = {"unsupervised": {}, "supervised": {"target": "y"},
 
 @pytest.mark.parametrize("case, roles", [
     pytest.param(c, r, id=f"{c.name}-{r}") for c in CASES for r in ROLES
-    if not (c.target and "target" not in ROLES[r])])
+    if not (c.target and "target" not in ROLES[r])
+    # NaN in X or y: kept by the data layer, refused at fit by the models that cannot take
+    # them (issue 25; tests/data/test_missing.py, tests/models/test_missing_target.py)
+    and c.name not in ("nan", "target_nan")])
 def test_from_pandas_refuses_naming_client_and_column(case, roles):
     with pytest.raises(DataValidationError, match=case.match):
         FederatedDataset.from_pandas(bad_frame(case), client="site", features=["a", "b"],
@@ -187,9 +190,11 @@ ARRAY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("data, match", [c[1:] for c in ARRAY_CASES],
-                         ids=[c[0] for c in ARRAY_CASES])
+@pytest.mark.parametrize("data, match", [c[1:] for c in ARRAY_CASES if c[0] != "target_nan"],
+                         ids=[c[0] for c in ARRAY_CASES if c[0] != "target_nan"])
 def test_from_arrays_refuses_naming_client_and_column(data, match):
+    # (target_nan: kept by the data layer, refused at fit by the models that cannot leave the
+    # rows out, with this message: tests/models/test_missing_target.py)
     with pytest.raises(DataValidationError, match=match):
         FederatedDataset.from_arrays(data, feature_names=["u", "v"])
 
@@ -339,6 +344,10 @@ PREDICT_CASES = [
                          ids=[c[0] for c in PREDICT_CASES])
 def test_predict_refuses_naming_the_column(fitted, model, make, match):
     est, paths = fitted[model]
+    if "NaN values" in match and est.capabilities.missing_values:  # the GMM (issue 25)
+        for path in paths:  # predicts from the observed part: finite values
+            assert np.all(np.isfinite(np.asarray(path(make()), dtype=float)))
+        return
     for path in paths:  # every predict path of the model goes through check_features
         with pytest.raises(ValueError, match=match):
             path(make())
@@ -379,6 +388,10 @@ def _cli_cases():
     for case in CASES:
         for model in FIT_ARGS:
             if case.target and model == "gmm":
+                continue
+            if case.name == "nan" and model == "gmm":  # the GMM takes NaN (issue 25)
+                continue
+            if case.name == "target_nan" and model in ("lcr", "hlcr"):  # rows left out (25)
                 continue
             if model in ("sec", "fedgmm") and case.name not in firsts:
                 continue
@@ -426,9 +439,9 @@ PREDICT_FILE_CASES = [
 
 
 @pytest.mark.parametrize("command", ["predict", "score"])
-@pytest.mark.parametrize("model", ["gmm", "lcr"])
-@pytest.mark.parametrize("mutate, fmt, match", [c[1:] for c in PREDICT_FILE_CASES],
-                         ids=[c[0] for c in PREDICT_FILE_CASES])
+@pytest.mark.parametrize("model, mutate, fmt, match", [
+    pytest.param(m, *c[1:], id=f"{c[0]}-{m}") for c in PREDICT_FILE_CASES for m in ("gmm", "lcr")
+    if not (c[0] == "nan" and m == "gmm")])  # the GMM takes NaN (issue 25)
 def test_predict_and_score_refuse_in_one_line(saved, command, model, mutate, fmt, match,
                                               tmp_path):
     path = write(mutate(frame()), tmp_path, fmt)

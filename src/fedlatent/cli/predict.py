@@ -113,9 +113,12 @@ def _dataset(est, df, roles: dict[str, Any], target: str | None,
         except ValueError as err:
             fail(f"roles.json: {err}; fit the model again")
         features = list(encoding.features) or None
-    return FederatedDataset.from_pandas(
+    fd = FederatedDataset.from_pandas(
         df, client=roles["client"], features=features, target=target,
         entity=roles.get("entity"), categorical=encoding, handle_unknown=handle_unknown)
+    if not getattr(est.capabilities, "missing_values", False):  # NaN: today's error
+        fd.refuse_missing("drop or impute them before predicting")
+    return fd
 
 
 def _client_predictors(est, fd, prefix: Path, use_global: bool) -> dict[str, Any] | None:

@@ -68,7 +68,7 @@ def arrays_parts(data: Mapping[object, object], feature_names: Sequence[str] | N
             y = np.asarray(y)
             if y.ndim != 1:
                 y = y.reshape(-1)
-            check_target_values(y, "y", where=f"client {cid!r}: ")
+            check_target_values(y, "y", where=f"client {cid!r}: ", allow_nan=True)
             if y.shape[0] != X.shape[0]:
                 raise DataValidationError(
                     f"client {cid!r}: y has {y.shape[0]} values but X has {X.shape[0]} rows"

@@ -105,6 +105,19 @@ class ClientData:
         kept)."""
         return _replace(self, **changes)
 
+    def missing_target(self) -> np.ndarray | None:
+        """The rows whose target is NaN (a boolean mask), or None when there are none."""
+        if self.y is None or np.asarray(self.y).dtype.kind != "f":
+            return None
+        miss = np.isnan(self.y)
+        return miss if miss.any() else None
+
+    def with_target(self) -> ClientData:
+        """The rows with a target (itself when none is missing): what a conditional model
+        (y given x) fits; the rows without one carry no information about it."""
+        miss = self.missing_target()
+        return self if miss is None else self.take(np.flatnonzero(~miss))
+
     def take(self, rows: np.ndarray) -> ClientData:
         return ClientData(
             self.X[rows],

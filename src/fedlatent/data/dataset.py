@@ -236,9 +236,10 @@ class FederatedDataset(DatasetShape):
                     f"client {cid!r} has {X.shape[1]} features but client {first!r} has {width}; "
                     "every client must have the same columns"
                 )
-            check_array_values(X, name_of, where=f"client {cid!r}: ")
+            check_array_values(X, name_of, where=f"client {cid!r}: ", allow_nan=True)
             if cd.y is not None:
-                check_target_values(cd.y, self.target_name or "y", where=f"client {cid!r}: ")
+                check_target_values(cd.y, self.target_name or "y", where=f"client {cid!r}: ",
+                                    allow_nan=True)
         if len(self.feature_names) != width:
             raise DataValidationError(
                 f"{len(self.feature_names)} feature names for {width} columns"
@@ -281,6 +282,54 @@ class FederatedDataset(DatasetShape):
     def client_sizes(self) -> dict[str, int]:
         """Rows of each client."""
         return {cid: cd.n_samples for cid, cd in self.clients.items()}
+
+    @property
+    def has_missing(self) -> bool:
+        """Whether some client's X holds NaN (missing values; see ``docs/missing.md``)."""
+        return any(np.isnan(np.asarray(c.X, dtype=np.float64)).any()
+                   for c in self.clients.values())
+
+    def refuse_missing(self, fix: str = "drop or impute them before fitting") -> None:
+        """Raise today's NaN error (naming the client and the column) if some X holds NaN:
+        for models that cannot take missing values."""
+        from .validation import check_finite
+
+        names = [str(f) for f in self.feature_names]
+        for cid in self.client_ids:
+            check_finite(np.asarray(self.clients[cid].X, dtype=np.float64), names,
+                         where=f"client {cid!r}: ", fix_nan=fix)
+
+    def missing_target_counts(self) -> dict[str, int]:
+        """Rows whose target is NaN, per client (clients without any left out)."""
+        out = {}
+        for cid in self.client_ids:
+            miss = self.clients[cid].missing_target()
+            if miss is not None:
+                out[cid] = int(miss.sum())
+        return out
+
+    def refuse_missing_target(self) -> None:
+        """Raise today's error for a NaN target (naming the client): for the models that
+        cannot leave those rows out."""
+        name = self.target_name or "y"
+        for cid, k in self.missing_target_counts().items():
+            if self.source_index is not None:  # a table's column (from_pandas, read_table)
+                raise DataValidationError(f"client {cid!r}: target column {name!r} has {k} NaN "
+                                          "values; drop those rows before fitting")
+            raise DataValidationError(f"client {cid!r}: target {name!r} has {k} NaN or "
+                                      "infinite values; drop those rows before fitting")
+
+    def with_target(self) -> FederatedDataset:
+        """The rows with a target (``ClientData.with_target``); a client left without rows
+        is an error naming it."""
+        clients = {cid: cd.with_target() for cid, cd in self.clients.items()}
+        for cid, cd in clients.items():
+            if cd.n_samples == 0:
+                raise DataValidationError(f"client {cid!r} has no row with a target (every "
+                                          f"{self.target_name or 'y'!r} is missing); remove it")
+        return FederatedDataset(clients, list(self.feature_names), self.target_name,
+                                self.entity_name, source_index=self.source_index,
+                                encoding=self.encoding)
 
     @property
     def has_target(self) -> bool:

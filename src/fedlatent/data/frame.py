@@ -179,11 +179,8 @@ def _client_data(cid: str, rows: np.ndarray, Xall: np.ndarray, cols: dict[str, A
         y = np.asarray(y)
         if y.dtype == object:
             y = pd.to_numeric(pd.Series(y)).to_numpy()
-        if np.issubdtype(y.dtype, np.floating) and np.isnan(y).any():
-            raise DataValidationError(
-                f"client {cid!r}: target column {names['y']!r} has "
-                f"{int(np.isnan(y).sum())} NaN values; drop those rows before fitting"
-            )
+        # NaN (a missing target) is kept: the fit refuses it for the models that cannot
+        # leave those rows out (FederatedDataset.refuse_missing_target)
     if ent is not None and pd.isna(ent).any():
         raise DataValidationError(
             f"client {cid!r}: entity column {names['entity']!r} has "

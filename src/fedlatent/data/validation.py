@@ -243,15 +243,17 @@ def to_float_array(X, names: Callable[[int], str], where: str = "",
 
 def check_finite(X: np.ndarray, names: Sequence[str] | Callable[[int], str], where: str = "",
                  fix_nan: str = "drop or impute them before fitting",
-                 fix_inf: str = "drop or clip them before fitting") -> None:
-    """Refuse NaN and infinite values of a 2-D float array, naming the first bad column."""
-    bad = ~np.isfinite(X)
+                 fix_inf: str = "drop or clip them before fitting",
+                 allow_nan: bool = False) -> None:
+    """Refuse NaN (unless ``allow_nan``: missing values) and infinite values of a 2-D float
+    array, naming the first bad column."""
+    bad = np.isinf(X) if allow_nan else ~np.isfinite(X)
     if not bad.any():
         return
     col = int(np.flatnonzero(bad.any(axis=0))[0])
     name = names(col) if callable(names) else names[col]
     column = X[:, col]
-    n_nan = int(np.isnan(column).sum())
+    n_nan = 0 if allow_nan else int(np.isnan(column).sum())
     if n_nan:
         raise DataValidationError(f"{where}column {name!r} has {n_nan} NaN values; {fix_nan}")
     n_inf = int(np.isinf(column).sum())
@@ -281,29 +283,33 @@ def check_magnitude(X: np.ndarray, names: Sequence[str] | Callable[[int], str],
 
 
 def check_array_values(X: np.ndarray, names: Sequence[str] | Callable[[int], str],
-                       where: str = "") -> None:
-    """The data layer's checks of a client's X: real numbers, finite, not too large."""
+                       where: str = "", allow_nan: bool = False) -> None:
+    """The data layer's checks of a client's X: real numbers, finite (NaN, missing values,
+    allowed with ``allow_nan``: the fit refuses them for models that cannot take them), not
+    too large."""
     _refuse_complex_or_temporal(X, names, where)
     if X.dtype.kind not in "biuf":
         raise DataValidationError(
             f"{where}X is not numeric (dtype {X.dtype}); convert it to numbers"
         )
-    check_finite(X, names, where)
+    check_finite(X, names, where, allow_nan=allow_nan)
     check_magnitude(X, names, where)
 
 
-def check_target_values(y, name: str, where: str = "") -> None:
+def check_target_values(y, name: str, where: str = "", allow_nan: bool = False) -> None:
     """A target: refused when complex or date/time; when numeric, finite and not too large.
 
     Other targets (text labels of a classifier) are left to the model. The checks are those of
     :func:`to_float_target`, written once there.
     """
     if np.asarray(y).dtype.kind in "cmMf":
-        to_float_target(y, name, where, fix="drop those rows before fitting")
+        to_float_target(y, name, where, fix="drop those rows before fitting",
+                        allow_nan=allow_nan)
 
 
 def to_float_target(y, name: str = "y", where: str = "", n: int | None = None,
-                    fix: str = "drop those rows before predicting") -> np.ndarray:
+                    fix: str = "drop those rows before predicting",
+                    allow_nan: bool = False) -> np.ndarray:
     """A numeric target as a 1-D float64 array, or an error naming ``name``.
 
     Refuses what :func:`check_target_values` refuses (complex, date/time, NaN, infinite,
@@ -326,7 +332,7 @@ def to_float_target(y, name: str = "y", where: str = "", n: int | None = None,
                 _check_python_value(v, name, where, "target", fix)
             raise _not_numeric(where, "target", name, y.ravel()[0], fix) from None
     y = np.asarray(y, dtype=np.float64).reshape(-1)
-    bad = ~np.isfinite(y)
+    bad = np.isinf(y) if allow_nan else ~np.isfinite(y)  # allow_nan: missing targets
     if bad.any():
         raise DataValidationError(
             f"{where}target {name!r} has {int(bad.sum())} NaN or infinite values; {fix}")

@@ -215,6 +215,7 @@ class ClientNode:
         self.model.disclosure = self.disclosure
         self.model.identity = (None if self.identity is None
                                else self.identity.for_site(self.client_id))
+        self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:
@@ -240,8 +241,8 @@ class ClientNode:
                                                   honour_seed=self.honour_noise_seed)
         assert self.model is not None
         self.model.privacy = None if self.privacy is None else self.privacy.dp
-        self._data = (self._raw if self.privacy is None
-                      else self.model.dp_clip(self._raw, self.privacy.dp))
+        self._data = (self._data if self.privacy is None  # (fit_data's rows, from _setup)
+                      else self.model.dp_clip(self._data, self.privacy.dp))
 
     def _private(self, sums, sensitivities, msg: dict[str, Any], what: str):
         """``sums`` with this client's calibrated noise (one release of its budget)."""
@@ -456,10 +457,19 @@ def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]
     if fd.n_clients != 1:
         raise ValueError(f"describe_client expects one client's data, got {fd.n_clients}")
     extras: dict[str, Any] = {}
+    dropped = sum(fd.missing_target_counts().values())
     if msg.get("estimator"):
         est = estimator_from_config(str(msg["estimator"]),
                                     json.loads(str(msg.get("estimator_params", "{}"))))
-        extras = est._describe_local(fd)
+        if not getattr(est.capabilities, "missing_values", False):
+            fd.refuse_missing()
+        if dropped and not getattr(est.capabilities, "missing_target", False):
+            fd.refuse_missing_target()
+        extras = est._describe_local(fd.with_target() if dropped else fd)
+    if fd.has_missing:  # the server asks for the missing-data form of its queries
+        extras = {**extras, "missing": True}
+    if dropped:  # rows the node leaves out of the fit (FederatedModel.fit_data)
+        extras = {**extras, "missing_target": dropped}
     (cid,) = fd.client_ids
     return {
         "client_id": cid,

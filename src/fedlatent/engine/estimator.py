@@ -29,6 +29,7 @@ user's order, a Series indexed by ``fd.row_index``) and ``score_dataset(fd)``.
 
 from __future__ import annotations
 
+import logging
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from ..data.dataset import ClientData, FederatedDataset
+from ..data.dataset import ClientData, DataValidationError, FederatedDataset
 from .checkpoint import load_arrays_json, save_arrays_json
 from .errors import NotFittedError
 from .exchange import Expect, Replies, ask, number, setup_clients
@@ -52,6 +53,8 @@ from .registry import params_to_json
 from .runtime import Runtime
 from .seeds import resolve_seed
 from .selection import Selection, fit_selected, load_selection
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "FederatedEstimator",
@@ -76,9 +79,10 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
 
     A DataFrame must have the columns the estimator was fitted with, in the same order
     (scikit-learn's check and message). A 1-D X is one sample. ``what`` names the estimator
-    in the message (default: its class). Text, complex, date/time, NaN, infinite values and
-    values beyond ``fedlatent.data.validation.MAX_ABS_VALUE`` are refused (a ValueError naming
-    the column), as the data layer refuses them at fit.
+    in the message (default: its class). Text, complex, date/time, NaN (unless the estimator
+    declares ``capabilities.missing_values``), infinite values and values beyond
+    ``fedlatent.data.validation.MAX_ABS_VALUE`` are refused (a ValueError naming the column),
+    as the data layer refuses them at fit.
     """
     from ..data.validation import check_finite, check_magnitude, frame_column, to_float_array
 
@@ -108,9 +112,22 @@ def check_features(est, X, what: str | None = None) -> np.ndarray:
             f" was fitted with {est.n_features_in_} ({list(est.feature_names_in_)})"
         )
     check_finite(X, names, where="X: ", fix_nan="drop or impute them before predicting",
-                 fix_inf="drop or clip them before predicting")
+                 fix_inf="drop or clip them before predicting",
+                 allow_nan=getattr(getattr(est, "capabilities", None), "missing_values", False))
     check_magnitude(X, names, where="X: ")
     return X
+
+
+def refuse_missing(fd, remote: bool) -> None:
+    """Today's NaN error for a model that cannot take missing values: in-process naming the
+    client and the column; for a RemoteDataset the client (its ``describe`` reply said so)."""
+    if not remote:
+        fd.refuse_missing()
+        return
+    for c, e in fd.extras.items():
+        if e.get("missing"):
+            raise DataValidationError(f"client {c!r}: its features have NaN values; drop or "
+                                      "impute them before fitting")
 
 
 @dataclass
@@ -385,6 +402,9 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             from .secure import refuse_unsupported
 
             refuse_unsupported(self)
+        if not getattr(self.capabilities, "missing_values", False):
+            refuse_missing(fd, remote)  # NaN: today's error, for models that cannot take them
+        fd, dropped = self._rows_with_target(fd, remote)
         self._validate_data(fd)
         seed = seed if seed is not None else resolve_seed(
             federation.random_state
@@ -392,6 +412,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             else getattr(self, "random_state", None)
         )
         model = self._make_model(fd)
+        if dropped:  # the clients leave those rows out (fit_data): one client at a time
+            model.batched_step = False
         model.privacy = federation.privacy  # the server's copy: its M-step knows the noise
         given = runtime is not None
         runtime = runtime if given else InProcessRuntime(fd)
@@ -405,6 +427,28 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
                           run=self._run_label(seed))
         ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
         return ctx
+
+    def _rows_with_target(self, fd, remote: bool):
+        """``(fd, rows left out)``: rows with a NaN target are refused (today's error) unless
+        the estimator declares ``capabilities.missing_target``; then they are left out of the
+        fit, counted in ``n_missing_target_`` and logged."""
+        if remote:
+            per = {c: int(e.get("missing_target", 0)) for c, e in fd.extras.items()}
+            n = sum(per.values())
+            if n and not getattr(self.capabilities, "missing_target", False):
+                c = next(c for c, k in per.items() if k)
+                raise DataValidationError(f"client {c!r}: target has {per[c]} NaN values; drop "
+                                          "those rows before fitting")
+        else:
+            n = sum(fd.missing_target_counts().values())
+            if n and not getattr(self.capabilities, "missing_target", False):
+                fd.refuse_missing_target()
+            fd = fd.with_target() if n else fd
+        self.n_missing_target_ = int(n)
+        if n:
+            logger.info("%s: %d rows with a missing target are left out of the fit",
+                        type(self).__name__, n)
+        return fd, int(n)
 
     def _run_label(self, seed: int) -> str:
         """The fit's label for the sites' ledgers: the estimator, its settings and the seed (a

@@ -100,12 +100,20 @@ class Capabilities:
         Why not, when ``secure_aggregation`` is False (the refusal's message).
     privacy_refusal : str
         Why not, when ``differential_privacy`` is False (the refusal's message).
+    missing_values : bool
+        Whether the model takes NaN in X (missing at random, handled by its E-step); when
+        False a fit or a prediction refuses NaN naming the client and the column.
+    missing_target : bool
+        Whether rows with a NaN target are left out of the fit (counted and logged; the model's
+        ``fit_data``); when False such a target is refused naming the client.
     """
 
     secure_aggregation: bool = False
     differential_privacy: bool = False
     secure_refusal: str = "its fit does not yet route every sum through secure aggregation"
     privacy_refusal: str = "its statistics have no bounded sensitivity yet"
+    missing_values: bool = False
+    missing_target: bool = False
 
     def __post_init__(self):
         for flag, reason in ((self.secure_aggregation, self.secure_refusal),
@@ -195,6 +203,12 @@ class FederatedModel(ABC):
         """How many units a mini-batch draws from (default: the rows; with frequency
         weights :meth:`n_units` is their sum, not a count of rows)."""
         return data.n_samples
+
+    def fit_data(self, data: ClientData) -> ClientData:
+        """The client's rows the model fits (idempotent; the client applies it at setup).
+        Default: all. Conditional models leave out the rows without a target
+        (``data.with_target()``)."""
+        return data
 
     def init_client_state(self, data: ClientData) -> ClientState:
         """The client's private state at setup (never sent; default: none)."""

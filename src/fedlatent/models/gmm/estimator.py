@@ -22,7 +22,7 @@ from ...engine.base_mixture import FederatedMixture
 from ...engine.estimator import FitContext, check_is_fitted
 from ...engine.inference import InferenceMixin
 from ...engine.loop import FitResult
-from ...engine.model import ALL_CAPABILITIES, Params
+from ...engine.model import Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
@@ -172,7 +172,8 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         self.n_components_candidates = n_components_candidates
 
     _multi_start = True  # n_init: engine/starts.py
-    capabilities = ALL_CAPABILITIES
+    capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
+                                missing_values=True)  # NaN: .missing (issue 25)
     _dp_init_releases = 2  # the pooled moments, the private k-means start
 
     def _check_params(self) -> None:
@@ -195,6 +196,9 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         return int(np.shape(self.weights_)[0])
 
     def _validate_data(self, fd: FederatedDataset) -> None:
+        from .missing_estimator import missing_names
+
+        self._missing = missing_names(self, fd)  # the feature names when fd has NaN
         n = fd.n_samples
         if n < self.n_components:
             raise ValueError(
@@ -224,7 +228,10 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
 
     def _make_model(self, fd):
         K = self._fitted_k() if self.n_components == "auto" else self.n_components
-        return GMMModel(K, self.covariance_type, self.reg_covar)
+        model = GMMModel(K, self.covariance_type, self.reg_covar)
+        if getattr(self, "_missing", None) is not None:
+            model.batched_step = False  # rows with NaN: one client at a time (.missing)
+        return model
 
     def _initialize(self, ctx: FitContext) -> Params:
         return initialize_gaussians(
@@ -237,6 +244,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
             weights_init=self.weights_init,
             means_init=self.means_init,
             precisions_init=self.precisions_init,
+            missing=getattr(self, "_missing", None),
         )
 
     def _store(self, result: FitResult, model: GMMModel) -> None:
@@ -282,7 +290,13 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
 
     # ---- prediction -----------------------------------------------------------------------
     def _estimate_weighted_log_prob(self, X) -> np.ndarray:
-        """``log p(x | k) + log pi_k`` (the base gives predict, score, bic... from it)."""
+        """``log p(x | k) + log pi_k`` (the base gives predict, score, bic... from it); for
+        rows with NaN, the density of their observed part."""
+        if np.isnan(X).any():
+            from .missing import missing_log_prob
+
+            return missing_log_prob(X, self.means_, self.covariances_,
+                                    self.covariance_type) + np.log(self.weights_)
         return estimate_log_gaussian_prob(
             X, self.means_, self.precisions_cholesky_, self.covariance_type
         ) + np.log(self.weights_)
@@ -329,6 +343,39 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
 
     def _n_parameters(self) -> int:
         return n_free_parameters(self._fitted_k(), self.n_features_in_, self.covariance_type)
+
+    def impute(self, X) -> np.ndarray:
+        """``X`` with each NaN replaced by its conditional mean given the row's observed
+        values under the fitted mixture (:func:`.missing_estimator.impute`).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), NaN where missing
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features)
+        """
+        from .missing_estimator import impute
+
+        return impute(self, self._check_X(X))
+
+    def sample_missing(self, X, n_draws: int = 5, random_state=None) -> np.ndarray:
+        """Multiple imputation: ``n_draws`` completions of ``X``, each NaN drawn from its
+        conditional distribution given the row's observed values (a component from its
+        posterior, then the conditional Gaussian); the fitted parameters are held fixed
+        (no parameter uncertainty yet).
+
+        Returns
+        -------
+        ndarray of shape (n_draws, n_samples, n_features)
+        """
+        from .missing_estimator import sample_missing
+
+        if int(n_draws) < 1:
+            raise ValueError(f"n_draws must be >= 1, got {n_draws}")
+        return sample_missing(self, self._check_X(X), int(n_draws),
+                              np.random.default_rng(random_state))
 
     def sample(self, n_samples: int = 1, random_state=None) -> tuple[np.ndarray, np.ndarray]:
         """Draw ``n_samples`` from the fitted mixture; returns (X, component labels)."""

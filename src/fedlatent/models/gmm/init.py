@@ -222,10 +222,15 @@ def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, cente
     return gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
 
 
-def _pooled_moments(ctx: FitContext, d: int):
+def _pooled_moments(ctx: FitContext, d: int, missing=None, ct: str = "full"):
     """``(n, mean, gcov, center, replies)``: the pooled moments (summed; under DP about the
     clipping centre, noisy), the pooled mean and covariance, the centre the statistics use,
-    and each client's checked reply (None when only the sum crossed)."""
+    and each client's checked reply (None when only the sum crossed). ``missing``: the
+    feature names when the federation has missing values (:mod:`.missing_init`)."""
+    if missing is not None:
+        from .missing_init import pairwise_moments
+
+        return pairwise_moments(ctx, d, missing, ct)
     shapes = {"n": (), "sx": (d,), "sxx": (d, d)}
     mom = None
     if ctx.summed_only:
@@ -340,6 +345,7 @@ def initialize_gaussians(
     weights_init=None,
     means_init=None,
     precisions_init=None,
+    missing=None,
 ) -> Params:
     """Initial Gaussian components from the clients' aggregates (never their rows).
 
@@ -352,7 +358,9 @@ def initialize_gaussians(
 
     Every reply is checked (shapes, finite values, the model's invariants; only the sum under
     secure aggregation or DP) and a client that fails to answer stops the fit with a message
-    naming it. FedGMM's Gaussian part uses this too.
+    naming it. FedGMM's Gaussian part uses this too. ``missing``: the feature names when
+    the federation has missing values (pairwise moments; a pair of columns never observed
+    together is refused before round 1, :mod:`.missing_init`), else None.
 
     Returns
     -------
@@ -362,7 +370,7 @@ def initialize_gaussians(
     rng = np.random.default_rng(np.random.SeedSequence(ctx.seed, spawn_key=(0xC0FFEE,)))
     dp = ctx.federation.privacy
     init_params = _effective_init(ctx, init_params)
-    n, mean, gcov, center, mom = _pooled_moments(ctx, d)
+    n, mean, gcov, center, mom = _pooled_moments(ctx, d, missing, ct)
     args = (ctx, K, ct, reg_covar, mean, gcov, center, n, rng)
     if weights_init is not None and means_init is not None and precisions_init is not None:
         weights = means = cov = None

@@ -94,6 +94,11 @@ class GMMModel(FederatedModel):
 
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
         X = data.X if rows is None else data.X[rows]
+        if np.isnan(X).any():  # missing values: the E-step over observed parts (.missing)
+            from .missing_model import missing_step, refuse_weights
+
+            refuse_weights(data)
+            return missing_step(self, params, X, state)
         log_resp, norm = self._log_resp(params, X)
         resp, fw = np.exp(log_resp), data.weights_of(rows)
         if fw is not None:  # frequency weights: a row of weight w is w rows
@@ -114,6 +119,13 @@ class GMMModel(FederatedModel):
         return gaussian_suspects(stats, n_units, self.cov_type, slack)
 
     # ---- differential privacy ---------------------------------------------------------------
+    def dp_clip(self, data, dp):
+        if np.isnan(data.X).any():  # rows clipped on their observed coordinates
+            from .missing_model import clip_observed
+
+            return clip_observed(data, dp)
+        return super().dp_clip(data, dp)
+
     def dp_sensitivity(self, params, dp):
         """:func:`~fedlatent.models.gmm.dp.gmm_sensitivity` of the clipping radius, widened by
         the distance from the clipping centre to the centre the statistics are taken about."""
@@ -123,6 +135,8 @@ class GMMModel(FederatedModel):
 
     def dp_query_sensitivity(self, name, payload, dp):
         if name == "moments":  # n is public (client sizes are); sums about the centre
+            if payload.get("missing"):  # pairwise observed counts: a row adds <= d ones
+                return {"nobs": float(payload["missing"]), "sx": dp.clip, "sxx": dp.clip ** 2}
             return {"sx": dp.clip, "sxx": dp.clip ** 2}
         if name == "hard_stats":  # one-hot responsibilities: a round's bounds
             c = np.asarray(payload["center"], dtype=np.float64)
@@ -159,6 +173,13 @@ class GMMModel(FederatedModel):
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):
         X, fw = data.X, data.weight
+        if np.isnan(X).any() or payload.get("missing"):  # .missing_model: NaN-aware queries
+            from .missing_model import missing_query, refuse_weights
+
+            refuse_weights(data)
+            reply = missing_query(self, name, payload, X, hard_labels)
+            if reply is not None:
+                return reply, state
         if name == "moments":
             if self.privacy is not None:  # about the clipping centre: bounded by the radius
                 X = X - self.privacy.center_for(X.shape[1])

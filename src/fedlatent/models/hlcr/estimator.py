@@ -24,7 +24,7 @@ from ...engine.exchange import number
 from ...engine.federation import Federation
 from ...engine.history import History
 from ...engine.loop import FederatedFitError, LoopOptions
-from ...engine.model import ALL_CAPABILITIES, Capabilities, Params
+from ...engine.model import Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.stats import units_number
@@ -209,8 +209,10 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                 secure_refusal="solver='gibbs' pools the rows in one place; use "
                                "solver='federated'",
                 privacy_refusal="solver='gibbs' pools the rows in one place (nothing is "
-                                "released that noise could protect); use solver='federated'")
-        return ALL_CAPABILITIES
+                                "released that noise could protect); use solver='federated'",
+                missing_target=True)
+        return Capabilities(secure_aggregation=True, differential_privacy=True,
+                            missing_target=True)  # NaN targets: rows left out (issue 25)
 
     @property
     def _dp_init_releases(self) -> int:

@@ -223,6 +223,10 @@ class HLCRModel(FederatedModel):
         """The noise sd the sampler uses at ``params`` (drawn when estimated)."""
         return _num(params["sigma"]) if "sigma" in params else self.sigma
 
+    def fit_data(self, data: ClientData) -> ClientData:
+        """The events with a target (an event whose target is NaN is left out; issue 25)."""
+        return data.with_target()
+
     def n_units(self, data: ClientData) -> int:
         return len(self._entity_stats(data)[0])
 

@@ -23,7 +23,7 @@ from ...engine.base_mixture import FederatedMixture
 from ...engine.estimator import FitContext, check_features
 from ...engine.loop import FitResult
 from ...engine.mixture import random_membership_stats
-from ...engine.model import ALL_CAPABILITIES, Params
+from ...engine.model import Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer
 from ...engine.registry import register_estimator
 from .math import lca_log_prob, n_free_parameters, offsets, one_hot
@@ -85,7 +85,8 @@ class LatentClassAnalysis(FederatedMixture):
         "n_categories": [None, Integer(1), "array-like"],
         "n_init": [Integer(1)],
     }
-    capabilities = ALL_CAPABILITIES
+    capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
+                                missing_values=True)  # a missing answer drops out (poLCA)
     _multi_start = True
     _dp_init_releases = 1  # the random-membership sums
 
@@ -124,8 +125,9 @@ class LatentClassAnalysis(FederatedMixture):
             raise ValueError("a RemoteDataset does not show its codes: give n_categories")
         top = np.zeros(J)
         for _, cd in fd.items():
-            if cd.n_samples:
-                top = np.maximum(top, np.asarray(cd.X).max(axis=0))
+            if cd.n_samples:  # (a missing answer, NaN, counts as code 0 here)
+                X = np.asarray(cd.X, dtype=np.float64)
+                top = np.maximum(top, np.where(np.isnan(X), 0.0, X).max(axis=0))
         return [int(t) + 1 for t in top]
 
     def _validate_data(self, fd) -> None:
@@ -141,7 +143,9 @@ class LatentClassAnalysis(FederatedMixture):
                     raise ValueError(f"client {cid!r}: {reason}")
 
     def _make_model(self, fd) -> LCAModel:
-        return LCAModel(self.n_components, self._categories(fd))
+        missing = (any(bool(e.get("missing")) for e in fd.extras.values())
+                   if getattr(fd, "is_remote", False) else fd.has_missing)
+        return LCAModel(self.n_components, self._categories(fd), missing)
 
     def _initialize(self, ctx: FitContext) -> Params:
         """The random-membership start (the engine's), then one M-step on its sums."""

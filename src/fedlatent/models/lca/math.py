@@ -28,14 +28,24 @@ def offsets(n_categories) -> np.ndarray:
 
 
 def one_hot(X: np.ndarray, n_categories) -> np.ndarray:
-    """The rows' codes one-hot encoded, (n, sum R_j), as float64."""
+    """The rows' codes one-hot encoded, (n, sum R_j), as float64; a missing answer (NaN) is a
+    block of zeros: the variable drops out of that row's likelihood and counts (poLCA)."""
     X = np.asarray(X)
     off = offsets(n_categories)
     n = X.shape[0]
     Z = np.zeros((n, int(off[-1])))
     if n:
+        miss = np.isnan(X) if X.dtype.kind == "f" else None
+        if miss is not None and miss.any():
+            return _one_hot_missing(X, off, miss, Z)
         cols = X.astype(np.int64) + off[:-1][None, :]
         np.put_along_axis(Z, cols, 1.0, axis=1)
+    return Z
+
+
+def _one_hot_missing(X, off, miss, Z):
+    cols = np.where(miss, 0, X).astype(np.int64) + off[:-1][None, :]
+    np.put_along_axis(Z, cols, np.where(miss, 0.0, 1.0), axis=1)
     return Z
 
 

@@ -22,12 +22,13 @@ __all__ = ["LCAModel", "code_problem"]
 
 def code_problem(X: np.ndarray, n_categories, name=lambda j: f"column {j}") -> str | None:
     """Why ``X`` cannot hold category codes (None when it can): every value an integer in
-    ``[0, R_j)`` for its column ``j`` (``name(j)`` names it in the reason)."""
+    ``[0, R_j)`` for its column ``j`` (``name(j)`` names it in the reason), or NaN (a missing
+    answer)."""
     X = np.asarray(X, dtype=np.float64)
     R = np.asarray(n_categories, dtype=np.int64)
     if X.ndim != 2 or X.shape[1] != R.size:
         return f"the data have {X.shape[-1]} columns, the model {R.size} variables"
-    bad = (X != np.round(X)) | (X < 0) | (X >= R[None, :])
+    bad = ((X != np.round(X)) | (X < 0) | (X >= R[None, :])) & ~np.isnan(X)
     if bad.any():
         i, j = np.argwhere(bad)[0]
         return (f"{name(int(j))} holds {X[i, j]:g}, not a category code in 0..{int(R[j]) - 1} "
@@ -43,11 +44,15 @@ class LCAModel(MixtureModel):
     name = "lca"
     count_stats = ("nk", "counts")
 
-    def __init__(self, n_components: int, n_categories):
+    def __init__(self, n_components: int, n_categories, missing: bool = False):
         cats = [int(r) for r in np.atleast_1d(n_categories)]
-        super().__init__(n_components=int(n_components), n_categories=cats)
+        # ``missing``: some answers are NaN (then a class's counts over a variable sum to at
+        # most its nk); in the config only when set, so a complete fit's messages are unchanged
+        super().__init__(n_components=int(n_components), n_categories=cats,
+                         **({"missing": True} if missing else {}))
         self.K = int(n_components)
         self.n_categories = cats
+        self.missing = bool(missing)
 
     def _codes(self, data, rows=None) -> np.ndarray:
         X = data.X if rows is None else data.X[rows]
@@ -83,6 +88,10 @@ class LCAModel(MixtureModel):
         reason = count_problem("counts", counts, n_units, e("counts"), total=False)
         if reason:
             return reason
+        if self.missing:  # missing answers: the counts over a variable at most nk
+            sums, nk, e_s, e_nk = self._block_sums(stats, slack)
+            return equal_problem("a class's counts over a variable's categories (at most its "
+                                 "'nk')", np.minimum(sums, nk), sums, e_s, e_nk)
         return equal_problem("a class's counts over a variable's categories and its 'nk'",
                              *self._block_sums(stats, slack))
 

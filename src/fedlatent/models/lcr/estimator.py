@@ -18,7 +18,7 @@ from ...engine.estimator import FederatedEstimator, FitContext, check_features, 
 from ...engine.inference import InferenceMixin
 from ...engine.loop import FitResult
 from ...engine.mixture import random_membership_stats
-from ...engine.model import ALL_CAPABILITIES, Params
+from ...engine.model import Capabilities, Params
 from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
@@ -247,7 +247,10 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     _multi_start = True  # n_init: engine/starts.py
     _default_n_init = 3  # n_init=None
     _score_name = "mean log-likelihood"
-    capabilities = ALL_CAPABILITIES
+    # rows with a missing target are left out (LCRModel.fit_data; issue 25); NaN covariates are
+    # refused: a conditional model has no model for x
+    capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
+                                missing_target=True)
 
     @property
     def _dp_init_releases(self) -> int:

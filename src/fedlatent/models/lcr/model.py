@@ -90,6 +90,10 @@ class LCRModel(MixtureModel):
             y = y - m
         return lcr_statistics(Xt, y, resp)
 
+    def fit_data(self, data):
+        """The rows with a target (a row whose target is NaN is left out; issue 25)."""
+        return data.with_target()
+
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
         Xt, y = self._design(data, rows)
         resp, loglik = lcr_responsibilities(
