@@ -229,8 +229,8 @@ def child(npz_path, skops_path):
     cases = _cases(npz_path, skops_path)
     fl.FederatedGaussianMixture(2, max_rounds=2, verbose=False).fit(  # warm the imports
         fl.FederatedDataset.from_arrays({"a": np.eye(4, 2) + 1.0, "b": np.eye(4, 2)}))
-    import skops.io  # noqa: F401 - imports are not the bombs' cost
     import sklearn.linear_model  # noqa: F401
+    import skops.io  # noqa: F401 - imports are not the bombs' cost
 
     out = {}
     _cap_address_space(1 << 30)
@@ -328,9 +328,12 @@ def test_zip_check_reads_npy_headers_and_refuses_a_header_larger_than_its_data()
 def test_message_check_refuses_oversized_and_object_arrays_and_keeps_small_views():
     from fedlatent.engine.bounds import message_problem
 
-    big = np.lib.stride_tricks.as_strided(np.zeros(1), shape=(2**20, 2**10), strides=(0, 0))
-    assert message_problem({"delta/x": big}, limit=2**30) == (
-        "array 'delta/x' declares shape (1048576, 1024) float64 (8 GiB), beyond the limit of "
-        "1 GiB for one array of a message")
+    view = np.lib.stride_tricks.as_strided(np.zeros(1), shape=(2**20, 2**10), strides=(0, 0))
+    assert message_problem({"delta/x": view}) == (
+        "array 'delta/x' of shape (1048576, 1024) is a zero-stride view (axis 0 repeats one "
+        "value; 8 GiB once copied), not an array that crossed a wire")
+    assert message_problem({"n": 1.0, "delta/x": np.zeros(1000)}, limit=4096) == (
+        "array 'delta/x' declares shape (1000,) float64 (0.00763 MB), beyond the limit of "
+        "0.00391 MB for one array of a message")
     assert message_problem({"o": np.array([None])}).startswith("array 'o' holds Python objects")
     assert message_problem({"v": np.broadcast_to(1.0, (3, 3)), "n": 3, "s": "x"}) is None
