@@ -161,3 +161,20 @@ def test_a_liar_inside_every_invariant_moves_the_mean_by_its_weight_times_its_sh
     moved = lied.means_[0] - honest.means_[0]
     assert np.allclose(moved, (1000.0 - X.mean(axis=0)) / N, rtol=1e-6)
     assert np.all(moved > 49)
+
+
+def test_a_liar_scaling_its_differences_stays_inside_the_invariants_until_it_is_stopped():
+    """The limit of the checks under control variates: a liar sending -50 times its reply
+    (a difference Q_c, small once the fit settles) stays inside every invariant for some
+    rounds; its lies accumulate in the server's V until an aggregate breaks them. Its replays
+    then pass, so no client is named; the round is discarded, and three in a row stop the fit
+    (never an honest client blamed, never a crash on an exhausted exchange)."""
+    def lie(reply, msg, node):
+        return {k: (v * -50.0 if k.startswith("delta/") else v) for k, v in reply.items()}
+
+    with pytest.raises(FederatedFitError, match=r"^round (\d+): the aggregate of clients .* "
+                       r"secure aggregation hides which client sent it .*; 3 aggregates in a "
+                       r"row broke the checks and no client could be named .*: stopped, kept "
+                       r"the parameters of round \d+$") as info:
+        fit_with(lie, max_rounds=12)
+    assert not info.value.faults

@@ -19,7 +19,10 @@ sub-cohorts of at least the threshold, leaving out a block of the remaining cand
 time (a binary search: about log2(n) + 1 exchanges); a client is named only when a last
 cohort holding it and clients of passing cohorts fails again, so a lie that does not reproduce
 names no one. The named client is excluded for the rest of the fit (in the initialization
-round, which needs every client, the fit stops naming it).
+round, which needs every client, the fit stops naming it). The search has
+:data:`CHECK_SLOTS` exchanges per fit (reserved at set-up, apart from the rounds'); when no
+client can be named the round is still discarded, and :data:`UNEXPLAINED_STOP` such rounds in
+a row stop the fit.
 
 What group testing reveals: the difference of two tested sums is the sum over the block left
 out, a sum of fewer clients than the threshold (the threshold is above half the clients, so
@@ -49,6 +52,8 @@ logger = logging.getLogger("fedlatent.engine.secure_round")
 
 #: secure exchanges reserved per fit for group testing (one search over 2^7 clients)
 CHECK_SLOTS = 8
+#: discarded rounds in a row, none explained by a named client, that stop the fit
+UNEXPLAINED_STOP = 3
 _REPLAY, _UNDO = "secagg/replay", "secagg/undo"
 
 
@@ -169,7 +174,9 @@ def _test(rounds, plan, cohort: list[str], j: int) -> bool | None:
     """Whether the replayed sum of ``cohort`` passes the checks (None: the exchange failed)."""
     from .faults import FederatedFitError
 
-    msg = {**with_undo(rounds.secure, plan.msg), _REPLAY: 1}
+    channel = rounds.secure
+    channel.checks_used = getattr(channel, "checks_used", 0) + 1
+    msg = {**with_undo(channel, plan.msg), _REPLAY: 1}
     try:
         res = rounds.secure.sum("estep", {c: msg for c in cohort}, round=plan.k,
                                 exchange=f"estep/check{j}",
@@ -190,6 +197,11 @@ def _block_refused(rounds, block: list[str]) -> str | None:
     return check_aggregate(policy, units, "a group test's block", block)
 
 
+def _spent(rounds) -> bool:
+    """Whether the group-test exchanges reserved at set-up are used up."""
+    return getattr(rounds.secure, "checks_used", 0) >= CHECK_SLOTS
+
+
 def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
     """Group testing over sub-cohorts of the survivors ``S`` of round ``plan.k`` (see the
     module docstring): ``(liar or None, what the search did)``."""
@@ -201,6 +213,8 @@ def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
             return None, f"{len(S)} survivors leave no block out above the threshold {t}"
         if _block_refused(rounds, block):
             return None, "a block to leave out holds too few records for the disclosure rule"
+        if _spent(rounds):
+            return None, f"the {CHECK_SLOTS} group-test exchanges of the fit are used up"
         j += 1
         ok = _test(rounds, plan, [c for c in S if c not in block], j)
         if ok is None:
@@ -214,6 +228,8 @@ def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
     keep = [c for c in cleared if c != suspect][:max(t - 1, 0)]
     if len(keep) < t - 1:  # only clients of a passing cohort vouch: else no one is named
         return None, f"{j} group tests cleared too few clients to confirm a suspect"
+    if _spent(rounds):
+        return None, f"the {CHECK_SLOTS} group-test exchanges of the fit are used up"
     j += 1
     ok = _test(rounds, plan, [suspect, *keep], j)
     if ok is None or ok:
@@ -243,6 +259,14 @@ def discard(rounds, plan, S: list[str], why: str):
                                 faults=None if liar is None else {liar: why})
     channel = rounds.secure
     channel.discarded = getattr(channel, "discarded", set()) | {k}
+    if liar is None:
+        channel.unexplained = getattr(channel, "unexplained", set()) | {k}
+        if all(k - i in channel.unexplained for i in range(UNEXPLAINED_STOP)):
+            raise FederatedFitError(
+                f"{head}; {blame}; {UNEXPLAINED_STOP} aggregates in a row broke the checks and "
+                "no client could be named (a liar whose replies stay inside the invariants "
+                "one round at a time, or a corrupted channel): stopped, kept the parameters of "
+                f"round {k - UNEXPLAINED_STOP}", rounds.params, k)
     out = f"{head}; {blame}; discarded, the parameters of round {k - 1} kept"
     logger.warning("%s", out)
     return out
