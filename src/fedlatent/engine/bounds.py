@@ -32,7 +32,7 @@ import numpy as np
 __all__ = ["MAX_FILE_BYTES", "MAX_MESSAGE_BYTES", "MAX_RATIO", "MEMORY_BUDGET", "check_memory",
            "check_zip", "message_problem", "statistic_bytes"]
 
-#: the most an archive (a saved model, a skops file) may unpack to, all members together
+#: the most an archive's compressed members (a skops file's) may unpack to, all together
 MAX_FILE_BYTES = 1 << 30
 #: the most a member larger than :data:`_RATIO_FLOOR` may inflate (uncompressed / compressed)
 MAX_RATIO = 200.0
@@ -64,8 +64,8 @@ def _npy_header(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[tuple[int, .
 
 def _member_problem(z: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> str | None:
     size, packed = int(info.file_size), int(info.compress_size)
-    if size > limit:
-        return f"declares {_gib(size)} uncompressed, beyond the limit of {_gib(limit)}"
+    if info.compress_type == zipfile.ZIP_STORED and size > packed:
+        return f"is stored (not compressed) yet declares {_gib(size)} in {_gib(packed)}"
     if size > _RATIO_FLOOR and size > MAX_RATIO * max(packed, 1):
         return (f"inflates {size / max(packed, 1):.0f} times ({_gib(packed)} to {_gib(size)}), "
                 f"beyond {MAX_RATIO:g}: a compression bomb, not data")
@@ -94,7 +94,9 @@ def check_zip(data: bytes, where: str, limit: int | None = None) -> None:
     where : str
         What it is, for the error (a path, "learner 'l03''s model").
     limit : int or None
-        The most its members may unpack to, together (None: :data:`MAX_FILE_BYTES`).
+        The most its compressed members may unpack to, together (None:
+        :data:`MAX_FILE_BYTES`); stored members (NumPy's ``.npz``) are bounded by the file
+        itself, which the caller has read.
 
     Raises
     ------
@@ -109,11 +111,13 @@ def check_zip(data: bytes, where: str, limit: int | None = None) -> None:
         return
     with z:
         infos = z.infolist()
-        total = sum(int(i.file_size) for i in infos)
+        # stored members hold their bytes in the file already read: only inflation counts
+        packed = [i for i in infos if i.compress_type != zipfile.ZIP_STORED]
+        total = sum(int(i.file_size) for i in packed)
         if total > limit:
-            raise ValueError(f"{where} declares {_gib(total)} uncompressed in {len(infos)} "
-                             f"member(s), beyond the limit of {_gib(limit)}; nothing was "
-                             "unpacked")
+            raise ValueError(f"{where} declares {_gib(total)} uncompressed in {len(packed)} "
+                             f"compressed member(s), beyond the limit of {_gib(limit)}; "
+                             "nothing was unpacked")
         for info in infos:
             why = _member_problem(z, info, limit)
             if why:
