@@ -288,6 +288,7 @@ def test_a_lying_client_is_caught_on_the_aggregate_of_the_initialization_round()
     est = fl.FederatedGaussianMixture(2, init_params="random", max_rounds=3, verbose=False,
                                       federation=fl.Federation(secure_aggregation=True))
     with pytest.raises(FederatedFitError, match=r"^round 1: the aggregate of clients \['c00', "
-                       r"'c01', 'c02', 'c03', 'c04'\] breaks the model's invariants: .*; secure "
-                       r"aggregation hides which client sent it"):
+                       r"'c01', 'c02', 'c03', 'c04'\] breaks the model's invariants: .*; client "
+                       r"'c01' sent it \(located by 3 group tests over sub-cohorts of at least 3 "
+                       r"clients\); fit again without it"):
         fit(est, fd, runtime=rt)

@@ -97,7 +97,11 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 
 def _read_npz(data: bytes, where: Path | str) -> dict[str, np.ndarray]:
     """The arrays of an .npz archive held in ``data``; ValueError naming ``where`` when it is
-    not one (truncated, corrupt, pickled objects)."""
+    not one (truncated, corrupt, pickled objects), or whose declared sizes are beyond the
+    limits of :func:`~fedlatent.engine.bounds.check_zip` (checked before anything is unpacked)."""
+    from .bounds import check_zip
+
+    check_zip(data, str(where))
     try:
         z = np.load(io.BytesIO(data), allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):

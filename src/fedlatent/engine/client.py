@@ -184,8 +184,9 @@ class ClientNode:
     def _reply(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if "secagg/slot" in msg and method in ("estep", "query"):
             from .secure import mask_reply
+            from .secure_checks import answer_secure
 
-            return mask_reply(self, method, msg, self._answer(method, msg))
+            return mask_reply(self, method, msg, answer_secure(self, method, msg))
         return self._answer(method, msg)
 
     def _answer(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:

@@ -406,6 +406,9 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             refuse_missing(fd, remote)  # NaN: today's error, for models that cannot take them
         fd, dropped = self._rows_with_target(fd, remote)
         self._validate_data(fd)
+        from .bounds import check_memory  # refused before any message: the size and the fix
+
+        check_memory(self, int(fd.n_features))
         seed = seed if seed is not None else resolve_seed(
             federation.random_state
             if federation.random_state is not None

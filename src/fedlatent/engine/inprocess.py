@@ -33,6 +33,20 @@ def _freeze(msg: dict[str, Any]) -> dict[str, Any]:
             for k, v in msg.items()}
 
 
+def _bounded(cid: str, method: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply``, or an error reply when its arrays' declared sizes or strides are beyond
+    what a message may be (:func:`~fedlatent.engine.bounds.message_problem`): refused before
+    the copy that stands for the wire would allocate it."""
+    from .bounds import message_problem
+
+    why = message_problem(reply)
+    if why is None:
+        return reply
+    logger.warning("client %r: its %s reply was refused before it was copied: %s", cid, method,
+                   why)
+    return {ERROR_KEY: f"reply refused before it was copied: {why}"}
+
+
 def _error_reply(cid: str, method: str, msg: dict[str, Any], err: Exception) -> dict[str, Any]:
     """The reply of a client whose handler raised ``err``: its type and text."""
     logger.debug("client %r: %s (round %s) raised %r", cid, method, msg.get("round"), err)
@@ -146,7 +160,7 @@ class InProcessRuntime(Runtime):
             msg = _freeze(messages[cid])
             if self.record:
                 self.log.append(("down", cid, method, msg))
-            reply = _freeze(self._handle(cid, method, msg))
+            reply = _freeze(_bounded(cid, method, self._handle(cid, method, msg)))
             if self.record:
                 self.log.append(("up", cid, method, reply))
             replies[cid] = reply

@@ -308,11 +308,14 @@ class SecureChannel:
 
 
 def open_channel(runtime, federation, n_units: dict[str, int], max_rounds: int) -> SecureChannel:
-    """The set-up of one fit under ``federation``: enough slots for ``max_rounds`` rounds and
-    :data:`INIT_SLOTS` initialization exchanges."""
+    """The set-up of one fit under ``federation``: enough slots for ``max_rounds`` rounds,
+    :data:`INIT_SLOTS` initialization exchanges and the group tests of
+    :data:`~fedlatent.engine.secure_checks.CHECK_SLOTS`."""
+    from .secure_checks import CHECK_SLOTS
+
     return SecureChannel(runtime, n_units, threshold=federation.secagg_threshold,
                          bound=federation.secagg_bound,
-                         slots=int(max_rounds) + INIT_SLOTS).setup()
+                         slots=int(max_rounds) + INIT_SLOTS + CHECK_SLOTS).setup()
 
 
 def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,

@@ -17,10 +17,10 @@ import logging
 
 from ..data.validation import name_list
 from .faults import FederatedFitError
-from .messages import ClientReplyError, check_reply
 from .rounds.aggregate import Aggregate
 from .rounds.collectors import OneByOne, refuse_incomplete_init
 from .rounds.plan import RoundPlan
+from .secure_checks import aggregate_problem, discard, with_undo
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ def _active(rounds, plan: RoundPlan) -> tuple[list[str], list[str], dict]:
     chosen = [rounds.cids[i] for i in plan.idx]
     excluded = rounds.secure.excluded
     gone = [c for c in chosen if c in excluded]
-    why = {c: f"excluded since {excluded[c]} (declared dropped; its masks were recovered)"
+    why = {c: f"excluded since {excluded[c]}" + ("" if "broke the checks" in excluded[c] else
+                                                 " (declared dropped; its masks were recovered)")
            for c in gone}
     return [c for c in chosen if c not in excluded], gone, why
 
@@ -82,7 +83,8 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
     if len(active) < rounds.secure.config.threshold:
         return _skipped(rounds, k, active, gone, errors, plan.p, init_round)
     try:
-        res = rounds.secure.sum("estep", {c: plan.msg for c in active}, round=k,
+        msg = with_undo(rounds.secure, plan.msg)  # rounds discarded so far: undo them
+        res = rounds.secure.sum("estep", {c: msg for c in active}, round=k,
                                 exchange="estep",
                                 weights={c: rounds.weights[c] for c in active})
     except FederatedFitError as err:
@@ -90,7 +92,10 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
                                 k) from err
     S, D = res["survivors"], res["dropped"]
     errors.update({c: res["errors"][c] for c in res["errors"]})
-    Q = _check_aggregate(rounds, plan, S, res["sums"])
+    Q, why = _check_aggregate(rounds, plan, S, res["sums"])
+    if why:  # never applied: the liar located and excluded, the round recorded
+        return Aggregate(None, 0, 0.0, 0, res["bytes_down"], res["bytes_up"], gone + list(D),
+                         {}, errors, skipped=discard(rounds, plan, S, why))
     if init_round:
         refuse_incomplete_init(rounds, k, {c: errors.get(c, "no reply") for c in D})
     down, up = res["bytes_down"], res["bytes_up"]
@@ -113,36 +118,18 @@ def _units(rounds, S: list[str], sums) -> int | float:
 
 
 def _check_aggregate(rounds, plan: RoundPlan, S: list[str], sums):
-    """The round's sum over the survivors ``S`` as checked statistics: its shapes and finite
-    values, the units it claims (full passes), the model's invariants (initialization round),
-    disclosure control on the aggregate; a failure stops the fit naming the round."""
+    """``(Q, why)``: the round's sum over the survivors ``S`` as checked statistics
+    (:func:`~fedlatent.engine.secure_checks.aggregate_problem`: shapes, finite values, the
+    ring's range, the units, the model's invariants) and why it cannot be true (None: it can);
+    disclosure control on the aggregate stops the fit naming the round."""
     k = plan.k
-    who = f"the aggregate of clients [{name_list(S)}]"
-    try:
-        Q = check_reply(who, {**sums, "n": 0.0, "objective": 0.0}, plan.shapes)
-    except ClientReplyError as err:
-        raise FederatedFitError(f"round {k}: {who} is not valid ({err.reason}); secure "
-                                "aggregation hides which client sent it; kept the parameters "
-                                f"of round {k - 1}", rounds.params, k) from err
-    n_sum = float(sums["n"])
-    units = float(sum(rounds.screen.n_units[c] for c in S))
-    reason = None
-    if plan.mode in ("full", "spider-refresh") and abs(n_sum - units) > 0.5:
-        reason = f"claims {n_sum:.6g} units, its clients set up {units:g}"
-    elif plan.init_round and rounds.screen.has_check:
-        weight = sum(rounds.weights[c] for c in S)
-        total = Q * (units / weight)
-        reason = rounds.model.check(total, units, rounds.screen.dp_slack(total, len(S)))
-    if not reason:  # disclosure control on the aggregate (count_scope="aggregate")
+    Q, why = aggregate_problem(rounds, plan, S, sums)
+    if not why:  # disclosure control on the aggregate (count_scope="aggregate")
         from .privacy.disclosure import check_aggregate, effective
 
         policy = effective(rounds.fed.disclosure, True)
-        refusal = check_aggregate(policy, n_sum, "the round's statistic", S)
+        refusal = check_aggregate(policy, float(sums["n"]), "the round's statistic", S)
         if refusal:
             raise FederatedFitError(f"round {k}: {refusal}; kept the parameters of round "
                                     f"{k - 1}", rounds.params, k)
-    if reason:
-        raise FederatedFitError(f"round {k}: {who} breaks the model's invariants: {reason}; "
-                                "secure aggregation hides which client sent it; kept the "
-                                f"parameters of round {k - 1}", rounds.params, k)
-    return Q
+    return Q, why

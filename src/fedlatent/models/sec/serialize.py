@@ -175,9 +175,10 @@ def _schema_types(data: bytes) -> set[str]:
     """Every type name the ``schema.json`` of a skops file names, built from nothing."""
     from skops.io._protocol import PROTOCOL
 
+    from ...engine.bounds import check_zip
+
+    check_zip(data, "the file", MAX_MODEL_BYTES)  # every member's declared size, .npy headers
     with zipfile.ZipFile(io.BytesIO(data)) as z:
-        if sum(i.file_size for i in z.infolist()) > MAX_MODEL_BYTES:
-            raise ValueError(f"it unpacks to more than {MAX_MODEL_BYTES} bytes")
         schema = json.loads(z.read("schema.json"))
     if not isinstance(schema, dict) or schema.get("protocol") != PROTOCOL:
         raise ValueError(f"it is not a skops protocol {PROTOCOL} file (protocol "
