@@ -271,3 +271,11 @@ def test_hlcr_is_refused_naming_the_sampler():
     with pytest.raises(ValueError, match=r"not available for model 'hlcr': its round is a Gibbs "
                                          r"sweep"):
         est.fit(fd)
+
+
+def test_the_config_without_acceleration_is_the_one_of_before():
+    """Off, the recorded federation has no new key (old checkpoints still resume); on, the
+    settings are recorded in full."""
+    assert "acceleration" not in fl.Federation().to_config()
+    assert fl.Federation(acceleration="squarem").to_config()["acceleration"] == {
+        "step_max0": 4.0, "mstep": 4.0, "backtracks": 4}

@@ -347,6 +347,10 @@ class Federation:
         d.pop("_extra", None)
         d["disclosure"] = json.loads(policy_to_json(self.disclosure))
         d["privacy"] = None if self.privacy is None else self.privacy.to_config()
+        if self.squarem is None:  # off: the config (and a checkpoint's identity) of before
+            d.pop("acceleration")
+        else:
+            d["acceleration"] = asdict(self.squarem)
         if callable(self.step_size):
             d["step_size"] = repr(self.step_size)
         return d
