@@ -279,3 +279,22 @@ def test_the_config_without_acceleration_is_the_one_of_before():
     assert "acceleration" not in fl.Federation().to_config()
     assert fl.Federation(acceleration="squarem").to_config()["acceleration"] == {
         "step_max0": 4.0, "mstep": 4.0, "backtracks": 4}
+
+
+def test_without_an_objective_the_steps_are_plain():
+    """A round whose objective is not finite cannot be safeguarded: the plain EM step (after
+    an extrapolation: the EM step it replaced), and no extrapolation follows."""
+    F, L, star = linear_map()
+    acc = Accelerator(Squarem(), lambda S: True)
+    x = Stats({"s": np.zeros_like(star)})
+    for _ in range(6):
+        fx = F(x)
+        nxt = acc.next_point(x, fx, float("nan"))
+        assert nxt is fx
+        x = nxt
+    s1 = F(x)
+    acc.next_point(x, s1, L(x))
+    s2 = F(s1)
+    s_new = acc.next_point(s1, s2, L(s1))
+    assert s_new is not s2
+    assert acc.next_point(s_new, F(s_new), float("nan")) is s2

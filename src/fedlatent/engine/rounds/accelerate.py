@@ -66,7 +66,11 @@ class Accelerator:
 
     def next_point(self, x: Stats, fx: Stats, objective: float) -> Stats:
         """The statistic the next round is sent, after a round that evaluated ``x`` and
-        returned ``fx = F(x)`` with the mean objective ``objective`` at ``T(x)``."""
+        returned ``fx = F(x)`` with the mean objective ``objective`` at ``T(x)`` (not finite:
+        no safeguard is possible, so the plain step, and the cycle restarts)."""
+        if not np.isfinite(objective):
+            pending, self.pending, self.base = self.pending, None, None
+            return fx if pending is None else pending[0]
         if self.pending is not None:
             s2, bar = self.pending
             self.pending = None
