@@ -15,6 +15,7 @@ from .engine import (
     Quantizer,
     Runtime,
     Spider,
+    Squarem,
     StepSchedule,
 )
 
@@ -32,6 +33,7 @@ __all__ = [
     "Quantizer",
     "Runtime",
     "Spider",
+    "Squarem",
     "StepSchedule",
     "__version__",
 ]

@@ -35,6 +35,7 @@ from .federation import Federation
 from .history import History, RoundRecord
 from .messages import ClientReplyError, pack
 from .model import FederatedModel, Params
+from .rounds.accelerate import accelerated_state, accelerator_for
 from .rounds.aggregate import Aggregate
 from .rounds.collectors import Batched, OneByOne
 from .rounds.evaluation import h_norm2
@@ -275,6 +276,7 @@ class _Rounds:
         self.budget = budget  # the PrivacyBudget under differential privacy
         self.collector = OneByOne(self)
         self.shapes: dict = {}
+        self.accel = accelerator_for(model, federation, self.n_total, lambda: self.params)
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, round_: int) -> None:
@@ -351,6 +353,8 @@ class _Rounds:
         plan = self.plan(k)
         agg = self.gather(plan)
         if agg.skipped:  # nothing crossed: state, parameters and privacy budget unchanged
+            if self.accel is not None:
+                self.accel.reset()
             self.history.append(RoundRecord(
                 round=k, objective=float("nan"), h_norm2=None, bytes_up=0, bytes_down=0,
                 participants=0, step_size=0.0, seconds=time.perf_counter() - t0,
@@ -359,6 +363,9 @@ class _Rounds:
             return False
         new_state = self.state.advance(agg.total, plan.init_round, plan.gamma, plan.p,
                                        plan.alpha, self.use_cv)
+        plain = new_state  # F(S_hat); accelerated EM may send another statistic next
+        if self.accel is not None and not plan.init_round:
+            new_state = accelerated_state(self.accel, self.state, plain, agg)
         new_params = self.server_step(k, new_state.S_hat, agg)
         if agg.accepted is not None:
             self.mirror.follow(plan.init_round, agg.accepted, new_state.S_hat, plan.alpha)
@@ -375,7 +382,12 @@ class _Rounds:
         self.state, self.params = new_state, new_params
         self.record(plan, agg, t0, h_norm2=h2, missing=missing, rejected=rejected, errors=errors,
                     bytes_down=bytes_down, stat_change=change)
-        return self.converged(not missing and not rejected)
+        done = self.converged(not missing and not rejected)
+        if new_state is not plain and (done or k >= self.opt.max_rounds):
+            # end on the EM step (its objective is at least the last round's), not on an
+            # extrapolation that no round has evaluated
+            self.state, self.params = plain, self.server_step(k, plain.S_hat, agg)
+        return done
 
     def server_step(self, k: int, S_hat: Stats, agg: Aggregate) -> Params:
         """``T(S_hat)``; a non-finite statistic or a failing M-step stops the run naming the
@@ -442,6 +454,10 @@ class _Rounds:
         self.sizes = stat_bytes(self.fed, self.shapes)
         self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params0.items()}
         self.params0 = self.params
+        if self.opt.resume and self.accel is not None:
+            raise ValueError("resume=True is not available with Federation(acceleration=...): "
+                             "the accelerator's state is not checkpointed, so the resumed run "
+                             "would not be the uninterrupted one; use acceleration=None")
         start_round = self.resume(self.shapes) if self.opt.resume else 1
         self.choose_collector()
         return start_round

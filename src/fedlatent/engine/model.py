@@ -168,6 +168,9 @@ class FederatedModel(ABC):
     #: mini-batch, partial participation, noisy) need not be; :meth:`project_stats` puts them
     #: back before :meth:`m_step`
     count_stats: ClassVar[tuple[str, ...]] = ()
+    #: why ``Federation(acceleration=...)`` does not apply ("" : it does): the round must be a
+    #: deterministic map of the statistic with an objective that EM does not decrease
+    acceleration_refusal: ClassVar[str] = ""
     #: the disclosure policy in force on this client (the client node sets it at setup);
     #: model-specific queries that send sums over subsets consult it
     disclosure: DisclosurePolicy = DisclosurePolicy()

@@ -140,6 +140,9 @@ class HLCRModel(FederatedModel):
     """
 
     name = "hlcr"
+    acceleration_refusal = ("its round is a Gibbs sweep (random labels), not the EM map, and "
+                            "its objective is the joint density at the drawn labels, which may "
+                            "go down; extrapolating draws has no fixed point to reach")
 
     def __init__(self, n_clusters: int, alpha: float, beta: float, delta: float, sigma: float,
                  fit_intercept: bool = True, n_features: int = 1, estimate_sigma: bool = False,
