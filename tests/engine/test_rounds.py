@@ -207,6 +207,7 @@ def test_one_fit_setup_plans_the_budget_and_opens_the_channel():
     assert setup.n_units == {c: fd[c].n_samples for c in fd.client_ids}
     assert setup.privacy.calibration.releases == planned_releases(4, 1, 2) == 6
     assert setup.secure.config.threshold == default_threshold(9)
-    assert setup.secure.config.n_slots == 4 + 8
+    # 4 rounds, 8 initialization exchanges and the 8 group tests that locate a liar
+    assert setup.secure.config.n_slots == 4 + 8 + 8
     plain = setup_fit(InProcessRuntime(fd), model, fl.Federation(), 4)
     assert plain.secure is None and plain.privacy is None
