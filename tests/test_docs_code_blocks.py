@@ -228,9 +228,14 @@ def test_flower_local_of_the_page_reports_at_least_every_ten_seconds(flower_page
 SLOW = {"docs/models/sec.md", "docs/models/hlcr.md", FLOWER_PAGE}
 
 
+def page_marks(page: str) -> list:
+    """``slow`` for the pages of :data:`SLOW`, and ``flower`` for the Flower page."""
+    return ([pytest.mark.slow] if page in SLOW else []) + (
+        [pytest.mark.flower] if page == FLOWER_PAGE else [])
+
+
 @pytest.mark.parametrize("path", [
-    pytest.param(p, id=str(p.relative_to(ROOT)),
-                 marks=[pytest.mark.slow] if str(p.relative_to(ROOT)) in SLOW else [])
+    pytest.param(p, id=str(p.relative_to(ROOT)), marks=page_marks(str(p.relative_to(ROOT))))
     for p in PAGES])
 def test_every_code_block_of_the_page_runs(path, tmp_path, monkeypatch, request):
     blocks = page_blocks(path)
