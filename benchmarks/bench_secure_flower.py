@@ -143,20 +143,17 @@ def inprocess(fd, est):
 
 def simulation(fd, est, work: Path):
     """As ``fedlatent.runtime.flower.simulate``, with the timed server app."""
-    from flwr.simulation import run_simulation
-
     from fedlatent.data.files import write_client_files
     from fedlatent.runtime.flower import load_result, make_client_app, run_config_for
+    from fedlatent.runtime.flower_engine import run_engine
 
     files = write_client_files(fd, work / "data")
     config = run_config_for(est, out_dir=work / "out", min_nodes=fd.n_clients,
                             round_timeout=600.0)
-    run_simulation(server_app=make_server_app(config),
-                   client_app=make_client_app([str(files[c]) for c in fd.client_ids]),
-                   num_supernodes=fd.n_clients,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"include_dashboard": False,
-                                                 "log_to_driver": False}})
+    run_engine(make_server_app(config),
+               make_client_app([str(files[c]) for c in fd.client_ids]), fd.n_clients,
+               {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"include_dashboard": False, "log_to_driver": False}})
     return load_result(work / "out"), json.loads((work / "out" / SETUP_FILE).read_text())
 
 

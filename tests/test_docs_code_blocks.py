@@ -4,9 +4,12 @@ Per page, in a temporary directory: the ```python blocks run in order in one nam
 ```bash/```console blocks whose first command starts with ``fedlatent `` run each of their
 ``fedlatent`` commands through the command line (in-process, typer's CliRunner), in document
 order with the Python blocks, so a page can write a CSV file in Python and fit it on the command
-line. A block is skipped only when the line before its fence is ``<!-- skip: REASON -->``; other
-shell blocks (``pip``, ``make``, ``flwr``, ``flower-superlink``...) and output or ``text``
-blocks are not commands of fedlatent and are not run. A block that raises, or a command that
+line. A block would be skipped when the line before its fence is ``<!-- skip: REASON -->``; none
+is (``test_no_block_is_skipped``). The Flower page runs once (``flower_page``) for its page test
+and the tests of its simulation and its deployment's progress, ``flower local`` through a pipe
+as a user's shell runs it. Other shell blocks (``pip``, ``make``, ``flwr``,
+``flower-superlink``...) and output or ``text`` blocks are not commands of fedlatent and are
+not run. A block that raises, or a command that
 exits non-zero, fails the page's test with the page and line.
 """
 
@@ -72,14 +75,23 @@ def parse(text: str, page: str) -> list[Block]:
     return blocks
 
 
-def run_blocks(blocks: list[Block]) -> int:
-    """Run the runnable, not skipped blocks in order; return how many ran. Raises
-    AssertionError naming the page and line of a block that raised or a command that failed."""
+def in_process(words: list[str]) -> tuple[int, str, BaseException | None]:
+    """Run a ``fedlatent`` command in this process (typer's CliRunner): exit code, output,
+    exception."""
     from typer.testing import CliRunner
 
     from fedlatent.cli import app
 
-    namespace: dict = {"__name__": "__docs__"}
+    res = CliRunner().invoke(app, words[1:], prog_name="fedlatent")
+    return res.exit_code, res.output, res.exception
+
+
+def run_blocks(blocks: list[Block], run_command=in_process, namespace: dict | None = None) -> int:
+    """Run the runnable, not skipped blocks in order; return how many ran. Raises
+    AssertionError naming the page and line of a block that raised or a command that failed.
+    ``run_command(words)`` runs one ``fedlatent`` command (:func:`in_process` by default); the
+    Python blocks share ``namespace`` (a new one by default)."""
+    namespace = {"__name__": "__docs__"} if namespace is None else namespace
     ran = 0
     for b in blocks:
         if b.skip is not None or not b.runnable:
@@ -92,9 +104,9 @@ def run_blocks(blocks: list[Block]) -> int:
                 raise AssertionError(f"{where}: the block raised {err!r}") from err
         else:
             for words in b.commands():
-                res = CliRunner().invoke(app, words[1:], prog_name="fedlatent")
-                assert res.exit_code == 0, (f"{where}: `{shlex.join(words)}` exited "
-                                            f"{res.exit_code}\n{res.output}{res.exception!r}")
+                code, output, exc = run_command(words)
+                assert code == 0, (f"{where}: `{shlex.join(words)}` exited "
+                                   f"{code}\n{output}{exc!r}")
         ran += 1
     return ran
 
@@ -113,20 +125,126 @@ def count(pages=PAGES) -> dict[str, int]:
     return found
 
 
+# ---- the Flower page: one run shared by its page test and the tests of what it shows ----------
+FLOWER_PAGE = "docs/flower.md"
+#: the source tree of the fedlatent under test (a subprocess imports the same one)
+SRC = str(Path(__import__("fedlatent").__file__).resolve().parents[1])
+
+
+@dataclass
+class FlowerPageRun:
+    """What running the Flower page gave: blocks run, the status of its simulation, the lines
+    ``flower local`` printed with the seconds since its start at which each arrived, and
+    Flower's log records and warnings."""
+
+    ran: int
+    simulation: dict
+    arrivals: list[tuple[float, str]]
+    flwr_records: list[str]
+    flwr_warnings: list[str]
+
+
+def through_a_pipe(words: list[str], arrivals: list[tuple[float, str]]):
+    """Run a ``fedlatent`` command as a user's shell would, its output on a pipe (not a
+    terminal), appending each line it prints with its arrival time to ``arrivals``."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MPLBACKEND": "Agg", "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "fedlatent.cli", *words[1:]], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    arrivals += [(time.monotonic() - start, line.rstrip()) for line in proc.stdout]
+    proc.wait(timeout=900)
+    return proc.returncode, "\n".join(text for _, text in arrivals), None
+
+
+@pytest.fixture(scope="module")
+def flower_page(tmp_path_factory):
+    """Run every block of the Flower page once (the simulation in this process, ``flower
+    local`` through a pipe), recording Flower's log records and warnings."""
+    import logging
+    import os
+    import warnings
+
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(handler)
+    arrivals: list[tuple[float, str]] = []
+    namespace: dict = {"__name__": "__docs__"}
+    cwd = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("flower-page"))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ran = run_blocks(page_blocks(ROOT / FLOWER_PAGE),
+                             run_command=lambda words: through_a_pipe(words, arrivals),
+                             namespace=namespace)
+    finally:
+        os.chdir(cwd)
+        flwr_logger.removeHandler(handler)
+    est = namespace.get("est")
+    return FlowerPageRun(ran, dict(getattr(est, "flower_status_", {})), arrivals,
+                         [r.getMessage() for r in records],
+                         [f"{w.category.__name__}: {w.message}" for w in caught
+                          if "flwr" in str(w.filename)])
+
+
+@pytest.mark.slow
+@pytest.mark.flower
+def test_the_simulation_prints_no_deprecation_banner(flower_page):
+    """``simulate`` uses Flower's engine as ``flwr-simulation`` does, not the deprecated
+    ``run_simulation`` (whose banner says ``DEPRECATED FEATURE``)."""
+    assert flower_page.simulation.get("status") == "ok", flower_page.simulation
+    assert 1 <= flower_page.simulation.get("rounds", 0) <= 3, flower_page.simulation
+    assert not [m for m in flower_page.flwr_records if "DEPRECATED" in m.upper()]
+    assert not [w for w in flower_page.flwr_warnings if "eprecat" in w]
+
+
+@pytest.mark.slow
+@pytest.mark.flower
+def test_flower_local_of_the_page_reports_at_least_every_ten_seconds(flower_page):
+    """The page's ``flower local gmm`` (a real loopback deployment, stdout on a pipe) prints a
+    line at least every 10 s once the deployment is ready, up to its last round."""
+    arrivals = flower_page.arrivals
+    times = [0.0] + [t for t, _ in arrivals]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    ready = next(i for i, (_, text) in enumerate(arrivals) if text.startswith("deployment ready"))
+    shown = [f"{g:5.1f} s  {text}" for g, (_, text) in zip(gaps, arrivals)]
+    assert max(gaps[ready + 1:]) <= 10.0, "\n".join(shown)
+    assert any(text.startswith("round 3:") for _, text in arrivals), arrivals
+
+
 #: pages whose examples fit several models (SEC's select and exchange, HLCR's Gibbs sweeps and
-#: its choice of K): 10-60 s each on a loaded 2-core machine
-SLOW = {"docs/models/sec.md", "docs/models/hlcr.md"}
+#: its choice of K): 10-60 s each on a loaded 2-core machine; the Flower page runs a simulation
+#: (Ray) and a loopback deployment (about 100 s), once for its tests (``flower_page``)
+SLOW = {"docs/models/sec.md", "docs/models/hlcr.md", FLOWER_PAGE}
+
+
+def page_marks(page: str) -> list:
+    """``slow`` for the pages of :data:`SLOW`, and ``flower`` for the Flower page."""
+    return ([pytest.mark.slow] if page in SLOW else []) + (
+        [pytest.mark.flower] if page == FLOWER_PAGE else [])
 
 
 @pytest.mark.parametrize("path", [
-    pytest.param(p, id=str(p.relative_to(ROOT)),
-                 marks=[pytest.mark.slow] if str(p.relative_to(ROOT)) in SLOW else [])
+    pytest.param(p, id=str(p.relative_to(ROOT)), marks=page_marks(str(p.relative_to(ROOT))))
     for p in PAGES])
-def test_every_code_block_of_the_page_runs(path, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+def test_every_code_block_of_the_page_runs(path, tmp_path, monkeypatch, request):
     blocks = page_blocks(path)
     expected = sum(b.runnable and b.skip is None for b in blocks)
+    if str(path.relative_to(ROOT)) == FLOWER_PAGE:  # run once for this test and the next ones
+        assert request.getfixturevalue("flower_page").ran == expected
+        return
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
     assert run_blocks(blocks) == expected
 
 
@@ -158,3 +276,12 @@ def test_most_blocks_run():
     """Skips stay the exception: at most one runnable block in five is skipped."""
     found = count()
     assert found["run"] >= 4 * found["skipped"], found
+
+
+def test_no_block_is_skipped():
+    """Every runnable block of README.md and docs/ runs (a slow example shows lean settings,
+    or shares one run with the test of what it shows, as the Flower page does)."""
+    skipped = [f"{b.page}:{b.line} ({b.skip})" for p in PAGES for b in page_blocks(p)
+               if b.skip is not None]
+    assert skipped == []
+    assert count()["run"] >= 30

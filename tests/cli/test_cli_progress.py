@@ -134,33 +134,6 @@ def test_the_waiting_line_says_what_the_server_does(capsys, status, line):
     assert capsys.readouterr().out == line + "\n"
 
 
-@pytest.mark.slow
-def test_flower_local_reports_at_least_every_ten_seconds(tmp_path):
-    """A real loopback deployment (``flower local gmm``) with stdout on a pipe."""
-    pytest.importorskip("flwr")
-    import numpy as np
-    import pandas as pd
-
-    rng = np.random.default_rng(0)
-    df = pd.DataFrame(rng.normal(size=(120, 2)), columns=["a", "b"])
-    df["site"] = np.repeat(["s0", "s1", "s2"], 40)
-    df.to_csv(tmp_path / "d.csv", index=False)
-    cmd = [sys.executable, "-m", "fedlatent.cli", "flower", "local", "gmm", "--data",
-           str(tmp_path / "d.csv"), "--client", "site", "-k", "2", "--max-rounds", "3",
-           # the random start: one initialization exchange instead of five (each starts a
-           # client process per node); the progress of initialization exchanges is still shown
-           "--param", "init_params=random",
-           "--out", str(tmp_path / "run")]
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**_env(), "FLWR_TELEMETRY_ENABLED": "0",
-                                 "FLWR_DISABLE_UPDATE_CHECK": "1"})
-    arrivals = [(time.monotonic() - start, line.rstrip()) for line in proc.stdout]
-    proc.wait(timeout=600)
-    assert proc.returncode == 0, arrivals
-    times = [0.0] + [t for t, _ in arrivals]
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    ready = next(i for i, (_, text) in enumerate(arrivals) if text.startswith("deployment ready"))
-    shown = [f"{g:5.1f} s  {text}" for g, (_, text) in zip(gaps, arrivals)]
-    assert max(gaps[ready + 1:]) <= 10.0, "\n".join(shown)
-    assert any(text.startswith("round 3:") for _, text in arrivals), arrivals
+# The real loopback deployment (``flower local gmm`` with stdout on a pipe, a line at least every
+# 10 s): the command of docs/flower.md, run once with that page's other examples and checked in
+# tests/test_docs_code_blocks.py (test_flower_local_of_the_page_reports_at_least_every_ten_seconds).

@@ -353,17 +353,31 @@ def local(
                              help="Output: result/ (model, history), deploy/ (logs), data/."),
 ):
     """Partition if needed, start a loopback Flower deployment, fit, collect, stop it all."""
-    import signal
-
     _require_flower()
-    from ..data.files import write_client_files
-    from ..runtime.flower_local import LocalDeployment, run_app, write_app
+    from ..runtime.flower_local import write_app
 
     est = _estimator(model, params, federation, seed, param)
     out = out.resolve()
     if resume and not (out / "result" / "checkpoint.npz").exists():
         fail(f"--resume: there is no checkpoint {out / 'result' / 'checkpoint.npz'} to resume "
              "from; run without --resume")
+    files = _local_files(data, out / "data", clients=clients, client=client, features=features,
+                         target=target, entity=entity, seed=seed)
+    n_min = len(files) if min_nodes is None else min_nodes
+    config = _run_config(est, result_dir=out / "result", min_nodes=n_min,
+                         round_timeout=round_timeout, node_wait=node_wait, resume=resume)
+    result = _deploy_and_run(files, write_app(out / "app", config), out / "deploy", timeout)
+    _print_outcome(result)
+
+
+def _local_files(data: Path, data_dir: Path, *, clients: int | None, client: str | None,
+                 features: str | None, target: str | None, entity: str | None,
+                 seed: int | None) -> list[Path]:
+    """The client files of ``flower local``: ``data``'s own when it is a directory of client
+    files, else the table split by its ``client`` column (or into ``clients`` random parts)
+    and written into ``data_dir``; exits with an error line when the options disagree."""
+    from ..data.files import write_client_files
+
     if data.is_dir():
         files = _client_dir_files(data)
     else:
@@ -375,23 +389,29 @@ def local(
             fd = _split_rows(data, clients, features, target, 0 if seed is None else seed)
         else:
             fail("give --client COLUMN (or --clients N to split the rows) for a table file")
-        paths = write_client_files(fd, out / "data")
+        paths = write_client_files(fd, data_dir)
         files = [paths[c] for c in fd.client_ids]
     if clients is not None and clients != len(files):
         fail(f"--clients {clients} but the data hold {len(files)} clients")
-    n_min = len(files) if min_nodes is None else min_nodes
-    config = _run_config(est, result_dir=out / "result", min_nodes=n_min,
-                         round_timeout=round_timeout, node_wait=node_wait, resume=resume)
-    app_dir = write_app(out / "app", config)
+    return files
+
+
+def _deploy_and_run(files: list[Path], app_dir: Path, workdir: Path, timeout: float) -> Path:
+    """Start a loopback deployment of ``files`` in ``workdir``, run the app with a line per
+    round (and while waiting), stop every process (also on Ctrl-C or SIGTERM: exit 130);
+    return the server's result directory."""
+    import signal
+
+    from ..runtime.flower_local import LocalDeployment, run_app
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     typer.echo(f"starting a SuperLink and {len(files)} SuperNodes on 127.0.0.1 "
-               f"(logs in {out / 'deploy'})")
+               f"(logs in {workdir})")
     try:
-        with _Beat() as beat, LocalDeployment(files, workdir=out / "deploy") as dep:
+        with _Beat() as beat, LocalDeployment(files, workdir=workdir) as dep:
             typer.echo(f"deployment ready in {dep.startup_seconds:.1f} s "
                        f"(SuperLink {dep.address}, PIDs {dep.pids})")
             result = run_app(app_dir, dep, timeout=timeout, on_round=_print_round,
@@ -406,6 +426,11 @@ def local(
         fail(str(e), code=1)
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return result
+
+
+def _print_outcome(result: Path) -> None:
+    """The last lines of ``flower local``: rounds, seconds per round, lost clients, files."""
     status = json.loads((result / "status.json").read_text())
     typer.echo(f"every Flower process stopped; {status.get('rounds')} rounds"
                + (f", {status['seconds_per_round']:.1f} s per round"

@@ -416,6 +416,10 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
              num_cpus: int | None = None, verbose: bool = False, policies=None):
     """Fit ``estimator`` on ``fd`` with Flower's simulation engine (one supernode per client).
 
+    The engine runs in this process, as ``flwr-simulation`` runs it
+    (:func:`fedlatent.runtime.flower_engine.run_engine`), without Flower's deprecated
+    ``run_simulation`` entry point.
+
     Each client's rows are written to its own file in ``workdir`` (a temporary directory,
     removed afterwards, by default) and read only by that client's node. Returns the fitted
     estimator loaded from what the server app saved; ``est.flower_status_`` has the timings
@@ -424,9 +428,8 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
     """
     import tempfile
 
-    from flwr.simulation import run_simulation
-
     from ..data.files import write_client_files
+    from .flower_engine import run_engine
 
     if workdir is None:  # the client files and results are loaded, then removed
         with tempfile.TemporaryDirectory(prefix="fedlatent-") as tmp:
@@ -443,13 +446,11 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
                "init_args": {"num_cpus": ncpu, "include_dashboard": False,
                              "log_to_driver": bool(verbose)}}
     t0 = time.perf_counter()
-    run_simulation(server_app=make_server_app(config),
-                   client_app=make_client_app(
-                       [str(files[c]) for c in fd.client_ids],
-                       None if policies is None else [str(policies.get(c, "") or "")
-                                                      for c in fd.client_ids]),
-                   num_supernodes=fd.n_clients, backend_config=backend,
-                   verbose_logging=bool(verbose))
+    run_engine(make_server_app(config),
+               make_client_app([str(files[c]) for c in fd.client_ids],
+                               None if policies is None else [str(policies.get(c, "") or "")
+                                                              for c in fd.client_ids]),
+               fd.n_clients, backend, verbose=verbose)
     est = load_result(out)
     est.flower_status_["wall_seconds"] = time.perf_counter() - t0
     return est

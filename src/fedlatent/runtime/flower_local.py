@@ -141,25 +141,54 @@ def run_app(
         message holds the server's error and the end of the logs).
     """
     app_dir = Path(app_dir).resolve()
-    config = read_app_config(app_dir)
-    overrides = dict(overrides or {})
+    out_dir = _prepare_out_dir(read_app_config(app_dir), dict(overrides or {}))
+    _write_connection(deployment)
+    n = next(deployment._runs)
+    log = deployment.workdir / f"flwr-run-{n}.log"
+    cmd = _flwr_run_command(app_dir, deployment, dict(overrides or {}), n)
+    t0 = time.monotonic()
+    proc = _start_logged(cmd, deployment, log)
+    try:
+        _wait_reporting(proc, t0 + timeout, out_dir / "status.json", on_round, on_wait,
+                        wait_every)
+    except subprocess.TimeoutExpired:
+        _stop_run(deployment, log)
+        raise RuntimeError(
+            f"the Flower run did not finish within {timeout:.0f} s; "
+            f"{_describe(out_dir, deployment, log)}"
+        ) from None
+    finally:
+        _end_process(proc)
+    seconds = time.monotonic() - t0
+    status = _outcome(proc.returncode, out_dir, deployment, log)
+    logger.info("Flower run finished in %.1f s (%s rounds)", seconds, status.get("round"))
+    deployment.last_run_seconds = seconds
+    deployment.last_status = status
+    return out_dir
+
+
+def _prepare_out_dir(config: dict[str, Any], overrides: dict[str, Any]) -> Path:
+    """The run's ``out-dir`` (the app's run config with ``overrides``), without a previous
+    run's ``status.json``; ValueError for an override the app does not declare."""
     unknown = sorted(set(overrides) - set(config))
     if unknown:
         raise ValueError(
             f"run-config overrides {unknown} are not in the app's [tool.flwr.app.config] "
             f"(keys: {sorted(config)})"
         )
-    config.update(overrides)
+    config = {**config, **overrides}
     if "out-dir" not in config:
         raise ValueError(f"the app's run config has no 'out-dir' (keys: {sorted(config)})")
     out_dir = Path(config["out-dir"])
     status_path = out_dir / "status.json"
     if status_path.exists():
         status_path.unlink()  # a previous run's status must not be mistaken for this one's
+    return out_dir
 
-    _write_connection(deployment)
-    n = next(deployment._runs)
-    log = deployment.workdir / f"flwr-run-{n}.log"
+
+def _flwr_run_command(app_dir: Path, deployment: LocalDeployment, overrides: dict[str, Any],
+                      n: int) -> list[str]:
+    """``flwr run APP CONNECTION --stream``, with ``--run-config`` a file of ``overrides``."""
     cmd = [_flower_exe("flwr"), "run", str(app_dir), CONNECTION_NAME, "--stream"]
     if overrides:
         ov = deployment.workdir / f"overrides-{n}.toml"
@@ -168,42 +197,45 @@ def run_app(
             encoding="utf-8",
         )
         cmd += ["--run-config", str(ov)]
-    t0 = time.monotonic()
+    return cmd
+
+
+def _start_logged(cmd: list[str], deployment: LocalDeployment, log: Path) -> subprocess.Popen:
+    """Start ``cmd`` in its own session, output appended to ``log``; the deployment stops it."""
     with log.open("ab") as f:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
             env=deployment.env(), cwd=deployment.workdir, start_new_session=True,
         )
     deployment._seen.add(proc.pid)
+    return proc
+
+
+def _end_process(proc: subprocess.Popen) -> None:
+    """Stop ``proc``'s process group if it still runs: SIGTERM, then SIGKILL after 5 s."""
+    if proc.poll() is not None:
+        return
+    _signal_group(proc.pid, signal.SIGTERM)
     try:
-        _wait_reporting(proc, t0 + timeout, status_path, on_round, on_wait, wait_every)
+        proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        _stop_run(deployment, log)
-        raise RuntimeError(
-            f"the Flower run did not finish within {timeout:.0f} s; "
-            f"{_describe(out_dir, deployment, log)}"
-        ) from None
-    finally:
-        if proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-    seconds = time.monotonic() - t0
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _outcome(returncode: int, out_dir: Path, deployment: LocalDeployment,
+             log: Path) -> dict[str, Any]:
+    """The server app's status after ``flwr run`` exited (it exits 0 even when the app
+    failed); RuntimeError with the reason and the end of the logs unless it says ``"ok"``."""
     status = _read_status(out_dir)
-    if proc.returncode != 0 or status is None or status.get("status") != "ok":
+    if returncode != 0 or status is None or status.get("status") != "ok":
         reason = (
-            f"flwr run exited with code {proc.returncode}" if proc.returncode != 0
+            f"flwr run exited with code {returncode}" if returncode != 0
             else "the server app wrote no status.json" if status is None
             else f"the server app reported status {status.get('status')!r}: {status.get('error')}"
         )
         raise RuntimeError(f"Flower run failed: {reason}; {_describe(out_dir, deployment, log)}")
-    logger.info("Flower run finished in %.1f s (%s rounds)", seconds, status.get("round"))
-    deployment.last_run_seconds = seconds
-    deployment.last_status = status
-    return out_dir
+    return status
 
 
 def _wait_reporting(proc: subprocess.Popen, deadline: float, status_path: Path,
