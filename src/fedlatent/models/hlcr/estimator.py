@@ -29,8 +29,10 @@ from ...engine.params import ROUND_LOOP, Integer, Options, Real
 from ...engine.registry import register_estimator
 from .fitting import (
     HYPER_START,
+    TAU_START,
     HLCRHistory,
     chain_for,
+    check_random_intercept,
     finish_chain,
     secure_sizes,
     start_params,
@@ -196,7 +198,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                     "cluster_counts_", "labels_", "pair_agents_", "pair_entities_",
                     "history_log_joint_", "history_train_mse_",
                     "draws_precisions_", "draws_c_", "draws_counts_", "draws_labels_",
-                    "draws_sigma_", "feature_mean_", "feature_scale_")
+                    "draws_sigma_", "feature_mean_", "feature_scale_", "random_effects_",
+                    "draws_tau_")
     _score_name = "mse"
     @property
     def capabilities(self) -> Capabilities:
@@ -232,6 +235,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         "holdout": [Real(0, 0.5, closed="neither")],
         "dp_max_events": [None, Integer(1)],
         "n_chains": [None, Integer(1)],
+        "random_intercept": ["boolean"],
+        "tau": [_POSITIVE, Options("auto")],
     }
 
     def __init__(self, n_clusters: int | str = 4, alpha: float = 1.0, beta: float = 1.0,
@@ -241,7 +246,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                  fit_intercept: bool = True, random_state=None, verbose: bool | None = None,
                  standardize: bool | str = "auto", thin: int = 1,
                  n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2,
-                 dp_max_events: int | None = None, n_chains: int | None = None):
+                 dp_max_events: int | None = None, n_chains: int | None = None,
+                 random_intercept: bool = False, tau: float | str = "auto"):
         self.n_clusters = n_clusters
         self.alpha = alpha
         self.beta = beta
@@ -261,6 +267,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         self.holdout = holdout
         self.dp_max_events = dp_max_events
         self.n_chains = n_chains
+        self.random_intercept = random_intercept
+        self.tau = tau
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -282,6 +290,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                 f"{self.burn_in!r}"
             )
         self._n_chains()
+        check_random_intercept(self)
 
     def _n_chains(self) -> int:
         """``n_chains``: as given (more than one refused under differential privacy or secure
@@ -306,7 +315,9 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         return ChainSettings(burn, int(self.thin),
                              HYPER_START[0] if self.sigma == "auto" else float(self.sigma),
                              HYPER_START[1] if self.delta == "auto" else float(self.delta),
-                             self.sigma == "auto", self.delta == "auto")
+                             self.sigma == "auto", self.delta == "auto",
+                             TAU_START if self.tau == "auto" else float(self.tau),
+                             self.tau == "auto")
 
     def _describe_local(self, fd: FederatedDataset) -> dict:
         self._validate_params()
@@ -355,7 +366,9 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                          n_features, estimate_sigma=ch.estimate_sigma,
                          estimate_delta=ch.estimate_delta, standardize=self._standardizes(),
                          holdout=holdout, holdout_seed=seed,
-                         dp_max_events=self.dp_max_events if private else None)
+                         dp_max_events=self.dp_max_events if private else None,
+                         random_intercept=bool(self.random_intercept), tau=ch.tau,
+                         estimate_tau=ch.estimate_tau)
 
     def _refuse_private(self, fd, federation) -> None:
         """The engine's refusals, then HLCR's: ``n_clusters="auto"`` (held-out scores are
@@ -485,6 +498,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                           "n_events_": int(self.n_events_)},
                 "fit": {"n_clusters_": int(self.n_clusters_), "sigma_": float(self.sigma_),
                         "delta_": float(self.delta_), "mixing_": float(self.mixing_),
+                        "tau_": float(self.tau_),
                         "target_mean_": float(self.target_mean_),
                         "target_scale_": float(self.target_scale_)},
                 "k_scores": None if scores is None else {str(k): float(v)
@@ -517,7 +531,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                             ("draws_precisions_", (T, K, p, p)), ("draws_c_", (T, K, p)),
                             ("draws_counts_", (T, K)),
                             ("draws_labels_", (T, *self.pair_agents_.shape)),
-                            ("feature_mean_", (F,)), ("feature_scale_", (F,))):
+                            ("feature_mean_", (F,)), ("feature_scale_", (F,)),
+                            ("random_effects_", self.pair_agents_.shape), ("draws_tau_", (T,))):
             lc.expect_shape(self, name, shape)
         lc.expect_pd(self, "precisions_")
         lc.expect_pd(self, "covariances_")

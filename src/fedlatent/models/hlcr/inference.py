@@ -267,9 +267,12 @@ class HLCRInference:
             D, c = self.draws_precisions_[t], self.draws_c_[t]
             sig = float(self.draws_sigma_[t])
             ws.append(self._cluster_proba(pairs, ctx, D, c, self.draws_counts_[t],
-                                          self.draws_labels_[t], sig))
+                                          self.draws_labels_[t], sig,
+                                          self._rho(sig, self.draws_tau_[t])))
             H = np.linalg.inv(D)
-            mus.append(Xa @ np.linalg.solve(D, c[..., None])[..., 0].T)
+            mu = Xa @ np.linalg.solve(D, c[..., None])[..., 0].T
+            rho = self._rho(sig, self.draws_tau_[t])
+            mus.append(mu + self._entity_level(pairs, ctx, D, c, rho) if rho else mu)
             sds.append(np.sqrt(sig**2 + np.einsum("nf,kfg,ng->nk", Xa, H, Xa)))
         return mixture_quantiles(np.hstack(mus), np.hstack(sds), np.hstack(ws),
                                  [alpha / 2.0, 1.0 - alpha / 2.0])
