@@ -84,7 +84,15 @@ def chain_arrays(draws, params0, chain, n_features: int, fit_intercept: bool) ->
             "coef_var": np.diagonal(H, axis1=-2, axis2=-1).copy(),
             "share": counts / np.maximum(counts.sum(axis=1, keepdims=True), 1e-300),
             "sigma": np.asarray(sig, dtype=np.float64),
-            "delta": np.array([value(d.get("delta"), chain.delta) for d in draws])}
+            "delta": np.array([value(d.get("delta"), chain.delta) for d in draws]),
+            "log_joint": np.array([_get(d, "log_joint") for d in draws]),
+            "train_mse": np.array([_get(d, "train_mse") for d in draws]) * sy**2}
+
+
+def _get(draw: dict, name: str) -> float:
+    """A draw's label-invariant summary (NaN where the solver did not record it)."""
+    v = draw.get(name)
+    return float("nan") if v is None else _num(v)
 
 
 def stack_chains(chains: list[dict]) -> dict:

@@ -239,6 +239,10 @@ def run_federated(
                            "predictive uses the last round only (set tol=0 to run every "
                            "round)", rounds[-1], chain.burn_in)
             draws = [path[-1]]
+    objective = {r.round: r.objective for r in result.history}
+    for r, entry in zip(rounds, path):  # label-invariant summaries of every draw
+        entry["log_joint"] = objective.get(r, np.nan)
+        entry["train_mse"] = float(tap.path[r]["params"]["train_mse"])
     p = result.params
     return HLCRFit(result.params, result.S_hat, result.history, result.converged,
                    result.n_rounds, labels=labels, pair_agents=agents, pair_entities=ents,
@@ -329,7 +333,8 @@ def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
             mses.append(float(entity_sse(state["XtX"], state["Xty"], state["yty"], W, z).sum()
                               / n.sum()))
             entry = {"D": D.copy(), "c": c.copy(), "counts": Nk.copy(), "labels": z.copy(),
-                     "sigma": sigma, "delta": delta, "tau": tau}
+                     "sigma": sigma, "delta": delta, "tau": tau, "log_joint": lj[-1],
+                     "train_mse": mses[-1]}
             path.append(entry)
             if chain.keep(t):
                 freq[np.arange(len(z)), z] += 1.0
