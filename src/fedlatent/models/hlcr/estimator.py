@@ -116,9 +116,22 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
     n_chains : int or None, default None
         Chains run (each from its own seed; :mod:`fedlatent.models.hlcr.inference`): chain 0
         is the fit (its draws are ``draws_*``, what ``predict`` uses), the others serve
-        ``summary()`` (R-hat, ESS; a ConvergenceWarning when an R-hat exceeds 1.01). None: 2,
-        or 1 under differential privacy or secure aggregation (refused there: another chain
-        would be paid from the budget, or rerun the masked rounds).
+        ``summary()`` (R-hat, ESS) and the verdict: a ConvergenceWarning when the R-hat of a
+        label-invariant quantity exceeds 1.01 (or, for short chains, what independent draws
+        exceed in 1% of the cases; see ``rhat_invariant_``). None: 2, or 1 under differential
+        privacy or secure aggregation (refused there: another chain would be paid from the
+        budget, or rerun the masked rounds).
+    random_intercept : bool, default False
+        A mixture of random-intercept regressions: every entity's events share an intercept
+        ``u_e ~ N(0, tau^2)`` around its cluster's, integrated out in closed form from the
+        entity's statistics (:mod:`fedlatent.models.hlcr.random_intercept`; agents still send
+        only per-cluster sums, one more of them). With one cluster and a flat prior (large
+        ``delta``) it is the random-intercept linear mixed model (statsmodels MixedLM).
+        Needs ``fit_intercept``; not with ``n_clusters="auto"`` or differential privacy.
+    tau : float or "auto", default "auto"
+        The random intercept's sd in the target's units; "auto": learned by an EM-style
+        update (``tau^2`` = the mean over entities of ``E[u_e^2 | y_e]``; empirical Bayes,
+        its fixed point with one cluster is the ML estimate). Used with ``random_intercept``.
 
     Attributes
     ----------
@@ -167,10 +180,26 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
     n_chains_ : int
     rhat_max_ : float
         The largest rank-normalized split R-hat of ``summary()`` (NaN with one chain).
+    rhat_invariant_ : float
+        The largest R-hat of the label-invariant quantities (the per-entity log joint, the
+        training MSE, and sigma, tau, delta where drawn or learned): what judges the chains
+        (NaN with one chain).
     n_iter_, converged_ : int, bool
-        Iterations run; ``converged_`` is ``mixing_ < 0.02`` with ``tol == 0`` (two halves of
-        the retained draws predict the same within 2% of the target's sd), or whether the
-        ``tol`` rule stopped the run.
+        Iterations run; with several chains of at least 4 draws (and ``tol == 0``),
+        ``converged_`` is ``rhat_invariant_`` at most
+        :func:`~fedlatent.models.hlcr.inference.rhat_threshold` (1.01, or for short chains
+        the R-hat independent draws exceed in 1% of the cases); with one chain,
+        ``mixing_ < 0.02`` (two halves of the retained draws predict the same within 2% of
+        the target's sd); with ``tol > 0``, whether the ``tol`` rule stopped the run.
+    tau_ : float
+        The entity random intercept's sd (user's units): the fixed ``tau``, or the root mean
+        of its retained values; 0 without ``random_intercept``.
+    random_effects_ : ndarray of shape (n_pairs,)
+        Each known pair's posterior mean intercept (the BLUP, averaged over the retained
+        draws; user's units) that ``predict`` adds to its events; 0 without
+        ``random_intercept`` or where the labels are not visible.
+    draws_tau_ : ndarray of shape (n_draws,)
+        tau at every retained draw (user's units; 0 without ``random_intercept``).
 
     Notes
     -----

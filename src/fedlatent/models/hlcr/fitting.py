@@ -171,7 +171,10 @@ def chain_for(chain: ChainSettings, params0: Params) -> ChainSettings:
 def finish_chain(est, ctx: FitContext, params0: Params, result: HLCRFit, tol: float) -> None:
     """The mixing diagnostic (in-process data only) and ``result.converged``: the ``tol``
     rule's verdict when ``tol > 0``, else ``mixing < est.MIXING_TOL`` (with a
-    ConvergenceWarning when it fails)."""
+    ConvergenceWarning when it fails), unless several chains of at least 4 draws run: their
+    R-hat on label-invariant quantities then gives the verdict and the warning
+    (:func:`.inference.store_chains`); the split-half difference measures the Monte Carlo
+    error of the predictive mean against the target's sd, not the chains' agreement."""
     result.pred_change, result.mixing = np.full(len(result.draws), np.nan), float("nan")
     if ctx.data is not None and result.draws:
         parts = [ctx.model._plain_stats(cd, params0) for _, cd in ctx.data.items()]
@@ -185,6 +188,8 @@ def finish_chain(est, ctx: FitContext, params0: Params, result: HLCRFit, tol: fl
     if tol > 0:
         return
     result.converged = bool(result.mixing < est.MIXING_TOL)
+    if est._n_chains() > 1 and len(result.draws) >= 4:  # the chains' R-hat judges (.inference)
+        return
     if not result.converged and np.isfinite(result.mixing):
         from ...engine.errors import ConvergenceWarning
 
