@@ -232,7 +232,8 @@ def invariant_rhats(arrays: dict) -> dict[str, float]:
     for name in INVARIANT:
         x = arrays.get(name)
         if x is not None and np.all(np.isfinite(x)):
-            r = rhat(x)
+            with np.errstate(divide="ignore", invalid="ignore"):  # a split half that is flat
+                r = rhat(x)
             if np.isfinite(r):
                 out[name] = r
     return out
