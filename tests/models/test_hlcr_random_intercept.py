@@ -101,7 +101,7 @@ def test_one_cluster_at_mixedlm_variances_gives_its_gls_and_blups(data, solver):
 def test_one_cluster_learns_mixedlm_ml_variance_components_within_2_percent():
     df = mixed_data(n_ent=200, seed=3)  # 1,600 events: sigma's IG(1, 1) prior weighs < 1%
     m = mixedlm(df)
-    est = HLCR(1, random_intercept=True, delta=1e8, solver="gibbs", max_rounds=200,
+    est = HLCR(1, random_intercept=True, delta=1e8, solver="gibbs", max_rounds=120,
                n_chains=1, random_state=0).fit(federated(df))
     assert est.tau_**2 == pytest.approx(float(m.cov_re.iloc[0, 0]), rel=0.02)
     assert est.sigma_**2 == pytest.approx(float(m.scale), rel=0.02)
@@ -112,7 +112,7 @@ def test_one_cluster_learns_mixedlm_ml_variance_components_within_2_percent():
 
 def test_federated_learns_the_same_variances_as_the_centralized_sampler(data):
     df, fd, m = data
-    fits = [HLCR(1, random_intercept=True, delta=1e8, solver=s, max_rounds=120, n_chains=1,
+    fits = [HLCR(1, random_intercept=True, delta=1e8, solver=s, max_rounds=80, n_chains=1,
                  random_state=0).fit(fd) for s in ("gibbs", "federated")]
     assert fits[1].tau_ == pytest.approx(fits[0].tau_, rel=0.03)
     assert fits[1].tau_**2 == pytest.approx(float(m.cov_re.iloc[0, 0]), rel=0.05)
@@ -131,7 +131,7 @@ def test_two_clusters_of_random_intercept_regressions_are_recovered():
                                     "k": k}))
     df = pd.concat(frames, ignore_index=True)
     fd = federated(df)
-    est = HLCR(2, random_intercept=True, max_rounds=60, n_chains=1, random_state=0).fit(fd)
+    est = HLCR(2, random_intercept=True, max_rounds=40, n_chains=1, random_state=0).fit(fd)
     order = np.argsort(est.coef_[:, 0])
     # MixedLM told the true clusters (a slope and a level per cluster) estimates the same tau
     with warnings.catch_warnings():
@@ -139,7 +139,7 @@ def test_two_clusters_of_random_intercept_regressions_are_recovered():
         m = sm.mixedlm("y ~ C(k) + x:C(k)", df, groups=df["ent"]).fit(reml=False)
     np.testing.assert_allclose(est.coef_[order, 0], m.fe_params.iloc[2:].to_numpy(), atol=0.01)
     assert est.tau_**2 == pytest.approx(float(m.cov_re.iloc[0, 0]), rel=0.02)
-    plain = HLCR(2, max_rounds=60, n_chains=1, random_state=0).fit(fd)
+    plain = HLCR(2, max_rounds=40, n_chains=1, random_state=0).fit(fd)
     assert est.mse(fd) < 0.5 * plain.mse(fd)  # the entity levels are predicted
 
 

@@ -21,7 +21,7 @@ def test_threshold_is_what_independent_draws_exceed_in_one_percent_of_the_cases(
     assert rhat_threshold(4, 200, 1) < rhat_threshold(2, 200, 1) < rhat_threshold(2, 50, 1)
     rng = np.random.default_rng(0)
     worst = np.array([max(rhat(rng.normal(size=(2, 50))) for _ in range(4))
-                      for _ in range(200)])
+                      for _ in range(100)])
     assert (worst > 1.01).mean() > 0.7  # the old rule: independent draws "disagree"
     assert (worst > rhat_threshold(2, 50, 4)).mean() <= 0.02
 
