@@ -275,6 +275,32 @@ def intercept_step(state: dict, K: int, sigma: float, delta: float, tau: float,
     return tau
 
 
+def _redraw_hyper(state, K: int, sigma: float, delta: float, rng, chain: ChainSettings):
+    """Redraw sigma and delta after a sweep from the clusters' pooled entity statistics, and
+    rebuild the cluster statistics for them; returns the new (sigma, delta)."""
+    onehot = np.eye(K)[state["z"]]
+    sums = (np.einsum("ek,eij->kij", onehot, state["XtX"]),
+            onehot.T @ state["Xty"], onehot.T @ state["yty"])
+    sigma, delta = draw_hyper(*sums, float(state["n"].sum()), sigma, delta, rng,
+                              chain.estimate_sigma, chain.estimate_delta)
+    F = sums[1].shape[1]
+    state["D"][...] = np.eye(F)[None] / delta**2 + sums[0] / sigma**2
+    state["c"][...] = sums[1] / sigma**2
+    return sigma, delta
+
+
+def _sweep_entry(state, est, sigma: float, delta: float, tau: float | None) -> dict:
+    """One sweep's draw: the cluster statistics, labels and scales, with the label-invariant
+    summaries (mean per-entity log joint, training MSE) the chains are judged by."""
+    D, c, Nk, n, z = state["D"], state["c"], state["Nk"], state["n"], state["z"]
+    cur = {"D": D, "c": c, "yty": state["Y"], "n_events": state["Nev"], "n_entities": Nk}
+    lj = (hlcr_log_joint(cur, state["Nik"], est.alpha, est.beta, delta, sigma)
+          + (0.0 if tau is None else log_det_correction(n, (tau / sigma) ** 2))) / len(n)
+    W = posterior_means(D, c)
+    mse = float(entity_sse(state["XtX"], state["Xty"], state["yty"], W, z).sum() / n.sum())
+    return {"D": D.copy(), "c": c.copy(), "counts": Nk.copy(), "labels": z.copy(),
+            "sigma": sigma, "delta": delta, "tau": tau, "log_joint": lj, "train_mse": mse}
+
 
 def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
               chain: ChainSettings) -> HLCRFit:
@@ -313,28 +339,12 @@ def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
             t0 = time.perf_counter()
             changed = gibbs_sweep(state, est.alpha, est.beta, sigma, rng.random(len(n)))
             if estimate:
-                onehot = np.eye(K)[z]
-                sums = (np.einsum("ek,eij->kij", onehot, state["XtX"]),
-                        onehot.T @ state["Xty"], onehot.T @ state["yty"])
-                sigma, delta = draw_hyper(*sums, float(n.sum()), sigma, delta, rng,
-                                          chain.estimate_sigma, chain.estimate_delta)
-                F = sums[1].shape[1]
-                state["D"][...] = np.eye(F)[None] / delta**2 + sums[0] / sigma**2
-                state["c"][...] = sums[1] / sigma**2
+                sigma, delta = _redraw_hyper(state, K, sigma, delta, rng, chain)
             if tau is not None:
                 tau = intercept_step(state, K, sigma, delta, tau, chain.estimate_tau)
-            D, c, Nk = state["D"], state["c"], state["Nk"]
-            cur = {"D": D, "c": c, "yty": state["Y"], "n_events": state["Nev"],
-                   "n_entities": Nk}
-            lj.append((hlcr_log_joint(cur, state["Nik"], est.alpha, est.beta, delta, sigma)
-                       + (0.0 if tau is None else log_det_correction(n, (tau / sigma) ** 2)))
-                      / len(n))
-            W = posterior_means(D, c)
-            mses.append(float(entity_sse(state["XtX"], state["Xty"], state["yty"], W, z).sum()
-                              / n.sum()))
-            entry = {"D": D.copy(), "c": c.copy(), "counts": Nk.copy(), "labels": z.copy(),
-                     "sigma": sigma, "delta": delta, "tau": tau, "log_joint": lj[-1],
-                     "train_mse": mses[-1]}
+            entry = _sweep_entry(state, est, sigma, delta, tau)
+            lj.append(entry["log_joint"])
+            mses.append(entry["train_mse"])
             path.append(entry)
             if chain.keep(t):
                 freq[np.arange(len(z)), z] += 1.0
