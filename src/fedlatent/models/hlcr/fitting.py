@@ -19,6 +19,7 @@ from ...engine.estimator import FitContext
 from ...engine.exchange import array, number
 from ...engine.history import History
 from ...engine.model import Params
+from .math import posterior_means
 from .model import MOMENTS_QUERY, SIZES_QUERY, _num
 from .privacy import dp_moments_scaling
 from .scaling import constant_columns, moments_scaling, scaling_matrix, to_user_units
@@ -29,6 +30,29 @@ __all__ = ["HYPER_START", "HLCRHistory", "finish_chain", "secure_sizes", "start_
 
 #: starting sigma and delta when they are estimated (standardized units)
 HYPER_START = (0.5, 1.0)
+#: starting sd of the entity random intercept when it is estimated (standardized units)
+TAU_START = 0.5
+
+
+def check_random_intercept(est) -> None:
+    """``random_intercept=True`` needs the intercept column (its statistics are the entity's
+    ``X^T 1`` and ``1^T y``), one K (held-out scoring would need the held-out events'
+    intercept given the training ones) and no differential privacy (its ``u2`` sum has no
+    sensitivity bound yet)."""
+    if not est.random_intercept:
+        return
+    if not est.fit_intercept:
+        raise ValueError("HLCR: random_intercept=True needs fit_intercept=True (the entity's "
+                         "intercept varies around the cluster's); give fit_intercept=True")
+    if est.n_clusters == "auto":
+        raise ValueError("HLCR: n_clusters='auto' is not available with random_intercept=True "
+                         "(its held-out score ignores the entity's intercept); give an "
+                         "integer n_clusters")
+    fed = est.federation
+    if fed is not None and fed.privacy is not None:
+        raise ValueError("HLCR: random_intercept=True is not available under differential "
+                         "privacy (its intercept sums have no sensitivity bound); give "
+                         "random_intercept=False")
 
 
 def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
@@ -75,6 +99,8 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
             sigma = chain.sigma / sy
     params.update(sigma=np.array(float(sigma)), delta=np.array(float(chain.delta)),
                   seed=np.array(float(int(ctx.seed) % (2**52))), step=np.array(0.0))
+    if "tau" in params and standardize and not chain.estimate_tau:  # target's units
+        params["tau"] = np.array(chain.tau / float(params["y_scale"]))
     return params
 
 
@@ -119,19 +145,42 @@ def secure_sizes(ctx: FitContext, what: str) -> tuple[int, int]:
     return int(n_ent), int(n_ev)
 
 
+def mean_intercepts(model, XtX, Xty, n, draws) -> np.ndarray | None:
+    """Every entity's posterior mean intercept (BLUP at each draw's posterior means, labels,
+    sigma and tau), averaged over the retained draws; fit units, shape (E,). None when a draw
+    has no labels (the runtime cannot see the agents')."""
+    from .random_intercept import intercept_posterior
+
+    total = np.zeros(len(n))
+    for d in draws:  # a loop over draws, vectorized over entities
+        if d["labels"] is None or (np.asarray(d["labels"]) < 0).any():
+            return None
+        p = {k: d[k] for k in ("sigma", "tau") if d.get(k) is not None}
+        sig = model.sigma_of(p)
+        W = posterior_means(np.asarray(d["D"]), np.asarray(d["c"]))[np.asarray(d["labels"])]
+        total += intercept_posterior(XtX, Xty, n, W, (model.tau_of(p) / sig) ** 2, sig)[0]
+    return total / len(draws)
+
+
 def chain_for(chain: ChainSettings, params0: Params) -> ChainSettings:
     """The chain's starting sigma in the fit's units (a fixed sigma divided by the scale)."""
-    return replace(chain, sigma=_num(params0.get("sigma", chain.sigma)))
+    return replace(chain, sigma=_num(params0.get("sigma", chain.sigma)),
+                   tau=_num(params0.get("tau", chain.tau)))
 
 
 def finish_chain(est, ctx: FitContext, params0: Params, result: HLCRFit, tol: float) -> None:
     """The mixing diagnostic (in-process data only) and ``result.converged``: the ``tol``
     rule's verdict when ``tol > 0``, else ``mixing < est.MIXING_TOL`` (with a
-    ConvergenceWarning when it fails)."""
+    ConvergenceWarning when it fails), unless several chains of at least 4 draws run: their
+    R-hat on label-invariant quantities then gives the verdict and the warning
+    (:func:`.inference.store_chains`); the split-half difference measures the Monte Carlo
+    error of the predictive mean against the target's sd, not the chains' agreement."""
     result.pred_change, result.mixing = np.full(len(result.draws), np.nan), float("nan")
     if ctx.data is not None and result.draws:
-        parts = [ctx.model._fit_stats(cd, params0) for _, cd in ctx.data.items()]
+        parts = [ctx.model._plain_stats(cd, params0) for _, cd in ctx.data.items()]
         XtX, Xty, yty, n = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        if ctx.model.random_intercept:
+            result.random_effects = mean_intercepts(ctx.model, XtX, Xty, n, result.draws)
         N = float(n.sum())
         mean = float(Xty[:, -1].sum()) / N if est.fit_intercept else 0.0
         sd = float(np.sqrt(max(float(yty.sum()) / N - mean**2, 1e-300)))
@@ -139,6 +188,8 @@ def finish_chain(est, ctx: FitContext, params0: Params, result: HLCRFit, tol: fl
     if tol > 0:
         return
     result.converged = bool(result.mixing < est.MIXING_TOL)
+    if est._n_chains() > 1 and len(result.draws) >= 4:  # the chains' R-hat judges (.inference)
+        return
     if not result.converged and np.isfinite(result.mixing):
         from ...engine.errors import ConvergenceWarning
 
@@ -191,6 +242,7 @@ def store_fit(est, result: HLCRFit, params0: Params, chain: ChainSettings) -> No
     est.draws_counts_ = np.stack([np.asarray(d["counts"], dtype=float) for d in draws])
     est.draws_labels_ = np.stack([np.full(E, -1, dtype=np.int64) if d["labels"] is None
                                   else np.asarray(d["labels"], dtype=np.int64) for d in draws])
+    store_intercepts(est, result, draws, chain, sy)
     est.feature_mean_, est.feature_scale_ = mx, sx
     est.target_mean_, est.target_scale_ = my, sy
     est.mixing_ = float(getattr(result, "mixing", np.nan))
@@ -200,7 +252,8 @@ def store_fit(est, result: HLCRFit, params0: Params, chain: ChainSettings) -> No
     for e in result.path:
         De, ce, se = user(e["D"], e["c"], sig(e.get("sigma")))
         path.append({"D": De, "c": ce, "counts": e["counts"], "labels": e["labels"],
-                     "sigma": float(se), "kept": id(e) in kept})
+                     "sigma": float(se), "kept": id(e) in kept,
+                     "tau": None if e.get("tau") is None else _num(e["tau"]) * sy})
     est._path = path
     est.history_log_joint_ = np.asarray(result.log_joint, dtype=float)
     est.history_train_mse_ = np.asarray(result.train_mse, dtype=float) * sy**2
@@ -212,6 +265,24 @@ def store_fit(est, result: HLCRFit, params0: Params, chain: ChainSettings) -> No
     est.history_ = HLCRHistory(result.history, est)
     scores = getattr(est, "_k_scores", None)
     est.k_scores_ = scores
+
+
+def store_intercepts(est, result: HLCRFit, draws, chain: ChainSettings, sy: float) -> None:
+    """``tau_``, ``draws_tau_`` (user's units; 0 without the random intercept) and
+    ``random_effects_``: every known pair's posterior mean intercept (0 where unknown)."""
+    E = len(est.labels_)
+    if not est.random_intercept:
+        est.tau_, est.draws_tau_, est.random_effects_ = 0.0, np.zeros(len(draws)), np.zeros(E)
+        return
+
+    def tau(v):
+        return chain.tau if v is None or not np.isfinite(_num(v)) else _num(v)
+
+    est.draws_tau_ = np.array([tau(d.get("tau")) for d in draws], dtype=float) * sy
+    est.tau_ = float(np.sqrt(np.mean(est.draws_tau_ ** 2))) if chain.estimate_tau \
+        else tau(result.tau) * sy
+    re = result.random_effects
+    est.random_effects_ = np.zeros(E) if re is None or len(re) != E else np.asarray(re) * sy
 
 
 class HLCRHistory(History):

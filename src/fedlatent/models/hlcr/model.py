@@ -36,6 +36,7 @@ from .privacy import (
     private_moments,
     sse_from_sums,
 )
+from .random_intercept import adjust_statistics, intercept_second_moment
 from .sampler import sample_local_labels, sample_public_prior_labels
 from .scaling import draw_hyper, transform_statistics
 
@@ -54,6 +55,23 @@ MOMENTS_QUERY = "moments"
 HELDOUT_QUERY = "heldout"
 #: forget the labels (a new chain on the same agents, e.g. another K)
 RESTART_QUERY = "restart"
+
+
+#: smallest tau^2 (fit units) of the EM-style update: an entity's intercept never vanishes
+#: exactly (at 0 the update would stay there)
+TAU2_FLOOR = 1e-8
+
+
+def _intercept_entry_problem(stats, ev, tol, e) -> str | None:
+    """The adjusted intercept entry of a cluster's ``XtX`` lies in ``[0, n_events]``."""
+    ii = np.asarray(stats["XtX"])[:, -1, -1]
+    slack = 0.0 if e("XtX") is None else np.abs(e("XtX")[:, -1, -1]) + np.abs(e("n_events"))
+    bad = (ii < -tol - slack) | (ii > ev + tol + slack)
+    if np.any(bad):
+        k = int(np.flatnonzero(bad)[0])
+        return (f"cluster {k}: the intercept entry of 'XtX' ({ii[k]:.6g}) is outside [0, "
+                f"{ev[k]:.6g}] (the event count)")
+    return None
 
 
 def _num(v) -> float:
@@ -147,7 +165,8 @@ class HLCRModel(FederatedModel):
     def __init__(self, n_clusters: int, alpha: float, beta: float, delta: float, sigma: float,
                  fit_intercept: bool = True, n_features: int = 1, estimate_sigma: bool = False,
                  estimate_delta: bool = False, standardize: bool = False, holdout: float = 0.0,
-                 holdout_seed: int = 0, dp_max_events: int | None = None):
+                 holdout_seed: int = 0, dp_max_events: int | None = None,
+                 random_intercept: bool = False, tau: float = 0.5, estimate_tau: bool = False):
         extra = {}
         if estimate_sigma or estimate_delta or standardize or holdout:  # old configs unchanged
             extra = {"estimate_sigma": bool(estimate_sigma),
@@ -155,6 +174,8 @@ class HLCRModel(FederatedModel):
                      "holdout": float(holdout), "holdout_seed": int(holdout_seed)}
         if dp_max_events is not None:  # only private fits carry it
             extra["dp_max_events"] = int(dp_max_events)
+        if random_intercept:  # only fits with the random intercept carry it
+            extra.update(random_intercept=True, tau=float(tau), estimate_tau=bool(estimate_tau))
         super().__init__(n_clusters=int(n_clusters), alpha=float(alpha), beta=float(beta),
                          delta=float(delta), sigma=float(sigma), fit_intercept=bool(fit_intercept),
                          n_features=int(n_features), **extra)
@@ -168,6 +189,8 @@ class HLCRModel(FederatedModel):
         self.F = int(n_features) + int(self.fit_intercept)
         self.dp_max_events = None if dp_max_events is None else int(dp_max_events)
         self._records = None  # with frequency weights: each entity's records (client side)
+        self.random_intercept = bool(random_intercept)
+        self.tau, self.estimate_tau = float(tau), bool(estimate_tau)
 
     # ---- client side ----------------------------------------------------------------------
     def _entity_stats(self, data: ClientData):
@@ -208,7 +231,30 @@ class HLCRModel(FederatedModel):
         return self._cache[2]
 
     def _fit_stats(self, data: ClientData, params: Params):
-        """The entity statistics the sampler uses: standardized when ``params`` carry a
+        """The entity statistics the sampler uses: :meth:`_plain_stats`, adjusted for the
+        random intercept at ``rho = tau^2 / sigma^2`` of ``params`` when the model has one
+        (:func:`.random_intercept.adjust_statistics`)."""
+        XtX, Xty, yty, n = self._plain_stats(data, params)
+        if not self.random_intercept:
+            return XtX, Xty, yty, n
+        rho = self.rho_of(params)
+        cache = getattr(self, "_rcache", None)
+        if cache is None or cache[0] is not XtX or cache[1] != rho:
+            self._rcache = cache = (XtX, rho, (*adjust_statistics(XtX, Xty, yty, n, rho), n))
+        return cache[2]
+
+    def tau_of(self, params: Params) -> float:
+        """The random intercept's sd the sampler uses at ``params`` (fit units)."""
+        return _num(params["tau"]) if "tau" in params else self.tau
+
+    def rho_of(self, params: Params) -> float:
+        """``tau^2 / sigma^2`` at ``params`` (0 without the random intercept)."""
+        if not self.random_intercept:
+            return 0.0
+        return self.tau_of(params) ** 2 / self.sigma_of(params) ** 2
+
+    def _plain_stats(self, data: ClientData, params: Params):
+        """The entity statistics in the fit's units: standardized when ``params`` carry a
         scaling (``T``, ``y_shift``, ``y_scale``), else the raw ones (the cached arrays)."""
         _, XtX, Xty, yty, n = self._entity_stats(data)
         if "T" not in params:
@@ -247,7 +293,8 @@ class HLCRModel(FederatedModel):
         stay on the agent and they count again once their block is large enough). With
         frequency weights the blocks' records are counted, not their weights."""
         blocks = getattr(self, "_block_records", None)
-        return (np.asarray(stats["n_events"]) if blocks is None else blocks), tuple(_STAT_NAMES)
+        names = (*_STAT_NAMES, "u2") if self.random_intercept else _STAT_NAMES
+        return (np.asarray(stats["n_events"]) if blocks is None else blocks), tuple(names)
 
     def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
         return {"labels": np.full(self.n_units(data), -1, dtype=np.int64)}
@@ -277,18 +324,30 @@ class HLCRModel(FederatedModel):
         sse = entity_sse(XtX, Xty, yty, params["coef"], zr)
         if self.dp_max_events is not None:  # not sent: its sensitivity is unbounded
             sse = np.zeros_like(sse)
-        stats = Stats({
+        sums = {
             "XtX": np.einsum("ek,eij->kij", onehot, XtX),
             "Xty": onehot.T @ Xty,
             "yty": onehot.T @ yty,
             "n_events": onehot.T @ n,
             "n_entities": onehot.sum(axis=0),
             "sse": onehot.T @ sse,
-        }, copy=False)
+        }
+        if self.random_intercept:
+            sums["u2"] = onehot.T @ self._intercept_moments(data, params, rows, zr)
+        stats = Stats(sums, copy=False)
         objective = float(loglik[np.arange(len(rows)), zr].sum() + logprior.sum())
         self._block_records = (None if self._records is None  # weighted: records per block
                                else onehot.T @ self._records[rows])
         return ClientStep(stats, len(rows), objective, {"labels": z})
+
+    def _intercept_moments(self, data: ClientData, params: Params, rows, labels) -> np.ndarray:
+        """``E[u_e^2 | y_e]`` of the entities ``rows`` with their new ``labels``, at the
+        broadcast posterior means ``coef`` and ``sigma``, ``tau`` (the EM-style terms of
+        :mod:`.random_intercept`; fit units)."""
+        XtX, Xty, _, n = self._plain_stats(data, params)
+        W = np.asarray(params["coef"], dtype=np.float64)[labels]
+        return intercept_second_moment(XtX[rows], Xty[rows], n[rows], W, self.rho_of(params),
+                                       self.sigma_of(params))
 
     # ---- initialization exchange (counts only) ---------------------------------------------
     def client_query(self, name, payload, data, state, rng):
@@ -373,14 +432,18 @@ class HLCRModel(FederatedModel):
     # ---- server side ----------------------------------------------------------------------
     def stat_shapes(self, params):
         K, F = self.K, self.F
-        return {"XtX": (K, F, F), "Xty": (K, F), "yty": (K,), "n_events": (K,),
-                "n_entities": (K,), "sse": (K,)}
+        shapes = {"XtX": (K, F, F), "Xty": (K, F), "yty": (K,), "n_events": (K,),
+                  "n_entities": (K,), "sse": (K,)}
+        if self.random_intercept:
+            shapes["u2"] = (K,)
+        return shapes
 
     def check(self, stats, n_units, slack=None):
         """Entity counts in ``[0, n]`` summing to at most ``n`` (the agent's entities; blocks
         the disclosure policy suppressed are zeros); event counts
         ``>= 0`` and at least the entity counts (every entity has an event); with an
-        intercept, the intercept's entry of ``XtX`` equal to the event count; ``sse >= 0``;
+        intercept, the intercept's entry of ``XtX`` equal to the event count (with the random
+        intercept, in ``[0, n_events]``: the adjusted entry); ``sse >= 0`` (and ``u2``);
         and per cluster ``[[XtX, Xty], [Xty^T, yty]]`` positive semi-definite (so ``XtX`` is
         and ``yty >= 0``)."""
         e = (lambda k: None) if slack is None else (lambda k: np.abs(slack[k]))
@@ -395,17 +458,23 @@ class HLCRModel(FederatedModel):
             k = int(np.flatnonzero(short)[0])
             return (f"cluster {k} has {ev[k]:.6g} events for {ent[k]:.6g} entities (every "
                     "entity has at least one event)")
-        if self.fit_intercept:
+        if self.random_intercept:  # the adjusted intercept entry is sum n_e / (1 + n_e rho)
+            reason = _intercept_entry_problem(stats, ev, tol, e)
+            if reason:
+                return reason
+        elif self.fit_intercept:
             ei = None if slack is None else e("XtX")[:, -1, -1]
             reason = equal_problem("the intercept entries of 'XtX' and the event counts",
                                    stats["XtX"][:, -1, -1], ev, ei, e("n_events"))
             if reason:
                 return reason
-        sse = np.asarray(stats["sse"])
-        neg = sse < -(1e-8 * np.abs(sse).max(initial=0.0)
-                      + (0.0 if slack is None else e("sse")))
-        if np.any(neg):
-            return f"squared error 'sse' of cluster {int(np.flatnonzero(neg)[0])} is negative"
+        for name in ("sse", "u2") if self.random_intercept else ("sse",):
+            v = np.asarray(stats[name])
+            neg = v < -(1e-8 * np.abs(v).max(initial=0.0)
+                        + (0.0 if slack is None else e(name)))
+            if np.any(neg):
+                what = "squared error" if name == "sse" else "intercept second moment"
+                return f"{what} {name!r} of cluster {int(np.flatnonzero(neg)[0])} is negative"
         E = None if slack is None else bordered(e("XtX"), e("Xty"), e("yty"))
         return psd_problem("the moment matrix [[XtX, Xty], [Xty^T, yty]]",
                            bordered(stats["XtX"], stats["Xty"], stats["yty"]), E, "cluster")
@@ -413,8 +482,12 @@ class HLCRModel(FederatedModel):
     def initial_params(self) -> Params:
         """Algorithm 3, line 2: ``H = delta^2 I``, ``c = 0`` (no data), zero counts."""
         K, F = self.K, self.F
-        return {"D": np.tile(np.eye(F) / self.delta**2, (K, 1, 1)), "c": np.zeros((K, F)),
-                "counts": np.zeros(K), "coef": np.zeros((K, F)), "train_mse": np.array(np.nan)}
+        params = {"D": np.tile(np.eye(F) / self.delta**2, (K, 1, 1)), "c": np.zeros((K, F)),
+                  "counts": np.zeros(K), "coef": np.zeros((K, F)),
+                  "train_mse": np.array(np.nan)}
+        if self.random_intercept:
+            params["tau"] = np.array(self.tau)
+        return params
 
     @property
     def estimates_hyper(self) -> bool:
@@ -442,16 +515,22 @@ class HLCRModel(FederatedModel):
             XtX = XtX + lift[:, None, None] * np.eye(F)[None]
         else:
             mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
-        if not ("sigma" in params or "T" in params):  # the paper's sampler, as it always was
+        if not ("sigma" in params or "T" in params or self.random_intercept):  # the paper's
             D = np.eye(F)[None] / self.delta**2 + XtX / self.sigma**2
             c = Xty / self.sigma**2
             out = {"D": D, "c": c, "counts": counts, "coef": posterior_means(D, c),
                    "train_mse": np.array(mse)}
-            if "dp_ridge" in params:
-                out["dp_ridge"] = params["dp_ridge"]
+            for k in ("dp_ridge", "tau"):
+                if k in params:
+                    out[k] = params[k]
             return out
         extra = {k: params[k] for k in ("T", "y_shift", "y_scale", "x_shift", "x_scale", "seed",
-                                        "step", "dp_ridge") if k in params}
+                                        "step", "dp_ridge", "tau") if k in params}
+        if self.random_intercept and self.estimate_tau:  # EM-style (see .random_intercept)
+            n_ent = float(np.maximum(S["n_entities"], 0.0).sum())
+            if n_ent > 0:
+                tau2 = float(np.maximum(S["u2"], 0.0).sum()) / n_ent
+                extra["tau"] = np.array(float(np.sqrt(max(tau2, TAU2_FLOOR))))
         sigma, delta = self.sigma_of(params), _num(params.get("delta", self.delta))
         if self.estimates_hyper:  # server-side Gibbs step, its stream keyed by (seed, step)
             step = int(_num(params["step"])) + 1

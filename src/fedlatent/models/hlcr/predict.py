@@ -21,6 +21,7 @@ from ...data.validation import to_float_target
 from ...engine.estimator import check_features, check_is_fitted
 from ...engine.numerics import add_intercept
 from .math import entity_log_marginal, entity_statistics, posterior_means
+from .random_intercept import adjust_statistics
 
 __all__ = ["METHODS", "UNKNOWN", "HLCRPrediction"]
 
@@ -73,8 +74,34 @@ class HLCRPrediction:
         return (np.concatenate(keys),
                 *(np.concatenate([p[i] for p in parts]) for i in range(4)))
 
-    def _cluster_proba(self, pairs, ctx_stats, D, c, counts, labels, sigma):
-        """(n_rows, K) cluster probabilities at one draw (or the point estimate)."""
+    def _rho(self, sigma, tau=None) -> float:
+        """``tau^2 / sigma^2`` of a draw (0 without the random intercept)."""
+        if not getattr(self, "random_intercept", False):
+            return 0.0
+        tau = self.tau_ if tau is None else float(tau)
+        return tau**2 / float(sigma) ** 2
+
+    def _entity_level(self, pairs, ctx_stats, D, c, rho: float) -> np.ndarray:
+        """(n_rows, K): each row's entity intercept under each cluster. A known pair: its
+        posterior mean ``random_effects_``; a new pair with events in the context: the BLUP
+        from them at the cluster's coefficients; otherwise 0 (the prior mean)."""
+        ukey, inv, where, _ = pairs
+        K = D.shape[0]
+        level = np.zeros((len(ukey), K))
+        if ctx_stats is not None and len(ukey):
+            ckeys, XtX, Xty, _, nn = ctx_stats
+            at = np.minimum(np.searchsorted(ukey, ckeys), len(ukey) - 1)
+            hit = ukey[at] == ckeys
+            W = posterior_means(D, c)  # (K, F)
+            g = rho / (1.0 + nn * rho)
+            level[at[hit]] = (g[:, None] * (Xty[:, -1][:, None] - XtX[:, :, -1] @ W.T))[hit]
+        known = where >= 0
+        level[known] = np.asarray(self.random_effects_)[where[known]][:, None]
+        return level[inv]
+
+    def _cluster_proba(self, pairs, ctx_stats, D, c, counts, labels, sigma, rho=0.0):
+        """(n_rows, K) cluster probabilities at one draw (or the point estimate); ``rho``:
+        the random intercept's ``tau^2 / sigma^2`` (the context's statistics adjusted)."""
         K = D.shape[0]
         ukey, inv, where, uagent = pairs
         lab = np.where(where >= 0, np.asarray(labels)[np.maximum(where, 0)], -1)
@@ -92,6 +119,8 @@ class HLCRPrediction:
         lp = np.log(prior)
         if ctx_stats is not None:
             ckeys, XtX, Xty, yty, nn = ctx_stats
+            if rho:
+                XtX, Xty, yty = adjust_statistics(XtX, Xty, yty, nn, rho)
             ll = entity_log_marginal(XtX, Xty, yty, nn, D, c, sigma)
             at = np.minimum(np.searchsorted(ukey, ckeys), max(len(ukey) - 1, 0))
             hit = ukey[at] == ckeys if len(ukey) else np.zeros(len(ckeys), bool)
@@ -113,7 +142,7 @@ class HLCRPrediction:
         check_is_fitted(self)
         return self._cluster_proba(self._pairs(agents, entities), self._context_stats(context),
                                    self.precisions_, self.c_, self.cluster_counts_,
-                                   self.labels_, self.sigma_)
+                                   self.labels_, self.sigma_, self._rho(self.sigma_))
 
     # ---- predictions ----------------------------------------------------------------------------
     def _prepare(self, X, agents, entities, method, unknown, context=None):
@@ -151,11 +180,15 @@ class HLCRPrediction:
                       "if it is known); pass context= with their events, or unknown='prior' to "
                       "silence this", UserWarning, stacklevel=4)
 
-    def _one(self, prepared, D, c, counts, labels, sigma, hard: bool):
-        """Predictions at one draw: ``sum_k p(k) x^T H_k c_k`` (``hard``: the likeliest k)."""
+    def _one(self, prepared, D, c, counts, labels, sigma, hard: bool, tau=None):
+        """Predictions at one draw: ``sum_k p(k) x^T H_k c_k`` (``hard``: the likeliest k),
+        plus the entity's intercept under each cluster with the random intercept."""
         Xa, pairs, ctx = prepared
-        P = self._cluster_proba(pairs, ctx, D, c, counts, labels, sigma)
+        rho = self._rho(sigma, tau)
+        P = self._cluster_proba(pairs, ctx, D, c, counts, labels, sigma, rho)
         per = Xa @ posterior_means(D, c).T  # (n, K): Theorem 2 under each cluster
+        if rho:
+            per = per + self._entity_level(pairs, ctx, D, c, rho)
         if hard:
             return per[np.arange(len(Xa)), P.argmax(axis=1)]
         return (P * per).sum(axis=1)
@@ -163,7 +196,7 @@ class HLCRPrediction:
     def _predict_with(self, prepared, method: str):
         if method == "map":
             return self._one(prepared, self.precisions_, self.c_, self.cluster_counts_,
-                             self.labels_, self.sigma_, hard=True)
+                             self.labels_, self.sigma_, hard=True, tau=self.tau_)
         draws = range(len(self.draws_sigma_))
         if method == "sample":
             draws = draws[-1:]
@@ -171,7 +204,8 @@ class HLCRPrediction:
         for t in draws:
             total = total + self._one(prepared, self.draws_precisions_[t], self.draws_c_[t],
                                       self.draws_counts_[t], self.draws_labels_[t],
-                                      self.draws_sigma_[t], hard=False)
+                                      self.draws_sigma_[t], hard=False,
+                                      tau=self.draws_tau_[t])
         return total / len(draws)
 
     def predict(self, X, agents, entities, context: FederatedDataset | None = None,
@@ -239,7 +273,7 @@ class HLCRPrediction:
         for p in self._path:
             labels = p["labels"] if p["labels"] is not None else self.labels_
             pred = self._one(prepared, p["D"], p["c"], p["counts"], labels, p["sigma"],
-                             hard=method == "map")
+                             hard=method == "map", tau=p.get("tau"))
             if method == "mean" and p["kept"]:
                 total, count = total + pred, count + 1
             yield fd.to_source_order(total / count if method == "mean" and count else pred,

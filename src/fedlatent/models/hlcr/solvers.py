@@ -38,6 +38,7 @@ from ...engine.runtime import Runtime
 from ...engine.stats import Stats
 from .math import cluster_statistics, entity_sse, hlcr_log_joint, posterior_means
 from .model import _num
+from .random_intercept import adjust_statistics, intercept_second_moment, log_det_correction
 from .sampler import gibbs_init, gibbs_sweep
 from .scaling import draw_hyper
 
@@ -57,6 +58,8 @@ class ChainSettings:
     delta: float
     estimate_sigma: bool = False
     estimate_delta: bool = False
+    tau: float = float("nan")
+    estimate_tau: bool = False
 
     def keep(self, t: int) -> bool:
         return t > self.burn_in and (t - self.burn_in - 1) % self.thin == 0
@@ -126,6 +129,8 @@ class HLCRFit(FitResult):
     draws: list[dict[str, Any]] = field(default_factory=list)
     sigma: float = float("nan")
     delta: float = float("nan")
+    tau: float = float("nan")
+    random_effects: np.ndarray | None = None
 
 
 def entity_pairs(fd: FederatedDataset | None) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +151,8 @@ def _path_entry(params: Params, labels: dict[str, np.ndarray] | None) -> dict[st
     if labels is not None:
         lab = np.concatenate([labels[c] for c in sorted(labels)])
     return {"D": params["D"], "c": params["c"], "counts": params["counts"], "labels": lab,
-            "sigma": params.get("sigma"), "delta": params.get("delta")}
+            "sigma": params.get("sigma"), "delta": params.get("delta"),
+            "tau": params.get("tau")}
 
 
 # ---- the federated solver ---------------------------------------------------------------------
@@ -233,16 +239,69 @@ def run_federated(
                            "predictive uses the last round only (set tol=0 to run every "
                            "round)", rounds[-1], chain.burn_in)
             draws = [path[-1]]
+    objective = {r.round: r.objective for r in result.history}
+    for r, entry in zip(rounds, path):  # label-invariant summaries of every draw
+        entry["log_joint"] = objective.get(r, np.nan)
+        entry["train_mse"] = float(tap.path[r]["params"]["train_mse"])
     p = result.params
     return HLCRFit(result.params, result.S_hat, result.history, result.converged,
                    result.n_rounds, labels=labels, pair_agents=agents, pair_entities=ents,
                    path=path,
                    log_joint=np.array([r.objective for r in result.history], dtype=float),
                    train_mse=np.array(train_mse, dtype=float), draws=draws,
-                   sigma=_num(p.get("sigma", np.nan)), delta=_num(p.get("delta", np.nan)))
+                   sigma=_num(p.get("sigma", np.nan)), delta=_num(p.get("delta", np.nan)),
+                   tau=_num(p.get("tau", np.nan)))
 
 
 # ---- the centralized Gibbs sampler ------------------------------------------------------------
+def intercept_step(state: dict, K: int, sigma: float, delta: float, tau: float,
+                   estimate: bool) -> float:
+    """The random intercept's part of a sweep (:mod:`.random_intercept`): with ``estimate``,
+    the EM-style ``tau^2 = mean_e E[u_e^2 | y_e]`` at the clusters' posterior means; then the
+    entities' statistics adjusted at ``rho = tau^2 / sigma^2`` and the cluster statistics
+    rebuilt from them (in place in ``state``). Returns tau."""
+    from .model import TAU2_FLOOR
+
+    XtX, Xty, yty = state["raw"]
+    n, z = state["n"], state["z"]
+    if estimate:
+        W = posterior_means(state["D"], state["c"])[z]
+        m2 = intercept_second_moment(XtX, Xty, n, W, (tau / sigma) ** 2, sigma)
+        tau = float(np.sqrt(max(float(m2.mean()), TAU2_FLOOR)))
+    adj = adjust_statistics(XtX, Xty, yty, n, (tau / sigma) ** 2)
+    state["XtX"][...], state["Xty"][...], state["yty"][...] = adj
+    cl = cluster_statistics(*adj, n, z, K, delta, sigma)
+    state["D"][...], state["c"][...], state["Y"][...] = cl["D"], cl["c"], cl["yty"]
+    return tau
+
+
+def _redraw_hyper(state, K: int, sigma: float, delta: float, rng, chain: ChainSettings):
+    """Redraw sigma and delta after a sweep from the clusters' pooled entity statistics, and
+    rebuild the cluster statistics for them; returns the new (sigma, delta)."""
+    onehot = np.eye(K)[state["z"]]
+    sums = (np.einsum("ek,eij->kij", onehot, state["XtX"]),
+            onehot.T @ state["Xty"], onehot.T @ state["yty"])
+    sigma, delta = draw_hyper(*sums, float(state["n"].sum()), sigma, delta, rng,
+                              chain.estimate_sigma, chain.estimate_delta)
+    F = sums[1].shape[1]
+    state["D"][...] = np.eye(F)[None] / delta**2 + sums[0] / sigma**2
+    state["c"][...] = sums[1] / sigma**2
+    return sigma, delta
+
+
+def _sweep_entry(state, est, sigma: float, delta: float, tau: float | None) -> dict:
+    """One sweep's draw: the cluster statistics, labels and scales, with the label-invariant
+    summaries (mean per-entity log joint, training MSE) the chains are judged by."""
+    D, c, Nk, n, z = state["D"], state["c"], state["Nk"], state["n"], state["z"]
+    cur = {"D": D, "c": c, "yty": state["Y"], "n_events": state["Nev"], "n_entities": Nk}
+    lj = (hlcr_log_joint(cur, state["Nik"], est.alpha, est.beta, delta, sigma)
+          + (0.0 if tau is None else log_det_correction(n, (tau / sigma) ** 2))) / len(n)
+    W = posterior_means(D, c)
+    mse = float(entity_sse(state["XtX"], state["Xty"], state["yty"], W, z).sum() / n.sum())
+    return {"D": D.copy(), "c": c.copy(), "counts": Nk.copy(), "labels": z.copy(),
+            "sigma": sigma, "delta": delta, "tau": tau, "log_joint": lj, "train_mse": mse}
+
+
 def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
               chain: ChainSettings) -> HLCRFit:
     """Algorithm 2 on the pooled in-process data ``ctx.data``: ``options.max_rounds`` sweeps
@@ -265,6 +324,10 @@ def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
     sigma, delta = chain.sigma, chain.delta
     estimate = chain.estimate_sigma or chain.estimate_delta
     state = gibbs_init(stats, K, delta, sigma, rng)
+    tau = ctx.model.tau_of(params0) if ctx.model.random_intercept else None
+    if tau is not None:
+        raw = [ctx.model._plain_stats(cd, params0) for _, cd in fd.items()]
+        state["raw"] = tuple(np.concatenate([p[i] for p in raw]) for i in range(3))
     n, z, A = state["n"], state["z"], len(stats)
     history = History()
     lj, mses, path, draws = [], [], [], []
@@ -276,24 +339,12 @@ def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
             t0 = time.perf_counter()
             changed = gibbs_sweep(state, est.alpha, est.beta, sigma, rng.random(len(n)))
             if estimate:
-                onehot = np.eye(K)[z]
-                sums = (np.einsum("ek,eij->kij", onehot, state["XtX"]),
-                        onehot.T @ state["Xty"], onehot.T @ state["yty"])
-                sigma, delta = draw_hyper(*sums, float(n.sum()), sigma, delta, rng,
-                                          chain.estimate_sigma, chain.estimate_delta)
-                F = sums[1].shape[1]
-                state["D"][...] = np.eye(F)[None] / delta**2 + sums[0] / sigma**2
-                state["c"][...] = sums[1] / sigma**2
-            D, c, Nk = state["D"], state["c"], state["Nk"]
-            cur = {"D": D, "c": c, "yty": state["Y"], "n_events": state["Nev"],
-                   "n_entities": Nk}
-            lj.append(hlcr_log_joint(cur, state["Nik"], est.alpha, est.beta, delta,
-                                     sigma) / len(n))
-            W = posterior_means(D, c)
-            mses.append(float(entity_sse(state["XtX"], state["Xty"], state["yty"], W, z).sum()
-                              / n.sum()))
-            entry = {"D": D.copy(), "c": c.copy(), "counts": Nk.copy(), "labels": z.copy(),
-                     "sigma": sigma, "delta": delta}
+                sigma, delta = _redraw_hyper(state, K, sigma, delta, rng, chain)
+            if tau is not None:
+                tau = intercept_step(state, K, sigma, delta, tau, chain.estimate_tau)
+            entry = _sweep_entry(state, est, sigma, delta, tau)
+            lj.append(entry["log_joint"])
+            mses.append(entry["train_mse"])
             path.append(entry)
             if chain.keep(t):
                 freq[np.arange(len(z)), z] += 1.0
@@ -315,9 +366,14 @@ def run_gibbs(est, ctx: FitContext, options: LoopOptions, params0: Params,
     if estimate:
         sigma = float(np.sqrt(np.mean([d["sigma"] ** 2 for d in draws])))
         delta = float(np.sqrt(np.mean([d["delta"] ** 2 for d in draws])))
-    cl = cluster_statistics(state["XtX"], state["Xty"], state["yty"], n, z, K, delta, sigma)
+    ent = (state["XtX"], state["Xty"], state["yty"])
+    if tau is not None:
+        tau = float(np.sqrt(np.mean([d["tau"] ** 2 for d in draws])))
+        ent = adjust_statistics(*state["raw"], n, (tau / sigma) ** 2)
+    cl = cluster_statistics(*ent, n, z, K, delta, sigma)
     agents, ents = entity_pairs(fd)
     params = {"D": cl["D"], "c": cl["c"], "counts": cl["n_entities"]}
     return HLCRFit(params, Stats(cl), history, converged, len(history), labels=z.copy(),
                    pair_agents=agents, pair_entities=ents, path=path, log_joint=np.array(lj),
-                   train_mse=np.array(mses), draws=draws, sigma=sigma, delta=delta)
+                   train_mse=np.array(mses), draws=draws, sigma=sigma, delta=delta,
+                   tau=float("nan") if tau is None else tau)
