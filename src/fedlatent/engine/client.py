@@ -137,13 +137,15 @@ class ClientNode:
         if policy is not None:
             from .site.guard import SiteGuard
 
-            self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir)
-            self.honour_noise_seed = bool(policy.simulation)
             if identity is None and (policy.signing_key or policy.roster):
                 from .site.keys import SiteIdentity
 
                 identity = SiteIdentity.from_paths(policy.signing_key, policy.roster,
+                                                   sec_quota=policy.sec_quota,
                                                    site=policy.name or self.client_id)
+            self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir,
+                                   keys=None if identity is None else identity.keys)
+            self.honour_noise_seed = bool(policy.simulation)
             disclosure = (policy.disclosure if disclosure is None
                           else stricter(policy.disclosure, disclosure))
         #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
@@ -175,6 +177,10 @@ class ClientNode:
         if method == "secagg":
             from .secure import secagg_step
 
+            if self.guard is not None and msg.get("step") == "keys":  # once per run, on disk
+                refusal = self.guard.claim_keys(msg)
+                if refusal is not None:
+                    return refusal
             return secagg_step(self, msg)
         if self.guard is not None:  # the site's policy: refuse, replay or answer (recorded)
             return self.guard.answer(self, method, msg, self._reply)
@@ -214,6 +220,7 @@ class ClientNode:
         self.model.disclosure = self.disclosure
         self.model.identity = (None if self.identity is None
                                else self.identity.for_site(self.client_id))
+        self.model.site = self.guard
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:

@@ -112,26 +112,46 @@ class SiteGuard:
         The data set the node answers from (its lifetime budget is composed on it).
     directory : path or None
         The site directory when the policy names none (a Flower node's ``site-dir``).
+    keys : SiteKeys or None
+        The site's signing key (it signs the ledger's anchor).
     """
 
     def __init__(self, policy: SitePolicy, client_id: str, *, dataset: str = "default",
-                 directory=None):
+                 directory=None, keys=None):
         self.policy = policy
         self.site = policy.site_name(client_id)
         self.dataset = str(dataset)
         where = policy.directory if policy.directory is not None else directory
-        self.ledger = Ledger(where, self.site)
+        self.ledger = Ledger(where, self.site, keys=keys)
         self.run: str | None = None
         self.plan: dict[str, Any] | None = None
 
     # ---- refusals --------------------------------------------------------------------------
     def refuse(self, rule: str, why: str, fix: str, **where: Any) -> dict[str, Any]:
         """The refusal reply (also written to the ledger and the log)."""
-        text = f"site {self.site!r} refused ({rule}): {why}; fix: {fix}"
+        text = self.refusal_text(rule, why, fix)
         self.ledger.append("refusal", run=self.run, dataset=self.dataset, rule=rule,
                            reason=text, **where)
         logger.warning("%s", text)
         return {ERROR_KEY: text}
+
+    def refusal_text(self, rule: str, why: str, fix: str) -> str:
+        """The one-line reason of a refusal (for a model that raises it; the node's reply
+        carries it and :meth:`after` writes it to the ledger)."""
+        return f"site {self.site!r} refused ({rule}): {why}; fix: {fix}"
+
+    def claim_keys(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """Refuse a second secure-aggregation key set-up under one label (a replay of old
+        keys), whatever process answers: the set-ups are on the ledger, not in memory."""
+        label = str(msg.get("run", ""))
+        if label and self.ledger.of("secagg-keys", label=label):
+            return self.refuse(
+                "secagg.keys", f"the secure aggregation keys of {label!r} were set up already "
+                "(a second set-up under one label replays old keys)",
+                "set up new keys under a new label", exchange="secagg")
+        self.ledger.append("secagg-keys", run=self.run, dataset=self.dataset, label=label,
+                           round=int(msg.get("round", 0)))
+        return None
 
     # ---- setup -----------------------------------------------------------------------------
     def setup(self, msg: dict[str, Any]) -> dict[str, Any] | None:
