@@ -177,10 +177,8 @@ class ClientNode:
         if method == "secagg":
             from .secure import secagg_step
 
-            if self.guard is not None and msg.get("step") == "keys":  # once per run, on disk
-                refusal = self.guard.claim_keys(msg)
-                if refusal is not None:
-                    return refusal
+            if self.guard is not None:  # keys set up once per label (on disk); refusals logged
+                return self.guard.secagg(self, msg, secagg_step)
             return secagg_step(self, msg)
         if self.guard is not None:  # the site's policy: refuse, replay or answer (recorded)
             return self.guard.answer(self, method, msg, self._reply)

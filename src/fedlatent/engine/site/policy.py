@@ -17,7 +17,8 @@ Tables and keys (hyphens and underscores are the same):
                       ``lifetime-epsilon``, ``lifetime-delta`` (per data set, across fits)
 ``[answer]``          ``models`` and ``exchanges`` the site answers (absent: all)
 ``[datasets]``        name = local file (the server names a data set, never a path)
-``[sec]``             ``evaluate-others`` (bool), ``trusted-types`` (list), ``quota``
+``[sec]``             ``evaluate-others`` (bool; not set: only with a pinned roster),
+                      ``trusted-types`` (list), ``quota``
                       (distinct models evaluated per run; default: one per rostered site)
 ``[limits]``          ``max-message-bytes``, ``max-rounds``, ``max-releases``
 
@@ -92,9 +93,10 @@ class SitePolicy:
         What the site answers (None: everything).
     datasets : dict of str to Path
         Data sets by name.
-    sec_evaluate_others : bool
-        Whether the site evaluates other parties' SEC models at all (with a pinned roster
-        only: a model must be signed by a rostered site).
+    sec_evaluate_others : bool or None
+        Whether the site evaluates other parties' SEC models: None (not set) only with a
+        pinned roster (a model must then be signed by a rostered site); True also without one
+        (the operator accepts models the server may have made); False never.
     sec_trusted_types : tuple of str or None
         The estimator types (as skops names them) a SEC model may contain (None: SEC's own
         allow-list).
@@ -120,7 +122,7 @@ class SitePolicy:
     models: tuple[str, ...] | None = None
     exchanges: tuple[str, ...] | None = None
     datasets: dict[str, Path] = field(default_factory=dict)
-    sec_evaluate_others: bool = True
+    sec_evaluate_others: bool | None = None
     sec_trusted_types: tuple[str, ...] | None = None
     sec_quota: int | None = None
     max_message_bytes: int | None = None
@@ -159,7 +161,8 @@ class SitePolicy:
         kw.update(_answer_table(tables["answer"], where))
         kw["datasets"] = _datasets_table(tables["datasets"], base, where)
         sec = tables["sec"]
-        kw["sec_evaluate_others"] = _bool(sec, "evaluate_others", True, where, "sec")
+        kw["sec_evaluate_others"] = (None if "evaluate_others" not in sec
+                                     else _bool(sec, "evaluate_others", True, where, "sec"))
         kw["sec_trusted_types"] = _names(sec, "trusted_types", where, "sec")
         kw["sec_quota"] = _count(sec, "quota", where, "sec")
         for key in sorted(_TABLES["limits"]):

@@ -174,8 +174,10 @@ class SECModel(FederatedModel):
         # under a site policy, only of trusted types, counted on the site's ledger)
         check_site_policy(self.site, self.identity, blobs, exchange=True)
         verify_models(self.identity, payload, blobs, off, site=self.site)
-        charge_site_quota(self.site, self.identity, payload, blobs)
-        state = charge_quota(self.identity, state, blobs, str(payload.get("run", "")))
+        if self.site is not None:  # counted on the site's ledger, for the run it set up
+            charge_site_quota(self.site, self.identity, payload, blobs)
+        else:
+            state = charge_quota(self.identity, state, blobs, str(payload.get("run", "")))
         models = [loads_model(b, source=f"model {off + k} of the exchange (sent by the server)",
                               extra_types=self.extra_trusted_types)
                   for k, b in enumerate(blobs)]

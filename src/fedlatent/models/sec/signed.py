@@ -13,14 +13,14 @@ protocol); a quota set on the identity applies all the same.
 
 A learner whose site holds a policy (:class:`~fedlatent.engine.site.guard.SiteGuard`, the
 model's ``site``) is bound by it whatever the server sends (:func:`check_site_policy`): it
-evaluates others' models only if ``[sec] evaluate-others`` allows it and only with a pinned
-roster; every model (and every candidate) contains only the policy's ``trusted-types``; the
-per-run quota (``[sec] quota``, else one per rostered site) is counted on the site's ledger
-(``sec-model`` entries of the run the site set up), so that neither a fresh process (a Flower
-ClientApp answers each message in a new one), a restored state nor a new label in the exchange
-message resets it. Each refusal names the site and its rule (``sec.evaluate-others``,
-``sec.roster``, ``sec.trusted-types``, ``sec.signature``, ``sec.quota``) and is written to the
-ledger.
+evaluates others' models only with a pinned roster (unless ``[sec] evaluate-others = true``
+says it accepts unsigned ones; ``false``: never); every model (and every candidate) contains
+only the policy's ``trusted-types``; the per-run quota (``[sec] quota``, else one per rostered
+site) is counted on the site's ledger (``sec-model`` entries of the run the site set up), so
+that neither a fresh process (a Flower ClientApp answers each message in a new one), a restored
+state nor a new label in the exchange message resets it. Each refusal names the site and its
+rule (``sec.evaluate-others``, ``sec.roster``, ``sec.trusted-types``, ``sec.signature``,
+``sec.quota``) and is written to the ledger.
 """
 
 from __future__ import annotations
@@ -71,10 +71,11 @@ def check_site_policy(site: Any, identity: Any, blobs: list[np.ndarray], *,
     if site is None:
         return
     p = site.policy
-    if exchange and not p.sec_evaluate_others:
+    if exchange and p.sec_evaluate_others is False:
         raise _refused(site, "sec.evaluate-others", "its policy says it evaluates no other "
                        "party's models", "leave this site out of SEC's exchange step")
-    if exchange and (identity is None or identity.roster is None):
+    if exchange and p.sec_evaluate_others is None and (identity is None
+                                                       or identity.roster is None):
         raise _refused(site, "sec.roster", "it pins no roster, so it cannot tell a peer's "
                        "model from one the server made", "name the consortium's roster in the "
                        "site policy ([site] roster; fedlatent site roster)")
