@@ -128,12 +128,12 @@ def test_without_a_roster_a_policy_site_evaluates_only_if_its_policy_says_so(tmp
 
 
 def test_only_the_policys_trusted_types_are_evaluated_or_selected(tmp_path):
-    node = victim(tmp_path, SitePolicy(sec_trusted_types=(LINEAR,)))
+    node = victim(tmp_path, SitePolicy(sec_trusted_types=("linear",)))  # a candidate's name
     losses, errors = exchange(node, crafted()[:1], signer="other")
     assert losses == [] and errors == [
         f"client 'victim': site 'victim' refused (sec.trusted-types): model 0 of the message "
         f"contains ['sklearn.tree._classes.DecisionTreeRegressor', 'sklearn.tree._tree.Tree'], "
-        f"outside its trusted types; fix: send models of the types ['{LINEAR}'] only"]
+        f"outside its trusted types; fix: send models of the types ['linear'] only"]
     linear = dumps_model(LinearRegression().fit([[0.0], [1.0]], [0.0, 1.0]))
     assert len(exchange(node, [linear], signer="other")[0]) == 1
     select = node.handle("query", {"query": "select", "seed": 0, "run": "sec-1",
@@ -142,3 +142,8 @@ def test_only_the_policys_trusted_types_are_evaluated_or_selected(tmp_path):
     assert "refused (sec.trusted-types): model 0 of the message contains " \
            f"['{TREE}']" in select[ERROR_KEY]
     assert rules(node) == ["sec.trusted-types", "sec.trusted-types"]
+    for trusted, ok in (((LINEAR,), linear), (("sklearn.tree",), crafted()[0])):
+        other = victim(tmp_path / trusted[0], SitePolicy(sec_trusted_types=trusted))
+        assert len(exchange(other, [ok], signer="other")[0]) == 1  # a full name, a prefix
+        wrong = crafted()[0] if ok is linear else linear
+        assert "refused (sec.trusted-types)" in exchange(other, [wrong], signer="other")[1][0]

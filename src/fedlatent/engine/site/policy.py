@@ -98,8 +98,9 @@ class SitePolicy:
         pinned roster (a model must then be signed by a rostered site); True also without one
         (the operator accepts models the server may have made); False never.
     sec_trusted_types : tuple of str or None
-        The estimator types (as skops names them) a SEC model may contain (None: SEC's own
-        allow-list).
+        The estimator types a SEC model may contain: built-in candidate names (``"linear"``:
+        what a fitted one contains), full type names as skops writes them, or module prefixes
+        (``"sklearn.linear_model"``). None: SEC's own allow-list.
     sec_quota : int or None
         Most distinct SEC models evaluated per run (None: one per rostered site).
     max_message_bytes, max_rounds, max_releases : int or None

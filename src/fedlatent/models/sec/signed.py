@@ -25,7 +25,9 @@ rule (``sec.evaluate-others``, ``sec.roster``, ``sec.trusted-types``, ``sec.sign
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +64,31 @@ def _refused(site: Any, rule: str, why: str, fix: str) -> DisclosureRefused:
     return DisclosureRefused(site.refusal_text(rule, why, fix))
 
 
+@functools.cache
+def _candidate_types(name: str) -> frozenset[str]:
+    """The estimator types a fitted built-in candidate ``name`` contains (as skops names
+    them); empty for a name that is not a built-in candidate."""
+    from .candidates import BUILTIN_CANDIDATES
+    from .serialize import _schema_types, dumps_model
+
+    if name not in BUILTIN_CANDIDATES:
+        return frozenset()
+    x = np.linspace(0.0, 1.0, 16)[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = BUILTIN_CANDIDATES[name]().fit(x, np.sin(6 * x[:, 0]))
+    return frozenset(t for t in _schema_types(bytes(dumps_model(est).tobytes()))
+                     if not t.startswith(("builtins.", "numpy.")))
+
+
+def _trusted(type_name: str, trusted: tuple[str, ...]) -> bool:
+    """Whether ``trusted`` (a policy's ``trusted-types``: built-in candidate names such as
+    ``"linear"``, full type names, or module prefixes such as ``"sklearn.linear_model"``)
+    admits ``type_name``."""
+    return any(type_name == t or type_name.startswith(t + ".") or type_name in
+               _candidate_types(t) for t in trusted)
+
+
 def check_site_policy(site: Any, identity: Any, blobs: list[np.ndarray], *,
                       exchange: bool) -> None:
     """Raise :class:`DisclosureRefused` (site, rule, fix) when the site's policy forbids what
@@ -86,7 +113,7 @@ def check_site_policy(site: Any, identity: Any, blobs: list[np.ndarray], *,
     for k, blob in enumerate(blobs):
         names = _schema_types(np.asarray(blob, dtype=np.uint8).tobytes())
         bad = sorted(t for t in names if not t.startswith(("builtins.", "numpy."))
-                     and t not in p.sec_trusted_types)
+                     and not _trusted(t, p.sec_trusted_types))
         if bad:
             raise _refused(site, "sec.trusted-types", f"model {k} of the message contains "
                            f"{bad}, outside its trusted types",
