@@ -63,7 +63,7 @@ def test_a_secure_private_fit_with_signed_sites_then_a_fit_beyond_the_lifetime_b
         (where,) = (tmp_path / "w1" / "data").glob(f"*-{c}.site")  # beside the node's file
         state = read_site_state(where, trust=Roster({c: keys[c].public_key}))
         assert state.client_id == c
-    # the server asks for a second fit (another run) of epsilon 2: composed, 2.8 > 2.5
+    # the server asks for a second fit (another run) of epsilon 2: composed, 2.95 > 2.5
     with pytest.raises(Exception, match=r"refused \(privacy.lifetime-epsilon\): this plan "
                                         r"would bring data set '.*' to epsilon="):
         with warnings.catch_warnings():

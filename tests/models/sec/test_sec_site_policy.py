@@ -131,9 +131,9 @@ def test_only_the_policys_trusted_types_are_evaluated_or_selected(tmp_path):
     node = victim(tmp_path, SitePolicy(sec_trusted_types=("linear",)))  # a candidate's name
     losses, errors = exchange(node, crafted()[:1], signer="other")
     assert losses == [] and errors == [
-        f"client 'victim': site 'victim' refused (sec.trusted-types): model 0 of the message "
-        f"contains ['sklearn.tree._classes.DecisionTreeRegressor', 'sklearn.tree._tree.Tree'], "
-        f"outside its trusted types; fix: send models of the types ['linear'] only"]
+        "client 'victim': site 'victim' refused (sec.trusted-types): model 0 of the message "
+        "contains ['sklearn.tree._classes.DecisionTreeRegressor', 'sklearn.tree._tree.Tree'], "
+        "outside its trusted types; fix: send models of the types ['linear'] only"]
     linear = dumps_model(LinearRegression().fit([[0.0], [1.0]], [0.0, 1.0]))
     assert len(exchange(node, [linear], signer="other")[0]) == 1
     select = node.handle("query", {"query": "select", "seed": 0, "run": "sec-1",
