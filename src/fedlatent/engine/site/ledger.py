@@ -15,6 +15,11 @@ Entries (``kind``):
 ``answer``    an exchange answered (run, exchange, round, the question's digest, masked or not)
 ``refusal``   a message refused (rule and the one-line reason)
 ``replay``    a question asked again, answered with the recorded answer (no new release)
+``secagg-keys`` a secure-aggregation key set-up (its label: a second one is refused)
+``sec-model`` a SEC model the site evaluated in a run (its sha256 and signer: the quota)
+
+Everything a site must remember across messages is here, never in a process: on Flower every
+message is answered by a fresh ClientApp process.
 
 The chain shows an edited, removed or reordered line. A ledger cut after a line would look
 whole, so every append also rewrites an **anchor**, ``<site directory>/ledger.head.json``: the
@@ -28,8 +33,9 @@ whole site directory, anchor included, goes unseen from inside it: keep a copy o
 :meth:`Ledger.lifetime_epsilon` composes the releases of every run on a data set with the
 accountant (:mod:`fedlatent.engine.privacy.accountant`): Gaussian releases with noise
 multipliers ``z_i`` compose to one Gaussian mechanism with ``z = (sum_i 1/z_i^2)^(-1/2)``.
-Recorded answers of private exchanges (so that a re-asked question gets the same noise, never
-fresh noise) are kept in ``<site directory>/answers/``.
+Recorded answers of unmasked exchanges (so that a re-asked question gets the same noise, never
+fresh noise), with the node's state after each, are kept in ``<site directory>/answers/``
+(signed with the site's key when it has one).
 """
 
 from __future__ import annotations
