@@ -280,9 +280,46 @@ def fit_lean(name):
         return fd, make().fit(fd)
 
 
+def private_case():
+    """The secure and differentially private GMM whose sites' ledgers are checked (GMM's data;
+    a file of its own, so its site directory and ledger are its own)."""
+    import fedlatent as fl
+
+    fd, _ = CASES["gmm"]()
+    return fd, lambda: fl.FederatedGaussianMixture(2, max_rounds=1, random_state=3,
+                                                   federation=fl.Federation(
+                                                       privacy=fl.DifferentialPrivacy(
+                                                           2.0, 1e-5, clip=6.0),
+                                                       secure_aggregation=True))
+
+
 #: the data sets the deployment's three nodes hold, one file each in the node's directory
 #: (data-path = the directory; an app's data-name picks the file)
-DEPLOYED = {**CASES, "state": state_case}
+DEPLOYED = {**CASES, "state": state_case, "private": private_case}
+
+#: each SuperNode's site policy (``policy-path``): its own signing key (the ledger's anchor and
+#: its site states signed), DP ceilings and a lifetime budget per data set; the consortium pins
+#: no roster, so SEC's learners are told to evaluate unsigned models
+POLICY = """[site]
+signing-key = "site-key.pem"
+[privacy]
+max-epsilon = 5.0
+lifetime-epsilon = 10.0
+[sec]
+evaluate-others = true
+"""
+
+
+def site_policies(node_dirs):
+    """A policy file and a signing key per node directory; returns the policy paths."""
+    from fedlatent.engine.site.keys import SiteKeys
+
+    paths = []
+    for d in node_dirs:
+        SiteKeys.generate().save(d / "site-key.pem")
+        (d / "policy.toml").write_text(POLICY)
+        paths.append(d / "policy.toml")
+    return paths
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +339,7 @@ def deployment(tmp_path_factory):
         assert fd.n_clients == 3
         for d, f in zip(node_dirs, client_files(fd, root / "data" / name)):
             f.replace(d / f"{name}.parquet")
-    dep = LocalDeployment(node_dirs, workdir=root / "dep")
+    dep = LocalDeployment(node_dirs, workdir=root / "dep", policy_paths=site_policies(node_dirs))
     with dep:
         assert dep.startup_seconds > 0
         yield SimpleNamespace(dep=dep, node_dirs=node_dirs, root=root)
@@ -411,7 +448,12 @@ def runs(deployment):
     failed, out["failed"] = app_for(deployment, "failed", "gmm", make())
     threads.append(_launch(results, "failed", lambda: run_app(
         failed, dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300), out["failed"]))
-    # 3. every model
+    # 3. the secure and private GMM under the sites' policies
+    _, make = private_case()
+    private, out["private"] = app_for(deployment, "private", "private", make())
+    threads.append(_launch(results, "private", lambda: run_app(private, dep, timeout=1500),
+                           out["private"]))
+    # 4. every model
     apps = {}
     for name in sorted(CASES):
         _, make = lean(name)
@@ -440,6 +482,38 @@ def test_every_model_on_one_deployment_equals_inprocess(flwr, runs):
         assert st["status"] == "ok" and st["clients"] == fd.client_ids and st["lost"] == {}
         if name != "sec":  # SEC has no round loop
             assert st["round"] == ref.n_rounds_ == len(est.history_)
+
+
+@pytest.mark.slow
+def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledger(
+        flwr, deployment, runs):
+    """Each SuperNode holds a policy file (node config ``policy-path``): a secure and
+    differentially private GMM runs end to end, every site's ledger (its anchor signed with the
+    site's key) records the plan's releases, and each ledger composes to the server's
+    ``privacy_spent_``; the site states it wrote are signed with its key."""
+    from fedlatent.engine.site import Ledger
+    from fedlatent.engine.site.keys import Roster, SiteKeys
+    from fedlatent.engine.site_state import read_site_state
+    from fedlatent.runtime.flower import load_result
+
+    if isinstance(runs.results["private"], BaseException):
+        raise runs.results["private"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = load_result(runs.out["private"])
+    fd, _ = private_case()
+    assert est.flower_status_["status"] == "ok" and est.flower_status_["lost"] == {}
+    plan = est.privacy_calibration_.releases
+    assert plan == 3  # the private start's two releases and one round
+    for c, d in zip(fd.client_ids, deployment.node_dirs):
+        key = SiteKeys.load(d / "site-key.pem")
+        ledger = Ledger(d / "private.site", c, keys=key)  # chain and signed anchor verified
+        assert [e["release"] for e in ledger.of("release")] == list(range(1, plan + 1))
+        assert len(ledger.of("secagg-keys")) == 1 and ledger.of("refusal") == []
+        assert ledger.lifetime_epsilon("private.parquet", 1e-5) == pytest.approx(
+            est.privacy_spent_[0], rel=1e-9)
+        state = read_site_state(d / "private.site", trust=Roster({c: key.public_key}))
+        assert state.client_id == c
 
 
 @pytest.mark.slow

@@ -138,13 +138,15 @@ class ClientNode:
         if policy is not None:
             from .site.guard import SiteGuard
 
-            self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir)
-            self.honour_noise_seed = bool(policy.simulation)
             if identity is None and (policy.signing_key or policy.roster):
                 from .site.keys import SiteIdentity
 
                 identity = SiteIdentity.from_paths(policy.signing_key, policy.roster,
+                                                   sec_quota=policy.sec_quota,
                                                    site=policy.name or self.client_id)
+            self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir,
+                                   keys=None if identity is None else identity.keys)
+            self.honour_noise_seed = bool(policy.simulation)
             disclosure = (policy.disclosure if disclosure is None
                           else stricter(policy.disclosure, disclosure))
         #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
@@ -176,6 +178,8 @@ class ClientNode:
         if method == "secagg":
             from .secure import secagg_step
 
+            if self.guard is not None:  # keys set up once per label (on disk); refusals logged
+                return self.guard.secagg(self, msg, secagg_step)
             return secagg_step(self, msg)
         if self.guard is not None:  # the site's policy: refuse, replay or answer (recorded)
             return self.guard.answer(self, method, msg, self._reply)
@@ -217,6 +221,7 @@ class ClientNode:
         self.model.identity = (None if self.identity is None
                                else self.identity.for_site(self.client_id))
         self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
+        self.model.site = self.guard
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data))
         if refusal:

@@ -181,6 +181,10 @@ class FederatedModel(ABC):
     #: None: none); set at setup, for queries that sign what they send or verify what they
     #: are sent (SEC's models)
     identity: Any = None
+    #: the site's guard (:class:`~fedlatent.engine.site.guard.SiteGuard`: its policy and
+    #: ledger; None without a site policy); set at setup, for queries the policy bounds
+    #: (which models SEC evaluates, its per-run quota kept on the ledger)
+    site: Any = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -31,8 +31,8 @@ from ..engine.messages import ERROR_KEY as _ERROR_KEY
 from ..engine.site_state import read_site_state, run_key, write_site_state
 from .flower_records import _ERROR, _ERROR_TYPE, _METHOD, _MODEL, _STATE, decode, encode
 
-__all__ = ["RESTORE", "RUN", "make_client_app", "node_policy", "restore_state", "save_after",
-           "serve", "site_dir"]
+__all__ = ["RESTORE", "RUN", "make_client_app", "node_policy", "own_signer", "restore_state",
+           "save_after", "serve", "site_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +55,31 @@ def site_dir(node_config: dict[str, Any], data_path: Path) -> Path:
     return data_path.with_name(data_path.stem + ".site")
 
 
-def restore_state(where: Path, cid: str, run: str, round_: int) -> dict[str, np.ndarray]:
-    """The state of client ``cid`` after round ``round_`` of ``run``, from its site directory.
+def own_signer(node):
+    """``(signer, trust)`` of a node whose site holds a signing key: its identity, which signs
+    the site states it writes, and a roster of its own key alone, which verifies them on
+    restore (an entry edited with its sha256 recomputed, or unsigned, is refused); else
+    ``(None, None)``."""
+    ident = getattr(node, "identity", None)
+    if ident is None or ident.keys is None:
+        return None, None
+    from ..engine.site.keys import Roster
+
+    ident = ident.for_site(node.client_id) if ident.site is None else ident
+    return ident, Roster({ident.site: ident.keys.public_key})
+
+
+def restore_state(where: Path, cid: str, run: str, round_: int,
+                  trust=None) -> dict[str, np.ndarray]:
+    """The state of client ``cid`` after round ``round_`` of ``run``, from its site directory
+    (with ``trust``, a roster: only an entry a rostered site signed).
 
     Raises FileNotFoundError / ValueError naming the site directory and the fix when it is
     missing or of another client.
     """
     try:
-        site = read_site_state(where, at_most_round=int(round_), run_key=run_key(json.loads(run)))
+        site = read_site_state(where, at_most_round=int(round_), run_key=run_key(json.loads(run)),
+                               trust=trust)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"client {cid!r} cannot resume: {err}") from err
     if site.client_id != cid:
@@ -75,14 +92,15 @@ def restore_state(where: Path, cid: str, run: str, round_: int) -> dict[str, np.
 
 
 def save_after(where: Path, cid: str, method: str, msg: dict[str, Any],
-               state: dict[str, np.ndarray], run: str | None, restoring: bool) -> None:
+               state: dict[str, np.ndarray], run: str | None, restoring: bool,
+               signer=None) -> None:
     """Write the node's state into its site directory after ``method`` (if it may have changed
-    it, and not while a resumed run's restore is pending)."""
+    it, and not while a resumed run's restore is pending), signed by ``signer`` if given."""
     if run is None or method not in _WRITES or (restoring and method not in ROUND_METHODS):
         return
     try:
         write_site_state(where, client_id=cid, state=state, round_=int(msg.get("round", 0)),
-                         run=json.loads(run))
+                         run=json.loads(run), signer=signer)
     except OSError as err:
         raise OSError(
             f"client {cid!r}: cannot write its site state into {where} ({err}); give the "
@@ -200,10 +218,11 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
     run = msg.pop(RUN, None)
     restore = msg.pop(RESTORE, None)
     saved = {k: v.numpy() for k, v in state[_STATE].items()} if _STATE in state else {}
-    if restore is not None and method in ROUND_METHODS and site is not None and run is not None:
-        saved = restore_state(site, cid, str(run), int(restore))
     node = ClientNode(cid, fd[cid], saved, source=fd, policy=policy, dataset=dataset,
                       site_dir=site)
+    signer, trust = own_signer(node)  # a site with a key signs its states and checks them
+    if restore is not None and method in ROUND_METHODS and site is not None and run is not None:
+        node.state = restore_state(site, cid, str(run), int(restore), trust=trust)
     if policy is None:
         node.honour_noise_seed = bool(simulation)
     if method == "describe":
@@ -224,7 +243,7 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
         state[_SECAGG] = ConfigRecord({"client": node.secagg.dump()})
     if site is not None:
         save_after(site, cid, method, msg, node.state, None if run is None else str(run),
-                   restoring=restore is not None)
+                   restoring=restore is not None, signer=signer)
     if method == "setup" and _ERROR_KEY not in reply:  # a refused setup is not replayed
         state[_MODEL] = ConfigRecord({"run": str(msg.get("run", "")),
                                       "model": str(msg["model"]),

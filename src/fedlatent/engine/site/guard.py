@@ -44,6 +44,8 @@ _LOWER_IS_STRICTER = ("max_parameters_per_record", "max_levels_density")
 #: methods whose reply carries something computed from the data
 _DATA_METHODS = ("estep", "evaluate", "query")
 _REFUSAL = re.compile(r"site '(.*?)' refused \(([a-z.-]+)\)")
+#: prefix of the node's state kept beside a recorded answer
+_KEPT_STATE = "node-state:"
 _PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases")
 
 
@@ -112,26 +114,65 @@ class SiteGuard:
         The data set the node answers from (its lifetime budget is composed on it).
     directory : path or None
         The site directory when the policy names none (a Flower node's ``site-dir``).
+    keys : SiteKeys or None
+        The site's signing key (it signs the ledger's anchor).
     """
 
     def __init__(self, policy: SitePolicy, client_id: str, *, dataset: str = "default",
-                 directory=None):
+                 directory=None, keys=None):
         self.policy = policy
         self.site = policy.site_name(client_id)
         self.dataset = str(dataset)
         where = policy.directory if policy.directory is not None else directory
-        self.ledger = Ledger(where, self.site)
+        self.ledger = Ledger(where, self.site, keys=keys)
         self.run: str | None = None
         self.plan: dict[str, Any] | None = None
 
     # ---- refusals --------------------------------------------------------------------------
     def refuse(self, rule: str, why: str, fix: str, **where: Any) -> dict[str, Any]:
         """The refusal reply (also written to the ledger and the log)."""
-        text = f"site {self.site!r} refused ({rule}): {why}; fix: {fix}"
+        text = self.refusal_text(rule, why, fix)
         self.ledger.append("refusal", run=self.run, dataset=self.dataset, rule=rule,
                            reason=text, **where)
         logger.warning("%s", text)
         return {ERROR_KEY: text}
+
+    def refusal_text(self, rule: str, why: str, fix: str) -> str:
+        """The one-line reason of a refusal (for a model that raises it; the node's reply
+        carries it and :meth:`after` writes it to the ledger)."""
+        return f"site {self.site!r} refused ({rule}): {why}; fix: {fix}"
+
+    def secagg(self, node, msg: dict[str, Any], step_fn) -> dict[str, Any]:
+        """``step_fn(node, msg)``, a secure-aggregation step, under the policy: a key set-up
+        under a label already used is refused (:meth:`claim_keys`); a step that raises (an
+        unknown or substituted peer key, say) is written to the ledger as a refusal
+        (``secagg.peer``) and raised again, as it would be without a policy."""
+        if msg.get("step") == "keys":
+            refusal = self.claim_keys(msg)
+            if refusal is not None:
+                return refusal
+        try:
+            return step_fn(node, msg)
+        except Exception as err:
+            text = f"site {self.site!r} refused (secagg.peer): {err}"
+            self.ledger.append("refusal", run=self.run, dataset=self.dataset,
+                               rule="secagg.peer", reason=text, exchange="secagg",
+                               step=str(msg.get("step", "")))
+            logger.warning("%s", text)
+            raise
+
+    def claim_keys(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        """Refuse a second secure-aggregation key set-up under one label (a replay of old
+        keys), whatever process answers: the set-ups are on the ledger, not in memory."""
+        label = str(msg.get("run", ""))
+        if label and self.ledger.of("secagg-keys", label=label):
+            return self.refuse(
+                "secagg.keys", f"the secure aggregation keys of {label!r} were set up already "
+                "(a second set-up under one label replays old keys)",
+                "set up new keys under a new label", exchange="secagg")
+        self.ledger.append("secagg-keys", run=self.run, dataset=self.dataset, label=label,
+                           round=int(msg.get("round", 0)))
+        return None
 
     # ---- setup -----------------------------------------------------------------------------
     def setup(self, msg: dict[str, Any]) -> dict[str, Any] | None:
@@ -242,7 +283,11 @@ class SiteGuard:
         to the per-client count rules even when the server's policy says ``aggregate``."""
         pre = self.before(method, msg)
         if pre is not None:
-            return pre
+            kept = {k[len(_KEPT_STATE):]: v for k, v in pre.items()
+                    if k.startswith(_KEPT_STATE)}
+            if kept:  # a re-asked question: the node as it was after answering it
+                node.state = kept
+            return {k: v for k, v in pre.items() if not k.startswith(_KEPT_STATE)}
         saved = node.disclosure
         if (method in _DATA_METHODS and "secagg/slot" not in msg
                 and saved.count_scope != "client"):
@@ -255,7 +300,7 @@ class SiteGuard:
             node.disclosure = saved
             if node.model is not None:
                 node.model.disclosure = saved
-        self.after(method, msg, reply)
+        self.after(method, msg, reply, node.state)
         return reply
 
     def before(self, method: str, msg: dict[str, Any]) -> dict[str, Any] | None:
@@ -314,8 +359,10 @@ class SiteGuard:
             parts.append(digest)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32], digest
 
-    def after(self, method: str, msg: dict[str, Any], reply: dict[str, Any]) -> None:
-        """Record what ``method`` answered (and keep an unmasked reply for a re-ask)."""
+    def after(self, method: str, msg: dict[str, Any], reply: dict[str, Any],
+              state: dict[str, np.ndarray] | None = None) -> None:
+        """Record what ``method`` answered (and keep an unmasked reply for a re-ask, with the
+        node's ``state`` after it: a node asked again after a restore continues from there)."""
         if method in PROTOCOL_EXCHANGES:
             return
         exchange = str(msg["query"]) if method == "query" else method
@@ -332,7 +379,8 @@ class SiteGuard:
         self.ledger.append("answer", run=self.run, dataset=self.dataset, exchange=exchange,
                            round=rnd, key=key, digest=digest, masked=masked)
         if not masked:
-            self.ledger.keep_answer(key, reply)
+            kept = {_KEPT_STATE + k: np.asarray(v) for k, v in (state or {}).items()}
+            self.ledger.keep_answer(key, {**reply, **kept})
 
     # ---- differential privacy --------------------------------------------------------------
     def before_release(self, privacy, state: dict[str, np.ndarray], what: str) -> None:

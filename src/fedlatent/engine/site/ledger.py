@@ -15,19 +15,32 @@ Entries (``kind``):
 ``answer``    an exchange answered (run, exchange, round, the question's digest, masked or not)
 ``refusal``   a message refused (rule and the one-line reason)
 ``replay``    a question asked again, answered with the recorded answer (no new release)
+``secagg-keys`` a secure-aggregation key set-up (its label: a second one is refused)
+``sec-model`` a SEC model the site evaluated in a run (its sha256 and signer: the quota)
 
-The chain shows an edited, removed or reordered line; a ledger cut after its last line looks
-whole (keep a copy of the last line's sha256 elsewhere to detect that).
+Everything a site must remember across messages is here, never in a process: on Flower every
+message is answered by a fresh ClientApp process.
+
+The chain shows an edited, removed or reordered line. A ledger cut after a line would look
+whole, so every append also rewrites an **anchor**, ``<site directory>/ledger.head.json``: the
+number of lines and the sha256 of the last one, signed with the site's Ed25519 key when the site
+has one (``[site] signing-key``; the purpose ``"ledger-head"``). Reading a ledger checks its
+anchor: a truncated ledger (fewer lines than the anchor says), a missing anchor beside a
+ledger, an anchor edited or (with a key) not signed by the site are refused. Only deleting the
+whole site directory, anchor included, goes unseen from inside it: keep a copy of the anchor
+(or of ``fedlatent site ledger``'s last line) elsewhere when that matters.
 
 :meth:`Ledger.lifetime_epsilon` composes the releases of every run on a data set with the
 accountant (:mod:`fedlatent.engine.privacy.accountant`): Gaussian releases with noise
 multipliers ``z_i`` compose to one Gaussian mechanism with ``z = (sum_i 1/z_i^2)^(-1/2)``.
-Recorded answers of private exchanges (so that a re-asked question gets the same noise, never
-fresh noise) are kept in ``<site directory>/answers/``.
+Recorded answers of unmasked exchanges (so that a re-asked question gets the same noise, never
+fresh noise), with the node's state after each, are kept in ``<site directory>/answers/``
+(signed with the site's key when it has one).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -38,9 +51,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GENESIS", "LEDGER_FILE", "Ledger", "LedgerError", "compose_epsilon"]
+__all__ = ["GENESIS", "HEAD_FILE", "LEDGER_FILE", "Ledger", "LedgerError", "compose_epsilon",
+           "read_ledger"]
 
 LEDGER_FILE = "ledger.jsonl"
+#: the anchor: line count and last sha256, signed by the site (see the module docstring)
+HEAD_FILE = "ledger.head.json"
+HEAD_PURPOSE = "ledger-head"
 GENESIS = "0" * 64
 
 
@@ -72,16 +89,20 @@ class Ledger:
         this process only).
     site : str
         The site's name, written with every entry.
+    keys : SiteKeys or None
+        The site's signing key: it signs the anchor and its public key verifies it on reading
+        (None: an unsigned anchor, which still shows a cut ledger unless it is rewritten too).
     """
 
-    def __init__(self, directory: str | Path | None, site: str):
+    def __init__(self, directory: str | Path | None, site: str, keys=None):
         self.directory = None if directory is None else Path(directory)
         self.site = str(site)
+        self.keys = keys
         self.entries: list[dict[str, Any]] = []
         self._last = GENESIS
         self._answers: dict[str, dict[str, Any]] = {}
         if self.directory is not None and self.path.exists():
-            self.entries = read_ledger(self.path)
+            self.entries = read_ledger(self.path, keys=keys)
             self._last = self.entries[-1]["_sha"] if self.entries else GENESIS
 
     @property
@@ -103,6 +124,8 @@ class Ledger:
         self._last = _sha(line)
         entry["_sha"] = self._last
         self.entries.append(entry)
+        if self.directory is not None:
+            write_head(self.directory, self.site, len(self.entries), self._last, self.keys)
         return entry
 
     # ---- queries -------------------------------------------------------------------------
@@ -134,6 +157,15 @@ class Ledger:
         """Epsilon at ``delta`` of every release on ``dataset`` (and ``extra``), composed."""
         return compose_epsilon(self.spent_runs(dataset) + list(extra), delta)
 
+    def _own(self):
+        """``(signer, roster of its own key)`` of a site with a key, else ``(None, None)``."""
+        if self.keys is None:
+            return None, None
+        from .keys import Roster, SiteIdentity
+
+        return (SiteIdentity(self.keys, site=self.site),
+                Roster({self.site: self.keys.public_key}))
+
     # ---- recorded answers ----------------------------------------------------------------
     def keep_answer(self, key: str, reply: dict[str, Any]) -> None:
         """Keep the reply of a private exchange (re-asked, it is sent again as it was)."""
@@ -145,7 +177,8 @@ class Ledger:
         arrays = {k: np.asarray(v) for k, v in reply.items() if isinstance(v, np.ndarray)}
         rest = {k: v for k, v in reply.items() if not isinstance(v, np.ndarray)}
         (self.directory / "answers").mkdir(parents=True, exist_ok=True)
-        save_arrays_json(self.directory / "answers" / key, arrays, {"rest": rest})
+        save_arrays_json(self.directory / "answers" / key, arrays, {"rest": rest},
+                         signer=self._own()[0])
 
     def answer(self, key: str) -> dict[str, Any] | None:
         """The reply kept under ``key``, or None."""
@@ -153,16 +186,73 @@ class Ledger:
             from ..checkpoint import load_arrays_json
 
             base = self.directory / "answers" / key
-            if base.with_suffix(".json").exists():
-                arrays, meta = load_arrays_json(base)
+            if base.with_suffix(".json").exists():  # signed by the site when it has a key
+                arrays, meta = load_arrays_json(base, trust=self._own()[1])
                 self._answers[key] = {**arrays, **dict(meta.get("rest", {}))}
         got = self._answers.get(key)
         return None if got is None else dict(got)
 
 
-def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+def _head_statement(site: str, seq: int, sha: str) -> tuple[str, dict[str, Any], bytes]:
+    return HEAD_PURPOSE, {"site": str(site), "seq": int(seq)}, bytes.fromhex(sha)
+
+
+def write_head(directory: Path, site: str, seq: int, sha: str, keys=None) -> None:
+    """Rewrite the anchor (atomically: a temporary file renamed over it)."""
+    head = {"format": "fedlatent-ledger-head/1", "site": str(site), "seq": int(seq),
+            "sha256": sha, "signature": ""}
+    if keys is not None:
+        head["signature"] = base64.b64encode(keys.sign(*_head_statement(site, seq, sha))).decode()
+    tmp = directory / (HEAD_FILE + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(head, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, directory / HEAD_FILE)
+
+
+def check_head(path: Path, entries: list[dict[str, Any]], keys=None) -> None:
+    """Raise :class:`LedgerError` unless the anchor beside ledger ``path`` counts its lines and
+    names its last line's sha256 (and, with ``keys``, carries the site's signature of both)."""
+    where = path.parent / HEAD_FILE
+    if not where.exists():
+        if entries:
+            raise LedgerError(f"ledger {path}: its anchor {where.name} is missing, so a cut "
+                              "ledger cannot be told from a whole one; restore the site "
+                              "directory from a copy")
+        return
+    try:
+        head = json.loads(where.read_text(encoding="utf-8"))
+        seq, sha = int(head["seq"]), str(head["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise LedgerError(f"ledger {path}: its anchor {where.name} is unreadable ({err})") from err
+    last = entries[-1]["_sha"] if entries else GENESIS
+    if seq != len(entries) or sha != last:
+        raise LedgerError(
+            f"ledger {path}: it holds {len(entries)} line(s), its anchor records {seq} ending "
+            f"in {sha[:12]}...: the ledger was truncated (or its anchor replaced)")
+    if keys is not None:
+        _check_head_signature(path, head, keys)
+
+
+def _check_head_signature(path: Path, head: dict[str, Any], keys) -> None:
+    from .keys import AuthenticationError, Roster
+
+    site = str(head.get("site", ""))
+    try:
+        sig = base64.b64decode(str(head.get("signature", "")), validate=True)
+        Roster({site or "site": keys.public_key}).verify(
+            site or "site", sig, *_head_statement(site, int(head["seq"]), str(head["sha256"])),
+            what=f"the anchor of ledger {path}")
+    except (AuthenticationError, ValueError) as err:
+        raise LedgerError(f"ledger {path}: its anchor is not signed by the site's key ({err}); "
+                          "the ledger or its anchor was replaced") from err
+
+
+def read_ledger(path: str | Path, *, keys=None) -> list[dict[str, Any]]:
     """Every entry of a ledger file, the chain verified (:class:`LedgerError` naming the first
-    line that breaks it)."""
+    line that breaks it) and its anchor checked (:func:`check_head`: a cut ledger is refused;
+    with the site's ``keys``, so is an anchor it did not sign)."""
     path = Path(path)
     entries, last = [], GENESIS
     with open(path, encoding="utf-8") as fh:
@@ -179,4 +269,5 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
             last = _sha(line)
             entry["_sha"] = last
             entries.append(entry)
+    check_head(path, entries, keys)
     return entries

@@ -17,7 +17,9 @@ Tables and keys (hyphens and underscores are the same):
                       ``lifetime-epsilon``, ``lifetime-delta`` (per data set, across fits)
 ``[answer]``          ``models`` and ``exchanges`` the site answers (absent: all)
 ``[datasets]``        name = local file (the server names a data set, never a path)
-``[sec]``             ``evaluate-others`` (bool), ``trusted-types`` (list)
+``[sec]``             ``evaluate-others`` (bool; not set: only with a pinned roster),
+                      ``trusted-types`` (list), ``quota``
+                      (distinct models evaluated per run; default: one per rostered site)
 ``[limits]``          ``max-message-bytes``, ``max-rounds``, ``max-releases``
 
 Relative paths are relative to the policy file's directory. No file: no policy (the node
@@ -43,7 +45,7 @@ _TABLES = {
     "privacy": {"required", "max_epsilon", "max_delta", "lifetime_epsilon", "lifetime_delta"},
     "answer": {"models", "exchanges"},
     "datasets": None,  # any name
-    "sec": {"evaluate_others", "trusted_types"},
+    "sec": {"evaluate_others", "trusted_types", "quota"},
     "limits": {"max_message_bytes", "max_rounds", "max_releases"},
 }
 #: (attribute, key in the file) of what ``describe`` lists after the disclosure floor
@@ -52,7 +54,7 @@ _DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
     ("lifetime_epsilon", "privacy", "lifetime_epsilon"),
     ("lifetime_delta", "privacy", "lifetime_delta"), ("models", "answer", "models"),
     ("exchanges", "answer", "exchanges"), ("sec_evaluate_others", "sec", "evaluate_others"),
-    ("sec_trusted_types", "sec", "trusted_types"),
+    ("sec_trusted_types", "sec", "trusted_types"), ("sec_quota", "sec", "quota"),
     ("max_message_bytes", "limits", "max_message_bytes"),
     ("max_rounds", "limits", "max_rounds"), ("max_releases", "limits", "max_releases"),
     ("roster", "site", "roster"), ("signing_key", "site", "signing_key")))
@@ -91,8 +93,16 @@ class SitePolicy:
         What the site answers (None: everything).
     datasets : dict of str to Path
         Data sets by name.
-    sec_evaluate_others : bool
+    sec_evaluate_others : bool or None
+        Whether the site evaluates other parties' SEC models: None (not set) only with a
+        pinned roster (a model must then be signed by a rostered site); True also without one
+        (the operator accepts models the server may have made); False never.
     sec_trusted_types : tuple of str or None
+        The estimator types a SEC model may contain: built-in candidate names (``"linear"``:
+        what a fitted one contains), full type names as skops writes them, or module prefixes
+        (``"sklearn.linear_model"``). None: SEC's own allow-list.
+    sec_quota : int or None
+        Most distinct SEC models evaluated per run (None: one per rostered site).
     max_message_bytes, max_rounds, max_releases : int or None
     roster, signing_key : Path or None
         For authenticated peers (read by :mod:`fedlatent.engine.site.keys`).
@@ -113,8 +123,9 @@ class SitePolicy:
     models: tuple[str, ...] | None = None
     exchanges: tuple[str, ...] | None = None
     datasets: dict[str, Path] = field(default_factory=dict)
-    sec_evaluate_others: bool = True
+    sec_evaluate_others: bool | None = None
     sec_trusted_types: tuple[str, ...] | None = None
+    sec_quota: int | None = None
     max_message_bytes: int | None = None
     max_rounds: int | None = None
     max_releases: int | None = None
@@ -151,10 +162,12 @@ class SitePolicy:
         kw.update(_answer_table(tables["answer"], where))
         kw["datasets"] = _datasets_table(tables["datasets"], base, where)
         sec = tables["sec"]
-        kw["sec_evaluate_others"] = _bool(sec, "evaluate_others", True, where, "sec")
+        kw["sec_evaluate_others"] = (None if "evaluate_others" not in sec
+                                     else _bool(sec, "evaluate_others", True, where, "sec"))
         kw["sec_trusted_types"] = _names(sec, "trusted_types", where, "sec")
+        kw["sec_quota"] = _count(sec, "quota", where, "sec")
         for key in sorted(_TABLES["limits"]):
-            kw[key] = _count(tables["limits"], key, where)
+            kw[key] = _count(tables["limits"], key, where, "limits")
         return cls(**kw)
 
     # ---- use -----------------------------------------------------------------------------
@@ -223,12 +236,12 @@ def _bool(t: dict, key: str, default: bool, where: str, table: str) -> bool:
     return value
 
 
-def _count(t: dict, key: str, where: str) -> int | None:
+def _count(t: dict, key: str, where: str, table: str) -> int | None:
     value = t.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PolicyError(f"{where}: limits.{key.replace('_', '-')} must be an integer >= 1, "
+        raise PolicyError(f"{where}: {table}.{key.replace('_', '-')} must be an integer >= 1, "
                           f"got {value!r}")
     return int(value)
 

@@ -125,6 +125,18 @@ def _restart(ctx) -> None:
     ctx.ask(RESTART_QUERY, expect={"n_entities": number(low=1)}, what="restart (next chain)")
 
 
+def _chain_setup(est, ctx, c: int) -> None:
+    """Chain ``c + 1`` is a run of its own for the sites: a site with a policy answers each
+    (run, exchange, round) once (:mod:`fedlatent.engine.site`), and this chain asks the same
+    rounds again with other draws. So the clients are set up again under the chain's label
+    (extra chains run without differential privacy or secure aggregation)."""
+    from ...engine.exchange import setup_clients
+    from ...engine.privacy.disclosure import effective
+
+    setup_clients(ctx.runtime, ctx.model, effective(ctx.federation.disclosure, False),
+                  run=f"{est._run_label(ctx.seed)}-chain{c + 1}")
+
+
 def extra_chains(est, ctx, params0, options, chain, round_loop, n_chains: int) -> list[dict]:
     """The retained draws (:func:`chain_arrays`) of chains 1..n_chains-1, each from its own
     seed, with the solver of ``est``; the agents' states of chain 0 are put back after them
@@ -148,6 +160,7 @@ def extra_chains(est, ctx, params0, options, chain, round_loop, n_chains: int) -
         if est.solver == "gibbs":
             res = run_gibbs(est, cctx, opts, p0, chain)
         else:
+            _chain_setup(est, ctx, c)
             _restart(cctx)
             with warnings.catch_warnings():
                 from ...engine.errors import ConvergenceWarning

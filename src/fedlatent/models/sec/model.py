@@ -16,7 +16,13 @@ from ...engine.stats import Stats, units_number
 from .candidates import _check_regressor, select_model, standardize_xy
 from .disclosure import enforce_candidate, refuse_small_leaves
 from .serialize import check_extra_types, dumps_model, loads_model, predict_many
-from .signed import charge_quota, model_signature, verify_models
+from .signed import (
+    charge_quota,
+    charge_site_quota,
+    check_site_policy,
+    model_signature,
+    verify_models,
+)
 
 __all__ = ["MIN_SAMPLES", "SECModel", "check_learner"]
 
@@ -128,6 +134,7 @@ class SECModel(FederatedModel):
         X, y, xm, xs, ym, ys = self._xy(data)
         names = json.loads(str(payload["candidate_names"]))
         blobs = _payload_models(payload, "candidate")
+        check_site_policy(self.site, self.identity, blobs, exchange=False)
         if len(names) != len(blobs) or not blobs:
             raise ValueError(f"select: {len(blobs)} candidates for {len(names)} names")
         cands = []
@@ -164,9 +171,14 @@ class SECModel(FederatedModel):
         X, y, *_ = self._xy(data)
         off = int(payload.get("offset", 0))
         blobs = _payload_models(payload, "model")
-        # a site with a roster evaluates only rostered sites' models, within its quota
-        verify_models(self.identity, payload, blobs, off)
-        state = charge_quota(self.identity, state, blobs, str(payload.get("run", "")))
+        # a site with a roster evaluates only rostered sites' models, within its quota (and,
+        # under a site policy, only of trusted types, counted on the site's ledger)
+        check_site_policy(self.site, self.identity, blobs, exchange=True)
+        verify_models(self.identity, payload, blobs, off, site=self.site)
+        if self.site is not None:  # counted on the site's ledger, for the run it set up
+            charge_site_quota(self.site, self.identity, payload, blobs)
+        else:
+            state = charge_quota(self.identity, state, blobs, str(payload.get("run", "")))
         models = [loads_model(b, source=f"model {off + k} of the exchange (sent by the server)",
                               extra_types=self.extra_trusted_types)
                   for k, b in enumerate(blobs)]
