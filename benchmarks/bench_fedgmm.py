@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 import fedlatent as fl
 from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
-from fedlatent.engine.model import ClientStep
+from fedlatent.engine.contract.model import ClientStep
 
 
 def main() -> None:

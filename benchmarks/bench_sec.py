@@ -17,7 +17,7 @@ import numpy as np
 
 from fedlatent.data.sec_data import make_sec_simulation1
 from fedlatent.engine import InProcessRuntime
-from fedlatent.engine.exchange import setup_clients
+from fedlatent.engine.protocol.exchange import setup_clients
 from fedlatent.models.sec import SEC, make_candidates
 from fedlatent.models.sec import serialize as sec_serialize
 from fedlatent.models.sec.protocol import exchange_step, select_step, sender

@@ -21,9 +21,9 @@ import warnings
 import numpy as np
 
 import fedlatent as fl
-from fedlatent.engine.exchange import setup_clients
-from fedlatent.engine.secure import open_channel
-from fedlatent.engine.update import select_active
+from fedlatent.engine.fedem.update import select_active
+from fedlatent.engine.protocol.exchange import setup_clients
+from fedlatent.engine.secagg.secure import open_channel
 
 
 def quorum_seed(n: int, rounds: int, p: float = 0.7, seed: int = 7) -> int:

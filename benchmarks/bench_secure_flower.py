@@ -52,7 +52,7 @@ SETUP_FILE = "secagg-setup.json"
 def timing_setup(out: dict):
     """Time every ``SecureChannel.setup`` run inside the block: ``out`` gets its seconds and
     bytes up and down (the channel's own count, what ``history_`` adds to round 1)."""
-    from fedlatent.engine import secure
+    from fedlatent.engine.secagg import secure
 
     setup = secure.SecureChannel.setup
 

@@ -10,8 +10,8 @@ from sklearn.base import BaseEstimator, clone
 
 import fedlatent as fl
 from fedlatent.engine import FederatedFitError, InProcessRuntime, Runtime
-from fedlatent.engine.registry import estimator_entries, estimator_names
-from fedlatent.engine.registry import example as registry_example
+from fedlatent.engine.contract.registry import estimator_entries, estimator_names
+from fedlatent.engine.contract.registry import example as registry_example
 
 
 def _lcr_data(seed=0, n_clients=6):

@@ -75,7 +75,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_the_imports_it_must():
     g = _graph()
-    assert "fedlatent.engine.faults" in g["fedlatent.engine.loop"]
+    assert "fedlatent.engine.faults" in g["fedlatent.engine.rounds.loop"]
     assert "fedlatent.data.client" in g["fedlatent.data.frame"]  # a lazy import
 
 
@@ -88,7 +88,8 @@ def test_a_circle_is_found():
 
 
 def test_the_fit_errors_are_one_class_wherever_imported():
-    from fedlatent.engine import FederatedFitError, faults, loop
+    from fedlatent.engine import FederatedFitError, faults
+    from fedlatent.engine.rounds import loop
 
     assert loop.FederatedFitError is faults.FederatedFitError is FederatedFitError
     assert issubclass(loop.ServerStepError, FederatedFitError)

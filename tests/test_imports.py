@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from fedlatent.engine.model import model_from_config
+from fedlatent.engine.contract.model import model_from_config
 
 
 def test_import_fedlatent_leaves_models_pandas_and_sklearn_unimported():
     code = (
-        "import sys, fedlatent, fedlatent.engine.model as m\n"
+        "import sys, fedlatent, fedlatent.engine.contract.model as m\n"
         "m.model_from_config('gmm', {'n_components': 2})\n"
         "print(sorted(k for k in ('pandas', 'sklearn', 'numba', 'fedlatent.models.hlcr',\n"
         "      'fedlatent.models.sec', 'fedlatent.models.fedgmm', 'fedlatent.models.gmm')\n"

@@ -1,5 +1,5 @@
 """``n_components="auto"``: the Gaussian mixture and the latent class regression choose their
-number of components by BIC (engine/selection.py), without overriding ``fit``."""
+number of components by BIC (engine/contract/selection.py), without overriding ``fit``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.selection import Selection, check_candidates, select
+from fedlatent.engine.contract.selection import Selection, check_candidates, select
 
 
 def blobs(n_per_client: int = 90, seed: int = 0):

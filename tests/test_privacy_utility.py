@@ -99,7 +99,7 @@ def test_no_model_gives_an_empty_table_with_the_columns(tmp_path, saved_figures)
 
 
 def test_a_model_without_dp_support_is_skipped_with_its_reason(monkeypatch):
-    from fedlatent.engine.model import Capabilities
+    from fedlatent.engine.contract.model import Capabilities
     from fedlatent.models.gmm import FederatedGaussianMixture
 
     monkeypatch.setattr(FederatedGaussianMixture, "capabilities", Capabilities(

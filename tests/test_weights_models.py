@@ -17,8 +17,8 @@ import pytest
 
 import fedlatent as fl
 from fedlatent.data.validation import DataValidationError
+from fedlatent.engine.contract.registry import estimator_entries
 from fedlatent.engine.faults import FederatedFitError
-from fedlatent.engine.registry import estimator_entries
 
 #: weighted vs duplicated: the same sums in another order, through a few EM rounds
 TOL = 1e-10
@@ -126,7 +126,7 @@ def test_gmm_every_covariance_type(cov):
 
 @pytest.mark.parametrize("model", ["gmm", "lcr"])
 def test_standard_errors_equal_the_duplicated_rows(model):
-    """engine/inference.py: Louis' information with frequency weights is the duplicated
+    """engine/estimation/inference.py: Louis' information with frequency weights is the duplicated
     rows' (each record's score outer product counted w times)."""
     if model == "gmm":
         fd = _gmm_data()
@@ -253,7 +253,7 @@ def test_hlcr_blocks_count_records_not_weights():
 
 
 def test_random_memberships_of_a_weighted_row_are_its_copies_draws():
-    from fedlatent.engine.mixture import MAX_DRAWS_PER_ROW, _memberships
+    from fedlatent.engine.contract.mixture import MAX_DRAWS_PER_ROW, _memberships
 
     w = np.array([2.0, 0.0, 1.0, 3.0])
     got = _memberships(np.random.default_rng(5), 3, 4, w) * w[:, None]

@@ -40,7 +40,7 @@ __all__ = [
 
 
 def _estimators() -> list[str]:
-    from .engine.registry import estimator_entries
+    from .engine.contract.registry import estimator_entries
 
     return sorted(e.cls.__name__ for e in estimator_entries().values())
 
@@ -55,7 +55,7 @@ def __getattr__(name: str):
     if name in ("ConvergenceWarning", "NotFittedError"):  # scikit-learn's, imported on first use
         return getattr(importlib.import_module(".engine.errors", __name__), name)
     if not name.startswith("_"):
-        from .engine.registry import estimator_by_class_name
+        from .engine.contract.registry import estimator_by_class_name
 
         cls = estimator_by_class_name(name)
         if cls is not None:

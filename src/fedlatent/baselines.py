@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .data.dataset import FederatedDataset
-from .engine.numerics import add_intercept
+from .engine.protocol.numerics import add_intercept
 from .models.fedgmm import FedGMM
 from .models.logistic import local_refit, logistic_log_proba
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .data.dataset import ClientData, FederatedDataset
-from .engine.federation import Federation, Quantizer
+from .engine.fedem.federation import Federation, Quantizer
 from .models.gmm import FederatedGaussianMixture
 from .plotting import figure, pyplot
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedlatent.engine import registry
+from fedlatent.engine.contract import registry
 from fedlatent.models.gmm import FederatedGaussianMixture
 
 

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlatent.cli import app
-from fedlatent.engine import registry
+from fedlatent.engine.contract import registry
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import fedlatent as fl
 from fedlatent.cli import app
-from fedlatent.engine.registry import estimator_by_class_name
+from fedlatent.engine.contract.registry import estimator_by_class_name
 
 runner = CliRunner()
 

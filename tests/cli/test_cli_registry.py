@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlatent.cli import app
-from fedlatent.engine.registry import estimator_entries, estimator_names, example
+from fedlatent.engine.contract.registry import estimator_entries, estimator_names, example
 
 runner = CliRunner()
 

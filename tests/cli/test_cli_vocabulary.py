@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import fedlatent
 from fedlatent.cli import app
-from fedlatent.engine.registry import estimator_names
+from fedlatent.engine.contract.registry import estimator_names
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ import pytest
 from sklearn.mixture import GaussianMixture
 
 import fedlatent as fl
-from fedlatent.engine.acceleration import Squarem
+from fedlatent.engine.fedem.acceleration import Squarem
 from fedlatent.engine.rounds.accelerate import Accelerator
 from fedlatent.engine.stats import Stats
 

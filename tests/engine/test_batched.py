@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.batched import ClientBatch
-from fedlatent.engine.client import ClientNode
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.model import client_key
-from fedlatent.engine.streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
+from fedlatent.engine.contract.model import client_key
+from fedlatent.engine.fedem.streams import batch_rows, quantize_flat, stream_keys, stream_uniforms
+from fedlatent.engine.node.batched import ClientBatch
+from fedlatent.engine.node.client import ClientNode
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 from tolerance import assert_close, assert_same
 
 FEDEM = fl.Federation(participation=0.5, quantizer=fl.Quantizer(4), control_variates=True,
@@ -264,7 +264,7 @@ def test_batched_replies_are_refused_with_the_per_client_reasons(lie):
             "not-psd": "not positive semi-definite"}[lie]
     assert want in reason
     assert_close(many.means_, one.means_)
-    with pytest.raises(fl.engine.loop.FederatedFitError,
+    with pytest.raises(fl.engine.rounds.loop.FederatedFitError,
                        match=rf"round 3: client '{victim}' sent .*{want}.*on_invalid='raise'"):
         fl.FederatedGaussianMixture(2, max_rounds=5, tol=0.0, random_state=0,
                                     federation=fl.Federation(on_invalid="raise")).fit(

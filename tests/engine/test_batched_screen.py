@@ -17,14 +17,14 @@ from test_batched import (
 )
 
 import fedlatent as fl
-import fedlatent.engine.batched as eb
-import fedlatent.engine.batched_round as ebr
+import fedlatent.engine.node.batched as eb
+import fedlatent.engine.rounds.batched_round as ebr
 import fedlatent.models.gmm.batched as gb
-from fedlatent.engine.batched_round import weighted_rows
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.messages import psd_failures
-from fedlatent.engine.psd_screen import bordered_certified, psd_certified
-from fedlatent.engine.update import _weighted_sum
+from fedlatent.engine.fedem.update import _weighted_sum
+from fedlatent.engine.protocol.messages import psd_failures
+from fedlatent.engine.protocol.psd_screen import bordered_certified, psd_certified
+from fedlatent.engine.rounds.batched_round import weighted_rows
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 from fedlatent.models.gmm.batched import gaussian_moments, gaussian_suspects
 from fedlatent.models.gmm.model import gaussian_problem
 from tolerance import assert_close, assert_same
@@ -72,7 +72,7 @@ def test_a_certified_matrix_passes_the_exact_test(p):
 
 @pytest.mark.parametrize("with_slack", [False, True])
 def test_psd_failures_screened_first_gives_the_answer_of_the_eigenvalue_test(with_slack):
-    from fedlatent.engine.messages import _psd_failures
+    from fedlatent.engine.protocol.messages import _psd_failures
 
     rng = np.random.default_rng(5)
     M = np.concatenate([_moments(rng, 300, 4, 6), _near_boundary(rng, 2000, 4)])

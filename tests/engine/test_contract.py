@@ -14,7 +14,7 @@ from fedlatent.engine import FederatedEstimator, FederatedModel, Runtime, Stats
 from tolerance import assert_same
 
 try:  # (absent before the contract was written down: each test then fails on its own)
-    from fedlatent.engine.model import ALL_CAPABILITIES, Capabilities, payload_params
+    from fedlatent.engine.contract.model import ALL_CAPABILITIES, Capabilities, payload_params
 except ImportError:  # pragma: no cover
     ALL_CAPABILITIES = Capabilities = payload_params = None
 
@@ -153,8 +153,8 @@ def test_payload_params_is_written_once_in_the_engine():
 
 
 def test_model_specific_code_is_out_of_the_engine():
-    import fedlatent.engine.loadcheck as lc
     import fedlatent.engine.privacy as privacy
+    import fedlatent.engine.protocol.loadcheck as lc
     from fedlatent.models.gmm.checks import expect_covariances
     from fedlatent.models.gmm.dp import gmm_sensitivity
 
@@ -165,7 +165,7 @@ def test_model_specific_code_is_out_of_the_engine():
 
 
 def test_the_gaussian_mixture_predicts_through_the_mixture_base():
-    from fedlatent.engine.base_mixture import FederatedMixture
+    from fedlatent.engine.estimation.base_mixture import FederatedMixture
 
     cls = fl.FederatedGaussianMixture
     assert issubclass(cls, FederatedMixture)
@@ -185,7 +185,7 @@ def test_the_gaussian_mixture_predicts_through_the_mixture_base():
 
 
 def test_the_random_membership_start_is_the_engines():
-    from fedlatent.engine.mixture import MixtureModel
+    from fedlatent.engine.contract.mixture import MixtureModel
     from fedlatent.models.lcr.model import LCRModel
 
     assert issubclass(LCRModel, MixtureModel)

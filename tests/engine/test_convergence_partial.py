@@ -39,7 +39,7 @@ def test_half_participation_reaches_the_em_fixed_point_and_says_so(fd, plain):
     np.testing.assert_allclose(gm.means_, plain.means_, atol=1e-4)
     np.testing.assert_allclose(gm.weights_, plain.weights_, atol=1e-4)
     # the rule that stopped it: stat_change < tol in each of the last 2 rounds
-    from fedlatent.engine.loop import window_size
+    from fedlatent.engine.rounds.loop import window_size
 
     last = gm.history_.to_frame()["stat_change"].to_numpy()[-window_size(0.5):]
     assert np.all(last < 1e-6)
@@ -77,7 +77,7 @@ def test_tol_zero_never_stops_early(fd):
 
 
 def test_stat_change_is_the_largest_relative_block_change_per_unit_step():
-    from fedlatent.engine.loop import stat_change
+    from fedlatent.engine.rounds.loop import stat_change
 
     old = Stats({"a": np.array([1.0, 0.0]), "b": np.array([10.0]), "z": np.zeros(2)})
     new = Stats({"a": np.array([1.0, 0.1]), "b": np.array([10.5]), "z": np.zeros(2)})
@@ -91,6 +91,6 @@ def test_stat_change_is_the_largest_relative_block_change_per_unit_step():
 
 
 def test_window_is_at_least_two_rounds_and_covers_one_over_p():
-    from fedlatent.engine.loop import window_size
+    from fedlatent.engine.rounds.loop import window_size
 
     assert [window_size(p) for p in (1.0, 0.5, 0.3, 0.15, 0.1)] == [2, 2, 4, 7, 10]

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from fedlatent.engine.numerics import add_intercept
 from fedlatent.engine.privacy import (
     DisclosurePolicy,
     check_counts,
@@ -18,6 +17,7 @@ from fedlatent.engine.privacy import (
     rows_from_one_record,
     rows_from_two_records,
 )
+from fedlatent.engine.protocol.numerics import add_intercept
 from fedlatent.models.gmm.math import gmm_statistics
 from fedlatent.models.lcr.math import lcr_statistics
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from fedlatent.engine.numerics import add_intercept
 from fedlatent.engine.privacy import (
     REPLACE_ONE_FACTOR,
     center_from_sums,
@@ -25,6 +24,7 @@ from fedlatent.engine.privacy import (
     logistic_sensitivity,
     regression_sensitivity,
 )
+from fedlatent.engine.protocol.numerics import add_intercept
 from fedlatent.models.gmm.dp import gmm_sensitivity
 from fedlatent.models.gmm.math import gmm_statistics
 from fedlatent.models.lcr.math import lcr_statistics

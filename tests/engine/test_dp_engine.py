@@ -18,13 +18,13 @@ from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
 
 import fedlatent as fl
-from fedlatent.engine.exchange import setup_clients
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.loop import LoopOptions, run_rounds
-from fedlatent.engine.messages import ERROR_KEY, pack, unpack
 from fedlatent.engine.privacy import DifferentialPrivacy, PrivacyBudget
 from fedlatent.engine.privacy.client_dp import ClientPrivacy, release_stds
+from fedlatent.engine.protocol.exchange import setup_clients
+from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
+from fedlatent.engine.rounds.loop import LoopOptions, run_rounds
 from fedlatent.engine.stats import Stats
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 from fedlatent.models.gmm.math import compute_precision_cholesky
 from fedlatent.models.gmm.model import GMMModel
 from tolerance import assert_same

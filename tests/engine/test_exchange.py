@@ -5,9 +5,9 @@ import pytest
 
 import fedlatent as fl
 from fedlatent.engine import FederatedFitError, InProcessRuntime, Runtime
-from fedlatent.engine.exchange import array, ask, number
-from fedlatent.engine.messages import ClientReplyError, check_fields
-from fedlatent.engine.params import Integer, Options, Real, validate_params
+from fedlatent.engine.contract.params import Integer, Options, Real, validate_params
+from fedlatent.engine.protocol.exchange import array, ask, number
+from fedlatent.engine.protocol.messages import ClientReplyError, check_fields
 
 
 class Canned(Runtime):

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 import fedlatent as fl
-from fedlatent.engine.inference import Summary, degenerate_reason, weight_scores, z_table
+from fedlatent.engine.estimation.inference import Summary, degenerate_reason, weight_scores, z_table
 from fedlatent.models.gmm import FederatedGaussianMixture
 from fedlatent.models.lcr import LatentClassRegression
 

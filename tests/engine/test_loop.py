@@ -12,8 +12,8 @@ from fedlatent.engine import (
     register_model,
     run_federated_em,
 )
-from fedlatent.engine.loop import FederatedFitError
-from fedlatent.engine.model import server_rng
+from fedlatent.engine.contract.model import server_rng
+from fedlatent.engine.rounds.loop import FederatedFitError
 
 
 @register_model
@@ -157,7 +157,7 @@ def test_invalid_reply_is_refused_and_last_good_state_kept(tmp_path):
     with pytest.warns(fl.ConvergenceWarning):
         good = run(fd, fl.Federation(), 3, seed=0)
     np.testing.assert_allclose(err.value.last_good["mu"], good.params["mu"], rtol=0)
-    from fedlatent.engine.checkpoint import load_arrays_json
+    from fedlatent.engine.fedem.checkpoint import load_arrays_json
 
     arrays, meta = load_arrays_json(ck)
     assert meta["round"] == 3

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from fedlatent.engine.numerics import lift_eigenvalues
+from fedlatent.engine.protocol.numerics import lift_eigenvalues
 
 
 def test_only_matrices_with_an_eigenvalue_below_the_floor_move_and_they_reach_it():

@@ -25,7 +25,7 @@ def _dp():
 
 
 def test_the_private_default_is_three_rounds_and_the_plan_uses_it(fd):
-    from fedlatent.engine.loop import PRIVATE_MAX_ROUNDS
+    from fedlatent.engine.rounds.loop import PRIVATE_MAX_ROUNDS
 
     assert PRIVATE_MAX_ROUNDS == 3
     est = fl.FederatedGaussianMixture(2, federation=fl.Federation(privacy=_dp()),
@@ -60,7 +60,7 @@ def test_max_rounds_defaults_to_none_and_resolves_to_100_without_privacy(name):
 
 
 def test_resolve_max_rounds():
-    from fedlatent.engine.loop import resolve_max_rounds
+    from fedlatent.engine.rounds.loop import resolve_max_rounds
 
     assert resolve_max_rounds(None, False) == 100
     assert resolve_max_rounds(None, True) == 3

@@ -299,7 +299,7 @@ def test_the_crc_of_zeros_is_zlibs():
 
 
 def test_zip_check_reads_npy_headers_and_refuses_a_header_larger_than_its_data():
-    from fedlatent.engine.bounds import check_zip
+    from fedlatent.engine.protocol.bounds import check_zip
 
     head = io.BytesIO()
     np.lib.format.write_array_header_1_0(head, {"descr": "<f8", "fortran_order": False,
@@ -322,7 +322,7 @@ def test_zip_check_reads_npy_headers_and_refuses_a_header_larger_than_its_data()
 
 
 def test_message_check_refuses_oversized_and_object_arrays_and_keeps_small_views():
-    from fedlatent.engine.bounds import message_problem
+    from fedlatent.engine.protocol.bounds import message_problem
 
     view = np.lib.stride_tricks.as_strided(np.zeros(1), shape=(2**20, 2**10), strides=(0, 0))
     assert message_problem({"delta/x": view}) == (

@@ -8,22 +8,22 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.batched import BatchReply
-from fedlatent.engine.clientstep import fedem_rows
-from fedlatent.engine.fitsetup import setup_fit
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.loop import LoopOptions, _Rounds
+from fedlatent.engine.fedem.streams import quantize_flat
+from fedlatent.engine.fedem.update import select_active, stat_bytes
+from fedlatent.engine.node.batched import BatchReply
+from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.privacy.dp import planned_releases
 from fedlatent.engine.rounds import Aggregate
 from fedlatent.engine.rounds.aggregate import Accepted
 from fedlatent.engine.rounds.collectors import Batched, OneByOne
+from fedlatent.engine.rounds.fitsetup import setup_fit
+from fedlatent.engine.rounds.loop import LoopOptions, _Rounds
 from fedlatent.engine.rounds.plan import draw_positions
 from fedlatent.engine.rounds.screen import Mirror
-from fedlatent.engine.secure import default_threshold
-from fedlatent.engine.secure_round import SecureCollector
+from fedlatent.engine.rounds.secure_round import SecureCollector
+from fedlatent.engine.secagg.secure import default_threshold
 from fedlatent.engine.stats import Stats
-from fedlatent.engine.streams import quantize_flat
-from fedlatent.engine.update import select_active, stat_bytes
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 from tolerance import assert_close, assert_same
 
 FEDEM = fl.Federation(participation=0.5, quantizer=fl.Quantizer(4), control_variates=True,

@@ -13,8 +13,7 @@ import pytest
 pytest.importorskip("cryptography")
 
 import fedlatent as fl  # noqa: E402
-from fedlatent.engine.inprocess import InProcessRuntime  # noqa: E402
-from fedlatent.engine.loop import FederatedFitError  # noqa: E402
+from fedlatent.engine.rounds.loop import FederatedFitError  # noqa: E402
 from fedlatent.engine.secagg import (  # noqa: E402
     FixedPoint,
     SecAggClient,
@@ -25,6 +24,7 @@ from fedlatent.engine.secagg import (  # noqa: E402
     setup,
 )
 from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys  # noqa: E402
+from fedlatent.engine.transport.inprocess import InProcessRuntime  # noqa: E402
 
 IDS = ["a", "b", "c", "d", "e"]
 RUN = "run-1"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.update import select_active
+from fedlatent.engine.fedem.update import select_active
 
 pytest.importorskip("cryptography")
 
@@ -230,7 +230,7 @@ def test_small_hard_assignment_cells_merge_in_every_count_scope():
 
 
 def test_default_start_sends_no_small_block_and_checks_each_reply():
-    from fedlatent.engine.loop import FederatedFitError
+    from fedlatent.engine.rounds.loop import FederatedFitError
 
     fd = three_components()
     rt = fl.InProcessRuntime(fd, record=True)

@@ -13,8 +13,8 @@ pytest.importorskip("cryptography")
 
 import fedlatent as fl  # noqa: E402
 from fedlatent.data.fedgmm_data import make_fedgmm_synthetic  # noqa: E402
-from fedlatent.engine.loop import FederatedFitError  # noqa: E402
-from fedlatent.engine.update import select_active  # noqa: E402
+from fedlatent.engine.fedem.update import select_active  # noqa: E402
+from fedlatent.engine.rounds.loop import FederatedFitError  # noqa: E402
 from tolerance import assert_same  # noqa: E402
 
 N_CLIENTS = 12
@@ -130,7 +130,7 @@ def test_same_seed_same_parameters_exactly_but_fresh_client_messages():
         assert sorted(x) == sorted(y) and all(np.asarray(v).dtype == np.uint64 for v in x.values())
         assert all((x[k] != y[k]).any() for k in x)  # fresh masks every run
     # the history counts every byte of a round: masked replies and the reveal round trip
-    from fedlatent.engine.messages import message_nbytes
+    from fedlatent.engine.protocol.messages import message_nbytes
 
     up: dict = {}
     log = runs[1][2]

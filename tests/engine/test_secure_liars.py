@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("cryptography")
 
 import fedlatent as fl  # noqa: E402
-from fedlatent.engine.loop import FederatedFitError  # noqa: E402
+from fedlatent.engine.rounds.loop import FederatedFitError  # noqa: E402
 
 N, LIAR = 20, "c05"
 

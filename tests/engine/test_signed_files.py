@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("cryptography")
 
 import fedlatent as fl  # noqa: E402
+from fedlatent.engine.node.site_state import read_site_state, write_site_state  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys  # noqa: E402
-from fedlatent.engine.site_state import read_site_state, write_site_state  # noqa: E402
 
 ALICE, MALLORY = SiteKeys.generate(), SiteKeys.generate()
 ROSTER = Roster({"alice": ALICE.public_key, "bob": SiteKeys.generate().public_key})

@@ -11,7 +11,7 @@ import fedlatent as fl
 
 
 def start_seeds(seed, n):
-    from fedlatent.engine.starts import start_seeds as seeds
+    from fedlatent.engine.contract.starts import start_seeds as seeds
 
     return seeds(seed, n)
 
@@ -116,7 +116,7 @@ def test_n_init_is_refused_where_starts_cost_budget_or_cannot_be_compared(fd, tm
             or fl.FedGMM(n_init=2, federation=fl.Federation(participation=0.5)).fit(fd)
     # LCR's default n_init=None is one start under privacy (no refusal)
     est = fl.LatentClassRegression(2, federation=fl.Federation(privacy=dp))
-    from fedlatent.engine.starts import n_starts
+    from fedlatent.engine.contract.starts import n_starts
 
     assert n_starts(est, {}) == 1
 

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from fedlatent.engine.registry import estimator_class, estimator_names, example
+from fedlatent.engine.contract.registry import estimator_class, estimator_names, example
 
 
 def _flower_case(name):

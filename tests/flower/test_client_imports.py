@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.messages import pack
+from fedlatent.engine.protocol.messages import pack
 from tolerance import assert_close
 
 pytestmark = pytest.mark.flower
 
 HEAVY = ("scipy", "pandas", "sklearn", "pyarrow", "tqdm", "numba", "torch", "skops",
-         "fedlatent.engine.loop", "fedlatent.engine.update", "fedlatent.engine.estimator",
+         "fedlatent.engine.rounds.loop", "fedlatent.engine.fedem.update", "fedlatent.engine.estimation.estimator",
          "fedlatent.models.gmm.estimator")
 
 MODEL_CONFIG = {"n_components": 2, "covariance_type": "full", "reg_covar": 1e-6}
@@ -76,7 +76,7 @@ def _site(tmp_path):
 
 def test_gmm_client_answers_setup_and_estep_without_scipy_pandas_or_sklearn(tmp_path):
     pytest.importorskip("flwr")
-    from fedlatent.engine.client import ClientNode
+    from fedlatent.engine.node.client import ClientNode
     from fedlatent.models.gmm.math import compute_precision_cholesky
     from fedlatent.runtime.flower_site import RUN
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flower_cases import CASES, assert_same_fit
 
-from fedlatent.engine.registry import estimator_names
+from fedlatent.engine.contract.registry import estimator_names
 from fedlatent.runtime.flower_local import (
     APP_COMPONENTS,
     free_ports,
@@ -491,9 +491,9 @@ def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledge
     differentially private GMM runs end to end, every site's ledger (its anchor signed with the
     site's key) records the plan's releases, and each ledger composes to the server's
     ``privacy_spent_``; the site states it wrote are signed with its key."""
+    from fedlatent.engine.node.site_state import read_site_state
     from fedlatent.engine.site import Ledger
     from fedlatent.engine.site.keys import Roster, SiteKeys
-    from fedlatent.engine.site_state import read_site_state
     from fedlatent.runtime.flower import load_result
 
     if isinstance(runs.results["private"], BaseException):

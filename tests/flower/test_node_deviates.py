@@ -16,10 +16,10 @@ pytest.importorskip("flwr")
 pytest.importorskip("cryptography")
 
 import fedlatent as fl  # noqa: E402
-from fedlatent.engine.messages import ERROR_KEY, pack  # noqa: E402
 from fedlatent.engine.privacy import DifferentialPrivacy  # noqa: E402
 from fedlatent.engine.privacy.disclosure import effective  # noqa: E402
 from fedlatent.engine.privacy.enforce import policy_to_json  # noqa: E402
+from fedlatent.engine.protocol.messages import ERROR_KEY, pack  # noqa: E402
 from fedlatent.engine.site import Ledger, SitePolicy  # noqa: E402
 from fedlatent.engine.site.keys import SiteKeys  # noqa: E402
 from fedlatent.models.gmm.math import compute_precision_cholesky  # noqa: E402

@@ -17,7 +17,7 @@ from fedlatent.data import DataValidationError
 from fedlatent.data.files import read_client_file, write_client_files
 from fedlatent.data.remote import RemoteDataset
 from fedlatent.engine import InProcessRuntime
-from fedlatent.engine.registry import describe_message
+from fedlatent.engine.contract.registry import describe_message
 from tolerance import RTOL, assert_same
 
 

@@ -17,9 +17,9 @@ pytest.importorskip("dp_accounting")
 pytest.importorskip("cryptography")
 
 import fedlatent as fl  # noqa: E402
+from fedlatent.engine.node.site_state import read_site_state  # noqa: E402
 from fedlatent.engine.site import Ledger  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteKeys  # noqa: E402
-from fedlatent.engine.site_state import read_site_state  # noqa: E402
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.site_state import (
+from fedlatent.engine.node.site_state import (
     KEEP,
     check_run,
     read_site_state,

@@ -13,12 +13,12 @@ import pytest
 import fedlatent as fl
 from fedlatent.data.dataset import ClientData
 from fedlatent.data.hlcr_data import make_synthhlcr, split_events
-from fedlatent.engine.exchange import setup_clients
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.messages import ERROR_KEY
 from fedlatent.engine.privacy import DifferentialPrivacy
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 from fedlatent.engine.privacy.enforce import suppress_blocks
+from fedlatent.engine.protocol.exchange import setup_clients
+from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 from fedlatent.models.hlcr import HLCRModel
 from fedlatent.models.hlcr.model import HELDOUT_QUERY, MOMENTS_QUERY, SIZES_QUERY
 from fedlatent.models.hlcr.privacy import (

@@ -268,7 +268,7 @@ def test_torch_learner_needs_the_average_rule():
 def test_torch_learner_round_is_the_weighted_average_of_local_sgd_refits():
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    from fedlatent.engine.model import client_rng
+    from fedlatent.engine.contract.model import client_rng
     from fedlatent.models.torch_learner import TorchMLPLearner
 
     fd = _small(n_clients=3)

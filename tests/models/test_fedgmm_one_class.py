@@ -95,8 +95,8 @@ def test_one_class_in_the_whole_federation_is_refused():
 def test_a_node_with_one_class_is_accepted_on_a_deployment():
     # on a deployment each node checks its own labels (describe), before any round
     from fedlatent.data.dataset import ClientData, FederatedDataset
-    from fedlatent.engine.client import describe_client
-    from fedlatent.engine.registry import describe_message
+    from fedlatent.engine.contract.registry import describe_message
+    from fedlatent.engine.node.client import describe_client
 
     one = FederatedDataset({"b": ClientData(np.ones((4, 2)), np.zeros(4, int))}, ["x0", "x1"],
                            target_name="y")

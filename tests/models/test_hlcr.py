@@ -10,7 +10,7 @@ from sklearn.linear_model import Ridge
 import fedlatent as fl
 from fedlatent.data.dataset import ClientData, DataValidationError, FederatedDataset
 from fedlatent.engine import FederatedFitError, InProcessRuntime
-from fedlatent.engine.loop import ConvergenceWarning
+from fedlatent.engine.rounds.loop import ConvergenceWarning
 from fedlatent.models.hlcr import (
     HLCRModel,
     cluster_statistics,
@@ -388,7 +388,7 @@ def test_non_numeric_target_is_an_error():
 
 
 def test_model_is_registered_and_json_configurable():
-    from fedlatent.engine.model import model_from_config
+    from fedlatent.engine.contract.model import model_from_config
 
     m = model_from_config("hlcr", HLCRModel(2, 1.0, 1.0, 1.0, 0.5, True, 3).get_config())
     assert isinstance(m, HLCRModel) and m.F == 4
@@ -496,7 +496,7 @@ def test_init_exchange_records_the_federation_size_and_changes_no_number(synth, 
                    random_state=0)
     ctx = base._start(fd, None)
     params0 = ctx.model.initial_params()
-    from fedlatent.engine.loop import LoopOptions
+    from fedlatent.engine.rounds.loop import LoopOptions
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -508,7 +508,7 @@ def test_init_exchange_records_the_federation_size_and_changes_no_number(synth, 
 
 def test_gibbs_refuses_a_runtime_a_remote_dataset_and_checkpoints(synth, tmp_path):
     from fedlatent.data.remote import RemoteDataset
-    from fedlatent.engine.registry import describe_message
+    from fedlatent.engine.contract.registry import describe_message
 
     fd, _ = synth
     est = fl.HLCR(3, sigma=SIGMA, solver="gibbs", max_rounds=2)

@@ -11,7 +11,7 @@ from scipy import stats
 
 import fedlatent as fl
 from fedlatent.data.hlcr_data import split_events
-from fedlatent.engine.loop import ConvergenceWarning
+from fedlatent.engine.rounds.loop import ConvergenceWarning
 from fedlatent.models.hlcr import HLCR
 from fedlatent.models.hlcr.diagnostics import ess_bulk, ess_tail, rhat
 from fedlatent.models.hlcr.inference import mixture_quantiles, store_chains

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.loop import ConvergenceWarning
+from fedlatent.engine.rounds.loop import ConvergenceWarning
 from fedlatent.models.hlcr import HLCR
 from fedlatent.models.hlcr.math import entity_log_marginal, entity_statistics
 from fedlatent.models.hlcr.random_intercept import adjust_statistics, intercept_posterior

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fedlatent.engine.loop import ConvergenceWarning
+from fedlatent.engine.rounds.loop import ConvergenceWarning
 from fedlatent.models.hlcr.diagnostics import rhat
 from fedlatent.models.hlcr.inference import chain_arrays, rhat_threshold, store_chains
 from fedlatent.models.hlcr.solvers import ChainSettings

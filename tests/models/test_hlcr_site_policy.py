@@ -6,9 +6,9 @@ import warnings
 
 import numpy as np
 
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.registry import example
+from fedlatent.engine.contract.registry import example
 from fedlatent.engine.site import SitePolicy
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 
 def test_a_two_chain_federated_fit_under_site_policies_equals_the_fit_without():

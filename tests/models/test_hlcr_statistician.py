@@ -10,7 +10,7 @@ import pytest
 import fedlatent as fl
 from fedlatent.data.dataset import ClientData, FederatedDataset
 from fedlatent.engine import InProcessRuntime
-from fedlatent.engine.loop import ConvergenceWarning
+from fedlatent.engine.rounds.loop import ConvergenceWarning
 from fedlatent.models.hlcr import entity_statistics, gibbs_init, gibbs_sweep
 from fedlatent.models.hlcr.scaling import (
     draw_hyper,

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 import fedlatent as fl
-from fedlatent.engine.numerics import logsumexp
+from fedlatent.engine.protocol.numerics import logsumexp
 from fedlatent.models.gmm import FederatedGaussianMixture
 from fedlatent.models.gmm.inference import full_covariances, gmm_information
 

@@ -189,7 +189,7 @@ def test_differential_privacy_fits_within_its_budget():
 
 
 def test_registered_and_exported_without_editing_an_existing_file():
-    from fedlatent.engine.registry import estimator_class, model_class
+    from fedlatent.engine.contract.registry import estimator_class, model_class
 
     assert estimator_class("lca") is fl.LatentClassAnalysis
     assert model_class("lca").__name__ == "LCAModel"

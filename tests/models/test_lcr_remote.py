@@ -12,7 +12,11 @@ import fedlatent as fl
 from fedlatent.data import ClientData
 from fedlatent.data.remote import RemoteDataset
 from fedlatent.engine import InProcessRuntime
-from fedlatent.engine.registry import describe_message, estimator_config, estimator_from_config
+from fedlatent.engine.contract.registry import (
+    describe_message,
+    estimator_config,
+    estimator_from_config,
+)
 from tolerance import assert_close
 
 

@@ -39,7 +39,7 @@ def test_lcr_leaves_rows_without_target_out(caplog):
     data = _lcr_data()
     n_missing = sum(int(np.isnan(y).sum()) for _, y in data.values())
     fd = fl.FederatedDataset.from_arrays(data)
-    with caplog.at_level(logging.INFO, logger="fedlatent.engine.estimator"):
+    with caplog.at_level(logging.INFO, logger="fedlatent.engine.estimation.estimator"):
         est = _fit(fl.LatentClassRegression(2, random_state=0, max_rounds=5), fd)
     assert est.n_missing_target_ == n_missing > 30
     assert f"{n_missing} rows with a missing target are left out of the fit" in caplog.text

@@ -377,7 +377,7 @@ def test_protocol_steps_are_the_rounds(fitted):
 
 
 def _nbytes(msg):
-    from fedlatent.engine.messages import message_nbytes
+    from fedlatent.engine.protocol.messages import message_nbytes
 
     return message_nbytes(msg)
 

@@ -11,7 +11,7 @@ import pytest
 import fedlatent as fl
 from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
 from fedlatent.data.sec_data import make_sec_simulation1
-from fedlatent.engine.registry import estimator_entries
+from fedlatent.engine.contract.registry import estimator_entries
 from fedlatent.models.fedgmm import FedGMM
 from fedlatent.models.sec import SEC
 

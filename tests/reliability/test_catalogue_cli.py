@@ -285,7 +285,7 @@ def _fedlatent_error():
 
 
 @pytest.mark.parametrize("make_exc, match", [
-    (lambda: __import__("fedlatent.engine.loop", fromlist=["x"]).FederatedFitError(
+    (lambda: __import__("fedlatent.engine.rounds.loop", fromlist=["x"]).FederatedFitError(
         "round 3: client 's1' sent statistics that overflow"),
      r"^round 3: client 's1' sent statistics that overflow$"),
     (lambda: FloatingPointError("overflow encountered in multiply"),

@@ -69,7 +69,7 @@ def checkpoint_at(tmp_path, rounds=5, fd=None, est=None):
 def rewrite_checkpoint(ck, edit):
     """Rewrite checkpoint ``ck`` after ``edit(arrays, meta)``, its sha256 recomputed (a writer
     that is wrong, not a corrupted file)."""
-    from fedlatent.engine.checkpoint import META_ENTRY, _arrays_sha256
+    from fedlatent.engine.fedem.checkpoint import META_ENTRY, _arrays_sha256
 
     npz = Path(f"{ck}.npz")
     with np.load(npz, allow_pickle=False) as z:
@@ -105,7 +105,7 @@ def test_a_crash_during_a_checkpoint_write_keeps_the_previous_checkpoint(
 
 
 def test_a_checkpoint_whose_arrays_and_metadata_are_of_different_rounds_is_refused(tmp_path):
-    from fedlatent.engine.checkpoint import META_ENTRY
+    from fedlatent.engine.fedem.checkpoint import META_ENTRY
 
     ck = checkpoint_at(tmp_path, 5)
     with np.load(f"{ck}.npz", allow_pickle=False) as z:

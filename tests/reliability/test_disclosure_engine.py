@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.client import ClientNode
-from fedlatent.engine.loop import FederatedFitError
-from fedlatent.engine.messages import ERROR_KEY
+from fedlatent.engine.node.client import ClientNode
 from fedlatent.engine.privacy import (
     record_from_regression_block,
     rows_from_one_record,
     rows_from_two_records,
 )
 from fedlatent.engine.privacy.enforce import policy_from_json, stricter
+from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.rounds.loop import FederatedFitError
 
 OFF = fl.DisclosurePolicy.off()
 TOL = 1e-8

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.loop import FederatedFitError
+from fedlatent.engine.rounds.loop import FederatedFitError
 from fedlatent.models.sec.disclosure import leaf_sizes
 from fedlatent.models.sec.serialize import loads_model
 

@@ -17,8 +17,8 @@ import pytest
 import fedlatent as fl
 from federations import make_blobs_federation
 from fedlatent.engine import InProcessRuntime
-from fedlatent.engine.checkpoint import load_arrays_json
-from fedlatent.engine.loop import FederatedFitError
+from fedlatent.engine.fedem.checkpoint import load_arrays_json
+from fedlatent.engine.rounds.loop import FederatedFitError
 from tolerance import assert_close, assert_same
 
 FD = make_blobs_federation(n_clients=8)
@@ -239,7 +239,7 @@ def flower_task(monkeypatch):
 
 def test_a_flower_nodes_error_in_a_round_is_missing_with_its_text(flower_task):
     from fedlatent.data.remote import RemoteDataset
-    from fedlatent.engine.registry import describe_message
+    from fedlatent.engine.contract.registry import describe_message
     from fedlatent.runtime.flower import FlowerRuntime
 
     fed = fl.Federation(control_variates=False)
@@ -266,8 +266,8 @@ def test_a_flower_nodes_error_in_a_round_is_missing_with_its_text(flower_task):
 
 def test_a_flower_nodes_error_at_setup_still_stops_the_run_naming_it(flower_task):
     from fedlatent.data.remote import RemoteDataset
-    from fedlatent.engine.messages import ClientReplyError
-    from fedlatent.engine.registry import describe_message
+    from fedlatent.engine.contract.registry import describe_message
+    from fedlatent.engine.protocol.messages import ClientReplyError
     from fedlatent.runtime.flower import FlowerRuntime
 
     est = gmm(rounds=2)

@@ -287,7 +287,7 @@ def _fit_gmm(data, out):
 
 def _failing_write(monkeypatch, where):
     """Make the fit's writing fail: inside model.save (history) or after it (history.csv)."""
-    from fedlatent.engine.history import History
+    from fedlatent.engine.fedem.history import History
 
     if where == "save":
         monkeypatch.setattr(History, "to_frame", _boom)

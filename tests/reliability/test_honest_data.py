@@ -133,7 +133,7 @@ def test_a_reply_of_1e200_in_the_initialization_round_is_named():
 
 
 def test_an_m_step_failure_with_comparable_clients_names_nobody():
-    from fedlatent.engine.update import dominant_client
+    from fedlatent.engine.fedem.update import dominant_client
 
     Q = np.array([[1.0, 2.0], [3.0, -1.0], [2.0, 0.5]])
     assert dominant_client(["a", "b", "c"], Q, np.full(3, 1 / 3)) is None
@@ -190,7 +190,7 @@ def test_the_psd_screen_passes_honest_singular_moments_at_any_scale(scale):
     """Rank-deficient moment matrices of honest data (a constant column, a column that is
     3 times another) pass at every scale: the tolerance is relative to each diagonal entry;
     a matrix breaking Cauchy-Schwarz by 1e-6 is refused at every scale."""
-    from fedlatent.engine.messages import psd_failures
+    from fedlatent.engine.protocol.messages import psd_failures
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(50, 1))

@@ -24,8 +24,8 @@ from fedlatent.engine import (
     register_model,
     run_federated_em,
 )
-from fedlatent.engine.history import History
-from fedlatent.engine.loop import FederatedFitError, ServerStepError
+from fedlatent.engine.fedem.history import History
+from fedlatent.engine.rounds.loop import FederatedFitError, ServerStepError
 from tolerance import assert_close, assert_same
 
 
@@ -132,7 +132,7 @@ def test_on_invalid_raise_stops_naming_the_client_and_keeps_the_last_good_round(
     assert err.value.round_ == 3
     good = fit(gmm(fed, rounds=2))
     assert_close(err.value.last_good["means"], good.means_)  # per-client vs batched clients
-    from fedlatent.engine.checkpoint import load_arrays_json
+    from fedlatent.engine.fedem.checkpoint import load_arrays_json
 
     arrays, meta = load_arrays_json(ck)
     assert meta["round"] == 2
@@ -221,7 +221,7 @@ def test_server_step_failure_names_the_round_and_keeps_the_last_good_state(tmp_p
                                 p0, seed=0, max_rounds=3, tol=0.0, progress=False)
     # exact: one runtime and one toy model, the same operations until round 3 in both runs
     assert_same(err.value.last_good["mu"], good.params["mu"])
-    from fedlatent.engine.checkpoint import load_arrays_json
+    from fedlatent.engine.fedem.checkpoint import load_arrays_json
 
     arrays, meta = load_arrays_json(ck)
     assert meta["round"] == 3

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import fedlatent as fl
 from fedlatent.cli import app
-from fedlatent.engine.registry import estimator_class, estimator_names, example
+from fedlatent.engine.contract.registry import estimator_class, estimator_names, example
 
 
 def gmm_fd():

@@ -32,7 +32,7 @@ def test_name_list_shows_ten_names_and_the_count():
 
 
 def test_fault_detail_groups_clients_by_reason_and_counts_the_rest():
-    from fedlatent.engine.messages import fault_detail
+    from fedlatent.engine.protocol.messages import fault_detail
 
     assert fault_detail({"a": "x", "b": "y", "c": "x"}) == ("client 'a': x (also client 'c'); "
                                                           "client 'b': y")

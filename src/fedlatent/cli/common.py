@@ -141,8 +141,8 @@ def _library_errors() -> tuple[type[BaseException], ...]:
     import zipfile
 
     from ..data.dataset import DataValidationError
-    from ..engine.loop import FederatedFitError
-    from ..engine.messages import ClientReplyError
+    from ..engine.protocol.messages import ClientReplyError
+    from ..engine.rounds.loop import FederatedFitError
 
     return (ValueError, KeyError, TypeError, OSError, ArithmeticError, zipfile.BadZipFile,
             DataValidationError, FederatedFitError, ClientReplyError)

@@ -1,6 +1,6 @@
 """``fedlatent fit MODEL``: one command per registered estimator, one fitting and saving path.
 
-The models are those of the registry (:mod:`fedlatent.engine.registry`). A model with a
+The models are those of the registry (:mod:`fedlatent.engine.contract.registry`). A model with a
 hand-written command (:mod:`fedlatent.cli.fit_models`: named options such as ``--components``)
 uses it; every other registered estimator gets a generic command, built on first use from the
 registry entry and the estimator's constructor::
@@ -66,14 +66,14 @@ class FitGroup(CommandGroup):
     what, listing = "model", "registered"
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
-        from ..engine.registry import estimator_names
+        from ..engine.contract.registry import estimator_names
 
         return sorted(set(super().list_commands(ctx)) | set(estimator_names()))
 
     def get_command(self, ctx: typer.Context, name: str) -> TyperCommand | None:
         cmd = super().get_command(ctx, name)
         if cmd is None:
-            from ..engine.registry import estimator_entries
+            from ..engine.contract.registry import estimator_entries
 
             entry = estimator_entries().get(name)
             if entry is not None:
@@ -167,7 +167,7 @@ def parse_params(items: list[str] | None, cls: type, name: str) -> dict[str, Any
         except ValueError:
             value = raw
         if key == "federation" and isinstance(value, dict):
-            from ..engine.federation import Federation
+            from ..engine.fedem.federation import Federation
 
             value = Federation.from_config(value)
         out[key] = value
@@ -197,7 +197,7 @@ def build_estimator(cls: type, params: dict[str, Any], name: str = ""):
 def make_federation(participation: float, step_size: float, quant_levels: int | None,
                     control_variates: bool, seed: int | None):
     """The Federation of the command-line options, validated (ValueError names the setting)."""
-    from ..engine.federation import Federation, Quantizer
+    from ..engine.fedem.federation import Federation, Quantizer
 
     fed = Federation(
         participation=participation,
@@ -223,7 +223,7 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
     every file was written (:func:`~.common.staged_dir`): a failed fit, or a failure while
     writing, leaves no ``out`` and no half-written directory.
     """
-    from ..engine.loop import FederatedFitError
+    from ..engine.rounds.loop import FederatedFitError
     from .common import staged_dir
 
     try:

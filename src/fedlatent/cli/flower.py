@@ -78,7 +78,7 @@ def _estimator(model: str, params: str, federation: str | None, seed: int | None
 
     Its parameters: the shared options (:mod:`.vocabulary`), ``--param NAME=VALUE``, and the
     deprecated JSON of ``--params``/``--federation``."""
-    from ..engine.registry import estimator_class, estimator_from_config, estimator_names
+    from ..engine.contract.registry import estimator_class, estimator_from_config, estimator_names
     from .fit import parse_params
     from .vocabulary import SHARED, apply_shared, deprecated
 

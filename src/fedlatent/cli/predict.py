@@ -45,7 +45,7 @@ _GLOBAL = typer.Option(False, "--global",
 def load_model(path: Path) -> tuple[Any, Path]:
     """The estimator saved at ``path`` (a directory, ``<prefix>.json`` or the prefix) and its
     prefix; exits with one line when ``path`` holds no fedlatent model."""
-    from ..engine.registry import estimator_by_class_name, estimator_names
+    from ..engine.contract.registry import estimator_by_class_name, estimator_names
 
     path = Path(path)
     if path.is_dir():
@@ -93,7 +93,7 @@ def _roles(prefix: Path, **given: str | None) -> dict[str, Any]:
 
 
 def _entry(est):
-    from ..engine.registry import estimator_entries, estimator_name
+    from ..engine.contract.registry import estimator_entries, estimator_name
 
     return estimator_entries()[estimator_name(est)]
 

@@ -169,7 +169,7 @@ def _privacy(text: str, as_config: bool):
 
 def _federation(fed, given: dict[str, Any], as_config: bool):
     """``fed`` (a Federation, its config dict, or None) with the given shared settings."""
-    from ..engine.federation import Federation
+    from ..engine.fedem.federation import Federation
 
     config = dict(fed) if isinstance(fed, dict) else (
         Federation().to_config() if fed is None else fed.to_config())

@@ -13,36 +13,36 @@ imported on first use (``from fedlatent.engine import X`` works for every X in `
 Flower client process (one per message) imports neither scikit-learn nor the server loop.
 """
 
-from .client import ClientNode
-from .messages import ClientReplyError, check_reply
-from .model import ClientStep, FederatedModel, client_rng
-from .privacy.disclosure import DisclosurePolicy
-from .privacy.dp import DifferentialPrivacy
-from .registry import model_from_config, register_estimator, register_model
-from .runtime import Runtime
-from .stats import Stats
+from fedlatent.engine.contract.model import ClientStep, FederatedModel, client_rng
+from fedlatent.engine.contract.registry import model_from_config, register_estimator, register_model
+from fedlatent.engine.node.client import ClientNode
+from fedlatent.engine.privacy.disclosure import DisclosurePolicy
+from fedlatent.engine.privacy.dp import DifferentialPrivacy
+from fedlatent.engine.protocol.messages import ClientReplyError, check_reply
+from fedlatent.engine.protocol.runtime import Runtime
+from fedlatent.engine.stats import Stats
 
 #: name -> the module of this package that defines it (imported on first use)
 _LAZY = {
-    "ConvergenceWarning": "errors",
-    "NotFittedError": "errors",
-    "FederatedEstimator": "estimator",
-    "FitContext": "estimator",
-    "Replies": "exchange",
-    "ask": "exchange",
-    "Federation": "federation",
-    "Quantizer": "federation",
-    "Spider": "federation",
-    "Squarem": "acceleration",
-    "StepSchedule": "federation",
-    "History": "history",
-    "RoundRecord": "history",
-    "InProcessRuntime": "inprocess",
-    "FederatedFitError": "faults",
-    "FitResult": "loop",
-    "LoopOptions": "loop",
-    "run_federated_em": "loop",
-    "SitePolicy": "site.policy",
+    "ConvergenceWarning": "fedlatent.engine.errors",
+    "NotFittedError": "fedlatent.engine.errors",
+    "FederatedEstimator": "fedlatent.engine.estimation.estimator",
+    "FitContext": "fedlatent.engine.estimation.estimator",
+    "Replies": "fedlatent.engine.protocol.exchange",
+    "ask": "fedlatent.engine.protocol.exchange",
+    "Federation": "fedlatent.engine.fedem.federation",
+    "Quantizer": "fedlatent.engine.fedem.federation",
+    "Spider": "fedlatent.engine.fedem.federation",
+    "Squarem": "fedlatent.engine.fedem.acceleration",
+    "StepSchedule": "fedlatent.engine.fedem.federation",
+    "History": "fedlatent.engine.fedem.history",
+    "RoundRecord": "fedlatent.engine.fedem.history",
+    "InProcessRuntime": "fedlatent.engine.transport.inprocess",
+    "FederatedFitError": "fedlatent.engine.faults",
+    "FitResult": "fedlatent.engine.rounds.loop",
+    "LoopOptions": "fedlatent.engine.rounds.loop",
+    "run_federated_em": "fedlatent.engine.rounds.loop",
+    "SitePolicy": "fedlatent.engine.site.policy",
 }
 
 __all__ = [
@@ -85,7 +85,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.dataset import ClientData, FederatedDataset
-from ..engine.federation import Federation, Quantizer, Spider
+from ..engine.fedem.federation import Federation, Quantizer, Spider
 from ..models.gmm import FederatedGaussianMixture
 from ..plotting import figure
 

@@ -30,7 +30,7 @@ from ..data.fedgmm_data import (
     split_clients,
     transform_digits,
 )
-from ..engine.loop import ConvergenceWarning
+from ..engine.rounds.loop import ConvergenceWarning
 from ..models.fedgmm import FedGMM
 from ..plotting import figure
 

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.hlcr_data import make_synthhlcr, split_events
-from ..engine.federation import Federation, Quantizer
+from ..engine.fedem.federation import Federation, Quantizer
 from ..engine.privacy.disclosure import DisclosurePolicy
 from ..models.hlcr import HLCR
 from ..plotting import figure

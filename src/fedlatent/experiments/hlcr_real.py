@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..data.dataset import FederatedDataset
 from ..data.hlcr_data import split_events
-from ..engine.federation import Federation
+from ..engine.fedem.federation import Federation
 from ..models.hlcr import HLCR
 
 __all__ = ["hlcr_real", "load_hsb82", "load_sleepstudy"]

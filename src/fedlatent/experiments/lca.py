@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..engine.federation import Federation
+from ..engine.fedem.federation import Federation
 from ..models.lca.estimator import LatentClassAnalysis
 from ..models.lca.example import make_lca_data
 from ..models.lca.math import lca_m_step, lca_statistics, one_hot, responsibilities

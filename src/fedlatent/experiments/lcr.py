@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.dataset import FederatedDataset
-from ..engine.federation import Federation
+from ..engine.fedem.federation import Federation
 from ..engine.stats import Stats
 from ..models.lcr.estimator import LatentClassRegression
 from ..models.lcr.math import lcr_m_step, lcr_responsibilities, lcr_statistics

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.dataset import ClientData, FederatedDataset
-from ..engine.federation import Federation
+from ..engine.fedem.federation import Federation
 from ..engine.privacy.dp import DifferentialPrivacy
 from ..plotting import figure
 
@@ -225,7 +225,7 @@ SPECS = (
 
 def _estimator(spec: _Spec, K: int, max_rounds: int, federation: Federation, seed: int):
     """An unfitted estimator of ``spec`` (tol 0: every planned round runs)."""
-    from ..engine.registry import estimator_by_class_name
+    from ..engine.contract.registry import estimator_by_class_name
 
     cls = estimator_by_class_name(spec.estimator)
     common = {"max_rounds": max_rounds, "federation": federation, "random_state": seed}
@@ -259,7 +259,7 @@ def dp_support(spec: _Spec) -> str | None:
     """None when ``spec``'s estimator supports differential privacy, else the reason."""
     from dataclasses import fields
 
-    from ..engine.registry import estimator_by_class_name
+    from ..engine.contract.registry import estimator_by_class_name
 
     cls = estimator_by_class_name(spec.estimator)
     if cls is None:

@@ -22,7 +22,7 @@ from ..data.sec_data import (
     make_sec_simulation1,
     make_sec_simulation2,
 )
-from ..engine.federation import Federation
+from ..engine.fedem.federation import Federation
 from ..engine.privacy.disclosure import DisclosurePolicy
 from ..models.sec import SEC, clustering_accuracy
 from ..plotting import figure
@@ -292,7 +292,7 @@ def sec_simulation2(
 def _fairness_one(b: float, seed: int, k_selection: str = "gap", gap_rule: str = "global") -> dict:
     from sklearn.linear_model import LinearRegression
 
-    from ..engine.inprocess import InProcessRuntime
+    from ..engine.transport.inprocess import InProcessRuntime
 
     data, R = make_sec_fairness(b, random_state=seed)
     rng = np.random.default_rng(seed)

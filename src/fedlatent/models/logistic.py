@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
-from ..engine.numerics import add_intercept
+from ..engine.protocol.numerics import add_intercept
 
 __all__ = [
     "add_intercept",

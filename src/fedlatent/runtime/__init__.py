@@ -2,7 +2,7 @@
 never a named model. The transport interface and the in-process runtime are the engine's:
 ``fl.Runtime`` and ``fl.InProcessRuntime``."""
 
-from ..engine.inprocess import InProcessRuntime
-from ..engine.runtime import Runtime
+from ..engine.protocol.runtime import Runtime
+from ..engine.transport.inprocess import InProcessRuntime
 
 __all__ = ["InProcessRuntime", "Runtime"]

@@ -5,13 +5,13 @@ over a Flower ``Grid``: ``call`` sends one ``query.fedlatent`` message per clien
 replies that arrive within the round's timeout; a node that does not answer is absent from the
 result, so the engine treats it as not taking part in that round (and the history says so).
 Client side (:mod:`fedlatent.runtime.flower_site`), the ``ClientApp`` handler rebuilds a
-:class:`~fedlatent.engine.client.ClientNode` on every message from the node's own data file and
+:class:`~fedlatent.engine.node.client.ClientNode` on every message from the node's own data file and
 its private state kept in ``context.state`` (FedGMM's pi_c, HLCR's labels and counts, control
 variates, SPIDER memory), which it also writes into its site directory after every round, so that
 it outlives the run: a site predicts with it afterwards, and a run that stopped resumes from the
 server's checkpoint and the sites' states (run config ``resume = true``). Models do not change.
 
-A message is a flat dict (see :mod:`fedlatent.engine.messages`): arrays travel in an
+A message is a flat dict (see :mod:`fedlatent.engine.protocol.messages`): arrays travel in an
 ``ArrayRecord``, scalars and strings in a ``ConfigRecord``. Replies are validated by the engine
 before aggregation; an exception on a node comes back as an error reply naming the node's client
 and is raised on the server (a data error as :class:`~fedlatent.data.DataValidationError`).
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import DataValidationError
-from ..engine.messages import ERROR_KEY, ClientReplyError
-from ..engine.runtime import Runtime
+from ..engine.protocol.messages import ERROR_KEY, ClientReplyError
+from ..engine.protocol.runtime import Runtime
 from .flower_records import (  # the names of the message, importable from here too
     _ERROR,
     _ERROR_TYPE,
@@ -84,7 +84,7 @@ class FlowerRuntime(Runtime):
     ----------
     grid : flwr.serverapp.Grid
     describe : dict
-        The ``describe`` message (:func:`fedlatent.engine.registry.describe_message`): every node
+        The ``describe`` message (:func:`fedlatent.engine.contract.registry.describe_message`): every node
         answers with its client id, counts and column names, after checking its own data.
     min_nodes : int
         Wait until this many nodes are connected (at most ``node_wait`` seconds).
@@ -240,7 +240,7 @@ def run_config_for(estimator, *, out_dir, min_nodes: int, round_timeout: float =
     ``resume = true`` (``flwr run ... -c resume=true``) continues the run whose checkpoint is in
     ``out-dir``: the server's checkpoint plus the sites' states give the uninterrupted result.
     """
-    from ..engine.registry import estimator_config
+    from ..engine.contract.registry import estimator_config
 
     name, params = estimator_config(estimator)
     fed = params.pop("federation", None)
@@ -300,7 +300,7 @@ def _report_exchanges(rt: FlowerRuntime, status: dict[str, Any], path: Path) -> 
 def run_server(grid, config: Mapping[str, Any]) -> None:
     """The server app's work: rebuild the estimator, fit it over the grid, save the result."""
     from ..data.remote import RemoteDataset
-    from ..engine.registry import describe_message, estimator_from_config
+    from ..engine.contract.registry import describe_message, estimator_from_config
 
     out = Path(str(config["out-dir"]))
     out.mkdir(parents=True, exist_ok=True)
@@ -362,7 +362,7 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
 
 def checkpoint_round(path: Path) -> int:
     """The round of the server checkpoint ``<path>.npz`` a resumed run continues from."""
-    from ..engine.checkpoint import load_arrays_json
+    from ..engine.fedem.checkpoint import load_arrays_json
 
     npz = path.with_name(path.name + ".npz")
     if not npz.exists():
@@ -393,8 +393,8 @@ def make_server_app(config: Mapping[str, Any] | None = None):
 def load_result(out_dir):
     """The estimator a server app fitted and saved in ``out_dir`` (raises its error if it
     failed)."""
-    from ..engine.checkpoint import load_arrays_json
-    from ..engine.registry import estimator_by_class_name
+    from ..engine.contract.registry import estimator_by_class_name
+    from ..engine.fedem.checkpoint import load_arrays_json
 
     out = Path(out_dir)
     st_path = out / "status.json"

@@ -1,5 +1,5 @@
 """fedlatent messages as Flower records: the keys of the ``query.fedlatent`` message and the
-conversion of a flat message (see :mod:`fedlatent.engine.messages`) to a ``RecordDict``: arrays
+conversion of a flat message (see :mod:`fedlatent.engine.protocol.messages`) to a ``RecordDict``: arrays
 in an ``ArrayRecord``, scalars and strings in a ``ConfigRecord``."""
 
 from __future__ import annotations

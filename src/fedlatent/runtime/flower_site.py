@@ -1,8 +1,8 @@
 """The site's side of a deployed run: where its private state lives and when it is written.
 
-A SuperNode's private state (what :class:`~fedlatent.engine.client.ClientNode` keeps) lives in
+A SuperNode's private state (what :class:`~fedlatent.engine.node.client.ClientNode` keeps) lives in
 Flower's ``context.state`` during a run and, so that it outlives the run, in the node's *site
-directory* (:mod:`fedlatent.engine.site_state`): the node config's ``site-dir``, by default
+directory* (:mod:`fedlatent.engine.node.site_state`): the node config's ``site-dir``, by default
 ``<data file stem>.site`` beside the node's data file. The node writes an entry after every
 message that changes its state (a round's E-step, the control-variate start, a model query).
 
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..data.dataset import DataValidationError
-from ..engine.messages import ERROR_KEY as _ERROR_KEY
-from ..engine.site_state import read_site_state, run_key, write_site_state
+from ..engine.node.site_state import read_site_state, run_key, write_site_state
+from ..engine.protocol.messages import ERROR_KEY as _ERROR_KEY
 from .flower_records import _ERROR, _ERROR_TYPE, _METHOD, _MODEL, _STATE, decode, encode
 
 __all__ = ["RESTORE", "RUN", "make_client_app", "node_policy", "own_signer", "restore_state",
@@ -123,7 +123,7 @@ def _source_id(path: Path) -> dict[str, Any]:
 def _cached(path: Path, site: Path):
     """The node's data from its cache in ``site`` if that is of this very file, else None."""
     from ..data.dataset import ClientData, FederatedDataset
-    from ..engine.checkpoint import load_arrays_json
+    from ..engine.fedem.checkpoint import load_arrays_json
 
     try:
         arrays, meta = load_arrays_json(site / DATA_CACHE)
@@ -137,7 +137,7 @@ def _cached(path: Path, site: Path):
 
 
 def _write_cache(path: Path, site: Path, fd) -> None:
-    from ..engine.checkpoint import save_arrays_json
+    from ..engine.fedem.checkpoint import save_arrays_json
 
     (cid,) = fd.client_ids
     cd = fd[cid]
@@ -212,7 +212,7 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
     deployed node without a policy): a server's ``noise_seed`` is ignored."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
-    from ..engine.client import ClientNode
+    from ..engine.node.client import ClientNode
 
     (cid,) = fd.client_ids
     run = msg.pop(RUN, None)

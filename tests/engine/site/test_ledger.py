@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.loop import FederatedFitError
 from fedlatent.engine.privacy import DifferentialPrivacy, composed_epsilon
+from fedlatent.engine.rounds.loop import FederatedFitError
 from fedlatent.engine.site import Ledger, LedgerError, SitePolicy
 from fedlatent.engine.site.guard import parse_refusal
 from fedlatent.engine.site.ledger import compose_epsilon, read_ledger
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 DELTA = 1e-5
 

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 import fedlatent as fl
 from fedlatent.cli import app
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.loop import FederatedFitError
 from fedlatent.engine.privacy import DifferentialPrivacy
+from fedlatent.engine.rounds.loop import FederatedFitError
 from fedlatent.engine.site import SitePolicy
 from fedlatent.engine.site.policy import PolicyError
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "site-policy.toml"
 

@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.client import ClientNode
-from fedlatent.engine.exchange import setup_clients
-from fedlatent.engine.inprocess import InProcessRuntime
-from fedlatent.engine.loop import FederatedFitError
-from fedlatent.engine.messages import ERROR_KEY, pack, unpack
+from fedlatent.engine.node.client import ClientNode
 from fedlatent.engine.privacy import DifferentialPrivacy
 from fedlatent.engine.privacy.disclosure import effective
 from fedlatent.engine.privacy.enforce import policy_to_json
+from fedlatent.engine.protocol.exchange import setup_clients
+from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
+from fedlatent.engine.rounds.loop import FederatedFitError
 from fedlatent.engine.site import SitePolicy
 from fedlatent.engine.site.ledger import read_ledger
 from fedlatent.engine.site.policy import PolicyError
+from fedlatent.engine.transport.inprocess import InProcessRuntime
 from fedlatent.models.gmm.math import compute_precision_cholesky
 from fedlatent.models.gmm.model import GMMModel
 from tolerance import assert_same
@@ -230,7 +230,7 @@ def test_restoring_a_sites_state_does_not_roll_back_its_release_count(tmp_path):
 
 # ---- one question, one answer --------------------------------------------------------------
 def test_re_asking_moments_under_secure_aggregation_with_one_client_left_out_is_refused():
-    from fedlatent.engine.secure import open_channel
+    from fedlatent.engine.secagg.secure import open_channel
 
     rng = np.random.default_rng(1)
     fd = fl.FederatedDataset.from_arrays({f"s{i}": rng.normal(size=(20, 2)) for i in range(5)})

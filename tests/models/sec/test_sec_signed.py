@@ -14,8 +14,8 @@ pytest.importorskip("cryptography")
 from fedlatent.data.dataset import FederatedDataset  # noqa: E402
 from fedlatent.data.sec_data import make_sec_simulation1  # noqa: E402
 from fedlatent.engine import InProcessRuntime  # noqa: E402
-from fedlatent.engine.client import ClientNode  # noqa: E402
-from fedlatent.engine.messages import ERROR_KEY  # noqa: E402
+from fedlatent.engine.node.client import ClientNode  # noqa: E402
+from fedlatent.engine.protocol.messages import ERROR_KEY  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys  # noqa: E402
 from fedlatent.models.sec import SEC, dumps_model  # noqa: E402
 from fedlatent.models.sec.signed import model_signature  # noqa: E402

@@ -21,8 +21,8 @@ pytest.importorskip("cryptography")
 from test_sec_signed import crafted as _crafted  # noqa: E402  (the attack's models, cached)
 
 from fedlatent.data.dataset import FederatedDataset  # noqa: E402
-from fedlatent.engine.client import ClientNode  # noqa: E402
-from fedlatent.engine.messages import ERROR_KEY  # noqa: E402
+from fedlatent.engine.node.client import ClientNode  # noqa: E402
+from fedlatent.engine.protocol.messages import ERROR_KEY  # noqa: E402
 from fedlatent.engine.site import SitePolicy  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys  # noqa: E402
 from fedlatent.models.sec import dumps_model  # noqa: E402

@@ -16,9 +16,13 @@ Nothing here imports ``dp_accounting`` at import time, so ``import fedlatent`` w
 the extra.
 """
 
-from .accountant import calibrate_noise_multiplier, composed_epsilon
-from .attacks import record_from_regression_block, rows_from_one_record, rows_from_two_records
-from .clipping import (
+from fedlatent.engine.privacy.accountant import calibrate_noise_multiplier, composed_epsilon
+from fedlatent.engine.privacy.attacks import (
+    record_from_regression_block,
+    rows_from_one_record,
+    rows_from_two_records,
+)
+from fedlatent.engine.privacy.clipping import (
     REPLACE_ONE_FACTOR,
     center_from_sums,
     center_sensitivity,
@@ -27,7 +31,7 @@ from .clipping import (
     logistic_sensitivity,
     regression_sensitivity,
 )
-from .disclosure import (
+from fedlatent.engine.privacy.disclosure import (
     DisclosurePolicy,
     check_aggregate,
     check_counts,
@@ -37,14 +41,14 @@ from .disclosure import (
     check_tree_leaves,
     effective,
 )
-from .dp import (
+from fedlatent.engine.privacy.dp import (
     Calibration,
     DifferentialPrivacy,
     PrivacyBudget,
     PrivacyBudgetExceeded,
     planned_releases,
 )
-from .mechanisms import gaussian_mechanism, joint_sensitivity, noise_stds
+from fedlatent.engine.privacy.mechanisms import gaussian_mechanism, joint_sensitivity, noise_stds
 
 __all__ = [
     "REPLACE_ONE_FACTOR",

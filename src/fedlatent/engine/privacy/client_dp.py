@@ -3,7 +3,7 @@
 A client under ``Federation(privacy=DifferentialPrivacy(...))`` receives the setting and the
 fit's plan (how many Gaussian releases it will be asked for) in the setup message. It then
 
-1. clips its own data once (the model's :meth:`~fedlatent.engine.model.FederatedModel.dp_clip`:
+1. clips its own data once (the model's :meth:`~fedlatent.engine.contract.model.FederatedModel.dp_clip`:
    feature rows to the L2 ball of radius ``clip`` around the public centre, targets to
    ``target_range``), so one record's contribution to any statistic is bounded;
 2. calibrates the noise itself from the setting and the plan (the server cannot talk it into
@@ -30,9 +30,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .clipping import REPLACE_ONE_FACTOR
-from .dp import DifferentialPrivacy, PrivacyBudget, PrivacyBudgetExceeded
-from .mechanisms import joint_sensitivity, noise_stds
+from fedlatent.engine.privacy.clipping import REPLACE_ONE_FACTOR
+from fedlatent.engine.privacy.dp import DifferentialPrivacy, PrivacyBudget, PrivacyBudgetExceeded
+from fedlatent.engine.privacy.mechanisms import joint_sensitivity, noise_stds
 
 __all__ = ["ClientPrivacy", "release_stds", "STATE_KEY"]
 

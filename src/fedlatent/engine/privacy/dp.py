@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .accountant import (
+from fedlatent.engine.privacy.accountant import (
     ACCOUNTANTS,
     calibrate_noise_multiplier,
     composed_epsilon,

@@ -7,11 +7,11 @@
 - :mod:`.screen`: the checks of the replies (:class:`Screen`) and the server's mirror of the
   clients' control variates (:class:`Mirror`), written once for every collector;
 - :mod:`.collectors`: the :class:`Collector` interface and its collectors, one client at a time
-  and batched (the secure collector is in :mod:`fedlatent.engine.secure_round`);
+  and batched (the secure collector is in :mod:`fedlatent.engine.rounds.secure_round`);
 - :mod:`.evaluation`: ``||h(S_hat)||^2`` from any collector's evaluation pass.
 """
 
-from .aggregate import Aggregate, Stacked
-from .plan import RoundPlan
+from fedlatent.engine.rounds.aggregate import Aggregate, Stacked
+from fedlatent.engine.rounds.plan import RoundPlan
 
 __all__ = ["Aggregate", "RoundPlan", "Stacked"]

@@ -2,7 +2,7 @@
 
 The round loop computes ``F(S_hat)``, the plain FedEM (here: EM) step, from the round's
 aggregate; :class:`Accelerator` decides which statistic the next round is sent instead (the
-settings and the reasons for SQUAREM are in :mod:`fedlatent.engine.acceleration`). It reads
+settings and the reasons for SQUAREM are in :mod:`fedlatent.engine.fedem.acceleration`). It reads
 only the aggregate ``F(S_hat)`` and the round's summed objective, so it composes with secure
 aggregation; the clients see nothing new (a round message carries an ``S_hat`` as always).
 
@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..acceleration import Squarem
-from ..stats import Stats
-from ..update import FedEMState
+from fedlatent.engine.fedem.acceleration import Squarem
+from fedlatent.engine.fedem.update import FedEMState
+from fedlatent.engine.stats import Stats
 
 __all__ = ["Accelerator", "SAFEGUARD_RTOL", "accelerated_state", "accelerator_for"]
 
@@ -123,7 +123,7 @@ def accelerator_for(model, federation, n_total: float,
     a model whose round is not an EM map (``acceleration_refusal``) is refused.
 
     Its domain test: ``S`` finite, the model's invariants of a client's statistic
-    (:meth:`~fedlatent.engine.model.FederatedModel.check`) on ``S`` as sums over the
+    (:meth:`~fedlatent.engine.contract.model.FederatedModel.check`) on ``S`` as sums over the
     ``n_total`` units, and a finite M-step at the current ``params()``."""
     settings = federation.squarem
     if settings is None:

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..batched import BatchReply
-from ..stats import Stats
-from ..update import dominant_client
+from fedlatent.engine.fedem.update import dominant_client
+from fedlatent.engine.node.batched import BatchReply
+from fedlatent.engine.stats import Stats
 
 __all__ = ["Aggregate", "Stacked", "Accepted"]
 
@@ -63,7 +63,7 @@ class Accepted:
     w: np.ndarray
 
     def dominant(self) -> str | None:
-        """Why the aggregate is one client's (:func:`~fedlatent.engine.update.dominant_client`)."""
+        """Why the aggregate is one client's (:func:`~fedlatent.engine.fedem.update.dominant_client`)."""
         if self.rows is None:
             return None
         r = np.flatnonzero(self.mask)

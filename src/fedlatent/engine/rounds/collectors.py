@@ -4,7 +4,7 @@ A collector asks the round's clients for their step and returns an :class:`Aggre
 loop never asks which collector it has. :class:`OneByOne` calls the clients one by one (any
 runtime); :class:`Batched` computes every drawn client's step at once (the in-process runtime,
 for models with a batched step); the secure collector
-(:class:`fedlatent.engine.secure_round.SecureCollector`) gets only the round's sum. The first two
+(:class:`fedlatent.engine.rounds.secure_round.SecureCollector`) gets only the round's sum. The first two
 turn the replies into rows (:class:`Stacked`) and share everything after: the screen, the
 weighted sum, the record (:func:`aggregate_rows`).
 """
@@ -16,19 +16,25 @@ from typing import Protocol
 
 import numpy as np
 
-from ...data.validation import name_list
-from ..batched import BatchReply
-from ..batched_round import weighted_rows
-from ..faults import FederatedFitError
-from ..messages import ERROR_KEY, ClientReplyError, check_reply, fault_detail, message_nbytes
-from ..stats import Stats, units_number
-from .aggregate import Accepted, Aggregate, Stacked
-from .plan import RoundPlan
+from fedlatent.data.validation import name_list
+from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.node.batched import BatchReply
+from fedlatent.engine.protocol.messages import (
+    ERROR_KEY,
+    ClientReplyError,
+    check_reply,
+    fault_detail,
+    message_nbytes,
+)
+from fedlatent.engine.rounds.aggregate import Accepted, Aggregate, Stacked
+from fedlatent.engine.rounds.batched_round import weighted_rows
+from fedlatent.engine.rounds.plan import RoundPlan
+from fedlatent.engine.stats import Stats, units_number
 
 __all__ = ["Batched", "Collector", "OneByOne", "aggregate_rows", "refuse_incomplete_init",
            "stack_replies"]
 
-logger = logging.getLogger("fedlatent.engine.loop")
+logger = logging.getLogger("fedlatent.engine.rounds.loop")
 
 
 class Collector(Protocol):
@@ -47,7 +53,7 @@ class Collector(Protocol):
 def stack_replies(ids: list[str], idx: np.ndarray, replies: dict, shapes,
                   template: Stats | None) -> Stacked:
     """The replies of the clients at ``idx`` as rows: the well-formed ones (checked by
-    :func:`~fedlatent.engine.messages.check_reply`) in client order, flattened in the block
+    :func:`~fedlatent.engine.protocol.messages.check_reply`) in client order, flattened in the block
     order of ``template`` (None: of ``shapes``)."""
     out = Stacked(None)
     pos, Q, n, obj = [], [], [], []

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batched_round import weighted_rows
-from ..messages import pack
-from ..stats import Stats
-from .collectors import refusals
+from fedlatent.engine.protocol.messages import pack
+from fedlatent.engine.rounds.batched_round import weighted_rows
+from fedlatent.engine.rounds.collectors import refusals
+from fedlatent.engine.stats import Stats
 
 __all__ = ["h_norm2"]
 

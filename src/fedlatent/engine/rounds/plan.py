@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from ..federation import Federation
-from ..messages import pack
-from ..model import server_rng
-from ..update import round_message
+from fedlatent.engine.contract.model import server_rng
+from fedlatent.engine.fedem.federation import Federation
+from fedlatent.engine.fedem.update import round_message
+from fedlatent.engine.protocol.messages import pack
 
 __all__ = ["RoundPlan", "draw_positions", "make_plan"]
 
@@ -59,7 +59,7 @@ class RoundPlan:
 def draw_positions(n: int, p: float, seed: int, k: int, init_round: bool) -> np.ndarray:
     """Positions of the clients of round ``k``: everyone in the initialization round, else
     Bernoulli(p) each from the server's generator of that round (the draw of
-    :func:`~fedlatent.engine.update.select_active`, the same in every runtime)."""
+    :func:`~fedlatent.engine.fedem.update.select_active`, the same in every runtime)."""
     if init_round or p >= 1.0:
         return np.arange(n)
     return np.flatnonzero(server_rng(seed, k).random(n) < p)

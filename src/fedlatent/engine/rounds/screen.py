@@ -6,13 +6,13 @@ Every reply: the units claimed (``n``) equal the units the client set up (full p
 aggregated. Where the server can rebuild the client's own statistic ``S_c`` (the initialization
 round, which sends ``S_c`` itself; later rounds without a quantizer, from ``Q_c + S_hat (+
 V_c)``, with ``V_c`` mirrored from the client's replies), the model's invariants
-(:meth:`~fedlatent.engine.model.FederatedModel.check`) on ``S_c`` scaled to sums; the rebuilt
+(:meth:`~fedlatent.engine.contract.model.FederatedModel.check`) on ``S_c`` scaled to sums; the rebuilt
 entries carry a rounding ``slack`` (and, under differential privacy, the noise's). Not rebuilt,
 so only the generic checks: quantized differences, SPIDER corrections (a difference of
 mini-batch terms, not a statistic of data), and with control variates a client whose ``V_c``
 the server lost track of (a reply that never arrived).
 
-The replies are rows of an array (:class:`~fedlatent.engine.batched.BatchReply`), whether they
+The replies are rows of an array (:class:`~fedlatent.engine.node.batched.BatchReply`), whether they
 came one by one or from a batched step: every check is made on all rows at once; only the rows
 a vectorized test flags are then judged one by one, so a refused reply carries the same
 reason, word for word, whichever collector gathered it. The mirror costs the server one
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import batched_round as rows_math
-from ..batched import _as_slice
-from ..federation import Federation
-from ..messages import ClientReplyError, check_reply, pack
-from ..model import FederatedModel
-from ..stats import Stats
+import fedlatent.engine.rounds.batched_round as rows_math
+from fedlatent.engine.contract.model import FederatedModel
+from fedlatent.engine.fedem.federation import Federation
+from fedlatent.engine.node.batched import _as_slice
+from fedlatent.engine.protocol.messages import ClientReplyError, check_reply, pack
+from fedlatent.engine.stats import Stats
 
 __all__ = ["MAX_SUM", "REBUILD_EPS", "Mirror", "Screen"]
 
@@ -183,7 +183,7 @@ class Screen:
 
     def set_privacy(self, dp, noise_multiplier: float, params, threshold: int | None) -> None:
         """The noise a client adds this round (the invariants then hold up to it)."""
-        from ..privacy.client_dp import release_stds
+        from fedlatent.engine.privacy.client_dp import release_stds
 
         parties = 1 if dp.noise == "local" else int(threshold)
         self.dp_stds = release_stds(self.model.dp_sensitivity(params, dp), noise_multiplier,

@@ -27,11 +27,11 @@ client whose self-mask seed was revealed (it survived an exchange) cannot later 
 dropped: its peers refuse, and that exchange is abandoned.
 """
 
-from .client import SecAggClient
-from .driver import Wire, run_exchange, setup
-from .encoding import FixedPoint, Layout
-from .protocol import SecAggConfig, SecureAggregationError
-from .server import SecAggServer, route_shares
+from fedlatent.engine.secagg.client import SecAggClient
+from fedlatent.engine.secagg.driver import Wire, run_exchange, setup
+from fedlatent.engine.secagg.encoding import FixedPoint, Layout
+from fedlatent.engine.secagg.protocol import SecAggConfig, SecureAggregationError
+from fedlatent.engine.secagg.server import SecAggServer, route_shares
 
 __all__ = [
     "FixedPoint",

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import _crypto, shamir
-from .encoding import Layout
-from .protocol import (
+import fedlatent.engine.secagg._crypto as _crypto
+import fedlatent.engine.secagg.shamir as shamir
+from fedlatent.engine.secagg.encoding import Layout
+from fedlatent.engine.secagg.protocol import (
     KEY_FIELDS,
     KEYS_PURPOSE,
     SIGNATURE_FIELD,
@@ -148,7 +149,7 @@ class SecAggClient:
 
     def _authenticate(self, roster: Roster, trust) -> None:
         """Verify every peer's signed keys against the pinned roster ``trust``."""
-        from ..site.keys import AuthenticationError
+        from fedlatent.engine.site.keys import AuthenticationError
 
         for v in roster.ids:
             if v == self.id:
@@ -352,7 +353,7 @@ class SecAggClient:
     @classmethod
     def load(cls, text: str) -> SecAggClient:
         """The client :meth:`dump` wrote."""
-        from .encoding import FixedPoint
+        from fedlatent.engine.secagg.encoding import FixedPoint
 
         d = json.loads(text)
         cfg = SecAggConfig(int(d["threshold"]), FixedPoint(scale=float(d["scale"]),

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .client import SecAggClient
-from .protocol import SecAggConfig
-from .server import SecAggServer, route_shares
+from fedlatent.engine.secagg.client import SecAggClient
+from fedlatent.engine.secagg.protocol import SecAggConfig
+from fedlatent.engine.secagg.server import SecAggServer, route_shares
 
 __all__ = ["Wire", "run_exchange", "setup"]
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _crypto
-from .encoding import FixedPoint
+import fedlatent.engine.secagg._crypto as _crypto
+from fedlatent.engine.secagg.encoding import FixedPoint
 
 __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
            "as_u8", "exchange_label", "keys_payload", "pair_mask", "self_mask", "slot_item"]

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from . import _crypto, shamir
-from .encoding import Layout
-from .protocol import (
+import fedlatent.engine.secagg._crypto as _crypto
+import fedlatent.engine.secagg.shamir as shamir
+from fedlatent.engine.secagg.encoding import Layout
+from fedlatent.engine.secagg.protocol import (
     Roster,
     SecAggConfig,
     SecureAggregationError,

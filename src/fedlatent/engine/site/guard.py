@@ -1,6 +1,6 @@
 """What a client node consults before it answers: its site's policy and ledger.
 
-A :class:`SiteGuard` sits in a :class:`~fedlatent.engine.client.ClientNode` built with
+A :class:`SiteGuard` sits in a :class:`~fedlatent.engine.node.client.ClientNode` built with
 ``policy=``. It
 
 - checks a ``setup`` against the policy's floors (model answered, disclosure thresholds, DP
@@ -16,7 +16,7 @@ A :class:`SiteGuard` sits in a :class:`~fedlatent.engine.client.ClientNode` buil
   state cannot roll back).
 
 A refusal is a reply carrying one line, ``site S refused (rule): why; fix: ...``, which the
-server records (``history_.errors``, a :class:`~fedlatent.engine.loop.FederatedFitError`);
+server records (``history_.errors``, a :class:`~fedlatent.engine.rounds.loop.FederatedFitError`);
 it is written to the ledger too.
 """
 
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ..messages import ERROR_KEY
-from ..privacy.disclosure import DisclosurePolicy
-from .ledger import Ledger
-from .policy import PROTOCOL_EXCHANGES, SitePolicy
+from fedlatent.engine.privacy.disclosure import DisclosurePolicy
+from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.site.ledger import Ledger
+from fedlatent.engine.site.policy import PROTOCOL_EXCHANGES, SitePolicy
 
 __all__ = ["SiteGuard", "SiteRefused", "parse_refusal", "question_digest"]
 
@@ -208,7 +208,7 @@ class SiteGuard:
         return None
 
     def _disclosure_refusal(self, plan) -> tuple[str, str, str] | None:
-        from ..privacy.enforce import policy_from_json
+        from fedlatent.engine.privacy.enforce import policy_from_json
 
         sent = policy_from_json(str(plan["disclosure"] or ""))
         loose = _weaker(self.policy.disclosure, sent)
@@ -226,7 +226,7 @@ class SiteGuard:
                 return ("privacy.required", "the fit is not differentially private",
                         "fit with Federation(privacy=DifferentialPrivacy(...))")
             return None
-        from ..privacy.dp import DifferentialPrivacy
+        from fedlatent.engine.privacy.dp import DifferentialPrivacy
 
         dp = DifferentialPrivacy.from_config(json.loads(raw))
         releases = int(msg.get("privacy_releases", 0))
@@ -269,7 +269,7 @@ class SiteGuard:
         raw = str(msg.get("privacy") or "")
         if not raw:
             return None
-        from ..privacy.dp import DifferentialPrivacy
+        from fedlatent.engine.privacy.dp import DifferentialPrivacy
 
         dp = DifferentialPrivacy.from_config(json.loads(raw))
         c = dp.calibrate(int(msg["privacy_releases"]))
@@ -387,8 +387,8 @@ class SiteGuard:
         """Refuse (PrivacyBudgetExceeded) a release beyond the run's plan or the data set's
         lifetime budget; sync the node's release count from the ledger (a restored state
         cannot roll it back)."""
-        from ..privacy.client_dp import STATE_KEY
-        from ..privacy.dp import PrivacyBudgetExceeded
+        from fedlatent.engine.privacy.client_dp import STATE_KEY
+        from fedlatent.engine.privacy.dp import PrivacyBudgetExceeded
 
         made = self.ledger.releases(self.run)  # the run's own count, whatever the state says
         state[STATE_KEY] = np.array(float(made))

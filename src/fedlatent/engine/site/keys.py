@@ -1,6 +1,6 @@
 """A site's long-term signing key and the consortium roster it pins: authenticated peers.
 
-Each site (a data holder: a Flower SuperNode, or a :class:`~fedlatent.engine.client.ClientNode`
+Each site (a data holder: a Flower SuperNode, or a :class:`~fedlatent.engine.node.client.ClientNode`
 in process) holds one long-term Ed25519 key pair (:class:`SiteKeys`, a PEM file written by
 ``fedlatent site keygen DIR``). The consortium agrees on a **roster**, a JSON file mapping each
 site's id (the client id it answers as) to its public key (:class:`Roster`), distributed out of
@@ -13,7 +13,7 @@ With a roster, a site believes only what a rostered site signed:
 - SEC: a model a site evaluates must be signed by a rostered site for this run, and a per-run
   quota bounds how many distinct models it evaluates (:mod:`fedlatent.models.sec`);
 - saved model files and site states carry an Ed25519 signature of their content, verified on
-  load against a roster (:mod:`fedlatent.engine.checkpoint`).
+  load against a roster (:mod:`fedlatent.engine.fedem.checkpoint`).
 
 What is signed is a *statement*: a fixed prefix, a purpose (``"secagg-keys"``, ``"sec-model"``,
 ``"saved-file"``), a JSON context (run, round, signer...) and the payload bytes, so that a

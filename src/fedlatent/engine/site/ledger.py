@@ -3,7 +3,7 @@
 One JSON object per line in ``<site directory>/ledger.jsonl``; every line carries ``prev``, the
 sha256 of the line before it (64 zeros for the first), so an edited, removed or reordered line
 breaks the chain (:meth:`Ledger.verify`). The ledger lives beside the site's restorable state
-(:mod:`fedlatent.engine.site_state`), never in it: restoring a state or resuming a fit does not
+(:mod:`fedlatent.engine.node.site_state`), never in it: restoring a state or resuming a fit does not
 roll it back.
 
 Entries (``kind``):
@@ -71,7 +71,7 @@ def _sha(line: str) -> str:
 
 def compose_epsilon(runs: list[tuple[float, int]], delta: float, accountant: str = "pld") -> float:
     """Epsilon at ``delta`` of ``runs``, ``(noise_multiplier, releases)`` each, composed."""
-    from ..privacy.accountant import composed_epsilon
+    from fedlatent.engine.privacy.accountant import composed_epsilon
 
     inv = sum(k / (z * z) for z, k in runs if k > 0)
     if inv <= 0:
@@ -161,7 +161,7 @@ class Ledger:
         """``(signer, roster of its own key)`` of a site with a key, else ``(None, None)``."""
         if self.keys is None:
             return None, None
-        from .keys import Roster, SiteIdentity
+        from fedlatent.engine.site.keys import Roster, SiteIdentity
 
         return (SiteIdentity(self.keys, site=self.site),
                 Roster({self.site: self.keys.public_key}))
@@ -172,7 +172,7 @@ class Ledger:
         self._answers[key] = dict(reply)
         if self.directory is None:
             return
-        from ..checkpoint import save_arrays_json
+        from fedlatent.engine.fedem.checkpoint import save_arrays_json
 
         arrays = {k: np.asarray(v) for k, v in reply.items() if isinstance(v, np.ndarray)}
         rest = {k: v for k, v in reply.items() if not isinstance(v, np.ndarray)}
@@ -183,7 +183,7 @@ class Ledger:
     def answer(self, key: str) -> dict[str, Any] | None:
         """The reply kept under ``key``, or None."""
         if key not in self._answers and self.directory is not None:
-            from ..checkpoint import load_arrays_json
+            from fedlatent.engine.fedem.checkpoint import load_arrays_json
 
             base = self.directory / "answers" / key
             if base.with_suffix(".json").exists():  # signed by the site when it has a key
@@ -236,7 +236,7 @@ def check_head(path: Path, entries: list[dict[str, Any]], keys=None) -> None:
 
 
 def _check_head_signature(path: Path, head: dict[str, Any], keys) -> None:
-    from .keys import AuthenticationError, Roster
+    from fedlatent.engine.site.keys import AuthenticationError, Roster
 
     site = str(head.get("site", ""))
     try:

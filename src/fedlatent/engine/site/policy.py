@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..privacy.disclosure import DisclosurePolicy
+from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 
 __all__ = ["PolicyError", "SitePolicy"]
 

@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .ledger import LEDGER_FILE, compose_epsilon, read_ledger
+from fedlatent.engine.site.ledger import LEDGER_FILE, compose_epsilon, read_ledger
 
 __all__ = ["LEDGER_COLUMNS", "REPORT_COLUMNS", "format_table", "ledger_entries", "ledger_rows",
            "lifetime_rows", "report_rows"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.batched import BatchStep
-from ...engine.numerics import add_intercept, logsumexp
+from ...engine.node.batched import BatchStep
+from ...engine.protocol.numerics import add_intercept, logsumexp
 from ..gmm.batched import gaussian_sums
 from .math import fedgmm_log_components
 

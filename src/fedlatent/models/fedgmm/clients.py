@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ...data.dataset import ClientData
-from ...engine.estimator import check_is_fitted
+from ...engine.estimation.estimator import check_is_fitted
 from .math import fedgmm_log_components, fedgmm_responsibilities
 from .personalized import PersonalizedFedGMM
 
@@ -87,10 +87,10 @@ class ClientWeights:
 
     def load_site_state(self, directory: str | Path) -> PersonalizedFedGMM:
         """Attach the ``pi_c`` a site kept in its site directory after a deployed fit
-        (:mod:`fedlatent.engine.site_state`: the node config's ``site-dir``, by default
+        (:mod:`fedlatent.engine.node.site_state`: the node config's ``site-dir``, by default
         ``<data file stem>.site`` beside its data file); refused if another fit wrote it."""
-        from ...engine.registry import estimator_config
-        from ...engine.site_state import check_run, read_site_state
+        from ...engine.contract.registry import estimator_config
+        from ...engine.node.site_state import check_run, read_site_state
 
         check_is_fitted(self)
         site = read_site_state(directory)

@@ -8,12 +8,17 @@ import numpy as np
 import pandas as pd
 
 from ...data.dataset import ClientData, FederatedDataset
-from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
-from ...engine.loop import FitResult
-from ...engine.model import ALL_CAPABILITIES, Params
-from ...engine.params import ROUND_LOOP, Integer, Options, Real
-from ...engine.registry import register_estimator
-from ...engine.selection import AUTO_SIZE
+from ...engine.contract.model import ALL_CAPABILITIES, Params
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.registry import register_estimator
+from ...engine.contract.selection import AUTO_SIZE
+from ...engine.estimation.estimator import (
+    FederatedEstimator,
+    FitContext,
+    check_features,
+    check_is_fitted,
+)
+from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
 from ..gmm.estimator import initialize_gaussians
@@ -89,7 +94,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
     n_init : int, default 1
         Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
         own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
-        ``best_start_``; :mod:`fedlatent.engine.starts`). Refused under differential privacy,
+        ``best_start_``; :mod:`fedlatent.engine.contract.starts`). Refused under differential privacy,
         partial participation and with checkpoints.
     federation : fl.Federation or None
         With ``privacy=fl.DifferentialPrivacy(...)`` (Newton updates, exact covariances, no
@@ -97,7 +102,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         table and the learners send gradients (:mod:`fedlatent.models.fedgmm.dp`).
     max_rounds : int or None, default None
         None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
-        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
+        paid from the privacy budget; ``fedlatent.engine.rounds.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-4
         Convergence on the change of the mean per-sample ``log h_c(x, y)``.
     random_state : int or None
@@ -130,7 +135,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
     _save_arrays = ("means_", "covariances_", "precisions_cholesky_", "weights_x_", "coef_",
                     "weights_y_", "center_", "classes_")
 
-    _multi_start = True  # n_init: engine/starts.py
+    _multi_start = True  # n_init: engine/contract/starts.py
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
@@ -370,7 +375,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         self.client_ids_ = list(self._runtime.client_ids)
 
     def _check_loaded(self) -> None:
-        from ...engine import loadcheck as lc
+        from ...engine.protocol import loadcheck as lc
         from ..gmm import checks as gmm_checks
 
         # a saved "auto" fit: the chosen sizes (its selection entry)

@@ -2,7 +2,7 @@
 
 FedGMM's clients send no observed information yet: the learners are fitted by (damped) Newton
 steps on a penalized likelihood and the personalized weights ``pi_c`` are per client, so the
-Louis information of :mod:`fedlatent.engine.inference` is not defined for them as it is for the
+Louis information of :mod:`fedlatent.engine.estimation.inference` is not defined for them as it is for the
 Gaussian mixture. The table says so in its ``note`` column rather than printing standard
 errors that would be wrong.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.estimator import check_is_fitted
-from ...engine.inference import Summary
+from ...engine.estimation.estimator import check_is_fitted
+from ...engine.estimation.inference import Summary
 
 __all__ = ["NO_SE_NOTE", "NO_SE_REASON", "SUMMARY_COLUMNS", "FedGMMSummary", "fedgmm_table"]
 

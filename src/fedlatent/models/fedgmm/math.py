@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.model import Params
-from ...engine.numerics import add_intercept, logsumexp
+from ...engine.contract.model import Params
+from ...engine.protocol.numerics import add_intercept, logsumexp
 from ..gmm import estimate_log_gaussian_prob
 from ..logistic import logistic_log_proba
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...data.dataset import ClientData
-from ...engine.messages import count_problem, psd_problem
-from ...engine.model import ClientStep, FederatedModel, register_model
-from ...engine.numerics import add_intercept, lift_eigenvalues
+from ...engine.contract.model import ClientStep, FederatedModel, register_model
+from ...engine.protocol.messages import count_problem, psd_problem
+from ...engine.protocol.numerics import add_intercept, lift_eigenvalues
 from ...engine.stats import Stats
 from ..gmm import (
     GMMModel,

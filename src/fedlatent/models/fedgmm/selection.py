@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.estimator import FederatedEstimator
-from ...engine.selection import Selection, check_candidates
+from ...engine.contract.selection import Selection, check_candidates
+from ...engine.estimation.estimator import FederatedEstimator
 
 __all__ = ["DEFAULT_CANDIDATES", "HOLDOUT", "auto_size", "fedgmm_selection", "heldout_loglik"]
 
@@ -54,7 +54,7 @@ def heldout_loglik(est: FederatedEstimator, held_out) -> dict[str, float]:
 
 
 def fedgmm_selection(est: FederatedEstimator) -> Selection | None:
-    """The :class:`~fedlatent.engine.selection.Selection` of an ``"auto"`` size, or None."""
+    """The :class:`~fedlatent.engine.contract.selection.Selection` of an ``"auto"`` size, or None."""
     param = auto_size(est)
     if param is None:
         return None

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.batched import BatchStep
-from ...engine.numerics import logsumexp
+from ...engine.node.batched import BatchStep
+from ...engine.protocol.numerics import logsumexp
 from .math import estimate_log_gaussian_prob
 
 __all__ = ["gaussian_suspects", "gmm_batched_stats"]
@@ -79,7 +79,7 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
 def count_suspects(counts: np.ndarray, n_units: np.ndarray, slack: np.ndarray | None,
                    rtol: float = 1e-8) -> np.ndarray:
     """Clients (rows of ``counts``, (C, K)) that may fail
-    :func:`fedlatent.engine.messages.count_problem` with ``total=True``."""
+    :func:`fedlatent.engine.protocol.messages.count_problem` with ``total=True``."""
     c = counts.reshape(counts.shape[0], -1)
     e = np.zeros_like(c) if slack is None else np.abs(slack.reshape(c.shape))
     n = np.asarray(n_units, dtype=np.float64)
@@ -115,7 +115,7 @@ def _certify(nk, sx, sxx, cov_type: str, rows=None, slack=None) -> np.ndarray:
     """The compiled screen of the moment matrices of clients (all, or the matrices ``rows``
     of the stack ``gaussian_moments`` makes), with the blocks' ``slack`` (same layout) or
     None. "full" reads each matrix from the blocks; the others build the stack."""
-    from ...engine.psd_screen import bordered_certified, psd_certified
+    from ...engine.protocol.psd_screen import bordered_certified, psd_certified
 
     if cov_type == "full":
         C, K, d = sx.shape
@@ -142,10 +142,10 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
     ``slack`` is None, the blocks' rounding bounds, or a callable ``slack(clients)`` giving
     them for some clients only (asked only for the clients the test without slack flags).
     The moment matrices are screened by the compiled
-    :func:`~fedlatent.engine.psd_screen.psd_certified` in chunks of clients; the few it does
-    not certify are judged by :func:`~fedlatent.engine.messages.psd_failures` itself.
+    :func:`~fedlatent.engine.protocol.psd_screen.psd_certified` in chunks of clients; the few it does
+    not certify are judged by :func:`~fedlatent.engine.protocol.messages.psd_failures` itself.
     """
-    from ...engine.messages import psd_failures
+    from ...engine.protocol.messages import psd_failures
 
     nk, sx, sxx = (np.asarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx"))
     C = nk.shape[0]

@@ -1,12 +1,12 @@
 """Load checks of a Gaussian mixture's covariances and precision factors, by covariance type
 (for ``_check_loaded`` of the Gaussian mixture and FedGMM; the generic checks are
-:mod:`fedlatent.engine.loadcheck`'s)."""
+:mod:`fedlatent.engine.protocol.loadcheck`'s)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...engine.loadcheck import expect_pd, expect_positive, expect_shape
+from ...engine.protocol.loadcheck import expect_pd, expect_positive, expect_shape
 
 __all__ = ["expect_covariances", "expect_precisions_cholesky"]
 

@@ -18,14 +18,14 @@ import logging
 import numpy as np
 
 from ...data.dataset import FederatedDataset
-from ...engine.base_mixture import FederatedMixture
-from ...engine.estimator import FitContext, check_is_fitted
-from ...engine.inference import InferenceMixin
-from ...engine.loop import FitResult
-from ...engine.model import Capabilities, Params
-from ...engine.params import ROUND_LOOP, Integer, Options, Real
-from ...engine.registry import register_estimator
-from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
+from ...engine.contract.model import Capabilities, Params
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.registry import register_estimator
+from ...engine.contract.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
+from ...engine.estimation.base_mixture import FederatedMixture
+from ...engine.estimation.estimator import FitContext, check_is_fitted
+from ...engine.estimation.inference import InferenceMixin
+from ...engine.rounds.loop import FitResult
 from .init import INIT_PARAMS, initialize_gaussians
 from .math import (
     COV_TYPES,
@@ -57,7 +57,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
     max_rounds : int or None, default None
         Rounds at most (round 1 is the initialization E-step).
         None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
-        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
+        paid from the privacy budget; ``fedlatent.engine.rounds.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-3
         Convergence threshold on the change of the mean per-sample log-likelihood.
     init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
@@ -75,7 +75,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
     n_init : int, default 1
         Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
         own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
-        ``best_start_``; :mod:`fedlatent.engine.starts`). Refused under differential privacy,
+        ``best_start_``; :mod:`fedlatent.engine.contract.starts`). Refused under differential privacy,
         partial participation and with checkpoints.
     weights_init, means_init, precisions_init : array_like or None
         Explicit initial parameters, named and shaped as in scikit-learn; they override the
@@ -171,7 +171,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         self.min_points_per_centroid = min_points_per_centroid
         self.n_components_candidates = n_components_candidates
 
-    _multi_start = True  # n_init: engine/starts.py
+    _multi_start = True  # n_init: engine/contract/starts.py
     capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
                                 missing_values=True)  # NaN: .missing (issue 25)
     _dp_init_releases = 2  # the pooled moments, the private k-means start
@@ -264,7 +264,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         self._after_load()
 
     def _check_loaded(self) -> None:
-        from ...engine import loadcheck as lc
+        from ...engine.protocol import loadcheck as lc
         from . import checks as gmm_checks
 
         K = getattr(self, "n_components_", self.n_components)  # a saved "auto" fit: chosen K
@@ -308,14 +308,14 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
     def _degenerate_reason(self, n_rows: int | None) -> str:
         """A degenerate component ("" when none), for the size selection: weight worth fewer
         than d + 1 rows, or a covariance's smallest eigenvalue near zero (singular)."""
-        from ...engine.inference import degenerate_reason
+        from ...engine.estimation.inference import degenerate_reason
         from .inference import full_covariances
 
         K, d = self.means_.shape
         eig = np.linalg.eigvalsh(full_covariances(self.covariances_, self.covariance_type, K, d))
         return degenerate_reason(self.weights_, eig.min(1), self.reg_covar, n_rows, d + 1)
 
-    def _inference_layout(self):  # fedlatent.engine.inference, .inference
+    def _inference_layout(self):  # fedlatent.engine.estimation.inference, .inference
         from .inference import gmm_layout
 
         return gmm_layout(self.weights_, self.means_, self.covariances_, self.covariance_type,

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.inference import (
+from ...engine.estimation.inference import (
     InferenceLayout,
     louis_information,
     weight_row,
     weight_scores,
 )
-from ...engine.numerics import logsumexp
+from ...engine.protocol.numerics import logsumexp
 
 __all__ = ["full_covariances", "gmm_information", "gmm_layout"]
 

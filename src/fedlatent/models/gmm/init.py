@@ -11,11 +11,11 @@ import warnings
 import numpy as np
 from scipy import linalg
 
-from ...engine.estimator import FitContext
-from ...engine.exchange import array, number
-from ...engine.messages import bordered, count_problem, psd_problem
-from ...engine.model import Params
-from ...engine.numerics import kmeans, lift_eigenvalues
+from ...engine.contract.model import Params
+from ...engine.estimation.estimator import FitContext
+from ...engine.protocol.exchange import array, number
+from ...engine.protocol.messages import bordered, count_problem, psd_problem
+from ...engine.protocol.numerics import kmeans, lift_eigenvalues
 from ...engine.stats import Stats
 from ...engine.warn import user_stacklevel
 from .math import compute_precision_cholesky, floor_noisy_covariances, gmm_m_step
@@ -288,7 +288,7 @@ def _local_kmeans_start(ctx, K: int, ct: str, reg_covar: float, center, n: float
     cids = ctx.client_ids
     for c in cids:
         if np.shape(km[c]["centroids"])[0] != np.size(km[c]["counts"]):
-            from ...engine.loop import FederatedFitError
+            from ...engine.rounds.loop import FederatedFitError
 
             raise FederatedFitError(
                 f"k-means initialization: client {c!r} sent "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.numerics import (
+from ...engine.protocol.numerics import (
     lift_eigenvalues,
     logsumexp,  # noqa: F401  (re-exported)
 )

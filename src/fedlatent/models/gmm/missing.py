@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.numerics import logsumexp
+from ...engine.protocol.numerics import logsumexp
 from ...engine.stats import Stats
 
 __all__ = ["as_full", "conditional_parts", "missing_log_prob", "missing_statistics",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.numerics import logsumexp
+from ...engine.protocol.numerics import logsumexp
 from .missing import as_full, conditional_parts, patterns
 
 __all__ = ["impute", "missing_names", "sample_missing"]

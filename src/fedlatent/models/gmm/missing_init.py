@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.estimator import FitContext
-from ...engine.exchange import array, number
-from ...engine.numerics import lift_eigenvalues
+from ...engine.estimation.estimator import FitContext
+from ...engine.protocol.exchange import array, number
+from ...engine.protocol.numerics import lift_eigenvalues
 
 __all__ = ["identification_problem", "pairwise_moments"]
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from ...data.client import ClientData
 from ...data.validation import DataValidationError
-from ...engine.model import ClientStep
-from ...engine.numerics import logsumexp
+from ...engine.contract.model import ClientStep
+from ...engine.protocol.numerics import logsumexp
 from .math import covariances_from_precisions, gmm_statistics
 from .missing import missing_log_prob, missing_statistics
 
@@ -126,7 +126,7 @@ def missing_query(model, name: str, payload, X: np.ndarray, hard_labels) -> dict
     if name == "hard_stats":
         return _hard_stats(model, payload, X, hard_labels)
     if name == "loglik":
-        from ...engine.model import payload_params
+        from ...engine.contract.model import payload_params
 
         p = payload_params(payload)
         cov = covariances_from_precisions(p["precisions_cholesky"], model.cov_type)

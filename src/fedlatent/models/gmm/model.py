@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.messages import count_problem, psd_problem
-from ...engine.model import ClientStep, FederatedModel, Params, payload_params
-from ...engine.numerics import kmeans, logsumexp
-from ...engine.registry import register_model
+from ...engine.contract.model import ClientStep, FederatedModel, Params, payload_params
+from ...engine.contract.registry import register_model
+from ...engine.protocol.messages import count_problem, psd_problem
+from ...engine.protocol.numerics import kmeans, logsumexp
 from ...engine.stats import Stats
 from .dp import gmm_sensitivity
 from .math import (
@@ -217,7 +217,7 @@ class GMMModel(FederatedModel):
             _, norm = self._log_resp(payload_params(payload), X)
             return {"n": data.mass(), "loglik": float(norm.sum() if fw is None
                                                          else norm @ fw)}, state
-        if name == "information":  # Louis' observed information (fedlatent.engine.inference)
+        if name == "information":  # Louis' observed information (fedlatent.engine.estimation.inference)
             from .inference import gmm_information
 
             info, ll = gmm_information(X, payload["params/weights"], payload["params/means"],

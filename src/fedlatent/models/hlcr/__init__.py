@@ -38,7 +38,7 @@ Yang, Carette, Jimbo, Maruyama. "Federated Latent Class Regression for Hierarchi
 """
 
 from ..._lazy import lazy_attributes
-from ...engine.numerics import add_intercept
+from ...engine.protocol.numerics import add_intercept
 from .math import (
     check_entities,
     cluster_statistics,

@@ -19,14 +19,14 @@ from dataclasses import replace
 import numpy as np
 
 from ...data.dataset import DataValidationError, FederatedDataset
-from ...engine.estimator import FederatedEstimator, FitContext
-from ...engine.exchange import number
-from ...engine.federation import Federation
-from ...engine.history import History
-from ...engine.loop import FederatedFitError, LoopOptions
-from ...engine.model import Capabilities, Params
-from ...engine.params import ROUND_LOOP, Integer, Options, Real
-from ...engine.registry import register_estimator
+from ...engine.contract.model import Capabilities, Params
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.registry import register_estimator
+from ...engine.estimation.estimator import FederatedEstimator, FitContext
+from ...engine.fedem.federation import Federation
+from ...engine.fedem.history import History
+from ...engine.protocol.exchange import number
+from ...engine.rounds.loop import FederatedFitError, LoopOptions
 from ...engine.stats import units_number
 from .fitting import (
     HYPER_START,
@@ -551,7 +551,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                                                       for k, v in scores.items()}
 
     def _check_loaded(self) -> None:
-        from ...engine import loadcheck as lc
+        from ...engine.protocol import loadcheck as lc
 
         K, F = int(self.n_clusters_), int(self.n_features_in_)
         p = F + bool(self.fit_intercept)

@@ -15,10 +15,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...engine.estimator import FitContext
-from ...engine.exchange import array, number
-from ...engine.history import History
-from ...engine.model import Params
+from ...engine.contract.model import Params
+from ...engine.estimation.estimator import FitContext
+from ...engine.fedem.history import History
+from ...engine.protocol.exchange import array, number
 from .math import posterior_means
 from .model import MOMENTS_QUERY, SIZES_QUERY, _num
 from .privacy import dp_moments_scaling
@@ -125,7 +125,7 @@ def _warn_constant(ctx: FitContext, tot: dict) -> None:
 def secure_sizes(ctx: FitContext, what: str) -> tuple[int, int]:
     """The agents' summed entity and event counts under secure aggregation, checked on the
     aggregate: the entities set up, at least one event each, the fit's width on every agent."""
-    from ...engine.loop import FederatedFitError
+    from ...engine.rounds.loop import FederatedFitError
 
     tot = ctx.ask_sum(SIZES_QUERY, shapes={"n_entities": (), "n_events": (), "n_features": ()},
                       what=what)

@@ -27,8 +27,8 @@ import numpy as np
 from scipy import special
 from scipy.optimize import linear_sum_assignment
 
-from ...engine.estimator import check_is_fitted
-from ...engine.inference import Summary
+from ...engine.estimation.estimator import check_is_fitted
+from ...engine.estimation.inference import Summary
 from .diagnostics import ess_bulk, ess_tail, rhat
 from .model import _num
 from .scaling import to_user_units
@@ -114,7 +114,7 @@ def _restart(ctx) -> None:
     """The agents' labels back to unknown, before another chain on the same agents: in a
     simulation whose runtime holds the agents' states, set there (no message: the fit's
     traffic is the one chain's plus the other chains' rounds); else the restart query."""
-    from ...engine.exchange import number
+    from ...engine.protocol.exchange import number
     from .model import RESTART_QUERY
 
     states = ctx.runtime.get_client_states()
@@ -130,8 +130,8 @@ def _chain_setup(est, ctx, c: int) -> None:
     (run, exchange, round) once (:mod:`fedlatent.engine.site`), and this chain asks the same
     rounds again with other draws. So the clients are set up again under the chain's label
     (extra chains run without differential privacy or secure aggregation)."""
-    from ...engine.exchange import setup_clients
     from ...engine.privacy.disclosure import effective
+    from ...engine.protocol.exchange import setup_clients
 
     setup_clients(ctx.runtime, ctx.model, effective(ctx.federation.disclosure, False),
                   run=f"{est._run_label(ctx.seed)}-chain{c + 1}")
@@ -329,7 +329,7 @@ class HLCRInference:
         quantiles of the mixture over chain 0's retained draws and the clusters of
         ``N(x^T H_k c_k, sigma^2 + x^T H_k x)`` weighted by the pair's cluster probabilities
         (``context``, ``unknown``: as :meth:`predict`)."""
-        from ...engine.inference import _check_alpha
+        from ...engine.estimation.inference import _check_alpha
 
         check_is_fitted(self)
         alpha = _check_alpha(alpha)

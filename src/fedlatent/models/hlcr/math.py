@@ -23,7 +23,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from ...data.dataset import DataValidationError
-from ...engine.messages import bordered
+from ...engine.protocol.messages import bordered
 from .kernels import entity_sums, log_marginal_batch
 
 __all__ = [

@@ -16,9 +16,15 @@ import logging
 import numpy as np
 
 from ...data.dataset import ClientData
-from ...engine.messages import bordered, count_problem, equal_problem, psd_problem
-from ...engine.model import ClientStep, FederatedModel, Params, payload_params, register_model
-from ...engine.numerics import add_intercept
+from ...engine.contract.model import (
+    ClientStep,
+    FederatedModel,
+    Params,
+    payload_params,
+    register_model,
+)
+from ...engine.protocol.messages import bordered, count_problem, equal_problem, psd_problem
+from ...engine.protocol.numerics import add_intercept
 from ...engine.stats import Stats
 from .kernels import entity_sums
 from .math import (

@@ -18,8 +18,8 @@ import numpy as np
 
 from ...data.dataset import DataValidationError, FederatedDataset
 from ...data.validation import to_float_target
-from ...engine.estimator import check_features, check_is_fitted
-from ...engine.numerics import add_intercept
+from ...engine.estimation.estimator import check_features, check_is_fitted
+from ...engine.protocol.numerics import add_intercept
 from .math import entity_log_marginal, entity_statistics, posterior_means
 from .random_intercept import adjust_statistics
 

@@ -22,10 +22,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...engine.estimator import FitContext
-from ...engine.exchange import number, setup_clients
-from ...engine.loop import LoopOptions
-from ...engine.model import Params
+from ...engine.contract.model import Params
+from ...engine.estimation.estimator import FitContext
+from ...engine.protocol.exchange import number, setup_clients
+from ...engine.rounds.loop import LoopOptions
 from .model import HELDOUT_QUERY, RESTART_QUERY
 from .solvers import run_federated, run_gibbs
 

@@ -1,5 +1,5 @@
 """HLCR's two solvers, both run from the estimator's ``_run`` hook and both returning the
-engine's :class:`~fedlatent.engine.loop.FitResult` (with HLCR's extras, :class:`HLCRFit`).
+engine's :class:`~fedlatent.engine.rounds.loop.FitResult` (with HLCR's extras, :class:`HLCRFit`).
 
 ``solver="federated"``
     FedHLCR (Algorithm 3) is the engine's round loop; :func:`run_federated` only wraps the
@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from ...data.dataset import FederatedDataset
-from ...engine.estimator import FitContext
-from ...engine.history import History, RoundRecord
-from ...engine.loop import FitResult, LoopOptions, progress_bar
-from ...engine.messages import unpack
-from ...engine.model import Params
-from ...engine.runtime import Runtime
+from ...engine.contract.model import Params
+from ...engine.estimation.estimator import FitContext
+from ...engine.fedem.history import History, RoundRecord
+from ...engine.protocol.messages import unpack
+from ...engine.protocol.runtime import Runtime
+from ...engine.rounds.loop import FitResult, LoopOptions, progress_bar
 from ...engine.stats import Stats
 from .math import cluster_statistics, entity_sse, hlcr_log_joint, posterior_means
 from .model import _num

@@ -3,7 +3,7 @@
 - :mod:`.math`: pure functions (one-hot codes, log-probabilities, statistics, M-step);
 - :mod:`.model`: the engine side (``LCAModel``: client statistics, checks, M-step, privacy
   bounds), all a client process imports;
-- :mod:`.estimator`: ``LatentClassAnalysis`` (a :class:`~fedlatent.engine.base_mixture.
+- :mod:`.estimator`: ``LatentClassAnalysis`` (a :class:`~fedlatent.engine.estimation.base_mixture.
   FederatedMixture`: predict, predict_proba, score, bic and aic come from one hook), imported on
   first use;
 - :mod:`.example`: the small problems the generic tests run on it.

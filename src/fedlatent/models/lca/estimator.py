@@ -19,13 +19,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...data.dataset import FederatedDataset
-from ...engine.base_mixture import FederatedMixture
-from ...engine.estimator import FitContext, check_features
-from ...engine.loop import FitResult
-from ...engine.mixture import random_membership_stats
-from ...engine.model import Capabilities, Params
-from ...engine.params import ROUND_LOOP, Integer
-from ...engine.registry import register_estimator
+from ...engine.contract.mixture import random_membership_stats
+from ...engine.contract.model import Capabilities, Params
+from ...engine.contract.params import ROUND_LOOP, Integer
+from ...engine.contract.registry import register_estimator
+from ...engine.estimation.base_mixture import FederatedMixture
+from ...engine.estimation.estimator import FitContext, check_features
+from ...engine.rounds.loop import FitResult
 from .math import lca_log_prob, n_free_parameters, offsets, one_hot
 from .model import LCAModel, code_problem
 
@@ -165,7 +165,7 @@ class LatentClassAnalysis(FederatedMixture):
         self.n_components_ = int(np.shape(self.weights_)[0])
 
     def _check_loaded(self) -> None:
-        from ...engine import loadcheck as lc
+        from ...engine.protocol import loadcheck as lc
 
         K, J = int(self.n_components), int(self.n_features_in_)
         cats = lc.expect_shape(self, "n_categories_", (J,))

@@ -1,13 +1,13 @@
 """Latent class analysis's example: poLCA-style simulated data (``poLCA.simdata``: classes with
 their own category probabilities, variables independent given the class), split over clients of
 unequal sizes whose class shares differ; the small problems the generic tests run on it
-(:class:`fedlatent.engine.registry.Example`)."""
+(:class:`fedlatent.engine.contract.registry.Example`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...engine.registry import Case, Example
+from ...engine.contract.registry import Case, Example
 
 __all__ = ["EXAMPLE", "make_lca_data", "true_parameters"]
 

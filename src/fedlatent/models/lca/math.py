@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.numerics import logsumexp
+from ...engine.protocol.numerics import logsumexp
 
 __all__ = ["lca_log_prob", "lca_m_step", "lca_statistics", "n_free_parameters", "offsets",
            "one_hot"]

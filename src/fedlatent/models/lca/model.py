@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.messages import count_problem, equal_problem
-from ...engine.mixture import MixtureModel
-from ...engine.model import ClientStep, payload_params
-from ...engine.registry import register_model
+from ...engine.contract.mixture import MixtureModel
+from ...engine.contract.model import ClientStep, payload_params
+from ...engine.contract.registry import register_model
+from ...engine.protocol.messages import count_problem, equal_problem
 from ...engine.stats import Stats
 from .math import lca_m_step, lca_statistics, offsets, one_hot, responsibilities
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.batched import BatchStep
+from ...engine.node.batched import BatchStep
 from .math import add_intercept, lcr_responsibilities
 
 __all__ = ["lcr_batched_stats"]

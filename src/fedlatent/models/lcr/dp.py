@@ -31,9 +31,9 @@ import logging
 
 import numpy as np
 
-from ...engine.messages import bordered
-from ...engine.numerics import lift_eigenvalues
 from ...engine.privacy.clipping import regression_sensitivity
+from ...engine.protocol.messages import bordered
+from ...engine.protocol.numerics import lift_eigenvalues
 from ...engine.stats import Stats
 
 __all__ = [

@@ -14,14 +14,19 @@ import warnings
 import numpy as np
 
 from ...data.dataset import FederatedDataset
-from ...engine.estimator import FederatedEstimator, FitContext, check_features, check_is_fitted
-from ...engine.inference import InferenceMixin
-from ...engine.loop import FitResult
-from ...engine.mixture import random_membership_stats
-from ...engine.model import Capabilities, Params
-from ...engine.params import ROUND_LOOP, Integer, Options, Real
-from ...engine.registry import register_estimator
-from ...engine.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
+from ...engine.contract.mixture import random_membership_stats
+from ...engine.contract.model import Capabilities, Params
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.registry import register_estimator
+from ...engine.contract.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
+from ...engine.estimation.estimator import (
+    FederatedEstimator,
+    FitContext,
+    check_features,
+    check_is_fitted,
+)
+from ...engine.estimation.inference import InferenceMixin
+from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
 from .dp import _spread, initialize_private, lcr_dp_sensitivity, shift_for
 from .math import (
@@ -142,7 +147,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     max_rounds : int or None, default None
         Rounds at most (round 1 is the E-step at the initial parameters).
         None: 100 rounds, or under ``Federation(privacy=...)`` 3 rounds (every round is
-        paid from the privacy budget; ``fedlatent.engine.loop.PRIVATE_MAX_ROUNDS``).
+        paid from the privacy budget; ``fedlatent.engine.rounds.loop.PRIVATE_MAX_ROUNDS``).
     tol : float, default 1e-4
         Convergence threshold on the change of the mean per-row log-likelihood (EM leaves a
         start slowly: with 1e-3 the fits of Hsb82 below stop before the optimum).
@@ -160,7 +165,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     n_init : int or None, default None
         Starts (scikit-learn's ``n_init``, flexmix's ``nrep``): each from its own seed, the
         one of highest final log-likelihood kept (``init_scores_``, ``best_start_``;
-        :mod:`fedlatent.engine.starts`). None: 3 starts with full participation and full
+        :mod:`fedlatent.engine.contract.starts`). None: 3 starts with full participation and full
         passes, else 1 (partial participation or mini-batches, where scoring a start costs an
         exchange; differential privacy; a checkpoint; a complete explicit start). On Hsb82
         (mathach ~ ses, client = sector, 20% of the rows held out) the defaults beat pooled
@@ -244,7 +249,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     """
 
     _save_arrays = ("weights_", "coef_", "intercept_", "noise_variance_")
-    _multi_start = True  # n_init: engine/starts.py
+    _multi_start = True  # n_init: engine/contract/starts.py
     _default_n_init = 3  # n_init=None
     _score_name = "mean log-likelihood"
     # rows with a missing target are left out (LCRModel.fit_data; issue 25); NaN covariates are
@@ -443,7 +448,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
             )
 
     def _check_loaded(self) -> None:
-        from ...engine import loadcheck as lc
+        from ...engine.protocol import loadcheck as lc
 
         K = getattr(self, "n_components_", self.n_components)  # a saved "auto" fit: chosen K
         if K == "auto":
@@ -472,7 +477,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     def _design(self, X) -> np.ndarray:
         return add_intercept(check_features(self, X), self.fit_intercept)
 
-    # ---- inference (fedlatent.engine.inference, .inference) ---------------------------------
+    # ---- inference (fedlatent.engine.estimation.inference, .inference) ---------------------------------
     def _inference_layout(self):
         from .inference import lcr_layout
 
@@ -484,7 +489,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     def _degenerate_reason(self, n_rows: int | None) -> str:
         """A degenerate component ("" when none), for the size selection: weight worth fewer
         rows than its coefficients and variance, or a noise variance at its floor."""
-        from ...engine.inference import degenerate_reason
+        from ...engine.estimation.inference import degenerate_reason
 
         return degenerate_reason(self.weights_, self.noise_variance_, self.reg_noise, n_rows,
                                  self.coef_.shape[1] + int(self.fit_intercept) + 1)
@@ -494,7 +499,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         predictive distribution ``sum_k w_k N(x^T coef_k + intercept_k, noise_variance_k)``
         (plug-in: the parameters' own uncertainty is not added), shape (n, 2): lower, upper.
         Its quantiles are found by bisection."""
-        from ...engine.inference import _check_alpha
+        from ...engine.estimation.inference import _check_alpha
         from .inference import mixture_quantiles
 
         alpha = _check_alpha(alpha)

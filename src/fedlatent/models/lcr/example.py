@@ -1,11 +1,11 @@
 """Latent class regression's example: the small problems the generic tests run on it
-(:class:`fedlatent.engine.registry.Example`). Nothing is imported until a case is built."""
+(:class:`fedlatent.engine.contract.registry.Example`). Nothing is imported until a case is built."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...engine.registry import Case, Example
+from ...engine.contract.registry import Case, Example
 
 
 def two_lines(seed: int = 0, n_clients: int = 6):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from ...engine.inference import (
+from ...engine.estimation.inference import (
     InferenceLayout,
     louis_information,
     weight_row,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import linalg
 
-from ...engine.numerics import add_intercept, logsumexp
+from ...engine.protocol.numerics import add_intercept, logsumexp
 from ...engine.stats import Stats
 
 __all__ = [

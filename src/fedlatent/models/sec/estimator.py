@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from ...data.dataset import DataValidationError, FederatedDataset
-from ...engine.estimator import FederatedEstimator, FitContext
-from ...engine.history import History, RoundRecord
-from ...engine.loop import FitResult, LoopOptions, progress_bar
-from ...engine.model import Capabilities, Params
-from ...engine.params import ROUND_LOOP, Integer, Options, Real
-from ...engine.registry import register_estimator
+from ...engine.contract.model import Capabilities, Params
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.registry import register_estimator
+from ...engine.estimation.estimator import FederatedEstimator, FitContext
+from ...engine.fedem.history import History, RoundRecord
+from ...engine.rounds.loop import FitResult, LoopOptions, progress_bar
 from ...engine.stats import Stats, units_number
 from .candidates import per_learner_candidates
 from .clustering import (
@@ -469,7 +469,7 @@ class SEC(SECSummary, ClusterUseMixin, FederatedEstimator):
         self._after_load()
 
     def _check_loaded(self) -> None:
-        from ...engine import loadcheck as lc
+        from ...engine.protocol import loadcheck as lc
 
         L = len(self.learner_ids_)
         for name in ("errors_", "n_samples_", "labels_", "_model_sizes"):

@@ -1,9 +1,9 @@
 """SEC's example: the small problems the generic tests run on it
-(:class:`fedlatent.engine.registry.Example`). Nothing is imported until a case is built."""
+(:class:`fedlatent.engine.contract.registry.Example`). Nothing is imported until a case is built."""
 
 from __future__ import annotations
 
-from ...engine.registry import Case, Example
+from ...engine.contract.registry import Case, Example
 
 
 def _simulation(n_learners: int, n_samples: int, seed: int):

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ...data.dataset import ClientData, DataValidationError
-from ...engine.model import ClientStep, FederatedModel, Params, register_model
+from ...engine.contract.model import ClientStep, FederatedModel, Params, register_model
 from ...engine.stats import Stats, units_number
 from .candidates import _check_regressor, select_model, standardize_xy
 from .disclosure import enforce_candidate, refuse_small_leaves

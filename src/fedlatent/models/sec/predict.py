@@ -11,10 +11,10 @@ import numpy as np
 from ...data.dataset import ClientData, DataValidationError, FederatedDataset
 from ...data.validation import to_float_target
 from ...engine.errors import NotFittedError
-from ...engine.estimator import check_features, check_is_fitted
-from ...engine.exchange import setup_clients
-from ...engine.inprocess import InProcessRuntime
-from ...engine.runtime import Runtime
+from ...engine.estimation.estimator import check_features, check_is_fitted
+from ...engine.protocol.exchange import setup_clients
+from ...engine.protocol.runtime import Runtime
+from ...engine.transport.inprocess import InProcessRuntime
 from .candidates import common_spec, make_candidates, select_model
 from .clustering import affinity, weighted_prediction
 from .model import check_learner

@@ -1,10 +1,10 @@
 """SEC's exchanges with the learners: the Select and Exchange steps, every reply checked.
 
-Both steps go through the engine's one checked protocol (:func:`fedlatent.engine.exchange.ask`,
-or :meth:`FitContext.ask <fedlatent.engine.estimator.FitContext.ask>` during a fit): each reply
+Both steps go through the engine's one checked protocol (:func:`fedlatent.engine.protocol.exchange.ask`,
+or :meth:`FitContext.ask <fedlatent.engine.estimation.estimator.FitContext.ask>` during a fit): each reply
 is validated against what the step expects (model bytes present, finite non-negative losses,
 sizes >= 1, one validation MSE per candidate...), and a learner that does not answer or answers
-badly stops the step with a :class:`~fedlatent.engine.loop.FederatedFitError` naming it
+badly stops the step with a :class:`~fedlatent.engine.rounds.loop.FederatedFitError` naming it
 ("... client 'l03': no reply; nothing of this exchange was used").
 
 Messages go in waves of one message per learner, one ``ask`` (one runtime call, one network
@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ...engine.exchange import Expect, Replies, array, ask, number
-from ...engine.loop import FederatedFitError
-from ...engine.messages import message_nbytes
-from ...engine.runtime import Runtime
+from ...engine.protocol.exchange import Expect, Replies, array, ask, number
+from ...engine.protocol.messages import message_nbytes
+from ...engine.protocol.runtime import Runtime
+from ...engine.rounds.loop import FederatedFitError
 from .serialize import dumps_model
 
 __all__ = ["Traffic", "exchange_step", "select_step", "sender"]
@@ -40,7 +40,7 @@ SELECT, EXCHANGE = "SEC select", "SEC exchange"
 
 def sender(target: Any) -> Send:
     """How a step reaches the learners: through a fit's context (``target.ask``; its faults are
-    recorded) or, outside a fit, through a :class:`~fedlatent.engine.runtime.Runtime`."""
+    recorded) or, outside a fit, through a :class:`~fedlatent.engine.protocol.runtime.Runtime`."""
     if isinstance(target, Runtime):
 
         def send(msgs, expect, what):
@@ -62,7 +62,7 @@ def refuse(what: str, client: str, reason: str) -> None:
 
 
 class Traffic:
-    """Bytes that crossed in one step (as :func:`~fedlatent.engine.messages.message_nbytes`
+    """Bytes that crossed in one step (as :func:`~fedlatent.engine.protocol.messages.message_nbytes`
     counts them) and the number of runtime calls."""
 
     def __init__(self) -> None:

@@ -175,7 +175,7 @@ def _schema_types(data: bytes) -> set[str]:
     """Every type name the ``schema.json`` of a skops file names, built from nothing."""
     from skops.io._protocol import PROTOCOL
 
-    from ...engine.bounds import check_zip
+    from ...engine.protocol.bounds import check_zip
 
     check_zip(data, "the file", MAX_MODEL_BYTES)  # every member's declared size, .npy headers
     with zipfile.ZipFile(io.BytesIO(data)) as z:

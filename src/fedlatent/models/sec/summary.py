@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.estimator import check_is_fitted
-from ...engine.inference import Summary
+from ...engine.estimation.estimator import check_is_fitted
+from ...engine.estimation.inference import Summary
 
 __all__ = ["SUMMARY_COLUMNS", "SECSummary", "sec_table"]
 

@@ -1,0 +1,381 @@
+"""The contract between a model and the engine.
+
+A model is the pure math of one latent-variable method, reconstructible from a JSON config on
+any node (so a Flower client can rebuild it): the engine and the runtimes know nothing about its
+internals. docs/architecture.md, section 3.
+
+Client side (runs where the data are)::
+
+    n_units(data) -> int                               how many "samples" (rows, entities...)
+    client_stats(params, data, state, rng, rows) -> ClientStep
+        sums over the selected units of the expected sufficient statistics at ``params``,
+        the number of units summed, the objective summed over them, and the new client state
+    client_query(name, payload, data, state, rng) -> (reply, state)
+        model-specific one-off exchanges (initialization, local models for SEC...)
+    client_stats_batched(params, X, y, w, states) -> BatchStep or None   (optional)
+        ``client_stats`` of many clients at once, for the in-process runtime
+
+Server side::
+
+    stat_shapes(params) -> {name: shape}              what a client must send (for validation)
+    check(stats, n_units, slack) -> reason or None     what one client's statistics must mean
+    check_many(stats, n_units, slack) -> mask          ``check`` of many clients at once
+    server_step(S, params, n_total) -> params          the M-step T(S) on mean statistics
+        (default: ``m_step(project_stats(S), ...)``: a new model writes ``m_step`` and
+        declares its ``count_stats``; the engine projects them back into their domain)
+
+Declared data: ``name``, ``batched_step`` (whether ``client_stats_batched`` serves the
+in-process batched round), ``count_stats`` (statistics that are sums of non-negative weights).
+Every hook is listed, with what it must do, in ``docs/architecture.md`` (the contract table).
+
+``S`` given to ``server_step`` is on the scale of a *mean over units* (the client-weighted
+average of per-client means); ``n_total`` is the number of units in the federation, for models
+whose M-step needs sums (priors that do not scale with n).
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fedlatent.data.dataset import ClientData
+from fedlatent.engine.contract.registry import model_from_config, register_model
+from fedlatent.engine.privacy.disclosure import DisclosurePolicy
+from fedlatent.engine.stats import Stats
+
+__all__ = [
+    "Capabilities",
+    "ClientStep",
+    "FederatedModel",
+    "Params",
+    "payload_params",
+    "register_model",
+    "model_from_config",
+    "client_rng",
+]
+
+Params = dict[str, np.ndarray]
+ClientState = dict[str, np.ndarray]
+
+
+def client_key(client_id: str) -> int:
+    """A stable integer for a client id (independent of client order and runtime)."""
+    return zlib.crc32(str(client_id).encode("utf-8"))
+
+
+def client_rng(seed: int, client_id: str, round_: int, purpose: int = 0) -> np.random.Generator:
+    """The generator of one client in one round.
+
+    Equivalent to ``Generator.spawn`` children, but addressed by (client, round, purpose) instead
+    of by spawn order, so results do not depend on client order, on the runtime, or on where a
+    resumed run restarts.
+    """
+    key = (client_key(client_id), round_, purpose)
+    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=key)
+    return np.random.default_rng(ss)
+
+
+def server_rng(seed: int, round_: int, purpose: int = 0) -> np.random.Generator:
+    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(2**32 + 7, round_, purpose))
+    return np.random.default_rng(ss)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an estimator supports, declared as data (``FederatedEstimator.capabilities``).
+
+    Attributes
+    ----------
+    secure_aggregation : bool
+        Whether ``Federation(secure_aggregation=True)`` is supported: every sum of the fit
+        (initialization and rounds) goes through :meth:`FitContext.ask_sum` and the round loop.
+    differential_privacy : bool
+        Whether ``Federation(privacy=DifferentialPrivacy(...))`` is supported: the model bounds
+        its statistics' sensitivity (``FederatedModel.dp_sensitivity``) and its queries'.
+    secure_refusal : str
+        Why not, when ``secure_aggregation`` is False (the refusal's message).
+    privacy_refusal : str
+        Why not, when ``differential_privacy`` is False (the refusal's message).
+    missing_values : bool
+        Whether the model takes NaN in X (missing at random, handled by its E-step); when
+        False a fit or a prediction refuses NaN naming the client and the column.
+    missing_target : bool
+        Whether rows with a NaN target are left out of the fit (counted and logged; the model's
+        ``fit_data``); when False such a target is refused naming the client.
+    """
+
+    secure_aggregation: bool = False
+    differential_privacy: bool = False
+    secure_refusal: str = "its fit does not yet route every sum through secure aggregation"
+    privacy_refusal: str = "its statistics have no bounded sensitivity yet"
+    missing_values: bool = False
+    missing_target: bool = False
+
+    def __post_init__(self):
+        for flag, reason in ((self.secure_aggregation, self.secure_refusal),
+                             (self.differential_privacy, self.privacy_refusal)):
+            if not flag and not reason:
+                raise ValueError("an unsupported capability needs its reason (the refusal)")
+
+
+#: what a model that declares nothing supports: neither secure aggregation nor privacy
+NO_CAPABILITIES = Capabilities()
+#: a model whose every sum is secure-aggregated and whose statistics are bounded
+ALL_CAPABILITIES = Capabilities(secure_aggregation=True, differential_privacy=True)
+
+
+@dataclass
+class ClientStep:
+    """What one client step produces (before the engine turns it into a message).
+
+    Attributes
+    ----------
+    stats : Stats
+        Sums over the selected units of the expected sufficient statistics.
+    n : int
+        Number of units summed.
+    objective : float
+        Objective (log-likelihood or surrogate) summed over the units, at the given params.
+    state : dict of str to ndarray
+        The client's new private state (never sent).
+    """
+
+    stats: Stats
+    n: int
+    objective: float
+    state: ClientState = field(default_factory=dict)
+
+
+class FederatedModel(ABC):
+    """Base of every model's math. Subclasses set ``name`` and implement the hooks.
+
+    Required: :meth:`client_stats`, :meth:`stat_shapes` and the M-step (:meth:`m_step`, or
+    :meth:`server_step` for a model that projects its statistics itself). Everything else has
+    a default that is right for a model whose unit is a row and that sends soft-weighted sums.
+    """
+
+    #: the registry name: any node rebuilds the model from ``(name, get_config())``
+    name: ClassVar[str] = ""
+    #: whether :meth:`client_stats_batched` serves the in-process batched round (data, read by
+    #: the in-process runtime; the method may still decline one configuration by returning None)
+    batched_step: ClassVar[bool] = False
+    #: statistics that are sums of non-negative weights (counts): an honest client's are >= 0,
+    #: but the server's mean statistics of a stochastic-approximation round (quantized,
+    #: mini-batch, partial participation, noisy) need not be; :meth:`project_stats` puts them
+    #: back before :meth:`m_step`
+    count_stats: ClassVar[tuple[str, ...]] = ()
+    #: why ``Federation(acceleration=...)`` does not apply ("" : it does): the round must be a
+    #: deterministic map of the statistic with an objective that EM does not decrease
+    acceleration_refusal: ClassVar[str] = ""
+    #: the disclosure policy in force on this client (the client node sets it at setup);
+    #: model-specific queries that send sums over subsets consult it
+    disclosure: DisclosurePolicy = DisclosurePolicy()
+    #: the DifferentialPrivacy setting in force on this client (None: not private); set at
+    #: setup, for queries whose reply depends on it (a centre, say)
+    privacy: Any = None
+    #: the site's keys and pinned roster (:class:`~fedlatent.engine.site.keys.SiteIdentity`,
+    #: None: none); set at setup, for queries that sign what they send or verify what they
+    #: are sent (SEC's models)
+    identity: Any = None
+    #: the site's guard (:class:`~fedlatent.engine.site.guard.SiteGuard`: its policy and
+    #: ledger; None without a site policy); set at setup, for queries the policy bounds
+    #: (which models SEC evaluates, its per-run quota kept on the ledger)
+    site: Any = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own_step = cls.server_step is not FederatedModel.server_step
+        own_m = cls.m_step is not FederatedModel.m_step
+        if cls.name and not (own_step or own_m):  # a concrete (named) model
+            raise TypeError(f"{cls.__name__} must define m_step (or server_step)")
+
+    def __init__(self, **config: Any):
+        self.config = dict(config)
+
+    def get_config(self) -> dict[str, Any]:
+        """The JSON config the model was built with (``model_from_config(name, config)``)."""
+        return dict(self.config)
+
+    # ---- client side ----------------------------------------------------------------------
+    def n_units(self, data: ClientData) -> int | float:
+        """How many units the client's statistics are sums over (default: its rows, or the
+        sum of their frequency weights when the data are weighted)."""
+        return data.mass()
+
+    def n_draws(self, data: ClientData) -> int:
+        """How many units a mini-batch draws from (default: the rows; with frequency
+        weights :meth:`n_units` is their sum, not a count of rows)."""
+        return data.n_samples
+
+    def fit_data(self, data: ClientData) -> ClientData:
+        """The client's rows the model fits (idempotent; the client applies it at setup).
+        Default: all. Conditional models leave out the rows without a target
+        (``data.with_target()``)."""
+        return data
+
+    def init_client_state(self, data: ClientData) -> ClientState:
+        """The client's private state at setup (never sent; default: none)."""
+        return {}
+
+    # ---- disclosure control (fedlatent.engine.privacy.enforce) ------------------------------
+    def n_records(self, data: ClientData, rows: np.ndarray | None = None) -> int:
+        """Records (rows of the data) behind a sum over ``rows`` of the units (all when
+        None); the client refuses replies over fewer than ``min_records``. Default: a unit
+        is a row (of positive weight, when the data are weighted)."""
+        return data.n_records(rows)
+
+    def disclosure_blocks(self, stats: Stats) -> tuple[np.ndarray, tuple[str, ...]] | None:
+        """``(records per block, names of the statistics whose axis 0 indexes the blocks)``
+        for statistics made of sums over hard-labelled subsets of the records (HLCR's cluster
+        blocks); blocks over ``0 < n < min_records_per_block`` records are sent as zeros.
+        Default None: every block is a (soft-weighted) sum over all the client's records."""
+        return None
+
+    # ---- differential privacy (fedlatent.engine.privacy.client_dp) -------------------------
+    def dp_clip(self, data: ClientData, dp) -> ClientData:
+        """The client's data with one record's influence bounded, once at setup: feature rows
+        clipped to the L2 ball of radius ``dp.clip`` around ``dp.center`` and, where the data
+        have a target and ``dp.target_range`` is set, targets clipped to it. Models whose
+        target is a class label override this (labels need no clipping)."""
+        from fedlatent.engine.privacy.clipping import clip_rows, clip_targets
+
+        X = clip_rows(data.X, dp.clip, dp.center_for(data.n_features))
+        y = data.y
+        if y is not None and dp.target_range is not None:
+            y = clip_targets(y, *dp.target_range)
+        return data.replace(X=X, y=y)
+
+    def dp_sensitivity(self, params: Params, dp) -> dict[str, float]:
+        """Per-record L2 bounds (add/remove one record) of every block :meth:`client_stats`
+        sums, for data clipped by :meth:`dp_clip` (they must hold simultaneously; see
+        :mod:`fedlatent.engine.privacy.clipping`). Models that support differential privacy
+        override it."""
+        raise NotImplementedError(f"model {self.name!r} does not bound its statistics' "
+                                  "sensitivity; it cannot run under differential privacy")
+
+    def dp_query_sensitivity(self, name: str, payload: dict[str, Any],
+                             dp) -> dict[str, float] | None:
+        """Per-record bounds of the fields of query ``name``'s reply that carry data (the
+        client adds noise to these; every other field must be public, e.g. its row count), or
+        None: the query is refused under differential privacy."""
+        return None
+
+    @abstractmethod
+    def client_stats(
+        self,
+        params: Params,
+        data: ClientData,
+        state: ClientState,
+        rng: np.random.Generator,
+        rows: np.ndarray | None = None,
+    ) -> ClientStep:
+        """Expected sufficient statistics summed over ``rows`` (all units when None)."""
+
+    def client_stats_batched(self, params: Params, X: np.ndarray, y: np.ndarray | None,
+                             w: np.ndarray, state: ClientState):
+        """Optional: :meth:`client_stats` of many clients at once (None: not available, the
+        runtime calls the clients one by one).
+
+        ``X`` (C, m, d) holds C clients' rows padded to m, ``y`` (C, m) their targets or None,
+        ``w`` (C, m) the weight of each row (1 for a row to sum, 0 for padding or a row outside
+        the mini-batch), ``state`` the clients' states stacked (C, ...). Returns a
+        :class:`fedlatent.engine.node.batched.BatchStep` whose row ``c`` equals ``client_stats`` of
+        client ``c`` over its rows of weight 1 (up to the summation order).
+        """
+        return None
+
+    def client_query(
+        self,
+        name: str,
+        payload: dict[str, Any],
+        data: ClientData,
+        state: ClientState,
+        rng: np.random.Generator,
+    ) -> tuple[dict[str, Any], ClientState]:
+        """A model-specific one-off exchange (initialization, scoring...): the reply (checked
+        by the server against what it expects) and the client's new state. ``payload`` holds
+        the server's message; parameters travel as ``params/<name>`` (:func:`payload_params`).
+        Unknown names raise KeyError (the default)."""
+        raise KeyError(f"model {self.name!r} has no client query {name!r}")
+
+    # ---- server side ----------------------------------------------------------------------
+    @abstractmethod
+    def stat_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
+        """Shapes of the statistic blocks a client sends."""
+
+    def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
+        """The M-step the engine calls: new parameters from mean statistics ``S``.
+
+        Default: :meth:`m_step` on ``project_stats(S)``. Models that project their statistics
+        themselves (the Gaussian mixtures floor counts and covariances) override this instead.
+        """
+        return self.m_step(self.project_stats(S), params, n_total)
+
+    def m_step(self, S: Stats, params: Params, n_total: float) -> Params:
+        """The M-step ``T(S)`` on mean statistics ``S`` already in their domain (counts >= 0).
+
+        Parameters
+        ----------
+        S : Stats
+            Client-weighted mean over units of the statistics :meth:`client_stats` sums.
+        params : dict of str to ndarray
+            The current parameters (for the parts ``S`` does not determine, e.g. a centre).
+        n_total : float
+            The number of units in the federation (for priors that do not scale with n).
+        """
+        raise NotImplementedError(f"model {self.name!r} defines neither m_step nor server_step")
+
+    def project_stats(self, S: Stats) -> Stats:
+        """``S`` with the :attr:`count_stats` clipped at 0 (the same object when none is
+        negative, so exact EM is untouched). A stochastic-approximation mean ``S`` can leave the
+        set where the M-step is defined; this projection is the engine's, not the model's."""
+        neg = [k for k in self.count_stats if np.any(np.asarray(S[k]) < 0)]
+        if not neg:
+            return S
+        return Stats({k: (np.maximum(v, 0.0) if k in neg else v) for k, v in S.items()})
+
+    def check(self, stats: Stats, n_units: float, slack: Stats | None = None) -> str | None:
+        """The invariants of one client's statistics; None when they hold, else the reason.
+
+        ``stats`` are sums over ``n_units`` units, as a client of this model computes them
+        (counts in ``[0, n_units]``, moment matrices positive semi-definite...). ``slack``
+        bounds the absolute error of each entry when the server rebuilt the statistic from a
+        difference (None: computed directly). The engine has already checked blocks, shapes,
+        finiteness and the units claimed; the default adds nothing. Use
+        :func:`fedlatent.engine.protocol.messages.count_problem` and
+        :func:`~fedlatent.engine.protocol.messages.psd_failures` (relative tolerances: an honest
+        client must never fail).
+        """
+        return None
+
+    def check_many(self, stats: dict[str, np.ndarray], n_units: np.ndarray,
+                   slack=None) -> np.ndarray:
+        """:meth:`check` of many clients at once, for the batched round: a boolean mask over
+        the rows of ``stats`` (each block stacked, shape (C, ...)) that is True at least where
+        :meth:`check` fails (a superset: the engine then asks :meth:`check` row by row).
+
+        ``slack`` is None or a callable ``slack(rows) -> {name: (len(rows), ...)}`` giving the
+        slack of some rows when asked. Default: :meth:`check` row by row (exact)."""
+        n_units = np.asarray(n_units)
+        out = np.zeros(n_units.shape[0], dtype=bool)
+        for i in range(out.size):
+            row = {k: v[i] for k, v in stats.items()}
+            sl = None if slack is None else {k: v[0] for k, v in
+                                             slack(np.array([i])).items()}
+            out[i] = self.check(Stats(row, copy=False), n_units[i],
+                                None if sl is None else Stats(sl, copy=False)) \
+                is not None
+        return out
+
+    def param_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
+        """Shapes of the parameters broadcast to the clients (checked by the engine)."""
+        return {k: np.shape(v) for k, v in params.items()}
+
+
+def payload_params(payload: dict[str, Any]) -> Params:
+    """The parameters a query's payload carries as ``params/<name>`` entries."""
+    return {k[7:]: np.asarray(v) for k, v in payload.items() if k.startswith("params/")}

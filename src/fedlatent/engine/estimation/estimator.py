@@ -1,0 +1,792 @@
+"""The estimator base class: it owns ``fit`` (validate, set up, initialize, run, store) and
+save/load; models supply hooks and never override ``fit``.
+
+Like scikit-learn's ``BaseMixture``: one class owns the loop and the single ConvergenceWarning;
+each model fills in hooks. ``__init__`` only stores its arguments; validation happens in ``fit``
+from one declarative table (``_parameter_constraints``, :mod:`fedlatent.engine.contract.params`).
+
+The contract (every hook, declared below with its docstring; the table in
+``docs/architecture.md``). Declared data: ``_parameter_constraints``, ``_save_arrays``,
+``_load_nonfinite``, ``_score_name``, ``capabilities`` (secure aggregation, differential
+privacy), ``_dp_init_releases``, ``_multi_start``, ``_default_n_init``.
+
+Hooks, in the order ``fit`` calls them (the first three and ``_store`` are abstract)::
+
+    _check_params()                   cross-parameter checks (the table covers the rest)
+    _validate_data(fd)                data-dependent checks, before any message is sent
+    _make_model(fd) -> FederatedModel the model's math (rebuilt by name on every client)
+    _initialize(ctx) -> params        initial parameters, asking the clients through ctx.ask
+    _run(ctx, params0, options)       the fit itself; default: the FedEM round loop
+    _store(result, model)             fitted attributes from the result
+
+and ``_selection() -> Selection | None`` when a size parameter may be ``"auto"``: ``fit`` then
+fits one copy per candidate and keeps the best (:mod:`fedlatent.engine.contract.selection`).
+
+and for prediction on federated data ``_predict_client(client, data)`` (default:
+``predict(data.X)``; :meth:`FederatedEstimator.predict_dataset` puts the clients' parts in the
+user's order, a Series indexed by ``fd.row_index``) and ``score_dataset(fd)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABCMeta, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from fedlatent.data.dataset import ClientData, DataValidationError, FederatedDataset
+from fedlatent.engine.contract.model import NO_CAPABILITIES, Capabilities, FederatedModel, Params
+from fedlatent.engine.contract.params import validate_params
+from fedlatent.engine.contract.registry import params_to_json
+from fedlatent.engine.contract.selection import Selection, fit_selected, load_selection
+from fedlatent.engine.errors import NotFittedError
+from fedlatent.engine.fedem.checkpoint import load_arrays_json, save_arrays_json
+from fedlatent.engine.fedem.federation import Federation
+from fedlatent.engine.fedem.history import History
+from fedlatent.engine.fedem.seeds import resolve_seed
+from fedlatent.engine.protocol.exchange import Expect, Replies, ask, number, setup_clients
+from fedlatent.engine.protocol.runtime import Runtime
+from fedlatent.engine.rounds.fitsetup import setup_fit
+from fedlatent.engine.rounds.loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
+from fedlatent.engine.transport.inprocess import InProcessRuntime
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "FederatedEstimator",
+    "FitContext",
+    "NotFittedError",
+    "check_features",
+    "check_is_fitted",
+    "resolve_seed",
+]
+
+
+def check_is_fitted(est, attr: str = "n_iter_") -> None:
+    """Raise NotFittedError (scikit-learn's) unless ``est`` has been fitted."""
+    if not hasattr(est, attr):
+        raise NotFittedError(
+            f"this {type(est).__name__} is not fitted yet; call fit(fd) before using it"
+        )
+
+
+def check_features(est, X, what: str | None = None) -> np.ndarray:
+    """X as a finite float array of shape (n_samples, n_features_in_), or a clear error.
+
+    A DataFrame must have the columns the estimator was fitted with, in the same order
+    (scikit-learn's check and message). A 1-D X is one sample. ``what`` names the estimator
+    in the message (default: its class). Text, complex, date/time, NaN (unless the estimator
+    declares ``capabilities.missing_values``), infinite values and values beyond
+    ``fedlatent.data.validation.MAX_ABS_VALUE`` are refused (a ValueError naming the column),
+    as the data layer refuses them at fit.
+    """
+    from fedlatent.data.validation import (
+        check_finite,
+        check_magnitude,
+        frame_column,
+        to_float_array,
+    )
+
+    check_is_fitted(est)
+    fitted = [str(f) for f in getattr(est, "feature_names_in_", [])]
+    if hasattr(X, "columns"):
+        from sklearn.utils.validation import _check_feature_names
+
+        _check_feature_names(est, X, reset=False)
+        names = [str(c) for c in X.columns]
+        X = np.column_stack(
+            [frame_column(X.iloc[:, j], names[j], lambda i: "X: ").to_numpy(
+                dtype=np.float64, na_value=np.nan) for j in range(len(names))]
+        ) if len(names) else np.asarray(X, dtype=np.float64)
+    else:
+        names = fitted
+        if hasattr(X, "toarray"):
+            raise ValueError("X is a sparse matrix; fedlatent predicts on dense arrays: pass "
+                             "X.toarray()")
+        X = np.asarray(X)
+        if X.ndim == 1:
+            X = X.reshape(1, -1)
+        X = to_float_array(X, lambda j: names[j] if j < len(names) else f"x{j}", where="X: ")
+    if X.ndim != 2 or X.shape[1] != est.n_features_in_:
+        raise ValueError(
+            f"X has {X.shape[-1] if X.ndim else 0} features, but this {what or type(est).__name__}"
+            f" was fitted with {est.n_features_in_} ({list(est.feature_names_in_)})"
+        )
+    check_finite(X, names, where="X: ", fix_nan="drop or impute them before predicting",
+                 fix_inf="drop or clip them before predicting",
+                 allow_nan=getattr(getattr(est, "capabilities", None), "missing_values", False))
+    check_magnitude(X, names, where="X: ")
+    return X
+
+
+def refuse_missing(fd, remote: bool) -> None:
+    """Today's NaN error for a model that cannot take missing values: in-process naming the
+    client and the column; for a RemoteDataset the client (its ``describe`` reply said so)."""
+    if not remote:
+        fd.refuse_missing()
+        return
+    for c, e in fd.extras.items():
+        if e.get("missing"):
+            raise DataValidationError(f"client {c!r}: its features have NaN values; drop or "
+                                      "impute them before fitting")
+
+
+@dataclass
+class FitContext:
+    """What the hooks of one fit share: the runtime, the model, the seed, the clients' sizes.
+
+    Models talk to clients only through :meth:`ask` (the engine's checked protocol), never
+    through the runtime directly.
+    """
+
+    runtime: Runtime
+    model: FederatedModel
+    federation: Federation
+    seed: int
+    n_features: int = 0
+    n_units: dict[str, int] = field(default_factory=dict)
+    faults: list[dict[str, str]] = field(default_factory=list)
+    #: the FederatedDataset when the data are in this process (None for a RemoteDataset); only
+    #: solvers that pool the data on purpose (centralized references) may read it
+    data: FederatedDataset | None = None
+    #: whether the runtime was given by the caller (not built in-process from the data)
+    runtime_given: bool = False
+    #: the fit's SecureChannel under ``Federation(secure_aggregation=True)`` (else None):
+    #: initializations then ask through :meth:`ask_sum`
+    secure: Any = None
+    #: the fit's PrivacyBudget under ``Federation(privacy=...)`` (else None): every query is
+    #: one release (the clients add the noise), spent here
+    privacy: Any = None
+
+    @property
+    def summed_only(self) -> bool:
+        """Whether initializations must use :meth:`ask_sum` (secure aggregation, or
+        differential privacy: per-client checks cannot hold on noisy replies)."""
+        return self.secure is not None or self.privacy is not None
+
+    def ask_sum(self, query: str, payload: dict[str, Any] | None = None, *,
+                shapes: dict[str, tuple], what: str | None = None) -> dict[str, np.ndarray]:
+        """A query whose replies are needed only summed: ``{field: sum over every client}``.
+
+        Under secure aggregation the server sees only the sum (each field's shape and
+        finiteness checked on the aggregate); under differential privacy alone each client's
+        reply carries its own noise and is checked for shape and finiteness. Only under one of
+        them (otherwise :meth:`ask` checks each reply)."""
+        what = what or f"query {query!r}"
+        if self.secure is not None:
+            from fedlatent.engine.secagg.secure import secure_sum_query
+
+            out = secure_sum_query(self, query, payload, shapes, what=what)
+        elif self.privacy is not None:
+            from fedlatent.engine.protocol.exchange import array
+
+            rep = self._ask(query, payload, expect={f: array(*shp) for f, shp in shapes.items()},
+                            what=what)
+            out = {f: sum(np.asarray(rep[c][f], dtype=np.float64) for c in self.client_ids)
+                   for f in shapes}
+        else:
+            raise RuntimeError("ask_sum is the secure-aggregation or private form of ask; use ask")
+        if self.privacy is not None:
+            self.privacy.spend(1)
+        return out
+
+    @property
+    def client_ids(self) -> list[str]:
+        return list(self.runtime.client_ids)
+
+    def ask(
+        self,
+        query: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        expect: dict[str, Expect] | None = None,
+        what: str | None = None,
+        required: bool = True,
+        clients: list[str] | None = None,
+        per_client: dict[str, dict[str, Any]] | None = None,
+    ) -> Replies:
+        """Ask clients a model query; every reply is checked against ``expect``.
+
+        ``payload`` goes to every client (``per_client``: one payload per client instead).
+        A client that does not answer or fails a check stops the fit with a message naming it
+        (``required=True``) or is left out and recorded in ``faults``.
+        """
+        if self.secure is not None:
+            from fedlatent.engine.secagg.secure import refuse_clear_query
+
+            refuse_clear_query(query, what)
+        replies = self._ask(query, payload, expect=expect, what=what, required=required,
+                            clients=clients, per_client=per_client)
+        if self.privacy is not None:  # every query is a release (the clients noise it)
+            self.privacy.spend(1)
+        return replies
+
+    def _ask(self, query, payload=None, *, expect=None, what=None, required=True, clients=None,
+             per_client=None) -> Replies:
+        base = {"query": query, "seed": int(self.seed)}
+        if per_client is not None:
+            msgs = {c: {**base, **p} for c, p in per_client.items()}
+            replies = ask(self.runtime, "query", msgs, what=what or f"query {query!r}",
+                          expect=expect, required=required, per_client=True)
+        else:
+            replies = ask(self.runtime, "query", {**base, **(payload or {})},
+                          what=what or f"query {query!r}", clients=clients, expect=expect,
+                          required=required)
+        for c, reason in replies.faults.items():
+            self.faults.append({"exchange": what or query, "client": c, "reason": reason})
+        return replies
+
+
+class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
+    """Base of fedlatent estimators: a scikit-learn estimator fitted over a federation.
+
+    Subclasses define ``__init__`` (storing their arguments), ``_parameter_constraints`` and
+    the hooks listed in the module docstring.
+    """
+
+    # ---- declared data (class attributes) ------------------------------------------------------
+    #: the constructor parameters' constraints (:mod:`fedlatent.engine.contract.params`)
+    _parameter_constraints: ClassVar[dict[str, list]] = {}
+    #: the fitted array attributes :meth:`save` writes and :meth:`load` requires, exactly
+    _save_arrays: ClassVar[tuple[str, ...]] = ()
+    #: saved arrays that may hold NaN (e.g. a history with unknown entries)
+    _load_nonfinite: ClassVar[tuple[str, ...]] = ()
+    #: what :meth:`score_dataset` returns, named (the command line prints ``<name>: value``)
+    _score_name: ClassVar[str] = "score"
+    #: what the estimator supports (secure aggregation, differential privacy), with the reason
+    #: of each refusal; an estimator whose support depends on its settings makes this a property
+    capabilities: ClassVar[Capabilities] = NO_CAPABILITIES
+    #: Gaussian releases its initialization makes under differential privacy (queries); a
+    #: property where it depends on the settings
+    _dp_init_releases: ClassVar[int] = 0
+    #: whether ``n_init`` means "starts" (the whole fit once per start, :mod:`.starts`)
+    _multi_start: ClassVar[bool] = False
+    #: the number of starts ``n_init=None`` means, where ``_multi_start``
+    _default_n_init: ClassVar[int] = 1
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def _check_params(self) -> None:
+        """Cross-parameter checks (the declarative table covers single parameters)."""
+
+    def _validate_data(self, fd: FederatedDataset) -> None:
+        """Data-dependent checks, before any message is sent."""
+
+    @abstractmethod
+    def _make_model(self, fd: FederatedDataset) -> FederatedModel:
+        """The model's math for a fit on ``fd`` (rebuilt by name on every client).
+
+        Parameters
+        ----------
+        fd : FederatedDataset or RemoteDataset
+            The data (or their description): its sizes and feature count, never its rows.
+
+        Returns
+        -------
+        FederatedModel
+        """
+
+    @abstractmethod
+    def _initialize(self, ctx: FitContext) -> Params:
+        """The initial parameters, asking the clients through ``ctx.ask`` (or ``ctx.ask_sum``
+        when ``ctx.summed_only``: under secure aggregation or differential privacy).
+
+        Parameters
+        ----------
+        ctx : FitContext
+
+        Returns
+        -------
+        dict of str to ndarray
+            The parameters of the first round's broadcast.
+        """
+
+    def _explicit_init(self) -> bool:
+        """Whether the start is given by the user (``*_init`` arrays): then ``n_init`` starts
+        would be identical and one is run (:mod:`.starts`). Default False."""
+        return False
+
+    def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> FitResult:
+        """The fit proper; default: the FedEM round loop of the engine."""
+        return run_rounds(ctx.model, ctx.runtime, ctx.federation, params0, options,
+                          n_units=ctx.n_units, secure=ctx.secure, privacy=ctx.privacy)
+
+    @abstractmethod
+    def _store(self, result: FitResult, model: FederatedModel) -> None:
+        """Set the fitted attributes (``weights_``...) from the fit's result.
+
+        Parameters
+        ----------
+        result : FitResult
+            The final parameters, statistics ``S_hat`` and history.
+        model : FederatedModel
+            The model of the fit (its ``privacy`` says whether the fit was private).
+        """
+
+    def _after_load(self) -> None:
+        """Derived attributes, after ``_store`` or :meth:`load`."""
+
+    def _n_parameters(self) -> int:
+        """The number of free parameters of the fitted model (BIC, AIC, the size selection)."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its parameters")
+
+    def _degenerate_reason(self, n_rows: int | None) -> str | None:
+        """Why the fitted model is degenerate ("" when it is not), for the size selection
+        (:func:`~.selection.skip_reason`: a degenerate or unconverged candidate is skipped).
+        ``n_rows``: the rows it was fitted on (None when unknown). Default None: no test, the
+        candidate is never skipped."""
+        return None
+
+    def _selection(self) -> Selection | None:
+        """How an ``"auto"`` size parameter is chosen (:class:`~.selection.Selection`); None
+        when there is nothing to choose (the default)."""
+        return None
+
+    def _check_loaded(self) -> None:
+        """The model's invariants on the arrays :meth:`load` read (shapes for the saved
+        settings, weights on the simplex, covariances positive definite...), with the checks of
+        :mod:`fedlatent.engine.protocol.loadcheck`; raises ValueError naming the field."""
+
+    def _describe_local(self, fd: FederatedDataset) -> dict:
+        """Run on a node of a deployment, on its one-client ``fd``: the estimator's checks of
+        that client's data; returns what the server needs beyond counts (JSON-able)."""
+        self._validate_params()
+        return {}
+
+    # ---- validation ----------------------------------------------------------------------------
+    def _validate_params(self) -> None:
+        """Check the constructor parameters (declarative table, then ``_check_params``)."""
+        validate_params(self.get_params(deep=False), self._parameter_constraints)
+        fed = getattr(self, "federation", None)
+        if fed is not None and not isinstance(fed, Federation):
+            raise ValueError(f"federation must be a fl.Federation, got {type(fed).__name__}")
+        self._check_params()
+
+    def _federation(self) -> Federation:
+        fed = getattr(self, "federation", None)
+        fed = Federation() if fed is None else fed
+        fed.validate()
+        return fed
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "n_iter_")
+
+    def _max_rounds(self) -> int:
+        """``max_rounds`` resolved: None (not given) is 100 rounds, or under
+        ``Federation(privacy=...)`` the short private plan
+        (:data:`~fedlatent.engine.rounds.loop.PRIVATE_MAX_ROUNDS`)."""
+        return resolve_max_rounds(getattr(self, "max_rounds", None),
+                                  self._federation().privacy is not None)
+
+    @property
+    def n_rounds_(self) -> int:
+        """Alias of ``n_iter_``: the number of rounds the fit ran."""
+        check_is_fitted(self)
+        return self.n_iter_
+
+    # ---- the fit -------------------------------------------------------------------------------
+    def _start(self, fd, runtime: Runtime | None, seed: int | None = None) -> FitContext:
+        """Validate, build the model, set the clients up: the context the hooks share
+        (``seed``: this start's, :mod:`.starts`; None: from ``random_state``)."""
+        self._validate_params()
+        remote = getattr(fd, "is_remote", False)
+        if not isinstance(fd, FederatedDataset) and not remote:
+            raise TypeError(
+                f"fit expects a fl.FederatedDataset, got {type(fd).__name__}; build one with "
+                "FederatedDataset.from_pandas or from_arrays"
+            )
+        if remote and runtime is None:
+            raise ValueError(
+                "a RemoteDataset has no rows: fit it with the runtime its description came from"
+            )
+        federation = self._federation()
+        if federation.secure_aggregation:
+            from fedlatent.engine.secagg.secure import refuse_unsupported
+
+            refuse_unsupported(self)
+        if not getattr(self.capabilities, "missing_values", False):
+            refuse_missing(fd, remote)  # NaN: today's error, for models that cannot take them
+        fd, dropped = self._rows_with_target(fd, remote)
+        self._validate_data(fd)
+        from fedlatent.engine.protocol.bounds import (
+            check_memory,  # refused before any message: the size and the fix
+        )
+
+        check_memory(self, int(fd.n_features))
+        seed = seed if seed is not None else resolve_seed(
+            federation.random_state
+            if federation.random_state is not None
+            else getattr(self, "random_state", None)
+        )
+        model = self._make_model(fd)
+        if dropped:  # the clients leave those rows out (fit_data): one client at a time
+            model.batched_step = False
+        model.privacy = federation.privacy  # the server's copy: its M-step knows the noise
+        given = runtime is not None
+        runtime = runtime if given else InProcessRuntime(fd)
+        ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
+                         data=None if remote else fd, runtime_given=given)
+        private = federation.privacy is not None
+        if private:
+            self._refuse_private(fd, federation)
+        setup = setup_fit(runtime, model, federation, self._max_rounds(),
+                          init_releases=int(self._dp_init_releases) if private else 0,
+                          run=self._run_label(seed))
+        ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
+        return ctx
+
+    def _rows_with_target(self, fd, remote: bool):
+        """``(fd, rows left out)``: rows with a NaN target are refused (today's error) unless
+        the estimator declares ``capabilities.missing_target``; then they are left out of the
+        fit, counted in ``n_missing_target_`` and logged."""
+        if remote:
+            per = {c: int(e.get("missing_target", 0)) for c, e in fd.extras.items()}
+            n = sum(per.values())
+            if n and not getattr(self.capabilities, "missing_target", False):
+                c = next(c for c, k in per.items() if k)
+                raise DataValidationError(f"client {c!r}: target has {per[c]} NaN values; drop "
+                                          "those rows before fitting")
+        else:
+            n = sum(fd.missing_target_counts().values())
+            if n and not getattr(self.capabilities, "missing_target", False):
+                fd.refuse_missing_target()
+            fd = fd.with_target() if n else fd
+        self.n_missing_target_ = int(n)
+        if n:
+            logger.info("%s: %d rows with a missing target are left out of the fit",
+                        type(self).__name__, n)
+        return fd, int(n)
+
+    def _run_label(self, seed: int) -> str:
+        """The fit's label for the sites' ledgers: the estimator, its settings and the seed (a
+        resumed fit has the same one, so a site continues its plan, never a new one)."""
+        import hashlib
+        import json
+
+        text = json.dumps([type(self).__name__, int(seed),
+                           params_to_json(self.get_params(deep=False), strict=False)],
+                          sort_keys=True, default=str)
+        return f"{type(self).__name__}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+    def _refuse_private(self, fd, federation) -> None:
+        """ValueError unless this estimator can be fitted under ``federation.privacy``."""
+        name = type(self).__name__
+        caps = self.capabilities
+        if not caps.differential_privacy:
+            raise ValueError(f"{name} refuses Federation(privacy=DifferentialPrivacy(...)): "
+                             f"{caps.privacy_refusal}; fit it with privacy=None")
+        if self._selection() is not None:
+            self._refuse_private_selection()
+        federation.privacy.center_for(fd.n_features)  # one centre per feature
+
+    def _refuse_private_selection(self) -> None:
+        raise ValueError(f"{type(self).__name__}: a size 'auto' is chosen by held-out scores "
+                         "outside the privacy budget; give the size under differential privacy")
+
+    def initial_parameters(self, fd, *, runtime: Runtime | None = None) -> Params:
+        """The parameters a fit on ``fd`` would start from (its initialization exchanges run,
+        no round does); for studies that compare with a centralized fit from the same start."""
+        return self._initialize(self._start(fd, runtime))
+
+    def fit(
+        self,
+        fd: FederatedDataset,
+        y=None,
+        *,
+        runtime: Runtime | None = None,
+        checkpoint: str | Path | None = None,
+        checkpoint_every: int = 10,
+        resume: bool = False,
+        progress: bool | None = None,
+        callbacks: list | None = None,
+    ):
+        """Fit on a federated dataset; raw samples stay in the client objects.
+
+        Parameters
+        ----------
+        fd : FederatedDataset or RemoteDataset
+            The data, or (in a deployment) the clients' description of theirs.
+        y : None
+            Ignored (the target, if any, is a column of ``fd``); scikit-learn's signature.
+        runtime : Runtime or None
+            Transport to the clients; default: in-process clients built from ``fd``.
+        checkpoint : path or None
+            Write one file, ``<path>.npz`` (replaced atomically), every ``checkpoint_every``
+            rounds, at the end and when a fault stops the run.
+        resume : bool
+            Continue from ``checkpoint``; ends with exactly the uninterrupted run's parameters.
+            A checkpoint of another run (model, settings, seed, federation, clients, their
+            units, data or states) is refused with a ValueError saying what differs.
+        progress : bool or None
+            Progress bar; None: the estimator's ``verbose``, else shown when stderr is a terminal.
+        callbacks : list of callables or None
+            ``cb(round, params, S_hat, record)`` after every round.
+        """
+        self._validate_params()
+        selection = self._selection()
+        if selection is not None and self._federation().privacy is not None:
+            self._refuse_private_selection()
+        if selection is not None and self._federation().secure_aggregation:
+            from fedlatent.engine.secagg.secure import refuse_unsupported
+
+            refuse_unsupported(self)  # before any exchange: 'auto' scores cross in the clear
+        if selection is not None:
+            return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
+                                      callbacks=callbacks, checkpoint=checkpoint, resume=resume)
+        run = dict(progress=progress if progress is not None else getattr(self, "verbose", None),
+                   checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                   callbacks=callbacks)
+        from fedlatent.engine.contract.starts import fit_starts, n_starts
+
+        if n_starts(self, run) > 1:
+            ctx, result = fit_starts(self, fd, runtime, run)
+        else:
+            ctx, result = self._fit_one_start(fd, runtime, None, run)
+            for stale in ("init_scores_", "best_start_"):  # of an earlier multi-start fit
+                self.__dict__.pop(stale, None)
+        self.seed_ = ctx.seed
+        self.history_ = result.history
+        self.converged_ = result.converged
+        self.n_iter_ = result.n_rounds
+        self.client_faults_ = list(ctx.faults)
+        #: ``(epsilon, delta)`` spent by the fit under differential privacy (initialization
+        #: included; never above the budget), None without it
+        self.privacy_spent_ = None if ctx.privacy is None else tuple(ctx.privacy.spent)
+        #: the noise fixed before the first release (Calibration: noise_multiplier, releases
+        #: planned, accountant), None without differential privacy
+        self.privacy_calibration_ = None if ctx.privacy is None else ctx.privacy.calibration
+        self.feature_names_in_ = np.asarray(list(fd.feature_names), dtype=object)
+        self.n_features_in_ = fd.n_features
+        #: the categorical encoding of the features (FederatedDataset.from_pandas(...,
+        #: categorical=est.encoding_) encodes new data the same way), None without one
+        self.encoding_ = getattr(fd, "encoding", None)
+        self._runtime = ctx.runtime
+        self._store(result, ctx.model)
+        return self
+
+    def _fit_one_start(self, fd, runtime, seed: int | None,
+                       run: dict) -> tuple[FitContext, FitResult]:
+        """One start: set up (``seed``; None: from ``random_state``), initialize, run the rounds
+        (``run``: the LoopOptions of ``fit``'s arguments)."""
+        ctx = self._start(fd, runtime, seed)
+        params0 = self._private_resume_start(ctx, run)
+        if params0 is None:
+            params0 = self._initialize(ctx)
+        options = LoopOptions(seed=ctx.seed, max_rounds=self._max_rounds(),
+                              tol=float(getattr(self, "tol", 1e-3)),
+                              description=type(self).__name__, **run)
+        return ctx, self._run(ctx, params0, options)
+
+    def _private_resume_start(self, ctx: FitContext, run: dict) -> Params | None:
+        """A resumed private fit starts from its checkpoint's initial parameters: its private
+        initialization is not run again (it would spend the budget twice, and its fresh noise
+        would not give the checkpoint's start). None when not resuming a private fit."""
+        path = run.get("checkpoint")
+        if not run.get("resume") or ctx.privacy is None or path is None:
+            return None
+        from fedlatent.engine.fedem.checkpoint import _read_checkpoint_file
+
+        npz = Path(path).with_name(Path(path).name + ".npz")
+        if not npz.exists():
+            return None  # the loop says there is nothing to resume from
+        arrays, _ = _read_checkpoint_file(npz)
+        params0 = {k[len("params0/"):]: v for k, v in arrays.items() if k.startswith("params0/")}
+        if not params0:
+            return None
+        ctx.privacy.spend(int(self._dp_init_releases))  # spent by the interrupted fit
+        import logging
+
+        logging.getLogger(__name__).info(
+            "%s: resumed from %s without re-running the private initialization",
+            type(self).__name__, npz)
+        return params0
+
+    def _fit_selected(self, fd, selection: Selection, **fit_kwargs):
+        """``fit`` with an ``"auto"`` parameter (:func:`.selection.fit_selected`)."""
+        return fit_selected(self, fd, selection, **fit_kwargs)
+
+    # ---- prediction on federated data ----------------------------------------------------------
+    def _fitted_params(self) -> Params:
+        """The fitted parameters in the model's own form (what a client's queries take, as
+        ``params/<name>``). Required for :meth:`_federated_loglik`, ``score`` on federated
+        data, multi-start comparison and the size selection; the default refuses.
+
+        Returns
+        -------
+        dict of str to ndarray
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not send its fitted parameters")
+
+    def _federated_loglik(self, fd, runtime: Runtime | None = None) -> tuple[float, int]:
+        """Sum of the log-likelihoods and the number of rows over the clients of ``fd``, computed
+        where the rows are (the model's ``loglik`` query; only the two sums come back, checked).
+
+        Parameters
+        ----------
+        fd : FederatedDataset
+            Must have the columns of the fit, in the same order.
+        runtime : Runtime or None
+            Transport to the clients; default: in-process clients built from ``fd``.
+
+        Returns
+        -------
+        (float, int)
+            The summed log-likelihood and the number of rows.
+        """
+        check_is_fitted(self)
+        fitted = [str(f) for f in self.feature_names_in_]
+        if list(fd.feature_names) != fitted:
+            raise ValueError(f"the dataset has features {list(fd.feature_names)}, but this "
+                             f"{type(self).__name__} was fitted with {fitted}")
+        model = self._make_model(fd)
+        rt = runtime if runtime is not None else InProcessRuntime(fd)
+        setup_clients(rt, model, self._federation().disclosure)
+        payload = {f"params/{k}": v for k, v in self._fitted_params().items()}
+        rep = FitContext(rt, model, None, 0).ask(
+            "loglik", payload, expect={"n": number(low=0), "loglik": number()}, what="scoring")
+        return (sum(float(r["loglik"]) for r in rep.values()),
+                sum(float(r["n"]) for r in rep.values()))
+
+    def _predict_client(self, client: str, data: ClientData) -> np.ndarray:
+        """Predictions for one client's rows (default: ``predict(data.X)``)."""
+        return np.asarray(self.predict(data.X))
+
+    def predict_dataset(self, fd: FederatedDataset):
+        """Predictions for every row of ``fd``, each client's part computed where its data are
+        (``_predict_client``), as a pandas Series in the user's order: indexed by
+        ``fd.row_index`` (a DataFrame's index, in its row order, for a dataset made with
+        ``from_pandas``; a RangeIndex over the rows in client order for one made from arrays).
+
+        A model with its own prediction path returns ``fd.to_source_order(values)`` with
+        ``values`` in client order (the order of ``fd.items()``), as this does.
+        """
+        check_is_fitted(self)
+        parts = [np.asarray(self._predict_client(cid, cd)) for cid, cd in fd.items()]
+        return fd.to_source_order(np.concatenate(parts) if parts else np.zeros(0),
+                                  name="prediction")
+
+    def score_dataset(self, fd: FederatedDataset) -> float:
+        """The estimator's score on federated data (``_score_name`` names it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no score on federated data")
+
+    def fit_predict(self, fd: FederatedDataset, y=None, **fit_params):
+        """``fit(fd)`` then :meth:`predict_dataset` on the same data (a Series indexed by
+        ``fd.row_index``)."""
+        return self.fit(fd, **fit_params).predict_dataset(fd)
+
+    # ---- persistence (no pickle) ---------------------------------------------------------------
+    def save(self, path: str | Path, *, signer=None) -> None:
+        """Write ``<path>.npz`` (arrays), then ``<path>.json`` (settings, history, the .npz's
+        sha256), each atomically: an interrupted save leaves a pair that :meth:`load` refuses,
+        never one it reads wrongly. No pickle. With ``signer`` (a
+        :class:`~fedlatent.engine.site.keys.SiteIdentity` with a signing key and a site id),
+        the JSON also records that site's Ed25519 signature of the pair, which
+        ``load(path, trust=roster)`` verifies."""
+        check_is_fitted(self)
+        arrays = {name: np.asarray(getattr(self, name)) for name in self._save_arrays}
+        meta = {
+            "class": type(self).__name__,
+            "params": params_to_json(self.get_params(deep=False), strict=False),
+            "fitted": {
+                "n_iter_": int(self.n_iter_),
+                "converged_": bool(self.converged_),
+                "seed_": int(self.seed_),
+                "feature_names_in_": [str(f) for f in self.feature_names_in_],
+            },
+            "history": self.history_.to_frame().to_dict(orient="records"),
+        }
+        if getattr(self, "encoding_", None) is not None:
+            meta["encoding"] = self.encoding_.to_json()
+        if getattr(self, "privacy_calibration_", None) is not None:
+            meta["privacy"] = {"spent": [float(v) for v in self.privacy_spent_],
+                               "calibration": self.privacy_calibration_.to_dict()}
+        table = getattr(self, "selection_scores_", None)
+        if table is not None:  # an "auto" size: the choice and every candidate's scores
+            param = str(table.index.name)
+            meta["selection"] = {"param": param, "value": int(getattr(self, f"{param}_")),
+                                 "scores": table.reset_index().to_dict(orient="records")}
+        meta.update(self._save_extra())
+        save_arrays_json(path, arrays, meta, signer=signer)
+
+    def _save_extra(self) -> dict[str, Any]:
+        """More JSON for :meth:`save` (read back by ``_load_extra``)."""
+        return {}
+
+    def _load_extra(self, meta: dict[str, Any]) -> None:
+        """Read back what ``_save_extra`` wrote into the saved JSON ``meta`` (default:
+        nothing)."""
+
+    @classmethod
+    def _from_saved(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
+        """The estimator of a saved model's (checked) arrays and JSON, before its hook."""
+        params = dict(meta["params"])
+        fed = params.pop("federation", None)
+        names = cls._get_param_names()
+        est = cls(**{k: v for k, v in params.items() if k in names})
+        if fed is not None:
+            fed = dict(fed)
+            if isinstance(fed.get("step_size"), str):  # a callable was recorded by its repr
+                fed["step_size"] = 1.0
+            est.federation = Federation.from_config(fed)
+        for k, v in arrays.items():
+            setattr(est, k, v)
+        fitted = dict(meta["fitted"])
+        if "n_rounds_" in fitted:  # files written before n_iter_
+            fitted["n_iter_"] = fitted.pop("n_rounds_")
+        for k, v in fitted.items():
+            setattr(est, k, v)
+        est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
+        est.n_features_in_ = len(est.feature_names_in_)
+        est.history_ = History.from_records(meta["history"])
+        est.encoding_ = None
+        if meta.get("encoding") is not None:
+            from fedlatent.data.categorical import CategoricalEncoding
+
+            est.encoding_ = CategoricalEncoding.from_json(meta["encoding"])
+        est.privacy_spent_ = est.privacy_calibration_ = None
+        if meta.get("privacy") is not None:
+            from fedlatent.engine.privacy.dp import Calibration
+
+            priv = meta["privacy"]
+            est.privacy_calibration_ = Calibration.from_dict(priv["calibration"])
+            spent = [float(v) for v in priv["spent"]]
+            if len(spent) != 2 or spent[0] > est.privacy_calibration_.epsilon * (1 + 1e-9):
+                raise ValueError(f"privacy spent {spent} is not (epsilon, delta) within the "
+                                 "calibrated budget; the file is damaged")
+            est.privacy_spent_ = (spent[0], spent[1])
+        if "selection" in meta:
+            est._load_selection(meta["selection"])
+        est._load_extra(meta)
+        return est
+
+    def _load_selection(self, doc: dict[str, Any]) -> None:
+        """``<param>_`` and ``selection_scores_`` of a saved ``"auto"`` fit (checked)."""
+        load_selection(self, doc)
+
+    @classmethod
+    def load(cls, path: str | Path, *, trust=None):
+        """Read what :meth:`save` wrote, refusing (ValueError naming the file and the field) a
+        pair whose .npz does not match the sha256 its .json records, arrays other than the
+        saved ones, non-finite values and anything breaking the model's invariants
+        (``_check_loaded``). No pickle. With ``trust`` (a pinned
+        :class:`~fedlatent.engine.site.keys.Roster`), an unsigned pair, or one not signed by
+        a rostered site, or edited since it was signed, is refused; without it the signature
+        is not checked (files saved before signatures load as before)."""
+        from fedlatent.engine.protocol.loadcheck import check_saved
+
+        path = Path(path)
+        npz, js = path.with_name(path.name + ".npz"), path.with_name(path.name + ".json")
+        arrays, meta = load_arrays_json(path, trust=trust)
+        if meta.get("class") != cls.__name__:
+            raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
+        check_saved(cls, arrays, meta, npz, js)
+        try:
+            est = cls._from_saved(arrays, meta)
+            est._check_loaded()
+        except (ValueError, KeyError, TypeError, IndexError) as err:
+            raise ValueError(f"{npz} / {js.name}: {err}") from err
+        est._after_load()
+        return est

@@ -1,0 +1,341 @@
+"""Standard errors, confidence intervals and summaries of a fitted EM model.
+
+The covariance of the parameters is the inverse of the observed information of the mixture
+log-likelihood at the fitted parameters, by Louis' formula (Louis 1982): for every record,
+
+    I_i = sum_k r_ik (-H_ik) - [sum_k r_ik s_ik s_ik^T - s_i s_i^T],   s_i = sum_k r_ik s_ik
+
+(``s_ik`` and ``H_ik`` the score and Hessian of the complete-data log-density
+``log pi_k + log f_k(x_i)``, ``r_ik`` the posterior probability of component k). It is exactly
+minus the Hessian of the observed log-likelihood, a sum over records, so each client sends its
+own sum (a P x P matrix, P the free parameters) in one extra exchange, asked after the fit on
+the first call to :meth:`InferenceMixin.cov_params`: through the checked query, or through
+secure aggregation when the fit used it (the server then sees only the total).
+
+Under differential privacy it is refused: the clients' noise is not in the information, so the
+intervals would be too narrow by an unknown amount.
+
+A model gives (``_inference_layout``) the free parametrization its clients use (weights by
+their first K-1 values, then each component's parameters) and the linear map from it to the
+reported parameters (all K weights, the regression coefficients or means, the variances).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedlatent.engine.estimation.estimator import FitContext, check_is_fitted
+from fedlatent.engine.stats import units_number
+
+__all__ = [
+    "INFORMATION_QUERY",
+    "InferenceLayout",
+    "InferenceMixin",
+    "Summary",
+    "federated_information",
+    "louis_information",
+    "weight_row",
+    "weight_scores",
+    "z_table",
+]
+
+logger = logging.getLogger(__name__)
+
+#: the client query that returns a client's summed observed information (and its row count)
+INFORMATION_QUERY = "information"
+
+
+@dataclass(frozen=True)
+class InferenceLayout:
+    """What a model reports and how it maps from the free parametrization.
+
+    Attributes
+    ----------
+    index : list of (str, str)
+        (component, parameter) of each reported value, e.g. ``("1", "x0")``.
+    estimate : ndarray (R,)
+        The reported values.
+    jacobian : ndarray (R, P)
+        d reported / d free parameters (linear: the reported parameters are affine in them).
+    payload : dict
+        The query payload (``params/<name>``: the fitted parameters in the model's form).
+    """
+
+    index: list[tuple[str, str]]
+    estimate: np.ndarray
+    jacobian: np.ndarray
+    payload: dict[str, Any]
+
+    @property
+    def n_free(self) -> int:
+        return int(self.jacobian.shape[1])
+
+
+def weight_row(k: int, K: int, P: int) -> np.ndarray:
+    """The row of the reported ``pi_k`` in the map from the ``P`` free parameters, whose first
+    ``K - 1`` are ``pi_1..pi_{K-1}`` (``pi_K = 1 - sum``): a unit row, or ``-1`` on all of
+    them for the last weight."""
+    row = np.zeros(P)
+    if k < K - 1:
+        row[k] = 1.0
+    else:
+        row[:K - 1] = -1.0
+    return row
+
+
+def weight_scores(weights: np.ndarray) -> np.ndarray:
+    """``a_k`` (K, K-1): the score of ``log pi_k`` in the free weights ``pi_1..pi_{K-1}``
+    (``pi_K = 1 - sum``); ``-d2 log pi_k = a_k a_k^T``."""
+    w = np.asarray(weights, dtype=np.float64)
+    K = w.size
+    a = np.zeros((K, K - 1))
+    a[np.arange(K - 1), np.arange(K - 1)] = 1.0 / w[:-1]
+    a[K - 1, :] = -1.0 / w[K - 1]
+    return a
+
+
+def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray,
+                      weight: np.ndarray | None = None) -> np.ndarray:
+    """Louis' observed information of a block of records.
+
+    Parameters
+    ----------
+    resp : ndarray (n, K)
+        Posterior component probabilities of the records.
+    scores : ndarray (n, K, P)
+        Complete-data score of each record under each component, in the free parameters.
+    complete : ndarray (P, P)
+        ``sum_i sum_k r_ik (-H_ik)``, the expected complete-data information of the block
+        (with ``weight``: each record's term times its weight).
+    weight : ndarray (n,) or None
+        Frequency weights: a record of weight ``w`` counts ``w`` times (as ``w`` copies).
+
+    Returns
+    -------
+    ndarray (P, P)
+        ``complete - sum_i [sum_k r_ik s_ik s_ik^T - s_i s_i^T]``.
+    """
+    n, K, P = scores.shape
+    s = np.einsum("nk,nkp->np", resp, scores)
+    wr = resp if weight is None else resp * weight[:, None]
+    weighted = (scores * wr[:, :, None]).reshape(n * K, P)
+    ws = s if weight is None else s * weight[:, None]
+    info = complete - weighted.T @ scores.reshape(n * K, P) + ws.T @ s
+    return 0.5 * (info + info.T)
+
+
+def _context(est, fd, runtime):
+    """A checked-exchange context on the clients of the fit (or of ``fd`` / ``runtime``)."""
+    from fedlatent.engine.privacy.disclosure import effective
+    from fedlatent.engine.protocol.exchange import setup_clients
+    from fedlatent.engine.transport.inprocess import InProcessRuntime
+
+    name = type(est).__name__
+    fed = est._federation()
+    if fed.privacy is not None:
+        raise ValueError(f"{name}: standard errors are refused under differential privacy: the "
+                         "clients' noise is not in the observed information, so the intervals "
+                         "would be too narrow by an unknown amount; fit with privacy=None for "
+                         "inference")
+    rt = runtime if runtime is not None else (
+        InProcessRuntime(fd) if fd is not None else getattr(est, "_runtime", None))
+    if rt is None:
+        raise ValueError(f"{name} has no clients to ask for the information (a loaded model): "
+                         "give the data of the fit, e.g. est.cov_params(fd)")
+    model = est._make_model(fd)
+    n_units = setup_clients(rt, model, effective(fed.disclosure, fed.secure_aggregation))
+    ctx = FitContext(rt, model, fed, int(getattr(est, "seed_", 0)), n_units=n_units)
+    if fed.secure_aggregation:
+        from fedlatent.engine.secagg.secure import open_channel
+
+        ctx.secure = open_channel(rt, fed, n_units, 1)
+    return ctx
+
+
+def federated_information(est, layout: InferenceLayout, fd=None,
+                          runtime=None) -> tuple[np.ndarray, int, float]:
+    """The observed information (P, P) summed over every client, the rows behind it and
+    their log-likelihood.
+
+    One exchange of :data:`INFORMATION_QUERY`: each reply (``n``, ``information``) is checked
+    for its shape and finite values and the matrix for symmetry; under secure aggregation only
+    the total is seen (and checked)."""
+    from fedlatent.engine.faults import FederatedFitError
+    from fedlatent.engine.protocol.exchange import array, number
+
+    ctx = _context(est, fd, runtime)
+    P = layout.n_free
+    shapes = {"n": (), "loglik": (), "information": (P, P)}
+    what = "standard errors (observed information)"
+    if ctx.secure is not None:
+        tot = ctx.ask_sum(INFORMATION_QUERY, layout.payload, shapes=shapes, what=what)
+    else:
+        rep = ctx.ask(INFORMATION_QUERY, layout.payload, what=what,
+                      expect={"n": number(low=0), "loglik": number(),
+                              "information": array(P, P)})
+        for c, r in rep.items():
+            m = np.asarray(r["information"], dtype=np.float64)
+            if not np.allclose(m, m.T, rtol=1e-8, atol=1e-10 * max(np.abs(m).max(), 1.0)):
+                raise FederatedFitError(f"client {c!r} sent an information matrix that is not "
+                                        "symmetric; check that client's fedlatent version")
+        tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values()) for k in shapes}
+    return (np.asarray(tot["information"]), units_number(round(float(tot["n"]), 9)),
+            float(tot["loglik"]))
+
+
+def _invert(info: np.ndarray, name: str) -> np.ndarray:
+    """The inverse of a positive-definite information, or a ValueError saying why not."""
+    try:
+        L = np.linalg.cholesky(info)
+    except np.linalg.LinAlgError:
+        ev = np.linalg.eigvalsh(info)
+        raise ValueError(f"{name}: the observed information is not positive definite (smallest "
+                         f"eigenvalue {ev.min():.3g}): the fit is not at a maximum (not "
+                         "converged) or a component is degenerate or unidentified; refit with "
+                         "a lower tol or fewer components") from None
+    Linv = np.linalg.solve(L, np.eye(info.shape[0]))
+    return Linv.T @ Linv
+
+
+def z_table(estimate: np.ndarray, cov: np.ndarray, alpha: float = 0.05):
+    """(std err, z, two-sided p-value, lower, upper) of normal-theory intervals."""
+    from scipy import stats
+
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(se > 0, estimate / se, np.nan)
+    p = 2.0 * stats.norm.sf(np.abs(z))
+    q = stats.norm.ppf(1.0 - alpha / 2.0)
+    return se, z, p, estimate - q * se, estimate + q * se
+
+
+def _check_alpha(alpha: float) -> float:
+    alpha = float(alpha)
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1) (0.05 for 95% intervals), got {alpha}")
+    return alpha
+
+
+class Summary:
+    """A statsmodels-style table of a fitted model's parameters.
+
+    Attributes
+    ----------
+    title : str
+    info : dict of str to str
+        Header lines (model, rows, log-likelihood...).
+    table : pandas.DataFrame
+        Indexed by (component, parameter), columns ``coef``, ``std err``, ``z``, ``P>|z|``
+        and the interval's bounds (``[0.025``, ``0.975]`` at alpha 0.05).
+    """
+
+    def __init__(self, title: str, info: dict[str, str], table):
+        self.title, self.info, self.table = title, dict(info), table
+
+    def as_frame(self):
+        """The parameter table (a copy)."""
+        return self.table.copy()
+
+    def __str__(self) -> str:
+        body = self.table.to_string(float_format=lambda v: f"{v:.4g}")
+        width = max(len(line) for line in body.splitlines())
+        head = [self.title.center(width), "=" * width]
+        head += [f"{k + ':':<24}{v}" for k, v in self.info.items()]
+        return "\n".join(head + ["-" * width, body, "=" * width])
+
+    __repr__ = __str__
+
+
+class InferenceMixin:
+    """``cov_params``, ``bse_``, ``conf_int`` and ``summary`` for a fitted EM estimator whose
+    model answers :data:`INFORMATION_QUERY` and which defines ``_inference_layout()``."""
+
+    def _inference_layout(self) -> InferenceLayout:  # pragma: no cover - per estimator
+        raise NotImplementedError
+
+    def observed_information(self, fd=None, *, runtime=None) -> np.ndarray:
+        """The observed information (P, P) in the free parameters, asked from the clients once
+        (cached with the fitted parameters). ``fd``/``runtime``: the clients to ask (default:
+        those of the fit, kept in this process); needed for a loaded model."""
+        check_is_fitted(self)
+        layout = self._inference_layout()
+        key = np.asarray(layout.estimate, dtype=np.float64).tobytes()
+        cached = getattr(self, "_information_cache", None)
+        if cached is not None and cached[0] == key and fd is None and runtime is None:
+            return cached[1]
+        info, n, loglik = federated_information(self, layout, fd, runtime)
+        self._information_cache = (key, info, n, loglik)
+        return info
+
+    def cov_params(self, fd=None, *, runtime=None):
+        """Covariance of the reported parameters (a DataFrame indexed by (component,
+        parameter) both ways): the inverse observed information (Louis) mapped to them."""
+        import pandas as pd
+
+        layout = self._inference_layout()
+        info = self.observed_information(fd, runtime=runtime)
+        J = layout.jacobian
+        cov = J @ _invert(info, type(self).__name__) @ J.T
+        idx = pd.MultiIndex.from_tuples(layout.index, names=["component", "parameter"])
+        return pd.DataFrame(cov, index=idx, columns=idx)
+
+    @property
+    def bse_(self):
+        """Standard errors of the reported parameters (a Series, statsmodels' ``bse``)."""
+        import pandas as pd
+
+        cov = self.cov_params()
+        return pd.Series(np.sqrt(np.clip(np.diag(cov.to_numpy()), 0, None)), index=cov.index,
+                         name="std err")
+
+    def conf_int(self, alpha: float = 0.05):
+        """Normal-theory ``1 - alpha`` intervals of the reported parameters (a DataFrame with
+        columns ``lower``, ``upper``)."""
+        import pandas as pd
+
+        alpha = _check_alpha(alpha)
+        cov = self.cov_params()
+        est = np.asarray(self._inference_layout().estimate, dtype=np.float64)
+        _, _, _, lo, hi = z_table(est, cov.to_numpy(), alpha)
+        return pd.DataFrame({"lower": lo, "upper": hi}, index=cov.index)
+
+    def summary(self, alpha: float = 0.05) -> Summary:
+        """A statsmodels-style table per component: estimate, std err, z, P>|z| and the
+        ``1 - alpha`` interval."""
+        import pandas as pd
+
+        alpha = _check_alpha(alpha)
+        cov = self.cov_params()
+        est = np.asarray(self._inference_layout().estimate, dtype=np.float64)
+        se, z, p, lo, hi = z_table(est, cov.to_numpy(), alpha)
+        table = pd.DataFrame({"coef": est, "std err": se, "z": z, "P>|z|": p,
+                              f"[{alpha / 2:g}": lo, f"{1 - alpha / 2:g}]": hi},
+                             index=cov.index)
+        _, _, n, loglik = self._information_cache
+        info = {"Model": type(self).__name__, "Components": str(self.n_components_),
+                "Observations": str(n), "Log-likelihood": f"{loglik:.6g}",
+                "Converged": str(bool(self.converged_)), "Covariance": "observed (Louis)"}
+        return Summary(f"{type(self).__name__} results", info, table)
+
+
+def degenerate_reason(weights, variances, floor: float, n_rows: int | None,
+                      min_rows: int) -> str:
+    """Why a fitted mixture has a degenerate component ("" when none): a weight worth fewer
+    than ``min_rows`` of the ``n_rows`` rows (or below 1e-8 when ``n_rows`` is unknown), or a
+    variance (per component, its smallest; ``floor`` the regularization added to it) at most
+    1e-6 of the largest. For the size selection (:func:`fedlatent.engine.contract.selection.skip_reason`)."""
+    w = np.asarray(weights, dtype=np.float64)
+    small = w * n_rows < min_rows if n_rows else w < 1e-8
+    if small.any():
+        k = int(np.flatnonzero(small)[0])
+        return f"component {k} has weight {w[k]:.3g} (a degenerate component)"
+    raw = np.asarray(variances, dtype=np.float64) - floor
+    tiny = raw <= 1e-6 * max(float(raw.max()), 0.0)
+    if tiny.any():
+        k = int(np.flatnonzero(tiny)[0])
+        return f"component {k} has a (near) zero variance {raw[k] + floor:.3g} (degenerate)"
+    return ""

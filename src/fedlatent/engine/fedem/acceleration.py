@@ -1,0 +1,113 @@
+"""``Federation(acceleration=...)``: the settings of accelerated EM and when they apply.
+
+The algorithm is in :mod:`fedlatent.engine.rounds.accelerate`; this module holds only what a
+:class:`~fedlatent.engine.fedem.federation.Federation` validates and records (it imports nothing
+from the engine, so the federation settings stay a leaf of the import graph).
+
+Why SQUAREM (Varadhan and Roland 2008) rather than damped Anderson acceleration (DAAREM,
+Henderson and Varadhan 2019): SQUAREM needs the last three points of the EM map and one scalar
+step length, so the server keeps three statistics whatever the model's size and every
+extrapolation is a line in the statistic space that the model's invariants can be checked on
+(and backtracked along for free); DAAREM keeps a window of ``m`` past statistics and
+residuals, solves a damped least-squares problem per round and needs its damping schedule
+and restarts tuned. In a federation the costly thing is the round, not the server's
+arithmetic, and both methods use one EM evaluation (one round) per map call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Squarem", "acceleration_problems", "resolve_acceleration"]
+
+
+@dataclass(frozen=True)
+class Squarem:
+    """SQUAREM with the S3 step length (Varadhan and Roland 2008), acting on the server's
+    statistic ``S_hat`` (the EM map ``F(S) = sum_c w_c S_c(T(S))`` is one round).
+
+    From ``s0``, ``s1 = F(s0)``, ``s2 = F(s1)`` (two rounds): ``r = s1 - s0``,
+    ``v = s2 - 2 s1 + s0``, step ``a = ||r|| / ||v||`` clamped to ``[1, step_max]``, and the
+    next round is sent ``s' = s0 + 2 a r + a^2 v`` (``a = 1`` gives ``s2``, plain EM). ``s'``
+    must lie in the model's domain (the invariants a client's statistic obeys: counts in
+    ``[0, n]``, positive semi-definite moments, a finite M-step); if not, ``a`` is halved
+    towards 1 (server arithmetic only, no round), and after ``backtracks`` tries the plain
+    ``s2`` is sent. The round at ``s'`` reports the objective there: if it is below the
+    objective at ``s1`` (the safeguard), that round's statistics are discarded and ``s2`` is
+    sent next; else ``s'`` starts the next cycle (two rounds per cycle). ``step_max`` is
+    multiplied by ``mstep`` when the step reached it and divided by it (not below
+    ``step_max0``) after a rejection, as in the paper's SqS3 scheme.
+
+    Parameters
+    ----------
+    step_max0 : float, default 4.0
+        The largest step at the start (the paper's default is 1; 4 spares the first cycle,
+        and the safeguard catches a bad start at the cost of one round).
+    mstep : float, default 4.0
+        Factor by which ``step_max`` grows and shrinks.
+    backtracks : int, default 4
+        Halvings of the step towards 1 when the extrapolated statistic leaves the domain.
+    """
+
+    step_max0: float = 4.0
+    mstep: float = 4.0
+    backtracks: int = 4
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.step_max0, int | float) and math.isfinite(self.step_max0)
+                and self.step_max0 >= 1.0):
+            raise ValueError(f"Squarem(step_max0=...) must be a number >= 1, got "
+                             f"{self.step_max0!r}")
+        if not (isinstance(self.mstep, int | float) and math.isfinite(self.mstep)
+                and self.mstep > 1.0):
+            raise ValueError(f"Squarem(mstep=...) must be a number > 1, got {self.mstep!r}")
+        if not isinstance(self.backtracks, int) or isinstance(self.backtracks, bool) \
+                or self.backtracks < 0:
+            raise ValueError(f"Squarem(backtracks=...) must be an integer >= 0, got "
+                             f"{self.backtracks!r}")
+
+
+def resolve_acceleration(value) -> Squarem | None:
+    """The :class:`Squarem` settings of ``Federation(acceleration=value)``: None (or "none")
+    is off, "squarem" the defaults, a :class:`Squarem` itself, a dict its fields (a recorded
+    config); anything else raises ValueError."""
+    if value is None or (isinstance(value, str) and value.lower() == "none"):
+        return None
+    if isinstance(value, Squarem):
+        return value
+    if isinstance(value, str) and value.lower() == "squarem":
+        return Squarem()
+    if isinstance(value, dict):
+        return Squarem(**value)
+    raise ValueError("Federation(acceleration=...) must be None, 'squarem' or a "
+                     f"fl.Squarem(...), got {value!r}")
+
+
+def acceleration_problems(*, participation: float, step_size, quantizer, batch_size,
+                          variance_reduction, privacy) -> list[str]:
+    """Why accelerated EM does not apply to these federation settings (empty: it does).
+
+    SQUAREM extrapolates from differences of successive EM maps and guards each extrapolation
+    with the objective: both need the exact map. A random estimate of it (partial
+    participation, quantized replies, mini-batches, SPIDER, noise) makes ``v`` a difference of
+    noises, which the extrapolation multiplies by ``a^2``, and the objectives of two rounds
+    then come from different clients or batches; under differential privacy the clients
+    withhold the objective altogether. A step size below 1 is already a damped map.
+    """
+    out = []
+    if float(participation) != 1.0:
+        out.append(f"participation={participation!r} (each round's statistic is a random "
+                   "estimate of the EM map; use participation=1.0)")
+    if callable(step_size) or float(step_size) != 1.0:
+        out.append(f"step_size={step_size!r} (the accelerated map is EM's; use step_size=1.0)")
+    if quantizer is not None:
+        out.append("quantizer=... (quantized replies are a random estimate of the EM map; "
+                   "use quantizer=None)")
+    if batch_size is not None or variance_reduction is not None:
+        out.append("mini-batch E-steps (batch_size/variance_reduction give a random estimate "
+                   "of the EM map; use full passes)")
+    if privacy is not None:
+        out.append("privacy=... (the clients withhold the objective the safeguard needs, and "
+                   "the extrapolation would amplify the noise; use acceleration=None)")
+    return out

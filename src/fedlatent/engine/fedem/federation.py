@@ -1,0 +1,376 @@
+"""The federation settings: participation, step size, weighting, compression, variance reduction.
+
+A :class:`Federation` is pure configuration.  The round loop in :mod:`fedlatent.engine.rounds.loop`
+reads it; every model gets every setting.  Plain federated EM, FedHLCR's smoothing and naive
+FedEM are settings of the same loop, not separate code:
+
+==============================  ==================================================================
+plain federated EM              ``Federation()`` (participation 1, step 1, no quantizer)
+FedHLCR smoothing (Yang et al.) ``Federation(participation=f, step_size=g, control_variates=False)``
+naive FedEM                     ``Federation(quantizer=Quantizer(s), control_variates=False)``
+FedEM (Dieuleveut et al.)       ``Federation(participation=p, step_size=g, quantizer=Quantizer(s))``
+VR-FedEM                        ``Federation(..., variance_reduction=Spider(k_in, b))``
+==============================  ==================================================================
+
+References
+----------
+Dieuleveut, Fort, Moulines, Robin. "Federated Expectation Maximization with heterogeneity
+mitigation and variance reduction", NeurIPS 2021 (slide "FedEM with partial participation",
+slide "VR-FedEM").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from fedlatent.engine.fedem.acceleration import Squarem, acceleration_problems, resolve_acceleration
+from fedlatent.engine.privacy.disclosure import DisclosurePolicy
+from fedlatent.engine.privacy.dp import DifferentialPrivacy
+from fedlatent.engine.privacy.enforce import policy_from_config, policy_to_json
+from fedlatent.engine.stats import Stats
+
+__all__ = ["Federation", "Quantizer", "Spider", "Squarem", "StepSchedule"]
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """Unbiased random dithering with ``levels`` levels (QSGD, Alistarh et al. 2017).
+
+    Each named block ``x`` of a statistic is sent as its norm, the signs and integer levels
+    ``l_i in {0..s}``; the receiver reconstructs ``||x|| sign(x_i) l_i / s``.  With
+    ``l_i = floor(s |x_i| / ||x||) + Bernoulli(frac)`` the result is unbiased and
+    ``E||Q(x)||^2 <= (1 + omega) ||x||^2`` with ``omega = min(d / s^2, sqrt(d) / s)`` for a block
+    of ``d`` numbers.  Blocks are quantized separately (their scales differ: counts, first and
+    second moments), so the variance factor of a statistic is the largest over its blocks.
+
+    Parameters
+    ----------
+    levels : int
+        Number of levels ``s >= 1``. Fewer levels compress more and add more variance.
+    """
+
+    levels: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.levels, int | np.integer) or self.levels < 1:
+            raise ValueError(f"Quantizer(levels=...) must be an integer >= 1, got {self.levels!r}")
+
+    def omega(self, shapes: dict[str, tuple[int, ...]]) -> float:
+        """Variance factor of the quantizer for statistics with these block shapes."""
+        s = self.levels
+        om = 0.0
+        for shp in shapes.values():
+            d = int(np.prod(shp)) if len(shp) else 1
+            om = max(om, min(d / s**2, math.sqrt(d) / s))
+        return om
+
+    def bits_per_block(self, d: int) -> int:
+        """Bits to send one block of ``d`` numbers: a float32 norm, a sign and a level each."""
+        return 32 + d * (1 + math.ceil(math.log2(self.levels + 1)))
+
+    def nbytes(self, shapes: dict[str, tuple[int, ...]]) -> int:
+        bits = sum(self.bits_per_block(int(np.prod(s)) if len(s) else 1) for s in shapes.values())
+        return int(math.ceil(bits / 8))
+
+    def __call__(self, stats: Stats, rng: np.random.Generator) -> Stats:
+        """Quantize every block of ``stats`` (unbiased)."""
+        s = self.levels
+        out = {}
+        for k, x in stats.items():
+            norm = float(np.linalg.norm(x))
+            if norm == 0.0 or not np.isfinite(norm):
+                out[k] = np.zeros_like(x) if norm == 0.0 else x.copy()
+                continue
+            scaled = np.abs(x) * (s / norm)
+            low = np.floor(scaled)
+            level = low + (rng.random(x.shape) < (scaled - low))
+            out[k] = np.sign(x) * level * (norm / s)
+        return Stats(out, copy=False)
+
+
+@dataclass(frozen=True)
+class Spider:
+    """SPIDER variance reduction of the local statistics (VR-FedEM).
+
+    Every ``inner_rounds`` rounds a client refreshes its estimate with a full pass over its
+    data; in between it corrects the previous estimate with a mini-batch of ``batch_size``
+    samples evaluated at the current and at the previous parameters:
+    ``S_k = mean_B s_i(theta_k) + S_{k-1} - mean_B s_i(theta_{k-1})``.
+    """
+
+    inner_rounds: int = 10
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if int(self.inner_rounds) < 1:
+            raise ValueError(f"Spider(inner_rounds=...) must be >= 1, got {self.inner_rounds!r}")
+        if int(self.batch_size) < 1:
+            raise ValueError(f"Spider(batch_size=...) must be >= 1, got {self.batch_size!r}")
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """Step size ``gamma_k = scale / (1 + (k - 1) / decay) ** power`` at round ``k >= 1``."""
+
+    scale: float = 1.0
+    decay: float = 10.0
+    power: float = 0.6
+
+    def __call__(self, k: int) -> float:
+        return float(self.scale / (1.0 + (k - 1) / self.decay) ** self.power)
+
+
+@dataclass(frozen=True)
+class Federation:
+    """How a federated fit runs: who takes part, how statistics are combined and compressed.
+
+    Parameters
+    ----------
+    participation : float in (0, 1], default 1.0
+        Probability ``p`` that a client takes part in a round (independent Bernoulli draws).
+    step_size : float in (0, 1], or callable round -> float, default 1.0
+        Stochastic-approximation step ``gamma``: ``S <- S + gamma * (estimate of h(S))``.
+        1.0 with full participation and no compression is plain EM.
+    client_weighting : {"samples", "uniform"}, default "samples"
+        "samples" weights a client by its number of samples (the sum of statistics, as in
+        centralized EM on the pooled data); "uniform" gives each client weight 1/n (the paper).
+    quantizer : Quantizer or None
+        Unbiased compression of what clients send.
+    control_variates : bool, default True
+        Keep per-client control variates ``V_c`` (FedEM). False gives "naive FedEM".
+    alpha : float or None
+        Control-variate step; default ``1 / (1 + omega)`` of the quantizer (1 without one).
+    variance_reduction : Spider or None
+        SPIDER estimator for the local statistics (VR-FedEM).
+    batch_size : int or None
+        Mini-batch E-steps of this many samples (without variance reduction). None: full pass.
+    track_h : bool, default False
+        Record ``||h(S)||^2`` every round. It needs a full pass of every client at the new
+        parameters, so it doubles the computation; use it for studies, not for production.
+    random_state : int or None
+        Seed of participation, quantization and mini-batch draws. None: the estimator's seed.
+    on_invalid : {"exclude", "raise"}, default "exclude"
+        A client whose statistics break its model's invariants (negative counts, more units
+        than it has, a moment matrix that is not positive semi-definite): "exclude" leaves it
+        out of that round and records it in ``history_`` (column ``rejected``); "raise" stops
+        the fit with an error naming the client and the reason.
+    disclosure : DisclosurePolicy, default DisclosurePolicy() (on)
+        What a client refuses to send: replies that are functions of too few records
+        (DataSHIELD's defaults, :mod:`fedlatent.engine.privacy.disclosure`). It travels to the
+        clients in the setup message and they enforce it. ``DisclosurePolicy.off()`` disables it.
+    secure_aggregation : bool, default False
+        The server learns only the sum of each exchange's replies (round statistics, counts,
+        objectives, initialization sums), never one client's (:mod:`fedlatent.engine.secagg.secure`):
+        keys set up once per fit, masks that cancel exactly in a fixed-point ring, dropped
+        clients recovered from the survivors' secret shares. Reply checks then apply to the
+        aggregate; ``track_h`` is not available.
+    secagg_threshold : int or None
+        Survivors needed to unmask a sum; None: ``floor(n_clients / 2) + 1``. Must lie in
+        ``(n_clients / 2, n_clients]``.
+    privacy : DifferentialPrivacy or None
+        Record-level ``(epsilon, delta)`` differential privacy of everything the server sees
+        over the whole fit, initialization included (:mod:`fedlatent.engine.privacy`): every
+        client clips its data and adds Gaussian noise calibrated up front for the planned
+        releases (``max_rounds`` rounds plus the initialization's); ``noise="distributed"``
+        needs ``secure_aggregation=True``. The fit runs its planned rounds (no early stop on
+        noisy objectives), stops before a round that would exceed the budget, and reports the
+        spend in ``history_["epsilon"]`` and ``privacy_spent_``. SPIDER and ``track_h`` are
+        not available under it.
+    secagg_bound : float, default 2**20
+        Largest magnitude of an entry a client sends under secure aggregation (a weighted
+        per-unit statistic such as ``x_j x_k``); it fixes the public fixed-point scale, the
+        largest power of two <= 2^40 with ``bound * scale * n_clients < 2^62``.
+    acceleration : None, "squarem" or Squarem, default None
+        Accelerated EM on the server's aggregated statistics (:class:`~fedlatent.engine.
+        acceleration.Squarem`, SQUAREM with a monotonicity safeguard): about a third of plain
+        EM's rounds on slowly converging fits (overlapping components). Only for the exact EM
+        map: full participation, step 1, no quantizer, full passes, no differential privacy
+        (anything else is refused, saying why); secure aggregation and control variates keep
+        working. Off by default: the default ``Federation()`` is exact EM, round for round the
+        iterations of centralized EM (scikit-learn's, flexmix's), which the exactness tests
+        and the comparisons in the documentation rely on.
+    """
+
+    participation: float = 1.0
+    step_size: float | Callable[[int], float] = 1.0
+    client_weighting: str = "samples"
+    quantizer: Quantizer | None = None
+    control_variates: bool = True
+    alpha: float | None = None
+    variance_reduction: Spider | None = None
+    batch_size: int | None = None
+    track_h: bool = False
+    random_state: int | None = None
+    on_invalid: str = "exclude"
+    disclosure: DisclosurePolicy = DisclosurePolicy()
+    secure_aggregation: bool = False
+    secagg_threshold: int | None = None
+    secagg_bound: float = 2.0**20
+    privacy: DifferentialPrivacy | None = None
+    acceleration: str | Squarem | None = None
+    _extra: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def validate(self) -> None:
+        """Check the settings; raise ValueError naming the setting and the fix."""
+        p = self.participation
+        if not isinstance(p, int | float | np.floating) or not (0.0 < float(p) <= 1.0):
+            raise ValueError(f"Federation(participation=...) must be in (0, 1], got {p!r}")
+        if not callable(self.step_size):
+            g = self.step_size
+            if not isinstance(g, int | float | np.floating) or not (0.0 < float(g) <= 1.0):
+                raise ValueError(
+                    f"Federation(step_size=...) must be in (0, 1] or a callable, got {g!r}"
+                )
+        if self.client_weighting not in ("samples", "uniform"):
+            raise ValueError(
+                "Federation(client_weighting=...) must be 'samples' or 'uniform', "
+                f"got {self.client_weighting!r}"
+            )
+        if self.quantizer is not None and not isinstance(self.quantizer, Quantizer):
+            raise ValueError("Federation(quantizer=...) must be None or a fl.Quantizer(levels=s)")
+        if self.variance_reduction is not None and not isinstance(self.variance_reduction, Spider):
+            raise ValueError(
+                "Federation(variance_reduction=...) must be None or fl.Spider(inner_rounds, "
+                "batch_size)"
+            )
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ValueError(f"Federation(batch_size=...) must be >= 1, got {self.batch_size!r}")
+        if self.on_invalid not in ("exclude", "raise"):
+            raise ValueError(
+                "Federation(on_invalid=...) must be 'exclude' (leave the client out of the "
+                f"round) or 'raise' (stop the fit), got {self.on_invalid!r}"
+            )
+        if self.alpha is not None and not (0.0 < float(self.alpha) <= 1.0):
+            raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
+        self._validate_disclosure()
+        self._validate_secure()
+        self._validate_privacy()
+        self._validate_acceleration()
+
+    def _validate_acceleration(self) -> None:
+        if self.squarem is None:
+            return
+        why = acceleration_problems(
+            participation=self.participation, step_size=self.step_size,
+            quantizer=self.quantizer, batch_size=self.batch_size,
+            variance_reduction=self.variance_reduction, privacy=self.privacy)
+        if why:
+            raise ValueError("Federation(acceleration=...) accelerates the exact EM map only; "
+                             "not available with " + "; ".join(why))
+
+    @property
+    def squarem(self) -> Squarem | None:
+        """The accelerated-EM settings (None: plain steps); ValueError when invalid."""
+        return resolve_acceleration(self.acceleration)
+
+    def _validate_privacy(self) -> None:
+        dp = self.privacy
+        if dp is None:
+            return
+        if not isinstance(dp, DifferentialPrivacy):
+            raise ValueError("Federation(privacy=...) must be None or a fl.DifferentialPrivacy("
+                             f"epsilon, delta, clip=...), got {type(dp).__name__}")
+        dp.check_secure_aggregation(bool(self.secure_aggregation))
+        if self.variance_reduction is not None:
+            raise ValueError("Federation(variance_reduction=Spider(...)) is not available under "
+                             "differential privacy (each round would release two correlated "
+                             "statistics); use variance_reduction=None")
+        if self.track_h:
+            raise ValueError("Federation(track_h=True) is not available under differential "
+                             "privacy (the evaluation pass is an extra release of every "
+                             "client); set track_h=False")
+
+    def _validate_disclosure(self) -> None:
+        pol = self.disclosure
+        if not isinstance(pol, DisclosurePolicy):
+            raise ValueError("Federation(disclosure=...) must be a fl.DisclosurePolicy (or "
+                             f"DisclosurePolicy.off()), got {type(pol).__name__}")
+        sizes = [("batch_size", self.batch_size)]
+        if self.variance_reduction is not None:
+            sizes.append(("variance_reduction.batch_size", self.variance_reduction.batch_size))
+        for name, b in sizes:
+            if b is not None and pol.count_scope == "client" and int(b) < pol.min_records:
+                raise ValueError(
+                    f"Federation({name}={int(b)}): a mini-batch statistic is a sum over {int(b)} "
+                    f"record(s), fewer than the disclosure policy's min_records="
+                    f"{pol.min_records}, so every client would refuse it; use a batch of at "
+                    f"least {pol.min_records}, or lower DisclosurePolicy(min_records=...)")
+
+    def _validate_secure(self) -> None:
+        if not isinstance(self.secure_aggregation, bool | np.bool_):
+            raise ValueError("Federation(secure_aggregation=...) must be True or False, got "
+                             f"{self.secure_aggregation!r}")
+        t = self.secagg_threshold
+        if t is not None and (not isinstance(t, int | np.integer) or isinstance(t, bool)
+                              or t < 1):
+            raise ValueError(f"Federation(secagg_threshold=...) must be None or an integer "
+                             f">= 1, got {t!r}")
+        b = self.secagg_bound
+        if not isinstance(b, int | float | np.floating) or not (0 < float(b) < 2.0**50):
+            raise ValueError(f"Federation(secagg_bound=...) must be a number in (0, 2^50), "
+                             f"got {b!r}")
+        if self.secure_aggregation and self.track_h:
+            raise ValueError("Federation(track_h=True) needs every client's statistic at the "
+                             "new parameters, which secure aggregation hides; set "
+                             "track_h=False or secure_aggregation=False")
+
+    def gamma(self, k: int) -> float:
+        """Step size at round ``k`` (1-based)."""
+        return float(self.step_size(k)) if callable(self.step_size) else float(self.step_size)
+
+    def alpha_for(self, shapes: dict[str, tuple[int, ...]]) -> float:
+        if self.alpha is not None:
+            return float(self.alpha)
+        if self.quantizer is None:
+            return 1.0
+        return 1.0 / (1.0 + self.quantizer.omega(shapes))
+
+    @property
+    def is_plain_em(self) -> bool:
+        return (
+            self.participation == 1.0
+            and not callable(self.step_size)
+            and float(self.step_size) == 1.0
+            and self.quantizer is None
+            and self.variance_reduction is None
+            and self.batch_size is None
+        )
+
+    def to_config(self) -> dict:
+        """JSON-able description (a callable step size is recorded by its repr)."""
+        d = asdict(self)
+        d.pop("_extra", None)
+        d["disclosure"] = json.loads(policy_to_json(self.disclosure))
+        d["privacy"] = None if self.privacy is None else self.privacy.to_config()
+        if self.squarem is None:  # off: the config (and a checkpoint's identity) of before
+            d.pop("acceleration")
+        else:
+            d["acceleration"] = asdict(self.squarem)
+        if callable(self.step_size):
+            d["step_size"] = repr(self.step_size)
+        return d
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> Federation:
+        """Inverse of :meth:`to_config`. A callable step size was recorded by its repr and
+        cannot be rebuilt: such a config raises ValueError."""
+        fed = dict(config or {})
+        if fed.get("quantizer"):
+            fed["quantizer"] = Quantizer(**fed["quantizer"])
+        if fed.get("variance_reduction"):
+            fed["variance_reduction"] = Spider(**fed["variance_reduction"])
+        fed["disclosure"] = policy_from_config(fed.get("disclosure"))
+        fed["privacy"] = DifferentialPrivacy.from_config(fed.get("privacy"))
+        if fed.get("acceleration") is not None:
+            fed["acceleration"] = resolve_acceleration(fed["acceleration"])
+        if isinstance(fed.get("step_size"), str):
+            raise ValueError(
+                f"Federation step_size {fed['step_size']!r} is a callable and cannot be rebuilt "
+                "from a config; give a number"
+            )
+        return cls(**fed)

@@ -1,0 +1,485 @@
+"""Many in-process clients in one computation: the batched client step.
+
+When every client is local and the model provides a batched client step
+(``FederatedModel.client_stats_batched``), the in-process runtime runs the FedEM client step
+(full pass, mini-batch, SPIDER; control variates; quantizer) of all the round's clients at once:
+rows stacked by client, per-client sums by batched products, states as arrays of shape
+(n_clients, ...). It computes what :class:`~fedlatent.engine.node.client.ClientNode` computes for each
+client, with the same random streams (:mod:`fedlatent.engine.fedem.streams`): equal to the per-client
+path up to the summation order of the sums.
+
+Rows are stacked in buckets of clients of the same size: a bucket is one array of shape
+(clients, rows, features) and a model sums over its rows axis, with the same products a client
+computes alone (so the sums agree bit for bit). With more than 256 distinct sizes, buckets hold
+sizes in ``(2^(j-1), 2^j]``, padded with rows of weight 0 (the sums then agree to rounding).
+Either way there are at most a few hundred buckets, never one per client at scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedlatent.data.dataset import ClientData
+from fedlatent.engine.contract.model import client_key
+from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
+from fedlatent.engine.node.clientstep import fedem_rows
+from fedlatent.engine.protocol.messages import unpack
+from fedlatent.engine.stats import Stats
+
+__all__ = ["Bucket", "BatchStep", "BatchReply", "BatchedClients", "ClientBatch"]
+
+# purposes of the per-(client, round) streams (as in engine/node/client.py)
+_P_QUANT, _P_BATCH = 1, 2
+#: rows of one call of the model's batched step (its temporaries then stay in cache)
+_CHUNK_ROWS = 16384
+#: rows of the statistics processed at once after the step (differences, quantizer, V_c)
+_CHUNK = 1024
+#: up to this many distinct client sizes, one bucket per size (no padding: every client's sums
+#: are the same products as its own step's, bit for bit); beyond, buckets by powers of two
+_MAX_EXACT_BUCKETS = 256
+
+
+@dataclass
+class Bucket:
+    """Clients of similar size, padded to the same number of rows.
+
+    Attributes
+    ----------
+    clients : ndarray of int, shape (C,)
+        Positions of the bucket's clients in the batch.
+    X : ndarray of shape (C, m, d)
+        Their rows; padding rows are 0.
+    y : ndarray of shape (C, m) or None
+        Their targets (padding: the first client's first target).
+    real : ndarray of bool, shape (C, m)
+        Which rows are the client's (False: padding).
+    """
+
+    clients: np.ndarray
+    X: np.ndarray
+    y: np.ndarray | None
+    real: np.ndarray
+
+
+class ClientBatch:
+    """The data of many clients stacked for batched steps (a view the clients' own process holds;
+    nothing here crosses to the server).
+
+    Parameters
+    ----------
+    datas : list of ClientData
+        In the order of the batch (the runtime's client order).
+    """
+
+    def __init__(self, datas: list[ClientData]):
+        self.n_units = np.array([cd.n_samples for cd in datas], dtype=np.int64)
+        has_y = all(cd.y is not None for cd in datas)
+        X = np.concatenate([cd.X for cd in datas]) if datas else np.zeros((0, 0))
+        y = np.concatenate([np.asarray(cd.y) for cd in datas]) if has_y and datas else None
+        starts = np.concatenate([[0], np.cumsum(self.n_units)[:-1]])
+        level = self.n_units
+        if np.unique(level).size > _MAX_EXACT_BUCKETS:
+            level = np.ceil(np.log2(np.maximum(self.n_units, 1))).astype(np.int64)
+        self.buckets: list[Bucket] = []
+        for lev in np.unique(level):
+            idx = np.flatnonzero(level == lev)
+            m = int(self.n_units[idx].max())
+            offs = np.arange(m)[None, :]
+            real = offs < self.n_units[idx][:, None]
+            src = np.where(real, starts[idx][:, None] + offs, 0)
+            Xb = np.where(real[:, :, None], X[src], 0.0)
+            yb = None if y is None else np.where(real, y[src], y[0])
+            self.buckets.append(Bucket(idx, Xb, yb, real))
+
+    @property
+    def n_clients(self) -> int:
+        return int(self.n_units.size)
+
+
+@dataclass
+class BatchStep:
+    """What a batched client step returns for the C clients of one bucket.
+
+    Attributes
+    ----------
+    stats : dict of str to ndarray of shape (C, ...)
+        Each client's sums (its row of every block).
+    n : ndarray of shape (C,)
+        Units summed per client.
+    objective : ndarray of shape (C,)
+        Objective summed per client.
+    state : dict of str to ndarray of shape (C, ...)
+        The clients' new private model state.
+    """
+
+    stats: dict[str, np.ndarray]
+    n: np.ndarray
+    objective: np.ndarray
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class BatchReply:
+    """The replies of many clients to one E-step or evaluation, as arrays.
+
+    ``clients`` are positions in the batch; ``Q`` row ``i`` is client ``clients[i]``'s statistic
+    flattened block by block (the blocks of ``template``). ``Q`` is rows of the runtime's reply
+    buffer: valid until the next call of the same kind (copy what must outlive it).
+    """
+
+    clients: np.ndarray
+    Q: np.ndarray
+    n: np.ndarray
+    objective: np.ndarray
+    template: Stats
+
+    def stats(self, i: int) -> Stats:
+        return self.template.unflatten(self.Q[i])
+
+
+class _Group:
+    """One prefix of the client state (``V``, ``init_S``, ``model``...): arrays of shape
+    (n_clients, ...) and which clients hold it."""
+
+    def __init__(self, n: int):
+        self.arrays: dict[str, np.ndarray] = {}
+        self.present = np.zeros(n, dtype=bool)
+
+
+class BatchedClients:
+    """The client side of the in-process runtime, run for many clients at once.
+
+    Holds the clients' private states as arrays (``V`` and ``init_S`` flattened like the
+    statistic; the model's state by name) and loads them from / writes them to the clients'
+    nodes, so the per-client view (``get_client_states``, a checkpoint, a per-client call) sees
+    exactly the state the batched steps produced.
+    """
+
+    def __init__(self, ids: list[str], datas: list[ClientData], model):
+        self.ids = list(ids)
+        self.pos = {c: i for i, c in enumerate(self.ids)}
+        self.keys = np.array([client_key(c) for c in self.ids], dtype=np.int64)
+        self.batch = ClientBatch(datas)
+        self.model = model
+        self.groups: dict[str, _Group] = {}
+        self.template: Stats | None = None
+        #: the arrays the replies of ``estep`` and ``evaluate`` are written into, round after
+        #: round (a reply's ``Q`` is valid until the next call of the same kind)
+        self._buffers: dict[str, np.ndarray] = {}
+
+    # ---- states <-> nodes ----------------------------------------------------------------
+    def load(self, states: list[dict[str, np.ndarray]]) -> None:
+        """Take the clients' states (one flat dict per client, in batch order)."""
+        n = len(self.ids)
+        self.groups = {}
+        for i, st in enumerate(states):
+            for key, v in st.items():
+                prefix, _, name = key.partition("/")
+                g = self.groups.setdefault(prefix, _Group(n))
+                v = np.asarray(v)
+                if name not in g.arrays:
+                    g.arrays[name] = np.zeros((n, *v.shape), dtype=v.dtype)
+                g.arrays[name][i] = v
+                g.present[i] = True
+
+    def dump(self) -> list[dict[str, np.ndarray]]:
+        """The clients' states, one flat dict per client (batch order)."""
+        out: list[dict[str, np.ndarray]] = [{} for _ in self.ids]
+        for prefix, g in self.groups.items():
+            names = self._names(prefix, g)
+            for i in np.flatnonzero(g.present):
+                st = out[i]
+                for name, arr in names:
+                    st[f"{prefix}/{name}"] = np.array(arr[i])
+        return out
+
+    def _names(self, prefix: str, g: _Group):
+        """``(name, array)`` of a group; flat statistic groups are split into their blocks."""
+        if prefix in ("V", "init_S", "spider_S") and "" in g.arrays:
+            assert self.template is not None
+            flat, out, lo = g.arrays[""], [], 0
+            for k, v in self.template.items():
+                out.append((k, flat[:, lo:lo + v.size].reshape(-1, *v.shape)))
+                lo += v.size
+            return out
+        return list(g.arrays.items())
+
+    def _flat_group(self, prefix: str) -> _Group:
+        """A statistic-valued group (``V``, ``init_S``) as one flat array per client."""
+        g = self.groups.get(prefix)
+        n, F = len(self.ids), self.template.size
+        if g is None:
+            g = self.groups[prefix] = _Group(n)
+        if "" not in g.arrays:
+            flat = np.zeros((n, F))
+            lo = 0
+            for k, v in self.template.items():
+                if k in g.arrays:
+                    flat[:, lo:lo + v.size] = g.arrays[k].reshape(n, -1)
+                lo += v.size
+            g.arrays = {"": flat}
+        return g
+
+    # ---- the client step -----------------------------------------------------------------
+    def _model_state(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        g = self.groups.get("model")
+        return {} if g is None else {k: v[idx] for k, v in g.arrays.items()}
+
+    def _reply_buffer(self, kind: str, A: int) -> np.ndarray | None:
+        """Rows ``(A, F)`` of the array kept for the replies of ``kind`` (None before the
+        statistic's layout is known). A round's replies are written over the previous
+        round's (read by then): at 100,000 clients the reply is hundreds of MiB, and mapping
+        fresh pages for it every round costs as much as a tenth of the round."""
+        if self.template is None:
+            return None
+        buf = self._buffers.get(kind)
+        if buf is None or buf.shape != (len(self.ids), self.template.size):
+            buf = self._buffers[kind] = np.empty((len(self.ids), self.template.size))
+        return buf[:A]
+
+    def _stats(self, params, idx: np.ndarray, masks: dict[int, np.ndarray] | None,
+               commit: bool, reuse: str | None = None, finish=None):
+        """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (in
+        batch positions, ascending), over their rows or the rows in ``masks`` (bucket ->
+        (C_b, m) selection). The model is called on chunks of a bucket's clients (about
+        ``_CHUNK_ROWS`` rows), so its temporaries stay small; each chunk's sums are written
+        into their rows of the result (with ``reuse``, rows of that reply buffer).
+        ``finish`` is None or ``(f, done)``: ``f(Q, n, lo, hi)`` is called on each chunk of
+        consecutive rows as soon as they are written, and ``done[lo:hi]`` set."""
+        A = idx.size
+        want = np.zeros(len(self.ids), dtype=bool)
+        want[idx] = True
+        row_of = np.full(len(self.ids), -1)
+        row_of[idx] = np.arange(A)
+        Q = n = obj = None
+        new_state: dict[str, np.ndarray] = {}
+        for b, bk in enumerate(self.batch.buckets):
+            sel = want[bk.clients]
+            if not sel.any():
+                continue
+            every = bool(sel.all())
+            pos = None if every else np.flatnonzero(sel)
+            W = bk.real if masks is None else masks[b]
+            count = len(bk.clients) if every else pos.size
+            per = max(1, _CHUNK_ROWS // max(bk.X.shape[1], 1))
+            for lo in range(0, count, per):
+                take = slice(lo, min(lo + per, count)) if every else pos[lo:lo + per]
+                cl = bk.clients[take]
+                step = self.model.client_stats_batched(
+                    params, bk.X[take], None if bk.y is None else bk.y[take],
+                    W[take].astype(np.float64), self._model_state(cl))
+                if step is None:
+                    raise NotImplementedError("the model has no batched step for these settings")
+                st = step.stats
+                if self.template is None:
+                    self.template = Stats({k: np.asarray(v[0]) for k, v in st.items()})
+                if Q is None:
+                    Q = None if reuse is None else self._reply_buffer(reuse, A)
+                    if Q is None:
+                        Q = np.empty((A, self.template.size))
+                    n, obj = np.empty(A), np.empty(A)
+                rows = _as_slice(row_of[cl])
+                col = 0
+                for v in st.values():
+                    v = v.reshape(v.shape[0], -1)
+                    Q[rows, col:col + v.shape[1]] = v
+                    col += v.shape[1]
+                n[rows] = step.n
+                obj[rows] = step.objective
+                for k, v in step.state.items():
+                    if k not in new_state:
+                        new_state[k] = np.empty((A, *v.shape[1:]), dtype=v.dtype)
+                    new_state[k][rows] = v
+                if finish is not None and isinstance(rows, slice):
+                    finish[0](Q, n, rows.start, rows.stop)  # while the rows are in cache
+                    finish[1][rows] = True
+        if commit and new_state:
+            self._commit_state(idx, new_state)
+        return Q, n, obj
+
+    def _commit_state(self, idx: np.ndarray, new_state: dict[str, np.ndarray]) -> None:
+        """The clients ``idx``'s new private model state (rows of ``new_state``) kept."""
+        g = self.groups.setdefault("model", _Group(len(self.ids)))
+        for k, v in new_state.items():
+            if k not in g.arrays:
+                g.arrays[k] = np.zeros((len(self.ids), *v.shape[1:]), dtype=v.dtype)
+            g.arrays[k][idx] = v
+        g.present[idx] = True
+
+    def _batch_masks(self, seed: int, rnd: int, idx: np.ndarray, batch_size: int):
+        """Each client's mini-batch as masks per bucket (the per-client path's rows)."""
+        masks = {}
+        want = np.zeros(len(self.ids), dtype=bool)
+        want[idx] = True
+        for b, bk in enumerate(self.batch.buckets):
+            m = np.zeros_like(bk.real)
+            sel = want[bk.clients]
+            if sel.any():
+                cl = bk.clients[sel]
+                keys = stream_keys(seed, self.keys[cl], rnd, _P_BATCH)
+                got = batch_rows(keys, self.batch.n_units[cl], batch_size)
+                m[sel, :got.shape[1]] = got
+            masks[b] = m
+        return masks
+
+    def estep(self, idx: np.ndarray, msg: dict, resets: dict[int, np.ndarray]) -> BatchReply:
+        """The E-step of the clients ``idx`` (ascending batch positions) for round message
+        ``msg``; ``resets`` maps a position to the flat ``V_c`` it must adopt first.
+
+        After the statistics, each chunk of rows is turned into the reply in place (mean,
+        ``- S_hat - V_c``, the quantizer, ``V_c += alpha Q_c``): one pass over the sums, the
+        same operations, element by element, as a client alone makes."""
+        seed, rnd = int(msg["seed"]), int(msg["round"])
+        mode = str(msg.get("mode", "full"))
+        params = unpack(msg, "params")
+        S_hat = unpack(msg, "S_hat")
+        keep_init = not S_hat and bool(msg.get("keep_init", False))
+        use_cv = bool(msg.get("control_variates", False))
+        levels = int(msg.get("quant_levels", 0))
+        keys = stream_keys(seed, self.keys[idx], rnd, _P_QUANT) if levels > 0 else None
+        S_flat = Stats(S_hat).flatten()[None, :] if S_hat else None
+        cv = use_cv and bool(S_hat)
+        alpha = float(msg["alpha"]) if cv else 1.0
+        # full passes and mini-batches are made into replies chunk by chunk during the step
+        # (from sums); otherwise the step's means are, after it
+        fused = mode in ("full", "batch") and not keep_init
+        V = had = None
+
+        def control_variates():
+            """``V_c`` (after the resets) and who had one, once the statistic's layout is
+            known (the first chunk of the step)."""
+            nonlocal V, had
+            if use_cv and V is None and self.template is not None:
+                V = self._flat_group("V")
+                for i, v in resets.items():
+                    V.arrays[""][i] = v
+                    V.present[i] = True
+                had = V.present[idx]
+
+        def finish(Q, n, lo, hi):
+            """Rows ``lo:hi`` of the sums made into the reply, in place."""
+            control_variates()
+            ii = idx[lo:hi]
+            new = fedem_rows(
+                Q[lo:hi], n[lo:hi] if fused else None, S_flat,
+                None if V is None else V.arrays[""][ii], None if had is None else had[lo:hi],
+                levels=levels, sizes=[v.size for v in self.template.values()],
+                uniforms=stream_uniforms(keys[lo:hi], Q.shape[1]) if levels > 0 else None,
+                alpha=alpha, cv=cv)
+            if new is not None:
+                V.arrays[""][ii] = new
+
+        done = np.zeros(idx.size, dtype=bool)
+        S_c, n, obj = self._estep_stats(mode, seed, rnd, idx, params, msg,
+                                        (finish, done) if fused else None)
+        if keep_init:
+            g = self._flat_group("init_S")
+            g.arrays[""][idx] = S_c
+            g.present[idx] = True
+        control_variates()
+        _finish_rest(done, finish, S_c, n)
+        if cv and V is not None:
+            V.present[idx] = True
+        return BatchReply(idx, S_c, n, obj, self.template)
+
+    def _estep_stats(self, mode: str, seed: int, rnd: int, idx: np.ndarray, params, msg,
+                     hook):
+        """The step's statistics: sums made into replies by ``hook`` as they come (full
+        passes, mini-batches), or means (``hook`` None; SPIDER's, kept for its corrections)."""
+        if mode in ("full", "spider-refresh", "batch"):
+            masks = None if mode != "batch" else \
+                self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
+            S_c, n, obj = self._stats(params, idx, masks, True, "estep", hook)
+            if hook is None:
+                S_c /= np.maximum(n, 1)[:, None]
+            if mode == "spider-refresh":
+                self._spider_put(idx, S_c, params)
+            return S_c, n, obj
+        if mode == "spider":
+            return self._spider(seed, rnd, idx, params, int(msg["batch_size"]))
+        raise KeyError(f"unknown E-step mode {mode!r}")
+
+    def evaluate(self, idx: np.ndarray, msg: dict) -> BatchReply:
+        """Mean statistics at the message's parameters; no state changes."""
+        Q, n, obj = self._stats(unpack(msg, "params"), idx, None, False, "evaluate")
+        Q /= np.maximum(n, 1)[:, None]
+        return BatchReply(idx, Q, n, obj, self.template)
+
+    def cv_init(self, idx: np.ndarray, msg: dict) -> None:
+        """``V_c = S_c(theta_0) - S_hat_0`` for the clients that kept ``S_c(theta_0)``."""
+        g = self.groups.get("init_S")
+        if g is None:
+            return
+        g = self._flat_group("init_S")
+        has = idx[g.present[idx]]
+        V = self._flat_group("V")
+        S_hat = Stats(unpack(msg, "S_hat")).flatten()
+        V.arrays[""][has] = g.arrays[""][has] - S_hat[None, :]
+        V.present[has] = True
+        g.present[has] = False
+
+    # ---- SPIDER ----------------------------------------------------------------------------
+    def _spider_put(self, idx, S_c, params) -> None:
+        g = self._flat_group("spider_S")
+        g.arrays[""][idx] = S_c
+        g.present[idx] = True
+        p = self.groups.setdefault("spider_params", _Group(len(self.ids)))
+        for k, v in params.items():
+            v = np.asarray(v)
+            if k not in p.arrays:
+                p.arrays[k] = np.zeros((len(self.ids), *v.shape), dtype=v.dtype)
+            p.arrays[k][idx] = v
+        p.present[idx] = True
+
+    def _spider(self, seed, rnd, idx, params, batch_size):
+        """SPIDER's correction: ``S = S_prev + mean_B s(theta) - mean_B s(theta_prev)``; a
+        client never refreshed takes a full pass."""
+        masks = self._batch_masks(seed, rnd, idx, batch_size)
+        g = self._flat_group("spider_S")
+        fresh = ~g.present[idx]
+        S_c = np.empty((idx.size, self.template.size))
+        n = np.empty(idx.size)
+        obj = np.empty(idx.size)
+        if fresh.any():
+            Q, n[fresh], obj[fresh] = self._stats(params, idx[fresh], None, True)
+            S_c[fresh] = Q / np.maximum(n[fresh], 1)[:, None]
+        old = idx[~fresh]
+        if old.size:
+            Q, n_new, o = self._stats(params, old, masks, True)
+            n[~fresh], obj[~fresh] = n_new, o
+            prev = self.groups["spider_params"]
+            # clients whose previous parameters are the same are computed together
+            flat = np.concatenate([prev.arrays[k][old].reshape(old.size, -1)
+                                   for k in sorted(prev.arrays)], axis=1)
+            _, inv = np.unique(flat, axis=0, return_inverse=True)
+            Qo, no = np.empty_like(Q), np.empty(old.size)
+            for j in np.unique(inv):
+                members = np.flatnonzero(inv.ravel() == j)
+                first = old[members[0]]
+                pp = {k: prev.arrays[k][first] for k in prev.arrays}
+                Qo[members], no[members], _ = self._stats(pp, old[members], masks, False)
+            S_c[~fresh] = (g.arrays[""][old] + Q / np.maximum(n_new, 1)[:, None]
+                           - Qo / np.maximum(no, 1)[:, None])
+        self._spider_put(idx, S_c, params)
+        return S_c, n, obj
+
+
+def _finish_rest(done: np.ndarray, finish, S_c: np.ndarray, n: np.ndarray) -> None:
+    """The rows not finished during the step (all of them, or rows of buckets whose positions
+    are not consecutive), in chunks of consecutive rows."""
+    if done.all():
+        return
+    todo = np.flatnonzero(~done)
+    for run in np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1):
+        for lo in range(int(run[0]), int(run[-1]) + 1, _CHUNK):
+            finish(S_c, n, lo, min(lo + _CHUNK, int(run[-1]) + 1))
+
+
+def _as_slice(rows: np.ndarray):
+    """``rows`` as a slice when they are consecutive and ascending (a view, no scatter)."""
+    if rows.size and rows[-1] - rows[0] == rows.size - 1 and (
+            rows.size < 2 or bool(np.all(np.diff(rows) == 1))):
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows

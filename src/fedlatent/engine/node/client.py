@@ -1,0 +1,489 @@
+"""The client half of the engine: what runs where the data are, in any runtime.
+
+A :class:`ClientNode` holds one client's data and private state. Runtimes deliver it messages
+(``handle(method, message)``) and carry its replies; the in-process runtime keeps the node as an
+object, the Flower runtime rebuilds it on every message from ``context.state``.
+
+Methods a node answers:
+
+``setup``       build the model from its name and config; reply with the number of units
+``estep``       FedEM client step (full pass, mini-batch or SPIDER; control variates; quantizer);
+                ``V_reset/`` blocks in the message (the server refused the last reply) replace
+                the control variate before the step
+``evaluate``    mean statistics at the given parameters, no state change (for ||h(S)||^2)
+``query``       a model-specific exchange (``message["query"]`` names it)
+``describe``    the client's own data checked by the estimator's checks; counts and column
+                names only (how the server of a deployment learns the federation's shape)
+``secagg``      secure aggregation: the key set-up and the reveal of shares
+                (:mod:`fedlatent.engine.secagg.secure`); a message carrying ``secagg/slot`` gets
+                its ``estep`` or ``query`` reply masked
+
+The private state (model state such as FedGMM's pi_c or HLCR labels, the control variate V_c,
+the SPIDER memory) is a flat dict of arrays and never leaves the node.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from fedlatent.data.dataset import ClientData, FederatedDataset
+from fedlatent.engine.contract.model import FederatedModel, client_key, client_rng
+from fedlatent.engine.contract.registry import estimator_from_config, model_from_config
+from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
+from fedlatent.engine.node.clientstep import fedem_rows
+from fedlatent.engine.privacy.clipping import weights_refusal
+from fedlatent.engine.privacy.disclosure import DisclosurePolicy, check_counts
+from fedlatent.engine.privacy.enforce import (
+    DisclosureRefused,
+    policy_from_json,
+    setup_refusal,
+    stricter,
+    suppress_blocks,
+)
+from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
+from fedlatent.engine.stats import Stats, units_number
+
+__all__ = ["ClientNode", "describe_client"]
+
+logger = logging.getLogger(__name__)
+
+# purposes of the per-(client, round) generators
+_P_MODEL, _P_QUANT, _P_BATCH, _P_QUERY = 0, 1, 2, 3
+
+
+class _LazyRng:
+    """A per-(client, round, purpose) generator built on first use (most steps draw nothing)."""
+
+    __slots__ = ("_args", "_rng")
+
+    def __init__(self, *args):
+        self._args = args
+        self._rng = None
+
+    def __getattr__(self, name):
+        if self._rng is None:
+            self._rng = client_rng(*self._args)
+        return getattr(self._rng, name)
+
+
+def _sub(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    p = prefix + "/"
+    return {k[len(p) :]: v for k, v in state.items() if k.startswith(p)}
+
+
+def _flat_like(template: Stats, other: Stats) -> np.ndarray:
+    """``other`` flattened in the block order of ``template``, as one row (1, F)."""
+    return np.concatenate([np.ravel(other[k]) for k in template])[None, :]
+
+
+def _put(state: dict[str, np.ndarray], prefix: str, arrays: dict[str, np.ndarray]) -> None:
+    p = prefix + "/"
+    for k in [k for k in state if k.startswith(p)]:
+        del state[k]
+    for k, v in arrays.items():
+        state[p + k] = np.asarray(v)
+
+
+class ClientNode:
+    """One client: its data, its model, its private state.
+
+    Parameters
+    ----------
+    client_id : str
+    data : ClientData
+        The client's own data. Nothing in a reply is derived from it except sums.
+    state : dict of str to ndarray, optional
+        Saved private state (a checkpoint, or Flower's context.state).
+    source : FederatedDataset, optional
+        The dataset ``data`` comes from (column names and roles, for ``describe``); only this
+        client's part of it is ever read.
+    disclosure : DisclosurePolicy, optional
+        The site's own disclosure policy: the server's (sent at setup) can make it stricter,
+        never looser (:mod:`fedlatent.engine.privacy.enforce`). None: the server's.
+    identity : SiteIdentity, optional
+        The site's signing key and pinned roster (:mod:`fedlatent.engine.site.keys`): it signs
+        its key-agreement keys and SEC models, and with a roster accepts only peers' keys and
+        models that rostered sites signed. None: nothing signed, nothing verified.
+    policy : SitePolicy, optional
+        The site's own policy (:mod:`fedlatent.engine.site`): its floors, its ledger, one plan
+        and one answer per question; a message it refuses gets a one-line reason (site, rule,
+        fix). None: no policy (the node answers as the server's settings say).
+    dataset : str
+        The name of the data set ``data`` is (its lifetime privacy budget is kept by name).
+    site_dir : path, optional
+        Where the site's ledger lives when the policy names no directory.
+    """
+
+    def __init__(
+        self,
+        client_id: str,
+        data: ClientData,
+        state: dict[str, np.ndarray] | None = None,
+        *,
+        source: FederatedDataset | None = None,
+        disclosure: DisclosurePolicy | None = None,
+        identity=None,
+        policy=None,
+        dataset: str = "default",
+        site_dir=None,
+    ):
+        self.client_id = str(client_id)
+        #: the site's guard (its policy and ledger), None without a policy
+        self.guard = None
+        #: whether a server's ``noise_seed`` is honoured (a site policy says; in-process: yes)
+        self.honour_noise_seed = True
+        if policy is not None:
+            from fedlatent.engine.site.guard import SiteGuard
+
+            if identity is None and (policy.signing_key or policy.roster):
+                from fedlatent.engine.site.keys import SiteIdentity
+
+                identity = SiteIdentity.from_paths(policy.signing_key, policy.roster,
+                                                   sec_quota=policy.sec_quota,
+                                                   site=policy.name or self.client_id)
+            self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir,
+                                   keys=None if identity is None else identity.keys)
+            self.honour_noise_seed = bool(policy.simulation)
+            disclosure = (policy.disclosure if disclosure is None
+                          else stricter(policy.disclosure, disclosure))
+        #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
+        self.identity = identity
+        self.own_disclosure = disclosure
+        self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
+        self._data = data
+        self._raw = data  # as given; ``_data`` is its clipped copy under differential privacy
+        self._source = source
+        #: the fit's differential privacy (ClientPrivacy) or None; set at setup
+        self.privacy = None
+        self.state: dict[str, np.ndarray] = dict(state or {})
+        self.model: FederatedModel | None = None
+        #: this client's secure-aggregation secrets for the current fit (never sent)
+        self.secagg = None
+        #: the level of this client's own log of its refusals and failures (the server logs
+        #: them too, summarized: the in-process runtime lowers it to DEBUG, else a federation
+        #: of 200,000 refused clients writes 200,000 warnings)
+        self.log_level = logging.WARNING
+
+    # ------------------------------------------------------------------------------------------
+    def handle(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if method == "describe":
+            if self._source is None:
+                raise ValueError(f"client {self.client_id!r} has no column description")
+            return describe_client(self._source.subset([self.client_id]), msg)
+        if method == "setup":
+            return self._setup(msg)
+        if method == "secagg":
+            from fedlatent.engine.secagg.secure import secagg_step
+
+            if self.guard is not None:  # keys set up once per label (on disk); refusals logged
+                return self.guard.secagg(self, msg, secagg_step)
+            return secagg_step(self, msg)
+        if self.guard is not None:  # the site's policy: refuse, replay or answer (recorded)
+            return self.guard.answer(self, method, msg, self._reply)
+        return self._reply(method, msg)
+
+    def _reply(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if "secagg/slot" in msg and method in ("estep", "query"):
+            from fedlatent.engine.secagg.secure import mask_reply
+            from fedlatent.engine.secagg.secure_checks import answer_secure
+
+            return mask_reply(self, method, msg, answer_secure(self, method, msg))
+        return self._answer(method, msg)
+
+    def _answer(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.model is None:
+            self._setup(msg)
+        if method == "estep":
+            return self._estep_or_error(msg)
+        if method == "evaluate":
+            return self._evaluate_or_error(msg)
+        if method == "query":
+            return self._query(msg)
+        if method == "cv_init":
+            return self._cv_init(msg)
+        raise KeyError(f"client {self.client_id!r}: unknown method {method!r}")
+
+    def _setup(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import json
+
+        if self.guard is not None:
+            refusal = self.guard.setup(msg)
+            if refusal is not None:
+                return refusal
+        self.model = model_from_config(str(msg["model"]), json.loads(str(msg["model_config"])))
+        sent = policy_from_json(str(msg.get("disclosure") or ""))
+        own = self.own_disclosure
+        self.disclosure = sent if own is None else stricter(own, sent)
+        self.model.disclosure = self.disclosure
+        self.model.identity = (None if self.identity is None
+                               else self.identity.for_site(self.client_id))
+        self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
+        self.model.site = self.guard
+        refusal = setup_refusal(self.disclosure, self.client_id,
+                                self.model.n_records(self._data))
+        if refusal:
+            logger.log(self.log_level, "%s", refusal)
+            return {ERROR_KEY: refusal}
+        self._setup_privacy(msg)
+        refusal = "" if self.privacy is None else weights_refusal(self._raw.weight,
+                                                                    self.client_id)
+        if refusal:
+            logger.log(self.log_level, "%s", refusal)
+            return {ERROR_KEY: refusal}
+        if not any(k.startswith("model/") for k in self.state):
+            _put(self.state, "model", self.model.init_client_state(self._data))
+            self.state.setdefault("engine/initialized", np.array(1.0))
+        n = self.model.n_units(self._data)
+        return {"n_units": units_number(n)}
+
+    def _setup_privacy(self, msg: dict[str, Any]) -> None:
+        """Differential privacy as the setup message sets it: calibrate, clip the data once."""
+        from fedlatent.engine.privacy.client_dp import ClientPrivacy
+
+        self.privacy = ClientPrivacy.from_message(msg, self.client_id, self.state,
+                                                  honour_seed=self.honour_noise_seed)
+        assert self.model is not None
+        self.model.privacy = None if self.privacy is None else self.privacy.dp
+        self._data = (self._data if self.privacy is None  # (fit_data's rows, from _setup)
+                      else self.model.dp_clip(self._data, self.privacy.dp))
+
+    def _private(self, sums, sensitivities, msg: dict[str, Any], what: str):
+        """``sums`` with this client's calibrated noise (one release of its budget)."""
+        assert self.privacy is not None
+        if self.guard is not None:  # the ledger's count, never the restorable state's
+            self.guard.before_release(self.privacy, self.state, what)
+        out = self.privacy.release(
+            sums, sensitivities, what=what, client_key=client_key(self.client_id),
+            round_=int(msg.get("round", 0)),
+            secagg=self.secagg if "secagg/slot" in msg else None, state=self.state)
+        if self.guard is not None:  # on the ledger before the reply leaves
+            self.guard.released(self.privacy, msg, what, self.model.n_records(self._data))
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    def _local_stats(self, params, rows, rng, commit: bool = True):
+        """The model's client step, refused (:class:`DisclosureRefused`) when it is a sum over
+        fewer than ``min_records`` records, with blocks over too few records suppressed."""
+        assert self.model is not None
+        n_rec = self.model.n_records(self._data, rows)
+        refusal = check_counts(self.disclosure, self.client_id, n_rec,
+                               "the statistic of this step" if rows is None
+                               else "a mini-batch statistic")
+        if refusal:
+            raise DisclosureRefused(refusal)
+        mstate = _sub(self.state, "model")
+        step = self.model.client_stats(params, self._data, mstate, rng, rows)
+        step.stats, small = suppress_blocks(self.disclosure, step.stats,
+                                            self.model.disclosure_blocks(step.stats))
+        if small:
+            logger.debug("client %r: blocks %s over fewer than min_records_per_block=%d "
+                         "records suppressed", self.client_id, small,
+                         self.disclosure.min_records_per_block)
+        if commit:
+            _put(self.state, "model", step.state)
+        return step
+
+    def _estep_or_error(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The E-step, or, if it raises, a reply carrying the exception's text (the server
+        records the client as missing with it) and the state as it was before the round."""
+        before = {k: np.array(v, copy=True) for k, v in self.state.items()}
+        try:
+            return self._estep(msg)
+        except Exception as err:  # noqa: BLE001 - reported to the server, not hidden
+            self.state = before
+            logger.log(self.log_level, "client %r: round %s failed: %s", self.client_id,
+                       msg.get("round"), err)
+            return {ERROR_KEY: f"{type(err).__name__}: {err}"}
+
+    def _estep(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.model is not None
+        seed = int(msg["seed"])
+        rnd = int(msg["round"])
+        mode = str(msg.get("mode", "full"))
+        params = unpack(msg, "params")
+        n_units = self.model.n_draws(self._data)  # what a mini-batch draws from
+        rng_model = _LazyRng(seed, self.client_id, rnd, _P_MODEL)
+        if self.privacy is not None and mode not in ("full", "batch"):
+            raise ValueError(f"client {self.client_id!r}: E-step mode {mode!r} is not available "
+                             "under differential privacy (SPIDER releases two correlated "
+                             "statistics per round); use full passes or mini-batches")
+
+        if mode == "full" or mode == "spider-refresh":
+            step = self._local_stats(params, None, rng_model)
+            if self.privacy is not None:
+                step.stats = Stats(self._private(
+                    step.stats, self.model.dp_sensitivity(params, self.privacy.dp), msg,
+                    f"round {rnd}'s statistic"))
+                step.objective = 0.0  # not released: not covered by the noise
+            S_c = step.stats / (step.n or 1)
+            if mode == "spider-refresh":
+                _put(self.state, "spider_S", S_c.to_dict())
+                _put(self.state, "spider_params", params)
+        elif mode == "batch":
+            rows = self._batch(seed, rnd, n_units, int(msg["batch_size"]))
+            step = self._local_stats(params, rows, rng_model)
+            if self.privacy is not None:
+                step.stats = Stats(self._private(
+                    step.stats, self.model.dp_sensitivity(params, self.privacy.dp), msg,
+                    f"round {rnd}'s mini-batch statistic"))
+                step.objective = 0.0
+            S_c = step.stats / (step.n or 1)
+        elif mode == "spider":
+            prev_S = _sub(self.state, "spider_S")
+            prev_params = _sub(self.state, "spider_params")
+            rows = self._batch(seed, rnd, n_units, int(msg["batch_size"]))
+            if not prev_S:  # never refreshed (joined late): full pass
+                step = self._local_stats(params, None, rng_model)
+                S_c = step.stats / (step.n or 1)
+            else:
+                step = self._local_stats(params, rows, rng_model)
+                old = self._local_stats(prev_params, rows, rng_model, commit=False)
+                S_c = Stats(prev_S) + step.stats / (step.n or 1) - old.stats / (old.n or 1)
+            _put(self.state, "spider_S", S_c.to_dict())
+            _put(self.state, "spider_params", params)
+        else:
+            raise KeyError(f"unknown E-step mode {mode!r}")
+
+        q = self._fedem_update(S_c, msg)
+        reply = pack("delta", q.to_dict())
+        reply["n"] = units_number(step.n)
+        reply["objective"] = float(step.objective)
+        return reply
+
+    def _fedem_update(self, S_c: Stats, msg: dict[str, Any]) -> Stats:
+        """``Q_c = Quant(S_c - S_hat - V_c)`` and ``V_c += alpha Q_c``: the client update of
+        :func:`~fedlatent.engine.node.clientstep.fedem_rows` on a batch of one (the initialization
+        round keeps ``S_c`` when control variates will start from it, and sends it)."""
+        S_hat = Stats(unpack(msg, "S_hat"))
+        use_cv = bool(msg.get("control_variates", False))
+        reset = unpack(msg, "V_reset")
+        if use_cv and reset:  # the server refused our last reply: back to the V_c it holds
+            _put(self.state, "V", reset)
+        V_c = Stats(_sub(self.state, "V")) if use_cv and _sub(self.state, "V") else None
+        if len(S_hat) == 0 and bool(msg.get("keep_init", False)):
+            _put(self.state, "init_S", S_c.to_dict())
+        levels = int(msg.get("quant_levels", 0))
+        cv = use_cv and len(S_hat) > 0
+        d = S_c.flatten()[None, :].copy()
+        uniforms = None
+        if levels > 0:  # the counter-based stream: what the batched path draws for us
+            keys = stream_keys(int(msg["seed"]), [client_key(self.client_id)],
+                               int(msg["round"]), _P_QUANT)
+            uniforms = stream_uniforms(keys, d.shape[1])
+        V_new = fedem_rows(
+            d, None, _flat_like(S_c, S_hat) if len(S_hat) else None,
+            _flat_like(S_c, V_c) if V_c is not None else np.zeros_like(d),
+            np.array([V_c is not None]), levels=levels, sizes=[v.size for v in S_c.values()],
+            uniforms=uniforms, alpha=float(msg["alpha"]) if cv else 1.0, cv=cv)
+        if V_new is not None:
+            _put(self.state, "V", S_c.unflatten(V_new[0]).to_dict())
+        return S_c.unflatten(d[0])
+
+    def _batch(self, seed: int, rnd: int, n_units: int, batch_size: int) -> np.ndarray:
+        """This round's mini-batch: ``min(batch_size, n_units)`` rows without replacement,
+        from the client's counter-based stream (the batched path's rows for this client)."""
+        keys = stream_keys(seed, [client_key(self.client_id)], rnd, _P_BATCH)
+        return np.flatnonzero(batch_rows(keys, np.array([n_units]), batch_size)[0])
+
+    def _cv_init(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Control variate at the start: ``V_c = S_c(theta_0) - S_hat_0`` (Dieuleveut et al.'s
+        choice), from the statistic this client computed in the initialization round."""
+        init = _sub(self.state, "init_S")
+        if init:
+            V = Stats(init) - Stats(unpack(msg, "S_hat"))
+            _put(self.state, "V", V.to_dict())
+            _put(self.state, "init_S", {})
+        return {"ok": 1}
+
+    def _evaluate_or_error(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The evaluation pass, or, if it raises, a reply carrying the exception's text (as
+        for the E-step; evaluating changes no state)."""
+        try:
+            return self._evaluate(msg)
+        except Exception as err:  # noqa: BLE001 - reported to the server, not hidden
+            logger.log(self.log_level, "client %r: evaluation of round %s failed: %s",
+                       self.client_id, msg.get("round"), err)
+            return {ERROR_KEY: f"{type(err).__name__}: {err}"}
+
+    def _evaluate(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.model is not None
+        if self.privacy is not None:
+            raise ValueError(f"client {self.client_id!r}: the evaluation pass (track_h) is not "
+                             "available under differential privacy (it is not in the budget)")
+        params = unpack(msg, "params")
+        rng = client_rng(int(msg["seed"]), self.client_id, int(msg["round"]), _P_MODEL)
+        step = self._local_stats(params, None, rng, commit=False)
+        reply = pack("delta", (step.stats / (step.n or 1)).to_dict())
+        reply["n"] = units_number(step.n)
+        reply["objective"] = float(step.objective)
+        return reply
+
+    def _query(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.model is not None
+        name = str(msg["query"])
+        import zlib
+
+        purpose = _P_QUERY + (zlib.crc32(name.encode()) % 1000) * 10
+        rnd = int(msg.get("round", 0))
+        rng = client_rng(int(msg.get("seed", 0)), self.client_id, rnd, purpose)
+        mstate = _sub(self.state, "model")
+        try:
+            reply, mstate = self.model.client_query(name, msg, self._data, mstate, rng)
+        except DisclosureRefused as err:  # the model declined: the server learns why
+            logger.log(self.log_level, "client %r: query %r refused: %s", self.client_id, name,
+                       err)
+            return {ERROR_KEY: f"client {self.client_id!r}: {err}"}
+        if self.privacy is not None:
+            sens = self.model.dp_query_sensitivity(name, msg, self.privacy.dp)
+            if sens is None:
+                return {ERROR_KEY: f"client {self.client_id!r}: query {name!r} is not available "
+                                   "under differential privacy (its reply has no declared "
+                                   "sensitivity, so no noise can protect it)"}
+            from fedlatent.engine.privacy.dp import PrivacyBudgetExceeded
+
+            try:
+                reply = self._private(reply, sens, msg, f"query {name!r}")
+            except PrivacyBudgetExceeded as err:
+                return {ERROR_KEY: str(err)}
+        _put(self.state, "model", mstate)
+        return reply
+
+
+def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]:
+    """A client's answer to ``describe``: its own data validated by the estimator's checks.
+
+    ``fd`` holds this one client. Raises the estimator's error (naming the client and the column)
+    when the data do not fit the estimator; otherwise returns counts and column names only.
+    """
+    import json
+
+    if fd.n_clients != 1:
+        raise ValueError(f"describe_client expects one client's data, got {fd.n_clients}")
+    extras: dict[str, Any] = {}
+    dropped = sum(fd.missing_target_counts().values())
+    if msg.get("estimator"):
+        est = estimator_from_config(str(msg["estimator"]),
+                                    json.loads(str(msg.get("estimator_params", "{}"))))
+        if not getattr(est.capabilities, "missing_values", False):
+            fd.refuse_missing()
+        if dropped and not getattr(est.capabilities, "missing_target", False):
+            fd.refuse_missing_target()
+        extras = est._describe_local(fd.with_target() if dropped else fd)
+    if fd.has_missing:  # the server asks for the missing-data form of its queries
+        extras = {**extras, "missing": True}
+    if dropped:  # rows the node leaves out of the fit (FederatedModel.fit_data)
+        extras = {**extras, "missing_target": dropped}
+    (cid,) = fd.client_ids
+    return {
+        "client_id": cid,
+        "n_samples": int(fd[cid].n_samples),
+        "feature_names": json.dumps(list(fd.feature_names)),
+        "target_name": fd.target_name or "",
+        "entity_name": fd.entity_name or "",
+        "has_target": bool(fd.has_target),
+        "has_entity": bool(fd.has_entity),
+        "extras": json.dumps(extras),
+    }

@@ -1,0 +1,153 @@
+"""The one checked protocol for "ask the clients, combine the replies".
+
+Every exchange outside the round loop (setup, ``describe``, initialization queries such as
+moments and k-means centroids, SEC's select and exchange, federated scoring) goes through
+:func:`ask`: each reply is validated against what the caller expects (present keys, shapes,
+finite values, bounds) with the same checks as the round loop's statistics
+(:func:`fedlatent.engine.protocol.messages.check_fields`), and a client that does not answer or answers
+badly is treated one way:
+
+- ``required=True`` (the default, what an initialization needs): the exchange stops with a
+  :class:`~fedlatent.engine.faults.FederatedFitError` naming the client(s) and the reason;
+- ``required=False``: the client is left out of this exchange, recorded in ``Replies.faults``
+  (client -> reason) and logged; the caller combines the replies of the others.
+
+No runtime and no model special-cases an exchange: a runtime only carries messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.protocol.messages import (
+    ERROR_KEY,
+    ClientReplyError,
+    Expect,
+    array,
+    check_fields,
+    fault_detail,
+    number,
+    text,
+)
+from fedlatent.engine.protocol.runtime import Runtime
+from fedlatent.engine.stats import units_number
+
+__all__ = ["Expect", "Replies", "array", "ask", "number", "setup_clients", "text"]
+
+logger = logging.getLogger(__name__)
+
+
+class Replies(dict):
+    """``{client: reply}`` of the clients whose replies passed the checks.
+
+    Attributes
+    ----------
+    faults : dict of str to str
+        Clients left out of this exchange and why ("no reply", or the failed check).
+    """
+
+    def __init__(self, *args, faults: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.faults: dict[str, str] = dict(faults or {})
+
+
+def ask(
+    runtime: Runtime,
+    method: str,
+    messages: Mapping[str, Mapping[str, Any]] | Mapping[str, Any],
+    *,
+    what: str,
+    clients: list[str] | None = None,
+    expect: Mapping[str, Expect] | None = None,
+    required: bool = True,
+    per_client: bool = False,
+) -> Replies:
+    """Send one message per client and return the checked replies.
+
+    Parameters
+    ----------
+    runtime : Runtime
+    method : str
+        The client node's method (``"query"``, ``"setup"``, ``"describe"``...).
+    messages : dict
+        One message for every client, or, with ``per_client=True``, ``{client: message}``.
+    what : str
+        What the exchange is for, in words ("k-means initialization"): errors start with it.
+    clients : list of str or None
+        Who is asked (default: every client of the runtime; with ``per_client``, the keys).
+    expect : dict of str to Expect or None
+        What every reply must hold; keys not listed are passed through unchecked.
+    required : bool
+        Whether every asked client must answer validly (see the module docstring).
+
+    Returns
+    -------
+    Replies
+    """
+    if per_client:
+        msgs = {str(c): dict(m) for c, m in messages.items()}
+        ids = list(msgs) if clients is None else list(clients)
+    else:
+        ids = list(runtime.client_ids if clients is None else clients)
+        msgs = {c: dict(messages) for c in ids}
+    raw = runtime.call(ids, method, msgs) if ids else {}
+    good = Replies()
+    for c in ids:
+        try:
+            good[c] = _checked(c, raw.get(c), expect)
+        except ClientReplyError as err:
+            good.faults[c] = err.reason
+    if good.faults:
+        detail = fault_detail(good.faults)
+        if required:
+            raise FederatedFitError(f"{what}: {detail}; nothing of this exchange was used",
+                                    faults=good.faults)
+        logger.warning("%s: left out %s", what, detail)
+    return good
+
+
+def _checked(c: str, reply, expect) -> dict[str, Any]:
+    """Client ``c``'s reply if it holds what ``expect`` says (ClientReplyError otherwise)."""
+    if reply is None:
+        raise ClientReplyError(c, "no reply")
+    if ERROR_KEY in reply:  # the client declined or failed, and said why
+        why = str(reply[ERROR_KEY])
+        raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
+    if expect:
+        check_fields(c, reply, expect)
+    return reply
+
+
+def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
+                  privacy_releases: int = 0, run: str | None = None) -> dict[str, int]:
+    """Send every client the model's name and config and the disclosure policy (None: the
+    default, on), and the differential-privacy setting with the number of releases the fit
+    plans (None: not private); return each client's number of units.
+
+    The one place a model reaches the clients: they rebuild it from the registry (no code or
+    pickle crosses). A client the policy keeps from answering anything (fewer records than
+    ``min_records``) refuses here, before the first round, and the fit stops naming it.
+    ``run`` labels the fit for the sites' ledgers (a site fixes a run's plan at its first
+    setup; a resumed fit sends the same label).
+    """
+    import json
+
+    from fedlatent.engine.privacy.disclosure import DisclosurePolicy
+    from fedlatent.engine.privacy.enforce import policy_to_json
+
+    msg = {"model": model.name, "model_config": json.dumps(model.get_config()),
+           "disclosure": policy_to_json(DisclosurePolicy() if disclosure is None else disclosure)}
+    if privacy is not None:
+        msg["privacy"] = json.dumps(privacy.to_config())
+        msg["privacy_releases"] = int(privacy_releases)
+    if run is not None:
+        msg["run"] = str(run)
+    replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})
+    n_units = {c: units_number(replies[c]["n_units"]) for c in runtime.client_ids}
+    for c, m in n_units.items():
+        if m <= 0:
+            raise FederatedFitError(f"client {c!r} has no units to fit")
+    return n_units

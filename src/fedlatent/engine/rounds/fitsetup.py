@@ -1,0 +1,59 @@
+"""One fit setup, for the estimator and the bare round loop alike: the privacy budget planned,
+the clients set up, the secure-aggregation channel opened."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedlatent.engine.fedem.federation import Federation
+from fedlatent.engine.protocol.exchange import setup_clients
+from fedlatent.engine.protocol.runtime import Runtime
+
+__all__ = ["FitSetup", "setup_fit"]
+
+
+@dataclass
+class FitSetup:
+    """What a fit's setup produced.
+
+    Attributes
+    ----------
+    n_units : dict of str to int
+        Each client's units (what it answered ``setup``).
+    secure : SecureChannel or None
+        The fit's channel under ``Federation(secure_aggregation=True)``.
+    privacy : PrivacyBudget or None
+        The fit's budget under ``Federation(privacy=...)``.
+    """
+
+    n_units: dict[str, int]
+    secure: Any = None
+    privacy: Any = None
+
+
+def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, *,
+              init_releases: int = 0, privacy=None, open_secure: bool = True,
+              run: str | None = None) -> FitSetup:
+    """Set a fit up: under differential privacy its budget planned for ``max_rounds`` rounds
+    and ``init_releases`` initialization releases (unless ``privacy`` gives it), the clients
+    set up with the model, the disclosure policy and that plan, and under secure aggregation
+    (with ``open_secure``) the channel's keys and shares exchanged. ``run`` labels the fit for
+    the sites' ledgers (:func:`~fedlatent.engine.protocol.exchange.setup_clients`)."""
+    from fedlatent.engine.privacy.disclosure import effective
+
+    if federation.privacy is not None and privacy is None:
+        from fedlatent.engine.privacy.dp import PrivacyBudget, planned_releases
+
+        privacy = PrivacyBudget(federation.privacy.calibrate(
+            planned_releases(max_rounds, 1, int(init_releases))))
+    n_units = setup_clients(runtime, model, effective(federation.disclosure,
+                                                      federation.secure_aggregation),
+                            federation.privacy,
+                            0 if privacy is None else privacy.calibration.releases, run=run)
+    secure = None
+    if federation.secure_aggregation and open_secure:
+        from fedlatent.engine.secagg.secure import open_channel
+
+        secure = open_channel(runtime, federation, n_units, max_rounds)
+    return FitSetup(n_units, secure, privacy)

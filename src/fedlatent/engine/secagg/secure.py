@@ -1,0 +1,371 @@
+"""Secure aggregation in the engine: the server learns only the sum of each exchange's replies.
+
+``Federation(secure_aggregation=True)`` routes every sum the server uses through the protocol of
+:mod:`fedlatent.engine.secagg` (Bonawitz et al. 2017 with per-exchange secrets):
+
+set-up, once per fit (method ``secagg``, steps ``keys``, ``roster``, ``shares``)
+    every client draws from the OS one X25519 key pair for share encryption and, for each of
+    the ``slots`` exchanges the fit may run, a mask key pair and a self-mask seed; the server
+    relays the public keys (the roster) and the sealed Shamir shares of every secret.
+one exchange (a round's ``estep``, or an initialization ``query``)
+    the round message carries the participants, the exchange's slot and two public factors:
+    the client's weight ``w_c`` and ``1 / N`` (N = the federation's units, public since
+    set-up). The client computes its reply as without secure aggregation and sends only
+    ``encode(x) + masks`` of ``w_c * delta``, ``n / N``, ``objective / N`` (a round; the
+    objective in two limbs) or of every field ``/ N`` (a query: moments, hard-assignment or
+    random-membership sums); the survivors then reveal the shares that remove the masks
+    (``reveal``), and the server decodes the sum and multiplies the ``/ N`` fields back.
+
+What the server learns: per exchange, the sums over the survivors, who was asked and who
+answered (client sizes were public already). What it cannot do any more: screen one client's
+reply (:mod:`fedlatent.engine.rounds.screen`): the checks apply to the aggregate (its
+shapes, finite values, the units it claims equal the survivors' units on full passes, and
+the model's invariants on the initialization round's sum), and a failing aggregate stops the
+fit naming the round and the clients it came from (secure aggregation hides which of them).
+
+Fixed point: the ring Z_{2^64}, one public power-of-two scale, the largest with
+``bound * scale * n_clients < 2^62`` (at most 2^40), where ``bound`` (``Federation(
+secagg_bound=2**20)``) caps the absolute value of every entry a client sends; those entries are
+per-unit means weighted by ``w_c <= 1`` (a client's mean statistics, or its sums divided by
+N), so the bound is that of one record's statistic (e.g. ``x_j x_k``): standardize features
+whose squares exceed it. Each entry carries at most ``1 / (2 scale)`` of rounding.
+A dropped client's masks are recovered from the survivors' shares; its mask key of that
+exchange is then known, so it is excluded for the rest of the fit. Fewer survivors than the
+threshold stop the fit, naming the round, the count and the threshold; an abandoned exchange
+is never retried. A round whose draw of participants (after exclusions) is below the
+threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
+refused before any exchange (:func:`refuse_unsupported`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from fedlatent.data.validation import name_list
+from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.protocol.messages import ERROR_KEY, fault_detail, message_nbytes
+
+__all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
+           "open_channel", "refuse_clear_query", "refuse_unsupported", "secagg_step",
+           "secure_sum_query"]
+
+logger = logging.getLogger(__name__)
+
+#: exchanges reserved for initialization queries beyond the fit's ``max_rounds``
+INIT_SLOTS = 8
+_KEY = "secagg/"
+#: the objective (a log-likelihood, unbounded below) crosses as two limbs, hi * 2^20 + lo,
+#: hi an integer and 0 <= lo < 2^20: per-unit objectives down to -2^40 keep full resolution
+_LIMB = 2.0**20
+
+
+def default_threshold(n_clients: int) -> int:
+    """floor(n / 2) + 1: the smallest threshold the protocol allows (at most n)."""
+    return min(n_clients, n_clients // 2 + 1)
+
+
+def fixed_point(bound: float, n_clients: int):
+    """The public encoding: the largest power-of-two scale (<= 2^40) such that a sum of
+    ``n_clients`` entries of magnitude ``bound`` stays below 2^62."""
+    from fedlatent.engine.secagg import FixedPoint
+
+    bits = math.floor(math.log2(2.0**62 / (float(bound) * max(n_clients, 1))))
+    if bits < 10:
+        raise ValueError(f"secure aggregation: bound {bound:g} with {n_clients} clients leaves "
+                         f"a fixed-point scale of 2^{bits}, too coarse; lower "
+                         "Federation(secagg_bound=...) (standardize the features)")
+    return FixedPoint(scale=2.0 ** min(bits, 40), bound=float(bound))
+
+
+# ---- the client side ------------------------------------------------------------------------
+def _config(msg: dict[str, Any]):
+    from fedlatent.engine.secagg import FixedPoint, SecAggConfig
+
+    return SecAggConfig(int(msg["threshold"]),
+                        FixedPoint(scale=float(msg["scale"]), bound=float(msg["bound"])),
+                        slots=int(msg["slots"]))
+
+
+def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
+    """A client node's answer to method ``secagg`` (``msg["step"]``: keys, roster, shares,
+    reveal). The client's secrets stay on the node (:attr:`ClientNode.secagg`)."""
+    from fedlatent.engine.secagg import SecAggClient
+
+    step = str(msg["step"])
+    identity = getattr(node, "identity", None)
+    if step == "keys":  # a new fit: new secrets
+        run, rnd = str(msg.get("run", "")), int(msg.get("round", 0))
+        signer = _check_identity(node, identity, run)
+        node.secagg = SecAggClient(node.client_id, _config(msg), run=run, round=rnd)
+        return node.secagg.public_keys(signer=signer)
+    client = node.secagg
+    if client is None:
+        raise ValueError(f"client {node.client_id!r}: secure aggregation step {step!r} before "
+                         "the key set-up; the server must start with step 'keys'")
+    if step == "roster":
+        client.receive_peer_keys({k: v for k, v in msg.items() if k in
+                                  ("ids", "mask_key", "enc_key", "self_commit", "signature")},
+                                 trust=None if identity is None else identity.roster)
+        return {f"to/{v}": ct for v, ct in client.share_messages().items()}
+    if step == "shares":
+        client.receive_shares({k[5:]: v for k, v in msg.items() if k.startswith("from/")})
+        return {"ok": 1}
+    if step == "reveal":
+        return client.reveal(int(msg["round"]), str(msg["exchange"]),
+                             json.loads(msg["survivors"]), json.loads(msg["dropped"]))
+    raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
+
+
+def _check_identity(node, identity, run: str):
+    """The site's signing key for a key set-up of ``run`` (None: it signs nothing); with a
+    pinned roster, the set-up needs a run id, once per site, and the site must be rostered."""
+    if identity is None:
+        return None
+    if identity.roster is not None:
+        if not run:
+            raise ValueError(f"client {node.client_id!r}: the secure aggregation set-up names "
+                             "no run; a site with a pinned roster signs keys only for a named "
+                             "run (an unnamed one could be replayed)")
+        if node.client_id not in identity.roster:
+            raise ValueError(f"client {node.client_id!r} is not in its own pinned roster; its "
+                             "peers could not authenticate it: add it to the roster")
+        identity.claim_run(node.client_id, run, "the secure aggregation key set-up")
+    return identity.keys
+
+
+def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """The masked form of a reply computed as without secure aggregation: ``w_c * delta/*``
+    and ``n / N``, ``objective / N`` for an E-step, every numeric field ``/ N`` for a query.
+    A reply carrying an error is sent as it is (the client counts as dropped)."""
+    if ERROR_KEY in reply:
+        return reply
+    w, unit = float(msg[_KEY + "weight"]), float(msg[_KEY + "unit"])
+    fields = {}
+    for k, v in reply.items():
+        if isinstance(v, str):
+            continue
+        a = np.asarray(v, dtype=np.float64).reshape(np.shape(v) or (1,))  # as records carry it
+        fields[k] = a * (w if method == "estep" and k.startswith("delta/") else unit)
+    if method == "estep" and "objective" in fields:  # unbounded: split into two limbs
+        o = fields.pop("objective")
+        hi = np.floor(o / _LIMB)
+        fields["objective/hi"], fields["objective/lo"] = hi, o - hi * _LIMB
+    if node.secagg is None:
+        raise ValueError(f"client {node.client_id!r}: asked for a masked reply before the key "
+                         "set-up")
+    return node.secagg.mask(fields, int(msg[_KEY + "round"]), str(msg[_KEY + "exchange"]),
+                            json.loads(msg[_KEY + "participants"]),
+                            slot=int(msg[_KEY + "slot"]))
+
+
+# ---- the server side ------------------------------------------------------------------------
+class SecureChannel:
+    """The server's secure aggregation for one fit: the set-up and every secure sum.
+
+    Parameters
+    ----------
+    runtime : Runtime
+    n_units : dict of str to int
+        The units each client set up (public): N is their total.
+    threshold : int or None
+        Shares needed to unmask; None: ``floor(n / 2) + 1``.
+    bound : float
+        Largest magnitude of an entry one client sends (see the module docstring).
+    slots : int
+        Exchanges the fit may run (its rounds plus :data:`INIT_SLOTS`).
+    run : str or None
+        The run's id, bound into the sites' signatures of their keys; None: a fresh random id.
+    """
+
+    def __init__(self, runtime, n_units: dict[str, int], *, threshold: int | None,
+                 bound: float, slots: int, run: str | None = None):
+        import secrets
+
+        from fedlatent.engine.secagg import SecAggConfig, SecAggServer
+
+        self.run = str(run) if run else secrets.token_hex(16)
+        self.runtime = runtime
+        self.cids = list(runtime.client_ids)
+        self.n_total = float(sum(n_units[c] for c in self.cids))
+        n = len(self.cids)
+        t = default_threshold(n) if threshold is None else int(threshold)
+        self.config = SecAggConfig(t, fixed_point(bound, n), slots=int(slots))
+        self.config.check_clients(n)
+        self.server = SecAggServer(self.config)
+        #: bytes of the key set-up, (down, up); the initialization round's record adds them
+        self.setup_down = self.setup_up = 0
+        #: how many times each initialization query was asked (its exchanges' labels)
+        self.asked: dict[str, int] = {}
+
+    @property
+    def excluded(self) -> dict[str, str]:
+        """Clients declared dropped (their mask key revealed): out for the rest of the fit."""
+        return self.server.excluded
+
+    @property
+    def setup_bytes(self) -> int:
+        return self.setup_down + self.setup_up
+
+    def _call(self, ids, method, msgs) -> dict:
+        self.setup_down += sum(message_nbytes(msgs[c]) for c in ids)
+        replies = self.runtime.call(ids, method, msgs) if ids else {}
+        self.setup_up += sum(message_nbytes(r) for r in replies.values())
+        return replies
+
+    def setup(self) -> SecureChannel:
+        """Keys, roster and sealed shares: three messages to every client, once per fit."""
+        enc = self.config.encoding
+        base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
+                "bound": float(enc.bound), "slots": int(self.config.n_slots), "run": self.run,
+                "round": 0}
+        keys = self._call(self.cids, "secagg", {c: base for c in self.cids})
+        missing = [c for c in self.cids if c not in keys or ERROR_KEY in keys[c]]
+        if missing:
+            raise FederatedFitError(f"secure aggregation set-up: clients [{name_list(missing)}] "
+                                    "sent no public keys; every client must take part in the "
+                                    "set-up", faults={c: "no public keys" for c in missing})
+        roster = self.server.collect_keys(keys)
+        out = self._call(self.cids, "secagg", {c: {"step": "roster", **roster}
+                                               for c in self.cids})
+        refused = {c: str(r[ERROR_KEY]) for c, r in out.items() if ERROR_KEY in r}
+        if refused:  # a site that cannot authenticate a peer deals no shares: stop here
+            raise FederatedFitError(f"secure aggregation set-up: clients "
+                                    f"[{name_list(list(refused))}] refused the relayed keys; "
+                                    f"{fault_detail(refused)}", faults=refused)
+        inbox: dict[str, dict] = {c: {"step": "shares"} for c in self.cids}
+        for u in self.cids:
+            for k, ct in out.get(u, {}).items():
+                if k.startswith("to/") and k[3:] in inbox:
+                    inbox[k[3:]][f"from/{u}"] = ct
+        self._call(self.cids, "secagg", inbox)
+        logger.info("secure aggregation set up for %d clients (threshold %d, scale 2^%d, "
+                    "%d exchanges, %d bytes)", len(self.cids), self.config.threshold,
+                    int(math.log2(enc.scale)), self.config.n_slots, self.setup_bytes)
+        return self
+
+    def sum(self, method: str, msgs: dict[str, dict[str, Any]], *, round: int, exchange: str,
+            weights: dict[str, float] | None = None) -> dict[str, Any]:
+        """One secure exchange with the clients of ``msgs``.
+
+        Returns ``{"sums": {field: float array}, "survivors": [...], "dropped": [...],
+        "errors": {client: text}, "bytes_up": int, "bytes_down": int}``; ``sums`` holds the
+        decoded sum over the survivors, with the ``/ N`` fields multiplied back by N.
+        Raises FederatedFitError naming the round, the count and the threshold when fewer than
+        ``threshold`` clients take part, reply or reveal.
+        """
+        from fedlatent.engine.secagg import SecureAggregationError
+
+        where = "" if method == "estep" else f"initialization {exchange!r}: "
+        try:
+            P = self.server.announce(round, exchange, list(msgs))
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"{where}{err}", None, round) from err
+        slot = self.server.slot
+        head = {_KEY + "slot": slot, _KEY + "participants": json.dumps(P),
+                _KEY + "round": int(round), _KEY + "exchange": str(exchange),
+                _KEY + "unit": 1.0 / self.n_total}
+        out = {c: {**msgs[c], **head, _KEY + "weight": float((weights or {}).get(c, 0.0))}
+               for c in P}
+        down = sum(message_nbytes(out[c]) for c in P)
+        replies = self.runtime.call(P, method, out)
+        errors = {c: str(r[ERROR_KEY]) for c, r in replies.items() if ERROR_KEY in r}
+        masked = {c: r for c, r in replies.items() if ERROR_KEY not in r}
+        up = sum(message_nbytes(r) for r in replies.values())
+        try:
+            request = self.server.aggregate(masked)
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"{where}{err}", None, round) from err
+        req = {"step": "reveal", "round": int(round), "exchange": str(exchange),
+               "survivors": json.dumps(request["survivors"]),
+               "dropped": json.dumps(request["dropped"])}
+        S = request["survivors"]
+        revealed = self.runtime.call(S, "secagg", {c: req for c in S})
+        down += message_nbytes(req) * len(S)
+        up += sum(message_nbytes(r) for r in revealed.values())
+        revealed = {c: r for c, r in revealed.items() if ERROR_KEY not in r}
+        try:
+            sums = self.server.unmask(revealed)
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"{where}{err}", None, round) from err
+        if "objective/hi" in sums:
+            sums["objective"] = sums.pop("objective/hi") * _LIMB + sums.pop("objective/lo")
+        for k in ("n", "objective"):  # scalars cross as one-entry vectors
+            if k in sums and sums[k].size == 1:
+                sums[k] = sums[k].reshape(())
+        for k in sums:
+            if not (method == "estep" and k.startswith("delta/")):
+                sums[k] = sums[k] * self.n_total
+        if request["dropped"]:
+            logger.warning("round %s, exchange %r: recovered the masks of dropped [%s] "
+                           "(excluded from now on)", round, exchange, name_list(request["dropped"]))
+        return {"sums": sums, "survivors": list(S), "dropped": list(request["dropped"]),
+                "errors": errors, "bytes_up": int(up), "bytes_down": int(down)}
+
+
+def open_channel(runtime, federation, n_units: dict[str, int], max_rounds: int) -> SecureChannel:
+    """The set-up of one fit under ``federation``: enough slots for ``max_rounds`` rounds,
+    :data:`INIT_SLOTS` initialization exchanges and the group tests of
+    :data:`~fedlatent.engine.secagg.secure_checks.CHECK_SLOTS`."""
+    from fedlatent.engine.secagg.secure_checks import CHECK_SLOTS
+
+    return SecureChannel(runtime, n_units, threshold=federation.secagg_threshold,
+                         bound=federation.secagg_bound,
+                         slots=int(max_rounds) + INIT_SLOTS + CHECK_SLOTS).setup()
+
+
+def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,
+                     shapes: dict[str, tuple], *, what: str) -> dict[str, np.ndarray]:
+    """An initialization query whose replies the server needs only summed, through secure
+    aggregation: ``{field: sum over every client}``, each field checked for its shape and
+    finite values; every client must take part (a dropout stops the fit, naming it)."""
+    channel = ctx.secure
+    base = {"query": query, "seed": int(ctx.seed), **(payload or {})}
+    # every exchange needs its own label: a query asked again (a Lloyd step) is "name#2", ...
+    channel.asked[query] = channel.asked.get(query, 0) + 1
+    label = query if channel.asked[query] == 1 else f"{query}#{channel.asked[query]}"
+    res = channel.sum("query", {c: base for c in ctx.client_ids}, round=0, exchange=label)
+    if res["dropped"]:
+        faults = {c: res["errors"].get(c, "no reply") for c in res["dropped"]}
+        raise FederatedFitError(f"{what}: every client must answer; {fault_detail(faults)}",
+                                faults=faults)
+    out = {}
+    for k, shp in shapes.items():
+        v = np.asarray(res["sums"].get(k, np.nan), dtype=np.float64)
+        if v.size == int(np.prod(shp)):
+            v = v.reshape(shp)
+        if v.shape != tuple(shp) or not np.all(np.isfinite(v)):
+            raise FederatedFitError(f"{what}: the aggregate field {k!r} has shape {v.shape} "
+                                    f"(expected {tuple(shp)}) or non-finite values; secure "
+                                    "aggregation hides which client sent it")
+        out[k] = v
+    return out
+
+
+def refuse_unsupported(est) -> None:
+    """ValueError unless estimator ``est`` can be fitted under secure aggregation: its class
+    says why not (``capabilities.secure_refusal``), or a size ``'auto'`` would be chosen by
+    per-client held-out scores."""
+    name = type(est).__name__
+    caps = est.capabilities
+    if not caps.secure_aggregation:
+        raise ValueError(f"{name} refuses Federation(secure_aggregation=True): "
+                         f"{caps.secure_refusal}; fit it with secure_aggregation=False")
+    sel = est._selection()
+    if sel is not None:
+        raise ValueError(f"{name}: a size 'auto' is chosen by scores each client sends in the "
+                         f"clear ({sel.param}='auto': its log-likelihood, or its score on "
+                         "held-out rows), which secure aggregation would not hide; give "
+                         f"{sel.param} a number or fit with secure_aggregation=False")
+
+
+def refuse_clear_query(query: str, what: str | None) -> None:
+    """The error of a per-client query under secure aggregation."""
+    raise ValueError(f"query {query!r} ({what or 'an exchange'}) would send each client's reply "
+                     "to the server in the clear; under secure aggregation only sums cross "
+                     "(FitContext.ask_sum); use a start built from sums, or "
+                     "secure_aggregation=False")

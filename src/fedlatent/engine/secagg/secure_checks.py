@@ -1,0 +1,272 @@
+"""Liars under secure aggregation: every aggregate checked, a failing one never applied, the liar
+located by group testing.
+
+The server sees only sums. It still knows what every sum must mean, so each round's aggregate
+is checked (:func:`aggregate_problem`): each decoded entry within the range honest encodings can
+reach (``bound`` times the survivors; a ring element shifted by 2^62 decodes far beyond it and
+is reported as a malformed masked reply, never as a statistic), the units it claims (full
+passes), and the model's invariants (counts, PSD moments, ...) on the statistic rebuilt from
+the sum: ``sum_c w_c S_c = sum_c w_c Q_c + W S_hat (+ V)`` (exact without a quantizer; with
+control variates only when every client of the run answered, ``V`` being the sum of all
+``V_c``), with the fixed point's rounding as slack.
+
+A failing aggregate is discarded: the round is recorded (``history_``: ``skipped``), the last
+good state kept, and the clients told to undo the round's control-variate update
+(``secagg/undo``). The server then locates the liar by group testing: the round's survivors
+re-send their cached reply of the round (``secagg/replay``; with control variates as
+``Q_c + V_c``, the statistic minus ``S_hat``, rebuildable for any cohort) in secure sums over
+sub-cohorts of at least the threshold, leaving out a block of the remaining candidates each
+time (a binary search: about log2(n) + 1 exchanges); a client is named only when a last
+cohort holding it and clients of passing cohorts fails again, so a lie that does not reproduce
+names no one. The named client is excluded for the rest of the fit (in the initialization
+round, which needs every client, the fit stops naming it). The search has
+:data:`CHECK_SLOTS` exchanges per fit (reserved at set-up, apart from the rounds'); when no
+client can be named the round is still discarded, and :data:`UNEXPLAINED_STOP` such rounds in
+a row stop the fit.
+
+What group testing reveals: the difference of two tested sums is the sum over the block left
+out, a sum of fewer clients than the threshold (the threshold is above half the clients, so
+any two cohorts overlap). The search runs only after a failing aggregate and only over blocks
+whose records pass the disclosure count rule (:func:`~fedlatent.engine.privacy.disclosure.
+check_aggregate`); it reveals at most what a fit without secure aggregation shows of every
+reply. A liar that stays inside every invariant cannot be caught by them: it can move
+``S_hat`` by its weight ``w_c`` times the distance between its statistic and any valid one
+within the encoding's bound (see the tests' figure).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+
+from fedlatent.data.validation import name_list
+from fedlatent.engine.protocol.messages import ERROR_KEY, ClientReplyError, check_reply
+from fedlatent.engine.stats import Stats
+
+__all__ = ["CHECK_SLOTS", "aggregate_problem", "answer_secure", "locate", "ring_problem",
+           "with_undo"]
+
+logger = logging.getLogger("fedlatent.engine.rounds.secure_round")
+
+#: secure exchanges reserved per fit for group testing (one search over 2^7 clients)
+CHECK_SLOTS = 8
+#: discarded rounds in a row, none explained by a named client, that stop the fit
+UNEXPLAINED_STOP = 3
+_REPLAY, _UNDO = "secagg/replay", "secagg/undo"
+
+
+# ---- the client side ------------------------------------------------------------------------
+def _cv_state(node) -> dict[str, np.ndarray]:
+    return {k: np.array(v, copy=True) for k, v in node.state.items() if k.startswith("V/")}
+
+
+def answer_secure(node, method: str, msg: dict) -> dict:
+    """A client's answer under secure aggregation (masked by the caller): the E-step as
+    without it, remembered with the control variate it started from; the remembered reply of
+    the round when the server asks for a replay (group testing); a discarded round's update
+    of the control variate undone first."""
+    if method != "estep":
+        return node._answer(method, msg)
+    last = getattr(node, "secure_last", None)
+    undo = json.loads(msg.get(_UNDO, "[]"))
+    if last is not None and last[0] in undo:  # the server discarded that round
+        for k in [k for k in node.state if k.startswith("V/")]:
+            del node.state[k]
+        node.state.update(last[2])
+        node.secure_last = last = None
+    rnd = int(msg["round"])
+    if _REPLAY in msg:
+        if last is None or last[0] != rnd:
+            raise ValueError(f"client {node.client_id!r}: asked to replay round {rnd}, whose "
+                             "reply it does not hold")
+        reply = dict(last[1])
+        for k, v in last[2].items():  # Q_c + V_c: the statistic minus S_hat
+            reply["delta/" + k[2:]] = reply["delta/" + k[2:]] + v
+        return reply
+    before = _cv_state(node)
+    reply = node._answer(method, msg)
+    if ERROR_KEY not in reply:
+        node.secure_last = (rnd, dict(reply), before)
+    return reply
+
+
+def with_undo(channel, msg: dict) -> dict:
+    """The round message with the rounds discarded so far (their updates are undone)."""
+    gone = sorted(getattr(channel, "discarded", ()))
+    return {**msg, _UNDO: json.dumps(gone)} if gone else msg
+
+
+# ---- the server side ------------------------------------------------------------------------
+def ring_problem(sums: dict, survivors: list[str], bound: float) -> str | None:
+    """Why a decoded sum cannot come from honest encodings (None: it can): an entry of a
+    weighted statistic beyond ``bound`` times the survivors."""
+    cap = float(bound) * len(survivors) * (1 + 1e-9)
+    for k in sorted(sums):
+        if not k.startswith("delta/"):
+            continue
+        v = np.abs(np.asarray(sums[k], dtype=np.float64)).ravel()
+        bad = np.flatnonzero(~(v <= cap))
+        if bad.size:
+            return (f"field {k!r} decodes to {v[bad[0]]:.6g} at index {int(bad[0])}, beyond "
+                    f"what {len(survivors)} honest encodings can reach ({cap:.6g}): a ring "
+                    "element out of range, i.e. a malformed masked reply (e.g. shifted by "
+                    "2^62), not a sum of statistics")
+    return None
+
+
+def _rebuilt(rounds, plan, Q: Stats, S: list[str], replay: bool):
+    """``(total, units, slack)``: the sum statistic of the clients ``S`` over their units, and
+    its rounding bound; None when the aggregate cannot be rebuilt into one."""
+    fed = rounds.fed
+    if fed.quantizer is not None or plan.mode != "full" or not rounds.screen.has_check:
+        return None
+    W = float(sum(rounds.weights[c] for c in S))
+    units = float(sum(rounds.screen.n_units[c] for c in S))
+    S_hat, V = rounds.state.S_hat, rounds.state.V
+    total = Q.copy()
+    mag = Stats({k: np.abs(v) for k, v in Q.items()}, copy=False)
+    if not plan.init_round:
+        every = len(S) == len(rounds.cids)
+        if rounds.use_cv and not replay and (not every or V is None):
+            return None
+        total = total + S_hat * W
+        mag = mag + Stats({k: np.abs(v) for k, v in S_hat.items()}, copy=False) * W
+        if rounds.use_cv and not replay:
+            total = total + V
+            mag = mag + Stats({k: np.abs(v) for k, v in V.items()}, copy=False)
+    f = units / W
+    enc = rounds.secure.config.encoding
+    slack = Stats({k: (64 * np.finfo(np.float64).eps * v + len(S) / (2 * enc.scale)) * f
+                   for k, v in mag.items()}, copy=False)
+    noise = rounds.screen.dp_slack(total, len(S))
+    return total * f, units, (slack if noise is None else slack + noise)
+
+
+def aggregate_problem(rounds, plan, S: list[str], sums: dict, *, replay: bool = False
+                      ) -> tuple[Stats | None, str | None]:
+    """``(Q, reason)``: the round's checked sum over the survivors ``S`` and why it cannot be
+    true (None: it can): shapes and finite values, the ring's range, the units it claims (full
+    passes), the model's invariants on the rebuilt statistic."""
+    who = f"the aggregate of clients [{name_list(S)}]"
+    try:
+        Q = check_reply(who, {**sums, "n": 0.0, "objective": 0.0}, plan.shapes)
+    except ClientReplyError as err:
+        return None, f"is not valid ({err.reason})"
+    ring = ring_problem(sums, S, rounds.secure.config.encoding.bound)
+    if ring:
+        return None, ring
+    n_sum = float(sums["n"])
+    units = float(sum(rounds.screen.n_units[c] for c in S))
+    if plan.mode in ("full", "spider-refresh") and abs(n_sum - units) > 0.5:
+        return None, f"claims {n_sum:.6g} units, its clients set up {units:g}"
+    got = _rebuilt(rounds, plan, Q, S, replay)
+    if got is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            why = rounds.model.check(*got)
+        if why:
+            return None, f"breaks the model's invariants: {why}"
+    return Q, None
+
+
+def _test(rounds, plan, cohort: list[str], j: int) -> bool | None:
+    """Whether the replayed sum of ``cohort`` passes the checks (None: the exchange failed)."""
+    from fedlatent.engine.faults import FederatedFitError
+
+    channel = rounds.secure
+    channel.checks_used = getattr(channel, "checks_used", 0) + 1
+    msg = {**with_undo(channel, plan.msg), _REPLAY: 1}
+    try:
+        res = rounds.secure.sum("estep", {c: msg for c in cohort}, round=plan.k,
+                                exchange=f"estep/check{j}",
+                                weights={c: rounds.weights[c] for c in cohort})
+    except FederatedFitError as err:
+        logger.warning("round %d: group test %d failed (%s)", plan.k, j, err)
+        return None
+    if res["dropped"]:
+        return None
+    return aggregate_problem(rounds, plan, res["survivors"], res["sums"], replay=True)[1] is None
+
+
+def _block_refused(rounds, block: list[str]) -> str | None:
+    from fedlatent.engine.privacy.disclosure import check_aggregate, effective
+
+    policy = effective(rounds.fed.disclosure, True)
+    units = float(sum(rounds.screen.n_units[c] for c in block))
+    return check_aggregate(policy, units, "a group test's block", block)
+
+
+def _spent(rounds) -> bool:
+    """Whether the group-test exchanges reserved at set-up are used up."""
+    return getattr(rounds.secure, "checks_used", 0) >= CHECK_SLOTS
+
+
+def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
+    """Group testing over sub-cohorts of the survivors ``S`` of round ``plan.k`` (see the
+    module docstring): ``(liar or None, what the search did)``."""
+    t = rounds.secure.config.threshold
+    cand, cleared, j = list(S), [], 0
+    while len(cand) > 1:
+        block = cand[:min((len(cand) + 1) // 2, len(S) - t)]
+        if not block:
+            return None, f"{len(S)} survivors leave no block out above the threshold {t}"
+        if _block_refused(rounds, block):
+            return None, "a block to leave out holds too few records for the disclosure rule"
+        if _spent(rounds):
+            return None, f"the {CHECK_SLOTS} group-test exchanges of the fit are used up"
+        j += 1
+        ok = _test(rounds, plan, [c for c in S if c not in block], j)
+        if ok is None:
+            return None, f"group test {j} could not be completed"
+        if ok:
+            cleared += [c for c in S if c not in block and c not in cleared]
+            cand = block
+        else:
+            cand = [c for c in cand if c not in block]
+    suspect = cand[0]
+    keep = [c for c in cleared if c != suspect][:max(t - 1, 0)]
+    if len(keep) < t - 1:  # only clients of a passing cohort vouch: else no one is named
+        return None, f"{j} group tests cleared too few clients to confirm a suspect"
+    if _spent(rounds):
+        return None, f"the {CHECK_SLOTS} group-test exchanges of the fit are used up"
+    j += 1
+    ok = _test(rounds, plan, [suspect, *keep], j)
+    if ok is None or ok:
+        return None, (f"{j} group tests; the lie did not reproduce (the failing sum was not "
+                      "sent again): no client named")
+    return suspect, f"located by {j} group tests over sub-cohorts of at least {t} clients"
+
+
+def discard(rounds, plan, S: list[str], why: str):
+    """Locate the liar of round ``plan.k``'s failing aggregate and exclude it; the record of
+    the discarded round (``Aggregate.skipped``). In the initialization round the fit stops."""
+    from fedlatent.engine.faults import FederatedFitError
+
+    k = plan.k
+    liar, how = locate(rounds, plan, S)
+    head = f"round {k}: the aggregate of clients [{name_list(S)}] {why}"
+    if liar is None:
+        blame = f"secure aggregation hides which client sent it ({how})"
+    elif plan.init_round:
+        blame = f"client {liar!r} sent it ({how}); fit again without it"
+    else:
+        blame = f"client {liar!r} sent it ({how}); excluded from now on"
+        rounds.secure.server.excluded[liar] = f"round {k} (its reply broke the checks)"
+    if plan.init_round:
+        raise FederatedFitError(f"{head}; {blame}; kept the parameters of round {k - 1}",
+                                rounds.params, k,
+                                faults=None if liar is None else {liar: why})
+    channel = rounds.secure
+    channel.discarded = getattr(channel, "discarded", set()) | {k}
+    if liar is None:
+        channel.unexplained = getattr(channel, "unexplained", set()) | {k}
+        if all(k - i in channel.unexplained for i in range(UNEXPLAINED_STOP)):
+            raise FederatedFitError(
+                f"{head}; {blame}; {UNEXPLAINED_STOP} aggregates in a row broke the checks and "
+                "no client could be named (a liar whose replies stay inside the invariants "
+                "one round at a time, or a corrupted channel): stopped, kept the parameters of "
+                f"round {k - UNEXPLAINED_STOP}", rounds.params, k)
+    out = f"{head}; {blame}; discarded, the parameters of round {k - 1} kept"
+    logger.warning("%s", out)
+    return out

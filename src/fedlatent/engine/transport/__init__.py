@@ -1,0 +1,1 @@
+"""Transport: the in-process runtime (Flower adapters live in fedlatent.runtime)."""
