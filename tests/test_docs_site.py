@@ -74,7 +74,8 @@ def test_sphinx_roles_of_the_docstrings_become_inline_code_in_the_reference():
                                                   ROOT / "docs" / "_ext" / "sphinx_roles.py")
     ext = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ext)
-    text = ("Kept by :meth:`bic` (:func:`fedlatent.engine.contract.starts.best`, :class:`~fl.Federation`, "
+    text = ("Kept by :meth:`bic` (:func:`fedlatent.engine.contract.starts.best`, "
+            ":class:`~fl.Federation`, "
             ":py:mod:`the engine <fedlatent.engine>`); ``x`` and `y` stay.")
     assert ext.roles_as_code(text) == ("Kept by `bic` (`fedlatent.engine.contract.starts.best`, "
                                        "`Federation`, `the engine`); ``x`` and `y` stay.")

@@ -22,7 +22,8 @@ from tolerance import assert_close
 pytestmark = pytest.mark.flower
 
 HEAVY = ("scipy", "pandas", "sklearn", "pyarrow", "tqdm", "numba", "torch", "skops",
-         "fedlatent.engine.rounds.loop", "fedlatent.engine.fedem.update", "fedlatent.engine.estimation.estimator",
+         "fedlatent.engine.rounds.loop", "fedlatent.engine.fedem.update",
+         "fedlatent.engine.estimation.estimator",
          "fedlatent.models.gmm.estimator")
 
 MODEL_CONFIG = {"n_components": 2, "covariance_type": "full", "reg_covar": 1e-6}

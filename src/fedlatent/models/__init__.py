@@ -1,8 +1,8 @@
 """Models: one module (or small package) per model, each registering itself.
 
-The estimators are found through the engine's registry (:mod:`fedlatent.engine.contract.registry`), so a
-process that needs one model (a Flower client process, started afresh for every message) imports
-only that model's module, and adding a model adds a module without editing this one.
+The estimators are found through the engine's registry (:mod:`fedlatent.engine.contract.registry`),
+so a process that needs one model (a Flower client process, started afresh for every message)
+imports only that model's module, and adding a model adds a module without editing this one.
 """
 
 from __future__ import annotations

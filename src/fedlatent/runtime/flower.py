@@ -84,8 +84,8 @@ class FlowerRuntime(Runtime):
     ----------
     grid : flwr.serverapp.Grid
     describe : dict
-        The ``describe`` message (:func:`fedlatent.engine.contract.registry.describe_message`): every node
-        answers with its client id, counts and column names, after checking its own data.
+        The ``describe`` message (:func:`fedlatent.engine.contract.registry.describe_message`):
+        every node answers with its client id, counts and column names, after checking its own data.
     min_nodes : int
         Wait until this many nodes are connected (at most ``node_wait`` seconds).
     round_timeout : float

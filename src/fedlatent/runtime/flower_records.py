@@ -1,6 +1,6 @@
 """fedlatent messages as Flower records: the keys of the ``query.fedlatent`` message and the
-conversion of a flat message (see :mod:`fedlatent.engine.protocol.messages`) to a ``RecordDict``: arrays
-in an ``ArrayRecord``, scalars and strings in a ``ConfigRecord``."""
+conversion of a flat message (see :mod:`fedlatent.engine.protocol.messages`) to a ``RecordDict``:
+arrays in an ``ArrayRecord``, scalars and strings in a ``ConfigRecord``."""
 
 from __future__ import annotations
 

@@ -35,7 +35,6 @@ whose M-step needs sums (priors that do not scale with n).
 
 from __future__ import annotations
 
-import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -44,6 +43,7 @@ import numpy as np
 
 from fedlatent.data.dataset import ClientData
 from fedlatent.engine.contract.registry import model_from_config, register_model
+from fedlatent.engine.fedem.seeds import client_key, client_rng, server_rng
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 from fedlatent.engine.stats import Stats
 
@@ -55,33 +55,13 @@ __all__ = [
     "payload_params",
     "register_model",
     "model_from_config",
+    "client_key",
     "client_rng",
+    "server_rng",
 ]
 
 Params = dict[str, np.ndarray]
 ClientState = dict[str, np.ndarray]
-
-
-def client_key(client_id: str) -> int:
-    """A stable integer for a client id (independent of client order and runtime)."""
-    return zlib.crc32(str(client_id).encode("utf-8"))
-
-
-def client_rng(seed: int, client_id: str, round_: int, purpose: int = 0) -> np.random.Generator:
-    """The generator of one client in one round.
-
-    Equivalent to ``Generator.spawn`` children, but addressed by (client, round, purpose) instead
-    of by spawn order, so results do not depend on client order, on the runtime, or on where a
-    resumed run restarts.
-    """
-    key = (client_key(client_id), round_, purpose)
-    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=key)
-    return np.random.default_rng(ss)
-
-
-def server_rng(seed: int, round_: int, purpose: int = 0) -> np.random.Generator:
-    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(2**32 + 7, round_, purpose))
-    return np.random.default_rng(ss)
 
 
 @dataclass(frozen=True)

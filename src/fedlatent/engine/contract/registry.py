@@ -2,8 +2,8 @@
 
 A model registers itself where it is defined, twice over:
 
-- its math (a :class:`~fedlatent.engine.contract.model.FederatedModel`) with :func:`register_model`, so any
-  node can rebuild it from ``(name, JSON config)``;
+- its math (a :class:`~fedlatent.engine.contract.model.FederatedModel`) with :func:`register_model`,
+  so any node can rebuild it from ``(name, JSON config)``;
 - its estimator with :func:`register_estimator`, under a short name (``"gmm"``), with a one-line
   description; the package exports, the command line, the Flower app and error messages list
   what is registered here.

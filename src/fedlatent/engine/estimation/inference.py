@@ -327,7 +327,8 @@ def degenerate_reason(weights, variances, floor: float, n_rows: int | None,
     """Why a fitted mixture has a degenerate component ("" when none): a weight worth fewer
     than ``min_rows`` of the ``n_rows`` rows (or below 1e-8 when ``n_rows`` is unknown), or a
     variance (per component, its smallest; ``floor`` the regularization added to it) at most
-    1e-6 of the largest. For the size selection (:func:`fedlatent.engine.contract.selection.skip_reason`)."""
+    1e-6 of the largest. For the size selection
+    (:func:`fedlatent.engine.contract.selection.skip_reason`)."""
     w = np.asarray(weights, dtype=np.float64)
     small = w * n_rows < min_rows if n_rows else w < 1e-8
     if small.any():

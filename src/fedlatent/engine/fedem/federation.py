@@ -165,7 +165,8 @@ class Federation:
         clients in the setup message and they enforce it. ``DisclosurePolicy.off()`` disables it.
     secure_aggregation : bool, default False
         The server learns only the sum of each exchange's replies (round statistics, counts,
-        objectives, initialization sums), never one client's (:mod:`fedlatent.engine.secagg.secure`):
+        objectives, initialization sums), never one client's
+        (:mod:`fedlatent.engine.secagg.secure`):
         keys set up once per fit, masks that cancel exactly in a fixed-point ring, dropped
         clients recovered from the survivors' secret shares. Reply checks then apply to the
         aggregate; ``track_h`` is not available.

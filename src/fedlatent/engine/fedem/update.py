@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from fedlatent.engine.contract.model import server_rng
 from fedlatent.engine.fedem.federation import Federation
+from fedlatent.engine.fedem.seeds import server_rng
 from fedlatent.engine.stats import Stats
 
 __all__ = ["DOMINANCE", "FedEMState", "client_weights", "dominant_client", "round_message",

@@ -4,9 +4,9 @@ When every client is local and the model provides a batched client step
 (``FederatedModel.client_stats_batched``), the in-process runtime runs the FedEM client step
 (full pass, mini-batch, SPIDER; control variates; quantizer) of all the round's clients at once:
 rows stacked by client, per-client sums by batched products, states as arrays of shape
-(n_clients, ...). It computes what :class:`~fedlatent.engine.node.client.ClientNode` computes for each
-client, with the same random streams (:mod:`fedlatent.engine.fedem.streams`): equal to the per-client
-path up to the summation order of the sums.
+(n_clients, ...). It computes what :class:`~fedlatent.engine.node.client.ClientNode` computes for
+each client, with the same random streams (:mod:`fedlatent.engine.fedem.streams`): equal to the
+per-client path up to the summation order of the sums.
 
 Rows are stacked in buckets of clients of the same size: a bucket is one array of shape
 (clients, rows, features) and a model sums over its rows axis, with the same products a client

@@ -41,7 +41,8 @@ def fedem_rows(d: np.ndarray, n: np.ndarray | None, S_flat: np.ndarray | None,
         Which clients have a control variate.
     levels : int
         Quantizer levels (0: none); ``sizes`` are the blocks' sizes and ``uniforms`` (A, F)
-        the clients' counter-based uniforms (:func:`~fedlatent.engine.fedem.streams.stream_uniforms`).
+        the clients' counter-based uniforms
+        (:func:`~fedlatent.engine.fedem.streams.stream_uniforms`).
     alpha : float
         Control-variate step.
     cv : bool

@@ -2,8 +2,8 @@
 
 On a deployment each site (a Flower SuperNode) holds its private state (FedGMM's ``pi_c``, HLCR's
 labels and counts, control variates, SPIDER memory: the flat dict of a
-:class:`~fedlatent.engine.node.client.ClientNode`) in its *site directory*. After every round it takes
-part in, the site writes the state as one entry: ``state-<seq>.npz`` (the arrays) and
+:class:`~fedlatent.engine.node.client.ClientNode`) in its *site directory*. After every round it
+takes part in, the site writes the state as one entry: ``state-<seq>.npz`` (the arrays) and
 ``state-<seq>.json`` (the client id, the round, the run it belongs to and the sha256 of the
 ``.npz``), each written atomically, the JSON last (:func:`~fedlatent.engine.fedem.checkpoint.
 save_arrays_json`). The newest :data:`KEEP` entries of the run are kept (a server that stopped

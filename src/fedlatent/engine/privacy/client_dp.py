@@ -3,7 +3,8 @@
 A client under ``Federation(privacy=DifferentialPrivacy(...))`` receives the setting and the
 fit's plan (how many Gaussian releases it will be asked for) in the setup message. It then
 
-1. clips its own data once (the model's :meth:`~fedlatent.engine.contract.model.FederatedModel.dp_clip`:
+1. clips its own data once (the model's
+   :meth:`~fedlatent.engine.contract.model.FederatedModel.dp_clip`:
    feature rows to the L2 ball of radius ``clip`` around the public centre, targets to
    ``target_range``), so one record's contribution to any statistic is bounded;
 2. calibrates the noise itself from the setting and the plan (the server cannot talk it into

@@ -6,7 +6,8 @@ policy of its own (``ClientNode(..., disclosure=...)``, a site's floor): the pol
 then the stricter of the two (:func:`stricter`), so a server can tighten a site's rules but never
 loosen them.
 
-What a client refuses (the model hooks are in :class:`fedlatent.engine.contract.model.FederatedModel`):
+What a client refuses (the model hooks are in
+:class:`fedlatent.engine.contract.model.FederatedModel`):
 
 - at ``setup``: a client holding fewer than ``min_records`` records can answer nothing that is
   not a function of fewer than ``min_records`` records; it refuses the setup, which stops the

@@ -4,8 +4,8 @@ Every exchange outside the round loop (setup, ``describe``, initialization queri
 moments and k-means centroids, SEC's select and exchange, federated scoring) goes through
 :func:`ask`: each reply is validated against what the caller expects (present keys, shapes,
 finite values, bounds) with the same checks as the round loop's statistics
-(:func:`fedlatent.engine.protocol.messages.check_fields`), and a client that does not answer or answers
-badly is treated one way:
+(:func:`fedlatent.engine.protocol.messages.check_fields`), and a client that does not answer or
+answers badly is treated one way:
 
 - ``required=True`` (the default, what an initialization needs): the exchange stops with a
   :class:`~fedlatent.engine.faults.FederatedFitError` naming the client(s) and the reason;

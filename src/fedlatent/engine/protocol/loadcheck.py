@@ -1,7 +1,7 @@
 """Checks of a loaded model's fitted arrays, for the estimators' ``_check_loaded`` hooks.
 
-:meth:`FederatedEstimator.load <fedlatent.engine.estimation.estimator.FederatedEstimator.load>` checks what
-every model shares (the saved arrays are the expected ones, plain numbers, finite); each
+:meth:`FederatedEstimator.load <fedlatent.engine.estimation.estimator.FederatedEstimator.load>`
+checks what every model shares (the saved arrays are the expected ones, plain numbers, finite); each
 estimator's ``_check_loaded`` then states its own invariants with these functions: shapes
 consistent with the saved settings, weights on the simplex, matrices positive definite,
 values positive, labels in range. Checks of one model family live in that model's package.

@@ -63,7 +63,8 @@ class Accepted:
     w: np.ndarray
 
     def dominant(self) -> str | None:
-        """Why the aggregate is one client's (:func:`~fedlatent.engine.fedem.update.dominant_client`)."""
+        """Why the aggregate is one client's
+        (:func:`~fedlatent.engine.fedem.update.dominant_client`)."""
         if self.rows is None:
             return None
         r = np.flatnonzero(self.mask)

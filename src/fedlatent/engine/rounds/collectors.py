@@ -4,8 +4,8 @@ A collector asks the round's clients for their step and returns an :class:`Aggre
 loop never asks which collector it has. :class:`OneByOne` calls the clients one by one (any
 runtime); :class:`Batched` computes every drawn client's step at once (the in-process runtime,
 for models with a batched step); the secure collector
-(:class:`fedlatent.engine.rounds.secure_round.SecureCollector`) gets only the round's sum. The first two
-turn the replies into rows (:class:`Stacked`) and share everything after: the screen, the
+(:class:`fedlatent.engine.rounds.secure_round.SecureCollector`) gets only the round's sum. The first
+two turn the replies into rows (:class:`Stacked`) and share everything after: the screen, the
 weighted sum, the record (:func:`aggregate_rows`).
 """
 

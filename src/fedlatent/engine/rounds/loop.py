@@ -5,8 +5,8 @@ parameters, uncompressed, and the server sets ``S_hat`` to their weighted mean (
 iteration); with control variates every client then sets ``V_c = S_c(theta_0) - S_hat_0``, the
 initialization of the paper's convergence theorem (so the server's ``V`` starts at 0 exactly, and
 the first compressed differences are small). From round 2 on, the FedEM update of
-Dieuleveut, Fort, Moulines and Robin (2021), written in :mod:`fedlatent.engine.fedem.update` (the state
-update); checkpoints in :mod:`fedlatent.engine.fedem.checkpoint`.
+Dieuleveut, Fort, Moulines and Robin (2021), written in :mod:`fedlatent.engine.fedem.update` (the
+state update); checkpoints in :mod:`fedlatent.engine.fedem.checkpoint`.
 FedHLCR's smoothing ``S_t = (1 - gamma) S_{t-1} + gamma S`` is ``p = fraction``, step ``gamma``.
 
 A round is plan -> gather -> server step -> record (:meth:`_Rounds.round`): the
@@ -104,8 +104,8 @@ class LoopOptions:
         participation, a step size, compression, mini-batches), where each round's objective
         is computed on that round's participants only: convergence when the server statistic
         has settled, i.e. ``history_["stat_change"]`` (its relative change per unit step, see
-        :class:`~fedlatent.engine.fedem.history.RoundRecord`) stayed below ``tol`` in each of the last
-        ``max(2, ceil(1 / participation))`` rounds, every one with at least one participant and
+        :class:`~fedlatent.engine.fedem.history.RoundRecord`) stayed below ``tol`` in each of the
+        last ``max(2, ceil(1 / participation))`` rounds, every one with at least one participant and
         none missing or refused. ``tol=0`` never stops early. Under differential privacy the
         fit runs its planned rounds (no early stop, no ConvergenceWarning: the number of
         rounds is the plan). Any other fit that ends at ``max_rounds`` unconverged raises a

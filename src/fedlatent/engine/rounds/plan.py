@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from fedlatent.engine.contract.model import server_rng
 from fedlatent.engine.fedem.federation import Federation
+from fedlatent.engine.fedem.seeds import server_rng
 from fedlatent.engine.fedem.update import round_message
 from fedlatent.engine.protocol.messages import pack
 

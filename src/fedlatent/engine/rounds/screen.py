@@ -6,9 +6,9 @@ Every reply: the units claimed (``n``) equal the units the client set up (full p
 aggregated. Where the server can rebuild the client's own statistic ``S_c`` (the initialization
 round, which sends ``S_c`` itself; later rounds without a quantizer, from ``Q_c + S_hat (+
 V_c)``, with ``V_c`` mirrored from the client's replies), the model's invariants
-(:meth:`~fedlatent.engine.contract.model.FederatedModel.check`) on ``S_c`` scaled to sums; the rebuilt
-entries carry a rounding ``slack`` (and, under differential privacy, the noise's). Not rebuilt,
-so only the generic checks: quantized differences, SPIDER corrections (a difference of
+(:meth:`~fedlatent.engine.contract.model.FederatedModel.check`) on ``S_c`` scaled to sums; the
+rebuilt entries carry a rounding ``slack`` (and, under differential privacy, the noise's). Not
+rebuilt, so only the generic checks: quantized differences, SPIDER corrections (a difference of
 mini-batch terms, not a statistic of data), and with control variates a client whose ``V_c``
 the server lost track of (a reply that never arrived).
 

@@ -94,8 +94,8 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
     n_init : int, default 1
         Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
         own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
-        ``best_start_``; :mod:`fedlatent.engine.contract.starts`). Refused under differential privacy,
-        partial participation and with checkpoints.
+        ``best_start_``; :mod:`fedlatent.engine.contract.starts`). Refused under differential
+        privacy, partial participation and with checkpoints.
     federation : fl.Federation or None
         With ``privacy=fl.DifferentialPrivacy(...)`` (Newton updates, exact covariances, no
         ``target_range``): rows clipped, labels not; the released E-step uses a public joint

@@ -2,8 +2,8 @@
 
 FedGMM's clients send no observed information yet: the learners are fitted by (damped) Newton
 steps on a penalized likelihood and the personalized weights ``pi_c`` are per client, so the
-Louis information of :mod:`fedlatent.engine.estimation.inference` is not defined for them as it is for the
-Gaussian mixture. The table says so in its ``note`` column rather than printing standard
+Louis information of :mod:`fedlatent.engine.estimation.inference` is not defined for them as it is
+for the Gaussian mixture. The table says so in its ``note`` column rather than printing standard
 errors that would be wrong.
 """
 

@@ -54,7 +54,8 @@ def heldout_loglik(est: FederatedEstimator, held_out) -> dict[str, float]:
 
 
 def fedgmm_selection(est: FederatedEstimator) -> Selection | None:
-    """The :class:`~fedlatent.engine.contract.selection.Selection` of an ``"auto"`` size, or None."""
+    """The :class:`~fedlatent.engine.contract.selection.Selection` of an ``"auto"`` size, or
+    None."""
     param = auto_size(est)
     if param is None:
         return None

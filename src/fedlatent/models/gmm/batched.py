@@ -142,8 +142,8 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
     ``slack`` is None, the blocks' rounding bounds, or a callable ``slack(clients)`` giving
     them for some clients only (asked only for the clients the test without slack flags).
     The moment matrices are screened by the compiled
-    :func:`~fedlatent.engine.protocol.psd_screen.psd_certified` in chunks of clients; the few it does
-    not certify are judged by :func:`~fedlatent.engine.protocol.messages.psd_failures` itself.
+    :func:`~fedlatent.engine.protocol.psd_screen.psd_certified` in chunks of clients; the few it
+    does not certify are judged by :func:`~fedlatent.engine.protocol.messages.psd_failures` itself.
     """
     from ...engine.protocol.messages import psd_failures
 

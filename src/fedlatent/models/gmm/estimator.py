@@ -75,8 +75,8 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
     n_init : int, default 1
         Starts (scikit-learn's ``n_init``): the whole fit runs once per start, each from its
         own seed, and the start of highest final mean log-likelihood is kept (``init_scores_``,
-        ``best_start_``; :mod:`fedlatent.engine.contract.starts`). Refused under differential privacy,
-        partial participation and with checkpoints.
+        ``best_start_``; :mod:`fedlatent.engine.contract.starts`). Refused under differential
+        privacy, partial participation and with checkpoints.
     weights_init, means_init, precisions_init : array_like or None
         Explicit initial parameters, named and shaped as in scikit-learn; they override the
         corresponding parts of ``init_params``.

@@ -217,7 +217,8 @@ class GMMModel(FederatedModel):
             _, norm = self._log_resp(payload_params(payload), X)
             return {"n": data.mass(), "loglik": float(norm.sum() if fw is None
                                                          else norm @ fw)}, state
-        if name == "information":  # Louis' observed information (fedlatent.engine.estimation.inference)
+        # Louis' observed information (fedlatent.engine.estimation.inference)
+        if name == "information":
             from .inference import gmm_information
 
             info, ll = gmm_information(X, payload["params/weights"], payload["params/means"],

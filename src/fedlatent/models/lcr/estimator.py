@@ -477,7 +477,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     def _design(self, X) -> np.ndarray:
         return add_intercept(check_features(self, X), self.fit_intercept)
 
-    # ---- inference (fedlatent.engine.estimation.inference, .inference) ---------------------------------
+    # ---- inference (fedlatent.engine.estimation.inference, .inference) ---------------------------
     def _inference_layout(self):
         from .inference import lcr_layout
 

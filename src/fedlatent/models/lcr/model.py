@@ -141,7 +141,8 @@ class LCRModel(MixtureModel):
     def client_query(self, name, payload, data, state, rng):
         # "random_stats" (flexmix's default start, made soft: hard random labels would let a
         # component hold one row of a small client, and its sums would be that record) is the
-        # engine's random-membership start (fedlatent.engine.contract.mixture), from responsibility_stats
+        # engine's random-membership start (fedlatent.engine.contract.mixture), from
+        # responsibility_stats
         if name == "pooled_stats":  # the one-component statistics (the private start)
             Xt, y = self._design(data)
             st = self._statistics(Xt, y, _weigh(np.ones((Xt.shape[0], 1)), data.weight))
@@ -153,7 +154,8 @@ class LCRModel(MixtureModel):
             fw = data.weight
             return {"n": data.mass(), "loglik": float(loglik.sum() if fw is None
                                                       else loglik @ fw)}, state
-        if name == "information":  # Louis' observed information (fedlatent.engine.estimation.inference)
+        # Louis' observed information (fedlatent.engine.estimation.inference)
+        if name == "information":
             from .inference import lcr_information
 
             Xt, y = self._design(data)

@@ -1,8 +1,9 @@
 """SEC's exchanges with the learners: the Select and Exchange steps, every reply checked.
 
-Both steps go through the engine's one checked protocol (:func:`fedlatent.engine.protocol.exchange.ask`,
-or :meth:`FitContext.ask <fedlatent.engine.estimation.estimator.FitContext.ask>` during a fit): each reply
-is validated against what the step expects (model bytes present, finite non-negative losses,
+Both steps go through the engine's one checked protocol
+(:func:`fedlatent.engine.protocol.exchange.ask`, or
+:meth:`FitContext.ask <fedlatent.engine.estimation.estimator.FitContext.ask>` during a fit): each
+reply is validated against what the step expects (model bytes present, finite non-negative losses,
 sizes >= 1, one validation MSE per candidate...), and a learner that does not answer or answers
 badly stops the step with a :class:`~fedlatent.engine.rounds.loop.FederatedFitError` naming it
 ("... client 'l03': no reply; nothing of this exchange was used").
