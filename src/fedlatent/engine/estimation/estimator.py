@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 from abc import ABCMeta, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,11 +43,13 @@ from fedlatent.engine.contract.params import validate_params
 from fedlatent.engine.contract.registry import params_to_json
 from fedlatent.engine.contract.selection import Selection, fit_selected, load_selection
 from fedlatent.engine.errors import NotFittedError
+from fedlatent.engine.estimation.checks import check_features, check_is_fitted, refuse_missing
+from fedlatent.engine.estimation.fitcontext import FitContext
 from fedlatent.engine.fedem.checkpoint import load_arrays_json, save_arrays_json
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.fedem.history import History
 from fedlatent.engine.fedem.seeds import resolve_seed
-from fedlatent.engine.protocol.exchange import Expect, Replies, ask, number, setup_clients
+from fedlatent.engine.protocol.exchange import number, setup_clients
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.rounds.fitsetup import setup_fit
 from fedlatent.engine.rounds.loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
@@ -64,181 +65,6 @@ __all__ = [
     "check_is_fitted",
     "resolve_seed",
 ]
-
-
-def check_is_fitted(est, attr: str = "n_iter_") -> None:
-    """Raise NotFittedError (scikit-learn's) unless ``est`` has been fitted."""
-    if not hasattr(est, attr):
-        raise NotFittedError(
-            f"this {type(est).__name__} is not fitted yet; call fit(fd) before using it"
-        )
-
-
-def check_features(est, X, what: str | None = None) -> np.ndarray:
-    """X as a finite float array of shape (n_samples, n_features_in_), or a clear error.
-
-    A DataFrame must have the columns the estimator was fitted with, in the same order
-    (scikit-learn's check and message). A 1-D X is one sample. ``what`` names the estimator
-    in the message (default: its class). Text, complex, date/time, NaN (unless the estimator
-    declares ``capabilities.missing_values``), infinite values and values beyond
-    ``fedlatent.data.validation.MAX_ABS_VALUE`` are refused (a ValueError naming the column),
-    as the data layer refuses them at fit.
-    """
-    from fedlatent.data.validation import (
-        check_finite,
-        check_magnitude,
-        frame_column,
-        to_float_array,
-    )
-
-    check_is_fitted(est)
-    fitted = [str(f) for f in getattr(est, "feature_names_in_", [])]
-    if hasattr(X, "columns"):
-        from sklearn.utils.validation import _check_feature_names
-
-        _check_feature_names(est, X, reset=False)
-        names = [str(c) for c in X.columns]
-        X = np.column_stack(
-            [frame_column(X.iloc[:, j], names[j], lambda i: "X: ").to_numpy(
-                dtype=np.float64, na_value=np.nan) for j in range(len(names))]
-        ) if len(names) else np.asarray(X, dtype=np.float64)
-    else:
-        names = fitted
-        if hasattr(X, "toarray"):
-            raise ValueError("X is a sparse matrix; fedlatent predicts on dense arrays: pass "
-                             "X.toarray()")
-        X = np.asarray(X)
-        if X.ndim == 1:
-            X = X.reshape(1, -1)
-        X = to_float_array(X, lambda j: names[j] if j < len(names) else f"x{j}", where="X: ")
-    if X.ndim != 2 or X.shape[1] != est.n_features_in_:
-        raise ValueError(
-            f"X has {X.shape[-1] if X.ndim else 0} features, but this {what or type(est).__name__}"
-            f" was fitted with {est.n_features_in_} ({list(est.feature_names_in_)})"
-        )
-    check_finite(X, names, where="X: ", fix_nan="drop or impute them before predicting",
-                 fix_inf="drop or clip them before predicting",
-                 allow_nan=getattr(getattr(est, "capabilities", None), "missing_values", False))
-    check_magnitude(X, names, where="X: ")
-    return X
-
-
-def refuse_missing(fd, remote: bool) -> None:
-    """Today's NaN error for a model that cannot take missing values: in-process naming the
-    client and the column; for a RemoteDataset the client (its ``describe`` reply said so)."""
-    if not remote:
-        fd.refuse_missing()
-        return
-    for c, e in fd.extras.items():
-        if e.get("missing"):
-            raise DataValidationError(f"client {c!r}: its features have NaN values; drop or "
-                                      "impute them before fitting")
-
-
-@dataclass
-class FitContext:
-    """What the hooks of one fit share: the runtime, the model, the seed, the clients' sizes.
-
-    Models talk to clients only through :meth:`ask` (the engine's checked protocol), never
-    through the runtime directly.
-    """
-
-    runtime: Runtime
-    model: FederatedModel
-    federation: Federation
-    seed: int
-    n_features: int = 0
-    n_units: dict[str, int] = field(default_factory=dict)
-    faults: list[dict[str, str]] = field(default_factory=list)
-    #: the FederatedDataset when the data are in this process (None for a RemoteDataset); only
-    #: solvers that pool the data on purpose (centralized references) may read it
-    data: FederatedDataset | None = None
-    #: whether the runtime was given by the caller (not built in-process from the data)
-    runtime_given: bool = False
-    #: the fit's SecureChannel under ``Federation(secure_aggregation=True)`` (else None):
-    #: initializations then ask through :meth:`ask_sum`
-    secure: Any = None
-    #: the fit's PrivacyBudget under ``Federation(privacy=...)`` (else None): every query is
-    #: one release (the clients add the noise), spent here
-    privacy: Any = None
-
-    @property
-    def summed_only(self) -> bool:
-        """Whether initializations must use :meth:`ask_sum` (secure aggregation, or
-        differential privacy: per-client checks cannot hold on noisy replies)."""
-        return self.secure is not None or self.privacy is not None
-
-    def ask_sum(self, query: str, payload: dict[str, Any] | None = None, *,
-                shapes: dict[str, tuple], what: str | None = None) -> dict[str, np.ndarray]:
-        """A query whose replies are needed only summed: ``{field: sum over every client}``.
-
-        Under secure aggregation the server sees only the sum (each field's shape and
-        finiteness checked on the aggregate); under differential privacy alone each client's
-        reply carries its own noise and is checked for shape and finiteness. Only under one of
-        them (otherwise :meth:`ask` checks each reply)."""
-        what = what or f"query {query!r}"
-        if self.secure is not None:
-            from fedlatent.engine.secagg.secure import secure_sum_query
-
-            out = secure_sum_query(self, query, payload, shapes, what=what)
-        elif self.privacy is not None:
-            from fedlatent.engine.protocol.exchange import array
-
-            rep = self._ask(query, payload, expect={f: array(*shp) for f, shp in shapes.items()},
-                            what=what)
-            out = {f: sum(np.asarray(rep[c][f], dtype=np.float64) for c in self.client_ids)
-                   for f in shapes}
-        else:
-            raise RuntimeError("ask_sum is the secure-aggregation or private form of ask; use ask")
-        if self.privacy is not None:
-            self.privacy.spend(1)
-        return out
-
-    @property
-    def client_ids(self) -> list[str]:
-        return list(self.runtime.client_ids)
-
-    def ask(
-        self,
-        query: str,
-        payload: dict[str, Any] | None = None,
-        *,
-        expect: dict[str, Expect] | None = None,
-        what: str | None = None,
-        required: bool = True,
-        clients: list[str] | None = None,
-        per_client: dict[str, dict[str, Any]] | None = None,
-    ) -> Replies:
-        """Ask clients a model query; every reply is checked against ``expect``.
-
-        ``payload`` goes to every client (``per_client``: one payload per client instead).
-        A client that does not answer or fails a check stops the fit with a message naming it
-        (``required=True``) or is left out and recorded in ``faults``.
-        """
-        if self.secure is not None:
-            from fedlatent.engine.secagg.secure import refuse_clear_query
-
-            refuse_clear_query(query, what)
-        replies = self._ask(query, payload, expect=expect, what=what, required=required,
-                            clients=clients, per_client=per_client)
-        if self.privacy is not None:  # every query is a release (the clients noise it)
-            self.privacy.spend(1)
-        return replies
-
-    def _ask(self, query, payload=None, *, expect=None, what=None, required=True, clients=None,
-             per_client=None) -> Replies:
-        base = {"query": query, "seed": int(self.seed)}
-        if per_client is not None:
-            msgs = {c: {**base, **p} for c, p in per_client.items()}
-            replies = ask(self.runtime, "query", msgs, what=what or f"query {query!r}",
-                          expect=expect, required=required, per_client=True)
-        else:
-            replies = ask(self.runtime, "query", {**base, **(payload or {})},
-                          what=what or f"query {query!r}", clients=clients, expect=expect,
-                          required=required)
-        for c, reason in replies.faults.items():
-            self.faults.append({"exchange": what or query, "client": c, "reason": reason})
-        return replies
 
 
 class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
@@ -547,6 +373,11 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             ctx, result = self._fit_one_start(fd, runtime, None, run)
             for stale in ("init_scores_", "best_start_"):  # of an earlier multi-start fit
                 self.__dict__.pop(stale, None)
+        self._store_fit(fd, ctx, result)
+        return self
+
+    def _store_fit(self, fd, ctx: FitContext, result: FitResult) -> None:
+        """The fitted attributes every estimator shares, then the model's own (``_store``)."""
         self.seed_ = ctx.seed
         self.history_ = result.history
         self.converged_ = result.converged
@@ -565,7 +396,6 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         self.encoding_ = getattr(fd, "encoding", None)
         self._runtime = ctx.runtime
         self._store(result, ctx.model)
-        return self
 
     def _fit_one_start(self, fd, runtime, seed: int | None,
                        run: dict) -> tuple[FitContext, FitResult]:

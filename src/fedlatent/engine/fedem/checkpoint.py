@@ -98,7 +98,8 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
 def _read_npz(data: bytes, where: Path | str) -> dict[str, np.ndarray]:
     """The arrays of an .npz archive held in ``data``; ValueError naming ``where`` when it is
     not one (truncated, corrupt, pickled objects), or whose declared sizes are beyond the
-    limits of :func:`~fedlatent.engine.protocol.bounds.check_zip` (checked before anything is unpacked)."""
+    limits of :func:`~fedlatent.engine.protocol.bounds.check_zip` (checked before anything is
+    unpacked)."""
     from fedlatent.engine.protocol.bounds import check_zip
 
     check_zip(data, str(where))

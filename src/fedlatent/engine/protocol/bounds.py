@@ -200,5 +200,5 @@ def check_memory(est, n_features: int, budget: int | None = None) -> None:
         raise ValueError(
             f"{type(est).__name__}: {what} take {_gib(nbytes)} per copy, {_gib(need)} for the "
             f"{STAT_COPIES} copies a fit holds, beyond the memory budget of {_gib(budget)} "
-            f"(fedlatent.engine.protocol.bounds.MEMORY_BUDGET); refused before the first round: use "
-            f"{fix}")
+            f"(fedlatent.engine.protocol.bounds.MEMORY_BUDGET); refused before the first round: "
+            f"use {fix}")

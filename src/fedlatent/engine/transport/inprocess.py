@@ -35,8 +35,8 @@ def _freeze(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _bounded(cid: str, method: str, reply: dict[str, Any]) -> dict[str, Any]:
     """``reply``, or an error reply when its arrays' declared sizes or strides are beyond
-    what a message may be (:func:`~fedlatent.engine.protocol.bounds.message_problem`): refused before
-    the copy that stands for the wire would allocate it."""
+    what a message may be (:func:`~fedlatent.engine.protocol.bounds.message_problem`): refused
+    before the copy that stands for the wire would allocate it."""
     from fedlatent.engine.protocol.bounds import message_problem
 
     why = message_problem(reply)
