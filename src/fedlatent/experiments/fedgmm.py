@@ -282,29 +282,8 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
     -------
     DataFrame with ``outlier``, ``method``, ``AUROC``, ``AP``, ``max_F1`` (%).
     """
-    from sklearn.datasets import load_digits
-
     rng = np.random.default_rng(random_state)
-    digits = load_digits()
-    imgs, y = digits.images.astype(np.float64), digits.target.astype(int)
-    hold = y == 1
-    imgs_h = imgs[hold]
-    imgs, y = imgs[~hold], y[~hold]
-    n_clients = 8 if quick else 20
-    from ..data.partition import partition_by_labels
-
-    perm_labels = rng.permutation(10)
-    kind = rng.choice(3, size=y.size, p=[0.5, 0.25, 0.25])  # raw, transformed, permuted
-    X = imgs.copy()
-    tr = np.flatnonzero(kind == 1)
-    which = rng.integers(0, 3, size=tr.size)
-    for j, t in enumerate(("rotate", "flip", "invert")):
-        X[tr[which == j]] = transform_digits(imgs[tr[which == j]], t)
-    y_obs = y.copy()
-    y_obs[kind == 2] = perm_labels[y[kind == 2]]
-    parts = partition_by_labels(y, n_clients, 0.4, rng, min_samples=40)
-    clients = {f"client{c:03d}": ClientData(X[idx].reshape(-1, 64), y_obs[idx])
-               for c, idx in enumerate(parts)}
+    clients, imgs_h = _novelty_clients(rng, 8 if quick else 20)
     sp = split_clients(clients, (0.8, 0.0, 0.2), rng, [f"px{j}" for j in range(64)])
     mean, comps = federated_pca(sp.train, n_pca)
 
@@ -326,7 +305,42 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
         "label-permuted": (proj(X_in), np.roll(np.arange(10), 3)[y_in]),
         "held-out class": (proj(imgs_h.reshape(-1, 64)), np.ones(imgs_h.shape[0], int)),
     }
-    Z_in = proj(X_in)
+    scorers = _novelty_scorers(train, quick, random_state)
+    table, scores_for_plot = _novelty_table(scorers, proj(X_in), y_in, outliers)
+    if out is not None:
+        _novelty_figure(out, scorers, outliers, scores_for_plot)
+    return table
+
+
+def _novelty_clients(rng: np.random.Generator, n_clients: int) -> tuple[dict, np.ndarray]:
+    """The training clients of Appendix C.3 (digit 1 held out: its images returned apart)."""
+    from sklearn.datasets import load_digits
+
+    from ..data.partition import partition_by_labels
+
+    digits = load_digits()
+    imgs, y = digits.images.astype(np.float64), digits.target.astype(int)
+    hold = y == 1
+    imgs_h = imgs[hold]
+    imgs, y = imgs[~hold], y[~hold]
+    perm_labels = rng.permutation(10)
+    kind = rng.choice(3, size=y.size, p=[0.5, 0.25, 0.25])  # raw, transformed, permuted
+    X = imgs.copy()
+    tr = np.flatnonzero(kind == 1)
+    which = rng.integers(0, 3, size=tr.size)
+    for j, t in enumerate(("rotate", "flip", "invert")):
+        X[tr[which == j]] = transform_digits(imgs[tr[which == j]], t)
+    y_obs = y.copy()
+    y_obs[kind == 2] = perm_labels[y[kind == 2]]
+    parts = partition_by_labels(y, n_clients, 0.4, rng, min_samples=40)
+    clients = {f"client{c:03d}": ClientData(X[idx].reshape(-1, 64), y_obs[idx])
+               for c, idx in enumerate(parts)}
+    return clients, imgs_h
+
+
+def _novelty_scorers(train, quick: bool, random_state: int) -> dict:
+    """FedGMM and the two baselines fitted on ``train``: name -> ``score(Z, y)`` (higher =
+    more novel)."""
     kw = dict(max_rounds=15 if quick else 60, random_state=random_state, verbose=False,
               l2=1e-2, reg_covar=1e-3)
     models = {
@@ -354,6 +368,11 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
             scorers[f"{name} -log P(y|x)"] = (
                 lambda Z, yy, est=est: -np.log(est.predict_proba(Z)[np.arange(len(yy)), yy])
             )
+    return scorers
+
+
+def _novelty_table(scorers: dict, Z_in, y_in, outliers: dict) -> tuple[pd.DataFrame, dict]:
+    """The detection metrics of every score on every kind of outlier, and the scores."""
     rows = []
     scores_for_plot = {}
     for name, score in scorers.items():
@@ -363,10 +382,7 @@ def fedgmm_novelty(quick: bool = False, out=None, random_state: int = 0,
             rows.append({"outlier": kind_name, "method": name,
                          **_detection_metrics(s_in, s_out)})
             scores_for_plot[(name, kind_name)] = (s_in, s_out)
-    table = pd.DataFrame(rows)
-    if out is not None:
-        _novelty_figure(out, scorers, outliers, scores_for_plot)
-    return table
+    return pd.DataFrame(rows), scores_for_plot
 
 
 def _novelty_figure(out, scorers, outliers, scores) -> None:

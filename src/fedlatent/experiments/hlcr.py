@@ -73,61 +73,74 @@ def hlcr_figure3(quick: bool = False, out=None, random_state: int = 0) -> pd.Dat
         (b) ``variant, gamma, fraction, iteration, mse, mse_over_sigma2``;
         (c) ``fraction, gamma, mse, mse_over_sigma2`` (at the last iteration, mean of seeds).
     """
-    if quick:
-        A, E, K, F = 16, 16, 4, 4
-        grid_a = [(4, 5), (4, 20)]
-        sigmas = [0.3, 1.0]
-        folds = 2
-        b_size, b_iter = (4, 20), 25
-        b_gammas = [0.1, 0.2, 0.5, 0.75]
-        c_fracs, c_gammas, c_iter, c_seeds = [0.15, 1.0], [0.1, 0.5, 1.0], 15, 1
-    else:
-        A, E, K, F = 128, 128, 16, 10
-        grid_a = [(4, 5), (4, 20), (16, 5), (16, 20)]
-        sigmas = [0.1, 0.3, 1.0, 3.0]
-        folds = 5
-        b_size, b_iter = (16, 20), 40
-        b_gammas = [0.1, 0.2, 0.5, 0.75]
-        c_fracs = [0.05, 0.15, 0.3, 0.5, 1.0]
-        c_gammas = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0]
-        c_iter, c_seeds = 30, 2
-    rows = []
+    z = _fig3_sizes(quick)
+    rows = _fig3a(z, random_state)
+    sigma_b = 1.0
+    fd = make_synthhlcr(z["A"], z["E"], z["b_size"][0], z["b_size"][1], z["K"], z["F"],
+                        sigma=sigma_b, delta=1.0, random_state=random_state)
+    tr, te = next(split_events(fd, 5, random_state=random_state))
+    rows += _fig3b(z, tr, te, sigma_b, random_state)
+    rows += _fig3c(z, tr, te, sigma_b, random_state)
+    df = pd.DataFrame(rows)
+    if out is not None:
+        _write(df, Path(out))
+    return df
 
-    # ---- (a) data size and noise ----------------------------------------------------------
-    for n_star, n_2star in grid_a:
-        for sigma in sigmas:
-            fd = make_synthhlcr(A, E, n_star, n_2star, K, F, sigma=sigma, delta=1.0,
-                                random_state=random_state)
-            a_iter = 20
-            err = cnt = 0.0
-            iters = []
-            curve = np.zeros(a_iter)  # summed squared test error after each iteration
-            for f, (tr, te) in enumerate(split_events(fd, folds, random_state=random_state)):
-                est = _fit(tr, K, sigma, a_iter, random_state + f)
-                y = _targets(te)
-                err += float(((est.predict_dataset(te) - y) ** 2).sum())
-                cnt += len(y)
-                iters.append(est.n_rounds_)
-                staged = [float(((p - y) ** 2).sum()) for p in est.staged_predict(te)]
-                curve += np.array(staged + [staged[-1]] * (a_iter - len(staged)))
-            mse = err / cnt
-            curve /= cnt
-            # iterations until the cross-validated test MSE is within 2% of its final value
-            within = int(np.flatnonzero(curve <= 1.02 * curve[-1])[0]) + 1
+
+def _fig3_sizes(quick: bool) -> dict:
+    """Sizes and grids of Fig. 3: the paper's, or small ones that run in seconds."""
+    if quick:
+        return dict(A=16, E=16, K=4, F=4, grid_a=[(4, 5), (4, 20)], sigmas=[0.3, 1.0], folds=2,
+                    b_size=(4, 20), b_iter=25, b_gammas=[0.1, 0.2, 0.5, 0.75],
+                    c_fracs=[0.15, 1.0], c_gammas=[0.1, 0.5, 1.0], c_iter=15, c_seeds=1)
+    return dict(A=128, E=128, K=16, F=10, grid_a=[(4, 5), (4, 20), (16, 5), (16, 20)],
+                sigmas=[0.1, 0.3, 1.0, 3.0], folds=5, b_size=(16, 20), b_iter=40,
+                b_gammas=[0.1, 0.2, 0.5, 0.75], c_fracs=[0.05, 0.15, 0.3, 0.5, 1.0],
+                c_gammas=[0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0], c_iter=30, c_seeds=2)
+
+
+def _fig3a(z: dict, random_state: int) -> list[dict]:
+    """Panel (a): data size and noise, cross-validated."""
+    rows = []
+    for n_star, n_2star in z["grid_a"]:
+        for sigma in z["sigmas"]:
+            fd = make_synthhlcr(z["A"], z["E"], n_star, n_2star, z["K"], z["F"], sigma=sigma,
+                                delta=1.0, random_state=random_state)
+            mse, iters, within = _fig3a_cell(fd, z, sigma, random_state)
             rows.append({"panel": "a", "n_star": n_star, "n_2star": n_2star, "sigma": sigma,
                          "mse": mse, "mse_over_sigma2": mse / sigma**2,
-                         "iterations": float(np.mean(iters)), "iter_within_2pct": within})
+                         "iterations": iters, "iter_within_2pct": within})
             logger.info("fig3a N*=%s N**=%s sigma=%s: mse/sigma2=%.3f", n_star, n_2star,
                         sigma, mse / sigma**2)
+    return rows
 
-    # ---- (b) 15% of agents per iteration, several gamma -----------------------------------
-    sigma_b = 1.0
-    fd = make_synthhlcr(A, E, b_size[0], b_size[1], K, F, sigma=sigma_b, delta=1.0,
-                        random_state=random_state)
-    tr, te = next(split_events(fd, 5, random_state=random_state))
+
+def _fig3a_cell(fd, z: dict, sigma: float, random_state: int) -> tuple[float, float, int]:
+    """(pooled test MSE, mean iterations run, first iteration within 2% of the final MSE)."""
+    a_iter = 20
+    err = cnt = 0.0
+    iters = []
+    curve = np.zeros(a_iter)  # summed squared test error after each iteration
+    for f, (tr, te) in enumerate(split_events(fd, z["folds"], random_state=random_state)):
+        est = _fit(tr, z["K"], sigma, a_iter, random_state + f)
+        y = _targets(te)
+        err += float(((est.predict_dataset(te) - y) ** 2).sum())
+        cnt += len(y)
+        iters.append(est.n_rounds_)
+        staged = [float(((p - y) ** 2).sum()) for p in est.staged_predict(te)]
+        curve += np.array(staged + [staged[-1]] * (a_iter - len(staged)))
+    curve /= cnt
+    # iterations until the cross-validated test MSE is within 2% of its final value
+    within = int(np.flatnonzero(curve <= 1.02 * curve[-1])[0]) + 1
+    return err / cnt, float(np.mean(iters)), within
+
+
+def _fig3b(z: dict, tr, te, sigma_b: float, random_state: int) -> list[dict]:
+    """Panel (b): 15% of agents per iteration, several gamma, with and without control variates
+    and quantization: the test MSE after each iteration."""
     y = _targets(te)
     variants = [("paper", g, Federation(participation=0.15, step_size=g,
-                                        control_variates=False)) for g in b_gammas]
+                                        control_variates=False)) for g in z["b_gammas"]]
     variants += [
         ("control variates", 0.2, Federation(participation=0.15, step_size=0.2,
                                              control_variates=True)),
@@ -137,29 +150,32 @@ def hlcr_figure3(quick: bool = False, out=None, random_state: int = 0) -> pd.Dat
          Federation(participation=0.15, step_size=0.2, quantizer=Quantizer(16),
                     control_variates=True)),
     ]
+    rows = []
     for name, g, fed in variants:
-        est = _fit(tr, K, sigma_b, b_iter, random_state, federation=fed, tol=0.0)
+        est = _fit(tr, z["K"], sigma_b, z["b_iter"], random_state, federation=fed, tol=0.0)
         for t, pred in enumerate(est.staged_predict(te), start=1):
             mse = float(np.mean((pred - y) ** 2))
             rows.append({"panel": "b", "variant": name, "gamma": g, "fraction": 0.15,
                          "iteration": t, "mse": mse, "mse_over_sigma2": mse / sigma_b**2})
+    return rows
 
-    # ---- (c) final MSE against gamma for several fractions --------------------------------
-    for frac in c_fracs:
-        for g in c_gammas:
+
+def _fig3c(z: dict, tr, te, sigma_b: float, random_state: int) -> list[dict]:
+    """Panel (c): the final test MSE against gamma for several fractions (mean of seeds)."""
+    y = _targets(te)
+    rows = []
+    for frac in z["c_fracs"]:
+        for g in z["c_gammas"]:
             vals = []
-            for s in range(c_seeds):
+            for s in range(z["c_seeds"]):
                 fed = Federation(participation=frac, step_size=g, control_variates=False)
-                est = _fit(tr, K, sigma_b, c_iter, random_state + s, federation=fed, tol=0.0)
+                est = _fit(tr, z["K"], sigma_b, z["c_iter"], random_state + s, federation=fed,
+                           tol=0.0)
                 vals.append(float(np.mean((est.predict_dataset(te) - y) ** 2)))
             mse = float(np.mean(vals))
             rows.append({"panel": "c", "fraction": frac, "gamma": g, "mse": mse,
                          "mse_over_sigma2": mse / sigma_b**2})
-
-    df = pd.DataFrame(rows)
-    if out is not None:
-        _write(df, Path(out))
-    return df
+    return rows
 
 
 def _write(df: pd.DataFrame, out: Path) -> None:

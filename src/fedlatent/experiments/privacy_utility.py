@@ -359,31 +359,15 @@ def privacy_utility(
     specs = [s for s in specs if s.estimator not in skipped]
     plain = Federation()
     base = plain if noise == "local" else replace(plain, secure_aggregation=True)
+    run = dict(K=K, max_rounds=max_rounds, plain=plain, base=base, epsilons=epsilons, clip=clip,
+               target_range=target_range, noise=noise)
     raw = []
     for n in sizes:
         for s in range(seeds[n]):
             seed = random_state + s
             data = make_privacy_data(n, n_clients, process=process, random_state=seed)
             for spec in specs:
-                m0, _, sec0 = _fit_one(spec, data, K, max_rounds, plain, seed)
-                row = {"model": spec.estimator, "metric": spec.metric, "n_records": n,
-                       "seed": seed, "nonprivate": m0}
-                raw.append({**row, "epsilon": np.inf, "value": m0, "spent": 0.0,
-                            "seconds": sec0, "error": ""})
-                for eps in epsilons:
-                    fed = replace(base, privacy=_privacy(eps, clip, target_range, spec, noise,
-                                                         seed))
-                    try:
-                        m, spent, sec = _fit_one(spec, data, K, max_rounds, fed, seed)
-                        err = ""
-                    except (ValueError, RuntimeError, ArithmeticError) as e:
-                        m, spent, sec, err = np.nan, np.nan, np.nan, f"{type(e).__name__}: {e}"
-                        logger.warning("privacy_utility: %s, %d records, epsilon %g, seed %d "
-                                       "failed: %s", spec.estimator, n, eps, seed, err)
-                    raw.append({**row, "epsilon": eps, "value": m, "spent": spent,
-                                "seconds": sec, "error": err})
-                logger.info("privacy_utility: %s, %d records, seed %d done", spec.estimator,
-                            n, seed)
+                raw += _spec_rows(spec, data, n, seed, run)
     table = _summarize(pd.DataFrame(raw), specs)
     table.attrs["skipped"] = skipped
     table.attrs["settings"] = {"clip": clip, "target_range": target_range, "delta": DELTA,
@@ -392,6 +376,30 @@ def privacy_utility(
     if out is not None and len(table):
         _plot(table, Path(out) / "privacy_utility.png", table.attrs["settings"])
     return table
+
+
+def _spec_rows(spec, data, n: int, seed: int, run: dict) -> list[dict]:
+    """One model on one draw: the non-private fit, then one private fit per epsilon (a fit
+    that raises is a row with its error)."""
+    K, max_rounds = run["K"], run["max_rounds"]
+    m0, _, sec0 = _fit_one(spec, data, K, max_rounds, run["plain"], seed)
+    row = {"model": spec.estimator, "metric": spec.metric, "n_records": n,
+           "seed": seed, "nonprivate": m0}
+    raw = [{**row, "epsilon": np.inf, "value": m0, "spent": 0.0, "seconds": sec0, "error": ""}]
+    for eps in run["epsilons"]:
+        fed = replace(run["base"], privacy=_privacy(eps, run["clip"], run["target_range"], spec,
+                                                    run["noise"], seed))
+        try:
+            m, spent, sec = _fit_one(spec, data, K, max_rounds, fed, seed)
+            err = ""
+        except (ValueError, RuntimeError, ArithmeticError) as e:
+            m, spent, sec, err = np.nan, np.nan, np.nan, f"{type(e).__name__}: {e}"
+            logger.warning("privacy_utility: %s, %d records, epsilon %g, seed %d "
+                           "failed: %s", spec.estimator, n, eps, seed, err)
+        raw.append({**row, "epsilon": eps, "value": m, "spent": spent,
+                    "seconds": sec, "error": err})
+    logger.info("privacy_utility: %s, %d records, seed %d done", spec.estimator, n, seed)
+    return raw
 
 
 def _summarize(raw: pd.DataFrame, specs) -> pd.DataFrame:

@@ -185,11 +185,7 @@ def sec_real(
         fits.append(sec)
         errs.append(err)
     if unstandardized if unstandardized is not None else not quick:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            raw = SEC(standardize=False, random_state=seeds[0], federation=fed).fit(fd)
-        for w in caught:
-            logger.warning("%s", w.message)
+        raw = _fit_unstandardized(fd, seeds[0], fed)
         rows.append(_summary(raw, collaboration_errors(raw, test), seeds[0], False))
         labels.append(raw.labels_)
     table = pd.DataFrame(rows)
@@ -199,14 +195,28 @@ def sec_real(
                        n_learners=fd.n_clients, train_years=(int(train["year"].min()), last - 1),
                        test_years=(last, int(d["year"].max())), files=[])
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "sec_real.csv", index=False)
-        errs[0].to_csv(out / "sec_real_states.csv", index=False)
-        _plot(fits[0], errs[0], table, out / "sec_real.png")
-        table.attrs["files"] = [str(out / f) for f in
-                                ("sec_real.csv", "sec_real_states.csv", "sec_real.png")]
+        _write(Path(out), table, fits[0], errs[0])
     return table
+
+
+def _fit_unstandardized(fd: FederatedDataset, seed: int, fed) -> SEC:
+    """SEC with ``standardize=False``; its warnings (the states' scales differ) are logged."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        raw = SEC(standardize=False, random_state=seed, federation=fed).fit(fd)
+    for w in caught:
+        logger.warning("%s", w.message)
+    return raw
+
+
+def _write(out: Path, table: pd.DataFrame, sec: SEC, err: pd.DataFrame) -> None:
+    """The table, the first seed's per-state errors and the figure, listed in the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "sec_real.csv", index=False)
+    err.to_csv(out / "sec_real_states.csv", index=False)
+    _plot(sec, err, table, out / "sec_real.png")
+    table.attrs["files"] = [str(out / f) for f in
+                            ("sec_real.csv", "sec_real_states.csv", "sec_real.png")]
 
 
 def _plot(sec: SEC, err: pd.DataFrame, table: pd.DataFrame, path: Path) -> None:
