@@ -16,17 +16,18 @@ Cross-parameter checks ("burn_in < max_rounds") stay in the estimator's ``_check
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from numbers import Real as _Real
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 __all__ = ["ROUND_LOOP", "Constraint", "Instance", "Integer", "Options", "Real",
-           "validate_params"]
+           "store_params", "validate_params"]
 
 
 class Constraint:
@@ -52,18 +53,26 @@ def _bound_words(low, high, closed: str, noun: str) -> str:
 
 
 @dataclass(frozen=True)
-class Integer(Constraint):
-    """An integer (not a bool) in a range."""
+class _Ranged(Constraint):
+    """A number in a range; ``desc`` defaults to words for the range (with ``_noun``)."""
 
-    low: int | None = None
-    high: int | None = None
+    low: float | None = None
+    high: float | None = None
     closed: str = "both"
     desc: str = ""
+    _noun: ClassVar[str] = ""
 
     def __post_init__(self):
         if not self.desc:
-            words = _bound_words(self.low, self.high, self.closed, "an integer")
+            words = _bound_words(self.low, self.high, self.closed, self._noun)
             object.__setattr__(self, "desc", words)
+
+
+@dataclass(frozen=True)
+class Integer(_Ranged):
+    """An integer (not a bool) in a range."""
+
+    _noun: ClassVar[str] = "an integer"
 
     def ok(self, value: Any) -> bool:
         if isinstance(value, bool) or not isinstance(value, Integral):
@@ -72,18 +81,8 @@ class Integer(Constraint):
 
 
 @dataclass(frozen=True)
-class Real(Constraint):
+class Real(_Ranged):
     """A finite real number (not a bool) in a range."""
-
-    low: float | None = None
-    high: float | None = None
-    closed: str = "both"
-    desc: str = ""
-
-    def __post_init__(self):
-        if not self.desc:
-            words = _bound_words(self.low, self.high, self.closed, "")
-            object.__setattr__(self, "desc", words)
 
     def ok(self, value: Any) -> bool:
         if isinstance(value, bool) or not isinstance(value, _Real):
@@ -167,6 +166,24 @@ def _as_constraint(c: Any) -> Constraint:
     if c in _SPECIAL:
         return _SPECIAL[c]
     raise TypeError(f"unknown parameter constraint {c!r}")
+
+
+def store_params(est: Any, args: Mapping[str, Any]) -> None:
+    """Store ``__init__``'s arguments unchanged on ``est`` (scikit-learn's rule: ``__init__``
+    only stores them; validation happens in ``fit``).
+
+    Parameters
+    ----------
+    est : estimator
+        The instance being built.
+    args : mapping
+        ``locals()`` of its ``__init__``: every parameter of ``type(est).__init__``'s signature
+        is set from it, so a parameter added to the signature is stored without another line.
+    """
+    sig = inspect.signature(type(est).__init__)
+    for name, p in sig.parameters.items():
+        if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            setattr(est, name, args[name])
 
 
 def validate_params(params: Mapping[str, Any], constraints: Mapping[str, Sequence[Any]]) -> None:

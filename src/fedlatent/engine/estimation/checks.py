@@ -9,7 +9,8 @@ import numpy as np
 from fedlatent.data.validation import DataValidationError
 from fedlatent.engine.errors import NotFittedError
 
-__all__ = ["check_features", "check_is_fitted", "refuse_missing"]
+__all__ = ["check_enough_rows", "check_features", "check_is_fitted", "check_weights_init",
+           "refuse_missing"]
 
 
 def check_is_fitted(est, attr: str = "n_iter_") -> None:
@@ -79,3 +80,31 @@ def refuse_missing(fd, remote: bool) -> None:
         if e.get("missing"):
             raise DataValidationError(f"client {c!r}: its features have NaN values; drop or "
                                       "impute them before fitting")
+
+
+def check_enough_rows(fd, k: int, name: str, unit: str = "samples") -> None:
+    """Refuse a federation with fewer rows in all than ``k`` (the ``name`` parameter).
+
+    Parameters
+    ----------
+    fd : FederatedDataset
+    k : int
+        The number of components (clusters, input components) asked for.
+    name : str
+        The parameter that asked for them, named in the message.
+    unit : str
+        What a row is called in the message ("samples", "rows").
+    """
+    n = fd.n_samples
+    if n < k:
+        raise ValueError(f"the federation has {n} {unit} in all, fewer than {name}={k}")
+
+
+def check_weights_init(weights_init, k: int) -> None:
+    """Refuse user-given mixture weights that are not ``k`` non-negative numbers summing to 1
+    (None: nothing given, nothing checked)."""
+    if weights_init is None:
+        return
+    w = np.asarray(weights_init, float)
+    if w.shape != (k,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
+        raise ValueError(f"weights_init must be {k} non-negative numbers summing to 1, got {w!r}")

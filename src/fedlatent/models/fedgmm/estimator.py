@@ -9,9 +9,10 @@ import pandas as pd
 
 from ...data.dataset import ClientData, FederatedDataset
 from ...engine.contract.model import ALL_CAPABILITIES, Params
-from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.contract.selection import AUTO_SIZE
+from ...engine.estimation.checks import check_enough_rows
 from ...engine.estimation.estimator import (
     FederatedEstimator,
     FitContext,
@@ -22,7 +23,7 @@ from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
 from ..gmm.estimator import initialize_gaussians
-from ..gmm.init import INIT_PARAMS
+from ..gmm.init import INIT_PARAMS, GaussianStart
 from ..gmm.math import covariances_from_precisions
 from .clients import ClientWeights
 from .dp import private_refusal
@@ -186,29 +187,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         n_input_components_candidates=None,
         n_learners_candidates=None,
     ):
-        self.n_input_components = n_input_components
-        self.n_learners = n_learners
-        self.learner = learner
-        self.learner_params = learner_params
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.l2 = l2
-        self.learner_update = learner_update
-        self.covariance_aggregation = covariance_aggregation
-        self.local_steps = local_steps
-        self.prox = prox
-        self.newton_step_max = newton_step_max
-        self.classes = classes
-        self.init_params = init_params
-        self.learner_init_scale = learner_init_scale
-        self.n_init = n_init
-        self.federation = federation
-        self.max_rounds = max_rounds
-        self.tol = tol
-        self.random_state = random_state
-        self.verbose = verbose
-        self.n_input_components_candidates = n_input_components_candidates
-        self.n_learners_candidates = n_learners_candidates
+        store_params(self, locals())
 
     _score_name = "accuracy"
     capabilities = ALL_CAPABILITIES  # DP: with the settings private_refusal accepts
@@ -270,12 +249,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
                 f"y has one class ({self._classes.tolist()[0]!r}) in the whole federation; "
                 "FedGMM's learners need two or more: declare the others with classes=[...]"
             )
-        n = fd.n_samples
-        if n < self.n_input_components:
-            raise ValueError(
-                f"the federation has {n} samples in all, fewer than n_input_components="
-                f"{self.n_input_components}"
-            )
+        check_enough_rows(fd, self.n_input_components, "n_input_components")
 
     def _client_labels(self, cid, cd) -> list:
         # A client may hold one class only (label skew): the learners are shared, and its
@@ -320,13 +294,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
 
     def _initialize(self, ctx: FitContext) -> Params:
         model, seed = ctx.model, ctx.seed
-        g = initialize_gaussians(
-            ctx,
-            self.n_input_components,
-            covariance_type=self.covariance_type,
-            reg_covar=self.reg_covar,
-            init_params=self.init_params,
-        )
+        g = initialize_gaussians(ctx, self.n_input_components, GaussianStart.of(self))
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xF3D6,)))
         d = g["means"].shape[1]
         K = len(self._classes)

@@ -19,14 +19,15 @@ import numpy as np
 
 from ...data.dataset import FederatedDataset
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.contract.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
 from ...engine.estimation.base_mixture import FederatedMixture
+from ...engine.estimation.checks import check_enough_rows, check_weights_init
 from ...engine.estimation.estimator import FitContext, check_is_fitted
 from ...engine.estimation.inference import InferenceMixin
 from ...engine.rounds.loop import FitResult
-from .init import INIT_PARAMS, initialize_gaussians
+from .init import INIT_PARAMS, GaussianStart, initialize_gaussians
 from .math import (
     COV_TYPES,
     covariances_from_precisions,
@@ -155,21 +156,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         min_points_per_centroid: int = 5,
         n_components_candidates=None,
     ):
-        self.n_components = n_components
-        self.covariance_type = covariance_type
-        self.reg_covar = reg_covar
-        self.max_rounds = max_rounds
-        self.tol = tol
-        self.init_params = init_params
-        self.n_init = n_init
-        self.weights_init = weights_init
-        self.means_init = means_init
-        self.precisions_init = precisions_init
-        self.federation = federation
-        self.random_state = random_state
-        self.verbose = verbose
-        self.min_points_per_centroid = min_points_per_centroid
-        self.n_components_candidates = n_components_candidates
+        store_params(self, locals())
 
     _multi_start = True  # n_init: engine/contract/starts.py
     capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
@@ -199,19 +186,9 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         from .missing_estimator import missing_names
 
         self._missing = missing_names(self, fd)  # the feature names when fd has NaN
-        n = fd.n_samples
-        if n < self.n_components:
-            raise ValueError(
-                f"the federation has {n} samples in all, fewer than n_components="
-                f"{self.n_components}"
-            )
+        check_enough_rows(fd, self.n_components, "n_components")
         K, d = self.n_components, fd.n_features
-        if self.weights_init is not None:
-            w = np.asarray(self.weights_init, float)
-            if w.shape != (K,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
-                raise ValueError(
-                    f"weights_init must be {K} non-negative numbers summing to 1, got {w!r}"
-                )
+        check_weights_init(self.weights_init, K)
         if self.means_init is not None and np.shape(self.means_init) != (K, d):
             raise ValueError(
                 f"means_init must have shape {(K, d)}, got {np.shape(self.means_init)}"
@@ -234,18 +211,8 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         return model
 
     def _initialize(self, ctx: FitContext) -> Params:
-        return initialize_gaussians(
-            ctx,
-            self.n_components,
-            covariance_type=self.covariance_type,
-            reg_covar=self.reg_covar,
-            init_params=self.init_params,
-            min_points_per_centroid=self.min_points_per_centroid,
-            weights_init=self.weights_init,
-            means_init=self.means_init,
-            precisions_init=self.precisions_init,
-            missing=getattr(self, "_missing", None),
-        )
+        return initialize_gaussians(ctx, self.n_components, GaussianStart.of(self),
+                                    missing=getattr(self, "_missing", None))
 
     def _store(self, result: FitResult, model: GMMModel) -> None:
         p = result.params

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 from scipy import linalg
@@ -21,7 +23,7 @@ from ...engine.warn import user_stacklevel
 from .math import compute_precision_cholesky, floor_noisy_covariances, gmm_m_step
 from .model import gaussian_problem
 
-__all__ = ["INIT_PARAMS", "initialize_gaussians"]
+__all__ = ["INIT_PARAMS", "GaussianStart", "initialize_gaussians"]
 
 #: the starts of :func:`initialize_gaussians`, the default first
 INIT_PARAMS = ("kmeans-sums", "kmeans-federated", "random")
@@ -334,19 +336,28 @@ def _precisions_cholesky(precisions_init, ct: str) -> np.ndarray:
     return np.sqrt(prec)
 
 
-def initialize_gaussians(
-    ctx: FitContext,
-    n_components: int,
-    *,
-    covariance_type: str = "full",
-    reg_covar: float = 1e-6,
-    init_params: str = "kmeans-sums",
-    min_points_per_centroid: int = 5,
-    weights_init=None,
-    means_init=None,
-    precisions_init=None,
-    missing=None,
-) -> Params:
+@dataclass(frozen=True)
+class GaussianStart:
+    """How the Gaussian components start: the estimator parameters of these names
+    (:meth:`of`), each documented on :class:`~fedlatent.models.gmm.FederatedGaussianMixture`."""
+
+    covariance_type: str = "full"
+    reg_covar: float = 1e-6
+    init_params: str = "kmeans-sums"
+    min_points_per_centroid: int = 5
+    weights_init: Any = None
+    means_init: Any = None
+    precisions_init: Any = None
+
+    @classmethod
+    def of(cls, est) -> GaussianStart:
+        """The start an estimator's parameters of the same names give (the defaults above for
+        those it does not have, e.g. FedGMM's ``means_init``)."""
+        return cls(**{f.name: getattr(est, f.name, f.default) for f in fields(cls)})
+
+
+def initialize_gaussians(ctx: FitContext, n_components: int,
+                         start: GaussianStart = GaussianStart(), missing=None) -> Params:
     """Initial Gaussian components from the clients' aggregates (never their rows).
 
     Every client's moments (n, sum x, sum x x^T) are summed first. Then, by ``init_params``:
@@ -366,10 +377,12 @@ def initialize_gaussians(
     -------
     dict with ``weights`` (K,), ``means`` (K, d), ``precisions_cholesky`` and ``center`` (d,)
     """
-    d, K, ct = ctx.n_features, n_components, covariance_type
+    d, K, ct, reg_covar = ctx.n_features, n_components, start.covariance_type, start.reg_covar
+    weights_init, means_init, precisions_init = (start.weights_init, start.means_init,
+                                                 start.precisions_init)
     rng = np.random.default_rng(np.random.SeedSequence(ctx.seed, spawn_key=(0xC0FFEE,)))
     dp = ctx.federation.privacy
-    init_params = _effective_init(ctx, init_params)
+    init_params = _effective_init(ctx, start.init_params)
     n, mean, gcov, center, mom = _pooled_moments(ctx, d, missing, ct)
     args = (ctx, K, ct, reg_covar, mean, gcov, center, n, rng)
     if weights_init is not None and means_init is not None and precisions_init is not None:
@@ -382,7 +395,7 @@ def initialize_gaussians(
         weights, means, cov = _random_start(K, ct, reg_covar, mean, gcov, rng, dp is not None)
     else:
         weights, means, cov = _local_kmeans_start(ctx, K, ct, reg_covar, center, n, rng,
-                                                  min_points_per_centroid, mom)
+                                                  start.min_points_per_centroid, mom)
     if weights_init is not None:
         weights = np.asarray(weights_init, float).copy()
     if means_init is not None:

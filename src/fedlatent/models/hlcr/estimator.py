@@ -20,7 +20,7 @@ import numpy as np
 
 from ...data.dataset import DataValidationError, FederatedDataset
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.estimation.estimator import FederatedEstimator, FitContext
 from ...engine.fedem.federation import Federation
@@ -280,27 +280,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                  n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2,
                  dp_max_events: int | None = None, n_chains: int | None = None,
                  random_intercept: bool = False, tau: float | str = "auto"):
-        self.n_clusters = n_clusters
-        self.alpha = alpha
-        self.beta = beta
-        self.delta = delta
-        self.sigma = sigma
-        self.solver = solver
-        self.max_rounds = max_rounds
-        self.burn_in = burn_in
-        self.tol = tol
-        self.federation = federation
-        self.fit_intercept = fit_intercept
-        self.random_state = random_state
-        self.verbose = verbose
-        self.standardize = standardize
-        self.thin = thin
-        self.n_clusters_range = n_clusters_range
-        self.holdout = holdout
-        self.dp_max_events = dp_max_events
-        self.n_chains = n_chains
-        self.random_intercept = random_intercept
-        self.tau = tau
+        store_params(self, locals())
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:

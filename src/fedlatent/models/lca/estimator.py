@@ -21,7 +21,7 @@ import numpy as np
 from ...data.dataset import FederatedDataset
 from ...engine.contract.mixture import random_membership_stats
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Integer
+from ...engine.contract.params import ROUND_LOOP, Integer, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.estimation.base_mixture import FederatedMixture
 from ...engine.estimation.estimator import FitContext, check_features
@@ -93,14 +93,7 @@ class LatentClassAnalysis(FederatedMixture):
     def __init__(self, n_components: int = 2, *, n_categories=None,
                  max_rounds: int | None = None, tol: float = 1e-6, n_init: int = 1,
                  federation=None, random_state=None, verbose: bool | None = None):
-        self.n_components = n_components
-        self.n_categories = n_categories
-        self.max_rounds = max_rounds
-        self.tol = tol
-        self.n_init = n_init
-        self.federation = federation
-        self.random_state = random_state
-        self.verbose = verbose
+        store_params(self, locals())
 
     # ---- fit hooks ---------------------------------------------------------------------------
     def _check_params(self) -> None:

@@ -16,9 +16,10 @@ import numpy as np
 from ...data.dataset import FederatedDataset
 from ...engine.contract.mixture import random_membership_stats
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.contract.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
+from ...engine.estimation.checks import check_enough_rows, check_weights_init
 from ...engine.estimation.estimator import (
     FederatedEstimator,
     FitContext,
@@ -295,20 +296,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         random_state=None,
         n_components_candidates=None,
     ):
-        self.n_components = n_components
-        self.fit_intercept = fit_intercept
-        self.max_rounds = max_rounds
-        self.tol = tol
-        self.reg_noise = reg_noise
-        self.init_params = init_params
-        self.n_init = n_init
-        self.weights_init = weights_init
-        self.coef_init = coef_init
-        self.intercept_init = intercept_init
-        self.noise_variance_init = noise_variance_init
-        self.federation = federation
-        self.random_state = random_state
-        self.n_components_candidates = n_components_candidates
+        store_params(self, locals())
 
     # ---- validation -------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -329,12 +317,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         if self.intercept_init is not None and not self.fit_intercept:
             raise ValueError("intercept_init is given but fit_intercept=False; leave it out or "
                              "set fit_intercept=True")
-        if self.weights_init is not None:
-            w = np.asarray(self.weights_init, float)
-            if w.shape != (K,) or np.any(w < 0) or not np.isclose(w.sum(), 1.0):
-                raise ValueError(
-                    f"weights_init must be {K} non-negative numbers summing to 1, got {w!r}"
-                )
+        check_weights_init(self.weights_init, K)
         if self.intercept_init is not None and np.shape(self.intercept_init) != (K,):
             raise ValueError(f"intercept_init must have shape {(K,)}, got "
                              f"{np.shape(self.intercept_init)}")
@@ -366,12 +349,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         dp = self._federation().privacy
         if dp is not None:  # the refusal before any message (lcr_dp_sensitivity's own)
             lcr_dp_sensitivity(dp, fd.n_features, self.fit_intercept)
-        n = fd.n_samples
-        if n < self.n_components:
-            raise ValueError(
-                f"the federation has {n} rows in all, fewer than n_components="
-                f"{self.n_components}"
-            )
+        check_enough_rows(fd, self.n_components, "n_components", unit="rows")
         K, d = self.n_components, fd.n_features
         if self.coef_init is not None and np.shape(self.coef_init) != (K, d):
             raise ValueError(f"coef_init must have shape {(K, d)}, got {np.shape(self.coef_init)}")

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...data.dataset import DataValidationError, FederatedDataset
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.estimation.estimator import FederatedEstimator, FitContext
 from ...engine.fedem.history import History, RoundRecord
@@ -270,22 +270,7 @@ class SEC(SECSummary, ClusterUseMixin, FederatedEstimator):
         extra_trusted_types: list[str] | None = None,
         federation: Any = None,
     ):
-        self.candidates = candidates
-        self.split = split
-        self.n_clusters = n_clusters
-        self.k_selection = k_selection
-        self.max_clusters = max_clusters
-        self.affinity_scale = affinity_scale
-        self.standardize = standardize
-        self.penalty = penalty
-        self.n_init = n_init
-        self.n_refs = n_refs
-        self.gap_rule = gap_rule
-        self.n_jobs = n_jobs
-        self.exchange_batch = exchange_batch
-        self.random_state = random_state
-        self.extra_trusted_types = extra_trusted_types
-        self.federation = federation
+        store_params(self, locals())
 
     _save_arrays = ("errors_", "n_samples_", "cv_mse_", "exchange_losses_", "dissimilarity_",
                     "similarity_", "eigenvalues_", "embedding_", "labels_", "_model_bytes",
