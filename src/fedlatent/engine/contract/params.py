@@ -177,13 +177,14 @@ def store_params(est: Any, args: Mapping[str, Any]) -> None:
     est : estimator
         The instance being built.
     args : mapping
-        ``locals()`` of its ``__init__``: every parameter of ``type(est).__init__``'s signature
-        is set from it, so a parameter added to the signature is stored without another line.
+        ``locals()`` of the ``__init__`` that calls this. Every parameter of that ``__init__``
+        (read from its code, so neither ``self`` nor a closure's names) is set from it: a
+        parameter added to the signature is stored without another line, and a subclass calling
+        ``super().__init__(...)`` stores the base class's parameters too.
     """
-    sig = inspect.signature(type(est).__init__)
-    for name, p in sig.parameters.items():
-        if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            setattr(est, name, args[name])
+    code = inspect.currentframe().f_back.f_code
+    for name in code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]:
+        setattr(est, name, args[name])
 
 
 def validate_params(params: Mapping[str, Any], constraints: Mapping[str, Sequence[Any]]) -> None:
