@@ -7,12 +7,6 @@ import fedlatent
 
 SRC = Path(fedlatent.__file__).resolve().parent
 LIMIT = 80
-#: functions still over the limit while other branches of issue 26 shorten them: remove an entry
-#: once its function is short
-PENDING = {"experiments/hlcr.py:hlcr_figure3", "experiments/fedgmm.py:fedgmm_novelty",
-           "data/frame.py:frame_parts", "experiments/privacy_utility.py:privacy_utility",
-           "experiments/sec_real.py:sec_real"}
-
 
 def long_functions(root: Path = SRC, limit: int = LIMIT) -> dict[str, int]:
     """``{"path:function": lines}`` of every function of ``root`` longer than ``limit`` lines
@@ -28,8 +22,7 @@ def long_functions(root: Path = SRC, limit: int = LIMIT) -> dict[str, int]:
 
 
 def test_no_function_is_over_80_lines():
-    found = long_functions()
-    assert {k: v for k, v in found.items() if k not in PENDING} == {}
+    assert long_functions() == {}
 
 
 def test_the_check_counts_from_def_to_the_last_line(tmp_path):

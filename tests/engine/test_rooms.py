@@ -89,13 +89,6 @@ def test_no_engine_function_over_60_lines():
     assert [s for n, s in _function_lengths(ENGINE) if n > 60] == []
 
 
-def test_no_function_in_src_over_80_lines_but_those_left_to_other_branches():
-    # issue 20 leaves these three to the branches that edit them this round
-    elsewhere = {"run_app", "frame_parts", "local"}
-    long = [s for n, s in _function_lengths(SRC) if n > 80]
-    assert [s for s in long if s.rpartition(" ")[2] not in elsewhere] == []
-
-
 def test_the_seeded_generators_are_one_function_wherever_imported():
     from fedlatent.engine.contract import model
     from fedlatent.engine.fedem import seeds
