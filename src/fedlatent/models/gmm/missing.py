@@ -24,8 +24,9 @@ import numpy as np
 
 from ...engine.protocol.numerics import logsumexp
 from ...engine.stats import Stats
+from .inference import full_covariances
 
-__all__ = ["as_full", "conditional_parts", "missing_log_prob", "missing_statistics",
+__all__ = ["conditional_parts", "missing_log_prob", "missing_statistics",
            "patterns"]
 
 
@@ -33,19 +34,6 @@ def patterns(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(observed, group)``: the distinct observed-masks (G, d) and each row's group (n,)."""
     obs, group = np.unique(~np.isnan(X), axis=0, return_inverse=True)
     return obs, np.asarray(group).ravel()
-
-
-def as_full(cov: np.ndarray, covariance_type: str, K: int, d: int) -> np.ndarray:
-    """The K full (d, d) covariances of scikit-learn-shaped ``cov`` (NumPy only)."""
-    cov = np.asarray(cov, dtype=np.float64)
-    if covariance_type == "full":
-        return cov
-    if covariance_type == "tied":
-        return np.broadcast_to(cov, (K, d, d)).copy()
-    var = cov if covariance_type == "diag" else np.repeat(cov[:, None], d, axis=1)
-    out = np.zeros((K, d, d))
-    out[:, np.arange(d), np.arange(d)] = var
-    return out
 
 
 def conditional_parts(Xo: np.ndarray, mean: np.ndarray, cov: np.ndarray, o: np.ndarray):
@@ -76,7 +64,7 @@ def missing_log_prob(X: np.ndarray, means: np.ndarray, cov: np.ndarray,
                      covariance_type: str) -> np.ndarray:
     """``log N(x_o; mu_k,o, S_k,oo)`` (n, K) of rows with NaN: each row's observed part."""
     K, d = means.shape
-    full = as_full(cov, covariance_type, K, d)
+    full = full_covariances(cov, covariance_type, K, d)
     obs, group = patterns(X)
     out = np.empty((X.shape[0], K))
     for g, o in enumerate(obs):
@@ -139,7 +127,7 @@ def missing_statistics(X: np.ndarray, params: dict, covariance_type: str,
     """
     w, means, center = params["weights"], params["means"], params["center"]
     K, d = means.shape
-    full = as_full(params["covariances"], covariance_type, K, d)
+    full = full_covariances(params["covariances"], covariance_type, K, d)
     obs, group = patterns(X)
     sxx = {"full": (K, d, d), "tied": (d, d)}.get(covariance_type, (K, d))
     st = {"nk": np.zeros(K), "sx": np.zeros((K, d)), "sxx": np.zeros(sxx)}

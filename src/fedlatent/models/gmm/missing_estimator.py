@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.protocol.numerics import logsumexp
-from .missing import as_full, conditional_parts, patterns
+from .inference import full_covariances
+from .missing import conditional_parts, patterns
 
 __all__ = ["impute", "missing_names", "sample_missing"]
 
@@ -39,7 +40,7 @@ def _posterior_parts(est, X: np.ndarray):
     """Per pattern group: ``(rows, observed mask, resp (n_g, K), xhat (K, n_g, d),
     C (K, |m|, |m|))`` under the fitted mixture."""
     K, d = est.means_.shape
-    full = as_full(est.covariances_, est.covariance_type, K, d)
+    full = full_covariances(est.covariances_, est.covariance_type, K, d)
     obs, group = patterns(X)
     for g, o in enumerate(obs):
         rows = np.flatnonzero(group == g)
