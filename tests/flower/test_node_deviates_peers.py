@@ -28,6 +28,7 @@ import fedlatent as fl  # noqa: E402
 from fedlatent.engine.privacy import DifferentialPrivacy  # noqa: E402
 from fedlatent.engine.privacy.enforce import policy_to_json  # noqa: E402
 from fedlatent.engine.protocol.messages import ERROR_KEY, pack  # noqa: E402
+from fedlatent.engine.rounds.loop import FederatedFitError  # noqa: E402
 from fedlatent.engine.site import Ledger, SitePolicy  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys  # noqa: E402
 from fedlatent.models.gmm.math import compute_precision_cholesky  # noqa: E402
@@ -172,8 +173,9 @@ def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, t
     assert len(Ledger(sites[0], "c0").of("release")) == 6
     # a second fit on the same data set: beyond the lifetime budget, refused at its setup
     second = Grid(fd, sites, policy)
-    with pytest.raises(Exception, match=r"site 'c0' refused \(privacy.lifetime-epsilon\): this "
-                                         r"plan would bring data set 'study' to epsilon="):
+    with pytest.raises(FederatedFitError, match=r"site 'c0' refused \(privacy.lifetime-epsilon"
+                                                 r"\): this plan would bring data set 'study' "
+                                                 r"to epsilon="):
         _fit(second, _private_gmm(seed=1), tmp_path / "out2")
     assert "estep" not in second.sent and "moments" not in second.sent
     for i, site in enumerate(sites):
