@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("cryptography")
 
+pytestmark = pytest.mark.flower
+
 import fedlatent as fl  # noqa: E402
 from fedlatent.engine.privacy import DifferentialPrivacy  # noqa: E402
 from fedlatent.engine.privacy.disclosure import effective  # noqa: E402
