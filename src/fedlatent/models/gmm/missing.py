@@ -77,13 +77,9 @@ def missing_log_prob(X: np.ndarray, means: np.ndarray, cov: np.ndarray,
     """``log N(x_o; mu_k,o, S_k,oo)`` (n, K) of rows with NaN: each row's observed part."""
     K, d = means.shape
     full = full_covariances(cov, covariance_type, K, d)
-    obs, group = patterns(X)
     out = np.empty((X.shape[0], K))
-    for g, o in enumerate(obs):
-        rows = np.flatnonzero(group == g)
-        Xo = X[np.ix_(rows, o)]
-        for k in range(K):
-            out[rows, k] = conditional_parts(Xo, means[k], full[k], o)[0]
+    for rows, _, parts in pattern_parts(X, means, full):
+        out[rows] = np.stack([p[0] for p in parts], axis=1)
     return out
 
 
