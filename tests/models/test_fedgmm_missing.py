@@ -211,3 +211,28 @@ def test_privacy_with_nan_is_refused_naming_the_fix():
                        r"missing values yet .*drop or impute them, or fit without privacy$"):
         FedGMM(2, 2, random_state=0, verbose=False, federation=fl.Federation(privacy=dp)).fit(
             train)
+
+
+def test_command_line_fits_and_predicts_fedgmm_with_empty_cells(tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from fedlatent.cli import app
+
+    _, train, _ = _split()
+    df = pd.concat([pd.DataFrame(cd.X, columns=["a", "b", "c"]).assign(site=c, y=cd.y)
+                    for c, cd in train.items()])
+    path = tmp_path / "holes.csv"
+    df.to_csv(path, index=False)
+    runner = CliRunner()
+    res = runner.invoke(app, ["fit", "fedgmm", "--target", "y", "--data", str(path),
+                              "--client", "site", "--features", "a,b,c", "--max-rounds", "3",
+                              "--out", str(tmp_path / "m")])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "p.csv"
+    res = runner.invoke(app, ["predict", "--model", str(tmp_path / "m"), "--data", str(path),
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    pred = pd.read_csv(out)
+    assert len(pred) == len(df) and set(pred["prediction"]) <= set(df["y"])
+    np.testing.assert_allclose(pred["proba_0"] + pred["proba_1"], 1.0, rtol=1e-9)
