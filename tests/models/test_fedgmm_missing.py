@@ -164,6 +164,18 @@ def test_prediction_with_nan_uses_the_observed_part():
                               + np.log(est.weights_x_), axis=1)
     np.testing.assert_allclose(est.score_samples(X[nan])["log_px"], ref, rtol=1e-10)
     assert set(est.predict(X[nan])) <= set(est.classes_.tolist())
+    # a new client adapts its weights on rows with NaN: the E-step on observed parts
+    y = np.concatenate([cd.y for _, cd in test.items()])
+    pi = est.adapt((X, y), n_rounds=5).pi
+    assert np.all(np.isfinite(pi)) and pi.sum() == pytest.approx(1.0, rel=1e-12)
+    from fedlatent.models.fedgmm.math import fedgmm_responsibilities
+    from fedlatent.models.fedgmm.missing import missing_components
+
+    lg, lp = missing_components(X, est.params_, "full")[:2]
+    ref = np.full((2, 2), 0.25)
+    for _ in range(5):
+        ref = fedgmm_responsibilities(lg, lp[np.arange(len(y)), :, :, y], ref)[0].mean(0)
+    np.testing.assert_allclose(pi, ref, rtol=1e-12)
 
 
 def test_heldout_accuracy_with_nan_beats_dropping_the_rows():
