@@ -42,6 +42,7 @@ def test_nan_client_id_still_refused():
 
 def test_capability_declared_by_the_gmm_only_where_supported():
     assert fl.FederatedGaussianMixture.capabilities.missing_values
+    assert fl.FedGMM.capabilities.missing_values  # its input side (issue 25)
     assert not fl.LatentClassRegression.capabilities.missing_values
 
 

@@ -37,7 +37,7 @@ def test_every_model_declares_its_capabilities():
                                                                missing_values=True)
     assert fl.LatentClassRegression.capabilities == replace(ALL_CAPABILITIES,
                                                             missing_target=True)
-    assert fl.FedGMM.capabilities == ALL_CAPABILITIES
+    assert fl.FedGMM.capabilities == replace(ALL_CAPABILITIES, missing_values=True)
     sec = fl.SEC.capabilities
     assert not sec.secure_aggregation and not sec.differential_privacy
     assert sec.secure_refusal.startswith("SEC's replies are fitted local models")

@@ -144,8 +144,16 @@ class ClientWeights:
             raise ValueError(f"adapt: X has {X.shape[0]} rows but y has {y.shape[0]}; pass one "
                              "label per row")
         y = self._encode(y)
-        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
-        lpy = lp[np.arange(X.shape[0]), :, y]
+        if np.isnan(X).any():  # each input component's completion (.missing)
+            from .missing import missing_components
+
+            lg, lp = missing_components(X, self.params_, self.covariance_type,
+                                        self._learner())[:2]
+            lpy = lp[np.arange(X.shape[0]), :, :, y]  # (n, M1, M2)
+        else:
+            lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type,
+                                           self._learner())
+            lpy = lp[np.arange(X.shape[0]), :, y]
         M1, M2 = len(self.weights_x_), len(self.weights_y_)
         pi = np.full((M1, M2), 1.0 / (M1 * M2))
         for _ in range(int(n_rounds)):

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ...data.dataset import ClientData, FederatedDataset
-from ...engine.contract.model import ALL_CAPABILITIES, Params
+from ...engine.contract.model import Capabilities, Params
 from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.contract.selection import AUTO_SIZE
@@ -190,7 +190,9 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         store_params(self, locals())
 
     _score_name = "accuracy"
-    capabilities = ALL_CAPABILITIES  # DP: with the settings private_refusal accepts
+    # DP: with the settings private_refusal accepts; NaN in X: .missing (issue 25)
+    capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
+                                missing_values=True)
 
     @property
     def _dp_init_releases(self) -> int:
@@ -250,6 +252,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
                 "FedGMM's learners need two or more: declare the others with classes=[...]"
             )
         check_enough_rows(fd, self.n_input_components, "n_input_components")
+        self._missing = _missing_names(self, fd)
 
     def _client_labels(self, cid, cd) -> list:
         # A client may hold one class only (label skew): the learners are shared, and its
@@ -274,7 +277,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         return {"labels": self._client_labels(cid, fd[cid])}
 
     def _make_model(self, fd: FederatedDataset) -> FedGMMModel:
-        return FedGMMModel(
+        model = FedGMMModel(
             self.n_input_components,
             self.n_learners,
             [c.item() if hasattr(c, "item") else c for c in self._classes],
@@ -291,10 +294,14 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
             n_features=fd.n_features,
             private=self._federation().privacy is not None,
         )
+        if getattr(self, "_missing", None) is not None:
+            model.batched_step = False  # rows with NaN: one client at a time (.missing)
+        return model
 
     def _initialize(self, ctx: FitContext) -> Params:
         model, seed = ctx.model, ctx.seed
-        g = initialize_gaussians(ctx, self.n_input_components, GaussianStart.of(self))
+        g = initialize_gaussians(ctx, self.n_input_components, GaussianStart.of(self),
+                                 missing=getattr(self, "_missing", None))
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xF3D6,)))
         d = g["means"].shape[1]
         K = len(self._classes)
@@ -406,15 +413,25 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         check_is_fitted(self)
         return self._global_pi() if client is None else self.personalize(client).pi
 
-    def _predict_proba_pi(self, X, pi) -> np.ndarray:
-        X = self._check_X(X)
+    def _log_proba_pi(self, X: np.ndarray, pi) -> tuple[np.ndarray, np.ndarray]:
+        """``log P(y = k | x)`` (n, K) and ``log p(x)`` (n,) under ``pi``; rows with NaN
+        from their observed part, the learners at each input component's completion
+        (:mod:`fedlatent.models.fedgmm.missing`)."""
+        if np.isnan(X).any():
+            from .missing import missing_components, missing_predict_log_proba
+
+            lg, lp = missing_components(X, self.params_, self.covariance_type,
+                                        self._learner())[:2]
+            return missing_predict_log_proba(lg, lp, pi)
         lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
-        return np.exp(fedgmm_predict_log_proba(lg, lp, pi)[0])
+        return fedgmm_predict_log_proba(lg, lp, pi)
+
+    def _predict_proba_pi(self, X, pi) -> np.ndarray:
+        return np.exp(self._log_proba_pi(self._check_X(X), pi)[0])
 
     def _score_pi(self, X, y, pi) -> pd.DataFrame:
         X = self._check_X(X)
-        lg, lp = fedgmm_log_components(X, self.params_, self.covariance_type, self._learner())
-        lpk, log_px = fedgmm_predict_log_proba(lg, lp, pi)
+        lpk, log_px = self._log_proba_pi(X, pi)
         out = {"log_px": log_px}
         if y is not None:
             yc = self._encode(y)
@@ -463,3 +480,17 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
 
     def _load_extra(self, meta: dict) -> None:
         self.client_ids_ = list(meta.get("client_ids", meta["fitted"].get("client_ids_", [])))
+
+
+def _missing_names(est: FedGMM, fd) -> list[str] | None:
+    """The feature names when the federation holds NaN in X (the Gaussian mixture's rule,
+    :func:`~fedlatent.models.gmm.missing_estimator.missing_names`), else None; refuses the
+    settings the missing-data step does not take."""
+    from ..gmm.missing_estimator import missing_names
+
+    names = missing_names(est, fd)
+    if names is not None and est._federation().privacy is not None:
+        raise ValueError("FedGMM under differential privacy does not take missing values yet "
+                         "(the completed rows have no clipping bound): drop or impute them, "
+                         "or fit without privacy")
+    return names

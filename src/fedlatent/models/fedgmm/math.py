@@ -13,7 +13,8 @@ from ...engine.protocol.numerics import add_intercept, logsumexp
 from ..gmm import estimate_log_gaussian_prob
 from ..logistic import logistic_log_proba
 
-__all__ = ["fedgmm_log_components", "fedgmm_predict_log_proba", "fedgmm_responsibilities"]
+__all__ = ["fedgmm_log_components", "fedgmm_predict_log_proba", "fedgmm_responsibilities",
+           "learner_log_proba"]
 
 
 def _log(a: np.ndarray) -> np.ndarray:
@@ -42,13 +43,16 @@ def fedgmm_log_components(
     """
     lg = estimate_log_gaussian_prob(X, params["means"], params["precisions_cholesky"],
                                     covariance_type)
-    coef = params["coef"]
+    return lg, learner_log_proba(X, params["coef"], learner)
+
+
+def learner_log_proba(X: np.ndarray, coef: np.ndarray, learner=None) -> np.ndarray:
+    """``log P_theta_m2(y = k | x_i)`` of every learner, shape (n_samples, M2, K)
+    (``learner``: as :func:`fedgmm_log_components` takes it)."""
     if learner is not None:
-        lp = np.stack([learner.log_proba(X, coef[m]) for m in range(coef.shape[0])], axis=1)
-        return lg, lp
+        return np.stack([learner.log_proba(X, coef[m]) for m in range(coef.shape[0])], axis=1)
     Xa = add_intercept(X)
-    lp = np.stack([logistic_log_proba(Xa, coef[m]) for m in range(coef.shape[0])], axis=1)
-    return lg, lp
+    return np.stack([logistic_log_proba(Xa, coef[m]) for m in range(coef.shape[0])], axis=1)
 
 
 def fedgmm_responsibilities(
@@ -59,8 +63,10 @@ def fedgmm_responsibilities(
     Parameters
     ----------
     log_gauss : ndarray of shape (n_samples, M1)
-    log_py : ndarray of shape (n_samples, M2)
-        ``log P_theta_m2(y_i | x_i)`` at the observed labels.
+    log_py : ndarray of shape (n_samples, M2) or (n_samples, M1, M2)
+        ``log P_theta_m2(y_i | x_i)`` at the observed labels (per input component too when
+        the learners see each component's completion of a row with missing values,
+        :mod:`fedlatent.models.fedgmm.missing`).
     pi : ndarray of shape (M1, M2)
 
     Returns
@@ -68,7 +74,8 @@ def fedgmm_responsibilities(
     q : ndarray of shape (n_samples, M1, M2), rows sum to 1
     log_lik : ndarray of shape (n_samples,)
     """
-    lj = _log(pi)[None] + log_gauss[:, :, None] + log_py[:, None, :]
+    lpy = log_py[:, None, :] if log_py.ndim == 2 else log_py
+    lj = _log(pi)[None] + log_gauss[:, :, None] + lpy
     norm = logsumexp(lj.reshape(lj.shape[0], -1), axis=1)
     return np.exp(lj - norm[:, None, None]), norm
 

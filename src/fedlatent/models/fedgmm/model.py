@@ -112,6 +112,10 @@ class FedGMMModel(FederatedModel):
     def client_stats(self, params, data, state, rng, rows=None) -> ClientStep:
         X = data.X if rows is None else data.X[rows]
         y = self.encode(data.y if rows is None else data.y[rows])
+        if np.isnan(X).any():  # missing values: each input component's completion (.missing)
+            from .missing import missing_client_stats
+
+            return missing_client_stats(self, params, data, X, y, state, rng, rows)
         n = X.shape[0]
         learner = self.learner(X.shape[1])
         lg, lp = fedgmm_log_components(X, params, self.cov_type, learner)
@@ -128,12 +132,19 @@ class FedGMMModel(FederatedModel):
         if self.cov_agg == "paper":
             nk = stats["nk"] + 10 * np.finfo(np.float64).eps
             stats["sxx"] = stats["sxx"] - self._outer(stats["sx"], nk)
-        Xa = add_intercept(X)
-        coef = params["coef"]
-        lw = ry.sum(axis=0)
-        stats["lw"] = lw
+        stats["lw"] = ry.sum(axis=0)
         if self.private:
             stats["pq"] = q.sum(axis=0)
+        self.learner_stats(stats, X, y, ry, lp, params["coef"], learner, rng)
+        return ClientStep(Stats(stats, copy=False), data.mass(rows),  # loglik: in row order
+                          float(np.cumsum(loglik)[-1]) if n else 0.0, {"pi": new_pi})
+
+    def learner_stats(self, stats: dict, X, y, ry, lp, coef, learner, rng) -> None:
+        """Add the learners' statistics of rows ``X`` (labels ``y``, learner weights ``ry``
+        (n, M2), log class probabilities ``lp`` (n, M2, K)) into ``stats``: the IRLS sums
+        (``lb``/``lg``, ``lH``) or the weighted local refits ``ltheta``."""
+        Xa = add_intercept(X)
+        lw = stats["lw"]
         if self.update == "newton":
             P = coef[0].size
             lb, lH = np.empty((self.M2, P)), np.empty((self.M2, P, P))
@@ -152,8 +163,6 @@ class FedGMMModel(FederatedModel):
                                   self.prox * lw[m], self.step_max)
                 lt[m] = lw[m] * c_m.ravel()
             stats["ltheta"] = lt
-        return ClientStep(Stats(stats, copy=False), data.mass(rows),  # loglik: in row order
-                          float(np.cumsum(loglik)[-1]) if n else 0.0, {"pi": new_pi})
 
     def client_stats_batched(self, params, X, y, w, state):
         from .batched import fedgmm_batched_stats

@@ -26,8 +26,8 @@ from ...engine.protocol.numerics import logsumexp
 from ...engine.stats import Stats
 from .inference import full_covariances
 
-__all__ = ["conditional_parts", "missing_log_prob", "missing_statistics",
-           "patterns"]
+__all__ = ["add_group_sums", "conditional_parts", "empty_sums", "missing_log_prob",
+           "missing_statistics", "pattern_parts", "patterns"]
 
 
 def patterns(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,18 +60,26 @@ def conditional_parts(Xo: np.ndarray, mean: np.ndarray, cov: np.ndarray, o: np.n
     return logpdf, xhat, 0.5 * (C + C.T)
 
 
+def pattern_parts(X: np.ndarray, means: np.ndarray, full: np.ndarray):
+    """Per missingness pattern group: ``(rows, o, parts)``, the group's rows, its observed
+    mask and ``parts[k]``, the :func:`conditional_parts` of its rows under component ``k``
+    (``full``: the (K, d, d) covariances)."""
+    obs, group = patterns(X)
+    for g, o in enumerate(obs):
+        rows = np.flatnonzero(group == g)
+        Xo = X[np.ix_(rows, o)]
+        yield rows, o, [conditional_parts(Xo, means[k], full[k], o)
+                        for k in range(means.shape[0])]
+
+
 def missing_log_prob(X: np.ndarray, means: np.ndarray, cov: np.ndarray,
                      covariance_type: str) -> np.ndarray:
     """``log N(x_o; mu_k,o, S_k,oo)`` (n, K) of rows with NaN: each row's observed part."""
     K, d = means.shape
     full = full_covariances(cov, covariance_type, K, d)
-    obs, group = patterns(X)
     out = np.empty((X.shape[0], K))
-    for g, o in enumerate(obs):
-        rows = np.flatnonzero(group == g)
-        Xo = X[np.ix_(rows, o)]
-        for k in range(K):
-            out[rows, k] = conditional_parts(Xo, means[k], full[k], o)[0]
+    for rows, _, parts in pattern_parts(X, means, full):
+        out[rows] = np.stack([p[0] for p in parts], axis=1)
     return out
 
 
@@ -84,7 +92,7 @@ def _bound(xhat: np.ndarray, C: np.ndarray, m: np.ndarray, c0: np.ndarray, R: fl
     return c0 + dev * a[:, None], a ** 2
 
 
-def _group_sums(st: dict, q: np.ndarray, xhat: np.ndarray, C: np.ndarray, m: np.ndarray,
+def add_group_sums(st: dict, q: np.ndarray, xhat: np.ndarray, C: np.ndarray, m: np.ndarray,
                 k: int, center: np.ndarray, ct: str, shrink) -> None:
     """Add one pattern group's expected statistics for component ``k`` into ``st``."""
     Xc = xhat - center
@@ -102,6 +110,13 @@ def _group_sums(st: dict, q: np.ndarray, xhat: np.ndarray, C: np.ndarray, m: np.
         add = q @ (Xc * Xc)
         add[m] += qs.sum() * np.diag(C)
         st["sxx"][k] += add
+
+
+def empty_sums(K: int, d: int, covariance_type: str) -> dict:
+    """Zero ``nk``, ``sx``, ``sxx`` in the layout of
+    :func:`~fedlatent.models.gmm.math.gmm_statistics`, for :func:`add_group_sums`."""
+    sxx = {"full": (K, d, d), "tied": (d, d)}.get(covariance_type, (K, d))
+    return {"nk": np.zeros(K), "sx": np.zeros((K, d)), "sxx": np.zeros(sxx)}
 
 
 def missing_statistics(X: np.ndarray, params: dict, covariance_type: str,
@@ -128,14 +143,9 @@ def missing_statistics(X: np.ndarray, params: dict, covariance_type: str,
     w, means, center = params["weights"], params["means"], params["center"]
     K, d = means.shape
     full = full_covariances(params["covariances"], covariance_type, K, d)
-    obs, group = patterns(X)
-    sxx = {"full": (K, d, d), "tied": (d, d)}.get(covariance_type, (K, d))
-    st = {"nk": np.zeros(K), "sx": np.zeros((K, d)), "sxx": np.zeros(sxx)}
+    st = empty_sums(K, d, covariance_type)
     norm = np.empty(X.shape[0])
-    for g, o in enumerate(obs):
-        rows = np.flatnonzero(group == g)
-        Xo = X[np.ix_(rows, o)]
-        parts = [conditional_parts(Xo, means[k], full[k], o) for k in range(K)]
+    for rows, o, parts in pattern_parts(X, means, full):
         wlp = np.stack([p[0] for p in parts], axis=1) + np.log(w)
         norm[rows] = logsumexp(wlp, axis=1)
         resp = np.exp(wlp - norm[rows][:, None])
@@ -143,5 +153,5 @@ def missing_statistics(X: np.ndarray, params: dict, covariance_type: str,
             shrink = None
             if bound is not None:
                 xhat, shrink = _bound(xhat, C, ~o, *bound)
-            _group_sums(st, resp[:, k], xhat, C, ~o, k, center, covariance_type, shrink)
+            add_group_sums(st, resp[:, k], xhat, C, ~o, k, center, covariance_type, shrink)
     return Stats(st, copy=False), norm

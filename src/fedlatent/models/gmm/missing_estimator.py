@@ -15,7 +15,7 @@ import numpy as np
 
 from ...engine.protocol.numerics import logsumexp
 from .inference import full_covariances
-from .missing import conditional_parts, patterns
+from .missing import pattern_parts
 
 __all__ = ["impute", "missing_names", "sample_missing"]
 
@@ -41,11 +41,7 @@ def _posterior_parts(est, X: np.ndarray):
     C (K, |m|, |m|))`` under the fitted mixture."""
     K, d = est.means_.shape
     full = full_covariances(est.covariances_, est.covariance_type, K, d)
-    obs, group = patterns(X)
-    for g, o in enumerate(obs):
-        rows = np.flatnonzero(group == g)
-        parts = [conditional_parts(X[np.ix_(rows, o)], est.means_[k], full[k], o)
-                 for k in range(K)]
+    for rows, o, parts in pattern_parts(X, est.means_, full):
         wlp = np.stack([p[0] for p in parts], axis=1) + np.log(est.weights_)
         resp = np.exp(wlp - logsumexp(wlp, axis=1)[:, None])
         yield (rows, o, resp, np.stack([p[1] for p in parts]),
