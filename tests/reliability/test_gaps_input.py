@@ -50,7 +50,8 @@ def test_adapt_dataframe_with_text_names_column(fedgmm):
 
 
 @pytest.mark.parametrize("bad, match", [
-    (np.nan, r"^X: column 'v' has 1 NaN values; drop or impute them before predicting$"),
+    # NaN is not refused: FedGMM takes missing values (tests/models/test_fedgmm_missing.py)
+    (np.inf, r"^X: column 'v' has 1 infinite values; drop or clip them before predicting$"),
     (1e200, r"^X: column 'v' has 1 values of magnitude above 1e\+150"),
     (1 + 2j, r"^X: column 'v' is complex"),
 ])
