@@ -347,7 +347,7 @@ class SecAggClient:
             "held": {u: [[hex(a), hex(b)] for a, b in v] for u, v in self._held_slots.items()},
             "masked": {k.hex(): list(v) for k, v in self._masked.items()},
             "slot_of": {k.hex(): v for k, v in self._slot_of.items()},
-            "revealed": [k.hex() for k in self._revealed],
+            "revealed": sorted(k.hex() for k in self._revealed),  # a set: one order
             "revealed_self": self._revealed_self, "revealed_mask": self._revealed_mask})
 
     @classmethod
