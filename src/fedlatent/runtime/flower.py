@@ -423,7 +423,8 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
     Each client's rows are written to its own file in ``workdir`` (a temporary directory,
     removed afterwards, by default) and read only by that client's node. Returns the fitted
     estimator loaded from what the server app saved; ``est.flower_status_`` has the timings
-    (``startup_seconds``, ``seconds_per_round``, ``total_seconds``). ``policies``: a site
+    (``startup_seconds``, ``seconds_per_round``, ``total_seconds``). ``round_timeout``: seconds
+    to wait for the replies to one exchange, and for the nodes' first answers. ``policies``: a site
     policy file per client id (``{client: path}``), as a SuperNode's ``policy-path``.
     """
     import tempfile
@@ -439,8 +440,10 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
     work = Path(workdir)
     files = write_client_files(fd, work / "data")
     out = work / "out"
+    # every node of a simulation exists: its first answer waits only for Ray to start its actor,
+    # which on a loaded machine took over the deployment default of 120 s (0 of 3 described)
     config = run_config_for(estimator, out_dir=out, min_nodes=fd.n_clients,
-                            round_timeout=round_timeout, record=record)
+                            round_timeout=round_timeout, node_wait=round_timeout, record=record)
     ncpu = int(num_cpus or os.cpu_count() or 1)
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                "init_args": {"num_cpus": ncpu, "include_dashboard": False,
