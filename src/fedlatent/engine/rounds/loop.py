@@ -378,8 +378,9 @@ class _Rounds:
             h2, missing, rejected, errors = h_norm2(self, k, new_params, new_state.S_hat,
                                                     missing, rejected, errors)
         bytes_down = agg.bytes_down
-        if plan.init_round and self.use_cv:
-            # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0.
+        if plan.init_round and self.use_cv and k < self.opt.max_rounds:
+            # V_c0 = S_c(theta_0) - S_hat_0 on every client, so V = sum_c w_c V_c0 = 0 (not
+            # sent when no round follows: on a deployment each exchange costs seconds)
             bytes_down += self.collector.init_control_variates(
                 {"seed": plan.seed, "round": k, **pack("S_hat", new_state.S_hat.to_dict())})
         change = stat_change(self.state.S_hat, new_state.S_hat, plan.gamma)
