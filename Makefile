@@ -27,7 +27,10 @@ demo: $(STAMP)
 
 # Lint, import contracts and declared imports first, then the documentation site (strict: a
 # broken link or anchor fails), then pytest (tests/test_docs_code_blocks.py runs every example).
+# The sources are byte-compiled first: with PYTHONDONTWRITEBYTECODE set (as on CI) every process
+# the tests start (each Flower client message, Ray actor and CLI run) compiled them again.
 test: lint docs
+	$(BIN)/python -m compileall -q src
 	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 # Every third-party module src/ imports must be declared in pyproject.toml (core or an extra):
