@@ -180,14 +180,27 @@ class RoundTap(Runtime):
         for r in range(first, last + 1):
             self.path[r] = entry
 
+    def _before_estep(self, msg) -> None:
+        rnd = int(msg["round"])
+        if self._last_round:
+            self._snapshot(unpack(msg, "params"), self._last_round, rnd - 1)
+        self._last_round = rnd
+
     def call(self, client_ids, method, messages):
         if method == "estep" and messages:
-            msg = next(iter(messages.values()))
-            rnd = int(msg["round"])
-            if self._last_round:
-                self._snapshot(unpack(msg, "params"), self._last_round, rnd - 1)
-            self._last_round = rnd
+            self._before_estep(next(iter(messages.values())))
         return self.inner.call(client_ids, method, messages)
+
+    def batched(self, model):
+        """The inner runtime's batched client step (the in-process agents step together,
+        :mod:`.batched`), tapped as the calls one by one are; None without one."""
+        inner = getattr(self.inner, "batched", None)
+        return None if inner is None or inner(model) is None else self
+
+    def call_batched(self, method, idx, msg, resets=None):
+        if method == "estep":
+            self._before_estep(msg)
+        return self.inner.call_batched(method, idx, msg, resets)
 
     def finish(self, params, n_rounds: int):
         if self._last_round:
