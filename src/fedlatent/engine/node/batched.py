@@ -254,11 +254,13 @@ class BatchedClients:
             buf = self._buffers[kind] = np.empty((len(self.ids), self.template.size))
         return buf[:A]
 
-    def _unit_stats(self, params, idx: np.ndarray, commit: bool, key: tuple[int, int],
-                    reuse: str | None = None, finish=None):
+    def _unit_stats(self, params, idx: np.ndarray, commit: bool, key: tuple[int, int] | None,
+                    reuse: str | None = None, finish=None, masks=None):
         """:meth:`_stats` of a model that stacks its own units (``batched_units``): one call
-        for all the clients ``idx``, each drawing from its own generator (``key``: the
-        round's seed and number)."""
+        for all the clients ``idx`` (full passes only), each drawing from its own generator
+        (``key``: the round's seed and number)."""
+        if masks is not None or key is None:
+            raise NotImplementedError("the model's batched step makes full passes only")
         rngs = _Generators(key[0], [self.ids[i] for i in idx], key[1])
         step = self.model.client_stats_units(params, self.units, idx, self._model_state(idx),
                                              rngs, self.policy)
@@ -285,16 +287,12 @@ class BatchedClients:
                commit: bool, reuse: str | None = None, finish=None, key=None):
         """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (in
         batch positions, ascending), over their rows or the rows in ``masks`` (bucket ->
-        (C_b, m) selection). The model is called on chunks of a bucket's clients (about
-        ``_CHUNK_ROWS`` rows), so its temporaries stay small; each chunk's sums are written
-        into their rows of the result (with ``reuse``, rows of that reply buffer).
-        ``finish`` is None or ``(f, done)``: ``f(Q, n, lo, hi)`` is called on each chunk of
-        consecutive rows as soon as they are written, and ``done[lo:hi]`` set. A model that
-        stacks its own units gets the round's ``key`` (seed, round) (:meth:`_unit_stats`)."""
-        if self.units is not None:
-            if masks is not None or key is None:
-                raise NotImplementedError("the model's batched step makes full passes only")
-            return self._unit_stats(params, idx, commit, key, reuse, finish)
+        (C_b, m) selection), in chunks of a bucket's clients (about ``_CHUNK_ROWS`` rows: small
+        temporaries), each chunk's sums written into their rows of the result (with ``reuse``,
+        of that reply buffer). ``finish``: None or ``(f, done)``, ``f(Q, n, lo, hi)`` called on
+        each chunk of consecutive rows once written, ``done[lo:hi]`` set. ``key``: seed, round."""
+        if self.units is not None:  # the model stacks its own units
+            return self._unit_stats(params, idx, commit, key, reuse, finish, masks)
         A = idx.size
         want = np.zeros(len(self.ids), dtype=bool)
         want[idx] = True
