@@ -28,6 +28,7 @@ import numpy as np
 
 from fedlatent.data.dataset import ClientData
 from fedlatent.engine.contract.model import client_key, client_rng
+from fedlatent.engine.fedem.pcg import client_uniforms
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.protocol.messages import unpack
@@ -206,6 +207,16 @@ class BatchedClients:
                     st[f"{prefix}/{name}"] = np.array(arr[i])
         return out
 
+    def state_of(self, key: str) -> dict[str, np.ndarray]:
+        """One entry of the clients' states (``"model/labels"``), a copy per client that
+        holds it, without splitting every state (:meth:`dump`)."""
+        prefix, _, name = key.partition("/")
+        g = self.groups.get(prefix)
+        arr = None if g is None else g.arrays.get(name)
+        if arr is None:
+            return {self.ids[i]: st[key] for i, st in enumerate(self.dump()) if key in st}
+        return {self.ids[i]: np.array(arr[i]) for i in np.flatnonzero(g.present)}
+
     def _names(self, prefix: str, g: _Group):
         """``(name, array)`` of a group; flat statistic groups are split into their blocks."""
         if prefix in ("V", "init_S", "spider_S") and "" in g.arrays:
@@ -261,7 +272,7 @@ class BatchedClients:
         (``key``: the round's seed and number)."""
         if masks is not None or key is None:
             raise NotImplementedError("the model's batched step makes full passes only")
-        rngs = _Generators(key[0], [self.ids[i] for i in idx], key[1])
+        rngs = _Generators(key[0], [self.ids[i] for i in idx], key[1], self.keys[idx])
         step = self.model.client_stats_units(params, self.units, idx, self._model_state(idx),
                                              rngs, self.policy)
         if step is None:
@@ -517,10 +528,15 @@ class BatchedClients:
 class _Generators:
     """The generators clients draw their own step's numbers from, built when asked for:
     ``self[i]`` is the ``i``-th client's (``client_rng`` of the client, the round and the
-    model's purpose, as a client node makes it)."""
+    model's purpose, as a client node makes it); :meth:`uniforms` draws the first uniforms of
+    all of them in one compiled pass."""
 
-    def __init__(self, seed: int, ids: list[str], rnd: int):
-        self.seed, self.ids, self.rnd = int(seed), ids, int(rnd)
+    def __init__(self, seed: int, ids: list[str], rnd: int, keys: np.ndarray):
+        self.seed, self.ids, self.rnd, self.keys = int(seed), ids, int(rnd), keys
+
+    def uniforms(self, counts: np.ndarray) -> np.ndarray:
+        """``self[i].random(counts[i])`` for every client, concatenated (the same numbers)."""
+        return client_uniforms(self.seed, self.keys, self.rnd, _P_MODEL, counts)
 
     def __len__(self) -> int:
         return len(self.ids)

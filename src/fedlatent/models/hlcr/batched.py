@@ -16,9 +16,10 @@ every round, :func:`agents_step` computes what :meth:`HLCRModel.client_stats
 3. the per-cluster sums of every agent (:func:`agent_cluster_sums`, one compiled pass), the
    blocks over too few events suppressed as the agent's node suppresses them.
 
-No Python runs per agent except drawing its uniforms from its generator. The sums are added in
-entity order, where an agent alone uses NumPy's products: the two differ by rounding only
-(the labels drawn are the same).
+No Python runs per agent: the uniforms of all the agents' generators are drawn in one compiled
+pass too (:func:`~fedlatent.engine.fedem.pcg.client_uniforms`, NumPy's numbers bit for bit).
+The sums are added in entity order, where an agent alone uses NumPy's products: the two differ
+by rounding only (the labels drawn are the same).
 """
 
 from __future__ import annotations
@@ -143,7 +144,10 @@ def _labels_in(state, idx: np.ndarray, offs: np.ndarray) -> np.ndarray:
 
 
 def _uniforms(rngs, offs: np.ndarray) -> np.ndarray:
-    """Each agent's uniforms, one per entity, from its own generator (its step's only draw)."""
+    """Each agent's uniforms, one per entity, from its own generator (its step's only draw):
+    all at once where the generators offer it (the same numbers), else agent by agent."""
+    if hasattr(rngs, "uniforms"):
+        return rngs.uniforms(np.diff(offs))
     u = np.empty(offs[-1])
     for i in range(len(offs) - 1):
         if offs[i + 1] > offs[i]:
