@@ -203,8 +203,8 @@ def agents_step(model, params, batch: AgentBatch, idx: np.ndarray, state, rngs,
         objective[has] = (np.add.reduceat(loglik[np.arange(len(z)), z], offs[has])
                           + np.add.reduceat(logprior, offs[has]))
     labels = np.empty(len(sizes), dtype=object)
-    for i, part in enumerate(np.split(z, offs[1:-1])):
-        labels[i] = part
+    for i in range(len(sizes)):  # views of this round's labels (the engine copies them out)
+        labels[i] = z[offs[i]:offs[i + 1]]
     return BatchStep(stats, sizes.astype(np.float64), objective, {"labels": labels})
 
 
