@@ -53,6 +53,7 @@ SETTINGS = {
     "control_variates": {"federation": fl.Federation(participation=0.6, step_size=0.5),
                          "seed": 1},
     "random_intercept": {"random_intercept": True},
+    "track_h": {"federation": fl.Federation(track_h=True)},  # the evaluation pass too
     # K chosen on held-out events (an agent of 3 events keeps 2: every block disclosed)
     "choose_k": {"n_clusters": "auto", "n_clusters_range": (1, 2), "max_rounds": 4,
                  "federation": fl.Federation(disclosure=DisclosurePolicy.off())},
@@ -74,6 +75,8 @@ def test_batched_agents_draw_what_the_agents_draw_one_by_one(fd, name):
                  "draws_precisions_", "draws_c_", "draws_sigma_", "draws_tau_",
                  "history_log_joint_", "history_train_mse_"):
         _close(getattr(many, attr), getattr(one, attr), attr)
+    _close([np.nan if r.h_norm2 is None else r.h_norm2 for r in many.history_],
+           [np.nan if r.h_norm2 is None else r.h_norm2 for r in one.history_], "h_norm2")
     if name == "defaults":
         for key in one.chains_:
             _close(many.chains_[key], one.chains_[key], f"chains_[{key!r}]")
