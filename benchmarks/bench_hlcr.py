@@ -8,6 +8,12 @@
    at N_ij = 5, 20, 100 events, F = 10 features, K = 16 clusters.
 2. Seconds per FedHLCR round (in-process, full participation) on SYNTHHLCR with 128 agents x
    128 entities, N** = 20 events per pair.
+3. FedHLCR against the Gibbs sampler it federates (issue 23): CPU seconds of the whole default
+   fit ``fl.HLCR()`` (every agent each round, the agents stepping together in-process) and of
+   ``fl.HLCR(solver="gibbs")`` on SYNTHHLCR with 130 agents, 2,400 agent-entity pairs and
+   30,000 events (K = 4, F = 5), one BLAS thread, in one run; their ratio (at most 2), and the
+   agents stepping one by one (``InProcessRuntime(batched=False)``, the path a deployment's
+   nodes take) for reference.
 
 Usage: ``python benchmarks/bench_hlcr.py [--quick]``
 """
@@ -23,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from numba import njit
+from threadpoolctl import threadpool_limits
 
 import fedlatent as fl
 from fedlatent.models.hlcr import entity_log_marginal, entity_statistics
@@ -116,10 +123,46 @@ def seconds_per_round(entities_per_agent: float, rounds: int = 4, quick=False, a
     return float(np.median(secs[1:] if len(secs) > 1 else secs)), n_ent, fd.n_samples
 
 
+def _cpu_fit(fd, runtime=None, **kw):
+    """CPU seconds of one default fit (and the estimator)."""
+    est = fl.HLCR(random_state=0, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.process_time()
+        est.fit(fd, runtime=runtime)
+        return time.process_time() - t0, est
+
+
+def against_gibbs(quick=False) -> None:
+    """Section 3: whole default fits, FedHLCR / Gibbs CPU time in one run."""
+    from fedlatent.engine import InProcessRuntime
+
+    A, E = (130, 2400) if not quick else (40, 600)
+    fd = fl.datasets.make_synthhlcr(n_agents=A, n_entities=E, entities_per_agent=E / A,
+                                    events_per_entity=12.5, n_clusters=4, n_features=5,
+                                    random_state=0)
+    warm = fl.datasets.make_synthhlcr(n_agents=4, n_entities=8, n_features=5, n_clusters=4,
+                                      random_state=0)
+    for solver in ("gibbs", "federated"):  # compiled kernels loaded before timing
+        _cpu_fit(warm, solver=solver, max_rounds=3)
+    with threadpool_limits(1):
+        t_gibbs, est = _cpu_fit(fd, solver="gibbs")
+        t_fed, _ = _cpu_fit(fd)
+        t_one, _ = _cpu_fit(fd, runtime=InProcessRuntime(fd, batched=False))
+    print(f"\nFedHLCR against the Gibbs solver: whole default fits (K=4, 100 rounds or sweeps, "
+          f"{est._n_chains()} chains), {A} agents, {est.n_entities_} agent-entity pairs, "
+          f"{fd.n_samples} events, F=5, one BLAS thread")
+    print(f"{'solver':<34} {'CPU s':>7} {'/ gibbs':>8}")
+    for name, t in (('solver="gibbs"', t_gibbs), ("FedHLCR, agents batched", t_fed),
+                    ("FedHLCR, agents one by one", t_one)):
+        print(f"{name:<34} {t:>7.2f} {t / t_gibbs:>8.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
+    against_gibbs(args.quick)
     print("label-sampling likelihood for one entity against K=16 clusters, F=10")
     print(f"{'N_ij':>5} {'fast us':>9} {'literal us':>11} {'numba-Alg1 us':>14} "
           f"{'fast/literal':>13} {'fast/numba-Alg1':>16} {'max rel diff':>13}")

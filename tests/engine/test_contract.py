@@ -141,7 +141,9 @@ def test_runtime_declares_batched_and_models_declare_batched_step():
     from fedlatent.models.lcr.model import LCRModel
 
     assert GMMModel.batched_step and LCRModel.batched_step
-    assert not FederatedModel.batched_step and not HLCRModel.batched_step
+    assert not FederatedModel.batched_step and not FederatedModel.batched_units
+    # HLCR's agents step together over their entities since issue 23 (units, not rows)
+    assert HLCRModel.batched_step and HLCRModel.batched_units and not GMMModel.batched_units
 
 
 def test_payload_params_is_written_once_in_the_engine():

@@ -14,6 +14,8 @@ Client side (runs where the data are)::
         model-specific one-off exchanges (initialization, local models for SEC...)
     client_stats_batched(params, X, y, w, states) -> BatchStep or None   (optional)
         ``client_stats`` of many clients at once, for the in-process runtime
+    batch_units(datas), client_stats_units(params, batch, idx, state, rngs, policy)
+        the same for a model whose units are not rows (``batched_units``; optional)
 
 Server side::
 
@@ -143,6 +145,11 @@ class FederatedModel(ABC):
     #: whether :meth:`client_stats_batched` serves the in-process batched round (data, read by
     #: the in-process runtime; the method may still decline one configuration by returning None)
     batched_step: ClassVar[bool] = False
+    #: whether the batched step is :meth:`client_stats_units` on the model's own stacking of
+    #: the clients' data (:meth:`batch_units`) rather than rows bucketed by the engine: units
+    #: that are not rows, states of a different size on every client; that step applies the
+    #: suppression of :meth:`disclosure_blocks` itself
+    batched_units: ClassVar[bool] = False
     #: statistics that are sums of non-negative weights (counts): an honest client's are >= 0,
     #: but the server's mean statistics of a stochastic-approximation round (quantized,
     #: mini-batch, partial participation, noisy) need not be; :meth:`project_stats` puts them
@@ -266,6 +273,23 @@ class FederatedModel(ABC):
         :class:`fedlatent.engine.node.batched.BatchStep` whose row ``c`` equals ``client_stats`` of
         client ``c`` over its rows of weight 1 (up to the summation order).
         """
+        return None
+
+    def batch_units(self, datas: list[ClientData]) -> Any:
+        """Optional, with ``batched_units``: the clients' data (in batch order) stacked the way
+        :meth:`client_stats_units` reads them, built once per in-process batch."""
+        return None
+
+    def client_stats_units(self, params: Params, batch: Any, idx: np.ndarray,
+                           state: ClientState, rngs, policy: DisclosurePolicy):
+        """Optional, with ``batched_units``: :meth:`client_stats` (full passes) of the clients
+        at positions ``idx`` (ascending) of ``batch`` at once, their blocks suppressed as
+        :meth:`disclosure_blocks` and ``policy`` say. ``state`` holds each client's state as an
+        object array (one array per client of ``idx``), ``rngs[i]`` is the generator client
+        ``idx[i]``'s own step draws from. Returns a
+        :class:`fedlatent.engine.node.batched.BatchStep` (its state again object arrays) whose
+        row ``i`` equals the step of client ``idx[i]`` alone (up to the summation order), or
+        None (not for these settings: the clients are called one by one)."""
         return None
 
     def client_query(

@@ -13,6 +13,11 @@ Rows are stacked in buckets of clients of the same size: a bucket is one array o
 computes alone (so the sums agree bit for bit). With more than 256 distinct sizes, buckets hold
 sizes in ``(2^(j-1), 2^j]``, padded with rows of weight 0 (the sums then agree to rounding).
 Either way there are at most a few hundred buckets, never one per client at scale.
+
+A model whose units are not rows (HLCR's entities; ``batched_units``) stacks the clients' data
+itself (``batch_units``) and steps all the round's clients in one call
+(``client_stats_units``), each drawing from its own client's generator; its states, of a
+different size on every client, are held as one array per client.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedlatent.data.dataset import ClientData
-from fedlatent.engine.contract.model import client_key
+from fedlatent.engine.contract.model import client_key, client_rng
+from fedlatent.engine.fedem.pcg import client_uniforms
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.protocol.messages import unpack
@@ -31,7 +37,7 @@ from fedlatent.engine.stats import Stats
 __all__ = ["Bucket", "BatchStep", "BatchReply", "BatchedClients", "ClientBatch"]
 
 # purposes of the per-(client, round) streams (as in engine/node/client.py)
-_P_QUANT, _P_BATCH = 1, 2
+_P_MODEL, _P_QUANT, _P_BATCH = 0, 1, 2
 #: rows of one call of the model's batched step (its temporaries then stay in cache)
 _CHUNK_ROWS = 16384
 #: rows of the statistics processed at once after the step (differences, quantizer, V_c)
@@ -161,8 +167,12 @@ class BatchedClients:
         self.ids = list(ids)
         self.pos = {c: i for i, c in enumerate(self.ids)}
         self.keys = np.array([client_key(c) for c in self.ids], dtype=np.int64)
-        self.batch = ClientBatch(datas)
         self.model = model
+        #: the model's own stacking of the data (``batched_units``), else rows in buckets
+        self.units = model.batch_units(list(datas)) if model.batched_units else None
+        self.batch = ClientBatch(datas) if self.units is None else None
+        #: the disclosure policy the clients apply (a step over units suppresses blocks)
+        self.policy = model.disclosure
         self.groups: dict[str, _Group] = {}
         self.template: Stats | None = None
         #: the arrays the replies of ``estep`` and ``evaluate`` are written into, round after
@@ -179,7 +189,9 @@ class BatchedClients:
                 prefix, _, name = key.partition("/")
                 g = self.groups.setdefault(prefix, _Group(n))
                 v = np.asarray(v)
-                if name not in g.arrays:
+                if name not in g.arrays and prefix == "model" and self.units is not None:
+                    g.arrays[name] = np.empty(n, dtype=object)  # one array per client
+                elif name not in g.arrays:
                     g.arrays[name] = np.zeros((n, *v.shape), dtype=v.dtype)
                 g.arrays[name][i] = v
                 g.present[i] = True
@@ -194,6 +206,16 @@ class BatchedClients:
                 for name, arr in names:
                     st[f"{prefix}/{name}"] = np.array(arr[i])
         return out
+
+    def state_of(self, key: str) -> dict[str, np.ndarray]:
+        """One entry of the clients' states (``"model/labels"``), a copy per client that
+        holds it, without splitting every state (:meth:`dump`)."""
+        prefix, _, name = key.partition("/")
+        g = self.groups.get(prefix)
+        arr = None if g is None else g.arrays.get(name)
+        if arr is None:
+            return {self.ids[i]: st[key] for i, st in enumerate(self.dump()) if key in st}
+        return {self.ids[i]: np.array(arr[i]) for i in np.flatnonzero(g.present)}
 
     def _names(self, prefix: str, g: _Group):
         """``(name, array)`` of a group; flat statistic groups are split into their blocks."""
@@ -215,6 +237,10 @@ class BatchedClients:
         if "" not in g.arrays:
             flat = np.zeros((n, F))
             lo = 0
+            if any(k in g.arrays and g.arrays[k].shape[1:] != v.shape
+                   for k, v in self.template.items()):
+                g.present[:] = False  # an earlier fit's statistic (another K): none kept
+                g.arrays = {}
             for k, v in self.template.items():
                 if k in g.arrays:
                     flat[:, lo:lo + v.size] = g.arrays[k].reshape(n, -1)
@@ -239,15 +265,45 @@ class BatchedClients:
             buf = self._buffers[kind] = np.empty((len(self.ids), self.template.size))
         return buf[:A]
 
+    def _unit_stats(self, params, idx: np.ndarray, commit: bool, key: tuple[int, int] | None,
+                    reuse: str | None = None, finish=None, masks=None):
+        """:meth:`_stats` of a model that stacks its own units (``batched_units``): one call
+        for all the clients ``idx`` (full passes only), each drawing from its own generator
+        (``key``: the round's seed and number)."""
+        if masks is not None or key is None:
+            raise NotImplementedError("the model's batched step makes full passes only")
+        rngs = _Generators(key[0], [self.ids[i] for i in idx], key[1], self.keys[idx])
+        step = self.model.client_stats_units(params, self.units, idx, self._model_state(idx),
+                                             rngs, self.policy)
+        if step is None:
+            raise NotImplementedError("the model has no batched step for these settings")
+        if self.template is None:
+            self.template = Stats({k: np.asarray(v[0]) for k, v in step.stats.items()})
+        Q = None if reuse is None else self._reply_buffer(reuse, idx.size)
+        Q = np.empty((idx.size, self.template.size)) if Q is None else Q
+        col = 0
+        for v in step.stats.values():
+            v = v.reshape(v.shape[0], -1)
+            Q[:, col:col + v.shape[1]] = v
+            col += v.shape[1]
+        n, obj = np.asarray(step.n, dtype=np.float64), np.asarray(step.objective, np.float64)
+        if commit and step.state:
+            self._commit_state(idx, step.state)
+        if finish is not None:
+            finish[0](Q, n, 0, idx.size)
+            finish[1][:] = True
+        return Q, n, obj
+
     def _stats(self, params, idx: np.ndarray, masks: dict[int, np.ndarray] | None,
-               commit: bool, reuse: str | None = None, finish=None):
+               commit: bool, reuse: str | None = None, finish=None, key=None):
         """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (in
         batch positions, ascending), over their rows or the rows in ``masks`` (bucket ->
-        (C_b, m) selection). The model is called on chunks of a bucket's clients (about
-        ``_CHUNK_ROWS`` rows), so its temporaries stay small; each chunk's sums are written
-        into their rows of the result (with ``reuse``, rows of that reply buffer).
-        ``finish`` is None or ``(f, done)``: ``f(Q, n, lo, hi)`` is called on each chunk of
-        consecutive rows as soon as they are written, and ``done[lo:hi]`` set."""
+        (C_b, m) selection), in chunks of a bucket's clients (about ``_CHUNK_ROWS`` rows: small
+        temporaries), each chunk's sums written into their rows of the result (with ``reuse``,
+        of that reply buffer). ``finish``: None or ``(f, done)``, ``f(Q, n, lo, hi)`` called on
+        each chunk of consecutive rows once written, ``done[lo:hi]`` set. ``key``: seed, round."""
+        if self.units is not None:  # the model stacks its own units
+            return self._unit_stats(params, idx, commit, key, reuse, finish, masks)
         A = idx.size
         want = np.zeros(len(self.ids), dtype=bool)
         want[idx] = True
@@ -388,10 +444,12 @@ class BatchedClients:
                      hook):
         """The step's statistics: sums made into replies by ``hook`` as they come (full
         passes, mini-batches), or means (``hook`` None; SPIDER's, kept for its corrections)."""
+        if self.units is not None and mode != "full":
+            raise NotImplementedError("the model's batched step makes full passes only")
         if mode in ("full", "spider-refresh", "batch"):
             masks = None if mode != "batch" else \
                 self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
-            S_c, n, obj = self._stats(params, idx, masks, True, "estep", hook)
+            S_c, n, obj = self._stats(params, idx, masks, True, "estep", hook, (seed, rnd))
             if hook is None:
                 S_c /= np.maximum(n, 1)[:, None]
             if mode == "spider-refresh":
@@ -403,7 +461,8 @@ class BatchedClients:
 
     def evaluate(self, idx: np.ndarray, msg: dict) -> BatchReply:
         """Mean statistics at the message's parameters; no state changes."""
-        Q, n, obj = self._stats(unpack(msg, "params"), idx, None, False, "evaluate")
+        Q, n, obj = self._stats(unpack(msg, "params"), idx, None, False, "evaluate",
+                                key=(int(msg["seed"]), int(msg["round"])))
         Q /= np.maximum(n, 1)[:, None]
         return BatchReply(idx, Q, n, obj, self.template)
 
@@ -464,6 +523,26 @@ class BatchedClients:
                            - Qo / np.maximum(no, 1)[:, None])
         self._spider_put(idx, S_c, params)
         return S_c, n, obj
+
+
+class _Generators:
+    """The generators clients draw their own step's numbers from, built when asked for:
+    ``self[i]`` is the ``i``-th client's (``client_rng`` of the client, the round and the
+    model's purpose, as a client node makes it); :meth:`uniforms` draws the first uniforms of
+    all of them in one compiled pass."""
+
+    def __init__(self, seed: int, ids: list[str], rnd: int, keys: np.ndarray):
+        self.seed, self.ids, self.rnd, self.keys = int(seed), ids, int(rnd), keys
+
+    def uniforms(self, counts: np.ndarray) -> np.ndarray:
+        """``self[i].random(counts[i])`` for every client, concatenated (the same numbers)."""
+        return client_uniforms(self.seed, self.keys, self.rnd, _P_MODEL, counts)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> np.random.Generator:
+        return client_rng(self.seed, self.ids[i], self.rnd, _P_MODEL)
 
 
 def _finish_rest(done: np.ndarray, finish, S_c: np.ndarray, n: np.ndarray) -> None:

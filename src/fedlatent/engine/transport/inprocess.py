@@ -124,7 +124,8 @@ class InProcessRuntime(Runtime):
             return None  # recording, or a runtime that changes what clients send: one by one
         if not model.batched_step:  # declared by the model (FederatedModel.batched_step)
             return None
-        if type(model).disclosure_blocks is not FederatedModel.disclosure_blocks or any(
+        own_blocks = type(model).disclosure_blocks is not FederatedModel.disclosure_blocks
+        if (own_blocks and not model.batched_units) or any(
                 n.own_disclosure is not None or n.guard is not None
                 for n in self._nodes.values()):
             return None  # a client may suppress blocks or refuse by its own policy: one by one
@@ -136,6 +137,8 @@ class InProcessRuntime(Runtime):
 
             self._to_nodes()
             self._batch = BatchedClients(self._ids, [self._fd[c] for c in self._ids], model)
+        if self._ids:  # the policy the server sent every client at setup (none has its own)
+            self._batch.policy = self._nodes[self._ids[0]].disclosure
         return self
 
     def call_batched(self, method: str, idx: np.ndarray, msg: dict[str, Any], resets=None):
@@ -189,6 +192,15 @@ class InProcessRuntime(Runtime):
             return {cid: st for cid, st in zip(self._ids, self._batch.dump())}
         return {cid: {k: np.array(v) for k, v in n.state.items()}
                 for cid, n in self._nodes.items()}
+
+    def client_state(self, key: str) -> dict[str, np.ndarray]:
+        """One entry of every client's state (e.g. ``"model/labels"``), copied; clients
+        without it left out. What :meth:`get_client_states` holds, at a fraction of its cost
+        for a caller that reads one entry every round."""
+        if self._batch_owns:
+            return self._batch.state_of(key)
+        return {cid: np.array(n.state[key]) for cid, n in self._nodes.items()
+                if key in n.state}
 
     def set_client_states(self, states):
         self._to_nodes()

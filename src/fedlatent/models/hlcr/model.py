@@ -164,6 +164,9 @@ class HLCRModel(FederatedModel):
     """
 
     name = "hlcr"
+    #: in-process agents step together (:mod:`.batched`): one pass over their entities
+    batched_step = True
+    batched_units = True
     acceleration_refusal = ("its round is a Gibbs sweep (random labels), not the EM map, and "
                             "its objective is the joint density at the drawn labels, which may "
                             "go down; extrapolating draws has no fixed point to reach")
@@ -346,6 +349,16 @@ class HLCRModel(FederatedModel):
                                else onehot.T @ self._records[rows])
         return ClientStep(stats, len(rows), objective, {"labels": z})
 
+    def batch_units(self, datas):
+        from .batched import AgentBatch
+
+        return AgentBatch(self, datas)
+
+    def client_stats_units(self, params, batch, idx, state, rngs, policy):
+        from .batched import agents_step
+
+        return agents_step(self, params, batch, idx, state, rngs, policy)
+
     def _intercept_moments(self, data: ClientData, params: Params, rows, labels) -> np.ndarray:
         """``E[u_e^2 | y_e]`` of the entities ``rows`` with their new ``labels``, at the
         broadcast posterior means ``coef`` and ``sigma``, ``tau`` (the EM-style terms of
@@ -484,6 +497,11 @@ class HLCRModel(FederatedModel):
         E = None if slack is None else bordered(e("XtX"), e("Xty"), e("yty"))
         return psd_problem("the moment matrix [[XtX, Xty], [Xty^T, yty]]",
                            bordered(stats["XtX"], stats["Xty"], stats["yty"]), E, "cluster")
+
+    def check_many(self, stats, n_units, slack=None):
+        from .batched import hlcr_suspects
+
+        return hlcr_suspects(self, stats, n_units, slack)
 
     def initial_params(self) -> Params:
         """Algorithm 3, line 2: ``H = delta^2 I``, ``c = 0`` (no data), zero counts."""

@@ -170,8 +170,9 @@ class RoundTap(Runtime):
         return self.inner.client_ids
 
     def _snapshot(self, params, first: int, last: int):
-        states = self.inner.get_client_states()
-        labels = None
+        one = getattr(self.inner, "client_state", None)  # the labels only, where it can
+        states = None if one is not None else self.inner.get_client_states()
+        labels = one("model/labels") if one is not None else None
         if states is not None:
             labels = {c: np.array(st["model/labels"]) for c, st in states.items()
                       if "model/labels" in st}
@@ -180,14 +181,27 @@ class RoundTap(Runtime):
         for r in range(first, last + 1):
             self.path[r] = entry
 
+    def _before_estep(self, msg) -> None:
+        rnd = int(msg["round"])
+        if self._last_round:
+            self._snapshot(unpack(msg, "params"), self._last_round, rnd - 1)
+        self._last_round = rnd
+
     def call(self, client_ids, method, messages):
         if method == "estep" and messages:
-            msg = next(iter(messages.values()))
-            rnd = int(msg["round"])
-            if self._last_round:
-                self._snapshot(unpack(msg, "params"), self._last_round, rnd - 1)
-            self._last_round = rnd
+            self._before_estep(next(iter(messages.values())))
         return self.inner.call(client_ids, method, messages)
+
+    def batched(self, model):
+        """The inner runtime's batched client step (the in-process agents step together,
+        :mod:`.batched`), tapped as the calls one by one are; None without one."""
+        inner = getattr(self.inner, "batched", None)
+        return None if inner is None or inner(model) is None else self
+
+    def call_batched(self, method, idx, msg, resets=None):
+        if method == "estep":
+            self._before_estep(msg)
+        return self.inner.call_batched(method, idx, msg, resets)
 
     def finish(self, params, n_rounds: int):
         if self._last_round:
