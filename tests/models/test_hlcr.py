@@ -188,7 +188,8 @@ def test_test_mse_close_to_noise_variance(synth, solver):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         mse, fits = _cv_mse(lambda: fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver=solver, max_rounds=12,
-                                            tol=1e-6, random_state=0), fd)
+                                            tol=1e-6, random_state=0,
+                                            random_intercept=False), fd)  # the paper's model
     assert abs(mse - SIGMA**2) < 0.10 * SIGMA**2
     if solver == "federated":
         # converged in at most 10 iterations: the labels reach their fixed point by iteration
@@ -247,7 +248,8 @@ def test_agents_never_send_labels_or_counts(synth):
     rt = InProcessRuntime(fd, record=True)
     est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, max_rounds=4, tol=0.0, random_state=0,
                   federation=fl.Federation(participation=0.5, step_size=0.5,
-                                           control_variates=False))
+                                           control_variates=False),
+                  random_intercept=False)  # the paper's model: its sums, no 'u2'
     est.fit(fd, runtime=rt)
     allowed = {"delta/XtX", "delta/Xty", "delta/yty", "delta/n_events", "delta/n_entities",
                "delta/sse", "n", "objective"}
@@ -280,7 +282,8 @@ def test_agents_never_send_labels_or_counts(synth):
 # ---------------------------------------------------------------------------------------------
 def test_prediction_for_new_entities_and_agents(synth):
     fd, truth = synth
-    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="gibbs", max_rounds=8, random_state=0).fit(fd)
+    est = fl.HLCR(3, 1.0, 1.0, 1.0, SIGMA, solver="gibbs", max_rounds=8, random_state=0,
+                  random_intercept=False).fit(fd)  # the paper's model (eq. (2), Theorem 2)
     K = 3
     # new agent, no context: global proportions
     P = est.predict_proba(["zz"], ["e000"])

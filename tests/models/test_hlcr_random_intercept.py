@@ -139,7 +139,7 @@ def test_two_clusters_of_random_intercept_regressions_are_recovered():
         m = sm.mixedlm("y ~ C(k) + x:C(k)", df, groups=df["ent"]).fit(reml=False)
     np.testing.assert_allclose(est.coef_[order, 0], m.fe_params.iloc[2:].to_numpy(), atol=0.01)
     assert est.tau_**2 == pytest.approx(float(m.cov_re.iloc[0, 0]), rel=0.02)
-    plain = HLCR(2, max_rounds=40, n_chains=1, random_state=0).fit(fd)
+    plain = HLCR(2, max_rounds=40, n_chains=1, random_state=0, random_intercept=False).fit(fd)
     assert est.mse(fd) < 0.5 * plain.mse(fd)  # the entity levels are predicted
 
 
@@ -182,7 +182,8 @@ def test_without_the_random_intercept_nothing_changes(data):
     _, fd, _ = data
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        est = HLCR(2, max_rounds=6, n_chains=1, random_state=0).fit(fd)
+        # random_intercept is "auto" (on) by default: the paper's model is asked for
+        est = HLCR(2, max_rounds=6, n_chains=1, random_state=0, random_intercept=False).fit(fd)
     assert est.tau_ == 0.0 and not est.random_effects_.any()
     # the model every agent rebuilds keeps its old configuration (no new key)
     assert "random_intercept" not in est._model_for(1, 2).config

@@ -257,8 +257,9 @@ def _hlcr(policy):
     fed = fl.Federation(control_variates=False, track_h=True, disclosure=policy)
     # fixed sigma and delta on the raw scale: the sums are of the raw events (standardized
     # sums give the standardized event, which the broadcast scaling turns back)
+    # (the paper's model: the random intercept, on by default, sends adjusted sums)
     return fl.HLCR(n_clusters=3, random_state=1, max_rounds=6, federation=fed, sigma=1.0,
-                   delta=1.0, standardize=False)
+                   delta=1.0, standardize=False, random_intercept=False)
 
 
 def test_hlcr_one_event_block_gives_its_event_back_with_the_policy_off():

@@ -44,7 +44,8 @@ def _fit(train, K, sigma, max_rounds, seed, federation=None, tol=1e-6):
     # disclosure control, as the paper ran it (the default policy would refuse those agents)
     federation = replace(federation or Federation(), disclosure=DisclosurePolicy.off())
     est = HLCR(K, alpha=1.0, beta=1.0, delta=1.0, sigma=sigma, max_rounds=max_rounds, tol=tol,
-               federation=federation, random_state=seed, n_chains=1)  # one chain, as the paper
+               federation=federation, random_state=seed, n_chains=1,  # one chain, as the paper
+               random_intercept=False)  # the paper's model: no entity intercept
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return est.fit(train)

@@ -38,6 +38,7 @@ from .fitting import (
     secure_sizes,
     start_params,
     store_fit,
+    uses_random_intercept,
 )
 from .inference import HLCRInference, extra_chains, store_chains
 from .math import check_entities, posterior_means
@@ -122,18 +123,22 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         exceed in 1% of the cases; see ``rhat_invariant_``). None: 2, or 1 under differential
         privacy or secure aggregation (refused there: another chain would be paid from the
         budget, or rerun the masked rounds).
-    random_intercept : bool, default False
+    random_intercept : bool or "auto", default "auto"
         A mixture of random-intercept regressions: every entity's events share an intercept
         ``u_e ~ N(0, tau^2)`` around its cluster's, integrated out in closed form from the
         entity's statistics (:mod:`fedlatent.models.hlcr.random_intercept`; agents still send
         only per-cluster sums, one more of them). With one cluster and a flat prior (large
         ``delta``) it is the random-intercept linear mixed model (statsmodels MixedLM).
         Needs ``fit_intercept``; not with ``n_clusters="auto"`` or differential privacy.
+        "auto": on wherever it is available (off without ``fit_intercept``, with
+        ``n_clusters="auto"`` or under differential privacy); it is the default because it
+        was no worse than MixedLM's random intercept on every split of Hsb82 and sleepstudy
+        (the paper's model, False, lost on 5 of 10: docs/experiments.md). False: the paper's
+        HLCR.
     tau : float or "auto", default "auto"
         The random intercept's sd in the target's units; "auto": learned by an EM-style
         update (``tau^2`` = the mean over entities of ``E[u_e^2 | y_e]``; empirical Bayes,
         its fixed point with one cluster is the ML estimate). Used with ``random_intercept``.
-
     Attributes
     ----------
     coef_ : ndarray of shape (K, n_features)
@@ -199,6 +204,12 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         Each known pair's posterior mean intercept (the BLUP, averaged over the retained
         draws; user's units) that ``predict`` adds to its events; 0 without
         ``random_intercept`` or where the labels are not visible.
+    random_effects_var_ : ndarray of shape (n_pairs,)
+        Their posterior variances (user's units; over the retained draws), which
+        ``predict_interval`` adds to the predictive variance; ``tau_**2`` where the labels are
+        not visible, 0 without the random intercept.
+    random_intercept_ : bool
+        Whether the fit had the random intercept (``random_intercept``, "auto" resolved).
     draws_tau_ : ndarray of shape (n_draws,)
         tau at every retained draw (user's units; 0 without ``random_intercept``).
 
@@ -229,7 +240,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                     "history_log_joint_", "history_train_mse_",
                     "draws_precisions_", "draws_c_", "draws_counts_", "draws_labels_",
                     "draws_sigma_", "feature_mean_", "feature_scale_", "random_effects_",
-                    "draws_tau_")
+                    "draws_tau_", "random_effects_var_")
     _score_name = "mse"
     @property
     def capabilities(self) -> Capabilities:
@@ -267,7 +278,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         "holdout": [Real(0, 0.5, closed="neither")],
         "dp_max_events": [None, Integer(1)],
         "n_chains": [None, Integer(1)],
-        "random_intercept": ["boolean"],
+        "random_intercept": ["boolean", Options("auto")],
         "tau": [_POSITIVE, Options("auto")],
     }
 
@@ -279,7 +290,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                  standardize: bool | str = "auto", thin: int = 1,
                  n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2,
                  dp_max_events: int | None = None, n_chains: int | None = None,
-                 random_intercept: bool = False, tau: float | str = "auto"):
+                 random_intercept: bool | str = "auto", tau: float | str = "auto"):
         store_params(self, locals())
 
     # ---- validation -------------------------------------------------------------------------
@@ -379,7 +390,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                          estimate_delta=ch.estimate_delta, standardize=self._standardizes(),
                          holdout=holdout, holdout_seed=seed,
                          dp_max_events=self.dp_max_events if private else None,
-                         random_intercept=bool(self.random_intercept), tau=ch.tau,
+                         random_intercept=uses_random_intercept(self), tau=ch.tau,
                          estimate_tau=ch.estimate_tau)
 
     def _refuse_private(self, fd, federation) -> None:
@@ -511,6 +522,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                 "fit": {"n_clusters_": int(self.n_clusters_), "sigma_": float(self.sigma_),
                         "delta_": float(self.delta_), "mixing_": float(self.mixing_),
                         "tau_": float(self.tau_),
+                        "random_intercept_": float(self.random_intercept_),
                         "target_mean_": float(self.target_mean_),
                         "target_scale_": float(self.target_scale_)},
                 "k_scores": None if scores is None else {str(k): float(v)
@@ -524,6 +536,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         fit = meta.get("fit", {})
         for k, v in fit.items():
             setattr(self, k, int(v) if k == "n_clusters_" else float(v))
+        if "random_intercept_" in fit:
+            self.random_intercept_ = bool(fit["random_intercept_"])
         self._pred_change = np.array([np.nan if v is None else v
                                       for v in meta.get("pred_change", [])], dtype=float)
         scores = meta.get("k_scores")
@@ -544,7 +558,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                             ("draws_counts_", (T, K)),
                             ("draws_labels_", (T, *self.pair_agents_.shape)),
                             ("feature_mean_", (F,)), ("feature_scale_", (F,)),
-                            ("random_effects_", self.pair_agents_.shape), ("draws_tau_", (T,))):
+                            ("random_effects_", self.pair_agents_.shape), ("draws_tau_", (T,)),
+                            ("random_effects_var_", self.pair_agents_.shape)):
             lc.expect_shape(self, name, shape)
         lc.expect_pd(self, "precisions_")
         lc.expect_pd(self, "covariances_")

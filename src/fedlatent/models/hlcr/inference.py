@@ -15,8 +15,12 @@ Posterior of a coefficient
     means, variance the mean of ``H_k`` plus the variance of the means, quantiles by bisection
     on the mixture's distribution function. R-hat and ESS are computed on the conditional means.
 Posterior predictive of a new event
-    At one draw, ``sum_k p(k) N(x^T H_k c_k, sigma^2 + x^T H_k x)`` (``p(k)`` the pair's cluster
-    probabilities, as ``predict``), averaged over chain 0's retained draws.
+    At one draw, ``sum_k p(k) N(x^T H_k c_k + u_e, sigma^2 + x^T H_k x + v_e)`` (``p(k)`` the
+    pair's cluster probabilities, as ``predict``), averaged over chain 0's retained draws. With
+    the random intercept ``u_e`` is the entity's intercept (its BLUP, as ``predict``) and
+    ``v_e`` its posterior variance: ``random_effects_var_`` for a known pair, ``sigma^2 g_e``
+    from a new pair's events in ``context``, the whole ``tau^2`` for an entity never seen
+    (without it both are 0).
 """
 
 from __future__ import annotations
@@ -327,8 +331,10 @@ class HLCRInference:
                          unknown: str = "warn") -> np.ndarray:
         """Central ``1 - alpha`` posterior predictive intervals of new events, shape (n, 2):
         quantiles of the mixture over chain 0's retained draws and the clusters of
-        ``N(x^T H_k c_k, sigma^2 + x^T H_k x)`` weighted by the pair's cluster probabilities
-        (``context``, ``unknown``: as :meth:`predict`)."""
+        ``N(x^T H_k c_k + u_e, sigma^2 + x^T H_k x + v_e)`` weighted by the pair's cluster
+        probabilities (``context``, ``unknown``: as :meth:`predict`); ``u_e``, ``v_e``: the
+        entity intercept's posterior mean and variance with the random intercept (module
+        docstring; the prior's 0 and ``tau^2`` for an entity never seen), else 0."""
         from ...engine.estimation.inference import _check_alpha
 
         check_is_fitted(self)
@@ -344,7 +350,11 @@ class HLCRInference:
             H = np.linalg.inv(D)
             mu = Xa @ np.linalg.solve(D, c[..., None])[..., 0].T
             rho = self._rho(sig, self.draws_tau_[t])
-            mus.append(mu + self._entity_level(pairs, ctx, D, c, rho) if rho else mu)
-            sds.append(np.sqrt(sig**2 + np.einsum("nf,kfg,ng->nk", Xa, H, Xa)))
+            var = sig**2 + np.einsum("nf,kfg,ng->nk", Xa, H, Xa)
+            if rho:  # the entity's intercept: its level and its uncertainty
+                mu = mu + self._entity_level(pairs, ctx, D, c, rho)
+                var = var + self._entity_var(pairs, ctx, sig, rho)[:, None]
+            mus.append(mu)
+            sds.append(np.sqrt(var))
         return mixture_quantiles(np.hstack(mus), np.hstack(sds), np.hstack(ws),
                                  [alpha / 2.0, 1.0 - alpha / 2.0])

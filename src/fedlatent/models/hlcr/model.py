@@ -42,7 +42,7 @@ from .privacy import (
     private_moments,
     sse_from_sums,
 )
-from .random_intercept import adjust_statistics, intercept_second_moment
+from .random_intercept import adjust_statistics, intercept_second_moment, log_det_correction
 from .sampler import sample_local_labels, sample_public_prior_labels
 from .scaling import draw_hyper, transform_statistics
 
@@ -345,6 +345,8 @@ class HLCRModel(FederatedModel):
             sums["u2"] = onehot.T @ self._intercept_moments(data, params, rows, zr)
         stats = Stats(sums, copy=False)
         objective = float(loglik[np.arange(len(rows)), zr].sum() + logprior.sum())
+        if self.random_intercept:  # what the adjusted statistics leave out (as the gibbs log joint)
+            objective += log_det_correction(n, self.rho_of(params))
         self._block_records = (None if self._records is None  # weighted: records per block
                                else onehot.T @ self._records[rows])
         return ClientStep(stats, len(rows), objective, {"labels": z})

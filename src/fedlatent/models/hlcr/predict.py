@@ -76,7 +76,7 @@ class HLCRPrediction:
 
     def _rho(self, sigma, tau=None) -> float:
         """``tau^2 / sigma^2`` of a draw (0 without the random intercept)."""
-        if not getattr(self, "random_intercept", False):
+        if not getattr(self, "random_intercept_", False):
             return 0.0
         tau = self.tau_ if tau is None else float(tau)
         return tau**2 / float(sigma) ** 2
@@ -98,6 +98,22 @@ class HLCRPrediction:
         known = where >= 0
         level[known] = np.asarray(self.random_effects_)[where[known]][:, None]
         return level[inv]
+
+    def _entity_var(self, pairs, ctx_stats, sigma: float, rho: float) -> np.ndarray:
+        """(n_rows,): the posterior variance of each row's entity intercept. A known pair: its
+        ``random_effects_var_``; a new pair with events in the context: ``sigma^2 g_e``,
+        ``g_e = rho / (1 + n_e rho)`` (:mod:`.random_intercept`); otherwise the prior's
+        ``tau^2 = rho sigma^2`` (an entity never seen)."""
+        ukey, inv, where, _ = pairs
+        var = np.full(len(ukey), rho * float(sigma) ** 2)
+        if ctx_stats is not None and len(ukey):
+            ckeys, nn = ctx_stats[0], ctx_stats[4]
+            at = np.minimum(np.searchsorted(ukey, ckeys), len(ukey) - 1)
+            hit = ukey[at] == ckeys
+            var[at[hit]] = (float(sigma) ** 2 * rho / (1.0 + nn * rho))[hit]
+        known = where >= 0
+        var[known] = np.asarray(self.random_effects_var_)[where[known]]
+        return var[inv]
 
     def _cluster_proba(self, pairs, ctx_stats, D, c, counts, labels, sigma, rho=0.0):
         """(n_rows, K) cluster probabilities at one draw (or the point estimate); ``rho``:

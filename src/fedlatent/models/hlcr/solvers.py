@@ -131,6 +131,7 @@ class HLCRFit(FitResult):
     delta: float = float("nan")
     tau: float = float("nan")
     random_effects: np.ndarray | None = None
+    random_effects_var: np.ndarray | None = None
 
 
 def entity_pairs(fd: FederatedDataset | None) -> tuple[np.ndarray, np.ndarray]:
