@@ -202,6 +202,9 @@ def agents_step(model, params, batch: AgentBatch, idx: np.ndarray, state, rngs,
     if has.size:
         objective[has] = (np.add.reduceat(loglik[np.arange(len(z)), z], offs[has])
                           + np.add.reduceat(logprior, offs[has]))
+        if model.random_intercept:  # what the adjusted statistics leave out (as one by one)
+            ld = -0.5 * np.log1p(np.asarray(n, dtype=np.float64) * float(model.rho_of(params)))
+            objective[has] += np.add.reduceat(ld, offs[has])
     labels = np.empty(len(sizes), dtype=object)
     for i in range(len(sizes)):  # views of this round's labels (the engine copies them out)
         labels[i] = z[offs[i]:offs[i + 1]]
