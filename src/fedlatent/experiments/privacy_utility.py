@@ -482,8 +482,9 @@ def _plot(table: pd.DataFrame, path: Path, settings: dict) -> None:
             ax.set_title(model)
             ax.set_xlabel("epsilon (delta = 1e-5)")
             ax.set_ylabel(labels[str(sub["metric"].iloc[0])])
+        rounds = _rounds_label(settings["max_rounds"])
         fig.suptitle(f"Utility under differential privacy\n{settings['n_clients']} clients, "
-                     f"{_rounds_label(settings['max_rounds'])}, clip radius {settings['clip']:.2f}, "
+                     f"{rounds}, clip radius {settings['clip']:.2f}, "
                      f"{settings['noise']} noise; bars: standard deviation over seeds",
                      fontsize=10)
         handles, labs = axes[0][0].get_legend_handles_labels()
