@@ -343,11 +343,8 @@ def privacy_utility(
     n_clients : int
         Clients, of equal sizes.
     max_rounds : int or None
-        Rounds of every fit, private or not (the noise is calibrated for them). None: the
-        library's defaults, i.e. the non-private reference fitted to convergence (tol
-        :data:`CONVERGED_TOL`, its optimum) and every private fit with its estimator's
-        default private plan (``max_rounds=None``: ``PRIVATE_MAX_ROUNDS`` rounds after the
-        private start).
+        Rounds of every fit (the noise is calibrated for them). None: the non-private fit
+        converges (tol :data:`CONVERGED_TOL`), the private ones run their default plan.
     clip_quantile : float
         The public clip radius is this quantile of ``||x||`` under the generating process.
     noise : {"local", "distributed"}
