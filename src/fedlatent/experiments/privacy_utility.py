@@ -223,19 +223,32 @@ SPECS = (
 )
 
 
-def _estimator(spec: _Spec, K: int, max_rounds: int, federation: Federation, seed: int):
-    """An unfitted estimator of ``spec`` (tol 0: every planned round runs)."""
+#: ``max_rounds=None``: the non-private reference runs to this tolerance (at most
+#: :data:`CONVERGED_ROUNDS` rounds), the private fits run their estimator's default plan
+CONVERGED_TOL = 1e-6
+CONVERGED_ROUNDS = 1000
+
+
+def _estimator(spec: _Spec, K: int, max_rounds: int | None, federation: Federation,
+               seed: int):
+    """An unfitted estimator of ``spec``: tol 0 and ``max_rounds`` rounds (every planned round
+    runs); with ``max_rounds=None`` the defaults: a non-private fit converges (tol
+    :data:`CONVERGED_TOL`), a private one runs its estimator's default plan."""
     from ..engine.contract.registry import estimator_by_class_name
 
     cls = estimator_by_class_name(spec.estimator)
-    common = {"max_rounds": max_rounds, "federation": federation, "random_state": seed}
+    tol = 0.0
+    if max_rounds is None and federation.privacy is None:
+        tol, max_rounds = CONVERGED_TOL, CONVERGED_ROUNDS
+    common = {"max_rounds": max_rounds, "federation": federation, "random_state": seed,
+              "tol": tol}
     if spec.estimator == "FederatedGaussianMixture":
-        return cls(K, tol=0.0, verbose=False, **common)
+        return cls(K, verbose=False, **common)
     if spec.estimator == "LatentClassRegression":
-        return cls(K, tol=0.0, **common)
+        return cls(K, **common)
     if spec.estimator == "FedGMM":
-        return cls(K, K, tol=0.0, verbose=False, **common)
-    est = cls(K, tol=0.0, verbose=False, **common)
+        return cls(K, K, verbose=False, **common)
+    est = cls(K, verbose=False, **common)
     if federation.privacy is not None and "dp_max_events" in est.get_params():
         # the unit of privacy is the entity with its events: every entity has this many
         est.set_params(dp_max_events=EVENTS_PER_ENTITY - TEST_EVENTS_PER_ENTITY)
@@ -307,7 +320,7 @@ def privacy_utility(
     models: tuple[str, ...] | None = None,
     n_seeds: int | None = None,
     n_clients: int = 10,
-    max_rounds: int = 10,
+    max_rounds: int | None = 10,
     clip_quantile: float = 0.95,
     noise: str = "distributed",
 ) -> pd.DataFrame:
@@ -329,8 +342,9 @@ def privacy_utility(
         Estimator class names to run (default every model of :data:`SPECS` that supports DP).
     n_clients : int
         Clients, of equal sizes.
-    max_rounds : int
-        Rounds of every fit, private or not (the noise is calibrated for them).
+    max_rounds : int or None
+        Rounds of every fit (the noise is calibrated for them). None: the non-private fit
+        converges (tol :data:`CONVERGED_TOL`), the private ones run their default plan.
     clip_quantile : float
         The public clip radius is this quantile of ``||x||`` under the generating process.
     noise : {"local", "distributed"}
@@ -428,6 +442,13 @@ def _summarize(raw: pd.DataFrame, specs) -> pd.DataFrame:
     return table[cols]
 
 
+def _rounds_label(max_rounds: int | None) -> str:
+    """The rounds of the figure's title."""
+    if max_rounds is None:
+        return "default private plans, non-private fits converged"
+    return f"{max_rounds} rounds"
+
+
 def _plot(table: pd.DataFrame, path: Path, settings: dict) -> None:
     """Metric against epsilon (log x), one line per record count, the non-private value as a
     dashed line of the same colour, bars of one standard deviation over the seeds; one panel per
@@ -458,8 +479,9 @@ def _plot(table: pd.DataFrame, path: Path, settings: dict) -> None:
             ax.set_title(model)
             ax.set_xlabel("epsilon (delta = 1e-5)")
             ax.set_ylabel(labels[str(sub["metric"].iloc[0])])
+        rounds = _rounds_label(settings["max_rounds"])
         fig.suptitle(f"Utility under differential privacy\n{settings['n_clients']} clients, "
-                     f"{settings['max_rounds']} rounds, clip radius {settings['clip']:.2f}, "
+                     f"{rounds}, clip radius {settings['clip']:.2f}, "
                      f"{settings['noise']} noise; bars: standard deviation over seeds",
                      fontsize=10)
         handles, labs = axes[0][0].get_legend_handles_labels()
