@@ -93,9 +93,11 @@ class SecAggClient:
         self._mask_private, self._self_seed = self._mask_privates[0], self._self_seeds[0]
         self._roster: Roster | None = None
         self._shared = False
-        self._held: dict[str, tuple[int, int]] = {}  # owner -> (share of s, of b), slot 0
+        # owner -> the opened bytes of its shares: per slot (share of s_owner, share of b_owner)
+        self._blobs: dict[str, bytes] = {}
+        self._held = _Held(self._blobs, first=True)  # owner -> (share of s, of b), slot 0
         # owner -> per slot (share of s_owner, share of b_owner)
-        self._held_slots: dict[str, list[tuple[int, int]]] = {}
+        self._held_slots = _Held(self._blobs)
         self._pair_secret: dict[tuple[str, int], bytes] = {}
         self._enc_shared: dict[str, bytes] = {}
         self._masked: dict[bytes, tuple[str, ...]] = {}
@@ -194,18 +196,15 @@ class SecAggClient:
         near = roster.graph.closed(self.id)
         xs = [roster.index[v] for v in near]
         E = self.config.n_slots
-        dealt = shamir.share_many([_crypto.private_raw(k) for k in self._mask_privates]
-                                  + list(self._self_seeds), xs, t)
-        s_shares, b_shares = dealt[:E], dealt[E:]
+        pairs = [k for e in range(E) for k in (_crypto.private_raw(self._mask_privates[e]),
+                                               self._self_seeds[e])]
+        blobs = shamir.share_blobs(pairs, xs, t)  # per holder: (s, b) of every slot
         out = {}
         for v in near:
-            x = roster.index[v]
+            plain = blobs[roster.index[v]]
             if v == self.id:
-                self._held_slots[v] = [(s[x], b[x]) for s, b in zip(s_shares, b_shares)]
-                self._held[v] = self._held_slots[v][0]
+                self._blobs[v] = plain
                 continue
-            plain = b"".join(shamir.share_to_bytes(s[x]) + shamir.share_to_bytes(b[x])
-                             for s, b in zip(s_shares, b_shares))
             ad = share_context(self.id, v)
             key = _crypto.derive_key(self._enc_secret(v), ad)
             out[v] = as_u8(_crypto.aead_seal(key, plain, ad))
@@ -238,10 +237,10 @@ class SecAggClient:
                 raise SecureAggregationError(
                     f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
                     f"expected {2 * n * self.config.n_slots} ({self.config.n_slots} slots)")
-            self._held_slots[u] = [(shamir.int_from_share(plain[i:i + n]),
-                                    shamir.int_from_share(plain[i + n:i + 2 * n]))
-                                   for i in range(0, len(plain), 2 * n)]
-            self._held[u] = self._held_slots[u][0]
+            if not _field_elements(plain):
+                raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} holds a "
+                                             "value that is not a field element")
+            self._blobs[u] = plain
 
     @property
     def enrolled(self) -> tuple[str, ...]:
@@ -349,10 +348,10 @@ class SecAggClient:
                     f"{where}: its mask key was revealed in {self._revealed_mask[u]}")
         out = {}
         for u in S:
-            out[f"self:{u}"] = as_u8(shamir.share_to_bytes(self._held_slots[u][e][1]))
+            out[f"self:{u}"] = as_u8(self._share_bytes(u, e, 1))
             self._revealed_self.setdefault(u, where)
         for d in D:
-            out[f"mask:{d}"] = as_u8(shamir.share_to_bytes(self._held_slots[d][e][0]))
+            out[f"mask:{d}"] = as_u8(self._share_bytes(d, e, 0))
             self._revealed_mask.setdefault(d, where)
         self._revealed.add(label)
         if D:
@@ -406,8 +405,10 @@ class SecAggClient:
             msg = _roster_message(d["roster"])
             c._roster = Roster.from_message(msg, cfg)
         c._shared = bool(d["shared"])
-        c._held_slots = {u: [(int(a, 16), int(b, 16)) for a, b in v] for u, v in d["held"].items()}
-        c._held = {u: v[0] for u, v in c._held_slots.items()}
+        as33 = shamir.share_to_bytes
+        c._blobs = {u: b"".join(as33(int(a, 16)) + as33(int(b, 16)) for a, b in v)
+                    for u, v in d["held"].items()}
+        c._held, c._held_slots = _Held(c._blobs, first=True), _Held(c._blobs)
         c._pair_secret, c._enc_shared = {}, {}
         c._masked = {bytes.fromhex(k): tuple(v) for k, v in d["masked"].items()}
         c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
@@ -417,6 +418,12 @@ class SecAggClient:
         return c
 
     # --- helpers ------------------------------------------------------------------------------
+    def _share_bytes(self, owner: str, slot: int, kind: int) -> bytes:
+        """The 33 bytes of this client's share of ``owner``'s secret (kind 0: mask key, 1:
+        self-mask seed) of ``slot``, read from the opened bytes."""
+        at = (2 * slot + kind) * shamir.SHARE_BYTES
+        return self._blobs[owner][at:at + shamir.SHARE_BYTES]
+
     def _local(self, roster: Roster, members: list[str]) -> list[str]:
         """On a sparse graph, the members in this client's closed neighbourhood (all of them on
         the complete graph): the participants it masks with, the survivors it reveals for."""
@@ -477,3 +484,31 @@ def _roster_message(saved: dict) -> dict:
     return {k: v if k in text else np.frombuffer(bytes.fromhex(v), np.uint8).reshape(
         len(json.loads(saved["ids"])) if k == "enc_all" else rows, -1)
         for k, v in saved.items()}
+
+
+class _Held(Mapping):
+    """The shares a client holds, read on demand from the opened bytes of each owner:
+    ``owner -> [(share of s, share of b) per slot]``, or with ``first`` slot 0's pair only."""
+
+    def __init__(self, blobs: dict[str, bytes], first: bool = False):
+        self._blobs, self._first = blobs, first
+
+    def __getitem__(self, owner: str):
+        blob, n = self._blobs[owner], shamir.SHARE_BYTES
+        read = int.from_bytes
+        pairs = [(read(blob[i:i + n], "big"), read(blob[i + n:i + 2 * n], "big"))
+                 for i in range(0, len(blob), 2 * n)]
+        return pairs[0] if self._first else pairs
+
+    def __iter__(self):
+        return iter(self._blobs)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+
+def _field_elements(plain: bytes) -> bool:
+    """Whether every 33-byte big-endian share in ``plain`` is below the prime 2^256 + 297."""
+    a = np.frombuffer(plain, dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
+    low = a[:, 31].astype(np.int64) * 256 + a[:, 32]
+    return bool(np.all((a[:, 0] == 0) | ((a[:, 0] == 1) & ~a[:, 1:31].any(axis=1) & (low < 297))))

@@ -134,7 +134,8 @@ def plus_parameters(n: int, participation: float = 1.0, *, dropout: float = 0.05
       exchange: ``n E P[Bin(k, rho) < t] <= 2^-eta``.
 
     Returns ``(n - 1, 0)`` (the complete graph; its threshold is the caller's) when no such
-    ``k < n - 1`` exists.
+    ``k`` is at most half the other clients: a graph not much sparser than the complete one
+    would give up the complete graph's threshold over all the clients for little.
     """
     rho = float(participation) * (1.0 - dropout)
     if n < 4 or rho <= 0:
@@ -142,7 +143,7 @@ def plus_parameters(n: int, participation: float = 1.0, *, dropout: float = 0.05
     q = 1.0 - (1.0 - corrupt) * rho
     secret, correct = sigma * math.log(2), eta * math.log(2) + math.log(n * exchanges)
     k0 = math.ceil((secret + math.log(n * n / 2.0)) / -math.log(q)) if q > 0 else 2
-    for k in range(max(2, k0 + k0 % 2), n - 1, 2):
+    for k in range(max(2, k0 + k0 % 2), (n - 1) // 2 + 1, 2):
         lo = _secrecy_threshold(k, corrupt, math.log(n) + secret)
         hi = _largest_threshold(k, rho, correct)
         if hi >= max(lo, 2):

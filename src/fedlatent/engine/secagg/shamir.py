@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 
 __all__ = ["PRIME", "SHARE_BYTES", "int_from_share", "reconstruct", "reconstruct_many", "share",
-           "share_many", "share_to_bytes"]
+           "share_blobs", "share_many", "share_to_bytes"]
 
 PRIME = 2**256 + 297  # the smallest prime above 2^256: every 32-byte secret is a field element
 SHARE_BYTES = 33
@@ -102,18 +102,19 @@ def int_from_share(b: bytes) -> int:
     return y
 
 
-def share_many(secrets_: Sequence[bytes], holders: Sequence[int], threshold: int
-               ) -> list[dict[int, int]]:
-    """:func:`share` of several secrets for the same holders, at once.
+def share_blobs(secrets_: Sequence[bytes], holders: Sequence[int], threshold: int
+                ) -> dict[int, bytes]:
+    """:func:`share` of several secrets for the same holders, at once: ``{x: bytes}``, holder
+    x's shares of every secret in order, :data:`SHARE_BYTES` each.
 
     The polynomials are evaluated side by side: lane s of one big integer holds polynomial s,
     each lane wide enough that Horner's rule without reduction (every coefficient and x
     non-negative) never carries into the next; one big-integer step serves every secret, and
-    each lane is reduced modulo the prime at the end. The coefficients are drawn with
-    ``secrets`` as in :func:`share`.
+    each lane is reduced modulo the prime at the end. Each coefficient is 48 bytes from
+    ``secrets`` reduced modulo the prime (a bias below 2^-120).
     """
     if not secrets_:
-        return []
+        return {int(x): b"" for x in holders}
     if any(len(s) > 32 for s in secrets_):
         raise ValueError(f"a secret has at most 32 bytes, got {max(len(s) for s in secrets_)}")
     if not 1 <= threshold <= len(holders):
@@ -125,19 +126,31 @@ def share_many(secrets_: Sequence[bytes], holders: Sequence[int], threshold: int
     m = len(secrets_)
     width = PRIME.bit_length() + threshold * max(xs).bit_length() + 8
     lanes = [0] * threshold  # lanes[j]: the j-th coefficient of every polynomial, packed
+    pool = secrets.token_bytes(48 * m * (threshold - 1))
+    at = 0
     for secret in reversed(secrets_):  # packed last first: lane s holds secret s
         lanes[0] = (lanes[0] << width) | int.from_bytes(secret, "big")
         for j in range(1, threshold):
-            lanes[j] = (lanes[j] << width) | secrets.randbelow(PRIME)
+            lanes[j] = (lanes[j] << width) | int.from_bytes(pool[at:at + 48], "big") % PRIME
+            at += 48
     mask = (1 << width) - 1
-    out: list[dict[int, int]] = [{} for _ in range(m)]
+    out = {}
     for x in xs:
         y = 0
         for a in reversed(lanes):  # Horner on every lane at once
             y = y * x + a
-        for s in range(m):
-            out[s][x] = ((y >> (width * s)) & mask) % PRIME
+        out[x] = b"".join((((y >> (width * s)) & mask) % PRIME).to_bytes(SHARE_BYTES, "big")
+                          for s in range(m))
     return out
+
+
+def share_many(secrets_: Sequence[bytes], holders: Sequence[int], threshold: int
+               ) -> list[dict[int, int]]:
+    """:func:`share` of several secrets for the same holders (:func:`share_blobs`, parsed)."""
+    blobs = share_blobs(secrets_, holders, threshold)
+    n = SHARE_BYTES
+    return [{x: int.from_bytes(b[s * n:(s + 1) * n], "big") for x, b in blobs.items()}
+            for s in range(len(secrets_))]
 
 
 def reconstruct_many(shares: Sequence[Mapping[int, int]], threshold: int) -> list[bytes]:
