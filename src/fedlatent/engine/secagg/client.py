@@ -509,6 +509,8 @@ class _Held(Mapping):
 
 def _field_elements(plain: bytes) -> bool:
     """Whether every 33-byte big-endian share in ``plain`` is below the prime 2^256 + 297."""
+    if not any(plain[::shamir.SHARE_BYTES]):  # every leading byte 0: below 2^256
+        return True
     a = np.frombuffer(plain, dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
     low = a[:, 31].astype(np.int64) * 256 + a[:, 32]
     return bool(np.all((a[:, 0] == 0) | ((a[:, 0] == 1) & ~a[:, 1:31].any(axis=1) & (low < 297))))

@@ -35,6 +35,15 @@ threshold stop the fit, naming the round, the count and the threshold; an abando
 is never retried. A round whose draw of participants (after exclusions) is below the
 threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
 refused before any exchange (:func:`refuse_unsupported`).
+
+At scale (SecAgg+, :mod:`fedlatent.engine.secagg.graph`): when
+:func:`~fedlatent.engine.secagg.graph.plus_parameters` finds a degree k at most half the other
+clients for the federation's clients and participation, every client masks with and deals its
+shares to only its k neighbours on a random k-regular graph fixed by a committed seed, each
+secret rebuilt from t of its neighbourhood's k + 1 shares; each client is told only its
+neighbourhood's part of the participants, survivors and dropped lists, and a participant whose
+neighbourhood could not rebuild its secrets is left out of that exchange (named in the errors).
+The threshold above is then the server's rule; each client enforces its neighbourhood's.
 """
 
 from __future__ import annotations
@@ -262,6 +271,22 @@ class SecureChannel:
                     self.setup_bytes, self.config.degree or "complete")
         return self
 
+    def _announce(self, asked: list[str], round: int, exchange: str, where: str):
+        """``(participants, left out)``: the exchange opened with the clients asked, less those
+        whose neighbourhood among them could not rebuild their secrets (a sparse graph)."""
+        from fedlatent.engine.secagg import SecureAggregationError
+
+        able = self.server.unmaskable(asked)
+        thin = {c: "too few of its masking-graph neighbours take part in this exchange to "
+                "rebuild its secrets: left out of it" for c in asked if c not in able}
+        if thin:
+            logger.warning("round %s, exchange %r: left out [%s]: too few of their masking-graph "
+                           "neighbours take part", round, exchange, name_list(list(thin)))
+        try:
+            return self.server.announce(round, exchange, able), thin
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"{where}{err}", None, round) from err
+
     def _near(self, ids: list[str]):
         """``client -> JSON list``: ``ids`` as each client is told them, on a sparse graph only
         those of its closed neighbourhood (all it needs and can check), else all of them."""
@@ -294,16 +319,7 @@ class SecureChannel:
         from fedlatent.engine.secagg import SecureAggregationError
 
         where = "" if method == "estep" else f"initialization {exchange!r}: "
-        able = self.server.unmaskable(list(msgs))  # on a sparse graph: its threshold met
-        thin = {c: "too few of its masking-graph neighbours take part in this exchange to "
-                "rebuild its secrets: left out of it" for c in msgs if c not in able}
-        if thin:
-            logger.warning("round %s, exchange %r: left out [%s]: too few of their masking-graph "
-                           "neighbours take part", round, exchange, name_list(list(thin)))
-        try:
-            P = self.server.announce(round, exchange, able)
-        except SecureAggregationError as err:
-            raise FederatedFitError(f"{where}{err}", None, round) from err
+        P, thin = self._announce(list(msgs), round, exchange, where)
         slot = self.server.slot
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
                 _KEY + "unit": 1.0 / self.n_total}

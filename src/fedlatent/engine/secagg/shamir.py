@@ -124,23 +124,22 @@ def share_blobs(secrets_: Sequence[bytes], holders: Sequence[int], threshold: in
     if len(set(xs)) != len(xs) or not all(0 < x < PRIME for x in xs):
         raise ValueError("holders' x-coordinates must be distinct integers in [1, PRIME)")
     m = len(secrets_)
-    width = PRIME.bit_length() + threshold * max(xs).bit_length() + 8
-    lanes = [0] * threshold  # lanes[j]: the j-th coefficient of every polynomial, packed
+    width = -(-(PRIME.bit_length() + threshold * max(xs).bit_length() + 8) // 8) * 8  # bytes
+    w, out = width // 8, {}
     pool = secrets.token_bytes(48 * m * (threshold - 1))
-    at = 0
-    for secret in reversed(secrets_):  # packed last first: lane s holds secret s
-        lanes[0] = (lanes[0] << width) | int.from_bytes(secret, "big")
-        for j in range(1, threshold):
-            lanes[j] = (lanes[j] << width) | int.from_bytes(pool[at:at + 48], "big") % PRIME
-            at += 48
-    mask = (1 << width) - 1
-    out = {}
+    rows = [[int.from_bytes(s, "big") for s in secrets_]] + [
+        [int.from_bytes(pool[48 * (j * m + s):48 * (j * m + s + 1)], "big") % PRIME
+         for s in range(m)] for j in range(threshold - 1)]
+    # lanes[j]: the j-th coefficient of every polynomial, lane s (bytes [w s, w (s + 1))) secret s
+    lanes = [int.from_bytes(b"".join(v.to_bytes(w, "little") for v in row), "little")
+             for row in rows]
     for x in xs:
         y = 0
         for a in reversed(lanes):  # Horner on every lane at once
             y = y * x + a
-        out[x] = b"".join((((y >> (width * s)) & mask) % PRIME).to_bytes(SHARE_BYTES, "big")
-                          for s in range(m))
+        raw = y.to_bytes(w * m, "little")  # lane s: bytes [w s, w (s + 1))
+        out[x] = b"".join((int.from_bytes(raw[w * s:w * s + w], "little") % PRIME)
+                          .to_bytes(SHARE_BYTES, "big") for s in range(m))
     return out
 
 
