@@ -190,7 +190,7 @@ def test_a_fit_over_a_sparse_graph_equals_the_plain_fit(monkeypatch):
 
     def est(secure):
         return fl.FederatedGaussianMixture(
-            2, init_params="random", max_rounds=4, tol=0.0, random_state=1, verbose=False,
+            2, init_params="random", max_rounds=3, tol=0.0, random_state=1, verbose=False,
             federation=fl.Federation(quantizer=fl.Quantizer(8), secure_aggregation=secure))
 
     with warnings.catch_warnings():
