@@ -59,7 +59,7 @@ def fit(fd, secure: bool, rounds: int):
         ch = open_channel(*args, **kw)
         cfg = ch.config
         setup.update(s=time.process_time() - t0, up=ch.setup_up,
-                     graph=("all", cfg.threshold) if cfg.degree is None
+                     graph=("all", cfg.threshold) if getattr(cfg, "degree", None) is None
                      else (cfg.degree, cfg.local_threshold))
         return ch
 
