@@ -25,6 +25,7 @@ Each raises ValueError (or returns the reason) naming the file, the client or th
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 
 import numpy as np
@@ -145,7 +146,7 @@ def message_problem(msg, limit: int | None = None) -> str | None:
             continue
         if v.dtype.hasobject:
             return f"array {key!r} holds Python objects ({v.dtype}), not numbers"
-        nbytes = int(np.prod(v.shape, dtype=object)) * v.dtype.itemsize
+        nbytes = math.prod(v.shape) * v.dtype.itemsize  # exact integers, no overflow
         zero = [a for a, (n, s) in enumerate(zip(v.shape, v.strides)) if s == 0 and n > 1]
         if zero and nbytes > _VIEW_FLOOR:
             return (f"array {key!r} of shape {v.shape} is a zero-stride view (axis {zero[0]} "

@@ -8,6 +8,15 @@ seed sealed with ChaCha20-Poly1305 for each peer (:mod:`.shamir`), pairwise and 
 ChaCha20 keystream of HKDF-derived per-exchange keys, and recovery of dropped participants' masks
 from the survivors' shares. :mod:`.driver` runs the whole protocol in memory.
 
+SecAgg+ (``SecAggConfig(degree=k, local_threshold=t)``, :mod:`.graph`): each client masks with,
+and deals its shares to, only its k neighbours on a random k-regular graph (a Harary graph over a
+ring order fixed by public randomness: a seed the server commits to before the keys, hashed with
+every enrolled id and fresh share-encryption key); each secret is rebuilt from t of the k + 1
+shares of its neighbourhood. Every client derives the graph itself and refuses a seed that does
+not match the commitment, the keys of another neighbourhood, or a share from a non-neighbour.
+A round costs O(k) per client and O(n k) on the server; ``degree=None`` (or ``>= n - 1``) is the
+complete graph, the all-pairs protocol with its threshold over all the clients.
+
 Authenticated peers (optional): a client given its site's Ed25519 signing key signs its public
 keys for the run and the set-up round; a client given a pinned roster of site keys
 (:mod:`fedlatent.engine.site.keys`) verifies every peer's signed keys before deriving anything

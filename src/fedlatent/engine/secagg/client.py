@@ -79,10 +79,12 @@ class SecAggClient:
     """
 
     def __init__(self, client_id: str, config: SecAggConfig, *, run: str = "",
-                 round: int = 0):
+                 round: int = 0, graph_commit: bytes | None = None):
         _crypto.require()
         self.id = str(client_id)
         self.config = config
+        #: SHA-256 of the server's graph seed, sent before this client drew its keys
+        self.graph_commit = None if graph_commit is None else bytes(graph_commit)
         self.run, self.setup_round = str(run), int(round)
         E = config.n_slots
         self._mask_privates = [_crypto.generate_private() for _ in range(E)]  # s_u per slot
@@ -91,9 +93,11 @@ class SecAggClient:
         self._mask_private, self._self_seed = self._mask_privates[0], self._self_seeds[0]
         self._roster: Roster | None = None
         self._shared = False
-        self._held: dict[str, tuple[int, int]] = {}  # owner -> (share of s, of b), slot 0
+        # owner -> the opened bytes of its shares: per slot (share of s_owner, share of b_owner)
+        self._blobs: dict[str, bytes] = {}
+        self._held = _Held(self._blobs, first=True)  # owner -> (share of s, of b), slot 0
         # owner -> per slot (share of s_owner, share of b_owner)
-        self._held_slots: dict[str, list[tuple[int, int]]] = {}
+        self._held_slots = _Held(self._blobs)
         self._pair_secret: dict[tuple[str, int], bytes] = {}
         self._enc_shared: dict[str, bytes] = {}
         self._masked: dict[bytes, tuple[str, ...]] = {}
@@ -142,16 +146,34 @@ class SecAggClient:
         if roster.keys.get(self.id) != own:
             raise SecureAggregationError(f"client {self.id!r}: the relayed roster lacks or "
                                          "alters this client's own public keys")
+        if self.config.sparse(roster.n):
+            self._check_graph(roster)
         if trust is not None:
             self._authenticate(roster, trust)
         self.config.encoding.check_capacity(roster.n)
         self._roster = roster
 
+    def _check_graph(self, roster: Roster) -> None:
+        """On a sparse graph: the revealed seed matches the commitment this client got before
+        it drew its keys, and the keys relayed are those of its own neighbourhood, which it
+        derives itself (never a list the server chose)."""
+        seed = roster.graph_seed
+        if self.graph_commit is None or seed is None or _crypto.commit(seed) != self.graph_commit:
+            raise SecureAggregationError(
+                f"client {self.id!r}: the masking graph's seed does not match the commitment "
+                "the server sent before the keys (or one of them is missing); the server could "
+                "have chosen the graph: set-up refused")
+        near = roster.graph.closed(self.id)
+        if sorted(roster.keys) != list(near):
+            raise SecureAggregationError(
+                f"client {self.id!r}: the relayed keys are of {sorted(roster.keys)}, not of its "
+                f"neighbourhood {list(near)} on the masking graph the seed fixes")
+
     def _authenticate(self, roster: Roster, trust) -> None:
         """Verify every peer's signed keys against the pinned roster ``trust``."""
         from fedlatent.engine.site.keys import AuthenticationError
 
-        for v in roster.ids:
+        for v in sorted(roster.keys):  # the peers whose keys it uses
             if v == self.id:
                 continue
             try:
@@ -164,24 +186,25 @@ class SecAggClient:
                     f"client {self.id!r}: peer {v!r} is not authenticated: {err}") from err
 
     def share_messages(self) -> dict[str, np.ndarray]:
-        """Shamir shares of s_u and b_u for every other enrolled client, each sealed with
+        """Shamir shares of s_u and b_u (every slot's) for each neighbour on the masking graph
+        (every other enrolled client on the complete graph), each sealed with
         ChaCha20-Poly1305 under HKDF(X25519(c_u, c_v)) and bound to (u, v): ``{peer: bytes}``."""
         roster = self._need_roster()
         if self._shared:
             raise SecureAggregationError(f"client {self.id!r}: shares are dealt once per fit")
-        t = self.config.threshold
-        xs = [roster.index[v] for v in roster.ids]
-        s_shares = [shamir.share(_crypto.private_raw(k), xs, t) for k in self._mask_privates]
-        b_shares = [shamir.share(b, xs, t) for b in self._self_seeds]
+        t = self.config.share_threshold(roster.n)
+        near = roster.graph.closed(self.id)
+        xs = [roster.index[v] for v in near]
+        E = self.config.n_slots
+        pairs = [k for e in range(E) for k in (_crypto.private_raw(self._mask_privates[e]),
+                                               self._self_seeds[e])]
+        blobs = shamir.share_blobs(pairs, xs, t)  # per holder: (s, b) of every slot
         out = {}
-        for v in roster.ids:
-            x = roster.index[v]
+        for v in near:
+            plain = blobs[roster.index[v]]
             if v == self.id:
-                self._held_slots[v] = [(s[x], b[x]) for s, b in zip(s_shares, b_shares)]
-                self._held[v] = self._held_slots[v][0]
+                self._blobs[v] = plain
                 continue
-            plain = b"".join(shamir.share_to_bytes(s[x]) + shamir.share_to_bytes(b[x])
-                             for s, b in zip(s_shares, b_shares))
             ad = share_context(self.id, v)
             key = _crypto.derive_key(self._enc_secret(v), ad)
             out[v] = as_u8(_crypto.aead_seal(key, plain, ad))
@@ -197,6 +220,9 @@ class SecAggClient:
             if u not in roster.index or u == self.id:
                 raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
                                              "not another enrolled client")
+            if not roster.graph.adjacent(self.id, u):
+                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
+                                             "not its neighbour on the masking graph")
             if u in self._held:
                 raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
             ad = share_context(u, self.id)
@@ -211,10 +237,10 @@ class SecAggClient:
                 raise SecureAggregationError(
                     f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
                     f"expected {2 * n * self.config.n_slots} ({self.config.n_slots} slots)")
-            self._held_slots[u] = [(shamir.int_from_share(plain[i:i + n]),
-                                    shamir.int_from_share(plain[i + n:i + 2 * n]))
-                                   for i in range(0, len(plain), 2 * n)]
-            self._held[u] = self._held_slots[u][0]
+            if not _field_elements(plain):
+                raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} holds a "
+                                             "value that is not a field element")
+            self._blobs[u] = plain
 
     @property
     def enrolled(self) -> tuple[str, ...]:
@@ -240,6 +266,8 @@ class SecAggClient:
         if self.id not in P:
             raise SecureAggregationError(f"client {self.id!r}: asked to mask in {where} but not "
                                          "among its announced participants")
+        P = self._local(roster, P)  # on a sparse graph: its neighbourhood among them
+        near = set(roster.graph.closed(self.id))
         missing = sorted(set(P) - set(self._held))
         if missing:
             raise SecureAggregationError(f"client {self.id!r}: holds no shares of {missing} "
@@ -250,18 +278,19 @@ class SecAggClient:
             raise SecureAggregationError(
                 f"client {self.id!r}: participant {v!r} of {where} was declared dropped in {at} "
                 "and its mask key revealed; it must rejoin with new keys (a new set-up)")
-        t = self.config.threshold
+        t = self.config.share_threshold(roster.n)
         if len(P) < t:
-            raise SecureAggregationError(f"{where}: {len(P)} participants, fewer than the "
-                                         f"threshold {t}; the sum could never be unmasked")
+            raise SecureAggregationError(f"{where}: {len(P)} participants{self._of_near(roster)}, "
+                                         f"fewer than the {self._kind(roster)}threshold {t}; the "
+                                         "sum could never be unmasked")
         e = self._take_slot(slot, label, where)
         encoded = self.config.encoding.encode(stats, client=self.id)
         layout = Layout.of(encoded)
         y = layout.flatten(encoded, np.uint64)
         n = y.size
         y += self_mask(self._self_seeds[e], label, n)
-        for v in P:
-            if v == self.id:
+        for v in P:  # its neighbours among the participants (everyone on a complete graph)
+            if v == self.id or v not in near:
                 continue
             m = pair_mask(self._secret_with(v, e), label, n)
             if self.id < v:
@@ -274,7 +303,8 @@ class SecAggClient:
     def reveal(self, round: int, exchange: str, survivors: Sequence[str],
                dropped: Sequence[str]) -> dict[str, np.ndarray]:
         """The shares the server needs to unmask one exchange's sum: of b_v for each survivor v
-        (key ``"self:v"``) and of s_d for each dropped participant d (key ``"mask:d"``).
+        (key ``"self:v"``) and of s_d for each dropped participant d (key ``"mask:d"``), of its
+        neighbours on the masking graph (and itself).
 
         Refuses (SecureAggregationError) when the split does not match the participants this
         client masked with, when fewer than ``threshold`` survived, when the exchange was already
@@ -289,8 +319,8 @@ class SecAggClient:
         if label in self._revealed:
             raise SecureAggregationError(f"client {self.id!r}: already revealed shares for "
                                          f"{where}; it reveals once per exchange")
-        S = roster.check_members(survivors, what=f"{where}: survivors")
-        D = roster.check_members(dropped, what=f"{where}: dropped")
+        S = self._local(roster, roster.check_members(survivors, what=f"{where}: survivors"))
+        D = self._local(roster, roster.check_members(dropped, what=f"{where}: dropped"))
         if set(S) & set(D) or sorted(S + D) != list(self._masked[label]):
             raise SecureAggregationError(
                 f"client {self.id!r}: survivors {S} and dropped {D} of {where} must split its "
@@ -298,10 +328,11 @@ class SecAggClient:
         if self.id not in S:
             raise SecureAggregationError(f"client {self.id!r}: declared dropped in {where}, yet "
                                          "asked to reveal")
-        t = self.config.threshold
+        t = self.config.share_threshold(roster.n)
         if len(S) < t:
-            raise SecureAggregationError(f"{where}: {len(S)} survivors, fewer than the threshold "
-                                         f"{t}; refusing to reveal (the sum cannot be unmasked)")
+            raise SecureAggregationError(f"{where}: {len(S)} survivors{self._of_near(roster)}, "
+                                         f"fewer than the {self._kind(roster)}threshold {t}; "
+                                         "refusing to reveal (the sum cannot be unmasked)")
         e = self._slot_of[label]
         for d in D:
             # one secret per fit: a self-mask seed revealed in any exchange unmasks them all
@@ -317,10 +348,10 @@ class SecAggClient:
                     f"{where}: its mask key was revealed in {self._revealed_mask[u]}")
         out = {}
         for u in S:
-            out[f"self:{u}"] = as_u8(shamir.share_to_bytes(self._held_slots[u][e][1]))
+            out[f"self:{u}"] = as_u8(self._share_bytes(u, e, 1))
             self._revealed_self.setdefault(u, where)
         for d in D:
-            out[f"mask:{d}"] = as_u8(shamir.share_to_bytes(self._held_slots[d][e][0]))
+            out[f"mask:{d}"] = as_u8(self._share_bytes(d, e, 0))
             self._revealed_mask.setdefault(d, where)
         self._revealed.add(label)
         if D:
@@ -339,7 +370,9 @@ class SecAggClient:
         return json.dumps({
             "id": self.id, "run": self.run, "setup_round": self.setup_round,
             "threshold": int(self.config.threshold), "scale": enc.scale,
-            "bound": enc.bound, "slots": self.config.slots,
+            "bound": enc.bound, "slots": self.config.slots, "degree": self.config.degree,
+            "local_threshold": self.config.local_threshold,
+            "graph_commit": None if self.graph_commit is None else self.graph_commit.hex(),
             "mask_private": [_crypto.private_raw(k).hex() for k in self._mask_privates],
             "enc_private": _crypto.private_raw(self._enc_private).hex(),
             "self_seed": [b.hex() for b in self._self_seeds],
@@ -357,9 +390,11 @@ class SecAggClient:
 
         d = json.loads(text)
         cfg = SecAggConfig(int(d["threshold"]), FixedPoint(scale=float(d["scale"]),
-                                                           bound=d["bound"]), slots=d["slots"])
+                                                           bound=d["bound"]), slots=d["slots"],
+                           degree=d.get("degree"), local_threshold=d.get("local_threshold"))
         c = cls.__new__(cls)
         c.id, c.config = str(d["id"]), cfg
+        c.graph_commit = None if d.get("graph_commit") is None else bytes.fromhex(d["graph_commit"])
         c.run, c.setup_round = str(d.get("run", "")), int(d.get("setup_round", 0))
         c._mask_privates = [_crypto.load_private(bytes.fromhex(h)) for h in d["mask_private"]]
         c._enc_private = _crypto.load_private(bytes.fromhex(d["enc_private"]))
@@ -367,12 +402,13 @@ class SecAggClient:
         c._mask_private, c._self_seed = c._mask_privates[0], c._self_seeds[0]
         c._roster = None
         if d["roster"] is not None:
-            msg = {k: v if k == "ids" else np.frombuffer(bytes.fromhex(v), np.uint8).reshape(
-                len(json.loads(d["roster"]["ids"])), -1) for k, v in d["roster"].items()}
+            msg = _roster_message(d["roster"])
             c._roster = Roster.from_message(msg, cfg)
         c._shared = bool(d["shared"])
-        c._held_slots = {u: [(int(a, 16), int(b, 16)) for a, b in v] for u, v in d["held"].items()}
-        c._held = {u: v[0] for u, v in c._held_slots.items()}
+        as33 = shamir.share_to_bytes
+        c._blobs = {u: b"".join(as33(int(a, 16)) + as33(int(b, 16)) for a, b in v)
+                    for u, v in d["held"].items()}
+        c._held, c._held_slots = _Held(c._blobs, first=True), _Held(c._blobs)
         c._pair_secret, c._enc_shared = {}, {}
         c._masked = {bytes.fromhex(k): tuple(v) for k, v in d["masked"].items()}
         c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
@@ -382,6 +418,26 @@ class SecAggClient:
         return c
 
     # --- helpers ------------------------------------------------------------------------------
+    def _share_bytes(self, owner: str, slot: int, kind: int) -> bytes:
+        """The 33 bytes of this client's share of ``owner``'s secret (kind 0: mask key, 1:
+        self-mask seed) of ``slot``, read from the opened bytes."""
+        at = (2 * slot + kind) * shamir.SHARE_BYTES
+        return self._blobs[owner][at:at + shamir.SHARE_BYTES]
+
+    def _local(self, roster: Roster, members: list[str]) -> list[str]:
+        """On a sparse graph, the members in this client's closed neighbourhood (all of them on
+        the complete graph): the participants it masks with, the survivors it reveals for."""
+        if not self.config.sparse(roster.n):
+            return members
+        near = set(roster.graph.closed(self.id))
+        return [m for m in members if m in near]
+
+    def _of_near(self, roster: Roster) -> str:
+        return " in its neighbourhood" if self.config.sparse(roster.n) else ""
+
+    def _kind(self, roster: Roster) -> str:
+        return "neighbourhood " if self.config.sparse(roster.n) else ""
+
     def _need_roster(self) -> Roster:
         if self._roster is None:
             raise SecureAggregationError(f"client {self.id!r}: call receive_peer_keys first (the "
@@ -419,3 +475,42 @@ class SecAggClient:
         self._slot_of[label] = int(slot)
         return int(slot)
 
+
+
+def _roster_message(saved: dict) -> dict:
+    """The roster message a dump holds (arrays as hex) back to arrays."""
+    rows = len(json.loads(saved.get("members") or saved["ids"]))
+    text = ("ids", "members", "graph_seed")
+    return {k: v if k in text else np.frombuffer(bytes.fromhex(v), np.uint8).reshape(
+        len(json.loads(saved["ids"])) if k == "enc_all" else rows, -1)
+        for k, v in saved.items()}
+
+
+class _Held(Mapping):
+    """The shares a client holds, read on demand from the opened bytes of each owner:
+    ``owner -> [(share of s, share of b) per slot]``, or with ``first`` slot 0's pair only."""
+
+    def __init__(self, blobs: dict[str, bytes], first: bool = False):
+        self._blobs, self._first = blobs, first
+
+    def __getitem__(self, owner: str):
+        blob, n = self._blobs[owner], shamir.SHARE_BYTES
+        read = int.from_bytes
+        pairs = [(read(blob[i:i + n], "big"), read(blob[i + n:i + 2 * n], "big"))
+                 for i in range(0, len(blob), 2 * n)]
+        return pairs[0] if self._first else pairs
+
+    def __iter__(self):
+        return iter(self._blobs)
+
+    def __len__(self) -> int:
+        return len(self._blobs)
+
+
+def _field_elements(plain: bytes) -> bool:
+    """Whether every 33-byte big-endian share in ``plain`` is below the prime 2^256 + 297."""
+    if not any(plain[::shamir.SHARE_BYTES]):  # every leading byte 0: below 2^256
+        return True
+    a = np.frombuffer(plain, dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
+    low = a[:, 31].astype(np.int64) * 256 + a[:, 32]
+    return bool(np.all((a[:, 0] == 0) | ((a[:, 0] == 1) & ~a[:, 1:31].any(axis=1) & (low < 297))))

@@ -74,13 +74,14 @@ def setup(client_ids: Iterable[str], config: SecAggConfig, *, wire: Wire | None 
     """
     wire = wire or Wire()
     ident = dict(identities or {})
-    clients = {str(u): SecAggClient(str(u), config, run=run, round=round) for u in client_ids}
     server = SecAggServer(config)
+    clients = {str(u): SecAggClient(str(u), config, run=run, round=round,
+                                    graph_commit=server.graph_commit) for u in client_ids}
     keys = {u: wire.send("keys", u, SERVER, c.public_keys(
         signer=getattr(ident.get(u), "keys", None))) for u, c in clients.items()}
-    roster = server.collect_keys(keys)
+    server.collect_keys(keys)
     for u, c in clients.items():
-        c.receive_peer_keys(wire.send("roster", SERVER, u, roster),
+        c.receive_peer_keys(wire.send("roster", SERVER, u, server.roster_for(u)),
                             trust=getattr(ident.get(u), "roster", None))
     outgoing = {u: wire.send("shares", u, SERVER, c.share_messages()) for u, c in clients.items()}
     for v, inbox in route_shares(outgoing).items():

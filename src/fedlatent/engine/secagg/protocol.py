@@ -56,19 +56,40 @@ class SecAggConfig:
         :meth:`~.server.SecAggServer.announce`) uses only the e-th of each; revealing the
         secrets of one exchange reveals nothing of another, so a client that drops in any
         exchange is recovered (and excluded for the rest of the fit).
+    degree : int or None
+        SecAgg+ (Bell et al. 2020): each client masks with its ``degree`` neighbours on a random
+        regular graph (:class:`~fedlatent.engine.secagg.graph.MaskingGraph`) and deals its
+        shares to them only. None, or at least the clients minus one: the complete graph (every
+        client masks with every other, Bonawitz et al. 2017).
+    local_threshold : int or None
+        On a sparse graph, the shares (of a neighbourhood of ``degree + 1``) needed to rebuild one
+        client's secret (:func:`~fedlatent.engine.secagg.graph.plus_parameters` chooses it);
+        ``threshold`` then stays the fewest survivors an exchange can unmask.
     """
 
     threshold: int
     encoding: FixedPoint
     slots: int | None = None
+    degree: int | None = None
+    local_threshold: int | None = None
 
     @property
     def n_slots(self) -> int:
         """Secrets per client: one per planned exchange (``slots``), or one for the fit."""
         return 1 if self.slots is None else int(self.slots)
 
+    def sparse(self, n_clients: int) -> bool:
+        """Whether ``n_clients`` enrolled clients mask over a sparse graph (SecAgg+)."""
+        return self.degree is not None and int(self.degree) < n_clients - 1
+
+    def share_threshold(self, n_clients: int) -> int:
+        """Shares that rebuild one client's secret: ``local_threshold`` on a sparse graph, else
+        ``threshold``."""
+        return int(self.local_threshold) if self.sparse(n_clients) else int(self.threshold)
+
     def check_clients(self, n_clients: int) -> None:
-        """Refuse a threshold outside (n_clients / 2, n_clients]."""
+        """Refuse a threshold outside (n_clients / 2, n_clients], and on a sparse graph a
+        neighbourhood threshold outside [2, degree + 1]."""
         t = self.threshold
         if not (isinstance(t, int | np.integer) and 2 * t > n_clients and t <= n_clients):
             lo = n_clients // 2 + 1
@@ -76,6 +97,13 @@ class SecAggConfig:
                 f"secure aggregation threshold {t!r} for {n_clients} clients: it must be an "
                 f"integer in [{lo}, {n_clients}] (more than half the clients, at most all of "
                 f"them); set threshold={max(lo, 2) if n_clients >= 2 else n_clients}, say")
+        if self.sparse(n_clients):
+            k, lt = int(self.degree), self.local_threshold
+            if not (isinstance(lt, int | np.integer) and 2 <= lt <= k + 1 and k >= 2):
+                raise ValueError(
+                    f"secure aggregation over a graph of degree {k}: the neighbourhood "
+                    f"threshold {lt!r} must be an integer in [2, {k + 1}]; choose both with "
+                    "fedlatent.engine.secagg.graph.plus_parameters")
 
 
 def exchange_label(round: int, exchange: str) -> bytes:
@@ -124,85 +152,129 @@ def slot_item(blob: bytes, slot: int) -> bytes:
 
 
 class Roster:
-    """The clients enrolled at set-up, their public keys and their Shamir x-coordinates.
+    """The clients enrolled at set-up, their public keys, their Shamir x-coordinates and the
+    masking graph.
 
     Parameters
     ----------
     keys : mapping of client id to {"mask_key", "enc_key", "self_commit"} uint8 arrays
-        What each client's :meth:`SecAggClient.public_keys` sent to the server.
+        What each client's :meth:`SecAggClient.public_keys` sent to the server: every enrolled
+        client's (the server's roster), or on a sparse graph only one client's closed
+        neighbourhood (what that client is sent, :meth:`message_for`).
     config : SecAggConfig
+    everyone : sequence of str, optional
+        Every enrolled id (default: the ids of ``keys``).
+    enc_all : (n, 32) uint8 array, optional
+        Every enrolled client's share-encryption key, rows in the order of the ids (default:
+        from ``keys``); with ``graph_seed`` it fixes the graph.
+    graph_seed : bytes, optional
+        The server's seed of the graph (a sparse graph needs it).
     """
 
-    def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig):
-        ids = sorted(str(u) for u in keys)
-        if len(set(ids)) != len(keys):
+    def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig, *,
+                 everyone=None, enc_all: np.ndarray | None = None,
+                 graph_seed: bytes | None = None):
+        ids = sorted(str(u) for u in (keys if everyone is None else everyone))
+        if len(set(ids)) != len(ids) or len(set(map(str, keys))) != len(keys):
             raise SecureAggregationError("client ids must be distinct strings")
         config.check_clients(len(ids))
+        self.config = config
         self.ids = tuple(ids)
+        self._idset = frozenset(ids)
         self.index = {u: i + 1 for i, u in enumerate(ids)}
-        self.keys: dict[str, dict[str, bytes]] = {}
-        for u in ids:
-            msg = keys[u]
-            missing = [f for f in KEY_FIELDS if f not in msg]
-            if missing:
-                raise SecureAggregationError(f"client {u!r}: public keys lack {missing}; send "
-                                             "what SecAggClient.public_keys() returns")
-            self.keys[u] = {f: as_bytes(msg[f], what=f"client {u!r}: field {f!r}",
-                                        size=32 * _per(f, config))
-                            for f in KEY_FIELDS}
+        members = sorted(str(u) for u in keys)
+        self.keys: dict[str, dict[str, bytes]] = {u: _checked_keys(u, keys[u], config)
+                                                  for u in members}
         #: each client's signature of its keys (64 zero bytes: it sent none)
         self.signatures = {u: bytes(SIGNATURE_BYTES) if keys[u].get(SIGNATURE_FIELD) is None
                            else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
                                          what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
-                           for u in ids}
+                           for u in members}
         for f in ("mask_key", "enc_key"):
             seen: dict[bytes, str] = {}
-            for u in ids:
+            for u in members:
                 k = self.keys[u][f]
                 if k in seen:
                     raise SecureAggregationError(f"clients {seen[k]!r} and {u!r} announce the "
                                                  f"same {f}; every client draws its own keys")
                 seen[k] = u
+        self.ids_json = json.dumps(list(ids))
+        self.enc_all = (np.stack([as_u8(self.keys[u]["enc_key"]) for u in ids]) if enc_all is None
+                        else np.asarray(enc_all, dtype=np.uint8))
+        self.graph_seed = None if graph_seed is None else bytes(graph_seed)
+        self._graph = None
+
+    @property
+    def graph(self):
+        """The masking graph (:class:`~fedlatent.engine.secagg.graph.MaskingGraph`)."""
+        if self._graph is None:
+            from fedlatent.engine.secagg.graph import MaskingGraph, graph_digest
+
+            if not self.config.sparse(self.n):
+                self._graph = MaskingGraph(self.ids, None, None)
+            else:
+                if self.graph_seed is None:
+                    raise SecureAggregationError("a sparse masking graph needs the server's "
+                                                 "graph seed in the roster")
+                digest = graph_digest(self.graph_seed, self.ids_json, self.enc_all)
+                self._graph = MaskingGraph(self.ids, self.config.degree, digest)
+        return self._graph
 
     def to_message(self) -> dict:
         """The flat broadcast: ``ids`` (a JSON list, sorted) and one (n, 32) uint8 array per key
-        field, rows in the order of ``ids``."""
-        msg: dict = {"ids": json.dumps(list(self.ids))}
+        field, rows in the order of ``ids`` (on a sparse graph also ``graph_seed``, hex; for a
+        neighbourhood's roster, ``members``, the rows' ids, and ``enc_all``, every client's
+        share-encryption key)."""
+        members = sorted(self.keys)
+        msg: dict = {"ids": self.ids_json}
         for f in KEY_FIELDS:
-            msg[f] = np.stack([as_u8(self.keys[u][f]) for u in self.ids])
-        if any(any(s) for s in self.signatures.values()):  # relayed when any client signed
-            msg[SIGNATURE_FIELD] = np.stack([as_u8(self.signatures[u]) for u in self.ids])
+            msg[f] = np.stack([as_u8(self.keys[u][f]) for u in members])
+        if any(any(self.signatures[u]) for u in members):  # relayed when any client signed
+            msg[SIGNATURE_FIELD] = np.stack([as_u8(self.signatures[u]) for u in members])
+        if self.graph_seed is not None:
+            msg["graph_seed"] = self.graph_seed.hex()
+        if tuple(members) != self.ids:
+            msg["members"] = json.dumps(members)
+            msg["enc_all"] = self.enc_all
         return msg
+
+    def message_for(self, u: str) -> dict:
+        """What client ``u`` is sent: the whole roster on the complete graph; on a sparse one
+        every id and share-encryption key (they fix the graph) and the other keys of ``u``'s
+        closed neighbourhood only."""
+        if not self.config.sparse(self.n):
+            return self.to_message()
+        part = Roster.__new__(Roster)
+        part.__dict__.update(self.__dict__)
+        near = self.graph.closed(str(u))
+        part.keys = {v: self.keys[v] for v in near}
+        part.signatures = {v: self.signatures[v] for v in near}
+        return part.to_message()
 
     @classmethod
     def from_message(cls, msg: Mapping, config: SecAggConfig) -> Roster:
         """Inverse of :meth:`to_message`, checking its form."""
-        try:
-            ids = json.loads(msg["ids"])
-            assert isinstance(ids, list) and all(isinstance(u, str) for u in ids)
-        except (KeyError, TypeError, ValueError, AssertionError) as exc:
-            raise SecureAggregationError("the roster's 'ids' must be a JSON list of client id "
-                                         "strings") from exc
-        keys: dict[str, dict] = {u: {} for u in ids}
-        for f in KEY_FIELDS:
-            a = np.asarray(msg.get(f))
-            width = 32 * _per(f, config)
-            if a.dtype != np.uint8 or a.shape != (len(ids), width):
-                raise SecureAggregationError(f"the roster's {f!r} must be a ({len(ids)}, {width})"
-                                             f" uint8 array, got {a.dtype} {a.shape}")
-            for u, row in zip(ids, a):
+        ids = _id_list(msg, "ids")
+        members = _id_list(msg, "members") if msg.get("members") is not None else ids
+        keys: dict[str, dict] = {u: {} for u in members}
+        fields = list(KEY_FIELDS) + ([SIGNATURE_FIELD] if msg.get(SIGNATURE_FIELD) is not None
+                                     else [])
+        for f in fields:
+            a = _rows(msg, f, len(members),
+                      SIGNATURE_BYTES if f == SIGNATURE_FIELD else 32 * _per(f, config))
+            for u, row in zip(members, a):
                 keys[u][f] = row
-        if msg.get(SIGNATURE_FIELD) is not None:
-            a = np.asarray(msg[SIGNATURE_FIELD])
-            if a.dtype != np.uint8 or a.shape != (len(ids), SIGNATURE_BYTES):
-                raise SecureAggregationError(
-                    f"the roster's {SIGNATURE_FIELD!r} must be a ({len(ids)}, {SIGNATURE_BYTES}) "
-                    f"uint8 array, got {a.dtype} {a.shape}")
-            for u, row in zip(ids, a):
-                keys[u][SIGNATURE_FIELD] = row
         if len(set(ids)) != len(ids):
             raise SecureAggregationError("the roster lists a client twice")
-        return cls(keys, config)
+        if not set(members) <= set(ids):
+            raise SecureAggregationError("the roster's members are not all enrolled")
+        enc = _rows(msg, "enc_all", len(ids), 32) if "enc_all" in msg else None
+        seed = msg.get("graph_seed")
+        try:
+            seed = None if seed is None else bytes.fromhex(str(seed))
+        except ValueError as exc:
+            raise SecureAggregationError("the roster's 'graph_seed' must be hex") from exc
+        return cls(keys, config, everyone=ids, enc_all=enc, graph_seed=seed)
 
     @property
     def n(self) -> int:
@@ -211,10 +283,37 @@ class Roster:
     def check_members(self, members: Iterable[str], *, what: str) -> list[str]:
         """Sorted distinct members, all enrolled (error naming an unknown one)."""
         members = [str(m) for m in members]
-        unknown = sorted(set(members) - set(self.ids))
+        unknown = sorted(set(members) - self._idset)
         if unknown:
             raise SecureAggregationError(f"{what}: {unknown} did not take part in the key "
                                          "set-up; they need a new set-up to join")
         if len(set(members)) != len(members):
             raise SecureAggregationError(f"{what}: a client is listed twice")
         return sorted(members)
+
+
+def _checked_keys(u: str, msg: Mapping, config: SecAggConfig) -> dict[str, bytes]:
+    missing = [f for f in KEY_FIELDS if f not in msg]
+    if missing:
+        raise SecureAggregationError(f"client {u!r}: public keys lack {missing}; send "
+                                     "what SecAggClient.public_keys() returns")
+    return {f: as_bytes(msg[f], what=f"client {u!r}: field {f!r}", size=32 * _per(f, config))
+            for f in KEY_FIELDS}
+
+
+def _id_list(msg: Mapping, key: str) -> list[str]:
+    try:
+        ids = json.loads(msg[key])
+        assert isinstance(ids, list) and all(isinstance(u, str) for u in ids)
+    except (KeyError, TypeError, ValueError, AssertionError) as exc:
+        raise SecureAggregationError(f"the roster's {key!r} must be a JSON list of client id "
+                                     "strings") from exc
+    return ids
+
+
+def _rows(msg: Mapping, f: str, n: int, width: int) -> np.ndarray:
+    a = np.asarray(msg.get(f))
+    if a.dtype != np.uint8 or a.shape != (n, width):
+        raise SecureAggregationError(f"the roster's {f!r} must be a ({n}, {width}) uint8 array, "
+                                     f"got {a.dtype} {a.shape}")
+    return a

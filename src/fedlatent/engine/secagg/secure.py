@@ -35,6 +35,15 @@ threshold stop the fit, naming the round, the count and the threshold; an abando
 is never retried. A round whose draw of participants (after exclusions) is below the
 threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
 refused before any exchange (:func:`refuse_unsupported`).
+
+At scale (SecAgg+, :mod:`fedlatent.engine.secagg.graph`): when
+:func:`~fedlatent.engine.secagg.graph.plus_parameters` finds a degree k at most half the other
+clients for the federation's clients and participation, every client masks with and deals its
+shares to only its k neighbours on a random k-regular graph fixed by a committed seed, each
+secret rebuilt from t of its neighbourhood's k + 1 shares; each client is told only its
+neighbourhood's part of the participants, survivors and dropped lists, and a participant whose
+neighbourhood could not rebuild its secrets is left out of that exchange (named in the errors).
+The threshold above is then the server's rule; each client enforces its neighbourhood's.
 """
 
 from __future__ import annotations
@@ -86,9 +95,11 @@ def fixed_point(bound: float, n_clients: int):
 def _config(msg: dict[str, Any]):
     from fedlatent.engine.secagg import FixedPoint, SecAggConfig
 
+    degree, local = msg.get("degree"), msg.get("local_threshold")
     return SecAggConfig(int(msg["threshold"]),
                         FixedPoint(scale=float(msg["scale"]), bound=float(msg["bound"])),
-                        slots=int(msg["slots"]))
+                        slots=int(msg["slots"]), degree=None if degree is None else int(degree),
+                        local_threshold=None if local is None else int(local))
 
 
 def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +112,9 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
     if step == "keys":  # a new fit: new secrets
         run, rnd = str(msg.get("run", "")), int(msg.get("round", 0))
         signer = _check_identity(node, identity, run)
-        node.secagg = SecAggClient(node.client_id, _config(msg), run=run, round=rnd)
+        commit = msg.get("graph_commit")
+        node.secagg = SecAggClient(node.client_id, _config(msg), run=run, round=rnd,
+                                   graph_commit=None if commit is None else bytes.fromhex(commit))
         return node.secagg.public_keys(signer=signer)
     client = node.secagg
     if client is None:
@@ -109,7 +122,8 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
                          "the key set-up; the server must start with step 'keys'")
     if step == "roster":
         client.receive_peer_keys({k: v for k, v in msg.items() if k in
-                                  ("ids", "mask_key", "enc_key", "self_commit", "signature")},
+                                  ("ids", "mask_key", "enc_key", "self_commit", "signature",
+                                   "graph_seed", "members", "enc_all")},
                                  trust=None if identity is None else identity.roster)
         return {f"to/{v}": ct for v, ct in client.share_messages().items()}
     if step == "shares":
@@ -180,13 +194,19 @@ class SecureChannel:
         Exchanges the fit may run (its rounds plus :data:`INIT_SLOTS`).
     run : str or None
         The run's id, bound into the sites' signatures of their keys; None: a fresh random id.
+    participation : float
+        The share of clients each round draws: with the clients' number it fixes the masking
+        graph (:func:`~fedlatent.engine.secagg.graph.plus_parameters`; the complete graph when
+        a sparse one would not be smaller).
     """
 
     def __init__(self, runtime, n_units: dict[str, int], *, threshold: int | None,
-                 bound: float, slots: int, run: str | None = None):
+                 bound: float, slots: int, run: str | None = None,
+                 participation: float = 1.0):
         import secrets
 
         from fedlatent.engine.secagg import SecAggConfig, SecAggServer
+        from fedlatent.engine.secagg.graph import plus_parameters
 
         self.run = str(run) if run else secrets.token_hex(16)
         self.runtime = runtime
@@ -194,7 +214,9 @@ class SecureChannel:
         self.n_total = float(sum(n_units[c] for c in self.cids))
         n = len(self.cids)
         t = default_threshold(n) if threshold is None else int(threshold)
-        self.config = SecAggConfig(t, fixed_point(bound, n), slots=int(slots))
+        k, local = plus_parameters(n, participation, exchanges=int(slots))
+        self.config = SecAggConfig(t, fixed_point(bound, n), slots=int(slots),
+                                   degree=k if local else None, local_threshold=local or None)
         self.config.check_clients(n)
         self.server = SecAggServer(self.config)
         #: bytes of the key set-up, (down, up); the initialization round's record adds them
@@ -222,15 +244,15 @@ class SecureChannel:
         enc = self.config.encoding
         base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
                 "bound": float(enc.bound), "slots": int(self.config.n_slots), "run": self.run,
-                "round": 0}
+                "round": 0, **self._graph_settings()}
         keys = self._call(self.cids, "secagg", {c: base for c in self.cids})
         missing = [c for c in self.cids if c not in keys or ERROR_KEY in keys[c]]
         if missing:
             raise FederatedFitError(f"secure aggregation set-up: clients [{name_list(missing)}] "
                                     "sent no public keys; every client must take part in the "
                                     "set-up", faults={c: "no public keys" for c in missing})
-        roster = self.server.collect_keys(keys)
-        out = self._call(self.cids, "secagg", {c: {"step": "roster", **roster}
+        self.server.collect_keys(keys)
+        out = self._call(self.cids, "secagg", {c: {"step": "roster", **self.server.roster_for(c)}
                                                for c in self.cids})
         refused = {c: str(r[ERROR_KEY]) for c, r in out.items() if ERROR_KEY in r}
         if refused:  # a site that cannot authenticate a peer deals no shares: stop here
@@ -244,9 +266,45 @@ class SecureChannel:
                     inbox[k[3:]][f"from/{u}"] = ct
         self._call(self.cids, "secagg", inbox)
         logger.info("secure aggregation set up for %d clients (threshold %d, scale 2^%d, "
-                    "%d exchanges, %d bytes)", len(self.cids), self.config.threshold,
-                    int(math.log2(enc.scale)), self.config.n_slots, self.setup_bytes)
+                    "%d exchanges, %d bytes, graph degree %s)", len(self.cids),
+                    self.config.threshold, int(math.log2(enc.scale)), self.config.n_slots,
+                    self.setup_bytes, self.config.degree or "complete")
         return self
+
+    def _announce(self, asked: list[str], round: int, exchange: str, where: str):
+        """``(participants, left out)``: the exchange opened with the clients asked, less those
+        whose neighbourhood among them could not rebuild their secrets (a sparse graph)."""
+        from fedlatent.engine.secagg import SecureAggregationError
+
+        able = self.server.unmaskable(asked)
+        thin = {c: "too few of its masking-graph neighbours take part in this exchange to "
+                "rebuild its secrets: left out of it" for c in asked if c not in able}
+        if thin:
+            logger.warning("round %s, exchange %r: left out [%s]: too few of their masking-graph "
+                           "neighbours take part", round, exchange, name_list(list(thin)))
+        try:
+            return self.server.announce(round, exchange, able), thin
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"{where}{err}", None, round) from err
+
+    def _near(self, ids: list[str]):
+        """``client -> JSON list``: ``ids`` as each client is told them, on a sparse graph only
+        those of its closed neighbourhood (all it needs and can check), else all of them."""
+        full = json.dumps(list(ids))
+        roster = self.server.roster
+        if not self.config.sparse(roster.n):
+            return lambda c: full
+        have = set(ids)
+        return lambda c: json.dumps([v for v in roster.graph.closed(c) if v in have])
+
+    def _graph_settings(self) -> dict[str, Any]:
+        """The set-up message's masking-graph fields: the degree, the neighbourhood threshold
+        and the commitment to the graph seed (nothing on the complete graph)."""
+        cfg = self.config
+        if cfg.degree is None:
+            return {}
+        return {"degree": int(cfg.degree), "local_threshold": int(cfg.local_threshold),
+                "graph_commit": self.server.graph_commit.hex()}
 
     def sum(self, method: str, msgs: dict[str, dict[str, Any]], *, round: int, exchange: str,
             weights: dict[str, float] | None = None) -> dict[str, Any]:
@@ -261,31 +319,28 @@ class SecureChannel:
         from fedlatent.engine.secagg import SecureAggregationError
 
         where = "" if method == "estep" else f"initialization {exchange!r}: "
-        try:
-            P = self.server.announce(round, exchange, list(msgs))
-        except SecureAggregationError as err:
-            raise FederatedFitError(f"{where}{err}", None, round) from err
+        P, thin = self._announce(list(msgs), round, exchange, where)
         slot = self.server.slot
-        head = {_KEY + "slot": slot, _KEY + "participants": json.dumps(P),
-                _KEY + "round": int(round), _KEY + "exchange": str(exchange),
+        head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
                 _KEY + "unit": 1.0 / self.n_total}
-        out = {c: {**msgs[c], **head, _KEY + "weight": float((weights or {}).get(c, 0.0))}
-               for c in P}
+        near = self._near(P)
+        out = {c: {**msgs[c], **head, _KEY + "participants": near(c),
+                   _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
         down = sum(message_nbytes(out[c]) for c in P)
         replies = self.runtime.call(P, method, out)
-        errors = {c: str(r[ERROR_KEY]) for c, r in replies.items() if ERROR_KEY in r}
+        errors = {**thin, **{c: str(r[ERROR_KEY]) for c, r in replies.items() if ERROR_KEY in r}}
         masked = {c: r for c, r in replies.items() if ERROR_KEY not in r}
         up = sum(message_nbytes(r) for r in replies.values())
         try:
             request = self.server.aggregate(masked)
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
-        req = {"step": "reveal", "round": int(round), "exchange": str(exchange),
-               "survivors": json.dumps(request["survivors"]),
-               "dropped": json.dumps(request["dropped"])}
         S = request["survivors"]
-        revealed = self.runtime.call(S, "secagg", {c: req for c in S})
-        down += message_nbytes(req) * len(S)
+        alive, gone = self._near(S), self._near(request["dropped"])
+        req = {c: {"step": "reveal", "round": int(round), "exchange": str(exchange),
+                   "survivors": alive(c), "dropped": gone(c)} for c in S}
+        revealed = self.runtime.call(S, "secagg", req)
+        down += sum(message_nbytes(req[c]) for c in S)
         up += sum(message_nbytes(r) for r in revealed.values())
         revealed = {c: r for c, r in revealed.items() if ERROR_KEY not in r}
         try:
@@ -315,7 +370,8 @@ def open_channel(runtime, federation, n_units: dict[str, int], max_rounds: int) 
 
     return SecureChannel(runtime, n_units, threshold=federation.secagg_threshold,
                          bound=federation.secagg_bound,
-                         slots=int(max_rounds) + INIT_SLOTS + CHECK_SLOTS).setup()
+                         slots=int(max_rounds) + INIT_SLOTS + CHECK_SLOTS,
+                         participation=float(federation.participation)).setup()
 
 
 def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,

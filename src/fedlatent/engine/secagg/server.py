@@ -66,16 +66,44 @@ class SecAggServer:
         self._pending: dict | None = None
         self._done: set[bytes] = set()
         self._next_slot = 0
+        # the seed of the masking graph, committed to before any client draws its keys
+        self._graph_seed = _crypto.random_bytes() if config.degree is not None else None
+
+    @property
+    def graph_commit(self) -> bytes | None:
+        """SHA-256 of the graph seed: what every client gets before it draws its keys (None
+        without a degree: the complete graph)."""
+        return None if self._graph_seed is None else _crypto.commit(self._graph_seed)
 
     def collect_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
         """Check every client's public keys ``{client: public_keys()}`` and return the roster to
-        broadcast, a flat message (:meth:`Roster.to_message`)."""
+        broadcast, a flat message (:meth:`Roster.to_message`); on a sparse graph each client is
+        sent :meth:`roster_for` it instead."""
         if self.roster is not None:
             raise SecureAggregationError("keys are set up once per fit; start a new server and "
                                          "new clients to set up again")
-        self.roster = Roster(keys, self.config)
+        self.roster = Roster(keys, self.config, graph_seed=self._graph_seed)
         self.config.encoding.check_capacity(self.roster.n)
         return self.roster.to_message()
+
+    def roster_for(self, client: str) -> dict:
+        """The roster message for ``client`` (:meth:`Roster.message_for`)."""
+        return self._need_roster().message_for(str(client))
+
+    def unmaskable(self, participants: Sequence[str]) -> list[str]:
+        """The participants, less those (repeatedly) with fewer than the neighbourhood
+        threshold of their closed neighbourhood among them: their secrets could not be rebuilt
+        if they dropped (on the complete graph, all of them)."""
+        roster = self._need_roster()
+        P = set(map(str, participants))
+        if not self.config.sparse(roster.n):
+            return sorted(P)
+        t = self.config.share_threshold(roster.n)
+        while True:
+            thin = {u for u in P if len(P.intersection(roster.graph.closed(u))) < t}
+            if not thin:
+                return sorted(P)
+            P -= thin
 
     def announce(self, round: int, exchange: str, participants: Sequence[str]) -> list[str]:
         """Open an exchange; returns the sorted participants to send to each of them."""
@@ -179,31 +207,16 @@ class SecAggServer:
         if len(holders) < t:
             raise SecureAggregationError(f"{where}: {len(holders)} survivors revealed shares, "
                                          f"fewer than the threshold {t}; the sum stays masked")
-        shares = self._shares(revealed, holders,
-                              [f"self:{u}" for u in S] + [f"mask:{d}" for d in D], where)
+        graph, alive, gone = roster.graph, set(S), set(D)
+        want = {h: [f"self:{u}" for u in graph.closed(h) if u in alive]
+                + [f"mask:{d}" for d in graph.closed(h) if d in gone] for h in holders}
+        shares = self._shares(revealed, want, where)
         total = pend["total"].copy()
-        n = total.size
-        e = pend["slot"]
-        for u in S:
-            seed = shamir.reconstruct(shares[f"self:{u}"], t)
-            if _crypto.commit(seed) != slot_item(roster.keys[u]["self_commit"], e):
-                raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
-                                             "the revealed shares does not match its commitment; "
-                                             "a revealing client sent a wrong share")
-            total -= self_mask(seed, label, n)
+        e, n = pend["slot"], total.size
+        ts = self.config.share_threshold(roster.n)
+        total -= self._self_masks(shares, S, ts, e, label, n, where)
         for d in D:
-            private = _crypto.load_private(shamir.reconstruct(shares[f"mask:{d}"], t))
-            if _crypto.public_raw(private) != slot_item(roster.keys[d]["mask_key"], e):
-                raise SecureAggregationError(f"{where}: the mask key of dropped {d!r} rebuilt "
-                                             "from the revealed shares does not match its public "
-                                             "key; a revealing client sent a wrong share")
-            for u in S:  # u added +m if u < d else -m; remove it
-                m = pair_mask(_crypto.agree(private, slot_item(roster.keys[u]["mask_key"], e)),
-                              label, n)
-                if u < d:
-                    total -= m
-                else:
-                    total += m
+            total += self._pair_masks_of(d, shares, S, ts, e, label, n, where)
             self.excluded[d] = where
         if D:
             log.info("%s: recovered the masks of dropped %s", where, D)
@@ -211,21 +224,70 @@ class SecAggServer:
         self._pending = None
         return self.config.encoding.decode(pend["layout"].unflatten(total))
 
-    def _shares(self, revealed, holders, want: list[str], where: str) -> dict[str, dict]:
-        """``{secret: {holder index: share}}`` of the secrets ``want`` from the holders'
-        reveals (each must hold exactly those secrets)."""
-        shares: dict[str, dict[int, int]] = {k: {} for k in want}
-        for h in holders:
+    def _enough(self, shares: dict, key: str, t: int, where: str) -> dict[int, int]:
+        got = shares.get(key, {})
+        if len(got) < t:
+            kind, who = key.split(":", 1)
+            raise SecureAggregationError(
+                f"{where}: {len(got)} neighbours of {who!r} revealed shares of its "
+                f"{'self-mask seed' if kind == 'self' else 'mask key'}, fewer than the "
+                f"neighbourhood threshold {t}; the sum stays masked")
+        return got
+
+    def _self_masks(self, shares, S, t, e, label, n, where) -> np.ndarray:
+        """The sum of the survivors' self masks, each seed rebuilt and checked against its
+        commitment (the seeds rebuilt at once)."""
+        roster = self.roster
+        seeds = shamir.reconstruct_many([self._enough(shares, f"self:{u}", t, where)
+                                         for u in S], t)
+        out = np.zeros(n, dtype=np.uint64)
+        for u, seed in zip(S, seeds):
+            if _crypto.commit(seed) != slot_item(roster.keys[u]["self_commit"], e):
+                raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
+                                             "the revealed shares does not match its commitment; "
+                                             "a revealing client sent a wrong share")
+            out += self_mask(seed, label, n)
+        return out
+
+    def _pair_masks_of(self, d, shares, S, t, e, label, n, where) -> np.ndarray:
+        """What the survivors' pair masks with dropped ``d`` added to the sum, negated: d's mask
+        key rebuilt and checked, then the masks of d's neighbours among the survivors."""
+        roster = self.roster
+        (raw,) = shamir.reconstruct_many([self._enough(shares, f"mask:{d}", t, where)], t)
+        private = _crypto.load_private(raw)
+        if _crypto.public_raw(private) != slot_item(roster.keys[d]["mask_key"], e):
+            raise SecureAggregationError(f"{where}: the mask key of dropped {d!r} rebuilt "
+                                         "from the revealed shares does not match its public "
+                                         "key; a revealing client sent a wrong share")
+        out = np.zeros(n, dtype=np.uint64)
+        alive = set(S)
+        for u in roster.graph.neighbours(d):  # u added +m if u < d else -m; remove it
+            if u not in alive:
+                continue
+            m = pair_mask(_crypto.agree(private, slot_item(roster.keys[u]["mask_key"], e)),
+                          label, n)
+            if u < d:
+                out -= m
+            else:
+                out += m
+        return out
+
+    def _shares(self, revealed, want: dict[str, list[str]], where: str) -> dict[str, dict]:
+        """``{secret: {holder index: share}}`` from the holders' reveals; each holder ``h`` must
+        reveal exactly the secrets ``want[h]`` (those of its neighbours)."""
+        shares: dict[str, dict[int, int]] = {}
+        for h, keys in want.items():
             reply = revealed[h]
-            missing = sorted(set(want) - set(reply))
-            extra = sorted(set(reply) - set(want))
-            if missing or extra:
+            if len(reply) != len(keys) or not all(k in reply for k in keys):
+                missing = sorted(set(keys) - set(reply))
+                extra = sorted(set(reply) - set(keys))
                 raise SecureAggregationError(f"{where}: client {h!r}'s reveal lacks {missing} "
                                              f"and has unexpected {extra}")
-            for k in want:
+            x = self.roster.index[h]
+            for k in keys:
                 y = shamir.int_from_share(as_bytes(reply[k], what=f"client {h!r}, field {k!r}",
                                                    size=shamir.SHARE_BYTES))
-                shares[k][self.roster.index[h]] = y
+                shares.setdefault(k, {})[x] = y
         return shares
 
     def _need_roster(self) -> Roster:

@@ -1,0 +1,173 @@
+"""The SecAgg+ masking graph: whom each client masks with and deals its Shamir shares to.
+
+Bell et al. (CCS 2020) replace the complete graph of Bonawitz et al. (every client masks with
+every other) by a random k-regular graph: a client masks with its k neighbours only and deals
+the Shamir shares of its secrets to them (and keeps one), each secret rebuilt from ``t`` of those
+``k + 1`` shares. The graph here is the Harary graph H(k, n) (the circulant graph in which the
+client at ring position i is adjacent to positions i +- 1, ..., i +- k/2) over a uniformly random
+ring order of the clients. The order is public randomness nobody steers: the ChaCha20 keystream
+of SHA-256 over a seed the server committed to before any client sent its keys, the enrolled ids
+and each client's fresh share-encryption key (:func:`graph_digest`). Every client rebuilds the
+graph from the roster it was sent and the revealed seed, after checking the seed against the
+commitment it got first; nobody takes a neighbour list from the server.
+
+``degree=None`` or ``degree >= n - 1`` is the complete graph: the all-pairs protocol of
+Bonawitz et al. with its threshold over all the clients.
+
+:func:`plus_parameters` chooses ``(k, t)`` for ``n`` clients, participation ``p``, a dropout
+fraction ``delta`` and a fraction ``gamma`` of clients colluding with the server, with
+statistical security ``sigma`` and correctness ``eta`` bits (module docstring of
+:mod:`fedlatent.engine.secagg.secure` and docs/privacy.md give the argument).
+
+References
+----------
+Bell, Bonawitz, Gascon, Lepoint, Raykova, "Secure Single-Server Aggregation with
+(Poly)Logarithmic Overhead", CCS 2020. Harary, "The maximum connectivity of a graph", PNAS 1962.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+import fedlatent.engine.secagg._crypto as _crypto
+
+__all__ = ["GRAPH_TAG", "MaskingGraph", "graph_digest", "plus_parameters"]
+
+GRAPH_TAG = b"fedlatent/secagg/graph\x00"
+
+
+def graph_digest(seed: bytes, ids_json: str, enc_all: np.ndarray) -> bytes:
+    """SHA-256 of the tag, the server's seed, the SHA-256 of the enrolled ids (their sorted JSON
+    list) and every enrolled client's share-encryption key (an (n, 32) array in that order).
+
+    The keys are drawn fresh by each client after the seed was committed: neither the server
+    (bound by its commitment) nor a client (who cannot predict the honest clients' keys) can
+    choose the ring order.
+    """
+    keys = np.ascontiguousarray(enc_all, dtype=np.uint8)
+    return _crypto.commit(GRAPH_TAG + bytes(seed) + _crypto.commit(str(ids_json).encode())
+                          + keys.tobytes())
+
+
+class MaskingGraph:
+    """The closed neighbourhoods of a k-regular Harary graph over a random ring order.
+
+    Parameters
+    ----------
+    ids : sequence of str
+        The enrolled clients, sorted.
+    degree : int or None
+        Neighbours per client, even (an odd degree is raised by one); None or >= n - 1: the
+        complete graph.
+    digest : bytes or None
+        32 bytes of public randomness fixing the ring order (:func:`graph_digest`); needed for a
+        sparse graph.
+    """
+
+    def __init__(self, ids: Sequence[str], degree: int | None, digest: bytes | None):
+        self.ids = tuple(ids)
+        n = len(self.ids)
+        self.complete = degree is None or int(degree) >= n - 1
+        self.degree = n - 1 if self.complete else int(degree) + int(degree) % 2
+        self._index = {u: i for i, u in enumerate(self.ids)}
+        self._closed: dict[str, tuple[str, ...]] = {}
+        if self.complete:
+            return
+        if self.degree < 2:
+            raise ValueError(f"a masking graph needs an even degree >= 2, got {degree!r}")
+        if digest is None or len(digest) != 32:
+            raise ValueError("a sparse masking graph needs 32 bytes of public randomness")
+        words = _crypto.prg_uint64(bytes(digest), n)
+        order = np.lexsort((np.arange(n), words))  # ring position -> client index
+        self._order = order
+        self._position = np.empty(n, dtype=np.int64)
+        self._position[order] = np.arange(n)
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    def closed(self, u: str) -> tuple[str, ...]:
+        """``u`` and its neighbours, sorted (everyone on the complete graph)."""
+        got = self._closed.get(u)
+        if got is None:
+            if self.complete:
+                got = self.ids
+            else:
+                half = self.degree // 2
+                at = self._position[self._index[u]] + np.arange(-half, half + 1)
+                got = tuple(sorted(self.ids[i] for i in self._order[at % self.n]))
+            self._closed[u] = got
+        return got
+
+    def neighbours(self, u: str) -> tuple[str, ...]:
+        """``u``'s neighbours, sorted (``u`` excluded)."""
+        return tuple(v for v in self.closed(u) if v != u)
+
+    def adjacent(self, u: str, v: str) -> bool:
+        """Whether ``u`` and ``v`` share an edge (or are the same client)."""
+        if self.complete or u == v:
+            return True
+        gap = abs(int(self._position[self._index[u]]) - int(self._position[self._index[v]]))
+        return min(gap, self.n - gap) <= self.degree // 2
+
+
+# ---- the parameters ----------------------------------------------------------------------------
+def plus_parameters(n: int, participation: float = 1.0, *, dropout: float = 0.05,
+                    corrupt: float = 0.05, sigma: int = 40, eta: int = 20,
+                    exchanges: int = 128) -> tuple[int, int]:
+    """``(k, t)``: the smallest even degree ``k`` for which a neighbourhood threshold ``t``
+    meets, for ``n`` clients, the three conditions of Bell et al. (each a union bound over the
+    clients), and the largest such ``t``:
+
+    * secrecy: no honest client has ``t`` corrupt neighbours (they alone would rebuild both
+      its secrets): ``n P[Bin(k, gamma) >= t] <= 2^-sigma``;
+    * no small sum: the server learns the sum of each connected part of the graph on the
+      honest survivors; two parts need two runs of ``k / 2`` consecutive ring positions without
+      an honest survivor: ``n^2 / 2 (1 - (1 - gamma) rho)^k <= 2^-sigma``,
+      ``rho = p (1 - delta)``;
+    * correctness: a participant's neighbours hold ``t`` surviving participants in every
+      exchange: ``n E P[Bin(k, rho) < t] <= 2^-eta``.
+
+    Returns ``(n - 1, 0)`` (the complete graph; its threshold is the caller's) when no such
+    ``k`` is at most half the other clients: a graph not much sparser than the complete one
+    would give up the complete graph's threshold over all the clients for little.
+    """
+    rho = float(participation) * (1.0 - dropout)
+    if n < 4 or rho <= 0:
+        return n - 1, 0
+    q = 1.0 - (1.0 - corrupt) * rho
+    secret, correct = sigma * math.log(2), eta * math.log(2) + math.log(n * exchanges)
+    k0 = math.ceil((secret + math.log(n * n / 2.0)) / -math.log(q)) if q > 0 else 2
+    for k in range(max(2, k0 + k0 % 2), (n - 1) // 2 + 1, 2):
+        lo = _secrecy_threshold(k, corrupt, math.log(n) + secret)
+        hi = _largest_threshold(k, rho, correct)
+        if hi >= max(lo, 2):
+            return k, hi
+    return n - 1, 0
+
+
+@lru_cache(maxsize=256)
+def _secrecy_threshold(k: int, gamma: float, log_budget: float) -> int:
+    """The smallest t with log P[Bin(k, gamma) >= t] <= -log_budget."""
+    from scipy.stats import binom
+
+    if gamma <= 0:
+        return 1
+    t = np.arange(1, k + 2)
+    ok = np.flatnonzero(binom.logsf(t - 1, k, gamma) <= -log_budget)
+    return int(t[ok[0]]) if ok.size else k + 2
+
+
+@lru_cache(maxsize=256)
+def _largest_threshold(k: int, rho: float, log_budget: float) -> int:
+    """The largest t with log P[Bin(k, rho) < t] <= -log_budget (0: none)."""
+    from scipy.stats import binom
+
+    t = np.arange(1, k + 1)
+    ok = np.flatnonzero(binom.logcdf(t - 1, k, rho) <= -log_budget)
+    return int(t[ok[-1]]) if ok.size else 0
