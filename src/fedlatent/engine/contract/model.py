@@ -25,7 +25,9 @@ Server side::
         declares its ``count_stats``; the engine projects them back into their domain)
 
 Declared data: ``name``, ``batched_step`` (whether ``client_stats_batched`` serves the
-in-process batched round), ``count_stats`` (statistics that are sums of non-negative weights).
+in-process batched round), ``batched_queries`` (the queries ``client_query_batched`` answers
+for many in-process clients at once), ``count_stats`` (statistics that are sums of
+non-negative weights).
 Every hook is listed, with what it must do, in ``docs/architecture.md`` (the contract table).
 
 ``S`` given to ``server_step`` is on the scale of a *mean over units* (the client-weighted
@@ -143,6 +145,9 @@ class FederatedModel(ABC):
     #: whether :meth:`client_stats_batched` serves the in-process batched round (data, read by
     #: the in-process runtime; the method may still decline one configuration by returning None)
     batched_step: ClassVar[bool] = False
+    #: the queries :meth:`client_query_batched` answers for many in-process clients at once
+    #: (initialization exchanges; the others go client by client)
+    batched_queries: ClassVar[frozenset[str]] = frozenset()
     #: statistics that are sums of non-negative weights (counts): an honest client's are >= 0,
     #: but the server's mean statistics of a stochastic-approximation round (quantized,
     #: mini-batch, partial participation, noisy) need not be; :meth:`project_stats` puts them
@@ -267,6 +272,20 @@ class FederatedModel(ABC):
         client ``c`` over its rows of weight 1 (up to the summation order).
         """
         return None
+
+    def client_query_batched(self, name: str, payload: dict[str, Any], X: np.ndarray,
+                             y: np.ndarray | None, w: np.ndarray,
+                             state: ClientState) -> dict[str, np.ndarray]:
+        """Optional: :meth:`client_query` of many clients at once, for the queries named in
+        :attr:`batched_queries` (the in-process runtime's batched client side).
+
+        ``X``, ``y``, ``w`` and ``state`` as in :meth:`client_stats_batched` (``w``: 1 for a
+        row, 0 for padding). Returns every entry of the reply stacked, shape (C, ...): row
+        ``c`` is ``client_query``'s reply of client ``c`` (up to the summation order). Only a
+        query that draws nothing from the client's generator and leaves its state as it is
+        can be batched so.
+        """
+        raise KeyError(f"model {self.name!r} has no batched client query {name!r}")
 
     def client_query(
         self,
