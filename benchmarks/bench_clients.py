@@ -16,6 +16,15 @@ initial parameters.
     python benchmarks/bench_clients.py                    # the whole table (several minutes)
     python benchmarks/bench_clients.py --split 10,100,1000 --total 100000 --many ""
     python benchmarks/bench_clients.py --one 100000 10 fedem   # one configuration
+
+``--whole`` prints instead the time of a whole default fit (setup and initialization
+included: ``FederatedGaussianMixture(K, random_state=0).fit(fd)``) over scikit-learn's whole
+default fit (``GaussianMixture(K, random_state=0).fit(X)``, its k-means start included) on the
+pooled rows, at 10,000 and 100,000 clients of 10 rows (issue 23: at most 5x and 3x), each size
+in its own process, both fits in that process (one BLAS thread), in wall and CPU seconds:
+
+    python benchmarks/bench_clients.py --whole            # 10,000 and 100,000 clients
+    python benchmarks/bench_clients.py --whole --quick    # 10,000 clients only
 """
 
 from __future__ import annotations
@@ -107,6 +116,55 @@ def one(n_clients: int, per_client: int, kind: str, rounds: int) -> dict:
             "peak_mib": peak, "data_mib": X.nbytes / 2**20}
 
 
+def whole(n_clients: int, per_client: int) -> dict:
+    """Time a whole default fit and scikit-learn's in this process; returns the row."""
+    from sklearn.mixture import GaussianMixture
+
+    import fedlatent as fl
+
+    X = make_data(n_clients, per_client)
+    width = len(str(n_clients - 1))
+    fd = fl.FederatedDataset.from_arrays(
+        {f"c{c:0{width}d}": X[c * per_client:(c + 1) * per_client] for c in range(n_clients)})
+
+    def timed(fit):
+        t0, c0 = time.perf_counter(), time.process_time()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = fit()
+        return est, time.perf_counter() - t0, time.process_time() - c0
+
+    sk, sk_s, sk_cpu = timed(lambda: GaussianMixture(K, random_state=0).fit(X))
+    gm, fit_s, fit_cpu = timed(lambda: fl.FederatedGaussianMixture(K, random_state=0).fit(fd))
+    rounds_s = float(sum(r.seconds for r in gm.history_))
+    return {"clients": n_clients, "per_client": per_client, "fit_s": fit_s, "fit_cpu": fit_cpu,
+            "start_s": fit_s - rounds_s, "rounds": int(gm.n_iter_), "sklearn_s": sk_s,
+            "sklearn_cpu": sk_cpu, "sklearn_iter": int(sk.n_iter_), "ratio": fit_s / sk_s,
+            "ratio_cpu": fit_cpu / sk_cpu}
+
+
+def run_whole(sizes: list[int], per_client: int) -> None:
+    """The table of ``--whole``, one process per size."""
+    print(f"whole default fit, GMM d={D}, K={K}, {per_client} rows per client; one BLAS "
+          "thread; scikit-learn's whole default fit on the pooled rows in the same process")
+    head = (f"{'clients':>8} {'rows':>9} {'fit s':>8} {'start s':>8} {'rounds':>6} "
+            f"{'sklearn s':>9} {'iters':>5} {'ratio':>6} {'fit CPU':>8} {'sk CPU':>7} "
+            f"{'ratio CPU':>9}")
+    print(head)
+    print("-" * len(head))
+    for n in sizes:
+        env = {**os.environ, **_THREADS}
+        out = subprocess.run([sys.executable, __file__, "--whole-one", str(n), str(per_client)],
+                             env=env, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"whole fit at {n} clients failed:\n{out.stderr[-2000:]}")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{r['clients']:>8} {r['clients'] * r['per_client']:>9} {r['fit_s']:>8.2f} "
+              f"{r['start_s']:>8.2f} {r['rounds']:>6} {r['sklearn_s']:>9.2f} "
+              f"{r['sklearn_iter']:>5} {r['ratio']:>6.2f} {r['fit_cpu']:>8.2f} "
+              f"{r['sklearn_cpu']:>7.2f} {r['ratio_cpu']:>9.2f}", flush=True)
+
+
 def run_child(n_clients: int, per_client: int, kind: str, rounds: int) -> dict:
     env = {**os.environ, **_THREADS}
     cmd = [sys.executable, __file__, "--one", str(n_clients), str(per_client), kind,
@@ -133,7 +191,19 @@ def main() -> None:
     ap.add_argument("--kinds", default="plain,fedem")
     ap.add_argument("--rounds", type=int, default=4, help="timed rounds per fit")
     ap.add_argument("--one", nargs=3, metavar=("CLIENTS", "PER_CLIENT", "KIND"))
+    ap.add_argument("--whole", action="store_true",
+                    help="whole default fits against scikit-learn's (10,000 and 100,000 "
+                    "clients of --per-client rows)")
+    ap.add_argument("--quick", action="store_true", help="with --whole: 10,000 clients only")
+    ap.add_argument("--whole-one", nargs=2, type=int, metavar=("CLIENTS", "PER_CLIENT"),
+                    help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.whole_one:
+        print(json.dumps(whole(*a.whole_one)))
+        return
+    if a.whole:
+        run_whole([10_000] if a.quick else [10_000, 100_000], a.per_client)
+        return
     if a.one:
         row = one(int(a.one[0]), int(a.one[1]), a.one[2], a.rounds)
         print(json.dumps(row))

@@ -27,7 +27,9 @@ Server side::
         declares its ``count_stats``; the engine projects them back into their domain)
 
 Declared data: ``name``, ``batched_step`` (whether ``client_stats_batched`` serves the
-in-process batched round), ``count_stats`` (statistics that are sums of non-negative weights).
+in-process batched round), ``batched_queries`` (the queries ``client_query_batched`` answers
+for many in-process clients at once), ``count_stats`` (statistics that are sums of
+non-negative weights).
 Every hook is listed, with what it must do, in ``docs/architecture.md`` (the contract table).
 
 ``S`` given to ``server_step`` is on the scale of a *mean over units* (the client-weighted
@@ -150,6 +152,9 @@ class FederatedModel(ABC):
     #: that are not rows, states of a different size on every client; that step applies the
     #: suppression of :meth:`disclosure_blocks` itself
     batched_units: ClassVar[bool] = False
+    #: the queries :meth:`client_query_batched` answers for many in-process clients at once
+    #: (initialization exchanges; the others go client by client)
+    batched_queries: ClassVar[frozenset[str]] = frozenset()
     #: statistics that are sums of non-negative weights (counts): an honest client's are >= 0,
     #: but the server's mean statistics of a stochastic-approximation round (quantized,
     #: mini-batch, partial participation, noisy) need not be; :meth:`project_stats` puts them
@@ -291,6 +296,19 @@ class FederatedModel(ABC):
         row ``i`` equals the step of client ``idx[i]`` alone (up to the summation order), or
         None (not for these settings: the clients are called one by one)."""
         return None
+    def client_query_batched(self, name: str, payload: dict[str, Any], X: np.ndarray,
+                             y: np.ndarray | None, w: np.ndarray,
+                             state: ClientState) -> dict[str, np.ndarray]:
+        """Optional: :meth:`client_query` of many clients at once, for the queries named in
+        :attr:`batched_queries` (the in-process runtime's batched client side).
+
+        ``X``, ``y``, ``w`` and ``state`` as in :meth:`client_stats_batched` (``w``: 1 for a
+        row, 0 for padding). Returns every entry of the reply stacked, shape (C, ...): row
+        ``c`` is ``client_query``'s reply of client ``c`` (up to the summation order). Only a
+        query that draws nothing from the client's generator and leaves its state as it is
+        can be batched so.
+        """
+        raise KeyError(f"model {self.name!r} has no batched client query {name!r}")
 
     def client_query(
         self,

@@ -12,7 +12,7 @@ import numpy as np
 from fedlatent.data.dataset import FederatedDataset
 from fedlatent.engine.contract.model import FederatedModel
 from fedlatent.engine.fedem.federation import Federation
-from fedlatent.engine.protocol.exchange import Expect, Replies, ask
+from fedlatent.engine.protocol.exchange import Expect, Replies, RowReplies, ask
 from fedlatent.engine.protocol.runtime import Runtime
 
 __all__ = ["FitContext"]
@@ -91,34 +91,39 @@ class FitContext:
         required: bool = True,
         clients: list[str] | None = None,
         per_client: dict[str, dict[str, Any]] | None = None,
-    ) -> Replies:
+        only_sums: bool = False,
+    ) -> Replies | RowReplies:
         """Ask clients a model query; every reply is checked against ``expect``.
 
         ``payload`` goes to every client (``per_client``: one payload per client instead).
         A client that does not answer or fails a check stops the fit with a message naming it
-        (``required=True``) or is left out and recorded in ``faults``.
+        (``required=True``) or is left out and recorded in ``faults``. In-process clients of
+        a model that batches the query answer at once (:class:`RowReplies`, the same checks
+        row-wise); ``only_sums``: only the replies' sums are needed (``.total(field)``), so
+        no client's reply is kept.
         """
         if self.secure is not None:
             from fedlatent.engine.secagg.secure import refuse_clear_query
 
             refuse_clear_query(query, what)
         replies = self._ask(query, payload, expect=expect, what=what, required=required,
-                            clients=clients, per_client=per_client)
+                            clients=clients, per_client=per_client, only_sums=only_sums)
         if self.privacy is not None:  # every query is a release (the clients noise it)
             self.privacy.spend(1)
         return replies
 
     def _ask(self, query, payload=None, *, expect=None, what=None, required=True, clients=None,
-             per_client=None) -> Replies:
+             per_client=None, only_sums=False) -> Replies | RowReplies:
         base = {"query": query, "seed": int(self.seed)}
         if per_client is not None:
             msgs = {c: {**base, **p} for c, p in per_client.items()}
             replies = ask(self.runtime, "query", msgs, what=what or f"query {query!r}",
                           expect=expect, required=required, per_client=True)
-        else:
+        else:  # in-process clients may answer at once (rows), unless each noises its reply
             replies = ask(self.runtime, "query", {**base, **(payload or {})},
                           what=what or f"query {query!r}", clients=clients, expect=expect,
-                          required=required)
+                          required=required, model=None if self.summed_only else self.model,
+                          only_sums=only_sums)
         for c, reason in replies.faults.items():
             self.faults.append({"exchange": what or query, "client": c, "reason": reason})
         return replies

@@ -479,6 +479,41 @@ class BatchedClients:
         V.present[has] = True
         g.present[has] = False
 
+    # ---- queries and setup -----------------------------------------------------------------
+    def query(self, idx: np.ndarray, msg: dict, model):
+        """The replies of the clients ``idx`` (ascending batch positions) to the query of
+        ``msg``, by ``model.client_query_batched`` on a chunk of a bucket's clients at a time
+        (about ``_CHUNK_ROWS`` rows): yields ``(rows, fields)``, ``rows`` the positions in
+        ``idx`` of the chunk's clients and ``fields`` their replies' entries stacked."""
+        name = str(msg["query"])
+        want = np.zeros(len(self.ids), dtype=bool)
+        want[idx] = True
+        row_of = np.full(len(self.ids), -1)
+        row_of[idx] = np.arange(idx.size)
+        for bk in self.batch.buckets:
+            sel = want[bk.clients]
+            every = bool(sel.all())
+            pos = None if every else np.flatnonzero(sel)
+            count = len(bk.clients) if every else pos.size
+            per = max(1, _CHUNK_ROWS // max(bk.X.shape[1], 1))
+            for lo in range(0, count, per):
+                take = slice(lo, min(lo + per, count)) if every else pos[lo:lo + per]
+                cl = bk.clients[take]
+                fields = model.client_query_batched(
+                    name, msg, bk.X[take], None if bk.y is None else bk.y[take],
+                    bk.real[take].astype(np.float64), self._model_state(cl))
+                yield row_of[cl], fields
+
+    def mark_setup(self) -> None:
+        """Every client set up: the state entry ``engine/initialized`` a node's setup adds
+        (:class:`~fedlatent.engine.node.client.ClientNode`), for the clients that lack it."""
+        n = len(self.ids)
+        g = self.groups.setdefault("engine", _Group(n))
+        if "initialized" not in g.arrays:
+            g.arrays["initialized"] = np.ones(n)
+        g.arrays["initialized"][~g.present] = 1.0
+        g.present[:] = True
+
     # ---- SPIDER ----------------------------------------------------------------------------
     def _spider_put(self, idx, S_c, params) -> None:
         g = self._flat_group("spider_S")

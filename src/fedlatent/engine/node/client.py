@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 # purposes of the per-(client, round) generators
 _P_MODEL, _P_QUANT, _P_BATCH, _P_QUERY = 0, 1, 2, 3
+#: the default policy (frozen: one shared by every node, not checked again for each)
+_DEFAULT_POLICY = DisclosurePolicy()
 
 
 class _LazyRng:
@@ -152,7 +154,7 @@ class ClientNode:
         #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
         self.identity = identity
         self.own_disclosure = disclosure
-        self.disclosure = DisclosurePolicy() if disclosure is None else disclosure
+        self.disclosure = _DEFAULT_POLICY if disclosure is None else disclosure
         self._data = data
         self._raw = data  # as given; ``_data`` is its clipped copy under differential privacy
         self._source = source

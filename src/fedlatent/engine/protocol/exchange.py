@@ -18,8 +18,10 @@ No runtime and no model special-cases an exchange: a runtime only carries messag
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import (
@@ -28,6 +30,7 @@ from fedlatent.engine.protocol.messages import (
     Expect,
     array,
     check_fields,
+    check_rows,
     fault_detail,
     number,
     text,
@@ -35,7 +38,7 @@ from fedlatent.engine.protocol.messages import (
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.stats import units_number
 
-__all__ = ["Expect", "Replies", "array", "ask", "number", "setup_clients", "text"]
+__all__ = ["Expect", "Replies", "RowReplies", "array", "ask", "number", "setup_clients", "text"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,68 @@ class Replies(dict):
         super().__init__(*args, **kwargs)
         self.faults: dict[str, str] = dict(faults or {})
 
+    def total(self, field: str) -> np.ndarray:
+        """``field`` summed over the replies in client order, as float64."""
+        return sum(np.asarray(r[field], dtype=np.float64) for r in self.values())
+
+
+class RowReplies(Mapping):
+    """The checked replies of many clients computed at once (a runtime's
+    :meth:`~fedlatent.engine.protocol.runtime.Runtime.call_rows`), kept as rows: a mapping
+    client -> reply like :class:`Replies` (a reply is built when looked up), whose sums
+    (:meth:`total`) are taken over the rows without a loop over clients.
+
+    Attributes
+    ----------
+    clients : list of str
+        The clients whose replies passed the checks, in client order.
+    fields : dict of str to ndarray or None
+        Their replies' entries stacked (``fields[k][i]`` is ``clients[i]``'s entry ``k``);
+        None when only the sums were kept (``ask(..., only_sums=True)``).
+    faults : dict of str to str
+        Clients left out of this exchange and why.
+    """
+
+    def __init__(self, clients: list[str], fields: dict[str, np.ndarray] | None,
+                 faults: dict[str, str] | None = None,
+                 totals: dict[str, np.ndarray] | None = None):
+        self.clients = list(clients)
+        self.fields = fields
+        self.faults: dict[str, str] = dict(faults or {})
+        self._totals = totals
+        self._pos: dict[str, int] | None = None
+
+    def __getitem__(self, c: str) -> dict[str, Any]:
+        if self.fields is None:
+            raise TypeError("only the sums of these replies were kept (only_sums=True)")
+        if self._pos is None:
+            self._pos = {k: i for i, k in enumerate(self.clients)}
+        i = self._pos[c]
+        return {k: v[i] for k, v in self.fields.items()}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.clients)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    def total(self, field: str) -> np.ndarray:
+        """``field`` summed over the rows, as float64 (each entry added row after row, as
+        :meth:`Replies.total` adds the replies)."""
+        if self.fields is None:
+            return self._totals[field]
+        return _row_sum(None, np.asarray(self.fields[field], dtype=np.float64))
+
+
+def _row_sum(acc: np.ndarray | None, a: np.ndarray) -> np.ndarray:
+    """``acc`` (None: nothing yet) plus the sum of the rows of ``a``, added one after the
+    other."""
+    if a.shape[0] == 0:
+        total = np.zeros(a.shape[1:])
+    else:
+        total = np.cumsum(a)[-1] if a.ndim == 1 else np.add.reduce(a, axis=0)
+    return total if acc is None else acc + total
+
 
 def ask(
     runtime: Runtime,
@@ -64,7 +129,9 @@ def ask(
     expect: Mapping[str, Expect] | None = None,
     required: bool = True,
     per_client: bool = False,
-) -> Replies:
+    model=None,
+    only_sums: bool = False,
+) -> Replies | RowReplies:
     """Send one message per client and return the checked replies.
 
     Parameters
@@ -82,17 +149,34 @@ def ask(
         What every reply must hold; keys not listed are passed through unchecked.
     required : bool
         Whether every asked client must answer validly (see the module docstring).
+    model : FederatedModel or None
+        The fit's model, when the runtime may answer many clients at once (the same message
+        to every client; :meth:`~fedlatent.engine.protocol.runtime.Runtime.call_rows`): the
+        replies then come as rows, checked row-wise (:func:`check_rows`) into a
+        :class:`RowReplies`, with the same faults and reasons as one by one.
+    only_sums : bool
+        Whether only the sums of the replies are needed (:meth:`RowReplies.total`): rows
+        answered at once are then checked and summed a chunk at a time, none kept.
 
     Returns
     -------
-    Replies
+    Replies or RowReplies
     """
     if per_client:
         msgs = {str(c): dict(m) for c, m in messages.items()}
         ids = list(msgs) if clients is None else list(clients)
     else:
         ids = list(runtime.client_ids if clients is None else clients)
+        rows = None if model is None or not ids else \
+            runtime.call_rows(model, ids, method, dict(messages))
+        if rows is not None:
+            return _settled(_checked_rows(ids, rows, expect, not only_sums), what, required)
         msgs = {c: dict(messages) for c in ids}
+    return _settled(_ask_each(runtime, ids, method, msgs, expect), what, required)
+
+
+def _ask_each(runtime: Runtime, ids: list[str], method: str, msgs, expect) -> Replies:
+    """The clients ``ids`` called one by one, each reply checked (:func:`_checked`)."""
     raw = runtime.call(ids, method, msgs) if ids else {}
     good = Replies()
     for c in ids:
@@ -100,6 +184,12 @@ def ask(
             good[c] = _checked(c, raw.get(c), expect)
         except ClientReplyError as err:
             good.faults[c] = err.reason
+    return good
+
+
+def _settled(good, what: str, required: bool):
+    """``good`` (Replies or RowReplies); with faults, a FederatedFitError (``required``) or
+    a warning naming them."""
     if good.faults:
         detail = fault_detail(good.faults)
         if required:
@@ -107,6 +197,40 @@ def ask(
                                     faults=good.faults)
         logger.warning("%s: left out %s", what, detail)
     return good
+
+
+def _checked_rows(ids: list[str], chunks, expect, keep: bool) -> RowReplies:
+    """The replies of the clients ``ids`` answered at once, checked as :func:`_checked`
+    checks each reply. ``chunks`` yields ``(rows, fields, errors)``: positions in ``ids``,
+    their entries stacked, position in the chunk -> why that client declined. ``keep``:
+    the rows kept (else only their sums: each chunk's rows added one after the other, then
+    to the running total)."""
+    why: dict[int, str] = {}
+    parts, totals = [], None
+    for rows, fields, errors in chunks:
+        bad = check_rows([ids[r] for r in rows.tolist()], fields, expect or {})
+        for j, text_ in errors.items():
+            bad[j] = str(text_).removeprefix(f"client {ids[int(rows[j])]!r}: ")
+        ok = np.ones(len(rows), dtype=bool)
+        ok[list(bad)] = False
+        why.update({int(rows[j]): reason for j, reason in bad.items()})
+        if bad:
+            rows, fields = rows[ok], {k: np.asarray(v)[ok] for k, v in fields.items()}
+        if keep:
+            parts.append((rows, fields))
+        else:
+            totals = {k: _row_sum(None if totals is None else totals[k],
+                                  np.asarray(v, dtype=np.float64)) for k, v in fields.items()}
+    faults = {ids[i]: why[i] for i in sorted(why)}
+    clients = [c for i, c in enumerate(ids) if i not in why] if why else list(ids)
+    if not keep:
+        return RowReplies(clients, None, faults, totals or {})
+    if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(len(clients))):
+        return RowReplies(clients, parts[0][1], faults)
+    order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+    fields = {k: np.concatenate([p[1][k] for p in parts])[order] for k in parts[0][1]} \
+        if parts else {}
+    return RowReplies(clients, fields, faults)
 
 
 def _checked(c: str, reply, expect) -> dict[str, Any]:
@@ -145,9 +269,16 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
         msg["privacy_releases"] = int(privacy_releases)
     if run is not None:
         msg["run"] = str(run)
-    replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})
-    n_units = {c: units_number(replies[c]["n_units"]) for c in runtime.client_ids}
-    for c, m in n_units.items():
-        if m <= 0:
-            raise FederatedFitError(f"client {c!r} has no units to fit")
+    replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()},
+                  model=model)
+    ids = runtime.client_ids
+    if isinstance(replies, RowReplies):  # answered at once: the units as one array
+        units = replies.fields["n_units"]
+        n_units = dict(zip(ids, map(units_number, units.tolist())))
+    else:
+        n_units = {c: units_number(replies[c]["n_units"]) for c in ids}
+        units = np.array([n_units[c] for c in ids], dtype=np.float64)
+    empty = np.flatnonzero(np.asarray(units) <= 0)
+    if empty.size:
+        raise FederatedFitError(f"client {ids[int(empty[0])]!r} has no units to fit")
     return n_units

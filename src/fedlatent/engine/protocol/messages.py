@@ -28,6 +28,7 @@ __all__ = [
     "array",
     "check_fields",
     "check_reply",
+    "check_rows",
     "message_nbytes",
     "number",
     "pack",
@@ -125,6 +126,11 @@ class Expect:
         ``check(value, reply, client) -> reason or None``: what the value means (counts in
         range, a moment matrix consistent with the first moments...), run once every entry
         has passed the checks above; a reason refuses the reply.
+    rows : callable or None
+        ``rows(values, fields, clients) -> mask``: ``check`` of many clients' replies at once
+        (:func:`check_rows`; ``values`` the entry of every client stacked, ``fields`` every
+        entry so, ``clients`` their ids), True at least where ``check`` fails (a superset:
+        ``check`` is then asked for the reason). None: ``check`` client by client.
     """
 
     shape: tuple[int | None, ...] | None = None
@@ -132,16 +138,18 @@ class Expect:
     finite: bool = True
     is_text: bool = False
     check: Callable[[Any, Mapping[str, Any], str], str | None] | None = None
+    rows: Callable[[np.ndarray, Mapping[str, np.ndarray], list[str]], np.ndarray] | None = None
 
 
-def number(low: float | None = None, check=None) -> Expect:
-    """A finite scalar (at least ``low`` when given; ``check`` as in :class:`Expect`)."""
-    return Expect(None, low, check=check)
+def number(low: float | None = None, check=None, rows=None) -> Expect:
+    """A finite scalar (at least ``low`` when given; ``check``, ``rows`` as in
+    :class:`Expect`)."""
+    return Expect(None, low, check=check, rows=rows)
 
 
-def array(*shape: int | None, low: float | None = None, check=None) -> Expect:
+def array(*shape: int | None, low: float | None = None, check=None, rows=None) -> Expect:
     """A finite array of ``shape`` (None: any length along that axis)."""
-    return Expect(tuple(shape), low, check=check)
+    return Expect(tuple(shape), low, check=check, rows=rows)
 
 
 def text() -> Expect:
@@ -190,6 +198,96 @@ def check_fields(
         reason = e.check(reply[k], reply, client) if e.check is not None else None
         if reason:
             raise ClientReplyError(client, f"{noun} {k!r}: {reason}")
+
+
+def check_rows(clients: list[str], fields: Mapping[str, np.ndarray],
+               expect: Mapping[str, Expect], noun: str = "value") -> dict[int, str]:
+    """:func:`check_fields` of many clients' replies computed at once, given as rows
+    (``fields[k][i]`` is client ``clients[i]``'s entry ``k``): position -> the reason
+    :func:`check_fields` gives that client's reply (absent: it passes).
+
+    Shapes are checked once, finiteness and lower bounds row-wise; an entry's own ``check``
+    runs on the rows its ``rows`` screen flags (on every row without one). Text entries or
+    entries that are not numbers: :func:`check_fields` row by row."""
+    n = len(clients)
+    missing = [k for k in expect if k not in fields]
+    if missing:
+        return dict.fromkeys(range(n), f"missing {noun}(s) {missing}")
+    arrays = {k: np.asarray(v) for k, v in fields.items()}
+    short = [k for k, v in arrays.items() if v.ndim == 0 or v.shape[0] != n]
+    if short:
+        raise ValueError(f"rows of {short} are not one per client ({n} clients)")
+    if any(e.is_text or arrays[k].dtype.kind not in "biuf" for k, e in expect.items()):
+        return _rows_one_by_one(clients, arrays, expect, noun)
+    why: dict[int, str] = {}
+    for k, e in expect.items():
+        for bad, reason in _row_failures(k, arrays[k], e, noun):
+            for i in np.flatnonzero(bad).tolist():
+                why.setdefault(i, reason(i))
+    for k, e in expect.items():
+        if e.check is None:
+            continue
+        live = np.ones(n, dtype=bool)
+        live[list(why)] = False
+        if e.rows is not None:
+            with np.errstate(all="ignore"):
+                live &= np.asarray(e.rows(arrays[k], arrays, clients), dtype=bool)
+        for i in np.flatnonzero(live).tolist():
+            reason = e.check(arrays[k][i], {f: v[i] for f, v in arrays.items()}, clients[i])
+            if reason:
+                why[i] = f"{noun} {k!r}: {reason}"
+    return why
+
+
+def _row_failures(k: str, a: np.ndarray, e: Expect, noun: str):
+    """``(mask of rows, reason(row))`` of :func:`check_fields`'s checks of entry ``k`` over
+    rows ``a``, in its order (shape, finite values, lower bound)."""
+    n = a.shape[0]
+    flat = a.reshape(n, -1)
+    if e.shape is None:
+        if a.ndim != 1:
+            return [(np.ones(n, dtype=bool), lambda i: f"{noun} {k!r} has shape "
+                     f"{tuple(a.shape[1:])}, expected a number")]
+        out = [] if not e.finite else [
+            (~np.isfinite(a), lambda i: f"{noun} {k!r} is not finite ({a[i]!r})")]
+    else:
+        if a.ndim != len(e.shape) + 1 or any(
+                w is not None and int(m) != int(w) for m, w in zip(a.shape[1:], e.shape)):
+            want = tuple("any" if w is None else w for w in e.shape)
+            return [(np.ones(n, dtype=bool), lambda i: f"{noun} {k!r} has shape "
+                     f"{tuple(a.shape[1:])}, expected {want}")]
+        out = [] if not e.finite else [
+            (_nonfinite_rows(flat), lambda i: f"{noun} {k!r} has non-finite values")]
+    if e.low is not None:
+        with np.errstate(invalid="ignore"):
+            out.append((np.any(flat < e.low, axis=1),
+                        lambda i: f"{noun} {k!r} has values below {e.low}"))
+    return out
+
+
+def _nonfinite_rows(flat: np.ndarray) -> np.ndarray:
+    """The rows of ``flat`` (n, p) holding a NaN or an infinity: a row whose sum is finite
+    has only finite entries (one pass, no temporary of ``flat``'s size); the others (an
+    overflowing sum too) are looked at entry by entry."""
+    if flat.dtype.kind in "biu":
+        return np.zeros(flat.shape[0], dtype=bool)
+    with np.errstate(all="ignore"):
+        bad = ~np.isfinite(np.add.reduce(flat, axis=1))
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        bad[rows] = ~np.all(np.isfinite(flat[rows]), axis=1)
+    return bad
+
+
+def _rows_one_by_one(clients, arrays, expect, noun) -> dict[int, str]:
+    """:func:`check_rows` by :func:`check_fields` on each row (rows it cannot stack)."""
+    why = {}
+    for i, c in enumerate(clients):
+        try:
+            check_fields(c, {k: v[i] for k, v in arrays.items()}, expect, noun)
+        except ClientReplyError as err:
+            why[i] = err.reason
+    return why
 
 
 def check_reply(

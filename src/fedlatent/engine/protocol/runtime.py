@@ -39,6 +39,17 @@ class Runtime(ABC):
         runtime holding every client's data in one process can batch (``InProcessRuntime``)."""
         return None
 
+    def call_rows(self, model, client_ids: list[str], method: str,
+                  message: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[int, str]] | None:
+        """The replies of the clients ``client_ids`` to one ``message`` computed at once:
+        ``(fields, errors)``, ``fields[k]`` stacking every client's entry ``k`` (one row per
+        client, in the order of ``client_ids``) and ``errors`` mapping a position to why that
+        client declined. None (the default): the caller sends the message client by client
+        (:meth:`call`). Only a runtime holding every client in one process answers so
+        (``InProcessRuntime``, for a model with a batched step and the methods it batches).
+        """
+        return None
+
     # Checkpointing of client state is possible only where the runtime can see it (in-process).
     def get_client_states(self) -> dict[str, dict[str, np.ndarray]] | None:
         return None

@@ -99,8 +99,18 @@ class InProcessRuntime(Runtime):
         self._batch = None
         #: whether the batch's arrays hold the clients' states (else the nodes do)
         self._batch_owns = False
-        #: how many batched calls ran (``estep``, ``evaluate``, ``cv_init``)
+        #: how many batched calls ran (``estep``, ``evaluate``, ``cv_init``, and the setups
+        #: and queries answered at once, :meth:`call_rows`)
         self.batched_calls = 0
+        #: a setup answered at once whose message the nodes have not handled yet (each
+        #: node handles it when the nodes are first looked at)
+        self._pending_setup: dict[str, Any] | None = None
+        #: the last setup message and the clients' model rebuilt from it (batched queries)
+        self._setup_msg: dict[str, Any] | None = None
+        self._client_model: tuple[Any, FederatedModel] | None = None
+        #: whether every node is plain (no own policy or guard) and the rows unweighted
+        #: (None: not looked at since the nodes were last handed out)
+        self._plain: bool | None = None
 
     @property
     def client_ids(self) -> list[str]:
@@ -110,6 +120,7 @@ class InProcessRuntime(Runtime):
     def nodes(self) -> dict[str, ClientNode]:
         """The client objects, their states up to date."""
         self._to_nodes()
+        self._plain = None  # whoever holds them may change them: looked at again
         return self._nodes
 
     def _to_nodes(self) -> None:
@@ -117,6 +128,16 @@ class InProcessRuntime(Runtime):
             for cid, st in zip(self._ids, self._batch.dump()):
                 self._nodes[cid].state = st
             self._batch_owns = False
+        if self._pending_setup is not None:  # the nodes catch up with a setup made at once
+            msg, self._pending_setup = self._pending_setup, None
+            for cid in self._ids:
+                self._nodes[cid].handle("setup", _freeze(msg))
+
+    def _load_batch(self) -> None:
+        """The batch's arrays take the clients' states (unless they hold them already)."""
+        if not self._batch_owns:
+            self._batch.load([self._nodes[c].state for c in self._ids])
+            self._batch_owns = True
 
     def batched(self, model):
         """The batched client side for ``model`` (None: clients are called one by one)."""
@@ -124,13 +145,15 @@ class InProcessRuntime(Runtime):
             return None  # recording, or a runtime that changes what clients send: one by one
         if not model.batched_step:  # declared by the model (FederatedModel.batched_step)
             return None
+        if self._plain is None:  # (once, not at every call: a scan of every client)
+            self._plain = not any(n.own_disclosure is not None or n.guard is not None
+                                  for n in self._nodes.values()) \
+                and not getattr(self._fd, "has_weights", False)
         own_blocks = type(model).disclosure_blocks is not FederatedModel.disclosure_blocks
-        if (own_blocks and not model.batched_units) or any(
-                n.own_disclosure is not None or n.guard is not None
-                for n in self._nodes.values()):
-            return None  # a client may suppress blocks or refuse by its own policy: one by one
-        if getattr(self._fd, "has_weights", False):
-            return None  # frequency weights: the clients' own steps weight their rows
+        if (own_blocks and not model.batched_units) or not self._plain:
+            # a client may suppress blocks or refuse by its own policy, or the clients' own
+            # steps weight their rows (frequency weights): one by one
+            return None
         if self._batch is None or self._batch.model.get_config() != model.get_config() \
                 or self._batch.model.name != model.name:
             from fedlatent.engine.node.batched import BatchedClients
@@ -145,9 +168,7 @@ class InProcessRuntime(Runtime):
         """``estep``, ``evaluate`` or ``cv_init`` of the clients at positions ``idx`` at once."""
         b = self._batch
         self.batched_calls += 1
-        if not self._batch_owns:
-            b.load([self._nodes[c].state for c in self._ids])
-            self._batch_owns = True
+        self._load_batch()
         if method == "estep":
             return b.estep(idx, msg, resets or {})
         if method == "evaluate":
@@ -156,8 +177,78 @@ class InProcessRuntime(Runtime):
             return b.cv_init(idx, msg)
         raise KeyError(f"no batched method {method!r}")
 
+    def call_rows(self, model, client_ids, method, message):
+        """``setup`` of every client, or a query the model batches
+        (``FederatedModel.batched_queries``), answered for the clients at once (rows; see
+        :meth:`~fedlatent.engine.protocol.runtime.Runtime.call_rows`); None where the clients
+        must answer one by one (no batched side for ``model``, a setup with differential
+        privacy or a model's own setup hooks, a query it does not batch)."""
+        if method not in ("setup", "query") or self.batched(model) is None:
+            return None
+        if method == "setup":
+            return self._setup_rows(model, list(client_ids), message)
+        return self._query_rows(model, list(client_ids), message)
+
+    def _setup_rows(self, model, client_ids: list[str], msg: dict[str, Any]):
+        """Every client's setup at once: the model rebuilt once from the message (as each
+        client would), the units and the disclosure policy's refusals for all clients; the
+        nodes handle the message themselves when first looked at (:meth:`_to_nodes`)."""
+        own = [h for h in ("fit_data", "init_client_state", "n_units", "n_records")
+               if getattr(type(model), h) is not getattr(FederatedModel, h)]
+        if own or "privacy" in msg or client_ids != self._ids:
+            return None
+        from fedlatent.engine.privacy.enforce import setup_refusal
+
+        msg = _freeze(msg)
+        _, policy = self._rebuilt(msg)  # a model or policy no client could build raises here
+        units = self._batch.batch.n_units  # rows: the units and records of the default hooks
+        errors = {}
+        for i in np.flatnonzero((units > 0) & (units < policy.min_records)).tolist():
+            why = setup_refusal(policy, self._ids[i], int(units[i]))
+            if why:
+                errors[i] = why
+        self._load_batch()
+        self._batch.mark_setup()
+        self._pending_setup = self._setup_msg = msg
+        self.batched_calls += 1
+        return iter([(np.arange(len(self._ids)), {"n_units": units.astype(np.float64)}, errors)])
+
+    def _rebuilt(self, msg: dict[str, Any]):
+        """``(model, policy)`` a client rebuilds from setup message ``msg`` (cached)."""
+        import json
+
+        from fedlatent.engine.contract.registry import model_from_config
+        from fedlatent.engine.privacy.enforce import policy_from_json
+
+        key = (msg["model"], msg["model_config"], msg.get("disclosure"))
+        if self._client_model is None or self._client_model[0] != key:
+            m = model_from_config(str(msg["model"]), json.loads(str(msg["model_config"])))
+            m.disclosure = policy_from_json(str(msg.get("disclosure") or ""))
+            self._client_model = (key, m)
+        m = self._client_model[1]
+        return m, m.disclosure
+
+    def _query_rows(self, model, client_ids: list[str], msg: dict[str, Any]):
+        """The clients' replies to a query the model batches, as chunks of rows."""
+        if str(msg.get("query")) not in model.batched_queries or self._setup_msg is None:
+            return None
+        client, _ = self._rebuilt(self._setup_msg)
+        if client_ids == self._ids:
+            idx = np.arange(len(self._ids))
+        else:
+            pos = self._batch.pos
+            idx = np.array([pos[c] for c in client_ids], dtype=np.int64)
+            if np.any(np.diff(idx) <= 0):
+                return None  # (rows are made in client order)
+        self._load_batch()
+        self.batched_calls += 1
+        return ((rows, fields, {}) for rows, fields in
+                self._batch.query(idx, _freeze(msg), client))
+
     def call(self, client_ids, method, messages):
         self._to_nodes()
+        if method == "setup" and client_ids:
+            self._setup_msg = dict(messages[client_ids[0]])
         replies = {}
         for cid in client_ids:
             msg = _freeze(messages[cid])

@@ -5,7 +5,8 @@ responsibilities for C clients whose rows are stacked as (C, m, d) (padding rows
 per-client sums are batched matrix products over the rows axis, never a loop over clients or
 rows. ``gaussian_suspects`` flags every client whose statistics may break
 :func:`~fedlatent.models.gmm.model.gaussian_problem` (a superset: the engine then asks
-``gaussian_problem`` itself for the reason).
+``gaussian_problem`` itself for the reason). ``gmm_batched_query`` answers the initialization
+queries (moments, hard-assignment sums) and the ``loglik`` query for C clients the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ...engine.node.batched import BatchStep
 from ...engine.protocol.numerics import logsumexp
 from .math import estimate_log_gaussian_prob
 
-__all__ = ["gaussian_suspects", "gmm_batched_stats"]
+__all__ = ["gaussian_suspects", "gmm_batched_query", "gmm_batched_stats", "hard_labels_batched"]
 
 
 def gmm_log_resp(params, X: np.ndarray, cov_type: str):
@@ -74,6 +75,80 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
     stats = gaussian_sums(X, resp, params["center"], cov_type, w)
     objective = np.cumsum(norm * w, axis=1)[:, -1]  # in row order, as client_stats sums
     return BatchStep(stats, w.sum(axis=1), objective, state)
+
+
+def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
+    """:meth:`GMMModel.client_query` of C clients at once for ``moments``, ``hard_stats`` and
+    ``loglik``: rows ``X`` (C, m, d), ``w`` (C, m) 1 for a row, 0 for padding (padding rows
+    are 0). Each entry stacked (C, ...)."""
+    if name == "moments":
+        XT = np.ascontiguousarray(X.transpose(0, 2, 1))
+        return {"n": w.sum(axis=1), "sx": X.sum(axis=1), "sxx": XT @ X}
+    if name == "hard_stats":
+        centers = np.asarray(payload["centers"], dtype=np.float64)
+        d2 = (np.einsum("cmd,cmd->cm", X, X)[:, :, None] - 2 * (X @ centers.T)
+              + np.einsum("ij,ij->i", centers, centers)[None, None, :])
+        labels = hard_labels_batched(d2, w > 0, model.disclosure.min_records_per_block)
+        st = hard_sums(X, labels, w, np.asarray(payload["center"], dtype=np.float64),
+                       model.cov_type, centers.shape[0])
+        return {f"stat/{k}": v for k, v in st.items()}
+    if name == "loglik":
+        from ...engine.contract.model import payload_params
+
+        _, norm = gmm_log_resp(payload_params(payload), X, model.cov_type)
+        return {"n": w.sum(axis=1), "loglik": np.where(w > 0, norm, 0.0).sum(axis=1)}
+    raise KeyError(f"model 'gmm' has no batched client query {name!r}")
+
+
+def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
+    """:func:`~fedlatent.models.gmm.model.hard_labels` of C clients at once: ``d2`` (C, m, M)
+    squared distances, ``real`` (C, m) the clients' rows (False: padding, not counted).
+    Labels (C, m), by a compiled pass over the clients (:mod:`.hardsums`)."""
+    from .hardsums import hard_labels_many
+
+    return hard_labels_many(np.ascontiguousarray(d2, dtype=np.float64),
+                            np.ascontiguousarray(real, dtype=np.bool_), int(need))
+
+
+def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarray,
+              cov_type: str, M: int) -> dict[str, np.ndarray]:
+    """:func:`~fedlatent.models.gmm.math.gmm_statistics` of C clients at hard ``labels``
+    (C, m) among ``M`` centres, rows of weight ``w``: each row's terms added into its own
+    cell (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`)."""
+    from .hardsums import hard_cell_sums
+
+    C, m, d = X.shape
+    mode = {"full": 0, "tied": 1}.get(cov_type, 2)
+    nk, sx = np.zeros((C, M)), np.zeros((C, M, d))
+    sxx = np.zeros((C, M, d, d) if mode == 0 else (C, M, d, 1) if mode == 2 else (0, 0, 0, 0))
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    hard_cell_sums(X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64),
+                   np.asarray(center, dtype=np.float64), nk, sx, sxx, mode)
+    if mode == 1:
+        Xc = (X - center) * w[:, :, None]
+        sxx = np.ascontiguousarray(Xc.transpose(0, 2, 1)) @ (X - center)
+    elif mode == 2:
+        sxx = sxx[..., 0]
+    return {"nk": nk, "sx": sx, "sxx": sxx}
+
+
+def hard_suspects(stats, n_units: np.ndarray, cov_type: str) -> np.ndarray:
+    """:func:`gaussian_suspects` of hard-assignment statistics: most (client, centre) cells
+    are empty, all zeros (a zero moment matrix is PSD), so only the other cells are screened
+    ("full"; the other types: :func:`gaussian_suspects`)."""
+    from ...engine.protocol.psd_screen import bordered_certified
+    from .hardsums import live_cells
+
+    if cov_type != "full":
+        return gaussian_suspects(stats, n_units, cov_type)
+    nk, sx, sxx = (np.ascontiguousarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx"))
+    C, M, d = sx.shape
+    bad = count_suspects(nk, n_units, None)
+    cells = np.flatnonzero(live_cells(nk.reshape(-1), sx.reshape(-1, d), sxx.reshape(-1, d, d)))
+    ok = bordered_certified(nk.ravel()[cells], sx.reshape(-1, d)[cells],
+                            sxx.reshape(-1, d, d)[cells], None, _RTOL)
+    bad[cells[~ok] // M] = True
+    return bad
 
 
 def count_suspects(counts: np.ndarray, n_units: np.ndarray, slack: np.ndarray | None,

@@ -48,14 +48,30 @@ def _units_check(ctx: FitContext):
     return check
 
 
+def _units_of(ctx: FitContext, clients: list[str]) -> np.ndarray:
+    """The clients' units at setup, as an array."""
+    return np.fromiter(map(ctx.n_units.__getitem__, clients), np.float64, len(clients))
+
+
+def _units_rows(ctx: FitContext):
+    """:func:`_units_check` of many replies at once (rows: every client's ``n``)."""
+    return lambda n, fields, clients: np.asarray(n, dtype=np.float64) != _units_of(ctx, clients)
+
+
 def _moments_expect(ctx: FitContext, d: int) -> dict:
-    """The moments reply: ``n`` as at setup, ``[[n, sum x], [sum x, sum x x^T]]`` PSD."""
+    """The moments reply: ``n`` as at setup, ``[[n, sum x], [sum x, sum x x^T]]`` PSD
+    (replies answered at once: the compiled screen of every client's matrix first)."""
+    from ...engine.protocol.psd_screen import bordered_certified
+
     def psd(sxx, reply, c):
         M = bordered(np.asarray(sxx)[None], np.asarray(reply["sx"])[None], [float(reply["n"])])
         return psd_problem("the moment matrix [[sum x x^T, sum x], [., n]]", M, None, "block")
 
-    return {"n": number(low=1, check=_units_check(ctx)), "sx": array(d),
-            "sxx": array(d, d, check=psd)}
+    def psd_rows(sxx, fields, clients):
+        return ~bordered_certified(fields["n"], fields["sx"], sxx)
+
+    return {"n": number(low=1, check=_units_check(ctx), rows=_units_rows(ctx)),
+            "sx": array(d), "sxx": array(d, d, check=psd, rows=psd_rows)}
 
 
 def _counts_check(ctx: FitContext):
@@ -94,6 +110,16 @@ def _stats_check(ctx: FitContext, covariance_type: str):
     return check
 
 
+def _stats_rows(ctx: FitContext, covariance_type: str):
+    """:func:`_stats_check` of many replies at once: the clients it may refuse."""
+    from .batched import hard_suspects
+
+    def rows(nk, fields, clients):
+        st = {k: fields[f"stat/{k}"] for k in ("nk", "sx", "sxx")}
+        return hard_suspects(st, _units_of(ctx, clients), covariance_type)
+    return rows
+
+
 def _spread_draws(mean: np.ndarray, chol: np.ndarray, K: int, rng, per: int = 10) -> np.ndarray:
     """``K`` means chosen among ``per * K`` draws from ``N(mean, chol chol^T)`` by farthest
     point (in the global Mahalanobis metric) from a random first one: the start k-means++
@@ -114,9 +140,8 @@ def _summed(ctx: FitContext, query: str, payload: dict, shapes: dict, *, expect=
     and summed in client order. The same sums in every mode (to the fixed-point rounding)."""
     if ctx.summed_only:
         return ctx.ask_sum(query, payload, shapes=shapes, what=what)
-    rep = ctx.ask(query, payload, expect=expect, what=what)
-    return {k: sum(np.asarray(rep[c][k], dtype=np.float64) for c in ctx.client_ids)
-            for k in shapes}
+    rep = ctx.ask(query, payload, expect=expect, what=what, only_sums=True)
+    return {k: rep.total(k) for k in shapes}
 
 
 def _hard_sums(ctx: FitContext, centers, center, ct: str, what: str) -> dict[str, np.ndarray]:
@@ -125,7 +150,8 @@ def _hard_sums(ctx: FitContext, centers, center, ct: str, what: str) -> dict[str
     centers = np.asarray(centers, dtype=np.float64)
     shapes = _stat_shapes(centers.shape[0], centers.shape[1], ct)
     expect = {f"stat/{k}": array(*shp, low=0 if k == "nk" else None,
-                                 check=_stats_check(ctx, ct) if k == "nk" else None)
+                                 check=_stats_check(ctx, ct) if k == "nk" else None,
+                                 rows=_stats_rows(ctx, ct) if k == "nk" else None)
               for k, shp in shapes.items()}
     S = _summed(ctx, "hard_stats", {"centers": centers, "center": center},
                 {f"stat/{k}": shp for k, shp in shapes.items()}, expect=expect, what=what)
@@ -242,8 +268,7 @@ def _pooled_moments(ctx: FitContext, d: int, missing=None, ct: str = "full"):
     else:
         mom = ctx.ask("moments", expect=_moments_expect(ctx, d),
                       what="initialization (moments)")
-        tot = {k: sum(np.asarray(mom[c][k], dtype=np.float64) for c in ctx.client_ids)
-               for k in shapes}
+        tot = {k: mom.total(k) for k in shapes}
     n, sx, sxx = float(tot["n"]), tot["sx"], tot["sxx"]
     dp = ctx.federation.privacy
     if dp is not None:  # noisy moments about the public clipping centre

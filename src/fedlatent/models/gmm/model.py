@@ -74,6 +74,7 @@ class GMMModel(FederatedModel):
 
     name = "gmm"
     batched_step = True
+    batched_queries = frozenset({"moments", "hard_stats", "loglik"})
 
     def __init__(self, n_components: int, covariance_type: str = "full", reg_covar: float = 1e-6):
         super().__init__(
@@ -112,6 +113,11 @@ class GMMModel(FederatedModel):
         from .batched import gmm_batched_stats
 
         return gmm_batched_stats(params, X, w, self.cov_type, state)
+
+    def client_query_batched(self, name, payload, X, y, w, state):
+        from .batched import gmm_batched_query
+
+        return gmm_batched_query(self, name, payload, X, w)
 
     def check_many(self, stats, n_units, slack=None):
         from .batched import gaussian_suspects

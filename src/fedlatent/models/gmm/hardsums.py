@@ -1,0 +1,165 @@
+"""Compiled kernels of the "kmeans-sums" start's client query (``hard_stats``) for many
+in-process clients at once: each row's nearest centre with small cells merged
+(:func:`~fedlatent.models.gmm.model.hard_labels`, client by client), and the statistics of
+each (client, centre) cell. One pass over the rows: a row adds its terms to its own cell
+only, where the dense one-hot products (:func:`~fedlatent.models.gmm.math.gmm_statistics`)
+would multiply every row by every centre's zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["hard_cell_sums", "hard_labels_many", "live_cells"]
+
+
+@njit(cache=True)
+def _argmin_row(work, i, labels_c):
+    """``labels_c[i] = argmin(work[i])`` (the first minimum, or the first NaN, as
+    ``numpy.argmin``)."""
+    M = work.shape[1]
+    best, at = work[i, 0], 0
+    if math.isnan(best):
+        labels_c[i] = 0
+        return
+    for k in range(1, M):
+        v = work[i, k]
+        if math.isnan(v):
+            labels_c[i] = k
+            return
+        if v < best:
+            best, at = v, k
+    labels_c[i] = at
+
+
+@njit(cache=True)
+def _merge_small(work, real_c, need, labels_c, counts, gone, small):
+    """:func:`~fedlatent.models.gmm.model.hard_labels`'s merging of one client's cells of
+    ``0 < rows < need`` into their rows' nearest cells left, in place, until none is small.
+
+    A cell left out stays out, so only the rows of the cells just left out look for their
+    nearest cell again (every other row's nearest is unchanged), and only the cells they
+    move to can become small: each round costs the rows that move, not every row."""
+    m, M = work.shape
+    counts[:] = 0
+    gone[:] = False
+    for i in range(m):
+        if real_c[i]:
+            counts[labels_c[i]] += 1
+    n_full, n_small = 0, 0
+    for k in range(M):
+        if counts[k] > 0:
+            n_full += 1
+            if counts[k] < need:
+                small[n_small] = k
+                n_small += 1
+    while n_small > 0:
+        if n_small == n_full:  # no cell holds enough: every row to the largest
+            big = 0
+            for k in range(1, M):
+                if counts[k] > counts[big]:
+                    big = k
+            labels_c[:] = big
+            return
+        for j in range(n_small):
+            gone[small[j]] = True
+            work[:, small[j]] = np.inf
+        n_small = 0
+        for i in range(m):
+            old = labels_c[i]
+            if not gone[old]:
+                continue
+            _argmin_row(work, i, labels_c)
+            if real_c[i]:
+                new = labels_c[i]
+                counts[old] -= 1
+                if counts[old] == 0:
+                    n_full -= 1
+                if counts[new] == 0:
+                    n_full += 1
+                counts[new] += 1
+        for i in range(m):  # the cells rows moved to: small ones listed once
+            k = labels_c[i]
+            if real_c[i] and 0 < counts[k] < need and not gone[k]:
+                listed = False
+                for j in range(n_small):
+                    listed = listed or small[j] == k
+                if not listed:
+                    small[n_small] = k
+                    n_small += 1
+
+
+@njit(cache=True)
+def hard_labels_many(d2, real, need):
+    """Labels (C, m) of rows with squared distances ``d2`` (C, m, M) to M centres, rows of
+    ``real`` (C, m) counted (False: padding), cells of ``0 < rows < need`` merged as
+    :func:`~fedlatent.models.gmm.model.hard_labels` merges them client by client."""
+    C, m, M = d2.shape
+    labels = np.empty((C, m), dtype=np.int64)
+    work = np.empty((m, M))
+    counts = np.empty(M, dtype=np.int64)
+    gone = np.empty(M, dtype=np.bool_)
+    small = np.empty(M, dtype=np.int64)
+    for c in range(C):
+        work[:, :] = d2[c]
+        for i in range(m):
+            _argmin_row(work, i, labels[c])
+        if need > 1:
+            _merge_small(work, real[c], need, labels[c], counts, gone, small)
+    return labels
+
+
+@njit(cache=True)
+def live_cells(nk, sx, sxx):
+    """Which cells (rows of ``nk`` (n,), ``sx`` (n, d), ``sxx`` (n, d, d)) hold anything
+    but zeros (NaN counts as something): one pass, stopping at a cell's first non-zero."""
+    n, d = sx.shape
+    out = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        if nk[i] != 0.0:
+            out[i] = True
+            continue
+        for a in range(d):
+            if sx[i, a] != 0.0:
+                out[i] = True
+                break
+        if out[i]:
+            continue
+        for a in range(d):
+            for b in range(d):
+                if sxx[i, a, b] != 0.0:
+                    out[i] = True
+                    break
+            if out[i]:
+                break
+    return out
+
+
+@njit(cache=True)
+def hard_cell_sums(X, labels, w, center, nk, sx, sxx, mode):
+    """Add to ``nk`` (C, M), ``sx`` (C, M, d) and ``sxx`` the terms of rows ``X`` (C, m, d)
+    of weight ``w`` (C, m) at hard ``labels`` about ``center``: ``mode`` 0 full (``sxx``
+    (C, M, d, d)), 2 diagonal (``sxx`` (C, M, d, 1)), 1 tied (``sxx`` left alone: the
+    caller's one product over every row)."""
+    C, m, d = X.shape
+    xc = np.empty(d)
+    for c in range(C):
+        for i in range(m):
+            wt = w[c, i]
+            if wt == 0.0:
+                continue
+            k = labels[c, i]
+            nk[c, k] += wt
+            for a in range(d):
+                xc[a] = X[c, i, a] - center[a]
+                sx[c, k, a] += wt * xc[a]
+            if mode == 0:
+                for a in range(d):
+                    for b in range(d):
+                        sxx[c, k, a, b] += wt * xc[a] * xc[b]
+            elif mode == 2:
+                for a in range(d):
+                    sxx[c, k, a, 0] += wt * xc[a] * xc[a]
