@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 import fedlatent as fl
-from fedlatent.data.categorical import level_counts
 from fedlatent.engine.faults import FederatedFitError
 
 ONE_LEVEL = fl.DisclosurePolicy(min_records_per_block=1)  # every rule but the level rule
@@ -41,6 +40,8 @@ def _gmm(policy, **kw):
 
 
 def test_level_counts_include_the_reference_level():
+    from fedlatent.data.categorical import level_counts
+
     fd = _fd(_frame())
     a = fd["a"]
     (col, names, counts), = level_counts(fd.encoding, fd.feature_names, a.X, a.weight)
