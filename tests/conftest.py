@@ -71,3 +71,16 @@ def rare_level_rule_off(monkeypatch):
     import fedlatent.engine.privacy.disclosure as disclosure
 
     monkeypatch.setattr(disclosure, "check_level_counts", lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def saturation_rule_off_module():
+    """:func:`saturation_rule_off` for a whole module, module-scoped fits included (the input
+    catalogues fit 8-row clients through the command line, which takes no policy)."""
+    import fedlatent.engine.node.client as client
+    import fedlatent.engine.privacy.disclosure as disclosure
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(disclosure, "check_reply_numbers", lambda *a, **k: None)
+        mp.setattr(client, "check_reply_numbers", lambda *a, **k: None)
+        yield

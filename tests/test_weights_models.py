@@ -156,6 +156,7 @@ def _two_rows_weighing_ten():
     return data, w
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_disclosure_counts_records_not_weights():
     """A client of two rows of weight 5 is two records: under min_records=3 it refuses, as
     it would without the weights; its ten copies would pass."""
@@ -212,6 +213,7 @@ def _hlcr_case():
     return case, case.data()
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_hlcr_refuses_an_entity_lighter_than_one_event():
     case, fd = _hlcr_case()
     first = fd.client_ids[0]

@@ -193,6 +193,23 @@ def _extend(Q: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     return np.column_stack([Q, u / norm])
 
 
+def _release(Q: np.ndarray, M: np.ndarray, records: np.ndarray, first: np.ndarray,
+             t: int) -> tuple[np.ndarray, list[int]]:
+    """The span after releasing the blocks of ``M`` that keep it safe, and the others."""
+    small = []
+    for k in range(M.shape[0]):
+        if not M[k].any() or not np.any(first[k]):  # empty, or suppressed already
+            continue
+        Q2 = _extend(Q, M[k].astype(np.float64))
+        if Q2 is None:
+            continue
+        if _discloses(Q2, records, t):
+            small.append(k)
+        else:
+            Q = Q2
+    return Q, small
+
+
 def suppress_differences(policy: DisclosurePolicy, stats: Stats, names: tuple[str, ...],
                          members, state: dict[str, np.ndarray]) -> tuple[Stats, list[int]]:
     """``stats`` with every block zeroed whose release would let the server combine this
@@ -234,19 +251,7 @@ def suppress_differences(policy: DisclosurePolicy, stats: Stats, names: tuple[st
     Q = np.asarray(state.get(BASIS_KEY, np.ones((E, 1)) / np.sqrt(max(E, 1))), dtype=np.float64)
     if Q.shape[0] != E:  # the units changed (a new data set): start again
         Q = np.ones((E, 1)) / np.sqrt(max(E, 1))
-    first = np.asarray(stats[names[0]])
-    small = []
-    for k in range(M.shape[0]):
-        if not M[k].any() or not np.any(first[k]):  # empty, or suppressed already
-            continue
-        Q2 = _extend(Q, M[k].astype(np.float64))
-        if Q2 is None:
-            continue
-        if _discloses(Q2, records, t):
-            small.append(k)
-        else:
-            Q = Q2
-    state[BASIS_KEY] = Q
+    state[BASIS_KEY], small = _release(Q, M, records, np.asarray(stats[names[0]]), t)
     if not small:
         return stats, []
     out = dict(stats.items())
