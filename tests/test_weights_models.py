@@ -217,14 +217,16 @@ def _hlcr_case():
 def test_hlcr_refuses_an_entity_lighter_than_one_event():
     case, fd = _hlcr_case()
     first = fd.client_ids[0]
+    n0 = int(np.sum(fd[first].entity == fd[first].entity[0]))  # its events (9 in the example)
 
     def light(cid, cd):
         w = np.ones(cd.n_samples)
         if cid == first:
-            w[cd.entity == cd.entity[0]] = 0.1  # 5 events of weight 0.1
+            w[cd.entity == cd.entity[0]] = 0.1  # n0 events of weight 0.1
         return cd.replace(weight=w, rows=None)
     with pytest.raises(DataValidationError,
-                       match=rf"client '{first}': the events of entity '.+' weigh 0.5 in all "
+                       match=rf"client '{first}': the events of entity '.+' weigh "
+                             rf"{n0 / 10:g} in all "
                              r"\(1 such entities\); every entity is at least one event"):
         case.make().fit(fd.map(light))
 
