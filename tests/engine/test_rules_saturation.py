@@ -175,7 +175,7 @@ def test_a_site_floor_the_server_cannot_lower():
     node = ClientNode("site", ClientData(X), disclosure=fl.DisclosurePolicy())
     model = GMMModel(2)
     msg = {"model": "gmm", "model_config": json.dumps(model.get_config()),
-           "disclosure": policy_to_json(NO_SATURATION)}
+           "disclosure": policy_to_json(NO_SATURATION), "fit": 1}
     reply = node.handle("setup", msg)
     assert "max_parameters_per_record=0.33" in reply[ERROR_KEY]  # the site's own rule held
     open_node = ClientNode("site", ClientData(X))  # no floor: the server's policy rules

@@ -230,7 +230,8 @@ class ClientNode:
         self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
         self.model.site = self.guard
         refusal = setup_refusal(self.disclosure, self.client_id,
-                                self.model.n_records(self._data)) or self._rules_refusal(msg)
+                                self.model.n_records(self._data)) or (
+            self._rules_refusal(msg) if msg.get("fit") else None)
         if refusal:
             logger.log(self.log_level, "%s", refusal)
             return {ERROR_KEY: refusal}
@@ -251,6 +252,10 @@ class ClientNode:
         saturation rule is left to the noise under differential privacy."""
         if self.disclosure.is_off:
             return None
+        private = bool(msg.get("privacy")) or self.privacy is not None
+        key = (id(self._data), self.disclosure, private)
+        if getattr(self, "_rules_key", None) == key and not msg.get("batch_size"):
+            return self._rules_why  # the same data and policy: the same answer
         from fedlatent.data.categorical import level_counts
 
         src = self._source
@@ -258,13 +263,15 @@ class ClientNode:
             getattr(src, "encoding", None), src.feature_names, self._data.X, self._data.weight)
         levels += self.model.disclosure_levels(self._data)
         policy = self.disclosure
-        if msg.get("privacy"):  # the rule on numbers is DP's job then; levels still checked
+        if private:  # the rule on numbers is DP's job then; levels still checked
             policy = replace(policy, count_scope="aggregate")
         b = int(msg.get("batch_size") or 0)
         batch = (None if b <= 0 else
                  self.model.n_records(self._data, np.arange(min(b, self.model.n_draws(
                      self._data)))))
-        return setup_rule_refusal(policy, self.client_id, self.model, self._data, levels, batch)
+        why = setup_rule_refusal(policy, self.client_id, self.model, self._data, levels, batch)
+        self._rules_key, self._rules_why = key, why
+        return why
 
     def _saturation_facts(self) -> dict[str, int]:
         """What the server's saturation check of an aggregate needs (secure aggregation):
@@ -308,12 +315,14 @@ class ClientNode:
         refusal = check_counts(self.disclosure, self.client_id, n_rec,
                                "the statistic of this step" if rows is None
                                else "a mini-batch statistic")
-        if not refusal and rows is not None and self.privacy is None \
-                and self.disclosure.count_scope == "client":
+        if not refusal and rows is None and not self.disclosure.is_off:  # (a setup that did
+            refusal = self._rules_refusal({})  # not say it was a fit's: checked here)
+        if not refusal and self.privacy is None and self.disclosure.count_scope == "client":
             refusal = check_reply_numbers(
                 self.disclosure, f"client {self.client_id!r}",
                 self.model.reply_numbers(self._data), n_rec,
-                self.model.record_width(self._data), "a mini-batch statistic")
+                self.model.record_width(self._data),
+                "the round statistic" if rows is None else "a mini-batch statistic")
         if refusal:
             raise DisclosureRefused(refusal)
         mstate = _sub(self.state, "model")

@@ -126,7 +126,8 @@ def _checked(c: str, reply, expect) -> dict[str, Any]:
 
 def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
                   privacy_releases: int = 0, run: str | None = None, *,
-                  batch_size: int | None = None, cohort: int | None = None) -> dict[str, int]:
+                  batch_size: int | None = None, cohort: int | None = None,
+                  fit: bool = False) -> dict[str, int]:
     """Send every client the model's name and config and the disclosure policy (None: the
     default, on), and the differential-privacy setting with the number of releases the fit
     plans (None: not private); return each client's number of units.
@@ -139,6 +140,8 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     replies each client's saturation check covers too. ``cohort``: under secure aggregation,
     the fewest clients an aggregate can cover (the threshold); the saturation rule is then
     checked on the records of the ``cohort`` smallest clients (:func:`cohort_refusal`).
+    ``fit``: the setup is a fit's (its clients check the saturation and rare-level rules now,
+    before the first round; any client also checks them on its first round statistic).
     """
     import json
 
@@ -151,6 +154,8 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
         msg["privacy_releases"] = int(privacy_releases)
     if run is not None:
         msg["run"] = str(run)
+    if cohort is not None or batch_size is not None or fit:
+        msg["fit"] = 1  # the rules on what a fit's replies determine, checked at setup
     if batch_size:
         msg["batch_size"] = int(batch_size)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()})

@@ -57,7 +57,7 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
                                                       federation.secure_aggregation),
                             federation.privacy,
                             0 if privacy is None else privacy.calibration.releases, run=run,
-                            batch_size=_batch_size(federation), cohort=cohort)
+                            batch_size=_batch_size(federation), cohort=cohort, fit=True)
     secure = None
     if federation.secure_aggregation and open_secure:
         from fedlatent.engine.secagg.secure import open_channel
