@@ -46,3 +46,41 @@ def saved_figures(monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", savefig)
     return seen
+
+
+@pytest.fixture
+def saturation_rule_off(monkeypatch):
+    """The saturation rule of the disclosure policy (issue 22) switched off for one test, the
+    same as giving its fits ``DisclosurePolicy(max_parameters_per_record=math.inf)``: for
+    tests of something else (exactness, resume, persistence, faults) on federations whose
+    clients are too small for the rule (e.g. ``blobs_fd``: 50 clients of 3 to 44 rows, where
+    a 3-component full mixture in 4 dimensions sends 45 numbers). The rule itself is tested in
+    ``tests/engine/test_rules_saturation.py``; every other rule stays on."""
+    import fedlatent.engine.node.client as client
+    import fedlatent.engine.privacy.disclosure as disclosure
+
+    monkeypatch.setattr(disclosure, "check_reply_numbers", lambda *a, **k: None)
+    monkeypatch.setattr(client, "check_reply_numbers", lambda *a, **k: None)
+
+
+@pytest.fixture
+def rare_level_rule_off(monkeypatch):
+    """The rare-level rule (issue 22) switched off for one test, as
+    :func:`saturation_rule_off`: for tests of something else whose small clients hold a
+    category of 1 or 2 records by chance. Tested in ``tests/engine/test_rules_levels.py``."""
+    import fedlatent.engine.privacy.disclosure as disclosure
+
+    monkeypatch.setattr(disclosure, "check_level_counts", lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def saturation_rule_off_module():
+    """:func:`saturation_rule_off` for a whole module, module-scoped fits included (the input
+    catalogues fit 8-row clients through the command line, which takes no policy)."""
+    import fedlatent.engine.node.client as client
+    import fedlatent.engine.privacy.disclosure as disclosure
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(disclosure, "check_reply_numbers", lambda *a, **k: None)
+        mp.setattr(client, "check_reply_numbers", lambda *a, **k: None)
+        yield

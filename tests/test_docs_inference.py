@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "inference.md"
 
@@ -46,6 +47,7 @@ def _number(v):
     return True
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_the_documented_examples_run_and_print_their_tables():
     bl = blocks(DOC.read_text())
     code = [b for lang, b in bl if lang == "python"]

@@ -110,6 +110,7 @@ def test_auto_refuses_a_checkpoint(tmp_path):
         fl.FederatedGaussianMixture("auto").fit(blobs(), checkpoint=tmp_path / "ck")
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_a_size_that_cannot_be_fitted_is_recorded_and_skipped():
     fd = fl.FederatedDataset.from_arrays({"a": np.arange(6.0).reshape(3, 2),
                                           "b": np.arange(6.0, 12.0).reshape(3, 2) ** 1.5})
@@ -123,6 +124,7 @@ def test_a_size_that_cannot_be_fitted_is_recorded_and_skipped():
     assert "fewer than n_components=7" in gm.selection_scores_.loc[7, "error"]
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_select_with_a_split_scores_on_held_out_rows_and_refits_on_all():
     """The held-out form a model with a held-out score (FedGMM, HLCR) uses."""
     fd = blobs(60)

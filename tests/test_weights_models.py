@@ -156,6 +156,7 @@ def _two_rows_weighing_ten():
     return data, w
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_disclosure_counts_records_not_weights():
     """A client of two rows of weight 5 is two records: under min_records=3 it refuses, as
     it would without the weights; its ten copies would pass."""
@@ -212,17 +213,20 @@ def _hlcr_case():
     return case, case.data()
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_hlcr_refuses_an_entity_lighter_than_one_event():
     case, fd = _hlcr_case()
     first = fd.client_ids[0]
+    n0 = int(np.sum(fd[first].entity == fd[first].entity[0]))  # its events (9 in the example)
 
     def light(cid, cd):
         w = np.ones(cd.n_samples)
         if cid == first:
-            w[cd.entity == cd.entity[0]] = 0.1  # 5 events of weight 0.1
+            w[cd.entity == cd.entity[0]] = 0.1  # n0 events of weight 0.1
         return cd.replace(weight=w, rows=None)
     with pytest.raises(DataValidationError,
-                       match=rf"client '{first}': the events of entity '.+' weigh 0.5 in all "
+                       match=rf"client '{first}': the events of entity '.+' weigh "
+                             rf"{n0 / 10:g} in all "
                              r"\(1 such entities\); every entity is at least one event"):
         case.make().fit(fd.map(light))
 

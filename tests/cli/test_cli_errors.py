@@ -174,6 +174,7 @@ def test_convergence_warning_is_one_line(good_csv, tmp_path):
     ), res.stderr
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_deprecated_max_iter_still_works_with_a_warning(tmp_path):
     import fedlatent as fl
 

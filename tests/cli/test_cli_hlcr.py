@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 import fedlatent as fl
@@ -16,6 +17,7 @@ def _csv(tmp_path):
     return path
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_fit_hlcr_writes_model_and_history(tmp_path):
     path = _csv(tmp_path)
     res = CliRunner().invoke(app, [
@@ -45,6 +47,7 @@ def test_fit_hlcr_bad_inputs_fail_cleanly(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_fit_hlcr_estimates_sigma_and_chooses_k_by_default_words(tmp_path):
     path = _csv(tmp_path)
     res = CliRunner().invoke(app, [

@@ -12,6 +12,10 @@ import fedlatent as fl
 from fedlatent.cli import app
 from fedlatent.engine.contract.registry import estimator_by_class_name
 
+# the saturation rule (issue 22) off for this module: its federations' clients are smaller than
+# the rule allows, and it tests something else (conftest.py)
+pytestmark = pytest.mark.usefixtures("saturation_rule_off_module")
+
 runner = CliRunner()
 
 

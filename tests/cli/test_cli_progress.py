@@ -83,6 +83,7 @@ def test_no_progress_silences_the_lines(tmp_path):
     assert lines == []
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.slow
 def test_experiment_quick_reports_at_least_every_ten_seconds(tmp_path):
     """The real ``fedlatent experiment fedem_toy --quick`` (about 160 s on the shared machine)."""

@@ -119,6 +119,7 @@ def test_usage_error_is_one_line():
     assert lines[0].endswith("(see 'fedlatent fit gmm --help')")
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_categorical_options_reach_the_fit(tmp_path):
     rng = np.random.default_rng(0)
     df = pd.DataFrame({"site": np.repeat(["s0", "s1", "s2"], 20),

@@ -115,6 +115,7 @@ def test_deprecated_param_spelling_warns_and_gives_the_same_model(tmp_path):
     assert _params(tmp_path / "old") == _params(tmp_path / "new")
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_hlcr_clusters_is_a_deprecated_spelling_of_components(tmp_path):
     fd = fedlatent.datasets.make_synthhlcr(n_agents=6, n_entities=6, entities_per_agent=2,
                                            events_per_entity=10, n_clusters=2, n_features=2,

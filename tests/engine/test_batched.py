@@ -67,6 +67,7 @@ MODELS = {
 }
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_batched_and_per_client_paths_agree_to_1e12(model, setting):
@@ -93,6 +94,7 @@ def test_batched_and_per_client_paths_agree_to_1e12(model, setting):
             assert_close(sa[c][key], sb[c][key], err_msg=f"{c} {key}")
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("fed", [
     fl.Federation(step_size=0.5, batch_size=7, random_state=1),
     fl.Federation(step_size=0.5, variance_reduction=fl.Spider(3, 6), participation=0.6,
@@ -152,6 +154,7 @@ def test_quantize_flat_is_unbiased_and_on_the_grid():
     assert (zero == 0.0).all() and zero.shape == (1, 3)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_client_node_draws_its_slice_of_the_batched_quantizer():
     """What a Flower client would send (a ClientNode on its own) is the batched row."""
     fd = _ragged(n_clients=5, seed=2)
@@ -238,6 +241,7 @@ def _shift_one(reply):
     return reply
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("lie", ["negative-count", "nan", "not-psd"])
 def test_batched_replies_are_refused_with_the_per_client_reasons(lie):
     fd = _ragged(n_clients=8, seed=5)

@@ -195,6 +195,7 @@ def tiny_chunks(monkeypatch):
     monkeypatch.setattr(gb, "_SCREEN_CHUNK", 2)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("fed", [
     fl.Federation(), FEDEM, fl.Federation(step_size=0.5, batch_size=7, random_state=1),
     fl.Federation(participation=0.6, control_variates=True, step_size=0.5, random_state=3)],
@@ -238,6 +239,7 @@ PARTIAL_CV = fl.Federation(participation=0.6, control_variates=True, step_size=0
                            random_state=3)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_a_lie_in_a_later_chunk_is_refused_with_the_per_client_reason(tiny_chunks):
     fd = _ragged(n_clients=12, seed=5)
     victim = fd.client_ids[10]

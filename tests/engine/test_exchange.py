@@ -58,6 +58,7 @@ def test_a_bad_client_is_left_out_and_recorded_when_not_required():
     assert r.faults == {"b": "value 'sx' has non-finite values", "c": "no reply"}
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_free_dimensions_and_per_client_messages():
     check_fields("a", {"c": np.zeros((0, 3))}, {"c": array(None, 3)})
     with pytest.raises(ClientReplyError, match=r"expected \('any', 3\)"):

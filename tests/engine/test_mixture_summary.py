@@ -2,11 +2,14 @@
 estimator with parameters to report): the base mixture's point-estimate table."""
 
 import numpy as np
+import pytest
 
 import fedlatent as fl
 from fedlatent.models.lca.example import make_lca_data
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_a_mixture_without_observed_information_reports_point_estimates():
     fd = make_lca_data(n_clients=4, mean_size=60, n_classes=2, random_state=1)
     est = fl.LatentClassAnalysis(2, n_categories=3, max_rounds=20, random_state=0).fit(fd)

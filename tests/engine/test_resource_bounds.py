@@ -231,7 +231,9 @@ def _gmm_20000():
 def child():
     """The bombs whose unchecked allocation would take gigabytes, in this fresh process with
     its address space capped; print one JSON line of outcomes."""
-    est = fl.FederatedGaussianMixture(2, max_rounds=2, verbose=False).fit(  # warm the imports
+    est = fl.FederatedGaussianMixture(  # warm the imports (4-row clients: rules aside)
+        2, max_rounds=2, verbose=False,
+        federation=fl.Federation(disclosure=fl.DisclosurePolicy.off())).fit(
         fl.FederatedDataset.from_arrays({"a": np.eye(4, 2) + 1.0, "b": np.eye(4, 2)}))
     est.history_.to_frame()  # and the table's allocator, which reserves address space
     _cap_address_space(2 << 30)

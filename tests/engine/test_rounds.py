@@ -59,6 +59,7 @@ def test_a_plan_draws_the_clients_select_active_draws(k):
     assert_same(draw_positions(len(ids), 0.3, 11, k, init_round=True), np.arange(40))
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_the_plan_of_the_initialization_round_sends_raw_statistics():
     rd = _rounds(_fd(), FEDEM, batched=False)
     raw, quant = stat_bytes(FEDEM, rd.shapes)
@@ -69,6 +70,7 @@ def test_the_plan_of_the_initialization_round_sends_raw_statistics():
     assert_same(first.idx, np.arange(9))
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_the_loop_chooses_its_collector_by_the_runtime_and_the_federation():
     fd = _fd()
     assert type(_rounds(fd, fl.Federation()).collector) is Batched
@@ -77,6 +79,7 @@ def test_the_loop_chooses_its_collector_by_the_runtime_and_the_federation():
     assert type(secure.collector) is SecureCollector
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("fed", [fl.Federation(), fl.Federation(secure_aggregation=True)],
                          ids=["plain", "secure"])
 def test_every_collector_returns_the_same_aggregate(fed):
@@ -104,6 +107,7 @@ def test_every_collector_returns_the_same_aggregate(fed):
         assert a.accepted is not None and a.accepted.mask.all()
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_a_lying_client_is_refused_with_the_same_reason_by_both_collectors():
     """One screen for every collector: client c4's rows made impossible (negative counts)."""
     fd = _fd()
@@ -197,6 +201,7 @@ def test_the_client_update_of_a_batch_is_each_clients_update(levels):
     assert_close(V_batch, np.where(had[:, None], V, 0.0) + 0.25 * want)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_one_fit_setup_plans_the_budget_and_opens_the_channel():
     fd = _fd()
     rt = InProcessRuntime(fd)

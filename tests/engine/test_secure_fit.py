@@ -229,6 +229,7 @@ def test_threshold_and_settings_are_checked():
         fl.Federation(secure_aggregation=True, track_h=True).validate()
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_a_statistic_beyond_the_bound_is_refused_naming_the_client_and_field():
     fd = fl.FederatedDataset.from_arrays({f"c{i}": np.full((4, 1), 10.0 ** (i + 2))
                                           for i in range(3)})
@@ -251,6 +252,7 @@ def test_models_without_secure_sums_refuse_it(name, kw, why):
         est._start(lines(4), None)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_fedhlcr_with_secure_aggregation_equals_the_plain_fit():
     fd = fl.datasets.make_synthhlcr(n_agents=N_CLIENTS, n_entities=36, entities_per_agent=4,
                                     events_per_entity=8, n_clusters=2, n_features=3, sigma=0.5,

@@ -54,6 +54,7 @@ def _rel(a, b):
     return np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("K,rounds", [(2, 1), (2, 6), (3, 4)])
 def test_federated_iterates_equal_centralized_em(K, rounds):
     fd = _small(K=K)
@@ -213,6 +214,7 @@ def test_missing_target_is_rejected():
         FedGMM(1, 1).fit(fd)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_client_with_one_class_is_accepted():
     # issue 14: the learners are shared, a one-class client's Newton sums are valid terms
     rng = np.random.default_rng(0)

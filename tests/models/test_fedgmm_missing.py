@@ -225,6 +225,7 @@ def test_privacy_with_nan_is_refused_naming_the_fix():
             train)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_command_line_fits_and_predicts_fedgmm_with_empty_cells(tmp_path):
     import pandas as pd
     from typer.testing import CliRunner

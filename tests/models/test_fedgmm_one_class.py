@@ -78,6 +78,7 @@ def test_local_one_class_client_predicts_its_class():
     assert loc.coef_["two"].shape == (1, 3)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_one_class_in_the_whole_federation_is_refused():
     fd = fl.FederatedDataset.from_arrays({
         "a": (np.arange(10.0).reshape(5, 2), np.zeros(5, int)),

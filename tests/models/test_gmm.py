@@ -50,6 +50,7 @@ def rel(a, b):
     return float(np.max(np.abs(np.asarray(a) - b) / np.maximum(np.abs(b), 1e-12)))
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("cov", ["full", "tied", "diag", "spherical"])
 def test_full_participation_equals_sklearn_iterates(blobs_fd, cov):
     """50 unequal clients, same initial parameters: every iterate equals scikit-learn's."""
@@ -128,6 +129,7 @@ def test_random_init_runs_from_global_moments():
     np.testing.assert_allclose(np.sort(gm.means_[:, 0]), [0.0, 6.0], atol=0.35)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_prediction_api_matches_sklearn_with_same_parameters(blobs_fd):
     gm = fl.FederatedGaussianMixture(K, random_state=0, verbose=False).fit(blobs_fd)
     sk = GaussianMixture(K)
@@ -145,6 +147,7 @@ def test_prediction_api_matches_sklearn_with_same_parameters(blobs_fd):
     np.testing.assert_allclose(np.bincount(ys, minlength=K) / 5000, gm.weights_, atol=0.03)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_resume_gives_exactly_the_uninterrupted_result(tmp_path, blobs_fd):
     fed = fl.Federation(participation=0.5, step_size=0.5, quantizer=fl.Quantizer(4),
                         random_state=7)
@@ -164,6 +167,7 @@ def test_resume_gives_exactly_the_uninterrupted_result(tmp_path, blobs_fd):
         full.history_.to_frame()["objective"].tolist()
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_save_load_roundtrip_without_pickle(tmp_path, blobs_fd):
     gm = fl.FederatedGaussianMixture(K, covariance_type="diag", random_state=0,
                                      verbose=False).fit(blobs_fd)
@@ -177,6 +181,7 @@ def test_save_load_roundtrip_without_pickle(tmp_path, blobs_fd):
     assert len(back.history_) == len(gm.history_)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_no_raw_sample_leaves_a_client(blobs_fd):
     """Every array a client sends (init queries and rounds) is checked against its rows."""
     rt = InProcessRuntime(blobs_fd, record=True)
@@ -195,6 +200,7 @@ def test_no_raw_sample_leaves_a_client(blobs_fd):
                 assert v.shape[0] != X.shape[0] or X.shape[0] in (K, D), (cid, key, v.shape)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_convergence_warning_when_max_rounds_is_reached(blobs_fd):
     with pytest.warns(fl.ConvergenceWarning, match="did not converge in 2 rounds"):
         fl.FederatedGaussianMixture(K, max_rounds=2, tol=1e-12, random_state=0,
@@ -220,6 +226,7 @@ def test_bad_parameters(blobs_fd, kwargs, message):
         fl.FederatedGaussianMixture(**kw).fit(blobs_fd)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_wrong_width_at_predict(blobs_fd):
     gm = fl.FederatedGaussianMixture(K, random_state=0, verbose=False, max_rounds=3)
     with warnings.catch_warnings():
@@ -232,6 +239,7 @@ def test_wrong_width_at_predict(blobs_fd):
         fl.FederatedGaussianMixture(2).predict(np.zeros((2, 3)))
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_each_client_is_set_up_once_per_fit(blobs_fd):
     rt = InProcessRuntime(blobs_fd, record=True)
     with pytest.warns(fl.ConvergenceWarning):

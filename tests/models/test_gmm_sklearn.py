@@ -10,6 +10,7 @@ from sklearn.mixture import GaussianMixture
 import fedlatent as fl
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("cov", ["full", "tied", "diag", "spherical"])
 def test_to_sklearn_scores_like_the_federated_mixture(blobs_fd, cov):
     with warnings.catch_warnings():
@@ -26,6 +27,7 @@ def test_to_sklearn_scores_like_the_federated_mixture(blobs_fd, cov):
     assert sk.n_iter_ == fed.n_iter_ == fed.n_rounds_
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_fit_predict_equals_fit_then_predict_dataset(blobs_fd):
     kw = dict(max_rounds=6, random_state=1, verbose=False)
     with warnings.catch_warnings():

@@ -415,6 +415,7 @@ def test_gram_projection_leaves_exact_sums_alone_and_repairs_inconsistent_ones()
     assert np.linalg.eigvalsh(G).min() > -1e-9
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_federated_resume_equals_uninterrupted_run(tmp_path):
     fd = fl.datasets.make_synthhlcr(12, 12, 4, 10, 3, 3, sigma=0.5, random_state=0)
     fed = fl.Federation(participation=0.5, step_size=0.5, control_variates=False)
@@ -466,6 +467,7 @@ class _LyingSizes(fl.Runtime):
         return self.inner.get_client_states()
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("key, value, reason", [
     ("n_entities", lambda v: v + 1, r"reported \d+ entities, \d+ at setup"),
     ("n_events", lambda v: 0.5, r"'n_events' has values below 1"),

@@ -211,6 +211,7 @@ def test_k_auto_picks_the_generating_k_from_sums_scored_on_the_agents():
         fl.HLCR("three").fit(fd)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_save_load_keeps_the_draws_and_the_choice_of_k(synth, tmp_path):
     fd, _ = synth
     est = _fit(fl.HLCR("auto", n_clusters_range=(2, 3), solver="gibbs", max_rounds=8,

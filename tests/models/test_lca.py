@@ -51,6 +51,8 @@ def fit(est, fd, **kw):
         return est.fit(fd, **kw)
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("rounds", [1, 5, 12])
 def test_federated_fit_equals_centralized_em(rounds):
     fd = twenty_unequal_clients()
@@ -67,6 +69,8 @@ def test_federated_fit_equals_centralized_em(rounds):
     np.testing.assert_allclose(est.probabilities_, probs, rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_the_random_start_is_a_sum_of_client_draws_on_the_simplex():
     fd = twenty_unequal_clients()
     p0 = fl.LatentClassAnalysis(3, n_categories=list(CATS), random_state=1) \
@@ -81,6 +85,8 @@ def test_the_random_start_is_a_sum_of_client_draws_on_the_simplex():
     np.testing.assert_array_equal(p0["probs"], again["probs"])  # keyed by seed and client
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_predict_proba_score_bic_from_the_mixture_density():
     fd = twenty_unequal_clients()
     est = fit(fl.LatentClassAnalysis(3, max_rounds=30, random_state=0), fd)
@@ -103,6 +109,8 @@ def test_predict_proba_score_bic_from_the_mixture_density():
     assert est.score(fd) == pytest.approx(est.score(pooled), rel=1e-12)  # on the clients
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_save_and_load_round_trip_and_refuse_broken_probabilities(tmp_path):
     fd = twenty_unequal_clients()
     est = fit(fl.LatentClassAnalysis(2, n_categories=list(CATS), max_rounds=5,
@@ -118,6 +126,8 @@ def test_save_and_load_round_trip_and_refuse_broken_probabilities(tmp_path):
         fl.LatentClassAnalysis.load(tmp_path / "bad")
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_a_bad_code_names_the_client_and_the_column():
     fd = twenty_unequal_clients()
     data = {c: cd.X.copy() for c, cd in fd.items()}
@@ -132,6 +142,8 @@ def test_a_bad_code_names_the_client_and_the_column():
         est.predict(np.array([[0, 0, 2, 0]]))
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_secure_aggregation_equals_the_plain_fit():
     fd = twenty_unequal_clients()
 
@@ -173,6 +185,8 @@ def test_one_record_moves_the_counts_by_at_most_one_per_variable():
     assert worst > 0.5 * joint_sensitivity(bound)  # the bound is not loose by orders
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_differential_privacy_fits_within_its_budget():
     fd = twenty_unequal_clients()
     dp = fl.DifferentialPrivacy(epsilon=4.0, delta=1e-5, clip=1.0)

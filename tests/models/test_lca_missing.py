@@ -45,6 +45,8 @@ def em_missing(X, w, probs, rounds):
     return w, probs
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_federated_fit_equals_centralized_em_with_missing_answers():
     fd = data()
     X = np.vstack([cd.X for _, cd in fd.items()])
@@ -67,6 +69,8 @@ def test_federated_fit_equals_centralized_em_with_missing_answers():
                                rtol=1e-10)
 
 
+@pytest.mark.usefixtures("rare_level_rule_off")
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_secure_aggregation_with_missing_answers():
     fd = data(seed=1)
     kw = dict(n_categories=list(CATS), max_rounds=3, tol=0.0, random_state=1)

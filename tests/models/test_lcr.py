@@ -107,6 +107,7 @@ def fd30():
     return fd
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("T", [1, 5, 10])
 def test_full_participation_equals_centralized_em(fd30, T):
     init = explicit_init()
@@ -131,6 +132,7 @@ def test_full_participation_equals_centralized_em(fd30, T):
     np.testing.assert_allclose(est.weights_, ref[-1]["weights"], rtol=1e-8)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_random_membership_start_then_centralized_em(fd30):
     """The default start (random memberships drawn on the clients) followed by 5 rounds equals
     centralized EM from the start the same seed gives."""
@@ -145,6 +147,7 @@ def test_random_membership_start_then_centralized_em(fd30):
     assert rel(est.noise_variance_, ref[-1]["noise_variance"]) < 1e-8
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_random_start_is_the_m_step_of_uniform_random_memberships(fd30):
     """Every client's memberships are its own seeded draw: the initial weights are near 1/K and
     the start does not depend on the order the clients are listed in."""
@@ -255,7 +258,9 @@ def test_recovers_two_known_lines_up_to_label_permutation():
 # ---- (d) prediction --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fitted(fd30):
-    est = fl.LatentClassRegression(K, max_rounds=100, tol=1e-8, random_state=0)
+    est = fl.LatentClassRegression(K, max_rounds=100, tol=1e-8, random_state=0,
+                                   federation=fl.Federation(disclosure=fl.DisclosurePolicy(
+                                       max_parameters_per_record=np.inf)))  # 5-row clients
     return fit_quietly(est, fd30)
 
 
@@ -295,6 +300,7 @@ def test_fitted_model_found_the_three_lines(fitted):
     np.testing.assert_allclose(fitted.coef_[order], TRUE_BETA[[2, 0, 1], :D], atol=0.2)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_stopping_at_the_symmetric_start_warns():
     """The random start is near the point where every component is the pooled regression; EM
     leaves it slowly, and a loose tol can stop there: the fit says so."""
@@ -342,6 +348,7 @@ def test_bad_parameters(fd30, kwargs, message):
         fl.LatentClassRegression(**kw).fit(fd30)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_init_does_not_write_back_into_parameters(fd30):
     init = explicit_init()
     est = fl.LatentClassRegression(K, max_rounds=2, **init)
@@ -386,6 +393,7 @@ def test_save_load_round_trip_without_pickle(tmp_path, fitted, fd30):
     assert back.lower_bound_ == pytest.approx(fitted.lower_bound_)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_save_load_without_intercept(tmp_path, fd30):
     est = fit_quietly(fl.LatentClassRegression(2, fit_intercept=False, max_rounds=5,
                                                random_state=0), fd30)
@@ -398,6 +406,7 @@ def test_save_load_without_intercept(tmp_path, fd30):
 
 
 # ---- (g) federation settings, privacy, command line ------------------------------------------
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_partial_participation_runs_and_ends_near_the_full_fit(fd30):
     # half the clients a round, smoothed statistics (step 0.5): label-skewed clients make the
     # one-round estimate of the mean statistic noisy
@@ -416,6 +425,7 @@ def test_partial_participation_runs_and_ends_near_the_full_fit(fd30):
     np.testing.assert_allclose(np.sort(part.intercept_), np.sort(full.intercept_), atol=0.2)
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_no_raw_row_leaves_a_client(fd30):
     rt = InProcessRuntime(fd30, record=True)
     fit_quietly(fl.LatentClassRegression(K, max_rounds=3, random_state=0), fd30, runtime=rt)

@@ -54,6 +54,7 @@ def test_lcr_leaves_rows_without_target_out(caplog):
     assert len(est.predict_dataset(fd)) == fd.n_samples  # predictions need no target
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_hlcr_leaves_events_without_target_out():
     fd = fl.datasets.make_synthhlcr(n_agents=6, n_entities=8, entities_per_agent=2,
                                     events_per_entity=8, n_clusters=2, n_features=2,

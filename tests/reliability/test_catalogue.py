@@ -240,6 +240,7 @@ CATALOGUE = {
 }
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("promise", list(CATALOGUE))
 def test_design_section_5(promise, request):
     fn = CATALOGUE[promise]

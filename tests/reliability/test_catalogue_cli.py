@@ -17,6 +17,10 @@ from typer.testing import CliRunner
 
 from fedlatent.cli import app
 
+# the saturation rule (issue 22) off for this module: its federations' clients are smaller than
+# the rule allows, and it tests something else (conftest.py)
+pytestmark = pytest.mark.usefixtures("saturation_rule_off_module")
+
 runner = CliRunner()
 
 

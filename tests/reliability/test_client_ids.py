@@ -144,6 +144,7 @@ def test_cli_fit_and_predict_stay_inside_out(i, tmp_path, sandbox):
     np.testing.assert_array_equal(pred["prediction"].to_numpy()[rows], pers.predict(X))
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_all_weird_ids_together(tmp_path, sandbox):
     out, check = sandbox
     ids = _hostile(tmp_path) + ["Case", "case"]

@@ -46,6 +46,7 @@ def _fit_recording(est, fd):
                                                               fl.ConvergenceWarning)]
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("extra, constant", [
     (lambda rng, n: np.full(n, 5.0), True),
     (lambda rng, n: 300.0 + 1e-3 * rng.normal(size=n), True),  # sd 3e-6 of the mean
@@ -77,6 +78,7 @@ def test_moments_scaling_leaves_constant_columns_uncentred():
     assert (my, sy_) == (0.0, 7.0)  # a constant target: not centred either
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("name", ["gmm", "lcr", "fedgmm"])
 def test_other_models_refuse_no_client_for_a_constant_feature(name):
     if name == "gmm":

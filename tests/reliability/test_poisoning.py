@@ -110,6 +110,7 @@ FIRST_EXCHANGE = {
 }
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("name", list(FIRST_EXCHANGE))
 def test_a_client_multiplying_everything_by_minus_50_is_named_before_any_round(name):
     est, fd, _ = _case(name)
@@ -127,6 +128,7 @@ def test_a_client_multiplying_everything_by_minus_50_is_named_before_any_round(n
 ROUND_MODELS = ["gmm", "lcr", "fedgmm", "hlcr"]
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("name", ROUND_MODELS)
 def test_lying_in_the_initialization_round_stops_the_fit_naming_the_client(name):
     """Honest initialization exchanges, then -50 times its statistic in round 1 (the
@@ -139,6 +141,7 @@ def test_lying_in_the_initialization_round_stops_the_fit_naming_the_client(name)
         _fit(est, fd, runtime=Multiplying(fd, victim, rounds_from=1))
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("name, rounds", [("gmm", 25), ("lcr", 25), ("fedgmm", 6),
                                           ("hlcr", 6)])
 def test_lying_in_later_rounds_is_excluded_and_recorded(name, rounds):

@@ -278,6 +278,7 @@ def test_latent_class_regression_random_start_is_checked(edit, reason):
 
 
 # ---- honest clients are never rejected -------------------------------------------------------
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("federation", [
     fl.Federation(quantizer=fl.Quantizer(4)),
     fl.Federation(batch_size=16, step_size=0.5),

@@ -65,6 +65,7 @@ def test_refusing_many_small_clients_is_one_short_message(n_clients, rows, caplo
     assert sum(map(len, logged)) < 2000  # was one warning per client
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_a_round_naming_many_clients_logs_one_short_line(caplog):
     """30 of 40 clients fail in round 3: history keeps every one, the log line names 10."""
     fd = make_blobs_federation(n_clients=40)
@@ -83,6 +84,7 @@ def test_a_round_naming_many_clients_logs_one_short_line(caplog):
     assert lines[0].startswith("round 3: 30 client(s) [") and "and 20 more" in lines[0]
 
 
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_an_initialization_round_refusing_many_clients_names_ten(caplog):
     fd = make_blobs_federation(n_clients=40)
     rt = RaisingHandler(fd, fd.client_ids[0], from_round=1)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["ENCODINGS", "CategoricalEncoding", "agree_levels", "categorical_columns",
-           "client_levels", "encode_columns"]
+           "client_levels", "encode_columns", "level_counts"]
 
 #: the values ``categorical=`` takes as text
 ENCODINGS = ("onehot", "onehot-all")
@@ -202,3 +202,43 @@ def encode_columns(df: pd.DataFrame, features: Sequence[str], encoding: Categori
         names.extend(encoding.columns_of(f))
     X = np.hstack(blocks) if blocks else np.empty((len(df), 0))
     return X, names
+
+
+def level_counts(encoding: CategoricalEncoding | None, feature_names: Sequence[str],
+                 X: np.ndarray, weight: np.ndarray | None = None
+                 ) -> list[tuple[str, list[str], np.ndarray]]:
+    """How many of one client's records hold each level of each encoded column.
+
+    Parameters
+    ----------
+    encoding : CategoricalEncoding or None
+        The dataset's encoding (None: no encoded column, an empty list).
+    feature_names : sequence of str
+        The encoded feature names (the columns of ``X``).
+    X : ndarray of shape (n_samples, n_features)
+        The client's encoded rows.
+    weight : ndarray of shape (n_samples,) or None
+        Frequency weights: a row of weight 0 is no record.
+
+    Returns
+    -------
+    list of ``(column, level names, records holding each level)``; under ``drop_first`` the
+    reference level's records are the rows with no indicator set.
+    """
+    if encoding is None or not encoding.levels:
+        return []
+    where = {name: j for j, name in enumerate(feature_names)}
+    rec = np.ones(X.shape[0], dtype=bool) if weight is None else np.asarray(weight) > 0
+    out = []
+    for col, levels in encoding.levels.items():
+        cols = [where.get(c) for c in encoding.columns_of(col)]
+        if not cols or any(j is None for j in cols):
+            continue
+        ind = np.asarray(X[rec][:, cols], dtype=np.float64) != 0
+        counts = ind.sum(axis=0).astype(np.float64)
+        names = list(levels[1:] if encoding.drop_first else levels)
+        if encoding.drop_first:
+            counts = np.concatenate([[float((~ind.any(axis=1)).sum())], counts])
+            names = [levels[0], *names]
+        out.append((col, names, counts))
+    return out

@@ -227,6 +227,36 @@ class FederatedModel(ABC):
         Default None: every block is a (soft-weighted) sum over all the client's records."""
         return None
 
+    def reply_numbers(self, data: ClientData) -> int | None:
+        """The free numbers one round's reply of this client carries, what the saturation
+        rule counts (:func:`~fedlatent.engine.privacy.disclosure.check_reply_numbers`): the
+        entries of the statistic blocks, a symmetric matrix counted once
+        (:func:`~fedlatent.engine.privacy.disclosure.free_numbers`). A model that sends
+        per-record sums declares it; default None: not counted (a model that sends none)."""
+        return None
+
+    def record_width(self, data: ClientData) -> int:
+        """The values one record holds that a reply summarizes (the saturation rule's
+        ``w``). Default: the features; a model that also sums the target adds one."""
+        return int(data.n_features)
+
+    def disclosure_levels(self, data: ClientData) -> list[tuple[str, list[str], np.ndarray]]:
+        """``[(variable, level names, records holding each level)]`` of the categorical
+        variables the model itself one-hot encodes (latent class analysis); the rare-level
+        rule refuses a level held by ``0 < n < min_records_per_block`` records. Default: none
+        (columns encoded by ``FederatedDataset.from_pandas(categorical=...)`` are found by
+        the client from the dataset's encoding)."""
+        return []
+
+    def disclosure_members(self, stats: Stats) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(members, records)`` of the last :meth:`client_stats` when its blocks
+        (:meth:`disclosure_blocks`) are sums over hard-labelled subsets of units: ``members``
+        (n_blocks, n_units) boolean, the units in each block; ``records`` (n_units,) the
+        records of each unit. The client then suppresses a block that, with the blocks it
+        released before, would let a linear combination be a sum over too few records
+        (:func:`~fedlatent.engine.privacy.enforce.suppress_differences`). Default None."""
+        return None
+
     # ---- differential privacy (fedlatent.engine.privacy.client_dp) -------------------------
     def dp_clip(self, data: ClientData, dp) -> ClientData:
         """The client's data with one record's influence bounded, once at setup: feature rows

@@ -319,6 +319,27 @@ class Federation:
             raise ValueError("Federation(track_h=True) needs every client's statistic at the "
                              "new parameters, which secure aggregation hides; set "
                              "track_h=False or secure_aggregation=False")
+        self._validate_cohorts()
+
+    def _validate_cohorts(self) -> None:
+        """The cohort rule (:mod:`fedlatent.engine.privacy.disclosure`): under secure
+        aggregation, partial participation without control variates makes every round's
+        aggregate a sum of its participants' whole statistics, whose totals do not change;
+        over rounds with different cohorts they are a linear system in each client's totals.
+        Refused unless differential privacy covers it or the policy is off."""
+        if not (self.secure_aggregation and float(self.participation) < 1.0
+                and not self.control_variates and self.privacy is None
+                and not self.disclosure.is_off):
+            return
+        raise ValueError(
+            f"Federation(secure_aggregation=True, participation={self.participation:g}, "
+            "control_variates=False): every round's aggregate would be a sum of its "
+            "participants' whole statistics, and aggregates over different cohorts can be "
+            "solved (least squares) for each client's totals, a one-row client's row among "
+            "them; the disclosure policy refuses it. Use control_variates=True (the replies "
+            "are then differences in which the totals cancel), participation=1.0, or "
+            "differential privacy (privacy=DifferentialPrivacy(..., noise='distributed')); "
+            "DisclosurePolicy.off() disables every rule")
 
     def gamma(self, k: int) -> float:
         """Step size at round ``k`` (1-based)."""

@@ -25,6 +25,7 @@ the SPIDER memory) is a flat dict of arrays and never leaves the node.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,13 +36,19 @@ from fedlatent.engine.contract.registry import estimator_from_config, model_from
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.privacy.clipping import weights_refusal
-from fedlatent.engine.privacy.disclosure import DisclosurePolicy, check_counts
+from fedlatent.engine.privacy.disclosure import (
+    DisclosurePolicy,
+    check_counts,
+    check_reply_numbers,
+)
 from fedlatent.engine.privacy.enforce import (
     DisclosureRefused,
     policy_from_json,
     setup_refusal,
+    setup_rule_refusal,
     stricter,
     suppress_blocks,
+    suppress_differences,
 )
 from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
 from fedlatent.engine.stats import Stats, units_number
@@ -225,7 +232,8 @@ class ClientNode:
         self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
         self.model.site = self.guard
         refusal = setup_refusal(self.disclosure, self.client_id,
-                                self.model.n_records(self._data))
+                                self.model.n_records(self._data)) or (
+            self._rules_refusal(msg) if msg.get("fit") else None)
         if refusal:
             logger.log(self.log_level, "%s", refusal)
             return {ERROR_KEY: refusal}
@@ -239,7 +247,42 @@ class ClientNode:
             _put(self.state, "model", self.model.init_client_state(self._data))
             self.state.setdefault("engine/initialized", np.array(1.0))
         n = self.model.n_units(self._data)
-        return {"n_units": units_number(n)}
+        return {"n_units": units_number(n), **self._saturation_facts()}
+
+    def _rules_refusal(self, msg: dict[str, Any]) -> str | None:
+        """The saturation and rare-level rules at setup (:func:`setup_rule_refusal`); the
+        saturation rule is left to the noise under differential privacy."""
+        if self.disclosure.is_off:
+            return None
+        private = bool(msg.get("privacy")) or self.privacy is not None
+        key = (id(self._data), self.disclosure, private)
+        if getattr(self, "_rules_key", None) == key and not msg.get("batch_size"):
+            return self._rules_why  # the same data and policy: the same answer
+        from fedlatent.data.categorical import level_counts
+
+        src = self._source
+        levels = [] if src is None else level_counts(
+            getattr(src, "encoding", None), src.feature_names, self._data.X, self._data.weight)
+        levels += self.model.disclosure_levels(self._data)
+        policy = self.disclosure
+        if private:  # the rule on numbers is DP's job then; levels still checked
+            policy = replace(policy, count_scope="aggregate")
+        b = int(msg.get("batch_size") or 0)
+        batch = (None if b <= 0 else
+                 self.model.n_records(self._data, np.arange(min(b, self.model.n_draws(
+                     self._data)))))
+        why = setup_rule_refusal(policy, self.client_id, self.model, self._data, levels, batch)
+        self._rules_key, self._rules_why = key, why
+        return why
+
+    def _saturation_facts(self) -> dict[str, int]:
+        """What the server's saturation check of an aggregate needs (secure aggregation):
+        the free numbers of one reply, this client's records and their width."""
+        F = self.model.reply_numbers(self._data)
+        if F is None or self.disclosure.count_scope != "aggregate":
+            return {}
+        return {"reply_numbers": int(F), "n_records": int(self.model.n_records(self._data)),
+                "record_width": int(self.model.record_width(self._data))}
 
     def _setup_privacy(self, msg: dict[str, Any]) -> None:
         """Differential privacy as the setup message sets it: calibrate, clip the data once."""
@@ -274,16 +317,29 @@ class ClientNode:
         refusal = check_counts(self.disclosure, self.client_id, n_rec,
                                "the statistic of this step" if rows is None
                                else "a mini-batch statistic")
+        if not refusal and rows is None and not self.disclosure.is_off:  # (a setup that did
+            refusal = self._rules_refusal({})  # not say it was a fit's: checked here)
+        if not refusal and self.privacy is None and self.disclosure.count_scope == "client":
+            refusal = check_reply_numbers(
+                self.disclosure, f"client {self.client_id!r}",
+                self.model.reply_numbers(self._data), n_rec,
+                self.model.record_width(self._data),
+                "the round statistic" if rows is None else "a mini-batch statistic")
         if refusal:
             raise DisclosureRefused(refusal)
         mstate = _sub(self.state, "model")
         step = self.model.client_stats(params, self._data, mstate, rng, rows)
-        step.stats, small = suppress_blocks(self.disclosure, step.stats,
-                                            self.model.disclosure_blocks(step.stats))
+        blocks = self.model.disclosure_blocks(step.stats)
+        step.stats, small = suppress_blocks(self.disclosure, step.stats, blocks)
+        if blocks is not None and self.privacy is None:  # (DP's noise covers differences)
+            step.stats, diff = suppress_differences(self.disclosure, step.stats, blocks[1],
+                                                    self.model.disclosure_members(step.stats),
+                                                    self.state)
+            small = small + diff
         if small:
             logger.debug("client %r: blocks %s over fewer than min_records_per_block=%d "
-                         "records suppressed", self.client_id, small,
-                         self.disclosure.min_records_per_block)
+                         "records (alone or differenced with earlier blocks) suppressed",
+                         self.client_id, small, self.disclosure.min_records_per_block)
         if commit:
             _put(self.state, "model", step.state)
         return step

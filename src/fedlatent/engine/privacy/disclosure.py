@@ -32,6 +32,65 @@ and pass, as in DataSHIELD (``0 < n < nfilter.tab`` is the disclosive range).
 With secure aggregation the server sees only the sum over a round's participants, so
 :func:`effective` moves the count rules from each client to that aggregate
 (:func:`check_aggregate`).
+
+Rules on what a reply determines (issue 22)
+-------------------------------------------
+A count threshold does not bound how many numbers a reply determines: three rows in two
+dimensions are six unknowns, and a two-component mixture's soft sums ``(nk, sum r x,
+sum r x x^T)`` over them are twelve numbers, enough to solve for the rows. Four rules bound
+what a reply determines:
+
+**Saturation** (:func:`check_reply_numbers`, anchored on ``nfilter.glm``). A reply of the
+round carries ``F`` free numbers: the entries of its statistic blocks, a symmetric matrix
+counted once (``K (1 + d + d (d + 1) / 2)`` for a full Gaussian mixture); the model declares
+``F`` through :meth:`FederatedModel.reply_numbers` (so a new model declares its own). The
+reply summarizes ``n`` records of ``w`` values each (:meth:`FederatedModel.record_width`: the
+features, plus the target of a regression). It is refused when
+``F > max_parameters_per_record * n * w``: then fewer than three values of the records stand
+behind each number, and the reply can be solved for them. Per client without secure
+aggregation (each client checks at setup, for its full pass and, when the setup carries it,
+its mini-batch; and every reply it computes); under secure aggregation per aggregate: at
+setup the server checks ``F`` against the records of the smallest cohort that can ever be
+unmasked (the ``threshold`` smallest clients). Both happen before the first round. Not
+applied under differential privacy (the noise covers what the numbers determine).
+
+*One reply, not the fit's replies.* The rule counts one reply, as ``glmDS2`` counts one
+call. Rounds re-query the same records at new parameters, so an attacker solving all the
+rounds jointly has ``T F`` equations in the same ``n w`` unknowns. The totals
+``sum_k (nk, sum r x, sum r x x^T)`` are the same in every round (they repeat, they add
+nothing); what changes is the split over components, a non-linear function of the rows
+through the broadcast parameters, and EM's rounds converge, so late rounds' equations are
+nearly dependent on early ones. Counting the fit's replies would refuse every fit of more than
+``1 / 0.33`` rounds on any client of realistic size. With the per-reply rule no single reply
+(nor the initialization's) can be solved for the records; a joint solve needs at least
+``1 / max_parameters_per_record`` rounds at parameters far enough apart and a non-linear
+solver started near the rows. That is not a proof it fails: the defences with a bound are
+secure aggregation (the rule then covers a cohort's records) and differential privacy (the
+accountant composes every round).
+
+**Rare levels** (:func:`check_level_counts`, ``nfilter.tab``). A category level held by one
+record gives that record's row back from any sum that carries its indicator (``sum r x
+x_j`` over the records with the level). Every level of a one-hot encoded column, and every
+category of a latent class analysis variable, must be held by 0 or at least
+``min_records_per_block`` of a client's records; the client refuses the setup otherwise,
+naming the column and the level (merge rare levels before encoding). Checked per client even
+under secure aggregation: a client's level counts of 0 or >= 3 make every cohort's, whatever
+its participants, dropouts included.
+
+**Differencing of blocks** (:func:`fedlatent.engine.privacy.enforce.suppress_differences`).
+A model whose blocks are sums over hard-labelled subsets (HLCR's cluster blocks) releases, over
+the rounds, many sums over overlapping subsets of the same records; any linear combination of
+them is known to the server. A block is suppressed (sent as zeros) when, with the agent's
+blocks released before it, some combination would be a sum over fewer than
+``min_records_per_block`` records (one entity of one or two events, or two one-event
+entities: complete for thresholds up to 3).
+
+**Cohorts under secure aggregation** (:meth:`Federation` refuses the setting). With partial
+participation and no control variates every round's aggregate carries the participants' full
+statistics, whose totals do not change; aggregates over different cohorts are then a linear
+system in each client's totals (40 rounds give every client's ``sum x``, and a one-row
+client's row). That combination is refused up front; control variates (the replies are then
+differences that cancel the totals), full participation or differential privacy avoid it.
 """
 
 from __future__ import annotations
@@ -47,8 +106,11 @@ __all__ = [
     "check_aggregate",
     "check_counts",
     "check_learner",
+    "check_level_counts",
     "check_levels",
+    "check_reply_numbers",
     "check_saturation",
+    "free_numbers",
     "check_tree_leaves",
     "effective",
 ]
@@ -244,3 +306,91 @@ def check_levels(policy: DisclosurePolicy, client: str, n_levels: int, n_records
             f"{_fmt(n_records)} record(s), denser than max_levels_density={limit:g} "
             f"(DataSHIELD nfilter.levels.density); the levels are not sent. Group rare levels "
             f"or raise DisclosurePolicy(max_levels_density=...); {_OFF_HINT}")
+
+
+def free_numbers(shapes, symmetric=()) -> int:
+    """The free numbers of statistic blocks of the given shapes: every entry, except that a
+    block named in ``symmetric`` (its last two axes a symmetric matrix) counts each pair once.
+
+    Parameters
+    ----------
+    shapes : dict of str to tuple of int
+        The blocks' shapes (``stat_shapes``).
+    symmetric : iterable of str
+        The blocks whose last two axes are a symmetric matrix (``sum r x x^T``); name only
+        those (a diagonal block of shape (K, d) with ``K == d`` is not one).
+    """
+    total = 0
+    for name, shape in shapes.items():
+        shape = tuple(int(s) for s in shape)
+        size = int(np.prod(shape)) if shape else 1
+        if name in symmetric and len(shape) >= 2 and shape[-1] == shape[-2]:
+            p = shape[-1]
+            size = size // (p * p) * (p * (p + 1) // 2) if p else 0
+        total += size
+    return total
+
+
+def check_reply_numbers(policy: DisclosurePolicy, who: str, n_numbers: int | None,
+                        n_records: float, width: int, what: str) -> str | None:
+    """Refusal text if a reply carries too many free numbers for the records it summarizes
+    (the saturation rule: ``n_numbers > max_parameters_per_record * n_records * width``,
+    DataSHIELD's ``nfilter.glm``), else ``None``.
+
+    Parameters
+    ----------
+    policy : DisclosurePolicy
+    who : str
+        Who sends it (``"client 'c1'"``, or the smallest cohort under secure aggregation).
+    n_numbers : int or None
+        The free numbers one reply carries (``FederatedModel.reply_numbers``; None: the model
+        declares none, nothing is checked).
+    n_records : float
+        The records the reply is a sum over.
+    width : int
+        The values each record holds (``FederatedModel.record_width``).
+    what : str
+        What the reply is ("the round statistic").
+    """
+    limit = policy.max_parameters_per_record
+    cells = float(n_records) * int(width)
+    if n_numbers is None or cells <= 0 or n_numbers <= limit * cells:
+        return None
+    need = math.ceil(n_numbers / (limit * max(int(width), 1)))
+    return (f"{who}: {what} carries {n_numbers} free numbers about {_fmt(n_records)} "
+            f"record(s) of {width} value(s), more than max_parameters_per_record={limit:g} per "
+            f"value (DataSHIELD nfilter.glm): the records could be solved for, so it is not "
+            f"sent. Merge sites to at least {need} records, use "
+            f"Federation(secure_aggregation=True) (the rule then covers a cohort's records) or "
+            f"differential privacy (Federation(privacy=...)), or fit fewer numbers (fewer "
+            f"components or features, covariance_type='diag'); {_OFF_HINT}")
+
+
+def check_level_counts(policy: DisclosurePolicy, client: str, column: str, levels,
+                       counts) -> str | None:
+    """Refusal text if a level of a categorical column is held by ``0 < n <
+    min_records_per_block`` of the client's records (its indicator would give those records
+    back; DataSHIELD's ``nfilter.tab`` on a table's cells), else ``None``.
+
+    Parameters
+    ----------
+    policy : DisclosurePolicy
+    client : str
+    column : str
+        The column (or variable) the levels are of.
+    levels : sequence of str
+        The level names, in the order of ``counts``.
+    counts : array_like of shape (n_levels,)
+        Records of the client holding each level.
+    """
+    counts = np.asarray(counts, dtype=np.float64).ravel()
+    t = policy.min_records_per_block
+    bad = np.flatnonzero((counts > 0) & (counts < t))
+    if bad.size == 0:
+        return None
+    names = ", ".join(f"{str(levels[i])!r} ({_fmt(counts[i])})" for i in bad[:5])
+    return (f"client {client!r}: column {column!r} has level(s) {names} held by fewer than "
+            f"min_records_per_block={t} record(s) (DataSHIELD nfilter.tab); any sum carrying "
+            f"their indicator gives those records back, so nothing is sent. Merge rare levels "
+            f"into a common one on every client before encoding (e.g. df[{column!r}].replace"
+            f"(..., 'other')), or drop the column; {_OFF_HINT}")

@@ -18,12 +18,14 @@ No runtime and no model special-cases an exchange: a runtime only carries messag
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 from fedlatent.engine.protocol.messages import (
     ERROR_KEY,
     ClientReplyError,
@@ -38,7 +40,8 @@ from fedlatent.engine.protocol.messages import (
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.stats import units_number
 
-__all__ = ["Expect", "Replies", "RowReplies", "array", "ask", "number", "setup_clients", "text"]
+__all__ = ["Expect", "Replies", "RowReplies", "array", "ask", "cohort_refusal", "number",
+           "setup_clients", "text"]
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +249,9 @@ def _checked(c: str, reply, expect) -> dict[str, Any]:
 
 
 def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
-                  privacy_releases: int = 0, run: str | None = None) -> dict[str, int]:
+                  privacy_releases: int = 0, run: str | None = None, *,
+                  batch_size: int | None = None, cohort: int | None = None,
+                  fit: bool = False) -> dict[str, int]:
     """Send every client the model's name and config and the disclosure policy (None: the
     default, on), and the differential-privacy setting with the number of releases the fit
     plans (None: not private); return each client's number of units.
@@ -255,11 +260,15 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     pickle crosses). A client the policy keeps from answering anything (fewer records than
     ``min_records``) refuses here, before the first round, and the fit stops naming it.
     ``run`` labels the fit for the sites' ledgers (a site fixes a run's plan at its first
-    setup; a resumed fit sends the same label).
+    setup; a resumed fit sends the same label). ``batch_size``: the fit's mini-batch, whose
+    replies each client's saturation check covers too. ``cohort``: under secure aggregation,
+    the fewest clients an aggregate can cover (the threshold); the saturation rule is then
+    checked on the records of the ``cohort`` smallest clients (:func:`cohort_refusal`).
+    ``fit``: the setup is a fit's (its clients check the saturation and rare-level rules now,
+    before the first round; any client also checks them on its first round statistic).
     """
     import json
 
-    from fedlatent.engine.privacy.disclosure import DisclosurePolicy
     from fedlatent.engine.privacy.enforce import policy_to_json
 
     msg = {"model": model.name, "model_config": json.dumps(model.get_config()),
@@ -269,6 +278,10 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
         msg["privacy_releases"] = int(privacy_releases)
     if run is not None:
         msg["run"] = str(run)
+    if cohort is not None or batch_size is not None or fit:
+        msg["fit"] = 1  # the rules on what a fit's replies determine, checked at setup
+    if batch_size:
+        msg["batch_size"] = int(batch_size)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()},
                   model=model)
     ids = runtime.client_ids
@@ -281,4 +294,43 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     empty = np.flatnonzero(np.asarray(units) <= 0)
     if empty.size:
         raise FederatedFitError(f"client {ids[int(empty[0])]!r} has no units to fit")
+    if cohort is not None and privacy is None:
+        if isinstance(replies, RowReplies):  # (a runtime answers at once only client-scoped)
+            raise FederatedFitError("setup: the cohort rule needs every client's own reply")
+        why = cohort_refusal(disclosure or DisclosurePolicy(), replies, int(cohort))
+        if why:
+            raise FederatedFitError(why)
     return n_units
+
+
+def cohort_refusal(disclosure, replies: Mapping[str, Mapping[str, Any]],
+                   cohort: int) -> str | None:
+    """Under secure aggregation: why the smallest aggregate the protocol can unmask (the
+    ``cohort`` clients with the fewest records) carries too many free numbers for its records
+    (:func:`~fedlatent.engine.privacy.disclosure.check_reply_numbers`), or None. ``replies``
+    are the setup replies (``reply_numbers``, ``n_records``, ``record_width`` of each)."""
+    from fedlatent.engine.privacy.disclosure import check_reply_numbers
+
+    facts = {c: f for c, f in ((c, _facts(r)) for c, r in replies.items()) if f}
+    if not facts or disclosure.count_scope != "aggregate":
+        return None
+    numbers = max(f[0] for f in facts.values())
+    width = min(f[2] for f in facts.values())
+    order = sorted(facts, key=lambda c: facts[c][1])[:max(int(cohort), 1)]
+    records = sum(facts[c][1] for c in order)
+    names = ", ".join(repr(str(c)) for c in order[:5]) + (", ..." if len(order) > 5 else "")
+    return check_reply_numbers(
+        disclosure, f"the smallest aggregate secure aggregation can unmask ({len(order)} "
+        f"client(s): {names})", numbers, records, width, "a round's sum")
+
+
+def _facts(reply: Mapping[str, Any]) -> tuple[int, float, int] | None:
+    """``(reply_numbers, n_records, record_width)`` of a setup reply, None when it has none
+    or they are not finite non-negative numbers (then the client is not counted)."""
+    try:
+        F, n, w = (float(reply[k]) for k in ("reply_numbers", "n_records", "record_width"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) and v >= 0 for v in (F, n, w)):
+        return None
+    return int(F), n, int(w)

@@ -47,13 +47,27 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
 
         privacy = PrivacyBudget(federation.privacy.calibrate(
             planned_releases(max_rounds, 1, int(init_releases))))
+    cohort = None
+    if federation.secure_aggregation:  # the smallest cohort an aggregate can cover
+        from fedlatent.engine.secagg.secure import default_threshold
+
+        cohort = (federation.secagg_threshold or
+                  default_threshold(len(runtime.client_ids)))
     n_units = setup_clients(runtime, model, effective(federation.disclosure,
                                                       federation.secure_aggregation),
                             federation.privacy,
-                            0 if privacy is None else privacy.calibration.releases, run=run)
+                            0 if privacy is None else privacy.calibration.releases, run=run,
+                            batch_size=_batch_size(federation), cohort=cohort, fit=True)
     secure = None
     if federation.secure_aggregation and open_secure:
         from fedlatent.engine.secagg.secure import open_channel
 
         secure = open_channel(runtime, federation, n_units, max_rounds)
     return FitSetup(n_units, secure, privacy)
+
+
+def _batch_size(federation: Federation) -> int | None:
+    """The fit's mini-batch (``batch_size``, or SPIDER's), None for full passes."""
+    vr = federation.variance_reduction
+    b = federation.batch_size if vr is None else getattr(vr, "batch_size", None)
+    return None if b is None else int(b)

@@ -207,11 +207,40 @@ class InProcessRuntime(Runtime):
             why = setup_refusal(policy, self._ids[i], int(units[i]))
             if why:
                 errors[i] = why
+        if msg.get("fit") and not policy.is_off:  # the rules on what a reply determines
+            rules = self._rules_rows(model, policy, msg, units)
+            if rules is None:
+                return None
+            errors = {**rules, **errors}
         self._load_batch()
         self._batch.mark_setup()
         self._pending_setup = self._setup_msg = msg
         self.batched_calls += 1
         return iter([(np.arange(len(self._ids)), {"n_units": units.astype(np.float64)}, errors)])
+
+    def _rules_rows(self, model, policy, msg: dict[str, Any], units: np.ndarray):
+        """The saturation rule of a fit's setup for every client at once (``{position:
+        refusal}``, as each client's own setup check words it), or None where the clients must
+        check themselves: rare levels to count (encoded columns, the model's own categorical
+        variables), mini-batches, or a scope other than the client's."""
+        from fedlatent.engine.privacy.disclosure import check_reply_numbers
+
+        if (getattr(self._fd, "encoding", None) is not None or msg.get("batch_size")
+                or policy.count_scope != "client"
+                or type(model).disclosure_levels is not FederatedModel.disclosure_levels):
+            return None
+        first = self._fd[self._ids[0]]  # the default hooks: the same numbers for every client
+        F, w = model.reply_numbers(first), int(model.record_width(first))
+        if F is None:
+            return {}
+        bad = np.flatnonzero((units > 0) & (F > policy.max_parameters_per_record * units * w))
+        out = {}
+        for i in bad.tolist():
+            why = check_reply_numbers(policy, f"client {self._ids[i]!r}", F, int(units[i]), w,
+                                      "the round statistic")
+            if why:
+                out[i] = why
+        return out
 
     def _rebuilt(self, msg: dict[str, Any]):
         """``(model, policy)`` a client rebuilds from setup message ``msg`` (cached)."""

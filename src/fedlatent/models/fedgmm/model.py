@@ -179,6 +179,22 @@ class FedGMMModel(FederatedModel):
             return (sx / nk[:, None]).T @ sx
         return sx**2 / nk[:, None]
 
+    def reply_numbers(self, data: ClientData) -> int:
+        """The Gaussian blocks as a Gaussian mixture's, the learners' weights and their
+        Newton sums (or refitted parameters)."""
+        from ...engine.privacy.disclosure import free_numbers
+
+        d = int(data.n_features)
+        learner = self.learner(d)
+        P = (self.K - 1) * (d + 1) if learner is None else int(learner.n_params)
+        coef = np.zeros((self.M2, max(P, 1)))
+        shapes = self.stat_shapes({"means": np.zeros((self.M1, d)), "coef": coef})
+        return free_numbers(shapes, ("sxx", "lH"))
+
+    def record_width(self, data: ClientData) -> int:
+        """A record's features and its label."""
+        return int(data.n_features) + 1
+
     def stat_shapes(self, params):
         M1, d = params["means"].shape
         sxx = {"full": (M1, d, d), "tied": (d, d), "diag": (M1, d), "spherical": (M1, d)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...data.dataset import ClientData
 from ...engine.contract.model import ClientStep, FederatedModel, Params, payload_params
 from ...engine.contract.registry import register_model
 from ...engine.protocol.messages import count_problem, psd_problem
@@ -149,6 +150,15 @@ class GMMModel(FederatedModel):
             R = dp.clip + float(np.linalg.norm(c - dp.center_for(c.size)))
             return {f"stat/{k}": v for k, v in gmm_sensitivity(R).items()}
         return None
+
+    def reply_numbers(self, data: ClientData) -> int:
+        """``K (1 + d + d (d + 1) / 2)`` for full covariances (tied: one ``d x d`` block;
+        diagonal, spherical: ``K (1 + 2 d)``)."""
+        from ...engine.privacy.disclosure import free_numbers
+
+        d = int(data.n_features)
+        sym = ("sxx",) if self.cov_type in ("full", "tied") else ()
+        return free_numbers(self.stat_shapes({"means": np.zeros((self.K, d))}), sym)
 
     def stat_shapes(self, params):
         K, d = params["means"].shape

@@ -11,15 +11,16 @@ from ...engine.contract.registry import Case, Example
 def _default():
     import fedlatent as fl
 
+    # agents of 29 to 61 events: their cluster blocks pass the saturation rule (issue 22)
     return fl.datasets.make_synthhlcr(n_agents=5, n_entities=8, n_clusters=2, n_features=3,
-                                      events_per_entity=5, random_state=0)
+                                      events_per_entity=8, random_state=0)
 
 
 def _sites():
     import fedlatent as fl
 
     return fl.datasets.make_synthhlcr(n_agents=3, n_entities=9, entities_per_agent=4,
-                                      events_per_entity=8, n_clusters=2, n_features=3,
+                                      events_per_entity=12, n_clusters=2, n_features=3,
                                       sigma=0.5, random_state=3)
 
 
@@ -27,7 +28,7 @@ def _saved_data():
     import fedlatent as fl
 
     return fl.datasets.make_synthhlcr(n_agents=6, n_entities=6, entities_per_agent=2,
-                                      events_per_entity=10, n_clusters=2, n_features=2,
+                                      events_per_entity=16, n_clusters=2, n_features=2,
                                       sigma=0.3, random_state=0)
 
 

@@ -305,6 +305,30 @@ class HLCRModel(FederatedModel):
         names = (*_STAT_NAMES, "u2") if self.random_intercept else _STAT_NAMES
         return (np.asarray(stats["n_events"]) if blocks is None else blocks), tuple(names)
 
+    def disclosure_members(self, stats):
+        """The entities of each cluster block of the last step (``n_events`` of an entity:
+        its records; with frequency weights, its rows of positive weight)."""
+        members = getattr(self, "_members", None)
+        if members is None:
+            return None
+        E, rows, zr, records = members
+        out = np.zeros((self.K, E), dtype=bool)
+        out[zr, rows] = True
+        return out, records
+
+    def reply_numbers(self, data: ClientData) -> int:
+        """Per non-empty cluster block (at most one per entity): ``XtX`` (symmetric), ``Xty``,
+        ``yty``, ``n_events``, ``n_entities``, ``sse`` (and ``u2``)."""
+        from fedlatent.engine.privacy.disclosure import free_numbers
+
+        per_block = free_numbers({"XtX": (self.F, self.F), "Xty": (self.F,)}, ("XtX",))
+        per_block += 4 + int(self.random_intercept)
+        return min(self.K, max(self.n_units(data), 1)) * per_block
+
+    def record_width(self, data: ClientData) -> int:
+        """An event's features and its target."""
+        return int(data.n_features) + 1
+
     def init_client_state(self, data: ClientData) -> dict[str, np.ndarray]:
         return {"labels": np.full(self.n_units(data), -1, dtype=np.int64)}
 
@@ -349,6 +373,8 @@ class HLCRModel(FederatedModel):
             objective += log_det_correction(n, self.rho_of(params))
         self._block_records = (None if self._records is None  # weighted: records per block
                                else onehot.T @ self._records[rows])
+        records = self._entity_stats(data)[4] if self._records is None else self._records
+        self._members = (E, rows, zr, np.asarray(records, dtype=np.float64))
         return ClientStep(stats, len(rows), objective, {"labels": z})
 
     def batch_units(self, datas):

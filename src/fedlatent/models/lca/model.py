@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...data.dataset import ClientData
 from ...engine.contract.mixture import MixtureModel
 from ...engine.contract.model import ClientStep, payload_params
 from ...engine.contract.registry import register_model
@@ -74,6 +75,25 @@ class LCAModel(MixtureModel):
         fw = data.weight  # rows weighted by their frequency weights
         return Stats(lca_statistics(self._codes(data), resp if fw is None
                                     else resp * fw[:, None]))
+
+    def reply_numbers(self, data: ClientData) -> int:
+        """Per class: ``nk`` and the counts of each category of each variable (with complete
+        answers a variable's counts sum to ``nk``: one of them is not free)."""
+        per_class = sum(self.n_categories) - (0 if self.missing else len(self.n_categories))
+        return self.K * (1 + per_class)
+
+    def disclosure_levels(self, data: ClientData):
+        """Records holding each category of each variable (a category of one record gives
+        its responsibilities, and with them its other answers, back)."""
+        X = np.asarray(data.X, dtype=np.float64)
+        rec = np.ones(len(X), dtype=bool) if data.weight is None else data.weight > 0
+        out = []
+        for j, R in enumerate(self.n_categories):
+            col = X[rec, j]
+            col = col[~np.isnan(col)].astype(np.int64)
+            counts = np.bincount(col[(col >= 0) & (col < R)], minlength=R).astype(np.float64)
+            out.append((f"variable {j}", [str(r) for r in range(R)], counts))
+        return out
 
     def stat_shapes(self, params):
         K, total = np.shape(params["probs"])

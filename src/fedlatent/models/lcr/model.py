@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...data.dataset import ClientData
 from ...engine.contract.mixture import MixtureModel
 from ...engine.contract.model import ClientStep, Params, payload_params
 from ...engine.contract.registry import register_model
@@ -166,6 +167,18 @@ class LCRModel(MixtureModel):
         return super().client_query(name, payload, data, state, rng)
 
     # ---- server side ------------------------------------------------------------------------
+    def reply_numbers(self, data: ClientData) -> int:
+        """Per component: ``nk``, ``sum r x~ x~^T`` (symmetric), ``sum r x~ y``, ``sum r y^2``
+        with ``x~`` the features and the intercept."""
+        from ...engine.privacy.disclosure import free_numbers
+
+        p = int(data.n_features) + int(self.fit_intercept)
+        return free_numbers(lcr_stat_shapes(self.K, p), ("sxx",))
+
+    def record_width(self, data: ClientData) -> int:
+        """A record's features and its target."""
+        return int(data.n_features) + 1
+
     def stat_shapes(self, params):
         return lcr_stat_shapes(self.K, params["beta"].shape[1])
 
