@@ -35,7 +35,7 @@ from fedlatent.engine.privacy.attacks import rows_from_two_records
 from fedlatent.engine.protocol.messages import unpack
 
 __all__ = ["Attack", "Guess", "attack", "client_statistics", "full_recovery_error",
-           "joint_diagonalize", "recovery_errors"]
+           "joint_diagonalize", "nonlinear_least_squares", "recovery_errors"]
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,11 @@ def _numeric(reply: dict[str, Any]) -> dict[str, np.ndarray]:
     return out
 
 
-def replay_residuals(adapter, tr, client: str, rows: np.ndarray) -> np.ndarray:
-    """Every recorded clear reply of ``client`` minus what a client holding ``rows`` would
-    have sent to the same messages (relative to the recorded value's size)."""
+def replay_residuals(adapter, tr, client: str, rows: np.ndarray,
+                     methods: tuple[str, ...] | None = None) -> np.ndarray:
+    """Every recorded clear reply of ``client`` (of ``methods``; None: all) minus what a client
+    holding ``rows`` would have sent to the same messages (relative to the recorded value's
+    size). Every message is replayed, in order, so the client's state evolves as it did."""
     from fedlatent.engine.node.client import ClientNode
 
     node = ClientNode(client, adapter.client_data(rows))
@@ -197,6 +199,8 @@ def replay_residuals(adapter, tr, client: str, rows: np.ndarray) -> np.ndarray:
             mine = _numeric(node.handle(e.method, e.down))
         except Exception:  # noqa: BLE001 - a candidate the client could not hold
             return np.full(1, 1e6)
+        if methods is not None and e.method not in methods:
+            continue
         for k, v in _numeric(e.up).items():
             m = mine.get(k)
             if m is None or np.shape(m) != v.shape:
@@ -206,24 +210,54 @@ def replay_residuals(adapter, tr, client: str, rows: np.ndarray) -> np.ndarray:
     return np.concatenate(res) if res else np.zeros(1)
 
 
+class _OutOfTime(Exception):
+    pass
+
+
+def _tracked(adapter, tr, client, shape, best: dict, deadline: float):
+    """The rounds' replay residuals of rows ``v`` (flat), the best point kept in ``best``;
+    :class:`_OutOfTime` past ``deadline``."""
+    import time
+
+    def fun(v):
+        if time.monotonic() > deadline:
+            raise _OutOfTime
+        res = replay_residuals(adapter, tr, client, v.reshape(shape), ("estep",))
+        cost = 0.5 * float(res @ res)
+        if cost < best["cost"]:
+            best.update(cost=cost, x=v.copy())
+        return res
+
+    return fun
+
+
 def nonlinear_least_squares(adapter, tr, client: str, start: np.ndarray, spread: np.ndarray,
-                            restarts: int = 2, seed: int = 0) -> list[Guess]:
-    """Rows of ``client`` minimizing :func:`replay_residuals`, started at its released mean
-    ``start`` (n, p) spread by ``spread`` (p,), ``restarts`` times."""
+                            restarts: int = 2, seed: int = 0,
+                            budget: float = 3.0) -> list[Guess]:
+    """Rows of ``client`` minimizing :func:`replay_residuals` over the rounds' replies (their
+    responsibilities are smooth functions of the rows; the hard-label and k-means queries are
+    not), started at its released mean ``start`` (n, p) spread by ``spread`` (p,),
+    ``restarts`` times, within ``budget`` seconds in all (the best point so far is kept)."""
+    import time
+
     from scipy.optimize import least_squares
 
     rng = np.random.default_rng(seed)
+    deadline = time.monotonic() + budget
     out = []
     for r in range(restarts):
         x0 = start + (0.0 if r == 0 and len(start) == 1 else 1.0) * rng.normal(
             size=start.shape) * spread
-        fit = least_squares(lambda v: replay_residuals(adapter, tr, client,
-                                                        v.reshape(start.shape)),
-                            x0.ravel(), method="trf", max_nfev=15, xtol=1e-15, ftol=1e-15,
-                            gtol=1e-15)
-        out.append(Guess(f"nonlinear least squares (restart {r}, cost {fit.cost:.2g})",
-                         fit.x.reshape(start.shape)))
-        if fit.cost < 1e-20:
+        best = {"cost": np.inf, "x": x0.ravel()}
+        fun = _tracked(adapter, tr, client, start.shape, best, deadline)
+        try:
+            least_squares(fun, x0.ravel(), method="trf", max_nfev=30, xtol=1e-15, ftol=1e-15,
+                          gtol=1e-15)
+        except _OutOfTime:
+            pass
+        out.append(Guess(f"nonlinear least squares (restart {r}, cost {best['cost']:.2g})",
+                         best["x"].reshape(start.shape)))
+        if best["cost"] < 1e-20 or time.monotonic() > deadline:
             break
     return out
 
@@ -285,8 +319,9 @@ def attack(tr, adapter, *, target: str | None = None, nls: bool = True) -> Attac
 
 
 def _verified(adapter, tr, client, guesses) -> bool:
-    """Whether a guess replays every recorded reply (the attacker can check its own answer)."""
-    return any(np.abs(replay_residuals(adapter, tr, client, g.rows)).max() < 1e-8
+    """Whether a guess replays every round's reply (the attacker can check its own answer; the
+    rounds' sums do not depend on the rows' order, which the attacker cannot know)."""
+    return any(np.abs(replay_residuals(adapter, tr, client, g.rows, ("estep",))).max() < 1e-7
                for g in guesses if g.rows.shape[1] == adapter.row_width)
 
 

@@ -165,10 +165,12 @@ class GMMAdapter(Adapter):
 
 
 class FedGMMAdapter(GMMAdapter):
-    """FedGMM's input mixture sends the Gaussian mixture's statistics (the rows attacked: x)."""
+    """FedGMM's input mixture sends the Gaussian mixture's statistics (the rows attacked: x;
+    the labels y would have to be enumerated to replay a guess: no replay here)."""
 
     name = "fedgmm"
     row_width = 3
+    replayable = False
 
     def case(self, small, seed=0):
         from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
@@ -178,15 +180,11 @@ class FedGMMAdapter(GMMAdapter):
         parts = {c: (fd[c].X, fd[c].y) for c in fd.client_ids}
         X0, y0 = parts[fd.client_ids[0]]
         X = X0[:small] + 0.1 * np.random.default_rng(seed + 1).normal(size=(small, 3))
-        self._y = np.asarray(y0[:small])
-        return Case(_with_small(parts, "small", (X, self._y)), "small", X)
+        return Case(_with_small(parts, "small", (X, np.asarray(y0[:small]))), "small", X)
 
     def estimator(self, federation, rounds):
         return estimator_class("fedgmm")(2, 2, max_rounds=rounds, tol=0.0, random_state=0,
                                          verbose=False, federation=federation)
-
-    def client_data(self, rows):
-        return FederatedDataset.from_arrays({"c": (rows, self._y[: len(rows)])})["c"]
 
 
 # ---- regressions ---------------------------------------------------------------------------
@@ -235,6 +233,7 @@ class HLCRAdapter(Adapter):
 
     name = "hlcr"
     row_width = 4
+    small_rows = 4  # four entities of one event: blocks of three are sent under the defaults
     replayable = False  # labels are drawn: the replay is not smooth in the rows
 
     def case(self, small, seed=0):

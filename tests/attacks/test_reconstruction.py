@@ -3,7 +3,8 @@
 For each model (the registry's list: a new model without an adapter fails here, named):
 
 (a) positive control: ``DisclosurePolicy.off()``, no secure aggregation, a client of 3 rows
-    (SEC: 4, its minimum): the attacker recovers every row of it to 1e-6;
+    (SEC: 4, its minimum; HLCR: 4 entities of one event): the attacker recovers every row of
+    it to 1e-6;
 (b) the library's defaults (no federation argument at all), the same data: no row within 1e-3;
 (c) secure aggregation (``Federation(secure_aggregation=True)``), a client of one row: no row
     within 1e-3;
@@ -20,7 +21,13 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
-from attacks.attacker import attack, full_recovery_error, recovery_errors
+from attacks.attacker import (
+    attack,
+    client_statistics,
+    full_recovery_error,
+    nonlinear_least_squares,
+    recovery_errors,
+)
 from attacks.models import ADAPTERS, adapter_for
 from attacks.transcript import record_fit
 from fedlatent.engine.contract.registry import estimator_names
@@ -118,3 +125,18 @@ def test_positive_control_differencing_of_secure_sums(name):
     assert tr.error is None, f"{name}: the fit stopped: {tr.error}"
     err = full_recovery_error(att.guesses, case.truth)
     assert err < 1e-6, f"{name}: best guess off by {err:.1e}; {_described(att, [err])}"
+
+
+def test_nonlinear_least_squares_alone_recovers_a_three_row_regression_client():
+    """The least squares over the rounds, on its own: candidate rows replayed through the
+    recorded messages, started from the client's released mean (LCR, policy off)."""
+    ad = adapter_for("lcr")
+    case = ad.case(3)
+    tr = record_fit(ad.estimator(_federation("off"), 3), case.fd)
+    kind, fields, msg = next(c for c in client_statistics(tr, case.target) if c[0] == "estep")
+    T = ad.total(kind, fields, msg)
+    n, mean = round(T[0, 0]), T[1:, 0] / T[0, 0]
+    assert n == 3 and np.abs(mean - case.truth.mean(axis=0)).max() < 1e-9
+    spread = np.sqrt(np.diag(T[1:, 1:]) / n - mean**2)
+    guesses = nonlinear_least_squares(ad, tr, case.target, np.tile(mean, (n, 1)), spread)
+    assert full_recovery_error(guesses, case.truth) < 1e-6, [g.method for g in guesses]
