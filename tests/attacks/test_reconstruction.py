@@ -120,7 +120,7 @@ def test_positive_control_differencing_of_secure_sums(name):
     case = ad.case(1)
     fed = fl.Federation(secure_aggregation=True, participation=0.5, control_variates=False,
                         random_state=1, disclosure=fl.DisclosurePolicy.off())
-    tr = record_fit(ad.estimator(fed, ROUNDS["partial"]), case.fd)
+    tr = record_fit(ad.estimator(fed, ROUNDS["partial"], **ad.control_params), case.fd)
     att = attack(tr, ad, target=case.target)
     assert tr.error is None, f"{name}: the fit stopped: {tr.error}"
     err = full_recovery_error(att.guesses, case.truth)

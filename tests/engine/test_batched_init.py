@@ -29,6 +29,9 @@ def _clients(n_clients=40, d=3, seed=0):
     return fl.FederatedDataset.from_arrays(data)
 
 
+# small clients (4 to 15 rows): the saturation rule (tested in test_rules_saturation.py, and
+# below for the batched setup) would refuse them
+@pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("ct", ["full", "tied", "diag", "spherical"])
 def test_batched_start_equals_one_by_one(ct):
     fd = _clients()
@@ -44,6 +47,9 @@ def test_batched_start_equals_one_by_one(ct):
         assert_close(starts[True][k], v, rtol=1e-10, err_msg=k)
 
 
+# small clients (4 to 15 rows): the saturation rule (tested in test_rules_saturation.py, and
+# below for the batched setup) would refuse them
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_batched_fit_equals_one_by_one_and_keeps_states():
     """The whole fit (setup, start, rounds) and the clients' states afterwards (what a
     checkpoint holds) are those of the clients called one by one."""
@@ -65,6 +71,9 @@ def test_batched_fit_equals_one_by_one_and_keeps_states():
             assert_close(states[True][c][k], v, rtol=1e-10, err_msg=f"{c} {k}")
 
 
+# small clients (4 to 15 rows): the saturation rule (tested in test_rules_saturation.py, and
+# below for the batched setup) would refuse them
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_batched_setup_refuses_a_small_client_as_one_by_one():
     data = {f"c{i}": np.random.default_rng(i).normal(size=(8, 2)) for i in range(5)}
     data["c2"] = data["c2"][:2]  # 2 records < min_records=3
@@ -79,6 +88,28 @@ def test_batched_setup_refuses_a_small_client_as_one_by_one():
     assert errors[True] == errors[False]
 
 
+def test_batched_setup_refuses_saturated_clients_as_one_by_one():
+    """The saturation rule at a batched setup: the same clients refused, in the same words, as
+    each client's own setup check (6 numbers about 8 rows of 2 values: 12 > 0.33 * 16 does not
+    pass either way; the 40-row clients pass)."""
+    data = {f"c{i}": np.random.default_rng(i).normal(size=(40, 2)) for i in range(5)}
+    data["c1"], data["c3"] = data["c1"][:8], data["c3"][:9]
+    fd = fl.FederatedDataset.from_arrays(data)
+    errors = {}
+    for batched in (False, True):
+        rt = InProcessRuntime(fd, batched=batched)
+        with pytest.raises(FederatedFitError, match=r"setup: client 'c1': the round statistic "
+                           r"carries 12 free numbers about 8 record\(s\)") as err:
+            fl.FederatedGaussianMixture(2, random_state=0).fit(fd, runtime=rt)
+        errors[batched] = str(err.value)
+        assert "client 'c3'" in errors[batched] and "'c0'" not in errors[batched]
+    assert errors[True] == errors[False]
+    assert rt.batched_calls >= 1  # the batched setup answered
+
+
+# small clients (4 to 15 rows): the saturation rule (tested in test_rules_saturation.py, and
+# below for the batched setup) would refuse them
+@pytest.mark.usefixtures("saturation_rule_off")
 def test_nodes_catch_up_with_a_batched_setup():
     """A client called on its own after a setup made at once has been set up with the same
     message (its model and policy), and answers as it would have."""

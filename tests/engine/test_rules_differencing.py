@@ -76,8 +76,10 @@ def _fit(monkeypatch=None):
     with warnings.catch_warnings():  # 12 sweeps: short chains, by design
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
+        # the paper's model: its blocks are raw sums (the default random intercept scales
+        # each entity's by the round's 1 / (1 + n_e rho), which this linear attack does not undo)
         fl.HLCR(n_clusters=3, random_state=1, max_rounds=12, federation=fed, sigma=1.0,
-                delta=1.0, standardize=False).fit(fd, runtime=rt)
+                delta=1.0, standardize=False, random_intercept=False).fit(fd, runtime=rt)
     return _differencing_attack(_released_blocks(rt.log, "a"), X, y), rt
 
 

@@ -295,11 +295,14 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     if empty.size:
         raise FederatedFitError(f"client {ids[int(empty[0])]!r} has no units to fit")
     if cohort is not None and privacy is None:
-        if isinstance(replies, RowReplies):  # (a runtime answers at once only client-scoped)
-            raise FederatedFitError("setup: the cohort rule needs every client's own reply")
-        why = cohort_refusal(disclosure or DisclosurePolicy(), replies, int(cohort))
-        if why:
-            raise FederatedFitError(why)
+        policy = disclosure or DisclosurePolicy()
+        if isinstance(replies, RowReplies):  # answered at once: only where no rule counts
+            if policy.count_scope == "aggregate" and not policy.is_off:
+                raise FederatedFitError("setup: the cohort rule needs every client's reply")
+        else:
+            why = cohort_refusal(policy, replies, int(cohort))
+            if why:
+                raise FederatedFitError(why)
     return n_units
 
 

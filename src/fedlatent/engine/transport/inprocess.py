@@ -207,6 +207,8 @@ class InProcessRuntime(Runtime):
             why = setup_refusal(policy, self._ids[i], int(units[i]))
             if why:
                 errors[i] = why
+        if policy.count_scope != "client" and not policy.is_off:
+            return None  # the rules on an aggregate need every client's own reply
         if msg.get("fit") and not policy.is_off:  # the rules on what a reply determines
             rules = self._rules_rows(model, policy, msg, units)
             if rules is None:
