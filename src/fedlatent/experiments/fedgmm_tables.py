@@ -18,7 +18,7 @@ from ..baselines import FedAvg, Local, client_accuracy
 from ..data.dataset import ClientData, FederatedDataset
 from ..data.fedgmm_data import label_skew_partition, make_fedgmm_synthetic, split_clients
 from ..models.fedgmm import FedGMM
-from .fedgmm import PAPER_TABLE2_SYNTHETIC, _figure, _fit, fedgmm_synthetic
+from .fedgmm import PAPER, PAPER_TABLE2_SYNTHETIC, _figure, _fit, fedgmm_synthetic
 
 __all__ = ["fedgmm_table2", "fedgmm_label_skew"]
 
@@ -102,12 +102,13 @@ def fedgmm_label_skew(quick: bool = False, out=None, random_state: int = 0,
     test_pool = FederatedDataset.from_arrays({"all": (
         np.vstack([cd.X for s in splits.values() for _, cd in s.test.items()]),
         np.concatenate([cd.y for s in splits.values() for _, cd in s.test.items()]))})["all"]
-    kw = dict(max_rounds=20 if quick else 60, random_state=random_state, verbose=False)
+    kw = dict(federation=PAPER, max_rounds=20 if quick else 60, random_state=random_state,
+              verbose=False)
     rows = []
     for split, s in splits.items():
         one = np.mean([np.unique(cd.y).size == 1 for _, cd in s.train.items()])
-        for name, make in (("FedGMM", lambda: FedGMM(3, 3, **kw)), ("FedAvg", lambda: FedAvg(**kw)),
-                           ("Local", Local)):
+        for name, make in (("FedGMM", lambda: FedGMM(3, 3, **kw)),
+                           ("FedAvg", lambda: FedAvg(**kw)), ("Local", Local)):
             est, _ = _fit(make, s.train)
             glob = (np.nan if name == "Local"
                     else 100 * np.mean(est.predict(test_pool.X) == test_pool.y))
