@@ -15,7 +15,7 @@ from fedlatent.engine.protocol.messages import ClientReplyError, array, check_fi
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 from fedlatent.models.gmm.model import hard_labels
-from tolerance import assert_close
+from tolerance import assert_close, assert_same  # exact: hard labels are integers
 
 
 def _clients(n_clients=40, d=3, seed=0):
@@ -139,7 +139,7 @@ def test_hard_labels_batched_equals_each_client(need):
     policy = fl.DisclosurePolicy(min_records_per_block=need)
     for c in range(C):
         want = hard_labels(d2[c, :sizes[c]], policy)
-        np.testing.assert_array_equal(got[c, :sizes[c]], want, err_msg=f"client {c}")
+        assert_same(got[c, :sizes[c]], want, err_msg=f"client {c}")
 
 
 def _expect():

@@ -14,15 +14,26 @@ from fedlatent.engine.contract.model import client_rng
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 from fedlatent.engine.privacy.enforce import suppress_blocks
 from fedlatent.engine.stats import Stats
+from tolerance import assert_same  # exact: labels are integers
+
+# small agents (16-32 events) with the default random intercept's extra sums: the saturation
+# rule (tests/engine/test_rules_saturation.py) would refuse them; this module tests the sampler
+pytestmark = pytest.mark.usefixtures("saturation_rule_off")
+
 
 RTOL = 1e-12
 
 
 @pytest.fixture(scope="module")
 def fd():
-    return fl.datasets.make_synthhlcr(n_agents=12, n_entities=30, entities_per_agent=5,
-                                      events_per_entity=4, n_clusters=3, n_features=2,
-                                      random_state=5)
+    # entities of 3 events or more: below that an agent's differencing rule keeps state of its
+    # own, and the agents step one by one (tests/engine/test_rules_differencing.py)
+    fd = fl.datasets.make_synthhlcr(n_agents=12, n_entities=30, entities_per_agent=5,
+                                    events_per_entity=12, n_clusters=3, n_features=2,
+                                    random_state=5)
+    assert min(np.unique(np.asarray(fd[c].entity), return_counts=True)[1].min()
+               for c in fd.client_ids) >= 3
+    return fd
 
 
 def _fit(fd, batched: bool, **kw):
@@ -38,7 +49,7 @@ def _fit(fd, batched: bool, **kw):
 def _close(a, b, name):
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     assert a.shape == b.shape, name
-    assert np.array_equal(np.isnan(a), np.isnan(b)), name
+    assert_same(np.isnan(a), np.isnan(b), err_msg=name)
     a, b = a[~np.isnan(b)], b[~np.isnan(b)]
     scale = max(float(np.max(np.abs(b))), 1e-300) if b.size else 1.0
     err = float(np.max(np.abs(a - b))) / scale if b.size else 0.0
@@ -69,8 +80,8 @@ def test_batched_agents_draw_what_the_agents_draw_one_by_one(fd, name):
     many, rt = _fit(fd, True, **dict(kw))
     assert rt1.batched_calls == 0
     assert rt.batched_calls >= many.n_rounds_  # every round of the fit ran batched
-    np.testing.assert_array_equal(many.labels_, one.labels_)
-    np.testing.assert_array_equal(many.draws_labels_, one.draws_labels_)
+    assert_same(many.labels_, one.labels_)
+    assert_same(many.draws_labels_, one.draws_labels_)
     for attr in ("coef_", "intercept_", "precisions_", "c_", "cluster_counts_", "sigma_",
                  "draws_precisions_", "draws_c_", "draws_sigma_", "draws_tau_",
                  "history_log_joint_", "history_train_mse_"):
@@ -85,7 +96,7 @@ def test_batched_agents_draw_what_the_agents_draw_one_by_one(fd, name):
     for cid, cd in fd.items():
         lab = states[cid]["model/labels"]
         assert lab.shape == (len(np.unique(np.asarray(cd.entity))),)
-        np.testing.assert_array_equal(lab, rt1.get_client_states()[cid]["model/labels"])
+        assert_same(lab, rt1.get_client_states()[cid]["model/labels"])
 
 
 def test_batched_step_is_each_agents_step_with_its_blocks_suppressed(fd):
@@ -118,7 +129,7 @@ def test_batched_step_is_each_agents_step_with_its_blocks_suppressed(fd):
         stats, small = suppress_blocks(policy, alone.stats,
                                        model.disclosure_blocks(alone.stats))
         suppressed += len(small)
-        np.testing.assert_array_equal(step.state["labels"][i], alone.state["labels"])
+        assert_same(step.state["labels"][i], alone.state["labels"])
         assert step.n[i] == alone.n
         _close(step.objective[i], alone.objective, "objective")
         for k, v in stats.items():
@@ -147,8 +158,23 @@ def test_vectorized_check_flags_every_agent_check_refuses(fd):
                         is not None for i in range(len(n))])
     assert refused[list(bad)].all() and refused.sum() == len(bad)
     flagged = hlcr_suspects(model, stats, n)
-    np.testing.assert_array_equal(flagged, refused)
+    assert_same(flagged, refused)
     # with a slack: a row flagged only where check, given the same slack, may refuse it
     slack = {k: np.full_like(v, 1e-9) for k, v in stats.items()}
     flagged = hlcr_suspects(model, stats, n, lambda r: {k: v[r] for k, v in slack.items()})
     assert flagged[list(bad)].all() and flagged.sum() == len(bad)
+
+
+def test_agents_with_small_entities_step_one_by_one_under_the_differencing_rule():
+    """An entity of fewer than 3 events: each agent suppresses blocks by the span of those it
+    released before (state of its own), so the in-process runtime does not batch the agents
+    and the fit is the one-by-one fit."""
+    small = fl.datasets.make_synthhlcr(n_agents=6, n_entities=12, entities_per_agent=4,
+                                       events_per_entity=3, n_clusters=2, n_features=2,
+                                       random_state=5)
+    assert min(np.unique(np.asarray(small[c].entity), return_counts=True)[1].min()
+               for c in small.client_ids) < 3
+    many, rt = _fit(small, True, n_clusters=2)
+    one, _ = _fit(small, False, n_clusters=2)
+    assert rt.batched_calls == 0
+    assert_same(many.labels_, one.labels_)  # the same path: labels are integers

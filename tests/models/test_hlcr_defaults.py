@@ -40,6 +40,7 @@ def test_random_intercept_is_on_by_default_wherever_it_is_available(kw, on):
     assert uses_random_intercept(est) is on
 
 
+@pytest.mark.usefixtures("saturation_rule_off")  # small agents, the intercept's sums too
 def test_a_default_fit_learns_the_entity_intercept_and_says_so(synth, tmp_path):
     est = fit(synth, max_rounds=6, n_chains=1)
     assert est.random_intercept_ is True and est.tau_ > 0

@@ -21,6 +21,11 @@ from fedlatent.models.hlcr.scaling import (
 )
 from tolerance import assert_close, assert_same
 
+# small agents (16-32 events) with the default random intercept's extra sums: the saturation
+# rule (tests/engine/test_rules_saturation.py) would refuse them; this module tests the sampler
+pytestmark = pytest.mark.usefixtures("saturation_rule_off")
+
+
 SIGMA = 0.5
 
 

@@ -52,7 +52,7 @@ def _fits():
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def saved(tmp_path_factory, saturation_rule_off_module):  # the examples' small "saved" cases
     """Each model fitted and saved once: ``{name: (prefix, data frame of its data)}``."""
     root = tmp_path_factory.mktemp("models")
     out = {}

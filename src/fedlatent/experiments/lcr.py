@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 FEATURES = ["x", "x2"]
 
 
+#: flexmix's npreg dealt to small clients (about 20 records each: 22 numbers about 63 values),
+#: which the saturation rule (issue 22) refuses at a real site: the reproduction simulates them
+PAPER_CLIENTS = DisclosurePolicy(max_parameters_per_record=math.inf)
+
 def npreg_truth() -> dict[str, np.ndarray]:
     """The NPreg parameters: weights (2,), coef (2, 2) on (x, x^2), intercept (2,), sigma (2,)."""
     return {
@@ -146,9 +150,7 @@ def lcr_flexmix(
     pooled = fd.pooled()
     X, y = pooled.X, pooled.y
 
-    # flexmix's npreg dealt to small clients (about 20 records each: 22 numbers about 63
-    # values), which the saturation rule (issue 22) refuses at a real site: a simulation
-    paper = DisclosurePolicy(max_parameters_per_record=math.inf)
+    paper = PAPER_CLIENTS
     est = LatentClassRegression(2, tol=tol, max_rounds=max_rounds, random_state=random_state,
                                 n_init=1,  # one start: the centralized EM starts there too
                                 federation=Federation(disclosure=paper))

@@ -315,6 +315,12 @@ class FederatedModel(ABC):
         :meth:`client_stats_units` reads them, built once per in-process batch."""
         return None
 
+    def batch_declines(self, batch: Any, policy: DisclosurePolicy) -> bool:
+        """Optional, with ``batched_units``: whether the batched step cannot give these clients'
+        replies under ``policy`` (a rule a client applies by what it released before): then
+        every client steps alone, from the first round. Default False."""
+        return False
+
     def client_stats_units(self, params: Params, batch: Any, idx: np.ndarray,
                            state: ClientState, rngs, policy: DisclosurePolicy):
         """Optional, with ``batched_units``: :meth:`client_stats` (full passes) of the clients

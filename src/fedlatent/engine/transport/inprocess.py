@@ -162,6 +162,8 @@ class InProcessRuntime(Runtime):
             self._batch = BatchedClients(self._ids, [self._fd[c] for c in self._ids], model)
         if self._ids:  # the policy the server sent every client at setup (none has its own)
             self._batch.policy = self._nodes[self._ids[0]].disclosure
+        if model.batched_units and model.batch_declines(self._batch.units, self._batch.policy):
+            return None
         return self
 
     def call_batched(self, method: str, idx: np.ndarray, msg: dict[str, Any], resets=None):

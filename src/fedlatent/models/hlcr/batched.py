@@ -167,6 +167,16 @@ def _suppress(stats: dict[str, np.ndarray], policy) -> None:
             v[small] = 0.0
 
 
+def differencing_applies(policy, n_events: np.ndarray) -> bool:
+    """Whether an agent's differencing rule (:func:`~fedlatent.engine.privacy.enforce.
+    suppress_differences`, kept per agent over the rounds) can act: some entity holds fewer
+    than ``min_records_per_block`` events, under a client-scoped policy."""
+    if policy.is_off or policy.count_scope != "client":
+        return False
+    n = np.asarray(n_events, dtype=np.float64)
+    return bool(np.any((n > 0) & (n < policy.min_records_per_block)))
+
+
 def agents_step(model, params, batch: AgentBatch, idx: np.ndarray, state, rngs,
                 policy) -> BatchStep | None:
     """:meth:`HLCRModel.client_stats` (every entity) of the agents ``idx`` of ``batch``, at

@@ -382,6 +382,13 @@ class HLCRModel(FederatedModel):
 
         return AgentBatch(self, datas)
 
+    def batch_declines(self, batch, policy) -> bool:
+        """An agent whose entity holds fewer than ``min_records_per_block`` events suppresses
+        blocks by the span of those it released before (kept per agent): one by one then."""
+        from .batched import differencing_applies
+
+        return differencing_applies(policy, batch.plain[3])
+
     def client_stats_units(self, params, batch, idx, state, rngs, policy):
         from .batched import agents_step
 
