@@ -125,12 +125,18 @@ def suppress_blocks(policy: DisclosurePolicy, stats: Stats,
     small = np.flatnonzero((counts > 0) & (counts < policy.min_records_per_block))
     if small.size == 0:
         return stats, []
+    return _zeroed(stats, names, small), small.tolist()
+
+
+def _zeroed(stats: Stats, names, blocks) -> Stats:
+    """``stats`` with the blocks ``blocks`` (axis 0) of the statistics ``names`` set to zero
+    (copies; the others shared)."""
     out = dict(stats.items())
     for name in names:
         v = np.array(out[name], dtype=np.float64, copy=True)
-        v[small] = 0.0
+        v[blocks] = 0.0
         out[name] = v
-    return Stats(out, copy=False), small.tolist()
+    return Stats(out, copy=False)
 
 
 def setup_rule_refusal(policy: DisclosurePolicy, client: str, model, data, levels,
@@ -254,9 +260,4 @@ def suppress_differences(policy: DisclosurePolicy, stats: Stats, names: tuple[st
     state[BASIS_KEY], small = _release(Q, M, records, np.asarray(stats[names[0]]), t)
     if not small:
         return stats, []
-    out = dict(stats.items())
-    for name in names:
-        v = np.array(out[name], dtype=np.float64, copy=True)
-        v[small] = 0.0
-        out[name] = v
-    return Stats(out, copy=False), small
+    return _zeroed(stats, names, small), small
