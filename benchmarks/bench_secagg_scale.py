@@ -23,26 +23,12 @@ from unittest import mock
 
 import numpy as np
 
+# the federation and the quorum seed of bench_secure_fit.py (this folder is on sys.path)
+from bench_secure_fit import data, quorum_seed  # noqa: E402
+
 import fedlatent as fl
 import fedlatent.engine.secagg.secure as secure_mod
-from fedlatent.engine.fedem.update import select_active
 from fedlatent.engine.secagg.secure import open_channel
-
-
-def quorum_seed(n: int, rounds: int, p: float = 0.7, seed: int = 7) -> int:
-    """The first seed whose participation draws keep every round above n / 2."""
-    while any(len(select_active(list(range(n)), p, seed, k, False)) <= n // 2
-              for k in range(2, rounds + 1)):
-        seed += 1
-    return seed
-
-
-def data(n_clients: int, seed: int = 0) -> fl.FederatedDataset:
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(0, 3, (3, 4))
-    return fl.FederatedDataset.from_arrays(
-        {f"c{i:05d}": centers[rng.integers(0, 3, 200)] + rng.normal(size=(200, 4))
-         for i in range(n_clients)})
 
 
 def fit(fd, secure: bool, rounds: int):

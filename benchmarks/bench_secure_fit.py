@@ -39,7 +39,7 @@ def data(n_clients: int, seed: int = 0) -> fl.FederatedDataset:
     rng = np.random.default_rng(seed)
     centers = rng.normal(0, 3, (3, 4))
     return fl.FederatedDataset.from_arrays(
-        {f"c{i:03d}": centers[rng.integers(0, 3, 200)] + rng.normal(size=(200, 4))
+        {f"c{i:05d}": centers[rng.integers(0, 3, 200)] + rng.normal(size=(200, 4))
          for i in range(n_clients)})
 
 
