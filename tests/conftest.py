@@ -19,6 +19,26 @@ def _one_blas_thread_for_small_test_problems():
         yield
 
 
+@pytest.fixture(scope="session")
+def one_ray():
+    """One Ray instance for every Flower simulation of a test worker.
+
+    Flower's Ray backend starts Ray for each simulation (``ray.init`` unless Ray is running)
+    and shuts it down after it (``RayBackend.terminate``): 10-40 s a start on 2 busy cores, for
+    about a dozen simulations. Tests that ask for this fixture keep the first instance running
+    (``ray.shutdown`` does nothing while they run) and shut it down once, when the worker's
+    session ends. Each simulation still starts and kills its own actors: only the Ray daemons
+    are shared, and every simulation of the suite asks for the same two CPUs.
+    """
+    ray = pytest.importorskip("ray")
+    real_shutdown = ray.shutdown
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ray, "shutdown", lambda *args, **kwargs: None)
+        yield
+    if ray.is_initialized():
+        real_shutdown()
+
+
 @pytest.fixture
 def blobs_fd():
     return make_blobs_federation()

@@ -163,7 +163,7 @@ def through_a_pipe(words: list[str], arrivals: list[tuple[float, str]]):
 
 
 @pytest.fixture(scope="module")
-def flower_page(tmp_path_factory):
+def flower_page(tmp_path_factory, one_ray):
     """Run every block of the Flower page once (the simulation in this process, ``flower
     local`` through a pipe), recording Flower's log records and warnings."""
     import logging

@@ -1,8 +1,9 @@
 """A real Flower deployment on loopback (superlink + one supernode per client file) gives the
-in-process fit for every model, reports a failed server app, resumes a stopped run from the
-server's checkpoint and the sites' states, survives a crashed supernode, and leaves no process
-behind. One deployment (a module-scoped fixture) serves all of these but the crashed
-supernode, which kills a node of a deployment of its own, at the same time."""
+in-process fit for each message flow (:data:`DEPLOYED_MODELS`), reports a failed server app,
+resumes a stopped run from the server's checkpoint and the sites' states, survives a crashed
+supernode, and leaves no process behind. One deployment (a module-scoped fixture) serves all
+of these but the crashed supernode, which kills a node of a deployment of its own, at the same
+time."""
 
 from __future__ import annotations
 
@@ -296,9 +297,18 @@ def private_case():
 #: in-process fit (the secure private GMM cannot be: a site refuses a noise seed)
 OWN_RUN = {"fedgmm": ("state", state_case)}
 
+#: the models run on the deployment, one per message flow: GMM (EM rounds, as LCR's and LCA's),
+#: HLCR (the agents' sampler state kept across messages), SEC (no round loop: selection and
+#: exchange of learners) and FedGMM (stopped and resumed: :data:`OWN_RUN`). What a deployment
+#: adds to the simulation (gRPC, SuperNodes, node config, one client process per message) does
+#: not depend on the model; every model runs the same ClientApp, reading its node's data file,
+#: on Flower's simulation (tests/flower/test_simulation.py)
+DEPLOYED_MODELS = ("fedgmm", "gmm", "hlcr", "sec")
+
 #: the data sets the deployment's three nodes hold, one file each in the node's directory
 #: (data-path = the directory; an app's data-name picks the file)
-DEPLOYED = {**CASES, "state": state_case, "private": private_case}
+DEPLOYED = {**{n: CASES[n] for n in DEPLOYED_MODELS if n not in OWN_RUN}, "state": state_case,
+            "private": private_case}
 
 #: each SuperNode's site policy (``policy-path``): its own signing key (the ledger's anchor and
 #: its site states signed), DP ceilings and a lifetime budget per data set; the consortium pins
@@ -456,9 +466,9 @@ def runs(deployment):
     private, out["private"] = app_for(deployment, "private", "private", make())
     threads.append(_launch(results, "private", lambda: run_app(private, dep, timeout=1500),
                            out["private"]))
-    # 4. every model
+    # 4. one model per message flow
     apps = {}
-    for name in sorted(set(CASES) - set(OWN_RUN)):
+    for name in sorted(set(DEPLOYED_MODELS) - set(OWN_RUN)):
         _, make = lean(name)
         apps[name], out[name] = app_for(deployment, name, name, make())
         threads.append(_launch(results, name, lambda a=apps[name]: run_app(a, dep, timeout=1500),
@@ -470,10 +480,10 @@ def runs(deployment):
 
 
 @pytest.mark.slow
-def test_every_model_on_one_deployment_equals_inprocess(flwr, runs):
+def test_each_message_flow_on_one_deployment_equals_inprocess(flwr, runs):
     from fedlatent.runtime.flower import load_result
 
-    for name in sorted(CASES):
+    for name in DEPLOYED_MODELS:
         key, case = OWN_RUN.get(name, (name, lambda n=name: lean(n)))
         fd, make = case()
         if isinstance(runs.results[key], BaseException):

@@ -13,7 +13,8 @@ pytest.importorskip("dp_accounting")
 
 import fedlatent as fl  # noqa: E402
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow]
+pytestmark = [pytest.mark.flower, pytest.mark.slow,
+              pytest.mark.usefixtures("one_ray")]  # Ray started once per worker
 
 
 def make(dp):

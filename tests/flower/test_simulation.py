@@ -10,6 +10,7 @@ pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow,
+              pytest.mark.usefixtures("one_ray"),  # Ray started once per worker
               # the cases stop after 2-4 rounds on purpose (fewer messages)
               pytest.mark.filterwarnings("ignore::fedlatent.ConvergenceWarning")]
 

@@ -14,7 +14,8 @@ pytest.importorskip("dp_accounting")
 import fedlatent as fl  # noqa: E402
 from fedlatent.engine.site import Ledger  # noqa: E402
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow]
+pytestmark = [pytest.mark.flower, pytest.mark.slow,
+              pytest.mark.usefixtures("one_ray")]  # Ray started once per worker
 
 
 def test_a_private_fit_on_the_simulation_with_a_policy_per_site_is_on_every_ledger(tmp_path):

@@ -21,7 +21,8 @@ from fedlatent.engine.node.site_state import read_site_state  # noqa: E402
 from fedlatent.engine.site import Ledger  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteKeys  # noqa: E402
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow]
+pytestmark = [pytest.mark.flower, pytest.mark.slow,
+              pytest.mark.usefixtures("one_ray")]  # Ray started once per worker
 
 DELTA = 1e-5
 
