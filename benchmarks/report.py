@@ -110,7 +110,7 @@ SCRIPTS = (
     Script("FedHLCR against the Gibbs sampler", "CPU seconds of the whole default fit "
            "`fl.HLCR()` (every agent each round) against `solver=\"gibbs\"` on SYNTHHLCR "
            "(quick: 40 agents and 600 entities; --full: 130 agents and 2,400 entities)",
-           "bench_hlcr.py", ("--quick",), ()),
+           "bench_hlcr.py", ("--quick", "--gibbs"), ("--gibbs",)),
     Script("Secure aggregation (SecAgg+) against plain", "set-up and round of a secure fit "
            "against the plain per-client round, GMM d = 4, K = 3, p = 0.7, in-process "
            "(10 and 100 clients; --full: 10, 100 and 1,000)", "bench_secagg_scale.py",
