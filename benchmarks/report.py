@@ -44,8 +44,8 @@ ROOT = HERE.parent
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "performance.md"
 DEFAULT_README = ROOT / "README.md"
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
-#: lines of a failed benchmark's error output written under it
-ERROR_LINES = 12
+#: lines of a failed benchmark's error output written under it, and their longest shown
+ERROR_LINES, ERROR_WIDTH = 12, 400
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,8 @@ class Script:
 
 
 SCRIPTS = (
-    Script("Rounds to tolerance", "rounds of plain and accelerated federated EM (SQUAREM) to "
-           "tol 1e-6 against scikit-learn's EM iterations (GMM, K = 4, d = 5, overlapping, 20 "
+    Script("Rounds to tolerance", "rounds of plain and accelerated federated EM to tol 1e-6"
+           " against scikit-learn's EM iterations (GMM, K = 4, d = 5, overlapping, 20 "
            "clients), against flexmix-style EM (LCR), and plain against accelerated (FedGMM, "
            "LCA)", "rounds_to_tol.py", ("--seeds", "1"), ()),
     Script("Whole default fit against scikit-learn", "a whole default fit, initialization "
@@ -117,8 +117,8 @@ SCRIPTS = (
            ("--clients", "10", "100"), ("--clients", "10", "100", "1000")),
     Script("Privacy-utility at epsilon 1", "held-out metric of each DP-capable model at "
            "epsilon 1, delta 1e-5, against the non-private fit on the same data "
-           "(`fl.experiments.privacy_utility`; quick: 10^4 records, one seed; --full: 10^5 "
-           "records, three seeds)", "report.py", ("--privacy-table",),
+           "(`fl.experiments.privacy_utility`; quick: its quick size; --full: 10^5 records, "
+           "three seeds)", "report.py", ("--privacy-table",),
            ("--privacy-table", "--full")),
 )
 
@@ -263,12 +263,12 @@ def captured(stdout: str, final_only: bool) -> list[str]:
 
 def failure(run: Run, lines: int) -> list[str]:
     """A failed benchmark: why, and the last ``lines`` lines of its error output (paths of
-    this checkout shown relative to it)."""
+    this checkout shown relative to it, each line cut at ``ERROR_WIDTH`` characters)."""
     tail = run.stderr.replace(str(ROOT) + os.sep, "").strip().splitlines()[-lines:]
+    tail = [t.rstrip().replace("```", "'''") for t in tail]
+    tail = [t if len(t) <= ERROR_WIDTH else t[:ERROR_WIDTH - 4] + " ..." for t in tail]
     out = [f"**failed**: {run.error}."]
-    if tail:
-        out += ["", "```text", *[t.rstrip().replace("```", "'''") for t in tail], "```"]
-    return out
+    return out + (["", "```text", *tail, "```"] if tail else [])
 
 
 def section(bench: Script, run: Run, full: bool, brief: bool) -> list[str]:
@@ -392,8 +392,9 @@ def main(argv: list[str] | None = None, scripts=SCRIPTS, benches=BENCHES) -> Non
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the quick sizes (the default)")
     size.add_argument("--full", action="store_true", help="issue 23's sizes (an hour or more)")
-    ap.add_argument("--timeout", type=float, default=1800.0,
-                    help="seconds after which a benchmark is stopped and reported as failed")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds after which a benchmark is stopped and reported as failed "
+                    "(default 1800, with --full 7200)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--readme", type=Path, default=DEFAULT_README,
                     help="the file whose performance block is rewritten")
@@ -406,7 +407,8 @@ def main(argv: list[str] | None = None, scripts=SCRIPTS, benches=BENCHES) -> Non
     readme = None if a.no_readme else a.readme
     if readme is not None:  # refuse a README without its markers before an hour of benchmarks
         replace_block(readme.read_text(encoding="utf-8"), "", readme.name)
-    runs, rows = run_all(scripts, benches, a.full, a.timeout)
+    timeout = a.timeout or (7200.0 if a.full else 1800.0)
+    runs, rows = run_all(scripts, benches, a.full, timeout)
     command = "python benchmarks/report.py" + (" --full" if a.full else "")
     write(runs, rows, command, a.full, a.out, readme)
 

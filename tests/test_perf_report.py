@@ -216,3 +216,10 @@ def test_the_privacy_table_prints_epsilon_one_as_markdown_rows(monkeypatch, caps
         "| 0 |",
         "| LCR | mse | 100,000 | 3 | 0.2625 | 0.2500 | 5.00% | 1 |",
         "SEC: skipped (no DP)"]
+
+
+def test_a_failure_shows_the_end_of_its_error_output_cut_to_a_readable_width():
+    run = report.Run(2.0, "| partial |", "first\n" + "x" * 1000 + "\n", "exit code 1 after 2 s")
+    assert report.failure(run, 1) == ["**failed**: exit code 1 after 2 s.", "", "```text",
+                                      "x" * 396 + " ...", "```"]
+    assert report.failure(run, 12)[3] == "first"
