@@ -329,20 +329,19 @@ def privacy_table(full: bool) -> None:
     privacy_utility = import_module("fedlatent.experiments.privacy_utility").privacy_utility
     kw = dict(sizes=(100_000,), n_seeds=3) if full else dict(quick=True)
     table = privacy_utility(epsilons=(1.0,), **kw)
-    table = table[table["epsilon"] == 1.0]
-    settings = table.attrs.get("settings", {})
+    settings, skipped = table.attrs.get("settings", {}), table.attrs.get("skipped", {})
+    rounds = settings.get("max_rounds", "?")
     print(f"epsilon 1, delta {settings.get('delta', 1e-5):g}, {settings.get('noise', '?')} "
           f"noise, {settings.get('n_clients', '?')} clients, rounds: "
-          f"{settings.get('max_rounds', '?')}; held-out metric of the private and the "
-          "non-private fit on the same data and seeds")
+          f"{'each fit its default plan' if rounds is None else rounds}; held-out metric of "
+          "the private and the non-private fit on the same data and seeds"
+          + "".join(f"; {name} skipped ({why})" for name, why in skipped.items()))
     print("| model | metric | records | seeds | private | non-private | relative loss "
           "| failed fits |")
     print("|---|---|---|---|---|---|---|---|")
-    for r in table.itertuples():
+    for r in table[table["epsilon"] == 1.0].itertuples():
         print(f"| {r.model} | {r.metric} | {r.n_records:,} | {r.n_seeds} | {r.value:.4f} | "
               f"{r.nonprivate:.4f} | {100 * r.relative_loss:.2f}% | {r.failed} |")
-    for name, reason in table.attrs.get("skipped", {}).items():
-        print(f"{name}: skipped ({reason})")
 
 
 def run_ratio(bench: Bench, full: bool, timeout: float | None) -> tuple[dict[str, str], float]:

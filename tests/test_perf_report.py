@@ -212,12 +212,13 @@ def test_the_privacy_table_prints_epsilon_one_as_markdown_rows(monkeypatch, caps
     report.main(["--privacy-table", "--full"])
     out = capsys.readouterr().out.splitlines()
     assert asked == {"epsilons": (1.0,), "sizes": (100_000,), "n_seeds": 3}
-    assert out[0].startswith("epsilon 1, delta 1e-05, distributed noise, 10 clients, rounds: 10")
+    assert out[0] == ("epsilon 1, delta 1e-05, distributed noise, 10 clients, rounds: 10; "
+                      "held-out metric of the private and the non-private fit on the same data "
+                      "and seeds; SEC skipped (no DP)")
     assert out[3:] == [
         "| FederatedGaussianMixture | heldout_loglik | 100,000 | 3 | -3.5210 | -3.5000 | 0.60% "
         "| 0 |",
-        "| LCR | mse | 100,000 | 3 | 0.2625 | 0.2500 | 5.00% | 1 |",
-        "SEC: skipped (no DP)"]
+        "| LCR | mse | 100,000 | 3 | 0.2625 | 0.2500 | 5.00% | 1 |"]
 
 
 def test_a_failure_shows_the_end_of_its_error_output_cut_to_a_readable_width():
