@@ -49,13 +49,12 @@ lint: $(TEST_STAMP)
 docs: $(TEST_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 
+# The benchmarks, each in its own process, at quick sizes (about ten minutes on two cores;
+# BENCH_ARGS=--full: issue 23's sizes, an hour or more); their tables rewrite the README's
+# Performance block and docs/benchmarks/performance.md, dated, with the machine and versions.
+BENCH_ARGS ?=
 bench: $(TEST_STAMP)
-	$(BIN)/python benchmarks/bench_gmm.py
-	$(BIN)/python benchmarks/bench_clients.py
-	$(BIN)/python benchmarks/bench_fedgmm.py
-	$(BIN)/python benchmarks/bench_hlcr.py
-	$(BIN)/python benchmarks/bench_sec.py
-	$(BIN)/python benchmarks/bench_flower.py
+	$(BIN)/python benchmarks/report.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .ci-plain-venv demo-output site .pytest_cache

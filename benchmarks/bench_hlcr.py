@@ -161,8 +161,11 @@ def against_gibbs(quick=False) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--gibbs", action="store_true", help="only section 3 (report.py's table)")
     args = ap.parse_args()
     against_gibbs(args.quick)
+    if args.gibbs:
+        return
     print("label-sampling likelihood for one entity against K=16 clusters, F=10")
     print(f"{'N_ij':>5} {'fast us':>9} {'literal us':>11} {'numba-Alg1 us':>14} "
           f"{'fast/literal':>13} {'fast/numba-Alg1':>16} {'max rel diff':>13}")

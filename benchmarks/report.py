@@ -1,14 +1,24 @@
-"""Run the ratio benchmarks and write their results as a Markdown snippet for the documentation.
+"""Run the benchmarks and write their results, dated, into the README and the documentation.
 
-Each benchmark (``bench_gmm.py``, ``bench_lcr.py``, ``bench_fedgmm.py``) runs in its own process,
-at the sizes given below (small by default, so the whole report takes a few minutes on a shared
-2-core machine); its printed timings and ratio are parsed and written as one table, headed by
-the date, the CPU model, the core count, the load average and the versions of Python,
-fedlatent, NumPy and scikit-learn. ``docs/benchmarks.md`` includes the file.
+One command (``make bench``) regenerates both, from one run:
 
-    python benchmarks/report.py [--full] [--out docs/benchmarks/performance.md]
+- ``docs/benchmarks/performance.md`` (included by ``docs/benchmarks.md``): every table each
+  benchmark printed;
+- the block of ``README.md`` between ``<!-- performance:begin -->`` and
+  ``<!-- performance:end -->`` (its "Performance" section): each benchmark's final table.
 
-``--full`` runs each benchmark at its default size (1,000,000 samples: tens of minutes).
+Both are headed by the date, the CPU model, the core count, the load average and the versions
+of Python, fedlatent, NumPy and scikit-learn, and name the command that wrote them. Each
+benchmark runs in its own process, at quick sizes by default (about ten minutes on a busy 2-core
+machine) or with ``--full`` at issue 23's sizes (an hour or more). What a benchmark prints is
+taken as it is, not parsed: its Markdown table rows (``| ... |``, each table with the line
+printed before it as its caption) when it prints some, else its whole output as a text block.
+Only the per-round ratios of ``bench_gmm.py``, ``bench_lcr.py`` and ``bench_fedgmm.py`` are
+read from their printed lines, into one table. A benchmark that fails (non-zero exit, time-out,
+nothing printed) is written as failed with the end of its error output: never left out, never
+replaced by older numbers.
+
+    python benchmarks/report.py [--full] [--timeout SECONDS] [--out PATH] [--readme PATH]
 """
 
 from __future__ import annotations
@@ -17,18 +27,25 @@ import argparse
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import fedlatent
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = HERE.parent / "docs" / "benchmarks" / "performance.md"
+ROOT = HERE.parent
+DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "performance.md"
+DEFAULT_README = ROOT / "README.md"
+BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
+#: lines of a failed benchmark's error output written under it, and their longest shown
+ERROR_LINES, ERROR_WIDTH = 12, 400
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,80 @@ BENCHES = (
           r"round \(rounds [^)]*\): ([\d.]+)", r"centralized E\+M iteration [^:]*: ([\d.]+)",
           r"^ratio round / centralized iteration: ([\d.]+)"),
 )
+
+
+@dataclass(frozen=True)
+class Script:
+    """A benchmark whose printed tables are written as they are: its title, what it measures,
+    its script (in ``benchmarks/``, or a path) and its arguments at the quick and full sizes."""
+
+    title: str
+    what: str
+    script: str
+    quick: tuple[str, ...]
+    full: tuple[str, ...] = ()
+
+    def command(self, full: bool) -> str:
+        """The command line, as a reader would type it from the repository's root."""
+        path = Path(self.script)
+        shown = f"benchmarks/{path.name}" if (HERE / path).parent == HERE else path.name
+        return " ".join(("python", shown, *(self.full if full else self.quick)))
+
+
+SCRIPTS = (
+    Script("Rounds to tolerance", "rounds of plain and accelerated federated EM to tol 1e-6"
+           " against scikit-learn's EM iterations (GMM, K = 4, d = 5, overlapping, 20 "
+           "clients), against flexmix-style EM (LCR), and plain against accelerated (FedGMM, "
+           "LCA)", "rounds_to_tol.py", ("--seeds", "1"), ()),
+    Script("Whole default fit against scikit-learn", "a whole default fit, initialization "
+           "included, on clients of 10 rows against scikit-learn's whole default fit on the "
+           "pooled rows, one BLAS thread, same process (10,000 clients; --full: and 100,000)",
+           "bench_clients.py", ("--whole", "--quick"), ("--whole",)),
+    Script("FedHLCR against the Gibbs sampler", "CPU seconds of the whole default fit "
+           "`fl.HLCR()` (every agent each round) against `solver=\"gibbs\"` on SYNTHHLCR "
+           "(quick: 40 agents and 600 entities; --full: 130 agents and 2,400 entities)",
+           "bench_hlcr.py", ("--quick", "--gibbs"), ("--gibbs",)),
+    Script("Secure aggregation (SecAgg+) against plain", "set-up and round of a secure fit "
+           "against the plain per-client round, GMM d = 4, K = 3, p = 0.7, in-process "
+           "(10 and 100 clients; --full: 10, 100 and 1,000)", "bench_secagg_scale.py",
+           ("--clients", "10", "100"), ("--clients", "10", "100", "1000")),
+    Script("Privacy-utility at epsilon 1", "held-out metric of each DP-capable model at "
+           "epsilon 1, delta 1e-5, against the non-private fit on the same data "
+           "(`fl.experiments.privacy_utility`; quick: its quick size; --full: 10^5 records, "
+           "three seeds)", "report.py", ("--privacy-table",),
+           ("--privacy-table", "--full")),
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One benchmark process: wall seconds, what it printed and, when it failed, why."""
+
+    seconds: float
+    stdout: str
+    stderr: str
+    error: str | None = None  # None: it succeeded
+
+
+def execute(script: str | Path, args: tuple[str, ...], timeout: float | None) -> Run:
+    """Run ``script`` (in ``benchmarks/`` or a path) with ``args`` in its own process (and
+    process group, so a time-out also ends the processes it started)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(HERE / script), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return Run(time.perf_counter() - t, out, err, f"timed out after {timeout:.0f} s")
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        return Run(seconds, out, err, f"exit code {proc.returncode} after {seconds:.0f} s")
+    if not out.strip():
+        return Run(seconds, out, err, "printed nothing")
+    return Run(seconds, out, err)
 
 
 def parse(bench: Bench, output: str) -> dict[str, str]:
@@ -106,45 +197,219 @@ def machine() -> dict[str, str]:
     }
 
 
-def to_markdown(rows: list[tuple[Bench, dict[str, str], float]], info: dict[str, str],
-                command: str) -> str:
-    """The snippet: a header naming the machine, then one table row per benchmark."""
-    lines = [
-        f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores, load average "
-        f"{info['load']} at the end), {info['versions']}; written by `{command}`.",
-        "",
-        "| Benchmark | Data | fedlatent s per round | Reference | Reference s | Ratio | Run s |",
-        "|---|---|---|---|---|---|---|",
-    ]
+def header(info: dict[str, str], command: str) -> str:
+    """The first line of the page and of the README block: date, machine, versions, command."""
+    total = f" in {info['total']}" if "total" in info else ""
+    return (f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores, load average "
+            f"{info['load']} at the end), {info['versions']}; written by `{command}`{total}.")
+
+
+def ratio_table(rows: list[tuple[Bench, dict[str, str], float]]) -> list[str]:
+    """One row per per-round benchmark; a row without a ratio (``{"error": ...}``) says failed."""
+    lines = ["| Benchmark | Data | fedlatent s per round | Reference | Reference s | Ratio "
+             "| Run s |", "|---|---|---|---|---|---|---|"]
     for bench, row, seconds in rows:
+        if "error" in row:
+            why = row["error"].replace("|", "\\|")
+            lines.append(f"| {bench.title} (`{bench.script}`) | **failed**: {why} | - | "
+                         f"{bench.reference} | - | failed | {seconds:.0f} |")
+            continue
         lines.append(f"| {bench.title} (`{bench.script}`) | {row['data']} | {row['ours']} | "
                      f"{bench.reference} | {row['theirs']} | {row['ratio']} | {seconds:.0f} |")
+    return lines
+
+
+def to_markdown(rows: list[tuple[Bench, dict[str, str], float]], info: dict[str, str],
+                command: str) -> str:
+    """The header naming the machine, then the per-round ratios, one table row per benchmark."""
+    return "\n".join([header(info, command), "", *ratio_table(rows)]) + "\n"
+
+
+_ROW = re.compile(r"^\s*\|.*\|\s*$")
+
+
+def tables(stdout: str) -> list[list[str]]:
+    """The Markdown tables a benchmark printed, each as its caption (the last non-empty line
+    printed before it, if any and not a table's) followed by its rows; [] when it printed
+    none."""
+    found, caption, rows = [], None, []
+    for line in [*stdout.splitlines(), ""]:
+        if _ROW.match(line):
+            rows.append(line.strip())
+            continue
+        if rows:
+            found.append(([caption] if caption else []) + rows)
+            caption, rows = None, []
+        if line.strip():
+            caption = line.strip()
+    return found
+
+
+def captured(stdout: str, final_only: bool) -> list[str]:
+    """What a benchmark printed, as Markdown: its tables (the last one if ``final_only``), or,
+    when it printed no Markdown row, its whole output as a text block."""
+    found = tables(stdout)
+    if not found:
+        text = re.sub(r"\n{3,}", "\n\n", stdout.strip("\n").replace("```", "'''"))
+        return ["```text", *[line.rstrip() for line in text.splitlines()], "```"]
+    lines = []
+    for table in found[-1:] if final_only else found:
+        if not _ROW.match(table[0]):  # its caption, a paragraph of its own
+            lines += [table[0], ""]
+            table = table[1:]
+        lines += [*table, ""]
+    return lines[:-1]
+
+
+def failure(run: Run, lines: int) -> list[str]:
+    """A failed benchmark: why, and the last ``lines`` lines of its error output (paths of
+    this checkout shown relative to it, each line cut at ``ERROR_WIDTH`` characters)."""
+    tail = run.stderr.replace(str(ROOT) + os.sep, "").strip().splitlines()[-lines:]
+    tail = [t.rstrip().replace("```", "'''") for t in tail]
+    tail = [t if len(t) <= ERROR_WIDTH else t[:ERROR_WIDTH - 4] + " ..." for t in tail]
+    out = [f"**failed**: {run.error}."]
+    return out + (["", "```text", *tail, "```"] if tail else [])
+
+
+def section(bench: Script, run: Run, full: bool, brief: bool) -> list[str]:
+    """One benchmark's part: a title line naming its command and time, then its tables (the
+    final one if ``brief``, as in the README) or its failure."""
+    title = (f"**{bench.title}** (`{bench.command(full)}`, {run.seconds:.0f} s)" if brief else
+             f"### {bench.title}")
+    lines = [title, ""]
+    if not brief:
+        lines += [f"`{bench.command(full)}`, {run.seconds:.0f} s: {bench.what}.", ""]
+    body = failure(run, 1 if brief else ERROR_LINES) if run.error else captured(run.stdout, brief)
+    return lines + body + [""]
+
+
+def page(runs: list[tuple[Script, Run]], rows: list, info: dict[str, str], command: str,
+         full: bool) -> str:
+    """``docs/benchmarks/performance.md``: the header, every table of every benchmark, then
+    the per-round ratios."""
+    lines = [header(info, command), ""]
+    for bench, run in runs:
+        lines += section(bench, run, full, brief=False)
+    lines += ["### Seconds per round against the centralized iteration", "",
+              "Each benchmark's quick size (`--full`: its default size); a ratio is "
+              "fedlatent's seconds per federated round (in-process, every client takes part) "
+              "over the reference's seconds per iteration on the pooled rows, same run.", "",
+              *ratio_table(rows)]
     return "\n".join(lines) + "\n"
 
 
-def run(bench: Bench, full: bool) -> tuple[dict[str, str], float]:
-    """Run one benchmark script in its own process; its parsed row and its wall seconds."""
-    args = () if full else bench.small
-    t = time.perf_counter()
-    done = subprocess.run([sys.executable, str(HERE / bench.script), *args], check=True,
-                          capture_output=True, text=True)
-    return parse(bench, done.stdout), time.perf_counter() - t
+def readme_block(runs: list[tuple[Script, Run]], rows: list, info: dict[str, str],
+                 command: str, full: bool) -> str:
+    """The README's block (between the markers): the header, each benchmark's final table,
+    the per-round ratios; the full tables are in docs/benchmarks.md."""
+    lines = [header(info, command) + " Every table: "
+             "[docs/benchmarks.md](docs/benchmarks.md#performance).", ""]
+    for bench, run in runs:
+        lines += section(bench, run, full, brief=True)
+    lines += ["**Seconds per round against the centralized iteration**", "", *ratio_table(rows)]
+    return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true", help="the benchmarks' default (full) sizes")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    a = ap.parse_args(argv)
-    rows = []
-    for bench in BENCHES:
-        row, seconds = run(bench, a.full)
-        print(f"{bench.script}: ratio {row['ratio']} ({seconds:.0f} s)", flush=True)
+def replace_block(text: str, block: str, where: str = "README.md") -> str:
+    """``text`` with what lies between its one ``BEGIN`` and its one ``END`` marker lines
+    replaced by ``block``; everything else, the markers included, unchanged."""
+    begins, ends = text.count(BEGIN), text.count(END)
+    if begins != 1 or ends != 1 or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"{where}: expected one {BEGIN} line, then one {END} line (found "
+                         f"{begins} and {ends}); add them where the performance block belongs")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    body = block.strip("\n")
+    return f"{head}{BEGIN}\n{body}{chr(10) if body else ''}{END}{tail}"
+
+
+def privacy_table(full: bool) -> None:
+    """Print the privacy-utility rows at epsilon 1 as a Markdown table (``--privacy-table``,
+    run by the report in a process of its own)."""
+    privacy_utility = import_module("fedlatent.experiments.privacy_utility").privacy_utility
+    kw = dict(sizes=(100_000,), n_seeds=3) if full else dict(quick=True)
+    table = privacy_utility(epsilons=(1.0,), **kw)
+    settings, skipped = table.attrs.get("settings", {}), table.attrs.get("skipped", {})
+    rounds = settings.get("max_rounds", "?")
+    print(f"epsilon 1, delta {settings.get('delta', 1e-5):g}, {settings.get('noise', '?')} "
+          f"noise, {settings.get('n_clients', '?')} clients, rounds: "
+          f"{'each fit its default plan' if rounds is None else rounds}; held-out metric of "
+          "the private and the non-private fit on the same data and seeds"
+          + "".join(f"; {name} skipped ({why})" for name, why in skipped.items()))
+    print("| model | metric | records | seeds | private | non-private | relative loss "
+          "| failed fits |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in table[table["epsilon"] == 1.0].itertuples():
+        print(f"| {r.model} | {r.metric} | {r.n_records:,} | {r.n_seeds} | {r.value:.4f} | "
+              f"{r.nonprivate:.4f} | {100 * r.relative_loss:.2f}% | {r.failed} |")
+
+
+def run_ratio(bench: Bench, full: bool, timeout: float | None) -> tuple[dict[str, str], float]:
+    """One per-round benchmark: its parsed row (``{"error": ...}`` when it failed) and its
+    wall seconds."""
+    run = execute(bench.script, () if full else bench.small, timeout)
+    if run.error:
+        return {"error": run.error}, run.seconds
+    try:
+        return parse(bench, run.stdout), run.seconds
+    except ValueError as e:
+        return {"error": str(e).splitlines()[0]}, run.seconds
+
+
+def run_all(scripts, benches, full: bool, timeout: float | None):
+    """Every benchmark, one after the other, each in its own process."""
+    runs, rows = [], []
+    for bench in scripts:
+        run = execute(bench.script, bench.full if full else bench.quick, timeout)
+        print(f"{bench.command(full)}: {run.error or 'done'} ({run.seconds:.0f} s)", flush=True)
+        runs.append((bench, run))
+    for bench in benches:
+        row, seconds = run_ratio(bench, full, timeout)
+        print(f"{bench.script}: {row.get('error') or 'ratio ' + row['ratio']} ({seconds:.0f} s)",
+              flush=True)
         rows.append((bench, row, seconds))
+    return runs, rows
+
+
+def write(runs, rows, command: str, full: bool, out: Path, readme: Path | None) -> None:
+    """Write the page and, when ``readme`` is given, its block (one header for both)."""
+    info = machine()
+    total = sum(run.seconds for _, run in runs) + sum(seconds for _, _, seconds in rows)
+    info["total"] = f"{total / 60:.0f} min"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page(runs, rows, info, command, full), encoding="utf-8")
+    print(f"wrote {out}")
+    if readme is not None:
+        text = readme.read_text(encoding="utf-8")
+        block = readme_block(runs, rows, info, command, full)
+        readme.write_text(replace_block(text, block, readme.name), encoding="utf-8")
+        print(f"wrote the performance block of {readme}")
+
+
+def main(argv: list[str] | None = None, scripts=SCRIPTS, benches=BENCHES) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the quick sizes (the default)")
+    size.add_argument("--full", action="store_true", help="issue 23's sizes (an hour or more)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds after which a benchmark is stopped and reported as failed "
+                    "(default 1800, with --full 7200)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--readme", type=Path, default=DEFAULT_README,
+                    help="the file whose performance block is rewritten")
+    ap.add_argument("--no-readme", action="store_true", help="write only --out")
+    ap.add_argument("--privacy-table", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.privacy_table:
+        privacy_table(a.full)
+        return
+    readme = None if a.no_readme else a.readme
+    if readme is not None:  # refuse a README without its markers before an hour of benchmarks
+        replace_block(readme.read_text(encoding="utf-8"), "", readme.name)
+    timeout = a.timeout or (7200.0 if a.full else 1800.0)
+    runs, rows = run_all(scripts, benches, a.full, timeout)
     command = "python benchmarks/report.py" + (" --full" if a.full else "")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(to_markdown(rows, machine(), command), encoding="utf-8")
-    print(f"wrote {a.out}")
+    write(runs, rows, command, a.full, a.out, readme)
 
 
 if __name__ == "__main__":
