@@ -152,7 +152,7 @@ def _hlcr_rows(train_fd, test_fd, seed, quick, methods):
                 est.fit(train_fd)
             run.n_warnings = sum(issubclass(w.category, ConvergenceWarning) for w in caught)
             return est.predict_dataset(test_fd)
-        out[name] = (*_timed(run), run.n_warnings)
+        out[name] = (*_timed(run), run.n_warnings, est.n_clusters_, est.rhat_invariant_)
         logger.info("%s: K=%d sigma=%.3g converged=%s rhat=%.3g", name, est.n_clusters_,
                     est.sigma_, est.converged_, est.rhat_max_)
     return out
@@ -167,7 +167,7 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
     Parameters
     ----------
     quick : bool
-        40 sweeps per HLCR fit instead of the default 100.
+        40 sweeps per HLCR fit instead of the default 400.
     out : path or None
         Directory for ``hlcr_real.csv``.
     random_state : int
@@ -185,9 +185,11 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
     -------
     DataFrame
         ``dataset, split, method, test_mse, ratio_to_mixedlm_intercept, fit_seconds, n_train,
-        n_test, convergence_warnings``; the ratio is against MixedLM's random intercept on the
-        same split; ``convergence_warnings`` counts the ConvergenceWarnings of an HLCR fit
-        (0 for the baselines).
+        n_test, convergence_warnings, n_clusters, rhat_invariant``; the ratio is against
+        MixedLM's random intercept on the same split; ``convergence_warnings`` counts the
+        ConvergenceWarnings of an HLCR fit, ``n_clusters`` its K (chosen by default:
+        ``n_clusters="auto"``), ``rhat_invariant`` its chains' largest label-invariant R-hat
+        (0, NaN for the baselines).
     """
     _need()
     loaders = {"sleepstudy": load_sleepstudy, "Hsb82": load_hsb82}
@@ -204,12 +206,13 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
             y = test[roles["target"]].to_numpy(dtype=float)
             res = _hlcr_rows(train_fd, test_fd, seed, quick, methods)
             base = _baselines(train, test, roles, not all_baselines)
-            res.update({k: (*v, 0) for k, v in base.items()})
-            for method, (pred, secs, n_warn) in res.items():
+            res.update({k: (*v, 0, 0, np.nan) for k, v in base.items()})
+            for method, (pred, secs, n_warn, K, rh) in res.items():
                 rows.append({"dataset": name, "split": split, "method": method,
                              "test_mse": float(np.mean((pred - y) ** 2)), "fit_seconds": secs,
                              "n_train": len(train), "n_test": len(test),
-                             "convergence_warnings": int(n_warn)})
+                             "convergence_warnings": int(n_warn), "n_clusters": int(K),
+                             "rhat_invariant": float(rh)})
     table = pd.DataFrame(rows)
     ref = table[table.method == "MixedLM random intercept"].set_index(
         ["dataset", "split"]).test_mse
