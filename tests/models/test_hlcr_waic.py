@@ -100,3 +100,12 @@ def test_default_k_mixes_beats_mixedlm_and_a_fixed_k_that_does_not_mix_still_war
         fixed = fl.HLCR(4, random_state=0).fit(train)
     assert not fixed.converged_
     assert fixed.rhat_invariant_ == pytest.approx(table.loc[4, "rhat_invariant"], rel=1e-12)
+
+
+def test_the_default_k_is_refused_under_secure_aggregation_with_the_fix():
+    fed = fl.Federation(secure_aggregation=True)
+    with pytest.raises(ValueError, match=r"n_clusters='auto' \(the default\) chooses K from "
+                                         r"scores each agent sends in the clear.*give "
+                                         r"n_clusters a number"):
+        fl.HLCR(federation=fed)._check_params()
+    fl.HLCR(2, federation=fed)._check_params()  # a number: as before

@@ -318,6 +318,12 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
             )
         self._n_chains()
         check_random_intercept(self)
+        fed = self.federation
+        if K == "auto" and fed is not None and fed.secure_aggregation:
+            raise ValueError("HLCR: n_clusters='auto' (the default) chooses K from scores each "
+                             "agent sends in the clear and from several chains, neither of "
+                             "which secure aggregation allows; give n_clusters a number, e.g. "
+                             "HLCR(n_clusters=2)")
 
     def _n_chains(self) -> int:
         """``n_chains``: as given (more than one refused under differential privacy or secure
