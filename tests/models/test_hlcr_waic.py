@@ -16,7 +16,6 @@ import fedlatent as fl
 from fedlatent.engine.errors import ConvergenceWarning
 from fedlatent.models.hlcr.inference import rhat_threshold
 from fedlatent.models.hlcr.math import entity_statistics
-from fedlatent.models.hlcr.waic import entity_waic_terms, pointwise_loglik
 
 
 def _dense(X, y, W, logpi, sigma, tau):
@@ -29,6 +28,8 @@ def _dense(X, y, W, logpi, sigma, tau):
 
 
 def test_pointwise_density_is_the_dense_gaussian_mixture_of_each_entity():
+    from fedlatent.models.hlcr.waic import entity_waic_terms, pointwise_loglik
+
     rng = np.random.default_rng(0)
     n_e = [3, 1, 6, 4]
     ent = np.repeat(np.arange(4), n_e)
