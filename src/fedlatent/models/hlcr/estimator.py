@@ -318,8 +318,9 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
             )
         self._n_chains()
         check_random_intercept(self)
-        fed = self.federation
-        if K == "auto" and fed is not None and fed.secure_aggregation:
+        fed = self.federation  # (a solver that refuses secure aggregation says so itself)
+        if (K == "auto" and fed is not None and fed.secure_aggregation
+                and self.capabilities.secure_aggregation):
             raise ValueError("HLCR: n_clusters='auto' (the default) chooses K from scores each "
                              "agent sends in the clear and from several chains, neither of "
                              "which secure aggregation allows; give n_clusters a number, e.g. "
