@@ -9,7 +9,8 @@
 2. Seconds per FedHLCR round (in-process, full participation) on SYNTHHLCR with 128 agents x
    128 entities, N** = 20 events per pair.
 3. FedHLCR against the Gibbs sampler it federates (issue 23): CPU seconds of the whole
-   fit ``fl.HLCR(4, max_rounds=100)`` (the defaults before issue 24; every agent each round, the agents stepping together in-process) and of
+   fit ``fl.HLCR(4, max_rounds=100)`` (the defaults before issue 24; every agent each round,
+   the agents stepping together in-process) and of
    ``fl.HLCR(solver="gibbs")`` on SYNTHHLCR with 130 agents, 2,400 agent-entity pairs and
    30,000 events (K = 4, F = 5), one BLAS thread, in one run; their ratio (at most 2), and the
    agents stepping one by one (``InProcessRuntime(batched=False)``, the path a deployment's
