@@ -67,6 +67,7 @@ SETTINGS = {
     "track_h": {"federation": fl.Federation(track_h=True)},  # the evaluation pass too
     # K chosen on held-out events (an agent of 3 events keeps 2: every block disclosed)
     "choose_k": {"n_clusters": "auto", "n_clusters_range": (1, 2), "max_rounds": 4,
+                 "random_intercept": False,
                  "federation": fl.Federation(disclosure=DisclosurePolicy.off())},
 }
 

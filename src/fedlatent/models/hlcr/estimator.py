@@ -47,12 +47,16 @@ from .predict import HLCRPrediction
 from .privacy import noise_ridge, spread_start
 from .selection import choose_k
 from .solvers import ChainSettings, HLCRFit, run_federated, run_gibbs
+from .waic import fit_by_waic, waic_selection
 
 __all__ = ["HLCR"]
 
 logger = logging.getLogger(__name__)
 
 SOLVERS = ("gibbs", "federated")
+#: ``thin=None`` keeps about this many draws per chain: the R-hat of independent draws of
+#: this length is what :func:`.inference.rhat_threshold` bounds
+KEEP = 50
 _POSITIVE = Real(0, closed="neither", desc="a finite number > 0")
 
 
@@ -274,7 +278,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         "burn_in": [None, Integer(0)],
         "fit_intercept": ["boolean"],
         "standardize": ["boolean", Options("auto")],
-        "thin": [Integer(1)],
+        "thin": [None, Integer(1)],
         "holdout": [Real(0, 0.5, closed="neither")],
         "dp_max_events": [None, Integer(1)],
         "n_chains": [None, Integer(1)],
@@ -282,12 +286,12 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         "tau": [_POSITIVE, Options("auto")],
     }
 
-    def __init__(self, n_clusters: int | str = 4, alpha: float = 1.0, beta: float = 1.0,
+    def __init__(self, n_clusters: int | str = "auto", alpha: float = 1.0, beta: float = 1.0,
                  delta: float | str = "auto", sigma: float | str = "auto",
-                 solver: str = "federated", max_rounds: int = 100, burn_in: int | None = None,
+                 solver: str = "federated", max_rounds: int = 400, burn_in: int | None = None,
                  tol: float = 0.0, federation: Federation | None = None,
                  fit_intercept: bool = True, random_state=None, verbose: bool | None = None,
-                 standardize: bool | str = "auto", thin: int = 1,
+                 standardize: bool | str = "auto", thin: int | None = None,
                  n_clusters_range: tuple[int, int] = (1, 6), holdout: float = 0.2,
                  dp_max_events: int | None = None, n_chains: int | None = None,
                  random_intercept: bool | str = "auto", tau: float | str = "auto"):
@@ -314,6 +318,13 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
             )
         self._n_chains()
         check_random_intercept(self)
+        fed = self.federation  # (a solver that refuses secure aggregation says so itself)
+        if (K == "auto" and fed is not None and fed.secure_aggregation
+                and self.capabilities.secure_aggregation):
+            raise ValueError("HLCR: n_clusters='auto' (the default) chooses K from scores each "
+                             "agent sends in the clear and from several chains, neither of "
+                             "which secure aggregation allows; give n_clusters a number, e.g. "
+                             "HLCR(n_clusters=2)")
 
     def _n_chains(self) -> int:
         """``n_chains``: as given (more than one refused under differential privacy or secure
@@ -335,7 +346,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
 
     def _chain(self) -> ChainSettings:
         burn = self.max_rounds // 2 if self.burn_in is None else int(self.burn_in)
-        return ChainSettings(burn, int(self.thin),
+        thin = max(1, (self.max_rounds - burn) // KEEP) if self.thin is None else int(self.thin)
+        return ChainSettings(burn, thin,
                              HYPER_START[0] if self.sigma == "auto" else float(self.sigma),
                              HYPER_START[1] if self.delta == "auto" else float(self.delta),
                              self.sigma == "auto", self.delta == "auto",
@@ -375,6 +387,32 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
                     "values; drop those rows before fitting"
                 )
             check_entities(cd.entity, cid, cd.weight)
+
+    def _selection(self):
+        """``n_clusters="auto"`` with the random intercept: K by WAIC among the candidates
+        whose chains mix (:mod:`.waic`); None otherwise (a number, or the held-out choice of
+        :mod:`.selection` inside the fit without the random intercept)."""
+        if self.n_clusters != "auto" or not self._waic_selects():
+            return None
+        return waic_selection(self)
+
+    def _waic_selects(self) -> bool:
+        """``n_clusters="auto"`` chooses by WAIC where its candidates have the random
+        intercept (``random_intercept`` True, or "auto" with ``fit_intercept``) and several
+        chains (no differential privacy or secure aggregation); else by held-out events."""
+        if self.random_intercept is True:
+            return True
+        fed = self.federation
+        guarded = fed is not None and (fed.privacy is not None or fed.secure_aggregation)
+        return self.random_intercept == "auto" and bool(self.fit_intercept) and not guarded
+
+    def _fit_selected(self, fd, selection, **fit_kwargs):
+        return fit_by_waic(self, fd, selection, **fit_kwargs)
+
+    def _degenerate_reason(self, n_rows) -> str:
+        """No degenerate cluster test: a candidate K is skipped when its chains do not mix
+        (``converged_`` False, :func:`~fedlatent.engine.contract.selection.skip_reason`)."""
+        return ""
 
     def _make_model(self, fd: FederatedDataset) -> HLCRModel:
         K = self.n_clusters if self.n_clusters != "auto" else self.n_clusters_range[0]

@@ -47,19 +47,20 @@ def uses_random_intercept(est) -> bool:
 
 def check_random_intercept(est) -> None:
     """``random_intercept=True`` needs the intercept column (its statistics are the entity's
-    ``X^T 1`` and ``1^T y``), one K (held-out scoring would need the held-out events'
-    intercept given the training ones) and no differential privacy (its ``u2`` sum has no
-    sensitivity bound yet). ``"auto"`` is off where these are missing."""
+    ``X^T 1`` and ``1^T y``) and no differential privacy (its ``u2`` sum has no sensitivity
+    bound yet); with ``n_clusters="auto"`` (K by WAIC among the candidates whose chains mix,
+    :mod:`.waic`) not under secure aggregation (one chain). ``"auto"`` is off where these are
+    missing (for ``n_clusters="auto"`` itself: each candidate K resolves it)."""
     if isinstance(est.random_intercept, str) or not est.random_intercept:
         return
     if not est.fit_intercept:
         raise ValueError("HLCR: random_intercept=True needs fit_intercept=True (the entity's "
                          "intercept varies around the cluster's); give fit_intercept=True")
-    if est.n_clusters == "auto":
-        raise ValueError("HLCR: n_clusters='auto' is not available with random_intercept=True "
-                         "(its held-out score ignores the entity's intercept); give an "
-                         "integer n_clusters")
     fed = est.federation
+    if est.n_clusters == "auto" and fed is not None and fed.secure_aggregation:
+        raise ValueError("HLCR: n_clusters='auto' is not available with random_intercept=True "
+                         "under secure aggregation (K is chosen by WAIC among candidates whose "
+                         "several chains mix); give an integer n_clusters")
     if fed is not None and fed.privacy is not None:
         raise ValueError("HLCR: random_intercept=True is not available under differential "
                          "privacy (its intercept sums have no sensitivity bound); give "

@@ -325,6 +325,12 @@ class HLCRInference:
                 "Chains": str(self.n_chains_),
                 "Draws per chain": str(self.chains_["sigma"].shape[1]),
                 "Solver": str(self.solver), "Largest R-hat": f"{self.rhat_max_:.4g}"}
+        table_k = getattr(self, "selection_scores_", None)
+        if table_k is not None and "skipped" in table_k:  # n_clusters="auto" (.waic)
+            skipped = table_k[table_k["skipped"] != ""]["skipped"]
+            info["K chosen by"] = "WAIC among the candidates whose chains mix"
+            info["Candidates skipped"] = "; ".join(
+                f"K={k}: {why}" for k, why in skipped.items()) or "none"
         return Summary(f"{type(self).__name__} posterior", info, table)
 
     def predict_interval(self, X, agents, entities, alpha: float = 0.1, context=None,

