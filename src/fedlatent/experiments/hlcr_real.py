@@ -129,13 +129,18 @@ def _baselines(train: pd.DataFrame, test: pd.DataFrame, roles: dict, only_mixedl
     return out
 
 
+#: the paper's K and chain length, for the rows that compare solvers or settings at one K (the
+#: default row chooses K among 1-6 by WAIC, six times the fits of one K)
+PAPER_K = {"n_clusters": 4, "max_rounds": 100}
+
 #: the HLCR rows of the table: name -> constructor keywords (on top of random_state)
 HLCR_METHODS = {
     "HLCR default (FedHLCR, all agents)": {},
-    "HLCR random intercept (FedHLCR, all agents)": {"random_intercept": True},
-    "HLCR gibbs (centralized)": {"solver": "gibbs"},
-    "FedHLCR 30% agents per round": {
-        "federation": Federation(participation=0.3, step_size=0.3, control_variates=False)},
+    "HLCR random intercept, K=4 (FedHLCR, all agents)": {"random_intercept": True, **PAPER_K},
+    "HLCR gibbs, K=4 (centralized)": {"solver": "gibbs", **PAPER_K},
+    "FedHLCR 30% agents per round, K=4": {
+        "federation": Federation(participation=0.3, step_size=0.3, control_variates=False),
+        **PAPER_K},
 }
 
 
@@ -145,7 +150,7 @@ def _hlcr_rows(train_fd, test_fd, seed, quick, methods):
     rounds = {"max_rounds": 40} if quick else {}
     out = {}
     for name in methods:
-        est = HLCR(random_state=seed, **rounds, **HLCR_METHODS[name])
+        est = HLCR(**{"random_state": seed, **HLCR_METHODS[name], **rounds})
 
         def run(est=est):
             with warnings.catch_warnings(record=True) as caught:
