@@ -50,6 +50,10 @@ class Accelerator:
     accepted, rejected, out_of_domain : int
         Extrapolations kept, extrapolations the safeguard refused (one round each), and
         proposals that left the domain (each a halving of the step, no round).
+    em_step : bool
+        Whether the last round evaluated was sent the plain EM step of the round before it
+        (``x_k = F(x_{k-1})``): only then is the change of the objective between the two rounds
+        one EM iteration's, the change scikit-learn's stopping rule tests.
     """
 
     def __init__(self, settings: Squarem, valid: Callable[[Stats], bool]):
@@ -59,15 +63,24 @@ class Accelerator:
         self.base: tuple[Stats, Stats] | None = None  # (s0, s1) after a base round
         self.pending: tuple[Stats, float] | None = None  # (s2, objective at s1) after s'
         self.accepted = self.rejected = self.out_of_domain = 0
+        self.em_step = self._sent_plain = True  # round 2 is the EM step of round 1
 
     def reset(self) -> None:
-        """Restart the cycle (the last round's aggregate was not the EM map)."""
+        """Restart the cycle (the last round's aggregate was not the EM map); the next round
+        is sent the plain step."""
         self.base = self.pending = None
+        self._sent_plain = True
 
     def next_point(self, x: Stats, fx: Stats, objective: float) -> Stats:
         """The statistic the next round is sent, after a round that evaluated ``x`` and
         returned ``fx = F(x)`` with the mean objective ``objective`` at ``T(x)`` (not finite:
         no safeguard is possible, so the plain step, and the cycle restarts)."""
+        self.em_step = self._sent_plain
+        out = self._next(x, fx, objective)
+        self._sent_plain = out is fx
+        return out
+
+    def _next(self, x: Stats, fx: Stats, objective: float) -> Stats:
         if not np.isfinite(objective):
             pending, self.pending, self.base = self.pending, None, None
             return fx if pending is None else pending[0]

@@ -432,9 +432,12 @@ class _Rounds:
 
     def converged(self, complete: bool) -> bool:
         """Plain EM: the mean objective changed by less than ``tol`` (a round with every
-        reply); any other federation: :meth:`settled`."""
+        reply; accelerated, a round sent the EM step of the round before, as scikit-learn
+        tests one EM iteration's change); any other federation: :meth:`settled`."""
         if not self.fed.is_plain_em:
             return self.settled()
+        if self.accel is not None and not self.accel.em_step:
+            return False  # accelerated: only an EM step's change is scikit-learn's test
         return (len(self.history) >= 2 and complete
                 and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol)
 
