@@ -39,9 +39,6 @@ class FedGMMModel(FederatedModel):
 
     name = "fedgmm"
     batched_step = True
-    #: the Gaussian start's queries, on the inputs, answered for many in-process clients at
-    #: once (:meth:`client_query_batched`, the GMM's batched queries)
-    batched_queries = frozenset({"moments", "hard_stats"})
 
     def __init__(
         self,
@@ -329,19 +326,10 @@ class FedGMMModel(FederatedModel):
                 name, payload, dp)
         return None
 
-    def _input_mixture(self) -> GMMModel:
-        """The input mixture's model, as a client builds it for the Gaussian queries."""
-        gm = GMMModel(self.M1, self.cov_type, self.reg)
-        gm.disclosure = self.disclosure
-        gm.privacy = self.privacy
-        return gm
-
-    def client_query_batched(self, name, payload, X, y, w, state):
-        from ..gmm.batched import gmm_batched_query
-
-        return gmm_batched_query(self._input_mixture(), name, payload, X, w)
-
     def client_query(self, name, payload, data, state, rng):
         if name in _GMM_QUERIES:
-            return self._input_mixture().client_query(name, payload, data, {}, rng)[0], state
+            gm = GMMModel(self.M1, self.cov_type, self.reg)
+            gm.disclosure = self.disclosure
+            gm.privacy = self.privacy
+            return gm.client_query(name, payload, data, {}, rng)[0], state
         return super().client_query(name, payload, data, state, rng)
