@@ -473,8 +473,16 @@ class BatchedClients:
             return
         g = self._flat_group("init_S")
         has = idx[g.present[idx]]
-        V = self._flat_group("V")
         S_hat = Stats(unpack(msg, "S_hat")).flatten()
+        if has.size == len(self.ids) and "V" not in self.groups:  # every client: in place,
+            flat = g.arrays.pop("")  # the kept S_c0 become the V_c (no copy of the clients')
+            flat -= S_hat[None, :]
+            V = self.groups["V"] = _Group(len(self.ids))
+            V.arrays[""] = flat
+            V.present[:] = True
+            g.present[:] = False
+            return
+        V = self._flat_group("V")
         V.arrays[""][has] = g.arrays[""][has] - S_hat[None, :]
         V.present[has] = True
         g.present[has] = False

@@ -334,7 +334,7 @@ def psd_failures(M: np.ndarray, slack: np.ndarray | None = None, rtol: float = 1
 
     Notes
     -----
-    The matrices are first screened by the compiled certificate
+    The matrices are first screened by the vectorized certificate
     :func:`~fedlatent.engine.protocol.psd_screen.psd_certified` (a Cholesky factorization with half
     the tolerance: what it certifies passes this test); only the others are scaled and given
     to ``eigvalsh``. The answer is the same, faster (a check of a few small matrices costs a

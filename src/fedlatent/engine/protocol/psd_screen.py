@@ -1,10 +1,12 @@
-"""A compiled screen of many small symmetric matrices: which are certainly positive
+"""A vectorized screen of many small symmetric matrices: which are certainly positive
 semi-definite within the tolerance of :func:`~fedlatent.engine.protocol.messages.psd_failures`.
 
 The batched reply checks test hundreds of thousands of (d+1) x (d+1) moment matrices a round
 (one per client and component). ``np.linalg.cholesky`` on such a stack costs a LAPACK call per
-matrix, and a Cholesky written with NumPy over the stack moves every matrix through memory a
-dozen times; the kernels here factor each matrix once, in a scratch buffer, in one pass.
+matrix; here the Cholesky factorization runs over a chunk of matrices at once, entry by entry
+(each NumPy operation acts on one entry of every matrix of the chunk, laid out contiguously),
+so the cost is a few dozen NumPy calls per chunk, with no compiled kernel to load or build
+(the first fit in a process pays nothing more than the others).
 
 A matrix the screen certifies passes ``psd_failures``; one it does not certify may still pass
 (the screen is a sufficient test, with a margin of half the tolerance for rounding), so the
@@ -19,101 +21,142 @@ slack, 0 without), ``psd_failures`` scales ``M`` to ``Ms = M / (s s^T)`` and ref
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from numba import njit
 
 __all__ = ["bordered_certified", "psd_certified"]
 
 _TINY = float(np.finfo(np.float64).tiny)
+#: matrices factored at once (entry-major: each entry of the chunk's matrices is contiguous)
+_CHUNK = 4096
+#: up to this many matrices, LAPACK factors them (a few NumPy calls, not one per entry)
+_FEW = 16
 
 
-@njit(cache=True)
-def _certify_one(mat, emat, use_slack, h, work, shift, sq):
-    """Whether the (p, p) matrix ``mat`` (slack ``emat``) is certified: finite, diagonal >= 0,
-    and the Cholesky factorization of the symmetric part of ``mat`` plus the diagonal shift
-    succeeds (every pivot positive and finite). ``work``, ``shift``, ``sq`` are scratch."""
-    p = mat.shape[0]
-    for a in range(p):
-        if not mat[a, a] >= 0.0:
-            return False
-        for b in range(p):
-            if not math.isfinite(mat[a, b]):
-                return False
-    if use_slack:
-        for a in range(p):
-            shift[a] = mat[a, a] + abs(emat[a, a]) + _TINY  # s_a^2
-            sq[a] = math.sqrt(shift[a])
-        err2 = 0.0
-        for a in range(p):
-            for b in range(p):
-                v = abs(emat[a, b]) / (sq[a] * sq[b])
-                err2 += v * v
-        err = math.sqrt(err2)
-        if not math.isfinite(err):
-            return False
-        for a in range(p):
-            shift[a] *= h + err
+def _certify_entries(W: np.ndarray, E: np.ndarray | None, rtol: float) -> np.ndarray:
+    """Which of the matrices ``W`` (p, p, n), entry-major, are certified (``E`` their slack in
+    the same layout, or None): finite, diagonal >= 0, and the Cholesky factorization of the
+    symmetric part plus the diagonal shift succeeds (every pivot positive and finite).
+    ``W`` is overwritten (its lower triangle by the factor)."""
+    p = W.shape[0]
+    h = 0.5 * rtol * p
+    ix = np.arange(p)
+    diag = W[ix, ix]  # (p, n), a copy
+    ok = np.all(diag >= 0.0, axis=0) & np.isfinite(W).all(axis=(0, 1))
+    if E is None:
+        shift = h * (diag + _TINY)
     else:
-        for a in range(p):
-            shift[a] = h * (mat[a, a] + _TINY)
-    for a in range(p):
-        for b in range(a):
-            work[a, b] = 0.5 * (mat[a, b] + mat[b, a])
-        work[a, a] = mat[a, a] + shift[a]
-    for j in range(p):
-        t = work[j, j]
-        for k in range(j):
-            t -= work[j, k] * work[j, k]
-        if not (t > 0.0 and t < math.inf):  # NaN fails too
-            return False
-        piv = math.sqrt(t)
+        s2 = diag + np.abs(E[ix, ix]) + _TINY
+        sq = np.sqrt(s2)
+        err = np.sqrt(np.sum((np.abs(E) / (sq[:, None] * sq[None, :])) ** 2, axis=(0, 1)))
+        ok &= np.isfinite(err)
+        shift = s2 * (h + err)
+    W[ix, ix] += shift
+    low = np.tril_indices(p, -1)
+    W[low] = 0.5 * (W[low] + W[low[1], low[0]])  # the symmetric part, lower triangle
+    for j in range(p):  # right-looking: column j scaled, the trailing lower triangle updated
+        t = W[j, j]
+        ok &= (t > 0.0) & (t < np.inf)  # NaN fails too
+        if j + 1 == p:
+            break
+        col = W[j + 1:, j]
+        col /= np.sqrt(np.where(t > 0.0, t, 1.0))
         for r in range(j + 1, p):
-            u = work[r, j]
-            for k in range(j):
-                u -= work[r, k] * work[j, k]
-            work[r, j] = u / piv
-    return True
-
-
-@njit(cache=True)
-def _certify_stack(M, E, use_slack, rtol):
-    N, p = M.shape[0], M.shape[1]
-    ok = np.zeros(N, dtype=np.bool_)
-    work, shift, sq = np.empty((p, p)), np.empty(p), np.empty(p)
-    h = 0.5 * rtol * p
-    for i in range(N):
-        ok[i] = _certify_one(M[i], E[i if use_slack else 0], use_slack, h, work, shift, sq)
+            W[r, j + 1:r + 1] -= col[r - j - 1] * col[:r - j]
     return ok
 
 
-@njit(cache=True)
-def _fill_bordered(out, c, b, A, i):
-    """``out = [[c_i, b_i^T], [b_i, A_i]]`` in place."""
-    q = b.shape[1]
-    out[0, 0] = c[i]
-    for a in range(q):
-        out[0, a + 1] = b[i, a]
-        out[a + 1, 0] = b[i, a]
-        for r in range(q):
-            out[a + 1, r + 1] = A[i, a, r]
-
-
-@njit(cache=True)
-def _certify_bordered(c, b, A, ec, eb, eA, use_slack, rtol):
-    N, q = b.shape
-    p = q + 1
-    ok = np.zeros(N, dtype=np.bool_)
-    mat, emat = np.zeros((p, p)), np.zeros((p, p))
-    work, shift, sq = np.empty((p, p)), np.empty(p), np.empty(p)
+def _certify_few(M: np.ndarray, E: np.ndarray | None, rtol: float) -> np.ndarray:
+    """:func:`_certify_entries` of a few matrices ``M`` (n, p, p) (slack ``E`` or None) by
+    LAPACK's Cholesky factorization: the same test (the factorization of the shifted
+    symmetric part succeeds, its pivots finite) in a dozen NumPy calls."""
+    p = M.shape[1]
+    ix = np.arange(p)
+    diag = M[:, ix, ix]
+    ok = np.all(diag >= 0.0, axis=1) & np.isfinite(M).all(axis=(1, 2))
     h = 0.5 * rtol * p
-    for i in range(N):
-        _fill_bordered(mat, c, b, A, i)
-        if use_slack:
-            _fill_bordered(emat, ec, eb, eA, i)
-        ok[i] = _certify_one(mat, emat, use_slack, h, work, shift, sq)
+    if E is None:
+        shift = h * (diag + _TINY)
+    else:
+        Ea = np.abs(E)
+        s2 = diag + Ea[:, ix, ix] + _TINY
+        sq = np.sqrt(s2)
+        err = np.sqrt(np.sum((Ea / (sq[:, :, None] * sq[:, None, :])) ** 2, axis=(1, 2)))
+        ok &= np.isfinite(err)
+        shift = s2 * (h + err)[:, None]
+    A = M + M.transpose(0, 2, 1)
+    A *= 0.5
+    A[:, ix, ix] = diag + shift
+    A[~ok] = np.eye(p)  # (refused already: kept out of LAPACK's way)
+    try:
+        return ok & np.isfinite(np.linalg.cholesky(A)).all(axis=(1, 2))
+    except np.linalg.LinAlgError:  # one at least fails: which
+        pass
+    for i in np.flatnonzero(ok):
+        try:
+            ok[i] = bool(np.isfinite(np.linalg.cholesky(A[i])).all())
+        except np.linalg.LinAlgError:
+            ok[i] = False
     return ok
+
+
+def _screen(n: int, fill, rtol: float, with_slack: bool) -> np.ndarray:
+    """``_certify_entries`` of ``n`` matrices in chunks; ``fill(W, E, lo, hi)`` writes the
+    matrices ``lo:hi`` (and their slack into ``E`` when ``with_slack``) entry-major."""
+    ok = np.empty(n, dtype=bool)
+    W = E = None
+    for lo in range(0, n, _CHUNK):
+        hi = min(n, lo + _CHUNK)
+        if W is None:
+            W = np.empty(fill.shape + (hi - lo,))
+            E = np.empty(W.shape) if with_slack else None
+        w = W[..., :hi - lo]
+        e = None if E is None else E[..., :hi - lo]
+        fill(w, e, lo, hi)
+        ok[lo:hi] = _certify_entries(w, e, rtol)
+    return ok
+
+
+class _Stack:
+    """Fills chunks of a stack of matrices (m, p, p) entry-major."""
+
+    def __init__(self, M, E):
+        self.M, self.E, self.shape = M, E, M.shape[1:]
+
+    def __call__(self, w, e, lo, hi):
+        w[...] = self.M[lo:hi].transpose(1, 2, 0)
+        if e is not None:
+            e[...] = self.E[lo:hi].transpose(1, 2, 0)
+
+
+class _Bordered:
+    """Fills chunks of the matrices ``[[c, b^T], [b, A]]`` entry-major, from their parts."""
+
+    def __init__(self, parts, eparts):
+        self.parts, self.eparts = parts, eparts
+        q = parts[1].shape[1]
+        self.shape = (q + 1, q + 1)
+
+    @staticmethod
+    def put(w, parts, lo, hi):
+        """The matrices ``lo:hi`` into ``w`` (p, p, hi - lo)."""
+        c, b, A = parts
+        w[0, 0] = c[lo:hi]
+        bt = b[lo:hi].T
+        w[0, 1:] = bt
+        w[1:, 0] = bt
+        w[1:, 1:] = A[lo:hi].transpose(1, 2, 0)
+
+    def __call__(self, w, e, lo, hi):
+        self.put(w, self.parts, lo, hi)
+        if e is not None:
+            self.put(e, self.eparts, lo, hi)
+
+    def stack(self, parts) -> np.ndarray:
+        """The matrices (m, p, p) themselves (a few of them)."""
+        c, b, A = parts
+        M = np.empty((b.shape[0],) + self.shape)
+        M[:, 0, 0], M[:, 0, 1:], M[:, 1:, 0], M[:, 1:, 1:] = c, b, b, A
+        return M
 
 
 def psd_certified(M: np.ndarray, slack: np.ndarray | None = None,
@@ -134,13 +177,14 @@ def psd_certified(M: np.ndarray, slack: np.ndarray | None = None,
     rtol : float
         The tolerance of ``psd_failures``.
     """
-    M = np.ascontiguousarray(M, dtype=np.float64)
+    M = np.asarray(M, dtype=np.float64)
     if M.shape[0] == 0:
         return np.zeros(0, dtype=bool)
-    if slack is None:
-        return _certify_stack(M, M[:1], False, float(rtol))
-    E = np.ascontiguousarray(slack, dtype=np.float64)
-    return _certify_stack(M, E, True, float(rtol))
+    E = None if slack is None else np.asarray(slack, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if M.shape[0] <= _FEW:
+            return _certify_few(M, E, float(rtol))
+        return _screen(M.shape[0], _Stack(M, E), float(rtol), E is not None)
 
 
 def bordered_certified(corner: np.ndarray, border: np.ndarray, block: np.ndarray,
@@ -156,10 +200,13 @@ def bordered_certified(corner: np.ndarray, border: np.ndarray, block: np.ndarray
     block : ndarray of shape (m, q, q)
     slack : the parts' slack in the same shapes, or None
     """
-    parts = [np.ascontiguousarray(v, dtype=np.float64) for v in (corner, border, block)]
+    parts = [np.asarray(v, dtype=np.float64) for v in (corner, border, block)]
     if parts[1].shape[0] == 0:
         return np.zeros(0, dtype=bool)
-    if slack is None:
-        return _certify_bordered(*parts, *parts, False, float(rtol))
-    eparts = [np.ascontiguousarray(v, dtype=np.float64) for v in slack]
-    return _certify_bordered(*parts, *eparts, True, float(rtol))
+    eparts = None if slack is None else [np.asarray(v, dtype=np.float64) for v in slack]
+    fill = _Bordered(parts, eparts)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        if parts[1].shape[0] <= _FEW:
+            return _certify_few(fill.stack(parts), None if eparts is None else
+                                fill.stack(eparts), float(rtol))
+        return _screen(parts[1].shape[0], fill, float(rtol), eparts is not None)

@@ -125,7 +125,11 @@ class Mirror:
                 self.arr = np.zeros((len(self.ids), rows.Q.shape[1]))
                 self.template = rows.template.zeros_like()
             self.known[:] = False
-            self.arr[rows.clients] = rows.Q - _flat(S_hat_new, rows.template)[None, :]
+            if rows.clients.size == len(self.ids) and np.array_equal(
+                    rows.clients, np.arange(len(self.ids))):  # every client, in order
+                np.subtract(rows.Q, _flat(S_hat_new, rows.template)[None, :], out=self.arr)
+            else:
+                self.arr[rows.clients] = rows.Q - _flat(S_hat_new, rows.template)[None, :]
             self.known[rows.clients] = True
             self.resync[:] = False
             return

@@ -103,7 +103,7 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
 def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
     """:func:`~fedlatent.models.gmm.model.hard_labels` of C clients at once: ``d2`` (C, m, M)
     squared distances, ``real`` (C, m) the clients' rows (False: padding, not counted).
-    Labels (C, m), by a compiled pass over the clients (:mod:`.hardsums`)."""
+    Labels (C, m), vectorized over the clients (:mod:`.hardsums`)."""
     from .hardsums import hard_labels_many
 
     return hard_labels_many(np.ascontiguousarray(d2, dtype=np.float64),
@@ -187,7 +187,7 @@ _SCREEN_CHUNK = 2048
 
 
 def _certify(nk, sx, sxx, cov_type: str, rows=None, slack=None) -> np.ndarray:
-    """The compiled screen of the moment matrices of clients (all, or the matrices ``rows``
+    """The vectorized screen of the moment matrices of clients (all, or the matrices ``rows``
     of the stack ``gaussian_moments`` makes), with the blocks' ``slack`` (same layout) or
     None. "full" reads each matrix from the blocks; the others build the stack."""
     from ...engine.protocol.psd_screen import bordered_certified, psd_certified
@@ -216,7 +216,7 @@ def gaussian_suspects(stats, n_units, cov_type: str, slack=None) -> np.ndarray:
 
     ``slack`` is None, the blocks' rounding bounds, or a callable ``slack(clients)`` giving
     them for some clients only (asked only for the clients the test without slack flags).
-    The moment matrices are screened by the compiled
+    The moment matrices are screened by the vectorized
     :func:`~fedlatent.engine.protocol.psd_screen.psd_certified` in chunks of clients; the few it
     does not certify are judged by :func:`~fedlatent.engine.protocol.messages.psd_failures` itself.
     """

@@ -60,7 +60,7 @@ def _units_rows(ctx: FitContext):
 
 def _moments_expect(ctx: FitContext, d: int) -> dict:
     """The moments reply: ``n`` as at setup, ``[[n, sum x], [sum x, sum x x^T]]`` PSD
-    (replies answered at once: the compiled screen of every client's matrix first)."""
+    (replies answered at once: the vectorized screen of every client's matrix first)."""
     from ...engine.protocol.psd_screen import bordered_certified
 
     def psd(sxx, reply, c):

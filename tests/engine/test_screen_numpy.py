@@ -1,0 +1,141 @@
+"""Issue 23 item 3: a whole fit's first call compiles and loads less. The PSD screen of the
+replies is NumPy (no numba kernel to build on a fresh machine or load in a fresh process), the
+server's test of which hard-assignment cells are live is NumPy; both give what the compiled
+kernels gave (the screen's definition, checked matrix by matrix here). The GMM start's client
+kernels stay compiled (they pay) and still merge small cells as each client alone does.
+The whole-fit benchmark runs again under the default disclosure rules but saturation."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import fedlatent.engine.protocol.psd_screen as ps
+from fedlatent.models.gmm.hardsums import hard_labels_many, live_cells
+from fedlatent.models.gmm.model import hard_labels
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = float(np.finfo(np.float64).tiny)
+
+
+def _certified_one(M, E, rtol):
+    """The certificate's definition for one matrix: finite, diagonal >= 0, and LAPACK's
+    Cholesky factorization of the symmetric part plus the shift succeeds with finite pivots."""
+    p = M.shape[0]
+    d = np.diag(M)
+    if not (np.isfinite(M).all() and (d >= 0).all()):
+        return False
+    with np.errstate(all="ignore"):
+        if E is None:
+            shift = 0.5 * rtol * p * (d + TINY)
+        else:
+            s2 = d + np.abs(np.diag(E)) + TINY
+            sq = np.sqrt(s2)
+            err = np.sqrt(np.sum((np.abs(E) / np.outer(sq, sq)) ** 2))
+            if not np.isfinite(err):
+                return False
+            shift = s2 * (0.5 * rtol * p + err)
+        A = 0.5 * (M + M.T) + np.diag(shift)
+    try:
+        return bool(np.isfinite(np.linalg.cholesky(A)).all())
+    except np.linalg.LinAlgError:
+        return False
+
+
+def _mixed_stack(rng, N, p):
+    """Honest moment matrices of 1 to p + 2 rows (singular ones among them), matrices well
+    outside the cone, and each kind of malformed one."""
+    rows = rng.integers(1, p + 3, size=N)
+    M = np.zeros((N, p, p))
+    for r in np.unique(rows):
+        at = np.flatnonzero(rows == r)
+        U = rng.normal(size=(at.size, r, p))
+        U[:, :, 0] = 1.0
+        M[at] = np.einsum("nri,nrj->nij", U, U)
+    M[1::9, 0, -1] += 50.0  # a lying off-diagonal entry
+    M[2::9, -1, -1] = -1e-3  # a negative diagonal
+    M[3::9, 1, 0] = np.nan
+    M[4::9, 0, 0] = np.inf
+    M[5::9, 0, 1] += 1e-3  # not symmetric: the symmetric part is what counts
+    return M
+
+
+@pytest.mark.parametrize("with_slack", [False, True])
+@pytest.mark.parametrize("N", [5, 200])  # LAPACK for a few, the entry-major chunks beyond
+def test_the_numpy_screen_is_the_certificate_matrix_by_matrix(monkeypatch, N, with_slack):
+    monkeypatch.setattr(ps, "_CHUNK", 37, raising=False)  # several chunks, a ragged last one
+    rng = np.random.default_rng(N)
+    M = _mixed_stack(rng, N, 5)
+    E = np.abs(M) * 10.0 ** rng.uniform(-12, -2, size=(N, 1, 1)) if with_slack else None
+    E = None if E is None else np.where(np.isfinite(E), E, 0.0)
+    want = np.array([_certified_one(M[i], None if E is None else E[i], 1e-8)
+                     for i in range(N)])
+    assert 0 < want.sum() < N  # both answers occur
+    np.testing.assert_array_equal(ps.psd_certified(M, E), want)
+    parts = (M[:, 0, 0], M[:, 1:, 0], M[:, 1:, 1:])  # bordered: the first column is read
+    Mb = M.copy()
+    Mb[:, 0, 1:] = Mb[:, 1:, 0]
+    Eb = None if E is None else E.copy()
+    if Eb is not None:
+        Eb[:, 0, 1:] = Eb[:, 1:, 0]
+    eparts = None if Eb is None else (Eb[:, 0, 0], Eb[:, 1:, 0], Eb[:, 1:, 1:])
+    want_b = np.array([_certified_one(Mb[i], None if Eb is None else Eb[i], 1e-8)
+                       for i in range(N)])
+    np.testing.assert_array_equal(ps.bordered_certified(*parts, eparts), want_b)
+
+
+def test_the_psd_screen_loads_no_compiled_kernel():
+    code = ("import sys, numpy as np\n"
+            "from fedlatent.engine.protocol.messages import psd_failures\n"
+            "M = np.repeat(np.eye(4)[None], 20, 0); M[3, 0, 1] = M[3, 1, 0] = 5.0\n"
+            "print(psd_failures(M).tolist(), psd_failures(M[:2]).tolist(),"
+            " 'numba' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.split("\n")[0] == "[3] [] False"
+
+
+def test_live_cells_are_the_cells_holding_anything_but_zeros():
+    rng = np.random.default_rng(0)
+    n, d = 40, 3
+    nk, sx, sxx = np.zeros(n), np.zeros((n, d)), np.zeros((n, d, d))
+    nk[1], sx[2, 1], sxx[3, 2, 0] = 2.0, -1.5, 4.0
+    sxx[4, 0, 0] = 5e-324  # the smallest subnormal is something
+    sx[5, 2] = np.nan
+    nk[6] = -0.0  # minus zero is nothing
+    sxx[7] = rng.normal(size=(d, d))
+    got = live_cells(nk, sx, sxx)
+    assert np.flatnonzero(got).tolist() == [1, 2, 3, 4, 5, 7]
+
+
+@pytest.mark.parametrize("need", [3, 5])
+def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need):
+    rng = np.random.default_rng(need)
+    C, m, M = 300, 9, 12
+    X = rng.normal(size=(C, m, 2))
+    real = rng.random((C, m)) < 0.8
+    real[:3, need - 1:] = False  # clients with fewer rows than a cell needs: every row to one
+    centres = rng.normal(size=(M, 2)) * 2.0
+    d2 = ((X[:, :, None, :] - centres) ** 2).sum(-1)
+    got = hard_labels_many(d2, real, need)
+    policy = SimpleNamespace(min_records_per_block=need)
+    for c in range(C):
+        np.testing.assert_array_equal(got[c][real[c]], hard_labels(d2[c][real[c]], policy))
+
+
+def test_the_whole_fit_benchmark_runs_under_the_default_rules_but_saturation():
+    spec = importlib.util.spec_from_file_location("bench_clients_t",
+                                                  ROOT / "benchmarks" / "bench_clients.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    row = bench.whole(60, 10, first_only=True)
+    assert row["clients"] == 60 and row["per_client"] == 10
+    assert row["rounds"] >= 1 and row["sklearn_iter"] >= 1
+    assert row["fit_first_cpu"] > 0 and row["sk_first_cpu"] > 0
+    assert "fit_warm_cpu" not in row  # first fits only
