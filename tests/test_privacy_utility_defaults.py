@@ -15,15 +15,16 @@ import fedlatent as fl
 pu = importlib.import_module("fedlatent.experiments.privacy_utility")
 
 
-@pytest.mark.parametrize("name", ["FederatedGaussianMixture", "LatentClassRegression",
-                                  "FedGMM"])
-def test_none_gives_a_converged_reference_and_the_default_private_plan(name):
+@pytest.mark.parametrize("name,private_rounds", [("FederatedGaussianMixture", 2),
+                                                  ("LatentClassRegression", 3), ("FedGMM", 5)])
+def test_none_gives_a_converged_reference_and_the_default_private_plan(name, private_rounds):
     spec = next(s for s in pu.SPECS if s.estimator == name)
     ref = pu._estimator(spec, 3, None, fl.Federation(), 0)
     assert (ref.tol, ref.max_rounds) == (pu.CONVERGED_TOL, pu.CONVERGED_ROUNDS) == (1e-6, 1000)
     dp = fl.DifferentialPrivacy(1.0, 1e-5, clip=2.0, target_range=(-5.0, 5.0))
     private = pu._estimator(spec, 3, None, fl.Federation(privacy=dp), 0)
-    assert private.max_rounds is None and private._max_rounds() == 3  # PRIVATE_MAX_ROUNDS
+    assert private.max_rounds is None
+    assert private._max_rounds() == private_rounds  # the estimator's _private_max_rounds
     # an explicit number is every fit's, private or not, with tol 0 (every round runs)
     fixed = pu._estimator(spec, 3, 10, fl.Federation(), 0)
     assert (fixed.tol, fixed.max_rounds) == (0.0, 10)

@@ -24,10 +24,11 @@ def _dp():
     return fl.DifferentialPrivacy(epsilon=1.0, delta=1e-5, clip=4.0, noise_seed=0)
 
 
-def test_the_private_default_is_three_rounds_and_the_plan_uses_it(fd):
+def test_the_private_default_is_the_estimators_plan_and_the_plan_uses_it(fd):
     from fedlatent.engine.rounds.loop import PRIVATE_MAX_ROUNDS
 
-    assert PRIVATE_MAX_ROUNDS == 3
+    assert PRIVATE_MAX_ROUNDS == 3  # the engine's default; the GMM plans its own 2 rounds
+    assert fl.FederatedGaussianMixture._private_max_rounds == 2
     est = fl.FederatedGaussianMixture(2, federation=fl.Federation(privacy=_dp()),
                                       random_state=0, verbose=False)
     assert est.max_rounds is None  # the constructor stores; fit resolves
@@ -35,8 +36,8 @@ def test_the_private_default_is_three_rounds_and_the_plan_uses_it(fd):
         warnings.simplefilter("error", fl.ConvergenceWarning)  # the plan is the design
         est.fit(fd)
     # the GMM's start costs 2 releases, each round one
-    assert est.privacy_calibration_.releases == planned_releases(3, 1, 2) == 5
-    assert est.n_iter_ == 3 and len(est.history_) == 3
+    assert est.privacy_calibration_.releases == planned_releases(2, 1, 2) == 4
+    assert est.n_iter_ == 2 and len(est.history_) == 2
     assert 0.99 <= est.privacy_spent_[0] <= 1.0  # the whole budget, never above it
 
 
@@ -47,14 +48,14 @@ def test_an_explicit_max_rounds_is_honoured_under_privacy(fd):
     assert est.n_iter_ == 6
 
 
-@pytest.mark.parametrize("name", ["FederatedGaussianMixture", "LatentClassRegression",
-                                  "FedGMM"])
-def test_max_rounds_defaults_to_none_and_resolves_to_100_without_privacy(name):
+@pytest.mark.parametrize("name,private_rounds", [("FederatedGaussianMixture", 2),
+                                                  ("LatentClassRegression", 3), ("FedGMM", 5)])
+def test_max_rounds_defaults_to_none_and_resolves_to_100_without_privacy(name, private_rounds):
     est = getattr(fl, name)()
     assert est.get_params()["max_rounds"] is None
     assert est._max_rounds() == 100
     est.set_params(federation=fl.Federation(privacy=_dp()))
-    assert est._max_rounds() == 3
+    assert est._max_rounds() == private_rounds
     est.set_params(max_rounds=7)
     assert est._max_rounds() == 7
 
@@ -65,6 +66,8 @@ def test_resolve_max_rounds():
     assert resolve_max_rounds(None, False) == 100
     assert resolve_max_rounds(None, True) == 3
     assert resolve_max_rounds(12, True) == 12
+    assert resolve_max_rounds(None, True, 5) == 5
+    assert resolve_max_rounds(None, False, 5) == 100
 
 
 def test_max_rounds_is_still_validated():

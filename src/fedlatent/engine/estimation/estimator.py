@@ -52,7 +52,13 @@ from fedlatent.engine.fedem.seeds import resolve_seed
 from fedlatent.engine.protocol.exchange import number, setup_clients
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.rounds.fitsetup import setup_fit
-from fedlatent.engine.rounds.loop import FitResult, LoopOptions, resolve_max_rounds, run_rounds
+from fedlatent.engine.rounds.loop import (
+    PRIVATE_MAX_ROUNDS,
+    FitResult,
+    LoopOptions,
+    resolve_max_rounds,
+    run_rounds,
+)
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 logger = logging.getLogger(__name__)
@@ -89,6 +95,9 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
     #: Gaussian releases its initialization makes under differential privacy (queries); a
     #: property where it depends on the settings
     _dp_init_releases: ClassVar[int] = 0
+    #: rounds a private fit plans when ``max_rounds`` is None: the rounds its private start
+    #: needs to reach the non-private optimum (each one is a release paid from the budget)
+    _private_max_rounds: ClassVar[int] = PRIVATE_MAX_ROUNDS
     #: whether ``n_init`` means "starts" (the whole fit once per start, :mod:`.starts`)
     _multi_start: ClassVar[bool] = False
     #: the number of starts ``n_init=None`` means, where ``_multi_start``
@@ -203,9 +212,11 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
     def _max_rounds(self) -> int:
         """``max_rounds`` resolved: None (not given) is 100 rounds, or under
         ``Federation(privacy=...)`` the short private plan
-        (:data:`~fedlatent.engine.rounds.loop.PRIVATE_MAX_ROUNDS`)."""
+        (the estimator's ``_private_max_rounds``, by default
+        :data:`~fedlatent.engine.rounds.loop.PRIVATE_MAX_ROUNDS`)."""
         return resolve_max_rounds(getattr(self, "max_rounds", None),
-                                  self._federation().privacy is not None)
+                                  self._federation().privacy is not None,
+                                  self._private_max_rounds)
 
     @property
     def n_rounds_(self) -> int:

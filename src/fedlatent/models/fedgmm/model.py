@@ -18,7 +18,7 @@ from ..gmm import (
 )
 from ..gmm.model import gaussian_problem
 from ..logistic import irls_statistics, local_refit, newton_solve, weighted_grad_hess
-from .dp import fedgmm_dp_sensitivity
+from .dp import fedgmm_dp_sensitivity, personal_weights
 from .math import fedgmm_log_components, fedgmm_responsibilities
 
 __all__ = ["FedGMMModel"]
@@ -124,6 +124,7 @@ class FedGMMModel(FederatedModel):
         fw = data.weights_of(rows)  # frequency weights: a row of weight w is w rows
         new_pi = q.mean(axis=0) if fw is None else np.einsum("n,nij->ij", fw, q) / fw.sum()
         if self.private:  # the released sums: public weights, so one record moves only its q
+            new_pi = personal_weights(lg, lpy, new_pi, fw)  # pi_c stays home: no budget
             q, loglik = fedgmm_responsibilities(lg, lpy, params["pi_joint"])
         if fw is not None:
             q, loglik = q * fw[:, None, None], loglik * fw
@@ -270,7 +271,9 @@ class FedGMMModel(FederatedModel):
         """The M-step on noisy sums: counts and learner masses floored (a noisy count can be
         negative; a component or learner left with none keeps its parameters), covariances
         projected onto the cone with eigenvalues at least 1e-3 of their mean variance, Hessians
-        onto theirs, and the IRLS right-hand side formed here from
+        onto theirs with eigenvalues at least the noise's scale (``dp_ridge``,
+        :func:`~fedlatent.models.fedgmm.dp.hessian_ridge`), and the IRLS right-hand side
+        formed here from
         the noisy gradient, ``b = H theta - g``. All post-processing."""
         nk = np.asarray(S["nk"], dtype=np.float64)
         tiny = 1e-10 * max(float(np.abs(nk).sum()), 1e-300)
@@ -289,7 +292,8 @@ class FedGMMModel(FederatedModel):
         lw = np.asarray(S["lw"], dtype=np.float64)
         lw_tiny = 1e-10 * max(float(np.abs(lw).sum()), 1e-300)
         coef = params["coef"]
-        H = lift_eigenvalues(np.asarray(S["lH"], dtype=np.float64), 0.0)[0]
+        ridge = float(params.get("dp_ridge", 0.0)) / max(float(n_total), 1.0)  # mean scale
+        H = lift_eigenvalues(np.asarray(S["lH"], dtype=np.float64), ridge)[0]
         new = np.array(coef, dtype=np.float64, copy=True)
         for m in range(self.M2):
             if lw[m] <= lw_tiny:
@@ -304,7 +308,9 @@ class FedGMMModel(FederatedModel):
         pq = np.maximum(pq, 1e-10 * max(float(np.abs(pq).sum()), 1e-300))
         return {"weights_x": wx, "means": means, "precisions_cholesky": prec,
                 "center": params["center"], "coef": new, "weights_y": lw / lw.sum(),
-                "pi_joint": pq / pq.sum()}
+                "pi_joint": pq / pq.sum(),
+                **({"dp_ridge": np.array(params["dp_ridge"], copy=True)}
+                   if "dp_ridge" in params else {})}
 
     # ---- differential privacy (see .dp) -------------------------------------------------------
     def dp_clip(self, data, dp):
