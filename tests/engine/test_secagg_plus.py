@@ -74,7 +74,7 @@ def test_shares_and_masks_stay_in_the_neighbourhood_and_the_sum_is_exact():
         assert c.enrolled == graph.closed(u)  # it holds shares of its 6 neighbours and itself
     # each client was sent the keys of its neighbourhood only, and dealt 6 sealed shares
     rosters = {r: m for step, s, r, m in wire.log if step == "roster"}
-    assert all(json.loads(m["members"]) == list(graph.closed(u)) and m["mask_key"].shape == (7, 128)
+    assert all(json.loads(m["members"]) == list(graph.closed(u)) and m["self_commit"].shape == (7, 128)
                for u, m in rosters.items())
     dealt = [m for step, s, r, m in wire.log if step == "shares" and r == "<server>"]
     assert sorted(len(m) for m in dealt) == [6] * 24

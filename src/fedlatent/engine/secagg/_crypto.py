@@ -23,6 +23,7 @@ __all__ = [
     "derive_key",
     "generate_private",
     "load_private",
+    "prg_rows",
     "prg_uint64",
     "private_raw",
     "public_raw",
@@ -109,16 +110,29 @@ def commit(data: bytes) -> bytes:
     return h.finalize()
 
 
-def prg_uint64(key: bytes, n: int) -> np.ndarray:
+def prg_uint64(key: bytes, n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndarray:
     """``n`` pseudo-random uint64 words: the ChaCha20 keystream of a 32-byte key (little-endian).
 
-    Each key is used for one keystream only (it is derived per exchange), so the nonce is fixed.
+    Each (key, nonce) is used for one keystream only: a mask key is derived per exchange and
+    keyed with the zero nonce; a pair's secret keys only its seeds' table (its own nonce).
     """
     c = require()
     # ChaCha20-Poly1305 of zeros is the ChaCha20 keystream (from block 1, RFC 8439) and its tag:
     # one call instead of a cipher object, an encryptor and two calls
-    stream = c.ChaCha20Poly1305(key).encrypt(bytes(NONCE_BYTES), bytes(8 * n), None)
+    stream = c.ChaCha20Poly1305(key).encrypt(bytes(nonce), bytes(8 * n), None)
     return np.frombuffer(stream, dtype="<u8", count=n).astype(np.uint64, copy=False)
+
+
+def prg_rows(keys: list[bytes], n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndarray:
+    """:func:`prg_uint64` of many keys at once: an (len(keys), n) uint64 array, row i the
+    ChaCha20 keystream of ``keys[i]`` under ``nonce`` (one parse for every row: each call's
+    16-byte tag is dropped as two trailing words)."""
+    if not keys:
+        return np.zeros((0, n), dtype=np.uint64)
+    aead, zeros = require().ChaCha20Poly1305, bytes(8 * n)
+    raw = b"".join([aead(k).encrypt(nonce, zeros, None) for k in keys])
+    return np.frombuffer(raw, dtype="<u8").reshape(len(keys), n + 2)[:, :n].astype(
+        np.uint64, copy=False)
 
 
 def aead_seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:

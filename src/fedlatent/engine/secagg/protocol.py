@@ -1,7 +1,11 @@
 """What the secure-aggregation client and server share: settings, the roster, mask derivation.
 
-Masks are derived per exchange: the label ``(round, exchange)`` enters HKDF's ``info``, so every
-exchange of a fit gets independent keystreams from keys agreed once per fit.
+Masks are derived per exchange from secrets agreed once per fit: a pair of neighbours agrees one
+X25519 secret, HKDF turns it (bound to the run and the pair) into their two share-encryption
+keys and their mask secret s_uv (:func:`pair_keys`); exchange e's pair seed is the e-th 32-byte
+block of the ChaCha20 keystream of s_uv (:func:`pair_seed_table`; with one secret per fit, HKDF
+of s_uv and the exchange's label), and the pair mask is the keystream of that seed. The self mask
+is the keystream of HKDF(b_u; the exchange's label).
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.encoding import FixedPoint
 
 __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
-           "as_u8", "exchange_label", "keys_payload", "pair_mask", "self_mask", "slot_item"]
+           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_seed", "pair_seed_table",
+           "self_mask", "slot_item"]
 
-KEY_FIELDS = ("mask_key", "enc_key", "self_commit")
+#: a client's public keys: its X25519 key (share encryption and pairwise masks) and a SHA-256
+#: commitment to each of its self-mask seeds
+KEY_FIELDS = ("enc_key", "self_commit")
 #: the optional field carrying a client's Ed25519 signature of its public keys
 #: (:mod:`fedlatent.engine.site.keys`); 64 zero bytes in the roster: unsigned
 SIGNATURE_FIELD, SIGNATURE_BYTES = "signature", 64
@@ -120,9 +127,29 @@ def self_mask(seed: bytes, label: bytes, n: int) -> np.ndarray:
     return _crypto.prg_uint64(_crypto.derive_key(seed, b"fedlatent/secagg/self\x00" + label), n)
 
 
-def pair_mask(shared: bytes, label: bytes, n: int) -> np.ndarray:
-    """The mask a pair of clients shares in one exchange: PRG(HKDF(X25519(s_u, s_v); label))."""
-    return _crypto.prg_uint64(_crypto.derive_key(shared, b"fedlatent/secagg/pair\x00" + label), n)
+PAIR_TAG = b"fedlatent/secagg/pair\x00"
+#: the ChaCha20 nonce of the pair seeds' table (the mask keystreams use the zero nonce)
+SEEDS_NONCE = b"pair-seeds\x00\x00"
+
+
+def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
+    """96 bytes from X25519(c_u, c_v), once per neighbour pair per fit: HKDF-SHA256 bound to the
+    run and the (sorted) pair; bytes [0, 32) key the shares the smaller id sends, [32, 64) those
+    the larger sends, [64, 96) are the pair's mask secret s_uv."""
+    lo, hi = sorted((str(u), str(v)))
+    return _crypto.derive_key(shared, PAIR_TAG + json.dumps([str(run), lo, hi]).encode(), 96)
+
+
+def pair_seed_table(secret: bytes, slots: int) -> bytes:
+    """Every exchange's pair seed, ``32 * slots`` bytes: the ChaCha20 keystream of s_uv under
+    :data:`SEEDS_NONCE` (seed e: bytes [32 e, 32 e + 32)). Seeds of different exchanges are
+    different blocks of one keystream: one reveals nothing of another."""
+    return _crypto.prg_uint64(secret, 4 * int(slots), nonce=SEEDS_NONCE).tobytes()
+
+
+def pair_seed(secret: bytes, label: bytes) -> bytes:
+    """One exchange's pair seed with one secret per fit (no slots): HKDF(s_uv; label)."""
+    return _crypto.derive_key(secret, PAIR_TAG + label)
 
 
 def as_u8(data: bytes) -> np.ndarray:
@@ -142,7 +169,7 @@ def as_bytes(arr, *, what: str, size: int | None = None) -> bytes:
 
 
 def _per(field: str, config: SecAggConfig) -> int:
-    """32-byte items per client in a key field: one per slot for mask keys and commitments."""
+    """32-byte items per client in a key field: one per slot for the seeds' commitments."""
     return 1 if field == "enc_key" else config.n_slots
 
 
@@ -157,7 +184,7 @@ class Roster:
 
     Parameters
     ----------
-    keys : mapping of client id to {"mask_key", "enc_key", "self_commit"} uint8 arrays
+    keys : mapping of client id to {"enc_key", "self_commit"} uint8 arrays
         What each client's :meth:`SecAggClient.public_keys` sent to the server: every enrolled
         client's (the server's roster), or on a sparse graph only one client's closed
         neighbourhood (what that client is sent, :meth:`message_for`).
@@ -190,7 +217,7 @@ class Roster:
                            else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
                                          what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
                            for u in members}
-        for f in ("mask_key", "enc_key"):
+        for f in ("enc_key",):
             seen: dict[bytes, str] = {}
             for u in members:
                 k = self.keys[u][f]
