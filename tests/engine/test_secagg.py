@@ -164,8 +164,10 @@ def test_a_client_whose_pair_seed_was_revealed_gets_no_self_seed_reveal_later():
             clients[u].mask(stats[u], 40, e, IDS)
     survivors = ["c0", "c1", "c2", "c4"]
     shares = clients["c0"].reveal(40, "b", survivors, ["c3"])
-    assert sorted(shares) == ["pair:c3", "self:c0", "self:c1", "self:c2", "self:c4"]
-    assert all(v.dtype == np.uint8 and v.shape == (32,) for v in shares.values())
+    # a row per survivor (c0, c1, c2, c4) of c0's share of its seed; c3's pair seed with c0
+    assert sorted(shares) == ["pair", "self"]
+    assert shares["self"].dtype == np.uint8 and shares["self"].shape == (4, 32)
+    assert shares["pair"].dtype == np.uint8 and shares["pair"].shape == (1, 32)
     with pytest.raises(SecureAggregationError, match=r"client 'c0': refusing to reveal the "
                        r"self-mask seed of 'c3' in round 40, exchange 'a': its pair seed was "
                        r"revealed in round 40, exchange 'b'"):
@@ -241,8 +243,8 @@ def test_a_tampered_or_misrouted_share_is_named_and_a_wrong_revealed_share_is_ca
     request = server.aggregate({u: clients[u].mask(stats[u], 1, "stats", P) for u in P})
     revealed = {u: clients[u].reveal(1, "stats", request["survivors"], request["dropped"])
                 for u in request["survivors"]}
-    revealed["c0"]["self:c2"] = revealed["c0"]["self:c2"].copy()
-    revealed["c0"]["self:c2"][-1] ^= 1
+    revealed["c0"]["self"] = revealed["c0"]["self"].copy()
+    revealed["c0"]["self"][2, -1] ^= 1  # c0's share of c2's seed (rows: c0 .. c4)
     with pytest.raises(SecureAggregationError, match=r"the self-mask seed of 'c2' rebuilt from the "
                        r"revealed shares does not match its commitment"):
         server.unmask(revealed)

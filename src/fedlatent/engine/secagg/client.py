@@ -29,6 +29,7 @@ from fedlatent.engine.secagg.protocol import (
     as_u8,
     describe,
     exchange_label,
+    json_str,
     keys_payload,
     pair_keys,
     pair_seed,
@@ -44,8 +45,9 @@ SEALED_BYTES = 12 + shamir.SEED_SHARE_BYTES + 16  # nonce, one slot's share, Pol
 
 
 def share_context(sender: str, recipient: str) -> bytes:
-    """Associated data binding a share message to (sender, recipient)."""
-    return b"fedlatent/secagg/share\x00" + json.dumps([str(sender), str(recipient)]).encode()
+    """Associated data binding a share message to (sender, recipient): the tag and the JSON
+    list ``[sender, recipient]``."""
+    return b"fedlatent/secagg/share\x00[" + json_str(sender) + b", " + json_str(recipient) + b"]"
 
 
 class SecAggClient:
@@ -216,6 +218,7 @@ class SecAggClient:
         not open is named."""
         roster = self._need_roster()
         size = shamir.SEED_SHARE_BYTES * self.config.n_slots
+        opened: dict[str, bytes] = {}
         for u, msg in sealed.items():
             u = str(u)
             if u not in roster.index or u == self.id:
@@ -224,7 +227,7 @@ class SecAggClient:
             if not roster.graph.adjacent(self.id, u):
                 raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
                                              "not its neighbour on the masking graph")
-            if u in self._blobs:
+            if u in self._blobs or u in opened:
                 raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
             ad = share_context(u, self.id)
             try:
@@ -237,10 +240,14 @@ class SecAggClient:
                 raise SecureAggregationError(
                     f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
                     f"expected {size} ({self.config.n_slots} slots)")
-            if np.any(np.frombuffer(plain, dtype="<u4") >= shamir.P31):
-                raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} holds a "
-                                             "value that is not a field element")
-            self._blobs[u] = plain
+            opened[u] = plain
+        words = np.frombuffer(b"".join(opened.values()), dtype="<u4").reshape(len(opened), -1)
+        bad = np.flatnonzero(np.any(words >= shamir.P31, axis=1))  # checked at once
+        if bad.size:
+            raise SecureAggregationError(f"client {self.id!r}: the share from "
+                                         f"{list(opened)[bad[0]]!r} holds a value that is not a "
+                                         "field element")
+        self._blobs.update(opened)
 
     @property
     def enrolled(self) -> tuple[str, ...]:
@@ -310,9 +317,10 @@ class SecAggClient:
     def reveal(self, round: int, exchange: str, survivors: Sequence[str],
                dropped: Sequence[str]) -> dict[str, np.ndarray]:
         """What the server needs to unmask one exchange's sum, for its neighbours on the masking
-        graph (and itself): this client's share of b_v,e for each survivor v (key
-        ``"self:v"``, 32 bytes) and, for each dropped participant d, the pair seed of (d, this
-        client) for this exchange only (key ``"pair:d"``, 32 bytes).
+        graph (and itself), in the sorted order of ``survivors`` and ``dropped``: ``"self"``,
+        one row of 32 bytes per survivor v, this client's share of b_v,e; and when a neighbour
+        dropped, ``"pair"``, one row per dropped participant d, the pair seed of (d, this
+        client) of this exchange only.
 
         Refuses (SecureAggregationError) when the split does not match the participants this
         client masked with, when fewer than ``threshold`` survived, when the exchange was already
@@ -336,8 +344,9 @@ class SecAggClient:
                     f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
                     f"{where}: its pair seed was revealed in {self._revealed_pair[u][str(e)]}")
         at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
-        out = {f"self:{u}": as_u8(self._blobs[u][at:at + n]) for u in S}
-        out.update((f"pair:{d}", as_u8(sd)) for d, sd in zip(D, self._pair_seeds(D, e, label)))
+        out = {"self": as_u8(b"".join([self._blobs[u][at:at + n] for u in S])).reshape(-1, n)}
+        if D:
+            out["pair"] = as_u8(b"".join(self._pair_seeds(D, e, label))).reshape(-1, n)
         for u in S:
             self._revealed_self.setdefault(u, {}).setdefault(str(e), where)
         for d in D:

@@ -10,6 +10,7 @@ is the keystream of HKDF(b_u; the exchange's label).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -137,7 +138,14 @@ def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
     run and the (sorted) pair; bytes [0, 32) key the shares the smaller id sends, [32, 64) those
     the larger sends, [64, 96) are the pair's mask secret s_uv."""
     lo, hi = sorted((str(u), str(v)))
-    return _crypto.derive_key(shared, PAIR_TAG + json.dumps([str(run), lo, hi]).encode(), 96)
+    info = b"[" + json_str(run) + b", " + json_str(lo) + b", " + json_str(hi) + b"]"
+    return _crypto.derive_key(shared, PAIR_TAG + info, 96)  # info: json.dumps([run, lo, hi])
+
+
+@functools.lru_cache(maxsize=65536)
+def json_str(u: str) -> bytes:
+    """A string as JSON (what ``json.dumps`` writes for it in a list), encoded once."""
+    return json.dumps(str(u)).encode()
 
 
 def pair_seed_table(secret: bytes, slots: int) -> bytes:

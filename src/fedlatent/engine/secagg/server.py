@@ -209,8 +209,8 @@ class SecAggServer:
             raise SecureAggregationError(f"{where}: {len(holders)} survivors revealed shares, "
                                          f"fewer than the threshold {t}; the sum stays masked")
         graph, alive, gone = roster.graph, set(S), set(D)
-        want = {h: [f"self:{u}" for u in graph.closed(h) if u in alive]
-                + [f"pair:{d}" for d in graph.closed(h) if d in gone] for h in holders}
+        want = {h: ([u for u in graph.closed(h) if u in alive],
+                    [d for d in graph.closed(h) if d in gone]) for h in holders}
         got = self._reveals(revealed, want, where)
         total = pend["total"].copy()
         e, n = pend["slot"], total.size
@@ -232,14 +232,14 @@ class SecAggServer:
         roster = self.roster
         index, xs, ys = roster.index, [], []
         for u in S:
-            hs = sorted((h for h in roster.graph.closed(u) if (h, f"self:{u}") in got),
+            hs = sorted((h for h in roster.graph.closed(u) if (h, "self", u) in got),
                         key=index.__getitem__)
             if len(hs) < t:
                 raise SecureAggregationError(
                     f"{where}: {len(hs)} neighbours of {u!r} revealed shares of its self-mask "
                     f"seed, fewer than the neighbourhood threshold {t}; the sum stays masked")
             xs.append([index[h] for h in hs[:t]])
-            ys.append(b"".join(got[h, f"self:{u}"] for h in hs[:t]))
+            ys.append(b"".join([got[h, "self", u] for h in hs[:t]]))
         shares = np.frombuffer(b"".join(ys), dtype="<u4").reshape(len(S), t, shamir.LIMBS)
         if np.any(shares >= shamir.P31):
             raise SecureAggregationError(f"{where}: a revealed share is not a field element "
@@ -261,34 +261,39 @@ class SecAggServer:
         needed: the server holds no key of ``d``)."""
         alive = set(S)
         peers = [u for u in self.roster.graph.neighbours(d) if u in alive]
-        silent = [u for u in peers if (u, f"pair:{d}") not in got]
+        silent = [u for u in peers if (u, "pair", d) not in got]
         if silent:
             raise SecureAggregationError(
                 f"{where}: survivors {silent} masked with dropped {d!r} but revealed no pair "
                 "seed of it; every surviving neighbour of a dropped client must answer the "
                 "reveal, so the sum stays masked")
-        rows = _crypto.prg_rows([got[u, f"pair:{d}"] for u in peers], n)
+        rows = _crypto.prg_rows([got[u, "pair", d] for u in peers], n)
         lo = np.array([u < d for u in peers], dtype=bool)  # u added +m if u < d, else -m
         return rows[~lo].sum(axis=0, dtype=np.uint64) - rows[lo].sum(axis=0, dtype=np.uint64)
 
-    def _reveals(self, revealed, want: dict[str, list[str]], where: str) -> dict:
-        """``{(holder, key): 32 bytes}`` from the holders' reveals; each holder ``h`` must reveal
-        exactly the keys ``want[h]`` (its neighbours'), each a 32-byte uint8 array."""
-        got: dict[tuple[str, str], bytes] = {}
+    def _reveals(self, revealed, want: dict[str, tuple[list, list]], where: str) -> dict:
+        """``{(holder, "self" | "pair", owner): 32 bytes}`` from the holders' reveals; holder
+        ``h`` must send exactly a ``"self"`` row per survivor and a ``"pair"`` row per dropped
+        participant of ``want[h]`` (its neighbours, sorted), each a (rows, 32) uint8 array."""
+        got: dict[tuple[str, str, str], bytes] = {}
         size = shamir.SEED_SHARE_BYTES
-        for h, keys in want.items():
+        for h, (alive, gone) in want.items():
             reply = revealed[h]
-            if len(reply) != len(keys) or not all(k in reply for k in keys):
-                missing = sorted(set(keys) - set(reply))
-                extra = sorted(set(reply) - set(keys))
-                raise SecureAggregationError(f"{where}: client {h!r}'s reveal lacks {missing} "
-                                             f"and has unexpected {extra}")
-            arr = [np.asarray(reply[k]) for k in keys]
-            if any(a.dtype != np.uint8 or a.shape != (size,) for a in arr):
-                k = next(k for k, a in zip(keys, arr) if a.dtype != np.uint8 or a.shape != (size,))
-                as_bytes(reply[k], what=f"client {h!r}, field {k!r}", size=size)  # names it
-            raw = np.concatenate(arr).tobytes() if arr else b""
-            got.update(((h, k), raw[i * size:(i + 1) * size]) for i, k in enumerate(keys))
+            need = {"self": alive, **({"pair": gone} if gone else {})}
+            if set(reply) != set(need):
+                raise SecureAggregationError(
+                    f"{where}: client {h!r}'s reveal has fields {sorted(reply)}, expected "
+                    f"{sorted(need)} (its {len(alive)} surviving and {len(gone)} dropped "
+                    "neighbours)")
+            for kind, owners in need.items():
+                rows = np.asarray(reply[kind])
+                if rows.dtype != np.uint8 or rows.shape != (len(owners), size):
+                    raise SecureAggregationError(
+                        f"{where}: client {h!r}, field {kind!r}: expected a ({len(owners)}, "
+                        f"{size}) uint8 array, got {rows.dtype} {rows.shape}")
+                raw = rows.tobytes()
+                got.update(((h, kind, u), raw[i * size:i * size + size])
+                           for i, u in enumerate(owners))
         return got
 
     def _need_roster(self) -> Roster:

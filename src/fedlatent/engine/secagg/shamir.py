@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 __all__ = ["LIMBS", "P31", "PRIME", "SEED_SHARE_BYTES", "SHARE_BYTES", "draw_seeds",
-           "reconstruct_seeds", "seed_bytes", "share_seeds", "int_from_share", "reconstruct", "reconstruct_many", "share",
-           "share_blobs", "share_many", "share_to_bytes"]
+           "int_from_share", "reconstruct", "reconstruct_many", "reconstruct_seeds", "seed_bytes",
+           "share", "share_blobs", "share_many", "share_seeds", "share_to_bytes"]
 
 PRIME = 2**256 + 297  # the smallest prime above 2^256: every 32-byte secret is a field element
 SHARE_BYTES = 33
@@ -206,15 +206,24 @@ SEED_SHARE_BYTES = 4 * LIMBS
 
 
 def _uniform31(shape: tuple[int, ...]) -> np.ndarray:
-    """Uniform elements of GF(P31) (int64) from the OS: 31 random bits, the one value P31
-    rejected and drawn again."""
+    """Uniform elements of GF(P31) (int64): 31 random bits, the one value P31 rejected and
+    drawn again."""
     size = int(np.prod(shape))
-    out = np.frombuffer(secrets.token_bytes(4 * size), dtype="<u4").astype(np.int64) & P31
+    out = _random_words(size) & P31
     bad = np.flatnonzero(out == P31)
     while bad.size:
-        out[bad] = np.frombuffer(secrets.token_bytes(4 * bad.size), "<u4").astype(np.int64) & P31
+        out[bad] = _random_words(bad.size) & P31
         bad = bad[out[bad] == P31]
     return out.reshape(shape)
+
+
+def _random_words(n: int) -> np.ndarray:
+    """``n`` uniform 32-bit words (int64): the ChaCha20 keystream of a fresh 32-byte key from
+    the OS (a CSPRNG; the OS's own randomness is slow in bulk)."""
+    from fedlatent.engine.secagg._crypto import prg_uint64
+
+    words = prg_uint64(secrets.token_bytes(32), (n + 1) // 2)
+    return words.view("<u4")[:n].astype(np.int64)
 
 
 def draw_seeds(m: int) -> np.ndarray:
@@ -241,11 +250,39 @@ def share_seeds(seeds: np.ndarray, holders: Sequence[int], threshold: int) -> np
         raise ValueError("holders' x-coordinates must be distinct integers in [1, 2^31 - 1)")
     if seeds.ndim != 2 or np.any((seeds < 0) | (seeds >= P31)):
         raise ValueError("seeds must be an (m, limbs) array of elements of GF(2^31 - 1)")
-    x = xs[:, None, None]
-    y = np.zeros((xs.size,) + seeds.shape, dtype=np.int64)
-    for a in _uniform31((threshold - 1,) + seeds.shape):  # Horner from the top coefficient
-        y = (y * x + a) % P31
-    return ((y * x + seeds) % P31).astype(np.uint32)
+    coefs = np.concatenate([seeds[None], _uniform31((threshold - 1,) + seeds.shape)])
+    return _evaluate(coefs.reshape(threshold, -1), xs).reshape(
+        (xs.size,) + seeds.shape).astype(np.uint32)
+
+
+def _evaluate(coefs: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Every polynomial (column j of ``coefs``, constant term first) at every x, mod P31: the
+    Vandermonde matrix times the coefficients, as three exact float64 products (coefficients
+    cut into 11-, 10- and 10-bit parts: each sum of t products stays below 2^53 while
+    t <= 2^11), then reduced; Horner's rule beyond."""
+    t = coefs.shape[0]
+    if t > 2**11:
+        y = np.zeros((xs.size, coefs.shape[1]), dtype=np.int64)
+        for a in coefs[::-1]:
+            y = (y * xs[:, None] + a) % P31
+        return y
+    V = np.ones((t, xs.size), dtype=np.int64)
+    for j in range(1, t):
+        V[j] = V[j - 1] * xs % P31
+    Vf, out = V.T.astype(np.float64), np.zeros((xs.size, coefs.shape[1]), dtype=np.int64)
+    for shift, bits in ((0, 11), (11, 10), (21, 10)):
+        part = ((coefs >> shift) & ((1 << bits) - 1)).astype(np.float64)
+        out += _fold(_fold((Vf @ part).astype(np.int64)) << shift)  # each < 2^53
+    out = _fold(out)
+    out[out == P31] = 0
+    return out
+
+
+def _fold(a: np.ndarray) -> np.ndarray:
+    """a mod P31 up to one P31, for 0 <= a < 2^62: twice (a & P31) + (a >> 31), as
+    2^31 = 1 modulo the Mersenne prime (result <= P31)."""
+    a = (a & P31) + (a >> 31)
+    return (a & P31) + (a >> 31)
 
 
 def reconstruct_seeds(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
