@@ -22,7 +22,6 @@ from fedlatent.engine.secagg.protocol import (
     Roster,
     SecAggConfig,
     SecureAggregationError,
-    as_bytes,
     describe,
     exchange_label,
     self_mask,

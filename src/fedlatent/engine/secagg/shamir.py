@@ -256,24 +256,22 @@ def share_seeds(seeds: np.ndarray, holders: Sequence[int], threshold: int) -> np
 
 
 def _evaluate(coefs: np.ndarray, xs: np.ndarray) -> np.ndarray:
-    """Every polynomial (column j of ``coefs``, constant term first) at every x, mod P31: the
-    Vandermonde matrix times the coefficients, as three exact float64 products (coefficients
-    cut into 11-, 10- and 10-bit parts: each sum of t products stays below 2^53 while
-    t <= 2^11), then reduced; Horner's rule beyond."""
-    t = coefs.shape[0]
-    if t > 2**11:
-        y = np.zeros((xs.size, coefs.shape[1]), dtype=np.int64)
-        for a in coefs[::-1]:
-            y = (y * xs[:, None] + a) % P31
-        return y
-    V = np.ones((t, xs.size), dtype=np.int64)
-    for j in range(1, t):
-        V[j] = V[j - 1] * xs % P31
-    Vf, out = V.T.astype(np.float64), np.zeros((xs.size, coefs.shape[1]), dtype=np.int64)
-    for shift, bits in ((0, 11), (11, 10), (21, 10)):
-        part = ((coefs >> shift) & ((1 << bits) - 1)).astype(np.float64)
-        out += _fold(_fold((Vf @ part).astype(np.int64)) << shift)  # each < 2^53
-    out = _fold(out)
+    """Every polynomial (column j of ``coefs``, constant term first) at every x, mod P31, by
+    Horner's rule on uint64 arrays (polynomials by holders): each step multiplies a value below
+    2^32 by an x below 2^31 and adds a coefficient, then folds twice (2^31 = 1 modulo the
+    Mersenne prime) back below 2^32; no BLAS, no division."""
+    x = np.asarray(xs, dtype=np.uint64)
+    c = np.asarray(coefs, dtype=np.uint64)
+    y = np.zeros((c.shape[1], x.size), dtype=np.uint64)
+    hi, m, s = np.empty_like(y), np.uint64(P31), np.uint64(31)
+    for a in c[::-1]:
+        np.multiply(y, x, out=y)
+        np.add(y, a[:, None], out=y)  # < 2^32 * 2^31 + 2^31
+        for _ in range(2):  # < 2^33, then < 2^31 + 4
+            np.right_shift(y, s, out=hi)
+            np.bitwise_and(y, m, out=y)
+            np.add(y, hi, out=y)
+    out = _fold(y.T.astype(np.int64))
     out[out == P31] = 0
     return out
 
