@@ -126,7 +126,7 @@ def commit(data: bytes) -> bytes:
 def prg_uint64(key: bytes, n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndarray:
     """``n`` pseudo-random uint64 words: the ChaCha20 keystream of a 32-byte key (little-endian).
 
-    Each (key, nonce) is used for one keystream only: a mask key is derived per exchange and
+    Each (key, nonce) is used for one keystream only: a mask's seed is fresh per exchange and
     keyed with the zero nonce; a pair's secret keys only its seeds' table (its own nonce).
     """
     c = require()

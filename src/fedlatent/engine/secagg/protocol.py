@@ -57,13 +57,14 @@ class SecAggConfig:
     encoding : FixedPoint
         The public fixed-point scale and bounds.
     slots : int or None
-        None (one mask key and one self-mask seed per client for the whole fit): a client whose
-        self-mask seed was revealed (it survived an exchange) can never be recovered later.
-        An int E: every client draws E mask key pairs and E self-mask seeds at set-up, all
+        None (one self-mask seed per client for the whole fit, pair seeds per exchange label):
+        a client whose self-mask seed was revealed (it survived an exchange) can never be
+        recovered later. An int E: every client draws E self-mask seeds at set-up, all
         Shamir-shared then, and exchange number e (0 <= e < E, assigned by the server's
-        :meth:`~.server.SecAggServer.announce`) uses only the e-th of each; revealing the
-        secrets of one exchange reveals nothing of another, so a client that drops in any
-        exchange is recovered (and excluded for the rest of the fit).
+        :meth:`~.server.SecAggServer.announce`) uses only the e-th seed and the e-th pair seed
+        of each neighbour; revealing the secrets of one exchange reveals nothing of another,
+        so a client that drops in any exchange is recovered (and excluded for the rest of the
+        fit).
     degree : int or None
         SecAgg+ (Bell et al. 2020): each client masks with its ``degree`` neighbours on a random
         regular graph (:class:`~fedlatent.engine.secagg.graph.MaskingGraph`) and deals its

@@ -32,9 +32,9 @@ N), so the bound is that of one record's statistic (e.g. ``x_j x_k``): standardi
 whose squares exceed it. Each entry carries at most ``1 / (2 scale)`` of rounding.
 A dropped client's masks are recovered from its surviving neighbours' pair seeds of that
 exchange (every one of them must answer the reveal); it is excluded for the rest of the fit.
-Fewer survivors than the threshold stop the fit, naming the round, the count and the threshold; an abandoned exchange
-is never retried. A round whose draw of participants (after exclusions) is below the
-threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
+Fewer survivors than the threshold stop the fit, naming the round, the count and the
+threshold; an abandoned exchange is never retried. A round whose draw of participants (after
+exclusions) is below the threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
 refused before any exchange (:func:`refuse_unsupported`).
 
 At scale (SecAgg+, :mod:`fedlatent.engine.secagg.graph`): when
@@ -227,7 +227,8 @@ class SecureChannel:
 
     @property
     def excluded(self) -> dict[str, str]:
-        """Clients declared dropped (their mask key revealed): out for the rest of the fit."""
+        """Clients declared dropped (their pair seeds of that exchange revealed): out for the rest
+        of the fit."""
         return self.server.excluded
 
     @property

@@ -62,7 +62,7 @@ class SecAggServer:
         _crypto.require()
         self.config = config
         self.roster: Roster | None = None
-        self.excluded: dict[str, str] = {}  # dropped clients whose mask key was rebuilt
+        self.excluded: dict[str, str] = {}  # dropped clients whose masks were recovered
         self._pending: dict | None = None
         self._done: set[bytes] = set()
         self._next_slot = 0
@@ -118,7 +118,7 @@ class SecAggServer:
         if gone:
             raise SecureAggregationError(
                 f"{where}: {gone} were declared dropped in {self.excluded[gone[0]]} and their "
-                "mask keys rebuilt; they must rejoin with new keys (a new set-up)")
+                "masks recovered; they must rejoin with new keys (a new set-up)")
         t = self.config.threshold
         if len(P) < t:
             raise SecureAggregationError(f"{where}: {len(P)} participants, fewer than the "
