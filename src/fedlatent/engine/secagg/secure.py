@@ -34,8 +34,9 @@ A dropped client's masks are recovered from its surviving neighbours' pair seeds
 exchange (every one of them must answer the reveal); it is excluded for the rest of the fit.
 Fewer survivors than the threshold stop the fit, naming the round, the count and the
 threshold; an abandoned exchange is never retried. A round whose draw of participants (after
-exclusions) is below the threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
-refused before any exchange (:func:`refuse_unsupported`).
+exclusions) is below the threshold is skipped and recorded in ``history_``
+(:mod:`.secure_round`); an ``'auto'`` size is refused before any exchange
+(:func:`refuse_unsupported`).
 
 At scale (SecAgg+, :mod:`fedlatent.engine.secagg.graph`): when
 :func:`~fedlatent.engine.secagg.graph.plus_parameters` finds a degree k at most half the other
