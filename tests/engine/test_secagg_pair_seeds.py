@@ -164,3 +164,23 @@ def test_hkdf_on_the_standard_library_is_cryptographys_hkdf():
         want = lib.HKDF(algorithm=lib.hashes.SHA256(), length=n, salt=None,
                         info=b"ctx").derive(b"ikm" * 11)
         assert _crypto.derive_key(b"ikm" * 11, b"ctx", n) == want
+
+
+def test_the_flat_encoding_is_encode_then_flatten_with_the_same_errors():
+    from fedlatent.engine.secagg import Layout
+
+    rng = np.random.default_rng(7)
+    stats = {"b": rng.normal(size=(2, 3)), "a": rng.normal(size=4), "n": np.array(3.0)}
+    for fp in (FixedPoint(scale=2.0**20, bound=10.0),
+               FixedPoint(scale=2.0**20, bound={"a": 5.0, "b": 5.0, "n": 4.0})):
+        layout, y = fp.encode_flat(stats, client="c7")
+        enc = fp.encode(stats, client="c7")
+        assert layout == Layout.of(enc)
+        np.testing.assert_array_equal(y, layout.flatten(enc, np.uint64))
+    with pytest.raises(ValueError, match=r"client 'c7': field 'n' has \|value\| 3 beyond the "
+                       r"declared bound 2"):
+        FixedPoint(scale=2.0**20, bound={"a": 5.0, "b": 5.0, "n": 2.0}).encode_flat(
+            stats, client="c7")
+    with pytest.raises(ValueError, match=r"client 'c7': field 'a' has 1 non-finite values"):
+        FixedPoint(scale=2.0**20, bound=10.0).encode_flat(dict(stats, a=np.array([np.nan])),
+                                                          client="c7")

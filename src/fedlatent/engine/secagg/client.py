@@ -17,7 +17,6 @@ import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
 import fedlatent.engine.secagg.shamir as shamir
-from fedlatent.engine.secagg.encoding import Layout
 from fedlatent.engine.secagg.protocol import (
     KEY_FIELDS,
     KEYS_PURPOSE,
@@ -270,9 +269,7 @@ class SecAggClient:
         label = exchange_label(round, exchange)
         P = self._mask_participants(roster, participants, label, where)
         e = self._take_slot(slot, label, where)
-        encoded = self.config.encoding.encode(stats, client=self.id)
-        layout = Layout.of(encoded)
-        y = layout.flatten(encoded, np.uint64)
+        layout, y = self.config.encoding.encode_flat(stats, client=self.id)
         n = y.size
         y += self_mask(self._self_seeds[e], label, n)
         peers = [v for v in P if v != self.id]  # its neighbours among the participants
