@@ -8,10 +8,10 @@ exchange e; per neighbour pair, ONE agreement X25519(c_u, c_v) at set-up, from w
 (bound to the run and the pair) derives the pair's two share-encryption keys and its mask
 secret s_uv (:func:`.protocol.pair_keys`). Exchange e's pair seed is the e-th 32-byte block of
 the ChaCha20 keystream of s_uv, its pair mask the keystream of that seed; the self mask is the
-keystream of HKDF(b_u,e; the exchange's label). An exchange costs one keystream per neighbour:
-no key agreement, no HKDF per neighbour. The seeds b_u,e are Shamir-shared limb-wise over
-GF(2^31 - 1) in NumPy (:func:`.shamir.share_seeds`), every exchange's at once, and sealed in one
-ChaCha20-Poly1305 message per neighbour. :mod:`.driver` runs the whole protocol in memory.
+keystream of b_u,e under a nonce hashed from the exchange's label. An exchange costs one
+keystream per neighbour: no key agreement, no key derivation. The seeds b_u,e are
+Shamir-shared limb-wise over GF(2^31 - 1) in NumPy (:func:`.shamir.share_seeds`), every
+exchange's at once, and sealed in one ChaCha20-Poly1305 message per neighbour. :mod:`.driver` runs the whole protocol in memory.
 
 Per exchange the server unmasks the sum with, from each survivor, its shares of its surviving
 neighbours' seeds b_v,e (the self masks), and for a participant d that dropped, its pair seed

@@ -16,6 +16,7 @@ CCS 2017, section 3 (inputs in Z_R).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -49,7 +50,7 @@ class Layout:
 
     @property
     def size(self) -> int:
-        return int(sum(int(np.prod(s)) for _, s in self.shapes))
+        return sum(math.prod(s) for _, s in self.shapes)
 
     def flatten(self, arrays: Mapping[str, np.ndarray], dtype) -> np.ndarray:
         """One vector of all fields in sorted-name order."""
@@ -61,7 +62,7 @@ class Layout:
         """The named arrays of a flat vector (copies)."""
         out, at = {}, 0
         for k, s in self.shapes:
-            m = int(np.prod(s))
+            m = math.prod(s)
             out[k] = vector[at:at + m].reshape(s).copy()
             at += m
         return out

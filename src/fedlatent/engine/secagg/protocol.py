@@ -5,12 +5,13 @@ X25519 secret, HKDF turns it (bound to the run and the pair) into their two shar
 keys and their mask secret s_uv (:func:`pair_keys`); exchange e's pair seed is the e-th 32-byte
 block of the ChaCha20 keystream of s_uv (:func:`pair_seed_table`; with one secret per fit, HKDF
 of s_uv and the exchange's label), and the pair mask is the keystream of that seed. The self mask
-is the keystream of HKDF(b_u; the exchange's label).
+is the keystream of b_u under a nonce hashed from the exchange's label.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -125,8 +126,11 @@ def describe(round: int, exchange: str) -> str:
 
 
 def self_mask(seed: bytes, label: bytes, n: int) -> np.ndarray:
-    """A client's own mask for one exchange: PRG(HKDF(b_u; info=label))."""
-    return _crypto.prg_uint64(_crypto.derive_key(seed, b"fedlatent/secagg/self\x00" + label), n)
+    """A client's own mask for one exchange: the ChaCha20 keystream of b_u under the nonce
+    SHA-256(tag, label)[:12], one keystream per (seed, exchange) (a seed per exchange, or with
+    one seed per fit, a nonce per exchange)."""
+    nonce = hashlib.sha256(b"fedlatent/secagg/self\x00" + label).digest()[:12]
+    return _crypto.prg_uint64(seed, n, nonce=nonce)
 
 
 PAIR_TAG = b"fedlatent/secagg/pair\x00"
