@@ -11,7 +11,8 @@ the ChaCha20 keystream of s_uv, its pair mask the keystream of that seed; the se
 keystream of b_u,e under a nonce hashed from the exchange's label. An exchange costs one
 keystream per neighbour: no key agreement, no key derivation. The seeds b_u,e are
 Shamir-shared limb-wise over GF(2^31 - 1) in NumPy (:func:`.shamir.share_seeds`), every
-exchange's at once, and sealed in one ChaCha20-Poly1305 message per neighbour. :mod:`.driver` runs the whole protocol in memory.
+exchange's at once, and sealed in one ChaCha20-Poly1305 message per neighbour. :mod:`.driver`
+runs the whole protocol in memory.
 
 Per exchange the server unmasks the sum with, from each survivor, its shares of its surviving
 neighbours' seeds b_v,e (the self masks), and for a participant d that dropped, its pair seed
