@@ -218,7 +218,7 @@ def test_the_server_sees_only_ciphertexts_of_shares():
                     for a in m.values() if not isinstance(a, str))
     for c in clients.values():
         for secret in (_crypto.private_raw(c._private), *c._self_seeds,
-                       *(p[64:] for p in c._pair.values())):  # key, seeds, pair secrets
+                       *(p[32:] for p in c._pair.values())):  # key, seeds, pair secrets
             assert secret not in blob
 
 

@@ -5,7 +5,7 @@ primitives from ``cryptography`` (the optional extra ``fedlatent[privacy]``, imp
 use): fixed-point encoding in Z_{2^64} with a public scale (:mod:`.encoding`); per client, drawn
 from the OS once per fit, ONE X25519 key pair c_u and a self-mask seed b_u,e per planned
 exchange e; per neighbour pair, ONE agreement X25519(c_u, c_v) at set-up, from which HKDF
-(bound to the run and the pair) derives the pair's two share-encryption keys and its mask
+(bound to the run and the pair) derives the pair's share-encryption key and its mask
 secret s_uv (:func:`.protocol.pair_keys`). Exchange e's pair seed is the e-th 32-byte block of
 the ChaCha20 keystream of s_uv, its pair mask the keystream of that seed; the self mask is the
 keystream of b_u,e under a nonce hashed from the exchange's label. An exchange costs one

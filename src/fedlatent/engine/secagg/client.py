@@ -468,18 +468,18 @@ class SecAggClient:
     def _share_key(self, sender: str, recipient: str) -> bytes:
         """The key of the shares ``sender`` deals to ``recipient`` (one of them this client)."""
         block = self._pair_block(recipient if sender == self.id else sender)
-        return block[:32] if sender < recipient else block[32:64]
+        return block[:32]  # both directions; the associated data binds (sender, recipient)
 
     def _pair_seeds(self, peers: Sequence[str], slot: int, label: bytes) -> list[bytes]:
         """The pair seed of this client and each of ``peers`` for one exchange: block ``slot``
         of the pair's seed table (with one secret per fit: HKDF of s_uv and the label)."""
         if self.config.slots is None:
-            return [pair_seed(self._pair_block(v)[64:], label) for v in peers]
+            return [pair_seed(self._pair_block(v)[32:], label) for v in peers]
         out = []
         for v in peers:
             table = self._tables.get(v)
             if table is None:
-                table = self._tables[v] = pair_seed_table(self._pair_block(v)[64:],
+                table = self._tables[v] = pair_seed_table(self._pair_block(v)[32:],
                                                           self.config.n_slots)
             out.append(table[32 * slot:32 * slot + 32])
         return out

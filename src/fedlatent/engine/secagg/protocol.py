@@ -139,12 +139,13 @@ SEEDS_NONCE = b"pair-seeds\x00\x00"
 
 
 def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
-    """96 bytes from X25519(c_u, c_v), once per neighbour pair per fit: HKDF-SHA256 bound to the
-    run and the (sorted) pair; bytes [0, 32) key the shares the smaller id sends, [32, 64) those
-    the larger sends, [64, 96) are the pair's mask secret s_uv."""
+    """64 bytes from X25519(c_u, c_v), once per neighbour pair per fit: HKDF-SHA256 bound to the
+    run and the (sorted) pair; bytes [0, 32) key the shares the two deal each other (each
+    message sealed once, with a random nonce, its associated data naming sender and
+    recipient), bytes [32, 64) are the pair's mask secret s_uv."""
     lo, hi = sorted((str(u), str(v)))
     info = b"[" + json_str(run) + b", " + json_str(lo) + b", " + json_str(hi) + b"]"
-    return _crypto.derive_key(shared, PAIR_TAG + info, 96)  # info: json.dumps([run, lo, hi])
+    return _crypto.derive_key(shared, PAIR_TAG + info, 64)  # info: json.dumps([run, lo, hi])
 
 
 @functools.lru_cache(maxsize=65536)

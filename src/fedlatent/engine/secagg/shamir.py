@@ -258,16 +258,18 @@ def share_seeds(seeds: np.ndarray, holders: Sequence[int], threshold: int) -> np
 def _evaluate(coefs: np.ndarray, xs: np.ndarray) -> np.ndarray:
     """Every polynomial (column j of ``coefs``, constant term first) at every x, mod P31, by
     Horner's rule on uint64 arrays (polynomials by holders): each step multiplies a value below
-    2^32 by an x below 2^31 and adds a coefficient, then folds twice (2^31 = 1 modulo the
-    Mersenne prime) back below 2^32; no BLAS, no division."""
+    2^32 by an x below 2^31 and adds a coefficient, then folds (2^31 = 1 modulo the Mersenne
+    prime) back below 2^32: once when every x is below 2^30, else twice; no BLAS, no
+    division."""
     x = np.asarray(xs, dtype=np.uint64)
     c = np.asarray(coefs, dtype=np.uint64)
     y = np.zeros((c.shape[1], x.size), dtype=np.uint64)
     hi, m, s = np.empty_like(y), np.uint64(P31), np.uint64(31)
+    folds = 1 if x.size == 0 or int(x.max()) < 2**30 else 2  # x < 2^30: < 2^31 + 2^31 at once
     for a in c[::-1]:
         np.multiply(y, x, out=y)
         np.add(y, a[:, None], out=y)  # < 2^32 * 2^31 + 2^31
-        for _ in range(2):  # < 2^33, then < 2^31 + 4
+        for _ in range(folds):  # < 2^33, then < 2^31 + 4
             np.right_shift(y, s, out=hi)
             np.bitwise_and(y, m, out=y)
             np.add(y, hi, out=y)
