@@ -87,7 +87,7 @@ def test_a_dropout_after_setup_is_recovered_and_then_excluded():
         server.announce(2, "stats", IDS)
     with pytest.raises(SecureAggregationError, match=r"client 'c0': participant 'c3' of round 2, "
                        r"exchange 'stats' was declared dropped in round 1, exchange 'stats' and "
-                       r"its mask key revealed; it must rejoin with new keys"):
+                       r"its pair seeds revealed; it must rejoin with new keys"):
         clients["c0"].mask(stats["c0"], 2, "stats", IDS)
     # the others go on
     rest = ["c0", "c1", "c2", "c4"]
@@ -104,10 +104,15 @@ def test_two_dropouts_in_one_exchange_are_recovered():
 
 
 def test_survivors_silent_at_the_reveal_are_not_needed_while_threshold_others_reveal():
+    """Without a dropout, a silent survivor's reply still counts; a survivor silent when one of
+    its neighbours dropped is needed (only it can give its pair seed with the dropped client)."""
     server, clients = setup(IDS, config())
     stats = inputs(IDS, seed=10)
-    got = run_exchange(server, clients, stats, 1, "stats", IDS, drop=["c0"], silent=["c4"])
-    assert_close_to(got, float_sum(stats, ["c1", "c2", "c3", "c4"]), 4)  # c4's reply counts
+    got = run_exchange(server, clients, stats, 1, "stats", IDS, silent=["c4"])
+    assert_close_to(got, float_sum(stats, IDS), 5)  # c4's reply counts
+    with pytest.raises(SecureAggregationError, match=r"round 3, exchange 'stats': survivors "
+                       r"\['c4'\] masked with dropped 'c0' but revealed no pair seed of it"):
+        run_exchange(*setup(IDS, config()), stats, 3, "stats", IDS, drop=["c0"], silent=["c4"])
     with pytest.raises(SecureAggregationError, match=r"round 2, exchange 'stats': 2 survivors "
                        r"revealed shares, fewer than the threshold 3; the sum stays masked"):
         run_exchange(server, clients, stats, 2, "stats", IDS[1:], silent=["c1", "c2"])
@@ -144,13 +149,13 @@ def test_a_peer_never_reveals_both_secrets_of_the_same_client():
     server, clients = setup(IDS, config())
     stats = inputs(IDS, seed=5)
     run_exchange(server, clients, stats, 1, "stats", IDS)  # every b_u is revealed
-    with pytest.raises(SecureAggregationError, match=r"client 'c0': refusing to reveal the mask "
-                       r"key of 'c3' \(declared dropped in round 2, exchange 'stats'\): its "
+    with pytest.raises(SecureAggregationError, match=r"client 'c0': refusing to reveal the pair "
+                       r"seed of 'c3' \(declared dropped in round 2, exchange 'stats'\): its "
                        r"self-mask seed was revealed in round 1, exchange 'stats'"):
         run_exchange(server, clients, stats, 2, "stats", IDS, drop=["c3"])
 
 
-def test_a_client_whose_mask_key_was_revealed_gets_no_self_seed_reveal_later():
+def test_a_client_whose_pair_seed_was_revealed_gets_no_self_seed_reveal_later():
     """Two exchanges open at once: c3 is declared dropped in one, then a survivor of the other."""
     _, clients = setup(IDS, config())
     stats = inputs(IDS, seed=6)
@@ -159,10 +164,12 @@ def test_a_client_whose_mask_key_was_revealed_gets_no_self_seed_reveal_later():
             clients[u].mask(stats[u], 40, e, IDS)
     survivors = ["c0", "c1", "c2", "c4"]
     shares = clients["c0"].reveal(40, "b", survivors, ["c3"])
-    assert sorted(shares) == ["mask:c3", "self:c0", "self:c1", "self:c2", "self:c4"]
-    assert all(v.dtype == np.uint8 and v.shape == (33,) for v in shares.values())
+    # a row per survivor (c0, c1, c2, c4) of c0's share of its seed; c3's pair seed with c0
+    assert sorted(shares) == ["pair", "self"]
+    assert shares["self"].dtype == np.uint8 and shares["self"].shape == (4, 32)
+    assert shares["pair"].dtype == np.uint8 and shares["pair"].shape == (1, 32)
     with pytest.raises(SecureAggregationError, match=r"client 'c0': refusing to reveal the "
-                       r"self-mask seed of 'c3' in round 40, exchange 'a': its mask key was "
+                       r"self-mask seed of 'c3' in round 40, exchange 'a': its pair seed was "
                        r"revealed in round 40, exchange 'b'"):
         clients["c0"].reveal(40, "a", IDS, [])
 
@@ -196,15 +203,12 @@ def test_the_server_sees_only_ciphertexts_of_shares():
     for sender, _, msgs in relayed:
         for recipient, ct in msgs.items():
             ct = ct.tobytes()
-            s_share, b_share = clients[recipient]._held[sender]
-            for share in (s_share, b_share):
-                assert shamir.share_to_bytes(share) not in ct
-                assert shamir.share_to_bytes(share)[-8:] not in ct
+            share = clients[recipient]._blobs[sender]  # its share of the sender's seed
+            assert len(share) == shamir.SEED_SHARE_BYTES
+            assert share not in ct and share[-8:] not in ct
             # opens only with the (sender, recipient) key; a third client's key fails
             third = next(w for w in IDS if w not in (sender, recipient))
-            wrong = _crypto.derive_key(_crypto.agree(
-                clients[third]._enc_private, server.roster.keys[sender]["enc_key"]),
-                share_context(sender, third))
+            wrong = clients[third]._share_key(sender, third)
             with pytest.raises(ValueError, match="authentication failed"):
                 _crypto.aead_open(wrong, ct, share_context(sender, recipient))
             n_checked += 1
@@ -213,8 +217,8 @@ def test_the_server_sees_only_ciphertexts_of_shares():
     blob = b"".join(np.asarray(a).tobytes() for _, _, v, m in wire.log if v == "<server>"
                     for a in m.values() if not isinstance(a, str))
     for c in clients.values():
-        for secret in (_crypto.private_raw(c._mask_private), _crypto.private_raw(c._enc_private),
-                       c._self_seed):
+        for secret in (_crypto.private_raw(c._private), *c._self_seeds,
+                       *(p[32:] for p in c._pair.values())):  # key, seeds, pair secrets
             assert secret not in blob
 
 
@@ -239,8 +243,8 @@ def test_a_tampered_or_misrouted_share_is_named_and_a_wrong_revealed_share_is_ca
     request = server.aggregate({u: clients[u].mask(stats[u], 1, "stats", P) for u in P})
     revealed = {u: clients[u].reveal(1, "stats", request["survivors"], request["dropped"])
                 for u in request["survivors"]}
-    revealed["c0"]["self:c2"] = revealed["c0"]["self:c2"].copy()
-    revealed["c0"]["self:c2"][-1] ^= 1
+    revealed["c0"]["self"] = revealed["c0"]["self"].copy()
+    revealed["c0"]["self"][2, -1] ^= 1  # c0's share of c2's seed (rows: c0 .. c4)
     with pytest.raises(SecureAggregationError, match=r"the self-mask seed of 'c2' rebuilt from the "
                        r"revealed shares does not match its commitment"):
         server.unmask(revealed)
@@ -265,8 +269,8 @@ def test_a_roster_that_alters_a_clients_own_key_is_refused():
     clients = {u: SecAggClient(u, cfg) for u in IDS}
     roster = SecAggServer(cfg).collect_keys({u: c.public_keys() for u, c in clients.items()})
     assert roster["ids"] == '["c0", "c1", "c2", "c3", "c4"]'
-    assert roster["mask_key"].shape == (5, 32) and roster["mask_key"].dtype == np.uint8
-    swapped = dict(roster, mask_key=roster["mask_key"][[1, 0, 2, 3, 4]])
+    assert roster["enc_key"].shape == (5, 32) and roster["enc_key"].dtype == np.uint8
+    swapped = dict(roster, enc_key=roster["enc_key"][[1, 0, 2, 3, 4]])
     with pytest.raises(SecureAggregationError, match=r"client 'c0': the relayed roster lacks or "
                        r"alters this client's own public keys"):
         clients["c0"].receive_peer_keys(swapped)

@@ -149,8 +149,8 @@ def gmm():
 
 
 class Substituting:
-    """A runtime wrapper playing a server that substitutes peer ``peer``'s mask key in the
-    roster it relays to ``victim``."""
+    """A runtime wrapper playing a server that substitutes peer ``peer``'s key (share
+    encryption and masks) in the roster it relays to ``victim``."""
 
     def __init__(self, rt, victim, peer):
         self.rt, self.victim, self.peer = rt, victim, peer
@@ -165,10 +165,10 @@ class Substituting:
             m = dict(msgs[self.victim])
             i = json.loads(m["ids"]).index(self.peer)
             fake = SecAggClient(self.peer, SecAggConfig(3, FixedPoint(1.0, 1.0), slots=int(
-                m["mask_key"].shape[1] // 32))).public_keys()
-            mk = np.array(m["mask_key"], copy=True)
-            mk[i] = fake["mask_key"]
-            m["mask_key"] = mk
+                m["self_commit"].shape[1] // 32))).public_keys()
+            mk = np.array(m["enc_key"], copy=True)
+            mk[i] = fake["enc_key"]
+            m["enc_key"] = mk
             msgs[self.victim] = m
         return self.rt.call(ids, method, msgs)
 

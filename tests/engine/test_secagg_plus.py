@@ -74,8 +74,8 @@ def test_shares_and_masks_stay_in_the_neighbourhood_and_the_sum_is_exact():
         assert c.enrolled == graph.closed(u)  # it holds shares of its 6 neighbours and itself
     # each client was sent the keys of its neighbourhood only, and dealt 6 sealed shares
     rosters = {r: m for step, s, r, m in wire.log if step == "roster"}
-    assert all(json.loads(m["members"]) == list(graph.closed(u)) and m["mask_key"].shape == (7, 128)
-               for u, m in rosters.items())
+    assert all(json.loads(m["members"]) == list(graph.closed(u))
+               and m["self_commit"].shape == (7, 128) for u, m in rosters.items())
     dealt = [m for step, s, r, m in wire.log if step == "shares" and r == "<server>"]
     assert sorted(len(m) for m in dealt) == [6] * 24
     stats = inputs(1)
@@ -83,8 +83,9 @@ def test_shares_and_masks_stay_in_the_neighbourhood_and_the_sum_is_exact():
     wire = Wire(record=True)
     assert near(run_exchange(server, clients, stats, 1, "estep", part, wire=wire), stats, part)
     for step, u, _, m in wire.log:  # a reveal carries only the neighbours' shares
-        if step == "reveal":
-            assert {k.split(":")[1] for k in m} <= set(graph.closed(u))
+        if step == "reveal":  # one row per surviving participant of its neighbourhood
+            assert set(m) == {"self"}
+            assert len(m["self"]) == len(set(graph.closed(u)) & set(part)) <= 7
 
 
 def test_dropouts_are_recovered_from_the_neighbours_shares_and_then_excluded():
@@ -204,6 +205,6 @@ def test_a_fit_over_a_sparse_graph_equals_the_plain_fit(monkeypatch):
     commits = {m["graph_commit"] for d, c, meth, m in rt.log
                if d == "down" and meth == "secagg" and m.get("step") == "keys"}
     assert len(commits) == 1 and all(len(c) == 64 for c in commits)
-    reveal_sizes = [len(m) for d, c, meth, m in rt.log
-                    if d == "up" and meth == "secagg" and "self:" + c in m]
+    reveal_sizes = [len(m["self"]) for d, c, meth, m in rt.log
+                    if d == "up" and meth == "secagg" and "self" in m]
     assert reveal_sizes and max(reveal_sizes) <= 7  # its neighbourhood, never the 20 clients

@@ -13,7 +13,7 @@ from fedlatent.engine.secagg import (
     setup,
     shamir,
 )
-from fedlatent.engine.secagg.protocol import exchange_label, pair_mask, self_mask, slot_item
+from fedlatent.engine.secagg.protocol import exchange_label, self_mask
 
 SCALE = 2.0**20
 IDS = [f"c{i}" for i in range(5)]
@@ -45,8 +45,9 @@ def test_a_survivor_of_two_exchanges_dropping_in_the_third_is_recovered():
 
 
 def test_secrets_rebuilt_for_one_exchange_do_not_unmask_another():
-    """c2's self-mask seed of exchange 1 and its mask key of exchange 3 (both rebuilt by the
-    server) leave its exchange-1 reply masked by the pair masks of slot 0."""
+    """c2's self-mask seed of exchange 1 (rebuilt by the server) and its pair seeds of exchange
+    3 (revealed when it dropped there) leave its exchange-1 reply masked by the pair masks of
+    slot 0."""
     server, clients = setup(IDS, config())
     stats = inputs(1)
     c = clients["c2"]
@@ -54,20 +55,18 @@ def test_secrets_rebuilt_for_one_exchange_do_not_unmask_another():
     label = exchange_label(1, "estep")
     n = 6
     seed0 = c._self_seeds[0]  # what survivors' shares of slot 0 rebuild
-    key2 = _crypto.private_raw(c._mask_privates[2])  # what the shares of slot 2 rebuild
     known = self_mask(seed0, label, n)
-    roster = server.roster or c._roster
     for v in IDS:
         if v == "c2":
             continue
-        peer = slot_item(roster.keys[v]["mask_key"], 0)
-        m = pair_mask(_crypto.agree(_crypto.load_private(key2), peer), label, n)
+        (seed2,) = clients[v]._pair_seeds(["c2"], 2, exchange_label(3, "estep"))  # revealed
+        m = _crypto.prg_uint64(seed2, n)
         known = known + m if "c2" < v else known - m
     guess = (y1["s"] - known).view(np.int64) / SCALE
     assert np.max(np.abs(guess - stats["c2"]["s"])) > 1e6  # still masked
-    # the shares held for slot 0 and slot 2 are of different secrets
-    held = clients["c0"]._held_slots["c2"]
-    assert held[0] != held[2] and all(isinstance(x, int) and x < shamir.PRIME for x in held[0])
+    # the shares held for slot 0 and slot 2 are of different secrets, each a field element
+    held = np.frombuffer(clients["c0"]._blobs["c2"], "<u4").reshape(4, shamir.LIMBS)
+    assert np.any(held[0] != held[2]) and np.all(held < shamir.P31)
 
 
 def test_slots_are_announced_once_each_and_run_out_with_a_clear_message():

@@ -1,8 +1,10 @@
 """The client side of secure aggregation: keys, shares, masking and the guarded reveal.
 
-One :class:`SecAggClient` lives on a client for a whole fit. Its secrets (two X25519 private keys
-and a self-mask seed) come from the operating system; only public keys, AEAD ciphertexts of
-shares, masked vectors and the shares the multi-round rule allows ever leave it.
+One :class:`SecAggClient` lives on a client for a whole fit. Its secrets (one X25519 private key
+and a self-mask seed per planned exchange) come from the operating system; only public keys,
+AEAD ciphertexts of shares, masked vectors, and what the multi-round rule allows (shares of a
+surviving neighbour's self-mask seed, a dropped neighbour's pair seed of that exchange) ever
+leave it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
 import fedlatent.engine.secagg.shamir as shamir
-from fedlatent.engine.secagg.encoding import Layout
 from fedlatent.engine.secagg.protocol import (
     KEY_FIELDS,
     KEYS_PURPOSE,
@@ -27,22 +28,25 @@ from fedlatent.engine.secagg.protocol import (
     as_u8,
     describe,
     exchange_label,
+    json_str,
     keys_payload,
-    pair_mask,
+    pair_keys,
+    pair_seed,
+    pair_seed_table,
     self_mask,
-    slot_item,
 )
 
 __all__ = ["SecAggClient", "share_context"]
 
 log = logging.getLogger(__name__)
 
-SEALED_BYTES = 12 + 2 * shamir.SHARE_BYTES + 16  # nonce, two shares, Poly1305 tag
+SEALED_BYTES = 12 + shamir.SEED_SHARE_BYTES + 16  # nonce, one slot's share, Poly1305 tag
 
 
 def share_context(sender: str, recipient: str) -> bytes:
-    """Associated data (and HKDF context) binding a share message to (sender, recipient)."""
-    return b"fedlatent/secagg/share\x00" + json.dumps([str(sender), str(recipient)]).encode()
+    """Associated data binding a share message to (sender, recipient): the tag and the JSON
+    list ``[sender, recipient]``."""
+    return b"fedlatent/secagg/share\x00[" + json_str(sender) + b", " + json_str(recipient) + b"]"
 
 
 class SecAggClient:
@@ -57,7 +61,8 @@ class SecAggClient:
     run : str
         The run this set-up belongs to, and ``round`` the round it happens in: both are bound
         into the client's signature of its keys (:meth:`public_keys` with a signer), so a
-        signature made for one run or round never authenticates keys in another.
+        signature made for one run or round never authenticates keys in another; the run is
+        also bound into every pair's keys (:func:`~.protocol.pair_keys`).
     round : int
 
     Notes
@@ -86,42 +91,42 @@ class SecAggClient:
         #: SHA-256 of the server's graph seed, sent before this client drew its keys
         self.graph_commit = None if graph_commit is None else bytes(graph_commit)
         self.run, self.setup_round = str(run), int(round)
-        E = config.n_slots
-        self._mask_privates = [_crypto.generate_private() for _ in range(E)]  # s_u per slot
-        self._enc_private = _crypto.generate_private()  # c_u
-        self._self_seeds = [_crypto.random_bytes() for _ in range(E)]  # b_u per slot
-        self._mask_private, self._self_seed = self._mask_privates[0], self._self_seeds[0]
+        self._private = _crypto.generate_private()  # c_u: share keys and pair masks
+        self._seeds = shamir.draw_seeds(config.n_slots)  # b_u per slot, (E, LIMBS)
         self._roster: Roster | None = None
         self._shared = False
-        # owner -> the opened bytes of its shares: per slot (share of s_owner, share of b_owner)
+        # owner -> the opened bytes of its shares: this client's share of b_owner, per slot
         self._blobs: dict[str, bytes] = {}
-        self._held = _Held(self._blobs, first=True)  # owner -> (share of s, of b), slot 0
-        # owner -> per slot (share of s_owner, share of b_owner)
-        self._held_slots = _Held(self._blobs)
-        self._pair_secret: dict[tuple[str, int], bytes] = {}
-        self._enc_shared: dict[str, bytes] = {}
+        # neighbour -> pair_keys(X25519(c_u, c_v)): share keys and s_uv, agreed once per fit
+        self._pair: dict[str, bytes] = {}
+        self._tables: dict[str, bytes] = {}  # neighbour -> its pair seeds (rebuilt, not dumped)
         self._masked: dict[bytes, tuple[str, ...]] = {}
         self._slot_of: dict[bytes, int] = {}  # exchange label -> the slot it used
         self._revealed: set[bytes] = set()
-        self._revealed_self: dict[str, str] = {}  # peer -> the exchange its b was revealed in
-        self._revealed_mask: dict[str, str] = {}  # peer -> the exchange its s was revealed in
+        # peer -> {slot: the exchange in which its self-seed share / pair seed was revealed}
+        self._revealed_self: dict[str, dict[str, str]] = {}
+        self._revealed_pair: dict[str, dict[str, str]] = {}
 
     # --- set-up, once per fit -----------------------------------------------------------------
     def public_keys(self, signer=None) -> dict[str, np.ndarray]:
-        """The public keys of s_u and c_u and a SHA-256 commitment to b_u (uint8 arrays).
+        """The public key of c_u and a SHA-256 commitment to each slot's b_u (uint8 arrays).
 
         With ``signer`` (the site's :class:`~fedlatent.engine.site.keys.SiteKeys`), also
         ``"signature"``: its Ed25519 signature of the keys, this client's id, the run and the
         set-up round.
         """
-        out = {"mask_key": as_u8(b"".join(_crypto.public_raw(k) for k in self._mask_privates)),
-               "enc_key": as_u8(_crypto.public_raw(self._enc_private)),
+        out = {"enc_key": as_u8(_crypto.public_raw(self._private)),
                "self_commit": as_u8(b"".join(_crypto.commit(b) for b in self._self_seeds))}
         if signer is not None:
             payload = keys_payload({k: v.tobytes() for k, v in out.items()})
             out[SIGNATURE_FIELD] = as_u8(signer.sign(KEYS_PURPOSE, self.key_context(self.id),
                                                      payload))
         return out
+
+    @property
+    def _self_seeds(self) -> list[bytes]:
+        """Each slot's self-mask seed b_u, 32 bytes (what keys its self mask)."""
+        return shamir.seed_bytes(self._seeds)
 
     def key_context(self, site: str) -> dict:
         """What a site's signature of its keys is bound to: the site, the run, the round, and
@@ -186,28 +191,24 @@ class SecAggClient:
                     f"client {self.id!r}: peer {v!r} is not authenticated: {err}") from err
 
     def share_messages(self) -> dict[str, np.ndarray]:
-        """Shamir shares of s_u and b_u (every slot's) for each neighbour on the masking graph
-        (every other enrolled client on the complete graph), each sealed with
-        ChaCha20-Poly1305 under HKDF(X25519(c_u, c_v)) and bound to (u, v): ``{peer: bytes}``."""
+        """Shamir shares of every slot's b_u for each neighbour on the masking graph (every other
+        enrolled client on the complete graph), dealt at once (:func:`~.shamir.share_seeds`)
+        and sealed in one ChaCha20-Poly1305 message per neighbour, under the share key of the
+        pair (:func:`~.protocol.pair_keys`) and bound to (u, v): ``{peer: bytes}``."""
         roster = self._need_roster()
         if self._shared:
             raise SecureAggregationError(f"client {self.id!r}: shares are dealt once per fit")
         t = self.config.share_threshold(roster.n)
         near = roster.graph.closed(self.id)
-        xs = [roster.index[v] for v in near]
-        E = self.config.n_slots
-        pairs = [k for e in range(E) for k in (_crypto.private_raw(self._mask_privates[e]),
-                                               self._self_seeds[e])]
-        blobs = shamir.share_blobs(pairs, xs, t)  # per holder: (s, b) of every slot
+        shares = shamir.share_seeds(self._seeds, [roster.index[v] for v in near], t)
         out = {}
-        for v in near:
-            plain = blobs[roster.index[v]]
+        for v, row in zip(near, shares.astype("<u4")):
+            plain = row.tobytes()  # this holder's share of every slot's seed, in slot order
             if v == self.id:
                 self._blobs[v] = plain
                 continue
             ad = share_context(self.id, v)
-            key = _crypto.derive_key(self._enc_secret(v), ad)
-            out[v] = as_u8(_crypto.aead_seal(key, plain, ad))
+            out[v] = as_u8(_crypto.aead_seal(self._share_key(self.id, v), plain, ad))
         self._shared = True
         return out
 
@@ -215,6 +216,8 @@ class SecAggClient:
         """Open the shares the server relays ``{sender: bytes}``; a sender whose ciphertext does
         not open is named."""
         roster = self._need_roster()
+        size = shamir.SEED_SHARE_BYTES * self.config.n_slots
+        opened: dict[str, bytes] = {}
         for u, msg in sealed.items():
             u = str(u)
             if u not in roster.index or u == self.id:
@@ -223,42 +226,65 @@ class SecAggClient:
             if not roster.graph.adjacent(self.id, u):
                 raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
                                              "not its neighbour on the masking graph")
-            if u in self._held:
+            if u in self._blobs or u in opened:
                 raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
             ad = share_context(u, self.id)
-            key = _crypto.derive_key(self._enc_secret(u), ad)
             try:
-                plain = _crypto.aead_open(key, as_bytes(msg, what=f"share from {u!r}"), ad)
+                plain = _crypto.aead_open(self._share_key(u, self.id),
+                                          as_bytes(msg, what=f"share from {u!r}"), ad)
             except ValueError as exc:
                 raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} does not "
                                              f"open ({exc})") from exc
-            n = shamir.SHARE_BYTES
-            if len(plain) != 2 * n * self.config.n_slots:
+            if len(plain) != size:
                 raise SecureAggregationError(
                     f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
-                    f"expected {2 * n * self.config.n_slots} ({self.config.n_slots} slots)")
-            if not _field_elements(plain):
-                raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} holds a "
-                                             "value that is not a field element")
-            self._blobs[u] = plain
+                    f"expected {size} ({self.config.n_slots} slots)")
+            opened[u] = plain
+        words = np.frombuffer(b"".join(opened.values()), dtype="<u4").reshape(len(opened), -1)
+        bad = np.flatnonzero(np.any(words >= shamir.P31, axis=1))  # checked at once
+        if bad.size:
+            raise SecureAggregationError(f"client {self.id!r}: the share from "
+                                         f"{list(opened)[bad[0]]!r} holds a value that is not a "
+                                         "field element")
+        self._blobs.update(opened)
 
     @property
     def enrolled(self) -> tuple[str, ...]:
         """Clients whose shares this client holds (itself included): whom it can mask with."""
-        return tuple(sorted(self._held))
+        return tuple(sorted(self._blobs))
 
     # --- per exchange -------------------------------------------------------------------------
     def mask(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
              participants: Sequence[str], slot: int | None = None) -> dict[str, np.ndarray]:
-        """y_u = encode(x_u) + PRG(b_u; k, e) + sum_{v in P, v != u} +-PRG(s_uv; k, e) mod 2^64.
+        """y_u = encode(x_u) + PRG(b_u,e; label) + sum_{v in P, v != u} +-PRG(seed_uv,e) mod 2^64.
 
-        The sign is + when u sorts before v. Each (round, exchange) is masked at most once.
-        With per-exchange secrets (``config.slots``), ``slot`` is the exchange's number the
-        server announced; each slot is used for one exchange only.
+        The sign is + when u sorts before v; ``seed_uv,e`` is the pair's seed of the exchange
+        (one ChaCha20 keystream per neighbour, no key agreement: s_uv was agreed at set-up).
+        Each (round, exchange) is masked at most once. With per-exchange secrets
+        (``config.slots``), ``slot`` is the exchange's number the server announced; each slot
+        is used for one exchange only.
         """
         roster = self._need_roster()
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
+        P = self._mask_participants(roster, participants, label, where)
+        e = self._take_slot(slot, label, where)
+        layout, y = self.config.encoding.encode_flat(stats, client=self.id)
+        n = y.size
+        y += self_mask(self._self_seeds[e], label, n)
+        peers = [v for v in P if v != self.id]  # its neighbours among the participants
+        rows = _crypto.prg_rows(self._pair_seeds(peers, e, label), n)
+        up = np.array([self.id < v for v in peers], dtype=bool)
+        y += rows[up].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
+        y -= rows[~up].sum(axis=0, dtype=np.uint64)
+        self._masked[label] = tuple(P)
+        return layout.unflatten(y)
+
+    def _mask_participants(self, roster: Roster, participants, label: bytes,
+                           where: str) -> list[str]:
+        """The participants this client masks with (its neighbourhood among them on a sparse
+        graph), after every refusal: a second reply, an unknown or excluded participant, too
+        few of them."""
         if label in self._masked:
             raise SecureAggregationError(f"client {self.id!r}: already masked a reply in {where}; "
                                          "a second, different reply would expose the difference")
@@ -267,52 +293,70 @@ class SecAggClient:
             raise SecureAggregationError(f"client {self.id!r}: asked to mask in {where} but not "
                                          "among its announced participants")
         P = self._local(roster, P)  # on a sparse graph: its neighbourhood among them
-        near = set(roster.graph.closed(self.id))
-        missing = sorted(set(P) - set(self._held))
+        missing = sorted(set(P) - set(self._blobs))
         if missing:
             raise SecureAggregationError(f"client {self.id!r}: holds no shares of {missing} "
                                          f"(participants of {where}); they did not finish set-up")
-        gone = {v: self._revealed_mask[v] for v in P if v in self._revealed_mask}
+        gone = {v: next(iter(self._revealed_pair[v].values())) for v in P
+                if self._revealed_pair.get(v)}
         if gone:
             v, at = next(iter(gone.items()))
             raise SecureAggregationError(
                 f"client {self.id!r}: participant {v!r} of {where} was declared dropped in {at} "
-                "and its mask key revealed; it must rejoin with new keys (a new set-up)")
+                "and its pair seeds revealed; it must rejoin with new keys (a new set-up)")
         t = self.config.share_threshold(roster.n)
         if len(P) < t:
             raise SecureAggregationError(f"{where}: {len(P)} participants{self._of_near(roster)}, "
                                          f"fewer than the {self._kind(roster)}threshold {t}; the "
                                          "sum could never be unmasked")
-        e = self._take_slot(slot, label, where)
-        encoded = self.config.encoding.encode(stats, client=self.id)
-        layout = Layout.of(encoded)
-        y = layout.flatten(encoded, np.uint64)
-        n = y.size
-        y += self_mask(self._self_seeds[e], label, n)
-        for v in P:  # its neighbours among the participants (everyone on a complete graph)
-            if v == self.id or v not in near:
-                continue
-            m = pair_mask(self._secret_with(v, e), label, n)
-            if self.id < v:
-                y += m
-            else:
-                y -= m
-        self._masked[label] = tuple(P)
-        return layout.unflatten(y)
+        return P
 
     def reveal(self, round: int, exchange: str, survivors: Sequence[str],
                dropped: Sequence[str]) -> dict[str, np.ndarray]:
-        """The shares the server needs to unmask one exchange's sum: of b_v for each survivor v
-        (key ``"self:v"``) and of s_d for each dropped participant d (key ``"mask:d"``), of its
-        neighbours on the masking graph (and itself).
+        """What the server needs to unmask one exchange's sum, for its neighbours on the masking
+        graph (and itself), in the sorted order of ``survivors`` and ``dropped``: ``"self"``,
+        one row of 32 bytes per survivor v, this client's share of b_v,e; and when a neighbour
+        dropped, ``"pair"``, one row per dropped participant d, the pair seed of (d, this
+        client) of this exchange only.
 
         Refuses (SecureAggregationError) when the split does not match the participants this
         client masked with, when fewer than ``threshold`` survived, when the exchange was already
-        revealed, or when a peer would get both kinds of secret revealed over the fit.
+        revealed, or when a peer would get both its self-seed share and a pair seed of the same
+        slot revealed (with one secret per fit: of any two exchanges).
         """
         roster = self._need_roster()
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
+        S, D = self._reveal_split(roster, label, survivors, dropped, where)
+        e = self._slot_of[label]
+        for d in D:
+            if str(e) in self._revealed_self.get(d, {}):
+                raise SecureAggregationError(
+                    f"client {self.id!r}: refusing to reveal the pair seed of {d!r} (declared "
+                    f"dropped in {where}): its self-mask seed was revealed in "
+                    f"{self._revealed_self[d][str(e)]}, and both would expose its replies")
+        for u in S:
+            if str(e) in self._revealed_pair.get(u, {}):
+                raise SecureAggregationError(
+                    f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
+                    f"{where}: its pair seed was revealed in {self._revealed_pair[u][str(e)]}")
+        at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
+        out = {"self": as_u8(b"".join([self._blobs[u][at:at + n] for u in S])).reshape(-1, n)}
+        if D:
+            out["pair"] = as_u8(b"".join(self._pair_seeds(D, e, label))).reshape(-1, n)
+        for u in S:
+            self._revealed_self.setdefault(u, {}).setdefault(str(e), where)
+        for d in D:
+            self._revealed_pair.setdefault(d, {}).setdefault(str(e), where)
+        self._revealed.add(label)
+        if D:
+            log.info("client %r revealed its pair seeds with dropped %s in %s", self.id, D, where)
+        return out
+
+    def _reveal_split(self, roster: Roster, label: bytes, survivors, dropped,
+                      where: str) -> tuple[list[str], list[str]]:
+        """Its survivors and dropped neighbours of an exchange it masked in and has not revealed,
+        checked: they split its participants, it is a survivor, enough of them survived."""
         if label not in self._masked:
             raise SecureAggregationError(f"client {self.id!r}: sent no masked reply in {where}; "
                                          "nothing to reveal")
@@ -333,30 +377,7 @@ class SecAggClient:
             raise SecureAggregationError(f"{where}: {len(S)} survivors{self._of_near(roster)}, "
                                          f"fewer than the {self._kind(roster)}threshold {t}; "
                                          "refusing to reveal (the sum cannot be unmasked)")
-        e = self._slot_of[label]
-        for d in D:
-            # one secret per fit: a self-mask seed revealed in any exchange unmasks them all
-            if self.config.slots is None and d in self._revealed_self:
-                raise SecureAggregationError(
-                    f"client {self.id!r}: refusing to reveal the mask key of {d!r} (declared "
-                    f"dropped in {where}): its self-mask seed was revealed in "
-                    f"{self._revealed_self[d]}, and both would expose its replies")
-        for u in S:
-            if u in self._revealed_mask:
-                raise SecureAggregationError(
-                    f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
-                    f"{where}: its mask key was revealed in {self._revealed_mask[u]}")
-        out = {}
-        for u in S:
-            out[f"self:{u}"] = as_u8(self._share_bytes(u, e, 1))
-            self._revealed_self.setdefault(u, where)
-        for d in D:
-            out[f"mask:{d}"] = as_u8(self._share_bytes(d, e, 0))
-            self._revealed_mask.setdefault(d, where)
-        self._revealed.add(label)
-        if D:
-            log.info("client %r revealed mask-key shares of dropped %s in %s", self.id, D, where)
-        return out
+        return S, D
 
     # --- persistence (a client rebuilt on every message, as on Flower) ------------------------
     def dump(self) -> str:
@@ -373,15 +394,15 @@ class SecAggClient:
             "bound": enc.bound, "slots": self.config.slots, "degree": self.config.degree,
             "local_threshold": self.config.local_threshold,
             "graph_commit": None if self.graph_commit is None else self.graph_commit.hex(),
-            "mask_private": [_crypto.private_raw(k).hex() for k in self._mask_privates],
-            "enc_private": _crypto.private_raw(self._enc_private).hex(),
-            "self_seed": [b.hex() for b in self._self_seeds],
+            "private": _crypto.private_raw(self._private).hex(),
+            "self_seed": np.ascontiguousarray(self._seeds, dtype="<u4").tobytes().hex(),
             "roster": roster, "shared": self._shared,
-            "held": {u: [[hex(a), hex(b)] for a, b in v] for u, v in self._held_slots.items()},
+            "held": {u: b.hex() for u, b in self._blobs.items()},
+            "pair": {v: b.hex() for v, b in self._pair.items()},
             "masked": {k.hex(): list(v) for k, v in self._masked.items()},
             "slot_of": {k.hex(): v for k, v in self._slot_of.items()},
             "revealed": sorted(k.hex() for k in self._revealed),  # a set: one order
-            "revealed_self": self._revealed_self, "revealed_mask": self._revealed_mask})
+            "revealed_self": self._revealed_self, "revealed_pair": self._revealed_pair})
 
     @classmethod
     def load(cls, text: str) -> SecAggClient:
@@ -396,34 +417,25 @@ class SecAggClient:
         c.id, c.config = str(d["id"]), cfg
         c.graph_commit = None if d.get("graph_commit") is None else bytes.fromhex(d["graph_commit"])
         c.run, c.setup_round = str(d.get("run", "")), int(d.get("setup_round", 0))
-        c._mask_privates = [_crypto.load_private(bytes.fromhex(h)) for h in d["mask_private"]]
-        c._enc_private = _crypto.load_private(bytes.fromhex(d["enc_private"]))
-        c._self_seeds = [bytes.fromhex(h) for h in d["self_seed"]]
-        c._mask_private, c._self_seed = c._mask_privates[0], c._self_seeds[0]
+        c._private = _crypto.load_private(bytes.fromhex(d["private"]))
+        c._seeds = np.frombuffer(bytes.fromhex(d["self_seed"]), dtype="<u4").astype(
+            np.int64).reshape(cfg.n_slots, shamir.LIMBS)
         c._roster = None
         if d["roster"] is not None:
             msg = _roster_message(d["roster"])
             c._roster = Roster.from_message(msg, cfg)
         c._shared = bool(d["shared"])
-        as33 = shamir.share_to_bytes
-        c._blobs = {u: b"".join(as33(int(a, 16)) + as33(int(b, 16)) for a, b in v)
-                    for u, v in d["held"].items()}
-        c._held, c._held_slots = _Held(c._blobs, first=True), _Held(c._blobs)
-        c._pair_secret, c._enc_shared = {}, {}
+        c._blobs = {u: bytes.fromhex(h) for u, h in d["held"].items()}
+        c._pair = {v: bytes.fromhex(h) for v, h in d["pair"].items()}
+        c._tables = {}
         c._masked = {bytes.fromhex(k): tuple(v) for k, v in d["masked"].items()}
         c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
         c._revealed = {bytes.fromhex(k) for k in d["revealed"]}
-        c._revealed_self = dict(d["revealed_self"])
-        c._revealed_mask = dict(d["revealed_mask"])
+        c._revealed_self = {u: dict(v) for u, v in d["revealed_self"].items()}
+        c._revealed_pair = {u: dict(v) for u, v in d["revealed_pair"].items()}
         return c
 
     # --- helpers ------------------------------------------------------------------------------
-    def _share_bytes(self, owner: str, slot: int, kind: int) -> bytes:
-        """The 33 bytes of this client's share of ``owner``'s secret (kind 0: mask key, 1:
-        self-mask seed) of ``slot``, read from the opened bytes."""
-        at = (2 * slot + kind) * shamir.SHARE_BYTES
-        return self._blobs[owner][at:at + shamir.SHARE_BYTES]
-
     def _local(self, roster: Roster, members: list[str]) -> list[str]:
         """On a sparse graph, the members in this client's closed neighbourhood (all of them on
         the complete graph): the participants it masks with, the survivors it reveals for."""
@@ -444,17 +456,33 @@ class SecAggClient:
                                          "key set-up precedes every exchange)")
         return self._roster
 
-    def _enc_secret(self, v: str) -> bytes:
-        """X25519(c_u, c_v), the secret behind the share keys between u and v (set-up only)."""
-        if v not in self._enc_shared:
-            self._enc_shared[v] = _crypto.agree(self._enc_private, self._roster.keys[v]["enc_key"])
-        return self._enc_shared[v]
+    def _pair_block(self, v: str) -> bytes:
+        """:func:`~.protocol.pair_keys` of this client and neighbour ``v``: one X25519
+        agreement per neighbour per fit (at set-up), kept."""
+        got = self._pair.get(v)
+        if got is None:
+            shared = _crypto.agree(self._private, self._roster.keys[v]["enc_key"])
+            got = self._pair[v] = pair_keys(shared, self.run, self.id, v)
+        return got
 
-    def _secret_with(self, v: str, slot: int) -> bytes:
-        if (v, slot) not in self._pair_secret:
-            self._pair_secret[v, slot] = _crypto.agree(
-                self._mask_privates[slot], slot_item(self._roster.keys[v]["mask_key"], slot))
-        return self._pair_secret[v, slot]
+    def _share_key(self, sender: str, recipient: str) -> bytes:
+        """The key of the shares ``sender`` deals to ``recipient`` (one of them this client)."""
+        block = self._pair_block(recipient if sender == self.id else sender)
+        return block[:32]  # both directions; the associated data binds (sender, recipient)
+
+    def _pair_seeds(self, peers: Sequence[str], slot: int, label: bytes) -> list[bytes]:
+        """The pair seed of this client and each of ``peers`` for one exchange: block ``slot``
+        of the pair's seed table (with one secret per fit: HKDF of s_uv and the label)."""
+        if self.config.slots is None:
+            return [pair_seed(self._pair_block(v)[32:], label) for v in peers]
+        out = []
+        for v in peers:
+            table = self._tables.get(v)
+            if table is None:
+                table = self._tables[v] = pair_seed_table(self._pair_block(v)[32:],
+                                                          self.config.n_slots)
+            out.append(table[32 * slot:32 * slot + 32])
+        return out
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each
@@ -484,33 +512,3 @@ def _roster_message(saved: dict) -> dict:
     return {k: v if k in text else np.frombuffer(bytes.fromhex(v), np.uint8).reshape(
         len(json.loads(saved["ids"])) if k == "enc_all" else rows, -1)
         for k, v in saved.items()}
-
-
-class _Held(Mapping):
-    """The shares a client holds, read on demand from the opened bytes of each owner:
-    ``owner -> [(share of s, share of b) per slot]``, or with ``first`` slot 0's pair only."""
-
-    def __init__(self, blobs: dict[str, bytes], first: bool = False):
-        self._blobs, self._first = blobs, first
-
-    def __getitem__(self, owner: str):
-        blob, n = self._blobs[owner], shamir.SHARE_BYTES
-        read = int.from_bytes
-        pairs = [(read(blob[i:i + n], "big"), read(blob[i + n:i + 2 * n], "big"))
-                 for i in range(0, len(blob), 2 * n)]
-        return pairs[0] if self._first else pairs
-
-    def __iter__(self):
-        return iter(self._blobs)
-
-    def __len__(self) -> int:
-        return len(self._blobs)
-
-
-def _field_elements(plain: bytes) -> bool:
-    """Whether every 33-byte big-endian share in ``plain`` is below the prime 2^256 + 297."""
-    if not any(plain[::shamir.SHARE_BYTES]):  # every leading byte 0: below 2^256
-        return True
-    a = np.frombuffer(plain, dtype=np.uint8).reshape(-1, shamir.SHARE_BYTES)
-    low = a[:, 31].astype(np.int64) * 256 + a[:, 32]
-    return bool(np.all((a[:, 0] == 0) | ((a[:, 0] == 1) & ~a[:, 1:31].any(axis=1) & (low < 297))))

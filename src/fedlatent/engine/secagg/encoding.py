@@ -16,6 +16,7 @@ CCS 2017, section 3 (inputs in Z_R).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -49,7 +50,7 @@ class Layout:
 
     @property
     def size(self) -> int:
-        return int(sum(int(np.prod(s)) for _, s in self.shapes))
+        return sum(math.prod(s) for _, s in self.shapes)
 
     def flatten(self, arrays: Mapping[str, np.ndarray], dtype) -> np.ndarray:
         """One vector of all fields in sorted-name order."""
@@ -61,7 +62,7 @@ class Layout:
         """The named arrays of a flat vector (copies)."""
         out, at = {}, 0
         for k, s in self.shapes:
-            m = int(np.prod(s))
+            m = math.prod(s)
             out[k] = vector[at:at + m].reshape(s).copy()
             at += m
         return out
@@ -143,6 +144,21 @@ class FixedPoint:
                                  f"{name!r} (and lower the scale if the capacity check fails)")
             out[name] = np.rint(x * self.scale).astype(np.int64).view(np.uint64)
         return out
+
+    def encode_flat(self, arrays: Mapping[str, np.ndarray], *, client: str
+                    ) -> tuple[Layout, np.ndarray]:
+        """``Layout.of(arrays)`` and the flat uint64 vector of :meth:`encode` (fields in sorted
+        order), every bound checked in one pass (:meth:`encode`'s error when one fails)."""
+        layout = Layout.of(arrays)
+        x = layout.flatten(arrays, np.float64)
+        if isinstance(self.bound, Mapping):
+            bound = np.repeat([self.bound_of(k) for k in layout.names],
+                              [int(np.prod(shp)) for _, shp in layout.shapes])
+        else:
+            bound = float(self.bound)
+        if not (np.all(np.isfinite(x)) and np.all(np.abs(x) <= bound)):
+            self.encode(arrays, client=client)  # raises, naming the client and the field
+        return layout, np.rint(x * self.scale).astype(np.int64).view(np.uint64)
 
     def decode(self, summed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The float64 value of ring elements (a sum of encodings, masks removed)."""

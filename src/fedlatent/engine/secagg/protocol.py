@@ -1,11 +1,17 @@
 """What the secure-aggregation client and server share: settings, the roster, mask derivation.
 
-Masks are derived per exchange: the label ``(round, exchange)`` enters HKDF's ``info``, so every
-exchange of a fit gets independent keystreams from keys agreed once per fit.
+Masks are derived per exchange from secrets agreed once per fit: a pair of neighbours agrees one
+X25519 secret, HKDF turns it (bound to the run and the pair) into their two share-encryption
+keys and their mask secret s_uv (:func:`pair_keys`); exchange e's pair seed is the e-th 32-byte
+block of the ChaCha20 keystream of s_uv (:func:`pair_seed_table`; with one secret per fit, HKDF
+of s_uv and the exchange's label), and the pair mask is the keystream of that seed. The self mask
+is the keystream of b_u under a nonce hashed from the exchange's label.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -16,9 +22,12 @@ import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.encoding import FixedPoint
 
 __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
-           "as_u8", "exchange_label", "keys_payload", "pair_mask", "self_mask", "slot_item"]
+           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_seed", "pair_seed_table",
+           "self_mask", "slot_item"]
 
-KEY_FIELDS = ("mask_key", "enc_key", "self_commit")
+#: a client's public keys: its X25519 key (share encryption and pairwise masks) and a SHA-256
+#: commitment to each of its self-mask seeds
+KEY_FIELDS = ("enc_key", "self_commit")
 #: the optional field carrying a client's Ed25519 signature of its public keys
 #: (:mod:`fedlatent.engine.site.keys`); 64 zero bytes in the roster: unsigned
 SIGNATURE_FIELD, SIGNATURE_BYTES = "signature", 64
@@ -49,13 +58,14 @@ class SecAggConfig:
     encoding : FixedPoint
         The public fixed-point scale and bounds.
     slots : int or None
-        None (one mask key and one self-mask seed per client for the whole fit): a client whose
-        self-mask seed was revealed (it survived an exchange) can never be recovered later.
-        An int E: every client draws E mask key pairs and E self-mask seeds at set-up, all
+        None (one self-mask seed per client for the whole fit, pair seeds per exchange label):
+        a client whose self-mask seed was revealed (it survived an exchange) can never be
+        recovered later. An int E: every client draws E self-mask seeds at set-up, all
         Shamir-shared then, and exchange number e (0 <= e < E, assigned by the server's
-        :meth:`~.server.SecAggServer.announce`) uses only the e-th of each; revealing the
-        secrets of one exchange reveals nothing of another, so a client that drops in any
-        exchange is recovered (and excluded for the rest of the fit).
+        :meth:`~.server.SecAggServer.announce`) uses only the e-th seed and the e-th pair seed
+        of each neighbour; revealing the secrets of one exchange reveals nothing of another,
+        so a client that drops in any exchange is recovered (and excluded for the rest of the
+        fit).
     degree : int or None
         SecAgg+ (Bell et al. 2020): each client masks with its ``degree`` neighbours on a random
         regular graph (:class:`~fedlatent.engine.secagg.graph.MaskingGraph`) and deals its
@@ -116,13 +126,44 @@ def describe(round: int, exchange: str) -> str:
 
 
 def self_mask(seed: bytes, label: bytes, n: int) -> np.ndarray:
-    """A client's own mask for one exchange: PRG(HKDF(b_u; info=label))."""
-    return _crypto.prg_uint64(_crypto.derive_key(seed, b"fedlatent/secagg/self\x00" + label), n)
+    """A client's own mask for one exchange: the ChaCha20 keystream of b_u under the nonce
+    SHA-256(tag, label)[:12], one keystream per (seed, exchange) (a seed per exchange, or with
+    one seed per fit, a nonce per exchange)."""
+    nonce = hashlib.sha256(b"fedlatent/secagg/self\x00" + label).digest()[:12]
+    return _crypto.prg_uint64(seed, n, nonce=nonce)
 
 
-def pair_mask(shared: bytes, label: bytes, n: int) -> np.ndarray:
-    """The mask a pair of clients shares in one exchange: PRG(HKDF(X25519(s_u, s_v); label))."""
-    return _crypto.prg_uint64(_crypto.derive_key(shared, b"fedlatent/secagg/pair\x00" + label), n)
+PAIR_TAG = b"fedlatent/secagg/pair\x00"
+#: the ChaCha20 nonce of the pair seeds' table (the mask keystreams use the zero nonce)
+SEEDS_NONCE = b"pair-seeds\x00\x00"
+
+
+def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
+    """64 bytes from X25519(c_u, c_v), once per neighbour pair per fit: HKDF-SHA256 bound to the
+    run and the (sorted) pair; bytes [0, 32) key the shares the two deal each other (each
+    message sealed once, with a random nonce, its associated data naming sender and
+    recipient), bytes [32, 64) are the pair's mask secret s_uv."""
+    lo, hi = sorted((str(u), str(v)))
+    info = b"[" + json_str(run) + b", " + json_str(lo) + b", " + json_str(hi) + b"]"
+    return _crypto.derive_key(shared, PAIR_TAG + info, 64)  # info: json.dumps([run, lo, hi])
+
+
+@functools.lru_cache(maxsize=65536)
+def json_str(u: str) -> bytes:
+    """A string as JSON (what ``json.dumps`` writes for it in a list), encoded once."""
+    return json.dumps(str(u)).encode()
+
+
+def pair_seed_table(secret: bytes, slots: int) -> bytes:
+    """Every exchange's pair seed, ``32 * slots`` bytes: the ChaCha20 keystream of s_uv under
+    :data:`SEEDS_NONCE` (seed e: bytes [32 e, 32 e + 32)). Seeds of different exchanges are
+    different blocks of one keystream: one reveals nothing of another."""
+    return _crypto.prg_uint64(secret, 4 * int(slots), nonce=SEEDS_NONCE).tobytes()
+
+
+def pair_seed(secret: bytes, label: bytes) -> bytes:
+    """One exchange's pair seed with one secret per fit (no slots): HKDF(s_uv; label)."""
+    return _crypto.derive_key(secret, PAIR_TAG + label)
 
 
 def as_u8(data: bytes) -> np.ndarray:
@@ -142,7 +183,7 @@ def as_bytes(arr, *, what: str, size: int | None = None) -> bytes:
 
 
 def _per(field: str, config: SecAggConfig) -> int:
-    """32-byte items per client in a key field: one per slot for mask keys and commitments."""
+    """32-byte items per client in a key field: one per slot for the seeds' commitments."""
     return 1 if field == "enc_key" else config.n_slots
 
 
@@ -157,7 +198,7 @@ class Roster:
 
     Parameters
     ----------
-    keys : mapping of client id to {"mask_key", "enc_key", "self_commit"} uint8 arrays
+    keys : mapping of client id to {"enc_key", "self_commit"} uint8 arrays
         What each client's :meth:`SecAggClient.public_keys` sent to the server: every enrolled
         client's (the server's roster), or on a sparse graph only one client's closed
         neighbourhood (what that client is sent, :meth:`message_for`).
@@ -190,7 +231,7 @@ class Roster:
                            else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
                                          what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
                            for u in members}
-        for f in ("mask_key", "enc_key"):
+        for f in ("enc_key",):
             seen: dict[bytes, str] = {}
             for u in members:
                 k = self.keys[u][f]

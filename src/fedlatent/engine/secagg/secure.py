@@ -4,9 +4,10 @@
 :mod:`fedlatent.engine.secagg` (Bonawitz et al. 2017 with per-exchange secrets):
 
 set-up, once per fit (method ``secagg``, steps ``keys``, ``roster``, ``shares``)
-    every client draws from the OS one X25519 key pair for share encryption and, for each of
-    the ``slots`` exchanges the fit may run, a mask key pair and a self-mask seed; the server
-    relays the public keys (the roster) and the sealed Shamir shares of every secret.
+    every client draws from the OS one X25519 key pair (share encryption and pairwise masks,
+    agreed once per neighbour pair) and, for each of the ``slots`` exchanges the fit may run,
+    a self-mask seed; the server relays the public keys (the roster) and the sealed Shamir
+    shares of every seed (one message per neighbour).
 one exchange (a round's ``estep``, or an initialization ``query``)
     the round message carries the participants, the exchange's slot and two public factors:
     the client's weight ``w_c`` and ``1 / N`` (N = the federation's units, public since
@@ -29,12 +30,13 @@ secagg_bound=2**20)``) caps the absolute value of every entry a client sends; th
 per-unit means weighted by ``w_c <= 1`` (a client's mean statistics, or its sums divided by
 N), so the bound is that of one record's statistic (e.g. ``x_j x_k``): standardize features
 whose squares exceed it. Each entry carries at most ``1 / (2 scale)`` of rounding.
-A dropped client's masks are recovered from the survivors' shares; its mask key of that
-exchange is then known, so it is excluded for the rest of the fit. Fewer survivors than the
-threshold stop the fit, naming the round, the count and the threshold; an abandoned exchange
-is never retried. A round whose draw of participants (after exclusions) is below the
-threshold is skipped and recorded in ``history_`` (:mod:`.secure_round`); an ``'auto'`` size is
-refused before any exchange (:func:`refuse_unsupported`).
+A dropped client's masks are recovered from its surviving neighbours' pair seeds of that
+exchange (every one of them must answer the reveal); it is excluded for the rest of the fit.
+Fewer survivors than the threshold stop the fit, naming the round, the count and the
+threshold; an abandoned exchange is never retried. A round whose draw of participants (after
+exclusions) is below the threshold is skipped and recorded in ``history_``
+(:mod:`.secure_round`); an ``'auto'`` size is refused before any exchange
+(:func:`refuse_unsupported`).
 
 At scale (SecAgg+, :mod:`fedlatent.engine.secagg.graph`): when
 :func:`~fedlatent.engine.secagg.graph.plus_parameters` finds a degree k at most half the other
@@ -122,7 +124,7 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
                          "the key set-up; the server must start with step 'keys'")
     if step == "roster":
         client.receive_peer_keys({k: v for k, v in msg.items() if k in
-                                  ("ids", "mask_key", "enc_key", "self_commit", "signature",
+                                  ("ids", "enc_key", "self_commit", "signature",
                                    "graph_seed", "members", "enc_all")},
                                  trust=None if identity is None else identity.roster)
         return {f"to/{v}": ct for v, ct in client.share_messages().items()}
@@ -226,7 +228,8 @@ class SecureChannel:
 
     @property
     def excluded(self) -> dict[str, str]:
-        """Clients declared dropped (their mask key revealed): out for the rest of the fit."""
+        """Clients declared dropped (their pair seeds of that exchange revealed): out for the rest
+        of the fit."""
         return self.server.excluded
 
     @property

@@ -1,9 +1,11 @@
 """The server side of secure aggregation: relay, sum of masked replies, unmasking.
 
-The server sees public keys, AEAD ciphertexts it cannot open, masked vectors, and per exchange the
-shares the survivors reveal: of each survivor's self-mask seed b_u, and of each dropped
-participant's mask key s_d. From those it learns the sum of the survivors' inputs and nothing
-about one client's input beyond it (Bonawitz et al., CCS 2017, Theorem 6.2, honest-but-curious).
+The server sees public keys, AEAD ciphertexts it cannot open, masked vectors, and per exchange
+what the survivors reveal: shares of each survivor's self-mask seed b_u,e, and, for each dropped
+participant d, each surviving neighbour's pair seed with d of that exchange only. From those it
+learns the sum of the survivors' inputs and nothing about one client's input beyond it (Bonawitz
+et al., CCS 2017, Theorem 6.2, honest-but-curious; the per-exchange pair seeds: the package
+docstring).
 """
 
 from __future__ import annotations
@@ -20,10 +22,8 @@ from fedlatent.engine.secagg.protocol import (
     Roster,
     SecAggConfig,
     SecureAggregationError,
-    as_bytes,
     describe,
     exchange_label,
-    pair_mask,
     self_mask,
     slot_item,
 )
@@ -62,7 +62,7 @@ class SecAggServer:
         _crypto.require()
         self.config = config
         self.roster: Roster | None = None
-        self.excluded: dict[str, str] = {}  # dropped clients whose mask key was rebuilt
+        self.excluded: dict[str, str] = {}  # dropped clients whose masks were recovered
         self._pending: dict | None = None
         self._done: set[bytes] = set()
         self._next_slot = 0
@@ -118,7 +118,7 @@ class SecAggServer:
         if gone:
             raise SecureAggregationError(
                 f"{where}: {gone} were declared dropped in {self.excluded[gone[0]]} and their "
-                "mask keys rebuilt; they must rejoin with new keys (a new set-up)")
+                "masks recovered; they must rejoin with new keys (a new set-up)")
         t = self.config.threshold
         if len(P) < t:
             raise SecureAggregationError(f"{where}: {len(P)} participants, fewer than the "
@@ -208,15 +208,15 @@ class SecAggServer:
             raise SecureAggregationError(f"{where}: {len(holders)} survivors revealed shares, "
                                          f"fewer than the threshold {t}; the sum stays masked")
         graph, alive, gone = roster.graph, set(S), set(D)
-        want = {h: [f"self:{u}" for u in graph.closed(h) if u in alive]
-                + [f"mask:{d}" for d in graph.closed(h) if d in gone] for h in holders}
-        shares = self._shares(revealed, want, where)
+        want = {h: ([u for u in graph.closed(h) if u in alive],
+                    [d for d in graph.closed(h) if d in gone]) for h in holders}
+        got = self._reveals(revealed, want, where)
         total = pend["total"].copy()
         e, n = pend["slot"], total.size
         ts = self.config.share_threshold(roster.n)
-        total -= self._self_masks(shares, S, ts, e, label, n, where)
+        total -= self._self_masks(got, S, ts, e, label, n, where)
         for d in D:
-            total += self._pair_masks_of(d, shares, S, ts, e, label, n, where)
+            total += self._pair_masks_of(d, got, S, n, where)
             self.excluded[d] = where
         if D:
             log.info("%s: recovered the masks of dropped %s", where, D)
@@ -224,71 +224,76 @@ class SecAggServer:
         self._pending = None
         return self.config.encoding.decode(pend["layout"].unflatten(total))
 
-    def _enough(self, shares: dict, key: str, t: int, where: str) -> dict[int, int]:
-        got = shares.get(key, {})
-        if len(got) < t:
-            kind, who = key.split(":", 1)
-            raise SecureAggregationError(
-                f"{where}: {len(got)} neighbours of {who!r} revealed shares of its "
-                f"{'self-mask seed' if kind == 'self' else 'mask key'}, fewer than the "
-                f"neighbourhood threshold {t}; the sum stays masked")
-        return got
-
-    def _self_masks(self, shares, S, t, e, label, n, where) -> np.ndarray:
-        """The sum of the survivors' self masks, each seed rebuilt and checked against its
-        commitment (the seeds rebuilt at once)."""
+    def _self_masks(self, got, S, t, e, label, n, where) -> np.ndarray:
+        """The sum of the survivors' self masks: every seed rebuilt at once from the first
+        ``t`` of its neighbourhood's revealed shares (:func:`~.shamir.reconstruct_seeds`) and
+        checked against its commitment."""
         roster = self.roster
-        seeds = shamir.reconstruct_many([self._enough(shares, f"self:{u}", t, where)
-                                         for u in S], t)
-        out = np.zeros(n, dtype=np.uint64)
+        index, xs, ys = roster.index, [], []
+        for u in S:
+            hs = sorted((h for h in roster.graph.closed(u) if (h, "self", u) in got),
+                        key=index.__getitem__)
+            if len(hs) < t:
+                raise SecureAggregationError(
+                    f"{where}: {len(hs)} neighbours of {u!r} revealed shares of its self-mask "
+                    f"seed, fewer than the neighbourhood threshold {t}; the sum stays masked")
+            xs.append([index[h] for h in hs[:t]])
+            ys.append(b"".join([got[h, "self", u] for h in hs[:t]]))
+        shares = np.frombuffer(b"".join(ys), dtype="<u4").reshape(len(S), t, shamir.LIMBS)
+        if np.any(shares >= shamir.P31):
+            raise SecureAggregationError(f"{where}: a revealed share is not a field element "
+                                         "(>= 2^31 - 1); a revealing client sent a wrong share")
+        seeds = shamir.seed_bytes(shamir.reconstruct_seeds(np.array(xs), shares))
         for u, seed in zip(S, seeds):
             if _crypto.commit(seed) != slot_item(roster.keys[u]["self_commit"], e):
                 raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
                                              "the revealed shares does not match its commitment; "
                                              "a revealing client sent a wrong share")
+        out = np.zeros(n, dtype=np.uint64)
+        for seed in seeds:
             out += self_mask(seed, label, n)
         return out
 
-    def _pair_masks_of(self, d, shares, S, t, e, label, n, where) -> np.ndarray:
-        """What the survivors' pair masks with dropped ``d`` added to the sum, negated: d's mask
-        key rebuilt and checked, then the masks of d's neighbours among the survivors."""
-        roster = self.roster
-        (raw,) = shamir.reconstruct_many([self._enough(shares, f"mask:{d}", t, where)], t)
-        private = _crypto.load_private(raw)
-        if _crypto.public_raw(private) != slot_item(roster.keys[d]["mask_key"], e):
-            raise SecureAggregationError(f"{where}: the mask key of dropped {d!r} rebuilt "
-                                         "from the revealed shares does not match its public "
-                                         "key; a revealing client sent a wrong share")
-        out = np.zeros(n, dtype=np.uint64)
+    def _pair_masks_of(self, d, got, S, n, where) -> np.ndarray:
+        """What the survivors' pair masks with dropped ``d`` added to the sum, negated: each
+        surviving neighbour revealed its pair seed with ``d`` of this exchange (all of them are
+        needed: the server holds no key of ``d``)."""
         alive = set(S)
-        for u in roster.graph.neighbours(d):  # u added +m if u < d else -m; remove it
-            if u not in alive:
-                continue
-            m = pair_mask(_crypto.agree(private, slot_item(roster.keys[u]["mask_key"], e)),
-                          label, n)
-            if u < d:
-                out -= m
-            else:
-                out += m
-        return out
+        peers = [u for u in self.roster.graph.neighbours(d) if u in alive]
+        silent = [u for u in peers if (u, "pair", d) not in got]
+        if silent:
+            raise SecureAggregationError(
+                f"{where}: survivors {silent} masked with dropped {d!r} but revealed no pair "
+                "seed of it; every surviving neighbour of a dropped client must answer the "
+                "reveal, so the sum stays masked")
+        rows = _crypto.prg_rows([got[u, "pair", d] for u in peers], n)
+        lo = np.array([u < d for u in peers], dtype=bool)  # u added +m if u < d, else -m
+        return rows[~lo].sum(axis=0, dtype=np.uint64) - rows[lo].sum(axis=0, dtype=np.uint64)
 
-    def _shares(self, revealed, want: dict[str, list[str]], where: str) -> dict[str, dict]:
-        """``{secret: {holder index: share}}`` from the holders' reveals; each holder ``h`` must
-        reveal exactly the secrets ``want[h]`` (those of its neighbours)."""
-        shares: dict[str, dict[int, int]] = {}
-        for h, keys in want.items():
+    def _reveals(self, revealed, want: dict[str, tuple[list, list]], where: str) -> dict:
+        """``{(holder, "self" | "pair", owner): 32 bytes}`` from the holders' reveals; holder
+        ``h`` must send exactly a ``"self"`` row per survivor and a ``"pair"`` row per dropped
+        participant of ``want[h]`` (its neighbours, sorted), each a (rows, 32) uint8 array."""
+        got: dict[tuple[str, str, str], bytes] = {}
+        size = shamir.SEED_SHARE_BYTES
+        for h, (alive, gone) in want.items():
             reply = revealed[h]
-            if len(reply) != len(keys) or not all(k in reply for k in keys):
-                missing = sorted(set(keys) - set(reply))
-                extra = sorted(set(reply) - set(keys))
-                raise SecureAggregationError(f"{where}: client {h!r}'s reveal lacks {missing} "
-                                             f"and has unexpected {extra}")
-            x = self.roster.index[h]
-            for k in keys:
-                y = shamir.int_from_share(as_bytes(reply[k], what=f"client {h!r}, field {k!r}",
-                                                   size=shamir.SHARE_BYTES))
-                shares.setdefault(k, {})[x] = y
-        return shares
+            need = {"self": alive, **({"pair": gone} if gone else {})}
+            if set(reply) != set(need):
+                raise SecureAggregationError(
+                    f"{where}: client {h!r}'s reveal has fields {sorted(reply)}, expected "
+                    f"{sorted(need)} (its {len(alive)} surviving and {len(gone)} dropped "
+                    "neighbours)")
+            for kind, owners in need.items():
+                rows = np.asarray(reply[kind])
+                if rows.dtype != np.uint8 or rows.shape != (len(owners), size):
+                    raise SecureAggregationError(
+                        f"{where}: client {h!r}, field {kind!r}: expected a ({len(owners)}, "
+                        f"{size}) uint8 array, got {rows.dtype} {rows.shape}")
+                raw = rows.tobytes()
+                got.update(((h, kind, u), raw[i * size:i * size + size])
+                           for i, u in enumerate(owners))
+        return got
 
     def _need_roster(self) -> Roster:
         if self.roster is None:

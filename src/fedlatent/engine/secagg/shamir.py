@@ -4,6 +4,15 @@ A secret s is the constant term of a random polynomial f of degree t - 1 (coeffi
 ``secrets``); holder i gets f(i). Any t shares give s back by Lagrange interpolation at 0; t - 1
 shares are uniformly distributed whatever s is. Field arithmetic is Python's exact integers.
 
+Many seeds at once (what the protocol deals: one self-mask seed per planned exchange, to every
+neighbour): :func:`draw_seeds`, :func:`share_seeds` and :func:`reconstruct_seeds` work limb-wise
+in NumPy over the prime field GF(2^31 - 1). A seed is :data:`LIMBS` uniform field elements (248
+bits of entropy; its 32 bytes are the limbs as little-endian uint32), each limb shared with its
+own random polynomial of degree t - 1: t - 1 shares of every limb are uniform and independent of
+the seed (the same perfect secrecy, limb by limb), and the Horner steps and Lagrange weights are
+array operations over every seed, limb and holder at once (products of two field elements stay
+below 2^62: exact in int64).
+
 References
 ----------
 Shamir, "How to share a secret", Communications of the ACM 22(11), 1979.
@@ -16,8 +25,11 @@ import math
 import secrets
 from collections.abc import Mapping, Sequence
 
-__all__ = ["PRIME", "SHARE_BYTES", "int_from_share", "reconstruct", "reconstruct_many", "share",
-           "share_blobs", "share_many", "share_to_bytes"]
+import numpy as np
+
+__all__ = ["LIMBS", "P31", "PRIME", "SEED_SHARE_BYTES", "SHARE_BYTES", "draw_seeds",
+           "int_from_share", "reconstruct", "reconstruct_many", "reconstruct_seeds", "seed_bytes",
+           "share", "share_blobs", "share_many", "share_seeds", "share_to_bytes"]
 
 PRIME = 2**256 + 297  # the smallest prime above 2^256: every 32-byte secret is a field element
 SHARE_BYTES = 33
@@ -185,3 +197,121 @@ def _weights(xs: tuple[int, ...]) -> tuple[int, ...]:
         weights[i] = num * prefix[i] * inv % PRIME
         inv = inv * dens[i] % PRIME
     return tuple(weights)
+
+
+# ---- many seeds at once, limb-wise over GF(2^31 - 1), in NumPy --------------------------------
+P31 = 2**31 - 1  # a Mersenne prime: x-coordinates (roster indices) up to 2^31 - 2
+LIMBS = 8  # field elements per seed: 32 bytes as little-endian uint32
+SEED_SHARE_BYTES = 4 * LIMBS
+
+
+def _uniform31(shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform elements of GF(P31) (int64): 31 random bits, the one value P31 rejected and
+    drawn again."""
+    size = int(np.prod(shape))
+    out = _random_words(size) & P31
+    bad = np.flatnonzero(out == P31)
+    while bad.size:
+        out[bad] = _random_words(bad.size) & P31
+        bad = bad[out[bad] == P31]
+    return out.reshape(shape)
+
+
+def _random_words(n: int) -> np.ndarray:
+    """``n`` uniform 32-bit words (int64): the ChaCha20 keystream of a fresh 32-byte key from
+    the OS (a CSPRNG; the OS's own randomness is slow in bulk)."""
+    from fedlatent.engine.secagg._crypto import prg_uint64
+
+    words = prg_uint64(secrets.token_bytes(32), (n + 1) // 2)
+    return words.view("<u4")[:n].astype(np.int64)
+
+
+def draw_seeds(m: int) -> np.ndarray:
+    """``m`` fresh seeds, an (m, LIMBS) int64 array of uniform field elements."""
+    return _uniform31((int(m), LIMBS))
+
+
+def seed_bytes(seeds: np.ndarray) -> list[bytes]:
+    """Each seed's 32 bytes (its limbs as little-endian uint32): what keys its mask."""
+    raw = np.ascontiguousarray(seeds, dtype="<u4").tobytes()
+    return [raw[i:i + SEED_SHARE_BYTES] for i in range(0, len(raw), SEED_SHARE_BYTES)]
+
+
+def share_seeds(seeds: np.ndarray, holders: Sequence[int], threshold: int) -> np.ndarray:
+    """Shares of every seed for every holder: an (h, m, LIMBS) uint32 array, row i holder
+    ``holders[i]``'s share of each seed (limb l of seed s: f_{s,l}(x), f_{s,l} of degree
+    ``threshold - 1`` with constant term the limb)."""
+    seeds = np.asarray(seeds, dtype=np.int64)
+    xs = np.asarray([int(x) for x in holders], dtype=np.int64)
+    if not 1 <= threshold <= xs.size:
+        raise ValueError(f"threshold must be in [1, {xs.size}] (the number of holders), "
+                         f"got {threshold}")
+    if np.unique(xs).size != xs.size or not np.all((xs > 0) & (xs < P31)):
+        raise ValueError("holders' x-coordinates must be distinct integers in [1, 2^31 - 1)")
+    if seeds.ndim != 2 or np.any((seeds < 0) | (seeds >= P31)):
+        raise ValueError("seeds must be an (m, limbs) array of elements of GF(2^31 - 1)")
+    coefs = np.concatenate([seeds[None], _uniform31((threshold - 1,) + seeds.shape)])
+    return _evaluate(coefs.reshape(threshold, -1), xs).reshape(
+        (xs.size,) + seeds.shape).astype(np.uint32)
+
+
+def _evaluate(coefs: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """Every polynomial (column j of ``coefs``, constant term first) at every x, mod P31, by
+    Horner's rule on uint64 arrays (polynomials by holders): each step multiplies a value below
+    2^32 by an x below 2^31 and adds a coefficient, then folds (2^31 = 1 modulo the Mersenne
+    prime) back below 2^32: once when every x is below 2^30, else twice; no BLAS, no
+    division."""
+    x = np.asarray(xs, dtype=np.uint64)
+    c = np.asarray(coefs, dtype=np.uint64)
+    y = np.zeros((c.shape[1], x.size), dtype=np.uint64)
+    hi, m, s = np.empty_like(y), np.uint64(P31), np.uint64(31)
+    folds = 1 if x.size == 0 or int(x.max()) < 2**30 else 2  # x < 2^30: < 2^31 + 2^31 at once
+    for a in c[::-1]:
+        np.multiply(y, x, out=y)
+        np.add(y, a[:, None], out=y)  # < 2^32 * 2^31 + 2^31
+        for _ in range(folds):  # < 2^33, then < 2^31 + 4
+            np.right_shift(y, s, out=hi)
+            np.bitwise_and(y, m, out=y)
+            np.add(y, hi, out=y)
+    out = _fold(y.T.astype(np.int64))
+    out[out == P31] = 0
+    return out
+
+
+def _fold(a: np.ndarray) -> np.ndarray:
+    """a mod P31 up to one P31, for 0 <= a < 2^62: twice (a & P31) + (a >> 31), as
+    2^31 = 1 modulo the Mersenne prime (result <= P31)."""
+    a = (a & P31) + (a >> 31)
+    return (a & P31) + (a >> 31)
+
+
+def reconstruct_seeds(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Seeds from shares: ``xs`` (m, t) holders' x-coordinates (distinct in each row), ``ys``
+    (m, t, LIMBS) their shares; returns the (m, LIMBS) int64 constant terms, every seed
+    interpolated at once (the Lagrange weights of each row by Fermat inversion)."""
+    X = np.asarray(xs, dtype=np.int64)
+    Y = np.asarray(ys, dtype=np.int64)
+    if X.ndim != 2 or Y.shape[:2] != X.shape:
+        raise ValueError(f"shares of shape {Y.shape} do not match x-coordinates {X.shape}")
+    srt = np.sort(X, axis=1)
+    if np.any(srt[:, 1:] == srt[:, :-1]):
+        raise ValueError("shares' x-coordinates must be distinct")
+    t = X.shape[1]
+    num, den = np.ones_like(X), np.ones_like(X)
+    for j in range(t):  # w_i = prod_{j != i} x_j / (x_j - x_i)
+        xj, other = X[:, j:j + 1], np.arange(t) != j
+        num = np.where(other, num * xj % P31, num)
+        den = np.where(other, den * ((xj - X) % P31) % P31, den)
+    w = num * _inverse31(den) % P31
+    return (w[:, :, None] * Y % P31).sum(axis=1) % P31
+
+
+def _inverse31(a: np.ndarray) -> np.ndarray:
+    """a^(P31 - 2) mod P31 elementwise (the inverse of nonzero a), by square and multiply."""
+    out, base, e = np.ones_like(a), a % P31, P31 - 2
+    while e:
+        if e & 1:
+            out = out * base % P31
+        base = base * base % P31
+        e >>= 1
+    return out
