@@ -158,14 +158,6 @@ def test_seeds_are_shared_and_rebuilt_limb_wise_over_the_mersenne_field():
         shamir.reconstruct_seeds(np.array([[1, 1]]), np.zeros((1, 2, shamir.LIMBS)))
 
 
-def test_hkdf_on_the_standard_library_is_cryptographys_hkdf():
-    lib = _crypto.require()
-    for n in (16, 32, 33, 96):
-        want = lib.HKDF(algorithm=lib.hashes.SHA256(), length=n, salt=None,
-                        info=b"ctx").derive(b"ikm" * 11)
-        assert _crypto.derive_key(b"ikm" * 11, b"ctx", n) == want
-
-
 def test_the_flat_encoding_is_encode_then_flatten_with_the_same_errors():
     from fedlatent.engine.secagg import Layout
 

@@ -11,7 +11,6 @@ is the keystream of b_u under a nonce hashed from the exchange's label.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -129,7 +128,7 @@ def self_mask(seed: bytes, label: bytes, n: int) -> np.ndarray:
     """A client's own mask for one exchange: the ChaCha20 keystream of b_u under the nonce
     SHA-256(tag, label)[:12], one keystream per (seed, exchange) (a seed per exchange, or with
     one seed per fit, a nonce per exchange)."""
-    nonce = hashlib.sha256(b"fedlatent/secagg/self\x00" + label).digest()[:12]
+    nonce = _crypto.commit(b"fedlatent/secagg/self\x00" + label)[:12]
     return _crypto.prg_uint64(seed, n, nonce=nonce)
 
 
