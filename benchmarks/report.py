@@ -328,7 +328,8 @@ def privacy_table(full: bool) -> None:
     run by the report in a process of its own)."""
     privacy_utility = import_module("fedlatent.experiments.privacy_utility").privacy_utility
     kw = dict(sizes=(100_000,), n_seeds=3) if full else dict(quick=True)
-    table = privacy_utility(epsilons=(1.0,), **kw)
+    # each model's own private plan (max_rounds=None), as a user's private fit runs
+    table = privacy_utility(epsilons=(1.0,), max_rounds=None, **kw)
     settings, skipped = table.attrs.get("settings", {}), table.attrs.get("skipped", {})
     rounds = settings.get("max_rounds", "?")
     print(f"epsilon 1, delta {settings.get('delta', 1e-5):g}, {settings.get('noise', '?')} "

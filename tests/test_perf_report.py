@@ -211,7 +211,7 @@ def test_the_privacy_table_prints_epsilon_one_as_markdown_rows(monkeypatch, caps
     module.privacy_utility = fake
     report.main(["--privacy-table", "--full"])
     out = capsys.readouterr().out.splitlines()
-    assert asked == {"epsilons": (1.0,), "sizes": (100_000,), "n_seeds": 3}
+    assert asked == {"epsilons": (1.0,), "max_rounds": None, "sizes": (100_000,), "n_seeds": 3}
     assert out[0] == ("epsilon 1, delta 1e-05, distributed noise, 10 clients, rounds: 10; "
                       "held-out metric of the private and the non-private fit on the same data "
                       "and seeds; SEC skipped (no DP)")

@@ -47,6 +47,7 @@ import pandas as pd
 from ..data.dataset import ClientData, FederatedDataset
 from ..engine.fedem.federation import Federation
 from ..engine.privacy.dp import DifferentialPrivacy
+from ..engine.rounds.loop import PRIVATE_MAX_ROUNDS
 from ..plotting import figure
 
 __all__ = [
@@ -248,6 +249,8 @@ def _estimator(spec: _Spec, K: int, max_rounds: int | None, federation: Federati
         return cls(K, **common)
     if spec.estimator == "FedGMM":
         return cls(K, K, verbose=False, **common)
+    if max_rounds is None:  # HLCR's max_rounds is a number: the engine's private plan
+        common["max_rounds"] = PRIVATE_MAX_ROUNDS
     est = cls(K, verbose=False, **common)
     if federation.privacy is not None and "dp_max_events" in est.get_params():
         # the unit of privacy is the entity with its events: every entity has this many
