@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -35,7 +36,7 @@ from fedlatent.engine.privacy.clipping import REPLACE_ONE_FACTOR
 from fedlatent.engine.privacy.dp import DifferentialPrivacy, PrivacyBudget, PrivacyBudgetExceeded
 from fedlatent.engine.privacy.mechanisms import joint_sensitivity, noise_stds
 
-__all__ = ["ClientPrivacy", "release_stds", "STATE_KEY"]
+__all__ = ["ClientPrivacy", "matrix_noise_scale", "release_stds", "STATE_KEY"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,20 @@ def release_stds(sensitivities: Mapping[str, float], noise_multiplier: float, *,
                       scales=scales)
     return {k: stds.get(k, 0.0) for k in sensitivities}
 
+
+
+def matrix_noise_scale(sensitivities: Mapping[str, float], block: str, noise_multiplier: float,
+                       noise: str, n_members: int, threshold: int | None, dim: int) -> float:
+    """The spectral scale of the noise a round's summed ``dim x dim`` matrix block carries
+    (sum scale): ``sd * sqrt(2 dim)``, about the spectral norm of the symmetrized noise, with
+    ``sd`` the block's entry standard deviation over ``n_members`` parties (each one's local
+    noise, or shares of the calibrated noise over the secure-aggregation ``threshold`` when
+    distributed). Public quantities only (the setting and the plan): the level below which a
+    private M-step lifts the matrix's eigenvalues (LCR's ``sxx``, HLCR's ``XtX``, FedGMM's
+    learner Hessians)."""
+    parties = 1 if noise == "local" or threshold is None else int(threshold)
+    sd = release_stds(sensitivities, noise_multiplier, n_parties=parties)[block]
+    return float(sd * math.sqrt(n_members) * math.sqrt(2.0 * dim))
 
 class ClientPrivacy:
     """One client's differential-privacy state for a fit.

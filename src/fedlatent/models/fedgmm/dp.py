@@ -151,12 +151,10 @@ def hessian_ridge(dp, center: np.ndarray, n_classes: int, noise_multiplier: floa
     clients (local noise, or shares of the calibrated noise over the secure-aggregation
     ``threshold``) and ``P`` a learner's coefficients. Public quantities only (the setting
     and the plan). The private M-step raises the Hessian's eigenvalues below it to it."""
-    from ...engine.privacy.client_dp import release_stds
+    from ...engine.privacy.client_dp import matrix_noise_scale
 
-    parties = 1 if dp.noise == "local" or threshold is None else int(threshold)
-    sd = release_stds(fedgmm_dp_sensitivity(dp, center, n_classes), noise_multiplier,
-                      n_parties=parties)["lH"] * np.sqrt(n_clients)
-    return float(sd * np.sqrt(2.0 * n_params))
+    return matrix_noise_scale(fedgmm_dp_sensitivity(dp, center, n_classes), "lH",
+                              noise_multiplier, dp.noise, n_clients, threshold, n_params)
 
 
 def personal_weights(log_gauss: np.ndarray, log_py: np.ndarray, pi: np.ndarray,

@@ -262,12 +262,10 @@ def noise_ridge(model, params, dp, noise_multiplier: float, n_agents: int,
     ``sqrt(n_agents)`` agents' local noise, or the calibrated noise times
     ``sqrt(n_agents / threshold)`` when distributed). A function of public quantities only
     (the setting, the plan, the broadcast scaling)."""
-    from ...engine.privacy.client_dp import release_stds
+    from ...engine.privacy.client_dp import matrix_noise_scale
 
-    parties = 1 if dp.noise == "local" else int(threshold)
-    sd = release_stds(model.dp_sensitivity(params, dp), noise_multiplier,
-                      n_parties=parties)["XtX"] * math.sqrt(n_agents)
-    return float(sd * math.sqrt(2.0 * model.F))
+    return matrix_noise_scale(model.dp_sensitivity(params, dp), "XtX", noise_multiplier,
+                              dp.noise, n_agents, threshold, model.F)
 
 
 def spread_start(params, K: int, rng: np.random.Generator, per: int = 10) -> dict:

@@ -136,12 +136,11 @@ def noise_scale(model, dp, noise_multiplier: float, n_clients: int,
     ``sd * sqrt(2 p)`` with ``sd`` its entry standard deviation (``sqrt(n_clients)`` clients'
     local noise, or the calibrated noise times ``sqrt(n_clients / threshold)`` when
     distributed) and ``p`` the coefficients. Public quantities only (setting and plan)."""
-    from ...engine.privacy.client_dp import release_stds
+    from ...engine.privacy.client_dp import matrix_noise_scale
 
-    parties = 1 if dp.noise == "local" else int(threshold)
-    sd = release_stds(lcr_dp_sensitivity(dp, model.n_features, model.fit_intercept),
-                      noise_multiplier, n_parties=parties)["sxx"] * np.sqrt(n_clients)
-    return float(sd * np.sqrt(2.0 * (model.n_features + int(model.fit_intercept))))
+    return matrix_noise_scale(lcr_dp_sensitivity(dp, model.n_features, model.fit_intercept),
+                              "sxx", noise_multiplier, dp.noise, n_clients, threshold,
+                              model.n_features + int(model.fit_intercept))
 
 
 def adaptive_ridge(A: np.ndarray, tau: float) -> np.ndarray:
