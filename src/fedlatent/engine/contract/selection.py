@@ -222,10 +222,7 @@ def fit_selected(est, fd, selection: Selection, *, runtime, progress, callbacks,
     candidate (:func:`select`); ``est`` takes the best one's fitted attributes, ``<param>_``
     (the chosen value) and ``selection_scores_`` (one row per candidate). Returns ``est``."""
     p = selection.param
-    if checkpoint is not None or resume:
-        raise ValueError(f"{p}='auto' runs one fit per candidate and a checkpoint holds one "
-                         f"fit: choose {p} first (selection_scores_), then checkpoint the fit "
-                         "with that value")
+    refuse_checkpoint(p, checkpoint, resume)
     if selection.split is not None and runtime is not None:
         raise ValueError(f"{p}='auto' scores on held-out rows, which needs the data in this "
                          f"process: fit without runtime=, or give {p} a number")
@@ -235,11 +232,25 @@ def fit_selected(est, fd, selection: Selection, *, runtime, progress, callbacks,
                              progress=progress, callbacks=callbacks)
 
     best, table = select(est, fd, selection, fit_one)
+    return adopt_candidate(est, best, p, table)
+
+
+def refuse_checkpoint(param: str, checkpoint, resume) -> None:
+    """``<param>='auto'`` runs one fit per candidate: refused with a checkpoint or a resume."""
+    if checkpoint is not None or resume:
+        raise ValueError(f"{param}='auto' runs one fit per candidate and a checkpoint holds "
+                         f"one fit: choose {param} first (selection_scores_), then checkpoint "
+                         "the fit with that value")
+
+
+def adopt_candidate(est, best, param: str, table: pd.DataFrame):
+    """``est`` takes the chosen candidate ``best``'s fitted attributes (not its parameters),
+    ``<param>_`` (the chosen value) and ``selection_scores_``. Returns ``est``."""
     own = set(est.get_params(deep=False))
     for key, value in vars(best).items():
         if key not in own:
             setattr(est, key, value)
-    setattr(est, f"{p}_", int(getattr(best, p)))
+    setattr(est, f"{param}_", int(getattr(best, param)))
     est.selection_scores_ = table
     return est
 

@@ -207,13 +207,10 @@ def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint,
     chosen candidate's chains disagree (every candidate skipped). Returns ``est``."""
     import warnings
 
-    from ...engine.contract.selection import select
+    from ...engine.contract.selection import adopt_candidate, refuse_checkpoint, select
     from ...engine.errors import ConvergenceWarning
 
-    if checkpoint is not None or resume:
-        raise ValueError("n_clusters='auto' runs one fit per candidate and a checkpoint holds "
-                         "one fit: choose n_clusters first (selection_scores_), then "
-                         "checkpoint the fit with that value")
+    refuse_checkpoint("n_clusters", checkpoint, resume)
     fitted = {}
 
     def fit_one(cand, data):
@@ -225,12 +222,7 @@ def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint,
 
     _, table = select(est, fd, selection, fit_one)
     best = fitted[_choice(table, fitted)]
-    own = set(est.get_params(deep=False))
-    for key, value in vars(best).items():
-        if key not in own:
-            setattr(est, key, value)
-    est.n_clusters_ = int(best.n_clusters)
-    est.selection_scores_ = table
+    adopt_candidate(est, best, "n_clusters", table)
     if not best.converged_:
         warnings.warn(
             f"HLCR: the chains of no candidate K in n_clusters_range={est.n_clusters_range} "
