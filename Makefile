@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test-extras
 
-.PHONY: demo test lint docs bench clean venv
+.PHONY: demo test test-deployment lint docs bench clean venv
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -29,9 +29,18 @@ demo: $(STAMP)
 # broken link or anchor fails), then pytest (tests/test_docs_code_blocks.py runs every example).
 # The sources are byte-compiled first: with PYTHONDONTWRITEBYTECODE set (as on CI) every process
 # the tests start (each Flower client message, Ray actor and CLI run) compiled them again.
+# The tests marked `deployment` (real Flower deployments on loopback: a SuperLink, SuperNodes and
+# a client process per message, about 15 minutes of a test worker on two busy cores) are left to
+# `make test-deployment`; CI (.ci/run) runs both.
 test: lint docs
 	$(BIN)/python -m compileall -q src
-	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
+	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 -m "not deployment"
+
+# The real Flower deployments (tests marked `deployment`: tests/flower/test_deploy.py and the
+# Flower page of tests/test_docs_code_blocks.py), two workers: one per module.
+test-deployment: $(TEST_STAMP)
+	$(BIN)/python -m compileall -q src
+	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=10 -m deployment
 
 # Every third-party module src/ imports must be declared in pyproject.toml (core or an extra):
 # checked by the shared tool beside the clone, against the venv with every extra installed.

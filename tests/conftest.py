@@ -39,6 +39,25 @@ def one_ray():
         real_shutdown()
 
 
+#: fixtures that start a real Flower deployment (tests/flower/test_deploy.py, the Flower page of
+#: tests/test_docs_code_blocks.py): a test asking for one must be marked ``deployment``
+DEPLOYMENT_FIXTURES = {"deployment", "runs", "flower_page"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """``make test`` runs ``-m "not deployment"`` (``make test-deployment`` runs the rest, and
+    CI both): a test that starts a deployment without the mark would slip into ``make test``'s
+    budget unnoticed, so collecting one is an error naming it."""
+    unmarked = [item.nodeid for item in items
+                if DEPLOYMENT_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("deployment") is None]
+    if unmarked:
+        raise pytest.UsageError("tests that start a Flower deployment need "
+                                f"@pytest.mark.deployment: {unmarked[:10]}"
+                                + (f" and {len(unmarked) - 10} more" if len(unmarked) > 10
+                                   else ""))
+
+
 @pytest.fixture
 def blobs_fd():
     return make_blobs_federation()

@@ -199,6 +199,7 @@ def flower_page(tmp_path_factory, one_ray):
 
 @pytest.mark.slow
 @pytest.mark.flower
+@pytest.mark.deployment
 def test_the_simulation_prints_no_deprecation_banner(flower_page):
     """``simulate`` uses Flower's engine as ``flwr-simulation`` does, not the deprecated
     ``run_simulation`` (whose banner says ``DEPRECATED FEATURE``)."""
@@ -210,6 +211,7 @@ def test_the_simulation_prints_no_deprecation_banner(flower_page):
 
 @pytest.mark.slow
 @pytest.mark.flower
+@pytest.mark.deployment
 def test_flower_local_of_the_page_reports_at_least_every_ten_seconds(flower_page):
     """The page's ``flower local gmm`` (a real loopback deployment, stdout on a pipe) prints a
     line at least every 10 s once the deployment is ready, up to its last round."""
@@ -229,9 +231,10 @@ SLOW = {"docs/models/sec.md", "docs/models/hlcr.md", FLOWER_PAGE}
 
 
 def page_marks(page: str) -> list:
-    """``slow`` for the pages of :data:`SLOW`, and ``flower`` for the Flower page."""
+    """``slow`` for the pages of :data:`SLOW`, and ``flower`` and ``deployment`` for the Flower
+    page (its ``flower local`` starts a loopback deployment)."""
     return ([pytest.mark.slow] if page in SLOW else []) + (
-        [pytest.mark.flower] if page == FLOWER_PAGE else [])
+        [pytest.mark.flower, pytest.mark.deployment] if page == FLOWER_PAGE else [])
 
 
 @pytest.mark.parametrize("path", [

@@ -480,6 +480,7 @@ def runs(deployment):
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_each_message_flow_on_one_deployment_equals_inprocess(flwr, runs):
     from fedlatent.runtime.flower import load_result
 
@@ -500,6 +501,7 @@ def test_each_message_flow_on_one_deployment_equals_inprocess(flwr, runs):
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledger(
         flwr, deployment, runs):
     """Each SuperNode holds a policy file (node config ``policy-path``): a secure and
@@ -532,6 +534,7 @@ def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledge
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_failed_server_app_raises_its_error(flwr, runs):
     err = runs.results["failed"]
     assert isinstance(err, RuntimeError), err
@@ -544,6 +547,7 @@ def test_failed_server_app_raises_its_error(flwr, runs):
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_stopped_deployment_resumes_and_sites_predict_with_their_state(flwr, deployment, runs):
     """A FedGMM run stopped after round 2 (``flwr stop``) and resumed (server checkpoint + the
     sites' own states) ends as the uninterrupted in-process fit, and a site then predicts with
@@ -631,6 +635,7 @@ def _run(run_app, app, dep):
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
 def test_dead_supernode_is_missing_from_later_rounds(flwr, runs):
     from fedlatent.runtime.flower import load_result
 
