@@ -70,3 +70,13 @@ def test_chains_that_agree_on_invariant_quantities_pass_though_a_cluster_differs
                      chain, [other])
     assert est.rhat_max_ > 1.5  # the summary still shows the cluster's disagreement
     assert est.rhat_invariant_ < rhat_threshold(2, 50, 3) and est.converged_ is True
+
+
+def test_chains_each_stuck_at_its_own_value_disagree_without_a_numpy_warning():
+    # each (split) chain constant, the two at different values: no within-chain variance, so
+    # R-hat is infinite (the chains disagree), computed without dividing by zero
+    x = np.repeat([[0.0], [1.0]], 8, axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rhat(x) == np.inf
+        assert np.isnan(rhat(np.zeros((2, 8))))  # one value everywhere: nothing to judge

@@ -44,6 +44,8 @@ def _rhat_basic(x: np.ndarray) -> float:
     n = x.shape[1]
     between = n * np.var(x.mean(axis=1), ddof=1)
     within = np.mean(np.var(x, axis=1, ddof=1))
+    if within <= 0.0:  # every chain constant: they disagree (inf) unless they are one value
+        return float("inf") if between > 0.0 else float("nan")
     return float(np.sqrt((between / within + n - 1) / n))
 
 
