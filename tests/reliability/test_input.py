@@ -248,6 +248,7 @@ def test_the_e_step_never_sees_an_overflowing_value():
     fd = FederatedDataset.from_arrays(data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
+        warnings.simplefilter("error", RuntimeWarning)  # and no overflow on the way
         gmm = fl.FederatedGaussianMixture(2, random_state=0, max_rounds=10).fit(fd)
     assert np.isfinite(gmm.means_).all() and np.isfinite(gmm.covariances_).all()
     assert np.isfinite(gmm.weights_).all() and np.isfinite(gmm.score(fd))

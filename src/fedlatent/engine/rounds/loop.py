@@ -180,6 +180,17 @@ def warn_not_converged(description: str, max_rounds: int, tol: float,
     )
 
 
+def _norm(v: np.ndarray) -> float:
+    """The Euclidean norm of ``v``; where its square overflows (sums of squares of values near
+    1e100, which the data checks accept), the norm of ``v`` scaled by its largest entry."""
+    with np.errstate(over="ignore"):
+        n = float(np.linalg.norm(v))
+    if math.isinf(n) and np.all(np.isfinite(v)):
+        m = float(np.max(np.abs(v)))
+        n = m * float(np.linalg.norm(np.asarray(v) / m))
+    return n
+
+
 def stat_change(old: Stats | None, new: Stats, gamma: float) -> float | None:
     """The relative change of the server statistic in one round, per unit step (None without a
     previous statistic): ``max_b ||new[b] - old[b]|| / (gamma max(||new[b]||, 1e-8 m))`` over
@@ -187,11 +198,11 @@ def stat_change(old: Stats | None, new: Stats, gamma: float) -> float | None:
     as sums about their own centre, is measured against the others' scale)."""
     if old is None or gamma <= 0.0:
         return None
-    norms = {b: float(np.linalg.norm(v)) for b, v in new.items()}
+    norms = {b: _norm(v) for b, v in new.items()}
     floor = 1e-8 * max(norms.values(), default=0.0)
     worst = 0.0
     for b, v in new.items():
-        diff = float(np.linalg.norm(v - old[b]))
+        diff = _norm(v - old[b])
         scale = max(norms[b], floor)
         if diff > 0.0:
             worst = max(worst, diff / scale if scale > 0.0 else math.inf)
