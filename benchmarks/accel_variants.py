@@ -11,10 +11,12 @@ Data and starts: ``rounds_to_tol.py``'s GMM (4 components, 5 dimensions, overlap
 rows) from its common random start ("same start") and from scikit-learn's own k-means start
 (``sklearn start``, taken from ``GaussianMixture._initialize_parameters``), against
 ``GaussianMixture(tol=1e-6).n_iter_``; its LCR (3 lines, 3,000 rows) against its flexmix-style
-EM. Every variant stops by scikit-learn's rule on its accepted path: the plain EM step from the
-accepted point changes the mean log-likelihood by less than tol (the plain rounds equal
-scikit-learn's iterations exactly, which checks the counting). ``loglik >= central``: the
-log-likelihood at the returned parameters is at least the reference's (to 1e-7).
+EM; ``rounds_to_tol.py``'s LCA (3 classes, 6 binary items) from a random start, against plain
+EM on the pooled rows. Every variant stops by scikit-learn's rule on its accepted path: the
+plain EM step from the accepted point changes the mean log-likelihood by less than tol (the
+plain rounds equal scikit-learn's iterations exactly, which checks the counting).
+``loglik >= central``: the log-likelihood at the returned parameters is at least the
+reference's (to 1e-7).
 
 Variants:
 
@@ -32,10 +34,10 @@ Variants:
   evaluates the plain point ``F(a)`` and the over-relaxed ``a + 2 h(a)``, ``a + 4 h(a)`` (they
   escape the plateaus where the map expands, eigenvalues above 1, and Newton steps backwards).
   One round per step; up to 7 points per round.
-- ``B' secant Newton``: B without the finite-difference points: the Jacobian along ``U`` is
-  read from the round's own candidates (the differences of the proposal and of ``a + 3 h(a)``
-  from the plain point ``F(a)``, and of their ``F`` values: secants); 3 points per round
-  (the proposal, ``a + 3 h(a)``, ``F(a)``).
+- ``B' secant Newton``: B without the finite-difference points: ``U`` is the span of the
+  round's own candidates' differences from its plain point (the proposal and ``a + 3 h(a)``
+  minus ``F(a)``) and ``J U`` the differences of their ``F`` values (secants); 3 points per
+  round (the proposal, ``a + 3 h(a)``, ``F(a)``).
 - ``B exact Newton`` (``--exact``, slow): the same with ``U`` the whole statistic space (the
   full Jacobian, ``p + 1`` points per round): a reference for what the Jacobian alone gives.
 
@@ -140,6 +142,30 @@ class LCRMap:
                             (r.T @ (self.Xt * self.y[:, None])).ravel() / self.n,
                             r.T @ self.y ** 2 / self.n])
         return s, float(ll.mean())
+
+
+class LCAMap:
+    """The EM map of latent class analysis on binary items in its statistic space
+    ``s = (N_k, sum r x) / n`` (item probabilities kept in ``[1e-10, 1 - 1e-10]``)."""
+
+    def __init__(self, X: np.ndarray, K: int):
+        self.X, self.K = X, K
+        self.n, self.d = X.shape
+        self.free = K * (1 + self.d)
+
+    def params(self, s: np.ndarray):
+        K = self.K
+        N, m = s[:K], s[K:].reshape(K, self.d)
+        if np.any(N <= 1e-12) or not np.all(np.isfinite(s)):
+            return None
+        return N / N.sum(), np.clip(m / N[:, None], 1e-10, 1 - 1e-10)
+
+    def estep(self, params):
+        w, P = params
+        logp = self.X @ np.log(P).T + (1 - self.X) @ np.log1p(-P).T + np.log(w)
+        ll = np.logaddexp.reduce(logp, axis=1)
+        r = np.exp(logp - ll[:, None])
+        return np.concatenate([r.mean(0), (r.T @ self.X).ravel() / self.n]), float(ll.mean())
 
 
 class Rounds:
@@ -380,6 +406,18 @@ def lcr_cases(seed: int):
              (start["weights_init"], beta, start["noise_variance_init"]), iters, ll)]
 
 
+def lca_cases(seed: int):
+    """``rounds_to_tol.py``'s LCA data (3 classes, 6 binary items, 3,000 rows) from a random
+    start; its reference is plain EM on the pooled rows (the ``plain`` rounds)."""
+    rng = np.random.default_rng(seed)
+    P = rng.uniform(0.2, 0.8, size=(3, 6))
+    X = (rng.random((3000, 6)) < P[rng.integers(0, 3, 3000)]).astype(float)
+    em = LCAMap(X, 3)
+    start = (np.full(3, 1 / 3), rng.uniform(0.25, 0.75, size=(3, 6)))
+    fed, s = run_plain(em, start, TOL[0])
+    return [("LCA, random start", em, start, fed.rounds, em.estep(em.params(s))[1])]
+
+
 TOL = [1e-6]
 
 
@@ -388,7 +426,7 @@ def measure(seeds: int, names: list[str]) -> list[tuple]:
     printed as a Markdown row of the per-seed table."""
     rows = []
     for seed in range(seeds):
-        for case, em, params0, iters, ll_c in gmm_cases(seed) + lcr_cases(seed):
+        for case, em, params0, iters, ll_c in gmm_cases(seed) + lcr_cases(seed) + lca_cases(seed):
             cells = []
             for name in names:
                 if name == "B exact Newton" and not isinstance(em, GMMMap):
@@ -440,7 +478,7 @@ def main() -> None:
         rows = measure(2 if a.quick else a.seeds, names)
     em_g, em_l = gmm_cases(0)[0][1], lcr_cases(0)[0][1]
     summary(rows, {"GMM, same start": em_g.free, "GMM, sklearn start": em_g.free,
-                   "LCR, same start": em_l.free})
+                   "LCR, same start": em_l.free, "LCA, random start": 3 * (1 + 6)})
 
 
 if __name__ == "__main__":
