@@ -20,6 +20,27 @@ DAAREM's apparent wins without that rule (0.14 to 0.27) were fits stopped early 
 step, up to 5.9e-3 below scikit-learn's log-likelihood. Step-bound variants of SQUAREM (R's
 SQUAREM schedule, shrinking the bound to 3/4 of a refused step, keeping the chain after a
 refusal) moved the median by at most 0.05, within the spread between seeds.
+
+Why SQUAREM stays near half of scikit-learn's iterations, and what would reach a third
+(2026-11-26, ``benchmarks/accel_variants.py``: a centralized prototype that counts rounds on
+``rounds_to_tol.py``'s data, 8 seeds, scikit-learn's stopping rule on the accepted path): each
+extrapolation needs ``F(F(x))``, two rounds in sequence. Rounds that carry several points (each
+client returns its statistic and objective at each; sums, so secure aggregation still applies)
+remove the round a refusal costs but not that one: SQUAREM trying three step lengths and the
+plain point in its extrapolation round, 0.41 (GMM, same start) and 0.49 (scikit-learn's k-means
+start) against 0.47 and 0.48. Newton on ``h(s) = F(s) - s`` in the span of the last steps takes
+one round per step: with the EM map's Jacobian along that span read from the round's own points
+(secants between the proposal, the over-relaxed ``x + 3 h(x)`` and the plain ``F(x)``: 3 points
+a round) 0.30 and 0.29, LCR 0.33, LCA 0.24 (SQUAREM 0.35, 0.28); with finite differences (7
+points) 0.26, 0.28, 0.28, 0.21. Over 16 seeds (``--seeds 16``) the 3-point variant sits at the
+target, not below it: 0.32, 0.34, LCR 0.35 (7 points: 0.29, 0.30, 0.31; SQUAREM 0.50, 0.53,
+0.38); fits of under 15 iterations keep a floor of 6 to 9 rounds. It is not built: it needs
+rounds that carry several statistics (the round message, the client and batched nodes, the
+collectors), and each point is a release, so the saturation rule counts 3 (7) statistics a
+reply: 252 (588) free numbers for this GMM, where its smallest clients (161 to 182 rows of 5
+values) allow 266 to 300. FedGMM is not in the prototype: its clients keep a state (their own
+mixing weights) that an evaluation advances, so several points a round would need each client
+to hold one state per point until the server says which point it kept.
 """
 
 from __future__ import annotations
