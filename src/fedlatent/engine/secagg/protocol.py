@@ -10,6 +10,7 @@ is the keystream of b_u under a nonce hashed from the exchange's label.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 from collections.abc import Iterable, Mapping
@@ -21,8 +22,8 @@ import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.encoding import FixedPoint
 
 __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
-           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_seed", "pair_seed_table",
-           "self_mask", "slot_item"]
+           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_keys_many", "pair_seed",
+           "pair_seed_table", "self_mask", "slot_item"]
 
 #: a client's public keys: its X25519 key (share encryption and pairwise masks) and a SHA-256
 #: commitment to each of its self-mask seeds
@@ -142,9 +143,16 @@ def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
     run and the (sorted) pair; bytes [0, 32) key the shares the two deal each other (each
     message sealed once, with a random nonce, its associated data naming sender and
     recipient), bytes [32, 64) are the pair's mask secret s_uv."""
-    lo, hi = sorted((str(u), str(v)))
-    info = b"[" + json_str(run) + b", " + json_str(lo) + b", " + json_str(hi) + b"]"
-    return _crypto.derive_key(shared, PAIR_TAG + info, 64)  # info: json.dumps([run, lo, hi])
+    return pair_keys_many([shared], run, u, [v])[0]
+
+
+def pair_keys_many(shared: list[bytes], run: str, u: str, peers: list[str]) -> list[bytes]:
+    """:func:`pair_keys` of client ``u`` with each of ``peers`` (``shared[i]`` its agreement
+    with ``peers[i]``), in one pass (:func:`~._crypto.derive_keys`)."""
+    head, me = PAIR_TAG + b"[" + json_str(run) + b", ", json_str(u)
+    infos = [head + (me + b", " + json_str(v) if u < v else json_str(v) + b", " + me) + b"]"
+             for v in map(str, peers)]  # json.dumps([run, lo, hi]) of the sorted pair
+    return _crypto.derive_keys(shared, infos, 64)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -213,18 +221,18 @@ class Roster:
 
     def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig, *,
                  everyone=None, enc_all: np.ndarray | None = None,
-                 graph_seed: bytes | None = None):
-        ids = sorted(str(u) for u in (keys if everyone is None else everyone))
+                 graph_seed: bytes | None = None, _rows_checked: bool = False):
+        # every O(n) step in C (map, sorted, set, json): each client parses all n ids
+        ids = sorted(map(str, keys if everyone is None else everyone))
         if len(set(ids)) != len(ids) or len(set(map(str, keys))) != len(keys):
             raise SecureAggregationError("client ids must be distinct strings")
         config.check_clients(len(ids))
         self.config = config
         self.ids = tuple(ids)
-        self._idset = frozenset(ids)
-        self.index = {u: i + 1 for i, u in enumerate(ids)}
-        members = sorted(str(u) for u in keys)
-        self.keys: dict[str, dict[str, bytes]] = {u: _checked_keys(u, keys[u], config)
-                                                  for u in members}
+        members = sorted(map(str, keys))
+        self.keys: dict[str, dict[str, bytes]] = (
+            {u: {f: keys[u][f] for f in KEY_FIELDS} for u in members} if _rows_checked
+            else {u: _checked_keys(u, keys[u], config) for u in members})
         #: each client's signature of its keys (64 zero bytes: it sent none)
         self.signatures = {u: bytes(SIGNATURE_BYTES) if keys[u].get(SIGNATURE_FIELD) is None
                            else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
@@ -244,6 +252,26 @@ class Roster:
         self.graph_seed = None if graph_seed is None else bytes(graph_seed)
         self._graph = None
 
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Every enrolled id's Shamir x-coordinate, its place among the sorted ids plus one
+        (built on first use: a client needs only its neighbours', :meth:`x_of`)."""
+        return dict(zip(self.ids, range(1, self.n + 1)))
+
+    @functools.cached_property
+    def _idset(self) -> frozenset:
+        return frozenset(self.ids)
+
+    def x_of(self, members: Iterable[str]) -> list[int]:
+        """The x-coordinates of enrolled ``members`` (a binary search each among the sorted
+        ids, not a table of all n)."""
+        return [bisect.bisect_left(self.ids, u) + 1 for u in members]
+
+    def enrolled(self, u: str) -> bool:
+        """Whether ``u`` took part in the key set-up."""
+        i = bisect.bisect_left(self.ids, u)
+        return i < self.n and self.ids[i] == u
+
     @property
     def graph(self):
         """The masking graph (:class:`~fedlatent.engine.secagg.graph.MaskingGraph`)."""
@@ -251,13 +279,13 @@ class Roster:
             from fedlatent.engine.secagg.graph import MaskingGraph, graph_digest
 
             if not self.config.sparse(self.n):
-                self._graph = MaskingGraph(self.ids, None, None)
+                self._graph = MaskingGraph.of(self.ids, None, None)
             else:
                 if self.graph_seed is None:
                     raise SecureAggregationError("a sparse masking graph needs the server's "
                                                  "graph seed in the roster")
                 digest = graph_digest(self.graph_seed, self.ids_json, self.enc_all)
-                self._graph = MaskingGraph(self.ids, self.config.degree, digest)
+                self._graph = MaskingGraph.of(self.ids, self.config.degree, digest)
         return self._graph
 
     def to_message(self) -> dict:
@@ -284,12 +312,28 @@ class Roster:
         closed neighbourhood only."""
         if not self.config.sparse(self.n):
             return self.to_message()
-        part = Roster.__new__(Roster)
-        part.__dict__.update(self.__dict__)
         near = self.graph.closed(str(u))
-        part.keys = {v: self.keys[v] for v in near}
-        part.signatures = {v: self.signatures[v] for v in near}
-        return part.to_message()
+        rows = [self.index[v] - 1 for v in near]
+        table = self._tables
+        msg: dict = {"ids": self.ids_json}
+        for f in KEY_FIELDS:
+            msg[f] = table[f][rows]
+        sig = table[SIGNATURE_FIELD][rows]
+        if sig.any():  # relayed when any of them signed, as to_message does
+            msg[SIGNATURE_FIELD] = sig
+        msg["graph_seed"] = self.graph_seed.hex()
+        if len(near) != self.n:
+            msg["members"] = json.dumps(list(near))
+            msg["enc_all"] = self.enc_all
+        return msg
+
+    @functools.cached_property
+    def _tables(self) -> dict[str, np.ndarray]:
+        """Every enrolled client's key fields and signature as (n, width) uint8 arrays, rows in
+        the order of the ids (the server's roster: each neighbourhood's message is a gather)."""
+        out = {f: np.stack([as_u8(self.keys[u][f]) for u in self.ids]) for f in KEY_FIELDS}
+        out[SIGNATURE_FIELD] = np.stack([as_u8(self.signatures[u]) for u in self.ids])
+        return out
 
     @classmethod
     def from_message(cls, msg: Mapping, config: SecAggConfig) -> Roster:
@@ -302,8 +346,13 @@ class Roster:
         for f in fields:
             a = _rows(msg, f, len(members),
                       SIGNATURE_BYTES if f == SIGNATURE_FIELD else 32 * _per(f, config))
-            for u, row in zip(members, a):
-                keys[u][f] = row
+            if f == SIGNATURE_FIELD:
+                for u, row in zip(members, a):
+                    keys[u][f] = row
+                continue
+            width, raw = a.shape[1], a.tobytes()  # checked rows: bytes at once
+            for i, u in enumerate(members):
+                keys[u][f] = raw[i * width:(i + 1) * width]
         if len(set(ids)) != len(ids):
             raise SecureAggregationError("the roster lists a client twice")
         if not set(members) <= set(ids):
@@ -314,7 +363,8 @@ class Roster:
             seed = None if seed is None else bytes.fromhex(str(seed))
         except ValueError as exc:
             raise SecureAggregationError("the roster's 'graph_seed' must be hex") from exc
-        return cls(keys, config, everyone=ids, enc_all=enc, graph_seed=seed)
+        return cls(keys, config, everyone=ids, enc_all=enc, graph_seed=seed,
+                   _rows_checked=True)  # every key field: bytes of a checked (rows, width)
 
     @property
     def n(self) -> int:
@@ -344,7 +394,7 @@ def _checked_keys(u: str, msg: Mapping, config: SecAggConfig) -> dict[str, bytes
 def _id_list(msg: Mapping, key: str) -> list[str]:
     try:
         ids = json.loads(msg[key])
-        assert isinstance(ids, list) and all(isinstance(u, str) for u in ids)
+        assert isinstance(ids, list) and set(map(type, ids)) <= {str}  # C loops: n ids
     except (KeyError, TypeError, ValueError, AssertionError) as exc:
         raise SecureAggregationError(f"the roster's {key!r} must be a JSON list of client id "
                                      "strings") from exc
