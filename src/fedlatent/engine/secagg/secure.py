@@ -281,7 +281,11 @@ class SecureChannel:
             raise FederatedFitError(f"secure aggregation set-up: clients "
                                     f"[{name_list(list(refused))}] refused the relayed keys; "
                                     f"{fault_detail(refused)}", faults=refused)
-        self._call(self.cids, "secagg", self._route(out))
+        done = self._call(self.cids, "secagg", self._route(out))
+        failed = {c: str(r[ERROR_KEY]) for c, r in done.items() if ERROR_KEY in r}
+        if failed:  # as before: they refuse to mask later, and count as dropped
+            logger.warning("secure aggregation set-up: clients [%s] could not take the shares "
+                           "relayed to them; %s", name_list(list(failed)), fault_detail(failed))
         logger.info("secure aggregation set up for %d clients (threshold %d, scale 2^%d, "
                     "%d exchanges, %d bytes, graph degree %s)", len(self.cids),
                     self.config.threshold, int(math.log2(enc.scale)), self.config.n_slots,
@@ -294,7 +298,9 @@ class SecureChannel:
         sorted by recipient at once (a malformed sender is named)."""
         senders, to, rows = [], [], []
         for u in self.cids:
-            msg = out.get(u, {})
+            msg = out.get(u)
+            if msg is None:  # no reply: it deals no shares (its peers will not mask with it)
+                continue
             try:
                 peers = _id_list(msg.get("to"), "'to'")
                 sealed = np.asarray(msg.get("sealed"))
