@@ -44,10 +44,25 @@ log = logging.getLogger(__name__)
 SEALED_BYTES = 12 + shamir.SEED_SHARE_BYTES + 16  # nonce, one slot's share, Poly1305 tag
 
 
+SHARE_TAG = b"fedlatent/secagg/share\x00"
+
+
 def share_context(sender: str, recipient: str) -> bytes:
     """Associated data binding a share message to (sender, recipient): the tag and the JSON
     list ``[sender, recipient]``."""
-    return b"fedlatent/secagg/share\x00[" + json_str(sender) + b", " + json_str(recipient) + b"]"
+    return SHARE_TAG + b"[" + json_str(sender) + b", " + json_str(recipient) + b"]"
+
+
+def share_contexts(sender: str, recipients: Sequence[str]) -> list[bytes]:
+    """:func:`share_context` of one sender and many recipients."""
+    head = SHARE_TAG + b"[" + json_str(sender) + b", "
+    return [head + json_str(v) + b"]" for v in recipients]
+
+
+def share_contexts_to(senders: Sequence[str], recipient: str) -> list[bytes]:
+    """:func:`share_context` of many senders and one recipient."""
+    tail = b", " + json_str(recipient) + b"]"
+    return [SHARE_TAG + b"[" + json_str(u) + tail for u in senders]
 
 
 class SecAggClient:
@@ -218,7 +233,7 @@ class SecAggClient:
         self._blobs[self.id] = plain[me].tobytes()
         peers = [v for v in near if v != self.id]
         keys = [block[:32] for block in self._pair_blocks(peers)]  # the pairs' share keys
-        ads = [share_context(self.id, v) for v in peers]
+        ads = share_contexts(self.id, peers)
         rows = _crypto.aead_seal_rows(keys, np.delete(plain, me, axis=0), ads)
         self._shared = True
         return peers, rows
@@ -249,8 +264,7 @@ class SecAggClient:
             seen.add(u)
         sealed = _rows_bytes(sealed)
         keys = [block[:32] for block in self._pair_blocks(senders)]
-        opened = _crypto.aead_open_rows(keys, sealed, [share_context(u, self.id)
-                                                       for u in senders])
+        opened = _crypto.aead_open_rows(keys, sealed, share_contexts_to(senders, self.id))
         size = shamir.SEED_SHARE_BYTES * self.config.n_slots
         if opened is None or any(len(p) != size for p in opened):  # name the first bad one
             opened = [self._open_share(u, msg) for u, msg in zip(senders, sealed)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -230,16 +231,18 @@ class Roster:
         self.config = config
         self.ids = tuple(ids)
         members = sorted(map(str, keys))
+        pick = operator.itemgetter(*KEY_FIELDS)
         self.keys: dict[str, dict[str, bytes]] = (
-            {u: {f: keys[u][f] for f in KEY_FIELDS} for u in members} if _rows_checked
+            {u: dict(zip(KEY_FIELDS, pick(keys[u]))) for u in members} if _rows_checked
             else {u: _checked_keys(u, keys[u], config) for u in members})
         #: each client's signature of its keys (64 zero bytes: it sent none)
         self.signatures = {u: bytes(SIGNATURE_BYTES) if keys[u].get(SIGNATURE_FIELD) is None
                            else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
                                          what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
                            for u in members}
-        for f in ("enc_key",):
+        if len({k["enc_key"] for k in self.keys.values()}) < len(members):  # name the pair
             seen: dict[bytes, str] = {}
+            f = "enc_key"
             for u in members:
                 k = self.keys[u][f]
                 if k in seen:
@@ -353,9 +356,10 @@ class Roster:
             width, raw = a.shape[1], a.tobytes()  # checked rows: bytes at once
             for i, u in enumerate(members):
                 keys[u][f] = raw[i * width:(i + 1) * width]
-        if len(set(ids)) != len(ids):
+        enrolled = set(ids)
+        if len(enrolled) != len(ids):
             raise SecureAggregationError("the roster lists a client twice")
-        if not set(members) <= set(ids):
+        if not enrolled.issuperset(members):
             raise SecureAggregationError("the roster's members are not all enrolled")
         enc = _rows(msg, "enc_all", len(ids), 32) if "enc_all" in msg else None
         seed = msg.get("graph_seed")

@@ -246,7 +246,8 @@ def share_seeds(seeds: np.ndarray, holders: Sequence[int], threshold: int) -> np
     if not 1 <= threshold <= xs.size:
         raise ValueError(f"threshold must be in [1, {xs.size}] (the number of holders), "
                          f"got {threshold}")
-    if np.unique(xs).size != xs.size or not np.all((xs > 0) & (xs < P31)):
+    srt = np.sort(xs)
+    if np.any(srt[1:] == srt[:-1]) or not (xs.size == 0 or 0 < srt[0] and srt[-1] < P31):
         raise ValueError("holders' x-coordinates must be distinct integers in [1, 2^31 - 1)")
     if seeds.ndim != 2 or np.any((seeds < 0) | (seeds >= P31)):
         raise ValueError("seeds must be an (m, limbs) array of elements of GF(2^31 - 1)")
