@@ -8,6 +8,7 @@ and hashing SHA-256, all from ``cryptography.hazmat``. The package is an optiona
 
 from __future__ import annotations
 
+import functools
 import os
 from types import SimpleNamespace
 
@@ -96,8 +97,14 @@ def agree(key, peer_public: bytes) -> bytes:
 
     ``cryptography`` refuses a low-order peer key (an all-zero shared secret) with ValueError.
     """
-    c = require()
-    return key.exchange(c.x25519.X25519PublicKey.from_public_bytes(peer_public))
+    return key.exchange(_public_key(bytes(peer_public)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _public_key(raw: bytes):
+    """The X25519 public key object of 32 raw bytes, parsed once per process (public data:
+    in-process clients that agree with the same peer share its parsed key)."""
+    return require().x25519.X25519PublicKey.from_public_bytes(raw)
 
 
 def derive_key(secret: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:

@@ -49,8 +49,13 @@ def graph_digest(seed: bytes, ids_json: str, enc_all: np.ndarray) -> bytes:
     choose the ring order.
     """
     keys = np.ascontiguousarray(enc_all, dtype=np.uint8)
-    return _crypto.commit(GRAPH_TAG + bytes(seed) + _crypto.commit(str(ids_json).encode())
-                          + keys.tobytes())
+    return _crypto.commit(GRAPH_TAG + bytes(seed) + _ids_commit(str(ids_json)) + keys.tobytes())
+
+
+@lru_cache(maxsize=8)
+def _ids_commit(ids_json: str) -> bytes:
+    """SHA-256 of the ids' JSON list (once per list in a process: every client hashes it)."""
+    return _crypto.commit(ids_json.encode())
 
 
 class MaskingGraph:

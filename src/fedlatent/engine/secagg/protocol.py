@@ -223,14 +223,15 @@ class Roster:
     def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig, *,
                  everyone=None, enc_all: np.ndarray | None = None,
                  graph_seed: bytes | None = None, _rows_checked: bool = False):
-        # every O(n) step in C (map, sorted, set, json): each client parses all n ids
-        ids = sorted(map(str, keys if everyone is None else everyone))
-        if len(set(ids)) != len(ids) or len(set(map(str, keys))) != len(keys):
-            raise SecureAggregationError("client ids must be distinct strings")
-        config.check_clients(len(ids))
-        self.config = config
-        self.ids = tuple(ids)
+        # every O(n) step in C, once per distinct list in a process (:class:`Enrolled`)
+        known = everyone if isinstance(everyone, Enrolled) else Enrolled(
+            keys if everyone is None else everyone)
         members = sorted(map(str, keys))
+        if len(set(members)) != len(keys):
+            raise SecureAggregationError("client ids must be distinct strings")
+        config.check_clients(len(known.ids))
+        self.config = config
+        self.ids, self.ids_json = known.ids, known.text
         pick = operator.itemgetter(*KEY_FIELDS)
         self.keys: dict[str, dict[str, bytes]] = (
             {u: dict(zip(KEY_FIELDS, pick(keys[u]))) for u in members} if _rows_checked
@@ -249,8 +250,9 @@ class Roster:
                     raise SecureAggregationError(f"clients {seen[k]!r} and {u!r} announce the "
                                                  f"same {f}; every client draws its own keys")
                 seen[k] = u
-        self.ids_json = json.dumps(list(ids))
-        self.enc_all = (np.stack([as_u8(self.keys[u]["enc_key"]) for u in ids]) if enc_all is None
+        self._known = known
+        self.enc_all = (np.stack([as_u8(self.keys[u]["enc_key"]) for u in self.ids])
+                        if enc_all is None
                         else np.asarray(enc_all, dtype=np.uint8))
         self.graph_seed = None if graph_seed is None else bytes(graph_seed)
         self._graph = None
@@ -261,9 +263,9 @@ class Roster:
         (built on first use: a client needs only its neighbours', :meth:`x_of`)."""
         return dict(zip(self.ids, range(1, self.n + 1)))
 
-    @functools.cached_property
+    @property
     def _idset(self) -> frozenset:
-        return frozenset(self.ids)
+        return self._known.set
 
     def x_of(self, members: Iterable[str]) -> list[int]:
         """The x-coordinates of enrolled ``members`` (a binary search each among the sorted
@@ -289,6 +291,7 @@ class Roster:
                                                  "graph seed in the roster")
                 digest = graph_digest(self.graph_seed, self.ids_json, self.enc_all)
                 self._graph = MaskingGraph.of(self.ids, self.config.degree, digest)
+            self.ids = self._graph.ids  # equal tuples: in-process clients keep one copy
         return self._graph
 
     def to_message(self) -> dict:
@@ -341,7 +344,8 @@ class Roster:
     @classmethod
     def from_message(cls, msg: Mapping, config: SecAggConfig) -> Roster:
         """Inverse of :meth:`to_message`, checking its form."""
-        ids = _id_list(msg, "ids")
+        known = _enrolled_of_text(msg.get("ids"))
+        ids = known.ids
         members = _id_list(msg, "members") if msg.get("members") is not None else ids
         keys: dict[str, dict] = {u: {} for u in members}
         fields = list(KEY_FIELDS) + ([SIGNATURE_FIELD] if msg.get(SIGNATURE_FIELD) is not None
@@ -356,10 +360,7 @@ class Roster:
             width, raw = a.shape[1], a.tobytes()  # checked rows: bytes at once
             for i, u in enumerate(members):
                 keys[u][f] = raw[i * width:(i + 1) * width]
-        enrolled = set(ids)
-        if len(enrolled) != len(ids):
-            raise SecureAggregationError("the roster lists a client twice")
-        if not enrolled.issuperset(members):
+        if not known.set.issuperset(members):
             raise SecureAggregationError("the roster's members are not all enrolled")
         enc = _rows(msg, "enc_all", len(ids), 32) if "enc_all" in msg else None
         seed = msg.get("graph_seed")
@@ -367,7 +368,7 @@ class Roster:
             seed = None if seed is None else bytes.fromhex(str(seed))
         except ValueError as exc:
             raise SecureAggregationError("the roster's 'graph_seed' must be hex") from exc
-        return cls(keys, config, everyone=ids, enc_all=enc, graph_seed=seed,
+        return cls(keys, config, everyone=known, enc_all=enc, graph_seed=seed,
                    _rows_checked=True)  # every key field: bytes of a checked (rows, width)
 
     @property
@@ -377,7 +378,10 @@ class Roster:
     def check_members(self, members: Iterable[str], *, what: str) -> list[str]:
         """Sorted distinct members, all enrolled (error naming an unknown one)."""
         members = [str(m) for m in members]
-        unknown = sorted(set(members) - self._idset)
+        if 16 * len(members) < self.n:  # a neighbourhood: binary searches, no set of all n
+            unknown = sorted(u for u in set(members) if not self.enrolled(u))
+        else:
+            unknown = sorted(set(members) - self._idset)
         if unknown:
             raise SecureAggregationError(f"{what}: {unknown} did not take part in the key "
                                          "set-up; they need a new set-up to join")
@@ -393,6 +397,39 @@ def _checked_keys(u: str, msg: Mapping, config: SecAggConfig) -> dict[str, bytes
                                      "what SecAggClient.public_keys() returns")
     return {f: as_bytes(msg[f], what=f"client {u!r}: field {f!r}", size=32 * _per(f, config))
             for f in KEY_FIELDS}
+
+
+class Enrolled:
+    """The enrolled ids, checked once: sorted, distinct strings (``ids``), their JSON list
+    (``text``, what the graph's digest hashes) and their set.
+
+    Every client is sent all n ids (they fix the masking graph); :meth:`of_text` parses and
+    checks one broadcast text once per process, so in-process clients that received the same
+    text share the result (a pure function of public data) instead of each parsing n ids.
+    """
+
+    def __init__(self, ids):
+        self.ids = tuple(sorted(map(str, ids)))
+        self.set = frozenset(self.ids)
+        if len(self.set) != len(self.ids):
+            raise SecureAggregationError("client ids must be distinct strings")
+        self.text = json.dumps(list(self.ids))
+
+
+@functools.lru_cache(maxsize=8)
+def _enrolled_text(text: str) -> Enrolled:
+    ids = _id_list({"ids": text}, "ids")
+    if len(set(ids)) != len(ids):
+        raise SecureAggregationError("the roster lists a client twice")
+    return Enrolled(ids)
+
+
+def _enrolled_of_text(text) -> Enrolled:
+    """:class:`Enrolled` of a roster message's ``ids`` (a JSON list), checked, cached by the
+    text."""
+    if not isinstance(text, str):
+        return _enrolled_text.__wrapped__(text)  # the error names the field
+    return _enrolled_text(text)
 
 
 def _id_list(msg: Mapping, key: str) -> list[str]:
