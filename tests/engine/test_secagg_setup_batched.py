@@ -173,3 +173,22 @@ def test_a_malformed_share_message_is_named_at_the_set_up(engine_setup):
     assert json.loads(inbox["c01"]["from"]) == ["c00", "c03"]  # sorted by recipient
     assert inbox["c01"]["sealed"].shape == (2, 60) and inbox["c02"]["sealed"].shape == (0, 60)
     assert inbox["c01"]["sealed"][1].tolist() == [1] * 60  # the row to 'nobody' dropped
+
+
+def test_the_units_a_sum_claims_are_checked_to_within_the_fixed_point_rounding():
+    from types import SimpleNamespace
+
+    from fedlatent.engine.rounds.secure_round import _units
+    from fedlatent.engine.secagg.secure import fixed_point
+
+    enc = fixed_point(2.0**20, 10_000)  # the engine's scale at 10,000 clients: 2^28
+    assert enc.scale == 2.0**28
+    channel = SimpleNamespace(n_total=2e6, config=SimpleNamespace(encoding=enc))
+    slack = SecureChannel.units_slack(channel, 10_000)
+    assert slack == pytest.approx(0.5 + 10_000 * 2e6 / 2**29)  # 37.8 units
+    ids = [f"c{i:05d}" for i in range(10_000)]
+    rounds = SimpleNamespace(screen=SimpleNamespace(n_units=dict.fromkeys(ids, 200)),
+                             secure=SimpleNamespace(units_slack=lambda n: slack))
+    assert _units(rounds, ids, {"n": np.float64(2e6 + 30.0)}) == 2_000_000  # rounding: exact
+    assert _units(rounds, ids, {"n": np.float64(2e6 - 40.0)}) == 1_999_960  # beyond: as sent
+    assert _units(rounds, ids[:10], {"n": np.float64(1_000.4)}) == 1_000  # a mini-batch

@@ -7,7 +7,10 @@ set-up, once per fit (method ``secagg``, steps ``keys``, ``roster``, ``shares``)
     every client draws from the OS one X25519 key pair (share encryption and pairwise masks,
     agreed once per neighbour pair) and, for each of the ``slots`` exchanges the fit may run,
     a self-mask seed; the server relays the public keys (the roster) and the sealed Shamir
-    shares of every seed (one message per neighbour).
+    shares of every seed (one message per neighbour). A client's reply to the roster is
+    ``{"to": JSON list of its neighbours, "sealed": (k, 12 + 32 slots + 16) uint8 array}``, a
+    row per neighbour; the server sorts every row by recipient at once and sends each client
+    ``{"from": JSON list, "sealed": rows}`` (one array, not a field per neighbour).
 one exchange (a round's ``estep``, or an initialization ``query``)
     the round message carries the participants, the exchange's slot and two public factors:
     the client's weight ``w_c`` and ``1 / N`` (N = the federation's units, public since
@@ -250,6 +253,13 @@ class SecureChannel:
         """Clients declared dropped (their pair seeds of that exchange revealed): out for the rest
         of the fit."""
         return self.server.excluded
+
+    def units_slack(self, n_survivors: int) -> float:
+        """How far a sum's units may be from its survivors' by the fixed-point rounding alone:
+        each sends ``n / N`` rounded to ``1 / (2 scale)``, so the sum times N is off by at most
+        ``n_survivors N / (2 scale)`` (37 units at 10,000 clients of 200 rows, scale 2^28),
+        plus half a unit."""
+        return 0.5 + n_survivors * self.n_total / (2.0 * self.config.encoding.scale)
 
     @property
     def setup_bytes(self) -> int:
