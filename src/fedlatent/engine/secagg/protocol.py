@@ -378,10 +378,7 @@ class Roster:
     def check_members(self, members: Iterable[str], *, what: str) -> list[str]:
         """Sorted distinct members, all enrolled (error naming an unknown one)."""
         members = [str(m) for m in members]
-        if 16 * len(members) < self.n:  # a neighbourhood: binary searches, no set of all n
-            unknown = sorted(u for u in set(members) if not self.enrolled(u))
-        else:
-            unknown = sorted(set(members) - self._idset)
+        unknown = sorted(set(members) - self._idset)  # one set of all n per process
         if unknown:
             raise SecureAggregationError(f"{what}: {unknown} did not take part in the key "
                                          "set-up; they need a new set-up to join")
