@@ -218,6 +218,13 @@ class Roster:
         from ``keys``); with ``graph_seed`` it fixes the graph.
     graph_seed : bytes, optional
         The server's seed of the graph (a sparse graph needs it).
+    _rows_checked : bool
+        Internal (:meth:`from_message`): every key field is already the bytes of a checked row.
+
+    Notes
+    -----
+    ``everyone`` may be an :class:`Enrolled` (ids already sorted and checked, shared by every
+    roster built from the same broadcast in a process).
     """
 
     def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig, *,
