@@ -107,14 +107,14 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
 
 
 def _units(rounds, S: list[str], sums) -> int | float:
-    """The units the survivors' sum covers, without the fixed-point rounding: a whole number,
-    or (frequency weights: fractional units) the survivors' units at setup when the sum
-    claims them (a full pass), else the sum as sent."""
+    """The units the survivors' sum covers, without the fixed-point rounding: the survivors'
+    units at setup when the sum claims them to within that rounding (a full pass), else the
+    sum as sent (a whole number when the units are)."""
     n = float(sums["n"])
     units = float(sum(rounds.screen.n_units[c] for c in S))
-    if units.is_integer():
-        return round(n)
-    return units if abs(n - units) <= 0.5 else n
+    if abs(n - units) <= rounds.secure.units_slack(len(S)):
+        return int(units) if units.is_integer() else units
+    return round(n) if units.is_integer() else n
 
 
 def _check_aggregate(rounds, plan: RoundPlan, S: list[str], sums):

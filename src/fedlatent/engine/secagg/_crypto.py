@@ -8,6 +8,7 @@ and hashing SHA-256, all from ``cryptography.hazmat``. The package is an optiona
 
 from __future__ import annotations
 
+import functools
 import os
 from types import SimpleNamespace
 
@@ -18,6 +19,10 @@ __all__ = [
     "KEY_BYTES",
     "aead_open",
     "aead_seal",
+    "aead_open_rows",
+    "aead_seal_rows",
+    "agree_many",
+    "derive_keys",
     "agree",
     "commit",
     "derive_key",
@@ -92,8 +97,14 @@ def agree(key, peer_public: bytes) -> bytes:
 
     ``cryptography`` refuses a low-order peer key (an all-zero shared secret) with ValueError.
     """
-    c = require()
-    return key.exchange(c.x25519.X25519PublicKey.from_public_bytes(peer_public))
+    return key.exchange(_public_key(bytes(peer_public)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _public_key(raw: bytes):
+    """The X25519 public key object of 32 raw bytes, parsed once per process (public data:
+    in-process clients that agree with the same peer share its parsed key)."""
+    return require().x25519.X25519PublicKey.from_public_bytes(raw)
 
 
 def derive_key(secret: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
@@ -103,6 +114,22 @@ def derive_key(secret: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
     c = require()
     return c.HKDF(algorithm=c.hashes.SHA256(), length=length, salt=None,
                   info=info).derive(secret)
+
+
+def agree_many(key, peers_public: list[bytes]) -> list[bytes]:
+    """:func:`agree` of one private key with each of many raw public keys (one pass; each
+    through :func:`agree`, the one place an agreement happens)."""
+    return [agree(key, p) for p in peers_public]
+
+
+def derive_keys(secrets: list[bytes], infos: list[bytes], length: int = KEY_BYTES
+                ) -> list[bytes]:
+    """:func:`derive_key` of each ``(secrets[i], infos[i])``: the same HKDF-SHA256 from
+    ``cryptography``, one pass."""
+    c = require()
+    hkdf, sha = c.HKDF, c.hashes.SHA256()
+    return [hkdf(algorithm=sha, length=length, salt=None, info=i).derive(s)
+            for s, i in zip(secrets, infos)]
 
 
 def commit(data: bytes) -> bytes:
@@ -143,6 +170,34 @@ def aead_seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:
     c = require()
     nonce = random_bytes(NONCE_BYTES)
     return nonce + c.ChaCha20Poly1305(key).encrypt(nonce, plaintext, associated)
+
+
+def aead_seal_rows(keys: list[bytes], plaintexts, associated: list[bytes]) -> np.ndarray:
+    """:func:`aead_seal` of many messages of one length at once: ``keys[i]`` seals
+    ``plaintexts[i]`` (bytes, or the rows of a uint8 array) bound to ``associated[i]``; a
+    (len(keys), 12 + length + 16) uint8 array, row i ``nonce || ciphertext`` (every nonce
+    fresh from the OS, drawn in one call)."""
+    aead, n = require().ChaCha20Poly1305, NONCE_BYTES
+    if not keys:
+        return np.zeros((0, n + 16), dtype=np.uint8)
+    if isinstance(plaintexts, np.ndarray):  # rows of one array: one copy, then slices
+        raw, w = plaintexts.tobytes(), plaintexts.nbytes // len(plaintexts)
+        plaintexts = [raw[i * w:(i + 1) * w] for i in range(len(plaintexts))]
+    nonces = random_bytes(n * len(keys))
+    parts = [nonces[n * i:n * i + n] + aead(key).encrypt(nonces[n * i:n * i + n], plain, ad)
+             for i, (key, plain, ad) in enumerate(zip(keys, plaintexts, associated))]
+    return np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(len(keys), -1).copy()
+
+
+def aead_open_rows(keys: list[bytes], sealed: list[bytes], associated: list[bytes]
+                   ) -> list[bytes] | None:
+    """:func:`aead_open` of many messages; None when any of them does not open (the caller
+    opens them one by one to name it)."""
+    aead, n = require().ChaCha20Poly1305, NONCE_BYTES
+    try:
+        return [aead(k).decrypt(m[:n], m[n:], a) for k, m, a in zip(keys, sealed, associated)]
+    except Exception:  # noqa: BLE001 - any failure: the caller's one-by-one pass names it
+        return None
 
 
 def aead_open(key: bytes, sealed: bytes, associated: bytes) -> bytes:

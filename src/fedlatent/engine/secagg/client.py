@@ -31,6 +31,7 @@ from fedlatent.engine.secagg.protocol import (
     json_str,
     keys_payload,
     pair_keys,
+    pair_keys_many,
     pair_seed,
     pair_seed_table,
     self_mask,
@@ -43,10 +44,25 @@ log = logging.getLogger(__name__)
 SEALED_BYTES = 12 + shamir.SEED_SHARE_BYTES + 16  # nonce, one slot's share, Poly1305 tag
 
 
+SHARE_TAG = b"fedlatent/secagg/share\x00"
+
+
 def share_context(sender: str, recipient: str) -> bytes:
     """Associated data binding a share message to (sender, recipient): the tag and the JSON
     list ``[sender, recipient]``."""
-    return b"fedlatent/secagg/share\x00[" + json_str(sender) + b", " + json_str(recipient) + b"]"
+    return SHARE_TAG + b"[" + json_str(sender) + b", " + json_str(recipient) + b"]"
+
+
+def share_contexts(sender: str, recipients: Sequence[str]) -> list[bytes]:
+    """:func:`share_context` of one sender and many recipients."""
+    head = SHARE_TAG + b"[" + json_str(sender) + b", "
+    return [head + json_str(v) + b"]" for v in recipients]
+
+
+def share_contexts_to(senders: Sequence[str], recipient: str) -> list[bytes]:
+    """:func:`share_context` of many senders and one recipient."""
+    tail = b", " + json_str(recipient) + b"]"
+    return [SHARE_TAG + b"[" + json_str(u) + tail for u in senders]
 
 
 class SecAggClient:
@@ -93,6 +109,7 @@ class SecAggClient:
         self.run, self.setup_round = str(run), int(round)
         self._private = _crypto.generate_private()  # c_u: share keys and pair masks
         self._seeds = shamir.draw_seeds(config.n_slots)  # b_u per slot, (E, LIMBS)
+        self._public: dict[str, bytes] | None = None  # its public key fields, once computed
         self._roster: Roster | None = None
         self._shared = False
         # owner -> the opened bytes of its shares: this client's share of b_owner, per slot
@@ -115,8 +132,10 @@ class SecAggClient:
         ``"signature"``: its Ed25519 signature of the keys, this client's id, the run and the
         set-up round.
         """
-        out = {"enc_key": as_u8(_crypto.public_raw(self._private)),
-               "self_commit": as_u8(b"".join(_crypto.commit(b) for b in self._self_seeds))}
+        if self._public is None:  # drawn once: computed once
+            self._public = {"enc_key": _crypto.public_raw(self._private),
+                            "self_commit": b"".join(_crypto.commit(b) for b in self._self_seeds)}
+        out = {k: as_u8(v) for k, v in self._public.items()}
         if signer is not None:
             payload = keys_payload({k: v.tobytes() for k, v in out.items()})
             out[SIGNATURE_FIELD] = as_u8(signer.sign(KEYS_PURPOSE, self.key_context(self.id),
@@ -147,8 +166,8 @@ class SecAggClient:
             raise SecureAggregationError(f"client {self.id!r}: keys are set up once per fit; "
                                          "start a new SecAggClient to rejoin with new keys")
         roster = Roster.from_message(roster, self.config)
-        own = {k: as_bytes(v, what=k) for k, v in self.public_keys().items()}
-        if roster.keys.get(self.id) != own:
+        self.public_keys()
+        if roster.keys.get(self.id) != self._public:
             raise SecureAggregationError(f"client {self.id!r}: the relayed roster lacks or "
                                          "alters this client's own public keys")
         if self.config.sparse(roster.n):
@@ -194,59 +213,83 @@ class SecAggClient:
         """Shamir shares of every slot's b_u for each neighbour on the masking graph (every other
         enrolled client on the complete graph), dealt at once (:func:`~.shamir.share_seeds`)
         and sealed in one ChaCha20-Poly1305 message per neighbour, under the share key of the
-        pair (:func:`~.protocol.pair_keys`) and bound to (u, v): ``{peer: bytes}``."""
+        pair (:func:`~.protocol.pair_keys`) and bound to (u, v): ``{peer: bytes}``
+        (:meth:`sealed_shares` as a mapping)."""
+        peers, rows = self.sealed_shares()
+        return dict(zip(peers, rows))
+
+    def sealed_shares(self) -> tuple[list[str], np.ndarray]:
+        """:meth:`share_messages` as ``(peers, rows)``: the sorted neighbours and a (k, 12 +
+        32 slots + 16) uint8 array, row i the sealed message to ``peers[i]`` (what the engine's
+        set-up message carries: one array, not one field per neighbour)."""
         roster = self._need_roster()
         if self._shared:
             raise SecureAggregationError(f"client {self.id!r}: shares are dealt once per fit")
         t = self.config.share_threshold(roster.n)
         near = roster.graph.closed(self.id)
-        shares = shamir.share_seeds(self._seeds, [roster.index[v] for v in near], t)
-        out = {}
-        for v, row in zip(near, shares.astype("<u4")):
-            plain = row.tobytes()  # this holder's share of every slot's seed, in slot order
-            if v == self.id:
-                self._blobs[v] = plain
-                continue
-            ad = share_context(self.id, v)
-            out[v] = as_u8(_crypto.aead_seal(self._share_key(self.id, v), plain, ad))
+        shares = shamir.share_seeds(self._seeds, roster.x_of(near), t)
+        plain = shares.astype("<u4").reshape(len(near), -1)  # a holder's share of every slot
+        me = near.index(self.id)
+        self._blobs[self.id] = plain[me].tobytes()
+        peers = [v for v in near if v != self.id]
+        keys = [block[:32] for block in self._pair_blocks(peers)]  # the pairs' share keys
+        ads = share_contexts(self.id, peers)
+        rows = _crypto.aead_seal_rows(keys, np.delete(plain, me, axis=0), ads)
         self._shared = True
-        return out
+        return peers, rows
 
     def receive_shares(self, sealed: Mapping[str, np.ndarray]) -> None:
         """Open the shares the server relays ``{sender: bytes}``; a sender whose ciphertext does
         not open is named."""
+        senders = [str(u) for u in sealed]
+        self.receive_sealed(senders, [as_bytes(sealed[u], what=f"share from {u!r}")
+                                      for u in sealed])
+
+    def receive_sealed(self, senders: Sequence[str], sealed) -> None:
+        """:meth:`receive_shares` of ``senders`` and their messages (bytes each, or the rows of
+        a uint8 array): every sender checked (enrolled, a neighbour, once), every message
+        opened, then every share checked at once (field elements)."""
         roster = self._need_roster()
-        size = shamir.SEED_SHARE_BYTES * self.config.n_slots
-        opened: dict[str, bytes] = {}
-        for u, msg in sealed.items():
-            u = str(u)
-            if u not in roster.index or u == self.id:
+        near = set(roster.graph.closed(self.id))
+        seen: set[str] = set()
+        for u in senders:
+            if u == self.id or (u not in near and not roster.enrolled(u)):
                 raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
                                              "not another enrolled client")
-            if not roster.graph.adjacent(self.id, u):
+            if u not in near:
                 raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
                                              "not its neighbour on the masking graph")
-            if u in self._blobs or u in opened:
+            if u in self._blobs or u in seen:
                 raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
-            ad = share_context(u, self.id)
-            try:
-                plain = _crypto.aead_open(self._share_key(u, self.id),
-                                          as_bytes(msg, what=f"share from {u!r}"), ad)
-            except ValueError as exc:
-                raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} does not "
-                                             f"open ({exc})") from exc
-            if len(plain) != size:
-                raise SecureAggregationError(
-                    f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
-                    f"expected {size} ({self.config.n_slots} slots)")
-            opened[u] = plain
-        words = np.frombuffer(b"".join(opened.values()), dtype="<u4").reshape(len(opened), -1)
+            seen.add(u)
+        sealed = _rows_bytes(sealed)
+        keys = [block[:32] for block in self._pair_blocks(senders)]
+        opened = _crypto.aead_open_rows(keys, sealed, share_contexts_to(senders, self.id))
+        size = shamir.SEED_SHARE_BYTES * self.config.n_slots
+        if opened is None or any(len(p) != size for p in opened):  # name the first bad one
+            opened = [self._open_share(u, msg) for u, msg in zip(senders, sealed)]
+        words = np.frombuffer(b"".join(opened), dtype="<u4").reshape(len(opened), -1)
         bad = np.flatnonzero(np.any(words >= shamir.P31, axis=1))  # checked at once
         if bad.size:
             raise SecureAggregationError(f"client {self.id!r}: the share from "
-                                         f"{list(opened)[bad[0]]!r} holds a value that is not a "
+                                         f"{senders[bad[0]]!r} holds a value that is not a "
                                          "field element")
-        self._blobs.update(opened)
+        self._blobs.update(zip(senders, opened))
+
+    def _open_share(self, u: str, msg) -> bytes:
+        """The opened share message from ``u`` (its size checked), or the error naming it."""
+        size = shamir.SEED_SHARE_BYTES * self.config.n_slots
+        try:
+            plain = _crypto.aead_open(self._share_key(u, self.id), bytes(msg),
+                                      share_context(u, self.id))
+        except ValueError as exc:
+            raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} does not "
+                                         f"open ({exc})") from exc
+        if len(plain) != size:
+            raise SecureAggregationError(
+                f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
+                f"expected {size} ({self.config.n_slots} slots)")
+        return plain
 
     @property
     def enrolled(self) -> tuple[str, ...]:
@@ -420,7 +463,7 @@ class SecAggClient:
         c._private = _crypto.load_private(bytes.fromhex(d["private"]))
         c._seeds = np.frombuffer(bytes.fromhex(d["self_seed"]), dtype="<u4").astype(
             np.int64).reshape(cfg.n_slots, shamir.LIMBS)
-        c._roster = None
+        c._roster, c._public = None, None
         if d["roster"] is not None:
             msg = _roster_message(d["roster"])
             c._roster = Roster.from_message(msg, cfg)
@@ -455,6 +498,16 @@ class SecAggClient:
             raise SecureAggregationError(f"client {self.id!r}: call receive_peer_keys first (the "
                                          "key set-up precedes every exchange)")
         return self._roster
+
+    def _pair_blocks(self, peers: Sequence[str]) -> list[bytes]:
+        """:meth:`_pair_block` of each of ``peers``: the agreements and key derivations not yet
+        done, in one pass each."""
+        todo = [v for v in peers if v not in self._pair]
+        if todo:
+            pub = [self._roster.keys[v]["enc_key"] for v in todo]
+            shared = _crypto.agree_many(self._private, pub)
+            self._pair.update(zip(todo, pair_keys_many(shared, self.run, self.id, todo)))
+        return [self._pair[v] for v in peers]
 
     def _pair_block(self, v: str) -> bytes:
         """:func:`~.protocol.pair_keys` of this client and neighbour ``v``: one X25519
@@ -503,6 +556,14 @@ class SecAggClient:
         self._slot_of[label] = int(slot)
         return int(slot)
 
+
+
+def _rows_bytes(sealed) -> list[bytes]:
+    """Messages as bytes: the rows of a 2-d uint8 array (one copy), or a list of bytes."""
+    if isinstance(sealed, np.ndarray) and sealed.ndim == 2:
+        raw, w = sealed.tobytes(), sealed.shape[1]
+        return [raw[i * w:(i + 1) * w] for i in range(len(sealed))]
+    return [bytes(m) for m in sealed]
 
 
 def _roster_message(saved: dict) -> dict:

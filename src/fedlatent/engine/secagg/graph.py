@@ -49,8 +49,13 @@ def graph_digest(seed: bytes, ids_json: str, enc_all: np.ndarray) -> bytes:
     choose the ring order.
     """
     keys = np.ascontiguousarray(enc_all, dtype=np.uint8)
-    return _crypto.commit(GRAPH_TAG + bytes(seed) + _crypto.commit(str(ids_json).encode())
-                          + keys.tobytes())
+    return _crypto.commit(GRAPH_TAG + bytes(seed) + _ids_commit(str(ids_json)) + keys.tobytes())
+
+
+@lru_cache(maxsize=8)
+def _ids_commit(ids_json: str) -> bytes:
+    """SHA-256 of the ids' JSON list (once per list in a process: every client hashes it)."""
+    return _crypto.commit(ids_json.encode())
 
 
 class MaskingGraph:
@@ -73,7 +78,7 @@ class MaskingGraph:
         n = len(self.ids)
         self.complete = degree is None or int(degree) >= n - 1
         self.degree = n - 1 if self.complete else int(degree) + int(degree) % 2
-        self._index = {u: i for i, u in enumerate(self.ids)}
+        self._index = dict(zip(self.ids, range(n)))
         self._closed: dict[str, tuple[str, ...]] = {}
         if self.complete:
             return
@@ -86,6 +91,16 @@ class MaskingGraph:
         self._order = order
         self._position = np.empty(n, dtype=np.int64)
         self._position[order] = np.arange(n)
+
+    @staticmethod
+    def of(ids: Sequence[str], degree: int | None, digest: bytes | None) -> MaskingGraph:
+        """``MaskingGraph(ids, degree, digest)``, the same object for the same arguments within
+        a process: a pure function of public inputs, so in-process clients that each derived
+        the same digest from their own roster share one ring order instead of sorting n
+        words each (nothing secret is cached; a client still checks the seed and its
+        neighbourhood itself)."""
+        return _graph(tuple(ids), None if degree is None else int(degree),
+                      None if digest is None else bytes(digest))
 
     @property
     def n(self) -> int:
@@ -114,6 +129,11 @@ class MaskingGraph:
             return True
         gap = abs(int(self._position[self._index[u]]) - int(self._position[self._index[v]]))
         return min(gap, self.n - gap) <= self.degree // 2
+
+
+@lru_cache(maxsize=8)
+def _graph(ids: tuple[str, ...], degree: int | None, digest: bytes | None) -> MaskingGraph:
+    return MaskingGraph(ids, degree, digest)
 
 
 # ---- the parameters ----------------------------------------------------------------------------

@@ -10,8 +10,10 @@ is the keystream of b_u under a nonce hashed from the exchange's label.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -21,8 +23,8 @@ import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.encoding import FixedPoint
 
 __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
-           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_seed", "pair_seed_table",
-           "self_mask", "slot_item"]
+           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_keys_many", "pair_seed",
+           "pair_seed_table", "self_mask", "slot_item"]
 
 #: a client's public keys: its X25519 key (share encryption and pairwise masks) and a SHA-256
 #: commitment to each of its self-mask seeds
@@ -142,9 +144,16 @@ def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
     run and the (sorted) pair; bytes [0, 32) key the shares the two deal each other (each
     message sealed once, with a random nonce, its associated data naming sender and
     recipient), bytes [32, 64) are the pair's mask secret s_uv."""
-    lo, hi = sorted((str(u), str(v)))
-    info = b"[" + json_str(run) + b", " + json_str(lo) + b", " + json_str(hi) + b"]"
-    return _crypto.derive_key(shared, PAIR_TAG + info, 64)  # info: json.dumps([run, lo, hi])
+    return pair_keys_many([shared], run, u, [v])[0]
+
+
+def pair_keys_many(shared: list[bytes], run: str, u: str, peers: list[str]) -> list[bytes]:
+    """:func:`pair_keys` of client ``u`` with each of ``peers`` (``shared[i]`` its agreement
+    with ``peers[i]``), in one pass (:func:`~._crypto.derive_keys`)."""
+    head, me = PAIR_TAG + b"[" + json_str(run) + b", ", json_str(u)
+    infos = [head + (me + b", " + json_str(v) if u < v else json_str(v) + b", " + me) + b"]"
+             for v in map(str, peers)]  # json.dumps([run, lo, hi]) of the sorted pair
+    return _crypto.derive_keys(shared, infos, 64)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -209,40 +218,71 @@ class Roster:
         from ``keys``); with ``graph_seed`` it fixes the graph.
     graph_seed : bytes, optional
         The server's seed of the graph (a sparse graph needs it).
+    _rows_checked : bool
+        Internal (:meth:`from_message`): every key field is already the bytes of a checked row.
+
+    Notes
+    -----
+    ``everyone`` may be an :class:`Enrolled` (ids already sorted and checked, shared by every
+    roster built from the same broadcast in a process).
     """
 
     def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig, *,
                  everyone=None, enc_all: np.ndarray | None = None,
-                 graph_seed: bytes | None = None):
-        ids = sorted(str(u) for u in (keys if everyone is None else everyone))
-        if len(set(ids)) != len(ids) or len(set(map(str, keys))) != len(keys):
+                 graph_seed: bytes | None = None, _rows_checked: bool = False):
+        # every O(n) step in C, once per distinct list in a process (:class:`Enrolled`)
+        known = everyone if isinstance(everyone, Enrolled) else Enrolled(
+            keys if everyone is None else everyone)
+        members = sorted(map(str, keys))
+        if len(set(members)) != len(keys):
             raise SecureAggregationError("client ids must be distinct strings")
-        config.check_clients(len(ids))
+        config.check_clients(len(known.ids))
         self.config = config
-        self.ids = tuple(ids)
-        self._idset = frozenset(ids)
-        self.index = {u: i + 1 for i, u in enumerate(ids)}
-        members = sorted(str(u) for u in keys)
-        self.keys: dict[str, dict[str, bytes]] = {u: _checked_keys(u, keys[u], config)
-                                                  for u in members}
+        self.ids, self.ids_json = known.ids, known.text
+        pick = operator.itemgetter(*KEY_FIELDS)
+        self.keys: dict[str, dict[str, bytes]] = (
+            {u: dict(zip(KEY_FIELDS, pick(keys[u]))) for u in members} if _rows_checked
+            else {u: _checked_keys(u, keys[u], config) for u in members})
         #: each client's signature of its keys (64 zero bytes: it sent none)
         self.signatures = {u: bytes(SIGNATURE_BYTES) if keys[u].get(SIGNATURE_FIELD) is None
                            else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
                                          what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
                            for u in members}
-        for f in ("enc_key",):
+        if len({k["enc_key"] for k in self.keys.values()}) < len(members):  # name the pair
             seen: dict[bytes, str] = {}
+            f = "enc_key"
             for u in members:
                 k = self.keys[u][f]
                 if k in seen:
                     raise SecureAggregationError(f"clients {seen[k]!r} and {u!r} announce the "
                                                  f"same {f}; every client draws its own keys")
                 seen[k] = u
-        self.ids_json = json.dumps(list(ids))
-        self.enc_all = (np.stack([as_u8(self.keys[u]["enc_key"]) for u in ids]) if enc_all is None
+        self._known = known
+        self.enc_all = (np.stack([as_u8(self.keys[u]["enc_key"]) for u in self.ids])
+                        if enc_all is None
                         else np.asarray(enc_all, dtype=np.uint8))
         self.graph_seed = None if graph_seed is None else bytes(graph_seed)
         self._graph = None
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Every enrolled id's Shamir x-coordinate, its place among the sorted ids plus one
+        (built on first use: a client needs only its neighbours', :meth:`x_of`)."""
+        return dict(zip(self.ids, range(1, self.n + 1)))
+
+    @property
+    def _idset(self) -> frozenset:
+        return self._known.set
+
+    def x_of(self, members: Iterable[str]) -> list[int]:
+        """The x-coordinates of enrolled ``members`` (a binary search each among the sorted
+        ids, not a table of all n)."""
+        return [bisect.bisect_left(self.ids, u) + 1 for u in members]
+
+    def enrolled(self, u: str) -> bool:
+        """Whether ``u`` took part in the key set-up."""
+        i = bisect.bisect_left(self.ids, u)
+        return i < self.n and self.ids[i] == u
 
     @property
     def graph(self):
@@ -251,13 +291,14 @@ class Roster:
             from fedlatent.engine.secagg.graph import MaskingGraph, graph_digest
 
             if not self.config.sparse(self.n):
-                self._graph = MaskingGraph(self.ids, None, None)
+                self._graph = MaskingGraph.of(self.ids, None, None)
             else:
                 if self.graph_seed is None:
                     raise SecureAggregationError("a sparse masking graph needs the server's "
                                                  "graph seed in the roster")
                 digest = graph_digest(self.graph_seed, self.ids_json, self.enc_all)
-                self._graph = MaskingGraph(self.ids, self.config.degree, digest)
+                self._graph = MaskingGraph.of(self.ids, self.config.degree, digest)
+            self.ids = self._graph.ids  # equal tuples: in-process clients keep one copy
         return self._graph
 
     def to_message(self) -> dict:
@@ -284,17 +325,34 @@ class Roster:
         closed neighbourhood only."""
         if not self.config.sparse(self.n):
             return self.to_message()
-        part = Roster.__new__(Roster)
-        part.__dict__.update(self.__dict__)
         near = self.graph.closed(str(u))
-        part.keys = {v: self.keys[v] for v in near}
-        part.signatures = {v: self.signatures[v] for v in near}
-        return part.to_message()
+        rows = [self.index[v] - 1 for v in near]
+        table = self._tables
+        msg: dict = {"ids": self.ids_json}
+        for f in KEY_FIELDS:
+            msg[f] = table[f][rows]
+        sig = table[SIGNATURE_FIELD][rows]
+        if sig.any():  # relayed when any of them signed, as to_message does
+            msg[SIGNATURE_FIELD] = sig
+        msg["graph_seed"] = self.graph_seed.hex()
+        if len(near) != self.n:
+            msg["members"] = json.dumps(list(near))
+            msg["enc_all"] = self.enc_all
+        return msg
+
+    @functools.cached_property
+    def _tables(self) -> dict[str, np.ndarray]:
+        """Every enrolled client's key fields and signature as (n, width) uint8 arrays, rows in
+        the order of the ids (the server's roster: each neighbourhood's message is a gather)."""
+        out = {f: np.stack([as_u8(self.keys[u][f]) for u in self.ids]) for f in KEY_FIELDS}
+        out[SIGNATURE_FIELD] = np.stack([as_u8(self.signatures[u]) for u in self.ids])
+        return out
 
     @classmethod
     def from_message(cls, msg: Mapping, config: SecAggConfig) -> Roster:
         """Inverse of :meth:`to_message`, checking its form."""
-        ids = _id_list(msg, "ids")
+        known = _enrolled_of_text(msg.get("ids"))
+        ids = known.ids
         members = _id_list(msg, "members") if msg.get("members") is not None else ids
         keys: dict[str, dict] = {u: {} for u in members}
         fields = list(KEY_FIELDS) + ([SIGNATURE_FIELD] if msg.get(SIGNATURE_FIELD) is not None
@@ -302,11 +360,14 @@ class Roster:
         for f in fields:
             a = _rows(msg, f, len(members),
                       SIGNATURE_BYTES if f == SIGNATURE_FIELD else 32 * _per(f, config))
-            for u, row in zip(members, a):
-                keys[u][f] = row
-        if len(set(ids)) != len(ids):
-            raise SecureAggregationError("the roster lists a client twice")
-        if not set(members) <= set(ids):
+            if f == SIGNATURE_FIELD:
+                for u, row in zip(members, a):
+                    keys[u][f] = row
+                continue
+            width, raw = a.shape[1], a.tobytes()  # checked rows: bytes at once
+            for i, u in enumerate(members):
+                keys[u][f] = raw[i * width:(i + 1) * width]
+        if not known.set.issuperset(members):
             raise SecureAggregationError("the roster's members are not all enrolled")
         enc = _rows(msg, "enc_all", len(ids), 32) if "enc_all" in msg else None
         seed = msg.get("graph_seed")
@@ -314,7 +375,8 @@ class Roster:
             seed = None if seed is None else bytes.fromhex(str(seed))
         except ValueError as exc:
             raise SecureAggregationError("the roster's 'graph_seed' must be hex") from exc
-        return cls(keys, config, everyone=ids, enc_all=enc, graph_seed=seed)
+        return cls(keys, config, everyone=known, enc_all=enc, graph_seed=seed,
+                   _rows_checked=True)  # every key field: bytes of a checked (rows, width)
 
     @property
     def n(self) -> int:
@@ -323,7 +385,7 @@ class Roster:
     def check_members(self, members: Iterable[str], *, what: str) -> list[str]:
         """Sorted distinct members, all enrolled (error naming an unknown one)."""
         members = [str(m) for m in members]
-        unknown = sorted(set(members) - self._idset)
+        unknown = sorted(set(members) - self._idset)  # one set of all n per process
         if unknown:
             raise SecureAggregationError(f"{what}: {unknown} did not take part in the key "
                                          "set-up; they need a new set-up to join")
@@ -341,10 +403,43 @@ def _checked_keys(u: str, msg: Mapping, config: SecAggConfig) -> dict[str, bytes
             for f in KEY_FIELDS}
 
 
+class Enrolled:
+    """The enrolled ids, checked once: sorted, distinct strings (``ids``), their JSON list
+    (``text``, what the graph's digest hashes) and their set.
+
+    Every client is sent all n ids (they fix the masking graph); :meth:`of_text` parses and
+    checks one broadcast text once per process, so in-process clients that received the same
+    text share the result (a pure function of public data) instead of each parsing n ids.
+    """
+
+    def __init__(self, ids):
+        self.ids = tuple(sorted(map(str, ids)))
+        self.set = frozenset(self.ids)
+        if len(self.set) != len(self.ids):
+            raise SecureAggregationError("client ids must be distinct strings")
+        self.text = json.dumps(list(self.ids))
+
+
+@functools.lru_cache(maxsize=8)
+def _enrolled_text(text: str) -> Enrolled:
+    ids = _id_list({"ids": text}, "ids")
+    if len(set(ids)) != len(ids):
+        raise SecureAggregationError("the roster lists a client twice")
+    return Enrolled(ids)
+
+
+def _enrolled_of_text(text) -> Enrolled:
+    """:class:`Enrolled` of a roster message's ``ids`` (a JSON list), checked, cached by the
+    text."""
+    if not isinstance(text, str):
+        return _enrolled_text.__wrapped__(text)  # the error names the field
+    return _enrolled_text(text)
+
+
 def _id_list(msg: Mapping, key: str) -> list[str]:
     try:
         ids = json.loads(msg[key])
-        assert isinstance(ids, list) and all(isinstance(u, str) for u in ids)
+        assert isinstance(ids, list) and set(map(type, ids)) <= {str}  # C loops: n ids
     except (KeyError, TypeError, ValueError, AssertionError) as exc:
         raise SecureAggregationError(f"the roster's {key!r} must be a JSON list of client id "
                                      "strings") from exc

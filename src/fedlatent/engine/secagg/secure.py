@@ -7,7 +7,10 @@ set-up, once per fit (method ``secagg``, steps ``keys``, ``roster``, ``shares``)
     every client draws from the OS one X25519 key pair (share encryption and pairwise masks,
     agreed once per neighbour pair) and, for each of the ``slots`` exchanges the fit may run,
     a self-mask seed; the server relays the public keys (the roster) and the sealed Shamir
-    shares of every seed (one message per neighbour).
+    shares of every seed (one message per neighbour). A client's reply to the roster is
+    ``{"to": JSON list of its neighbours, "sealed": (k, 12 + 32 slots + 16) uint8 array}``, a
+    row per neighbour; the server sorts every row by recipient at once and sends each client
+    ``{"from": JSON list, "sealed": rows}`` (one array, not a field per neighbour).
 one exchange (a round's ``estep``, or an initialization ``query``)
     the round message carries the participants, the exchange's slot and two public factors:
     the client's weight ``w_c`` and ``1 / N`` (N = the federation's units, public since
@@ -50,6 +53,7 @@ The threshold above is then the server's rule; each client enforces its neighbou
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -127,14 +131,32 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
                                   ("ids", "enc_key", "self_commit", "signature",
                                    "graph_seed", "members", "enc_all")},
                                  trust=None if identity is None else identity.roster)
-        return {f"to/{v}": ct for v, ct in client.share_messages().items()}
+        peers, sealed = client.sealed_shares()
+        return {"to": json.dumps(peers), "sealed": sealed}
     if step == "shares":
-        client.receive_shares({k[5:]: v for k, v in msg.items() if k.startswith("from/")})
+        senders = _id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
+                           "'from'")
+        sealed = np.asarray(msg.get("sealed"))
+        if sealed.dtype != np.uint8 or sealed.ndim != 2 or len(sealed) != len(senders):
+            raise ValueError(f"client {node.client_id!r}: the relayed shares must be a "
+                             f"({len(senders)}, bytes) uint8 array, one row per sender; got "
+                             f"{sealed.dtype} {sealed.shape}")
+        client.receive_sealed(senders, sealed)
         return {"ok": 1}
     if step == "reveal":
         return client.reveal(int(msg["round"]), str(msg["exchange"]),
                              json.loads(msg["survivors"]), json.loads(msg["dropped"]))
     raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
+
+
+def _id_list(text, what: str) -> list[str]:
+    """A JSON list of client ids, or ValueError naming ``what``."""
+    try:
+        ids = json.loads(text)
+        assert isinstance(ids, list) and set(map(type, ids)) <= {str}
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ValueError(f"{what} must be a JSON list of client ids") from exc
+    return ids
 
 
 def _check_identity(node, identity, run: str):
@@ -232,6 +254,13 @@ class SecureChannel:
         of the fit."""
         return self.server.excluded
 
+    def units_slack(self, n_survivors: int) -> float:
+        """How far a sum's units may be from its survivors' by the fixed-point rounding alone:
+        each sends ``n / N`` rounded to ``1 / (2 scale)``, so the sum times N is off by at most
+        ``n_survivors N / (2 scale)`` (37 units at 10,000 clients of 200 rows, scale 2^28),
+        plus half a unit."""
+        return 0.5 + n_survivors * self.n_total / (2.0 * self.config.encoding.scale)
+
     @property
     def setup_bytes(self) -> int:
         return self.setup_down + self.setup_up
@@ -262,17 +291,52 @@ class SecureChannel:
             raise FederatedFitError(f"secure aggregation set-up: clients "
                                     f"[{name_list(list(refused))}] refused the relayed keys; "
                                     f"{fault_detail(refused)}", faults=refused)
-        inbox: dict[str, dict] = {c: {"step": "shares"} for c in self.cids}
-        for u in self.cids:
-            for k, ct in out.get(u, {}).items():
-                if k.startswith("to/") and k[3:] in inbox:
-                    inbox[k[3:]][f"from/{u}"] = ct
-        self._call(self.cids, "secagg", inbox)
+        done = self._call(self.cids, "secagg", self._route(out))
+        failed = {c: str(r[ERROR_KEY]) for c, r in done.items() if ERROR_KEY in r}
+        if failed:  # as before: they refuse to mask later, and count as dropped
+            logger.warning("secure aggregation set-up: clients [%s] could not take the shares "
+                           "relayed to them; %s", name_list(list(failed)), fault_detail(failed))
         logger.info("secure aggregation set up for %d clients (threshold %d, scale 2^%d, "
                     "%d exchanges, %d bytes, graph degree %s)", len(self.cids),
                     self.config.threshold, int(math.log2(enc.scale)), self.config.n_slots,
                     self.setup_bytes, self.config.degree or "complete")
         return self
+
+    def _route(self, out: dict[str, dict]) -> dict[str, dict]:
+        """The share messages to relay, ``{recipient: {"step": "shares", "from": JSON ids,
+        "sealed": rows}}``, from the senders' ``{"to": JSON ids, "sealed": rows}``: every row
+        sorted by recipient at once (a malformed sender is named)."""
+        senders, to, rows = [], [], []
+        for u in self.cids:
+            msg = out.get(u)
+            if msg is None:  # no reply: it deals no shares (its peers will not mask with it)
+                continue
+            try:
+                peers = _id_list(msg.get("to"), "'to'")
+                sealed = np.asarray(msg.get("sealed"))
+                assert sealed.dtype == np.uint8 and sealed.shape[:1] == (len(peers),)
+                assert sealed.ndim == 2 and (not rows or sealed.shape[1] == rows[0].shape[1])
+            except (ValueError, AssertionError) as err:
+                raise FederatedFitError(f"secure aggregation set-up: client {u!r} sent a "
+                                        "malformed share message (a JSON list 'to' and one "
+                                        "row of 'sealed' per recipient, all of one length)",
+                                        faults={u: "malformed shares"}) from err
+            senders += [u] * len(peers)
+            to += peers
+            rows.append(sealed)
+        at = dict(zip(self.cids, range(len(self.cids))))
+        dest = np.fromiter(map(at.get, to, itertools.repeat(-1)), np.int64, len(to))
+        keep = np.flatnonzero(dest >= 0)  # rows to unknown ids are dropped, as before
+        order = keep[np.argsort(dest[keep], kind="stable")]
+        rows_all = np.concatenate(rows)[order] if rows else np.zeros((0, 0), np.uint8)
+        ends = np.cumsum(np.bincount(dest[order], minlength=len(self.cids)))
+        senders_sorted = np.array(senders, dtype=object)[order].tolist()
+        inbox, lo = {}, 0
+        for c, hi in zip(self.cids, ends.tolist()):
+            inbox[c] = {"step": "shares", "from": json.dumps(senders_sorted[lo:hi]),
+                        "sealed": rows_all[lo:hi]}
+            lo = hi
+        return inbox
 
     def _announce(self, asked: list[str], round: int, exchange: str, where: str):
         """``(participants, left out)``: the exchange opened with the clients asked, less those

@@ -159,7 +159,8 @@ def aggregate_problem(rounds, plan, S: list[str], sums: dict, *, replay: bool = 
         return None, ring
     n_sum = float(sums["n"])
     units = float(sum(rounds.screen.n_units[c] for c in S))
-    if plan.mode in ("full", "spider-refresh") and abs(n_sum - units) > 0.5:
+    if plan.mode in ("full", "spider-refresh") and abs(n_sum - units) > \
+            rounds.secure.units_slack(len(S)):
         return None, f"claims {n_sum:.6g} units, its clients set up {units:g}"
     got = _rebuilt(rounds, plan, Q, S, replay)
     if got is not None:

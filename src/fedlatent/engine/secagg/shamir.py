@@ -246,7 +246,8 @@ def share_seeds(seeds: np.ndarray, holders: Sequence[int], threshold: int) -> np
     if not 1 <= threshold <= xs.size:
         raise ValueError(f"threshold must be in [1, {xs.size}] (the number of holders), "
                          f"got {threshold}")
-    if np.unique(xs).size != xs.size or not np.all((xs > 0) & (xs < P31)):
+    srt = np.sort(xs)
+    if np.any(srt[1:] == srt[:-1]) or not (xs.size == 0 or 0 < srt[0] and srt[-1] < P31):
         raise ValueError("holders' x-coordinates must be distinct integers in [1, 2^31 - 1)")
     if seeds.ndim != 2 or np.any((seeds < 0) | (seeds >= P31)):
         raise ValueError("seeds must be an (m, limbs) array of elements of GF(2^31 - 1)")
@@ -256,26 +257,64 @@ def share_seeds(seeds: np.ndarray, holders: Sequence[int], threshold: int) -> np
 
 
 def _evaluate(coefs: np.ndarray, xs: np.ndarray) -> np.ndarray:
-    """Every polynomial (column j of ``coefs``, constant term first) at every x, mod P31, by
-    Horner's rule on uint64 arrays (polynomials by holders): each step multiplies a value below
-    2^32 by an x below 2^31 and adds a coefficient, then folds (2^31 = 1 modulo the Mersenne
-    prime) back below 2^32: once when every x is below 2^30, else twice; no BLAS, no
-    division."""
-    x = np.asarray(xs, dtype=np.uint64)
-    c = np.asarray(coefs, dtype=np.uint64)
-    y = np.zeros((c.shape[1], x.size), dtype=np.uint64)
-    hi, m, s = np.empty_like(y), np.uint64(P31), np.uint64(31)
-    folds = 1 if x.size == 0 or int(x.max()) < 2**30 else 2  # x < 2^30: < 2^31 + 2^31 at once
-    for a in c[::-1]:
-        np.multiply(y, x, out=y)
-        np.add(y, a[:, None], out=y)  # < 2^32 * 2^31 + 2^31
-        for _ in range(folds):  # < 2^33, then < 2^31 + 4
-            np.right_shift(y, s, out=hi)
-            np.bitwise_and(y, m, out=y)
-            np.add(y, hi, out=y)
-    out = _fold(y.T.astype(np.int64))
+    """Every polynomial (column j of ``coefs``, constant term first) at every x, mod P31: the
+    (holders, polynomials) int64 array ``V @ coefs`` mod P31, V the Vandermonde matrix of the
+    x's mod P31.
+
+    The product runs in float64 BLAS and is exact: each coefficient is split into two 16-bit
+    halves, so one term is below 2^31 * 2^16 = 2^47 and a block of :data:`_TERMS` terms below
+    2^53 (float64's exact integers); a block's sums are folded mod P31 in int64, the high
+    halves' shifted back by 2^16 (modulo the prime). The same values as Horner's rule (tests
+    compare it with Python's integers).
+    """
+    c = np.asarray(coefs, dtype=np.int64)
+    t, m = c.shape
+    V = _vandermonde(np.asarray(xs, dtype=np.int64), t).astype(np.float64)
+    halves = np.empty((t, 2 * m), dtype=np.float64)
+    np.bitwise_and(c, 0xFFFF, out=halves[:, :m], casting="unsafe")
+    np.right_shift(c, 16, out=halves[:, m:], casting="unsafe")
+    acc = None
+    for at in range(0, t, _TERMS):  # one block while t <= 64
+        part = (V[:, at:at + _TERMS] @ halves[at:at + _TERMS]).astype(np.int64)  # < 2^53
+        part = (part & P31) + (part >> 31)  # < 2^31 + 2^22
+        acc = part if acc is None else acc + part
+    out = acc[:, m:] << 16  # the high halves times 2^16: < 2^48 per block (2^62: folded)
+    out += acc[:, :m]
+    out = _fold(out)
     out[out == P31] = 0
     return out
+
+
+#: terms of one exact float64 block: 64 * (2^31 - 2) * (2^16 - 1) < 2^53
+_TERMS = 64
+
+
+def _vandermonde(xs: np.ndarray, t: int) -> np.ndarray:
+    """(len(xs), t) int64: x_i^j mod P31 for j < t (rows of a table of every x up to the
+    largest, built once per size, when the x's are small: roster indices)."""
+    size = max(64, 1 << (int(xs.max()) if xs.size else 0).bit_length())  # > every x
+    if size * t <= 2**22:  # at most 32 MB
+        return _power_table(size, t)[xs]
+    return _powers(xs, t)
+
+
+@functools.lru_cache(maxsize=8)
+def _power_table(size: int, t: int) -> np.ndarray:
+    """x^j mod P31 for x < ``size`` and j < t, read-only (a public table, no secret)."""
+    out = _powers(np.arange(size, dtype=np.int64), t)
+    out.flags.writeable = False
+    return out
+
+
+def _powers(xs: np.ndarray, t: int) -> np.ndarray:
+    V = np.empty((t, xs.size), dtype=np.int64)  # a power per row: contiguous steps
+    if t:
+        V[0] = 1
+    for j in range(1, t):
+        np.multiply(V[j - 1], xs, out=V[j])  # <= P31 (2^31 - 2) < 2^62: exact in int64
+        V[j] = _fold(V[j])
+    V[V == P31] = 0
+    return np.ascontiguousarray(V.T)
 
 
 def _fold(a: np.ndarray) -> np.ndarray:
