@@ -89,6 +89,10 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
         d2 = (np.einsum("cmd,cmd->cm", X, X)[:, :, None] - 2 * (X @ centers.T)
               + np.einsum("ij,ij->i", centers, centers)[None, None, :])
         labels = hard_labels_batched(d2, w > 0, model.disclosure.min_records_per_block)
+        if model.privacy is None:  # a merged row keeps its place about its own centre
+            from .model import merged_rows
+
+            X = merged_rows(X, centers, labels, np.where(w > 0, d2.argmin(-1), labels))
         st = hard_sums(X, labels, w, np.asarray(payload["center"], dtype=np.float64),
                        model.cov_type, centers.shape[0])
         return {f"stat/{k}": v for k, v in st.items()}

@@ -106,6 +106,10 @@ def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
     d2 = (np.einsum("ij,ij->i", Xz, Xz)[:, None] - 2 * Xz @ centers.T
           + M.astype(np.float64) @ (centers ** 2).T)
     labels = hard_labels(d2, model.disclosure)
+    if model.privacy is None:  # a merged row keeps its place about its own centre
+        from .model import merged_rows
+
+        X = merged_rows(X, centers, labels, d2.argmin(-1))
     filled = np.where(M, X, centers[labels])
     if model.privacy is not None:  # completed rows back in the clipping ball
         from ...engine.privacy.clipping import clip_rows

@@ -224,8 +224,11 @@ class GMMModel(FederatedModel):
                 np.einsum("ij,ij->i", X, X)[:, None] - 2 * X @ centers.T
                 + np.einsum("ij,ij->i", centers, centers)[None, :]
             )
+            labels = hard_labels(d2, self.disclosure)
+            if self.privacy is None:  # a merged row keeps its place about its own centre
+                X = merged_rows(X, centers, labels, d2.argmin(-1))
             resp = np.zeros((X.shape[0], centers.shape[0]))
-            resp[np.arange(X.shape[0]), hard_labels(d2, self.disclosure)] = 1.0
+            resp[np.arange(X.shape[0]), labels] = 1.0
             resp = resp if fw is None else resp * fw[:, None]
             st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type, fw)
             return {f"stat/{k}": v for k, v in st.items()}, state
@@ -263,3 +266,20 @@ def hard_labels(d2: np.ndarray, policy) -> np.ndarray:
         d2[:, small] = np.inf
         labels = d2.argmin(1)
 
+
+
+def merged_rows(X: np.ndarray, centers: np.ndarray, labels: np.ndarray,
+                nearest: np.ndarray) -> np.ndarray:
+    """The rows ``X`` (..., d) as the hard-assignment sums take them: a row that
+    :func:`hard_labels` moved from its ``nearest`` centre (a cell too small to send) to
+    ``labels``' centre is translated by the difference of the two centres, so that it joins
+    the larger cell where it lies about its own centre (the cell's spread is its rows' own,
+    not the distance between two clusters). Rows left in place are returned unchanged
+    (``X`` itself when none moved). The blocks sent are those of :func:`hard_labels` (the
+    same cells, counts and number of rows each); the translation uses the broadcast centres
+    only. Not under differential privacy (a translated row could leave the clipping ball)."""
+    moved = labels != nearest
+    if not moved.any():
+        return X
+    shift = np.where(moved[..., None], centers[labels] - centers[nearest], 0.0)
+    return X + shift
