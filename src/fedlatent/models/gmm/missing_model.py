@@ -118,6 +118,8 @@ def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
     resp = np.zeros((X.shape[0], centers.shape[0]))
     resp[np.arange(X.shape[0]), labels] = 1.0
     st = gmm_statistics(filled, resp, np.asarray(payload["center"]), model.cov_type)
+    if not payload.get("second", 1):  # counts and sums only
+        st = {k: st[k] for k in ("nk", "sx")}
     return {f"stat/{k}": v for k, v in st.items()}
 
 

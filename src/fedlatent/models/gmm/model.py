@@ -231,6 +231,8 @@ class GMMModel(FederatedModel):
             resp[np.arange(X.shape[0]), labels] = 1.0
             resp = resp if fw is None else resp * fw[:, None]
             st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type, fw)
+            if not payload.get("second", 1):  # counts and sums only
+                st = {k: st[k] for k in ("nk", "sx")}
             return {f"stat/{k}": v for k, v in st.items()}, state
         if name == "loglik":
             _, norm = self._log_resp(payload_params(payload), X)
