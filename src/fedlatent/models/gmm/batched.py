@@ -15,7 +15,7 @@ import numpy as np
 
 from ...engine.node.batched import BatchStep
 from ...engine.protocol.numerics import logsumexp
-from .math import estimate_log_gaussian_prob
+from .math import estimate_log_gaussian_prob, merged_rows
 
 __all__ = ["gaussian_suspects", "gmm_batched_query", "gmm_batched_stats", "hard_labels_batched"]
 
@@ -90,8 +90,6 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
               + np.einsum("ij,ij->i", centers, centers)[None, None, :])
         labels = hard_labels_batched(d2, w > 0, model.disclosure.min_records_per_block)
         if model.privacy is None:  # a merged row keeps its place about its own centre
-            from .model import merged_rows
-
             X = merged_rows(X, centers, labels, np.where(w > 0, d2.argmin(-1), labels))
         st = hard_sums(X, labels, w, np.asarray(payload["center"], dtype=np.float64),
                        model.cov_type, centers.shape[0], bool(payload.get("second", 1)))

@@ -24,7 +24,7 @@ from ...data.client import ClientData
 from ...data.validation import DataValidationError
 from ...engine.contract.model import ClientStep
 from ...engine.protocol.numerics import logsumexp
-from .math import covariances_from_precisions, gmm_statistics
+from .math import covariances_from_precisions, gmm_statistics, merged_rows
 from .missing import missing_log_prob, missing_statistics
 
 __all__ = ["clip_observed", "missing_query", "missing_step", "rare_columns_dropped"]
@@ -107,8 +107,6 @@ def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
           + M.astype(np.float64) @ (centers ** 2).T)
     labels = hard_labels(d2, model.disclosure)
     if model.privacy is None:  # a merged row keeps its place about its own centre
-        from .model import merged_rows
-
         X = merged_rows(X, centers, labels, d2.argmin(-1))
     filled = np.where(M, X, centers[labels])
     if model.privacy is not None:  # completed rows back in the clipping ball
