@@ -300,8 +300,8 @@ class FederatedDataset(DatasetShape):
         for lo in range(0, len(Xs), _NAN_CHUNK):
             part = Xs[lo:lo + _NAN_CHUNK]
             try:
-                block = np.concatenate([np.ravel(x) for x in part])
-            except ValueError:  # (no common dtype: each on its own)
+                block = np.concatenate(part, axis=None)  # (each array flattened)
+            except (ValueError, TypeError):  # (no common dtype: each on its own)
                 block = None
             if block is None or block.dtype.kind not in "fiub":
                 if any(np.isnan(np.asarray(x, dtype=np.float64)).any() for x in part):
