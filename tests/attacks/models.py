@@ -111,6 +111,8 @@ def _with_small(parts: dict, name: str, small) -> FederatedDataset:
 
 # ---- Gaussian mixture ---------------------------------------------------------------------------
 def _gaussian_blocks(st: dict, center) -> list[np.ndarray]:
+    if "sxx" not in st:  # counts and sums only (the start's candidate round): no moment
+        return []  # matrix; a cell of one row is read off by GMMAdapter.exact
     nk, sx, sxx = (np.asarray(st[k], dtype=np.float64) for k in ("nk", "sx", "sxx"))
     if sxx.ndim != 3:  # diagonal, spherical or tied: not one moment matrix per component
         return []
@@ -155,12 +157,18 @@ class GMMAdapter(Adapter):
 
     def exact(self, tr, target, clear):
         out = []
-        for kind, fields, _ in clear:  # a local centroid over one row is that row
+        for kind, fields, msg in clear:  # a local centroid over one row is that row
             if kind == "query:kmeans" and np.size(fields.get("counts", [])):
                 one = np.asarray(fields["counts"]) == 1
                 if one.any():
                     out.append(Guess("local k-means centroids over one row",
                                      np.asarray(fields["centroids"])[one]))
+            st = _strip(fields)
+            if kind == "query:hard_stats" and "sxx" not in st and "nk" in st:
+                one = st["nk"] == 1  # a cell's sum over one row is that row
+                if one.any():
+                    out.append(Guess("hard-assignment sums over one row",
+                                     np.asarray(msg["center"]) + st["sx"][one]))
         return out
 
     def client_data(self, rows):

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...engine.node.batched import BatchStep
 from ...engine.protocol.numerics import logsumexp
-from .math import estimate_log_gaussian_prob
+from .math import estimate_log_gaussian_prob, merged_rows
 
 __all__ = ["gaussian_suspects", "gmm_batched_query", "gmm_batched_stats", "hard_labels_batched"]
 
@@ -89,8 +89,10 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
         d2 = (np.einsum("cmd,cmd->cm", X, X)[:, :, None] - 2 * (X @ centers.T)
               + np.einsum("ij,ij->i", centers, centers)[None, None, :])
         labels = hard_labels_batched(d2, w > 0, model.disclosure.min_records_per_block)
+        if model.privacy is None:  # a merged row keeps its place about its own centre
+            X = merged_rows(X, centers, labels, np.where(w > 0, d2.argmin(-1), labels))
         st = hard_sums(X, labels, w, np.asarray(payload["center"], dtype=np.float64),
-                       model.cov_type, centers.shape[0])
+                       model.cov_type, centers.shape[0], bool(payload.get("second", 1)))
         return {f"stat/{k}": v for k, v in st.items()}
     if name == "loglik":
         from ...engine.contract.model import payload_params
@@ -111,19 +113,22 @@ def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarr
 
 
 def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarray,
-              cov_type: str, M: int) -> dict[str, np.ndarray]:
+              cov_type: str, M: int, second: bool = True) -> dict[str, np.ndarray]:
     """:func:`~fedlatent.models.gmm.math.gmm_statistics` of C clients at hard ``labels``
     (C, m) among ``M`` centres, rows of weight ``w``: each row's terms added into its own
-    cell (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`)."""
+    cell (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`); without ``second``, only
+    ``nk`` and ``sx``."""
     from .hardsums import hard_cell_sums
 
     C, m, d = X.shape
-    mode = {"full": 0, "tied": 1}.get(cov_type, 2)
+    mode = {"full": 0, "tied": 1}.get(cov_type, 2) if second else 1
     nk, sx = np.zeros((C, M)), np.zeros((C, M, d))
     sxx = np.zeros((C, M, d, d) if mode == 0 else (C, M, d, 1) if mode == 2 else (0, 0, 0, 0))
     X = np.ascontiguousarray(X, dtype=np.float64)
     hard_cell_sums(X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64),
                    np.asarray(center, dtype=np.float64), nk, sx, sxx, mode)
+    if not second:
+        return {"nk": nk, "sx": sx}
     if mode == 1:
         Xc = (X - center) * w[:, :, None]
         sxx = np.ascontiguousarray(Xc.transpose(0, 2, 1)) @ (X - center)

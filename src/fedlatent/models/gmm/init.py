@@ -144,16 +144,49 @@ def _summed(ctx: FitContext, query: str, payload: dict, shapes: dict, *, expect=
     return {k: rep.total(k) for k in shapes}
 
 
-def _hard_sums(ctx: FitContext, centers, center, ct: str, what: str) -> dict[str, np.ndarray]:
+def _first_check(ctx: FitContext):
+    """Counts and sums without second moments (``second=False``): counts of the client's
+    samples summing to them, and a cell without rows sums to zero."""
+    def check(nk, reply, c):
+        nk = np.asarray(nk, dtype=np.float64)
+        return count_problem("nk", nk, ctx.n_units[c]) or (
+            "a centre without rows has a nonzero sum 'sx'"
+            if np.any(np.asarray(reply["stat/sx"])[nk == 0] != 0) else None)
+    return check
+
+
+def _first_rows(ctx: FitContext):
+    """:func:`_first_check` of many replies at once: the clients it may refuse."""
+    from .batched import count_suspects
+
+    def rows(nk, fields, clients):
+        nk = np.asarray(nk, dtype=np.float64)
+        empty_sum = ((nk == 0)[:, :, None] & (np.asarray(fields["stat/sx"]) != 0)).any(
+            axis=(1, 2))
+        return count_suspects(nk, _units_of(ctx, clients), None) | empty_sum
+    return rows
+
+
+def _hard_sums(ctx: FitContext, centers, center, ct: str, what: str,
+               second: bool = True) -> dict[str, np.ndarray]:
     """The hard-assignment statistics of every row to its nearest of ``centers``, summed
-    over the clients (``nk``, ``sx``, ``sxx`` about ``center``)."""
+    over the clients (``nk``, ``sx``, ``sxx`` about ``center``); without ``second``, only
+    ``nk`` and ``sx`` are asked (the ``sxx`` blocks are most of a reply: ``d^2`` numbers a
+    centre)."""
     centers = np.asarray(centers, dtype=np.float64)
     shapes = _stat_shapes(centers.shape[0], centers.shape[1], ct)
-    expect = {f"stat/{k}": array(*shp, low=0 if k == "nk" else None,
-                                 check=_stats_check(ctx, ct) if k == "nk" else None,
-                                 rows=_stats_rows(ctx, ct) if k == "nk" else None)
-              for k, shp in shapes.items()}
-    S = _summed(ctx, "hard_stats", {"centers": centers, "center": center},
+    payload = {"centers": centers, "center": center}
+    if second:
+        expect = {f"stat/{k}": array(*shp, low=0 if k == "nk" else None,
+                                     check=_stats_check(ctx, ct) if k == "nk" else None,
+                                     rows=_stats_rows(ctx, ct) if k == "nk" else None)
+                  for k, shp in shapes.items()}
+    else:
+        del shapes["sxx"]
+        payload["second"] = 0
+        expect = {"stat/nk": array(*shapes["nk"], low=0, check=_first_check(ctx),
+                                   rows=_first_rows(ctx)), "stat/sx": array(*shapes["sx"])}
+    S = _summed(ctx, "hard_stats", payload,
                 {f"stat/{k}": shp for k, shp in shapes.items()}, expect=expect, what=what)
     return {k: np.asarray(S[f"stat/{k}"], dtype=np.float64) for k in shapes}
 
@@ -164,7 +197,9 @@ def _group(S: dict, keep: np.ndarray, labels: np.ndarray, K: int, ct: str) -> di
     grouped = {"nk": np.zeros(K), "sx": np.zeros((K, d))}
     np.add.at(grouped["nk"], labels, S["nk"][keep])
     np.add.at(grouped["sx"], labels, S["sx"][keep])
-    if ct == "tied":
+    if "sxx" not in S:  # (counts and sums only)
+        pass
+    elif ct == "tied":
         grouped["sxx"] = S["sxx"]
     else:
         grouped["sxx"] = np.zeros((K,) + S["sxx"].shape[1:])
@@ -219,18 +254,21 @@ def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, cente
     """The default start, "kmeans-sums": k-means built from hard-assignment sums only.
 
     ``per * K`` candidate centres are drawn from the pooled Gaussian; the clients' summed
-    hard-assignment statistics to them (``hard_stats``) move each populated candidate to the
-    mean of its rows; a weighted k-means on the server groups them into ``K``; ``lloyd``
-    Lloyd steps (each one more ``hard_stats`` sum, to the ``K`` group means) refine them and
-    one M-step on the last statistics gives the start. The server needs only sums, so the
+    hard-assignment counts and sums to them (``hard_stats`` without second moments: the
+    server uses none of the candidates', unless no Lloyd step can be kept, when it asks them
+    then) move each populated candidate to the mean of its rows; a weighted k-means on the
+    server groups them into ``K``; ``lloyd`` Lloyd steps (each one more ``hard_stats`` sum,
+    to the ``K`` group means) refine them and one M-step on the last statistics gives the
+    start. The server needs only sums, so the
     plain and the secure fit compute the same start (to the fixed-point rounding); a client's
     cell of fewer than ``min_records_per_block`` rows joins its nearest larger cell in every
     mode (:func:`~fedlatent.models.gmm.model.hard_labels`). None (after one UserWarning) when
     fewer than ``K`` groups hold rows: the caller starts from the pooled moments.
     """
     M = per * K
-    S = _hard_sums(ctx, _candidates(K, mean, gcov, rng, per), center, ct,
-                   "k-means initialization (hard-assignment sums to candidate centres)")
+    what = "k-means initialization (hard-assignment sums to candidate centres)"
+    cands = _candidates(K, mean, gcov, rng, per)
+    S = _hard_sums(ctx, cands, center, ct, what, second=False)
     keep = np.flatnonzero(S["nk"] >= 0.5)  # counts are whole numbers (or 0) on every path
     if keep.size < K:
         return _too_few(K, keep.size, M)
@@ -247,6 +285,8 @@ def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, cente
         grouped = step
     if np.any(grouped["nk"] < 0.5):
         return _too_few(K, int(np.sum(grouped["nk"] >= 0.5)), M)
+    if "sxx" not in grouped:  # no Lloyd step kept: the candidates' second moments after all
+        grouped = _group(_hard_sums(ctx, cands, center, ct, what), keep, labels, K, ct)
     return gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
 
 

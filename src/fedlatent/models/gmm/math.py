@@ -28,6 +28,7 @@ __all__ = [
     "floor_noisy_covariances",
     "gmm_m_step",
     "gmm_statistics",
+    "merged_rows",
     "logsumexp",
     "n_free_parameters",
 ]
@@ -238,3 +239,21 @@ def n_free_parameters(n_components: int, n_features: int, covariance_type: str) 
         covariance_type
     ]
     return int(cov + K * d + K - 1)
+
+
+def merged_rows(X: np.ndarray, centers: np.ndarray, labels: np.ndarray,
+                nearest: np.ndarray) -> np.ndarray:
+    """The rows ``X`` (..., d) as the hard-assignment sums take them: a row that
+    :func:`~fedlatent.models.gmm.model.hard_labels` moved from its ``nearest`` centre (a
+    cell too small to send) to ``labels``' centre is translated by the difference of the two
+    centres, so that it joins the larger cell where it lies about its own centre (the cell's
+    spread is its rows' own, not the distance between two clusters). Rows left in place are
+    returned unchanged (``X`` itself when none moved). The blocks sent are those of
+    ``hard_labels`` (the same cells, counts and number of rows each); the translation uses
+    the broadcast centres only. Not under differential privacy (a translated row could leave
+    the clipping ball)."""
+    moved = labels != nearest
+    if not moved.any():
+        return X
+    shift = np.where(moved[..., None], centers[labels] - centers[nearest], 0.0)
+    return X + shift

@@ -24,7 +24,7 @@ from ...data.client import ClientData
 from ...data.validation import DataValidationError
 from ...engine.contract.model import ClientStep
 from ...engine.protocol.numerics import logsumexp
-from .math import covariances_from_precisions, gmm_statistics
+from .math import covariances_from_precisions, gmm_statistics, merged_rows
 from .missing import missing_log_prob, missing_statistics
 
 __all__ = ["clip_observed", "missing_query", "missing_step", "rare_columns_dropped"]
@@ -106,6 +106,8 @@ def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
     d2 = (np.einsum("ij,ij->i", Xz, Xz)[:, None] - 2 * Xz @ centers.T
           + M.astype(np.float64) @ (centers ** 2).T)
     labels = hard_labels(d2, model.disclosure)
+    if model.privacy is None:  # a merged row keeps its place about its own centre
+        X = merged_rows(X, centers, labels, d2.argmin(-1))
     filled = np.where(M, X, centers[labels])
     if model.privacy is not None:  # completed rows back in the clipping ball
         from ...engine.privacy.clipping import clip_rows
@@ -114,6 +116,8 @@ def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
     resp = np.zeros((X.shape[0], centers.shape[0]))
     resp[np.arange(X.shape[0]), labels] = 1.0
     st = gmm_statistics(filled, resp, np.asarray(payload["center"]), model.cov_type)
+    if not payload.get("second", 1):  # counts and sums only
+        st = {k: st[k] for k in ("nk", "sx")}
     return {f"stat/{k}": v for k, v in st.items()}
 
 

@@ -23,6 +23,7 @@ from .math import (
     floor_noisy_covariances,
     gmm_m_step,
     gmm_statistics,
+    merged_rows,
 )
 
 __all__ = ["GMMModel", "gaussian_problem", "payload_params"]
@@ -224,10 +225,15 @@ class GMMModel(FederatedModel):
                 np.einsum("ij,ij->i", X, X)[:, None] - 2 * X @ centers.T
                 + np.einsum("ij,ij->i", centers, centers)[None, :]
             )
+            labels = hard_labels(d2, self.disclosure)
+            if self.privacy is None:  # a merged row keeps its place about its own centre
+                X = merged_rows(X, centers, labels, d2.argmin(-1))
             resp = np.zeros((X.shape[0], centers.shape[0]))
-            resp[np.arange(X.shape[0]), hard_labels(d2, self.disclosure)] = 1.0
+            resp[np.arange(X.shape[0]), labels] = 1.0
             resp = resp if fw is None else resp * fw[:, None]
             st = gmm_statistics(X, resp, np.asarray(payload["center"]), self.cov_type, fw)
+            if not payload.get("second", 1):  # counts and sums only
+                st = {k: st[k] for k in ("nk", "sx")}
             return {f"stat/{k}": v for k, v in st.items()}, state
         if name == "loglik":
             _, norm = self._log_resp(payload_params(payload), X)
@@ -262,4 +268,5 @@ def hard_labels(d2: np.ndarray, policy) -> np.ndarray:
             return np.full_like(labels, int(counts.argmax()))
         d2[:, small] = np.inf
         labels = d2.argmin(1)
+
 
