@@ -126,10 +126,11 @@ def test_unconverged_candidates_are_skipped_and_reported():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est = FederatedGaussianMixture("auto", n_components_candidates=[1, 2, 3],
-                                       max_rounds=4, random_state=0).fit(fd)
+                                       max_rounds=3, random_state=0).fit(fd)
     table = est.selection_scores_
     assert list(table.columns[-1:]) == ["skipped"]
-    assert table.loc[3, "skipped"] == "did not converge in 4 rounds"
+    # 3 rounds: K = 3 converged in 4 once the k-means start's merged rows were translated
+    assert table.loc[3, "skipped"] == "did not converge in 3 rounds"
     for k in table.index:
         assert (table.loc[k, "skipped"] == "") == bool(table.loc[k, "converged"])
     assert bool(table.loc[est.n_components_, "converged"])

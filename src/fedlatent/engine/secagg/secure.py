@@ -134,6 +134,7 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
         peers, sealed = client.sealed_shares()
         return {"to": json.dumps(peers), "sealed": sealed}
     if step == "shares":
+        client._need_roster()  # no roster taken (or it was refused): nothing to open
         senders = _id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
                            "'from'")
         sealed = np.asarray(msg.get("sealed"))
