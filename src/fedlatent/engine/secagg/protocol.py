@@ -436,14 +436,19 @@ def _enrolled_of_text(text) -> Enrolled:
     return _enrolled_text(text)
 
 
-def _id_list(msg: Mapping, key: str) -> list[str]:
+def id_list(text, what: str, error: type[Exception] = SecureAggregationError) -> list[str]:
+    """The client ids of a message field holding a JSON list of strings, or ``error`` naming
+    ``what`` (the roster's fields, the relayed shares' senders and recipients)."""
     try:
-        ids = json.loads(msg[key])
+        ids = json.loads(text)
         assert isinstance(ids, list) and set(map(type, ids)) <= {str}  # C loops: n ids
-    except (KeyError, TypeError, ValueError, AssertionError) as exc:
-        raise SecureAggregationError(f"the roster's {key!r} must be a JSON list of client id "
-                                     "strings") from exc
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise error(f"{what} must be a JSON list of client id strings") from exc
     return ids
+
+
+def _id_list(msg: Mapping, key: str) -> list[str]:
+    return id_list(msg.get(key), f"the roster's {key!r}")
 
 
 def _rows(msg: Mapping, f: str, n: int, width: int) -> np.ndarray:

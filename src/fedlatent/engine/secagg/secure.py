@@ -64,6 +64,7 @@ import numpy as np
 from fedlatent.data.validation import name_list
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, fault_detail, message_nbytes
+from fedlatent.engine.secagg.protocol import id_list
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
            "open_channel", "refuse_clear_query", "refuse_unsupported", "secagg_step",
@@ -135,8 +136,8 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
         return {"to": json.dumps(peers), "sealed": sealed}
     if step == "shares":
         client._need_roster()  # no roster taken (or it was refused): nothing to open
-        senders = _id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
-                           "'from'")
+        senders = id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
+                          "'from'", error=ValueError)
         sealed = np.asarray(msg.get("sealed"))
         if sealed.dtype != np.uint8 or sealed.ndim != 2 or len(sealed) != len(senders):
             raise ValueError(f"client {node.client_id!r}: the relayed shares must be a "
@@ -148,16 +149,6 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
         return client.reveal(int(msg["round"]), str(msg["exchange"]),
                              json.loads(msg["survivors"]), json.loads(msg["dropped"]))
     raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
-
-
-def _id_list(text, what: str) -> list[str]:
-    """A JSON list of client ids, or ValueError naming ``what``."""
-    try:
-        ids = json.loads(text)
-        assert isinstance(ids, list) and set(map(type, ids)) <= {str}
-    except (TypeError, ValueError, AssertionError) as exc:
-        raise ValueError(f"{what} must be a JSON list of client ids") from exc
-    return ids
 
 
 def _check_identity(node, identity, run: str):
@@ -313,7 +304,7 @@ class SecureChannel:
             if msg is None:  # no reply: it deals no shares (its peers will not mask with it)
                 continue
             try:
-                peers = _id_list(msg.get("to"), "'to'")
+                peers = id_list(msg.get("to"), "'to'", error=ValueError)
                 sealed = np.asarray(msg.get("sealed"))
                 assert sealed.dtype == np.uint8 and sealed.shape[:1] == (len(peers),)
                 assert sealed.ndim == 2 and (not rows or sealed.shape[1] == rows[0].shape[1])
