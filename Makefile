@@ -37,10 +37,12 @@ test: lint docs
 	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 -m "not deployment"
 
 # The real Flower deployments (tests marked `deployment`: tests/flower/test_deploy.py and the
-# Flower page of tests/test_docs_code_blocks.py), two workers: one per module.
+# Flower page of tests/test_docs_code_blocks.py), one module after the other: the page's Ray
+# start gives up after 30 s (a constant of Ray's) when it meets the deployments' dozen processes
+# starting at once on two cores.
 test-deployment: $(TEST_STAMP)
 	$(BIN)/python -m compileall -q src
-	MPLBACKEND=Agg $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=10 -m deployment
+	MPLBACKEND=Agg $(BIN)/python -m pytest -q --durations=10 -m deployment
 
 # Every third-party module src/ imports must be declared in pyproject.toml (core or an extra):
 # checked by the shared tool beside the clone, against the venv with every extra installed.
