@@ -96,6 +96,11 @@ class Aggregate:
         Why nothing crossed ("" when the round ran).
     accepted : Accepted or None
         The rows aggregated (None when the server sees only a sum: secure aggregation).
+    points : list of (Stats, float)
+        A multi-point round's extra points ``x_j`` (:attr:`RoundPlan.points`), in order: the
+        weighted sum ``sum_c w_c S_c(T(x_j))`` of the accepted clients' mean statistics (the
+        EM map ``F(x_j)`` when every client is accepted) and the sum of their objectives at
+        ``T(x_j)``, over the same clients as ``total``; empty for an ordinary round.
     """
 
     total: Stats | None
@@ -109,6 +114,7 @@ class Aggregate:
     errors: dict[str, str]
     skipped: str = ""
     accepted: Accepted | None = None
+    points: list[tuple[Stats, float]] = field(default_factory=list)
 
     def dominant(self) -> str | None:
         """Why the aggregate is one client's, or None (unknown under secure aggregation)."""

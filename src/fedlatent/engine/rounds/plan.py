@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from fedlatent.engine.contract.model import Params
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.fedem.seeds import server_rng
 from fedlatent.engine.fedem.update import round_message
 from fedlatent.engine.protocol.messages import pack
+from fedlatent.engine.stats import Stats
 
 __all__ = ["RoundPlan", "draw_positions", "make_plan"]
 
@@ -37,6 +40,11 @@ class RoundPlan:
         The blocks of the statistic and their shapes.
     reply_bytes : int
         Bytes of one reply (uncompressed in the initialization round, else as quantized).
+    points : tuple of Stats
+        The extra points ``x_1 .. x_m`` of a multi-point round (accelerated EM): each client
+        also returns its mean statistic and objective at each ``T(x_j)`` (the message carries
+        ``points = m`` and the parameters ``T(x_j)`` under the prefix ``params{j}``); empty
+        for an ordinary round.
     """
 
     k: int
@@ -49,6 +57,7 @@ class RoundPlan:
     msg: dict[str, Any]
     shapes: dict[str, tuple[int, ...]]
     reply_bytes: int
+    points: tuple[Stats, ...] = ()
 
     @property
     def mode(self) -> str:
@@ -67,9 +76,11 @@ def draw_positions(n: int, p: float, seed: int, k: int, init_round: bool) -> np.
 
 def make_plan(fed: Federation, k: int, seed: int, state, params, n_clients: int,
               shapes: dict[str, tuple[int, ...]], alpha: float,
-              sizes: tuple[int, int]) -> RoundPlan:
+              sizes: tuple[int, int],
+              points: Sequence[tuple[Stats, Params]] = ()) -> RoundPlan:
     """Round ``k``'s plan from the federation and the server's ``state`` and ``params``;
-    ``sizes`` are the bytes of one uncompressed reply and of one quantized reply."""
+    ``sizes`` are the bytes of one uncompressed reply and of one quantized reply; ``points``
+    the extra points ``(x_j, T(x_j))`` of a multi-point round (see :class:`RoundPlan`)."""
     init_round = not state.initialized
     gamma = 1.0 if init_round else fed.gamma(k)
     p = float(fed.participation)
@@ -77,6 +88,10 @@ def make_plan(fed: Federation, k: int, seed: int, state, params, n_clients: int,
     msg.update(pack("params", params))
     if state.S_hat is not None:
         msg.update(pack("S_hat", state.S_hat.to_dict()))
+    if points:
+        msg["points"] = len(points)
+        for j, (_, theta) in enumerate(points, 1):
+            msg.update(pack(f"params{j}", theta))
     return RoundPlan(k, int(seed), init_round, gamma, p, alpha,
                      draw_positions(n_clients, p, int(seed), k, init_round), msg, shapes,
-                     sizes[0] if init_round else sizes[1])
+                     sizes[0] if init_round else sizes[1], tuple(x for x, _ in points))
