@@ -41,7 +41,19 @@ def _lcr_fd(n_clients=6, seed=1):
     return fl.FederatedDataset.from_arrays(parts)
 
 
+def _fedgmm_fd(n_clients=6, seed=2):
+    rng = np.random.default_rng(seed)
+    parts = {}
+    for i in range(n_clients):
+        n = int(rng.integers(40, 60))
+        X = rng.normal(size=(n, 2)) + 1.5 * (i % 2)
+        parts[f"c{i}"] = (X, (X[:, 0] + 0.5 * rng.normal(size=n) > 0.75).astype(int))
+    return fl.FederatedDataset.from_arrays(parts)
+
+
 def _estimator(kind, fed):
+    if kind == "fedgmm":
+        return fl.FedGMM(2, 2, random_state=0, federation=fed)
     if kind.startswith("gmm"):
         return fl.FederatedGaussianMixture(int(kind[3:] or 2), random_state=0, federation=fed)
     return fl.LatentClassRegression(2, random_state=0, federation=fed)
@@ -313,3 +325,32 @@ def test_a_reply_missing_a_point_block_is_refused_whole():
     agg = rd.collector.gather(_plan(rd, 4, xs))
     assert list(agg.rejected) == ["c3"] and agg.participants == 5
     assert agg.rejected["c3"] == "extra point 2: missing statistic(s) ['sxx']"
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one-by-one", "batched"])
+def test_a_client_state_follows_the_rounds_own_statistic_not_the_points(batched):
+    """FedGMM's clients keep their own mixing weights, which a step advances: each point is
+    evaluated from the state the round started from, and the state after the round is the
+    one a round without points leaves."""
+    fed = fl.Federation(disclosure=OFF)
+    rd = _rounds(_fedgmm_fd(), "fedgmm", fed, batched)
+    plain = _rounds(_fedgmm_fd(), "fedgmm", fed, batched)
+    xs = _advance(rd, 3)[:2]
+    _advance(plain, 3)
+    thetas = [rd.model.server_step(x, rd.params, rd.n_total) for x in xs]
+    before = [_evaluated(rd, 4, theta) for theta in thetas]  # no state change
+    pi0 = rd.runtime.get_client_states()["c0"]["model/pi"]
+    agg = rd.collector.gather(_plan(rd, 4, xs))
+    ref = plain.collector.gather(plain.plan(4))
+    for key in ref.total:
+        assert_close(agg.total[key], ref.total[key])
+    for (S_j, obj_j), (want, obj) in zip(agg.points, before):
+        for key in want:
+            assert_close(S_j[key], want[key])
+        assert_close(obj_j, obj)
+    after, ref_after = rd.runtime.get_client_states(), plain.runtime.get_client_states()
+    assert not np.allclose(after["c0"]["model/pi"], pi0)  # the round moved it
+    for c in rd.cids:
+        assert set(after[c]) == set(ref_after[c])
+        for key in after[c]:
+            assert_close(after[c][key], ref_after[c][key])
