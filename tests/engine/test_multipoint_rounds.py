@@ -16,6 +16,7 @@ from fedlatent.engine.protocol.messages import pack
 from fedlatent.engine.rounds.collectors import Batched, OneByOne, point_bytes
 from fedlatent.engine.rounds.loop import LoopOptions, _Rounds
 from fedlatent.engine.rounds.plan import make_plan
+from fedlatent.engine.rounds.secure_round import SecureCollector
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 from tolerance import assert_close
 
@@ -98,12 +99,17 @@ def _evaluated(rd, k, theta):
 
 
 COLLECTORS = {"one-by-one": (OneByOne, False, {}), "batched": (Batched, True, {})}
+SECURE = {**COLLECTORS, "secure": (SecureCollector, True, {"secure_aggregation": True})}
 
 
 @pytest.mark.parametrize("kind", ["gmm", "lcr"])
-@pytest.mark.parametrize("name", list(COLLECTORS))
+@pytest.mark.parametrize("name", list(SECURE))
 def test_points_are_the_weighted_sums_of_each_clients_evaluation(kind, name):
-    cls, batched, extra = COLLECTORS[name]
+    """Each collector's sums of the points are those of the clients' own evaluations (to the
+    fixed point's rounding under secure aggregation) and its ``total`` that of the round
+    without points."""
+    cls, batched, extra = SECURE[name]
+    rtol = 1e-9 if name == "secure" else 1e-12
     fed = fl.Federation(disclosure=OFF, **extra)
     fd = _gmm_fd() if kind == "gmm" else _lcr_fd()
     rd, plain = _rounds(fd, kind, fed, batched), _rounds(fd, kind, fed, batched)
@@ -122,8 +128,8 @@ def test_points_are_the_weighted_sums_of_each_clients_evaluation(kind, name):
         want, obj = _evaluated(rd, 4, rd.model.server_step(x, rd.params, rd.n_total))
         assert set(S_j) == set(want)
         for key in want:
-            assert_close(S_j[key], want[key])
-        assert_close(obj_j, obj)
+            assert_close(S_j[key], want[key], rtol=rtol)
+        assert_close(obj_j, obj, rtol=rtol)
     assert ref.points == []
 
 
@@ -354,3 +360,45 @@ def test_a_client_state_follows_the_rounds_own_statistic_not_the_points(batched)
         assert set(after[c]) == set(ref_after[c])
         for key in after[c]:
             assert_close(after[c][key], ref_after[c][key])
+
+
+def test_secure_aggregation_checks_each_points_sum_and_names_the_liar():
+    """Under secure aggregation one masked vector carries the points: a client whose point 1
+    holds a negative count makes the aggregate impossible; the round is discarded and group
+    testing (the clients replay their reply, points included) names it."""
+    fed = fl.Federation(disclosure=OFF, secure_aggregation=True)
+    rd = _rounds(_gmm_fd(n_clients=9), "gmm", fed)
+    xs = _advance(rd, 3)[:2]
+    node = rd.runtime.nodes["c3"]
+    answer = node._answer
+
+    def lying(method, msg):
+        reply = answer(method, msg)
+        if method == "estep" and "point1/nk" in reply:
+            reply["point1/nk"] = reply["point1/nk"] - 5.0
+        return reply
+    node._answer = lying
+    agg = rd.collector.gather(_plan(rd, 4, xs))
+    assert agg.total is None and agg.points == []
+    assert agg.skipped == (
+        "round 4: the aggregate of clients ['c0', 'c1', 'c2', 'c3', 'c4', 'c5', 'c6', 'c7', "
+        "'c8'] breaks the model's invariants at extra point 1: count 'nk' is negative "
+        "(-0.999878 at index 1); client 'c3' sent it (located by 4 group tests over "
+        "sub-cohorts of at least 5 clients); excluded from now on; discarded, the parameters "
+        "of round 3 kept")
+    assert rd.secure.excluded == {"c3": "round 4 (its reply broke the checks)"}
+
+
+def test_secure_bytes_up_carry_the_points():
+    """Each point adds its statistic and its objective's two limbs to every masked reply (one
+    exchange: the reveal's bytes are the same)."""
+    fed = fl.Federation(disclosure=OFF, secure_aggregation=True)
+    rd, plain = _rounds(_gmm_fd(), "gmm", fed), _rounds(_gmm_fd(), "gmm", fed)
+    xs = _advance(rd, 2)
+    _advance(plain, 2)
+    agg = rd.collector.gather(_plan(rd, 3, xs))
+    ref = plain.collector.gather(plain.plan(3))
+    assert agg.participants == ref.participants == 6
+    keys = ["point1/nk", "point1/sx", "point1/sxx", "objective1/hi", "objective1/lo"]
+    per_point = 8 * (2 + 4 + 8 + 1 + 1) + sum(map(len, keys))  # masked entries, their keys
+    assert agg.bytes_up - ref.bytes_up == 6 * 2 * per_point
