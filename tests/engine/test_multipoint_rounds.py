@@ -18,7 +18,7 @@ from fedlatent.engine.rounds.loop import LoopOptions, _Rounds
 from fedlatent.engine.rounds.plan import make_plan
 from fedlatent.engine.rounds.secure_round import SecureCollector
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from tolerance import assert_close
+from tolerance import assert_close, assert_same
 
 OFF = fl.DisclosurePolicy.off()
 
@@ -402,3 +402,44 @@ def test_secure_bytes_up_carry_the_points():
     keys = ["point1/nk", "point1/sx", "point1/sxx", "objective1/hi", "objective1/lo"]
     per_point = 8 * (2 + 4 + 8 + 1 + 1) + sum(map(len, keys))  # masked entries, their keys
     assert agg.bytes_up - ref.bytes_up == 6 * 2 * per_point
+
+
+@pytest.mark.flower
+def test_the_round_message_and_reply_with_points_cross_flowers_records():
+    """What a Flower runtime carries: the round message's ``points`` and ``params{j}/``, the
+    reply's ``point{j}/`` and ``objective{j}``, unchanged through the records' codec."""
+    pytest.importorskip("flwr")
+    from fedlatent.runtime.flower_records import decode, encode
+
+    rd = _rounds(_gmm_fd(), "gmm", fl.Federation(disclosure=OFF), batched=False)
+    xs = _advance(rd, 2)
+    plan = _plan(rd, 3, xs)
+    msg = decode(encode(plan.msg))
+    reply = rd.runtime.nodes["c0"].handle("estep", msg)
+    back = decode(encode(reply))
+    assert msg["points"] == 2 and {k for k in msg if k.startswith("params2/")}
+    assert {k for k in back if k.startswith("point")} == {
+        f"point{j}/{b}" for j in (1, 2) for b in ("nk", "sx", "sxx")}
+    for sent, got in ((plan.msg, msg), (reply, back)):
+        assert set(got) == set(sent)
+        for key, v in sent.items():  # a codec: the same bits, not a computation
+            assert_same(np.asarray(got[key]), np.asarray(v))
+
+
+def test_a_site_may_cap_the_points_of_a_round_by_its_own_policy():
+    from fedlatent.engine.site.policy import SitePolicy
+
+    assert SitePolicy.from_dict({"limits": {"max-points": 0}}).max_points == 0
+    with pytest.raises(ValueError, match=re.escape(
+            "site policy: limits.max-points must be an integer >= 0, got -1")):
+        SitePolicy.from_dict({"limits": {"max-points": -1}})
+    rd = _rounds(_fixed_fd(100), "gmm", fl.Federation(), policies=SitePolicy(max_points=1))
+    _advance(rd, 2)
+    one = rd.gather(_points_of(rd, 3, 1))
+    assert one.participants == 6 and len(one.points) == 1
+    two = rd.gather(_points_of(rd, 4, 2))
+    assert two.participants == 0 and sorted(two.errors) == rd.cids
+    assert two.errors["c4"] == (
+        "site 'c4' refused (limits.max-points): round 4 asks 2 extra point(s), above its "
+        "limit 1; fix: ask at most 1 extra point(s) a round (Federation(acceleration=None) "
+        "asks none)")
