@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
+import fedlatent.engine.rounds.collectors as collectors
 from fedlatent.engine.protocol.messages import pack
-from fedlatent.engine.rounds.collectors import Batched, OneByOne, point_bytes
+from fedlatent.engine.rounds.collectors import Batched, OneByOne
 from fedlatent.engine.rounds.loop import LoopOptions, _Rounds
 from fedlatent.engine.rounds.plan import make_plan
 from fedlatent.engine.rounds.secure_round import SecureCollector
@@ -143,7 +144,7 @@ def test_bytes_up_count_the_points(name):
     agg = rd.collector.gather(_plan(rd, 3, xs))
     ref = plain.collector.gather(plain.plan(3))
     per_point = 8 * (2 + 2 * 2 + 2 * 2 * 2) + 8  # nk (K), sx (K, d), sxx (K, d, d); objective
-    assert point_bytes(rd.shapes) == per_point
+    assert collectors.point_bytes(rd.shapes) == per_point
     assert agg.bytes_up - ref.bytes_up == 6 * 2 * per_point
 
 
@@ -350,6 +351,7 @@ def test_a_client_state_follows_the_rounds_own_statistic_not_the_points(batched)
     ref = plain.collector.gather(plain.plan(4))
     for key in ref.total:
         assert_close(agg.total[key], ref.total[key])
+    assert len(agg.points) == 2
     for (S_j, obj_j), (want, obj) in zip(agg.points, before):
         for key in want:
             assert_close(S_j[key], want[key])
