@@ -445,3 +445,28 @@ def test_a_site_may_cap_the_points_of_a_round_by_its_own_policy():
         "site 'c4' refused (limits.max-points): round 4 asks 2 extra point(s), above its "
         "limit 1; fix: ask at most 1 extra point(s) a round (Federation(acceleration=None) "
         "asks none)")
+
+
+def test_the_batched_and_per_client_points_agree_under_partial_participation():
+    """A drawn subset of the clients, control variates and a quantizer on the round's own
+    statistic: the points stay raw means, the same from either path."""
+    fed = fl.Federation(disclosure=OFF, participation=0.6, step_size=0.5,
+                        control_variates=True, quantizer=fl.Quantizer(4))
+    ones = _rounds(_gmm_fd(n_clients=8), "gmm", fed, batched=False)
+    many = _rounds(_gmm_fd(n_clients=8), "gmm", fed, batched=True)
+    xs = _advance(ones, 3)[1:]
+    _advance(many, 3)
+    a = ones.collector.gather(_plan(ones, 4, xs))
+    b = many.collector.gather(_plan(many, 4, xs))
+    assert type(many.collector) is Batched and 0 < a.participants == b.participants < 8
+    for (Sa, oa), (Sb, ob) in zip(a.points, b.points, strict=True):
+        for key in Sa:
+            assert_close(Sb[key], Sa[key])
+        assert_close(ob, oa)
+    drawn = [ones.cids[i] for i in _plan(ones, 4, xs).idx]
+    theta = ones.model.server_step(xs[0], ones.params, ones.n_total)
+    msg = {"seed": int(ones.opt.seed), "round": 4, **pack("params", theta)}
+    reps = ones.runtime.call(drawn, "evaluate", {c: msg for c in drawn})
+    for key in a.points[0][0]:
+        assert_close(a.points[0][0][key], sum(ones.weights[c] * reps[c][f"delta/{key}"]
+                                              for c in drawn))
