@@ -210,6 +210,12 @@ def test_a_sites_saturation_floor_counts_every_point_whatever_the_server_sets():
     (a server that sends a looser rule is refused at setup)."""
     from fedlatent.engine.site.policy import SitePolicy
 
+    looser = fl.Federation(disclosure=fl.DisclosurePolicy(max_parameters_per_record=1.0))
+    with pytest.raises(fl.engine.FederatedFitError, match=re.escape(
+            "setup: client 'c0': site 'c0' refused (disclosure): the server's disclosure "
+            "policy is looser than the site's floor: max_parameters_per_record=1.0 (floor "
+            "0.33); fix: send Federation(disclosure=...) at least as strict as the site's")):
+        _rounds(_fixed_fd(40), "gmm", looser, policies=SitePolicy())
     rd = _rounds(_fixed_fd(40), "gmm", fl.Federation(), policies=SitePolicy())
     assert type(rd.collector) is OneByOne  # the sites' own policies: one by one
     _advance(rd, 2)
