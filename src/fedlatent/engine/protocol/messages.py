@@ -3,6 +3,13 @@
 Nested collections (parameters, statistics) are stored under prefixes ``"params/"``,
 ``"S_hat/"``, ``"delta/"``...  A message holds only ndarrays, Python scalars and strings, so it maps
 one to one onto Flower's records (ArrayRecord + ConfigRecord) and onto .npz + JSON.
+
+A multi-point round (accelerated EM, :attr:`~fedlatent.engine.rounds.plan.RoundPlan.points`):
+the round message carries ``points = m`` and each extra point's parameters under
+``params{j}/`` (j = 1..m); the E-step reply carries, beside ``delta/``, ``n`` and
+``objective``, each point's mean statistic under ``point{j}/`` (the blocks of ``delta/``,
+raw: no ``S_hat``, control variate or quantizer) and its objective ``objective{j}``
+(:func:`point_keys`).
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ __all__ = [
     "check_rows",
     "message_nbytes",
     "number",
+    "objective_field",
     "pack",
+    "point_keys",
+    "statistic_field",
     "text",
     "unpack",
 ]
@@ -82,6 +92,24 @@ def fault_detail(faults: Mapping[str, str], limit: int | None = None) -> str:
              for r, cs in groups.items()]
     rest = len(faults) - sum(len(cs) for cs in groups.values())
     return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")
+
+
+def point_keys(j: int) -> tuple[str, str]:
+    """``(prefix, objective key)`` of extra point ``j`` (from 1) in a multi-point round's reply:
+    ``("point{j}", "objective{j}")``."""
+    return f"point{j}", f"objective{j}"
+
+
+def statistic_field(key: str) -> bool:
+    """Whether an E-step reply's field is a block of a statistic: ``delta/...`` or a
+    multi-point round's ``point{j}/...`` (secure aggregation weights these by ``w_c``)."""
+    head, sep, _ = key.partition("/")
+    return bool(sep) and (head == "delta" or (head[:5] == "point" and head[5:].isdigit()))
+
+
+def objective_field(key: str) -> bool:
+    """Whether an E-step reply's field is an objective: ``objective`` or ``objective{j}``."""
+    return key[:9] == "objective" and (len(key) == 9 or key[9:].isdigit())
 
 
 def pack(prefix: str, arrays: Mapping[str, np.ndarray]) -> Message:
