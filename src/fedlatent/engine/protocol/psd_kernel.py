@@ -39,26 +39,33 @@ def bordered_kernel(c, b, A, ec, eb, eA, slack, rtol):
     ok = np.empty(m, dtype=np.bool_)
     W, E, sq = np.empty((p, p)), np.zeros((p, p)), np.empty(p)
     for i in range(m):
-        W[0, 0], E[0, 0] = c[i], ec[i] if slack else 0.0
+        W[0, 0] = c[i]
         for a in range(q):
             W[0, a + 1] = W[a + 1, 0] = b[i, a]
-            E[0, a + 1] = E[a + 1, 0] = eb[i, a] if slack else 0.0
             for e in range(q):
                 W[a + 1, e + 1] = A[i, a, e]
-                E[a + 1, e + 1] = eA[i, a, e] if slack else 0.0
         good, err = True, 0.0
         for a in range(p):
             good = good and W[a, a] >= 0.0
-            sq[a] = math.sqrt(W[a, a] + abs(E[a, a]) + _TINY)
             for e in range(p):
                 good = good and math.isfinite(W[a, e])
         if slack:
+            E[0, 0] = ec[i]
+            for a in range(q):
+                E[0, a + 1] = E[a + 1, 0] = eb[i, a]
+                for e in range(q):
+                    E[a + 1, e + 1] = eA[i, a, e]
+            for a in range(p):
+                sq[a] = math.sqrt(W[a, a] + abs(E[a, a]) + _TINY)
             for a in range(p):  # (the terms summed in NumPy's order: row-major)
                 for e in range(p):
                     r = abs(E[a, e]) / (sq[a] * sq[e])
                     err += r * r
             err = math.sqrt(err)
             good = good and math.isfinite(err)
+        if not good:
+            ok[i] = False
+            continue
         for a in range(p):  # the shifted symmetric part, lower triangle
             W[a, a] += (W[a, a] + abs(E[a, a]) + _TINY) * (h + err) if slack else \
                 h * (W[a, a] + _TINY)
@@ -66,8 +73,10 @@ def bordered_kernel(c, b, A, ec, eb, eA, slack, rtol):
                 W[a, e] = 0.5 * (W[a, e] + W[e, a])
         for j in range(p):  # right-looking Cholesky: every pivot positive and finite
             t = W[j, j]
-            good = good and t > 0.0 and t < np.inf
-            s = math.sqrt(t if t > 0.0 else 1.0)
+            if not (t > 0.0 and t < np.inf):  # (NaN too): refused, the rest unneeded
+                good = False
+                break
+            s = math.sqrt(t)
             for r in range(j + 1, p):
                 W[r, j] /= s
             for r in range(j + 1, p):
