@@ -27,8 +27,8 @@ each side's imports are made before; a process's imports belong to no fit). Each
 (the first fit in the process: whatever a first call loads or compiles is in it), then each
 side's second fit (warm). One more process per size times the first fits with
 ``NUMBA_CACHE_DIR`` pointed at an empty directory (a fresh machine, where numba's on-disk cache
-is of no use: the GMM start's hard-assignment kernels, ``models/gmm/hardsums.py``, compile
-there, about 3 CPU seconds).
+is of no use: the GMM start's hard-assignment kernels, ``models/gmm/hardsums.py``, and the
+replies' PSD screen, ``engine/protocol/psd_kernel.py``, compile there, about 4 CPU seconds).
 The ratios are of CPU seconds (what a machine shared with other work does not distort), the
 last also of wall seconds. One rule of the default disclosure policy is off: the saturation
 rule refuses 10-row clients of this model (180 free numbers about 80 values; issue 22), so the

@@ -67,6 +67,34 @@ def _site(policies, cid: str) -> dict[str, Any]:
     return {"policy": policies}
 
 
+class _Nodes(dict):
+    """The client objects by id, each built when first looked up (``nodes[cid]``): a batched
+    fit of 100,000 clients never needs most of them (building them cost half a second). The
+    dict holds the ones built; an id not yet looked up is a client as built: no state, the
+    server's policy (``policies`` None: no site policy, so no own rules and no guard)."""
+
+    def __init__(self, fd: FederatedDataset, policies):
+        super().__init__()
+        self.fd, self.policies = fd, policies
+
+    def __missing__(self, cid: str) -> ClientNode:
+        node = ClientNode(cid, self.fd[cid], source=self.fd, **_site(self.policies, cid))
+        node.log_level = logging.DEBUG  # the server logs their faults, summarized
+        self[cid] = node
+        return node
+
+    def build(self, ids) -> None:
+        """Every client of ``ids`` built."""
+        for cid in ids:
+            if cid not in self:
+                self.__missing__(cid)
+
+    def state(self, cid: str) -> dict:
+        """Client ``cid``'s state (empty for a client not built yet), not building it."""
+        node = self.get(cid)
+        return {} if node is None else node.state
+
+
 class InProcessRuntime(Runtime):
     """Clients as objects; messages are copied both ways as if serialized.
 
@@ -89,10 +117,9 @@ class InProcessRuntime(Runtime):
                  policies=None):
         self._ids = fd.client_ids
         self._fd = fd
-        self._nodes = {cid: ClientNode(cid, fd[cid], source=fd, **_site(policies, cid))
-                       for cid in self._ids}
-        for node in self._nodes.values():  # the server logs their faults, summarized
-            node.log_level = logging.DEBUG
+        self._nodes = _Nodes(fd, policies)
+        if policies is not None:  # (a site's policy is read, and refused, at once)
+            self._nodes.build(self._ids)
         self.record = record
         self.use_batched = bool(batched)
         self.log: list[tuple[str, str, str, dict[str, Any]]] = []
@@ -120,10 +147,15 @@ class InProcessRuntime(Runtime):
     def nodes(self) -> dict[str, ClientNode]:
         """The client objects, their states up to date."""
         self._to_nodes()
+        self._nodes.build(self._ids)
         self._plain = None  # whoever holds them may change them: looked at again
         return self._nodes
 
     def _to_nodes(self) -> None:
+        """The nodes take the batch's states and a setup made at once (a client not built
+        yet and nothing to take stays unbuilt: it is as built)."""
+        if self._batch_owns or self._pending_setup is not None:
+            self._nodes.build(self._ids)
         if self._batch_owns:
             for cid, st in zip(self._ids, self._batch.dump()):
                 self._nodes[cid].state = st
@@ -136,7 +168,7 @@ class InProcessRuntime(Runtime):
     def _load_batch(self) -> None:
         """The batch's arrays take the clients' states (unless they hold them already)."""
         if not self._batch_owns:
-            self._batch.load([self._nodes[c].state for c in self._ids])
+            self._batch.load([self._nodes.state(c) for c in self._ids])
             self._batch_owns = True
 
     def batched(self, model):
@@ -338,8 +370,8 @@ class InProcessRuntime(Runtime):
     def get_client_states(self):
         if self._batch_owns:
             return {cid: st for cid, st in zip(self._ids, self._batch.dump())}
-        return {cid: {k: np.array(v) for k, v in n.state.items()}
-                for cid, n in self._nodes.items()}
+        return {cid: {k: np.array(v) for k, v in self._nodes.state(cid).items()}
+                for cid in self._ids}
 
     def client_state(self, key: str) -> dict[str, np.ndarray]:
         """One entry of every client's state (e.g. ``"model/labels"``), copied; clients
@@ -347,8 +379,8 @@ class InProcessRuntime(Runtime):
         for a caller that reads one entry every round."""
         if self._batch_owns:
             return self._batch.state_of(key)
-        return {cid: np.array(n.state[key]) for cid, n in self._nodes.items()
-                if key in n.state}
+        return {cid: np.array(self._nodes.state(cid)[key]) for cid in self._ids
+                if key in self._nodes.state(cid)}
 
     def set_client_states(self, states):
         self._to_nodes()

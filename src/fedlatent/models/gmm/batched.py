@@ -86,8 +86,10 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
         return {"n": w.sum(axis=1), "sx": X.sum(axis=1), "sxx": XT @ X}
     if name == "hard_stats":
         centers = np.asarray(payload["centers"], dtype=np.float64)
-        d2 = (np.einsum("cmd,cmd->cm", X, X)[:, :, None] - 2 * (X @ centers.T)
-              + np.einsum("ij,ij->i", centers, centers)[None, None, :])
+        d2 = X @ centers.T  # |x|^2 - 2 x.c + |c|^2, in place (the same bits: -2 is exact)
+        d2 *= -2.0
+        d2 += np.einsum("cmd,cmd->cm", X, X)[:, :, None]
+        d2 += np.einsum("ij,ij->i", centers, centers)
         labels = hard_labels_batched(d2, w > 0, model.disclosure.min_records_per_block)
         if model.privacy is None:  # a merged row keeps its place about its own centre
             X = merged_rows(X, centers, labels, np.where(w > 0, d2.argmin(-1), labels))

@@ -255,5 +255,7 @@ def merged_rows(X: np.ndarray, centers: np.ndarray, labels: np.ndarray,
     moved = labels != nearest
     if not moved.any():
         return X
-    shift = np.where(moved[..., None], centers[labels] - centers[nearest], 0.0)
-    return X + shift
+    at = np.nonzero(moved)
+    out = np.array(X, dtype=np.float64, copy=True)
+    out[at] += centers[labels[at]] - centers[nearest[at]]
+    return out
