@@ -80,6 +80,8 @@ class MaskingGraph:
         self.degree = n - 1 if self.complete else int(degree) + int(degree) % 2
         self._index = dict(zip(self.ids, range(n)))
         self._closed: dict[str, tuple[str, ...]] = {}
+        self._closed_sets: dict[str, frozenset] = {}
+        self._closed_index: dict[str, np.ndarray] = {}
         if self.complete:
             return
         if self.degree < 2:
@@ -117,6 +119,25 @@ class MaskingGraph:
                 at = self._position[self._index[u]] + np.arange(-half, half + 1)
                 got = tuple(sorted(self.ids[i] for i in self._order[at % self.n]))
             self._closed[u] = got
+        return got
+
+    def closed_set(self, u: str) -> frozenset:
+        """:meth:`closed` as a set (built once per client and graph)."""
+        got = self._closed_sets.get(u)
+        if got is None:
+            got = self._closed_sets[u] = frozenset(self.closed(u))
+        return got
+
+    def closed_index(self, u: str) -> np.ndarray:
+        """:meth:`closed` as positions among the sorted ids (built once per client and graph)."""
+        got = self._closed_index.get(u)
+        if got is None and self.complete:  # one array for everyone
+            got = self._closed_index[u] = self._closed_index.setdefault(
+                "", np.arange(self.n, dtype=np.int64))
+        elif got is None:
+            index = self._index
+            got = self._closed_index[u] = np.array([index[v] for v in self.closed(u)],
+                                                   dtype=np.int64)
         return got
 
     def neighbours(self, u: str) -> tuple[str, ...]:

@@ -179,7 +179,8 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
     for k, v in reply.items():
         if isinstance(v, str):
             continue
-        a = np.asarray(v, dtype=np.float64).reshape(np.shape(v) or (1,))  # as records carry it
+        a = np.asarray(v, dtype=np.float64)
+        a = a.reshape(1) if a.ndim == 0 else a  # as records carry it
         fields[k] = a * (w if method == "estep" and k.startswith("delta/") else unit)
     if method == "estep" and "objective" in fields:  # unbounded: split into two limbs
         o = fields.pop("objective")
@@ -194,6 +195,11 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
 
 
 # ---- the server side ------------------------------------------------------------------------
+def _none_dropped(client: str) -> str:
+    """The reveal request's ``dropped`` list when no participant dropped."""
+    return "[]"
+
+
 class SecureChannel:
     """The server's secure aggregation for one fit: the set-up and every secure sum.
 
@@ -383,7 +389,8 @@ class SecureChannel:
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
                 _KEY + "unit": 1.0 / self.n_total}
         near = self._near(P)
-        out = {c: {**msgs[c], **head, _KEY + "participants": near(c),
+        told = {c: near(c) for c in P}  # each client's part of the participants (JSON)
+        out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
         down = sum(message_nbytes(out[c]) for c in P)
         replies = self.runtime.call(P, method, out)
@@ -395,7 +402,10 @@ class SecureChannel:
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
         S = request["survivors"]
-        alive, gone = self._near(S), self._near(request["dropped"])
+        if request["dropped"]:
+            alive, gone = self._near(S), self._near(request["dropped"])
+        else:  # every participant survived: each is told the list it was told before
+            alive, gone = told.__getitem__, _none_dropped
         req = {c: {"step": "reveal", "round": int(round), "exchange": str(exchange),
                    "survivors": alive(c), "dropped": gone(c)} for c in S}
         revealed = self.runtime.call(S, "secagg", req)
