@@ -153,14 +153,20 @@ def prg_uint64(key: bytes, n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndar
     return np.frombuffer(stream, dtype="<u8", count=n).astype(np.uint64, copy=False)
 
 
-def prg_rows(keys: list[bytes], n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndarray:
+def prg_rows(keys: list[bytes], n: int, nonce: bytes = bytes(NONCE_BYTES), *,
+             first_nonce: bytes | None = None) -> np.ndarray:
     """:func:`prg_uint64` of many keys at once: an (len(keys), n) uint64 array, row i the
     ChaCha20 keystream of ``keys[i]`` under ``nonce`` (one parse for every row: each call's
-    16-byte tag is dropped as two trailing words)."""
+    16-byte tag is dropped as two trailing words); with ``first_nonce``, row 0 under that one
+    (a client's self mask beside its pair masks, in one pass)."""
     if not keys:
         return np.zeros((0, n), dtype=np.uint64)
     aead, zeros = require().ChaCha20Poly1305, bytes(8 * n)
-    raw = b"".join([aead(k).encrypt(nonce, zeros, None) for k in keys])
+    if first_nonce is None:
+        raw = b"".join([aead(k).encrypt(nonce, zeros, None) for k in keys])
+    else:
+        raw = b"".join([aead(keys[0]).encrypt(first_nonce, zeros, None)]
+                       + [aead(k).encrypt(nonce, zeros, None) for k in keys[1:]])
     return np.frombuffer(raw, dtype="<u8").reshape(len(keys), n + 2)[:, :n].astype(
         np.uint64, copy=False)
 

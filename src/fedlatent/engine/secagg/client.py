@@ -9,6 +9,8 @@ leave it.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -34,7 +36,7 @@ from fedlatent.engine.secagg.protocol import (
     pair_keys_many,
     pair_seed,
     pair_seed_table,
-    self_mask,
+    self_nonce,
 )
 
 __all__ = ["SecAggClient", "share_context"]
@@ -120,9 +122,9 @@ class SecAggClient:
         self._masked: dict[bytes, tuple[str, ...]] = {}
         self._slot_of: dict[bytes, int] = {}  # exchange label -> the slot it used
         self._revealed: set[bytes] = set()
-        # peer -> {slot: the exchange in which its self-seed share / pair seed was revealed}
-        self._revealed_self: dict[str, dict[str, str]] = {}
-        self._revealed_pair: dict[str, dict[str, str]] = {}
+        # slot -> {peer: the exchange in which its self-seed share / pair seed was revealed}
+        self._self_shown: dict[str, dict[str, str]] = {}
+        self._pair_shown: dict[str, dict[str, str]] = {}
 
     # --- set-up, once per fit -----------------------------------------------------------------
     def public_keys(self, signer=None) -> dict[str, np.ndarray]:
@@ -142,9 +144,9 @@ class SecAggClient:
                                                      payload))
         return out
 
-    @property
+    @functools.cached_property
     def _self_seeds(self) -> list[bytes]:
-        """Each slot's self-mask seed b_u, 32 bytes (what keys its self mask)."""
+        """Each slot's self-mask seed b_u, 32 bytes (what keys its self mask; drawn once)."""
         return shamir.seed_bytes(self._seeds)
 
     def key_context(self, site: str) -> dict:
@@ -314,14 +316,16 @@ class SecAggClient:
         e = self._take_slot(slot, label, where)
         layout, y = self.config.encoding.encode_flat(stats, client=self.id)
         n = y.size
-        y += self_mask(self._self_seeds[e], label, n)
-        peers = [v for v in P if v != self.id]  # its neighbours among the participants
-        rows = _crypto.prg_rows(self._pair_seeds(peers, e, label), n)
-        up = np.array([self.id < v for v in peers], dtype=bool)
-        y += rows[up].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
-        y -= rows[~up].sum(axis=0, dtype=np.uint64)
+        me = bisect.bisect_left(P, self.id)  # P is sorted: peers before u subtract, after add
+        # row 0: the self mask (self_mask), rows 1..: the pair masks, one pass
+        rows = _crypto.prg_rows([self._self_seeds[e]] + self._pair_seeds(P[:me] + P[me + 1:],
+                                                                          e, label),
+                                n, first_nonce=self_nonce(label))
+        y += rows[0]
+        y += rows[me + 1:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
+        y -= rows[1:me + 1].sum(axis=0, dtype=np.uint64)
         self._masked[label] = tuple(P)
-        return layout.unflatten(y)
+        return layout.unflatten(y, copy=False)  # y is this reply's own
 
     def _mask_participants(self, roster: Roster, participants, label: bytes,
                            where: str) -> list[str]:
@@ -331,17 +335,18 @@ class SecAggClient:
         if label in self._masked:
             raise SecureAggregationError(f"client {self.id!r}: already masked a reply in {where}; "
                                          "a second, different reply would expose the difference")
-        P = roster.check_members(participants, what=f"{where}: participants")
+        P = self._members(roster, participants, f"{where}: participants")
         if self.id not in P:
             raise SecureAggregationError(f"client {self.id!r}: asked to mask in {where} but not "
                                          "among its announced participants")
-        P = self._local(roster, P)  # on a sparse graph: its neighbourhood among them
-        missing = sorted(set(P) - set(self._blobs))
+        # its shares come from its neighbourhood only: holding as many, it holds them all
+        full = len(self._blobs) == len(roster.graph.closed(self.id))
+        missing = [] if full else sorted(set(P).difference(self._blobs))
         if missing:
             raise SecureAggregationError(f"client {self.id!r}: holds no shares of {missing} "
                                          f"(participants of {where}); they did not finish set-up")
-        gone = {v: next(iter(self._revealed_pair[v].values())) for v in P
-                if self._revealed_pair.get(v)}
+        pairs = self._revealed_pair if self._pair_shown else {}
+        gone = {v: next(iter(pairs[v].values())) for v in P if pairs.get(v)} if pairs else {}
         if gone:
             v, at = next(iter(gone.items()))
             raise SecureAggregationError(
@@ -372,25 +377,30 @@ class SecAggClient:
         label = exchange_label(round, exchange)
         S, D = self._reveal_split(roster, label, survivors, dropped, where)
         e = self._slot_of[label]
+        key = str(e)
+        held, pairs = self._self_shown.get(key, {}), self._pair_shown.get(key, {})
         for d in D:
-            if str(e) in self._revealed_self.get(d, {}):
+            if d in held:
                 raise SecureAggregationError(
                     f"client {self.id!r}: refusing to reveal the pair seed of {d!r} (declared "
                     f"dropped in {where}): its self-mask seed was revealed in "
-                    f"{self._revealed_self[d][str(e)]}, and both would expose its replies")
-        for u in S:
-            if str(e) in self._revealed_pair.get(u, {}):
+                    f"{held[d]}, and both would expose its replies")
+        for u in (S if pairs else ()):  # none revealed yet: nothing to refuse
+            if u in pairs:
                 raise SecureAggregationError(
                     f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
-                    f"{where}: its pair seed was revealed in {self._revealed_pair[u][str(e)]}")
+                    f"{where}: its pair seed was revealed in {pairs[u]}")
         at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
-        out = {"self": as_u8(b"".join([self._blobs[u][at:at + n] for u in S])).reshape(-1, n)}
+        blobs = self._blobs
+        out = {"self": np.frombuffer(b"".join([blobs[u][at:at + n] for u in S]),
+                                     np.uint8).reshape(-1, n).copy()}
         if D:
             out["pair"] = as_u8(b"".join(self._pair_seeds(D, e, label))).reshape(-1, n)
-        for u in S:
-            self._revealed_self.setdefault(u, {}).setdefault(str(e), where)
-        for d in D:
-            self._revealed_pair.setdefault(d, {}).setdefault(str(e), where)
+        shown = dict.fromkeys(S, where)  # the first exchange to reveal one is kept
+        shown.update(held)
+        self._self_shown[key] = shown
+        if D:
+            self._pair_shown[key] = {**dict.fromkeys(D, where), **pairs}
         self._revealed.add(label)
         if D:
             log.info("client %r revealed its pair seeds with dropped %s in %s", self.id, D, where)
@@ -406,9 +416,12 @@ class SecAggClient:
         if label in self._revealed:
             raise SecureAggregationError(f"client {self.id!r}: already revealed shares for "
                                          f"{where}; it reveals once per exchange")
-        S = self._local(roster, roster.check_members(survivors, what=f"{where}: survivors"))
-        D = self._local(roster, roster.check_members(dropped, what=f"{where}: dropped"))
-        if set(S) & set(D) or sorted(S + D) != list(self._masked[label]):
+        mine = self._masked[label]
+        if not dropped and list(survivors) == list(mine):  # all survived: nothing to sort out
+            return list(mine), []
+        S = self._members(roster, survivors, f"{where}: survivors")
+        D = self._members(roster, dropped, f"{where}: dropped")
+        if (set(S) & set(D) or sorted(S + D) != list(mine)) if D else tuple(S) != mine:
             raise SecureAggregationError(
                 f"client {self.id!r}: survivors {S} and dropped {D} of {where} must split its "
                 f"participants {list(self._masked[label])}, each client once")
@@ -445,7 +458,8 @@ class SecAggClient:
             "masked": {k.hex(): list(v) for k, v in self._masked.items()},
             "slot_of": {k.hex(): v for k, v in self._slot_of.items()},
             "revealed": sorted(k.hex() for k in self._revealed),  # a set: one order
-            "revealed_self": self._revealed_self, "revealed_pair": self._revealed_pair})
+            "revealed_self": _sorted_view(self._self_shown),
+            "revealed_pair": _sorted_view(self._pair_shown)})
 
     @classmethod
     def load(cls, text: str) -> SecAggClient:
@@ -474,18 +488,40 @@ class SecAggClient:
         c._masked = {bytes.fromhex(k): tuple(v) for k, v in d["masked"].items()}
         c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
         c._revealed = {bytes.fromhex(k) for k in d["revealed"]}
-        c._revealed_self = {u: dict(v) for u, v in d["revealed_self"].items()}
-        c._revealed_pair = {u: dict(v) for u, v in d["revealed_pair"].items()}
+        c._self_shown, c._pair_shown = _by_slot(d["revealed_self"]), _by_slot(d["revealed_pair"])
         return c
 
+    @property
+    def _revealed_self(self) -> dict[str, dict[str, str]]:
+        """``{peer: {slot: the exchange in which this client revealed its share of the
+        peer's self-mask seed}}`` (kept by slot: :attr:`_self_shown`)."""
+        return _by_peer(self._self_shown)
+
+    @property
+    def _revealed_pair(self) -> dict[str, dict[str, str]]:
+        """``{peer: {slot: the exchange in which this client revealed its pair seed with the
+        peer}}`` (kept by slot: :attr:`_pair_shown`)."""
+        return _by_peer(self._pair_shown)
+
     # --- helpers ------------------------------------------------------------------------------
+    def _members(self, roster: Roster, members, what: str) -> list[str]:
+        """``_local(roster, roster.check_members(members))``: the sorted distinct enrolled
+        members of this client's neighbourhood (errors naming ``what``); without a look at all
+        n ids when every member is a neighbour (what the server sends)."""
+        members = list(map(str, members))
+        if self.config.sparse(roster.n) and roster.graph.closed_set(self.id).issuperset(members):
+            if len(set(members)) != len(members):
+                raise SecureAggregationError(f"{what}: a client is listed twice")
+            return sorted(members)
+        return self._local(roster, roster.check_members(members, what=what))
+
     def _local(self, roster: Roster, members: list[str]) -> list[str]:
         """On a sparse graph, the members in this client's closed neighbourhood (all of them on
         the complete graph): the participants it masks with, the survivors it reveals for."""
         if not self.config.sparse(roster.n):
             return members
-        near = set(roster.graph.closed(self.id))
-        return [m for m in members if m in near]
+        near = roster.graph.closed_set(self.id)
+        return members if near.issuperset(members) else [m for m in members if m in near]
 
     def _of_near(self, roster: Roster) -> str:
         return " in its neighbourhood" if self.config.sparse(roster.n) else ""
@@ -528,14 +564,15 @@ class SecAggClient:
         of the pair's seed table (with one secret per fit: HKDF of s_uv and the label)."""
         if self.config.slots is None:
             return [pair_seed(self._pair_block(v)[32:], label) for v in peers]
-        out = []
-        for v in peers:
-            table = self._tables.get(v)
-            if table is None:
-                table = self._tables[v] = pair_seed_table(self._pair_block(v)[32:],
-                                                          self.config.n_slots)
-            out.append(table[32 * slot:32 * slot + 32])
-        return out
+        tables, at = self._tables, 32 * int(slot)
+        try:
+            return [tables[v][at:at + 32] for v in peers]
+        except KeyError:  # each pair's table once per fit (its agreements in one pass)
+            todo = [v for v in peers if v not in tables]
+            E = self.config.n_slots
+            tables.update((v, pair_seed_table(block[32:], E))
+                          for v, block in zip(todo, self._pair_blocks(todo)))
+        return [tables[v][at:at + 32] for v in peers]
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each
@@ -548,14 +585,36 @@ class SecAggClient:
             raise SecureAggregationError(
                 f"client {self.id!r}: {where} announced slot {slot!r}; the set-up planned "
                 f"slots 0..{E - 1} (one per exchange); set up again with more slots")
-        used = [lab for lab, s in self._slot_of.items() if s == int(slot)]
-        if used:
+        if int(slot) in self._slot_of.values():
             raise SecureAggregationError(
                 f"client {self.id!r}: slot {int(slot)} announced for {where} was already used "
                 "by another exchange; every exchange uses its own secrets")
         self._slot_of[label] = int(slot)
         return int(slot)
 
+
+
+def _by_peer(by_slot: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """``{slot: {peer: where}}`` as ``{peer: {slot: where}}``."""
+    out: dict[str, dict[str, str]] = {}
+    for slot, shown in by_slot.items():
+        for peer, where in shown.items():
+            out.setdefault(peer, {})[slot] = where
+    return out
+
+
+def _sorted_view(by_slot: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """:func:`_by_peer` with peers and slots sorted (what a dump writes: one text per state)."""
+    return {p: dict(sorted(m.items())) for p, m in sorted(_by_peer(by_slot).items())}
+
+
+def _by_slot(by_peer: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """Inverse of :func:`_by_peer`."""
+    out: dict[str, dict[str, str]] = {}
+    for peer, shown in by_peer.items():
+        for slot, where in shown.items():
+            out.setdefault(str(slot), {})[peer] = str(where)
+    return out
 
 
 def _rows_bytes(sealed) -> list[bytes]:

@@ -27,6 +27,11 @@ __all__ = ["FixedPoint", "Layout"]
 _LIMIT = float(2**63)
 
 
+def _shape(v) -> tuple[int, ...]:
+    """An array's shape (``np.shape`` for what is not an ndarray yet)."""
+    return v.shape if isinstance(v, np.ndarray) else tuple(np.shape(v))
+
+
 @dataclass(frozen=True)
 class Layout:
     """The fields of a message, their shapes and their offsets in the flat vector (sorted names).
@@ -42,7 +47,7 @@ class Layout:
     @classmethod
     def of(cls, arrays: Mapping[str, np.ndarray]) -> Layout:
         """The layout of a dict of arrays, fields in sorted-name order."""
-        return cls(tuple((str(k), tuple(np.shape(arrays[k]))) for k in sorted(arrays)))
+        return cls(tuple((str(k), _shape(arrays[k])) for k in sorted(arrays)))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -58,12 +63,14 @@ class Layout:
             return np.zeros(0, dtype=dtype)
         return np.concatenate([np.asarray(arrays[k], dtype=dtype).ravel() for k in self.names])
 
-    def unflatten(self, vector: np.ndarray) -> dict[str, np.ndarray]:
-        """The named arrays of a flat vector (copies)."""
+    def unflatten(self, vector: np.ndarray, copy: bool = True) -> dict[str, np.ndarray]:
+        """The named arrays of a flat vector (copies; views of it with ``copy=False``)."""
         out, at = {}, 0
         for k, s in self.shapes:
             m = math.prod(s)
-            out[k] = vector[at:at + m].reshape(s).copy()
+            out[k] = vector[at:at + m].reshape(s)
+            if copy:
+                out[k] = out[k].copy()
             at += m
         return out
 
@@ -154,9 +161,10 @@ class FixedPoint:
         if isinstance(self.bound, Mapping):
             bound = np.repeat([self.bound_of(k) for k in layout.names],
                               [int(np.prod(shp)) for _, shp in layout.shapes])
-        else:
-            bound = float(self.bound)
-        if not (np.all(np.isfinite(x)) and np.all(np.abs(x) <= bound)):
+            ok = bool(np.all(np.abs(x) <= bound))
+        else:  # NaN fails the comparison, inf the bound
+            ok = not x.size or bool(np.abs(x).max() <= float(self.bound))
+        if not ok:
             self.encode(arrays, client=client)  # raises, naming the client and the field
         return layout, np.rint(x * self.scale).astype(np.int64).view(np.uint64)
 

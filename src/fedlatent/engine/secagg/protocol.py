@@ -24,7 +24,7 @@ from fedlatent.engine.secagg.encoding import FixedPoint
 
 __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
            "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_keys_many", "pair_seed",
-           "pair_seed_table", "self_mask", "slot_item"]
+           "pair_seed_table", "self_mask", "self_nonce", "slot_item"]
 
 #: a client's public keys: its X25519 key (share encryption and pairwise masks) and a SHA-256
 #: commitment to each of its self-mask seeds
@@ -119,7 +119,12 @@ class SecAggConfig:
 
 def exchange_label(round: int, exchange: str) -> bytes:
     """The public context of one exchange, bound into every mask it uses."""
-    return json.dumps([int(round), str(exchange)]).encode()
+    return _label(int(round), str(exchange))
+
+
+@functools.lru_cache(maxsize=256)
+def _label(round: int, exchange: str) -> bytes:  # every client of an exchange asks: once
+    return json.dumps([round, exchange]).encode()
 
 
 def describe(round: int, exchange: str) -> str:
@@ -130,8 +135,14 @@ def self_mask(seed: bytes, label: bytes, n: int) -> np.ndarray:
     """A client's own mask for one exchange: the ChaCha20 keystream of b_u under the nonce
     SHA-256(tag, label)[:12], one keystream per (seed, exchange) (a seed per exchange, or with
     one seed per fit, a nonce per exchange)."""
-    nonce = _crypto.commit(b"fedlatent/secagg/self\x00" + label)[:12]
-    return _crypto.prg_uint64(seed, n, nonce=nonce)
+    return _crypto.prg_uint64(seed, n, nonce=self_nonce(bytes(label)))
+
+
+@functools.lru_cache(maxsize=256)
+def self_nonce(label: bytes) -> bytes:
+    """The self masks' ChaCha20 nonce of an exchange: SHA-256(tag, label)[:12] (public:
+    hashed once per exchange in a process)."""
+    return _crypto.commit(b"fedlatent/secagg/self\x00" + label)[:12]
 
 
 PAIR_TAG = b"fedlatent/secagg/pair\x00"
@@ -384,8 +395,9 @@ class Roster:
 
     def check_members(self, members: Iterable[str], *, what: str) -> list[str]:
         """Sorted distinct members, all enrolled (error naming an unknown one)."""
-        members = [str(m) for m in members]
-        unknown = sorted(set(members) - self._idset)  # one set of all n per process
+        members = list(map(str, members))
+        known = self._idset  # one set of all n per process
+        unknown = [] if known.issuperset(members) else sorted(set(members) - known)
         if unknown:
             raise SecureAggregationError(f"{what}: {unknown} did not take part in the key "
                                          "set-up; they need a new set-up to join")

@@ -186,7 +186,8 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
     for k, v in reply.items():
         if isinstance(v, str):
             continue
-        a = np.asarray(v, dtype=np.float64).reshape(np.shape(v) or (1,))  # as records carry it
+        a = np.asarray(v, dtype=np.float64)
+        a = a.reshape(1) if a.ndim == 0 else a  # as records carry it
         fields[k] = a * (w if method == "estep" and statistic_field(k) else unit)
     for k in [k for k in fields if method == "estep" and objective_field(k)]:
         o = fields.pop(k)  # unbounded: split into two limbs (a multi-point round: each point's)
@@ -201,6 +202,11 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
 
 
 # ---- the server side ------------------------------------------------------------------------
+def _none_dropped(client: str) -> str:
+    """The reveal request's ``dropped`` list when no participant dropped."""
+    return "[]"
+
+
 class SecureChannel:
     """The server's secure aggregation for one fit: the set-up and every secure sum.
 
@@ -390,7 +396,8 @@ class SecureChannel:
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
                 _KEY + "unit": 1.0 / self.n_total}
         near = self._near(P)
-        out = {c: {**msgs[c], **head, _KEY + "participants": near(c),
+        told = {c: near(c) for c in P}  # each client's part of the participants (JSON)
+        out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
         down = sum(message_nbytes(out[c]) for c in P)
         replies = self.runtime.call(P, method, out)
@@ -402,7 +409,10 @@ class SecureChannel:
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
         S = request["survivors"]
-        alive, gone = self._near(S), self._near(request["dropped"])
+        if request["dropped"]:
+            alive, gone = self._near(S), self._near(request["dropped"])
+        else:  # every participant survived: each is told the list it was told before
+            alive, gone = told.__getitem__, _none_dropped
         req = {c: {"step": "reveal", "round": int(round), "exchange": str(exchange),
                    "survivors": alive(c), "dropped": gone(c)} for c in S}
         revealed = self.runtime.call(S, "secagg", req)

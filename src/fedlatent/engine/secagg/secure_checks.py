@@ -76,7 +76,7 @@ def answer_secure(node, method: str, msg: dict) -> dict:
     if method != "estep":
         return node._answer(method, msg)
     last = getattr(node, "secure_last", None)
-    undo = json.loads(msg.get(_UNDO, "[]"))
+    undo = json.loads(msg[_UNDO]) if _UNDO in msg else ()
     if last is not None and last[0] in undo:  # the server discarded that round
         for k in [k for k in node.state if k.startswith("V/")]:
             del node.state[k]

@@ -24,7 +24,7 @@ from fedlatent.engine.secagg.protocol import (
     SecureAggregationError,
     describe,
     exchange_label,
-    self_mask,
+    self_nonce,
     slot_item,
 )
 
@@ -207,16 +207,13 @@ class SecAggServer:
         if len(holders) < t:
             raise SecureAggregationError(f"{where}: {len(holders)} survivors revealed shares, "
                                          f"fewer than the threshold {t}; the sum stays masked")
-        graph, alive, gone = roster.graph, set(S), set(D)
-        want = {h: ([u for u in graph.closed(h) if u in alive],
-                    [d for d in graph.closed(h) if d in gone]) for h in holders}
-        got = self._reveals(revealed, want, where)
+        got, pairs = self._reveals(revealed, holders, S, D, where)
         total = pend["total"].copy()
         e, n = pend["slot"], total.size
         ts = self.config.share_threshold(roster.n)
         total -= self._self_masks(got, S, ts, e, label, n, where)
         for d in D:
-            total += self._pair_masks_of(d, got, S, n, where)
+            total += self._pair_masks_of(d, pairs, S, n, where)
             self.excluded[d] = where
         if D:
             log.info("%s: recovered the masks of dropped %s", where, D)
@@ -226,74 +223,92 @@ class SecAggServer:
 
     def _self_masks(self, got, S, t, e, label, n, where) -> np.ndarray:
         """The sum of the survivors' self masks: every seed rebuilt at once from the first
-        ``t`` of its neighbourhood's revealed shares (:func:`~.shamir.reconstruct_seeds`) and
-        checked against its commitment."""
+        ``t`` (by x-coordinate) of its neighbourhood's revealed shares
+        (:func:`~.shamir.reconstruct_seeds`) and checked against its commitment.
+
+        ``got`` is ``(owners, holders, rows)``: for every revealed share, its owner's and its
+        holder's x-coordinates and its 32 bytes (a (shares, 32) uint8 array)."""
         roster = self.roster
-        index, xs, ys = roster.index, [], []
-        for u in S:
-            hs = sorted((h for h in roster.graph.closed(u) if (h, "self", u) in got),
-                        key=index.__getitem__)
-            if len(hs) < t:
-                raise SecureAggregationError(
-                    f"{where}: {len(hs)} neighbours of {u!r} revealed shares of its self-mask "
-                    f"seed, fewer than the neighbourhood threshold {t}; the sum stays masked")
-            xs.append([index[h] for h in hs[:t]])
-            ys.append(b"".join([got[h, "self", u] for h in hs[:t]]))
-        shares = np.frombuffer(b"".join(ys), dtype="<u4").reshape(len(S), t, shamir.LIMBS)
+        owners, holders, rows = got
+        xs_S = np.array([roster.index[u] for u in S], dtype=np.int64)
+        order = np.lexsort((holders, owners))  # by owner, then by holder
+        owners_sorted = owners[order]
+        start = np.searchsorted(owners_sorted, xs_S)
+        count = np.searchsorted(owners_sorted, xs_S, side="right") - start
+        short = np.flatnonzero(count < t)
+        if short.size:
+            u = S[short[0]]
+            raise SecureAggregationError(
+                f"{where}: {count[short[0]]} neighbours of {u!r} revealed shares of its "
+                f"self-mask seed, fewer than the neighbourhood threshold {t}; the sum stays "
+                "masked")
+        take = order[start[:, None] + np.arange(t)]  # (survivors, t): the first t holders
+        shares = np.ascontiguousarray(rows[take]).view("<u4").reshape(len(S), t, shamir.LIMBS)
         if np.any(shares >= shamir.P31):
             raise SecureAggregationError(f"{where}: a revealed share is not a field element "
                                          "(>= 2^31 - 1); a revealing client sent a wrong share")
-        seeds = shamir.seed_bytes(shamir.reconstruct_seeds(np.array(xs), shares))
+        seeds = shamir.seed_bytes(shamir.reconstruct_seeds(holders[take], shares))
         for u, seed in zip(S, seeds):
             if _crypto.commit(seed) != slot_item(roster.keys[u]["self_commit"], e):
                 raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
                                              "the revealed shares does not match its commitment; "
                                              "a revealing client sent a wrong share")
-        out = np.zeros(n, dtype=np.uint64)
-        for seed in seeds:
-            out += self_mask(seed, label, n)
-        return out
+        return _crypto.prg_rows(seeds, n, nonce=self_nonce(label)).sum(axis=0, dtype=np.uint64)
 
-    def _pair_masks_of(self, d, got, S, n, where) -> np.ndarray:
+    def _pair_masks_of(self, d, pairs, S, n, where) -> np.ndarray:
         """What the survivors' pair masks with dropped ``d`` added to the sum, negated: each
         surviving neighbour revealed its pair seed with ``d`` of this exchange (all of them are
-        needed: the server holds no key of ``d``)."""
+        needed: the server holds no key of ``d``); ``pairs`` maps (holder, dropped) to it."""
         alive = set(S)
         peers = [u for u in self.roster.graph.neighbours(d) if u in alive]
-        silent = [u for u in peers if (u, "pair", d) not in got]
+        silent = [u for u in peers if (u, d) not in pairs]
         if silent:
             raise SecureAggregationError(
                 f"{where}: survivors {silent} masked with dropped {d!r} but revealed no pair "
                 "seed of it; every surviving neighbour of a dropped client must answer the "
                 "reveal, so the sum stays masked")
-        rows = _crypto.prg_rows([got[u, "pair", d] for u in peers], n)
+        rows = _crypto.prg_rows([pairs[u, d] for u in peers], n)
         lo = np.array([u < d for u in peers], dtype=bool)  # u added +m if u < d, else -m
         return rows[~lo].sum(axis=0, dtype=np.uint64) - rows[lo].sum(axis=0, dtype=np.uint64)
 
-    def _reveals(self, revealed, want: dict[str, tuple[list, list]], where: str) -> dict:
-        """``{(holder, "self" | "pair", owner): 32 bytes}`` from the holders' reveals; holder
-        ``h`` must send exactly a ``"self"`` row per survivor and a ``"pair"`` row per dropped
-        participant of ``want[h]`` (its neighbours, sorted), each a (rows, 32) uint8 array."""
-        got: dict[tuple[str, str, str], bytes] = {}
-        size = shamir.SEED_SHARE_BYTES
-        for h, (alive, gone) in want.items():
+    def _reveals(self, revealed, holders: list[str], S: list[str], D: list[str], where: str):
+        """``((owners, holders, rows), pairs)`` from the holders' reveals: every self-seed
+        share with its owner's and holder's x-coordinates (int64 arrays) and its bytes (a
+        (shares, 32) uint8 array), and ``{(holder, dropped): pair seed}``. Holder ``h`` must
+        send exactly a ``"self"`` row per survivor and a ``"pair"`` row per dropped
+        participant of its closed neighbourhood (sorted), each a (rows, 32) uint8 array."""
+        roster, size = self.roster, shamir.SEED_SHARE_BYTES
+        graph, index = roster.graph, roster.index
+        alive = np.zeros(roster.n + 1, dtype=bool)  # by x-coordinate
+        alive[[index[u] for u in S]] = True
+        gone = set(D)
+        owners, xs, rows, pairs = [], [], [], {}
+        for h in holders:
+            near = graph.closed_index(h) + 1  # x-coordinates, ascending
+            own = near[alive[near]]
+            lost = [v for v in graph.closed(h) if v in gone] if gone else []
             reply = revealed[h]
-            need = {"self": alive, **({"pair": gone} if gone else {})}
+            need = {"self": own, **({"pair": lost} if lost else {})}
             if set(reply) != set(need):
                 raise SecureAggregationError(
                     f"{where}: client {h!r}'s reveal has fields {sorted(reply)}, expected "
-                    f"{sorted(need)} (its {len(alive)} surviving and {len(gone)} dropped "
+                    f"{sorted(need)} (its {len(own)} surviving and {len(lost)} dropped "
                     "neighbours)")
-            for kind, owners in need.items():
-                rows = np.asarray(reply[kind])
-                if rows.dtype != np.uint8 or rows.shape != (len(owners), size):
+            for kind, who in need.items():
+                got = np.asarray(reply[kind])
+                if got.dtype != np.uint8 or got.shape != (len(who), size):
                     raise SecureAggregationError(
-                        f"{where}: client {h!r}, field {kind!r}: expected a ({len(owners)}, "
-                        f"{size}) uint8 array, got {rows.dtype} {rows.shape}")
-                raw = rows.tobytes()
-                got.update(((h, kind, u), raw[i * size:i * size + size])
-                           for i, u in enumerate(owners))
-        return got
+                        f"{where}: client {h!r}, field {kind!r}: expected a ({len(who)}, "
+                        f"{size}) uint8 array, got {got.dtype} {got.shape}")
+            owners.append(own)
+            xs.append(np.full(len(own), index[h], dtype=np.int64))
+            rows.append(reply["self"])
+            if lost:
+                raw = reply["pair"].tobytes()
+                pairs.update(((h, d), raw[i * size:i * size + size]) for i, d in enumerate(lost))
+        cat = (np.concatenate(owners), np.concatenate(xs), np.concatenate(rows)) if owners else (
+            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, size), np.uint8))
+        return cat, pairs
 
     def _need_roster(self) -> Roster:
         if self.roster is None:
