@@ -28,13 +28,19 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from fedlatent.engine.fedem.acceleration import Squarem, acceleration_problems, resolve_acceleration
+from fedlatent.engine.fedem.acceleration import (
+    Squarem,
+    SubspaceNewton,
+    acceleration_config,
+    acceleration_problems,
+    resolve_acceleration,
+)
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 from fedlatent.engine.privacy.dp import DifferentialPrivacy
 from fedlatent.engine.privacy.enforce import policy_from_config, policy_to_json
 from fedlatent.engine.stats import Stats
 
-__all__ = ["Federation", "Quantizer", "Spider", "Squarem", "StepSchedule"]
+__all__ = ["Federation", "Quantizer", "Spider", "Squarem", "StepSchedule", "SubspaceNewton"]
 
 
 @dataclass(frozen=True)
@@ -213,7 +219,7 @@ class Federation:
     secagg_threshold: int | None = None
     secagg_bound: float = 2.0**20
     privacy: DifferentialPrivacy | None = None
-    acceleration: str | Squarem | None = None
+    acceleration: str | Squarem | SubspaceNewton | None = None
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -254,7 +260,7 @@ class Federation:
         self._validate_acceleration()
 
     def _validate_acceleration(self) -> None:
-        if self.squarem is None:
+        if resolve_acceleration(self.acceleration) is None:
             return
         why = acceleration_problems(
             participation=self.participation, step_size=self.step_size,
@@ -266,8 +272,17 @@ class Federation:
 
     @property
     def squarem(self) -> Squarem | None:
-        """The accelerated-EM settings (None: plain steps); ValueError when invalid."""
-        return resolve_acceleration(self.acceleration)
+        """The SQUAREM settings (None: plain steps or another accelerator); ValueError when
+        invalid."""
+        acc = resolve_acceleration(self.acceleration)
+        return acc if isinstance(acc, Squarem) else None
+
+    @property
+    def newton(self) -> SubspaceNewton | None:
+        """The subspace-Newton settings (None: plain steps or another accelerator);
+        ValueError when invalid."""
+        acc = resolve_acceleration(self.acceleration)
+        return acc if isinstance(acc, SubspaceNewton) else None
 
     def _validate_privacy(self) -> None:
         dp = self.privacy
@@ -369,10 +384,11 @@ class Federation:
         d.pop("_extra", None)
         d["disclosure"] = json.loads(policy_to_json(self.disclosure))
         d["privacy"] = None if self.privacy is None else self.privacy.to_config()
-        if self.squarem is None:  # off: the config (and a checkpoint's identity) of before
+        acc = resolve_acceleration(self.acceleration)
+        if acc is None:  # off: the config (and a checkpoint's identity) of before
             d.pop("acceleration")
         else:
-            d["acceleration"] = asdict(self.squarem)
+            d["acceleration"] = acceleration_config(acc)
         if callable(self.step_size):
             d["step_size"] = repr(self.step_size)
         return d
