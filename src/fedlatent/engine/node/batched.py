@@ -140,6 +140,10 @@ class BatchReply:
     n: np.ndarray
     objective: np.ndarray
     template: Stats
+    #: a multi-point round's extra points, in order: ``(Q_j, objective_j)``, the mean
+    #: statistics at ``T(x_j)`` (rows as ``Q``, raw: no ``S_hat``, no control variate, no
+    #: quantizer) and the objectives there; empty for an ordinary round
+    points: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
 
     def stats(self, i: int) -> Stats:
         return self.template.unflatten(self.Q[i])
@@ -391,6 +395,7 @@ class BatchedClients:
         mode = str(msg.get("mode", "full"))
         params = unpack(msg, "params")
         S_hat = unpack(msg, "S_hat")
+        points = self._points(idx, msg, mode, bool(S_hat))  # (from the round's first state)
         keep_init = not S_hat and bool(msg.get("keep_init", False))
         use_cv = bool(msg.get("control_variates", False))
         levels = int(msg.get("quant_levels", 0))
@@ -438,7 +443,30 @@ class BatchedClients:
         _finish_rest(done, finish, S_c, n)
         if cv and V is not None:
             V.present[idx] = True
-        return BatchReply(idx, S_c, n, obj, self.template)
+        return BatchReply(idx, S_c, n, obj, self.template, points)
+
+    def _points(self, idx: np.ndarray, msg: dict, mode: str, has_S_hat: bool):
+        """A multi-point round's extra points (``msg["points"] = m``, parameters
+        ``params{j}/``): each client's mean statistic and objective at every ``T(x_j)``, as
+        :meth:`evaluate` (no state change: the model state the round starts from). Raises
+        NotImplementedError where a client would refuse them (not full passes, the
+        initialization round) or the model stacks its own units: the clients then answer one
+        by one, each saying why."""
+        m = int(msg.get("points", 0) or 0)
+        if m <= 0:
+            return ()
+        if mode != "full" or not has_S_hat or self.units is not None or \
+                any(not unpack(msg, f"params{j}") for j in range(1, m + 1)):
+            raise NotImplementedError("extra points are computed at once only on full passes "
+                                      "after the initialization round, over rows")
+        key = (int(msg["seed"]), int(msg["round"]))
+        out = []
+        for j in range(1, m + 1):
+            Q, n, obj = self._stats(unpack(msg, f"params{j}"), idx, None, False, f"point{j}",
+                                    key=key)
+            Q /= np.maximum(n, 1)[:, None]
+            out.append((Q, obj))
+        return tuple(out)
 
     def _estep_stats(self, mode: str, seed: int, rnd: int, idx: np.ndarray, params, msg,
                      hook):

@@ -9,7 +9,9 @@ Methods a node answers:
 ``setup``       build the model from its name and config; reply with the number of units
 ``estep``       FedEM client step (full pass, mini-batch or SPIDER; control variates; quantizer);
                 ``V_reset/`` blocks in the message (the server refused the last reply) replace
-                the control variate before the step
+                the control variate before the step; a message with ``points = m`` also gets
+                the mean statistic and objective at each ``params{j}`` (``point{j}/``,
+                ``objective{j}``; full passes after the initialization round, no privacy)
 ``evaluate``    mean statistics at the given parameters, no state change (for ||h(S)||^2)
 ``query``       a model-specific exchange (``message["query"]`` names it)
 ``describe``    the client's own data checked by the estimator's checks; counts and column
@@ -50,7 +52,7 @@ from fedlatent.engine.privacy.enforce import (
     suppress_blocks,
     suppress_differences,
 )
-from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
+from fedlatent.engine.protocol.messages import ERROR_KEY, pack, point_keys, unpack
 from fedlatent.engine.stats import Stats, units_number
 
 __all__ = ["ClientNode", "describe_client"]
@@ -309,9 +311,13 @@ class ClientNode:
         return out
 
     # ------------------------------------------------------------------------------------------
-    def _local_stats(self, params, rows, rng, commit: bool = True):
+    def _local_stats(self, params, rows, rng, commit: bool = True, *, statistics: int = 1,
+                     mstate: dict[str, np.ndarray] | None = None):
         """The model's client step, refused (:class:`DisclosureRefused`) when it is a sum over
-        fewer than ``min_records`` records, with blocks over too few records suppressed."""
+        fewer than ``min_records`` records, or when the reply's ``statistics`` statistics (a
+        multi-point round sends ``1 + m``) carry too many numbers for them (the saturation
+        rule), with blocks over too few records suppressed. ``mstate``: the model state to
+        step from (None: the client's)."""
         assert self.model is not None
         n_rec = self.model.n_records(self._data, rows)
         refusal = check_counts(self.disclosure, self.client_id, n_rec,
@@ -320,14 +326,10 @@ class ClientNode:
         if not refusal and rows is None and not self.disclosure.is_off:  # (a setup that did
             refusal = self._rules_refusal({})  # not say it was a fit's: checked here)
         if not refusal and self.privacy is None and self.disclosure.count_scope == "client":
-            refusal = check_reply_numbers(
-                self.disclosure, f"client {self.client_id!r}",
-                self.model.reply_numbers(self._data), n_rec,
-                self.model.record_width(self._data),
-                "the round statistic" if rows is None else "a mini-batch statistic")
+            refusal = self._saturation_refusal(n_rec, rows, statistics)
         if refusal:
             raise DisclosureRefused(refusal)
-        mstate = _sub(self.state, "model")
+        mstate = _sub(self.state, "model") if mstate is None else mstate
         step = self.model.client_stats(params, self._data, mstate, rng, rows)
         blocks = self.model.disclosure_blocks(step.stats)
         step.stats, small = suppress_blocks(self.disclosure, step.stats, blocks)
@@ -343,6 +345,66 @@ class ClientNode:
         if commit:
             _put(self.state, "model", step.state)
         return step
+
+    def _saturation_refusal(self, n_rec, rows, statistics: int) -> str | None:
+        """The saturation rule on a reply of ``statistics`` statistics (each a release: a
+        multi-point round's reply counts ``1 + m`` times the numbers of one), or None."""
+        F = self.model.reply_numbers(self._data)
+        width = self.model.record_width(self._data)
+        what = ("the round statistic" if rows is None else "a mini-batch statistic") \
+            if statistics == 1 else \
+            f"a reply of {statistics} statistics (the round's and {statistics - 1} extra points)"
+        refusal = check_reply_numbers(self.disclosure, f"client {self.client_id!r}",
+                                      None if F is None else statistics * int(F), n_rec, width,
+                                      what)
+        if refusal and statistics > 1 and F:
+            admits = int(self.disclosure.max_parameters_per_record * float(n_rec) * width // F)
+            refusal += (f". Each extra point is one more statistic of {F} numbers; this "
+                        f"client admits {admits} a reply: " + (
+                            f"ask at most {admits - 1} extra point(s) a round" if admits > 1
+                            else "ask it for none") + " (Federation(acceleration=None): none)")
+        return refusal
+
+    def _extra_points(self, msg: dict[str, Any], mode: str) -> int:
+        """How many extra points ``x_j`` the round asks (``msg["points"]``, parameters
+        ``params{j}/``); ValueError naming the client where they cannot be the EM map at
+        those points: under differential privacy (each point is a release the budget did not
+        plan), with mini-batches or SPIDER (not the EM map), in the initialization round."""
+        m = int(msg.get("points", 0) or 0)
+        if m <= 0:
+            return 0
+        who = f"client {self.client_id!r}: a round with {m} extra point(s)"
+        if self.privacy is not None:
+            raise ValueError(f"{who} is not available under differential privacy: each point "
+                             "is a release the privacy budget did not plan; use "
+                             "Federation(acceleration=None) or a single point a round")
+        if mode != "full":
+            raise ValueError(f"{who} needs full passes (E-step mode 'full', got {mode!r}): a "
+                             "mini-batch or SPIDER statistic is not the EM map at a point; "
+                             "drop batch_size/variance_reduction or the extra points")
+        if not unpack(msg, "S_hat"):
+            raise ValueError(f"{who} is not available in the initialization round (no S_hat "
+                             "yet, the statistics are sent as they are): send points from the "
+                             "next round on")
+        missing = [j for j in range(1, m + 1) if not unpack(msg, f"params{j}")]
+        if missing:
+            raise ValueError(f"{who} carries no parameters for point(s) {missing} "
+                             f"(message keys 'params{missing[0]}/...')")
+        return m
+
+    def _point_replies(self, msg: dict[str, Any], m: int, mstate) -> dict[str, Any]:
+        """``point{j}/`` (the mean statistic) and ``objective{j}`` at each ``T(x_j)``: the
+        client step from the model state ``mstate`` the round started from, nothing kept (the
+        state follows the round's own statistic), suppression per point (each a release)."""
+        out: dict[str, Any] = {}
+        for j in range(1, m + 1):
+            rng = client_rng(int(msg["seed"]), self.client_id, int(msg["round"]), _P_MODEL)
+            step = self._local_stats(unpack(msg, f"params{j}"), None, rng, commit=False,
+                                     mstate=mstate)
+            prefix, obj = point_keys(j)
+            out.update(pack(prefix, (step.stats / (step.n or 1)).to_dict()))
+            out[obj] = float(step.objective)
+        return out
 
     def _estep_or_error(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The E-step, or, if it raises, a reply carrying the exception's text (the server
@@ -369,8 +431,11 @@ class ClientNode:
                              "under differential privacy (SPIDER releases two correlated "
                              "statistics per round); use full passes or mini-batches")
 
+        m = self._extra_points(msg, mode)
+        before = {k: np.array(v, copy=True) for k, v in _sub(self.state, "model").items()} \
+            if m else None
         if mode == "full" or mode == "spider-refresh":
-            step = self._local_stats(params, None, rng_model)
+            step = self._local_stats(params, None, rng_model, statistics=1 + m)
             if self.privacy is not None:
                 step.stats = Stats(self._private(
                     step.stats, self.model.dp_sensitivity(params, self.privacy.dp), msg,
@@ -409,6 +474,8 @@ class ClientNode:
         reply = pack("delta", q.to_dict())
         reply["n"] = units_number(step.n)
         reply["objective"] = float(step.objective)
+        if m:
+            reply.update(self._point_replies(msg, m, before))
         return reply
 
     def _fedem_update(self, S_c: Stats, msg: dict[str, Any]) -> Stats:

@@ -3,6 +3,13 @@
 Nested collections (parameters, statistics) are stored under prefixes ``"params/"``,
 ``"S_hat/"``, ``"delta/"``...  A message holds only ndarrays, Python scalars and strings, so it maps
 one to one onto Flower's records (ArrayRecord + ConfigRecord) and onto .npz + JSON.
+
+A multi-point round (accelerated EM, :attr:`~fedlatent.engine.rounds.plan.RoundPlan.points`):
+the round message carries ``points = m`` and each extra point's parameters under
+``params{j}/`` (j = 1..m); the E-step reply carries, beside ``delta/``, ``n`` and
+``objective``, each point's mean statistic under ``point{j}/`` (the blocks of ``delta/``,
+raw: no ``S_hat``, control variate or quantizer) and its objective ``objective{j}``
+(:func:`point_keys`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ __all__ = [
     "message_nbytes",
     "number",
     "pack",
+    "point_keys",
     "text",
     "unpack",
 ]
@@ -82,6 +90,12 @@ def fault_detail(faults: Mapping[str, str], limit: int | None = None) -> str:
              for r, cs in groups.items()]
     rest = len(faults) - sum(len(cs) for cs in groups.values())
     return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")
+
+
+def point_keys(j: int) -> tuple[str, str]:
+    """``(prefix, objective key)`` of extra point ``j`` (from 1) in a multi-point round's reply:
+    ``("point{j}", "objective{j}")``."""
+    return f"point{j}", f"objective{j}"
 
 
 def pack(prefix: str, arrays: Mapping[str, np.ndarray]) -> Message:

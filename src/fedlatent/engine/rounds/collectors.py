@@ -25,14 +25,16 @@ from fedlatent.engine.protocol.messages import (
     check_reply,
     fault_detail,
     message_nbytes,
+    point_keys,
 )
 from fedlatent.engine.rounds.aggregate import Accepted, Aggregate, Stacked
 from fedlatent.engine.rounds.batched_round import weighted_rows
 from fedlatent.engine.rounds.plan import RoundPlan
+from fedlatent.engine.rounds.screen import INVALID
 from fedlatent.engine.stats import Stats, units_number
 
-__all__ = ["Batched", "Collector", "OneByOne", "aggregate_rows", "refuse_incomplete_init",
-           "stack_replies"]
+__all__ = ["Batched", "Collector", "OneByOne", "aggregate_rows", "point_bytes",
+           "refuse_incomplete_init", "screen_points", "stack_replies"]
 
 logger = logging.getLogger("fedlatent.engine.rounds.loop")
 
@@ -50,13 +52,34 @@ class Collector(Protocol):
         """Tell every client ``S_hat_0`` (its ``V_c = S_c0 - S_hat_0``); returns bytes sent."""
 
 
+def _flat(q: Stats, order: list[str]) -> np.ndarray:
+    return np.concatenate([np.ravel(q[k]) for k in order]) if order else np.zeros(0)
+
+
+def _point_blocks(c: str, rep: dict, shapes, m: int, order: list[str]):
+    """A multi-point reply's ``m`` points, each ``(row, objective)`` checked as
+    :func:`~fedlatent.engine.protocol.messages.check_reply` checks the round's statistic;
+    ClientReplyError naming the first point that is not well formed."""
+    out = []
+    for j in range(1, m + 1):
+        prefix, obj = point_keys(j)
+        try:
+            q = check_reply(c, rep, shapes, prefix=prefix, scalars=(obj,))
+        except ClientReplyError as err:
+            raise ClientReplyError(c, f"extra point {j}: {err.reason}") from err
+        out.append((_flat(q, order), float(rep[obj])))
+    return out
+
+
 def stack_replies(ids: list[str], idx: np.ndarray, replies: dict, shapes,
-                  template: Stats | None) -> Stacked:
+                  template: Stats | None, points: int = 0) -> Stacked:
     """The replies of the clients at ``idx`` as rows: the well-formed ones (checked by
     :func:`~fedlatent.engine.protocol.messages.check_reply`) in client order, flattened in the block
-    order of ``template`` (None: of ``shapes``)."""
+    order of ``template`` (None: of ``shapes``); with ``points`` extra points, a reply is well
+    formed when each point's blocks are too (the rows' ``points``)."""
     out = Stacked(None)
     pos, Q, n, obj = [], [], [], []
+    extra: list[list] = []
     order = list(template) if template is not None else list(shapes)
     for i in idx:
         c = ids[i]
@@ -70,17 +93,21 @@ def stack_replies(ids: list[str], idx: np.ndarray, replies: dict, shapes,
             continue
         try:
             q = check_reply(c, rep, shapes)
+            more = _point_blocks(c, rep, shapes, points, order) if points else []
         except ClientReplyError as err:
             out.malformed[int(i)] = err.reason
             continue
         pos.append(int(i))
-        Q.append(np.concatenate([np.ravel(q[k]) for k in order]) if order else np.zeros(0))
+        Q.append(_flat(q, order))
         n.append(float(rep["n"]))
         obj.append(float(rep["objective"]))
+        extra.append(more)
     if pos:
         tmpl = Stats({k: np.zeros(shapes[k]) for k in order}, copy=False)
-        out.rows = BatchReply(np.array(pos), np.array(Q, dtype=np.float64).reshape(
-            len(pos), -1), np.array(n), np.array(obj), tmpl)
+        rows = (lambda a: np.array(a, dtype=np.float64).reshape(len(pos), -1))
+        pts = tuple((rows([e[j][0] for e in extra]), np.array([e[j][1] for e in extra]))
+                    for j in range(points))
+        out.rows = BatchReply(np.array(pos), rows(Q), np.array(n), np.array(obj), tmpl, pts)
     return out
 
 
@@ -110,12 +137,40 @@ def refusals(rd, k: int, st: Stacked, reasons: dict[int, tuple[str, str]],
     return {rd.cids[p]: by_pos[p][0] for p in ordered}
 
 
+def screen_points(rd, rows: BatchReply, accepted: np.ndarray,
+                  reasons: dict[int, tuple[str, str]]) -> int:
+    """A multi-point round: each point's rows screened as raw statistics (the screen of the
+    initialization round's: counts in ``[0, n]``, moments positive semi-definite...); a
+    client refused whole when its round statistic or any point fails (the first failure
+    named). Updates ``accepted`` and ``reasons`` in place; returns the replies that were not
+    well formed (their primary or a point)."""
+    for j, (Qj, obj) in enumerate(rows.points, 1):
+        ok, why = rd.screen.screen(BatchReply(rows.clients, Qj, rows.n, obj, rows.template),
+                                   "full", None, None)
+        for r, (reason, sent) in why.items():
+            reasons.setdefault(r, (f"extra point {j}: {reason}", sent))
+        accepted &= ok
+    return sum(sent == INVALID for _, sent in reasons.values())
+
+
+def _point_sums(rd, rows: BatchReply, accepted: np.ndarray) -> list[tuple[Stats, float]]:
+    """``(sum_c w_c S_c(T(x_j)), sum of objectives)`` of each extra point over the accepted
+    rows, in the order ``total`` is summed."""
+    w = rd.w[rows.clients]
+    return [(rows.template.unflatten(weighted_rows(Qj, w, accepted)[0]),
+             float(np.cumsum(obj[accepted])[-1])) for Qj, obj in rows.points]
+
+
 def aggregate_rows(rd, plan: RoundPlan, st: Stacked, bytes_down: int) -> Aggregate:
     """The round's :class:`Aggregate` from its stacked replies: screened, refusals recorded
-    (and logged), the accepted rows summed ``sum_c w_c Q_c`` in client order."""
+    (and logged), the accepted rows summed ``sum_c w_c Q_c`` in client order (and each extra
+    point's mean statistics over the same rows, :attr:`Aggregate.points`)."""
     k, rows = plan.k, st.rows
     accepted, reasons = (np.zeros(0, dtype=bool), {}) if rows is None else \
         rd.screen.screen(rows, plan.mode, rd.state.S_hat, rd.mirror)
+    malformed = rd.screen.malformed
+    if rows is not None and rows.points:
+        malformed = screen_points(rd, rows, accepted, reasons)
     rejected = refusals(rd, k, st, reasons)
     if st.missing:
         logger.warning("round %d: %d client(s) [%s] did not answer; treated as absent%s", k,
@@ -133,14 +188,21 @@ def aggregate_rows(rd, plan: RoundPlan, st: Stacked, bytes_down: int) -> Aggrega
     if rows is None:
         return Aggregate(None, 0, 0.0, 0, bytes_down, 0, st.missing, rejected, st.errors,
                          accepted=acc)
-    parsed = len(rows.n) - rd.screen.malformed
+    parsed = len(rows.n) - malformed
     total = weighted_rows(rows.Q, rd.w[rows.clients], accepted)
     obj = rows.objective[accepted]
     return Aggregate(
         rows.template.unflatten(total[0]) if len(total) else None, int(accepted.sum()),
         float(np.cumsum(obj)[-1]) if obj.size else 0.0,  # client order, as summed one by one
-        units_number(rows.n[accepted].sum()), bytes_down, plan.reply_bytes * parsed, st.missing,
-        rejected, st.errors, accepted=acc)
+        units_number(rows.n[accepted].sum()), bytes_down,
+        (plan.reply_bytes + len(rows.points) * point_bytes(plan.shapes)) * parsed, st.missing,
+        rejected, st.errors, accepted=acc,
+        points=_point_sums(rd, rows, accepted) if rows.points and obj.size else [])
+
+
+def point_bytes(shapes) -> int:
+    """Bytes one extra point adds to a reply: its statistic uncompressed and its objective."""
+    return int(sum(8 * int(np.prod(s)) for s in shapes.values())) + 8
 
 
 class OneByOne:
@@ -160,7 +222,8 @@ class OneByOne:
             msgs[rd.cids[i]] = {**plan.msg, **reset}
             bytes_down += message_nbytes(reset)
         replies = rd.runtime.call(active, "estep", msgs) if active else {}
-        st = stack_replies(rd.cids, plan.idx, replies, plan.shapes, rd.mirror.template)
+        st = stack_replies(rd.cids, plan.idx, replies, plan.shapes, rd.mirror.template,
+                           len(plan.points))
         return aggregate_rows(rd, plan, st, bytes_down)
 
     def evaluate(self, msg: dict) -> Stacked:

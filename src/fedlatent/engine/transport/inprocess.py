@@ -172,12 +172,36 @@ class InProcessRuntime(Runtime):
         self.batched_calls += 1
         self._load_batch()
         if method == "estep":
+            self._points_check(msg, idx)
             return b.estep(idx, msg, resets or {})
         if method == "evaluate":
             return b.evaluate(idx, msg)
         if method == "cv_init":
             return b.cv_init(idx, msg)
         raise KeyError(f"no batched method {method!r}")
+
+    def _points_check(self, msg: dict[str, Any], idx: np.ndarray) -> None:
+        """A round with ``m`` extra points: its replies carry ``1 + m`` statistics, which the
+        saturation rule counts (as each node does, :meth:`ClientNode._local_stats`); where a
+        drawn client's rule refuses them, NotImplementedError: the clients then answer one by
+        one, each with its own refusal."""
+        from fedlatent.engine.privacy.disclosure import check_reply_numbers
+
+        m = int(msg.get("points", 0) or 0)
+        b = self._batch
+        policy = b.policy if self._setup_msg is None else self._rebuilt(self._setup_msg)[1]
+        if m <= 0 or b.batch is None or policy.count_scope != "client" or policy.is_off:
+            return
+        first = self._fd[self._ids[0]]  # the default hooks: the same numbers for every client
+        F, w = b.model.reply_numbers(first), int(b.model.record_width(first))
+        units = b.batch.n_units[idx]
+        if F is None or not np.any((1 + m) * F > policy.max_parameters_per_record * units * w):
+            return
+        i = int(idx[np.argmax((1 + m) * F > policy.max_parameters_per_record * units * w)])
+        why = check_reply_numbers(policy, f"client {self._ids[i]!r}", (1 + m) * F,
+                                  int(b.batch.n_units[i]), w, f"a reply of {1 + m} statistics")
+        if why:
+            raise NotImplementedError(why)
 
     def call_rows(self, model, client_ids, method, message):
         """``setup`` of every client, or a query the model batches
