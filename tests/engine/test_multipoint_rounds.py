@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
+import fedlatent.engine.rounds.collectors as collectors
 from fedlatent.engine.protocol.messages import pack
-from fedlatent.engine.rounds.collectors import Batched, OneByOne, point_bytes
+from fedlatent.engine.rounds.collectors import Batched, OneByOne
 from fedlatent.engine.rounds.loop import LoopOptions, _Rounds
 from fedlatent.engine.rounds.plan import make_plan
+from fedlatent.engine.rounds.secure_round import SecureCollector
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from tolerance import assert_close
+from tolerance import assert_close, assert_same
 
 OFF = fl.DisclosurePolicy.off()
 
@@ -98,12 +100,17 @@ def _evaluated(rd, k, theta):
 
 
 COLLECTORS = {"one-by-one": (OneByOne, False, {}), "batched": (Batched, True, {})}
+SECURE = {**COLLECTORS, "secure": (SecureCollector, True, {"secure_aggregation": True})}
 
 
 @pytest.mark.parametrize("kind", ["gmm", "lcr"])
-@pytest.mark.parametrize("name", list(COLLECTORS))
+@pytest.mark.parametrize("name", list(SECURE))
 def test_points_are_the_weighted_sums_of_each_clients_evaluation(kind, name):
-    cls, batched, extra = COLLECTORS[name]
+    """Each collector's sums of the points are those of the clients' own evaluations (to the
+    fixed point's rounding under secure aggregation) and its ``total`` that of the round
+    without points."""
+    cls, batched, extra = SECURE[name]
+    rtol = 1e-9 if name == "secure" else 1e-12
     fed = fl.Federation(disclosure=OFF, **extra)
     fd = _gmm_fd() if kind == "gmm" else _lcr_fd()
     rd, plain = _rounds(fd, kind, fed, batched), _rounds(fd, kind, fed, batched)
@@ -122,8 +129,8 @@ def test_points_are_the_weighted_sums_of_each_clients_evaluation(kind, name):
         want, obj = _evaluated(rd, 4, rd.model.server_step(x, rd.params, rd.n_total))
         assert set(S_j) == set(want)
         for key in want:
-            assert_close(S_j[key], want[key])
-        assert_close(obj_j, obj)
+            assert_close(S_j[key], want[key], rtol=rtol)
+        assert_close(obj_j, obj, rtol=rtol)
     assert ref.points == []
 
 
@@ -137,7 +144,7 @@ def test_bytes_up_count_the_points(name):
     agg = rd.collector.gather(_plan(rd, 3, xs))
     ref = plain.collector.gather(plain.plan(3))
     per_point = 8 * (2 + 2 * 2 + 2 * 2 * 2) + 8  # nk (K), sx (K, d), sxx (K, d, d); objective
-    assert point_bytes(rd.shapes) == per_point
+    assert collectors.point_bytes(rd.shapes) == per_point
     assert agg.bytes_up - ref.bytes_up == 6 * 2 * per_point
 
 
@@ -203,6 +210,12 @@ def test_a_sites_saturation_floor_counts_every_point_whatever_the_server_sets():
     (a server that sends a looser rule is refused at setup)."""
     from fedlatent.engine.site.policy import SitePolicy
 
+    looser = fl.Federation(disclosure=fl.DisclosurePolicy(max_parameters_per_record=1.0))
+    with pytest.raises(fl.engine.FederatedFitError, match=re.escape(
+            "setup: client 'c0': site 'c0' refused (disclosure): the server's disclosure "
+            "policy is looser than the site's floor: max_parameters_per_record=1.0 (floor "
+            "0.33); fix: send Federation(disclosure=...) at least as strict as the site's")):
+        _rounds(_fixed_fd(40), "gmm", looser, policies=SitePolicy())
     rd = _rounds(_fixed_fd(40), "gmm", fl.Federation(), policies=SitePolicy())
     assert type(rd.collector) is OneByOne  # the sites' own policies: one by one
     _advance(rd, 2)
@@ -344,6 +357,7 @@ def test_a_client_state_follows_the_rounds_own_statistic_not_the_points(batched)
     ref = plain.collector.gather(plain.plan(4))
     for key in ref.total:
         assert_close(agg.total[key], ref.total[key])
+    assert len(agg.points) == 2
     for (S_j, obj_j), (want, obj) in zip(agg.points, before):
         for key in want:
             assert_close(S_j[key], want[key])
@@ -354,3 +368,111 @@ def test_a_client_state_follows_the_rounds_own_statistic_not_the_points(batched)
         assert set(after[c]) == set(ref_after[c])
         for key in after[c]:
             assert_close(after[c][key], ref_after[c][key])
+
+
+def test_secure_aggregation_checks_each_points_sum_and_names_the_liar():
+    """Under secure aggregation one masked vector carries the points: a client whose point 1
+    holds a negative count makes the aggregate impossible; the round is discarded and group
+    testing (the clients replay their reply, points included) names it."""
+    fed = fl.Federation(disclosure=OFF, secure_aggregation=True)
+    rd = _rounds(_gmm_fd(n_clients=9), "gmm", fed)
+    xs = _advance(rd, 3)[:2]
+    node = rd.runtime.nodes["c3"]
+    answer = node._answer
+
+    def lying(method, msg):
+        reply = answer(method, msg)
+        if method == "estep" and "point1/nk" in reply:
+            reply["point1/nk"] = reply["point1/nk"] - 5.0
+        return reply
+    node._answer = lying
+    agg = rd.collector.gather(_plan(rd, 4, xs))
+    assert agg.total is None and agg.points == []
+    assert agg.skipped == (
+        "round 4: the aggregate of clients ['c0', 'c1', 'c2', 'c3', 'c4', 'c5', 'c6', 'c7', "
+        "'c8'] breaks the model's invariants at extra point 1: count 'nk' is negative "
+        "(-0.999878 at index 1); client 'c3' sent it (located by 4 group tests over "
+        "sub-cohorts of at least 5 clients); excluded from now on; discarded, the parameters "
+        "of round 3 kept")
+    assert rd.secure.excluded == {"c3": "round 4 (its reply broke the checks)"}
+
+
+def test_secure_bytes_up_carry_the_points():
+    """Each point adds its statistic and its objective's two limbs to every masked reply (one
+    exchange: the reveal's bytes are the same)."""
+    fed = fl.Federation(disclosure=OFF, secure_aggregation=True)
+    rd, plain = _rounds(_gmm_fd(), "gmm", fed), _rounds(_gmm_fd(), "gmm", fed)
+    xs = _advance(rd, 2)
+    _advance(plain, 2)
+    agg = rd.collector.gather(_plan(rd, 3, xs))
+    ref = plain.collector.gather(plain.plan(3))
+    assert agg.participants == ref.participants == 6
+    keys = ["point1/nk", "point1/sx", "point1/sxx", "objective1/hi", "objective1/lo"]
+    per_point = 8 * (2 + 4 + 8 + 1 + 1) + sum(map(len, keys))  # masked entries, their keys
+    assert agg.bytes_up - ref.bytes_up == 6 * 2 * per_point
+
+
+@pytest.mark.flower
+def test_the_round_message_and_reply_with_points_cross_flowers_records():
+    """What a Flower runtime carries: the round message's ``points`` and ``params{j}/``, the
+    reply's ``point{j}/`` and ``objective{j}``, unchanged through the records' codec."""
+    pytest.importorskip("flwr")
+    from fedlatent.runtime.flower_records import decode, encode
+
+    rd = _rounds(_gmm_fd(), "gmm", fl.Federation(disclosure=OFF), batched=False)
+    xs = _advance(rd, 2)
+    plan = _plan(rd, 3, xs)
+    msg = decode(encode(plan.msg))
+    reply = rd.runtime.nodes["c0"].handle("estep", msg)
+    back = decode(encode(reply))
+    assert msg["points"] == 2 and {k for k in msg if k.startswith("params2/")}
+    assert {k for k in back if k.startswith("point")} == {
+        f"point{j}/{b}" for j in (1, 2) for b in ("nk", "sx", "sxx")}
+    for sent, got in ((plan.msg, msg), (reply, back)):
+        assert set(got) == set(sent)
+        for key, v in sent.items():  # a codec: the same bits, not a computation
+            assert_same(np.asarray(got[key]), np.asarray(v))
+
+
+def test_a_site_may_cap_the_points_of_a_round_by_its_own_policy():
+    from fedlatent.engine.site.policy import SitePolicy
+
+    assert SitePolicy.from_dict({"limits": {"max-points": 0}}).max_points == 0
+    with pytest.raises(ValueError, match=re.escape(
+            "site policy: limits.max-points must be an integer >= 0, got -1")):
+        SitePolicy.from_dict({"limits": {"max-points": -1}})
+    rd = _rounds(_fixed_fd(100), "gmm", fl.Federation(), policies=SitePolicy(max_points=1))
+    _advance(rd, 2)
+    one = rd.gather(_points_of(rd, 3, 1))
+    assert one.participants == 6 and len(one.points) == 1
+    two = rd.gather(_points_of(rd, 4, 2))
+    assert two.participants == 0 and sorted(two.errors) == rd.cids
+    assert two.errors["c4"] == (
+        "site 'c4' refused (limits.max-points): round 4 asks 2 extra point(s), above its "
+        "limit 1; fix: ask at most 1 extra point(s) a round (Federation(acceleration=None) "
+        "asks none)")
+
+
+def test_the_batched_and_per_client_points_agree_under_partial_participation():
+    """A drawn subset of the clients, control variates and a quantizer on the round's own
+    statistic: the points stay raw means, the same from either path."""
+    fed = fl.Federation(disclosure=OFF, participation=0.6, step_size=0.5,
+                        control_variates=True, quantizer=fl.Quantizer(4))
+    ones = _rounds(_gmm_fd(n_clients=8), "gmm", fed, batched=False)
+    many = _rounds(_gmm_fd(n_clients=8), "gmm", fed, batched=True)
+    xs = _advance(ones, 3)[1:]
+    _advance(many, 3)
+    a = ones.collector.gather(_plan(ones, 4, xs))
+    b = many.collector.gather(_plan(many, 4, xs))
+    assert type(many.collector) is Batched and 0 < a.participants == b.participants < 8
+    for (Sa, oa), (Sb, ob) in zip(a.points, b.points, strict=True):
+        for key in Sa:
+            assert_close(Sb[key], Sa[key])
+        assert_close(ob, oa)
+    drawn = [ones.cids[i] for i in _plan(ones, 4, xs).idx]
+    theta = ones.model.server_step(xs[0], ones.params, ones.n_total)
+    msg = {"seed": int(ones.opt.seed), "round": 4, **pack("params", theta)}
+    reps = ones.runtime.call(drawn, "evaluate", {c: msg for c in drawn})
+    for key in a.points[0][0]:
+        assert_close(a.points[0][0][key], sum(ones.weights[c] * reps[c][f"delta/{key}"]
+                                              for c in drawn))

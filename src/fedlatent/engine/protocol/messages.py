@@ -38,8 +38,10 @@ __all__ = [
     "check_rows",
     "message_nbytes",
     "number",
+    "objective_field",
     "pack",
     "point_keys",
+    "statistic_field",
     "text",
     "unpack",
 ]
@@ -96,6 +98,18 @@ def point_keys(j: int) -> tuple[str, str]:
     """``(prefix, objective key)`` of extra point ``j`` (from 1) in a multi-point round's reply:
     ``("point{j}", "objective{j}")``."""
     return f"point{j}", f"objective{j}"
+
+
+def statistic_field(key: str) -> bool:
+    """Whether an E-step reply's field is a block of a statistic: ``delta/...`` or a
+    multi-point round's ``point{j}/...`` (secure aggregation weights these by ``w_c``)."""
+    head, sep, _ = key.partition("/")
+    return bool(sep) and (head == "delta" or (head[:5] == "point" and head[5:].isdigit()))
+
+
+def objective_field(key: str) -> bool:
+    """Whether an E-step reply's field is an objective: ``objective`` or ``objective{j}``."""
+    return key[:9] == "objective" and (len(key) == 9 or key[9:].isdigit())
 
 
 def pack(prefix: str, arrays: Mapping[str, np.ndarray]) -> Message:

@@ -100,7 +100,8 @@ class Aggregate:
         A multi-point round's extra points ``x_j`` (:attr:`RoundPlan.points`), in order: the
         weighted sum ``sum_c w_c S_c(T(x_j))`` of the accepted clients' mean statistics (the
         EM map ``F(x_j)`` when every client is accepted) and the sum of their objectives at
-        ``T(x_j)``, over the same clients as ``total``; empty for an ordinary round.
+        ``T(x_j)``, over the same clients as ``total``; empty for an ordinary round (and,
+        as ``total`` is None, when no reply was accepted or the round was skipped).
     """
 
     total: Stats | None

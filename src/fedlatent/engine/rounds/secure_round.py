@@ -1,7 +1,9 @@
 """One FedEM round under secure aggregation: the server gets only the round's sums.
 
 The clients send ``w_c Q_c`` (the weighted, possibly quantized, difference; the statistic itself
-in the initialization round), ``n_c / N`` and ``objective_c / N`` masked
+in the initialization round), ``n_c / N`` and ``objective_c / N`` masked (a multi-point round also
+``w_c S_c(T(x_j))`` and ``objective_c(T(x_j)) / N`` of each extra point: one masked vector, one
+unmasking, the sum split by field into :attr:`Aggregate.points`)
 (:mod:`fedlatent.engine.secagg.secure`); the FedEM update needs only ``sum_c w_c Q_c``, so it is the
 same update as without secure aggregation (:meth:`FedEMState.advance` of one summed reply).
 Reply checks act on the aggregate (its shapes and finite values; on full passes the units it
@@ -20,7 +22,12 @@ from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.rounds.aggregate import Aggregate
 from fedlatent.engine.rounds.collectors import OneByOne, refuse_incomplete_init
 from fedlatent.engine.rounds.plan import RoundPlan
-from fedlatent.engine.secagg.secure_checks import aggregate_problem, discard, with_undo
+from fedlatent.engine.secagg.secure_checks import (
+    aggregate_problem,
+    discard,
+    point_sums,
+    with_undo,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +109,10 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
     if init_round:  # the fit's key set-up counts in its first round
         down, up = down + rounds.secure.setup_down, up + rounds.secure.setup_up
     sums = res["sums"]
+    points = point_sums(plan, sums, f"the aggregate of clients [{name_list(S)}]") \
+        if plan.points else []  # (checked with the aggregate)
     return Aggregate(Q, len(S), float(sums["objective"]), _units(rounds, S, sums), down, up,
-                     gone + list(D), {}, errors)
+                     gone + list(D), {}, errors, points=points)
 
 
 def _units(rounds, S: list[str], sums) -> int | float:

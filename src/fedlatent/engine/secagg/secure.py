@@ -16,7 +16,8 @@ one exchange (a round's ``estep``, or an initialization ``query``)
     the client's weight ``w_c`` and ``1 / N`` (N = the federation's units, public since
     set-up). The client computes its reply as without secure aggregation and sends only
     ``encode(x) + masks`` of ``w_c * delta``, ``n / N``, ``objective / N`` (a round; the
-    objective in two limbs) or of every field ``/ N`` (a query: moments, hard-assignment or
+    objective in two limbs; a multi-point round also ``w_c *`` each point's mean statistic
+    and its objective ``/ N``) or of every field ``/ N`` (a query: moments, hard-assignment or
     random-membership sums); the survivors then reveal the shares that remove the masks
     (``reveal``), and the server decodes the sum and multiplies the ``/ N`` fields back.
 
@@ -63,7 +64,13 @@ import numpy as np
 
 from fedlatent.data.validation import name_list
 from fedlatent.engine.faults import FederatedFitError
-from fedlatent.engine.protocol.messages import ERROR_KEY, fault_detail, message_nbytes
+from fedlatent.engine.protocol.messages import (
+    ERROR_KEY,
+    fault_detail,
+    message_nbytes,
+    objective_field,
+    statistic_field,
+)
 from fedlatent.engine.secagg.protocol import id_list
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
@@ -180,11 +187,11 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
         if isinstance(v, str):
             continue
         a = np.asarray(v, dtype=np.float64).reshape(np.shape(v) or (1,))  # as records carry it
-        fields[k] = a * (w if method == "estep" and k.startswith("delta/") else unit)
-    if method == "estep" and "objective" in fields:  # unbounded: split into two limbs
-        o = fields.pop("objective")
+        fields[k] = a * (w if method == "estep" and statistic_field(k) else unit)
+    for k in [k for k in fields if method == "estep" and objective_field(k)]:
+        o = fields.pop(k)  # unbounded: split into two limbs (a multi-point round: each point's)
         hi = np.floor(o / _LIMB)
-        fields["objective/hi"], fields["objective/lo"] = hi, o - hi * _LIMB
+        fields[k + "/hi"], fields[k + "/lo"] = hi, o - hi * _LIMB
     if node.secagg is None:
         raise ValueError(f"client {node.client_id!r}: asked for a masked reply before the key "
                          "set-up")
@@ -406,13 +413,13 @@ class SecureChannel:
             sums = self.server.unmask(revealed)
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
-        if "objective/hi" in sums:
-            sums["objective"] = sums.pop("objective/hi") * _LIMB + sums.pop("objective/lo")
-        for k in ("n", "objective"):  # scalars cross as one-entry vectors
-            if k in sums and sums[k].size == 1:
+        for k in [k[:-3] for k in sums if k.endswith("/hi") and objective_field(k[:-3])]:
+            sums[k] = sums.pop(k + "/hi") * _LIMB + sums.pop(k + "/lo")
+        for k in sums:  # scalars cross as one-entry vectors
+            if (k == "n" or objective_field(k)) and sums[k].size == 1:
                 sums[k] = sums[k].reshape(())
         for k in sums:
-            if not (method == "estep" and k.startswith("delta/")):
+            if not (method == "estep" and statistic_field(k)):
                 sums[k] = sums[k] * self.n_total
         if request["dropped"]:
             logger.warning("round %s, exchange %r: recovered the masks of dropped [%s] "

@@ -42,11 +42,17 @@ import logging
 import numpy as np
 
 from fedlatent.data.validation import name_list
-from fedlatent.engine.protocol.messages import ERROR_KEY, ClientReplyError, check_reply
+from fedlatent.engine.protocol.messages import (
+    ERROR_KEY,
+    ClientReplyError,
+    check_reply,
+    point_keys,
+    statistic_field,
+)
 from fedlatent.engine.stats import Stats
 
-__all__ = ["CHECK_SLOTS", "aggregate_problem", "answer_secure", "locate", "ring_problem",
-           "with_undo"]
+__all__ = ["CHECK_SLOTS", "aggregate_problem", "answer_secure", "locate", "point_sums",
+           "ring_problem", "with_undo"]
 
 logger = logging.getLogger("fedlatent.engine.rounds.secure_round")
 
@@ -104,7 +110,7 @@ def ring_problem(sums: dict, survivors: list[str], bound: float) -> str | None:
     weighted statistic beyond ``bound`` times the survivors."""
     cap = float(bound) * len(survivors) * (1 + 1e-9)
     for k in sorted(sums):
-        if not k.startswith("delta/"):
+        if not statistic_field(k):
             continue
         v = np.abs(np.asarray(sums[k], dtype=np.float64)).ravel()
         bad = np.flatnonzero(~(v <= cap))
@@ -168,7 +174,45 @@ def aggregate_problem(rounds, plan, S: list[str], sums: dict, *, replay: bool = 
             why = rounds.model.check(*got)
         if why:
             return None, f"breaks the model's invariants: {why}"
-    return Q, None
+    why = _points_problem(rounds, plan, S, sums, who) if plan.points else None
+    return (None, why) if why else (Q, None)
+
+
+def point_sums(plan, sums: dict, who: str) -> list[tuple[Stats, float]]:
+    """A multi-point round's aggregate: each extra point's ``(sum_c w_c S_c(T(x_j)), sum of
+    objectives)``, checked for shapes and finite values (ClientReplyError naming the point)."""
+    out = []
+    for j in range(1, len(plan.points) + 1):
+        prefix, obj = point_keys(j)
+        try:
+            P = check_reply(who, sums, plan.shapes, prefix, scalars=(obj,))
+        except ClientReplyError as err:
+            raise ClientReplyError(who, f"extra point {j}: {err.reason}") from err
+        out.append((P, float(sums[obj])))
+    return out
+
+
+def _points_problem(rounds, plan, S: list[str], sums: dict, who: str) -> str | None:
+    """Why the extra points' sums cannot be true (None: they can): shapes, finite values, and
+    the model's invariants of each point's statistic (raw means: ``sum_c w_c S_c`` over the
+    survivors' units, the fixed point's rounding as slack)."""
+    try:
+        points = point_sums(plan, sums, who)
+    except ClientReplyError as err:
+        return f"is not valid ({err.reason})"
+    if not rounds.screen.has_check:
+        return None
+    units = float(sum(rounds.screen.n_units[c] for c in S))
+    f = units / float(sum(rounds.weights[c] for c in S))  # weighted means -> sums
+    half = len(S) / (2 * rounds.secure.config.encoding.scale)
+    for j, (P, _) in enumerate(points, 1):
+        slack = Stats({k: (64 * np.finfo(np.float64).eps * np.abs(v) + half) * f
+                       for k, v in P.items()}, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            why = rounds.model.check(P * f, units, slack)
+        if why:
+            return f"breaks the model's invariants at extra point {j}: {why}"
+    return None
 
 
 def _test(rounds, plan, cohort: list[str], j: int) -> bool | None:

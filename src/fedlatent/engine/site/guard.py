@@ -350,6 +350,11 @@ class SiteGuard:
         if p.max_rounds is not None and method == "estep" and rnd > p.max_rounds:
             return ("limits.max-rounds", f"round {rnd} is beyond its limit {p.max_rounds}",
                     f"plan at most {p.max_rounds} rounds")
+        points = int(msg.get("points", 0) or 0) if method == "estep" else 0
+        if p.max_points is not None and points > p.max_points:
+            return ("limits.max-points", f"round {rnd} asks {points} extra point(s), above "
+                    f"its limit {p.max_points}", f"ask at most {p.max_points} extra point(s) "
+                    "a round (Federation(acceleration=None) asks none)")
         return None
 
     def _key(self, method, exchange, msg, rnd) -> tuple[str, str]:

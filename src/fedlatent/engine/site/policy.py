@@ -20,7 +20,8 @@ Tables and keys (hyphens and underscores are the same):
 ``[sec]``             ``evaluate-others`` (bool; not set: only with a pinned roster),
                       ``trusted-types`` (list), ``quota``
                       (distinct models evaluated per run; default: one per rostered site)
-``[limits]``          ``max-message-bytes``, ``max-rounds``, ``max-releases``
+``[limits]``          ``max-message-bytes``, ``max-rounds``, ``max-releases``, ``max-points``
+                      (extra points a round of accelerated EM may ask: 0 refuses them)
 
 Relative paths are relative to the policy file's directory. No file: no policy (the node
 behaves as it always did, so nothing gets looser).
@@ -46,7 +47,7 @@ _TABLES = {
     "answer": {"models", "exchanges"},
     "datasets": None,  # any name
     "sec": {"evaluate_others", "trusted_types", "quota"},
-    "limits": {"max_message_bytes", "max_rounds", "max_releases"},
+    "limits": {"max_message_bytes", "max_rounds", "max_releases", "max_points"},
 }
 #: (attribute, key in the file) of what ``describe`` lists after the disclosure floor
 _DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
@@ -57,6 +58,7 @@ _DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
     ("sec_trusted_types", "sec", "trusted_types"), ("sec_quota", "sec", "quota"),
     ("max_message_bytes", "limits", "max_message_bytes"),
     ("max_rounds", "limits", "max_rounds"), ("max_releases", "limits", "max_releases"),
+    ("max_points", "limits", "max_points"),
     ("roster", "site", "roster"), ("signing_key", "site", "signing_key")))
 #: exchanges every site answers (the protocol itself: no data cross in them)
 PROTOCOL_EXCHANGES = ("setup", "describe", "secagg")
@@ -104,6 +106,10 @@ class SitePolicy:
     sec_quota : int or None
         Most distinct SEC models evaluated per run (None: one per rostered site).
     max_message_bytes, max_rounds, max_releases : int or None
+    max_points : int or None
+        Most extra points a round may ask (a multi-point round of accelerated EM: each
+        point is one more statistic in the reply); 0 refuses them; None: no cap beyond the
+        saturation rule, which counts every point.
     roster, signing_key : Path or None
         For authenticated peers (read by :mod:`fedlatent.engine.site.keys`).
     source : Path or None
@@ -129,6 +135,7 @@ class SitePolicy:
     max_message_bytes: int | None = None
     max_rounds: int | None = None
     max_releases: int | None = None
+    max_points: int | None = None
     roster: Path | None = None
     signing_key: Path | None = None
     source: Path | None = None
@@ -167,7 +174,8 @@ class SitePolicy:
         kw["sec_trusted_types"] = _names(sec, "trusted_types", where, "sec")
         kw["sec_quota"] = _count(sec, "quota", where, "sec")
         for key in sorted(_TABLES["limits"]):
-            kw[key] = _count(tables["limits"], key, where, "limits")
+            kw[key] = _count(tables["limits"], key, where, "limits",
+                             low=0 if key == "max_points" else 1)
         return cls(**kw)
 
     # ---- use -----------------------------------------------------------------------------
@@ -236,13 +244,13 @@ def _bool(t: dict, key: str, default: bool, where: str, table: str) -> bool:
     return value
 
 
-def _count(t: dict, key: str, where: str, table: str) -> int | None:
+def _count(t: dict, key: str, where: str, table: str, low: int = 1) -> int | None:
     value = t.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PolicyError(f"{where}: {table}.{key.replace('_', '-')} must be an integer >= 1, "
-                          f"got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise PolicyError(f"{where}: {table}.{key.replace('_', '-')} must be an integer >= "
+                          f"{low}, got {value!r}")
     return int(value)
 
 
