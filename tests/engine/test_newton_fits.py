@@ -84,3 +84,17 @@ def test_secure_aggregation_gives_the_same_accelerated_rounds():
     np.testing.assert_allclose(runs["newton", True].means_, runs["newton", False].means_,
                                rtol=1e-7, atol=1e-8)
     assert secure_ch[-1] > em[-1] + 1e-4, (secure_ch[-1], em[-1])
+
+
+def test_batched_clients_give_the_one_by_one_accelerated_fit(fits):
+    """The in-process batched round (not recording) evaluates the same points: the same rounds
+    and parameters to rounding."""
+    X, newton, _, _ = fits
+    _, fd, start = overlapping()
+    rt = fl.InProcessRuntime(fd)
+    batched = fl.FederatedGaussianMixture(3, tol=1e-6, max_rounds=1000, random_state=0,
+                                          federation=fl.Federation(acceleration="newton"),
+                                          verbose=False, **start).fit(fd, runtime=rt)
+    assert rt.batched_calls > 0
+    assert batched.n_iter_ == newton.n_iter_
+    np.testing.assert_allclose(batched.means_, newton.means_, rtol=1e-12, atol=1e-12)
