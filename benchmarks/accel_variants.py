@@ -38,6 +38,9 @@ Variants:
   round's own candidates' differences from its plain point (the proposal and ``a + 3 h(a)``
   minus ``F(a)``) and ``J U`` the differences of their ``F`` values (secants); 3 points per
   round (the proposal, ``a + 3 h(a)``, ``F(a)``).
+- ``B'' multi-secant Newton`` (what ``Federation(acceleration="newton")`` runs): B' whose
+  subspace also keeps the secant pairs of the last two rounds (newest first, a pair nearly in
+  the span of the newer ones dropped: Anderson-type memory at no extra point); 3 points.
 - ``B exact Newton`` (``--exact``, slow): the same with ``U`` the whole statistic space (the
   full Jacobian, ``p + 1`` points per round): a reference for what the Jacobian alone gives.
 
@@ -323,10 +326,8 @@ def newton_candidates(em, a, fa, U, J, over) -> list[np.ndarray]:
     return out + [fa]
 
 
-def secants(cands, res):
-    """``(U, J U)`` from the round's own points: the differences of the candidates from the
-    plain point (the last) and of their ``F`` values, orthonormalized (None when fewer than
-    two points)."""
+def secant_pairs(cands, res):
+    """B': ``(U, J U)`` from the round's own secants only (QR, exactly dependent ones out)."""
     if len(cands) < 2:
         return None, None
     D = np.stack([c - cands[-1] for c in cands[:-1]], 1)
@@ -339,16 +340,47 @@ def secants(cands, res):
     return Q, np.linalg.solve(R.T, G.T).T
 
 
+def secants(cands, res, older=(), drop=0.1):
+    """``(U, J U)`` from the round's own points: the differences of the candidates from the
+    plain point (the last) and of their ``F`` values, orthonormalized (None when fewer than
+    two points). ``older``: earlier rounds' pairs ``(D, G)`` (newest first) added as further
+    directions (multi-secant); a column whose part outside the span of the columns before it
+    is below ``drop`` of its norm is dropped (the oldest go first)."""
+    if not older:
+        return secant_pairs(cands, res)
+    pairs = list(older)
+    if len(cands) >= 2:
+        D = np.stack([c - cands[-1] for c in cands[:-1]], 1)
+        G = np.stack([q[0] - res[len(cands) - 1][0] for q in res[:len(cands) - 1]], 1)
+        pairs.insert(0, (D, G))
+    if not pairs:
+        return None, None
+    D, G = np.hstack([p[0] for p in pairs]), np.hstack([p[1] for p in pairs])
+    keep, basis = [], []
+    for j in range(D.shape[1]):
+        v, n0 = D[:, j].copy(), np.linalg.norm(D[:, j])
+        for q in basis:
+            v -= (q @ v) * q
+        if n0 > 0 and np.linalg.norm(v) > drop * n0:
+            basis.append(v / np.linalg.norm(v))
+            keep.append(j)
+    if not keep:
+        return None, None
+    Q, R = np.linalg.qr(D[:, keep])
+    return Q, np.linalg.solve(R.T, G[:, keep].T).T
+
+
 def run_subspace_newton(em, params0, tol, m=2, over=(2.0, 4.0), exact=False, eps=1e-6,
-                        secant=False, max_rounds=5000):
+                        secant=False, memory=0, max_rounds=5000):
     """B: one round per step; each round evaluates the candidates (the first with the
     Jacobian's directions ``x + eps u_j``) and keeps the best; it stops when the plain point's
-    objective changed by < tol from the accepted point's (scikit-learn's rule)."""
+    objective changed by < tol from the accepted point's (scikit-learn's rule). ``secant``:
+    B' (``memory`` earlier rounds' secant pairs kept as further directions: B'')."""
     fed = Rounds(em)
     a, _ = fed.start(params0)
     (fa, La), = fed.round([a])
     basis = em.basis() if exact else None
-    history, cands, best = [a], [fa], (La, fa)
+    history, cands, best, older = [a], [fa], (La, fa), []
     fed.path.append(La)
     while fed.rounds < max_rounds:
         U = basis if exact else None if secant else directions(history, fa - a, m)
@@ -366,7 +398,11 @@ def run_subspace_newton(em, params0, tol, m=2, over=(2.0, 4.0), exact=False, eps
         J = None if not dirs or any(f is None for f in fd) else np.stack(
             [(f - res[0][0]) / eps for f in fd], 1)
         if secant:
-            U, J = secants(cands, res)
+            U, J = secants(cands, res, older)
+            if memory and len(cands) >= 2:
+                older = [(np.stack([c - cands[-1] for c in cands[:-1]], 1),
+                          np.stack([q[0] - res[len(cands) - 1][0]
+                                    for q in res[:len(cands) - 1]], 1))] + older[:memory - 1]
         cands = newton_candidates(em, a, fa, U, J, over)
     return fed, best[1]
 
@@ -378,6 +414,8 @@ VARIANTS = {
     "B subspace Newton": (run_subspace_newton, "up to 7"),
     "B' secant Newton": (lambda em, p0, tol: run_subspace_newton(em, p0, tol, secant=True,
                                                                  over=(3.0,)), "up to 3"),
+    "B'' multi-secant Newton": (lambda em, p0, tol: run_subspace_newton(
+        em, p0, tol, secant=True, over=(3.0,), memory=2), "up to 3"),
 }
 
 

@@ -99,15 +99,17 @@ class Script:
 
 
 SCRIPTS = (
-    Script("Rounds to tolerance", "rounds of plain and accelerated federated EM to tol 1e-6"
-           " against scikit-learn's EM iterations (GMM, K = 4, d = 5, overlapping, 20 "
-           "clients), against flexmix-style EM (LCR), and plain against accelerated (FedGMM, "
-           "LCA)", "rounds_to_tol.py", ("--seeds", "1"), ()),
+    Script("Rounds to tolerance", "rounds of plain and accelerated federated EM (SQUAREM; "
+           "subspace Newton, three points a round) to tol 1e-6 against scikit-learn's EM "
+           "iterations (GMM, K = 4, d = 5, overlapping, 20 clients), against flexmix-style EM "
+           "(LCR), and plain against accelerated (FedGMM, LCA)", "rounds_to_tol.py",
+           ("--seeds", "1"), ()),
     Script("Accelerated EM variants (prototype)", "a centralized NumPy prototype counting the "
            "rounds of accelerated EM variants that send several points a round (SQUAREM's "
            "step lengths; Newton on F(s) - s in the span of the last steps, its Jacobian from "
            "secants or finite differences) against scikit-learn's EM iterations on "
-           "rounds_to_tol.py's data: what a third of them takes (not built in the engine)",
+           "rounds_to_tol.py's data: what a third of them takes (B'' is the engine's "
+           "acceleration=\"newton\")",
            "accel_variants.py", ("--quick",), ()),
     Script("Whole default fit against scikit-learn", "a whole default fit, initialization "
            "included, on clients of 10 rows against scikit-learn's whole default fit on the "

@@ -17,6 +17,7 @@ from .engine import (
     Spider,
     Squarem,
     StepSchedule,
+    SubspaceNewton,
 )
 
 __version__ = "0.1.0"
@@ -35,6 +36,7 @@ __all__ = [
     "Spider",
     "Squarem",
     "StepSchedule",
+    "SubspaceNewton",
     "__version__",
 ]
 

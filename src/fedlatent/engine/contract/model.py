@@ -163,6 +163,10 @@ class FederatedModel(ABC):
     #: why ``Federation(acceleration=...)`` does not apply ("" : it does): the round must be a
     #: deterministic map of the statistic with an objective that EM does not decrease
     acceleration_refusal: ClassVar[str] = ""
+    #: why ``Federation(acceleration="newton")`` (rounds evaluating several points, the
+    #: server keeping one afterwards) does not apply ("" : it does): the client step must be
+    #: a function of the parameters sent, not advance a client state of its own
+    multipoint_refusal: ClassVar[str] = ""
     #: the disclosure policy in force on this client (the client node sets it at setup);
     #: model-specific queries that send sums over subsets consult it
     disclosure: DisclosurePolicy = DisclosurePolicy()

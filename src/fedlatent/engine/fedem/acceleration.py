@@ -34,21 +34,38 @@ one round per step: with the EM map's Jacobian along that span read from the rou
 a round) 0.30 and 0.29, LCR 0.33, LCA 0.24 (SQUAREM 0.35, 0.28); with finite differences (7
 points) 0.26, 0.28, 0.28, 0.21. Over 16 seeds (``--seeds 16``) the 3-point variant sits at the
 target, not below it: 0.32, 0.34, LCR 0.35 (7 points: 0.29, 0.30, 0.31; SQUAREM 0.50, 0.53,
-0.38); fits of under 15 iterations keep a floor of 6 to 9 rounds. It is not built: it needs
-rounds that carry several statistics (the round message, the client and batched nodes, the
-collectors), and each point is a release, so the saturation rule counts 3 (7) statistics a
-reply: 252 (588) free numbers for this GMM, where its smallest clients (161 to 182 rows of 5
-values) allow 266 to 300. FedGMM is not in the prototype: its clients keep a state (their own
-mixing weights) that an evaluation advances, so several points a round would need each client
-to hold one state per point until the server says which point it kept.
+0.38); fits of under 15 iterations keep a floor of 6 to 9 rounds. Each point is a release,
+so the saturation rule counts 3 (7) statistics a reply: 252 (588) free numbers for this GMM,
+where its smallest clients (161 to 182 rows of 5 values) allow 266 to 300.
+
+Built (2026-11-26, sixth session): :class:`SubspaceNewton` (``acceleration="newton"``,
+:mod:`fedlatent.engine.rounds.newton`) over rounds that carry several points
+(``RoundPlan.points``, ``Aggregate.points``). Its subspace also keeps the secant pairs of the
+last two rounds (``memory=2``; a pair within ``drop`` of the newer ones' span left out),
+Anderson-type memory at no extra point: in the prototype (B'') 0.28, 0.30, LCR 0.28, LCA 0.22
+over 8 seeds, 0.30, 0.32, LCR 0.30 over 16 (B' 0.32, 0.34, 0.35); keeping one round's pairs,
+over-relaxation factors 2, 2.5 and 4, or a tighter ``drop`` moved the medians by at most 0.03
+either way, within the spread between seeds. Through the engine (``rounds_to_tol.py``, tol
+1e-6, 20 clients), rounds / scikit-learn's iterations from the same start: GMM median 0.30
+(0.25-0.52) over 8 seeds, 0.32 (0.16-0.52) over 16, a log-likelihood at least scikit-learn's
+in 8 of 8 and 15 of 16 (SQUAREM 0.43 and 0.49); LCR 0.28 (0.18-0.41) and 0.30 (0.18-0.74)
+of flexmix-style EM's iterations, at least its log-likelihood in 7 of 8 and 14 of 16 (a stop
+on a plateau: seed 0 ends 3.0e-5 below); LCA 0.26 and 0.21 of plain EM's rounds (SQUAREM
+0.34 and 0.29). The engine's GMM statistics are moments about a fixed centre: Newton's
+least-squares step is not invariant under that shift, which accounts for the engine's GMM
+rounds differing from the prototype's on the same data (both medians sit near 0.30).
+FedGMM is refused (``FederatedModel.multipoint_refusal``): its clients keep a state (their
+own mixing weights) that an evaluation advances, so ``F`` is not a function of the server's
+statistic alone and several points a round would each need their own client state.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-__all__ = ["Squarem", "acceleration_problems", "resolve_acceleration"]
+__all__ = ["Squarem", "SubspaceNewton", "acceleration_config", "acceleration_problems",
+           "resolve_acceleration"]
 
 
 @dataclass(frozen=True)
@@ -97,20 +114,79 @@ class Squarem:
                              f"{self.backtracks!r}")
 
 
-def resolve_acceleration(value) -> Squarem | None:
-    """The :class:`Squarem` settings of ``Federation(acceleration=value)``: None (or "none")
-    is off, "squarem" the defaults, a :class:`Squarem` itself, a dict its fields (a recorded
-    config); anything else raises ValueError."""
+@dataclass(frozen=True)
+class SubspaceNewton:
+    """Newton on ``h(s) = F(s) - s`` in a small subspace, three points a round (the engine's
+    :mod:`~fedlatent.engine.rounds.newton`; ``benchmarks/accel_variants.py``'s B'').
+
+    Each round evaluates, beside its statistic (the plain point ``F(a)`` of the accepted
+    point ``a``), two extra points: the Newton proposal and the over-relaxed
+    ``a + over * h(a)``. The round keeps the best of the three by objective as the next ``a``
+    (the plain point's objective is at least ``a``'s, EM's monotonicity, so the accepted path
+    never goes down). The subspace is spanned by the secants of the round (each extra point
+    minus the plain point) and those of the last ``memory`` rounds, whose ``F`` differences
+    give the EM map's Jacobian along it; the proposal solves the linearized ``h = 0`` there
+    (least squares). A point outside the model's domain is halved towards ``F(a)`` at most
+    ``backtracks`` times, then dropped.
+
+    Parameters
+    ----------
+    over : float, default 3.0
+        The over-relaxation factor ``c`` of the extra point ``a + c h(a)`` (> 1).
+    memory : int, default 2
+        Earlier rounds whose secant pairs stay in the subspace (0: the round's own only).
+    drop : float, default 0.1
+        An older secant whose part outside the span of the newer ones is below this fraction
+        of its length is dropped (in (0, 1)): it would make the Jacobian's estimate
+        ill-conditioned.
+    backtracks : int, default 6
+        Halvings of an extra point towards ``F(a)`` while it leaves the domain.
+    """
+
+    over: float = 3.0
+    memory: int = 2
+    drop: float = 0.1
+    backtracks: int = 6
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.over, int | float) and math.isfinite(self.over)
+                and self.over > 1.0):
+            raise ValueError(f"SubspaceNewton(over=...) must be a number > 1, got {self.over!r}")
+        for name in ("memory", "backtracks"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"SubspaceNewton({name}=...) must be an integer >= 0, got "
+                                 f"{v!r}")
+        if not (isinstance(self.drop, int | float) and 0.0 < self.drop < 1.0):
+            raise ValueError(f"SubspaceNewton(drop=...) must be in (0, 1), got {self.drop!r}")
+
+
+def resolve_acceleration(value) -> Squarem | SubspaceNewton | None:
+    """The settings of ``Federation(acceleration=value)``: None (or "none") is off,
+    "squarem" and "newton" the defaults of :class:`Squarem` and :class:`SubspaceNewton`,
+    either object itself, a dict their fields (a recorded config: ``method="newton"`` for
+    the latter); anything else raises ValueError."""
     if value is None or (isinstance(value, str) and value.lower() == "none"):
         return None
-    if isinstance(value, Squarem):
+    if isinstance(value, Squarem | SubspaceNewton):
         return value
-    if isinstance(value, str) and value.lower() == "squarem":
-        return Squarem()
+    if isinstance(value, str) and value.lower() in ("squarem", "newton"):
+        return Squarem() if value.lower() == "squarem" else SubspaceNewton()
     if isinstance(value, dict):
-        return Squarem(**value)
+        fields = dict(value)
+        if fields.pop("method", "squarem") == "newton":
+            return SubspaceNewton(**fields)
+        return Squarem(**fields)
     raise ValueError("Federation(acceleration=...) must be None, 'squarem' or a "
-                     f"fl.Squarem(...), got {value!r}")
+                     f"fl.Squarem(...), got {value!r} (or 'newton' or a "
+                     "fl.SubspaceNewton(...) for subspace Newton)")
+
+
+def acceleration_config(settings: Squarem | SubspaceNewton) -> dict:
+    """The recorded form of ``settings`` (:func:`resolve_acceleration`'s inverse): SQUAREM's
+    fields as before, SubspaceNewton's with ``method="newton"``."""
+    d = asdict(settings)
+    return {"method": "newton", **d} if isinstance(settings, SubspaceNewton) else d
 
 
 def acceleration_problems(*, participation: float, step_size, quantizer, batch_size,

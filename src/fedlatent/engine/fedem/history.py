@@ -19,7 +19,10 @@ class RoundRecord:
         1-based round index. Round 1 is the initialization E-step (every client, uncompressed).
     objective : float
         Mean per-unit objective (log-likelihood) at the parameters broadcast this round, over the
-        clients that answered.
+        clients that answered. Under ``Federation(acceleration="newton")`` the round's statistic
+        is the plain EM step of the point accepted the round before; the extra points' objectives
+        are not recorded (the fit ends on the EM step of the best point evaluated, whose
+        objective is at least every recorded one).
     h_norm2 : float or None
         ``||h(S)||^2`` after the round's update, when tracked.
     bytes_up, bytes_down : int

@@ -25,7 +25,8 @@ from fedlatent.engine.fedem.acceleration import Squarem
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.stats import Stats
 
-__all__ = ["Accelerator", "SAFEGUARD_RTOL", "accelerated_state", "accelerator_for"]
+__all__ = ["Accelerator", "SAFEGUARD_RTOL", "accelerated_state", "accelerator_for", "domain_test",
+           "refuse_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,19 +133,29 @@ class Accelerator:
 
 def accelerator_for(model, federation, n_total: float,
                     params: Callable[[], dict]) -> Accelerator | None:
-    """The run's :class:`Accelerator` under ``Federation(acceleration=...)`` (None without);
-    a model whose round is not an EM map (``acceleration_refusal``) is refused.
+    """The run's :class:`Accelerator` under ``Federation(acceleration="squarem")`` (None
+    without); a model whose round is not an EM map (``acceleration_refusal``) is refused.
 
-    Its domain test: ``S`` finite, the model's invariants of a client's statistic
-    (:meth:`~fedlatent.engine.contract.model.FederatedModel.check`) on ``S`` as sums over the
-    ``n_total`` units, and a finite M-step at the current ``params()``."""
+    Its domain test is :func:`domain_test`."""
     settings = federation.squarem
     if settings is None:
         return None
+    refuse_model(model)
+    return Accelerator(settings, domain_test(model, n_total, params))
+
+
+def refuse_model(model) -> None:
+    """ValueError when ``model``'s round is not an EM map (``acceleration_refusal``)."""
     refusal = getattr(model, "acceleration_refusal", "")
     if refusal:
         raise ValueError(f"Federation(acceleration=...) is not available for model "
                          f"{model.name!r}: {refusal}; use acceleration=None")
+
+
+def domain_test(model, n_total: float, params: Callable[[], dict]) -> Callable[[Stats], bool]:
+    """``valid(S)``: ``S`` finite, the model's invariants of a client's statistic
+    (:meth:`~fedlatent.engine.contract.model.FederatedModel.check`) on ``S`` as sums over the
+    ``n_total`` units, and a finite M-step at the current ``params()``."""
 
     def valid(S: Stats) -> bool:
         if not S.all_finite() or model.check(S * n_total, n_total) is not None:
@@ -156,7 +167,7 @@ def accelerator_for(model, federation, n_total: float,
             return False
         return all(bool(np.all(np.isfinite(v))) for v in out.values())
 
-    return Accelerator(settings, valid)
+    return valid
 
 
 def accelerated_state(accel: Accelerator, old: FedEMState, plain: FedEMState,

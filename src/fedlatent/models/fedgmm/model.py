@@ -39,6 +39,7 @@ class FedGMMModel(FederatedModel):
 
     name = "fedgmm"
     batched_step = True
+    multipoint_refusal = "its clients' mixing weights advance at each E-step (client state)"
 
     def __init__(
         self,

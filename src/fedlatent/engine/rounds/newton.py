@@ -1,0 +1,268 @@
+"""Subspace-Newton accelerated EM: several points a round (``Federation(acceleration="newton")``).
+
+EM is the fixed point of ``F`` (one round: ``F(x) = sum_c w_c S_c(T(x))``); Newton on
+``h(s) = F(s) - s`` needs the Jacobian of ``F``, which a federation can only read from
+evaluations of ``F``. A multi-point round (:attr:`~fedlatent.engine.rounds.plan.RoundPlan.points`)
+evaluates, beside its statistic (the *primary* point), extra points ``x_j`` whose ``F(x_j)``
+and objectives come back in :attr:`~fedlatent.engine.rounds.aggregate.Aggregate.points`
+(sums: secure aggregation still applies). :class:`NewtonAccelerator` is the server's state
+between such rounds (the algorithm of ``benchmarks/accel_variants.py``'s B''; the settings and
+the measurements in :mod:`fedlatent.engine.fedem.acceleration`):
+
+- after round ``k``, which evaluated the primary ``x_0 = F(a)`` (``a`` the accepted point of
+  the round before) and the extras, the accepted point is the best of them by objective (the
+  primary's objective is at least ``a``'s by EM's monotonicity, so the accepted path never
+  goes down);
+- the secants of the round (``x_j - x_0`` and ``F(x_j) - F(x_0)``) and of the last
+  ``memory`` rounds give an orthonormal subspace ``U`` and the Jacobian's action ``J U`` on it;
+- round ``k + 1`` is sent the plain point ``F(a)`` as its statistic and two extras: the
+  Newton proposal ``F(a) + J U c`` (``c`` the least-squares solution of
+  ``(J U - U) c = -h(a)``) and the over-relaxed ``a + over * h(a)``, each halved towards
+  ``F(a)`` while it leaves the model's domain and dropped if it still does.
+
+Stopping is scikit-learn's rule on the accepted path: the primary's objective minus the
+accepted point's, below ``tol`` in absolute value on a round with every reply (one EM step's
+change). The fit ends on ``F`` of the best point evaluated. A round with a missing or refused
+reply (its aggregate is not ``F``), or a skipped one, restarts from its plain step with no
+extras and no memory, as SQUAREM's reset.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fedlatent.engine.fedem.acceleration import SubspaceNewton
+from fedlatent.engine.fedem.update import FedEMState
+from fedlatent.engine.rounds.accelerate import domain_test, refuse_model
+from fedlatent.engine.stats import Stats
+
+__all__ = ["NewtonAccelerator", "newton_for", "newton_points", "newton_state", "secant_subspace"]
+
+logger = logging.getLogger(__name__)
+
+#: a secant pair ``(D, G)``: columns ``x_j - x_0`` and ``F(x_j) - F(x_0)`` of one round
+Pair = tuple[np.ndarray, np.ndarray]
+
+
+def secant_subspace(pairs: Sequence[Pair], drop: float, own_only: bool = False
+                    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The subspace of the secants and the EM map's Jacobian along it.
+
+    Parameters
+    ----------
+    pairs : sequence of (ndarray of shape (p, m_i), ndarray of shape (p, m_i))
+        Secant pairs ``(D, G)``, the newest round first: ``G`` holds the differences of ``F``
+        along the columns of ``D``.
+    drop : float
+        A column whose part outside the span of the columns before it is below ``drop`` of
+        its length is left out.
+    own_only : bool, default False
+        ``pairs`` is the round's own pair only: a column is left out only when it is exactly
+        dependent (QR, relative 1e-10).
+
+    Returns
+    -------
+    U : ndarray of shape (p, r) or None
+        Orthonormal columns spanning the kept secants (None: none).
+    JU : ndarray of shape (p, r) or None
+        The Jacobian's action ``J U`` (``J D = G`` on the kept columns).
+    """
+    if not pairs:
+        return None, None
+    D, G = np.hstack([d for d, _ in pairs]), np.hstack([g for _, g in pairs])
+    if own_only:
+        Q, R = np.linalg.qr(D)
+        keep = np.abs(np.diag(R)) > 1e-10 * np.abs(R).max()
+    else:
+        keep = _independent(D, drop)
+    if not np.any(keep):
+        return None, None
+    Q, R = np.linalg.qr(D[:, keep])
+    return Q, np.linalg.solve(R.T, G[:, keep].T).T
+
+
+def _independent(D: np.ndarray, drop: float) -> np.ndarray:
+    """Mask of the columns of ``D`` kept by Gram-Schmidt in order: each whose residual after
+    the kept ones before it exceeds ``drop`` of its norm."""
+    keep = np.zeros(D.shape[1], dtype=bool)
+    basis: list[np.ndarray] = []
+    for j in range(D.shape[1]):
+        v = D[:, j].copy()
+        n0 = float(np.linalg.norm(v))
+        for q in basis:
+            v -= (q @ v) * q
+        nv = float(np.linalg.norm(v))
+        if n0 > 0.0 and nv > drop * n0:
+            basis.append(v / nv)
+            keep[j] = True
+    return keep
+
+
+class NewtonAccelerator:
+    """The subspace-Newton state of one run (see the module docstring).
+
+    Parameters
+    ----------
+    settings : SubspaceNewton
+    valid : callable
+        ``valid(S) -> bool``: whether ``S`` is in the model's domain.
+    tol : float
+        The stopping rule's tolerance on the mean objective.
+
+    Attributes
+    ----------
+    extras : list of Stats
+        The next round's extra points, in order: the Newton proposal, the over-relaxed point
+        (either may be missing); the loop drops those whose M-step fails.
+    converged : bool
+        Whether the last round met the stopping rule.
+    best : (float, Stats) or None
+        The best objective evaluated and ``F`` at that point (what the fit ends on).
+    kept : dict
+        How often each kind of point was accepted ("newton", "over", "plain").
+    out_of_domain : int
+        Halvings of extra points that left the domain (server arithmetic, no round).
+    """
+
+    def __init__(self, settings: SubspaceNewton, valid: Callable[[Stats], bool],
+                 tol: float):
+        self.settings, self.valid, self.tol = settings, valid, float(tol)
+        self.kept = {"newton": 0, "over": 0, "plain": 0}
+        self.out_of_domain = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the path (the last aggregate was not ``F``): the next round is evaluated
+        alone and starts a new path."""
+        self.a: np.ndarray | None = None
+        self.La = float("nan")
+        self.older: list[Pair] = []
+        self.extras: list[Stats] = []
+        self._kinds: dict[int, str] = {}  # id of an extra point -> "newton" or "over"
+        self.best: tuple[float, Stats] | None = None
+        self.converged = False
+
+    def next_point(self, x0: Stats, f0: Stats, L0: float,
+                   points: Sequence[tuple[Stats, Stats, float]] = ()) -> Stats:
+        """The statistic the next round is sent (one of the ``F`` values evaluated), after a
+        round that evaluated ``x0`` (its statistic) with ``F(x0) = f0`` and mean objective
+        ``L0``, and the extra points ``(x_j, F(x_j), L_j)``; sets :attr:`extras`,
+        :attr:`converged` and :attr:`best`."""
+        if not np.isfinite(L0):  # no objective: the plain step, and a new path
+            self.reset()
+            return f0
+        cands = [(x, f, float(L)) for x, f, L in points if np.isfinite(L)] + [(x0, f0, L0)]
+        first = self.a is None
+        self.converged = not first and abs(L0 - self.La) < self.tol
+        for _, f, L in cands:
+            if self.best is None or L > self.best[0]:
+                self.best = (L, f)
+        i = int(np.argmax([L for _, _, L in cands]))
+        self._count(cands, i)
+        a, fa, self.La = cands[i]
+        self.a = a.flatten()
+        pairs = self._pairs(cands)
+        U, JU = secant_subspace(pairs, self.settings.drop,
+                                own_only=len(cands) >= 2 and not self.older)
+        if len(cands) >= 2 and self.settings.memory:
+            self.older = pairs[:self.settings.memory]
+        self.extras = [] if first else self._candidates(fa, U, JU)
+        return fa
+
+    def _count(self, cands, i: int) -> None:
+        kind = "plain" if i == len(cands) - 1 else self._kinds.get(id(cands[i][0]), "over")
+        self.kept[kind] += 1
+
+    def _pairs(self, cands) -> list[Pair]:
+        """The round's secant pair (extras minus the primary, the last candidate) before the
+        older ones."""
+        if len(cands) < 2:
+            return list(self.older)
+        x0, f0 = cands[-1][0].flatten(), cands[-1][1].flatten()
+        D = np.stack([x.flatten() - x0 for x, _, _ in cands[:-1]], 1)
+        G = np.stack([f.flatten() - f0 for _, f, _ in cands[:-1]], 1)
+        return [(D, G)] + list(self.older)
+
+    def _candidates(self, fa: Stats, U, JU) -> list[Stats]:
+        """The Newton proposal (with a subspace) and ``a + over * h(a)``, each in the domain
+        (halved towards ``F(a)`` while not, dropped if still not)."""
+        f = fa.flatten()
+        h = f - self.a
+        out = []
+        if U is not None:
+            c = np.linalg.lstsq(JU - U, -h, rcond=None)[0]
+            out.append(("newton", f + JU @ c))
+        out.append(("over", self.a + self.settings.over * h))
+        kept = [(kind, self._in_domain(fa, f, y)) for kind, y in out]
+        self._kinds = {id(x): kind for kind, x in kept if x is not None}
+        return [x for _, x in kept if x is not None]
+
+    def _in_domain(self, fa: Stats, f: np.ndarray, y: np.ndarray) -> Stats | None:
+        for _ in range(self.settings.backtracks + 1):
+            if not np.all(np.isfinite(y)):
+                return None
+            cand = fa.unflatten(y)
+            if self.valid(cand):
+                return cand
+            self.out_of_domain += 1
+            y = f + 0.5 * (y - f)
+        return None
+
+
+def newton_for(model, federation, n_total: float, params: Callable[[], dict],
+               tol: float) -> NewtonAccelerator | None:
+    """The run's :class:`NewtonAccelerator` under ``Federation(acceleration="newton")`` (None
+    without); refuses a model whose round is not an EM map, or whose client step advances a
+    state of its own (``multipoint_refusal``: ``F`` is then not a function of the statistic
+    alone, and the extra points would each need their own client state)."""
+    settings = federation.newton
+    if settings is None:
+        return None
+    refuse_model(model)
+    refusal = getattr(model, "multipoint_refusal", "")
+    if refusal:
+        raise ValueError(f"Federation(acceleration='newton') is not available for model "
+                         f"{model.name!r}: {refusal}, so the EM map is not a function of the "
+                         "statistic alone and several points a round would each need a client "
+                         "state; use acceleration='squarem' or None")
+    return NewtonAccelerator(settings, domain_test(model, n_total, params), tol)
+
+
+def newton_points(accel: NewtonAccelerator, model, params, n_total: float) -> list:
+    """The next round's extra points ``[(x_j, T(x_j))]`` (``T`` the model's M-step at the
+    current ``params``); a point whose M-step fails or is not finite is dropped (and from
+    ``accel.extras``)."""
+    out = []
+    for x in accel.extras:
+        try:
+            theta = model.server_step(x, params, n_total)
+        except (FloatingPointError, OverflowError, ZeroDivisionError, ValueError,
+                np.linalg.LinAlgError):
+            continue
+        if all(bool(np.all(np.isfinite(v))) for v in theta.values()):
+            out.append((x, theta))
+    accel.extras = [x for x, _ in out]
+    return out
+
+
+def newton_state(accel: NewtonAccelerator, old: FedEMState, plain: FedEMState, agg,
+                 plan) -> FedEMState:
+    """The state the next round starts from: ``plain`` (``F(S_hat)``) with its statistic
+    replaced by the accelerator's choice; ``plain`` itself, and a new path, when a reply was
+    missing or refused. Extra points the round did not return (a transport without
+    multi-point rounds) are left out: the round then counts as a plain one."""
+    if agg.missing or agg.rejected or not agg.units or plain.S_hat is None:
+        accel.reset()
+        return plain
+    evaluated = []
+    if len(agg.points) == len(plan.points):
+        evaluated = [(x, fx, obj / agg.units)
+                     for x, (fx, obj) in zip(plan.points, agg.points, strict=True)]
+    elif plan.points:
+        logger.info("round %d: %d extra points sent, %d returned; kept the plain step",
+                    plan.k, len(plan.points), len(agg.points))
+    S = accel.next_point(old.S_hat, plain.S_hat, agg.objective_sum / agg.units, evaluated)
+    return plain if S is plain.S_hat else FedEMState(S, plain.V)
