@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
@@ -25,7 +26,8 @@ from fedlatent.engine.fedem.acceleration import Squarem
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.stats import Stats
 
-__all__ = ["Accelerator", "SAFEGUARD_RTOL", "accelerated_state", "accelerator_for", "domain_test",
+__all__ = ["Accelerator", "SAFEGUARD_RTOL", "ServerAccelerator", "accelerated_state",
+           "accelerator_for", "domain_test",
            "refuse_model"]
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,26 @@ logger = logging.getLogger(__name__)
 #: least the previous EM point's minus this fraction of its magnitude (objectives are means
 #: per unit, summed in different orders)
 SAFEGUARD_RTOL = 1e-12
+
+
+class ServerAccelerator(Protocol):
+    """What the round loop asks of an accelerator (SQUAREM here, subspace Newton in
+    :mod:`fedlatent.engine.rounds.newton`): one attribute of the loop, one round path."""
+
+    def reset(self) -> None:
+        """Forget the path: the last round's aggregate was not the EM map (or none came)."""
+
+    def points(self, model, params: dict, n_total: float) -> list[tuple[Stats, dict]]:
+        """The next round's extra points ``[(x_j, T(x_j))]`` (empty: a one-point round)."""
+
+    def state_after(self, old: FedEMState, plain: FedEMState, agg, plan) -> FedEMState:
+        """The state the next round is sent, after a round whose plain step is ``plain``."""
+
+    def may_stop(self, complete: bool) -> bool | None:
+        """Whether the round just run may end the fit (None: the loop's plain-EM rule)."""
+
+    def final(self, new_state: FedEMState, plain: FedEMState) -> FedEMState | None:
+        """The state a fit that stops now ends on (None: ``new_state``)."""
 
 
 class Accelerator:
@@ -71,6 +93,23 @@ class Accelerator:
         is sent the plain step."""
         self.base = self.pending = None
         self._sent_plain = True
+
+    def points(self, model, params: dict, n_total: float) -> list:
+        """SQUAREM sends one point a round."""
+        return []
+
+    def state_after(self, old: FedEMState, plain: FedEMState, agg, plan) -> FedEMState:
+        """:func:`accelerated_state`."""
+        return accelerated_state(self, old, plain, agg)
+
+    def may_stop(self, complete: bool) -> bool | None:
+        """Only a round sent the EM step of the round before tests scikit-learn's rule."""
+        return None if self.em_step else False
+
+    def final(self, new_state: FedEMState, plain: FedEMState) -> FedEMState | None:
+        """End on the EM step (its objective is at least the last round's), not on an
+        extrapolation no round has evaluated."""
+        return None if new_state is plain else plain
 
     def next_point(self, x: Stats, fx: Stats, objective: float) -> Stats:
         """The statistic the next round is sent, after a round that evaluated ``x`` and

@@ -41,11 +41,11 @@ from fedlatent.engine.fedem.history import History, RoundRecord
 from fedlatent.engine.fedem.update import FedEMState, client_weights, stat_bytes
 from fedlatent.engine.protocol.messages import ClientReplyError, pack
 from fedlatent.engine.protocol.runtime import Runtime
-from fedlatent.engine.rounds.accelerate import accelerated_state, accelerator_for
+from fedlatent.engine.rounds.accelerate import accelerator_for
 from fedlatent.engine.rounds.aggregate import Aggregate
 from fedlatent.engine.rounds.collectors import Batched, OneByOne
 from fedlatent.engine.rounds.evaluation import h_norm2
-from fedlatent.engine.rounds.newton import newton_for, newton_points, newton_state
+from fedlatent.engine.rounds.newton import newton_for
 from fedlatent.engine.rounds.plan import RoundPlan, make_plan
 from fedlatent.engine.rounds.screen import Mirror, Screen
 from fedlatent.engine.stats import Stats, units_number
@@ -296,9 +296,9 @@ class _Rounds:
         self.budget = budget  # the PrivacyBudget under differential privacy
         self.collector = OneByOne(self)
         self.shapes: dict = {}
-        self.accel = accelerator_for(model, federation, self.n_total, lambda: self.params)
-        self.newton = newton_for(model, federation, self.n_total, lambda: self.params,
-                                 options.tol)
+        # the ServerAccelerator (rounds/accelerate.py) under Federation(acceleration=...)
+        self.accel = accelerator_for(model, federation, self.n_total, lambda: self.params) \
+            or newton_for(model, federation, self.n_total, lambda: self.params, options.tol)
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, round_: int) -> None:
@@ -348,8 +348,8 @@ class _Rounds:
 
     # ---- one round -----------------------------------------------------------------------
     def plan(self, k: int) -> RoundPlan:
-        points = () if self.newton is None else newton_points(self.newton, self.model,
-                                                              self.params, self.n_total)
+        points = () if self.accel is None else self.accel.points(self.model, self.params,
+                                                                 self.n_total)
         return make_plan(self.fed, k, int(self.opt.seed), self.state, self.params,
                          len(self.cids), self.shapes, self.alpha, self.sizes, points)
 
@@ -377,9 +377,8 @@ class _Rounds:
         plan = self.plan(k)
         agg = self.gather(plan)
         if agg.skipped:  # nothing crossed: state, parameters and privacy budget unchanged
-            for accel in (self.accel, self.newton):
-                if accel is not None:
-                    accel.reset()
+            if self.accel is not None:
+                self.accel.reset()
             self.history.append(RoundRecord(
                 round=k, objective=float("nan"), h_norm2=None, bytes_up=0, bytes_down=0,
                 participants=0, step_size=0.0, seconds=time.perf_counter() - t0,
@@ -390,9 +389,7 @@ class _Rounds:
                                        plan.alpha, self.use_cv)
         plain = new_state  # F(S_hat); accelerated EM may send another statistic next
         if self.accel is not None and not plan.init_round:
-            new_state = accelerated_state(self.accel, self.state, plain, agg)
-        elif self.newton is not None and not plan.init_round:
-            new_state = newton_state(self.newton, self.state, plain, agg, plan)
+            new_state = self.accel.state_after(self.state, plain, agg, plan)
         new_params = self.server_step(k, new_state.S_hat, agg)
         if agg.accepted is not None:
             self.mirror.follow(plan.init_round, agg.accepted, new_state.S_hat, plan.alpha)
@@ -411,15 +408,10 @@ class _Rounds:
         self.record(plan, agg, t0, h_norm2=h2, missing=missing, rejected=rejected, errors=errors,
                     bytes_down=bytes_down, stat_change=change)
         done = self.converged(not missing and not rejected)
-        if new_state is not plain and (done or k >= self.opt.max_rounds):
-            # end on the EM step (its objective is at least the last round's), not on an
-            # extrapolation that no round has evaluated
-            self.state, self.params = plain, self.server_step(k, plain.S_hat, agg)
-        if self.newton is not None and self.newton.best is not None and (
-                done or k >= self.opt.max_rounds) and self.newton.best[1] is not new_state.S_hat:
-            # end on F of the best point evaluated (its objective is at least every other's)
-            best = FedEMState(self.newton.best[1], plain.V)
-            self.state, self.params = best, self.server_step(k, best.S_hat, agg)
+        end = None if self.accel is None or not (done or k >= self.opt.max_rounds) \
+            else self.accel.final(new_state, plain)
+        if end is not None:  # the state an accelerated fit ends on (an evaluated one)
+            self.state, self.params = end, self.server_step(k, end.S_hat, agg)
         return done
 
     def server_step(self, k: int, S_hat: Stats, agg: Aggregate) -> Params:
@@ -464,10 +456,9 @@ class _Rounds:
         tests one EM iteration's change); any other federation: :meth:`settled`."""
         if not self.fed.is_plain_em:
             return self.settled()
-        if self.accel is not None and not self.accel.em_step:
-            return False  # accelerated: only an EM step's change is scikit-learn's test
-        if self.newton is not None:  # its plain point's change from the accepted point
-            return complete and self.newton.converged
+        rule = None if self.accel is None else self.accel.may_stop(complete)
+        if rule is not None:  # accelerated: the accelerator's form of scikit-learn's test
+            return rule
         return (len(self.history) >= 2 and complete
                 and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol)
 
@@ -492,7 +483,7 @@ class _Rounds:
         self.sizes = stat_bytes(self.fed, self.shapes)
         self.params = {k: np.asarray(v, dtype=np.float64) for k, v in params0.items()}
         self.params0 = self.params
-        if self.opt.resume and (self.accel is not None or self.newton is not None):
+        if self.opt.resume and self.accel is not None:
             raise ValueError("resume=True is not available with Federation(acceleration=...): "
                              "the accelerator's state is not checkpointed, so the resumed run "
                              "would not be the uninterrupted one; use acceleration=None")

@@ -145,6 +145,25 @@ class NewtonAccelerator:
         self.best: tuple[float, Stats] | None = None
         self.converged = False
 
+    def points(self, model, params: dict, n_total: float) -> list:
+        """:func:`newton_points`."""
+        return newton_points(self, model, params, n_total)
+
+    def state_after(self, old: FedEMState, plain: FedEMState, agg, plan) -> FedEMState:
+        """:func:`newton_state`."""
+        return newton_state(self, old, plain, agg, plan)
+
+    def may_stop(self, complete: bool) -> bool | None:
+        """The plain point's change from the accepted point, on a round with every reply."""
+        return complete and self.converged
+
+    def final(self, new_state: FedEMState, plain: FedEMState) -> FedEMState | None:
+        """End on ``F`` of the best point evaluated (its objective is at least every
+        other's)."""
+        if self.best is None or self.best[1] is new_state.S_hat:
+            return None
+        return FedEMState(self.best[1], plain.V)
+
     def next_point(self, x0: Stats, f0: Stats, L0: float,
                    points: Sequence[tuple[Stats, Stats, float]] = ()) -> Stats:
         """The statistic the next round is sent (one of the ``F`` values evaluated), after a
