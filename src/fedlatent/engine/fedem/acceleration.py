@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 __all__ = ["Squarem", "SubspaceNewton", "acceleration_config", "acceleration_problems",
            "resolve_acceleration"]
@@ -147,6 +148,9 @@ class SubspaceNewton:
     memory: int = 2
     drop: float = 0.1
     backtracks: int = 6
+    #: extra points a round at most (the Newton proposal and the over-relaxed point): a reply
+    #: carries ``1 + extra_points`` statistics, what the saturation rule counts
+    extra_points: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
         if not (isinstance(self.over, int | float) and math.isfinite(self.over)

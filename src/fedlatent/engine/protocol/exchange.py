@@ -251,7 +251,7 @@ def _checked(c: str, reply, expect) -> dict[str, Any]:
 def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
                   privacy_releases: int = 0, run: str | None = None, *,
                   batch_size: int | None = None, cohort: int | None = None,
-                  fit: bool = False) -> dict[str, int]:
+                  fit: bool = False, statistics: int = 1) -> dict[str, int]:
     """Send every client the model's name and config and the disclosure policy (None: the
     default, on), and the differential-privacy setting with the number of releases the fit
     plans (None: not private); return each client's number of units.
@@ -263,7 +263,9 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
     setup; a resumed fit sends the same label). ``batch_size``: the fit's mini-batch, whose
     replies each client's saturation check covers too. ``cohort``: under secure aggregation,
     the fewest clients an aggregate can cover (the threshold); the saturation rule is then
-    checked on the records of the ``cohort`` smallest clients (:func:`cohort_refusal`).
+    checked on the records of the ``cohort`` smallest clients (:func:`cohort_refusal`), for
+    a round's sum of ``statistics`` statistics (accelerated EM's multi-point rounds: 1 + the
+    extra points; each client counts them itself on every round when no cohort rule applies).
     ``fit``: the setup is a fit's (its clients check the saturation and rare-level rules now,
     before the first round; any client also checks them on its first round statistic).
     """
@@ -300,18 +302,19 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
             if policy.count_scope == "aggregate" and not policy.is_off:
                 raise FederatedFitError("setup: the cohort rule needs every client's reply")
         else:
-            why = cohort_refusal(policy, replies, int(cohort))
+            why = cohort_refusal(policy, replies, int(cohort), statistics)
             if why:
                 raise FederatedFitError(why)
     return n_units
 
 
 def cohort_refusal(disclosure, replies: Mapping[str, Mapping[str, Any]],
-                   cohort: int) -> str | None:
+                   cohort: int, statistics: int = 1) -> str | None:
     """Under secure aggregation: why the smallest aggregate the protocol can unmask (the
     ``cohort`` clients with the fewest records) carries too many free numbers for its records
     (:func:`~fedlatent.engine.privacy.disclosure.check_reply_numbers`), or None. ``replies``
-    are the setup replies (``reply_numbers``, ``n_records``, ``record_width`` of each)."""
+    are the setup replies (``reply_numbers``, ``n_records``, ``record_width`` of each);
+    ``statistics`` the statistics a round's sum carries (a multi-point round's ``1 + m``)."""
     from fedlatent.engine.privacy.disclosure import check_reply_numbers
 
     facts = {c: f for c, f in ((c, _facts(r)) for c, r in replies.items()) if f}
@@ -322,9 +325,12 @@ def cohort_refusal(disclosure, replies: Mapping[str, Mapping[str, Any]],
     order = sorted(facts, key=lambda c: facts[c][1])[:max(int(cohort), 1)]
     records = sum(facts[c][1] for c in order)
     names = ", ".join(repr(str(c)) for c in order[:5]) + (", ..." if len(order) > 5 else "")
+    what = "a round's sum" if statistics == 1 else (
+        f"a round's sum of {statistics} statistics (the round's and {statistics - 1} extra "
+        "points of Federation(acceleration='newton'); acceleration='squarem' sends one)")
     return check_reply_numbers(
         disclosure, f"the smallest aggregate secure aggregation can unmask ({len(order)} "
-        f"client(s): {names})", numbers, records, width, "a round's sum")
+        f"client(s): {names})", numbers * int(statistics), records, width, what)
 
 
 def _facts(reply: Mapping[str, Any]) -> tuple[int, float, int] | None:

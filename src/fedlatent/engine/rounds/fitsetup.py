@@ -57,7 +57,9 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
                                                       federation.secure_aggregation),
                             federation.privacy,
                             0 if privacy is None else privacy.calibration.releases, run=run,
-                            batch_size=_batch_size(federation), cohort=cohort, fit=True)
+                            batch_size=_batch_size(federation), cohort=cohort, fit=True,
+                            statistics=1 + (0 if federation.newton is None
+                                            else federation.newton.extra_points))
     secure = None
     if federation.secure_aggregation and open_secure:
         from fedlatent.engine.secagg.secure import open_channel

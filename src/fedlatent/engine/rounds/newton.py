@@ -34,12 +34,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from fedlatent.data.validation import name_list
 from fedlatent.engine.fedem.acceleration import SubspaceNewton
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.rounds.accelerate import domain_test, refuse_model
 from fedlatent.engine.stats import Stats
 
-__all__ = ["NewtonAccelerator", "newton_for", "newton_points", "newton_state", "secant_subspace"]
+__all__ = ["NewtonAccelerator", "newton_for", "newton_points", "newton_state", "secant_subspace",
+           "step_down"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +134,7 @@ class NewtonAccelerator:
         self.settings, self.valid, self.tol = settings, valid, float(tol)
         self.kept = {"newton": 0, "over": 0, "plain": 0}
         self.out_of_domain = 0
+        self.cap = settings.extra_points  # at most a round (lowered when sites refuse them)
         self.reset()
 
     def reset(self) -> None:
@@ -263,8 +266,21 @@ def newton_points(accel: NewtonAccelerator, model, params, n_total: float) -> li
             continue
         if all(bool(np.all(np.isfinite(v))) for v in theta.values()):
             out.append((x, theta))
+    out = out[:accel.cap]
     accel.extras = [x for x, _ in out]
     return out
+
+
+def step_down(accel: NewtonAccelerator, plan, errors: dict[str, str]) -> None:
+    """Clients answered a round of ``len(plan.points)`` extra points with an error (a site's
+    own rule: its saturation rule counts each point as one more statistic, or its
+    ``[limits] max-points``): the rest of the fit sends one extra point fewer, down to none
+    (plain EM rounds), so that no site is left out of round after round."""
+    accel.cap = min(accel.cap, len(plan.points) - 1)
+    logger.warning("round %d: client(s) [%s] did not answer a round of %d extra point(s) "
+                   "(%s); Federation(acceleration='newton') sends at most %d from now on",
+                   plan.k, name_list(list(errors)), len(plan.points),
+                   next(iter(errors.values())), accel.cap)
 
 
 def newton_state(accel: NewtonAccelerator, old: FedEMState, plain: FedEMState, agg,
@@ -273,6 +289,8 @@ def newton_state(accel: NewtonAccelerator, old: FedEMState, plain: FedEMState, a
     replaced by the accelerator's choice; ``plain`` itself, and a new path, when a reply was
     missing or refused. Extra points the round did not return (a transport without
     multi-point rounds) are left out: the round then counts as a plain one."""
+    if plan.points and agg.errors:
+        step_down(accel, plan, agg.errors)
     if agg.missing or agg.rejected or not agg.units or plain.S_hat is None:
         accel.reset()
         return plain
