@@ -4,29 +4,12 @@ third of scikit-learn's iterations on a monotone path)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 from sklearn.mixture import GaussianMixture
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmark_scripts import load_benchmark
 
-
-def load():
-    sys.path.insert(0, str(BENCH))  # the script imports rounds_to_tol as its neighbour
-    try:
-        spec = importlib.util.spec_from_file_location("accel_variants",
-                                                      BENCH / "accel_variants.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    return mod
-
-
-av = load()
+av = load_benchmark("accel_variants")
 
 
 def gmm_same_start(seed):

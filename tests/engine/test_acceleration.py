@@ -111,10 +111,11 @@ def test_an_extrapolation_out_of_the_domain_is_shortened_then_dropped():
     (dict(privacy=fl.DifferentialPrivacy(1.0, 1e-5, clip=1.0)),
      r"privacy=\.\.\. \(the clients withhold the objective"),
 ])
-def test_acceleration_is_refused_where_the_map_is_not_exact(kwargs, message):
+@pytest.mark.parametrize("method", ["squarem", "newton"])
+def test_acceleration_is_refused_where_the_map_is_not_exact(kwargs, message, method):
     with pytest.raises(ValueError, match=r"accelerates the exact EM map only; not available "
                                          r"with " + message):
-        fl.Federation(acceleration="squarem", **kwargs).validate()
+        fl.Federation(acceleration=method, **kwargs).validate()
 
 
 def test_settings_values_and_config_round_trip():

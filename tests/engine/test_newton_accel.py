@@ -4,14 +4,11 @@ settings and its refusals. Whole federated fits are in test_newton_fits.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import fedlatent as fl
+from benchmark_scripts import load_benchmark
 from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
 from fedlatent.engine.fedem.acceleration import SubspaceNewton
 from fedlatent.engine.fedem.update import FedEMState
@@ -19,23 +16,7 @@ from fedlatent.engine.rounds.aggregate import Aggregate
 from fedlatent.engine.rounds.newton import NewtonAccelerator, newton_state, secant_subspace
 from fedlatent.engine.stats import Stats
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def load_prototype():
-    """benchmarks/accel_variants.py (the centralized prototype the engine ports)."""
-    sys.path.insert(0, str(BENCH))  # it imports rounds_to_tol as its neighbour
-    try:
-        spec = importlib.util.spec_from_file_location("accel_variants",
-                                                      BENCH / "accel_variants.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(BENCH))
-    return mod
-
-
-av = load_prototype()
+av = load_benchmark("accel_variants")
 
 
 def small_gmm(seed=0, n=600):
@@ -171,20 +152,6 @@ def test_secant_subspace_drops_older_secants_nearly_in_the_span():
 
 
 # ---- settings and refusals ------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(participation=0.5), r"participation=0\.5 \(each round's statistic is a random"),
-    (dict(step_size=0.5), r"step_size=0\.5"),
-    (dict(quantizer=fl.Quantizer(4)), r"quantizer=\.\.\. \(quantized replies"),
-    (dict(batch_size=16), r"mini-batch E-steps"),
-    (dict(privacy=fl.DifferentialPrivacy(1.0, 1e-5, clip=1.0)),
-     r"privacy=\.\.\. \(the clients withhold the objective"),
-])
-def test_newton_is_refused_where_the_map_is_not_exact(kwargs, message):
-    with pytest.raises(ValueError, match=r"accelerates the exact EM map only; not available "
-                                         r"with " + message):
-        fl.Federation(acceleration="newton", **kwargs).validate()
-
-
 def test_settings_and_config_round_trip():
     fed = fl.Federation(acceleration=fl.SubspaceNewton(over=2.0, memory=1))
     fed.validate()
