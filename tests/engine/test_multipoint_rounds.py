@@ -6,7 +6,6 @@ beside ``S_hat`` and every drawn client returns its mean statistic and objective
 from __future__ import annotations
 
 import re
-import warnings
 
 import numpy as np
 import pytest
@@ -15,10 +14,10 @@ import fedlatent as fl
 import fedlatent.engine.rounds.collectors as collectors
 from fedlatent.engine.protocol.messages import pack
 from fedlatent.engine.rounds.collectors import Batched, OneByOne
-from fedlatent.engine.rounds.loop import LoopOptions, _Rounds
 from fedlatent.engine.rounds.plan import make_plan
 from fedlatent.engine.rounds.secure_round import SecureCollector
 from fedlatent.engine.transport.inprocess import InProcessRuntime
+from started_loop import started_loop
 from tolerance import assert_close, assert_same
 
 OFF = fl.DisclosurePolicy.off()
@@ -63,16 +62,8 @@ def _estimator(kind, fed):
 
 def _rounds(fd, kind, fed, batched=True, policies=None):
     """A fit's loop, set up and started, no round run."""
-    rt = InProcessRuntime(fd, batched=batched, policies=policies)
-    est = _estimator(kind, fed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ctx = est._start(fd, rt)
-        params0 = est._initialize(ctx)
-    rd = _Rounds(ctx.model, rt, fed, LoopOptions(seed=ctx.seed), ctx.n_units, ctx.secure,
-                 ctx.privacy)
-    rd.start(params0)
-    return rd
+    return started_loop(_estimator(kind, fed), fd,
+                        InProcessRuntime(fd, batched=batched, policies=policies))
 
 
 def _advance(rd, rounds=3):

@@ -2,7 +2,6 @@
 the reply screen and the control-variate mirror written once, one FedEM client update for one
 client and a batch, one fit setup."""
 
-import warnings
 
 import numpy as np
 import pytest
@@ -17,13 +16,13 @@ from fedlatent.engine.rounds import Aggregate
 from fedlatent.engine.rounds.aggregate import Accepted
 from fedlatent.engine.rounds.collectors import Batched, OneByOne
 from fedlatent.engine.rounds.fitsetup import setup_fit
-from fedlatent.engine.rounds.loop import LoopOptions, _Rounds
 from fedlatent.engine.rounds.plan import draw_positions
 from fedlatent.engine.rounds.screen import Mirror
 from fedlatent.engine.rounds.secure_round import SecureCollector
 from fedlatent.engine.secagg.secure import default_threshold
 from fedlatent.engine.stats import Stats
 from fedlatent.engine.transport.inprocess import InProcessRuntime
+from started_loop import started_loop
 from tolerance import assert_close, assert_same
 
 FEDEM = fl.Federation(participation=0.5, quantizer=fl.Quantizer(4), control_variates=True,
@@ -39,16 +38,8 @@ def _fd(n_clients=9, seed=0):
 
 def _rounds(fd, fed, batched=True, record=False):
     """The loop of a GMM fit on ``fd``, set up and started (no round run)."""
-    rt = InProcessRuntime(fd, batched=batched, record=record)
-    est = fl.FederatedGaussianMixture(3, random_state=0, federation=fed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ctx = est._start(fd, rt)
-        params0 = est._initialize(ctx)
-    rd = _Rounds(ctx.model, rt, fed, LoopOptions(seed=ctx.seed), ctx.n_units, ctx.secure,
-                 ctx.privacy)
-    rd.start(params0)
-    return rd
+    return started_loop(fl.FederatedGaussianMixture(3, random_state=0, federation=fed), fd,
+                        InProcessRuntime(fd, batched=batched, record=record))
 
 
 @pytest.mark.parametrize("k", [2, 3, 7])
