@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fedlatent.data.validation import name_list
+from fedlatent.engine.contract.model import FederatedModel
 from fedlatent.engine.fedem.acceleration import SubspaceNewton
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.protocol.messages import unpack
@@ -316,9 +317,11 @@ def newton_for(model, federation, n_total: float, params: Callable[[], dict],
                          f"{model.name!r}: {refusal}, so the EM map is not a function of the "
                          "statistic alone and several points a round would each need a client "
                          "state; use acceleration='squarem' or None")
+    own = getattr(type(model), "objective_penalty", None)  # (None: the default's 0)
     return NewtonAccelerator(settings, domain_test(model, n_total, params), tol,
                              client_state=bool(getattr(model, "point_state", False)),
-                             penalty=getattr(model, "objective_penalty", None))
+                             penalty=None if own in (None, FederatedModel.objective_penalty)
+                             else model.objective_penalty)
 
 
 def newton_points(accel: NewtonAccelerator, model, params, n_total: float) -> list:
