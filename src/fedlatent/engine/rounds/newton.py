@@ -25,6 +25,13 @@ accepted point's, below ``tol`` in absolute value on a round with every reply (o
 change). The fit ends on ``F`` of the best point evaluated. A round with a missing or refused
 reply (its aggregate is not ``F``), or a skipped one, restarts from its plain step with no
 extras and no memory, as SQUAREM's reset.
+
+A model whose clients keep a state their E-step advances (``point_state``: FedGMM's mixing
+weights) has the round messages also carry :meth:`NewtonAccelerator.client_fields`: the
+point accepted, the rounds whose states the clients keep, and each extra point's coefficients
+over ``F(a) - a`` and the secant columns, which each client applies to the states it kept
+(:mod:`fedlatent.engine.node.pointstate`). Points are compared by the mean objective minus
+the model's ``objective_penalty`` (what its M-step maximizes; 0 by default).
 """
 
 from __future__ import annotations
@@ -304,9 +311,9 @@ class NewtonAccelerator:
 def newton_for(model, federation, n_total: float, params: Callable[[], dict],
                tol: float) -> NewtonAccelerator | None:
     """The run's :class:`NewtonAccelerator` under ``Federation(acceleration="newton")`` (None
-    without); refuses a model whose round is not an EM map, or whose client step advances a
-    state of its own (``multipoint_refusal``: ``F`` is then not a function of the statistic
-    alone, and the extra points would each need their own client state)."""
+    without); refuses a model whose round is not an EM map, or that declares a client state
+    the extra points cannot carry (``multipoint_refusal``); a model with ``point_state`` gets
+    its clients' states carried along (:meth:`NewtonAccelerator.client_fields`)."""
     settings = federation.newton
     if settings is None:
         return None
