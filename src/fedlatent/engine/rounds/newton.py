@@ -283,7 +283,8 @@ class NewtonAccelerator:
         if U is not None:
             c = np.linalg.lstsq(JU - U, -h, rcond=None)[0]
             beta = np.zeros(n)
-            beta[keep] = np.linalg.solve(R, c)  # J U c = G_kept R^{-1} c
+            if self.client_state:  # (only the clients' states need it)
+                beta[keep] = np.linalg.solve(R, c)  # J U c = G_kept R^{-1} c
             out.append(("newton", f + JU @ c, np.concatenate([[0.0], beta])))
         w = self.settings.over  # a + w h(a) = F(a) + (w - 1) (F(a) - a)
         out.append(("over", self.a + w * h, np.concatenate([[w - 1.0], np.zeros(n)])))
