@@ -123,8 +123,8 @@ REFUSED = [
      "round 5's message accepts extra point 3 of round 4, but this client keeps no model "
      "state for that point (a deviating server); the server must name one of the points it "
      "sent the round before (accepted = 1..m) or none (the round's own statistic)"),
-    (5, 1, {"history": np.array([2, 5]), "columns": np.array([[2, 1]]),
-            "combine1": np.array([0.0, 1.0])},
+    (5, 1, {"history": np.array([2, 5]), "accepted": 1, "columns": np.array([[2, 1]]),
+            "combine1": np.array([0.0, 1.0])},  # (the accepted state not adopted either)
      "round 5's extra point 1 combines point 1 of round 2, which this client keeps no state "
      "for (a deviating server); a server may combine only the points of the rounds its "
      "'history' named"),

@@ -370,7 +370,7 @@ class BatchedClients:
     def _commit_state(self, idx: np.ndarray, new_state: dict[str, np.ndarray],
                       prefix: str = "model") -> None:
         """The clients ``idx``'s new private model state (rows of ``new_state``) kept (under
-        ``prefix``: ``pending{j}`` for an extra point's, see :meth:`_points`)."""
+        ``prefix``: an extra point's kept states, see :meth:`_points`)."""
         g = self.groups.setdefault(prefix, _Group(len(self.ids)))
         for k, v in new_state.items():
             if k not in g.arrays:
@@ -464,18 +464,21 @@ class BatchedClients:
         NotImplementedError where a client would refuse them (not full passes, the
         initialization round, a state it does not keep) or the model stacks its own units:
         the clients then answer one by one, each saying why. First the accepted point's state
-        (:meth:`_adopt_point`)."""
+        (:meth:`_accepted_state`), adopted once every start is formed."""
         m = int(msg.get("points", 0) or 0)
         if m > 0 and (mode != "full" or not has_S_hat or self.units is not None or
                       any(not unpack(msg, f"params{j}") for j in range(1, m + 1))):
             raise NotImplementedError("extra points are computed at once only on full passes "
                                       "after the initialization round, over rows")
-        a_in = self._adopt_point(idx, msg)
-        self._start = self._model_state(idx) if "history" in msg else None  # (a copy)
+        key, track = (int(msg["seed"]), int(msg["round"])), "history" in msg
+        adopted, a_in = self._accepted_state(idx, msg)
+        a_out = self._model_state(idx) if adopted is None else adopted  # (copies)
+        starts = self._point_starts(idx, msg, m, a_out, a_in) if track and m > 0 else None
+        if adopted is not None:  # (every check passed: nothing changed before)
+            self._commit_state(idx, adopted)
+        self._start = a_out if track else None
         if m <= 0:
             return ()
-        key, track = (int(msg["seed"]), int(msg["round"])), "history" in msg
-        starts = self._point_starts(idx, msg, m, a_in) if track else None
         out = []
         for j in range(1, m + 1):
             if track:
@@ -494,10 +497,9 @@ class BatchedClients:
             return None
         return {k: v[idx] for k, v in g.arrays.items()}
 
-    def _point_starts(self, idx: np.ndarray, msg: dict, m: int, a_in) -> list:
+    def _point_starts(self, idx: np.ndarray, msg: dict, m: int, a_out, a_in) -> list:
         """Each extra point's start (rows: the clients ``idx``), as the clients form them;
         NotImplementedError when one names a state a client does not keep."""
-        a_out = self._model_state(idx)
         try:
             return [self.model.project_point_state(
                 combination(msg, j, lambda p: self._held(idx, p), a_out, a_in), a_out)
@@ -505,20 +507,19 @@ class BatchedClients:
         except UnheldState as err:
             raise NotImplementedError(f"clients keep no state for {err}") from None
 
-    def _adopt_point(self, idx: np.ndarray, msg: dict) -> dict[str, np.ndarray] | None:
-        """The clients ``idx`` adopt the model state of the point of the round before that
-        the server accepted (``msg["accepted"] = j``; 0 or absent: the primary), as
-        :meth:`ClientNode._adopt_point <fedlatent.engine.node.client.ClientNode.
-        _adopt_point>`; returns what that point was stepped from (None: not kept).
-        NotImplementedError when a client keeps no state for point ``j`` (nothing changed):
-        the clients then answer one by one, each refusing with the reason."""
+    def _accepted_state(self, idx: np.ndarray, msg: dict):
+        """``(adopted, a_in)`` of the clients ``idx``: the model state of the point of the
+        round before that the server accepted (``msg["accepted"] = j``; None for 0 or absent,
+        the primary, whose state they hold) and what that point was stepped from (None: not
+        kept), as :meth:`ClientNode._adopt_point <fedlatent.engine.node.client.ClientNode.
+        _adopt_point>`; nothing changed. NotImplementedError when a client keeps no state for
+        point ``j``: the clients then answer one by one, each refusing with the reason."""
         j, rnd = int(msg.get("accepted", 0) or 0), int(msg["round"])
         got = self._held(idx, out_key(rnd - 1, j)) if "history" in msg else None
         if j and got is None:
             raise NotImplementedError(f"clients keep no state for accepted point {j}")
-        if j:
-            self._commit_state(idx, got)
-        return self._held(idx, in_key(rnd - 1, j)) if "history" in msg else None
+        a_in = self._held(idx, in_key(rnd - 1, j)) if "history" in msg else None
+        return (got if j else None), a_in
 
     def _keep_history(self, idx: np.ndarray, msg: dict) -> None:
         """:meth:`ClientNode._keep_history <fedlatent.engine.node.client.ClientNode.
