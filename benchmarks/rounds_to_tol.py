@@ -10,9 +10,13 @@ centralized EM's iterations, measured in one run (issue 23, done-when 1).
   flexmix-style centralized EM written here (stop when the mean log-likelihood changes by less
   than tol).
 - FedGMM: the paper's synthetic generator, 20 clients of about 150 rows, d = 5, M1 = M2 = 3
-  (no centralized reference: plain against accelerated rounds; subspace Newton is refused:
-  its clients' mixing weights advance at each E-step, so ``F`` is not a map of the server's
-  statistic alone and several points a round would each need their own client state).
+  (no centralized reference: plain against accelerated rounds, each fit with the disclosure
+  rules off: under the default rules these 150-row sites refuse a reply of even two
+  statistics, and Newton falls back to plain rounds). Under subspace Newton each client
+  carries its own mixing weights along the server's path (the server's coefficients applied
+  to the states it kept, :mod:`fedlatent.engine.node.pointstate`). The final column counts,
+  for the cases without a centralized fit, the seeds whose log-likelihood is at least plain
+  EM's to 1e-6 relative.
 - LCA: 3 classes, 6 binary items, 3,000 rows over 20 clients (plain against accelerated).
 
 Prints one row per case and seed: rounds plain / SQUAREM / Newton / centralized iterations,
@@ -127,10 +131,12 @@ def lcr_rows(seed, tol):
 def fedgmm_rows(seed, tol):
     fd = make_fedgmm_synthetic(20, 150, n_features=5, fractions=(1.0, 0.0, 0.0),
                                random_state=seed).train
-    fits = [fl.FedGMM(3, 3, tol=tol, max_rounds=10_000, random_state=seed, federation=fed,
-                      verbose=False).fit(fd) for fed in (None, ACC)]  # Newton: refused
-    return [("FedGMM", seed, [f.n_iter_ for f in fits] + [None], None,
-             [final_objective(f) for f in fits] + [None], None, ["", ""])]
+    off = fl.DisclosurePolicy.off()  # (see the module docstring)
+    fits = [fl.FedGMM(3, 3, tol=tol, max_rounds=10_000, random_state=seed,
+                      federation=fl.Federation(disclosure=off, acceleration=acc),
+                      verbose=False).fit(fd) for acc in (None, "squarem", "newton")]
+    return [("FedGMM, rules off", seed, [f.n_iter_ for f in fits], None,
+             [final_objective(f) for f in fits], None, ["", ""])]
 
 
 def lca_rows(seed, tol):
@@ -174,7 +180,8 @@ def show(row) -> None:
 def summary(rows) -> None:
     """One Markdown row per case: the median and range of SQUAREM's and Newton's rounds over
     the centralized iterations (or over plain EM's rounds), and in how many seeds each ended at
-    a log-likelihood at least the centralized one's (to 1e-7)."""
+    a log-likelihood at least the centralized one's (to 1e-7; without a centralized fit, at
+    least plain EM's to 1e-6 relative)."""
     print("\n| case | seeds | SQUAREM / central | Newton / central | SQUAREM / plain "
           "| Newton / plain | loglik >= central (SQUAREM; Newton) |\n|---|---|---|---|---|---|---|")
     fmt = (lambda v: f"{np.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" if v else "")
@@ -187,6 +194,11 @@ def summary(rows) -> None:
                                  if r[2][j] is not None and (ref == "plain" or r[3])]))
         for j in (1, 2):
             ok = [r[4][j] >= r[5] - 1e-7 for r in sel if r[5] is not None and r[4][j] is not None]
+            if not ok:  # no centralized fit: against plain EM's, to 1e-6 relative
+                ok = [r[4][j] >= r[4][0] - 1e-6 * abs(r[4][0]) for r in sel
+                      if r[5] is None and r[4][j] is not None and r[4][0] is not None]
+                oks.append(f"{sum(ok)} of {len(ok)} (vs plain)" if ok else "")
+                continue
             oks.append(f"{sum(ok)} of {len(ok)}" if ok else "")
         if cols[1] == "" and cols[3] == "":
             cols[3] = "refused (client state)"

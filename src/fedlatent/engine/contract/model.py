@@ -167,6 +167,11 @@ class FederatedModel(ABC):
     #: server keeping one afterwards) does not apply ("" : it does): the client step must be
     #: a function of the parameters sent, not advance a client state of its own
     multipoint_refusal: ClassVar[str] = ""
+    #: whether the client step advances a model state of the client's own (FedGMM's mixing
+    #: weights ``pi_c``) that ``acceleration="newton"`` carries along its path: each client
+    #: forms, for every extra point, the combination of its own kept states the server's
+    #: coefficients name, put back in the domain by :meth:`project_point_state`
+    point_state: ClassVar[bool] = False
     #: the disclosure policy in force on this client (the client node sets it at setup);
     #: model-specific queries that send sums over subsets consult it
     disclosure: DisclosurePolicy = DisclosurePolicy()
@@ -216,6 +221,21 @@ class FederatedModel(ABC):
     def init_client_state(self, data: ClientData) -> ClientState:
         """The client's private state at setup (never sent; default: none)."""
         return {}
+
+    def objective_penalty(self, params: Params) -> float:
+        """The penalty the M-step's objective subtracts from the mean objective at
+        ``params`` (a ridge on some parameters, on the scale of a mean over units): EM
+        ascends ``objective - penalty``, which ``acceleration="newton"`` compares its points
+        by (server arithmetic on the parameters it sent). Default: 0."""
+        return 0.0
+
+    def project_point_state(self, states: ClientState, start: ClientState) -> ClientState:
+        """Client states formed as a combination of states the client kept (an
+        extrapolation, stacked over a first axis: one row per client; see
+        :attr:`point_state`) put back into their domain, on the client (nothing sent);
+        ``start``: the states the clients hold (the round's start, same layout).
+        Default: as they are."""
+        return states
 
     # ---- disclosure control (fedlatent.engine.privacy.enforce) ------------------------------
     def n_records(self, data: ClientData, rows: np.ndarray | None = None) -> int:

@@ -54,16 +54,33 @@ on a plateau: seed 0 ends 3.0e-5 below); LCA 0.26 and 0.21 of plain EM's rounds 
 0.34 and 0.29). The engine's GMM statistics are moments about a fixed centre: Newton's
 least-squares step is not invariant under that shift, which accounts for the engine's GMM
 rounds differing from the prototype's on the same data (both medians sit near 0.30).
-FedGMM is refused (``FederatedModel.multipoint_refusal``): its clients keep a state (their
-own mixing weights) that an evaluation advances, so ``F`` is not a function of the server's
-statistic alone and several points a round would each need their own client state. Built and
-measured (2026-11-26, not kept): each point's client state kept pending and the next round
-naming the point the server accepted, whose state the clients adopt: 0.84 of plain EM's rounds
-(median, 8 seeds, disclosure rules off: 150-row FedGMM sites refuse even one extra point under
-the saturation rule), 0.88 without the adoption, below plain EM's log-likelihood by 1e-6 to
-2.5e-6 (relative) in 2 of 8. The clients' mixing weights still move one EM step a round and
-set the rate; a saving would need each client to extrapolate its own weights with the
-server's combination, which the server would have to send.
+FedGMM (2026-11-26, seventh session): its clients keep a state (their own mixing weights
+``pi_c``) that every E-step advances, so the fit's state is ``z = (s, pi_1 .. pi_C)`` and the
+EM map acts on ``z``. Every point Newton sends is an affine combination of evaluations: the
+plain ``F(a)``, the over-relaxed ``F(a) + (w - 1) (F(a) - a)`` and the proposal
+``F(a) + J U c = F(a) + G beta`` (``beta = R^{-1} c`` over the kept secant columns), each
+halved towards ``F(a)``. The server sends these coefficients with each extra point (public
+arithmetic on the sums it holds: nothing new leaves a site, a reply is as long as before and
+the saturation rule counts the same statistics) and each client forms the same combination of
+the states it kept (each point's input and output for the rounds the server's memory still
+names: :mod:`fedlatent.engine.node.pointstate`), put back in the domain by the model's
+``project_point_state``; a message naming a state the client does not keep is refused (a
+deviating server). FedGMM keeps each extrapolated weight at least 0.9 of the one it holds, and
+renormalizes: a floor of 1e-10 set weights near 0, where EM moves them back only slowly, and
+the fits stalled early (median 0.43 of plain EM's rounds, 3 of 8 seeds at its
+log-likelihood); a floor of 0.1, 0.5, 0.75 of the weight held: 5, 5, 6 of 8. Its candidates
+are compared by the objective minus the learners' ridge (``objective_penalty``: the M-step
+maximizes the penalized log-likelihood; compared by the log-likelihood alone the proposals
+gained by growing coefficients that the next M-step took back, the path falling back by up to
+9e-3 a round). Measured (``rounds_to_tol.py``'s FedGMM rows, tol 1e-6, disclosure rules off:
+under the default rules these 150-row sites refuse a reply of two statistics and Newton falls
+back to plain rounds): median 0.48 (0.31-0.55) of plain EM's rounds over seeds 0-7, at least
+plain EM's log-likelihood (to 1e-6 relative) in 7 of 8 (seed 5 ends 4.0e-5 below); seeds
+8-15: 0.52 (0.38-0.72), 7 of 8 (seed 10: 1.3e-6 below). The least-squares step sees the
+statistic's residual only, not the clients' own (their weights' EM steps), which set FedGMM's
+slow tail: adding them would need each client's Gram contributions in its reply, new numbers
+leaving a site; not done. The version that only made the clients adopt the accepted point's
+state (their weights moving one EM step a round) took 0.84.
 """
 
 from __future__ import annotations

@@ -31,6 +31,14 @@ from fedlatent.engine.contract.model import client_key, client_rng
 from fedlatent.engine.fedem.pcg import client_uniforms
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
+from fedlatent.engine.node.pointstate import (
+    UnheldState,
+    combination,
+    in_key,
+    out_key,
+    point_round,
+    stale,
+)
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
 
@@ -253,8 +261,8 @@ class BatchedClients:
         return g
 
     # ---- the client step -----------------------------------------------------------------
-    def _model_state(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        g = self.groups.get("model")
+    def _model_state(self, idx: np.ndarray, source: str = "model") -> dict[str, np.ndarray]:
+        g = self.groups.get(source)
         return {} if g is None else {k: v[idx] for k, v in g.arrays.items()}
 
     def _reply_buffer(self, kind: str, A: int) -> np.ndarray | None:
@@ -292,20 +300,20 @@ class BatchedClients:
             col += v.shape[1]
         n, obj = np.asarray(step.n, dtype=np.float64), np.asarray(step.objective, np.float64)
         if commit and step.state:
-            self._commit_state(idx, step.state)
+            self._commit_state(idx, step.state, "model" if commit is True else commit)
         if finish is not None:
             finish[0](Q, n, 0, idx.size)
             finish[1][:] = True
         return Q, n, obj
 
     def _stats(self, params, idx: np.ndarray, masks: dict[int, np.ndarray] | None,
-               commit: bool, reuse: str | None = None, finish=None, key=None):
-        """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (in
-        batch positions, ascending), over their rows or the rows in ``masks`` (bucket ->
-        (C_b, m) selection), in chunks of a bucket's clients (about ``_CHUNK_ROWS`` rows: small
-        temporaries), each chunk's sums written into their rows of the result (with ``reuse``,
-        of that reply buffer). ``finish``: None or ``(f, done)``, ``f(Q, n, lo, hi)`` called on
-        each chunk of consecutive rows once written, ``done[lo:hi]`` set. ``key``: seed, round."""
+               commit, reuse=None, finish=None, key=None, source: str = "model"):
+        """Statistics (A, F) flattened, n (A,), objective (A,) of the clients ``idx`` (batch
+        positions, ascending) over their rows or the rows in ``masks`` (bucket -> (C_b, m)), by
+        chunks of a bucket's clients (about ``_CHUNK_ROWS`` rows), into reply buffer ``reuse``
+        if given. ``finish``: None or ``(f, done)``, ``f(Q, n, lo, hi)`` called on each chunk
+        of rows once written, ``done[lo:hi]`` set; ``key``: seed, round. The model state read
+        from group ``source``; with ``commit`` kept in ``"model"`` (a prefix: in that group)."""
         if self.units is not None:  # the model stacks its own units
             return self._unit_stats(params, idx, commit, key, reuse, finish, masks)
         A = idx.size
@@ -329,7 +337,7 @@ class BatchedClients:
                 cl = bk.clients[take]
                 step = self.model.client_stats_batched(
                     params, bk.X[take], None if bk.y is None else bk.y[take],
-                    W[take].astype(np.float64), self._model_state(cl))
+                    W[take].astype(np.float64), self._model_state(cl, source))
                 if step is None:
                     raise NotImplementedError("the model has no batched step for these settings")
                 st = step.stats
@@ -356,12 +364,14 @@ class BatchedClients:
                     finish[0](Q, n, rows.start, rows.stop)  # while the rows are in cache
                     finish[1][rows] = True
         if commit and new_state:
-            self._commit_state(idx, new_state)
+            self._commit_state(idx, new_state, "model" if commit is True else commit)
         return Q, n, obj
 
-    def _commit_state(self, idx: np.ndarray, new_state: dict[str, np.ndarray]) -> None:
-        """The clients ``idx``'s new private model state (rows of ``new_state``) kept."""
-        g = self.groups.setdefault("model", _Group(len(self.ids)))
+    def _commit_state(self, idx: np.ndarray, new_state: dict[str, np.ndarray],
+                      prefix: str = "model") -> None:
+        """The clients ``idx``'s new private model state (rows of ``new_state``) kept (under
+        ``prefix``: an extra point's kept states, see :meth:`_points`)."""
+        g = self.groups.setdefault(prefix, _Group(len(self.ids)))
         for k, v in new_state.items():
             if k not in g.arrays:
                 g.arrays[k] = np.zeros((len(self.ids), *v.shape[1:]), dtype=v.dtype)
@@ -447,26 +457,86 @@ class BatchedClients:
 
     def _points(self, idx: np.ndarray, msg: dict, mode: str, has_S_hat: bool):
         """A multi-point round's extra points (``msg["points"] = m``, parameters
-        ``params{j}/``): each client's mean statistic and objective at every ``T(x_j)``, as
-        :meth:`evaluate` (no state change: the model state the round starts from). Raises
+        ``params{j}/``): each client's mean statistic and objective at every ``T(x_j)``, from
+        the model state the round starts from, or, with ``history``, from the combination of
+        kept states the message names, kept with what it gave, as :meth:`ClientNode.
+        _point_replies <fedlatent.engine.node.client.ClientNode._point_replies>`. Raises
         NotImplementedError where a client would refuse them (not full passes, the
-        initialization round) or the model stacks its own units: the clients then answer one
-        by one, each saying why."""
+        initialization round, a state it does not keep) or the model stacks its own units:
+        the clients then answer one by one, each saying why. First the accepted point's state
+        (:meth:`_accepted_state`), adopted once every start is formed."""
         m = int(msg.get("points", 0) or 0)
-        if m <= 0:
-            return ()
-        if mode != "full" or not has_S_hat or self.units is not None or \
-                any(not unpack(msg, f"params{j}") for j in range(1, m + 1)):
+        if m > 0 and (mode != "full" or not has_S_hat or self.units is not None or
+                      any(not unpack(msg, f"params{j}") for j in range(1, m + 1))):
             raise NotImplementedError("extra points are computed at once only on full passes "
                                       "after the initialization round, over rows")
-        key = (int(msg["seed"]), int(msg["round"]))
+        key, track = (int(msg["seed"]), int(msg["round"])), "history" in msg
+        adopted, a_in = self._accepted_state(idx, msg)
+        a_out = self._model_state(idx) if adopted is None else adopted  # (copies)
+        starts = self._point_starts(idx, msg, m, a_out, a_in) if track and m > 0 else None
+        if adopted is not None:  # (every check passed: nothing changed before)
+            self._commit_state(idx, adopted)
+        self._start = a_out if track else None
+        if m <= 0:
+            return ()
         out = []
         for j in range(1, m + 1):
-            Q, n, obj = self._stats(unpack(msg, f"params{j}"), idx, None, False, f"point{j}",
-                                    key=key)
+            if track:
+                self._commit_state(idx, starts[j - 1], in_key(key[1], j))
+            Q, n, obj = self._stats(unpack(msg, f"params{j}"), idx, None,
+                                    out_key(key[1], j) if track else False, f"point{j}",
+                                    key=key, source=in_key(key[1], j) if track else "model")
             Q /= np.maximum(n, 1)[:, None]
             out.append((Q, obj))
         return tuple(out)
+
+    def _held(self, idx: np.ndarray, prefix: str) -> dict[str, np.ndarray] | None:
+        """The kept state ``prefix`` of the clients ``idx`` (None unless each holds it)."""
+        g = self.groups.get(prefix)
+        if g is None or not g.arrays or not bool(np.all(g.present[idx])):
+            return None
+        return {k: v[idx] for k, v in g.arrays.items()}
+
+    def _point_starts(self, idx: np.ndarray, msg: dict, m: int, a_out, a_in) -> list:
+        """Each extra point's start (rows: the clients ``idx``), as the clients form them;
+        NotImplementedError when one names a state a client does not keep."""
+        try:
+            return [self.model.project_point_state(
+                combination(msg, j, lambda p: self._held(idx, p), a_out, a_in), a_out)
+                for j in range(1, m + 1)]
+        except UnheldState as err:
+            raise NotImplementedError(f"clients keep no state for {err}") from None
+
+    def _accepted_state(self, idx: np.ndarray, msg: dict):
+        """``(adopted, a_in)`` of the clients ``idx``: the model state of the point of the
+        round before that the server accepted (``msg["accepted"] = j``; None for 0 or absent,
+        the primary, whose state they hold) and what that point was stepped from (None: not
+        kept), as :meth:`ClientNode._adopt_point <fedlatent.engine.node.client.ClientNode.
+        _adopt_point>`; nothing changed. NotImplementedError when a client keeps no state for
+        point ``j``: the clients then answer one by one, each refusing with the reason."""
+        j, rnd = int(msg.get("accepted", 0) or 0), int(msg["round"])
+        got = self._held(idx, out_key(rnd - 1, j)) if "history" in msg else None
+        if j and got is None:
+            raise NotImplementedError(f"clients keep no state for accepted point {j}")
+        a_in = self._held(idx, in_key(rnd - 1, j)) if "history" in msg else None
+        return (got if j else None), a_in
+
+    def _keep_history(self, idx: np.ndarray, msg: dict) -> None:
+        """:meth:`ClientNode._keep_history <fedlatent.engine.node.client.ClientNode.
+        _keep_history>` for the clients ``idx`` (groups no client holds any more dropped),
+        after the step, with the state the round started from (kept by :meth:`_points`)."""
+        before, rnd = getattr(self, "_start", None), int(msg["round"])
+        self._start = None
+        hist = {int(r) for r in np.ravel(msg["history"])} if "history" in msg else None
+        for prefix in [p for p in self.groups if point_round(p)]:
+            if hist is None or stale(prefix, rnd, hist):
+                g = self.groups[prefix]
+                g.present[idx] = False
+                if not g.present.any():
+                    del self.groups[prefix]
+        if hist is not None and before:
+            self._commit_state(idx, before, in_key(rnd, 0))
+            self._commit_state(idx, self._model_state(idx), out_key(rnd, 0))
 
     def _estep_stats(self, mode: str, seed: int, rnd: int, idx: np.ndarray, params, msg,
                      hook):
@@ -478,12 +548,14 @@ class BatchedClients:
             masks = None if mode != "batch" else \
                 self._batch_masks(seed, rnd, idx, int(msg["batch_size"]))
             S_c, n, obj = self._stats(params, idx, masks, True, "estep", hook, (seed, rnd))
+            self._keep_history(idx, msg)
             if hook is None:
                 S_c /= np.maximum(n, 1)[:, None]
             if mode == "spider-refresh":
                 self._spider_put(idx, S_c, params)
             return S_c, n, obj
         if mode == "spider":
+            self._keep_history(idx, msg)  # (drops kept point states: a plain round)
             return self._spider(seed, rnd, idx, params, int(msg["batch_size"]))
         raise KeyError(f"unknown E-step mode {mode!r}")
 

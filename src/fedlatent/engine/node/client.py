@@ -37,6 +37,14 @@ from fedlatent.engine.contract.model import FederatedModel, client_key, client_r
 from fedlatent.engine.contract.registry import estimator_from_config, model_from_config
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
+from fedlatent.engine.node.pointstate import (
+    UnheldState,
+    combination,
+    in_key,
+    out_key,
+    point_round,
+    stale,
+)
 from fedlatent.engine.privacy.clipping import weights_refusal
 from fedlatent.engine.privacy.disclosure import (
     DisclosurePolicy,
@@ -392,19 +400,80 @@ class ClientNode:
                              f"(message keys 'params{missing[0]}/...')")
         return m
 
-    def _point_replies(self, msg: dict[str, Any], m: int, mstate) -> dict[str, Any]:
+    def _point_replies(self, msg: dict[str, Any], m: int, mstate, a_in) -> dict[str, Any]:
         """``point{j}/`` (the mean statistic) and ``objective{j}`` at each ``T(x_j)``: the
-        client step from the model state ``mstate`` the round started from, nothing kept (the
-        state follows the round's own statistic), suppression per point (each a release)."""
+        client step from the model state ``mstate`` the round started from, suppression per
+        point (each a release). A message with ``history`` (a model with ``point_state``)
+        steps point ``j`` from the combination of kept states it names instead, and keeps
+        what went in and came out (:mod:`~fedlatent.engine.node.pointstate`)."""
+        rnd, track = int(msg["round"]), "history" in msg
+        starts = [self._point_start(msg, j, mstate, a_in) for j in range(1, m + 1)] \
+            if track else [mstate] * m  # every combination checked before any step
         out: dict[str, Any] = {}
-        for j in range(1, m + 1):
-            rng = client_rng(int(msg["seed"]), self.client_id, int(msg["round"]), _P_MODEL)
+        for j, start in enumerate(starts, 1):
+            rng = client_rng(int(msg["seed"]), self.client_id, rnd, _P_MODEL)
             step = self._local_stats(unpack(msg, f"params{j}"), None, rng, commit=False,
-                                     mstate=mstate)
+                                     mstate=start)
             prefix, obj = point_keys(j)
             out.update(pack(prefix, (step.stats / (step.n or 1)).to_dict()))
             out[obj] = float(step.objective)
+            if track:
+                _put(self.state, in_key(rnd, j), start)
+                _put(self.state, out_key(rnd, j), step.state)
         return out
+
+    def _point_start(self, msg: dict[str, Any], j: int, a_out, a_in) -> dict[str, Any]:
+        """The state extra point ``j`` is stepped from (:func:`~fedlatent.engine.node.
+        pointstate.combination`, projected by the model); ValueError naming a point this
+        client keeps no state for (a deviating server)."""
+        def get(prefix):
+            got = _sub(self.state, prefix)
+            return {k: v[None] for k, v in got.items()} if got else None
+
+        try:
+            st = combination(msg, j, get, {k: v[None] for k, v in a_out.items()},
+                             None if a_in is None else {k: v[None] for k, v in a_in.items()})
+        except UnheldState as err:
+            raise ValueError(
+                f"client {self.client_id!r}: round {msg['round']}'s extra point {j} combines "
+                f"{err}, which this client keeps no state for (a deviating server); a server "
+                "may combine only the points of the rounds its 'history' named") from None
+        start = {k: v[None] for k, v in a_out.items()}
+        return {k: v[0] for k, v in self.model.project_point_state(st, start).items()}
+
+    def _adopt_point(self, msg: dict[str, Any]) -> dict[str, np.ndarray] | None:
+        """Before the E-step: the model state of the point of the round before that the
+        server accepted (``msg["accepted"] = j``, kept by :meth:`_point_replies`; 0 or
+        absent: the round's own statistic, the state the client already holds). Returns the
+        state that point was stepped from (None: not kept). ValueError when the client keeps
+        no state for point ``j`` of the round before (a deviating server)."""
+        j, rnd = int(msg.get("accepted", 0) or 0), int(msg["round"])
+        got = _sub(self.state, out_key(rnd - 1, j)) if "history" in msg else {}
+        if j and not got:
+            raise ValueError(
+                f"client {self.client_id!r}: round {rnd}'s message accepts extra point {j} "
+                f"of round {rnd - 1}, but this client keeps no model state for that point (a "
+                "deviating server); the server must name one of the points it sent the round "
+                "before (accepted = 1..m) or none (the round's own statistic)")
+        if j:
+            _put(self.state, "model", got)
+        return _sub(self.state, in_key(rnd - 1, j)) or None if "history" in msg else None
+
+    def _keep_history(self, msg: dict[str, Any], before: dict[str, np.ndarray]) -> None:
+        """After a round with ``history``: the round's own point kept (``pinput{k}.0`` what
+        it was stepped from, ``pstate{k}.0`` what it gave), inputs of earlier rounds and the
+        outputs of rounds no longer in ``history`` dropped; without it, every kept state."""
+        rnd = int(msg["round"])
+        hist = {int(r) for r in np.ravel(msg["history"])} if "history" in msg else None
+        if hist is None and not any(point_round(k.partition("/")[0]) for k in self.state):
+            return
+        for key in list(self.state):
+            prefix = key.partition("/")[0]
+            if point_round(prefix) and (hist is None or stale(prefix, rnd, hist)):
+                del self.state[key]
+        if hist is not None:
+            _put(self.state, in_key(rnd, 0), before)
+            _put(self.state, out_key(rnd, 0), _sub(self.state, "model"))
 
     def _estep_or_error(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The E-step, or, if it raises, a reply carrying the exception's text (the server
@@ -431,9 +500,7 @@ class ClientNode:
                              "under differential privacy (SPIDER releases two correlated "
                              "statistics per round); use full passes or mini-batches")
 
-        m = self._extra_points(msg, mode)
-        before = {k: np.array(v, copy=True) for k, v in _sub(self.state, "model").items()} \
-            if m else None
+        m, before, a_in = self._round_start(msg, mode)
         if mode == "full" or mode == "spider-refresh":
             step = self._local_stats(params, None, rng_model, statistics=1 + m)
             if self.privacy is not None:
@@ -475,8 +542,20 @@ class ClientNode:
         reply["n"] = units_number(step.n)
         reply["objective"] = float(step.objective)
         if m:
-            reply.update(self._point_replies(msg, m, before))
+            reply.update(self._point_replies(msg, m, before, a_in))
+        self._keep_history(msg, before)
         return reply
+
+    def _round_start(self, msg: dict[str, Any], mode: str):
+        """``(m, before, a_in)``: the extra points asked (:meth:`_extra_points`), after the
+        accepted point's state is adopted (:meth:`_adopt_point`, whose input ``a_in`` it
+        returns) a copy of the model state the round starts from (None when neither the
+        points nor ``history`` need it)."""
+        a_in = self._adopt_point(msg)
+        m = self._extra_points(msg, mode)
+        before = {k: np.array(v, copy=True) for k, v in _sub(self.state, "model").items()} \
+            if m or "history" in msg else None
+        return m, before, a_in
 
     def _fedem_update(self, S_c: Stats, msg: dict[str, Any]) -> Stats:
         """``Q_c = Quant(S_c - S_hat - V_c)`` and ``V_c += alpha Q_c``: the client update of

@@ -350,8 +350,10 @@ class _Rounds:
     def plan(self, k: int) -> RoundPlan:
         points = () if self.accel is None else self.accel.points(self.model, self.params,
                                                                  self.n_total)
+        fields = getattr(self.accel, "client_fields", None)  # the clients' states' path
         return make_plan(self.fed, k, int(self.opt.seed), self.state, self.params,
-                         len(self.cids), self.shapes, self.alpha, self.sizes, points)
+                         len(self.cids), self.shapes, self.alpha, self.sizes, points,
+                         None if fields is None else fields([x for x, _ in points], k))
 
     def gather(self, plan: RoundPlan) -> Aggregate:
         """The round's aggregate from the collector (a batched collector that finds no batched

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,10 +77,14 @@ def draw_positions(n: int, p: float, seed: int, k: int, init_round: bool) -> np.
 def make_plan(fed: Federation, k: int, seed: int, state, params, n_clients: int,
               shapes: dict[str, tuple[int, ...]], alpha: float,
               sizes: tuple[int, int],
-              points: Sequence[tuple[Stats, Params]] = ()) -> RoundPlan:
+              points: Sequence[tuple[Stats, Params]] = (),
+              client_fields: Mapping[str, Any] | None = None) -> RoundPlan:
     """Round ``k``'s plan from the federation and the server's ``state`` and ``params``;
     ``sizes`` are the bytes of one uncompressed reply and of one quantized reply; ``points``
-    the extra points ``(x_j, T(x_j))`` of a multi-point round (see :class:`RoundPlan`)."""
+    the extra points ``(x_j, T(x_j))`` of a multi-point round (see :class:`RoundPlan`);
+    ``client_fields``: the accelerator's fields that carry the clients' own model states
+    along its path (:meth:`~fedlatent.engine.rounds.newton.NewtonAccelerator.client_fields`:
+    ``history``, ``accepted``, ``columns``, ``combine{j}``), added to the message as they are."""
     init_round = not state.initialized
     gamma = 1.0 if init_round else fed.gamma(k)
     p = float(fed.participation)
@@ -88,6 +92,7 @@ def make_plan(fed: Federation, k: int, seed: int, state, params, n_clients: int,
     msg.update(pack("params", params))
     if state.S_hat is not None:
         msg.update(pack("S_hat", state.S_hat.to_dict()))
+    msg.update(client_fields or {})
     if points:
         msg["points"] = len(points)
         for j, (_, theta) in enumerate(points, 1):
