@@ -10,8 +10,8 @@ the same machine at the same moments: the load of a shared machine moves within 
 plain round alone moved 0.6-1.2 s between successive rounds of one fit), and comparing fits,
 or even whole rounds, run one after the other measured that as much as the code. Each round
 is timed in CPU seconds of its own thread (one BLAS thread: every client runs here, in turn).
-The key set-up is not a ratio and runs once: it is timed alone (the plain fit waits meanwhile;
-taking turns, its CPU seconds also counted the caches the other fit's E-steps had taken).
+The key set-up runs once and is not a ratio: it is timed alone (the plain fit waits meanwhile),
+as a server that does nothing else runs it.
 
 Reported per number of clients: the masking graph (degree k, neighbourhood threshold t; "all"
 is the complete graph of Bonawitz et al., with its threshold), the fit's once-per-fit key
