@@ -25,6 +25,7 @@ __all__ = [
     "derive_keys",
     "agree",
     "commit",
+    "commit_many",
     "derive_key",
     "generate_private",
     "load_private",
@@ -97,7 +98,8 @@ def agree(key, peer_public: bytes) -> bytes:
 
     ``cryptography`` refuses a low-order peer key (an all-zero shared secret) with ValueError.
     """
-    return key.exchange(_public_key(bytes(peer_public)))
+    return key.exchange(_public_key(peer_public if type(peer_public) is bytes
+                                    else bytes(peer_public)))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -128,8 +130,7 @@ def derive_keys(secrets: list[bytes], infos: list[bytes], length: int = KEY_BYTE
     ``cryptography``, one pass."""
     c = require()
     hkdf, sha = c.HKDF, c.hashes.SHA256()
-    return [hkdf(algorithm=sha, length=length, salt=None, info=i).derive(s)
-            for s, i in zip(secrets, infos)]
+    return [hkdf(sha, length, None, i).derive(s) for s, i in zip(secrets, infos)]
 
 
 def commit(data: bytes) -> bytes:
@@ -138,6 +139,18 @@ def commit(data: bytes) -> bytes:
     h = c.hashes.Hash(c.hashes.SHA256())
     h.update(data)
     return h.finalize()
+
+
+def commit_many(items: list[bytes]) -> list[bytes]:
+    """:func:`commit` of each of ``items`` (one pass)."""
+    c = require()
+    new, sha = c.hashes.Hash, c.hashes.SHA256()
+    out = []
+    for data in items:
+        h = new(sha)
+        h.update(data)
+        out.append(h.finalize())
+    return out
 
 
 def prg_uint64(key: bytes, n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndarray:
@@ -183,16 +196,19 @@ def aead_seal_rows(keys: list[bytes], plaintexts, associated: list[bytes]) -> np
     ``plaintexts[i]`` (bytes, or the rows of a uint8 array) bound to ``associated[i]``; a
     (len(keys), 12 + length + 16) uint8 array, row i ``nonce || ciphertext`` (every nonce
     fresh from the OS, drawn in one call)."""
-    aead, n = require().ChaCha20Poly1305, NONCE_BYTES
+    n = NONCE_BYTES
     if not keys:
         return np.zeros((0, n + 16), dtype=np.uint8)
     if isinstance(plaintexts, np.ndarray):  # rows of one array: one copy, then slices
         raw, w = plaintexts.tobytes(), plaintexts.nbytes // len(plaintexts)
         plaintexts = [raw[i * w:(i + 1) * w] for i in range(len(plaintexts))]
-    nonces = random_bytes(n * len(keys))
-    parts = [nonces[n * i:n * i + n] + aead(key).encrypt(nonces[n * i:n * i + n], plain, ad)
-             for i, (key, plain, ad) in enumerate(zip(keys, plaintexts, associated))]
-    return np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(len(keys), -1).copy()
+    aead, nonces = require().ChaCha20Poly1305, random_bytes(n * len(keys))
+    sealed = b"".join([aead(key).encrypt(nonces[n * i:n * i + n], plain, ad)
+                       for i, (key, plain, ad) in enumerate(zip(keys, plaintexts, associated))])
+    out = np.empty((len(keys), n + len(sealed) // len(keys)), dtype=np.uint8)
+    out[:, :n] = np.frombuffer(nonces, dtype=np.uint8).reshape(len(keys), n)
+    out[:, n:] = np.frombuffer(sealed, dtype=np.uint8).reshape(len(keys), -1)
+    return out
 
 
 def aead_open_rows(keys: list[bytes], sealed: list[bytes], associated: list[bytes]

@@ -136,7 +136,7 @@ class SecAggClient:
         """
         if self._public is None:  # drawn once: computed once
             self._public = {"enc_key": _crypto.public_raw(self._private),
-                            "self_commit": b"".join(_crypto.commit(b) for b in self._self_seeds)}
+                            "self_commit": b"".join(_crypto.commit_many(self._self_seeds))}
         out = {k: as_u8(v) for k, v in self._public.items()}
         if signer is not None:
             payload = keys_payload({k: v.tobytes() for k, v in out.items()})
@@ -230,13 +230,14 @@ class SecAggClient:
         t = self.config.share_threshold(roster.n)
         near = roster.graph.closed(self.id)
         shares = shamir.share_seeds(self._seeds, roster.x_of(near), t)
-        plain = shares.astype("<u4").reshape(len(near), -1)  # a holder's share of every slot
-        me = near.index(self.id)
-        self._blobs[self.id] = plain[me].tobytes()
+        raw = shares.astype("<u4", copy=False).tobytes()  # a holder's share of every slot
+        w, me = len(raw) // len(near), near.index(self.id)
+        self._blobs[self.id] = raw[me * w:me * w + w]
         peers = [v for v in near if v != self.id]
+        view = memoryview(raw)  # slices without copies: the seal reads them
+        plain = [view[i * w:i * w + w] for i in range(len(near)) if i != me]
         keys = [block[:32] for block in self._pair_blocks(peers)]  # the pairs' share keys
-        ads = share_contexts(self.id, peers)
-        rows = _crypto.aead_seal_rows(keys, np.delete(plain, me, axis=0), ads)
+        rows = _crypto.aead_seal_rows(keys, plain, share_contexts(self.id, peers))
         self._shared = True
         return peers, rows
 
@@ -252,18 +253,13 @@ class SecAggClient:
         a uint8 array): every sender checked (enrolled, a neighbour, once), every message
         opened, then every share checked at once (field elements)."""
         roster = self._need_roster()
-        near = set(roster.graph.closed(self.id))
-        seen: set[str] = set()
-        for u in senders:
-            if u == self.id or (u not in near and not roster.enrolled(u)):
-                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
-                                             "not another enrolled client")
-            if u not in near:
-                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
-                                             "not its neighbour on the masking graph")
-            if u in self._blobs or u in seen:
-                raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
-            seen.add(u)
+        near = roster.graph.closed_set(self.id)
+        given = set(senders)
+        if len(given) == len(senders) and self.id not in given and near.issuperset(given) \
+                and given.isdisjoint(self._blobs):  # as the server relays: checked at once
+            senders = list(senders)
+        else:
+            self._check_senders(roster, near, senders)
         sealed = _rows_bytes(sealed)
         keys = [block[:32] for block in self._pair_blocks(senders)]
         opened = _crypto.aead_open_rows(keys, sealed, share_contexts_to(senders, self.id))
@@ -277,6 +273,21 @@ class SecAggClient:
                                          f"{senders[bad[0]]!r} holds a value that is not a "
                                          "field element")
         self._blobs.update(zip(senders, opened))
+
+    def _check_senders(self, roster: Roster, near, senders: Sequence[str]) -> None:
+        """The error naming the first sender of shares that is not another enrolled client, not
+        a neighbour, or sent twice."""
+        seen: set[str] = set()
+        for u in senders:
+            if u == self.id or (u not in near and not roster.enrolled(u)):
+                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
+                                             "not another enrolled client")
+            if u not in near:
+                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
+                                             "not its neighbour on the masking graph")
+            if u in self._blobs or u in seen:
+                raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
+            seen.add(u)
 
     def _open_share(self, u: str, msg) -> bytes:
         """The opened share message from ``u`` (its size checked), or the error naming it."""
@@ -540,8 +551,7 @@ class SecAggClient:
         done, in one pass each."""
         todo = [v for v in peers if v not in self._pair]
         if todo:
-            pub = [self._roster.keys[v]["enc_key"] for v in todo]
-            shared = _crypto.agree_many(self._private, pub)
+            shared = _crypto.agree_many(self._private, self._roster.enc_keys(todo))
             self._pair.update(zip(todo, pair_keys_many(shared, self.run, self.id, todo)))
         return [self._pair[v] for v in peers]
 
@@ -617,10 +627,11 @@ def _by_slot(by_peer: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _rows_bytes(sealed) -> list[bytes]:
-    """Messages as bytes: the rows of a 2-d uint8 array (one copy), or a list of bytes."""
+def _rows_bytes(sealed) -> list:
+    """Messages as bytes: the rows of a 2-d uint8 array (one copy, then views), or a list of
+    bytes."""
     if isinstance(sealed, np.ndarray) and sealed.ndim == 2:
-        raw, w = sealed.tobytes(), sealed.shape[1]
+        raw, w = memoryview(sealed.tobytes()), sealed.shape[1]
         return [raw[i * w:(i + 1) * w] for i in range(len(sealed))]
     return [bytes(m) for m in sealed]
 

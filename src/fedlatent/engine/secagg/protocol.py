@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import functools
 import json
-import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -229,8 +228,6 @@ class Roster:
         from ``keys``); with ``graph_seed`` it fixes the graph.
     graph_seed : bytes, optional
         The server's seed of the graph (a sparse graph needs it).
-    _rows_checked : bool
-        Internal (:meth:`from_message`): every key field is already the bytes of a checked row.
 
     Notes
     -----
@@ -240,7 +237,7 @@ class Roster:
 
     def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig, *,
                  everyone=None, enc_all: np.ndarray | None = None,
-                 graph_seed: bytes | None = None, _rows_checked: bool = False):
+                 graph_seed: bytes | None = None):
         # every O(n) step in C, once per distinct list in a process (:class:`Enrolled`)
         known = everyone if isinstance(everyone, Enrolled) else Enrolled(
             keys if everyone is None else everyone)
@@ -250,16 +247,17 @@ class Roster:
         config.check_clients(len(known.ids))
         self.config = config
         self.ids, self.ids_json = known.ids, known.text
-        pick = operator.itemgetter(*KEY_FIELDS)
-        self.keys: dict[str, dict[str, bytes]] = (
-            {u: dict(zip(KEY_FIELDS, pick(keys[u]))) for u in members} if _rows_checked
-            else {u: _checked_keys(u, keys[u], config) for u in members})
-        #: each client's signature of its keys (64 zero bytes: it sent none)
-        self.signatures = {u: bytes(SIGNATURE_BYTES) if keys[u].get(SIGNATURE_FIELD) is None
-                           else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
-                                         what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
-                           for u in members}
-        if len({k["enc_key"] for k in self.keys.values()}) < len(members):  # name the pair
+        if isinstance(keys, _Rows):  # a relayed roster's checked rows (:meth:`from_message`)
+            self.keys: Mapping[str, Mapping[str, bytes]] = keys
+            self.signatures: Mapping[str, bytes] = keys.signatures
+        else:
+            self.keys = {u: _checked_keys(u, keys[u], config) for u in members}
+            #: each client's signature of its keys (64 zero bytes: it sent none)
+            self.signatures = {u: bytes(SIGNATURE_BYTES) if keys[u].get(SIGNATURE_FIELD) is None
+                               else as_bytes(keys[u][SIGNATURE_FIELD], size=SIGNATURE_BYTES,
+                                             what=f"client {u!r}: field {SIGNATURE_FIELD!r}")
+                               for u in members}
+        if len(set(self.enc_keys(members))) < len(members):  # name the pair
             seen: dict[bytes, str] = {}
             f = "enc_key"
             for u in members:
@@ -274,6 +272,13 @@ class Roster:
                         else np.asarray(enc_all, dtype=np.uint8))
         self.graph_seed = None if graph_seed is None else bytes(graph_seed)
         self._graph = None
+
+    def enc_keys(self, members: Iterable[str]) -> list[bytes]:
+        """The share-encryption keys of ``members`` (raw 32 bytes each)."""
+        if isinstance(self.keys, _Rows):
+            return self.keys.column("enc_key", members)
+        keys = self.keys
+        return [keys[u]["enc_key"] for u in members]
 
     @functools.cached_property
     def index(self) -> dict[str, int]:
@@ -337,7 +342,7 @@ class Roster:
         if not self.config.sparse(self.n):
             return self.to_message()
         near = self.graph.closed(str(u))
-        rows = [self.index[v] - 1 for v in near]
+        rows = self.graph.closed_index(str(u))  # their rows: places among the sorted ids
         table = self._tables
         msg: dict = {"ids": self.ids_json}
         for f in KEY_FIELDS:
@@ -365,19 +370,11 @@ class Roster:
         known = _enrolled_of_text(msg.get("ids"))
         ids = known.ids
         members = _id_list(msg, "members") if msg.get("members") is not None else ids
-        keys: dict[str, dict] = {u: {} for u in members}
-        fields = list(KEY_FIELDS) + ([SIGNATURE_FIELD] if msg.get(SIGNATURE_FIELD) is not None
-                                     else [])
-        for f in fields:
-            a = _rows(msg, f, len(members),
-                      SIGNATURE_BYTES if f == SIGNATURE_FIELD else 32 * _per(f, config))
-            if f == SIGNATURE_FIELD:
-                for u, row in zip(members, a):
-                    keys[u][f] = row
-                continue
-            width, raw = a.shape[1], a.tobytes()  # checked rows: bytes at once
-            for i, u in enumerate(members):
-                keys[u][f] = raw[i * width:(i + 1) * width]
+        fields = {f: (_rows(msg, f, len(members), 32 * _per(f, config)).tobytes(),
+                      32 * _per(f, config)) for f in KEY_FIELDS}  # checked rows: bytes at once
+        sig = (_rows(msg, SIGNATURE_FIELD, len(members), SIGNATURE_BYTES).tobytes()
+               if msg.get(SIGNATURE_FIELD) is not None else bytes(SIGNATURE_BYTES * len(members)))
+        keys = _Rows(members, fields, sig)
         if not known.set.issuperset(members):
             raise SecureAggregationError("the roster's members are not all enrolled")
         enc = _rows(msg, "enc_all", len(ids), 32) if "enc_all" in msg else None
@@ -386,8 +383,7 @@ class Roster:
             seed = None if seed is None else bytes.fromhex(str(seed))
         except ValueError as exc:
             raise SecureAggregationError("the roster's 'graph_seed' must be hex") from exc
-        return cls(keys, config, everyone=known, enc_all=enc, graph_seed=seed,
-                   _rows_checked=True)  # every key field: bytes of a checked (rows, width)
+        return cls(keys, config, everyone=known, enc_all=enc, graph_seed=seed)
 
     @property
     def n(self) -> int:
@@ -404,6 +400,54 @@ class Roster:
         if len(set(members)) != len(members):
             raise SecureAggregationError(f"{what}: a client is listed twice")
         return sorted(members)
+
+
+class _Rows(Mapping):
+    """A relayed roster's keys, ``{member: {field: bytes}}`` read from the message's checked
+    (rows, width) fields: each member's slices cut when asked (a client reads its k
+    neighbours' share-encryption keys and little else: no dict per member built up front).
+    ``signatures`` is the members' signatures the same way (64 zero bytes: unsigned)."""
+
+    def __init__(self, members: list[str], fields: dict[str, tuple[bytes, int]], sig: bytes):
+        self.members = members
+        self._at = dict(zip(members, range(len(members))))
+        self._fields = fields
+        self.signatures = _Column(self, sig, SIGNATURE_BYTES)
+
+    def column(self, field: str, members: Iterable[str]) -> list[bytes]:
+        """``[self[u][field] for u in members]``, without the dicts."""
+        raw, w = self._fields[field]
+        return [raw[i * w:i * w + w] for i in map(self._at.__getitem__, members)]
+
+    def __getitem__(self, u: str) -> dict[str, bytes]:
+        i = self._at[u]
+        return {f: raw[i * w:i * w + w] for f, (raw, w) in self._fields.items()}
+
+    def __contains__(self, u) -> bool:
+        return u in self._at
+
+    def __iter__(self):
+        return iter(self.members)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+class _Column(Mapping):
+    """One per-member field of a :class:`_Rows` (``{member: bytes}``)."""
+
+    def __init__(self, rows: _Rows, raw: bytes, width: int):
+        self._rows, self._raw, self._w = rows, raw, width
+
+    def __getitem__(self, u: str) -> bytes:
+        i, w = self._rows._at[u], self._w
+        return self._raw[i * w:i * w + w]
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 def _checked_keys(u: str, msg: Mapping, config: SecAggConfig) -> dict[str, bytes]:
