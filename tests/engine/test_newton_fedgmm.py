@@ -132,11 +132,19 @@ REFUSED = [
      "round 4's extra point 1 combines the state the point accepted in round 3 was stepped "
      "from, which this client keeps no state for (a deviating server); a server may combine "
      "only the points of the rounds its 'history' named"),
+    (4, 1, {"history": np.array([4, 9]), "combine1": np.zeros(1)},
+     "round 4's 'history' names 2 round(s) [4, 9]: a client keeps point states of at most 16 "
+     "rounds, each this one or before (a deviating server)"),
+    (4, 1, {"history": np.arange(-12, 5), "combine1": np.zeros(1)},
+     "round 4's 'history' names 17 round(s) [-12, -11, -10, -9, -8, -7, -6, -5, -4, -3]: a "
+     "client keeps point states of at most 16 rounds, each this one or before (a deviating "
+     "server)"),
 ]
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["one-by-one", "batched"])
-@pytest.mark.parametrize("k, m, fields, why", REFUSED, ids=["accepted", "column", "gamma"])
+@pytest.mark.parametrize("k, m, fields, why", REFUSED, ids=["accepted", "column", "gamma",
+                                                              "history-future", "history-long"])
 def test_a_message_naming_a_state_the_client_does_not_keep_is_refused(batched, k, m, fields,
                                                                        why):
     """A deviating server: every client refuses the round, naming what it does not keep,

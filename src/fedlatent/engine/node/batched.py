@@ -32,7 +32,7 @@ from fedlatent.engine.fedem.pcg import client_uniforms
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.batched_points import BatchedPointStates
 from fedlatent.engine.node.clientstep import fedem_rows
-from fedlatent.engine.node.pointstate import in_key, out_key
+from fedlatent.engine.node.pointstate import history_rounds, in_key, out_key
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
 
@@ -465,6 +465,10 @@ class BatchedClients(BatchedPointStates):
             raise NotImplementedError("extra points are computed at once only on full passes "
                                       "after the initialization round, over rows")
         key, track = (int(msg["seed"]), int(msg["round"])), "history" in msg
+        try:
+            history_rounds(msg)
+        except ValueError as err:  # each client refuses it one by one, named
+            raise NotImplementedError(str(err)) from None
         adopted, a_in = self._accepted_state(idx, msg)
         a_out = self._model_state(idx) if adopted is None else adopted  # (copies)
         starts = self._point_starts(idx, msg, m, a_out, a_in) if track and m > 0 else None

@@ -13,6 +13,7 @@ import numpy as np
 from fedlatent.engine.node.pointstate import (
     UnheldState,
     combination,
+    history_rounds,
     in_key,
     out_key,
     point_round,
@@ -64,7 +65,7 @@ class BatchedPointStates:
         after the step, with the state the round started from (kept by :meth:`_points`)."""
         before, rnd = getattr(self, "_start", None), int(msg["round"])
         self._start = None
-        hist = {int(r) for r in np.ravel(msg["history"])} if "history" in msg else None
+        hist = history_rounds(msg)
         for prefix in [p for p in self.groups if point_round(p)]:
             if hist is None or stale(prefix, rnd, hist):
                 g = self.groups[prefix]

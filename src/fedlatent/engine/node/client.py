@@ -40,6 +40,7 @@ from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.node.pointstate import (
     UnheldState,
     combination,
+    history_rounds,
     in_key,
     out_key,
     point_round,
@@ -464,7 +465,7 @@ class ClientNode:
         it was stepped from, ``pstate{k}.0`` what it gave), inputs of earlier rounds and the
         outputs of rounds no longer in ``history`` dropped; without it, every kept state."""
         rnd = int(msg["round"])
-        hist = {int(r) for r in np.ravel(msg["history"])} if "history" in msg else None
+        hist = history_rounds(msg)
         if hist is None and not any(point_round(k.partition("/")[0]) for k in self.state):
             return
         for key in list(self.state):
@@ -551,6 +552,10 @@ class ClientNode:
         accepted point's state is adopted (:meth:`_adopt_point`, whose input ``a_in`` it
         returns) a copy of the model state the round starts from (None when neither the
         points nor ``history`` need it)."""
+        try:
+            history_rounds(msg)  # (checked before any state changes)
+        except ValueError as err:
+            raise ValueError(f"client {self.client_id!r}: {err}") from None
         a_in = self._adopt_point(msg)
         m = self._extra_points(msg, mode)
         before = {k: np.array(v, copy=True) for k, v in _sub(self.state, "model").items()} \

@@ -31,10 +31,31 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["UnheldState", "combination", "in_key", "out_key", "point_round", "stale"]
+__all__ = ["MAX_HISTORY", "UnheldState", "combination", "history_rounds", "in_key", "out_key",
+           "point_round", "stale"]
 
 #: arrays of one kept state (rows: clients on the batched path, one row one by one)
 State = dict[str, np.ndarray]
+
+
+#: rounds whose point states a client keeps at most: a message whose ``history`` names more
+#: (or a round not yet run) is refused, so what a site keeps stays bounded whatever a server
+#: sends (subspace Newton names ``memory + 1`` rounds; ``memory`` 2 by default)
+MAX_HISTORY = 16
+
+
+def history_rounds(msg: Mapping[str, Any]) -> set[int] | None:
+    """The rounds a message's ``history`` names (None: no ``history``); ValueError when it
+    names more than :data:`MAX_HISTORY` rounds or a round other than this one or before."""
+    if "history" not in msg:
+        return None
+    rnd = int(msg["round"])
+    hist = {int(r) for r in np.ravel(np.asarray(msg["history"], dtype=np.int64))}
+    if len(hist) > MAX_HISTORY or any(r < 0 or r > rnd for r in hist):
+        raise ValueError(f"round {rnd}'s 'history' names {len(hist)} round(s) "
+                         f"{sorted(hist)[:10]}: a client keeps point states of at most "
+                         f"{MAX_HISTORY} rounds, each this one or before (a deviating server)")
+    return hist
 
 
 class UnheldState(LookupError):
