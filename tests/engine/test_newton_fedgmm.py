@@ -217,3 +217,13 @@ def test_a_newton_fedgmm_fit_reaches_plain_ems_loglik_in_fewer_rounds():
     ll_newton = max(r.objective for r in newton.history_)
     assert newton.n_iter_ < plain.n_iter_, (newton.n_iter_, plain.n_iter_)
     assert ll_newton >= ll_plain - 1e-6 * abs(ll_plain), (ll_newton, ll_plain)
+
+
+def test_the_servers_memory_stays_within_what_a_client_keeps():
+    """``memory + 1`` rounds of history: the largest memory a client accepts, and no more."""
+    from fedlatent.engine.node.pointstate import MAX_HISTORY
+
+    assert SubspaceNewton(memory=MAX_HISTORY - 1).memory == MAX_HISTORY - 1
+    with pytest.raises(ValueError, match=r"SubspaceNewton\(memory=\.\.\.\) must be at most "
+                       r"15 \(a client keeps the states of at most 16 rounds\), got 16"):
+        SubspaceNewton(memory=MAX_HISTORY)

@@ -187,6 +187,15 @@ class SubspaceNewton:
                                  f"{v!r}")
         if not (isinstance(self.drop, int | float) and 0.0 < self.drop < 1.0):
             raise ValueError(f"SubspaceNewton(drop=...) must be in (0, 1), got {self.drop!r}")
+        if self.memory > MAX_MEMORY:
+            raise ValueError(f"SubspaceNewton(memory=...) must be at most {MAX_MEMORY} (a "
+                             f"client keeps the states of at most {MAX_MEMORY + 1} rounds), got "
+                             f"{self.memory!r}")
+
+
+#: the largest ``SubspaceNewton(memory=...)``: clients keep point states of ``memory + 1``
+#: rounds and refuse a history of more than 16 (``engine/node/pointstate.py``'s MAX_HISTORY)
+MAX_MEMORY = 15
 
 
 def resolve_acceleration(value) -> Squarem | SubspaceNewton | None:
