@@ -132,10 +132,10 @@ def test_settings_values_and_config_round_trip():
 
 
 # ---- whole fits ----------------------------------------------------------------------------------
-def overlapping_gmm(seed=0, n=2000, clients=20, K=4, d=5):
-    """Four 5-dimensional components whose means are 1.5 standard deviations apart."""
+def overlapping_gmm(seed=0, n=2000, clients=20, K=4, d=5, scale=1.5):
+    """Four 5-dimensional components whose means are ``scale`` standard deviations apart."""
     rng = np.random.default_rng(seed)
-    means = rng.normal(scale=1.5, size=(K, d))
+    means = rng.normal(scale=scale, size=(K, d))
     X = means[rng.integers(0, K, n)] + rng.standard_normal((n, d))
     cl = rng.integers(0, clients, n)
     start = dict(weights_init=np.full(K, 1 / K), means_init=X[rng.choice(n, K, replace=False)],
@@ -269,10 +269,13 @@ def test_lca_accelerated_rounds_beat_as_many_plain_rounds():
     assert all(objectives[k + 1] >= objectives[k - 1] for k in drops)
 
 
-def test_hlcr_is_refused_naming_the_sampler():
+@pytest.mark.parametrize("method", ["squarem", "newton"])
+def test_hlcr_is_refused_naming_the_sampler(method, saturation_rule_off):
+    """Both accelerators refuse a round that is a sampler's sweep, not an EM map (the rule
+    off: Newton's three statistics a reply exceed it on these small sites)."""
     fd = fl.datasets.make_synthhlcr(6, 6, 2, 5, 2, 2, sigma=0.5, random_state=0)
     est = fl.HLCR(2, sigma=0.5, max_rounds=3, random_state=0,
-                  federation=fl.Federation(acceleration="squarem"))
+                  federation=fl.Federation(acceleration=method))
     with pytest.raises(ValueError, match=r"not available for model 'hlcr': its round is a Gibbs "
                                          r"sweep"):
         est.fit(fd)

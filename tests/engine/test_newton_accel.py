@@ -190,13 +190,6 @@ def test_a_model_declaring_a_client_state_refusal_is_refused_naming_it(monkeypat
         est.fit(fd)
 
 
-def test_hlcr_is_refused_naming_the_sampler(saturation_rule_off):
-    fd = fl.datasets.make_synthhlcr(6, 6, 2, 5, 2, 2, sigma=0.5, random_state=0)
-    est = fl.HLCR(2, sigma=0.5, max_rounds=3, random_state=0,
-                  federation=fl.Federation(acceleration="newton"))
-    with pytest.raises(ValueError, match=r"not available for model 'hlcr': its round is a Gibbs "
-                                         r"sweep"):
-        est.fit(fd)
 
 
 def test_resume_is_refused(tmp_path):

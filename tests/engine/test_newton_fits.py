@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sklearn.mixture import GaussianMixture
+from test_acceleration import overlapping_gmm
 
 import fedlatent as fl
 
@@ -18,14 +19,7 @@ pytestmark = pytest.mark.usefixtures("saturation_rule_off_module")
 
 def overlapping(seed=3, n=300, clients=6, K=3, d=2):
     """Three 2-dimensional components about one standard deviation apart (slow plain EM)."""
-    rng = np.random.default_rng(seed)
-    means = rng.normal(scale=1.2, size=(K, d))
-    X = means[rng.integers(0, K, n)] + rng.standard_normal((n, d))
-    cl = rng.integers(0, clients, n)
-    start = dict(weights_init=np.full(K, 1 / K), means_init=X[rng.choice(n, K, replace=False)],
-                 precisions_init=np.repeat(np.eye(d)[None], K, 0))
-    return X, fl.FederatedDataset.from_arrays({f"c{c}": X[cl == c] for c in range(clients)}), \
-        start
+    return overlapping_gmm(seed, n, clients, K, d, scale=1.2)
 
 
 @pytest.fixture(scope="module")
