@@ -190,8 +190,6 @@ def test_a_model_declaring_a_client_state_refusal_is_refused_naming_it(monkeypat
         est.fit(fd)
 
 
-
-
 def test_resume_is_refused(tmp_path):
     rng = np.random.default_rng(0)
     fd = fl.FederatedDataset.from_arrays({f"c{c}": rng.normal(size=(30, 2)) for c in range(3)})
