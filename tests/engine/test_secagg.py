@@ -87,7 +87,7 @@ def test_a_dropout_after_setup_is_recovered_and_then_excluded():
         server.announce(2, "stats", IDS)
     with pytest.raises(SecureAggregationError, match=r"client 'c0': participant 'c3' of round 2, "
                        r"exchange 'stats' was declared dropped in round 1, exchange 'stats' and "
-                       r"its pair seeds revealed; it must rejoin with new keys"):
+                       r"its pair masks revealed; it must rejoin with new keys"):
         clients["c0"].mask(stats["c0"], 2, "stats", IDS)
     # the others go on
     rest = ["c0", "c1", "c2", "c4"]
@@ -105,13 +105,13 @@ def test_two_dropouts_in_one_exchange_are_recovered():
 
 def test_survivors_silent_at_the_reveal_are_not_needed_while_threshold_others_reveal():
     """Without a dropout, a silent survivor's reply still counts; a survivor silent when one of
-    its neighbours dropped is needed (only it can give its pair seed with the dropped client)."""
+    its neighbours dropped is needed (only it can give its pair mask with the dropped client)."""
     server, clients = setup(IDS, config())
     stats = inputs(IDS, seed=10)
     got = run_exchange(server, clients, stats, 1, "stats", IDS, silent=["c4"])
     assert_close_to(got, float_sum(stats, IDS), 5)  # c4's reply counts
     with pytest.raises(SecureAggregationError, match=r"round 3, exchange 'stats': survivors "
-                       r"\['c4'\] masked with dropped 'c0' but revealed no pair seed of it"):
+                       r"\['c4'\] masked with dropped 'c0' but revealed no pair mask of it"):
         run_exchange(*setup(IDS, config()), stats, 3, "stats", IDS, drop=["c0"], silent=["c4"])
     with pytest.raises(SecureAggregationError, match=r"round 2, exchange 'stats': 2 survivors "
                        r"revealed shares, fewer than the threshold 3; the sum stays masked"):
@@ -150,7 +150,7 @@ def test_a_peer_never_reveals_both_secrets_of_the_same_client():
     stats = inputs(IDS, seed=5)
     run_exchange(server, clients, stats, 1, "stats", IDS)  # every b_u is revealed
     with pytest.raises(SecureAggregationError, match=r"client 'c0': refusing to reveal the pair "
-                       r"seed of 'c3' \(declared dropped in round 2, exchange 'stats'\): its "
+                       r"mask of 'c3' \(declared dropped in round 2, exchange 'stats'\): its "
                        r"self-mask seed was revealed in round 1, exchange 'stats'"):
         run_exchange(server, clients, stats, 2, "stats", IDS, drop=["c3"])
 
@@ -164,12 +164,13 @@ def test_a_client_whose_pair_seed_was_revealed_gets_no_self_seed_reveal_later():
             clients[u].mask(stats[u], 40, e, IDS)
     survivors = ["c0", "c1", "c2", "c4"]
     shares = clients["c0"].reveal(40, "b", survivors, ["c3"])
-    # a row per survivor (c0, c1, c2, c4) of c0's share of its seed; c3's pair seed with c0
+    # a row per survivor (c0, c1, c2, c4) of c0's share of its seed; c3's pair mask with c0
     assert sorted(shares) == ["pair", "self"]
     assert shares["self"].dtype == np.uint8 and shares["self"].shape == (4, 32)
-    assert shares["pair"].dtype == np.uint8 and shares["pair"].shape == (1, 32)
+    n = sum(np.size(v) for v in stats["c0"].values())  # c3's pair mask with c0: n words
+    assert shares["pair"].dtype == np.uint8 and shares["pair"].shape == (1, 8 * n)
     with pytest.raises(SecureAggregationError, match=r"client 'c0': refusing to reveal the "
-                       r"self-mask seed of 'c3' in round 40, exchange 'a': its pair seed was "
+                       r"self-mask seed of 'c3' in round 40, exchange 'a': its pair mask was "
                        r"revealed in round 40, exchange 'b'"):
         clients["c0"].reveal(40, "a", IDS, [])
 

@@ -8,7 +8,6 @@ from fedlatent.engine.secagg import (
     FixedPoint,
     SecAggConfig,
     SecureAggregationError,
-    _crypto,
     run_exchange,
     setup,
     shamir,
@@ -45,7 +44,7 @@ def test_a_survivor_of_two_exchanges_dropping_in_the_third_is_recovered():
 
 
 def test_secrets_rebuilt_for_one_exchange_do_not_unmask_another():
-    """c2's self-mask seed of exchange 1 (rebuilt by the server) and its pair seeds of exchange
+    """c2's self-mask seed of exchange 1 (rebuilt by the server) and its pair masks of exchange
     3 (revealed when it dropped there) leave its exchange-1 reply masked by the pair masks of
     slot 0."""
     server, clients = setup(IDS, config())
@@ -59,8 +58,7 @@ def test_secrets_rebuilt_for_one_exchange_do_not_unmask_another():
     for v in IDS:
         if v == "c2":
             continue
-        (seed2,) = clients[v]._pair_seeds(["c2"], 2, exchange_label(3, "estep"))  # revealed
-        m = _crypto.prg_uint64(seed2, n)
+        m = clients[v]._pair_masks(["c2"], exchange_label(3, "estep"), n)[0]  # revealed
         known = known + m if "c2" < v else known - m
     guess = (y1["s"] - known).view(np.int64) / SCALE
     assert np.max(np.abs(guess - stats["c2"]["s"])) > 1e6  # still masked

@@ -28,6 +28,7 @@ __all__ = [
     "commit_many",
     "derive_key",
     "generate_private",
+    "keystream_rows",
     "load_private",
     "prg_rows",
     "prg_uint64",
@@ -35,6 +36,7 @@ __all__ = [
     "public_raw",
     "random_bytes",
     "require",
+    "stream_keys",
 ]
 
 KEY_BYTES = 32
@@ -181,6 +183,26 @@ def prg_rows(keys: list[bytes], n: int, nonce: bytes = bytes(NONCE_BYTES), *,
         raw = b"".join([aead(keys[0]).encrypt(first_nonce, zeros, None)]
                        + [aead(k).encrypt(nonce, zeros, None) for k in keys[1:]])
     return np.frombuffer(raw, dtype="<u8").reshape(len(keys), n + 2)[:, :n].astype(
+        np.uint64, copy=False)
+
+
+def stream_keys(keys: list[bytes]) -> list:
+    """A ChaCha20-Poly1305 object per 32-byte key, for :func:`keystream_rows`: made once per
+    key and kept (a pair's mask secret keys one keystream per exchange), so an exchange pays
+    no key schedule."""
+    aead = require().ChaCha20Poly1305
+    return [aead(k) for k in keys]
+
+
+def keystream_rows(ciphers: list, n: int, nonce: bytes) -> np.ndarray:
+    """A (len(ciphers), n) uint64 array, row i the ChaCha20 keystream of ``ciphers[i]`` (from
+    :func:`stream_keys`) under ``nonce``: :func:`prg_rows` of their keys, without a key
+    schedule per row."""
+    if not ciphers:
+        return np.zeros((0, n), dtype=np.uint64)
+    zeros = bytes(8 * n)
+    raw = b"".join([c.encrypt(nonce, zeros, None) for c in ciphers])
+    return np.frombuffer(raw, dtype="<u8").reshape(len(ciphers), n + 2)[:, :n].astype(
         np.uint64, copy=False)
 
 

@@ -3,7 +3,7 @@
 One :class:`SecAggClient` lives on a client for a whole fit. Its secrets (one X25519 private key
 and a self-mask seed per planned exchange) come from the operating system; only public keys,
 AEAD ciphertexts of shares, masked vectors, and what the multi-round rule allows (shares of a
-surviving neighbour's self-mask seed, a dropped neighbour's pair seed of that exchange) ever
+surviving neighbour's self-mask seed, a dropped neighbour's pair mask of that exchange) ever
 leave it.
 """
 
@@ -34,8 +34,7 @@ from fedlatent.engine.secagg.protocol import (
     keys_payload,
     pair_keys,
     pair_keys_many,
-    pair_seed,
-    pair_seed_table,
+    pair_nonce,
     self_nonce,
 )
 
@@ -118,11 +117,12 @@ class SecAggClient:
         self._blobs: dict[str, bytes] = {}
         # neighbour -> pair_keys(X25519(c_u, c_v)): share keys and s_uv, agreed once per fit
         self._pair: dict[str, bytes] = {}
-        self._tables: dict[str, bytes] = {}  # neighbour -> its pair seeds (rebuilt, not dumped)
+        self._streams: dict[str, object] = {}  # neighbour -> s_uv's cipher (rebuilt, not dumped)
         self._masked: dict[bytes, tuple[str, ...]] = {}
+        self._mask_words: dict[bytes, int] = {}  # exchange label -> the words it masked
         self._slot_of: dict[bytes, int] = {}  # exchange label -> the slot it used
         self._revealed: set[bytes] = set()
-        # slot -> {peer: the exchange in which its self-seed share / pair seed was revealed}
+        # slot -> {peer: the exchange in which its self-seed share / pair mask was revealed}
         self._self_shown: dict[str, dict[str, str]] = {}
         self._pair_shown: dict[str, dict[str, str]] = {}
 
@@ -312,10 +312,11 @@ class SecAggClient:
     # --- per exchange -------------------------------------------------------------------------
     def mask(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
              participants: Sequence[str], slot: int | None = None) -> dict[str, np.ndarray]:
-        """y_u = encode(x_u) + PRG(b_u,e; label) + sum_{v in P, v != u} +-PRG(seed_uv,e) mod 2^64.
+        """y_u = encode(x_u) + PRG(b_u,e; label) + sum_{v in P, v != u} +-PRG(s_uv; label) mod 2^64.
 
-        The sign is + when u sorts before v; ``seed_uv,e`` is the pair's seed of the exchange
-        (one ChaCha20 keystream per neighbour, no key agreement: s_uv was agreed at set-up).
+        The sign is + when u sorts before v; ``PRG(s_uv; label)`` is the pair's mask of the
+        exchange (one ChaCha20 keystream per neighbour under the exchange's nonce, no key
+        agreement: s_uv was agreed at set-up).
         Each (round, exchange) is masked at most once. With per-exchange secrets
         (``config.slots``), ``slot`` is the exchange's number the server announced; each slot
         is used for one exchange only.
@@ -328,14 +329,12 @@ class SecAggClient:
         layout, y = self.config.encoding.encode_flat(stats, client=self.id)
         n = y.size
         me = bisect.bisect_left(P, self.id)  # P is sorted: peers before u subtract, after add
-        # row 0: the self mask (self_mask), rows 1..: the pair masks, one pass
-        rows = _crypto.prg_rows([self._self_seeds[e]] + self._pair_seeds(P[:me] + P[me + 1:],
-                                                                          e, label),
-                                n, first_nonce=self_nonce(label))
-        y += rows[0]
-        y += rows[me + 1:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
-        y -= rows[1:me + 1].sum(axis=0, dtype=np.uint64)
+        rows = self._pair_masks(P[:me] + P[me + 1:], label, n)
+        y += _crypto.prg_uint64(self._self_seeds[e], n, nonce=self_nonce(label))
+        y += rows[me:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
+        y -= rows[:me].sum(axis=0, dtype=np.uint64)
         self._masked[label] = tuple(P)
+        self._mask_words[label] = n
         return layout.unflatten(y, copy=False)  # y is this reply's own
 
     def _mask_participants(self, roster: Roster, participants, label: bytes,
@@ -362,7 +361,7 @@ class SecAggClient:
             v, at = next(iter(gone.items()))
             raise SecureAggregationError(
                 f"client {self.id!r}: participant {v!r} of {where} was declared dropped in {at} "
-                "and its pair seeds revealed; it must rejoin with new keys (a new set-up)")
+                "and its pair masks revealed; it must rejoin with new keys (a new set-up)")
         t = self.config.share_threshold(roster.n)
         if len(P) < t:
             raise SecureAggregationError(f"{where}: {len(P)} participants{self._of_near(roster)}, "
@@ -375,12 +374,12 @@ class SecAggClient:
         """What the server needs to unmask one exchange's sum, for its neighbours on the masking
         graph (and itself), in the sorted order of ``survivors`` and ``dropped``: ``"self"``,
         one row of 32 bytes per survivor v, this client's share of b_v,e; and when a neighbour
-        dropped, ``"pair"``, one row per dropped participant d, the pair seed of (d, this
-        client) of this exchange only.
+        dropped, ``"pair"``, one row per dropped participant d, the pair mask of (d, this
+        client) of this exchange only (its uint64 words as bytes, little-endian).
 
         Refuses (SecureAggregationError) when the split does not match the participants this
         client masked with, when fewer than ``threshold`` survived, when the exchange was already
-        revealed, or when a peer would get both its self-seed share and a pair seed of the same
+        revealed, or when a peer would get both its self-seed share and a pair mask of the same
         slot revealed (with one secret per fit: of any two exchanges).
         """
         roster = self._need_roster()
@@ -393,20 +392,22 @@ class SecAggClient:
         for d in D:
             if d in held:
                 raise SecureAggregationError(
-                    f"client {self.id!r}: refusing to reveal the pair seed of {d!r} (declared "
+                    f"client {self.id!r}: refusing to reveal the pair mask of {d!r} (declared "
                     f"dropped in {where}): its self-mask seed was revealed in "
                     f"{held[d]}, and both would expose its replies")
         for u in (S if pairs else ()):  # none revealed yet: nothing to refuse
             if u in pairs:
                 raise SecureAggregationError(
                     f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
-                    f"{where}: its pair seed was revealed in {pairs[u]}")
+                    f"{where}: its pair mask was revealed in {pairs[u]}")
         at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
         blobs = self._blobs
         out = {"self": np.frombuffer(b"".join([blobs[u][at:at + n] for u in S]),
                                      np.uint8).reshape(-1, n).copy()}
         if D:
-            out["pair"] = as_u8(b"".join(self._pair_seeds(D, e, label))).reshape(-1, n)
+            words = self._mask_words[label]
+            out["pair"] = np.ascontiguousarray(self._pair_masks(D, label, words), "<u8").view(
+                np.uint8).reshape(len(D), 8 * words)
         shown = dict.fromkeys(S, where)  # the first exchange to reveal one is kept
         shown.update(held)
         self._self_shown[key] = shown
@@ -414,7 +415,7 @@ class SecAggClient:
             self._pair_shown[key] = {**dict.fromkeys(D, where), **pairs}
         self._revealed.add(label)
         if D:
-            log.info("client %r revealed its pair seeds with dropped %s in %s", self.id, D, where)
+            log.info("client %r revealed its pair masks with dropped %s in %s", self.id, D, where)
         return out
 
     def _reveal_split(self, roster: Roster, label: bytes, survivors, dropped,
@@ -467,6 +468,7 @@ class SecAggClient:
             "held": {u: b.hex() for u, b in self._blobs.items()},
             "pair": {v: b.hex() for v, b in self._pair.items()},
             "masked": {k.hex(): list(v) for k, v in self._masked.items()},
+            "mask_words": {k.hex(): v for k, v in self._mask_words.items()},
             "slot_of": {k.hex(): v for k, v in self._slot_of.items()},
             "revealed": sorted(k.hex() for k in self._revealed),  # a set: one order
             "revealed_self": _sorted_view(self._self_shown),
@@ -495,8 +497,9 @@ class SecAggClient:
         c._shared = bool(d["shared"])
         c._blobs = {u: bytes.fromhex(h) for u, h in d["held"].items()}
         c._pair = {v: bytes.fromhex(h) for v, h in d["pair"].items()}
-        c._tables = {}
+        c._streams = {}
         c._masked = {bytes.fromhex(k): tuple(v) for k, v in d["masked"].items()}
+        c._mask_words = {bytes.fromhex(k): int(v) for k, v in d["mask_words"].items()}
         c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
         c._revealed = {bytes.fromhex(k) for k in d["revealed"]}
         c._self_shown, c._pair_shown = _by_slot(d["revealed_self"]), _by_slot(d["revealed_pair"])
@@ -510,7 +513,7 @@ class SecAggClient:
 
     @property
     def _revealed_pair(self) -> dict[str, dict[str, str]]:
-        """``{peer: {slot: the exchange in which this client revealed its pair seed with the
+        """``{peer: {slot: the exchange in which this client revealed its pair mask with the
         peer}}`` (kept by slot: :attr:`_pair_shown`)."""
         return _by_peer(self._pair_shown)
 
@@ -569,20 +572,19 @@ class SecAggClient:
         block = self._pair_block(recipient if sender == self.id else sender)
         return block[:32]  # both directions; the associated data binds (sender, recipient)
 
-    def _pair_seeds(self, peers: Sequence[str], slot: int, label: bytes) -> list[bytes]:
-        """The pair seed of this client and each of ``peers`` for one exchange: block ``slot``
-        of the pair's seed table (with one secret per fit: HKDF of s_uv and the label)."""
-        if self.config.slots is None:
-            return [pair_seed(self._pair_block(v)[32:], label) for v in peers]
-        tables, at = self._tables, 32 * int(slot)
+    def _pair_masks(self, peers: Sequence[str], label: bytes, n: int) -> np.ndarray:
+        """The pair mask of this client and each of ``peers`` in one exchange, an (m, n) uint64
+        array: the keystream of s_uv under the exchange's nonce (:func:`~.protocol.pair_nonce`),
+        each pair's cipher made once per fit."""
+        streams = self._streams
         try:
-            return [tables[v][at:at + 32] for v in peers]
-        except KeyError:  # each pair's table once per fit (its agreements in one pass)
-            todo = [v for v in peers if v not in tables]
-            E = self.config.n_slots
-            tables.update((v, pair_seed_table(block[32:], E))
-                          for v, block in zip(todo, self._pair_blocks(todo)))
-        return [tables[v][at:at + 32] for v in peers]
+            ciphers = [streams[v] for v in peers]
+        except KeyError:  # each pair's cipher once per fit (its agreements in one pass)
+            todo = [v for v in peers if v not in streams]
+            streams.update(zip(todo, _crypto.stream_keys(
+                [block[32:] for block in self._pair_blocks(todo)])))
+            ciphers = [streams[v] for v in peers]
+        return _crypto.keystream_rows(ciphers, n, pair_nonce(label))
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each

@@ -2,10 +2,10 @@
 
 Masks are derived per exchange from secrets agreed once per fit: a pair of neighbours agrees one
 X25519 secret, HKDF turns it (bound to the run and the pair) into their two share-encryption
-keys and their mask secret s_uv (:func:`pair_keys`); exchange e's pair seed is the e-th 32-byte
-block of the ChaCha20 keystream of s_uv (:func:`pair_seed_table`; with one secret per fit, HKDF
-of s_uv and the exchange's label), and the pair mask is the keystream of that seed. The self mask
-is the keystream of b_u under a nonce hashed from the exchange's label.
+keys and their mask secret s_uv (:func:`pair_keys`); an exchange's pair mask is the ChaCha20
+keystream of s_uv under a nonce hashed from the exchange's label (:func:`pair_nonce`: one
+keystream per pair and exchange, each exchange masked once). The self mask is the keystream of
+b_u under another nonce hashed from the label.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.encoding import FixedPoint
 
 __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "as_bytes",
-           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_keys_many", "pair_seed",
-           "pair_seed_table", "self_mask", "self_nonce", "slot_item"]
+           "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_keys_many", "pair_nonce",
+           "self_mask", "self_nonce", "slot_item"]
 
 #: a client's public keys: its X25519 key (share encryption and pairwise masks) and a SHA-256
 #: commitment to each of its self-mask seeds
@@ -58,12 +58,12 @@ class SecAggConfig:
     encoding : FixedPoint
         The public fixed-point scale and bounds.
     slots : int or None
-        None (one self-mask seed per client for the whole fit, pair seeds per exchange label):
+        None (one self-mask seed per client for the whole fit, pair masks per exchange label):
         a client whose self-mask seed was revealed (it survived an exchange) can never be
         recovered later. An int E: every client draws E self-mask seeds at set-up, all
         Shamir-shared then, and exchange number e (0 <= e < E, assigned by the server's
-        :meth:`~.server.SecAggServer.announce`) uses only the e-th seed and the e-th pair seed
-        of each neighbour; revealing the secrets of one exchange reveals nothing of another,
+        :meth:`~.server.SecAggServer.announce`) uses only the e-th seed and that exchange's pair
+        mask with each neighbour; revealing the secrets of one exchange reveals nothing of another,
         so a client that drops in any exchange is recovered (and excluded for the rest of the
         fit).
     degree : int or None
@@ -145,8 +145,16 @@ def self_nonce(label: bytes) -> bytes:
 
 
 PAIR_TAG = b"fedlatent/secagg/pair\x00"
-#: the ChaCha20 nonce of the pair seeds' table (the mask keystreams use the zero nonce)
-SEEDS_NONCE = b"pair-seeds\x00\x00"
+
+
+@functools.lru_cache(maxsize=256)
+def pair_nonce(label: bytes) -> bytes:
+    """The pair masks' ChaCha20 nonce of an exchange: SHA-256(tag, label)[:12] (public, hashed
+    once per exchange in a process). A pair's mask of the exchange is the keystream of its
+    secret s_uv under it: a client masks each exchange once, so each (s_uv, nonce) keys one
+    keystream, and the mask of one exchange (what a reveal gives when a neighbour dropped)
+    leaves every other exchange's pseudo-random."""
+    return _crypto.commit(b"fedlatent/secagg/pair-mask\x00" + label)[:12]
 
 
 def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
@@ -170,18 +178,6 @@ def pair_keys_many(shared: list[bytes], run: str, u: str, peers: list[str]) -> l
 def json_str(u: str) -> bytes:
     """A string as JSON (what ``json.dumps`` writes for it in a list), encoded once."""
     return json.dumps(str(u)).encode()
-
-
-def pair_seed_table(secret: bytes, slots: int) -> bytes:
-    """Every exchange's pair seed, ``32 * slots`` bytes: the ChaCha20 keystream of s_uv under
-    :data:`SEEDS_NONCE` (seed e: bytes [32 e, 32 e + 32)). Seeds of different exchanges are
-    different blocks of one keystream: one reveals nothing of another."""
-    return _crypto.prg_uint64(secret, 4 * int(slots), nonce=SEEDS_NONCE).tobytes()
-
-
-def pair_seed(secret: bytes, label: bytes) -> bytes:
-    """One exchange's pair seed with one secret per fit (no slots): HKDF(s_uv; label)."""
-    return _crypto.derive_key(secret, PAIR_TAG + label)
 
 
 def as_u8(data: bytes) -> np.ndarray:

@@ -34,7 +34,7 @@ secagg_bound=2**20)``) caps the absolute value of every entry a client sends; th
 per-unit means weighted by ``w_c <= 1`` (a client's mean statistics, or its sums divided by
 N), so the bound is that of one record's statistic (e.g. ``x_j x_k``): standardize features
 whose squares exceed it. Each entry carries at most ``1 / (2 scale)`` of rounding.
-A dropped client's masks are recovered from its surviving neighbours' pair seeds of that
+A dropped client's masks are recovered from its surviving neighbours' pair masks of that
 exchange (every one of them must answer the reveal); it is excluded for the rest of the fit.
 Fewer survivors than the threshold stop the fit, naming the round, the count and the
 threshold; an abandoned exchange is never retried. A round whose draw of participants (after
@@ -255,7 +255,7 @@ class SecureChannel:
 
     @property
     def excluded(self) -> dict[str, str]:
-        """Clients declared dropped (their pair seeds of that exchange revealed): out for the rest
+        """Clients declared dropped (their pair masks of that exchange revealed): out for the rest
         of the fit."""
         return self.server.excluded
 

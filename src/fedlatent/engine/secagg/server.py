@@ -2,9 +2,9 @@
 
 The server sees public keys, AEAD ciphertexts it cannot open, masked vectors, and per exchange
 what the survivors reveal: shares of each survivor's self-mask seed b_u,e, and, for each dropped
-participant d, each surviving neighbour's pair seed with d of that exchange only. From those it
+participant d, each surviving neighbour's pair mask with d of that exchange only. From those it
 learns the sum of the survivors' inputs and nothing about one client's input beyond it (Bonawitz
-et al., CCS 2017, Theorem 6.2, honest-but-curious; the per-exchange pair seeds: the package
+et al., CCS 2017, Theorem 6.2, honest-but-curious; the per-exchange pair masks: the package
 docstring).
 """
 
@@ -207,13 +207,13 @@ class SecAggServer:
         if len(holders) < t:
             raise SecureAggregationError(f"{where}: {len(holders)} survivors revealed shares, "
                                          f"fewer than the threshold {t}; the sum stays masked")
-        got, pairs = self._reveals(revealed, holders, S, D, where)
         total = pend["total"].copy()
         e, n = pend["slot"], total.size
+        got, pairs = self._reveals(revealed, holders, S, D, n, where)
         ts = self.config.share_threshold(roster.n)
         total -= self._self_masks(got, S, ts, e, label, n, where)
         for d in D:
-            total += self._pair_masks_of(d, pairs, S, n, where)
+            total += self._pair_masks_of(d, pairs, S, where)
             self.excluded[d] = where
         if D:
             log.info("%s: recovered the masks of dropped %s", where, D)
@@ -255,9 +255,9 @@ class SecAggServer:
                                              "a revealing client sent a wrong share")
         return _crypto.prg_rows(seeds, n, nonce=self_nonce(label)).sum(axis=0, dtype=np.uint64)
 
-    def _pair_masks_of(self, d, pairs, S, n, where) -> np.ndarray:
+    def _pair_masks_of(self, d, pairs, S, where) -> np.ndarray:
         """What the survivors' pair masks with dropped ``d`` added to the sum, negated: each
-        surviving neighbour revealed its pair seed with ``d`` of this exchange (all of them are
+        surviving neighbour revealed its pair mask with ``d`` of this exchange (all of them are
         needed: the server holds no key of ``d``); ``pairs`` maps (holder, dropped) to it."""
         alive = set(S)
         peers = [u for u in self.roster.graph.neighbours(d) if u in alive]
@@ -265,18 +265,20 @@ class SecAggServer:
         if silent:
             raise SecureAggregationError(
                 f"{where}: survivors {silent} masked with dropped {d!r} but revealed no pair "
-                "seed of it; every surviving neighbour of a dropped client must answer the "
+                "mask of it; every surviving neighbour of a dropped client must answer the "
                 "reveal, so the sum stays masked")
-        rows = _crypto.prg_rows([pairs[u, d] for u in peers], n)
+        rows = np.stack([pairs[u, d] for u in peers])
         lo = np.array([u < d for u in peers], dtype=bool)  # u added +m if u < d, else -m
         return rows[~lo].sum(axis=0, dtype=np.uint64) - rows[lo].sum(axis=0, dtype=np.uint64)
 
-    def _reveals(self, revealed, holders: list[str], S: list[str], D: list[str], where: str):
+    def _reveals(self, revealed, holders: list[str], S: list[str], D: list[str], words: int,
+                 where: str):
         """``((owners, holders, rows), pairs)`` from the holders' reveals: every self-seed
         share with its owner's and holder's x-coordinates (int64 arrays) and its bytes (a
-        (shares, 32) uint8 array), and ``{(holder, dropped): pair seed}``. Holder ``h`` must
-        send exactly a ``"self"`` row per survivor and a ``"pair"`` row per dropped
-        participant of its closed neighbourhood (sorted), each a (rows, 32) uint8 array."""
+        (shares, 32) uint8 array), and ``{(holder, dropped): pair mask}`` (``words`` uint64).
+        Holder ``h`` must send exactly a ``"self"`` row per survivor, a (rows, 32) uint8 array,
+        and a ``"pair"`` row per dropped participant of its closed neighbourhood (sorted), a
+        (rows, 8 words) uint8 array."""
         roster, size = self.roster, shamir.SEED_SHARE_BYTES
         graph, index = roster.graph, roster.index
         alive = np.zeros(roster.n + 1, dtype=bool)  # by x-coordinate
@@ -295,17 +297,17 @@ class SecAggServer:
                     f"{sorted(need)} (its {len(own)} surviving and {len(lost)} dropped "
                     "neighbours)")
             for kind, who in need.items():
-                got = np.asarray(reply[kind])
-                if got.dtype != np.uint8 or got.shape != (len(who), size):
+                got, width = np.asarray(reply[kind]), size if kind == "self" else 8 * words
+                if got.dtype != np.uint8 or got.shape != (len(who), width):
                     raise SecureAggregationError(
                         f"{where}: client {h!r}, field {kind!r}: expected a ({len(who)}, "
-                        f"{size}) uint8 array, got {got.dtype} {got.shape}")
+                        f"{width}) uint8 array, got {got.dtype} {got.shape}")
             owners.append(own)
             xs.append(np.full(len(own), index[h], dtype=np.int64))
             rows.append(reply["self"])
             if lost:
-                raw = reply["pair"].tobytes()
-                pairs.update(((h, d), raw[i * size:i * size + size]) for i, d in enumerate(lost))
+                masks = np.ascontiguousarray(reply["pair"]).view("<u8").astype(np.uint64)
+                pairs.update(((h, d), masks[i]) for i, d in enumerate(lost))
         cat = (np.concatenate(owners), np.concatenate(xs), np.concatenate(rows)) if owners else (
             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, size), np.uint8))
         return cat, pairs

@@ -17,7 +17,7 @@ from fedlatent.engine.secagg import (
     setup,
     shamir,
 )
-from fedlatent.engine.secagg.protocol import exchange_label, self_mask
+from fedlatent.engine.secagg.protocol import exchange_label, pair_nonce, self_mask
 
 SCALE = 2.0**20
 IDS = [f"c{i}" for i in range(5)]
@@ -34,8 +34,8 @@ def inputs(seed):
 
 def test_a_dropped_clients_earlier_exchange_stays_hidden_after_its_recovery():
     """c2 survives exchange 1 (the server rebuilds its self seed of slot 0) and drops in
-    exchange 2 (every survivor reveals its pair seed with c2 of slot 1). From all it saw, the
-    server cannot unmask c2's exchange-1 reply; the same attempt with slot 0's pair seeds (which
+    exchange 2 (every survivor reveals its pair mask with c2 of slot 1). From all it saw, the
+    server cannot unmask c2's exchange-1 reply; the same attempt with slot 0's pair masks (which
     no one revealed) would."""
     wire = Wire(record=True)
     server, clients = setup(IDS, config(), wire=wire)
@@ -55,18 +55,21 @@ def test_a_dropped_clients_earlier_exchange_stays_hidden_after_its_recovery():
     assert b0 == clients["c2"]._self_seeds[0]
     label, n = exchange_label(1, "estep"), 6
 
-    def attempt(pair_seeds):
+    def attempt(pair_masks):
         known = self_mask(b0, label, n)
-        for v, seed in pair_seeds.items():
-            m = _crypto.prg_uint64(seed, n)
+        for v, m in pair_masks.items():
             known = known + m if "c2" < v else known - m
         return (y1 - known).view(np.int64) / SCALE
 
-    revealed = {v: m["pair"][0].tobytes() for v, m in second.items()}  # slot 1, with c2
+    revealed = {v: m["pair"][0].view("<u8") for v, m in second.items()}  # exchange 2, with c2
     assert sorted(revealed) == ["c0", "c1", "c3", "c4"]
+    assert all(m.shape == (n,) for m in revealed.values())
     assert np.max(np.abs(attempt(revealed) - s1["c2"]["s"])) > 1e6  # still masked
-    slot0 = {v: clients[v]._pair_seeds(["c2"], 0, label)[0] for v in revealed}
-    assert np.max(np.abs(attempt(slot0) - s1["c2"]["s"])) <= 1 / SCALE  # the control
+    # the control: exchange 1's pair masks (which no one revealed), s_uv's keystream under
+    # exchange 1's nonce, would unmask it
+    first_masks = {v: _crypto.prg_uint64(clients[v]._pair_block("c2")[32:], n,
+                                         nonce=pair_nonce(label)) for v in revealed}
+    assert np.max(np.abs(attempt(first_masks) - s1["c2"]["s"])) <= 1 / SCALE
 
 
 def test_a_server_asking_one_neighbour_for_both_secrets_of_a_client_in_one_exchange_is_refused():
@@ -83,18 +86,18 @@ def test_a_server_asking_one_neighbour_for_both_secrets_of_a_client_in_one_excha
     assert set(got) == {"self"} and got["self"].shape == (5, 32)
     with pytest.raises(SecureAggregationError, match=r"client 'c0': already revealed shares for "
                        r"round 5, exchange 'estep'; it reveals once per exchange"):
-        c0.reveal(5, "estep", ["c0", "c1", "c2", "c4"], ["c3"])  # ... then its pair seed
-    # the record is per (client, slot): a slot-0 pair seed of c3 is refused after its share
+        c0.reveal(5, "estep", ["c0", "c1", "c2", "c4"], ["c3"])  # ... then its pair mask
+    # the record is per (client, slot): a slot-0 pair mask of c3 is refused after its share
     c0._masked[exchange_label(5, "again")] = tuple(IDS)
     c0._slot_of[exchange_label(5, "again")] = 0
     with pytest.raises(SecureAggregationError, match=r"client 'c0': refusing to reveal the pair "
-                       r"seed of 'c3' \(declared dropped in round 5, exchange 'again'\): its "
+                       r"mask of 'c3' \(declared dropped in round 5, exchange 'again'\): its "
                        r"self-mask seed was revealed in round 5, exchange 'estep'"):
         c0.reveal(5, "again", ["c0", "c1", "c2", "c4"], ["c3"])
 
 
 def test_secrets_of_different_exchanges_may_be_revealed_for_the_same_client():
-    """Two exchanges open at once: c3 dropped in b (its pair seeds of slot 1 revealed), then
+    """Two exchanges open at once: c3 dropped in b (its pair masks of slot 1 revealed), then
     survived in a (its self seed of slot 0): independent secrets, so both are given."""
     server, clients = setup(IDS, config())
     stats = inputs(4)
@@ -103,7 +106,7 @@ def test_secrets_of_different_exchanges_may_be_revealed_for_the_same_client():
         clients[u].mask(stats[u], 9, "b", IDS, slot=1)
     got_b = clients["c0"].reveal(9, "b", ["c0", "c1", "c2", "c4"], ["c3"])
     got_a = clients["c0"].reveal(9, "a", IDS, [])
-    assert got_b["pair"].shape == (1, 32) and got_a["self"].shape == (5, 32)
+    assert got_b["pair"].shape == (1, 8 * 6) and got_a["self"].shape == (5, 32)
     assert clients["c0"]._revealed_pair["c3"] == {"1": "round 9, exchange 'b'"}
     assert clients["c0"]._revealed_self["c3"] == {"0": "round 9, exchange 'a'"}
 
@@ -133,7 +136,7 @@ def test_a_survivor_silent_at_the_reveal_next_to_a_dropped_client_is_named():
     server, clients = setup(IDS, config())
     stats = inputs(6)
     with pytest.raises(SecureAggregationError, match=r"round 1, exchange 'estep': survivors "
-                       r"\['c1'\] masked with dropped 'c4' but revealed no pair seed of it"):
+                       r"\['c1'\] masked with dropped 'c4' but revealed no pair mask of it"):
         run_exchange(server, clients, stats, 1, "estep", IDS, drop=["c4"], silent=["c1"])
 
 
