@@ -17,7 +17,7 @@ import time
 import warnings
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from _common import blas_limit  # noqa: E402 (this folder is on sys.path)
 
 import fedlatent as fl
 from fedlatent.data.fedgmm_data import make_fedgmm_synthetic
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
     args = ap.parse_args()
     n_clients, n_per = (30, 1000) if args.quick else (300, 3334)
-    with threadpool_limits(args.threads):
+    with blas_limit(args.threads):
         t0 = time.perf_counter()
         sp = make_fedgmm_synthetic(n_clients, n_per, fractions=(1.0, 0.0, 0.0), random_state=0)
         fd = sp.train

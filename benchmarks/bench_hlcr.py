@@ -29,8 +29,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _common import blas_limit  # noqa: E402 (this folder is on sys.path)
 from numba import njit
-from threadpoolctl import threadpool_limits
 
 import fedlatent as fl
 from fedlatent.models.hlcr import entity_log_marginal, entity_statistics
@@ -148,7 +148,7 @@ def against_gibbs(quick=False) -> None:
                                       random_state=0)
     for solver in ("gibbs", "federated"):  # compiled kernels loaded before timing
         _cpu_fit(warm, solver=solver, max_rounds=3)
-    with threadpool_limits(1):
+    with blas_limit(1):
         t_gibbs, est = _cpu_fit(fd, solver="gibbs")
         t_fed, _ = _cpu_fit(fd)
         t_one, _ = _cpu_fit(fd, runtime=InProcessRuntime(fd, batched=False))

@@ -37,10 +37,10 @@ import warnings
 from unittest import mock
 
 import numpy as np
+from _common import blas_limit  # noqa: E402 (this folder is on sys.path)
 
 # the federation and the quorum seed of bench_secure_fit.py (this folder is on sys.path)
 from bench_secure_fit import data, quorum_seed  # noqa: E402
-from threadpoolctl import threadpool_limits
 
 import fedlatent as fl
 import fedlatent.engine.secagg.secure as secure_mod
@@ -171,7 +171,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=10,
                     help="client calls a fit makes before handing the turn to the other")
     a = ap.parse_args()
-    with threadpool_limits(1), warnings.catch_warnings():  # CPU seconds: no spinning BLAS
+    with blas_limit(1), warnings.catch_warnings():  # CPU seconds: no spinning BLAS
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
         table(a)
 
