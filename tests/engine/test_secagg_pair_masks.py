@@ -67,9 +67,34 @@ def test_a_dropped_clients_earlier_exchange_stays_hidden_after_its_recovery():
     assert np.max(np.abs(attempt(revealed) - s1["c2"]["s"])) > 1e6  # still masked
     # the control: exchange 1's pair masks (which no one revealed), s_uv's keystream under
     # exchange 1's nonce, would unmask it
-    first_masks = {v: _crypto.prg_uint64(clients[v]._pair_block("c2")[32:], n,
-                                         nonce=pair_nonce(label)) for v in revealed}
+    first_masks = {v: aes_ctr_words(clients[v]._pair_block("c2")[32:], pair_nonce(label), n)
+                   for v in revealed}
     assert np.max(np.abs(attempt(first_masks) - s1["c2"]["s"])) <= 1 / SCALE
+
+
+def aes_ctr_words(key: bytes, nonce: bytes, n: int) -> np.ndarray:
+    """``n`` little-endian words of AES-256-CTR's keystream from counter block ``nonce || 2``
+    (AES-GCM's first keystream block), from ``cryptography``'s CTR mode directly."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    enc = Cipher(algorithms.AES(key), modes.CTR(nonce + (2).to_bytes(4, "big"))).encryptor()
+    return np.frombuffer(enc.update(bytes(8 * n)), "<u8")
+
+
+def test_a_pair_mask_is_the_aes_ctr_keystream_of_the_pair_secret_under_the_exchange_nonce():
+    """Both ends of a pair compute the same mask: AES-256-CTR of s_uv (bytes 32..64 of the
+    pair's HKDF block) under SHA-256(tag, label)[:12]; another exchange's differs entirely."""
+    _, clients = setup(IDS, config())
+    a, b = exchange_label(1, "estep"), exchange_label(2, "estep")
+    got = clients["c0"]._pair_masks(["c1", "c3"], a, 7)
+    assert got.dtype == np.uint64 and got.shape == (2, 7)
+    for row, v in zip(got, ["c1", "c3"]):
+        secret = clients["c0"]._pair_block(v)[32:]
+        assert secret == clients[v]._pair_block("c0")[32:]
+        assert np.array_equal(row, aes_ctr_words(secret, pair_nonce(a), 7))
+        assert np.array_equal(clients[v]._pair_masks(["c0"], a, 7)[0], row)
+    other = clients["c0"]._pair_masks(["c1"], b, 7)[0]
+    assert not np.any(other == got[0])
 
 
 def test_a_server_asking_one_neighbour_for_both_secrets_of_a_client_in_one_exchange_is_refused():

@@ -126,12 +126,12 @@ def test_a_client_checks_its_participants_against_its_neighbourhood_with_the_sam
     assert c._masked[exchange_label(1, "e")] == tuple(near)
     # the masked reply: encode + the self mask (row 0 of one pass) + the signed pair masks
     enc = np.rint(_inputs(0)[u]["s"] * SCALE).astype(np.int64).view(np.uint64)
-    from fedlatent.engine.secagg.protocol import pair_nonce, self_nonce
+    from fedlatent.engine.secagg.protocol import self_nonce
 
     label = exchange_label(1, "e")
     want = enc + _crypto.prg_uint64(c._self_seeds[0], 5, nonce=self_nonce(label))
-    for v in near[1:]:  # u = near[0]; the pair mask: s_uv's keystream under the label's nonce
-        m = _crypto.prg_uint64(c._pair_block(v)[32:], 5, nonce=pair_nonce(label))
+    # u = near[0]; the pair masks (what they are: test_secagg_pair_masks.py)
+    for v, m in zip(near[1:], c._pair_masks(near[1:], label, 5)):
         want = want + m if u < v else want - m
     assert np.array_equal(y["s"], want)
 

@@ -210,8 +210,9 @@ class Federation:
         rows of 5 values under the default rule); in-process a Newton round takes 2.3 to 3.2
         times a plain one. Use ``"newton"`` where rounds are what is costly (Flower, secure
         aggregation) and sites are not small; ``"squarem"`` where
-        replies must stay one statistic, and for FedGMM, whose clients' state advances at
-        each E-step (``"newton"`` is refused there). Off by default: the default
+        replies must stay one statistic. FedGMM's clients keep their own mixing weights:
+        under ``"newton"`` each site forms the server's combination of the weights it kept
+        (the coefficients come with each point; nothing more leaves it). Off by default: the default
         ``Federation()`` is exact EM, round for round the iterations of centralized EM
         (scikit-learn's, flexmix's), which the exactness tests and the comparisons in the
         documentation rely on; an accelerated fit reaches the optimum, not that path.

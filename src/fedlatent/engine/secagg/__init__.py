@@ -6,14 +6,14 @@ use): fixed-point encoding in Z_{2^64} with a public scale (:mod:`.encoding`); p
 from the OS once per fit, ONE X25519 key pair c_u and a self-mask seed b_u,e per planned
 exchange e; per neighbour pair, ONE agreement X25519(c_u, c_v) at set-up, from which HKDF
 (bound to the run and the pair) derives the pair's share-encryption key and its mask
-secret s_uv (:func:`.protocol.pair_keys`). Exchange e's pair mask is the ChaCha20 keystream of
-s_uv under a nonce hashed from the exchange's label (each client masks an exchange once: one
-keystream per pair and exchange); the self mask is the keystream of b_u,e under another nonce
-hashed from the label. An exchange costs one keystream per neighbour: no key agreement, no key
-derivation, no key schedule (each pair's cipher is made once per fit). The seeds b_u,e are
-Shamir-shared limb-wise over GF(2^31 - 1) in NumPy (:func:`.shamir.share_seeds`), every
-exchange's at once, and sealed in one ChaCha20-Poly1305 message per neighbour. :mod:`.driver`
-runs the whole protocol in memory.
+secret s_uv (:func:`.protocol.pair_keys`). Exchange e's pair mask is the AES-256-CTR
+keystream of s_uv (Bonawitz et al.'s PRG) under a nonce hashed from the exchange's label (each
+client masks an exchange once: one keystream per pair and exchange); the self mask is the
+ChaCha20 keystream of b_u,e under another nonce hashed from the label. An exchange costs one
+keystream per neighbour: no key agreement, no key derivation, no key schedule (each pair's
+cipher is made once per fit). The seeds b_u,e are Shamir-shared limb-wise over GF(2^31 - 1)
+in NumPy (:func:`.shamir.share_seeds`), every exchange's at once, and sealed in one
+ChaCha20-Poly1305 message per neighbour. :mod:`.driver` runs the whole protocol in memory.
 
 Per exchange the server unmasks the sum with, from each survivor, its shares of its surviving
 neighbours' seeds b_v,e (the self masks), and for a participant d that dropped, its pair mask
@@ -23,7 +23,7 @@ no key of d from which to rebuild it), or the exchange stops naming the silent o
 Why revealing per-exchange pair masks is as strong as revealing Shamir shares of the dropped
 client's key (Bonawitz et al.'s recovery), under the same neighbourhood threshold t:
 
-* what a reveal gives is bounded to one exchange: mask_uv,e is ChaCha20's keystream of s_uv
+* what a reveal gives is bounded to one exchange: mask_uv,e is AES-CTR's keystream of s_uv
   under exchange e's nonce, so the masks of every other exchange (other nonces) stay
   pseudo-random given it; s_uv and c_u never leave the clients. (Until 2026-11 the reveal was a
   32-byte per-exchange seed whose keystream was the mask; revealing the mask itself gives the

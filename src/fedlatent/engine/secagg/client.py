@@ -315,7 +315,7 @@ class SecAggClient:
         """y_u = encode(x_u) + PRG(b_u,e; label) + sum_{v in P, v != u} +-PRG(s_uv; label) mod 2^64.
 
         The sign is + when u sorts before v; ``PRG(s_uv; label)`` is the pair's mask of the
-        exchange (one ChaCha20 keystream per neighbour under the exchange's nonce, no key
+        exchange (one AES-256-CTR keystream per neighbour under the exchange's nonce, no key
         agreement: s_uv was agreed at set-up).
         Each (round, exchange) is masked at most once. With per-exchange secrets
         (``config.slots``), ``slot`` is the exchange's number the server announced; each slot

@@ -2,7 +2,7 @@
 
 Masks are derived per exchange from secrets agreed once per fit: a pair of neighbours agrees one
 X25519 secret, HKDF turns it (bound to the run and the pair) into their two share-encryption
-keys and their mask secret s_uv (:func:`pair_keys`); an exchange's pair mask is the ChaCha20
+keys and their mask secret s_uv (:func:`pair_keys`); an exchange's pair mask is the AES-256-CTR
 keystream of s_uv under a nonce hashed from the exchange's label (:func:`pair_nonce`: one
 keystream per pair and exchange, each exchange masked once). The self mask is the keystream of
 b_u under another nonce hashed from the label.
@@ -149,11 +149,11 @@ PAIR_TAG = b"fedlatent/secagg/pair\x00"
 
 @functools.lru_cache(maxsize=256)
 def pair_nonce(label: bytes) -> bytes:
-    """The pair masks' ChaCha20 nonce of an exchange: SHA-256(tag, label)[:12] (public, hashed
-    once per exchange in a process). A pair's mask of the exchange is the keystream of its
-    secret s_uv under it: a client masks each exchange once, so each (s_uv, nonce) keys one
-    keystream, and the mask of one exchange (what a reveal gives when a neighbour dropped)
-    leaves every other exchange's pseudo-random."""
+    """The pair masks' AES-CTR nonce of an exchange (counter blocks ``nonce || 2, 3, ...``):
+    SHA-256(tag, label)[:12] (public, hashed once per exchange in a process). A pair's mask of
+    the exchange is the keystream of its secret s_uv under it: a client masks each exchange
+    once, so each (s_uv, nonce) keys one keystream, and the mask of one exchange (what a
+    reveal gives when a neighbour dropped) leaves every other exchange's pseudo-random."""
     return _crypto.commit(b"fedlatent/secagg/pair-mask\x00" + label)[:12]
 
 
