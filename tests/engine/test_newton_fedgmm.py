@@ -227,3 +227,37 @@ def test_the_servers_memory_stays_within_what_a_client_keeps():
     with pytest.raises(ValueError, match=r"SubspaceNewton\(memory=\.\.\.\) must be at most "
                        r"15 \(a client keeps the states of at most 16 rounds\), got 16"):
         SubspaceNewton(memory=MAX_HISTORY)
+
+
+def test_a_fit_whose_clients_keep_a_state_ends_on_the_last_plain_point():
+    """On a linear contraction, at a round whose accepted point is an extra one: without a
+    client state the fit ends on the best ``F`` evaluated; with one (FedGMM's weights), on
+    the round's plain point, whose state every client holds, not on a point the clients would
+    need another exchange to adopt."""
+    from fedlatent.engine.fedem.update import FedEMState
+
+    rng = np.random.default_rng(1)
+    p = 5
+    A = 0.95 * np.linalg.qr(rng.normal(size=(p, p)))[0] @ np.diag(np.linspace(0.6, 1, p))
+    star = np.linalg.solve(np.eye(p) - A, rng.normal(size=p))
+    F = (lambda x: Stats({"s": A @ x["s"] + (star - A @ star)}))
+    L = (lambda x: -float(np.sum((x["s"] - star) ** 2)))
+    accs = [NewtonAccelerator(SubspaceNewton(), lambda x: True, 1e-12, client_state=cs)
+            for cs in (False, True)]
+    x0, found = Stats({"s": star + 2.0}), 0
+    for k in range(1, 8):
+        xs = list(accs[0].extras)
+        pts = [(x, F(x), L(x)) for x in xs]
+        f0 = F(x0)
+        nxt = [acc.next_point(x0, f0, L(x0), pts, k) for acc in accs]
+        assert_close(nxt[0]["s"], nxt[1]["s"])  # the same path
+        if accs[0].accepted:  # an extra point won: the fit could stop here
+            plain, new = FedEMState(f0), FedEMState(nxt[0])
+            best = accs[0].final(new, plain)
+            assert best is None or best.S_hat is accs[0].best[1]
+            assert accs[0].best[0] > L(x0)
+            assert accs[1].final(new, plain) is plain
+            assert accs[1].final(plain, plain) is None
+            found += 1
+        x0 = nxt[0]
+    assert found >= 2, found

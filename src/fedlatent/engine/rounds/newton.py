@@ -199,7 +199,13 @@ class NewtonAccelerator:
 
     def final(self, new_state: FedEMState, plain: FedEMState) -> FedEMState | None:
         """End on ``F`` of the best point evaluated (its objective is at least every
-        other's)."""
+        other's). With :attr:`client_state`, on the last round's plain point instead: each
+        client holds the state its E-step there gave (an extra point's, or an earlier
+        round's, would need one more exchange for the clients to adopt it, and FedGMM's
+        ``personalize()`` would pair the server's parameters with other weights); its
+        objective is at least the accepted point's of the round before (an EM step)."""
+        if self.client_state:
+            return None if new_state is plain else plain
         if self.best is None or self.best[1] is new_state.S_hat:
             return None
         return FedEMState(self.best[1], plain.V)
