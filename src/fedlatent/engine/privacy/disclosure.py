@@ -97,7 +97,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -183,8 +183,15 @@ class DisclosurePolicy:
 
     @property
     def is_off(self) -> bool:
-        """True when no rule can refuse anything."""
-        return replace(self, count_scope="client") == DisclosurePolicy.off()
+        """True when no rule can refuse anything: every rule's field at :meth:`off`'s value
+        (the scope aside), compared field by field (asked for every reply: no policy built)."""
+        off = _OFF_FIELDS
+        return all(getattr(self, name) == value for name, value in off.items())
+
+
+#: the rules' fields of :meth:`DisclosurePolicy.off` (every field but the scope)
+_OFF_FIELDS = {f.name: getattr(DisclosurePolicy.off(), f.name) for f in fields(DisclosurePolicy)
+               if f.name != "count_scope"}
 
 
 def effective(policy: DisclosurePolicy, secure_aggregation: bool) -> DisclosurePolicy:
