@@ -26,7 +26,6 @@ __all__ = [
     "agree",
     "commit",
     "commit_many",
-    "derive_key",
     "generate_private",
     "keystream_rows",
     "load_private",
@@ -60,14 +59,12 @@ def require() -> SimpleNamespace:
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.asymmetric import x25519
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
         from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     except ImportError as exc:
         raise ImportError(MISSING_EXTRA) from exc
-    _LIB = SimpleNamespace(InvalidTag=InvalidTag, hashes=hashes, x25519=x25519, Cipher=Cipher,
-                           algorithms=algorithms, ChaCha20Poly1305=ChaCha20Poly1305,
-                           AESGCM=AESGCM, HKDF=HKDF)
+    _LIB = SimpleNamespace(InvalidTag=InvalidTag, hashes=hashes, x25519=x25519,
+                           ChaCha20Poly1305=ChaCha20Poly1305, AESGCM=AESGCM, HKDF=HKDF)
     return _LIB
 
 
@@ -112,15 +109,6 @@ def _public_key(raw: bytes):
     return require().x25519.X25519PublicKey.from_public_bytes(raw)
 
 
-def derive_key(secret: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
-    """HKDF-SHA256 of ``secret`` (no salt) bound to the context ``info`` (RFC 5869), from
-    ``cryptography`` (no key derivation of our own: the set-up derives one key per neighbour
-    pair, about 10 microseconds each)."""
-    c = require()
-    return c.HKDF(algorithm=c.hashes.SHA256(), length=length, salt=None,
-                  info=info).derive(secret)
-
-
 def agree_many(key, peers_public: list[bytes]) -> list[bytes]:
     """:func:`agree` of one private key with each of many raw public keys (one pass; each
     through :func:`agree`, the one place an agreement happens)."""
@@ -129,8 +117,9 @@ def agree_many(key, peers_public: list[bytes]) -> list[bytes]:
 
 def derive_keys(secrets: list[bytes], infos: list[bytes], length: int = KEY_BYTES
                 ) -> list[bytes]:
-    """:func:`derive_key` of each ``(secrets[i], infos[i])``: the same HKDF-SHA256 from
-    ``cryptography``, one pass."""
+    """HKDF-SHA256 of each ``secrets[i]`` (no salt) bound to the context ``infos[i]`` (RFC
+    5869), from ``cryptography`` (no key derivation of our own), one pass: the set-up derives
+    one key per neighbour pair."""
     c = require()
     hkdf, sha = c.HKDF, c.hashes.SHA256()
     return [hkdf(sha, length, None, i).derive(s) for s, i in zip(secrets, infos)]
@@ -169,22 +158,15 @@ def prg_uint64(key: bytes, n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndar
     return np.frombuffer(stream, dtype="<u8", count=n).astype(np.uint64, copy=False)
 
 
-def prg_rows(keys: list[bytes], n: int, nonce: bytes = bytes(NONCE_BYTES), *,
-             first_nonce: bytes | None = None) -> np.ndarray:
+def prg_rows(keys: list[bytes], n: int, nonce: bytes = bytes(NONCE_BYTES)) -> np.ndarray:
     """:func:`prg_uint64` of many keys at once: an (len(keys), n) uint64 array, row i the
     ChaCha20 keystream of ``keys[i]`` under ``nonce`` (one parse for every row: each call's
-    16-byte tag is dropped as two trailing words); with ``first_nonce``, row 0 under that one
-    (a client's self mask beside its pair masks, in one pass)."""
+    16-byte tag is dropped as two trailing words; the server's self masks of an exchange)."""
     if not keys:
         return np.zeros((0, n), dtype=np.uint64)
     aead, zeros = require().ChaCha20Poly1305, bytes(8 * n)
-    if first_nonce is None:
-        raw = b"".join([aead(k).encrypt(nonce, zeros, None) for k in keys])
-    else:
-        raw = b"".join([aead(keys[0]).encrypt(first_nonce, zeros, None)]
-                       + [aead(k).encrypt(nonce, zeros, None) for k in keys[1:]])
-    return np.frombuffer(raw, dtype="<u8").reshape(len(keys), n + 2)[:, :n].astype(
-        np.uint64, copy=False)
+    raw = b"".join([aead(k).encrypt(nonce, zeros, None) for k in keys])
+    return _stream_words(raw, len(keys), n)
 
 
 def stream_keys(keys: list[bytes]) -> list:
@@ -206,7 +188,13 @@ def keystream_rows(ciphers: list, n: int, nonce: bytes) -> np.ndarray:
         return np.zeros((0, n), dtype=np.uint64)
     zeros = bytes(8 * n)
     raw = b"".join([c.encrypt(nonce, zeros, None) for c in ciphers])
-    return np.frombuffer(raw, dtype="<u8").reshape(len(ciphers), n + 2)[:, :n].astype(
+    return _stream_words(raw, len(ciphers), n)
+
+
+def _stream_words(raw: bytes, rows: int, n: int) -> np.ndarray:
+    """``rows`` AEAD encryptions of ``8 n`` zero bytes, concatenated, as an (rows, n) uint64
+    array of their keystream words (each row's 16-byte tag dropped as two trailing words)."""
+    return np.frombuffer(raw, dtype="<u8").reshape(rows, n + 2)[:, :n].astype(
         np.uint64, copy=False)
 
 

@@ -35,7 +35,7 @@ from fedlatent.engine.secagg.protocol import (
     pair_keys,
     pair_keys_many,
     pair_nonce,
-    self_nonce,
+    self_mask,
 )
 
 __all__ = ["SecAggClient", "share_context"]
@@ -330,7 +330,7 @@ class SecAggClient:
         n = y.size
         me = bisect.bisect_left(P, self.id)  # P is sorted: peers before u subtract, after add
         rows = self._pair_masks(P[:me] + P[me + 1:], label, n)
-        y += _crypto.prg_uint64(self._self_seeds[e], n, nonce=self_nonce(label))
+        y += self_mask(self._self_seeds[e], label, n)
         y += rows[me:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
         y -= rows[:me].sum(axis=0, dtype=np.uint64)
         self._masked[label] = tuple(P)
