@@ -30,6 +30,19 @@ def test_defaults_are_datashields():
     assert not p.is_off and DisclosurePolicy.off().is_off
 
 
+@pytest.mark.parametrize("rule, on", [("min_records", 1), ("min_records_per_block", 2),
+                                      ("max_parameters_per_record", 1e9), ("tree_min_leaf", 2),
+                                      ("max_levels_density", 0.9),
+                                      ("allow_row_storing_learners", False)])
+def test_the_policy_is_off_only_when_every_rule_is_and_whatever_its_scope(rule, on):
+    from dataclasses import replace
+
+    off = DisclosurePolicy.off()
+    assert replace(off, count_scope="aggregate").is_off
+    assert not replace(off, **{rule: on}).is_off
+    assert not replace(off, count_scope="aggregate", **{rule: on}).is_off
+
+
 # ---- counts -------------------------------------------------------------------------------
 def test_a_reply_over_too_few_records_is_refused_naming_client_and_rule():
     msg = check_counts(DisclosurePolicy(), "site-7", 2, "round statistics")
