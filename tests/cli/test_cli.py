@@ -97,7 +97,7 @@ def test_bad_federation_setting_is_refused(tmp_path):
                               "--features", "a,b", "-k", "2", "--participation", "0",
                               "--out", str(out)])
     assert res.exit_code != 0
-    assert "Federation(participation=...) must be in (0, 1], got 0.0" in res.output
+    assert "error: --participation must be in (0, 1], got 0.0" in res.output  # not Python
     assert not out.exists()
 
 
