@@ -197,30 +197,62 @@ def user_errors():
                  "FEDLATENT_DEBUG=1 to see the traceback)", code=1)
 
 
-def _option_rows(cmd, ctx: typer.Context) -> list[tuple[str, str]]:
-    """The options' help records (typer escapes ``[default: ...]`` for rich: unescaped here)."""
-    rows = []
+def _help_rows(cmd, ctx: typer.Context) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``[("Arguments", rows), ("Options", rows)]``: every parameter's help record whole
+    (typer escapes ``[default: ...]`` for rich: unescaped here; an argument's own help, which
+    click leaves out, put back)."""
+    sections: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
     for param in cmd.get_params(ctx):
         record = param.get_help_record(ctx)
-        if record is not None:
-            rows.append((record[0], record[1].replace("\\[", "[")))
-    return rows
+        if record is None:
+            continue
+        name, text = record[0], record[1].replace("\\[", "[")
+        own = getattr(param, "help", None) or ""
+        if param.param_type_name == "argument" and own and own not in text:
+            text = f"{own}  {text}".strip()
+        sections["Arguments" if param.param_type_name == "argument" else "Options"].append(
+            (name, text))
+    return [(title, rows) for title, rows in sections.items() if rows]
+
+
+def _write_help_rows(cmd, ctx: typer.Context, formatter) -> None:
+    for title, rows in _help_rows(cmd, ctx):
+        with formatter.section(title):
+            formatter.write_dl(rows)
+
+
+def _declared_help(cmd, name: str) -> str | None:
+    """The help an argument ``name`` of ``cmd`` declares in its callback's signature (typer
+    0.20 on click 8.2+ loses it: click's constructor resets the help typer set first)."""
+    import inspect
+    import typing
+
+    fn = inspect.unwrap(cmd.callback) if cmd.callback is not None else None
+    if fn is None:
+        return None
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get(name)
+    except (NameError, TypeError):
+        hint = None
+    for meta in getattr(hint, "__metadata__", ()):
+        if getattr(meta, "help", None):
+            return meta.help
+    param = inspect.signature(fn).parameters.get(name)
+    return getattr(param.default, "help", None) if param is not None else None
 
 
 def plain_help(cmd):
     """``cmd`` with help written in full: wrapped to the terminal, never cut mid-word (typer's
-    rich tables shorten options and help text to fit)."""
+    rich tables shorten options and help text to fit), arguments with their help."""
     if getattr(cmd, "rich_markup_mode", None) is None:
         return cmd
     cmd.rich_markup_mode = None
+    for param in getattr(cmd, "params", []):
+        if param.param_type_name == "argument" and not getattr(param, "help", None):
+            param.help = _declared_help(cmd, param.name)
     if not isinstance(cmd, TyperGroup):
-        def format_options(ctx: typer.Context, formatter) -> None:
-            rows = _option_rows(cmd, ctx)
-            if rows:
-                with formatter.section("Options"):
-                    formatter.write_dl(rows)
-
-        cmd.format_options = format_options
+        cmd.format_options = lambda ctx, formatter: _write_help_rows(cmd, ctx, formatter)
+        cmd.format_arguments = lambda ctx, formatter: None  # click >= 8.5: in the rows above
     return cmd
 
 
@@ -239,10 +271,7 @@ class CommandGroup(TyperGroup):
         return None if cmd is None else plain_help(cmd)
 
     def format_options(self, ctx: typer.Context, formatter) -> None:
-        rows = _option_rows(self, ctx)
-        if rows:
-            with formatter.section("Options"):
-                formatter.write_dl(rows)
+        _write_help_rows(self, ctx, formatter)
         self.format_commands(ctx, formatter)
 
     def format_commands(self, ctx: typer.Context, formatter) -> None:
