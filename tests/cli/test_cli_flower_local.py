@@ -115,7 +115,8 @@ def test_a_site_operator_runs_flower_local_with_a_policy_per_site_and_reads_its_
                               "--out", str(tmp_path / "out")])
     assert res.exit_code == 2, res.output
     err = res.stderr.splitlines()
-    assert err[0] == "error: setup: 2 clients (below); nothing of this exchange was used"
+    assert err[0] == ("error: setup: 2 of 3 clients refused by a disclosure rule or their own "
+                      "policy, leaving 1, fewer than --min-clients 2: 2 clients (below)")
     assert err[1] == ("  client 'a': site 'hospital-a' refused (privacy.required): the fit is "
                       "not differentially private; fix: fit with --privacy epsilon=E,delta=D,"
                       "clip=C")

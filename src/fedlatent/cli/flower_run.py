@@ -23,7 +23,7 @@ from typing import Any
 import typer
 
 from .common import fail, load_dataset
-from .fit import ROLES_FILE, ModelGroup, roles_of
+from .fit import EXCLUDED_FILE, ROLES_FILE, ModelGroup, roles_of, write_clients
 from .flower import (
     _client_dir_files,
     _require_flower,
@@ -330,6 +330,11 @@ def _finish(entry, result: Path, sites: Sites) -> None:
         roles["categorical"] = sites.encoding.to_json()
     write_atomic(result / ROLES_FILE,
                  lambda tmp: Path(tmp).write_text(json.dumps(roles, indent=1) + "\n"))
+    written = [ROLES_FILE]
+    if getattr(est, "excluded_clients_", None):  # sites left out of the fit, as fit writes
+        write_atomic(result / EXCLUDED_FILE,
+                     lambda tmp: write_clients(Path(tmp), est.excluded_clients_))
+        written.append(EXCLUDED_FILE)
     typer.echo(f"every Flower process stopped; {status.get('rounds')} rounds"
                + (f", {status['seconds_per_round']:.1f} s per round"
                   if status.get("seconds_per_round") else ""))
@@ -337,4 +342,5 @@ def _finish(entry, result: Path, sites: Sites) -> None:
         typer.echo(line)
     if status.get("lost"):
         typer.echo(f"clients lost on the way: {status['lost']}")
-    typer.echo(f"wrote {result} (model.npz/json, history.csv, {ROLES_FILE}, status.json)")
+    typer.echo(f"wrote {result} (model.npz/json, history.csv, {', '.join(written)}, "
+               "status.json)")
