@@ -96,7 +96,7 @@ def model_not_json(tmp_path, good):
 
 
 def unknown_experiment(tmp_path, good):
-    return ["experiment", "nope"], "unknown experiment 'nope'; available:", "fedem_toy"
+    return ["experiment", "nope"], "unknown experiment 'nope'; available:", "fedem-toy"
 
 
 CASES = [missing_file, empty_file, corrupt_parquet, binary_csv, header_only_csv, unknown_model,

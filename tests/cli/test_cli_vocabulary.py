@@ -192,7 +192,7 @@ def _all_commands():
     paths = [(), ("fit",), ("flower",), ("experiment",), ("predict",), ("score",), ("demo",)]
     paths += [("fit", n) for n in estimator_names()]
     paths += [("flower", n) for n in ("local", "app", "partition")]
-    paths += [("experiment", "fedem_toy")]
+    paths += [("experiment", "fedem-toy"), ("experiment", "fedem_toy")]
     return paths
 
 
