@@ -22,17 +22,23 @@ _VALUE = r"(?:'[^']*'|\"[^\"]*\"|\.\.\.|[\w.+-]+)"
 _PAIR = re.compile(rf"\b([a-z_][a-z0-9_]*)=({_VALUE})")
 
 
-@functools.cache
 def flag_names() -> tuple[dict[str, str], dict[str, str], tuple[str, ...]]:
-    """``(parameter -> flag, Federation setting -> flag, estimator class names)`` over every
-    registered model's option table."""
+    """``(parameter -> flag, Federation setting -> flag, estimator class names)`` over the
+    option tables of the models imported so far (the running command's among them: no other
+    model is imported to say one message)."""
     from ..engine.contract.registry import estimator_entries
+
+    return _flag_names(tuple(estimator_entries(discover_all=False).values()))
+
+
+@functools.cache
+def _flag_names(entries) -> tuple[dict[str, str], dict[str, str], tuple[str, ...]]:
     from .options import model_table
 
     params: dict[str, str] = {}
     federation: dict[str, str] = {}
     classes = []
-    for entry in estimator_entries().values():
+    for entry in entries:
         classes.append(entry.cls.__name__)
         for row in model_table(entry):
             if row.hidden:

@@ -51,9 +51,13 @@ class ModelGroup(CommandGroup):
     def get_command(self, ctx: typer.Context, name: str) -> TyperCommand | None:
         cmd = super().get_command(ctx, name)
         if cmd is None:
-            from ..engine.contract.registry import estimator_entries
+            from ..engine.contract.registry import estimator_class, estimator_entries
 
-            entry = estimator_entries().get(name)
+            try:  # imports only the model asked for (fedlatent.models.<name> first)
+                estimator_class(name)
+            except ValueError:
+                return None
+            entry = estimator_entries(discover_all=False).get(name)
             if entry is not None:
                 self.add_command(self.make(entry), name)
                 cmd = super().get_command(ctx, name)
