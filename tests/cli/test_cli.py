@@ -114,4 +114,4 @@ def test_experiment_command_lists_unknown_names(tmp_path):
     res = runner.invoke(app, ["experiment", "nope", "--out", str(tmp_path)])
     assert res.exit_code != 0
     assert "unknown experiment 'nope'; available:" in res.output
-    assert "fedem_toy" in res.output
+    assert "fedem-toy" in res.output
