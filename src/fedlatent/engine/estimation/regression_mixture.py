@@ -107,13 +107,15 @@ class FederatedRegressionMixture(FederatedEstimator):
         """The mixture's mean response ``E[y | x] = sum_k pi_k(x) E_k[y | x]``, shape (n,)."""
         return np.asarray(self._predict_mean(self._check_X(X)), dtype=np.float64)
 
-    def predict_proba(self, X, y=None) -> np.ndarray:
-        """Posterior probability of each component given (x, y), shape (n, K); rows sum to 1."""
+    def predict_proba(self, X, y) -> np.ndarray:
+        """Posterior probability of each component given (x, y), shape (n, K); rows sum to 1
+        (``y`` None: the formula's response column of a DataFrame ``X``)."""
         wlp = self._estimate_weighted_log_prob(*self._rows(X, y))
         return np.exp(wlp - logsumexp(wlp, axis=1)[:, None])
 
-    def score_samples(self, X, y=None) -> np.ndarray:
-        """``log p(y_i | x_i)`` of each row, shape (n,)."""
+    def score_samples(self, X, y) -> np.ndarray:
+        """``log p(y_i | x_i)`` of each row, shape (n,) (``y`` None: the formula's response
+        column of a DataFrame ``X``)."""
         return logsumexp(self._estimate_weighted_log_prob(*self._rows(X, y)), axis=1)
 
     def score(self, X, y=None) -> float:
