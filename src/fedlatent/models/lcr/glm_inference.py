@@ -28,7 +28,6 @@ from ...engine.estimation.inference import (
 )
 from ..concomitant import concomitant_statistics
 from .families import glm_mean, glm_weight
-from .glm_model import LCRGLMModel, RowParts
 
 __all__ = ["glm_information", "glm_layout"]
 
@@ -36,7 +35,7 @@ __all__ = ["glm_information", "glm_layout"]
 CHUNK = 2048
 
 
-def _prior_block(model: LCRGLMModel, params, rp: RowParts, lp, wresp, P0):
+def _prior_block(model, params, rp, lp, wresp, P0):
     """The prior's scores (n, K, P0) and complete information (P0, P0)."""
     n, K = lp.shape
     if rp.Zt is not None:
@@ -48,7 +47,7 @@ def _prior_block(model: LCRGLMModel, params, rp: RowParts, lp, wresp, P0):
             np.einsum("k,ki,kj->ij", wresp.sum(0), a, a))
 
 
-def _component_block(model: LCRGLMModel, params, rp: RowParts, k: int, r: np.ndarray):
+def _component_block(model, params, rp, k: int, r: np.ndarray):
     """Component ``k``'s scores (n, q) and complete information (q, q), ``r`` its
     responsibilities times the frequency weights."""
     Xt = rp.Xt
@@ -71,7 +70,7 @@ def _component_block(model: LCRGLMModel, params, rp: RowParts, k: int, r: np.nda
     return Xt * (rp.y - mu)[:, None], (Xt * (r * v)[:, None]).T @ Xt
 
 
-def _chunk_information(model: LCRGLMModel, params, rp: RowParts) -> tuple[np.ndarray, float]:
+def _chunk_information(model, params, rp) -> tuple[np.ndarray, float]:
     resp, ll, lp = model.e_step(params, rp)
     f = rp.freq
     wresp = resp if f is None else resp * f[:, None]
@@ -89,8 +88,10 @@ def _chunk_information(model: LCRGLMModel, params, rp: RowParts) -> tuple[np.nda
     return louis_information(resp, S, complete, f), float(ll.sum() if f is None else ll @ f)
 
 
-def glm_information(model: LCRGLMModel, params, rp: RowParts) -> tuple[np.ndarray, float]:
-    """Louis' observed information summed over the rows ``rp``, and their log-likelihood.
+def glm_information(model, params, rp) -> tuple[np.ndarray, float]:
+    """Louis' observed information summed over the rows ``rp`` (a
+    :class:`~fedlatent.models.lcr.glm_model.RowParts` of ``model``, an ``LCRGLMModel``), and
+    their log-likelihood.
 
     Returns
     -------
@@ -100,7 +101,7 @@ def glm_information(model: LCRGLMModel, params, rp: RowParts) -> tuple[np.ndarra
     info, loglik = None, 0.0
     for s in range(0, max(rp.Xt.shape[0], 1), CHUNK):
         sl = slice(s, s + CHUNK)
-        part = RowParts(rp.Xt[sl], rp.y[sl], rp.trials[sl], rp.offset[sl],
+        part = type(rp)(rp.Xt[sl], rp.y[sl], rp.trials[sl], rp.offset[sl],
                         None if rp.Zt is None else rp.Zt[sl],
                         None if rp.freq is None else rp.freq[sl])
         m, ll = _chunk_information(model, params, part)
@@ -109,7 +110,7 @@ def glm_information(model: LCRGLMModel, params, rp: RowParts) -> tuple[np.ndarra
     return info, loglik
 
 
-def glm_layout(model: LCRGLMModel, params, names: list[str],
+def glm_layout(model, params, names: list[str],
                concomitant_names: list[str]) -> InferenceLayout:
     """The reported parameters: per component its ``weight`` (constant weights) or, for
     classes 1..K-1, its concomitant coefficients (``concomitant:<name>``, the intercept
