@@ -319,7 +319,7 @@ def generic_command(entry) -> TyperCommand:
         progress: ProgressOpt = None,
     ):
         if entry.target and target is None and not (SHARED.get() or {}).get("formula"):
-            fail(f"fit {entry.name} needs --target COLUMN (the response) or --formula")
+            fail(f"fit {entry.name} needs --target COLUMN (the response)")
         if entry.entity and entity is None:
             fail(f"fit {entry.name} needs --entity COLUMN (the entity of each row)")
         params = parse_params(param, entry.cls, entry.name)

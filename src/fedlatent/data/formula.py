@@ -169,7 +169,7 @@ def _split(formula: str):
     return target, parts
 
 
-def _variables(parts, columns: Sequence[str], formula: str) -> list[str]:
+def _variables(parts, columns: Sequence[str]) -> list[str]:
     needed = set()
     for part in parts:
         needed |= {str(v) for v in part.required_variables}
@@ -317,7 +317,7 @@ def formula_design(df: pd.DataFrame, formula: str | FormulaDesign, row_client: n
                                   f"FormulaDesign (fd.formula), got {type(formula).__name__}")
     target, parts = _split(formula)
     columns = [str(c) for c in df.columns]
-    variables = _variables(parts, columns, formula)
+    variables = _variables(parts, columns)
     cats = _categorical(df, variables, formula)
     reports = client_levels({c: _labels(df[c]) for c in cats}, row_client, clients)
     levels = {c: _sorted_levels(df, c, lv) for c, lv in agree_levels(reports, cats).items()}

@@ -101,16 +101,18 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
         "concomitant": [None, Instance(list, tuple, desc="a list of column names")],
     }
 
-    @property
-    def capabilities(self) -> Capabilities:
-        """Secure aggregation; differential privacy without concomitant variables; a missing
-        answer drops out of its row's likelihood (poLCA)."""
+    capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
+                                missing_values=True)  # a missing answer drops out (poLCA)
+
+    def _refuse_private(self, fd, federation) -> None:
+        """With concomitant variables the logit's Newton statistics have no per-record bound
+        yet: refused with the reason."""
         if self.concomitant:
-            return Capabilities(secure_aggregation=True, differential_privacy=False,
-                                missing_values=True, privacy_refusal=(
-                                    "the concomitant logit's Newton statistics have no "
-                                    "per-record bound implemented yet"))
-        return _CAPABILITIES
+            raise ValueError(f"{type(self).__name__} refuses Federation(privacy="
+                             "DifferentialPrivacy(...)): the concomitant logit's Newton "
+                             "statistics have no per-record bound implemented yet; fit it with "
+                             "privacy=None, or without concomitant variables")
+        super()._refuse_private(fd, federation)
 
     _multi_start = True
     _dp_init_releases = 1  # the random-membership sums
@@ -315,8 +317,3 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
             return super()._federated_loglik(fd, runtime)
         finally:
             self.n_categories = saved
-
-
-#: without concomitant variables: secure aggregation and differential privacy
-_CAPABILITIES = Capabilities(secure_aggregation=True, differential_privacy=True,
-                             missing_values=True)  # a missing answer drops out (poLCA)

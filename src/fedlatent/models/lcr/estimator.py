@@ -295,16 +295,22 @@ class LatentClassRegression(InferenceMixin, FederatedRegressionMixture):
     _default_n_init = 3  # n_init=None
     _score_name = "mean log-likelihood"
 
-    @property
-    def capabilities(self) -> Capabilities:
-        """Secure aggregation always; differential privacy for the Gaussian family without
-        concomitant variables, offsets or trials (the Newton statistics have no per-record
-        bound yet: :func:`.glm_estimator.glm_capabilities` says why). Rows with a missing
-        target are left out (``fit_data``; issue 25); NaN covariates are refused: a
-        conditional model has no model for x."""
-        if self._plain_settings():
-            return _GAUSSIAN_CAPABILITIES
-        return glm_capabilities(self.family)
+    # rows with a missing target are left out (LCRModel.fit_data; issue 25); NaN covariates are
+    # refused: a conditional model has no model for x. Differential privacy: the Gaussian family
+    # with constant weights, no offset and no trials (the others: _refuse_private)
+    capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
+                                missing_target=True)
+
+    def _refuse_private(self, fd, federation) -> None:
+        """The Newton statistics (Poisson and binomial families, concomitant variables) have
+        no per-record bound yet: refused with the reason (:func:`.glm_estimator.
+        glm_capabilities`); the Gaussian family's closed-form fit as before."""
+        if not self._plain_settings():
+            caps = glm_capabilities(self.family)
+            raise ValueError(f"{type(self).__name__} refuses Federation(privacy="
+                             f"DifferentialPrivacy(...)): {caps.privacy_refusal}; fit it with "
+                             "privacy=None")
+        super()._refuse_private(fd, federation)
 
     @property
     def _dp_init_releases(self) -> int:
@@ -643,8 +649,3 @@ class LatentClassRegression(InferenceMixin, FederatedRegressionMixture):
         c = len(self._roles().concomitant)
         prior = (K - 1) * (c + 1) if c else K - 1
         return int(K * p + K * int(self.family == "gaussian") + prior)
-
-
-#: the closed-form Gaussian model's: secure aggregation and differential privacy
-_GAUSSIAN_CAPABILITIES = Capabilities(secure_aggregation=True, differential_privacy=True,
-                                      missing_target=True)

@@ -226,7 +226,7 @@ class LCRGLMModel(MixtureModel):
     # ---- server side ------------------------------------------------------------------------
     def stat_shapes(self, params):
         K, p = self.K, self.n_coef
-        shapes = ({k: s for k, s in lcr_stat_shapes(K, p).items()} if self.gaussian
+        shapes = (dict(lcr_stat_shapes(K, p)) if self.gaussian
                   else {"nk": (K,), **glm_stat_shapes(K, p)})
         if self.n_concomitant:
             shapes.update(concomitant_stat_shapes(K, self.n_concomitant))
