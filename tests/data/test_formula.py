@@ -154,12 +154,20 @@ def test_formula_and_categorical_are_exclusive_and_fit_intercept_must_agree():
 
 
 def test_a_rare_level_of_a_formula_variable_is_refused_by_the_site():
+    """Site 'a' holds two records of level X: it refuses the setup (the rare-level rule) and
+    is left out by name; with on_refusal='stop' the fit stops."""
     df = table()
     df.loc[df.index[df.site == "a"][:2], "sex"] = "X"  # site 'a' now holds 2 records of X
     fd = fl.FederatedDataset.from_pandas(df, client="site", formula="y ~ x1 + C(sex)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = fl.LatentClassRegression(2, random_state=0).fit(fd, progress=False)
+    assert list(est.excluded_clients_) == ["a"]
+    assert "column 'sex' has level(s) 'X' (2)" in est.excluded_clients_["a"]
     with pytest.raises(FederatedFitError,
                        match=r"client 'a': column 'sex' has level\(s\) 'X' \(2\)"):
-        fl.LatentClassRegression(2, random_state=0).fit(fd, progress=False)
+        fl.LatentClassRegression(2, random_state=0, federation=fl.Federation(
+            on_refusal="stop")).fit(fd, progress=False)
 
 
 def test_fit_formula_on_the_command_line(tmp_path):
