@@ -411,25 +411,26 @@ def _check_csv_header(path: Path, df: pd.DataFrame, sep: str) -> None:
 def load_dataset(path: Path, client: str, features: list[str] | str | None = None,
                  target: str | None = None, entity: str | None = None,
                  categorical=None, categorical_columns: str | None = None,
-                 weight: str | None = None) -> tuple[pd.DataFrame, FederatedDataset]:
+                 weight: str | None = None,
+                 formula: str | None = None) -> tuple[pd.DataFrame, FederatedDataset]:
     """The file's table and its federated dataset (DataValidationError names client and column).
 
     The dataset holds clients sorted by ``str(client id)``, each client's rows in file order;
     :func:`file_order` maps its rows back to the file's (its ``row_index`` is the file's row
     numbers). ``categorical``: as ``FederatedDataset.from_pandas`` (``--categorical``), with
     ``categorical_columns`` the comma-separated columns it encodes; ``weight``: the column of
-    frequency weights (``--weight``).
+    frequency weights (``--weight``); ``formula``: the design from a formula (``--formula``).
     """
     df = read_frame(path)
     return df, frame_dataset(df, client, features, target=target, entity=entity,
                              categorical=categorical, categorical_columns=categorical_columns,
-                             weight=weight)
+                             weight=weight, formula=formula)
 
 
 def frame_dataset(df: pd.DataFrame, client: str, features: list[str] | str | None = None, *,
                   target: str | None = None, entity: str | None = None, categorical=None,
-                  categorical_columns: str | None = None,
-                  weight: str | None = None) -> FederatedDataset:
+                  categorical_columns: str | None = None, weight: str | None = None,
+                  formula: str | None = None) -> FederatedDataset:
     """The federated dataset of a table (:func:`load_dataset` of a table already read)."""
     from ..data.dataset import FederatedDataset
     from ..data.validation import DataValidationError
@@ -439,11 +440,15 @@ def frame_dataset(df: pd.DataFrame, client: str, features: list[str] | str | Non
     columns = split_list(categorical_columns)
     if columns is not None and categorical is None:
         fail("--categorical-columns needs --categorical onehot (or onehot-all)")
+    if formula is not None and categorical is not None:
+        fail("give either --formula or --categorical: a formula codes its categorical "
+             "variables itself (C(x), text columns)")
     try:
         return FederatedDataset.from_pandas(df, client=client, features=features,
                                             target=target, entity=entity,
                                             categorical=categorical,
-                                            categorical_columns=columns, weight=weight)
+                                            categorical_columns=columns, weight=weight,
+                                            formula=formula)
     except DataValidationError as err:  # the library's fix, said as the command line says it
         text = str(err)
         if "categorical='onehot'" in text:

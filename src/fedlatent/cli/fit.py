@@ -107,9 +107,10 @@ def _fit(entry, values: dict[str, Any]) -> None:
                          target=values.get("target"), entity=values.get("entity"),
                          categorical=values.get("categorical"),
                          categorical_columns=values.get("categorical_columns"),
-                         weight=values.get("weight"))
+                         weight=values.get("weight"), formula=values.get("formula"))
     out = values["out"]
-    roles = roles_of(entry.name, values["client"], values.get("target"), values.get("entity"))
+    roles = roles_of(entry.name, values["client"], values.get("target") or fd.target_name,
+                     values.get("entity"))
     written = fit_and_save(est, fd, out, roles, extra=extra_files(entry.name, est),
                            fit_kw=fit_kw)
     for line in summary(entry.name, est, fd.n_clients, fd.n_samples, fd.n_features):

@@ -143,7 +143,8 @@ def _sites(entry, values: dict[str, Any], data_dir: Path) -> Sites:
                                            "features": [str(f) for f in parts[0].feature_names]})
     fd = _table_dataset(entry, values, split)
     paths = write_client_files(fd, data_dir)
-    roles = roles_of(entry.name, values["client"], values.get("target"), values.get("entity"))
+    roles = roles_of(entry.name, values["client"], values.get("target") or fd.target_name,
+                     values.get("entity"))
     return Sites([paths[c] for c in fd.client_ids], list(fd.client_ids), fd.n_samples,
                  fd.n_features, {**roles, "features": [str(f) for f in fd.feature_names]},
                  getattr(fd, "encoding", None))
@@ -158,7 +159,7 @@ def _table_dataset(entry, values: dict[str, Any], split: int | None):
                              target=values.get("target"), entity=values.get("entity"),
                              categorical=values.get("categorical"),
                              categorical_columns=values.get("categorical_columns"),
-                             weight=values.get("weight"))
+                             weight=values.get("weight"), formula=values.get("formula"))
         return fd
     if split is None:
         fail("give --client COLUMN (or --split-rows N to split the rows) for a table file")

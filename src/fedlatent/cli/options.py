@@ -71,6 +71,9 @@ HELP = {
                            "labels too, e.g. region codes); default: every text, categorical "
                            "or boolean feature.",
     "out": "Output directory (model.npz/json, history.csv, roles.json...).",
+    "formula": "The design from a formula, e.g. 'y ~ x1 + C(sex) + x1:x2' (after '|': "
+               "concomitant variables); the target is its response, --features columns kept "
+               "beside it (an offset, trials).",
     "seed": "Seed of every random draw of the run.",
     "progress": "Progress bars [default: on a terminal].",
 }
@@ -473,8 +476,8 @@ def model_table(entry) -> tuple[Row, ...]:
 def data_rows(entry, *, data_help: str | None = None, columns_required: bool = True,
               categorical: bool = True) -> list[Row]:
     """``--data`` and the columns of the model's data: ``--client``, ``--features``,
-    ``--target`` (models with a response), ``--entity`` (hierarchical models), ``--weight``
-    and the categorical encoding."""
+    ``--target`` (models with a response), ``--entity`` (hierarchical models), ``--weight``,
+    ``--formula`` and the categorical encoding."""
     rows = [Row("data", ("--data",), data_help or HELP["data"], kind="path", goes="data",
                 required=True, metavar="FILE"),
             Row("client", ("--client",), HELP["client"], goes="data", required=columns_required),
@@ -484,6 +487,7 @@ def data_rows(entry, *, data_help: str | None = None, columns_required: bool = T
     if entry.entity:
         rows.append(Row("entity", ("--entity",), HELP["entity"] + " Needed.", goes="data"))
     rows.append(Row("weight", ("--weight",), HELP["weight"], goes="data"))
+    rows.append(Row("formula", ("--formula",), HELP["formula"], goes="data"))
     if categorical:
         rows += [Row("categorical", ("--categorical",), CATEGORICAL_HELP, kind="choice",
                      goes="data", choices=CATEGORICAL_CHOICES),
@@ -495,7 +499,7 @@ def data_rows(entry, *, data_help: str | None = None, columns_required: bool = T
 def needed_columns(entry, values: dict[str, Any], command: str) -> None:
     """ValueError (one ``error:`` line) when the model needs ``--target`` or ``--entity`` and
     it is missing."""
-    if entry.target and values.get("target") is None:
+    if entry.target and values.get("target") is None and not values.get("formula"):
         raise ValueError(f"{command} {entry.name} needs --target COLUMN (the response)")
     if entry.entity and values.get("entity") is None:
         raise ValueError(f"{command} {entry.name} needs --entity COLUMN (the entity of each row)")

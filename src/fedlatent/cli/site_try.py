@@ -66,7 +66,7 @@ def _site_data(values: dict[str, Any], site: str):
     return frame_dataset(df, client, values["features"], target=values.get("target"),
                          entity=values.get("entity"), categorical=values.get("categorical"),
                          categorical_columns=values.get("categorical_columns"),
-                         weight=values.get("weight"))
+                         weight=values.get("weight"), formula=values.get("formula"))
 
 
 def _copy_ledger(policy, into: Path) -> int:
