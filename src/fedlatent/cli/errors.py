@@ -155,6 +155,8 @@ def cli_words(text: str) -> str:
     text = re.sub(r"(?<![\w'\"=-])([a-z]+(?:_[a-z0-9]+)+)(?![\w'\"=(])",
                   lambda m: both.get(m.group(1), m.group(1)), text)
     text = re.sub(r"\b(raise|or) tol\b", r"\1 --tol", text)
+    # a count left to the model is 'auto' on the command line (-k auto), None in Python
+    text = re.sub(r"(--components\b[^.;]*?) or None\b", r"\1 or auto", text)
     return re.sub("\0(\\d+)\0", lambda m: quoted[int(m.group(1))], text)
 
 
