@@ -147,7 +147,7 @@ def test_cli_app_writes_the_run_config(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["nope"], "error: unknown model 'nope'; choose one of " + ", ".join(estimator_names())),
+        (["nope"], "error: unknown model 'nope'; registered: " + ", ".join(estimator_names())),
         (["gmm", "--params", "{n_components: 2}"], "error: --params is not valid JSON"),
         (["gmm", "--params", "[2]"], "error: --params must be a JSON object"),
         (["gmm", "--params", '{"n_components": 2, "colour": 1}'],
@@ -190,9 +190,11 @@ def test_cli_partition_writes_one_file_per_client_and_the_node_commands(tmp_path
     "data, extra, message",
     [
         ("empty", [], "holds no .parquet client files"),
-        ("table", [], "error: give --client COLUMN (or --clients N to split the rows)"),
-        ("table", ["--clients", 3, "--entity", "e"], "error: --entity needs --client"),
-        ("table", ["--clients", 0], "error: --clients must be between 1 and the 40 rows"),
+        ("table", [], "error: give --client COLUMN (or --split-rows N to split the rows)"),
+        # gmm has no entity level: --entity is not offered where it cannot work
+        ("table", ["--split-rows", 3, "--entity", "e"], "error: No such option '--entity'"),
+        ("table", ["--split-rows", 0], "error: --split-rows must be between 1 and the 40 rows"),
+        ("table", ["--clients", 0], "error: --split-rows must be between 1 and the 40 rows"),
         ("parts", ["--clients", 4], "error: --clients 4 but the data hold 2 clients"),
     ],
 )

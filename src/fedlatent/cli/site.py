@@ -6,9 +6,12 @@ from pathlib import Path
 
 import typer
 
+from .common import CommandGroup
+
 __all__ = ["site_app"]
 
 site_app = typer.Typer(
+    cls=CommandGroup,
     no_args_is_help=True,
     help="A site's own policy and privacy ledger (for site operators).",
 )
@@ -26,12 +29,18 @@ def check(policy: Path = typer.Argument(..., help="The site policy file (TOML)."
 
 
 @site_app.command("ledger")
-def ledger(directory: Path = typer.Argument(..., help="The site directory (or ledger file).")):
+def ledger(
+    directory: Path = typer.Argument(..., help="The site directory (or ledger file)."),
+    full: bool = typer.Option(False, "--full", help="Every cell whole (a refusal's reason and "
+                                                    "fix are otherwise cut at 110 characters)."),
+):
     """Print the site's ledger as a table, its hash chain verified."""
     from ..engine.site.report import LEDGER_COLUMNS, format_table, ledger_entries, ledger_rows
 
     entries = ledger_entries(directory)
-    typer.echo(format_table(LEDGER_COLUMNS, ledger_rows(entries), width=110))
+    rows = ledger_rows(entries)
+    width = max([110, *(len(c) for r in rows for c in r)]) if full else 110
+    typer.echo(format_table(LEDGER_COLUMNS, rows, width=width))
     typer.echo(f"{len(entries)} entries; hash chain verified")
 
 
@@ -56,8 +65,12 @@ def report(directory: Path = typer.Argument(..., help="The site directory (or le
 
 def _register_keys() -> None:
     from .site_keys import register
+    from .site_try import TryGroup
 
     register(site_app)
+    site_app.add_typer(typer.Typer(cls=TryGroup, no_args_is_help=True, help=(
+        "A dry run of a fit against this site's policy, on its own data, before any server "
+        "asks (one command per registered model).")), name="try")
 
 
-_register_keys()  # ``fedlatent site keygen`` and ``fedlatent site roster``
+_register_keys()  # ``site keygen``, ``site roster`` and ``site try``

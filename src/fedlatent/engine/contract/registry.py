@@ -247,9 +247,11 @@ def model_from_config(name: str, config: dict[str, Any]):
 
 
 # ---- estimators ---------------------------------------------------------------------------------
-def estimator_entries() -> dict[str, EstimatorEntry]:
-    """Every registered estimator, by short name (sorted)."""
-    discover()
+def estimator_entries(discover_all: bool = True) -> dict[str, EstimatorEntry]:
+    """Every registered estimator, by short name (sorted); ``discover_all=False``: only those
+    imported so far (nothing more is imported: ``estimator_class(name)`` finds one model)."""
+    if discover_all:
+        discover()
     return dict(sorted(_ESTIMATORS.items()))
 
 

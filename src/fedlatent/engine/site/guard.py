@@ -259,10 +259,12 @@ class SiteGuard:
         eps = self.ledger.lifetime_epsilon(self.dataset, delta, [(z, max(releases - made, 0))])
         if eps > p.lifetime_epsilon * (1 + 1e-9):
             spent = self.ledger.lifetime_epsilon(self.dataset, delta)
+            left = max(p.lifetime_epsilon - spent, 0.0)
             return ("privacy.lifetime-epsilon",
                     f"this plan would bring data set {self.dataset!r} to epsilon={eps:.4g} "
-                    f"(spent so far {spent:.4g}) above its lifetime budget {p.lifetime_epsilon}",
-                    "ask for a smaller epsilon, or none: the budget of this data set is spent")
+                    f"(spent so far {spent:.4g}) above its lifetime budget {p.lifetime_epsilon}"
+                    f"; {left:.4g} remains",
+                    f"ask for a smaller epsilon (this data set has {left:.4g} left), or none")
         return None
 
     def _plan_privacy(self, msg) -> dict[str, Any] | None:
@@ -408,10 +410,13 @@ class SiteGuard:
             delta = p.lifetime_delta or c.delta
             eps = self.ledger.lifetime_epsilon(self.dataset, delta, [(c.noise_multiplier, 1)])
             if eps > p.lifetime_epsilon * (1 + 1e-9):
+                left = max(p.lifetime_epsilon - self.ledger.lifetime_epsilon(self.dataset,
+                                                                             delta), 0.0)
                 raise PrivacyBudgetExceeded(
                     f"site {self.site!r} refused (privacy.lifetime-epsilon): {what} would "
                     f"bring data set {self.dataset!r} to epsilon={eps:.4g} above its lifetime "
-                    f"budget {p.lifetime_epsilon}; fix: none, the budget is spent")
+                    f"budget {p.lifetime_epsilon} ({left:.4g} remains); fix: none, the budget "
+                    "is spent")
 
     def released(self, privacy, msg: dict[str, Any], what: str, records: int) -> None:
         """Write one release to the ledger (called before its reply leaves)."""
