@@ -61,6 +61,7 @@ from fedlatent.engine.privacy.enforce import (
     suppress_blocks,
     suppress_differences,
 )
+from fedlatent.engine.privacy.patterns import merge_rare_patterns
 from fedlatent.engine.protocol.messages import ERROR_KEY, pack, point_keys, unpack
 from fedlatent.engine.stats import Stats, units_number
 
@@ -240,7 +241,8 @@ class ClientNode:
         self.model.disclosure = self.disclosure
         self.model.identity = (None if self.identity is None
                                else self.identity.for_site(self.client_id))
-        self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
+        self._data = merge_rare_patterns(  # rows with a target (LCR); rare missingness
+            self.model.fit_data(self._raw), self.disclosure, self.client_id)  # patterns merged
         self.model.site = self.guard
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data)) or (
