@@ -107,9 +107,9 @@ def setup_refusal(policy: DisclosurePolicy, client: str, n_records: int) -> str 
     if policy.count_scope != "client" or not 0 < n_records < policy.min_records:
         return None
     return (f"client {client!r}: refused by the disclosure policy: min_records="
-            f"{policy.min_records} (it holds {n_records} record(s), so every sum it could send "
+            f"{policy.min_records} (it holds fewer records, so every sum it could send "
             f"would disclose them; DataSHIELD nfilter.tab). Merge it with another client, or "
-            f"pass Federation(disclosure=DisclosurePolicy(min_records={n_records})) or "
+            f"pass Federation(disclosure=DisclosurePolicy(min_records=...)) or "
             f"Federation(disclosure=DisclosurePolicy.off()) if its records may be disclosed")
 
 
