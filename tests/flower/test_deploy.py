@@ -318,6 +318,7 @@ signing-key = "site-key.pem"
 [privacy]
 max-epsilon = 5.0
 lifetime-epsilon = 10.0
+lifetime-delta = 1e-5
 [sec]
 evaluate-others = true
 """

@@ -145,7 +145,7 @@ def _fit(grid, est, out, resume=False):
 def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, tmp_path):
     from fedlatent.runtime.flower import load_result
 
-    fd, policy = _private_fd(), SitePolicy(lifetime_epsilon=1.0)
+    fd, policy = _private_fd(), SitePolicy(lifetime_epsilon=1.0, lifetime_delta=DELTA)
     sites = [tmp_path / f"s{i}.site" for i in range(3)]
     with pytest.raises(Stop):  # the sites answered round 3, the server died before reading it
         _fit(Grid(fd, sites, policy, stop_at_round=3), _private_gmm(), tmp_path / "out")

@@ -16,11 +16,20 @@ site_app = typer.Typer(
 
 @site_app.command("check")
 def check(policy: Path = typer.Argument(..., help="The site policy file (TOML).")):
-    """Validate a site policy file and print the floors it sets (errors name the key)."""
+    """Validate a site policy file and print the floors it sets (errors name the key): the
+    files it names exist, the models it answers are known, lifetime budgets are pairs at
+    least the per-fit ceilings, no floor is below the library's defaults."""
     from ..engine.site.policy import SitePolicy
     from ..engine.site.report import format_table
 
     pol = SitePolicy.load(policy)
+    errors, warns = pol.problems()
+    for text in warns:
+        typer.echo(f"warning: {text}", err=True)
+    if errors:
+        for text in errors:
+            typer.echo(f"error: site policy {policy}: {text}", err=True)
+        raise typer.Exit(2)
     typer.echo(f"{policy}: a valid site policy")
     typer.echo(format_table(("key", "value"), pol.describe(), width=90))
 
@@ -40,6 +49,7 @@ def report(directory: Path = typer.Argument(..., help="The site directory (or le
     """Summarize what left the site, per run: exchanges, releases, refusals and their rules."""
     from ..engine.site.report import (
         REPORT_COLUMNS,
+        backup_note,
         format_table,
         ledger_entries,
         lifetime_rows,
@@ -52,6 +62,8 @@ def report(directory: Path = typer.Argument(..., help="The site directory (or le
     if life:
         typer.echo("")
         typer.echo(format_table(("data set", "releases", "lifetime epsilon"), life))
+    typer.echo("")
+    typer.echo(backup_note(directory))
 
 
 def _register_keys() -> None:
