@@ -34,6 +34,31 @@ def check(policy: Path = typer.Argument(..., help="The site policy file (TOML)."
     typer.echo(format_table(("key", "value"), pol.describe(), width=90))
 
 
+@site_app.command("settings")
+def settings(policies: list[Path] = typer.Argument(..., help="The sites' policy files.")):
+    """List what each site announces at setup (its floors; DataSHIELD's
+    ds.listDisclosureSettings) and the disclosure floor a fit adopts from them all."""
+    import json
+
+    from ..engine.privacy.disclosure import DisclosurePolicy
+    from ..engine.site.announce import adopt_floors, announce, settings_rows
+    from ..engine.site.policy import SitePolicy
+    from ..engine.site.report import format_table
+
+    got = {}
+    for path in policies:
+        pol = SitePolicy.load(path)
+        name = pol.name or path.stem
+        got[name] = json.loads(announce(pol, name)["settings"])
+    typer.echo(format_table(("site", "setting", "value"), settings_rows(got), width=70))
+    _, record = adopt_floors(DisclosurePolicy(), got)
+    raised = record.get("raised", {})
+    adopted = record.get("disclosure", {})
+    typer.echo("a fit adopts: " + ("the library's default disclosure floor" if not raised else
+               "; ".join(f"{k}={adopted[k]} (asked by {', '.join(v)})"
+                         for k, v in raised.items())))
+
+
 @site_app.command("ledger")
 def ledger(directory: Path = typer.Argument(..., help="The site directory (or ledger file).")):
     """Print the site's ledger as a table, its hash chain verified."""

@@ -271,7 +271,7 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
     signer, trust = own_signer(node)  # a site with a key signs its states and checks them
     if restore is not None and method in ROUND_METHODS and site is not None and run is not None:
         node.state = restore_state(site, cid, str(run), int(restore), trust=trust)
-    if method == "describe":
+    if method in ("describe", "settings"):  # (before any setup: no model needed)
         return node.handle(method, msg)
     if method != "setup":
         if _MODEL not in state:

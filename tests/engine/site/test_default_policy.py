@@ -65,6 +65,8 @@ def _estep(k):
 class BareSites(InProcessRuntime):
     """Sites as a deployment has them: each a ``ClientNode`` built without a policy."""
 
+    sites_relaxed = False  # (they announce the library's default floors)
+
     def __init__(self, fd, **kw):
         super().__init__(fd, batched=False, **kw)
         for c in fd.client_ids:  # (the runtime's own nodes would hold the simulation policy)

@@ -75,7 +75,8 @@ def test_no_table_is_the_default_floor():
                                      r"'max-delta', 'max-epsilon', 'required'\]"),
     ("[privacy]\nmax-epsilon = -1\n", r"privacy.max-epsilon must be a positive number, got -1"),
     ("[privacy]\nlifetime-delta = 2.0\n", r"privacy.lifetime-delta must be in \(0, 1\), got 2.0"),
-    ("[privacy]\nrequired = \"yes\"\n", r"privacy.required must be true, false or 'dp-or-verified', got 'yes'"),
+    ("[privacy]\nrequired = \"yes\"\n",
+     r"privacy.required must be true, false or 'dp-or-verified', got 'yes'"),
     ("[limits]\nmax-rounds = 0\n", r"limits.max-rounds must be an integer >= 1, got 0"),
     ("[disclosure]\nmin_records = -2\n", r"\[disclosure\]: DisclosurePolicy: min_records must "
                                          r"be an integer >= 0, got -2"),

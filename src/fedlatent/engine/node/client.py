@@ -16,6 +16,7 @@ Methods a node answers:
 ``query``       a model-specific exchange (``message["query"]`` names it)
 ``describe``    the client's own data checked by the estimator's checks; counts and column
                 names only (how the server of a deployment learns the federation's shape)
+``settings``    the site policy's floors (:mod:`fedlatent.engine.site.announce`; no data)
 ``secagg``      secure aggregation: the key set-up and the reveal of shares
                 (:mod:`fedlatent.engine.secagg.secure`); a message carrying ``secagg/slot`` gets
                 its ``estep`` or ``query`` reply masked
@@ -165,6 +166,8 @@ class ClientNode:
             from fedlatent.engine.site.policy import SitePolicy
 
             policy = SitePolicy()
+        #: the site's policy (announced to the server by the ``settings`` exchange)
+        self.site_policy = policy
         #: whether a server's ``noise_seed`` is honoured (a simulation's site only)
         self.honour_noise_seed = bool(policy.simulation)
         if not policy.relaxed:
@@ -207,6 +210,10 @@ class ClientNode:
             return describe_client(self._source.subset([self.client_id]), msg)
         if method == "setup":
             return self._setup(msg)
+        if method == "settings":  # the site's floors, announced (no data)
+            from fedlatent.engine.site.announce import announce
+
+            return announce(self.site_policy, self.site_policy.site_name(self.client_id))
         if method == "secagg":
             from fedlatent.engine.secagg.secure import secagg_step
 

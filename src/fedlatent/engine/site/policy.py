@@ -75,7 +75,7 @@ _DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
 #: ``[privacy] required``'s value: differential privacy, or verified secure aggregation
 DP_OR_VERIFIED = "dp-or-verified"
 #: exchanges every site answers (the protocol itself: no data cross in them)
-PROTOCOL_EXCHANGES = ("setup", "describe", "secagg")
+PROTOCOL_EXCHANGES = ("setup", "describe", "secagg", "settings")
 
 
 class PolicyError(ValueError):

@@ -155,6 +155,12 @@ class InProcessRuntime(Runtime):
         return list(self._ids)
 
     @property
+    def sites_relaxed(self) -> bool:
+        """Whether every site is one this runtime holds without a policy (the relaxed
+        simulation policy): they announce no floors, so none are asked for."""
+        return self._nodes.policies is None
+
+    @property
     def nodes(self) -> dict[str, ClientNode]:
         """The client objects, their states up to date."""
         self._to_nodes()
