@@ -19,11 +19,12 @@ def check(policy: Path = typer.Argument(..., help="The site policy file (TOML)."
     """Validate a site policy file and print the floors it sets (errors name the key): the
     files it names exist, the models it answers are known, lifetime budgets are pairs at
     least the per-fit ceilings, no floor is below the library's defaults."""
+    from ..engine.contract.registry import estimator_names
     from ..engine.site.policy import SitePolicy
     from ..engine.site.report import format_table
 
     pol = SitePolicy.load(policy)
-    errors, warns = pol.problems()
+    errors, warns = pol.problems(known_models=estimator_names())
     for text in warns:
         typer.echo(f"warning: {text}", err=True)
     if errors:
@@ -41,7 +42,8 @@ def settings(policies: list[Path] = typer.Argument(..., help="The sites' policy 
     import json
 
     from ..engine.privacy.disclosure import DisclosurePolicy
-    from ..engine.site.announce import adopt_floors, announce, settings_rows
+    from ..engine.protocol.settings import adopt_floors, settings_rows
+    from ..engine.site.announce import announce
     from ..engine.site.policy import SitePolicy
     from ..engine.site.report import format_table
 

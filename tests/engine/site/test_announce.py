@@ -14,8 +14,8 @@ import fedlatent as fl
 from fedlatent.cli import app
 from fedlatent.engine.node.client import ClientNode
 from fedlatent.engine.privacy.enforce import policy_to_json
+from fedlatent.engine.protocol.settings import adopt_floors, settings_rows, site_settings
 from fedlatent.engine.site import SitePolicy
-from fedlatent.engine.site.announce import adopt_floors, settings_rows, site_settings
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 

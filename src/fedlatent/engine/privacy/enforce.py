@@ -42,6 +42,7 @@ from fedlatent.engine.stats import Stats
 
 __all__ = [
     "DisclosureRefused",
+    "looser",
     "policy_from_json",
     "policy_to_json",
     "setup_refusal",
@@ -100,6 +101,25 @@ def stricter(a: DisclosurePolicy, b: DisclosurePolicy) -> DisclosurePolicy:
         else:
             out[f.name] = max(va, vb)
     return DisclosurePolicy(**out)
+
+
+def looser(floor: DisclosurePolicy, sent: DisclosurePolicy) -> list[str]:
+    """The disclosure settings in which ``sent`` is looser than ``floor``, as
+    ``"name=value (floor value)"`` (count scope aside: it is enforced per message)."""
+    out = []
+    for f in fields(DisclosurePolicy):
+        a, b = getattr(floor, f.name), getattr(sent, f.name)
+        if f.name == "count_scope":
+            continue
+        if f.name == "allow_row_storing_learners":
+            loose = b and not a
+        elif f.name in _LOWER_IS_STRICTER:
+            loose = b > a
+        else:
+            loose = b < a
+        if loose:
+            out.append(f"{f.name}={b} (floor {a})")
+    return out
 
 
 def setup_refusal(policy: DisclosurePolicy, client: str, n_records: int) -> str | None:

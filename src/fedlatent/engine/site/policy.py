@@ -45,10 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
+from fedlatent.engine.privacy.enforce import looser
 
 __all__ = ["PolicyError", "SitePolicy", "looser"]
-
-_LOWER_IS_STRICTER = ("max_parameters_per_record", "max_levels_density")
 
 _TABLES = {
     "site": {"name", "simulation", "directory", "witness", "roster", "signing_key"},
@@ -236,15 +235,19 @@ class SitePolicy:
                               f"{sorted(self.datasets)} (the site's policy [datasets])")
         return self.datasets.get(name, Path(name))
 
-    def problems(self) -> tuple[list[str], list[str]]:
+    def problems(self, known_models=None) -> tuple[list[str], list[str]]:
         """``(errors, warnings)`` an operator should see before a node runs this policy
         (``fedlatent site check``): files it names that do not exist, models it answers that
-        the library does not know, lifetime budgets below the per-fit ceilings, floors below
-        the library's defaults; a lifetime budget kept in memory, a ledger without a witness
-        (a restored backup of the site directory would reset its budget unseen)."""
+        are not among ``known_models`` (the registry's names; None: not checked), lifetime
+        budgets below the per-fit ceilings, floors below the library's defaults; a lifetime
+        budget kept in memory, a ledger without a witness (a restored backup of the site
+        directory would reset its budget unseen)."""
         errors = [f"{key} = {path}: no such file" for key, path in self._files()
                   if not path.exists()]
-        errors += self._unknown_models()
+        if known_models is not None:
+            known = sorted(known_models)
+            errors += [f"answer.models: unknown model {m!r}; known: {known}"
+                       for m in self.models or () if m not in known]
         for what, life, fit in (("epsilon", self.lifetime_epsilon, self.max_epsilon),
                                 ("delta", self.lifetime_delta, self.max_delta)):
             if life is not None and fit is not None and life < fit:
@@ -272,17 +275,6 @@ class SitePolicy:
                for k in ("roster", "signing_key") if getattr(self, k) is not None]
         return out + [(f"datasets.{k}", v) for k, v in sorted(self.datasets.items())]
 
-    def _unknown_models(self) -> list[str]:
-        from fedlatent.engine.contract.registry import model_class
-
-        out = []
-        for name in self.models or ():
-            try:
-                model_class(name)
-            except KeyError as err:
-                out.append(f"answer.models: {str(err).strip(chr(34))}")
-        return out
-
     def describe(self) -> list[tuple[str, str]]:
         """``(key, value)`` rows of the policy in force (for ``fedlatent site check``)."""
         if self.relaxed:
@@ -302,25 +294,6 @@ class SitePolicy:
             rows.append((name, "(not set)" if value is None else str(value)))
         rows += [(f"datasets.{k}", str(v)) for k, v in sorted(self.datasets.items())]
         return rows
-
-
-def looser(floor: DisclosurePolicy, sent: DisclosurePolicy) -> list[str]:
-    """The disclosure settings in which ``sent`` is looser than ``floor``, as
-    ``"name=value (floor value)"`` (count scope aside: it is enforced per message)."""
-    out = []
-    for f in fields(DisclosurePolicy):
-        a, b = getattr(floor, f.name), getattr(sent, f.name)
-        if f.name == "count_scope":
-            continue
-        if f.name == "allow_row_storing_learners":
-            loose = b and not a
-        elif f.name in _LOWER_IS_STRICTER:
-            loose = b > a
-        else:
-            loose = b < a
-        if loose:
-            out.append(f"{f.name}={b} (floor {a})")
-    return out
 
 
 # ---- the tables ---------------------------------------------------------------------------
