@@ -17,29 +17,9 @@ from fedlatent.engine.rounds.loop import FederatedFitError
 from fedlatent.engine.site import SitePolicy
 from fedlatent.engine.site.policy import PolicyError
 from fedlatent.engine.transport.inprocess import InProcessRuntime
+from site_example import example_sites
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "site-policy.toml"
-
-
-def example_site(tmp_path, site="c0", roster=None):
-    """The shipped example copied as a site operator would (into ``tmp_path``), with every
-    file it names made: the data set, the site's signing key, the roster if it pins one
-    (``roster``: the consortium's ``Roster``; None: one of this site alone)."""
-    from fedlatent.engine.site.keys import Roster, SiteKeys
-
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    f = tmp_path / "site-policy.toml"
-    f.write_text(EXAMPLE.read_text())
-    p = SitePolicy.load(f)
-    keys = SiteKeys.generate()
-    if p.signing_key is not None:
-        keys.save(p.signing_key)
-    if p.roster is not None:
-        p.roster.write_text((roster or Roster({site: keys.public_key})).to_json())
-    for path in p.datasets.values():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"")
-    return f, keys
 
 
 def test_the_documented_example_loads_with_every_floor():
@@ -104,7 +84,7 @@ def test_site_check_prints_the_floors_and_exits_2_on_a_bad_file(tmp_path):
     runner = CliRunner()
     res = runner.invoke(app, ["site", "check", str(EXAMPLE)])  # its files are not there
     assert res.exit_code == 2 and "data/study.parquet: no such file" in res.output
-    example, _ = example_site(tmp_path / "copy")
+    example = example_sites(tmp_path, ["c0"])["c0"]
     res = runner.invoke(app, ["site", "check", str(example)])
     assert res.exit_code == 0, res.output
     assert "warning" not in res.output and "a valid site policy" in res.output

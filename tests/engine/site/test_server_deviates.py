@@ -164,6 +164,9 @@ def test_a_new_run_after_the_budget_is_spent_is_refused_by_the_lifetime_budget()
     (SitePolicy(privacy_required=True), None,
      "(privacy.required): the fit is not differentially private; fix: fit with "
      "Federation(privacy=DifferentialPrivacy(...))"),
+    (SitePolicy(privacy_required=True, verified_suffices=True), None,  # until rounds are
+     "(privacy.required): the fit is not differentially private; fix: fit with "  # verified
+     "Federation(privacy=DifferentialPrivacy(...))"),
     (SitePolicy(), DifferentialPrivacy(1.0, DELTA, clip=5.0, noise_seed=3),
      "(privacy.noise-seed): a noise_seed lets whoever knows it remove the noise; the site "
      "draws its own; fix: drop noise_seed (only a site whose policy says simulation = true "
@@ -174,7 +177,8 @@ def test_a_new_run_after_the_budget_is_spent_is_refused_by_the_lifetime_budget()
     (SitePolicy(models=("lcr",)), None,
      "(answer.models): model 'gmm' is not one it answers; fix: fit one of ['lcr'], or ask the "
      "site's operator"),
-], ids=["epsilon-1e4", "delta", "no-dp", "noise-seed", "releases", "model"])
+], ids=["epsilon-1e4", "delta", "no-dp", "no-dp-nor-verified", "noise-seed", "releases",
+        "model"])
 def test_a_setup_below_the_sites_floor_is_refused_and_recorded(policy, dp, rule):
     server = Server(_fd(), policy)
     replies = server.send("setup", _setup_msg(dp=dp, releases=54))
