@@ -43,7 +43,7 @@ def test_a_private_fit_on_the_simulation_with_a_policy_per_site_is_on_every_ledg
         releases = ledger.of("release")
         assert [e["release"] for e in releases] == list(range(1, plan + 1))
         assert {e["site"] for e in ledger.entries} == {c}
-        dataset = releases[0]["dataset"]  # the node's data file: no data-name in a simulation
-        assert c in dataset
+        dataset = releases[0]["dataset"]  # the node's data file's content (issue 39)
+        assert dataset.startswith("sha256:") and len(dataset) == 7 + 64
         assert ledger.lifetime_epsilon(dataset, 1e-5) == pytest.approx(est.privacy_spent_[0],
                                                                        rel=1e-9)
