@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.protocol.messages import ERROR_KEY, refusal_reply
 from fedlatent.engine.site.ledger import Ledger
 from fedlatent.engine.site.policy import PROTOCOL_EXCHANGES, SitePolicy, looser
 
@@ -152,7 +152,7 @@ class SiteGuard:
         self.ledger.append("refusal", run=self.run, dataset=self.dataset, rule=rule,
                            reason=text, **where)
         logger.warning("%s", text)
-        return {ERROR_KEY: text}
+        return refusal_reply(text, f"site policy: {rule}")
 
     def refuse_all(self, whys: list[tuple[str, str, str]], **where: Any) -> dict[str, Any]:
         """The refusal reply naming every violated rule at once (``(rule, why, fix)`` each;
@@ -164,7 +164,7 @@ class SiteGuard:
         self.ledger.append("refusal", run=self.run, dataset=self.dataset, rule=whys[0][0],
                            rules=[w[0] for w in whys], reason=text, **where)
         logger.warning("%s", text)
-        return {ERROR_KEY: text}
+        return refusal_reply(text, "site policy: " + ", ".join(w[0] for w in whys))
 
     def refusal_text(self, rule: str, why: str, fix: str) -> str:
         """The one-line reason of a refusal (for a model that raises it; the node's reply
