@@ -86,3 +86,20 @@ def test_settings_are_asked_once_per_runtime(relaxed):
     first = site_settings(rt)
     assert site_settings(rt) is first
     assert len([m for d, _, m, _ in rt.log if d == "down"]) == (0 if relaxed else 3)
+
+
+def test_a_fit_adopts_the_floors_records_them_and_logs_who_asked(caplog):
+    fd = _fd()
+    rt = InProcessRuntime(fd, policies={"c1": SitePolicy(
+        disclosure=fl.DisclosurePolicy(min_records=5, min_records_per_block=4))})
+    est = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0)
+    with caplog.at_level("INFO", logger="fedlatent"):
+        est.fit(fd, runtime=rt)
+    assert est.excluded_clients_ == {}  # not refused: its floors were adopted
+    assert est.history_.adopted["raised"] == {"min_records": ["c1"],
+                                              "min_records_per_block": ["c1"]}
+    assert est.history_.to_frame().attrs["adopted"]["disclosure"]["min_records"] == 5
+    assert any("the sites announced stricter disclosure floors: min_records by c1; "
+               "min_records_per_block by c1" in r.getMessage() for r in caplog.records)
+    plain = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0).fit(fd)
+    assert plain.history_.adopted == {}  # sites the runtime holds announce nothing

@@ -22,7 +22,7 @@ from fedlatent.engine.privacy import DifferentialPrivacy
 from fedlatent.engine.privacy.disclosure import effective
 from fedlatent.engine.privacy.enforce import policy_to_json
 from fedlatent.engine.protocol.exchange import setup_clients
-from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
+from fedlatent.engine.protocol.messages import ERROR_KEY, REFUSED_KEY, pack, unpack
 from fedlatent.engine.rounds.loop import FederatedFitError
 from fedlatent.engine.site import SitePolicy
 from fedlatent.engine.site.policy import PolicyError
@@ -137,7 +137,7 @@ def test_a_setup_turning_disclosure_off_does_not_get_a_one_row_sites_row():
         "site 'tiny' refused (disclosure): the server's disclosure policy is looser than the "
         "site's floor: min_records=0 (floor 3), min_records_per_block=0 (floor 3)")
     after = rt.send("estep", _estep(1), ["tiny"])["tiny"]
-    assert set(after) == {ERROR_KEY}  # nothing but the refusal
+    assert set(after) == {ERROR_KEY, REFUSED_KEY}  # nothing but the refusal
 
 
 def test_a_crash_and_restore_neither_rolls_the_release_count_back_nor_gets_fresh_noise():

@@ -71,7 +71,8 @@ def adopt_floors(disclosure: DisclosurePolicy, settings: dict[str, dict[str, Any
                  ) -> tuple[DisclosurePolicy, dict[str, Any]]:
     """``(policy, record)``: ``disclosure`` raised to every site's announced floor (the count
     scope kept), and what was adopted: ``{"disclosure": the policy as a dict, "raised":
-    {setting: [sites that asked for more]}}`` (empty when nothing was raised)."""
+    {setting: [sites whose floor is above the server's]}}`` (empty when nothing was
+    raised)."""
     from fedlatent.engine.privacy.enforce import policy_from_config, stricter
 
     out, raised = disclosure, {}
@@ -80,7 +81,7 @@ def adopt_floors(disclosure: DisclosurePolicy, settings: dict[str, dict[str, Any
         if not floor:
             continue
         floor = policy_from_config(floor)
-        for item in looser(floor, out):
+        for item in looser(floor, disclosure):  # every site asking more than the server
             raised.setdefault(item.split("=", 1)[0], []).append(str(s.get("site") or cid))
         out = replace(stricter(out, floor), count_scope=disclosure.count_scope)
     if not raised:
