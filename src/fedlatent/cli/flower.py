@@ -339,7 +339,8 @@ def write_app_cmd(
     app_dir = write_app(out, config)
     typer.echo(f"wrote {app_dir / 'pyproject.toml'} and {app_dir / 'README.md'}")
     typer.echo(f"run it: flwr run {shlex.quote(str(app_dir))} <connection> --stream "
-               "(resume a run that stopped: add -c resume=true)")
+               "(resume a run that stopped: add -c resume=true); the connection trusts the "
+               "deployment's ca.crt (root-certificates): see 'fedlatent flower credentials'")
     typer.echo(f"results: {result} (status.json, model.npz/json, history.csv)")
 
 def _print_round(status: dict) -> None:
