@@ -7,6 +7,7 @@ time."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -581,7 +582,10 @@ def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledge
         ledger = Ledger(d / "private.site", c, keys=key)  # chain and signed anchor verified
         assert [e["release"] for e in ledger.of("release")] == list(range(1, plan + 1))
         assert len(ledger.of("secagg-keys")) == 1 and ledger.of("refusal") == []
-        assert ledger.lifetime_epsilon("private.parquet", 1e-5) == pytest.approx(
+        # the budget is kept under the data file's content, not the server's data-name
+        dataset = "sha256:" + hashlib.sha256((d / "private.parquet").read_bytes()).hexdigest()
+        assert {e["dataset"] for e in ledger.of("release")} == {dataset}
+        assert ledger.lifetime_epsilon(dataset, 1e-5) == pytest.approx(
             est.privacy_spent_[0], rel=1e-9)
         state = read_site_state(d / "private.site", trust=Roster({c: key.public_key}))
         assert state.client_id == c

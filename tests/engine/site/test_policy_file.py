@@ -182,3 +182,8 @@ def test_site_check_lists_every_mistake_of_a_file_at_once(tmp_path):
     res = CliRunner().invoke(app, ["site", "check", str(f)])
     assert res.exit_code == 0, res.output
     assert "a valid site policy" in res.output and "warning" not in res.output
+    f.write_text('[site]\ndirectory = "site"\nwitness = "site/witness"\n')
+    res = CliRunner().invoke(app, ["site", "check", str(f)])
+    assert res.exit_code == 2 and "site.witness = " in res.output
+    assert "is inside site.directory: a backup of the site directory would restore it too" \
+        in res.output

@@ -254,6 +254,11 @@ class SitePolicy:
                 errors.append(f"privacy.lifetime-{what} = {life:g} is below the per-fit "
                               f"privacy.max-{what} = {fit:g}: a fit at the ceiling could never "
                               f"run; raise lifetime-{what} or lower max-{what}")
+        if self.witness is not None and self.directory is not None and \
+                self.witness.resolve().is_relative_to(self.directory.resolve()):
+            errors.append(f"site.witness = {self.witness} is inside site.directory: a backup "
+                          "of the site directory would restore it too; put it outside (on "
+                          "another volume)")
         loose = looser(DisclosurePolicy(), self.disclosure)
         if loose:
             errors.append(f"[disclosure] is below the library's default floor: "
