@@ -405,11 +405,16 @@ def load_dataset(path: Path, client: str, features: list[str] | str | None = Non
         columns = split_list(CATEGORICAL_COLUMNS.get())
     if columns is not None and categorical is None:
         fail("--categorical-columns needs --categorical onehot (or onehot-all)")
+    formula = (SHARED.get() or {}).get("formula")
+    if formula is not None and categorical is not None:
+        fail("give either --formula or --categorical: a formula codes its categorical "
+             "variables itself (C(x), text columns)")
     try:
         fd = FederatedDataset.from_pandas(df, client=client, features=features, target=target,
                                           entity=entity, categorical=categorical,
                                           categorical_columns=columns,
-                                          weight=(SHARED.get() or {}).get("weight"))
+                                          weight=(SHARED.get() or {}).get("weight"),
+                                          formula=formula)
     except DataValidationError as err:  # the library's fix, said as the command line says it
         text = str(err)
         if "categorical='onehot'" in text:

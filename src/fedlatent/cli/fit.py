@@ -329,7 +329,7 @@ def generic_command(entry) -> TyperCommand:
         param: ParamOpt = None,
         progress: ProgressOpt = None,
     ):
-        if entry.target and target is None:
+        if entry.target and target is None and not (SHARED.get() or {}).get("formula"):
             fail(f"fit {entry.name} needs --target COLUMN (the response)")
         if entry.entity and entity is None:
             fail(f"fit {entry.name} needs --entity COLUMN (the entity of each row)")
@@ -346,7 +346,8 @@ def generic_command(entry) -> TyperCommand:
                               stacklevel=1)
         est = build_estimator(entry.cls, params, entry.name)
         _, fd = load_dataset(data, client, features, target=target, entity=entity)
-        written = fit_and_save(est, fd, out, roles_of(entry.name, client, target, entity))
+        written = fit_and_save(est, fd, out, roles_of(entry.name, client,
+                                                      target or fd.target_name, entity))
         typer.echo(f"{type(est).__name__}: {fd.n_clients} clients, {fd.n_samples} samples, "
                    f"{fd.n_features} features")
         if hasattr(est, "n_iter_"):

@@ -18,6 +18,8 @@ option                        estimator parameter
 ``--progress/--no-progress``  ``verbose``
 ``--weight COLUMN``           not a parameter: the data's frequency-weight column
                               (``FederatedDataset.from_pandas(..., weight=COLUMN)``)
+``--formula "y ~ x | z"``     not a parameter: the data's design from a formula
+                              (``FederatedDataset.from_pandas(..., formula=...)``)
 ============================  =====================================================
 
 A command that declares one of these options itself uses it directly; :func:`with_shared` adds
@@ -80,6 +82,10 @@ def _shared_options(
     weight: Annotated[str | None, typer.Option(
         "--weight", help="Column of frequency weights (a row of weight 2 counts as the row "
                          "twice; disclosure control still counts rows).")] = None,
+    formula: Annotated[str | None, typer.Option(
+        "--formula", help="The design from a formula, e.g. 'y ~ x1 + C(sex) + x1:x2' (after "
+                          "'|': concomitant variables); the target is its response, --features "
+                          "columns kept beside it (an offset, trials).")] = None,
 ) -> None:
     """The shared options (a function only typer reads)."""
 

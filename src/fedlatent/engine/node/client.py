@@ -300,6 +300,9 @@ class ClientNode:
         src = self._source
         levels = [] if src is None else level_counts(
             getattr(src, "encoding", None), src.feature_names, self._data.X, self._data.weight)
+        if getattr(src, "formula", None) is not None:  # a formula's categorical variables
+            levels += src.formula.level_counts(src.feature_names, self._data.X,
+                                               self._data.weight)
         levels += self.model.disclosure_levels(self._data)
         policy = self.disclosure
         if private:  # the rule on numbers is DP's job then; levels still checked

@@ -402,7 +402,7 @@ def _left_out(replies, n_clients: int, on_refusal: str,
         return {}, {}
     failed = {c: why for c, why in faults.items() if c not in replies.refused}
     kept = n_clients - len(faults)
-    if failed or on_refusal != "exclude" or kept == 0:
+    if failed or on_refusal != "exclude" or (kept == 0 and min_clients > 0):
         raise FederatedFitError(f"setup: {fault_detail(faults)}; nothing of this exchange "
                                 "was used", faults=faults)
     if kept < min_clients:

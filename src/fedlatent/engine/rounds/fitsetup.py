@@ -55,6 +55,7 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
     ledgers (:func:`~fedlatent.engine.protocol.exchange.setup_sites`)."""
     from fedlatent.engine.privacy.disclosure import effective
 
+    federation.check_model(model)  # before any message: statistics valid only where computed
     if federation.privacy is not None and privacy is None:
         from fedlatent.engine.privacy.dp import PrivacyBudget, planned_releases
 
