@@ -55,7 +55,7 @@ def test_refusing_many_small_clients_is_one_short_message(n_clients, rows, caplo
     with caplog.at_level(logging.INFO, logger="fedlatent"):
         with pytest.raises(FederatedFitError, match=(
                 r"setup: client 'c00000': refused by the disclosure policy: min_records=3 "
-                rf"\(it holds {rows} record\(s\).* \(also clients 'c00001', .*'c00009'\); and "
+                r"\(it holds fewer records.* \(also clients 'c00001', .*'c00009'\); and "
                 rf"{n_clients - 10} more client\(s\); nothing of this exchange was used")) as err:
             fl.FederatedGaussianMixture(2, random_state=0).fit(fd)
     assert len(str(err.value)) < 2000

@@ -1,10 +1,14 @@
 """``fedlatent flower``: run a fit on a Flower deployment.
 
+- ``flower credentials`` writes a deployment's TLS certificates and SuperNode keys
+  (:mod:`fedlatent.runtime.flower_credentials`);
 - ``flower partition`` writes one data file per client (what each site keeps) and prints the
-  ``flower-supernode`` command of each site;
+  SuperLink's and each site's commands, with TLS and SuperNode authentication (the credentials
+  made if they are not there yet; ``--insecure`` only when asked for, and then said);
 - ``flower app MODEL`` writes the Flower app directory (``pyproject.toml`` with the run config)
   that ``flwr run`` submits to a SuperLink;
-- ``flower local MODEL`` does it all on this machine (:mod:`fedlatent.cli.flower_run`).
+- ``flower local MODEL`` does it all on this machine (:mod:`fedlatent.cli.flower_run`), on
+  127.0.0.1 without TLS (loopback only, and it says so).
 
 ``app`` and ``local`` have one command per registered model, whose options are the model's
 option table (:mod:`fedlatent.cli.options`: the same names, defaults and help as ``fedlatent
@@ -125,10 +129,23 @@ def _run_config(est, *, result_dir: Path, min_nodes: int, round_timeout: float,
         fail(str(e))
 
 
-def _supernode_command(path: Path, superlink: str, port: int) -> str:
+def _supernode_command(path: Path, superlink: str, port: int, security: list[str]) -> str:
     node_config = f"data-path={json.dumps(str(path.resolve()))}"
-    return shlex.join(["flower-supernode", "--insecure", "--superlink", superlink,
+    return shlex.join(["flower-supernode", *security, "--superlink", superlink,
                        "--port", str(port), "--node-config", node_config])
+
+
+def _deployment_credentials(where: Path, n: int, superlink: str):
+    """The credentials in ``where`` for ``n`` SuperNodes, made if none are there (the
+    SuperLink's certificate for loopback and ``superlink``'s host)."""
+    from ..runtime.flower_credentials import LOOPBACK, make_credentials, read_credentials
+
+    if not (where / "certificates" / "ca.crt").exists():
+        host = superlink.rsplit(":", 1)[0].strip("[]")
+        typer.echo(f"wrote the deployment's credentials to {where} (keep certificates/ca.key "
+                   "offline; each keys/supernode-<i> goes to its site only)")
+        return make_credentials(where, n, hosts=(host, *[h for h in LOOPBACK if h != host]))
+    return read_credentials(where, n)
 
 
 def _client_dir_files(data: Path) -> list[Path]:
@@ -191,8 +208,16 @@ def partition(
     out: Path = typer.Option(..., "--out", help="Directory for the client files."),
     superlink: str = typer.Option("127.0.0.1:8000", "--superlink",
                                   help="SuperLink address shown in the printed commands."),
+    credentials: Path | None = typer.Option(
+        None, "--credentials",
+        help="The deployment's TLS certificates and SuperNode keys (default: <out>/credentials,"
+             " made there if missing; see 'fedlatent flower credentials')."),
+    insecure: bool = typer.Option(
+        False, "--insecure", help="Print commands without TLS or SuperNode authentication "
+                                  "(a test on one machine only)."),
 ):
-    """Write one Parquet file per client and print each site's flower-supernode command."""
+    """Write one Parquet file per client and print the SuperLink's and each site's commands
+    (TLS and SuperNode authentication unless --insecure)."""
     from ..data.files import write_client_files
 
     _, fd = load_dataset(data, client, features, target=target, entity=entity,
@@ -200,10 +225,60 @@ def partition(
                          categorical_columns=categorical_columns, weight=weight)
     files = write_client_files(fd, out)
     typer.echo(f"wrote {len(files)} client files to {out}")
+    cred = None if insecure else _deployment_credentials(
+        (credentials or out / "credentials").resolve(), fd.n_clients, superlink)
+    _print_superlink(cred, superlink)
     for i, cid in enumerate(fd.client_ids):
         # the id as a JSON string: a newline in an id cannot start a line of the commands
         typer.echo(f"# client {json.dumps(cid)} ({fd[cid].n_samples} rows)")
-        typer.echo(_supernode_command(files[cid], superlink, 9094 + i))
+        security = ["--insecure"] if cred is None else [
+            "--root-certificates", str(cred.ca),
+            "--auth-supernode-private-key", str(cred.node_keys[i])]
+        typer.echo(_supernode_command(files[cid], superlink, 9094 + i, security))
+
+
+def _print_superlink(cred, superlink: str) -> None:
+    """The SuperLink's command, and how the SuperNodes' keys are registered with it."""
+    port = superlink.rsplit(":", 1)[-1]
+    if cred is None:
+        typer.echo("warning: --insecure: no TLS and no SuperNode authentication; anyone on the "
+                   "network reads every message and any node can join (one machine only)",
+                   err=True)
+        typer.echo("# SuperLink\n" + shlex.join(["flower-superlink", "--insecure", "--port",
+                                                  port]))
+        return
+    typer.echo("# SuperLink (TLS; only registered SuperNodes are admitted)\n" + shlex.join([
+        "flower-superlink", "--ssl-ca-certfile", str(cred.ca), "--ssl-certfile",
+        str(cred.server_cert), "--ssl-keyfile", str(cred.server_key),
+        "--enable-supernode-auth", "--port", port]))
+    typer.echo(f"# register the SuperNodes (a flwr connection to {superlink} with "
+               f"root-certificates = {json.dumps(str(cred.ca))})")
+    for i in range(len(cred.node_keys)):
+        typer.echo(shlex.join(["flwr", "supernode", "register", str(cred.node_public(i)),
+                               "<connection>"]))
+
+@flower_app.command("credentials")
+def credentials_cmd(
+    out: Path = typer.Argument(..., help="Directory to write certificates/ and keys/ into."),
+    supernodes: int = typer.Option(..., "--supernodes", help="SuperNode key pairs to make."),
+    host: list[str] = typer.Option(
+        None, "--host", help="A name or address the SuperLink is reached at (repeat; default: "
+                             "localhost, 127.0.0.1, ::1)."),
+):
+    """Write a deployment's TLS certificates (its own CA, the SuperLink's certificate) and one
+    SuperNode authentication key pair per site, made with the cryptography package."""
+    from ..runtime.flower_credentials import LOOPBACK, make_credentials
+
+    try:
+        cred = make_credentials(out, supernodes, hosts=tuple(host) if host else LOOPBACK)
+    except (FileExistsError, ValueError) as err:
+        fail(str(err))
+    typer.echo(f"wrote {cred.ca}, {cred.server_cert} and {cred.server_key} (the SuperLink's; "
+               f"keep {cred.ca.with_name('ca.key')} offline)")
+    typer.echo(f"wrote {len(cred.node_keys)} SuperNode key pairs in {cred.node_keys[0].parent} "
+               "(each private key goes to its site only; the .pub files are registered with "
+               "the SuperLink: flwr supernode register)")
+
 
 
 class AppGroup(ModelGroup):
@@ -258,7 +333,8 @@ def _write_app(entry, values: dict[str, Any]) -> None:
     app_dir = write_app(out, config)
     typer.echo(f"wrote {app_dir / 'pyproject.toml'} and {app_dir / 'README.md'}")
     typer.echo(f"run it: flwr run {shlex.quote(str(app_dir))} <connection> --stream "
-               "(resume a run that stopped: add -c resume=true)")
+               "(resume a run that stopped: add -c resume=true); the connection trusts the "
+               "deployment's ca.crt (root-certificates): see 'fedlatent flower credentials'")
     typer.echo(f"results: {result} (status.json, model.npz/json, history.csv)")
 
 

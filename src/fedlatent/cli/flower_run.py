@@ -100,6 +100,9 @@ class Sites:
 
 def _local(entry, values: dict[str, Any]) -> None:
     _require_flower()
+    typer.echo("note: flower local runs on 127.0.0.1 without TLS or SuperNode authentication "
+               "(loopback only); for a deployment across machines use 'flower partition'",
+               err=True)
     from ..runtime.flower_local import write_app
 
     est = estimator_of(entry, values)
