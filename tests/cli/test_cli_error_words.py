@@ -144,5 +144,5 @@ def test_a_fit_refused_by_every_site_prints_one_line_per_reason(tmp_path):
     lines = res.stderr.splitlines()
     assert lines[0] == "error: setup: 3 clients (below); nothing of this exchange was used"
     assert lines[1].startswith("  clients 's0', 's1', 's2': refused by the disclosure policy")
-    assert "--min-records 30 or --disclosure off" in lines[1]
+    assert "--min-records N or --disclosure off" in lines[1]  # (no count below a threshold)
     assert len(lines) == 2 and all(len(line) < 400 for line in lines)

@@ -22,6 +22,7 @@ directory = "site-a"
 required = true
 max-epsilon = 1.0
 lifetime-epsilon = 1.0
+lifetime-delta = 1e-6
 """
 
 

@@ -113,7 +113,7 @@ def test_fit_command_writes_every_refused_client_to_a_file(tmp_path):
     assert len(lines) == 2 and f"{out / 'refused_clients.csv'}" in lines[0]
     assert lines[1].startswith("  clients 's00', 's01', 's02', 's03', 's04', 's05', 's06', "
                                "'s07', 's08', 's09' and 10 more: refused by the disclosure "
-                               "policy: --min-records 3 (it holds 2 record(s)")
+                               "policy: --min-records 3 (it holds fewer records")
     assert max(map(len, lines)) < 400
     with open(out / "refused_clients.csv", newline="") as fh:
         rows = list(csv.reader(fh))
