@@ -114,7 +114,11 @@ def test_a_site_operator_runs_flower_local_with_a_policy_per_site_and_reads_its_
                               "--site-policy", f"b={tmp_path / 'b.toml'}",
                               "--out", str(tmp_path / "out")])
     assert res.exit_code == 2, res.output
-    err = res.stderr.splitlines()
+    lines = res.stderr.splitlines()
+    assert lines[0] == ("note: flower local runs on 127.0.0.1 without TLS or SuperNode "
+                        "authentication (loopback only); for a deployment across machines use "
+                        "'flower partition'")
+    err = lines[1:]
     assert err[0] == ("error: setup: 2 of 3 clients refused by a disclosure rule or their own "
                       "policy, leaving 1, fewer than --min-clients 2: 2 clients (below)")
     assert err[1] == ("  client 'a': site 'hospital-a' refused (privacy.required): the fit is "
