@@ -151,10 +151,11 @@ def test_an_exchange_does_no_key_agreement_and_the_setup_one_per_neighbour():
         run_exchange(server, clients, stats, 1, "estep", IDS)
         run_exchange(server, clients, stats, 2, "estep", IDS, drop=["c1"])
     assert len(calls) == 20
-    # the public keys: one X25519 key per client and one commitment per slot
+    # the public keys: one X25519 key per client, one commitment per slot, the set-up's nonce
     keys = clients["c0"].public_keys()
-    assert sorted(keys) == ["enc_key", "self_commit"]
-    assert keys["enc_key"].shape == (32,) and keys["self_commit"].shape == (4 * 32,)
+    assert sorted(keys) == ["enc_key", "nonce", "self_commit"]
+    assert keys["enc_key"].shape == keys["nonce"].shape == (32,)
+    assert keys["self_commit"].shape == (4 * 32,)
 
 
 def test_a_survivor_silent_at_the_reveal_next_to_a_dropped_client_is_named():

@@ -187,7 +187,7 @@ def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, t
 # ---- 2. substituted secure-aggregation keys --------------------------------------------------
 PEERS = ("c0", "a", "b")
 SECAGG = {"threshold": 2, "scale": 2.0**20, "bound": 10.0, "slots": 2, "run": "sa-1",
-          "round": 0}
+          "round": 0, "participation": 1.0}
 
 
 def _sited(tmp_path, cid, keys, roster=True):
@@ -216,6 +216,7 @@ def test_a_substituted_peer_key_aborts_the_node_naming_the_peer(tmp_path, forge,
         SecAggServer,
         SecureAggregationError,
     )
+    from fedlatent.engine.secagg.protocol import as_u8
 
     keys = {u: SiteKeys.generate() for u in PEERS}
     policy = _sited(tmp_path, "c0", keys)
@@ -231,14 +232,20 @@ def test_a_substituted_peer_key_aborts_the_node_naming_the_peer(tmp_path, forge,
              "run": "r1"}
     assert ERROR_KEY not in node("setup", setup)
     config = SecAggConfig(2, FixedPoint(scale=2.0**20, bound=10.0), slots=2)
-    announced = {"c0": node("secagg", {"step": "keys", **SECAGG})}
-    honest = {u: SecAggClient(u, config, run="sa-1").public_keys(signer=keys[u])
-              for u in ("a", "b")}
-    announced["a"] = honest["a"]
-    announced["b"] = SecAggClient("b", config, run="sa-1").public_keys()  # the server's own
-    if forge == "copied":
-        announced["b"]["signature"] = honest["b"]["signature"]
-    relayed = SecAggServer(config).collect_keys(announced)
+    peers = {u: SecAggClient(u, config, run="sa-1") for u in ("a", "b")}  # 'b': the server's
+    commits = {"c0": node("secagg", {"step": "keys", **SECAGG})}
+    commits.update({u: c.commitment() for u, c in peers.items()})
+    server = SecAggServer(config, run="sa-1")
+    close = server.collect_commitments(commits)
+    announced = {"c0": node("secagg", {"step": "open", "closed": as_u8(close["closed"]),
+                                       "n": close["n"]})}
+    announced["a"] = peers["a"].open(close["closed"], close["n"], signer=keys["a"])
+    announced["b"] = peers["b"].open(close["closed"], close["n"])  # the server's own keys
+    if forge == "copied":  # the real 'b' signs its own keys; the server copies the signature
+        real = SecAggClient("b", config, run="sa-1")
+        real.commitment()
+        announced["b"]["signature"] = real.open(close["closed"], 3, signer=keys["b"])["signature"]
+    relayed = server.collect_keys(announced)
     with pytest.raises(SecureAggregationError, match=rf"client 'c0': peer 'b' is not "
                                                      rf"authenticated: .*{why}"):
         node("secagg", {"step": "roster", **relayed})  # the ClientApp sends this back

@@ -110,59 +110,93 @@ def _config(msg: dict[str, Any]):
     from fedlatent.engine.secagg import FixedPoint, SecAggConfig
 
     degree, local = msg.get("degree"), msg.get("local_threshold")
+    if msg.get("participation") is None:
+        raise ValueError("the secure aggregation set-up names no participation: a client "
+                         "cannot check the masking graph's degree and threshold without it")
     return SecAggConfig(int(msg["threshold"]),
                         FixedPoint(scale=float(msg["scale"]), bound=float(msg["bound"])),
                         slots=int(msg["slots"]), degree=None if degree is None else int(degree),
-                        local_threshold=None if local is None else int(local))
+                        local_threshold=None if local is None else int(local),
+                        participation=float(msg["participation"]))
+
+
+#: the fields of a roster message (:meth:`~fedlatent.engine.secagg.protocol.Roster.to_message`)
+_ROSTER_FIELDS = ("ids", "enc_key", "self_commit", "nonce", "signature", "graph_seed", "members",
+                  "openings")
+
+
+def node_identity(node):
+    """The identity a node's secure aggregation uses: the site's own when it pins a roster,
+    else the one its runtime provisioned for the sites it holds (in-process, simulation:
+    :attr:`ClientNode.provisioned`), else the site's own (keys without a roster, or None)."""
+    own = getattr(node, "identity", None)
+    if own is not None and own.roster is not None:
+        return own
+    return getattr(node, "provisioned", None) or own
 
 
 def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
-    """A client node's answer to method ``secagg`` (``msg["step"]``: keys, roster, shares,
-    reveal). The client's secrets stay on the node (:attr:`ClientNode.secagg`)."""
+    """A client node's answer to method ``secagg`` (``msg["step"]``: keys, open, roster,
+    shares once per fit; consistency and reveal per exchange). The client's secrets stay on
+    the node (:attr:`ClientNode.secagg`)."""
     from fedlatent.engine.secagg import SecAggClient
 
     step = str(msg["step"])
-    identity = getattr(node, "identity", None)
-    if step == "keys":  # a new fit: new secrets
+    identity = node_identity(node)
+    if step == "keys":  # a new fit: new secrets; only a commitment leaves
         run, rnd = str(msg.get("run", "")), int(msg.get("round", 0))
-        signer = _check_identity(node, identity, run)
+        _check_identity(node, identity, run)
         commit = msg.get("graph_commit")
         node.secagg = SecAggClient(node.client_id, _config(msg), run=run, round=rnd,
                                    graph_commit=None if commit is None else bytes.fromhex(commit))
-        return node.secagg.public_keys(signer=signer)
+        return node.secagg.commitment()
     client = node.secagg
     if client is None:
         raise ValueError(f"client {node.client_id!r}: secure aggregation step {step!r} before "
                          "the key set-up; the server must start with step 'keys'")
+    signer = None if identity is None else identity.keys
+    if step == "open":
+        closed = np.asarray(msg.get("closed"))
+        if closed.dtype != np.uint8 or closed.shape != (32,):
+            raise ValueError(f"client {node.client_id!r}: the closed list's digest must be 32 "
+                             "bytes (uint8)")
+        return client.open(closed.tobytes(), int(msg["n"]), signer=signer)
     if step == "roster":
-        client.receive_peer_keys({k: v for k, v in msg.items() if k in
-                                  ("ids", "enc_key", "self_commit", "signature",
-                                   "graph_seed", "members", "enc_all")},
+        client.receive_peer_keys({k: v for k, v in msg.items() if k in _ROSTER_FIELDS},
                                  trust=None if identity is None else identity.roster)
         peers, sealed = client.sealed_shares()
         return {"to": json.dumps(peers), "sealed": sealed}
     if step == "shares":
-        client._need_roster()  # no roster taken (or it was refused): nothing to open
-        senders = id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
-                          "'from'", error=ValueError)
-        sealed = np.asarray(msg.get("sealed"))
-        if sealed.dtype != np.uint8 or sealed.ndim != 2 or len(sealed) != len(senders):
-            raise ValueError(f"client {node.client_id!r}: the relayed shares must be a "
-                             f"({len(senders)}, bytes) uint8 array, one row per sender; got "
-                             f"{sealed.dtype} {sealed.shape}")
-        client.receive_sealed(senders, sealed)
-        return {"ok": 1}
+        return _take_shares(node, client, msg)
+    if step == "consistency":
+        return client.consistency(int(msg["round"]), str(msg["exchange"]),
+                                  json.loads(msg["survivors"]), json.loads(msg["dropped"]),
+                                  signer=signer)
     if step == "reveal":
         return client.reveal(int(msg["round"]), str(msg["exchange"]),
-                             json.loads(msg["survivors"]), json.loads(msg["dropped"]))
+                             statements=msg.get("statements"))
     raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
 
 
-def _check_identity(node, identity, run: str):
-    """The site's signing key for a key set-up of ``run`` (None: it signs nothing); with a
-    pinned roster, the set-up needs a run id, once per site, and the site must be rostered."""
+def _take_shares(node, client, msg: dict[str, Any]) -> dict[str, Any]:
+    """Step ``shares``: open the sealed shares the server relays."""
+    client._need_roster()  # no roster taken (or it was refused): nothing to open
+    senders = id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
+                      "'from'", error=ValueError)
+    sealed = np.asarray(msg.get("sealed"))
+    if sealed.dtype != np.uint8 or sealed.ndim != 2 or len(sealed) != len(senders):
+        raise ValueError(f"client {node.client_id!r}: the relayed shares must be a "
+                         f"({len(senders)}, bytes) uint8 array, one row per sender; got "
+                         f"{sealed.dtype} {sealed.shape}")
+    client.receive_sealed(senders, sealed)
+    return {"ok": 1}
+
+
+def _check_identity(node, identity, run: str) -> None:
+    """With a pinned roster, the set-up needs a run id, once per site, and the site must be
+    rostered."""
     if identity is None:
-        return None
+        return
     if identity.roster is not None:
         if not run:
             raise ValueError(f"client {node.client_id!r}: the secure aggregation set-up names "
@@ -172,7 +206,6 @@ def _check_identity(node, identity, run: str):
             raise ValueError(f"client {node.client_id!r} is not in its own pinned roster; its "
                              "peers could not authenticate it: add it to the roster")
         identity.claim_run(node.client_id, run, "the secure aggregation key set-up")
-    return identity.keys
 
 
 def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
@@ -245,9 +278,10 @@ class SecureChannel:
         t = default_threshold(n) if threshold is None else int(threshold)
         k, local = plus_parameters(n, participation, exchanges=int(slots))
         self.config = SecAggConfig(t, fixed_point(bound, n), slots=int(slots),
-                                   degree=k if local else None, local_threshold=local or None)
+                                   degree=k if local else None, local_threshold=local or None,
+                                   participation=float(participation))
         self.config.check_clients(n)
-        self.server = SecAggServer(self.config)
+        self.server = SecAggServer(self.config, run=self.run, round=0)
         #: bytes of the key set-up, (down, up); the initialization round's record adds them
         self.setup_down = self.setup_up = 0
         #: how many times each initialization query was asked (its exchanges' labels)
@@ -277,18 +311,30 @@ class SecureChannel:
         return replies
 
     def setup(self) -> SecureChannel:
-        """Keys, roster and sealed shares: three messages to every client, once per fit."""
+        """Commitments, opened keys, the roster and sealed shares: four messages to every
+        client, once per fit (:mod:`~fedlatent.engine.secagg.commitments`)."""
+        from fedlatent.engine.secagg import SecureAggregationError
+        from fedlatent.engine.secagg.protocol import as_u8
+
+        self.runtime.provision_identities(self.cids)
         enc = self.config.encoding
         base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
                 "bound": float(enc.bound), "slots": int(self.config.n_slots), "run": self.run,
-                "round": 0, **self._graph_settings()}
-        keys = self._call(self.cids, "secagg", {c: base for c in self.cids})
-        missing = [c for c in self.cids if c not in keys or ERROR_KEY in keys[c]]
-        if missing:
-            raise FederatedFitError(f"secure aggregation set-up: clients [{name_list(missing)}] "
-                                    "sent no public keys; every client must take part in the "
-                                    "set-up", faults={c: "no public keys" for c in missing})
-        self.server.collect_keys(keys)
+                "round": 0, "participation": float(self.config.participation),
+                **self._graph_settings()}
+        commits = self._call(self.cids, "secagg", {c: base for c in self.cids})
+        self._require(commits, "sent no commitment to its keys")
+        try:
+            close = self.server.collect_commitments(commits)
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"secure aggregation set-up: {err}") from err
+        opened = {"step": "open", "closed": as_u8(close["closed"]), "n": int(close["n"])}
+        keys = self._call(self.cids, "secagg", {c: opened for c in self.cids})
+        self._require(keys, "opened no keys")
+        try:
+            self.server.collect_keys(keys)
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"secure aggregation set-up: {err}") from err
         out = self._call(self.cids, "secagg", {c: {"step": "roster", **self.server.roster_for(c)}
                                                for c in self.cids})
         refused = {c: str(r[ERROR_KEY]) for c, r in out.items() if ERROR_KEY in r}
@@ -306,6 +352,17 @@ class SecureChannel:
                     self.config.threshold, int(math.log2(enc.scale)), self.config.n_slots,
                     self.setup_bytes, self.config.degree or "complete")
         return self
+
+    def _require(self, replies: dict, what: str) -> None:
+        """A set-up step every client must answer: FederatedFitError naming those that did
+        not (with the reason each gave)."""
+        missing = {c: str(replies[c][ERROR_KEY]) if c in replies else "no reply"
+                   for c in self.cids if c not in replies or ERROR_KEY in replies[c]}
+        if missing:
+            raise FederatedFitError(f"secure aggregation set-up: clients "
+                                    f"[{name_list(list(missing))}] {what}; every client must "
+                                    f"take part in the set-up; {fault_detail(missing)}",
+                                    faults=missing)
 
     def _route(self, out: dict[str, dict]) -> dict[str, dict]:
         """The share messages to relay, ``{recipient: {"step": "shares", "from": JSON ids,
@@ -413,16 +470,8 @@ class SecureChannel:
             alive, gone = self._near(S), self._near(request["dropped"])
         else:  # every participant survived: each is told the list it was told before
             alive, gone = told.__getitem__, _none_dropped
-        req = {c: {"step": "reveal", "round": int(round), "exchange": str(exchange),
-                   "survivors": alive(c), "dropped": gone(c)} for c in S}
-        revealed = self.runtime.call(S, "secagg", req)
-        down += sum(message_nbytes(req[c]) for c in S)
-        up += sum(message_nbytes(r) for r in revealed.values())
-        revealed = {c: r for c, r in revealed.items() if ERROR_KEY not in r}
-        try:
-            sums = self.server.unmask(revealed)
-        except SecureAggregationError as err:
-            raise FederatedFitError(f"{where}{err}", None, round) from err
+        sums, down2, up2 = self._unmask(S, alive, gone, round, exchange, where)
+        down, up = down + down2, up + up2
         for k in [k[:-3] for k in sums if k.endswith("/hi") and objective_field(k[:-3])]:
             sums[k] = sums.pop(k + "/hi") * _LIMB + sums.pop(k + "/lo")
         for k in sums:  # scalars cross as one-entry vectors
@@ -436,6 +485,39 @@ class SecureChannel:
                            "(excluded from now on)", round, exchange, name_list(request["dropped"]))
         return {"sums": sums, "survivors": list(S), "dropped": list(request["dropped"]),
                 "errors": errors, "bytes_up": int(up), "bytes_down": int(down)}
+
+
+    def _unmask(self, S: list[str], alive, gone, round: int, exchange: str, where: str):
+        """``(sums, bytes down, bytes up)`` of the open exchange's survivors ``S``: the
+        consistency round (each signs its split, ``alive(c)`` and ``gone(c)``), then the
+        reveal, each survivor sent the statements of the peers whose shares it reveals."""
+        from fedlatent.engine.secagg import SecureAggregationError
+
+        head = {"round": int(round), "exchange": str(exchange)}
+        req = {c: {"step": "consistency", **head, "survivors": alive(c), "dropped": gone(c)}
+               for c in S}
+        signed = self.runtime.call(S, "secagg", req)
+        down = sum(message_nbytes(req[c]) for c in S)
+        up = sum(message_nbytes(r) for r in signed.values())
+        try:  # the consistency round: every survivor's signed split, before any reveal
+            self.server.collect_statements({c: r for c, r in signed.items()
+                                            if ERROR_KEY not in r})
+        except SecureAggregationError as err:
+            why = {c: str(r[ERROR_KEY]) for c, r in signed.items() if ERROR_KEY in r}
+            raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(why)}" if why else ""),
+                                    None, round) from err
+        req = {c: {"step": "reveal", **head, "statements": self.server.statements_for(c)}
+               for c in S}
+        revealed = self.runtime.call(S, "secagg", req)
+        down += sum(message_nbytes(req[c]) for c in S)
+        up += sum(message_nbytes(r) for r in revealed.values())
+        refused = {c: str(r[ERROR_KEY]) for c, r in revealed.items() if ERROR_KEY in r}
+        try:
+            sums = self.server.unmask({c: r for c, r in revealed.items() if ERROR_KEY not in r})
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(refused)}"
+                                                       if refused else ""), None, round) from err
+        return sums, down, up
 
 
 def open_channel(runtime, federation, n_units: dict[str, int], max_rounds: int) -> SecureChannel:

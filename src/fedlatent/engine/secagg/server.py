@@ -1,11 +1,11 @@
 """The server side of secure aggregation: relay, sum of masked replies, unmasking.
 
-The server sees public keys, AEAD ciphertexts it cannot open, masked vectors, and per exchange
-what the survivors reveal: shares of each survivor's self-mask seed b_u,e, and, for each dropped
-participant d, each surviving neighbour's pair mask with d of that exchange only. From those it
-learns the sum of the survivors' inputs and nothing about one client's input beyond it (Bonawitz
-et al., CCS 2017, Theorem 6.2, honest-but-curious; the per-exchange pair masks: the package
-docstring).
+The server sees commitments, public keys, AEAD ciphertexts it cannot open, masked vectors, the
+survivors' signed consistency statements, and per exchange what the survivors reveal: shares of
+each survivor's self-mask seed b_u,e, and, for each dropped participant d, each surviving
+neighbour's pair mask with d of that exchange only. From those it learns the sum of the
+survivors' inputs and nothing about one client's input beyond it (Bonawitz et al., CCS 2017;
+the package docstring gives the argument, against a server that deviates too).
 """
 
 from __future__ import annotations
@@ -49,23 +49,31 @@ class SecAggServer:
     ----------
     config : SecAggConfig
         The public threshold and fixed-point encoding.
+    run : str
+        The run, and ``round`` the round of the set-up (what the clients' commitments bind).
+    round : int
 
     Notes
     -----
-    Per fit: :meth:`collect_keys` (its result is broadcast to every client), then
-    :func:`route_shares`. Per exchange: :meth:`announce` the participants, :meth:`aggregate` the
-    masked replies (returns who survived and who dropped, to send to the survivors), then
-    :meth:`unmask` with the survivors' :meth:`SecAggClient.reveal` replies.
+    Per fit: :meth:`collect_commitments` (what it returns goes to every client), then
+    :meth:`collect_keys` of the opened keys and :meth:`roster_for` each client, then
+    :func:`route_shares`. Per exchange: :meth:`announce` the participants, :meth:`aggregate`
+    the masked replies (returns who survived and who dropped, to send to the survivors),
+    :meth:`collect_statements` of their :meth:`SecAggClient.consistency` replies, then
+    :meth:`unmask` with the survivors' :meth:`SecAggClient.reveal` replies (each sent
+    :meth:`statements_for` it).
     """
 
-    def __init__(self, config: SecAggConfig):
+    def __init__(self, config: SecAggConfig, *, run: str = "", round: int = 0):
         _crypto.require()
         self.config = config
+        self.run, self.round = str(run), int(round)
         self.roster: Roster | None = None
         self.excluded: dict[str, str] = {}  # dropped clients whose masks were recovered
         self._pending: dict | None = None
         self._done: set[bytes] = set()
         self._next_slot = 0
+        self._closed: tuple | None = None  # (ids, their commitments, the closed digest)
         # the seed of the masking graph, committed to before any client draws its keys
         self._graph_seed = _crypto.random_bytes() if config.degree is not None else None
 
@@ -75,14 +83,53 @@ class SecAggServer:
         without a degree: the complete graph)."""
         return None if self._graph_seed is None else _crypto.commit(self._graph_seed)
 
+    def collect_commitments(self, commits: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
+        """Close the list of clients with their commitments ``{client: commitment()}``; returns
+        ``{"closed": its digest (32 bytes), "n": the clients}``, what every client is sent
+        before it opens its keys (:mod:`~fedlatent.engine.secagg.commitments`)."""
+        from fedlatent.engine.secagg.commitments import closed_digest
+        from fedlatent.engine.secagg.protocol import Enrolled, as_bytes
+
+        if self._closed is not None:
+            raise SecureAggregationError("the commitments close once per fit; start a new "
+                                         "server and new clients to set up again")
+        known = Enrolled(commits)
+        rows = np.frombuffer(b"".join(
+            [as_bytes(commits[u].get("commit"), what=f"client {u!r}: its commitment", size=32)
+             for u in known.ids]), dtype=np.uint8).reshape(-1, 32)
+        self._closed = (known, rows, closed_digest(known.text, rows))
+        return {"closed": self._closed[2], "n": len(known.ids)}
+
     def collect_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
-        """Check every client's public keys ``{client: public_keys()}`` and return the roster to
-        broadcast, a flat message (:meth:`Roster.to_message`); on a sparse graph each client is
-        sent :meth:`roster_for` it instead."""
+        """Check every committed client's opened public keys ``{client: open()}`` against its
+        commitment and return the roster to broadcast, a flat message
+        (:meth:`Roster.to_message`); on a sparse graph each client is sent :meth:`roster_for`
+        it instead. A client that committed and did not open, one that did not commit, or keys
+        that are not the committed ones stop the set-up, named: leaving one out or letting one
+        in after the close would change the graph every client checks."""
+        from fedlatent.engine.secagg.commitments import commitment
+
         if self.roster is not None:
             raise SecureAggregationError("keys are set up once per fit; start a new server and "
                                          "new clients to set up again")
-        self.roster = Roster(keys, self.config, graph_seed=self._graph_seed)
+        if self._closed is None:
+            raise SecureAggregationError("keys before the commitments: call "
+                                         "collect_commitments first (the keys open them)")
+        known, rows, _ = self._closed
+        late, silent = sorted(set(keys) - known.set), sorted(known.set - set(keys))
+        if late or silent:
+            raise SecureAggregationError(
+                f"the keys of {late} came after the commitments closed and {silent} committed "
+                "but did not open their keys; every committed client opens, no other: set-up "
+                "abandoned (a new set-up draws new keys)")
+        roster = Roster(keys, self.config, everyone=known, graph_seed=self._graph_seed)
+        for i, u in enumerate(known.ids):  # (the server's own check; each client checks too)
+            if commitment(self.run, self.round, u, roster.openings[i].tobytes()) != \
+                    rows[i].tobytes():
+                raise SecureAggregationError(
+                    f"client {u!r}: its opened keys and nonce are not those it committed to; "
+                    "set-up abandoned")
+        self.roster = roster
         self.config.encoding.check_capacity(self.roster.n)
         return self.roster.to_message()
 
@@ -92,15 +139,15 @@ class SecAggServer:
 
     def unmaskable(self, participants: Sequence[str]) -> list[str]:
         """The participants, less those (repeatedly) with fewer than the neighbourhood
-        threshold of their closed neighbourhood among them: their secrets could not be rebuilt
-        if they dropped (on the complete graph, all of them)."""
+        threshold of their neighbours among them: their secrets could not be rebuilt (on the
+        complete graph, all of them)."""
         roster = self._need_roster()
         P = set(map(str, participants))
         if not self.config.sparse(roster.n):
             return sorted(P)
         t = self.config.share_threshold(roster.n)
         while True:
-            thin = {u for u in P if len(P.intersection(roster.graph.closed(u))) < t}
+            thin = {u for u in P if len(P.intersection(roster.graph.closed(u))) <= t}
             if not thin:
                 return sorted(P)
             P -= thin
@@ -178,6 +225,40 @@ class SecAggServer:
             total += layout.flatten(reply, np.uint64)
         pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout, total=total)
         return {"survivors": list(S), "dropped": list(pend["dropped"])}
+
+    def collect_statements(self, statements: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Keep the survivors' signed consistency statements ``{survivor: consistency()}`` of
+        the open exchange (each holder is sent those of the peers whose shares it reveals:
+        :meth:`statements_for`); a survivor without one is named (its neighbours will not
+        reveal its shares, so the sum would stay masked)."""
+        from fedlatent.engine.secagg.consistency import row_width
+
+        pend = self._need_pending()
+        where = describe(pend["round"], pend["exchange"])
+        if "total" not in pend:
+            raise SecureAggregationError("call aggregate before collect_statements")
+        S, roster = pend["survivors"], self.roster
+        width = row_width(len(roster.graph.closed(S[0])))
+        missing = [u for u in S if u not in statements]
+        if missing:
+            raise SecureAggregationError(
+                f"{where}: survivors {missing} signed no consistency statement; their neighbours "
+                "reveal nothing of them, so the sum stays masked")
+        rows = [np.asarray(statements[u].get("statement")) for u in S]
+        bad = [u for u, r in zip(S, rows) if r.dtype != np.uint8 or r.shape != (width,)]
+        if bad:
+            raise SecureAggregationError(f"{where}: the consistency statement of {bad[0]!r} is "
+                                         f"not {width} bytes (uint8)")
+        pend["statements"] = np.stack(rows)
+        pend["at"] = dict(zip(S, range(len(S))))
+
+    def statements_for(self, holder: str) -> np.ndarray:
+        """The statements ``holder`` needs before it reveals: those of the survivors of its
+        neighbourhood but itself, in their sorted order (rows of a uint8 array)."""
+        pend = self._need_pending()
+        at = pend["at"]
+        rows = [at[u] for u in self.roster.graph.closed(str(holder)) if u in at and u != holder]
+        return pend["statements"][rows]
 
     def unmask(self, revealed: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """Remove every mask from the sum with the survivors' revealed shares and decode it.
@@ -285,9 +366,10 @@ class SecAggServer:
         alive[[index[u] for u in S]] = True
         gone = set(D)
         owners, xs, rows, pairs = [], [], [], {}
+        sparse = self.config.sparse(roster.n)
         for h in holders:
             near = graph.closed_index(h) + 1  # x-coordinates, ascending
-            own = near[alive[near]]
+            own = near[alive[near] & ((near != index[h]) if sparse else True)]
             lost = [v for v in graph.closed(h) if v in gone] if gone else []
             reply = revealed[h]
             need = {"self": own, **({"pair": lost} if lost else {})}
