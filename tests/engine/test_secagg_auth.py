@@ -93,7 +93,7 @@ def test_every_site_accepts_the_honest_relay_and_the_sum_is_exact():
     server, clients = setup(IDS, CONFIG, identities=identities(), run=RUN)
     rng = np.random.default_rng(0)
     stats = {u: {"s": rng.normal(size=4)} for u in IDS}
-    got = run_exchange(server, clients, stats, 1, "estep", IDS, identities=identities())["s"]
+    got = run_exchange(server, clients, stats, 1, "estep", IDS, )["s"]
     assert np.max(np.abs(got - sum(stats[u]["s"] for u in IDS))) < 5 / 2**30
 
 
@@ -126,10 +126,9 @@ def test_signed_state_survives_dump_and_load():
     server, clients = setup(IDS, CONFIG, identities=identities(), run=RUN)
     reborn = {u: SecAggClient.load(c.dump()) for u, c in clients.items()}
     assert {c.run for c in reborn.values()} == {RUN}
-    assert all(c._peer_keys == clients[u]._peer_keys and len(c._peer_keys) == 4
-               for u, c in reborn.items())  # the rostered keys of its peers, kept
+    assert all(c._authenticated for c in reborn.values())  # its peers' keys were verified
     stats = {u: {"s": np.full(2, float(i))} for i, u in enumerate(IDS)}
-    got = run_exchange(server, reborn, stats, 1, "estep", IDS, identities=identities())["s"]
+    got = run_exchange(server, reborn, stats, 1, "estep", IDS, )["s"]
     assert np.max(np.abs(got - 10.0)) < 5 / 2**30
 
 

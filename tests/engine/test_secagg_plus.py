@@ -91,10 +91,12 @@ def test_shares_and_masks_stay_in_the_neighbourhood_and_the_sum_is_exact():
     dealt = [m for step, s, r, m in wire.log if step == "shares" and r == "<server>"]
     assert sorted(len(m) for m in dealt) == [6] * 24
     stats = inputs(1)
-    # the 20 first, less any whose neighbourhood holds fewer than t of them (the random graph
-    # leaves one in about 3% of set-ups: 5 of 150 failed with IDS[:20] as it was)
-    part = server.unmaskable(IDS[:20])
-    assert len(part) >= 16
+    # the 22 first, less any with fewer than t of them among its neighbours (a client never
+    # reveals its share of its own seed). On these small graphs (t = 4 of 6 neighbours) two
+    # absent clients leave everyone enough in 3,000 random graphs of 3,000; four absent ones
+    # cascade to no participant in 48% of them
+    part = server.unmaskable(IDS[:22])
+    assert len(part) == 22
     wire = Wire(record=True)
     assert near(run_exchange(server, clients, stats, 1, "estep", part, wire=wire), stats, part)
     for step, u, _, m in wire.log:  # a reveal carries only the neighbours' shares

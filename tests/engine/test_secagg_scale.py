@@ -141,7 +141,7 @@ def test_a_client_checks_its_participants_against_its_neighbourhood_with_the_sam
     label = exchange_label(1, "e")
     want = enc + _crypto.prg_uint64(c._self_seeds[0], 5, nonce=self_nonce(label))
     # u = near[0]; the pair masks (what they are: test_secagg_pair_masks.py)
-    for v, m in zip(near[1:], c._pair_masks(near[1:], label, 5)):
+    for v, m in zip(near[1:], c._pair_masks(near[1:], label, 5, 0)):
         want = want + m if u < v else want - m
     assert np.array_equal(y["s"], want)
 

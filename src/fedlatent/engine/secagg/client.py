@@ -3,9 +3,10 @@ guarded reveal.
 
 One :class:`SecAggClient` lives on a client for a whole fit. Its secrets (one X25519 private key,
 a nonce, and a self-mask seed per planned exchange) come from the operating system; only a
-commitment, public keys, AEAD ciphertexts of shares, masked vectors, signed consistency
-statements, and what the multi-round rule allows (shares of a surviving neighbour's self-mask
-seed, a dropped neighbour's pair mask of that exchange) ever leave it.
+commitment, public keys, AEAD ciphertexts of shares, masked vectors, its confirmations of
+its surviving neighbours (:mod:`~.consistency`), and what the multi-round rule allows (shares
+of a surviving neighbour's self-mask seed, a dropped neighbour's pair mask of that exchange)
+ever leave it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from fedlatent.engine.secagg.protocol import (
     Roster,
     SecAggConfig,
     SecureAggregationError,
-    as_u8,
     describe,
     exchange_label,
     pair_nonce,
@@ -63,13 +63,14 @@ class SecAggClient(Enrolment):
     :meth:`receive_shares`; then per exchange :meth:`mask`, :meth:`consistency` (sign the
     split of its neighbourhood) and :meth:`reveal`.
 
-    Authenticated peers: a client given its site's signing key signs its public keys and its
-    consistency statements; a client given a pinned roster
-    (:class:`fedlatent.engine.site.keys.Roster`) accepts the relayed roster only when every
-    peer's keys carry a valid signature of that peer's rostered key for this set-up, and
-    reveals a peer's share only holding that peer's signed consistency statement
-    (:mod:`~fedlatent.engine.secagg.consistency`). Without a roster nothing is verified: the
-    server is trusted to relay keys and splits faithfully (honest-but-curious).
+    Authenticated peers: a client given its site's signing key signs its public keys; a
+    client given a pinned roster (:class:`fedlatent.engine.site.keys.Roster`) accepts the
+    relayed roster only when every peer's keys carry a valid signature of that peer's
+    rostered key for this set-up, and then reveals a peer's share only holding that peer's
+    confirmation (:mod:`~fedlatent.engine.secagg.consistency`: a token of the pair's secret,
+    agreed from the authenticated keys). Without a roster nothing is verified: the server,
+    which could then stand in for any peer, is trusted to relay keys and splits faithfully
+    (honest-but-curious).
 
     References
     ----------
@@ -93,8 +94,9 @@ class SecAggClient(Enrolment):
         # the closed list's digest and size, as the server sent them before the keys opened
         self._closed: bytes | None = None
         self._closed_n = 0
-        # neighbour -> its rostered Ed25519 key (raw), with a pinned roster; else None
-        self._peer_keys: dict[str, bytes] | None = None
+        # whether its peers' keys were verified against a pinned roster: then it reveals only
+        # after the consistency round, by the split it confirmed
+        self._authenticated = False
         self._roster: Roster | None = None
         self._shared = False
         # owner -> the opened bytes of its shares: this client's share of b_owner, per slot
@@ -106,7 +108,9 @@ class SecAggClient(Enrolment):
         self._mask_words: dict[bytes, int] = {}  # exchange label -> the words it masked
         self._slot_of: dict[bytes, int] = {}  # exchange label -> the slot it used
         self._revealed: set[bytes] = set()
-        self._fingerprint: dict[bytes, bytes] = {}  # exchange label -> SHA-256 of its y
+        # exchange label -> (tokens it gives, tokens it expects), by place in its closed
+        # neighbourhood (zero where no participant): :func:`~.consistency.split_words`
+        self._tokens: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
         # exchange label -> (survivors, dropped): the split it signed, and reveals by
         self._split: dict[bytes, tuple[list[str], list[str]]] = {}
         # slot -> {peer: the exchange in which its self-seed share / pair mask was revealed}
@@ -133,14 +137,28 @@ class SecAggClient(Enrolment):
         layout, y = self.config.encoding.encode_flat(stats, client=self.id)
         n = y.size
         me = bisect.bisect_left(P, self.id)  # P is sorted: peers before u subtract, after add
-        rows = self._pair_masks(P[:me] + P[me + 1:], label, n)
+        peers = P[:me] + P[me + 1:]
+        rows = self._pair_masks(peers, label, n + consistency.TOKEN_WORDS, e)
+        self._keep_tokens(roster, label, rows, peers, me, n)
+        rows = rows[:, :n]
         y += self_mask(self._self_seeds[e], label, n)
         y += rows[me:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
         y -= rows[:me].sum(axis=0, dtype=np.uint64)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n
-        self._fingerprint[label] = _crypto.commit(y.astype("<u8", copy=False).tobytes())
         return layout.unflatten(y, copy=False)  # y is this reply's own
+
+    def announced(self, bits) -> list[str]:
+        """The participants a round message announces as bits over this client's closed
+        neighbourhood (sorted), little-endian within each byte (a uint8 array)."""
+        closed = self._need_roster().graph.closed(self.id)
+        a = np.asarray(bits)
+        if a.dtype != np.uint8 or a.shape != ((len(closed) + 7) // 8,):
+            raise SecureAggregationError(
+                f"client {self.id!r}: the participants announced must be {(len(closed) + 7) // 8}"
+                f" bytes of bits over its neighbourhood, got {a.dtype} {a.shape}")
+        flags = np.unpackbits(a, count=len(closed), bitorder="little")
+        return [closed[i] for i in np.flatnonzero(flags).tolist()]
 
     def _mask_participants(self, roster: Roster, participants, label: bytes,
                            where: str) -> list[str]:
@@ -180,61 +198,84 @@ class SecAggClient(Enrolment):
         there: the server needs ``t`` of its neighbours), on the complete graph all of them."""
         return len(members) - 1 if self.config.sparse(roster.n) else len(members)
 
-    def consistency(self, round: int, exchange: str, survivors: Sequence[str],
-                    dropped: Sequence[str], signer=None) -> dict[str, np.ndarray]:
-        """Sign this client's split of its participants in one exchange, before any reveal:
-        ``{"statement": uint8 row}``, its :func:`~.consistency.payload` (its participants and
-        ``survivors`` as bits over its closed neighbourhood, its masked vector's SHA-256) and
-        its Ed25519 signature by ``signer`` (64 zero bytes without one).
+    def _keep_tokens(self, roster: Roster, label: bytes, rows: np.ndarray, peers, me: int,
+                     n: int) -> None:
+        """The exchange's tokens with each peer (:func:`~.consistency.split_words`; ``peers``
+        sorted, the first ``me`` of them before this client), kept by place in this client's
+        closed neighbourhood."""
+        out, into = consistency.split_words(rows, me, n)
+        place = self._own_place(roster)
+        at = [place[v] for v in peers]
+        give, want = np.zeros(len(place), np.uint64), np.zeros(len(place), np.uint64)
+        give[at], want[at] = out, into
+        self._tokens[label] = (give, want)
+
+    def consistency(self, round: int, exchange: str, survivors: Sequence[str] | None,
+                    dropped: Sequence[str]) -> dict[str, np.ndarray]:
+        """Confirm this client's split of its participants in one exchange, before any reveal:
+        ``{"confirm": uint8 array}``, one word per member of its closed neighbourhood (sorted):
+        the token ``tau(self -> w)`` for each surviving ``w``, zero elsewhere
+        (:mod:`~.consistency`). ``survivors`` None: every participant but ``dropped`` (what the
+        server sends when none dropped).
 
         Refused (SecureAggregationError): a split that does not divide its participants, in
         which it did not survive or too few did, an exchange it did not mask in, and a second
-        split of one exchange (it reveals once, by the split it signed: :meth:`reveal`).
+        split of one exchange (it reveals once, by the split it confirmed: :meth:`reveal`).
         """
         roster = self._need_roster()
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
         if label in self._split:
-            raise SecureAggregationError(f"client {self.id!r}: already signed its split of "
-                                         f"{where}; it signs one per exchange")
+            raise SecureAggregationError(f"client {self.id!r}: already confirmed its split of "
+                                         f"{where}; it confirms one per exchange")
+        mine = self._masked.get(label, ())
+        if survivors is None:  # every participant but the dropped
+            gone = set(map(str, dropped))
+            survivors = [u for u in mine if u not in gone]
         S, D = self._reveal_split(roster, label, survivors, dropped, where)
         self._split[label] = (S, D)
-        body = consistency.payload(roster.graph.closed(self.id), self._masked[label], S,
-                                   self._fingerprint[label])
-        sig = (bytes(consistency.SIGNATURE_BYTES) if signer is None else signer.sign_bytes(
-            consistency.message(self._head(label), self.id, body)))
-        return {"statement": as_u8(body + sig)}
+        give = self._tokens[label][0].copy()
+        if D:
+            place = self._own_place(roster)
+            give[[place[d] for d in D]] = 0
+        return {"confirm": give.astype("<u8", copy=False).view(np.uint8)}
 
-    def _head(self, label: bytes) -> bytes:
-        return consistency.head(self.run, self.setup_round, label, self._slot_of[label])
+    def _own_place(self, roster: Roster) -> dict[str, int]:
+        """``{member: its place}`` in this client's closed neighbourhood (sorted), once."""
+        got = getattr(self, "_own_places", None)
+        if got is None:
+            got = self._own_places = {u: i for i, u in enumerate(roster.graph.closed(self.id))}
+        return got
 
     def reveal(self, round: int, exchange: str, survivors: Sequence[str] | None = None,
-               dropped: Sequence[str] | None = None, statements=None) -> dict[str, np.ndarray]:
-        """What the server needs to unmask one exchange's sum, by the split this client signed
-        (:meth:`consistency`): ``"self"``, one row of 32 bytes per survivor ``v`` of its
-        neighbourhood (itself left out on a sparse graph), its share of b_v,e; and when a
+               dropped: Sequence[str] | None = None, confirmations=None) -> dict[str, np.ndarray]:
+        """What the server needs to unmask one exchange's sum, by the split this client
+        confirmed (:meth:`consistency`): ``"self"``, one row of 32 bytes per survivor ``v`` of
+        its neighbourhood (itself left out on a sparse graph), its share of b_v,e; and when a
         neighbour dropped, ``"pair"``, one row per dropped participant d, the pair mask of (d,
         this client) of this exchange only (its uint64 words as bytes, little-endian).
 
-        ``statements``: the signed statements of the survivors whose shares it reveals (a
-        (rows, width) uint8 array, rows in their sorted order); with a pinned roster each must
-        verify and list this client as a survivor (:func:`~.consistency.check_rows`).
-        ``survivors`` and ``dropped``, when given, must be the split it signed; a client
-        without a pinned roster that signed none takes them as its split (honest-but-curious).
+        ``confirmations``: the tokens of the surviving neighbours whose shares it reveals (one
+        word each, in their sorted order, as the server relays them); with a pinned roster each
+        must be the token its pair's secret gives (:func:`~.consistency.check`).
+        ``survivors`` and ``dropped``, when given, must be the split it confirmed; a client
+        without a pinned roster that confirmed none takes them as its split (the server is
+        trusted then: honest-but-curious).
 
         Refuses (SecureAggregationError) what :meth:`consistency` refuses, a reveal before the
-        consistency round (with a roster), a missing, invalid or disagreeing statement, a
-        second reveal of an exchange, and a peer that would get both its self-seed share and
-        a pair mask of the same slot revealed (with one secret per fit: of any two exchanges).
+        consistency round (with a roster), a missing or wrong confirmation, a second reveal of
+        an exchange, and a peer that would get both its self-seed share and a pair mask of the
+        same slot revealed (with one secret per fit: of any two exchanges).
         """
         roster = self._need_roster()
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
         S, D = self._signed_split(roster, label, survivors, dropped, where)
         owners = [u for u in S if u != self.id] if self.config.sparse(roster.n) else S
-        if self._peer_keys is not None:
-            self._check_statements(roster, label, [u for u in S if u != self.id], statements,
-                                   where)
+        if self._authenticated or confirmations is not None:
+            place, others = self._own_place(roster), [u for u in S if u != self.id]
+            want = self._tokens[label][1][[place[u] for u in others]]
+            consistency.check(self.id, others, confirmations, want, where)
         e = self._slot_of[label]
         key = str(e)
         held, pairs = self._self_shown.get(key, {}), self._pair_shown.get(key, {})
@@ -255,8 +296,8 @@ class SecAggClient(Enrolment):
                                      np.uint8).reshape(-1, n).copy()}
         if D:
             words = self._mask_words[label]
-            out["pair"] = np.ascontiguousarray(self._pair_masks(D, label, words), "<u8").view(
-                np.uint8).reshape(len(D), 8 * words)
+            out["pair"] = np.ascontiguousarray(self._pair_masks(D, label, words, e),
+                                               "<u8").view(np.uint8).reshape(len(D), 8 * words)
         shown = dict.fromkeys(owners, where)  # the first exchange to reveal one is kept
         shown.update(held)
         self._self_shown[key] = shown
@@ -269,14 +310,16 @@ class SecAggClient(Enrolment):
 
     def _signed_split(self, roster: Roster, label: bytes, survivors, dropped,
                       where: str) -> tuple[list[str], list[str]]:
-        """The split this client reveals by: the one it signed (``survivors`` and ``dropped``,
-        if given, must be it), or without a pinned roster the one given (recorded)."""
+        """The split this client reveals by: the one it confirmed (``survivors`` and
+        ``dropped``, if given, must be it), or without a pinned roster the one given
+        (recorded)."""
         split = self._split.get(label)
         if split is None:
-            if self._peer_keys is not None:
+            if self._authenticated:
                 raise SecureAggregationError(
                     f"client {self.id!r}: asked to reveal in {where} before the consistency "
-                    "round: it reveals only by a split it signed, after its peers signed theirs")
+                    "round: it reveals only by a split it confirmed, after its peers confirmed "
+                    "theirs")
             if survivors is None or dropped is None:
                 raise SecureAggregationError(f"client {self.id!r}: {where}: a reveal needs the "
                                              "survivors and the dropped participants")
@@ -289,21 +332,8 @@ class SecAggClient(Enrolment):
                                         or sorted(map(str, dropped or ())) != split[1]):
             raise SecureAggregationError(
                 f"client {self.id!r}: the split of {where} it is asked to reveal by differs from "
-                "the one it signed; it reveals only by the split it signed")
+                "the one it confirmed; it reveals only by the split it confirmed")
         return split
-
-    def _check_statements(self, roster: Roster, label: bytes, owners: list[str], statements,
-                          where: str) -> None:
-        """Every owner's signed statement (:func:`~.consistency.check_rows`)."""
-        graph = roster.graph
-        width = consistency.row_width(len(graph.closed(self.id)))
-        rows = np.zeros((0, width), np.uint8) if statements is None else np.asarray(statements)
-        if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1:] != (width,):
-            raise SecureAggregationError(f"client {self.id!r}: {where}: the consistency "
-                                         f"statements must be rows of {width} bytes (uint8)")
-        keys = self._peer_keys
-        consistency.check_rows(self.id, owners, rows.tobytes(), width, self._head(label),
-                               graph.closed, keys.__getitem__, where)
 
     def _reveal_split(self, roster: Roster, label: bytes, survivors, dropped,
                       where: str) -> tuple[list[str], list[str]]:
@@ -350,9 +380,9 @@ class SecAggClient(Enrolment):
             "private": _crypto.private_raw(self._private).hex(), "nonce": self._nonce.hex(),
             "committed": self._committed, "closed_n": self._closed_n,
             "closed": None if self._closed is None else self._closed.hex(),
-            "peer_keys": None if self._peer_keys is None else {
-                v: b.hex() for v, b in sorted(self._peer_keys.items())},
-            "fingerprint": {k.hex(): v.hex() for k, v in self._fingerprint.items()},
+            "authenticated": self._authenticated,
+            "tokens": {k.hex(): [np.ascontiguousarray(a, "<u8").tobytes().hex() for a in v]
+                       for k, v in self._tokens.items()},
             "split": {k.hex(): list(v) for k, v in self._split.items()},
             "self_seed": np.ascontiguousarray(self._seeds, dtype="<u4").tobytes().hex(),
             "roster": roster, "shared": self._shared,
@@ -383,9 +413,9 @@ class SecAggClient(Enrolment):
         c._nonce, c._committed = bytes.fromhex(d["nonce"]), bool(d["committed"])
         c._closed = None if d["closed"] is None else bytes.fromhex(d["closed"])
         c._closed_n = int(d["closed_n"])
-        c._peer_keys = None if d["peer_keys"] is None else {
-            v: bytes.fromhex(h) for v, h in d["peer_keys"].items()}
-        c._fingerprint = {bytes.fromhex(k): bytes.fromhex(v) for k, v in d["fingerprint"].items()}
+        c._authenticated = bool(d["authenticated"])
+        c._tokens = {bytes.fromhex(k): tuple(np.frombuffer(bytes.fromhex(h), "<u8").astype(
+            np.uint64) for h in v) for k, v in d["tokens"].items()}
         c._split = {bytes.fromhex(k): (list(v[0]), list(v[1])) for k, v in d["split"].items()}
         c._seeds = np.frombuffer(bytes.fromhex(d["self_seed"]), dtype="<u4").astype(
             np.int64).reshape(cfg.n_slots, shamir.LIMBS)
@@ -442,10 +472,11 @@ class SecAggClient(Enrolment):
     def _kind(self, roster: Roster) -> str:
         return "neighbourhood " if self.config.sparse(roster.n) else ""
 
-    def _pair_masks(self, peers: Sequence[str], label: bytes, n: int) -> np.ndarray:
-        """The pair mask of this client and each of ``peers`` in one exchange, an (m, n) uint64
-        array: the keystream of s_uv under the exchange's nonce (:func:`~.protocol.pair_nonce`),
-        each pair's cipher made once per fit."""
+    def _pair_masks(self, peers: Sequence[str], label: bytes, n: int, slot: int) -> np.ndarray:
+        """The keystream of this client and each of ``peers`` in one exchange, an (m, n)
+        uint64 array: that of s_uv under the exchange's nonce (:func:`~.protocol.pair_nonce`
+        of its label and slot), each pair's cipher made once per fit; its first words are the
+        pair mask, the two after it the pair's tokens (:mod:`~.consistency`)."""
         streams = self._streams
         try:
             ciphers = [streams[v] for v in peers]
@@ -454,7 +485,7 @@ class SecAggClient(Enrolment):
             streams.update(zip(todo, _crypto.stream_keys(
                 [block[32:] for block in self._pair_blocks(todo)])))
             ciphers = [streams[v] for v in peers]
-        return _crypto.keystream_rows(ciphers, n, pair_nonce(label))
+        return _crypto.keystream_rows(ciphers, n, pair_nonce(label, slot))
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each

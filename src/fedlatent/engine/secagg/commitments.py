@@ -42,7 +42,7 @@ import numpy as np
 import fedlatent.engine.secagg._crypto as _crypto
 
 __all__ = ["CLOSE_TAG", "COMMIT_TAG", "OPEN_TAG", "check_openings", "check_strength",
-           "closed_digest", "commitment", "opening"]
+           "closed_digest", "commitment", "opening", "openings"]
 
 OPEN_TAG = b"fedlatent/secagg/opening\x00"
 COMMIT_TAG = b"fedlatent/secagg/commit\x00"
@@ -52,6 +52,11 @@ CLOSE_TAG = b"fedlatent/secagg/closed\x00"
 def opening(nonce: bytes, enc_key: bytes) -> bytes:
     """``o_u``: SHA-256 of the tag, a client's nonce and its X25519 public key (32 bytes)."""
     return _crypto.commit(OPEN_TAG + bytes(nonce) + bytes(enc_key))
+
+
+def openings(pairs) -> list[bytes]:
+    """:func:`opening` of each ``(nonce, enc_key)`` of ``pairs``, in one pass."""
+    return _crypto.commit_many([OPEN_TAG + bytes(r) + bytes(e) for r, e in pairs])
 
 
 def _context(run: str, round: int, u: str) -> bytes:

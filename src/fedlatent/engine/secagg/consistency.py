@@ -1,116 +1,85 @@
-"""The consistency round: survivors sign how they split their neighbourhood before anyone reveals.
+"""The consistency round: each survivor commits to its split of its neighbourhood before anyone
+reveals, and a holder reveals a peer's share only with that peer's word that it survived.
 
-After the masked replies of an exchange are in, the server tells each survivor ``v`` which of the
-participants of its neighbourhood survived (``S_v``) and which dropped (``D_v``). Before any
-reveal, ``v`` signs (Ed25519, its site key) a *statement*: the exchange, its slot, its
-participants ``P_v`` and survivors ``S_v`` as bits over its closed neighbourhood, and the
-SHA-256 of the masked vector it sent (:func:`payload`, :func:`message`). It signs one split per
-exchange and reveals only by it: its share of ``b_u`` for each ``u`` in ``S_v``, its pair mask
-with each ``d`` in ``D_v``. The server relays to ``v`` the statements of the peers whose shares
-it reveals; ``v`` reveals a share of ``b_u`` only holding ``u``'s valid statement that lists ``v``
-among its survivors (:func:`check_rows`), and refuses when a statement is missing, does not
-verify, or disagrees.
+After the masked replies of an exchange are in, the server tells each survivor ``u`` which of
+the participants of its neighbourhood survived (``S_u``) and which dropped (``D_u``). Before any
+reveal, ``u`` answers once per exchange with its *confirmations*: for each ``w`` in ``S_u``
+(itself aside), the token ``tau(u -> w)``, a keystream word of the pair's secret ``s_uw`` that
+only ``u`` and ``w`` can compute (:func:`split_words`); for the others, zeros. It reveals only by
+the split it confirmed: its share of ``b_w`` for each ``w`` in ``S_u``, its pair mask with each
+``d`` in ``D_u``. The server relays to ``w`` the confirmations of the owners whose shares it
+reveals; ``w`` reveals its share of ``b_u`` only holding ``tau(u -> w)``, and refuses when one
+is missing or wrong (:func:`check`).
 
 Why it holds against a server that lies (one exchange e, an honest client u; every other
-exchange's secrets are independent: slots and nonces are per exchange). To read ``y_u`` the
-server must remove ``u``'s self mask (``t`` shares of ``b_u,e``) and every pair mask
-``m_uw,e``, ``w`` in ``P_u``. A pair mask ``m_uw,e`` leaves only ``w`` (when ``w`` signed
-``u`` dropped) or ``u`` (when ``u`` signed ``w`` dropped). An honest holder ``w`` reveals its
-share of ``b_u,e`` only with ``u``'s statement listing ``w`` as a survivor, so then neither
-signed the other dropped: ``m_uw,e`` never leaves, and ``y_u`` stays masked. Every share of
-``b_u,e`` the server can combine with all of ``u``'s pair masks thus comes from colluding
-holders, and needs ``t`` of them (on a sparse graph a client never reveals its share of its own
-seed; on the complete graph ``u``'s own share counts, so ``t - 1``). Telling some neighbours
-that ``u`` dropped and others that it survived is refused by those told it survived (``u``'s
-statement disagrees with what they were told, or lacks them) and gives nothing where it is not.
+exchange's secrets are independent: slots, nonces and tokens are per exchange). To read
+``y_u`` the server must remove ``u``'s self mask (``t`` shares of ``b_u,e``) and every pair mask
+``m_uw,e``, ``w`` in ``P_u``. A pair mask ``m_uw,e`` leaves only ``w`` (when told ``u``
+dropped) or ``u`` (when ``w`` is in ``D_u``). An honest holder ``w`` reveals its share of
+``b_u,e`` only with ``tau(u -> w)``, which ``u`` gave only because ``w`` is in ``S_u`` (the
+server cannot forge it: the keystream of ``s_uw``, AES-CTR, is pseudo-random without the
+pair's secret, and its token words are never revealed, not even with a dropped peer's pair
+mask); so neither ``u`` nor ``w`` ever reveals ``m_uw,e``, and ``y_u`` stays masked. Every
+share of ``b_u,e`` the server can combine with all of ``u``'s pair masks thus comes from
+colluding holders, and needs ``t`` of them (on a sparse graph a client never reveals its share
+of its own seed; on the complete graph ``u``'s own share counts, so ``t - 1``). Telling some
+neighbours that ``u`` dropped and others that it survived is refused by those told it
+survived whenever ``u``'s own split disagrees; where it does not, it yields nothing. The
+pair's secret comes from X25519 keys that every site signed (Ed25519) and its peers verified
+against their pinned roster once per fit, so a token authenticates ``u`` to ``w`` as a
+signature would, at the cost of a keystream word.
 
 This is Bonawitz et al.'s consistency check (CCS 2017, round ConsistencyCheck of the malicious
-model: survivors sign the survivor set before the unmasking) carried to Bell et al.'s sparse
-graph (CCS 2020) per neighbourhood: each survivor signs its own neighbourhood's split, and a
-holder checks the statement of the owner whose share it reveals, ``O(k)`` verifications per
-client and exchange. It needs no quorum over two groups of honest holders (Bonawitz et al.'s
-``t > (n + c) / 2``, which ``k`` of order ``log n`` could not meet) because a dropped client's
-masks are recovered here from each surviving neighbour's pair mask, not from a threshold of
-shares of its key: every surviving neighbour's cooperation is needed, and one statement suffices
-to stop it.
+model: the survivors confirm the survivor set before the unmasking), carried to Bell et al.'s
+sparse graph (CCS 2020) per neighbourhood: each survivor confirms its own neighbourhood's
+split, and a holder checks the confirmation of each owner whose share it reveals, ``O(k)``
+comparisons per client and exchange. It needs no quorum over two groups of honest holders
+(Bonawitz et al.'s ``t > (n + c) / 2``, which ``k`` of order ``log n`` cannot meet) because a
+dropped client's masks are recovered here from each surviving neighbour's pair mask, not from a
+threshold of shares of its key: every surviving neighbour's cooperation is needed, and one
+missing confirmation suffices to stop it.
 """
 
 from __future__ import annotations
 
-import bisect
-import functools
+import numpy as np
 
-from fedlatent.engine.secagg.protocol import SecureAggregationError, json_str
+from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["PURPOSE", "SIGNATURE_BYTES", "check_rows", "head", "message", "payload",
-           "row_width"]
+__all__ = ["TOKEN_WORDS", "check", "split_words"]
 
-#: what a consistency statement's signature is for
-PURPOSE = "secagg-consistency"
-SIGNATURE_BYTES = 64
-FINGERPRINT_BYTES = 32
+#: keystream words a pair's exchange keystream carries beyond the mask: a token each way
+TOKEN_WORDS = 2
 
 
-@functools.lru_cache(maxsize=64)
-def head(run: str, round: int, label: bytes, slot: int) -> bytes:
-    """The statements' common head of one exchange (the run, the set-up round, the exchange's
-    label and slot): :func:`~fedlatent.engine.site.keys.statement_head`."""
-    from fedlatent.engine.site.keys import statement_head
-
-    return statement_head(PURPOSE, {"run": str(run), "round": int(round),
-                                    "exchange": bytes(label).decode(), "slot": int(slot)})
-
-
-def _bits(closed: tuple[str, ...], members) -> bytes:
-    """``members`` as bits over ``closed`` (little-endian within each byte)."""
-    out = bytearray((len(closed) + 7) // 8)
-    for m in members:
-        i = bisect.bisect_left(closed, m)
-        out[i >> 3] |= 1 << (i & 7)
-    return bytes(out)
+def split_words(rows: np.ndarray, before: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(out, in)``: from each peer's exchange keystream (``rows``, one row of ``n + 2`` words
+    per peer, peers sorted, the first ``before`` of them sorting before this client), the token
+    this client gives the peer (``tau(me -> peer)``) and the one it expects from it
+    (``tau(peer -> me)``): word ``n`` goes from the smaller id to the larger, word ``n + 1``
+    the other way."""
+    lower = np.arange(len(rows)) >= before  # this client's id is the smaller
+    out = np.where(lower, rows[:, n], rows[:, n + 1])
+    into = np.where(lower, rows[:, n + 1], rows[:, n])
+    return out.astype(np.uint64, copy=False), into.astype(np.uint64, copy=False)
 
 
-def payload(closed: tuple[str, ...], participants, survivors, fingerprint: bytes) -> bytes:
-    """A statement's signed content: the participants and the survivors as bits over the
-    signer's closed neighbourhood ``closed`` (sorted), and its masked vector's SHA-256."""
-    return _bits(closed, participants) + _bits(closed, survivors) + bytes(fingerprint)
-
-
-def message(head_: bytes, site: str, body: bytes) -> bytes:
-    """The signed bytes: the exchange's head, the signer's id (JSON), a zero byte, the body."""
-    return head_ + json_str(site) + b"\x00" + body
-
-
-def row_width(closed_size: int) -> int:
-    """Bytes of a relayed statement: two bit masks, the fingerprint, the signature."""
-    return 2 * ((closed_size + 7) // 8) + FINGERPRINT_BYTES + SIGNATURE_BYTES
-
-
-def check_rows(me: str, owners: list[str], raw: bytes, width: int, head_: bytes,
-               closed_of, key_of, where: str) -> None:
-    """Refuse (SecureAggregationError naming the owner) unless ``raw`` holds, for each of
-    ``owners`` in order, a statement (``width`` bytes: :func:`payload` and its signature) that
-    its rostered key (``key_of(owner)``, raw 32 bytes) signed for this exchange and that lists
-    ``me`` among its survivors (``closed_of(owner)``: its closed neighbourhood, sorted)."""
-    from fedlatent.engine.site.keys import verify_bytes
-
-    if len(raw) != width * len(owners):
+def check(me: str, owners: list[str], got, want: np.ndarray, where: str) -> None:
+    """Refuse (SecureAggregationError naming the first owner) unless ``got``, the relayed
+    confirmations of ``owners`` (one uint64 word each, as bytes or an array), equals ``want``,
+    the tokens this client expects from them."""
+    a = np.asarray(got)
+    if a.dtype == np.uint8 and a.ndim == 1 and a.size == 8 * len(owners):
+        a = a.view("<u8")
+    if a.shape != (len(owners),):
         raise SecureAggregationError(
-            f"client {me!r}: {where}: the consistency statements relayed hold {len(raw)} "
-            f"bytes, not one statement of {width} bytes for each of its {len(owners)} "
-            "surviving neighbours; refusing to reveal")
-    body = width - SIGNATURE_BYTES
-    for j, u in enumerate(owners):
-        row = raw[j * width:(j + 1) * width]
-        closed = closed_of(u)
-        i = bisect.bisect_left(closed, me)
-        mb = (len(closed) + 7) // 8
-        if i == len(closed) or closed[i] != me or not row[mb + (i >> 3)] >> (i & 7) & 1:
-            raise SecureAggregationError(
-                f"client {me!r}: {where}: {u!r} signed that {me!r} did not survive in its "
-                f"neighbourhood (or was not its participant), yet {me!r} was told {u!r} "
-                "survived; the server told them different splits: refusing to reveal")
-        if not verify_bytes(key_of(u), row[body:], message(head_, u, row[:body])):
-            raise SecureAggregationError(
-                f"client {me!r}: {where}: the consistency statement of {u!r} is missing or does "
-                "not verify against its rostered key; refusing to reveal anything of it")
+            f"client {me!r}: {where}: the relayed confirmations must be one word for each of "
+            f"its {len(owners)} surviving neighbours, got {a.dtype} {a.shape}; refusing to "
+            "reveal")
+    bad = np.flatnonzero(a.astype(np.uint64) != want)
+    if bad.size:
+        u = owners[int(bad[0])]
+        raise SecureAggregationError(
+            f"client {me!r}: {where}: {u!r} did not confirm {me!r} as a survivor of its "
+            f"neighbourhood (its confirmation is missing or wrong), yet {me!r} was told {u!r} "
+            "survived: the server told them different splits; refusing to reveal anything")

@@ -70,9 +70,9 @@ def setup(client_ids: Iterable[str], config: SecAggConfig, *, wire: Wire | None 
     sealed shares relayed by the server (steps ``keys``, ``open``, ``roster``, ``shares``).
 
     ``identities`` (client id -> :class:`~fedlatent.engine.site.keys.SiteIdentity`): a client
-    with a signing key signs its keys for the set-up (and its consistency statements, in
-    :func:`run_exchange`); one with a pinned roster verifies its peers' signed keys
-    (:meth:`SecAggClient.receive_peer_keys`) and, in every exchange, their statements.
+    with a signing key signs its keys for the set-up; one with a pinned roster verifies its
+    peers' signed keys (:meth:`SecAggClient.receive_peer_keys`) and, in every exchange,
+    requires their confirmations (:func:`run_exchange` runs the consistency round).
     """
     wire = wire or Wire()
     ident = dict(identities or {})
@@ -114,8 +114,7 @@ def _keys_of(identity):
 def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
                  stats: Mapping[str, Mapping[str, np.ndarray]], round: int, exchange: str,
                  participants: Sequence[str], *, drop: Iterable[str] = (),
-                 silent: Iterable[str] = (), wire: Wire | None = None,
-                 identities: Mapping | None = None) -> dict[str, np.ndarray]:
+                 silent: Iterable[str] = (), wire: Wire | None = None) -> dict[str, np.ndarray]:
     """One secure exchange: announce, mask, sum, the consistency round, reveal, unmask.
 
     Parameters
@@ -130,8 +129,6 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
     silent : iterable of str
         Survivors that send their masked reply but do not answer the reveal request: not needed
         as long as ``threshold`` other survivors reveal.
-    identities : mapping of client id to SiteIdentity, optional
-        As given to :func:`setup`: a client with a signing key signs its consistency statement.
 
     Returns
     -------
@@ -139,7 +136,6 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
         The sum over the survivors of their ``stats``.
     """
     wire = wire or Wire()
-    ident = dict(identities or {})
     drop = {str(u) for u in drop}
     P = server.announce(round, exchange, participants)
     masked = {}
@@ -151,19 +147,18 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
                                 slot=int(announced["slot"]))
             masked[u] = wire.send("masked", u, SERVER, y)
     request = {k: json.dumps(v) for k, v in server.aggregate(masked).items()}
-    split = {}
+    confirmed = {}
     for u in json.loads(request["survivors"]):
         req = wire.send("consistency", SERVER, u, request)
-        split[u] = wire.send("consistency", u, SERVER, clients[u].consistency(
-            round, exchange, json.loads(req["survivors"]), json.loads(req["dropped"]),
-            signer=_keys_of(ident.get(u))))
-    server.collect_statements(split)
+        confirmed[u] = wire.send("consistency", u, SERVER, clients[u].consistency(
+            round, exchange, json.loads(req["survivors"]), json.loads(req["dropped"])))
+    server.collect_confirmations(confirmed)
     revealed = {}
     silent = {str(u) for u in silent}
     for u in json.loads(request["survivors"]):
         if u in silent:
             continue
-        req = wire.send("reveal-request", SERVER, u, {"statements": server.statements_for(u)})
+        req = wire.send("reveal-request", SERVER, u, {"confirm": server.confirmations_for(u)})
         revealed[u] = wire.send("reveal", u, SERVER, clients[u].reveal(
-            round, exchange, statements=req["statements"]))
+            round, exchange, confirmations=req["confirm"]))
     return server.unmask(revealed)

@@ -162,8 +162,8 @@ class Enrolment:
         graph seed other than the committed one or another neighbourhood's keys
         (:meth:`_check_graph`); with ``trust`` (a pinned
         :class:`~fedlatent.engine.site.keys.Roster`), an unknown, unsigned or substituted
-        peer, named. The neighbours' rostered keys are then kept: they verify the consistency
-        statements of every exchange (:meth:`SecAggClient.reveal`).
+        peer, named; the client then requires its neighbours' confirmations in every exchange
+        (:meth:`SecAggClient.reveal`).
         """
         if self._roster is not None:
             raise SecureAggregationError(f"client {self.id!r}: keys are set up once per fit; "
@@ -222,11 +222,11 @@ class Enrolment:
                 f"neighbourhood {list(near)} on the masking graph the seed fixes")
 
     def _authenticate(self, roster: Roster, trust) -> None:
-        """Verify every peer's signed keys against the pinned roster ``trust`` and keep their
-        rostered keys (:attr:`_peer_keys`)."""
+        """Verify every peer's signed keys against the pinned roster ``trust``: then the
+        pair secrets agreed with them are its peers' own, and so are the confirmations of the
+        consistency round (:attr:`_authenticated`)."""
         from fedlatent.engine.site.keys import AuthenticationError
 
-        peers = {}
         for v in sorted(roster.keys):  # the peers whose keys it uses
             if v == self.id:
                 continue
@@ -238,8 +238,7 @@ class Enrolment:
                 log.warning("client %r: secure aggregation set-up aborted: %s", self.id, err)
                 raise SecureAggregationError(
                     f"client {self.id!r}: peer {v!r} is not authenticated: {err}") from err
-            peers[v] = trust.public_raw(v)
-        self._peer_keys = peers
+        self._authenticated = True
 
     def share_messages(self) -> dict[str, np.ndarray]:
         """Shamir shares of every slot's b_u for each neighbour on the masking graph (every other

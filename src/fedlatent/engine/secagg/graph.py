@@ -173,6 +173,7 @@ def _graph(ids: tuple[str, ...], degree: int | None, digest: bytes | None) -> Ma
 
 
 # ---- the parameters ----------------------------------------------------------------------------
+@lru_cache(maxsize=64)  # every client recomputes it (twice) from the same public numbers
 def plus_parameters(n: int, participation: float = 1.0, *, dropout: float = 0.05,
                     corrupt: float = 0.05, sigma: int = 40, eta: int = 20,
                     exchanges: int = 128) -> tuple[int, int]:

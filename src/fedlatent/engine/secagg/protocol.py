@@ -161,13 +161,16 @@ PAIR_TAG = b"fedlatent/secagg/pair\x00"
 
 
 @functools.lru_cache(maxsize=256)
-def pair_nonce(label: bytes) -> bytes:
+def pair_nonce(label: bytes, slot: int = 0) -> bytes:
     """The pair masks' AES-CTR nonce of an exchange (counter blocks ``nonce || 2, 3, ...``):
-    SHA-256(tag, label)[:12] (public, hashed once per exchange in a process). A pair's mask of
-    the exchange is the keystream of its secret s_uv under it: a client masks each exchange
-    once, so each (s_uv, nonce) keys one keystream, and the mask of one exchange (what a
-    reveal gives when a neighbour dropped) leaves every other exchange's pseudo-random."""
-    return _crypto.commit(b"fedlatent/secagg/pair-mask\x00" + label)[:12]
+    SHA-256(tag, label, slot)[:12] (public, hashed once per exchange in a process). A pair's
+    keystream of the exchange is that of its secret s_uv under it (the mask, then the pair's
+    consistency tokens): a client masks each exchange once, so each (s_uv, nonce) keys one
+    keystream, and the mask of one exchange (what a reveal gives when a neighbour dropped)
+    leaves every other exchange's pseudo-random. The slot is bound in: two neighbours told
+    different slots for one exchange get different keystreams (their tokens disagree)."""
+    return _crypto.commit(b"fedlatent/secagg/pair-mask\x00" + label + b"\x00" +
+                          str(int(slot)).encode())[:12]
 
 
 def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
@@ -285,12 +288,11 @@ class Roster:
     def opened(self, members) -> np.ndarray:
         """The openings of ``members`` recomputed from their keys and nonces (:func:`~.
         commitments.opening`): a (len(members), 32) uint8 array."""
-        from fedlatent.engine.secagg.commitments import opening
+        from fedlatent.engine.secagg.commitments import openings
 
         rows = self.keys.rows(members) if isinstance(self.keys, _Rows) else [
             (self.keys[u]["nonce"], self.keys[u]["enc_key"]) for u in members]
-        return np.frombuffer(b"".join([opening(r, e) for r, e in rows]),
-                             dtype=np.uint8).reshape(-1, 32)
+        return np.frombuffer(b"".join(openings(rows)), dtype=np.uint8).reshape(-1, 32)
 
     @functools.cached_property
     def content(self) -> bytes:

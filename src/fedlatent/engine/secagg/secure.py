@@ -12,7 +12,8 @@ set-up, once per fit (method ``secagg``, steps ``keys``, ``roster``, ``shares``)
     row per neighbour; the server sorts every row by recipient at once and sends each client
     ``{"from": JSON list, "sealed": rows}`` (one array, not a field per neighbour).
 one exchange (a round's ``estep``, or an initialization ``query``)
-    the round message carries the participants, the exchange's slot and two public factors:
+    the round message carries the participants (bits over the client's closed neighbourhood),
+    the exchange's slot and two public factors:
     the client's weight ``w_c`` and ``1 / N`` (N = the federation's units, public since
     set-up). The client computes its reply as without secure aggregation and sends only
     ``encode(x) + masks`` of ``w_c * delta``, ``n / N``, ``objective / N`` (a round; the
@@ -168,13 +169,14 @@ def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
         return {"to": json.dumps(peers), "sealed": sealed}
     if step == "shares":
         return _take_shares(node, client, msg)
-    if step == "consistency":
+    if step == "consistency":  # (no survivors listed: every participant but the dropped)
+        survivors = msg.get("survivors")
         return client.consistency(int(msg["round"]), str(msg["exchange"]),
-                                  json.loads(msg["survivors"]), json.loads(msg["dropped"]),
-                                  signer=signer)
+                                  None if survivors is None else json.loads(survivors),
+                                  json.loads(msg.get("dropped", "[]")))
     if step == "reveal":
         return client.reveal(int(msg["round"]), str(msg["exchange"]),
-                             statements=msg.get("statements"))
+                             confirmations=msg.get("confirm"))
     raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
 
 
@@ -230,16 +232,11 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
         raise ValueError(f"client {node.client_id!r}: asked for a masked reply before the key "
                          "set-up")
     return node.secagg.mask(fields, int(msg[_KEY + "round"]), str(msg[_KEY + "exchange"]),
-                            json.loads(msg[_KEY + "participants"]),
+                            node.secagg.announced(msg[_KEY + "participants"]),
                             slot=int(msg[_KEY + "slot"]))
 
 
 # ---- the server side ------------------------------------------------------------------------
-def _none_dropped(client: str) -> str:
-    """The reveal request's ``dropped`` list when no participant dropped."""
-    return "[]"
-
-
 class SecureChannel:
     """The server's secure aggregation for one fit: the set-up and every secure sum.
 
@@ -416,6 +413,19 @@ class SecureChannel:
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
 
+    def _near_bits(self, ids: list[str]) -> dict[str, np.ndarray]:
+        """``{client: bits}``: ``ids`` as each of them is told them, bits over its closed
+        neighbourhood (sorted; every client on the complete graph), little-endian within each
+        byte (:meth:`~fedlatent.engine.secagg.client.SecAggClient.announced` reads them)."""
+        roster = self.server.roster
+        have = np.zeros(roster.n, dtype=bool)
+        have[np.array(roster.x_of(ids), dtype=np.int64) - 1] = True
+        if not self.config.sparse(roster.n):
+            bits = np.packbits(have, bitorder="little")
+            return dict.fromkeys(ids, bits)
+        graph = roster.graph
+        return {c: np.packbits(have[graph.closed_index(c)], bitorder="little") for c in ids}
+
     def _near(self, ids: list[str]):
         """``client -> JSON list``: ``ids`` as each client is told them, on a sparse graph only
         those of its closed neighbourhood (all it needs and can check), else all of them."""
@@ -452,11 +462,10 @@ class SecureChannel:
         slot = self.server.slot
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
                 _KEY + "unit": 1.0 / self.n_total}
-        near = self._near(P)
-        told = {c: near(c) for c in P}  # each client's part of the participants (JSON)
+        told = self._near_bits(P)  # each client's part of the participants (bits)
         out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
-        down = sum(message_nbytes(out[c]) for c in P)
+        down = _nbytes_many(msgs, P, head, told)
         replies = self.runtime.call(P, method, out)
         errors = {**thin, **{c: str(r[ERROR_KEY]) for c, r in replies.items() if ERROR_KEY in r}}
         masked = {c: r for c, r in replies.items() if ERROR_KEY not in r}
@@ -466,10 +475,8 @@ class SecureChannel:
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
         S = request["survivors"]
-        if request["dropped"]:
-            alive, gone = self._near(S), self._near(request["dropped"])
-        else:  # every participant survived: each is told the list it was told before
-            alive, gone = told.__getitem__, _none_dropped
+        alive, gone = (self._near(S), self._near(request["dropped"])) if request["dropped"] \
+            else (None, None)  # every participant survived: nothing to tell
         sums, down2, up2 = self._unmask(S, alive, gone, round, exchange, where)
         down, up = down + down2, up + up2
         for k in [k[:-3] for k in sums if k.endswith("/hi") and objective_field(k[:-3])]:
@@ -489,24 +496,27 @@ class SecureChannel:
 
     def _unmask(self, S: list[str], alive, gone, round: int, exchange: str, where: str):
         """``(sums, bytes down, bytes up)`` of the open exchange's survivors ``S``: the
-        consistency round (each signs its split, ``alive(c)`` and ``gone(c)``), then the
-        reveal, each survivor sent the statements of the peers whose shares it reveals."""
+        consistency round (each confirms its split, ``alive(c)`` and ``gone(c)``; None: every
+        participant survived), then the reveal, each survivor sent the confirmations of the
+        peers whose shares it reveals."""
         from fedlatent.engine.secagg import SecureAggregationError
 
         head = {"round": int(round), "exchange": str(exchange)}
-        req = {c: {"step": "consistency", **head, "survivors": alive(c), "dropped": gone(c)}
-               for c in S}
+        plain = {"step": "consistency", **head}  # none dropped: every participant survived
+        req = {c: {**plain, "survivors": alive(c), "dropped": gone(c)} for c in S} if gone \
+            else dict.fromkeys(S, plain)
         signed = self.runtime.call(S, "secagg", req)
-        down = sum(message_nbytes(req[c]) for c in S)
+        down = len(S) * message_nbytes(plain) if not gone else sum(
+            message_nbytes(req[c]) for c in S)
         up = sum(message_nbytes(r) for r in signed.values())
-        try:  # the consistency round: every survivor's signed split, before any reveal
-            self.server.collect_statements({c: r for c, r in signed.items()
-                                            if ERROR_KEY not in r})
+        try:  # the consistency round: every survivor confirms its split, before any reveal
+            self.server.collect_confirmations({c: r for c, r in signed.items()
+                                               if ERROR_KEY not in r})
         except SecureAggregationError as err:
             why = {c: str(r[ERROR_KEY]) for c, r in signed.items() if ERROR_KEY in r}
             raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(why)}" if why else ""),
                                     None, round) from err
-        req = {c: {"step": "reveal", **head, "statements": self.server.statements_for(c)}
+        req = {c: {"step": "reveal", **head, "confirm": self.server.confirmations_for(c)}
                for c in S}
         revealed = self.runtime.call(S, "secagg", req)
         down += sum(message_nbytes(req[c]) for c in S)
@@ -518,6 +528,21 @@ class SecureChannel:
             raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(refused)}"
                                                        if refused else ""), None, round) from err
         return sums, down, up
+
+
+def _nbytes_many(msgs: dict, P: list[str], head: dict, told: dict) -> int:
+    """The bytes of an exchange's messages ``{**msgs[c], **head, participants: told[c],
+    weight}``, each distinct ``msgs[c]`` counted once (a round sends every client one)."""
+    seen: dict[int, int] = {}
+    total = 0
+    extra = message_nbytes(head) + len(_KEY + "participants") + len(_KEY + "weight") + 8
+    for c in P:
+        m = msgs[c]
+        b = seen.get(id(m))
+        if b is None:
+            b = seen[id(m)] = message_nbytes(m)
+        total += b + extra + told[c].nbytes
+    return total
 
 
 def open_channel(runtime, federation, n_units: dict[str, int], max_rounds: int) -> SecureChannel:

@@ -1,8 +1,8 @@
 """The server side of secure aggregation: relay, sum of masked replies, unmasking.
 
 The server sees commitments, public keys, AEAD ciphertexts it cannot open, masked vectors, the
-survivors' signed consistency statements, and per exchange what the survivors reveal: shares of
-each survivor's self-mask seed b_u,e, and, for each dropped participant d, each surviving
+survivors' confirmations (tokens it cannot forge), and per exchange what the survivors reveal:
+shares of each survivor's self-mask seed b_u,e, and, for each dropped participant d, each surviving
 neighbour's pair mask with d of that exchange only. From those it learns the sum of the
 survivors' inputs and nothing about one client's input beyond it (Bonawitz et al., CCS 2017;
 the package docstring gives the argument, against a server that deviates too).
@@ -10,6 +10,7 @@ the package docstring gives the argument, against a server that deviates too).
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -59,9 +60,9 @@ class SecAggServer:
     :meth:`collect_keys` of the opened keys and :meth:`roster_for` each client, then
     :func:`route_shares`. Per exchange: :meth:`announce` the participants, :meth:`aggregate`
     the masked replies (returns who survived and who dropped, to send to the survivors),
-    :meth:`collect_statements` of their :meth:`SecAggClient.consistency` replies, then
+    :meth:`collect_confirmations` of their :meth:`SecAggClient.consistency` replies, then
     :meth:`unmask` with the survivors' :meth:`SecAggClient.reveal` replies (each sent
-    :meth:`statements_for` it).
+    :meth:`confirmations_for` it).
     """
 
     def __init__(self, config: SecAggConfig, *, run: str = "", round: int = 0):
@@ -74,6 +75,7 @@ class SecAggServer:
         self._done: set[bytes] = set()
         self._next_slot = 0
         self._closed: tuple | None = None  # (ids, their commitments, the closed digest)
+        self._place_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         # the seed of the masking graph, committed to before any client draws its keys
         self._graph_seed = _crypto.random_bytes() if config.degree is not None else None
 
@@ -226,39 +228,53 @@ class SecAggServer:
         pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout, total=total)
         return {"survivors": list(S), "dropped": list(pend["dropped"])}
 
-    def collect_statements(self, statements: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Keep the survivors' signed consistency statements ``{survivor: consistency()}`` of
-        the open exchange (each holder is sent those of the peers whose shares it reveals:
-        :meth:`statements_for`); a survivor without one is named (its neighbours will not
-        reveal its shares, so the sum would stay masked)."""
-        from fedlatent.engine.secagg.consistency import row_width
-
+    def collect_confirmations(self, replies: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Keep the survivors' confirmations ``{survivor: consistency()}`` of the open exchange
+        (one word per member of its closed neighbourhood; each holder is sent those of the
+        owners whose shares it reveals: :meth:`confirmations_for`); a survivor without them is
+        named (its neighbours will not reveal its shares, so the sum would stay masked)."""
         pend = self._need_pending()
         where = describe(pend["round"], pend["exchange"])
         if "total" not in pend:
-            raise SecureAggregationError("call aggregate before collect_statements")
-        S, roster = pend["survivors"], self.roster
-        width = row_width(len(roster.graph.closed(S[0])))
-        missing = [u for u in S if u not in statements]
+            raise SecureAggregationError("call aggregate before collect_confirmations")
+        S, graph = pend["survivors"], self.roster.graph
+        width = 8 * len(graph.closed(S[0]))
+        missing = [u for u in S if u not in replies]
         if missing:
             raise SecureAggregationError(
-                f"{where}: survivors {missing} signed no consistency statement; their neighbours "
-                "reveal nothing of them, so the sum stays masked")
-        rows = [np.asarray(statements[u].get("statement")) for u in S]
+                f"{where}: survivors {missing} confirmed no split of their neighbourhood; their "
+                "neighbours reveal nothing of them, so the sum stays masked")
+        rows = [np.asarray(replies[u].get("confirm")) for u in S]
         bad = [u for u, r in zip(S, rows) if r.dtype != np.uint8 or r.shape != (width,)]
         if bad:
-            raise SecureAggregationError(f"{where}: the consistency statement of {bad[0]!r} is "
-                                         f"not {width} bytes (uint8)")
-        pend["statements"] = np.stack(rows)
-        pend["at"] = dict(zip(S, range(len(S))))
+            raise SecureAggregationError(f"{where}: the confirmations of {bad[0]!r} are not "
+                                         f"{width} bytes (uint8)")
+        pend["confirm"] = np.stack(rows).view("<u8")  # (survivors, closed size) words
+        pend["row"] = np.full(self.roster.n, -1, dtype=np.int64)
+        pend["row"][[self.roster.index[u] - 1 for u in S]] = np.arange(len(S))
 
-    def statements_for(self, holder: str) -> np.ndarray:
-        """The statements ``holder`` needs before it reveals: those of the survivors of its
-        neighbourhood but itself, in their sorted order (rows of a uint8 array)."""
+    def confirmations_for(self, holder: str) -> np.ndarray:
+        """The words ``holder`` needs before it reveals: each surviving neighbour's (itself
+        aside, in their sorted order) confirmation of ``holder`` (a uint64 array)."""
         pend = self._need_pending()
-        at = pend["at"]
-        rows = [at[u] for u in self.roster.graph.closed(str(holder)) if u in at and u != holder]
-        return pend["statements"][rows]
+        near, place = self._places(str(holder))
+        rows = pend["row"][near]
+        keep = rows >= 0
+        return pend["confirm"][rows[keep], place[keep]]
+
+    def _places(self, holder: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(near, place)``: the holder's neighbours (positions among the sorted ids, itself
+        aside) and its place in each one's closed neighbourhood (once per holder and fit)."""
+        got = self._place_cache.get(holder)
+        if got is None:
+            graph = self.roster.graph
+            near = graph.closed_index(holder)
+            me = self.roster.index[holder] - 1
+            near = near[near != me]
+            place = np.array([bisect.bisect_left(graph.closed(graph.ids[i]), holder)
+                              for i in near], dtype=np.int64)
+            got = self._place_cache[holder] = (near, place)
+        return got
 
     def unmask(self, revealed: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """Remove every mask from the sum with the survivors' revealed shares and decode it.

@@ -311,8 +311,14 @@ class Roster:
 
     def public_raw(self, site: str) -> bytes | None:
         """The raw 32 bytes of ``site``'s rostered key (None: not rostered)."""
-        key = self._keys.get(str(site))
-        return None if key is None else self._raw.setdefault(str(site), _public_raw(key))
+        site = str(site)
+        got = self._raw.get(site)
+        if got is None:
+            key = self._keys.get(site)
+            if key is None:
+                return None
+            got = self._raw[site] = _public_raw(key)
+        return got
 
     def verify_message(self, site: str, signature: bytes, message: bytes, *,
                        what: str = "a message") -> None:
