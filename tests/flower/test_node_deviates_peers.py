@@ -264,6 +264,40 @@ def test_a_substituted_peer_key_aborts_the_node_naming_the_peer(tmp_path, forge,
     assert not any(e["kind"] == "answer" for e in Ledger(site, "c0").entries)
 
 
+@pytest.mark.parametrize("lacks", ["no-policy", "a-key-but-no-roster"])
+def test_a_deployed_node_without_a_pinned_roster_refuses_secure_aggregation(tmp_path, lacks):
+    """Issue 37: without a roster of the consortium's keys the server could stand in for every
+    peer (its own commitments, keys and confirmations) and unmask the site's replies, as it did
+    on a node with no policy file (2.9e-10 in the issue); a deployed node now refuses the key
+    set-up, naming the fix, before any secret exists. With the roster it commits."""
+    from flwr.app import RecordDict
+
+    keys = {u: SiteKeys.generate() for u in PEERS}
+    policy = None if lacks == "no-policy" else _sited(tmp_path, "c0", keys, roster=False)
+    fd = fl.FederatedDataset.from_arrays(
+        {"c0": np.random.default_rng(0).normal(size=(40, 2)) * 3})
+    state = RecordDict()
+
+    def node(method, msg, policy=policy, site=tmp_path / "site"):
+        return _serve(fd, state, site, policy, method, msg)
+
+    setup = {"model": "gmm", "model_config": json.dumps(GMMModel(2, "full", 1e-6).get_config()),
+             "disclosure": policy_to_json(fl.DisclosurePolicy(count_scope="aggregate")),
+             "run": "r1"}
+    assert ERROR_KEY not in node("setup", setup)
+    with pytest.raises(ValueError, match=r"site 'c0' refuses secure aggregation: a deployed site "
+                       r"needs a pinned roster .*fedlatent site roster roster.json "
+                       r"SITE=DIR/site-key.pub"):
+        node("secagg", {"step": "keys", **SECAGG})
+    assert "fedlatent.secagg" not in state  # no secret was drawn
+    pinned = _sited(tmp_path / "pinned", "c0", keys)
+    state = RecordDict()
+    assert ERROR_KEY not in node("setup", setup, policy=pinned, site=tmp_path / "pinned" / "s")
+    reply = node("secagg", {"step": "keys", **SECAGG}, policy=pinned,
+                 site=tmp_path / "pinned" / "s")
+    assert sorted(reply) == ["commit"] and reply["commit"].shape == (32,)
+
+
 # ---- 3. injected SEC models ------------------------------------------------------------------
 SEC_SITES = ("victim", "mallory", "other")
 
