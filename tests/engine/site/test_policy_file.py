@@ -31,7 +31,7 @@ def test_the_documented_example_loads_with_every_floor():
     assert p.datasets == {"study": EXAMPLE.parent / "data" / "study.parquet"}
     assert (p.sec_evaluate_others, p.sec_trusted_types) == (False, ("linear",))
     assert (p.max_message_bytes, p.max_rounds, p.max_releases) == (50_000_000, 200, 200)
-    assert (p.roster, p.signing_key) == (None, None)
+    assert (p.roster, p.signing_key) == (EXAMPLE.parent / "roster.json", None)  # pinned
 
 
 def test_roster_and_signing_key_are_paths_beside_the_file(tmp_path):
