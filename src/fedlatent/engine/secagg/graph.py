@@ -2,16 +2,16 @@
 
 Bell et al. (CCS 2020) replace the complete graph of Bonawitz et al. (every client masks with
 every other) by a random k-regular graph: a client masks with its k neighbours only and deals
-the Shamir shares of its secrets to them (and keeps one), each secret rebuilt from ``t`` of those
-``k + 1`` shares. The graph here is the Harary graph H(k, n) (the circulant graph in which the
-client at ring position i is adjacent to positions i +- 1, ..., i +- k/2) over a uniformly random
-ring order of the clients. The order is public randomness nobody steers: the ChaCha20 keystream
-of SHA-256 over a seed the server committed to before any client drew its keys, the enrolled ids
-and each client's opening (a hash of its fresh key and nonce, committed before any was revealed:
-:mod:`~fedlatent.engine.secagg.commitments`; :func:`graph_digest`). Every client rebuilds the
-graph from the roster it was sent and the revealed seed, after checking the seed against the
-commitment it got first and every opening against the closed list of commitments; nobody takes
-a neighbour list from the server.
+the Shamir shares of its secrets to them (and keeps one, which it never reveals), each secret
+rebuilt from ``t`` of its neighbours' ``k`` shares. The graph here is the Harary graph H(k, n)
+(the circulant graph in which the client at ring position i is adjacent to positions i +- 1,
+..., i +- k/2) over a uniformly random ring order of the clients. The order is public randomness
+nobody steers: the ChaCha20 keystream of SHA-256 over a seed the server committed to before any
+client drew its keys, the enrolled ids and each client's opening (a hash of its fresh key and
+nonce, committed before any was revealed: :mod:`~fedlatent.engine.secagg.commitments`;
+:func:`graph_digest`). Every client rebuilds the graph from the roster it was sent and the
+revealed seed, after checking the seed against the commitment it got first and every opening
+against the closed list of commitments; nobody takes a neighbour list from the server.
 
 ``degree=None`` or ``degree >= n - 1`` is the complete graph: the all-pairs protocol of
 Bonawitz et al. with its threshold over all the clients.

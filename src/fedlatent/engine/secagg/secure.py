@@ -3,11 +3,15 @@
 ``Federation(secure_aggregation=True)`` routes every sum the server uses through the protocol of
 :mod:`fedlatent.engine.secagg` (Bonawitz et al. 2017 with per-exchange secrets):
 
-set-up, once per fit (method ``secagg``, steps ``keys``, ``roster``, ``shares``)
-    every client draws from the OS one X25519 key pair (share encryption and pairwise masks,
-    agreed once per neighbour pair) and, for each of the ``slots`` exchanges the fit may run,
-    a self-mask seed; the server relays the public keys (the roster) and the sealed Shamir
-    shares of every seed (one message per neighbour). A client's reply to the roster is
+set-up, once per fit (method ``secagg``, steps ``keys``, ``open``, ``roster``, ``shares``)
+    the runtime gives the sites it holds keys and a roster if they bring none
+    (:meth:`~fedlatent.engine.protocol.runtime.Runtime.provision_identities`); every client
+    draws from the OS one X25519 key pair (share encryption and pairwise masks, agreed once per
+    neighbour pair), a nonce and, for each of the ``slots`` exchanges the fit may run, a
+    self-mask seed, and sends only a commitment; the server closes the list (``open``: its
+    digest and size), the clients open their keys, and the server relays the roster and the
+    sealed Shamir shares of every seed (one message per neighbour;
+    :mod:`~fedlatent.engine.secagg.commitments`). A client's reply to the roster is
     ``{"to": JSON list of its neighbours, "sealed": (k, 12 + 32 slots + 16) uint8 array}``, a
     row per neighbour; the server sorts every row by recipient at once and sends each client
     ``{"from": JSON list, "sealed": rows}`` (one array, not a field per neighbour).
@@ -19,8 +23,10 @@ one exchange (a round's ``estep``, or an initialization ``query``)
     ``encode(x) + masks`` of ``w_c * delta``, ``n / N``, ``objective / N`` (a round; the
     objective in two limbs; a multi-point round also ``w_c *`` each point's mean statistic
     and its objective ``/ N``) or of every field ``/ N`` (a query: moments, hard-assignment or
-    random-membership sums); the survivors then reveal the shares that remove the masks
-    (``reveal``), and the server decodes the sum and multiplies the ``/ N`` fields back.
+    random-membership sums); the survivors then confirm their split of their neighbourhood
+    (``consistency``: :mod:`~fedlatent.engine.secagg.consistency`) and reveal, by it, the
+    shares that remove the masks (``reveal``), and the server decodes the sum and multiplies
+    the ``/ N`` fields back.
 
 What the server learns: per exchange, the sums over the survivors, who was asked and who
 answered (client sizes were public already). What it cannot do any more: screen one client's
@@ -47,7 +53,7 @@ At scale (SecAgg+, :mod:`fedlatent.engine.secagg.graph`): when
 :func:`~fedlatent.engine.secagg.graph.plus_parameters` finds a degree k at most half the other
 clients for the federation's clients and participation, every client masks with and deals its
 shares to only its k neighbours on a random k-regular graph fixed by a committed seed, each
-secret rebuilt from t of its neighbourhood's k + 1 shares; each client is told only its
+secret rebuilt from t of its k neighbours' shares; each client is told only its
 neighbourhood's part of the participants, survivors and dropped lists, and a participant whose
 neighbourhood could not rebuild its secrets is left out of that exchange (named in the errors).
 The threshold above is then the server's rule; each client enforces its neighbourhood's.
