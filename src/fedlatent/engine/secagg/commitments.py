@@ -114,7 +114,7 @@ def check_strength(config, n: int) -> str | None:
     neighbourhood threshold ``>= t``, and for a degree above ``k`` at least the threshold that
     degree needs for secrecy (more neighbours, more of them possibly colluding).
     """
-    from fedlatent.engine.secagg import graph
+    import fedlatent.engine.secagg.graph as graph
 
     p = float(config.participation)
     E = config.n_slots if config.slots is not None else 128
