@@ -25,6 +25,7 @@ from fedlatent.engine.secagg.commitments import (
     opening,
 )
 from fedlatent.engine.secagg.protocol import (
+    KEY_FIELDS,
     KEYS_PURPOSE,
     SIGNATURE_FIELD,
     Roster,
@@ -224,16 +225,23 @@ class Enrolment:
     def _authenticate(self, roster: Roster, trust) -> None:
         """Verify every peer's signed keys against the pinned roster ``trust``: then the
         pair secrets agreed with them are its peers' own, and so are the confirmations of the
-        consistency round (:attr:`_authenticated`)."""
-        from fedlatent.engine.site.keys import AuthenticationError
+        consistency round (:attr:`_authenticated`). Each statement is built from the roster's
+        rows (:func:`~fedlatent.engine.site.keys.verify_bytes`); a peer that fails is named by
+        :meth:`~fedlatent.engine.site.keys.Roster.verify_message`."""
+        from fedlatent.engine.site.keys import AuthenticationError, verify_bytes
 
-        for v in sorted(roster.keys):  # the peers whose keys it uses
-            if v == self.id:
+        peers = [v for v in sorted(roster.keys) if v != self.id]  # the peers whose keys it uses
+        cols = [_column(roster, f, peers) for f in KEY_FIELDS]
+        head = self.key_head
+        for i, v in enumerate(peers):
+            msg = head + json_str(v) + b"\x00" + b"".join(c[i] for c in cols)
+            raw, sig = trust.public_raw(v), roster.signatures[v]
+            if raw is not None and verify_bytes(raw, sig, msg):
                 continue
             try:
-                trust.verify_message(v, roster.signatures[v],
-                                     self.key_head + signed_keys(v, roster.keys[v]),
-                                     what="the key announcement")
+                trust.verify_message(v, sig, msg, what="the key announcement")
+                raise AuthenticationError(f"the key announcement from site {v!r} does not "
+                                          "verify against its rostered key")
             except AuthenticationError as err:
                 log.warning("client %r: secure aggregation set-up aborted: %s", self.id, err)
                 raise SecureAggregationError(
@@ -379,3 +387,10 @@ def _rows_bytes(sealed) -> list:
     return [bytes(m) for m in sealed]
 
 
+
+
+def _column(roster: Roster, field: str, members: list[str]) -> list[bytes]:
+    """The raw bytes of one key field of each of ``members`` of a roster."""
+    keys = roster.keys
+    return keys.column(field, members) if hasattr(keys, "column") else [
+        bytes(keys[u][field]) for u in members]
