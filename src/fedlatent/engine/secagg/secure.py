@@ -522,8 +522,8 @@ class SecureChannel:
             why = {c: str(r[ERROR_KEY]) for c, r in signed.items() if ERROR_KEY in r}
             raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(why)}" if why else ""),
                                     None, round) from err
-        req = {c: {"step": "reveal", **head, "confirm": self.server.confirmations_for(c)}
-               for c in S}
+        words = self.server.confirmations_all()
+        req = {c: {"step": "reveal", **head, "confirm": words[c]} for c in S}
         revealed = self.runtime.call(S, "secagg", req)
         down += sum(message_nbytes(req[c]) for c in S)
         up += sum(message_nbytes(r) for r in revealed.values())

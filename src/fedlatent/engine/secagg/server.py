@@ -75,7 +75,7 @@ class SecAggServer:
         self._done: set[bytes] = set()
         self._next_slot = 0
         self._closed: tuple | None = None  # (ids, their commitments, the closed digest)
-        self._place_cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._place_cache: dict[str, tuple] = {}
         # the seed of the masking graph, committed to before any client draws its keys
         self._graph_seed = _crypto.random_bytes() if config.degree is not None else None
 
@@ -252,6 +252,34 @@ class SecAggServer:
         pend["confirm"] = np.stack(rows).view("<u8")  # (survivors, closed size) words
         pend["row"] = np.full(self.roster.n, -1, dtype=np.int64)
         pend["row"][[self.roster.index[u] - 1 for u in S]] = np.arange(len(S))
+
+    def confirmations_all(self) -> dict[str, np.ndarray]:
+        """:meth:`confirmations_for` of every survivor of the open exchange, in one gather."""
+        pend = self._need_pending()
+        S = pend["survivors"]
+        near, place, off = self._place_table()
+        at = np.array([self.roster.index[u] - 1 for u in S], dtype=np.int64)
+        lengths = off[at + 1] - off[at]
+        idx = np.repeat(off[at] - np.cumsum(lengths) + lengths, lengths) + np.arange(
+            int(lengths.sum()))
+        rows = pend["row"][near[idx]]
+        keep = rows >= 0
+        words = pend["confirm"][rows[keep], place[idx][keep]]
+        ends = np.cumsum(np.add.reduceat(keep, np.r_[0, np.cumsum(lengths)[:-1]])
+                         if len(S) else np.zeros(0, np.int64))
+        return {u: words[e - n:e] for u, e, n in zip(
+            S, ends.tolist(), np.diff(np.r_[0, ends]).tolist())}
+
+    def _place_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every enrolled client's :meth:`_places`, flat: ``(near, place, offsets)`` (once per
+        fit)."""
+        got = self._place_cache.get("")
+        if got is None:
+            parts = [self._places(u) for u in self.roster.ids]
+            off = np.r_[0, np.cumsum([len(a) for a, _ in parts])].astype(np.int64)
+            got = self._place_cache[""] = (np.concatenate([a for a, _ in parts]),
+                                           np.concatenate([b for _, b in parts]), off)
+        return got
 
     def confirmations_for(self, holder: str) -> np.ndarray:
         """The words ``holder`` needs before it reveals: each surviving neighbour's (itself
