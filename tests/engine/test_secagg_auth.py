@@ -228,3 +228,21 @@ def test_a_rostered_site_refuses_an_unnamed_or_repeated_run():
     node.handle("secagg", {**base, "run": "r9"})
     with pytest.raises(ValueError, match=r"site 'a': .*run 'r9' was already done once"):
         node.handle("secagg", {**base, "run": "r9"})
+
+
+def test_a_remembered_signature_verifies_only_its_own_key_and_message():
+    """verify_bytes remembers valid (key, message, signature) triples per process (the sites
+    one process holds share the answer): a remembered triple changes nothing for another
+    message, another key or another signature."""
+    from fedlatent.engine.site.keys import _VERIFIED, statement, statement_head, verify_bytes
+
+    key, msg = KEYS["a"], statement_head("t", {"run": "m"}) + b"payload"
+    assert msg == statement("t", {"run": "m"}, b"payload")
+    sig = key.sign_bytes(msg)
+    assert verify_bytes(key.public_key, sig, msg)
+    assert (key.public_key, msg, sig) in _VERIFIED
+    assert verify_bytes(key.public_key, sig, msg)  # remembered
+    assert not verify_bytes(key.public_key, sig, msg + b"x")
+    assert not verify_bytes(KEYS["b"].public_key, sig, msg)
+    assert not verify_bytes(key.public_key, bytes(64), msg)
+    assert not verify_bytes(key.public_key, sig[:-1] + bytes([sig[-1] ^ 1]), msg)

@@ -267,7 +267,7 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
 def require_roster(node) -> None:
     """A deployed site answers secure aggregation only with a pinned roster of the consortium's
     site keys and its own signing key: without them the server could stand in for every peer
-    (its own keys, commitments and consistency statements) and unmask this site's replies.
+    (its own keys, commitments and confirmations) and unmask this site's replies.
     ValueError naming the site and the fix otherwise."""
     ident = getattr(node, "identity", None)
     if ident is not None and ident.roster is not None and ident.keys is not None:
