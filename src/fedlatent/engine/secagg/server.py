@@ -75,7 +75,7 @@ class SecAggServer:
         self._done: set[bytes] = set()
         self._next_slot = 0
         self._closed: tuple | None = None  # (ids, their commitments, the closed digest)
-        self._place_cache: dict[str, tuple] = {}
+        self._per_fit: dict = {}  # per-fit tables of the graph (places, x-coordinates), by key
         # the seed of the masking graph, committed to before any client draws its keys
         self._graph_seed = _crypto.random_bytes() if config.degree is not None else None
 
@@ -273,11 +273,11 @@ class SecAggServer:
     def _place_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every enrolled client's :meth:`_places`, flat: ``(near, place, offsets)`` (once per
         fit)."""
-        got = self._place_cache.get("")
+        got = self._per_fit.get("")
         if got is None:
             parts = [self._places(u) for u in self.roster.ids]
             off = np.r_[0, np.cumsum([len(a) for a, _ in parts])].astype(np.int64)
-            got = self._place_cache[""] = (np.concatenate([a for a, _ in parts]),
+            got = self._per_fit[""] = (np.concatenate([a for a, _ in parts]),
                                            np.concatenate([b for _, b in parts]), off)
         return got
 
@@ -293,7 +293,7 @@ class SecAggServer:
     def _places(self, holder: str) -> tuple[np.ndarray, np.ndarray]:
         """``(near, place)``: the holder's neighbours (positions among the sorted ids, itself
         aside) and its place in each one's closed neighbourhood (once per holder and fit)."""
-        got = self._place_cache.get(holder)
+        got = self._per_fit.get(holder)
         if got is None:
             graph = self.roster.graph
             near = graph.closed_index(holder)
@@ -301,7 +301,7 @@ class SecAggServer:
             near = near[near != me]
             place = np.array([bisect.bisect_left(graph.closed(graph.ids[i]), holder)
                               for i in near], dtype=np.int64)
-            got = self._place_cache[holder] = (near, place)
+            got = self._per_fit[holder] = (near, place)
         return got
 
     def unmask(self, revealed: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -412,8 +412,8 @@ class SecAggServer:
         owners, xs, rows, pairs = [], [], [], {}
         sparse = self.config.sparse(roster.n)
         for h in holders:
-            near = graph.closed_index(h) + 1  # x-coordinates, ascending
-            own = near[alive[near] & ((near != index[h]) if sparse else True)]
+            near = self._near_x(h, sparse)  # x-coordinates, ascending (itself aside: sparse)
+            own = near[alive[near]]
             lost = [v for v in graph.closed(h) if v in gone] if gone else []
             reply = revealed[h]
             need = {"self": own, **({"pair": lost} if lost else {})}
@@ -429,14 +429,27 @@ class SecAggServer:
                         f"{where}: client {h!r}, field {kind!r}: expected a ({len(who)}, "
                         f"{width}) uint8 array, got {got.dtype} {got.shape}")
             owners.append(own)
-            xs.append(np.full(len(own), index[h], dtype=np.int64))
+            xs.append(index[h])
             rows.append(reply["self"])
             if lost:
                 masks = np.ascontiguousarray(reply["pair"]).view("<u8").astype(np.uint64)
                 pairs.update(((h, d), masks[i]) for i, d in enumerate(lost))
-        cat = (np.concatenate(owners), np.concatenate(xs), np.concatenate(rows)) if owners else (
+        cat = (np.concatenate(owners), np.repeat(np.array(xs, dtype=np.int64),
+                                                 [len(o) for o in owners]),
+               np.concatenate(rows)) if owners else (
             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, size), np.uint8))
         return cat, pairs
+
+    def _near_x(self, holder: str, sparse: bool) -> np.ndarray:
+        """The x-coordinates of ``holder``'s closed neighbourhood, ascending, itself aside on a
+        sparse graph (whose owners' shares it reveals; once per holder and fit)."""
+        got = self._per_fit.get(("x", holder))
+        if got is None:
+            got = self.roster.graph.closed_index(holder) + 1
+            if sparse:
+                got = got[got != self.roster.index[holder]]
+            self._per_fit[("x", holder)] = got
+        return got
 
     def _need_roster(self) -> Roster:
         if self.roster is None:
