@@ -173,3 +173,20 @@ def test_the_pure_lie_yields_no_share_of_the_targets_seed_and_the_target_refuses
     with pytest.raises(SecureAggregationError, match=rf"client '{u}': .*did not confirm '{u}' "
                        r"as a survivor"):
         clients[u].reveal(1, "e", confirmations=relayed(u))
+
+
+def test_a_revealed_exchange_keeps_no_tokens_and_cannot_be_confirmed_or_revealed_again():
+    from fedlatent.engine.secagg import run_exchange
+
+    server, clients = enrolled(rostered=True)
+    rng = np.random.default_rng(4)
+    stats = {c: {"s": rng.normal(0, 10, size=5)} for c in IDS}
+    got = run_exchange(server, clients, stats, 1, "e", IDS, drop=["c07"])
+    alive = [c for c in IDS if c != "c07"]
+    assert np.max(np.abs(got["s"] - sum(stats[c]["s"] for c in alive))) <= len(IDS) / SCALE
+    c = clients["c00"]
+    assert c._tokens == {} and c._split == {}  # a long fit does not pile them up
+    with pytest.raises(SecureAggregationError, match=r"already confirmed its split"):
+        c.consistency(1, "e", None, [])
+    with pytest.raises(SecureAggregationError, match=r"already revealed shares for round 1"):
+        c.reveal(1, "e", confirmations=np.zeros(0, np.uint64))

@@ -225,7 +225,7 @@ class SecAggClient(Enrolment):
         roster = self._need_roster()
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
-        if label in self._split:
+        if label in self._split or label in self._revealed:
             raise SecureAggregationError(f"client {self.id!r}: already confirmed its split of "
                                          f"{where}; it confirms one per exchange")
         mine = self._masked.get(label, ())
@@ -279,17 +279,7 @@ class SecAggClient(Enrolment):
         e = self._slot_of[label]
         key = str(e)
         held, pairs = self._self_shown.get(key, {}), self._pair_shown.get(key, {})
-        for d in D:
-            if d in held:
-                raise SecureAggregationError(
-                    f"client {self.id!r}: refusing to reveal the pair mask of {d!r} (declared "
-                    f"dropped in {where}): its self-mask seed was revealed in "
-                    f"{held[d]}, and both would expose its replies")
-        for u in (owners if pairs else ()):  # none revealed yet: nothing to refuse
-            if u in pairs:
-                raise SecureAggregationError(
-                    f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
-                    f"{where}: its pair mask was revealed in {pairs[u]}")
+        self._never_both(D, owners, held, pairs, where)
         at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
         blobs = self._blobs
         out = {"self": np.frombuffer(b"".join([blobs[u][at:at + n] for u in owners]),
@@ -304,15 +294,35 @@ class SecAggClient(Enrolment):
         if D:
             self._pair_shown[key] = {**dict.fromkeys(D, where), **pairs}
         self._revealed.add(label)
+        self._split.pop(label, None)  # revealed once: its split and tokens are done with
+        self._tokens.pop(label, None)
         if D:
             log.info("client %r revealed its pair masks with dropped %s in %s", self.id, D, where)
         return out
+
+    def _never_both(self, D, owners, held, pairs, where: str) -> None:
+        """Refuse a pair mask of a peer whose self-mask seed share was revealed for the slot
+        (``held``), or a share of one whose pair mask was (``pairs``)."""
+        for d in D:
+            if d in held:
+                raise SecureAggregationError(
+                    f"client {self.id!r}: refusing to reveal the pair mask of {d!r} (declared "
+                    f"dropped in {where}): its self-mask seed was revealed in "
+                    f"{held[d]}, and both would expose its replies")
+        for u in (owners if pairs else ()):  # none revealed yet: nothing to refuse
+            if u in pairs:
+                raise SecureAggregationError(
+                    f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
+                    f"{where}: its pair mask was revealed in {pairs[u]}")
 
     def _signed_split(self, roster: Roster, label: bytes, survivors, dropped,
                       where: str) -> tuple[list[str], list[str]]:
         """The split this client reveals by: the one it confirmed (``survivors`` and
         ``dropped``, if given, must be it), or without a pinned roster the one given
         (recorded)."""
+        if label in self._revealed:
+            raise SecureAggregationError(f"client {self.id!r}: already revealed shares for "
+                                         f"{where}; it reveals once per exchange")
         split = self._split.get(label)
         if split is None:
             if self._authenticated:
@@ -325,9 +335,6 @@ class SecAggClient(Enrolment):
                                              "survivors and the dropped participants")
             split = self._split[label] = self._reveal_split(roster, label, survivors, dropped,
                                                             where)
-        elif label in self._revealed:
-            raise SecureAggregationError(f"client {self.id!r}: already revealed shares for "
-                                         f"{where}; it reveals once per exchange")
         elif survivors is not None and (sorted(map(str, survivors)) != split[0]
                                         or sorted(map(str, dropped or ())) != split[1]):
             raise SecureAggregationError(
