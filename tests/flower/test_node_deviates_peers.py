@@ -145,7 +145,7 @@ def _fit(grid, est, out, resume=False):
 def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, tmp_path):
     from fedlatent.runtime.flower import load_result
 
-    fd, policy = _private_fd(), SitePolicy(lifetime_epsilon=1.0)
+    fd, policy = _private_fd(), SitePolicy(lifetime_epsilon=1.0, lifetime_delta=DELTA)
     sites = [tmp_path / f"s{i}.site" for i in range(3)]
     with pytest.raises(Stop):  # the sites answered round 3, the server died before reading it
         _fit(Grid(fd, sites, policy, stop_at_round=3), _private_gmm(), tmp_path / "out")
@@ -153,7 +153,8 @@ def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, t
     est = load_result(tmp_path / "out")
     assert est.n_iter_ == 4 and est.flower_status_["resumed_from"] == 2
     # no private start again (moments, hard_stats): rounds 3 and 4 only
-    assert resumed.sent == ["describe"] * 3 + ["setup"] * 3 + ["estep"] * 6
+    assert resumed.sent == (["describe"] * 3 + ["settings"] * 3  # the floors announced
+                            + ["setup"] * 3 + ["estep"] * 6)
     plan = est.privacy_calibration_
     assert plan.releases == 6 and plan.epsilon == 1.0
     for i, site in enumerate(sites):

@@ -19,6 +19,7 @@ adds them):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -31,8 +32,8 @@ from ..engine.node.site_state import read_site_state, run_key, write_site_state
 from ..engine.protocol.messages import ERROR_KEY as _ERROR_KEY
 from .flower_records import _ERROR, _ERROR_TYPE, _METHOD, _MODEL, _STATE, decode, encode
 
-__all__ = ["RESTORE", "RUN", "make_client_app", "node_policy", "own_signer", "provision",
-           "require_roster", "restore_state", "save_after", "serve", "site_dir"]
+__all__ = ["RESTORE", "RUN", "dataset_identity", "make_client_app", "node_policy", "own_signer",
+           "provision", "require_roster", "restore_state", "save_after", "serve", "site_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,48 @@ def _load_node_data(path: Path, site: Path | None = None):
     return _DATA_CACHE[key]
 
 
+#: the sha256 of the node's data file, in its site directory (see :func:`dataset_identity`)
+DATA_ID = "data-id.json"
+
+
+def _content_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def dataset_identity(policy, name: str, path: Path, site: Path | None) -> str:
+    """What the site's ledger keeps a data set's lifetime budget under: its ``[datasets]``
+    name when the server named one of the policy's, else ``sha256:`` of the data file's
+    content (another name for the same file is the same data set; the server's
+    ``data-name`` is never the key). The digest is kept in the site directory, keyed by the
+    file's size and modification time (a node answers each message in a fresh process)."""
+    if policy is not None and name and name in policy.datasets:
+        return name
+    source = {"path": str(path.resolve()), "size": path.stat().st_size,
+              "mtime_ns": path.stat().st_mtime_ns}
+    cache = None if site is None else site / DATA_ID
+    try:
+        kept = json.loads(cache.read_text()) if cache is not None else {}
+    except (OSError, ValueError):
+        kept = {}
+    if kept.get("source") != source or not isinstance(kept.get("sha256"), str):
+        kept = {"source": source, "sha256": _content_sha256(path)}
+        if cache is not None:
+            try:
+                site.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps(kept))
+            except OSError as err:
+                logger.warning("cannot keep the data file's digest in %s (%s)", site, err)
+    return "sha256:" + kept["sha256"]
+
+
 def _node_data_path(context, paths: list[str] | None, policy=None) -> Path:
     """The node's data file. The server names a data set (the run config's ``data-name``),
     never a path: a name with ``/``, ``\\`` or ``..`` is refused, and under a site policy with
@@ -209,27 +252,30 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
     ``site`` the node's site directory, where it also outlives the run
     (:mod:`fedlatent.runtime.flower_site`). ``policy``: the site's own
     (:class:`~fedlatent.engine.site.SitePolicy`; its ledger lives in ``site`` unless it names a
-    directory), ``dataset`` the data set's name on the ledger; ``simulation=False`` (a
-    deployed node): without a policy a server's ``noise_seed`` is ignored, and secure
-    aggregation is refused unless the site pins a roster (:func:`require_roster`).
-    ``provisioned`` (simulation): the signing key and roster the simulation gave this site
+    directory), ``dataset`` the data set's name on the ledger. Without a policy a deployed node
+    (``simulation=False``) holds the library's default, ``SitePolicy()`` (its ledger in
+    ``site``); a simulated one the relaxed :meth:`~fedlatent.engine.site.SitePolicy.
+    for_simulation` (the simulation holds every site). A deployed node refuses secure
+    aggregation unless the site pins a roster (:func:`require_roster`). ``provisioned``
+    (simulation): the signing key and roster the simulation gave this site
     (:attr:`ClientNode.provisioned`), or a callable returning them."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
     from ..engine.node.client import ClientNode
+    from ..engine.site.policy import SitePolicy
 
     (cid,) = fd.client_ids
+    if policy is None:
+        policy = SitePolicy.for_simulation() if simulation else SitePolicy()
     run = msg.pop(RUN, None)
     restore = msg.pop(RESTORE, None)
     saved = {k: v.numpy() for k, v in state[_STATE].items()} if _STATE in state else {}
     node = ClientNode(cid, fd[cid], saved, source=fd, policy=policy, dataset=dataset,
-                      site_dir=site)
+                      site_dir=site, deployed=not simulation)
     signer, trust = own_signer(node)  # a site with a key signs its states and checks them
     if restore is not None and method in ROUND_METHODS and site is not None and run is not None:
         node.state = restore_state(site, cid, str(run), int(restore), trust=trust)
-    if policy is None:
-        node.honour_noise_seed = bool(simulation)
-    if method == "describe":
+    if method in ("describe", "settings"):  # (before any setup: no model needed)
         return node.handle(method, msg)
     if method != "setup":
         if _MODEL not in state:
@@ -316,10 +362,11 @@ def make_client_app(paths: list[str] | None = None, policies: list[str] | None =
             path = _node_data_path(context, paths, policy)
             site = site_dir(nc, path)
             fd = _load_node_data(path, site)
-            name = str(dict(context.run_config).get("data-name", "")) or path.name
+            name = str(dict(context.run_config).get("data-name", ""))
             mine = None if identities is None or "partition-id" not in nc else (
                 lambda i=int(nc["partition-id"]): _identity(identities, i, fd.client_ids[0]))
-            reply = serve(fd, context.state, method, d, site, policy=policy, dataset=name,
+            reply = serve(fd, context.state, method, d, site, policy=policy,
+                          dataset=dataset_identity(policy, name, path, site),
                           simulation="data-path" not in nc, provisioned=mine)
         except Exception as err:  # noqa: BLE001 - sent back, raised on the server
             logger.exception("fedlatent client error")
