@@ -329,8 +329,7 @@ DEPLOYED_MODELS = ("fedgmm", "gmm", "hlcr", "sec")
 
 #: the data sets the deployment's three nodes hold, one file each in the node's directory
 #: (data-path = the directory; an app's data-name picks the file)
-DEPLOYED = {**{n: CASES[n] for n in DEPLOYED_MODELS if n not in OWN_RUN}, "state": state_case,
-            "private": private_case}
+DEPLOYED = {**{n: CASES[n] for n in DEPLOYED_MODELS if n not in OWN_RUN}, "state": state_case}
 
 #: each SuperNode's site policy (``policy-path``): its own signing key (the ledger's anchor and
 #: its site states signed), DP ceilings and a lifetime budget per data set; the consortium pins
@@ -356,6 +355,47 @@ def site_policies(node_dirs):
         (d / "policy.toml").write_text(POLICY)
         paths.append(d / "policy.toml")
     return paths
+
+
+def pinned_policies(node_dirs, sites):
+    """Issue 37: the consortium pins a roster. Each node's policy is :data:`POLICY` with its
+    signing key and the roster of the three sites' keys (a deployed site refuses secure
+    aggregation without one); returns the policy paths."""
+    from fedlatent.engine.site.keys import Roster, SiteKeys
+
+    keys = {}
+    for d, c in zip(node_dirs, sites):
+        key = keys[c] = SiteKeys.generate()
+        key.save(d / "site-key.pem")
+    roster = Roster({c: k.public_key for c, k in keys.items()}).to_json()
+    policy = POLICY.replace("[site]\n", '[site]\nroster = "roster.json"\n')
+    for d in node_dirs:
+        (d / "roster.json").write_text(roster)
+        (d / "policy.toml").write_text(policy)
+    return [d / "policy.toml" for d in node_dirs]
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory):
+    """Three SuperNodes of a consortium that pins a roster (:func:`pinned_policies`), holding the
+    secure and private GMM's data: the deployment of secure aggregation against a cheating
+    server (the module's other deployment pins none, so SEC's learners evaluate unsigned
+    models)."""
+    pytest.importorskip("flwr")
+    from fedlatent.runtime.flower_local import LocalDeployment
+
+    root = tmp_path_factory.mktemp("pinned")
+    fd, _ = private_case()
+    node_dirs = [root / f"site-{i}" for i in range(3)]
+    for d, f in zip(node_dirs, client_files(fd, root / "data")):
+        d.mkdir()
+        f.replace(d / "private.parquet")
+    dep = LocalDeployment(node_dirs, workdir=root / "dep",
+                          policy_paths=pinned_policies(node_dirs, fd.client_ids))
+    with dep:
+        yield SimpleNamespace(dep=dep, node_dirs=node_dirs, root=root)
+        pids = dep.all_pids()
+    assert_all_gone(pids)
 
 
 @pytest.fixture(scope="module")
@@ -458,7 +498,7 @@ def _stop_and_resume(deployment, app, out, log_of):
 
 
 @pytest.fixture(scope="module")
-def runs(deployment):
+def runs(deployment, pinned):
     """The results of every run, all at once: on the module's deployment ``runs[name]`` for
     each case not in :data:`OWN_RUN` (its out-dir, or the exception), ``runs["failed"]`` (a
     server app that must fail) and ``runs["state"]`` (FedGMM stopped after round 2, then
@@ -488,11 +528,11 @@ def runs(deployment):
     failed, out["failed"] = app_for(deployment, "failed", "gmm", make())
     threads.append(_launch(results, "failed", lambda: run_app(
         failed, dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300), out["failed"]))
-    # 3. the secure and private GMM under the sites' policies
+    # 3. the secure and private GMM under the sites' policies, which pin a roster
     _, make = private_case()
-    private, out["private"] = app_for(deployment, "private", "private", make())
-    threads.append(_launch(results, "private", lambda: run_app(private, dep, timeout=1500),
-                           out["private"]))
+    private, out["private"] = app_for(pinned, "private", "private", make())
+    threads.append(_launch(results, "private", lambda: run_app(private, pinned.dep,
+                                                               timeout=1500), out["private"]))
     # 4. one model per message flow
     apps = {}
     for name in sorted(set(DEPLOYED_MODELS) - set(OWN_RUN)):
@@ -503,6 +543,7 @@ def runs(deployment):
     for t in threads:
         t.join()
     dep.all_pids()  # every process seen is checked gone when the deployment stops
+    pinned.dep.all_pids()
     return SimpleNamespace(results=results, out=out, apps=apps)
 
 
@@ -560,16 +601,22 @@ def test_each_message_flow_on_one_deployment_equals_inprocess(flwr, runs):
 @pytest.mark.slow
 @pytest.mark.deployment
 def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledger(
-        flwr, deployment, runs):
-    """Each SuperNode holds a policy file (node config ``policy-path``): a secure and
-    differentially private GMM runs end to end, every site's ledger (its anchor signed with the
-    site's key) records the plan's releases, and each ledger composes to the server's
-    ``privacy_spent_``; the site states it wrote are signed with its key."""
+        flwr, pinned, runs):
+    """Each SuperNode holds a policy file (node config ``policy-path``) naming its signing key
+    and the consortium's pinned roster: a secure and differentially private GMM runs end to end
+    (every site verifies its peers' signed keys, commits before the graph is drawn, confirms
+    its split before every reveal: issue 37; without the roster a deployed site refuses), every
+    site's ledger (its anchor signed with the site's key) records the plan's releases, and each
+    ledger composes to the server's ``privacy_spent_``; the site states it wrote are signed
+    with its key."""
     from fedlatent.engine.node.site_state import read_site_state
-    from fedlatent.engine.site import Ledger
+    from fedlatent.engine.site import Ledger, SitePolicy
     from fedlatent.engine.site.keys import Roster, SiteKeys
     from fedlatent.runtime.flower import load_result
 
+    deployment = pinned
+    for d in deployment.node_dirs:
+        assert SitePolicy.load(d / "policy.toml").roster == d / "roster.json"
     if isinstance(runs.results["private"], BaseException):
         raise runs.results["private"]
     with warnings.catch_warnings():

@@ -441,7 +441,9 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
     estimator loaded from what the server app saved; ``est.flower_status_`` has the timings
     (``startup_seconds``, ``seconds_per_round``, ``total_seconds``). ``round_timeout``: seconds
     to wait for the replies to one exchange, and for the nodes' first answers. ``policies``: a site
-    policy file per client id (``{client: path}``), as a SuperNode's ``policy-path``.
+    policy file per client id (``{client: path}``), as a SuperNode's ``policy-path``. Every
+    simulated site gets a signing key and the roster of them all in ``workdir`` (for secure
+    aggregation; a site whose policy pins a roster keeps its own).
     """
     import tempfile
 
@@ -465,10 +467,13 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
                "init_args": {"num_cpus": ncpu, "include_dashboard": False,
                              "log_to_driver": bool(verbose)}}
     t0 = time.perf_counter()
+    from .flower_site import provision
+
     run_engine(make_server_app(config),
                make_client_app([str(files[c]) for c in fd.client_ids],
                                None if policies is None else [str(policies.get(c, "") or "")
-                                                              for c in fd.client_ids]),
+                                                              for c in fd.client_ids],
+                               identities=provision(fd.client_ids, work / "keys")),
                fd.n_clients, backend, verbose=verbose)
     est = load_result(out)
     est.flower_status_["wall_seconds"] = time.perf_counter() - t0

@@ -26,6 +26,7 @@ def test_the_documented_example_loads_with_every_floor():
     p = SitePolicy.load(EXAMPLE)
     assert (p.name, p.simulation, p.directory) == ("", False, EXAMPLE.parent / "site")
     assert p.witness == EXAMPLE.parent / "witness" and p.signing_key is not None
+    assert p.roster == EXAMPLE.parent / "roster.json"  # pinned: issue 37
     assert (p.disclosure.min_records, p.disclosure.tree_min_leaf) == (5, 5)
     assert (p.privacy_required, p.verified_suffices) == (True, True)
     assert (p.max_epsilon, p.max_delta) == (1.0, 1e-5)

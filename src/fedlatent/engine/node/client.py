@@ -192,6 +192,9 @@ class ClientNode:
                           else stricter(policy.disclosure, disclosure))
         #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
         self.identity = identity
+        #: a signing key and roster the runtime gave this site for secure aggregation (the
+        #: in-process and simulation runtimes hold every site: they provision them), or None
+        self.provisioned = None
         self.own_disclosure = disclosure
         self.disclosure = _DEFAULT_POLICY if disclosure is None else disclosure
         self._data = data

@@ -146,6 +146,8 @@ class InProcessRuntime(Runtime):
         #: the last setup message and the clients' model rebuilt from it (batched queries)
         self._setup_msg: dict[str, Any] | None = None
         self._client_model: tuple[Any, FederatedModel] | None = None
+        #: the roster of the sites' keys given to them for secure aggregation (None: not yet)
+        self._provisioned = None
         #: whether every node is plain (no own policy or guard) and the rows unweighted
         #: (None: not looked at since the nodes were last handed out)
         self._plain: bool | None = None
@@ -383,6 +385,28 @@ class InProcessRuntime(Runtime):
             return _error_reply(cid, method, msg, err)
         except Exception as err:  # noqa: BLE001 - reported to the server as the client's error
             return _error_reply(cid, method, msg, err)
+
+    def provision_identities(self, client_ids) -> None:
+        """A signing key for each site held here that brings none (a site's own key kept) and a
+        roster of every one's key, given to the sites that pin no roster of their own
+        (:attr:`ClientNode.provisioned`): secure aggregation then authenticates every peer and
+        its consistency statements, as on a deployment with pinned rosters. Once per runtime
+        (a new site id: again)."""
+        ids = list(self._ids)
+        if self._provisioned is not None and self._provisioned.sites == tuple(sorted(ids)):
+            return
+        from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys
+
+        self._nodes.build(ids)
+        keys = {}
+        for cid in ids:
+            own = self._nodes[cid].identity
+            keys[cid] = own.keys if own is not None and own.keys is not None \
+                else SiteKeys.generate()
+        roster = self._provisioned = Roster({c: k.public_key for c, k in keys.items()},
+                                            where="the in-process runtime's roster")
+        for cid in ids:
+            self._nodes[cid].provisioned = SiteIdentity(keys[cid], roster, site=cid)
 
     def get_client_states(self):
         if self._batch_owns:
