@@ -240,7 +240,7 @@ def test_a_remembered_signature_verifies_only_its_own_key_and_message():
     assert msg == statement("t", {"run": "m"}, b"payload")
     sig = key.sign_bytes(msg)
     assert verify_bytes(key.public_key, sig, msg)
-    assert (key.public_key, msg, sig) in _VERIFIED
+    assert _VERIFIED[sig] == (key.public_key, msg)
     assert verify_bytes(key.public_key, sig, msg)  # remembered
     assert not verify_bytes(key.public_key, sig, msg + b"x")
     assert not verify_bytes(KEYS["b"].public_key, sig, msg)

@@ -55,8 +55,25 @@ def opening(nonce: bytes, enc_key: bytes) -> bytes:
 
 
 def openings(pairs) -> list[bytes]:
-    """:func:`opening` of each ``(nonce, enc_key)`` of ``pairs``, in one pass."""
-    return _crypto.commit_many([OPEN_TAG + bytes(r) + bytes(e) for r, e in pairs])
+    """:func:`opening` of each ``(nonce, enc_key)`` of ``pairs``, in one pass.
+
+    Each is remembered per process (a pure function of public values: a client's opening is
+    checked by each of its neighbours, and in-process clients look it up instead of hashing it
+    again; 2% of the set-up at 10,000 clients)."""
+    items = [OPEN_TAG + bytes(r) + bytes(e) for r, e in pairs]
+    out = list(map(_OPENED.get, items))
+    todo = [i for i, o in enumerate(out) if o is None]
+    if todo:
+        if len(_OPENED) + len(todo) > _OPENED_SIZE:
+            _OPENED.clear()
+        for i, o in zip(todo, _crypto.commit_many([items[i] for i in todo])):
+            out[i] = _OPENED[items[i]] = o
+    return out
+
+
+#: ``{tag + nonce + key: opening}`` of the openings :func:`openings` computed (public values)
+_OPENED: dict[bytes, bytes] = {}
+_OPENED_SIZE = 1 << 18
 
 
 def _context(run: str, round: int, u: str) -> bytes:
@@ -85,8 +102,7 @@ def check_openings(run: str, round: int, ids: tuple[str, ...], ids_json: str,
     public data and is remembered per process by it (in-process clients each check the same
     openings; a real client does ``n`` SHA-256 of 90 bytes, 10 ms at 10,000 clients).
     """
-    return _checked(str(run), int(round), content, ids, ids_json,
-                    np.ascontiguousarray(openings, dtype=np.uint8).tobytes())
+    return _checked(str(run), int(round), content, ids, ids_json, openings)
 
 
 @functools.lru_cache(maxsize=4)
@@ -94,9 +110,10 @@ def _memo(run: str, round: int, content: bytes) -> dict:
     return {}
 
 
-def _checked(run: str, round: int, content: bytes, ids, ids_json: str, raw: bytes) -> bytes:
+def _checked(run: str, round: int, content: bytes, ids, ids_json: str, openings) -> bytes:
     memo = _memo(run, round, content)
     if "digest" not in memo:  # (the content digest covers the ids and every opening)
+        raw = np.ascontiguousarray(openings, dtype=np.uint8).tobytes()
         heads = [COMMIT_TAG + _context(run, round, u) for u in ids]
         commits = _crypto.commit_many([h + raw[32 * i:32 * i + 32] for i, h in enumerate(heads)])
         rows = np.frombuffer(b"".join(commits), dtype=np.uint8).reshape(len(ids), 32)

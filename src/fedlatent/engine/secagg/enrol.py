@@ -11,6 +11,7 @@ first): :meth:`~Enrolment.commitment` -> (the server closes the list) :meth:`~En
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -226,20 +227,20 @@ class Enrolment:
         """Verify every peer's signed keys against the pinned roster ``trust``: then the
         pair secrets agreed with them are its peers' own, and so are the confirmations of the
         consistency round (:attr:`_authenticated`). Each statement is built from the roster's
-        rows (:func:`~fedlatent.engine.site.keys.verify_bytes`); a peer that fails is named by
-        :meth:`~fedlatent.engine.site.keys.Roster.verify_message`."""
-        from fedlatent.engine.site.keys import AuthenticationError, verify_bytes
+        rows and verified at once (:func:`~fedlatent.engine.site.keys.verify_many`); a peer
+        that fails is named by :meth:`~fedlatent.engine.site.keys.Roster.verify_message`."""
+        from fedlatent.engine.site.keys import AuthenticationError, verify_many
 
         peers = [v for v in sorted(roster.keys) if v != self.id]  # the peers whose keys it uses
         cols = [_column(roster, f, peers) for f in KEY_FIELDS]
-        head = self.key_head
-        for i, v in enumerate(peers):
-            msg = head + json_str(v) + b"\x00" + b"".join(c[i] for c in cols)
-            raw, sig = trust.public_raw(v), roster.signatures[v]
-            if raw is not None and verify_bytes(raw, sig, msg):
-                continue
+        sigs = _signatures(roster, peers)
+        msgs = list(map(b"".join, zip(itertools.repeat(self.key_head), map(json_str, peers),
+                                      itertools.repeat(b"\x00"), *cols)))
+        bad = verify_many(trust.public_raws(peers), sigs, msgs)
+        if bad < len(peers):  # the first peer that fails, named
+            v = peers[bad]
             try:
-                trust.verify_message(v, sig, msg, what="the key announcement")
+                trust.verify_message(v, sigs[bad], msgs[bad], what="the key announcement")
                 raise AuthenticationError(f"the key announcement from site {v!r} does not "
                                           "verify against its rostered key")
             except AuthenticationError as err:
@@ -387,6 +388,12 @@ def _rows_bytes(sealed) -> list:
     return [bytes(m) for m in sealed]
 
 
+
+
+def _signatures(roster: Roster, members: list[str]) -> list[bytes]:
+    """Each of ``members``' signature of its keys in a roster (bytes)."""
+    sigs = roster.signatures
+    return sigs.column(members) if hasattr(sigs, "column") else [bytes(sigs[u]) for u in members]
 
 
 def _column(roster: Roster, field: str, members: list[str]) -> list[bytes]:

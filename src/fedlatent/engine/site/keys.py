@@ -45,7 +45,7 @@ from typing import Any
 
 __all__ = ["AuthenticationError", "KEY_FILE", "PUBLIC_FILE", "ROSTER_FORMAT", "Roster",
            "SiteIdentity", "SiteKeys", "sign", "statement", "statement_head", "verify",
-           "verify_bytes"]
+           "verify_bytes", "verify_many"]
 
 #: the file names ``fedlatent site keygen DIR`` writes
 KEY_FILE, PUBLIC_FILE = "site-key.pem", "site-key.pub"
@@ -94,9 +94,10 @@ def statement_head(purpose: str, context: Mapping[str, Any]) -> bytes:
     return _PREFIX + str(purpose).encode() + b"\x00" + ctx.encode() + b"\x00"
 
 
-#: (raw public key, message, signature) triples found valid in this process (small messages
-#: only), cleared when it holds :data:`_MEMO_SIZE` of them
-_VERIFIED: set[tuple[bytes, bytes, bytes]] = set()
+#: the (public key, message) each valid signature of at most :data:`_MEMO_BYTES` was found valid
+#: for in this process (keyed by the signature: 64 bytes hashed, the rest compared), cleared
+#: when it holds :data:`_MEMO_SIZE` of them
+_VERIFIED: dict[bytes, tuple[bytes, bytes]] = {}
 _MEMO_SIZE, _MEMO_BYTES = 1 << 18, 1 << 14
 
 
@@ -117,21 +118,35 @@ def verify_bytes(public_raw: bytes, signature: bytes, message: bytes) -> bool:
     """Whether ``signature`` is the Ed25519 signature of ``message`` by the key whose raw 32
     bytes are ``public_raw`` (a valid triple of at most 16 KB is remembered: see the module
     docstring)."""
-    key = (bytes(public_raw), bytes(message), bytes(signature))
-    if key in _VERIFIED:
+    raw, message, signature = bytes(public_raw), bytes(message), bytes(signature)
+    if _VERIFIED.get(signature) == (raw, message):
         return True
-    if len(key[2]) != SIGNATURE_BYTES or not any(key[2]):
+    if len(signature) != SIGNATURE_BYTES or not any(signature):
         return False
     invalid = _lib()[0]
     try:
-        _ed25519_public(key[0]).verify(key[2], key[1])
+        _ed25519_public(raw).verify(signature, message)
     except invalid:
         return False
-    if len(key[1]) <= _MEMO_BYTES:
+    if len(message) <= _MEMO_BYTES:
         if len(_VERIFIED) >= _MEMO_SIZE:
             _VERIFIED.clear()
-        _VERIFIED.add(key)
+        _VERIFIED[signature] = (raw, message)
     return True
+
+
+def verify_many(publics, signatures, messages) -> int:
+    """The place of the first ``(publics[i], signatures[i], messages[i])`` that does not verify
+    (:func:`verify_bytes`; a public key of None never does), or their number when all do: a
+    site's check of its neighbours' signed keys, each remembered triple found by one lookup
+    (bytes each)."""
+    memo = _VERIFIED
+    n = 0
+    for raw, sig, msg in zip(publics, signatures, messages):
+        if memo.get(sig) != (raw, msg) and (raw is None or not verify_bytes(raw, sig, msg)):
+            return n
+        n += 1
+    return n
 
 
 def _public_raw(key) -> bytes:
@@ -319,6 +334,11 @@ class Roster:
                 return None
             got = self._raw[site] = _public_raw(key)
         return got
+
+    def public_raws(self, sites) -> list[bytes | None]:
+        """:meth:`public_raw` of each of ``sites``."""
+        got = self._raw
+        return [got.get(s) or self.public_raw(s) for s in sites]
 
     def verify_message(self, site: str, signature: bytes, message: bytes, *,
                        what: str = "a message") -> None:
