@@ -11,7 +11,7 @@ planned exchange e; per neighbour pair, ONE agreement X25519(c_u, c_v) at set-up
 words the pair's consistency tokens; the self mask is the ChaCha20 keystream of b_u,e under
 another nonce hashed from the label. An exchange costs one keystream per neighbour. The seeds
 are Shamir-shared limb-wise over GF(2^31 - 1) in NumPy (:func:`.shamir.share_seeds`), every
-exchange's at once, and sealed in one ChaCha20-Poly1305 message per neighbour. :mod:`.driver`
+exchange's at once, and sealed in one AES-256-GCM message per neighbour. :mod:`.driver`
 runs the whole protocol in memory.
 
 Threat model (issue 37). Secure against a server that deviates from the protocol, colluding with

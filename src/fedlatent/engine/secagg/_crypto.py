@@ -1,7 +1,7 @@
 """Every cryptographic primitive secure aggregation uses, each one from ``cryptography``.
 
-Nothing here is home-made: key agreement is X25519, the mask generator the ChaCha20 keystream
-and the share encryption ChaCha20-Poly1305 (an AEAD), key derivation HKDF-SHA256 (RFC 5869)
+Nothing here is home-made: key agreement is X25519, the mask generators the AES-CTR and ChaCha20
+keystreams and the share encryption AES-256-GCM (an AEAD), key derivation HKDF-SHA256 (RFC 5869)
 and hashing SHA-256, all from ``cryptography.hazmat``. The package is an optional extra
 (``fedlatent[privacy]``), imported on first use so that ``import fedlatent`` works without it.
 """
@@ -199,10 +199,15 @@ def _stream_words(raw: bytes, rows: int, n: int) -> np.ndarray:
 
 
 def aead_seal(key: bytes, plaintext: bytes, associated: bytes) -> bytes:
-    """ChaCha20-Poly1305 encryption with a fresh random nonce; returns ``nonce || ciphertext``."""
+    """AES-256-GCM encryption with a fresh random 96-bit nonce; returns ``nonce ||
+    ciphertext``. A share key seals two messages (one each way, their associated data naming
+    sender and recipient): random nonces are far inside GCM's limits (NIST SP 800-38D). AES-GCM
+    rather than ChaCha20-Poly1305: 1.65 us against 3.2 us a sealed share here, key set-up
+    included (with AES instructions, x86-64 since 2010 and ARMv8), 2% of the set-up at
+    10,000 clients."""
     c = require()
     nonce = random_bytes(NONCE_BYTES)
-    return nonce + c.ChaCha20Poly1305(key).encrypt(nonce, plaintext, associated)
+    return nonce + c.AESGCM(key).encrypt(nonce, plaintext, associated)
 
 
 def aead_seal_rows(keys: list[bytes], plaintexts, associated: list[bytes]) -> np.ndarray:
@@ -216,7 +221,7 @@ def aead_seal_rows(keys: list[bytes], plaintexts, associated: list[bytes]) -> np
     if isinstance(plaintexts, np.ndarray):  # rows of one array: one copy, then slices
         raw, w = plaintexts.tobytes(), plaintexts.nbytes // len(plaintexts)
         plaintexts = [raw[i * w:(i + 1) * w] for i in range(len(plaintexts))]
-    aead, nonces = require().ChaCha20Poly1305, random_bytes(n * len(keys))
+    aead, nonces = require().AESGCM, random_bytes(n * len(keys))
     sealed = b"".join([aead(key).encrypt(nonces[n * i:n * i + n], plain, ad)
                        for i, (key, plain, ad) in enumerate(zip(keys, plaintexts, associated))])
     out = np.empty((len(keys), n + len(sealed) // len(keys)), dtype=np.uint8)
@@ -229,7 +234,7 @@ def aead_open_rows(keys: list[bytes], sealed: list[bytes], associated: list[byte
                    ) -> list[bytes] | None:
     """:func:`aead_open` of many messages; None when any of them does not open (the caller
     opens them one by one to name it)."""
-    aead, n = require().ChaCha20Poly1305, NONCE_BYTES
+    aead, n = require().AESGCM, NONCE_BYTES
     try:
         return [aead(k).decrypt(m[:n], m[n:], a) for k, m, a in zip(keys, sealed, associated)]
     except Exception:  # noqa: BLE001 - any failure: the caller's one-by-one pass names it
@@ -244,7 +249,7 @@ def aead_open(key: bytes, sealed: bytes, associated: bytes) -> bytes:
         raise ValueError(f"sealed message of {len(sealed)} bytes is too short to hold a nonce "
                          "and a tag")
     try:
-        return c.ChaCha20Poly1305(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:],
+        return c.AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:],
                                                associated)
     except c.InvalidTag as exc:
         raise ValueError("authentication failed: wrong key, wrong (sender, recipient) or "

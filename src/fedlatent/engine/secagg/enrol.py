@@ -252,7 +252,7 @@ class Enrolment:
     def share_messages(self) -> dict[str, np.ndarray]:
         """Shamir shares of every slot's b_u for each neighbour on the masking graph (every other
         enrolled client on the complete graph), dealt at once (:func:`~.shamir.share_seeds`)
-        and sealed in one ChaCha20-Poly1305 message per neighbour, under the share key of the
+        and sealed in one AES-256-GCM message per neighbour, under the share key of the
         pair (:func:`~.protocol.pair_keys`) and bound to (u, v): ``{peer: bytes}``
         (:meth:`sealed_shares` as a mapping)."""
         peers, rows = self.sealed_shares()
