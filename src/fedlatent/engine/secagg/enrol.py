@@ -232,10 +232,11 @@ class Enrolment:
         from fedlatent.engine.site.keys import AuthenticationError, verify_many
 
         peers = [v for v in sorted(roster.keys) if v != self.id]  # the peers whose keys it uses
-        cols = [_column(roster, f, peers) for f in KEY_FIELDS]
-        sigs = _signatures(roster, peers)
+        keys, sigs = roster.keys, _signatures(roster, peers)
+        rows = keys.joined(KEY_FIELDS, peers) if hasattr(keys, "joined") else [
+            b"".join(bytes(keys[v][f]) for f in KEY_FIELDS) for v in peers]
         msgs = list(map(b"".join, zip(itertools.repeat(self.key_head), map(json_str, peers),
-                                      itertools.repeat(b"\x00"), *cols)))
+                                      itertools.repeat(b"\x00"), rows)))
         bad = verify_many(trust.public_raws(peers), sigs, msgs)
         if bad < len(peers):  # the first peer that fails, named
             v = peers[bad]
@@ -394,10 +395,3 @@ def _signatures(roster: Roster, members: list[str]) -> list[bytes]:
     """Each of ``members``' signature of its keys in a roster (bytes)."""
     sigs = roster.signatures
     return sigs.column(members) if hasattr(sigs, "column") else [bytes(sigs[u]) for u in members]
-
-
-def _column(roster: Roster, field: str, members: list[str]) -> list[bytes]:
-    """The raw bytes of one key field of each of ``members`` of a roster."""
-    keys = roster.keys
-    return keys.column(field, members) if hasattr(keys, "column") else [
-        bytes(keys[u][field]) for u in members]
