@@ -23,7 +23,8 @@ set-up plans ``--rounds`` rounds plus the 16 exchanges the engine reserves. A nu
 clients given twice (``--clients 1000 1000``) is measured twice, on new fits.
 
 Run: ``python benchmarks/bench_secagg_scale.py [--clients 10 100 1000] [--rounds 7]``; add
-``--big`` for 10,000 clients (minutes; ``--big-rounds`` rounds, default 4: three). The
+``--big`` for 10,000 clients (minutes; ``--big-rounds`` rounds, default 4: three);
+``--setup-only`` times each set-up alone and divides it by its ``n k`` X25519 agreements. The
 first line gives the CPU time of one X25519 agreement on the machine at that moment: the set-up
 does ``k`` per client, its floor.
 """
@@ -171,10 +172,47 @@ def main() -> None:
                     help="rounds of the secure fit at 10,000 clients (rounds 2.. are timed)")
     ap.add_argument("--every", type=int, default=10,
                     help="client calls a fit makes before handing the turn to the other")
+    ap.add_argument("--setup-only", action="store_true",
+                    help="time each key set-up alone (no rounds), and divide it by its n k "
+                         "X25519 agreements timed right after it")
     a = ap.parse_args()
     with blas_limit(1), warnings.catch_warnings():  # CPU seconds: no spinning BLAS
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
-        table(a)
+        setups(a) if a.setup_only else table(a)
+
+
+class SetUpDone(Exception):
+    """Stops a fit once its key set-up has been timed."""
+
+
+def setups(a) -> None:
+    """``--setup-only``: per number of clients, the set-up's CPU seconds and its ratio to the
+    cost of its ``n k`` X25519 agreements (the floor: one per neighbour per client)."""
+    import os
+
+    sizes = list(a.clients) + ([10_000] if a.big else [])
+    print("| clients | k | t | set-up s (CPU) | X25519 us | set-up / (n k X25519) | load |")
+    print("|---|---|---|---|---|---|---|")
+    for n in sizes:
+        fd, rec = data(n), {}
+
+        def stop(*args, timed=timed_setup(rec), **kw):
+            timed(*args, **kw)
+            raise SetUpDone
+
+        fed = fl.Federation(participation=0.7, quantizer=fl.Quantizer(8), secure_aggregation=True)
+        est = fl.FederatedGaussianMixture(3, init_params="random", federation=fed, max_rounds=4,
+                                          tol=0.0, random_state=quorum_seed(n, 4), verbose=False)
+        with mock.patch.object(secure_mod, "open_channel", stop):
+            try:
+                est.fit(fd, runtime=fl.InProcessRuntime(fd, batched=False))
+            except SetUpDone:
+                pass
+        k, t = rec["graph"]
+        k_n = (n - 1) if k == "all" else k
+        us = x25519_us()
+        print(f"| {n:,} | {k} | {t} | {rec['s']:.2f} | {us:.1f} | "
+              f"{rec['s'] / (n * k_n * us * 1e-6):.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 def table(a) -> None:
