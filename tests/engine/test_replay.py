@@ -45,7 +45,7 @@ def _rounds(name: str, cv: bool):
         ups.setdefault(k, {})[c] = reply
     setup = next(m for d, c, meth, m in rt.log if d == "down" and meth == "setup")
     model = registry.model_from_config(setup["model"], json.loads(setup["model_config"]))
-    units = {c: float(fd[c].n_samples) for c in fd.client_ids}
+    units = {c: float(m["n_units"]) for d, c, meth, m in rt.log if d == "up" and meth == "setup"}
     fed = est.federation if getattr(est, "federation", None) is not None else fl.Federation()
     return model, client_weights(fed, units), sum(units.values()), msgs, ups
 
@@ -75,7 +75,7 @@ def _chain(model, weights, n_total, msgs, ups):
 
 
 @pytest.mark.parametrize("cv", [True, False])
-@pytest.mark.parametrize("name", ["gmm", "lcr", "lca"])
+@pytest.mark.parametrize("name", ["gmm", "lcr", "lca", "fedgmm", "hlcr"])
 def test_the_replay_of_each_round_gives_the_next_rounds_parameters(name, cv):
     model, weights, n_total, msgs, ups = _rounds(name, cv)
     chain = _chain(model, weights, n_total, msgs, ups)
