@@ -123,6 +123,11 @@ SCRIPTS = (
            "against the plain per-client round, GMM d = 4, K = 3, p = 0.7, in-process "
            "(10 and 100 clients; --full: 10, 100 and 1,000)", "bench_secagg_scale.py",
            ("--clients", "10", "100"), ("--clients", "10", "100", "1000")),
+    Script("Verified secure rounds: the checks a site adds", "CPU and bytes down a site adds "
+           "to check a secure round's projected sum tree and replay the server's update and "
+           "M-step, against the unverified secure round's, GMM d = 4, K = 3, p = 0.7 "
+           "(100 clients; --full: 1,000)", "bench_verified_round.py",
+           ("--clients", "100"), ("--clients", "1000")),
     Script("Privacy-utility at epsilon 1", "held-out metric of each DP-capable model at "
            "epsilon 1, delta 1e-5, against the non-private fit on the same data "
            "(`fl.experiments.privacy_utility`; quick: its quick size; --full: 10^5 records, "

@@ -42,6 +42,9 @@ class NewtonPoissonToy(FederatedModel):
     def reply_numbers(self, data):
         return 2
 
+    def evaluated_shapes(self, data):
+        return {}  # the log-mean ``t`` is a scalar
+
     def server_step(self, S, params, n_total):
         return {"t": params["t"] + S["g"][0] / S["h"][0]}
 

@@ -196,6 +196,9 @@ class FragileToy(FederatedModel):
     def reply_numbers(self, data):
         return None  # declared off: the toy's clients (3 rows and up) test the loop, not the rule
 
+    def evaluated_shapes(self, data):
+        return {"mu": (data.n_features,)}
+
     def server_step(self, S, params, n_total):
         t = float(params["t"]) + 1
         if t >= self.fail_at:

@@ -36,6 +36,16 @@ def check(policy: Path = typer.Argument(..., help="The site policy file (TOML)."
         raise typer.Exit(2)
     typer.echo(f"{policy}: a valid site policy")
     typer.echo(format_table(("key", "value"), pol.describe(), width=90))
+    if not pol.privacy_required:
+        typer.echo(TRUSTS_SERVER)
+
+
+#: what ``site check`` says of a policy that does not require differential privacy (issue 38)
+TRUSTS_SERVER = (
+    "note: this policy does not require differential privacy, so a fit without it trusts the "
+    "server with this site's records: a server that crafts the parameters it sends can rebuild "
+    "them, also under secure aggregation (the library does not verify secure rounds yet). "
+    "Require it with [privacy] required = true, or \"dp-or-verified\".")
 
 
 @site_app.command("settings")

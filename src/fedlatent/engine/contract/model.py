@@ -20,6 +20,8 @@ Client side (runs where the data are)::
 Server side::
 
     stat_shapes(params) -> {name: shape}              what a client must send (for validation)
+    evaluated_shapes(data) -> {name: shape}           what a round's parameters must be (the
+                                                       node refuses any other shape)
     check(stats, n_units, slack) -> reason or None     what one client's statistics must mean
     check_many(stats, n_units, slack) -> mask          ``check`` of many clients at once
     server_step(S, params, n_total) -> params          the M-step T(S) on mean statistics
@@ -269,6 +271,20 @@ class FederatedModel(ABC):
         return None
 
     reply_numbers.undeclared = True  # the registry refuses a model that keeps this default
+
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """The shapes of the parameters a round evaluates, for this configuration and a
+        client's ``data``: ``{name: shape}`` of every parameter that is not a scalar (the
+        components, features, learners the setup declared). The node refuses a round, and
+        each of its extra points, whose parameters have another shape or carry an array this
+        does not name (:mod:`fedlatent.engine.node.declared`), so what is evaluated is what
+        the saturation rule counted (:meth:`reply_numbers`, from the same configuration).
+        Every registered model declares it: the registry refuses a model that keeps this
+        default, and a node refuses every round of a model that raises here."""
+        raise NotImplementedError(f"model {self.name!r} does not declare the shapes of the "
+                                  "parameters it evaluates (evaluated_shapes)")
+
+    evaluated_shapes.undeclared = True  # the registry refuses a model that keeps this default
 
     def record_width(self, data: ClientData) -> int:
         """The values one record holds that a reply summarizes (the saturation rule's

@@ -180,6 +180,12 @@ def register_model(cls: type) -> type:
             "would be off for it. Define reply_numbers to return them (fedlatent.engine."
             "privacy.disclosure.free_numbers of the statistic shapes), or to return None "
             "where a round reply carries no per-record sums (say why in its docstring)")
+    if getattr(getattr(cls, "evaluated_shapes", None), "undeclared", False):
+        raise TypeError(
+            f"model {cls.name!r} ({cls.__name__}) does not declare evaluated_shapes(data): a "
+            "node refuses a round whose parameters have another shape than the setup "
+            "declared, and cannot tell without it. Define evaluated_shapes to return the "
+            "shape of every parameter that is not a scalar, for the model's configuration")
     _MODELS[cls.name] = cls
     return cls
 

@@ -38,6 +38,7 @@ from fedlatent.engine.contract.model import FederatedModel, client_key, client_r
 from fedlatent.engine.contract.registry import model_from_config
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
+from fedlatent.engine.node.declared import check_round
 from fedlatent.engine.node.describe import describe_client
 from fedlatent.engine.node.pointstate import (
     UnheldState,
@@ -522,6 +523,7 @@ class ClientNode:
 
     def _estep(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.model is not None
+        check_round(self.model, self._data, msg, self.client_id)  # declared is evaluated
         seed = int(msg["seed"])
         rnd = int(msg["round"])
         mode = str(msg.get("mode", "full"))
@@ -654,6 +656,7 @@ class ClientNode:
         if self.privacy is not None:
             raise ValueError(f"client {self.client_id!r}: the evaluation pass (track_h) is not "
                              "available under differential privacy (it is not in the budget)")
+        check_round(self.model, self._data, msg, self.client_id, "evaluation of round")
         params = unpack(msg, "params")
         rng = client_rng(int(msg["seed"]), self.client_id, int(msg["round"]), _P_MODEL)
         step = self._local_stats(params, None, rng, commit=False)

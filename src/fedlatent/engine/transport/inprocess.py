@@ -222,6 +222,10 @@ class InProcessRuntime(Runtime):
         b = self._batch
         self.batched_calls += 1
         self._load_batch()
+        if method in ("estep", "evaluate") and self._ids:  # as every node checks (declared)
+            from fedlatent.engine.node.declared import check_round
+
+            check_round(b.model, self._fd[self._ids[0]], msg, self._ids[0])
         if method == "estep":
             self._points_check(msg, idx)
             return b.estep(idx, msg, resets or {})

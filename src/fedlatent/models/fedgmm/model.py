@@ -217,6 +217,18 @@ class FedGMMModel(FederatedModel):
         """A record's features and its label."""
         return int(data.n_features) + 1
 
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """The input components' ``weights_x`` (M1,), ``means`` (M1, d),
+        ``precisions_cholesky`` by covariance type, ``center`` (d,); the learners' ``coef``
+        (M2, K - 1, d + 1) for the logistic learner (M2, n_params for another),
+        ``weights_y`` (M2,); the joint table ``pi_joint`` (M1, M2) of private fits."""
+        M1, M2, d = self.M1, self.M2, int(data.n_features)
+        prec = {"full": (M1, d, d), "tied": (d, d), "diag": (M1, d), "spherical": (M1,)}
+        learner = self.learner(d)
+        coef = (M2, self.K - 1, d + 1) if learner is None else (M2, int(learner.n_params))
+        return {"weights_x": (M1,), "means": (M1, d), "precisions_cholesky": prec[self.cov_type],
+                "center": (d,), "coef": coef, "weights_y": (M2,), "pi_joint": (M1, M2)}
+
     def stat_shapes(self, params):
         M1, d = params["means"].shape
         sxx = {"full": (M1, d, d), "tied": (d, d), "diag": (M1, d), "spherical": (M1, d)}

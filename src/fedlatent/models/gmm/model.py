@@ -161,6 +161,14 @@ class GMMModel(FederatedModel):
         sym = ("sxx",) if self.cov_type in ("full", "tied") else ()
         return free_numbers(self.stat_shapes({"means": np.zeros((self.K, d))}), sym)
 
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """``weights`` (K,), ``means`` (K, d), ``precisions_cholesky`` by covariance type,
+        ``center`` (d,)."""
+        K, d = self.K, int(data.n_features)
+        prec = {"full": (K, d, d), "tied": (d, d), "diag": (K, d), "spherical": (K,)}
+        return {"weights": (K,), "means": (K, d), "precisions_cholesky": prec[self.cov_type],
+                "center": (d,)}
+
     def stat_shapes(self, params):
         K, d = params["means"].shape
         sxx = {"full": (K, d, d), "tied": (d, d), "diag": (K, d), "spherical": (K, d)}

@@ -498,6 +498,13 @@ class HLCRModel(FederatedModel):
             return hlcr_query_sensitivity(dp, self.dp_max_events)
         return None
 
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """Per cluster ``D`` (K, F, F), ``c`` (K, F), ``coef`` (K, F), ``counts`` (K,); the
+        standardization ``T`` (F, F), ``x_shift`` and ``x_scale`` (d,); the rest scalars."""
+        K, F, d = self.K, self.F, int(data.n_features)
+        return {"D": (K, F, F), "c": (K, F), "coef": (K, F), "counts": (K,), "T": (F, F),
+                "x_shift": (d,), "x_scale": (d,)}
+
     # ---- server side ----------------------------------------------------------------------
     def stat_shapes(self, params):
         K, F = self.K, self.F

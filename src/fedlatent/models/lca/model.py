@@ -150,6 +150,15 @@ class LCAModel(MixtureModel):
             out.append((f"variable {j}", [str(r) for r in range(R)], counts))
         return out
 
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """``weights`` (K,), ``probs`` (K, sum R_j), ``gamma`` (K - 1, q) with concomitant
+        variables."""
+        K, total = self.K, int(offsets(self.n_categories)[-1])
+        out = {"weights": (K,), "probs": (K, total)}
+        if self.n_concomitant:
+            out["gamma"] = (K - 1, self.n_concomitant)
+        return out
+
     def stat_shapes(self, params):
         K, total = self.K, int(offsets(self.n_categories)[-1])
         shapes = {"nk": (K,), "counts": (K, total)}

@@ -223,6 +223,16 @@ class LCRGLMModel(MixtureModel):
         """A record's columns and its target."""
         return int(data.n_features) + 1
 
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """``weights`` (K,), ``beta`` (K, p), ``noise_variance`` (K,) for the Gaussian family,
+        ``gamma`` (K - 1, q) with concomitant variables."""
+        K, out = self.K, {"weights": (self.K,), "beta": (self.K, self.n_coef)}
+        if self.gaussian:
+            out["noise_variance"] = (K,)
+        if self.n_concomitant:
+            out["gamma"] = (K - 1, self.n_concomitant)
+        return out
+
     # ---- server side ------------------------------------------------------------------------
     def stat_shapes(self, params):
         K, p = self.K, self.n_coef

@@ -179,6 +179,12 @@ class LCRModel(MixtureModel):
         """A record's features and its target."""
         return int(data.n_features) + 1
 
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """``weights`` (K,), ``beta`` (K, p) (features and intercept), ``noise_variance``
+        (K,)."""
+        K, p = self.K, int(data.n_features) + int(self.fit_intercept)
+        return {"weights": (K,), "beta": (K, p), "noise_variance": (K,)}
+
     def stat_shapes(self, params):
         return lcr_stat_shapes(self.K, params["beta"].shape[1])
 

@@ -118,6 +118,10 @@ class SECModel(FederatedModel):
     def stat_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
         return {}
 
+    def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
+        """None: SEC runs no rounds, so a round's parameters are arrays it never evaluates."""
+        return {}
+
     def reply_numbers(self, data: ClientData) -> int:
         """0: SEC runs no rounds (its step sends no statistic); what its queries send, fitted
         models and losses, is bounded by its own rules (the learners' disclosure checks)."""

@@ -1,0 +1,75 @@
+"""A site's replay of the server (issue 38): from a verified aggregate, the FedEM update and the
+model's M-step recomputed where the data are, and any other parameters refused.
+
+Every step of the server between two rounds is a public, deterministic function of the
+round's aggregate ``total = sum_c w_c Q_c`` and of what the site was sent before:
+``S_hat`` and ``V`` advance by :meth:`~fedlatent.engine.fedem.update.FedEMState.advance`, and
+the parameters are ``T(S_hat)``, the model's ``server_step``. :func:`replay` recomputes both;
+:func:`params_refusal` compares the parameters a server sent with the replayed ones.
+
+The aggregate must itself be verified (the projected sum tree,
+:mod:`fedlatent.engine.secagg.sumtree`): replaying an aggregate the server chose proves
+nothing, since any parameters are ``T`` of some statistic.
+
+Tolerance (:data:`REPLAY_RTOL`): a parameter's entries may differ from the replay by
+``1e-9`` times that parameter's largest magnitude. The fixed-point aggregate is exact, but
+the update and the M-step are floating point, whose last bits differ across CPUs and BLAS
+builds (summation order, fused multiply-adds), by a few units in the last place
+(``tests/engine/test_replay.py`` replays GMM, LCR and LCA fits on one machine within it). A
+1e-6 relative change of any entry within three orders of magnitude of its
+parameter's largest is refused. What the tolerance leaves a server is a move of at most
+``1e-9`` relative of the parameters, which moves each record's responsibilities, and so the
+statistics a site sends, by a relative amount of the same order times the model's
+sensitivity: a perturbation far below the fixed-point encoding's own rounding of the reply,
+which cannot isolate a record (a probe needs a component moved by its own width).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedlatent.engine.fedem.update import FedEMState
+from fedlatent.engine.stats import Stats
+
+__all__ = ["REPLAY_RTOL", "params_refusal", "replay"]
+
+#: relative tolerance of a replayed parameter, on the scale of its largest entry
+REPLAY_RTOL = 1e-9
+
+
+def replay(model, state: FedEMState | None, total: Stats, previous: dict, n_total: float, *,
+           init_round: bool, gamma: float, p: float, alpha: float, use_cv: bool
+           ) -> tuple[FedEMState, dict]:
+    """``(state, params)`` after a round whose verified aggregate is ``total``: the server's
+    FedEM update of ``state`` (None before the initialization round) and ``T(S_hat)`` from
+    the parameters ``previous`` the round evaluated."""
+    start = FedEMState(None, None) if state is None else state
+    new = start.advance(total, init_round, gamma, p, alpha, use_cv)
+    return new, model.server_step(new.S_hat, previous, n_total)
+
+
+def params_refusal(sent: dict, replayed: dict, round_: int, client: str,
+                   rtol: float = REPLAY_RTOL) -> str | None:
+    """Why the parameters ``sent`` for round ``round_`` are not the ``replayed`` ones (None:
+    they are, within ``rtol`` of each parameter's largest entry): the round, the parameter,
+    the largest difference and where."""
+    who = f"client {client!r}: round {round_} refused"
+    for name in sorted(set(sent) | set(replayed)):
+        if name not in sent or name not in replayed:
+            side = "carries" if name in sent else "lacks"
+            return f"{who}: its parameters {side} {name!r}, unlike the server's replayed M-step"
+        a = np.asarray(sent[name], dtype=np.float64)
+        b = np.asarray(replayed[name], dtype=np.float64)
+        if a.shape != b.shape:
+            return f"{who}: parameter {name!r} has shape {a.shape}, the replay {b.shape}"
+        diff = np.abs(a - b)
+        bad = ~np.isfinite(a) | (diff > rtol * max(float(np.max(np.abs(b), initial=0.0)),
+                                                   np.finfo(np.float64).tiny))
+        if np.any(bad):
+            i = np.unravel_index(int(np.argmax(np.where(bad, np.nan_to_num(diff, nan=np.inf),
+                                                        -1.0))), a.shape)
+            return (f"{who}: parameter {name!r} differs from the replay of the verified "
+                    f"aggregate by {float(diff[i]):.3g} at {tuple(int(k) for k in i)} "
+                    f"({float(a[i])!r} sent, {float(b[i])!r} replayed), above the tolerance "
+                    f"{rtol:g} of its largest entry")
+    return None
