@@ -395,8 +395,7 @@ class BatchedClients(BatchedPointStates):
         After the statistics, each chunk of rows is turned into the reply in place (mean,
         ``- S_hat - V_c``, the quantizer, ``V_c += alpha Q_c``): one pass over the sums, the
         same operations, element by element, as a client alone makes."""
-        seed, rnd = int(msg["seed"]), int(msg["round"])
-        mode = str(msg.get("mode", "full"))
+        seed, rnd, mode = int(msg["seed"]), int(msg["round"]), str(msg.get("mode", "full"))
         params = unpack(msg, "params")
         S_hat = unpack(msg, "S_hat")
         points = self._points(idx, msg, mode, bool(S_hat))  # (from the round's first state)
@@ -426,14 +425,15 @@ class BatchedClients(BatchedPointStates):
         def finish(Q, n, lo, hi):
             """Rows ``lo:hi`` of the sums made into the reply, in place."""
             control_variates()
-            ii = idx[lo:hi]
+            ii = _as_slice(idx[lo:hi])  # (consecutive clients: V_c's rows updated in place)
+            Vc, view = None if V is None else V.arrays[""][ii], isinstance(ii, slice)
             new = fedem_rows(
-                Q[lo:hi], n[lo:hi] if fused else None, S_flat,
-                None if V is None else V.arrays[""][ii], None if had is None else had[lo:hi],
-                levels=levels, sizes=[v.size for v in self.template.values()],
+                Q[lo:hi], n[lo:hi] if fused else None, S_flat, Vc,
+                None if had is None else had[lo:hi], levels=levels,
+                sizes=[v.size for v in self.template.values()], alpha=alpha, cv=cv,
                 uniforms=stream_uniforms(keys[lo:hi], Q.shape[1]) if levels > 0 else None,
-                alpha=alpha, cv=cv)
-            if new is not None:
+                out=Vc if view else None)
+            if new is not None and not view:
                 V.arrays[""][ii] = new
 
         done = np.zeros(idx.size, dtype=bool)

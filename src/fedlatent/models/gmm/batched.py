@@ -41,11 +41,9 @@ def gaussian_sums(X: np.ndarray, resp: np.ndarray, center: np.ndarray, cov_type:
     sx = RT @ Xc
     C, m, d = X.shape
     K = resp.shape[2]
-    if cov_type == "full":
-        XcT = np.ascontiguousarray(Xc.transpose(0, 2, 1))  # (C, d, m)
-        sxx = np.empty((C, K, d, d))
-        for k in range(K):  # K products of (C, d, m) @ (C, m, d)
-            sxx[:, k] = (XcT * RT[:, k, None, :]) @ Xc
+    if cov_type == "full":  # one product (C, K d, m) @ (C, m, d): the K blocks at once
+        WX = RT[:, :, None, :] * Xc.transpose(0, 2, 1)[:, None, :, :]  # (C, K, d, m)
+        sxx = (WX.reshape(C, K * d, m) @ Xc).reshape(C, K, d, d)
     elif cov_type == "tied":
         Xw = Xc * w[:, :, None]
         sxx = Xw.transpose(0, 2, 1) @ Xc
@@ -156,6 +154,36 @@ def hard_suspects(stats, n_units: np.ndarray, cov_type: str) -> np.ndarray:
                             sxx.reshape(-1, d, d)[cells], None, _RTOL)
     bad[cells[~ok] // M] = True
     return bad
+
+
+def gaussian_row_suspects(rows) -> np.ndarray:
+    """:func:`gaussian_suspects` of full covariances, for reply rows as the server rebuilds them
+    (a :class:`~fedlatent.engine.protocol.reply_rows.ReplyRows`), read where they are: every
+    moment matrix is certified by the compiled
+    :func:`~fedlatent.engine.protocol.psd_kernel.reply_bordered_kernel` (with the rows'
+    rounding slack when they are rebuilt), the counts tested without slack (a superset of
+    their failures with it); only the rows something flags are built and judged by
+    :func:`gaussian_suspects`. Nothing of the size of the rows' statistics is allocated."""
+    from ...engine.protocol.compiled import kernels
+
+    kernel = kernels("fedlatent.engine.protocol.psd_kernel").reply_bordered_kernel
+    K, d = np.shape(rows.template["sx"])
+    off = rows.offsets()
+    R, F = len(rows), rows.Q.shape[1]
+    has_s, has_v = rows.S is not None, rows.V is not None
+    ok = kernel(np.ascontiguousarray(rows.Q, dtype=np.float64), rows.rows.astype(np.int64),
+                rows.S if has_s else np.zeros(F), rows.V if has_v else np.zeros((1, F)),
+                rows.vrow.astype(np.int64) if has_v else np.zeros(R, dtype=np.int64),
+                rows.n, rows.eps * (1.0 - 1e-9) * rows.n,
+                np.array([off["nk"], off["sx"], off["sxx"]], dtype=np.int64), K, d, has_s,
+                _RTOL)
+    unsure = np.flatnonzero(~ok.all(axis=1) | count_suspects(rows.block("nk"), rows.n, None))
+    out = np.zeros(R, dtype=bool)
+    if unsure.size:
+        sub = rows.take(unsure)
+        out[unsure] = gaussian_suspects(sub.stats(), sub.n, "full",
+                                        sub.slack if sub.has_slack else None)
+    return out
 
 
 def count_suspects(counts: np.ndarray, n_units: np.ndarray, slack: np.ndarray | None,
