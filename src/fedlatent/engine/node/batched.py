@@ -42,6 +42,8 @@ __all__ = ["Bucket", "BatchStep", "BatchReply", "BatchedClients", "ClientBatch"]
 _P_MODEL, _P_QUANT, _P_BATCH = 0, 1, 2
 #: rows of one call of the model's batched step (its temporaries then stay in cache)
 _CHUNK_ROWS = 16384
+#: reply rows made from sums at once (fedem_rows' passes over them stay in cache)
+_FINISH_ROWS = 256
 #: rows of the statistics processed at once after the step (differences, quantizer, V_c)
 _CHUNK = 1024
 #: up to this many distinct client sizes, one bucket per size (no padding: every client's sums
@@ -412,8 +414,7 @@ class BatchedClients(BatchedPointStates):
         V = had = None
 
         def control_variates():
-            """``V_c`` (after the resets) and who had one, once the statistic's layout is
-            known (the first chunk of the step)."""
+            """``V_c`` (after the resets) and who had one, once the layout is known."""
             nonlocal V, had
             if use_cv and V is None and self.template is not None:
                 V = self._flat_group("V")
@@ -425,16 +426,16 @@ class BatchedClients(BatchedPointStates):
         def finish(Q, n, lo, hi):
             """Rows ``lo:hi`` of the sums made into the reply, in place."""
             control_variates()
-            ii = _as_slice(idx[lo:hi])  # (consecutive clients: V_c's rows updated in place)
-            Vc, view = None if V is None else V.arrays[""][ii], isinstance(ii, slice)
-            new = fedem_rows(
-                Q[lo:hi], n[lo:hi] if fused else None, S_flat, Vc,
-                None if had is None else had[lo:hi], levels=levels,
-                sizes=[v.size for v in self.template.values()], alpha=alpha, cv=cv,
-                uniforms=stream_uniforms(keys[lo:hi], Q.shape[1]) if levels > 0 else None,
-                out=Vc if view else None)
-            if new is not None and not view:
-                V.arrays[""][ii] = new
+            for a, b, ii in _sub_chunks(idx, lo, hi):
+                Vc, view = None if V is None else V.arrays[""][ii], isinstance(ii, slice)
+                new = fedem_rows(
+                    Q[a:b], n[a:b] if fused else None, S_flat, Vc,
+                    None if had is None else had[a:b], levels=levels,
+                    sizes=[v.size for v in self.template.values()], alpha=alpha, cv=cv,
+                    uniforms=stream_uniforms(keys[a:b], Q.shape[1]) if levels > 0 else None,
+                    out=Vc if view else None)
+                if new is not None and not view:
+                    V.arrays[""][ii] = new
 
         done = np.zeros(idx.size, dtype=bool)
         S_c, n, obj = self._estep_stats(mode, seed, rnd, idx, params, msg,
@@ -647,6 +648,17 @@ def _finish_rest(done: np.ndarray, finish, S_c: np.ndarray, n: np.ndarray) -> No
     for run in np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1):
         for lo in range(int(run[0]), int(run[-1]) + 1, _CHUNK):
             finish(S_c, n, lo, min(lo + _CHUNK, int(run[-1]) + 1))
+
+
+def _sub_chunks(idx: np.ndarray, lo: int, hi: int):
+    """``(a, b, clients)`` of the rows ``lo:hi`` by :data:`_FINISH_ROWS` (a few hundred rows,
+    in cache), ``clients`` = ``idx[a:b]`` as a slice when consecutive (rows updated in
+    place)."""
+    for a in range(lo, hi, _FINISH_ROWS):
+        b = min(a + _FINISH_ROWS, hi)
+        rows = idx[a:b]  # (ascending and distinct: consecutive when the ends say so)
+        yield a, b, slice(int(rows[0]), int(rows[-1]) + 1) if rows[-1] - rows[0] == b - a - 1 \
+            else rows
 
 
 def _as_slice(rows: np.ndarray):

@@ -44,6 +44,9 @@ class ReplyRows:
         The blocks' names and shapes (the rows' layout).
     eps : float
         The rounding bound per unit of magnitude.
+    work : int
+        The rows of the whole screen these belong to (a model's check decides from it
+        whether compiling pays; 0: these rows).
     """
 
     Q: np.ndarray
@@ -54,6 +57,7 @@ class ReplyRows:
     vrow: np.ndarray | None
     template: object
     eps: float
+    work: int = 0
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -75,7 +79,7 @@ class ReplyRows:
         """Rows ``at`` of these (a slice or indices)."""
         return ReplyRows(self.Q, self.rows[at], self.n[at], self.S, self.V,
                          None if self.vrow is None else self.vrow[at], self.template,
-                         self.eps)
+                         self.eps, self.work)
 
     def chunks(self):
         """These rows, :data:`CHUNK` at a time."""

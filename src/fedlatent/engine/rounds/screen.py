@@ -206,8 +206,8 @@ class Screen:
     def screen(self, rep, mode: str, S_hat: Stats | None, mirror: Mirror | None):
         """``(accepted, reasons)``: a mask over the reply's rows and ``{row: (reason, sent)}``
         of the refused ones, in row order. The rows are tested in chunks (each chunk's rebuilt
-        statistics stay in cache; nothing of the size of the reply is allocated), or read where
-        they are by the model's compiled check."""
+        statistics stay in cache, or are read where they are by the model's compiled check;
+        nothing of the size of the reply is allocated)."""
         Q, n, idx = rep.Q, rep.n, rep.clients
         m = self.units[idx]
         suspect = ~(np.isfinite(n) & np.isfinite(rep.objective))
@@ -218,15 +218,14 @@ class Screen:
         exact = S_hat is None or (self.exact and mode != "spider")
         rebuilt = self.rebuildable(rep, S_hat, mirror) if self.has_check and exact else None
         scale = np.maximum(n, 1.0)
-        if Q.shape[1]:
-            for lo, hi in rows_math._chunks(len(n)):  # a chunk of rows at a time, in cache
-                Qc = Q[lo:hi]
+        for lo, hi in rows_math._chunks(len(n)):  # a chunk of rows at a time, in cache
+            if Q.shape[1]:
                 with np.errstate(invalid="ignore", over="ignore"):  # (NaN: not <=)
-                    suspect[lo:hi] |= ~(np.abs(Qc).max(axis=1) * scale[lo:hi] <= MAX_SUM)
-        if rebuilt is not None:
-            r = np.flatnonzero(rebuilt & ~suspect)
-            if r.size:
-                suspect[r[self.check_rows(rep, r, n, S_hat, mirror)]] = True
+                    suspect[lo:hi] |= ~(np.abs(Q[lo:hi]).max(axis=1) * scale[lo:hi] <= MAX_SUM)
+            if rebuilt is not None:
+                r = lo + np.flatnonzero(rebuilt[lo:hi] & ~suspect[lo:hi])
+                if r.size:
+                    suspect[r[self.check_rows(rep, r, n, S_hat, mirror, len(n))]] = True
         reasons: dict[int, tuple[str, str]] = {}
         self.malformed = 0
         for r in np.flatnonzero(suspect):
@@ -266,17 +265,18 @@ class Screen:
             mag = mag + np.abs(mirror.arr[rep.clients[r]])
         return REBUILD_EPS * mag
 
-    def check_rows(self, rep, rows: np.ndarray, n, S_hat, mirror) -> np.ndarray:
+    def check_rows(self, rep, rows: np.ndarray, n, S_hat, mirror, work: int = 0) -> np.ndarray:
         """Which of ``rows`` (indices into the reply) may break the model's invariants (a
         mask over them: the model's :meth:`~fedlatent.engine.contract.model.FederatedModel.
         check_rows`, a superset of its ``check``), given the statistics as the server rebuilds
         them (:class:`~fedlatent.engine.protocol.reply_rows.ReplyRows`: nothing of the size of
-        the round's statistics is built here)."""
+        the round's statistics is built here); ``work``: the rows of the whole screen."""
         V = vrow = None
         if S_hat is not None and self.use_cv:
             V, vrow = mirror.arr, rep.clients[rows]
         view = ReplyRows(rep.Q, rows, n[rows], None if S_hat is None else
-                         _flat(S_hat, rep.template), V, vrow, rep.template, REBUILD_EPS)
+                         _flat(S_hat, rep.template), V, vrow, rep.template, REBUILD_EPS,
+                         max(int(work), rows.size))
         with np.errstate(over="ignore", invalid="ignore"):
             return np.asarray(self.model.check_rows(view), dtype=bool)
 

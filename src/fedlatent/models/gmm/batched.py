@@ -42,7 +42,8 @@ def gaussian_sums(X: np.ndarray, resp: np.ndarray, center: np.ndarray, cov_type:
     C, m, d = X.shape
     K = resp.shape[2]
     if cov_type == "full":  # one product (C, K d, m) @ (C, m, d): the K blocks at once
-        WX = RT[:, :, None, :] * Xc.transpose(0, 2, 1)[:, None, :, :]  # (C, K, d, m)
+        WX = np.multiply(RT[:, :, None, :], Xc.transpose(0, 2, 1)[:, None, :, :],
+                         out=np.empty((C, K, d, m)))  # (C order: reshaped without a copy)
         sxx = (WX.reshape(C, K * d, m) @ Xc).reshape(C, K, d, d)
     elif cov_type == "tied":
         Xw = Xc * w[:, :, None]

@@ -129,9 +129,10 @@ class GMMModel(FederatedModel):
 
     def check_rows(self, rows):
         """Full covariances, where numba pays (:func:`~fedlatent.engine.protocol.compiled.
-        worth`: many moment matrices): the rows read where they are by a compiled screen
-        (:func:`~fedlatent.models.gmm.batched.gaussian_row_suspects`); else the default."""
-        if self.cov_type == "full" and worth(len(rows) * self.K):
+        worth`: many moment matrices in the round): the rows read where they are by a
+        compiled screen (:func:`~fedlatent.models.gmm.batched.gaussian_row_suspects`); else
+        the default."""
+        if self.cov_type == "full" and worth(max(len(rows), rows.work) * self.K):
             from .batched import gaussian_row_suspects
 
             return gaussian_row_suspects(rows)
