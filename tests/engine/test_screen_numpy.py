@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 import fedlatent.engine.protocol.psd_screen as ps
+from fedlatent.models.gmm.batched import hard_labels_numpy
 from fedlatent.models.gmm.hardsums import hard_labels_many, live_cells
 from fedlatent.models.gmm.model import hard_labels
+from tolerance import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = float(np.finfo(np.float64).tiny)
@@ -114,8 +116,11 @@ def test_live_cells_are_the_cells_holding_anything_but_zeros():
     assert np.flatnonzero(got).tolist() == [1, 2, 3, 4, 5, 7]
 
 
+@pytest.mark.parametrize("labeller", [hard_labels_many, hard_labels_numpy])
 @pytest.mark.parametrize("need", [3, 5])
-def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need):
+def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need, labeller):
+    """The compiled labels and the NumPy ones of a small federation (issue 40: no numba to
+    set up for a first fit) are each client's own."""
     rng = np.random.default_rng(need)
     C, m, M = 300, 9, 12
     X = rng.normal(size=(C, m, 2))
@@ -123,7 +128,7 @@ def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need):
     real[:3, need - 1:] = False  # clients with fewer rows than a cell needs: every row to one
     centres = rng.normal(size=(M, 2)) * 2.0
     d2 = ((X[:, :, None, :] - centres) ** 2).sum(-1)
-    got = hard_labels_many(d2, real, need)
+    got = labeller(d2, real, need)
     policy = SimpleNamespace(min_records_per_block=need)
     for c in range(C):
         np.testing.assert_array_equal(got[c][real[c]], hard_labels(d2[c][real[c]], policy))
@@ -139,3 +144,27 @@ def test_the_whole_fit_benchmark_runs_under_the_default_rules_but_saturation():
     assert row["rounds"] >= 1 and row["sklearn_iter"] >= 1
     assert row["fit_first_cpu"] > 0 and row["sk_first_cpu"] > 0
     assert "fit_warm_cpu" not in row  # first fits only
+
+
+@pytest.mark.parametrize("cov", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("second", [True, False])
+def test_hard_sums_of_a_small_federation_are_the_compiled_sums(cov, second, monkeypatch):
+    """A small federation's start sums its cells in NumPy (one-hot responsibilities), a large
+    one compiled, row by row: the same statistics to rounding (tests/tolerance.py)."""
+    import fedlatent.engine.protocol.compiled as comp
+    import fedlatent.models.gmm.batched as gb
+
+    rng = np.random.default_rng(7)
+    C, m, d, M = 50, 7, 3, 5
+    X = rng.normal(size=(C, m, d))
+    w = (rng.random((C, m)) < 0.8).astype(float)
+    labels = rng.integers(0, M, size=(C, m))
+    centre = rng.normal(size=d)
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    monkeypatch.setattr(comp, "MIN_WORK", 10**9)
+    small = gb.hard_sums(X, labels, w, centre, cov, M, second)
+    monkeypatch.setattr(comp, "MIN_WORK", 1)
+    large = gb.hard_sums(X, labels, w, centre, cov, M, second)
+    assert small.keys() == large.keys() == ({"nk", "sx", "sxx"} if second else {"nk", "sx"})
+    for k in small:
+        assert_close(small[k], large[k], err_msg=k)

@@ -9,9 +9,11 @@ A model registers itself where it is defined, twice over:
   what is registered here.
 
 Models are found without a hand-kept list: a name is looked up first in
-``fedlatent.models.<name>`` (one import, what a Flower client process needs), and otherwise every
-module of the ``fedlatent.models`` package is imported once (:func:`discover`). Adding a model is
-adding a module; no existing module changes.
+``fedlatent.models.<name>`` (one import, what a Flower client process needs), an estimator class
+name in the one module whose source registers it (:func:`estimator_by_class_name`: a saved
+model's class, ``fl.FedGMM``), and otherwise every module of the ``fedlatent.models`` package is
+imported once (:func:`discover`). Adding a model is adding a module; no existing module
+changes.
 
 A deployment carries an estimator as ``(name, parameters as JSON, federation as JSON)``; the
 server rebuilds it to run the fit and every node rebuilds it to validate its own data with the
@@ -20,12 +22,15 @@ estimator's own checks. No code and no pickle cross.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -265,10 +270,49 @@ def estimator_class(name: str) -> type:
 
 
 def estimator_by_class_name(class_name: str) -> type | None:
-    """The registered estimator class called ``class_name`` (``"FedGMM"``), or None."""
+    """The registered estimator class called ``class_name`` (``"FedGMM"``), or None.
+
+    Only the module defining it is imported (:func:`_defining_module`: a saved model, a
+    command-line call, ``fl.FedGMM``: one model's import, not every model's); every model
+    when no module of ``fedlatent.models`` defines it by that name."""
+    for _ in range(2):
+        for entry in list(_ESTIMATORS.values()):
+            if entry.cls.__name__ == class_name:
+                return entry.cls
+        module = _defining_module(class_name)
+        if module is None:
+            break
+        importlib.import_module(module)
     for entry in estimator_entries().values():
         if entry.cls.__name__ == class_name:
             return entry.cls
+    return None
+
+
+def _defining_module(class_name: str) -> str | None:
+    """The module of ``fedlatent.models`` whose source registers an estimator class
+    ``class_name`` (a ``class`` statement decorated with ``register_estimator``), found by
+    reading the sources, importing nothing; None when there is none (or the package is not
+    on disk)."""
+    if not (isinstance(class_name, str) and class_name.isidentifier()):
+        return None
+    spec = importlib.util.find_spec(MODELS_PACKAGE)
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    needle = f"class {class_name}("
+    for root in map(Path, roots):
+        for path in sorted(root.rglob("*.py")):
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError:
+                continue
+            if needle not in text or "register_estimator" not in text:
+                continue
+            if any(isinstance(node, ast.ClassDef) and node.name == class_name and any(
+                    "register_estimator" in ast.unparse(dec) for dec in node.decorator_list)
+                   for node in ast.parse(text).body):
+                parts = path.relative_to(root).with_suffix("").parts
+                parts = parts[:-1] if parts[-1] == "__init__" else parts
+                return ".".join((MODELS_PACKAGE, *parts))
     return None
 
 

@@ -28,11 +28,11 @@ import numpy as np
 
 from fedlatent.data.dataset import ClientData
 from fedlatent.engine.contract.model import client_key, client_rng
-from fedlatent.engine.fedem.pcg import client_uniforms
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.batched_points import BatchedPointStates
 from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.node.pointstate import history_rounds, in_key, out_key
+from fedlatent.engine.protocol.compiled import kernels
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
 
@@ -630,7 +630,8 @@ class _Generators:
 
     def uniforms(self, counts: np.ndarray) -> np.ndarray:
         """``self[i].random(counts[i])`` for every client, concatenated (the same numbers)."""
-        return client_uniforms(self.seed, self.keys, self.rnd, _P_MODEL, counts)
+        pcg = kernels("fedlatent.engine.fedem.pcg")  # (numba: imported when drawn)
+        return pcg.client_uniforms(self.seed, self.keys, self.rnd, _P_MODEL, counts)
 
     def __len__(self) -> int:
         return len(self.ids)

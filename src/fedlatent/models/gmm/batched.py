@@ -14,10 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.node.batched import BatchStep
+from ...engine.protocol.compiled import kernels, worth
 from ...engine.protocol.numerics import logsumexp
 from .math import estimate_log_gaussian_prob, merged_rows
 
-__all__ = ["gaussian_suspects", "gmm_batched_query", "gmm_batched_stats", "hard_labels_batched"]
+__all__ = ["gaussian_suspects", "gmm_batched_query", "gmm_batched_stats", "hard_labels_batched",
+           "hard_labels_numpy", "live_cells"]
 
 
 def gmm_log_resp(params, X: np.ndarray, cov_type: str):
@@ -106,28 +108,61 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
 def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
     """:func:`~fedlatent.models.gmm.model.hard_labels` of C clients at once: ``d2`` (C, m, M)
     squared distances, ``real`` (C, m) the clients' rows (False: padding, not counted).
-    Labels (C, m), vectorized over the clients (:mod:`.hardsums`)."""
-    from .hardsums import hard_labels_many
+    Labels (C, m), vectorized over the clients: compiled (:mod:`.hardsums`) where numba pays
+    (:func:`~fedlatent.engine.protocol.compiled.worth`: many rows), else NumPy
+    (:func:`hard_labels_numpy`)."""
+    if not worth(real.size):
+        return hard_labels_numpy(d2, real, int(need))
+    kernel = kernels("fedlatent.models.gmm.hardsums").hard_labels_many
+    return kernel(np.ascontiguousarray(d2, dtype=np.float64),
+                  np.ascontiguousarray(real, dtype=np.bool_), int(need))
 
-    return hard_labels_many(np.ascontiguousarray(d2, dtype=np.float64),
-                            np.ascontiguousarray(real, dtype=np.bool_), int(need))
+
+def hard_labels_numpy(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
+    """:func:`hard_labels_batched` in NumPy, all clients at each step: every client's small
+    cells (``0 < rows < need``) left out and its rows sent to their nearest cell left, until
+    no client has one; a client whose every cell is small puts all its rows in its largest
+    (as each client does alone). Labels (C, m); a padding row's label is of no use."""
+    C, m, M = d2.shape
+    work = np.array(d2, dtype=np.float64, copy=True)
+    labels = work.argmin(axis=2)
+    live = np.ones(C, dtype=bool)
+    cells = np.arange(M)
+    while need > 1 and live.any():
+        at = np.flatnonzero(live)
+        counts = ((labels[at, :, None] == cells) & real[at, :, None]).sum(axis=1)  # (A, M)
+        small = (counts > 0) & (counts < need)
+        bad = small.any(axis=1)
+        live[at[~bad]] = False
+        every = bad & (small.sum(axis=1) == (counts > 0).sum(axis=1))
+        labels[at[every]] = counts[every].argmax(axis=1)[:, None]
+        live[at[every]] = False
+        move = at[bad & ~every]
+        work[move] = np.where(small[bad & ~every][:, None, :], np.inf, work[move])
+        labels[move] = work[move].argmin(axis=2)
+    return labels
 
 
 def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarray,
               cov_type: str, M: int, second: bool = True) -> dict[str, np.ndarray]:
     """:func:`~fedlatent.models.gmm.math.gmm_statistics` of C clients at hard ``labels``
-    (C, m) among ``M`` centres, rows of weight ``w``: each row's terms added into its own
-    cell (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`); without ``second``, only
-    ``nk`` and ``sx``."""
-    from .hardsums import hard_cell_sums
-
+    (C, m) among ``M`` centres, rows of weight ``w``: where numba pays, each row's terms added
+    into its own cell (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`), else
+    :func:`gaussian_sums` at one-hot responsibilities; without ``second``, only ``nk`` and
+    ``sx``."""
     C, m, d = X.shape
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    center = np.asarray(center, dtype=np.float64)
+    if not worth(C * m):
+        resp = (labels[:, :, None] == np.arange(M)) * w[:, :, None]
+        st = gaussian_sums(X, resp, center, cov_type, w)
+        return st if second else {"nk": st["nk"], "sx": st["sx"]}
     mode = {"full": 0, "tied": 1}.get(cov_type, 2) if second else 1
     nk, sx = np.zeros((C, M)), np.zeros((C, M, d))
     sxx = np.zeros((C, M, d, d) if mode == 0 else (C, M, d, 1) if mode == 2 else (0, 0, 0, 0))
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    hard_cell_sums(X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64),
-                   np.asarray(center, dtype=np.float64), nk, sx, sxx, mode)
+    kernels("fedlatent.models.gmm.hardsums").hard_cell_sums(
+        X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64), center,
+        nk, sx, sxx, mode)
     if not second:
         return {"nk": nk, "sx": sx}
     if mode == 1:
@@ -138,12 +173,20 @@ def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarr
     return {"nk": nk, "sx": sx, "sxx": sxx}
 
 
+def live_cells(nk, sx, sxx):
+    """Which cells (rows of ``nk`` (n,), ``sx`` (n, d), ``sxx`` (n, d, d)) hold anything
+    but zeros (NaN counts as something). The server's check of the replies: NumPy (as fast
+    as a compiled pass here, and nothing to compile)."""
+    n = nk.shape[0]
+    return ((nk != 0.0) | (sx.reshape(n, -1) != 0.0).any(axis=1)
+            | (sxx.reshape(n, -1) != 0.0).any(axis=1))
+
+
 def hard_suspects(stats, n_units: np.ndarray, cov_type: str) -> np.ndarray:
     """:func:`gaussian_suspects` of hard-assignment statistics: most (client, centre) cells
     are empty, all zeros (a zero moment matrix is PSD), so only the other cells are screened
     ("full"; the other types: :func:`gaussian_suspects`)."""
     from ...engine.protocol.psd_screen import bordered_certified
-    from .hardsums import live_cells
 
     if cov_type != "full":
         return gaussian_suspects(stats, n_units, cov_type)
