@@ -304,7 +304,8 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
 
     out = Path(str(config["out-dir"]))
     out.mkdir(parents=True, exist_ok=True)
-    status: dict[str, Any] = {"status": "running", "error": None, "round": 0}
+    status: dict[str, Any] = {"status": "running", "error": None, "round": 0,
+                              "app_started_at": time.time()}
     _write_json(out / "status.json", status)
     t_start = time.perf_counter()
     rt = None
@@ -321,6 +322,7 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
                            round_timeout=float(config.get("round-timeout", 120.0)),
                            record=bool(config.get("record", False)), restore_round=restore)
         status["startup_seconds"] = rt.startup_seconds
+        status["answered_at"] = time.time()  # (epoch seconds: every node described its data)
         status["clients"] = rt.client_ids
         _report_exchanges(rt, status, out / "status.json")
         rd = RemoteDataset.from_replies(rt.describe_replies)

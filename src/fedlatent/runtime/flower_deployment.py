@@ -151,11 +151,18 @@ class LocalDeployment:
     policy_paths : list of path or None, optional
         A site policy file per SuperNode (None: none for that node), passed as its node
         config's ``policy-path`` (:mod:`fedlatent.engine.site`).
+    isolation : {"subprocess", "process"}
+        Flower's isolation mode of the ClientApps: each SuperNode starts its own SuperExec
+        (``subprocess``, Flower's default), or the SuperNode runs with ``--isolation
+        process`` and this object starts a ``flower-superexec`` beside it, connected to its
+        Runtime API. In both, the SuperExec starts one ``flwr-clientapp`` process per message
+        (Flower 1.41 keeps no ClientApp process alive between messages).
 
     Attributes
     ----------
     pids, node_pids : list of int
-        PIDs this object started (the SuperLink first), and those of the SuperNodes only.
+        PIDs this object started (the SuperLink first; SuperExecs last, isolation
+        "process"), and those of the SuperNodes only.
     address : str
         ``host:port`` of the SuperLink (Fleet, Control and Runtime APIs share one HTTP port).
     startup_seconds : float
@@ -164,6 +171,10 @@ class LocalDeployment:
         The part of it until the SuperLink answered its health check.
     last_run_seconds, last_status : float, dict
         Wall time of the last :func:`run_app` to finish on this deployment and its status.
+    last_run_started_at : float
+        When the last :func:`run_app` started ``flwr run`` (epoch seconds; the server app's
+        ``status.json`` stamps ``app_started_at`` and ``answered_at``, when every node had
+        described its data, on the same clock).
     """
 
     def __init__(
@@ -176,7 +187,11 @@ class LocalDeployment:
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
         policy_paths: Sequence[str | os.PathLike | None] | None = None,
+        isolation: str = "subprocess",
     ) -> None:
+        if isolation not in ("subprocess", "process"):
+            raise ValueError(f"isolation must be 'subprocess' or 'process', got {isolation!r}")
+        self.isolation = isolation
         self.data_paths = [Path(p).resolve() for p in data_paths]
         self.policy_paths = [None if p is None else Path(p).resolve()
                              for p in (policy_paths or [None] * len(self.data_paths))]
@@ -192,8 +207,10 @@ class LocalDeployment:
         self.superlink_seconds: float | None = None
         self.last_run_seconds: float | None = None
         self.last_status: dict[str, Any] | None = None
+        self.last_run_started_at: float | None = None
         self._link: subprocess.Popen | None = None
         self._nodes: list[subprocess.Popen] = []
+        self._execs: list[subprocess.Popen] = []  # (isolation "process": the SuperExecs)
         self._seen: set[int] = set()  # every tagged PID ever observed
         self._logs: list[Path] = []
         self._stopped = False
@@ -214,7 +231,8 @@ class LocalDeployment:
 
     @property
     def pids(self) -> list[int]:
-        return ([self._link.pid] if self._link else []) + self.node_pids
+        return ([self._link.pid] if self._link else []) + self.node_pids + [
+            p.pid for p in self._execs]
 
     @property
     def node_pids(self) -> list[int]:
@@ -330,8 +348,16 @@ class LocalDeployment:
                     "" if self.policy_paths[i] is None
                     else f" policy-path={_toml_string(str(self.policy_paths[i]))}"),
             ]
-            self._nodes.append(self._spawn(cmd, log, self.workdir / f"supernode-{i}" / "flwr-home"))
+            home = self.workdir / f"supernode-{i}" / "flwr-home"
+            if self.isolation == "process":
+                cmd.insert(2, "--isolation=process")
+            self._nodes.append(self._spawn(cmd, log, home))
             logs.append(log)
+            if self.isolation == "process":  # its SuperExec, on the node's Runtime API
+                self._execs.append(self._spawn(
+                    [_flower_exe("flower-superexec"), "--insecure", "--runtime-api-address",
+                     f"{self.host}:{port}", "--parent-pid", str(self._nodes[-1].pid)],
+                    self.workdir / f"superexec-{i}.log", home))
         waiting = set(range(len(self._nodes)))
         while waiting:
             for i in sorted(waiting):
@@ -386,7 +412,7 @@ class LocalDeployment:
             return
         self._stopped = True
         self._seen.update(_tagged_pids(self.token))
-        self._stop_group(self._nodes)
+        self._stop_group(self._nodes + self._execs)
         if self._link is not None:
             self._stop_group([self._link])
         # Flower starts SuperExec and app processes detached (own session); they watch their

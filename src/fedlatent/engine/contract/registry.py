@@ -28,6 +28,7 @@ import importlib.util
 import inspect
 import json
 import pkgutil
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,10 @@ def _find(name: str, table: dict) -> None:
         module = f"{MODELS_PACKAGE}.{name}"
         try:
             importlib.import_module(module)
+            if name not in table and table is _ESTIMATORS:  # the one module registering it
+                where = _defining_module(estimator=name, package=module)
+                if where is not None:
+                    importlib.import_module(where)
             if name not in table:
                 _import_tree(module)
         except ModuleNotFoundError as err:
@@ -289,31 +294,39 @@ def estimator_by_class_name(class_name: str) -> type | None:
     return None
 
 
-def _defining_module(class_name: str) -> str | None:
-    """The module of ``fedlatent.models`` whose source registers an estimator class
-    ``class_name`` (a ``class`` statement decorated with ``register_estimator``), found by
-    reading the sources, importing nothing; None when there is none (or the package is not
-    on disk)."""
-    if not (isinstance(class_name, str) and class_name.isidentifier()):
+def _defining_module(class_name: str | None = None, *, estimator: str | None = None,
+                     package: str = MODELS_PACKAGE) -> str | None:
+    """The module of ``package`` whose source registers an estimator class ``class_name`` (a
+    ``class`` statement decorated with ``register_estimator``) or an estimator under the short
+    name ``estimator`` (``register_estimator("name", ...)``), found by reading the sources,
+    importing nothing; None when there is none (or the package is not on disk)."""
+    name = class_name if estimator is None else estimator
+    if not (isinstance(name, str) and name.isidentifier()):
         return None
-    spec = importlib.util.find_spec(MODELS_PACKAGE)
+    spec = importlib.util.find_spec(package)
     roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    needle = f"class {class_name}("
+    short = re.compile(r"register_estimator\(\s*[\"']" + re.escape(name) + r"[\"']")
     for root in map(Path, roots):
         for path in sorted(root.rglob("*.py")):
             try:
                 text = path.read_text(encoding="utf-8")
             except OSError:
                 continue
-            if needle not in text or "register_estimator" not in text:
+            if "register_estimator" not in text or (
+                    short.search(text) is None if estimator is not None
+                    else f"class {name}(" not in text or not _registers_class(text, name)):
                 continue
-            if any(isinstance(node, ast.ClassDef) and node.name == class_name and any(
-                    "register_estimator" in ast.unparse(dec) for dec in node.decorator_list)
-                   for node in ast.parse(text).body):
-                parts = path.relative_to(root).with_suffix("").parts
-                parts = parts[:-1] if parts[-1] == "__init__" else parts
-                return ".".join((MODELS_PACKAGE, *parts))
+            parts = path.relative_to(root).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            return ".".join((package, *parts))
     return None
+
+
+def _registers_class(text: str, class_name: str) -> bool:
+    """Whether the source ``text`` defines ``class_name`` under ``register_estimator``."""
+    return any(isinstance(node, ast.ClassDef) and node.name == class_name and any(
+        "register_estimator" in ast.unparse(dec) for dec in node.decorator_list)
+        for node in ast.parse(text).body)
 
 
 def estimator_name(est) -> str:
