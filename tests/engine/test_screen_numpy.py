@@ -168,3 +168,32 @@ def test_hard_sums_of_a_small_federation_are_the_compiled_sums(cov, second, monk
     assert small.keys() == large.keys() == ({"nk", "sx", "sxx"} if second else {"nk", "sx"})
     for k in small:
         assert_close(small[k], large[k], err_msg=k)
+
+
+@pytest.mark.usefixtures("saturation_rule_off")
+def test_a_large_start_cut_into_small_chunks_runs_compiled(monkeypatch):
+    """The GMM start's batched query is cut into chunks of a few clients; whether its hard
+    cells are labelled compiled is judged by the whole query's rows (compiled.at_scale), not a
+    chunk's: a federation of more rows than MIN_WORK runs the kernels in every chunk."""
+    import warnings
+
+    import fedlatent as fl
+    import fedlatent.engine.node.batched as eb
+    import fedlatent.engine.protocol.compiled as comp
+    import fedlatent.models.gmm.batched as gb
+
+    rng = np.random.default_rng(2)
+    fd = fl.FederatedDataset.from_arrays({f"c{i:02d}": rng.normal(size=(12, 2)) + 3 * (i % 2)
+                                          for i in range(40)})  # 480 rows (12-row clients)
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    monkeypatch.setattr(eb, "_CHUNK_ROWS", 60)  # chunks of 5 clients, 60 rows
+    calls = []
+    for rows in (1000, 400):  # the whole query (480 rows) below, then above the threshold
+        monkeypatch.setattr(comp, "MIN_WORK", rows)
+        real = gb.hard_labels_numpy
+        monkeypatch.setattr(gb, "hard_labels_numpy",
+                            lambda *a, rows=rows: calls.append(rows) or real(*a))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0).fit(fd)
+    assert calls and set(calls) == {1000}  # NumPy only when the whole query is small

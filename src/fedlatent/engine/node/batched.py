@@ -32,7 +32,7 @@ from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_unifo
 from fedlatent.engine.node.batched_points import BatchedPointStates
 from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.node.pointstate import history_rounds, in_key, out_key
-from fedlatent.engine.protocol.compiled import kernels
+from fedlatent.engine.protocol.compiled import at_scale, kernels
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
 
@@ -549,6 +549,7 @@ class BatchedClients(BatchedPointStates):
         want[idx] = True
         row_of = np.full(len(self.ids), -1)
         row_of[idx] = np.arange(idx.size)
+        rows = sum(int(want[bk.clients].sum()) * bk.X.shape[1] for bk in self.batch.buckets)
         for bk in self.batch.buckets:
             sel = want[bk.clients]
             every = bool(sel.all())
@@ -558,9 +559,10 @@ class BatchedClients(BatchedPointStates):
             for lo in range(0, count, per):
                 take = slice(lo, min(lo + per, count)) if every else pos[lo:lo + per]
                 cl = bk.clients[take]
-                fields = model.client_query_batched(
-                    name, msg, bk.X[take], None if bk.y is None else bk.y[take],
-                    bk.real[take].astype(np.float64), self._model_state(cl))
+                with at_scale(rows):  # (a compiled kernel pays for the whole query's rows)
+                    fields = model.client_query_batched(
+                        name, msg, bk.X[take], None if bk.y is None else bk.y[take],
+                        bk.real[take].astype(np.float64), self._model_state(cl))
                 yield row_of[cl], fields
 
     def mark_setup(self) -> None:

@@ -19,18 +19,22 @@ numba will compile (no cache of a kernel of that module on disk), what it is doi
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["MIN_WORK", "kernels", "ready", "worth"]
+__all__ = ["MIN_WORK", "at_scale", "kernels", "ready", "worth"]
 
 logger = logging.getLogger(__name__)
 
 #: work (matrices screened, rows labelled...) from which a call's kernel is worth numba's set-up
 MIN_WORK = 50_000
 _ANNOUNCED: set[str] = set()
+#: the work of the whole call a kernel's caller is a part of (:func:`at_scale`)
+_SCALE: contextvars.ContextVar[int] = contextvars.ContextVar("fedlatent_work", default=0)
 
 
 def ready() -> bool:
@@ -45,8 +49,21 @@ def ready() -> bool:
 
 def worth(work: int, minimum: int | None = None) -> bool:
     """Whether a kernel should do ``work`` units (matrices, rows...): numba is set up already,
-    or the work is at least ``minimum`` (default :data:`MIN_WORK`)."""
-    return ready() or int(work) >= int(MIN_WORK if minimum is None else minimum)
+    or the work, or that of the whole call it is a part of (:func:`at_scale`), is at least
+    ``minimum`` (default :data:`MIN_WORK`)."""
+    return ready() or max(int(work), _SCALE.get()) >= int(
+        MIN_WORK if minimum is None else minimum)
+
+
+@contextmanager
+def at_scale(work: int):
+    """Within it, :func:`worth` judges by ``work`` at least: the caller cuts a large call
+    (a batched query of every client's rows) into chunks, each small alone."""
+    token = _SCALE.set(max(int(work), _SCALE.get()))
+    try:
+        yield
+    finally:
+        _SCALE.reset(token)
 
 
 def kernels(module: str):
