@@ -15,7 +15,10 @@ Printed per mode: the empty round (median, first round of each empty run left ou
 the nodes' first contact with the run), fedlatent's round (median of rounds 2 on; round 1 is
 the initialization round and the control variates' start), their ratio, and how long after
 ``flwr run`` started the server app had every node's answer to its first message
-(``answered_at`` in ``status.json``; the deployment was ready before ``flwr run``).
+(``answered_at`` in ``status.json``; the deployment was ready before ``flwr run``). First, in
+process, the rounds the default fit takes to its default tolerance, plain and under
+``acceleration="newton"`` (what a deployment would save by Newton: a round costs one exchange
+either way).
 
     .venv/bin/python benchmarks/bench_flower_round.py [--rounds 5] [--floor-rounds 8]
                                                       [--modes subprocess,process]
@@ -81,14 +84,45 @@ def one_mode(isolation: str, rounds: int, floor_rounds: int, tmp: Path) -> dict:
             "startup": dep.startup_seconds}
 
 
+def newton_rounds(seeds: int = 6) -> None:
+    """Rounds of the default fit to its default tolerance, plain and ``acceleration="newton"``
+    (a deployed round costs about one empty Flower round, whatever the points it carries; the
+    runtimes give the same rounds, so they are counted in-process): the deployment's data and
+    rounds_to_tol.py's overlapping GMM (K = 4, d = 5, 20 clients), ``seeds`` seeds each."""
+    import rounds_to_tol as rtt
+
+    cases = {"3 sites x 40 rows, K=2": lambda s: (make_data(seed=s), 2),
+             "rounds_to_tol GMM, K=4": lambda s: (rtt.gmm_data(s)[1], 4)}
+    print(f"rounds to the default tolerance (tol=1e-3 on the mean log-likelihood), {seeds} seeds "
+          "each, in-process (the rounds a deployment runs)")
+    print("| data | plain rounds (median, total) | newton rounds (median, total) | saved |")
+    print("|---|---|---|---|")
+    for label, make in cases.items():
+        got = {None: [], "newton": []}
+        for s in range(seeds):
+            fd, K = make(s)
+            for acc in got:
+                fed = fl.Federation(acceleration=acc) if acc else fl.Federation()
+                est = fl.FederatedGaussianMixture(K, random_state=s, federation=fed,
+                                                  max_rounds=500).fit(fd)
+                got[acc].append(int(est.n_iter_))
+        a, b = got[None], got["newton"]
+        print(f"| {label} | {np.median(a):.0f} ({sum(a)}) | {np.median(b):.0f} ({sum(b)}) | "
+              f"{1 - sum(b) / sum(a):.0%} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="fedlatent's rounds (tol 0)")
     ap.add_argument("--floor-rounds", type=int, default=8, help="empty rounds (both runs)")
     ap.add_argument("--modes", default="subprocess,process")
+    ap.add_argument("--newton-seeds", type=int, default=6,
+                    help="seeds of the plain / newton rounds table (0: none)")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    if args.newton_seeds:
+        newton_rounds(args.newton_seeds)
     rows = []
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory(prefix=f"fedlatent-round-{mode}-") as tmp:
