@@ -187,10 +187,9 @@ def test_a_large_start_cut_into_small_chunks_runs_compiled(monkeypatch):
                                           for i in range(40)})  # 480 rows (12-row clients)
     monkeypatch.setattr(comp, "ready", lambda: False)
     monkeypatch.setattr(eb, "_CHUNK_ROWS", 60)  # chunks of 5 clients, 60 rows
-    calls = []
+    calls, real = [], gb.hard_labels_numpy
     for rows in (1000, 400):  # the whole query (480 rows) below, then above the threshold
         monkeypatch.setattr(comp, "MIN_WORK", rows)
-        real = gb.hard_labels_numpy
         monkeypatch.setattr(gb, "hard_labels_numpy",
                             lambda *a, rows=rows: calls.append(rows) or real(*a))
         with warnings.catch_warnings():
