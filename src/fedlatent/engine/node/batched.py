@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedlatent.data.dataset import ClientData
-from fedlatent.engine.contract.model import client_key, client_rng
+from fedlatent.engine.contract.model import client_rng
+from fedlatent.engine.fedem.seeds import client_keys
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.batched_points import BatchedPointStates
 from fedlatent.engine.node.clientstep import fedem_rows
@@ -174,7 +175,7 @@ class BatchedClients(BatchedPointStates):
     def __init__(self, ids: list[str], datas: list[ClientData], model):
         self.ids = list(ids)
         self.pos = {c: i for i, c in enumerate(self.ids)}
-        self.keys = np.array([client_key(c) for c in self.ids], dtype=np.int64)
+        self.keys = client_keys(self.ids)
         self.model = model
         #: the model's own stacking of the data (``batched_units``), else rows in buckets
         self.units = model.batch_units(list(datas)) if model.batched_units else None
