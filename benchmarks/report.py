@@ -9,7 +9,7 @@ One command (``make bench``) regenerates both, from one run:
 
 Both are headed by the date, the CPU model, the core count, the load average and the versions
 of Python, fedlatent, NumPy and scikit-learn, and name the command that wrote them. Each
-benchmark runs in its own process, at quick sizes by default (about ten minutes on a busy 2-core
+benchmark runs in its own process, at quick sizes by default (about twenty minutes on a busy 2-core
 machine) or with ``--full`` at issue 23's sizes (an hour or more). What a benchmark prints is
 taken as it is, not parsed: its Markdown table rows (``| ... |``, each table with the line
 printed before it as its caption) when it prints some, else its whole output as a text block.

@@ -18,8 +18,8 @@ from ...engine.protocol.compiled import kernels, worth
 from ...engine.protocol.numerics import logsumexp
 from .math import estimate_log_gaussian_prob, merged_rows
 
-__all__ = ["gaussian_suspects", "gmm_batched_query", "gmm_batched_stats", "hard_labels_batched",
-           "hard_labels_numpy", "live_cells"]
+__all__ = ["cell_sums_numpy", "gaussian_suspects", "gmm_batched_query", "gmm_batched_stats",
+           "hard_labels_batched", "hard_labels_numpy", "live_cells"]
 
 
 def gmm_log_resp(params, X: np.ndarray, cov_type: str):
@@ -146,23 +146,23 @@ def hard_labels_numpy(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray
 def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarray,
               cov_type: str, M: int, second: bool = True) -> dict[str, np.ndarray]:
     """:func:`~fedlatent.models.gmm.math.gmm_statistics` of C clients at hard ``labels``
-    (C, m) among ``M`` centres, rows of weight ``w``: where numba pays, each row's terms added
-    into its own cell (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`), else
-    :func:`gaussian_sums` at one-hot responsibilities; without ``second``, only ``nk`` and
-    ``sx``."""
+    (C, m) among ``M`` centres, rows of weight ``w``: each row's terms added into its own
+    cell, row after row, compiled where numba pays
+    (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`), else by :func:`cell_sums_numpy`
+    (the same additions in the same order: the same bits, whatever the process ran before);
+    without ``second``, only ``nk`` and ``sx``."""
     C, m, d = X.shape
     X = np.ascontiguousarray(X, dtype=np.float64)
     center = np.asarray(center, dtype=np.float64)
-    if not worth(C * m):
-        resp = (labels[:, :, None] == np.arange(M)) * w[:, :, None]
-        st = gaussian_sums(X, resp, center, cov_type, w)
-        return st if second else {"nk": st["nk"], "sx": st["sx"]}
     mode = {"full": 0, "tied": 1}.get(cov_type, 2) if second else 1
     nk, sx = np.zeros((C, M)), np.zeros((C, M, d))
     sxx = np.zeros((C, M, d, d) if mode == 0 else (C, M, d, 1) if mode == 2 else (0, 0, 0, 0))
-    kernels("fedlatent.models.gmm.hardsums").hard_cell_sums(
-        X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64), center,
-        nk, sx, sxx, mode)
+    args = (X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64), center,
+            nk, sx, sxx, mode)
+    if worth(C * m):
+        kernels("fedlatent.models.gmm.hardsums").hard_cell_sums(*args)
+    else:
+        cell_sums_numpy(*args)
     if not second:
         return {"nk": nk, "sx": sx}
     if mode == 1:
@@ -171,6 +171,22 @@ def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarr
     elif mode == 2:
         sxx = sxx[..., 0]
     return {"nk": nk, "sx": sx, "sxx": sxx}
+
+
+def cell_sums_numpy(X, labels, w, center, nk, sx, sxx, mode) -> None:
+    """:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums` in NumPy: ``np.add.at`` adds
+    each row's terms into its cell in index order, the rows of weight 0 skipped, the clients
+    and their rows in the kernel's order, each term the kernel's product: the same bits."""
+    c, i = np.nonzero(w != 0.0)  # (row-major: client after client, row after row)
+    k, wt = labels[c, i], w[c, i]
+    xc = X[c, i] - center
+    wx = wt[:, None] * xc
+    np.add.at(nk, (c, k), wt)
+    np.add.at(sx, (c, k), wx)
+    if mode == 0:
+        np.add.at(sxx, (c, k), wx[:, :, None] * xc[:, None, :])
+    elif mode == 2:
+        np.add.at(sxx[..., 0], (c, k), wx * xc)
 
 
 def live_cells(nk, sx, sxx):
