@@ -93,9 +93,9 @@ def _roles(prefix: Path, **given: str | None) -> dict[str, Any]:
 
 
 def _entry(est):
-    from ..engine.contract.registry import estimator_entries, estimator_name
+    from ..engine.contract.registry import estimator_entry, estimator_name
 
-    return estimator_entries()[estimator_name(est)]
+    return estimator_entry(estimator_name(est))  # (that model's module only)
 
 
 def _dataset(est, df, roles: dict[str, Any], target: str | None,

@@ -43,6 +43,7 @@ __all__ = [
     "estimator_class",
     "estimator_config",
     "estimator_entries",
+    "estimator_entry",
     "estimator_from_config",
     "estimator_name",
     "estimator_names",
@@ -265,6 +266,12 @@ def example(name: str) -> Example:
     """The :class:`Example` of the registered estimator ``name``."""
     estimator_class(name)
     return _ESTIMATORS[name].load_example()
+
+
+def estimator_entry(name: str) -> EstimatorEntry:
+    """The :class:`EstimatorEntry` registered as ``name``, its module imported alone."""
+    estimator_class(name)
+    return _ESTIMATORS[name]
 
 
 def estimator_class(name: str) -> type:
