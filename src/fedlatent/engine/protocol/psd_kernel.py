@@ -42,13 +42,12 @@ def _certify_lanes(W, E, ok, L, p, h, slack):
     its symmetric part plus the shift of :func:`~.psd_screen._certify_entries` has every
     pivot positive and finite. ``W`` is overwritten. The operations of each lane are those
     of the NumPy screen, in its order; the lanes' flags are numbers (1: still good), so
-    that every loop over the lanes is one SIMD operation."""
-    fin = np.zeros(LANES)  # x * 0 is 0 exactly when x is finite
+    that every loop over the lanes is one SIMD operation. The entries' finiteness, which the
+    NumPy screen tests apart, is the pivots' here: every entry enters the symmetric part's
+    lower triangle, and a non-finite one there makes a later pivot NaN or infinite (column
+    ``j``'s entry of row ``r`` is squared into pivot ``r``)."""
+    fin = np.zeros(LANES)  # (x * 0 is 0 exactly when x is finite: the slack's norm)
     good = np.ones(LANES)
-    for a in range(p):
-        for e in range(p):
-            for lane in range(LANES):
-                fin[lane] += W[a, e, lane] * 0.0
     for a in range(p):
         for lane in range(LANES):
             good[lane] = good[lane] if W[a, a, lane] >= 0.0 else 0.0
