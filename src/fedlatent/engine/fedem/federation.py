@@ -216,6 +216,18 @@ class Federation:
         ``Federation()`` is exact EM, round for round the iterations of centralized EM
         (scikit-learn's, flexmix's), which the exactness tests and the comparisons in the
         documentation rely on; an accelerated fit reaches the optimum, not that path.
+    on_refusal : {"exclude", "stop"}, default "exclude"
+        A site that refuses the fit's setup by a disclosure rule or its own policy (too few
+        records for the rules, a model or budget its policy does not allow): "exclude" leaves
+        it out of the fit, with one warning naming it, the rule and the fix, and records it
+        (the estimator's ``excluded_clients_``, its ``summary()`` and ``history_.excluded``);
+        the others go on, as DataSHIELD drops a study and goes on. "stop" stops the fit,
+        naming every refusal. A site refused later (one round's reply) is missing from that
+        round only, as before.
+    min_clients : int or None, default None
+        The fewest sites a fit goes on with after leaving sites out; None: 2 (every site of a
+        federation of fewer), and under secure aggregation at least ``secagg_threshold`` when
+        it is given. Fewer stops the fit, naming the refusals.
     """
 
     participation: float = 1.0
@@ -235,6 +247,8 @@ class Federation:
     secagg_bound: float = 2.0**20
     privacy: DifferentialPrivacy | None = None
     acceleration: str | Squarem | SubspaceNewton | None = None
+    on_refusal: str = "exclude"
+    min_clients: int | None = None
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -267,12 +281,35 @@ class Federation:
                 "Federation(on_invalid=...) must be 'exclude' (leave the client out of the "
                 f"round) or 'raise' (stop the fit), got {self.on_invalid!r}"
             )
+        self._validate_refusals()
         if self.alpha is not None and not (0.0 < float(self.alpha) <= 1.0):
             raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
         self._validate_disclosure()
         self._validate_secure()
         self._validate_privacy()
         self._validate_acceleration()
+
+    def _validate_refusals(self) -> None:
+        if self.on_refusal not in ("exclude", "stop"):
+            raise ValueError(
+                "Federation(on_refusal=...) must be 'exclude' (leave a site that refuses the "
+                "setup out of the fit) or 'stop' (stop the fit), got " f"{self.on_refusal!r}")
+        m = self.min_clients
+        if m is not None and (not isinstance(m, int | np.integer) or isinstance(m, bool)
+                              or m < 1):
+            raise ValueError(f"Federation(min_clients=...) must be None or an integer >= 1, "
+                             f"got {m!r}")
+
+    def fewest_clients(self, n_clients: int) -> int:
+        """The fewest of ``n_clients`` sites a fit goes on with once sites are left out:
+        ``min_clients``, or 2 (every site of a smaller federation) and under secure
+        aggregation at least its threshold when one is given."""
+        if self.min_clients is not None:
+            return int(self.min_clients)
+        least = min(2, int(n_clients))
+        if self.secure_aggregation and self.secagg_threshold is not None:
+            least = max(least, int(self.secagg_threshold))
+        return least
 
     def _validate_acceleration(self) -> None:
         if resolve_acceleration(self.acceleration) is None:
@@ -371,6 +408,47 @@ class Federation:
             "differential privacy (privacy=DifferentialPrivacy(..., noise='distributed')); "
             "DisclosurePolicy.off() disables every rule")
 
+    def broadcast_problems(self) -> list[str]:
+        """The settings that mix statistics computed at different parameters (empty: none).
+
+        A round's statistics are used as they are only with every client each round, step 1
+        and full passes (the FedEM update then gives ``S_hat = sum_c w_c S_c``, whatever the
+        control variates). Partial participation (the absent clients' part of ``S_hat`` is
+        theirs of earlier rounds: no rule here renews it at the new parameters), a step below
+        1 (a running average over rounds), mini-batches and SPIDER (corrections carried from
+        earlier parameters) and acceleration (extrapolation across rounds) do not. Handled
+        as they are: the quantizer (unbiased: each round's ``S_hat`` is the round's
+        statistic plus zero-mean noise), secure aggregation (sums) and differential privacy
+        (noise on each round's sums), where the model supports them."""
+        out = []
+        if float(self.participation) < 1.0:
+            out.append(f"participation={self.participation:g}")
+        if callable(self.step_size) or float(self.step_size) != 1.0:
+            out.append(f"step_size={self.step_size!r}")
+        if self.batch_size is not None:
+            out.append(f"batch_size={self.batch_size!r} (mini-batches)")
+        if self.variance_reduction is not None:
+            out.append("variance_reduction=Spider(...) (SPIDER)")
+        if resolve_acceleration(self.acceleration) is not None:
+            out.append(f"acceleration={self.acceleration!r}")
+        return out
+
+    def check_model(self, model) -> None:
+        """ValueError, one message for every setting at once, when ``model`` declares
+        statistics valid only at the broadcast parameters (``broadcast_only``, its reason)
+        and a setting would average them across rounds (:meth:`broadcast_problems`). No
+        per-model code: the model's declaration is all the engine reads."""
+        reason = getattr(model, "broadcast_only", "")
+        problems = self.broadcast_problems() if reason else []
+        if problems:
+            raise ValueError(
+                f"model {model.name!r} sends statistics valid only at the parameters the "
+                f"server broadcast ({reason}), so the engine cannot average them across rounds "
+                f"or clients of other rounds; not available with {'; '.join(problems)}. Fit "
+                "it with participation=1.0, step_size=1.0, batch_size=None, "
+                "variance_reduction=None and acceleration=None (the quantizer, secure "
+                "aggregation and control variates are fine)")
+
     def gamma(self, k: int) -> float:
         """Step size at round ``k`` (1-based)."""
         return float(self.step_size(k)) if callable(self.step_size) else float(self.step_size)
@@ -399,6 +477,9 @@ class Federation:
         d.pop("_extra", None)
         d["disclosure"] = json.loads(policy_to_json(self.disclosure))
         d["privacy"] = None if self.privacy is None else self.privacy.to_config()
+        for key, default in (("on_refusal", "exclude"), ("min_clients", None)):
+            if d[key] == default:  # the default: the config (and a checkpoint's identity)
+                d.pop(key)  # of before
         acc = resolve_acceleration(self.acceleration)
         if acc is None:  # off: the config (and a checkpoint's identity) of before
             d.pop("acceleration")
