@@ -51,14 +51,17 @@ __all__ = [
     "model_class",
     "model_from_config",
     "params_to_json",
+    "reader_by_class_name",
     "register_estimator",
     "register_model",
+    "register_reader",
 ]
 
 MODELS_PACKAGE = "fedlatent.models"
 
 _MODELS: dict[str, type] = {}
 _ESTIMATORS: dict[str, EstimatorEntry] = {}
+_READERS: dict[str, type] = {}
 _DISCOVERED = False
 
 
@@ -207,6 +210,25 @@ def register_estimator(name: str, *, description: str = "", target: bool = False
     return deco
 
 
+def register_reader(cls: type) -> type:
+    """Class decorator: a saved model's reader for prediction and scores alone, without its
+    estimator class (:class:`fedlatent.engine.estimation.saved.SavedModel`), under the
+    estimator's class name (which it shares)."""
+    _READERS[cls.__name__] = cls
+    return cls
+
+
+def reader_by_class_name(class_name: str) -> type | None:
+    """The reader registered for the saved estimator class ``class_name``, or None (read the
+    model with its estimator). Only the module registering it is imported, found by reading
+    the sources of ``fedlatent.models`` (:func:`_defining_module`)."""
+    if class_name not in _READERS:
+        module = _defining_module(reader=class_name)
+        if module is not None:
+            importlib.import_module(module)
+    return _READERS.get(class_name)
+
+
 def _import_tree(module_name: str) -> None:
     """Import a module and, if it is a package, every module below it."""
     mod = importlib.import_module(module_name)
@@ -311,26 +333,32 @@ def estimator_by_class_name(class_name: str) -> type | None:
 
 
 def _defining_module(class_name: str | None = None, *, estimator: str | None = None,
-                     package: str = MODELS_PACKAGE) -> str | None:
+                     reader: str | None = None, package: str = MODELS_PACKAGE) -> str | None:
     """The module of ``package`` whose source registers an estimator class ``class_name`` (a
-    ``class`` statement decorated with ``register_estimator``) or an estimator under the short
-    name ``estimator`` (``register_estimator("name", ...)``), found by reading the sources,
-    importing nothing; None when there is none (or the package is not on disk)."""
-    name = class_name if estimator is None else estimator
+    ``class`` statement decorated with ``register_estimator``), an estimator under the short
+    name ``estimator`` (``register_estimator("name", ...)``) or a saved model's reader of the
+    class ``reader`` (``@register_reader`` on ``class <reader>(``), found by reading the
+    sources, importing nothing; None when there is none (or the package is not on disk)."""
+    name = class_name or estimator or reader
     if not (isinstance(name, str) and name.isidentifier()):
         return None
     spec = importlib.util.find_spec(package)
     roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    short = re.compile(r"register_estimator\(\s*[\"']" + re.escape(name) + r"[\"']")
+    if estimator is not None:
+        wanted = re.compile(r"register_estimator\(\s*[\"']" + re.escape(name) + r"[\"']")
+    elif reader is not None:
+        wanted = re.compile(r"^@register_reader\s*\nclass " + re.escape(name) + r"\(", re.M)
     for root in map(Path, roots):
         for path in sorted(root.rglob("*.py")):
             try:
                 text = path.read_text(encoding="utf-8")
             except OSError:
                 continue
-            if "register_estimator" not in text or (
-                    short.search(text) is None if estimator is not None
-                    else f"class {name}(" not in text or not _registers_class(text, name)):
+            if class_name is None:
+                if wanted.search(text) is None:
+                    continue
+            elif "register_estimator" not in text or f"class {name}(" not in text or \
+                    not _registers_class(text, name):
                 continue
             parts = path.relative_to(root).with_suffix("").parts
             parts = parts[:-1] if parts[-1] == "__init__" else parts
