@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import fields, replace
-from types import MappingProxyType
 from typing import Any
 
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
@@ -46,8 +45,8 @@ def site_settings(runtime) -> dict[str, dict[str, Any]]:
     if kept is not None:
         return kept
     ids = list(runtime.client_ids)
-    if getattr(runtime, "sites_relaxed", False):  # (one read-only entry for all of them)
-        out = dict.fromkeys(ids, MappingProxyType(RELAXED))
+    if getattr(runtime, "sites_relaxed", False):  # (one entry for all: read, never changed)
+        out = dict.fromkeys(ids, dict(RELAXED))
     else:
         replies = runtime.call(ids, SETTINGS, {c: {} for c in ids})
         out = {c: _parse(replies.get(c, {})) for c in ids}
