@@ -60,7 +60,7 @@ lint: $(TEST_STAMP)
 docs: $(TEST_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 
-# The benchmarks, each in its own process, at quick sizes (about ten minutes on two cores;
+# The benchmarks, each in its own process, at quick sizes (about twenty minutes on two cores;
 # BENCH_ARGS=--full: issue 23's sizes, an hour or more); their tables rewrite
 # docs/benchmarks/performance.md (the benchmarks page), dated, with the machine and versions.
 BENCH_ARGS ?=

@@ -38,6 +38,12 @@ every other rule at its default:
     python benchmarks/bench_clients.py --whole            # 10,000 and 100,000 clients
     python benchmarks/bench_clients.py --whole --quick    # 10,000 clients only
     python benchmarks/bench_clients.py --whole --sizes 100000 --repeats 1
+
+``--round-table`` prints, per size of ``--sizes`` (clients of ``--per-client`` rows), the
+median over ``--repeats`` processes of a plain round (every reply check on; the same rule off)
+over scikit-learn's EM iteration (issue 40: at most 1.2x at 100,000 clients):
+
+    python benchmarks/bench_clients.py --round-table --sizes 100000 --repeats 3
 """
 
 from __future__ import annotations
@@ -70,12 +76,17 @@ def make_data(n_clients: int, per_client: int, seed: int = 0):
 
 
 def federation(kind: str):
+    """``plain`` or ``fedem`` (see the module docstring), every disclosure rule at its default
+    but the saturation rule, which refuses 10-row clients of this model (``--whole`` too)."""
+    import math
+
     import fedlatent as fl
 
+    rules = fl.DisclosurePolicy(max_parameters_per_record=math.inf)
     if kind == "plain":
-        return fl.Federation(random_state=0)
+        return fl.Federation(random_state=0, disclosure=rules)
     return fl.Federation(participation=0.5, quantizer=fl.Quantizer(4), control_variates=True,
-                         step_size=0.5, random_state=0)
+                         step_size=0.5, random_state=0, disclosure=rules)
 
 
 def one(n_clients: int, per_client: int, kind: str, rounds: int) -> dict:
@@ -206,6 +217,26 @@ def run_whole(sizes: list[int], per_client: int, repeats: int) -> None:
               f"{med(lambda r: r['fit_warm_s'] / r['sk_warm_s']):.2f} |", flush=True)
 
 
+def run_round_table(sizes: list[int], per_client: int, rounds: int, repeats: int) -> None:
+    """``--round-table``: per size, the median over ``repeats`` fresh processes of a plain
+    round (every check on: the replies' screen, the disclosure rules but saturation) over
+    scikit-learn's EM iteration on the pooled rows, in CPU and in wall seconds."""
+    print(f"a round of plain federated EM (every client, every reply check on), GMM d={D}, "
+          f"K={K}, {per_client} rows per client, against one scikit-learn EM iteration on the "
+          f"pooled rows from the same start, same process, one BLAS thread; median of {rounds} "
+          f"rounds (initialization round left out), median of {repeats} processes")
+    print("| clients | rows | round CPU s | sklearn iteration CPU s | ratio CPU | ratio wall |")
+    print("|---|---|---|---|---|---|")
+    for n in sizes:
+        rs = [run_child(n, per_client, "plain", rounds) for _ in range(repeats)]
+
+        def med(key, rs=rs):
+            return float(np.median([r[key] for r in rs]))
+
+        print(f"| {n:,} | {n * per_client:,} | {med('round_cpu'):.3f} | {med('sklearn_cpu'):.3f} "
+              f"| {med('ratio_cpu'):.2f} | {med('ratio'):.2f} |", flush=True)
+
+
 def run_child(n_clients: int, per_client: int, kind: str, rounds: int) -> dict:
     env = {**os.environ, **_THREADS}
     cmd = [sys.executable, __file__, "--one", str(n_clients), str(per_client), kind,
@@ -237,9 +268,12 @@ def main() -> None:
                     "clients of --per-client rows)")
     ap.add_argument("--quick", action="store_true", help="with --whole: 10,000 clients only")
     ap.add_argument("--sizes", default="10000,100000",
-                    help="with --whole: the client counts (e.g. 10000)")
+                    help="with --whole or --round-table: the client counts (e.g. 10000)")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="with --whole: fresh processes per size (the median is printed)")
+                    help="with --whole or --round-table: fresh processes per size (the median "
+                    "is printed)")
+    ap.add_argument("--round-table", action="store_true",
+                    help="a plain round against scikit-learn's iteration at --sizes clients")
     ap.add_argument("--whole-one", nargs=2, type=int, metavar=("CLIENTS", "PER_CLIENT"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
@@ -249,6 +283,9 @@ def main() -> None:
         return
     if a.whole:
         run_whole([10_000] if a.quick else _ints(a.sizes), a.per_client, a.repeats)
+        return
+    if a.round_table:
+        run_round_table(_ints(a.sizes), a.per_client, a.rounds, a.repeats)
         return
     if a.one:
         row = one(int(a.one[0]), int(a.one[1]), a.one[2], a.rounds)

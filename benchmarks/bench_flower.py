@@ -59,7 +59,7 @@ def _push_pull(grid, msgs):
             got.append(rep)
         if ids:
             time.sleep(pause)
-            pause = min(0.5, pause * 1.5)
+            pause = min(0.2, pause * 1.5)
     return got
 
 

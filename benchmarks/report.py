@@ -10,7 +10,7 @@ One command (``make bench``) regenerates, from one run:
 
 Both are headed by the date, the CPU model, the core count, the load average and the versions
 of Python, fedlatent, NumPy and scikit-learn, and name the command that wrote them. Each
-benchmark runs in its own process, at quick sizes by default (about ten minutes on a busy 2-core
+benchmark runs in its own process, at quick sizes by default (about twenty minutes on a busy 2-core
 machine) or with ``--full`` at issue 23's sizes (an hour or more). What a benchmark prints is
 taken as it is, not parsed: its Markdown table rows (``| ... |``, each table with the line
 printed before it as its caption) when it prints some, else its whole output as a text block.
@@ -111,10 +111,29 @@ SCRIPTS = (
            "rounds_to_tol.py's data: what a third of them takes (B'' is the engine's "
            "acceleration=\"newton\")",
            "accel_variants.py", ("--quick",), ()),
+    Script("A round at 100,000 clients against scikit-learn's iteration", "a round of plain "
+           "federated EM with every reply check on (the screen of the replies, the disclosure "
+           "rules but saturation) at 100,000 clients of 10 rows against one scikit-learn EM "
+           "iteration on the pooled rows from the same start, one BLAS thread, same process "
+           "(one process; --full: median of three)", "bench_clients.py",
+           ("--round-table", "--sizes", "100000", "--repeats", "1"),
+           ("--round-table", "--sizes", "100000", "--repeats", "3")),
     Script("Whole default fit against scikit-learn", "a whole default fit, initialization "
            "included, on clients of 10 rows against scikit-learn's whole default fit on the "
-           "pooled rows, one BLAS thread, same process (10,000 clients; --full: and 100,000)",
-           "bench_clients.py", ("--whole", "--quick"), ("--whole",)),
+           "pooled rows, one BLAS thread, same process (10,000 and 100,000 clients, one "
+           "process each; --full: median of three)",
+           "bench_clients.py", ("--whole", "--repeats", "1"), ("--whole",)),
+    Script("A fresh process: the quickstart's first fit, predict and score", "wall seconds of "
+           "the README quickstart's first fit in a new process (numba's cache as installed "
+           "and empty) and of `fedlatent predict` and `fedlatent score` on 200 rows, whole "
+           "commands", "bench_startup.py", ("--repeats", "3"), ("--repeats", "5")),
+    Script("A deployed round against Flower's empty round", "rounds of the default fit, plain "
+           "and under acceleration=\"newton\"; then a loopback deployment's GMM round (3 "
+           "sites of 40 rows) against Flower's empty Message-API round on the same "
+           "deployment, in both of Flower's isolation modes, and when the server app had "
+           "every node's first answer", "bench_flower_round.py",
+           ("--rounds", "4", "--floor-rounds", "6", "--newton-seeds", "3"),
+           ("--rounds", "6", "--floor-rounds", "10", "--newton-seeds", "6")),
     Script("FedHLCR against the Gibbs sampler", "CPU seconds of the whole default fit "
            "`fl.HLCR()` (every agent each round) against `solver=\"gibbs\"` on SYNTHHLCR "
            "(quick: 40 agents and 600 entities; --full: 130 agents and 2,400 entities)",

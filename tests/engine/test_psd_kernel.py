@@ -17,6 +17,7 @@ import pytest
 
 import fedlatent as fl
 import fedlatent.engine.protocol.psd_screen as ps
+import fedlatent.models.gmm.batched as gb
 from fedlatent.engine.protocol.psd_kernel import bordered_kernel
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 from tolerance import assert_same
@@ -120,8 +121,8 @@ class _Tamper(InProcessRuntime):
 def test_a_lying_clients_non_psd_block_is_refused_and_named_on_the_compiled_path(monkeypatch):
     _warm()
     calls = []
-    real = ps._bordered_compiled
-    monkeypatch.setattr(ps, "_bordered_compiled", lambda *a: calls.append(1) or real(*a))
+    real = gb.gaussian_row_suspects  # the rounds' compiled screen, reading the reply rows
+    monkeypatch.setattr(gb, "gaussian_row_suspects", lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(5)
     fd = fl.FederatedDataset.from_arrays(
         {f"c{i:02d}": rng.normal(size=(int(rng.integers(8, 30)), 3)) + 3.0 * (i % 3)

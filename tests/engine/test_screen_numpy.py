@@ -17,8 +17,10 @@ import numpy as np
 import pytest
 
 import fedlatent.engine.protocol.psd_screen as ps
+from fedlatent.models.gmm.batched import hard_labels_numpy
 from fedlatent.models.gmm.hardsums import hard_labels_many, live_cells
 from fedlatent.models.gmm.model import hard_labels
+from tolerance import assert_close, assert_same
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = float(np.finfo(np.float64).tiny)
@@ -77,7 +79,7 @@ def test_the_numpy_screen_is_the_certificate_matrix_by_matrix(monkeypatch, N, wi
     want = np.array([_certified_one(M[i], None if E is None else E[i], 1e-8)
                      for i in range(N)])
     assert 0 < want.sum() < N  # both answers occur
-    np.testing.assert_array_equal(ps.psd_certified(M, E), want)
+    assert_close(ps.psd_certified(M, E), want)  # booleans: exact
     parts = (M[:, 0, 0], M[:, 1:, 0], M[:, 1:, 1:])  # bordered: the first column is read
     Mb = M.copy()
     Mb[:, 0, 1:] = Mb[:, 1:, 0]
@@ -87,7 +89,7 @@ def test_the_numpy_screen_is_the_certificate_matrix_by_matrix(monkeypatch, N, wi
     eparts = None if Eb is None else (Eb[:, 0, 0], Eb[:, 1:, 0], Eb[:, 1:, 1:])
     want_b = np.array([_certified_one(Mb[i], None if Eb is None else Eb[i], 1e-8)
                        for i in range(N)])
-    np.testing.assert_array_equal(ps.bordered_certified(*parts, eparts), want_b)
+    assert_close(ps.bordered_certified(*parts, eparts), want_b)  # booleans: exact
 
 
 def test_the_psd_screen_loads_no_compiled_kernel():
@@ -114,8 +116,11 @@ def test_live_cells_are_the_cells_holding_anything_but_zeros():
     assert np.flatnonzero(got).tolist() == [1, 2, 3, 4, 5, 7]
 
 
+@pytest.mark.parametrize("labeller", [hard_labels_many, hard_labels_numpy])
 @pytest.mark.parametrize("need", [3, 5])
-def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need):
+def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need, labeller):
+    """The compiled labels and the NumPy ones of a small federation (issue 40: no numba to
+    set up for a first fit) are each client's own."""
     rng = np.random.default_rng(need)
     C, m, M = 300, 9, 12
     X = rng.normal(size=(C, m, 2))
@@ -123,10 +128,10 @@ def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need):
     real[:3, need - 1:] = False  # clients with fewer rows than a cell needs: every row to one
     centres = rng.normal(size=(M, 2)) * 2.0
     d2 = ((X[:, :, None, :] - centres) ** 2).sum(-1)
-    got = hard_labels_many(d2, real, need)
+    got = labeller(d2, real, need)
     policy = SimpleNamespace(min_records_per_block=need)
     for c in range(C):
-        np.testing.assert_array_equal(got[c][real[c]], hard_labels(d2[c][real[c]], policy))
+        assert_close(got[c][real[c]], hard_labels(d2[c][real[c]], policy))  # labels: exact
 
 
 def test_the_whole_fit_benchmark_runs_under_the_default_rules_but_saturation():
@@ -139,3 +144,57 @@ def test_the_whole_fit_benchmark_runs_under_the_default_rules_but_saturation():
     assert row["rounds"] >= 1 and row["sklearn_iter"] >= 1
     assert row["fit_first_cpu"] > 0 and row["sk_first_cpu"] > 0
     assert "fit_warm_cpu" not in row  # first fits only
+
+
+@pytest.mark.parametrize("cov", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("second", [True, False])
+def test_hard_sums_of_a_small_federation_are_the_compiled_sums(cov, second, monkeypatch):
+    """A small federation's start sums its cells in NumPy, a large one compiled, each row by
+    row into its cell: the same statistics, bit for bit."""
+    import fedlatent.engine.protocol.compiled as comp
+    import fedlatent.models.gmm.batched as gb
+
+    rng = np.random.default_rng(7)
+    C, m, d, M = 50, 7, 3, 5
+    X = rng.normal(size=(C, m, d))
+    w = (rng.random((C, m)) < 0.8).astype(float)
+    labels = rng.integers(0, M, size=(C, m))
+    centre = rng.normal(size=d)
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    monkeypatch.setattr(comp, "MIN_WORK", 10**9)
+    small = gb.hard_sums(X, labels, w, centre, cov, M, second)
+    monkeypatch.setattr(comp, "MIN_WORK", 1)
+    large = gb.hard_sums(X, labels, w, centre, cov, M, second)
+    assert small.keys() == large.keys() == ({"nk", "sx", "sxx"} if second else {"nk", "sx"})
+    for k in small:
+        # exact: the same products added in the same order (np.add.at in index order), so a
+        # fit's start does not depend on whether the process had set numba up before
+        assert_same(small[k], large[k])
+
+
+@pytest.mark.usefixtures("saturation_rule_off")
+def test_a_large_start_cut_into_small_chunks_runs_compiled(monkeypatch):
+    """The GMM start's batched query is cut into chunks of a few clients; whether its hard
+    cells are labelled compiled is judged by the whole query's rows (compiled.at_scale), not a
+    chunk's: a federation of more rows than MIN_WORK runs the kernels in every chunk."""
+    import warnings
+
+    import fedlatent as fl
+    import fedlatent.engine.node.batched as eb
+    import fedlatent.engine.protocol.compiled as comp
+    import fedlatent.models.gmm.batched as gb
+
+    rng = np.random.default_rng(2)
+    fd = fl.FederatedDataset.from_arrays({f"c{i:02d}": rng.normal(size=(12, 2)) + 3 * (i % 2)
+                                          for i in range(40)})  # 480 rows (12-row clients)
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    monkeypatch.setattr(eb, "_CHUNK_ROWS", 60)  # chunks of 5 clients, 60 rows
+    calls, real = [], gb.hard_labels_numpy
+    for rows in (1000, 400):  # the whole query (480 rows) below, then above the threshold
+        monkeypatch.setattr(comp, "MIN_WORK", rows)
+        monkeypatch.setattr(gb, "hard_labels_numpy",
+                            lambda *a, rows=rows: calls.append(rows) or real(*a))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0).fit(fd)
+    assert calls and set(calls) == {1000}  # NumPy only when the whole query is small

@@ -245,7 +245,10 @@ def _listing(path):
 
 
 def test_score_failure_leaves_no_per_row_file(gmm_model, tmp_path, monkeypatch):
+    from fedlatent.models.gmm.saved import FederatedGaussianMixture as Reader
+
     monkeypatch.setattr(fl.FederatedGaussianMixture, "score_dataset", _boom)
+    monkeypatch.setattr(Reader, "score_dataset", _boom)  # what the command reads it with
     out = tmp_path / "rows.csv"
     res = runner.invoke(app, ["score", "--model", str(gmm_model / "m"), "--data",
                               str(gmm_model / "data.csv"), "--out", str(out)])

@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -204,6 +205,37 @@ def test_a_tampered_settings_file_is_refused(saved, tmp_path, case):
     Path(f"{prefix}.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"model\.(npz|json)\b.*: " + match):
         fl.FederatedGaussianMixture.load(prefix)
+
+
+def _refusal(cls, prefix) -> str:
+    with pytest.raises(ValueError) as err:
+        cls.load(prefix)
+    return str(err.value)
+
+
+GMM_CASES = [c for m, c in TAMPER if m == "gmm"]
+
+
+@pytest.mark.parametrize("case", GMM_CASES + list(JSON_TAMPER))
+def test_the_saved_gmm_reader_refuses_what_the_estimator_refuses(saved, tmp_path, case):
+    """``fedlatent predict``'s reader of a saved Gaussian mixture (no scikit-learn,
+    fedlatent.models.gmm.saved) refuses every tampered file the estimator refuses, with the
+    same message."""
+    from fedlatent.models.gmm.saved import FederatedGaussianMixture as Reader
+
+    prefix = _copy(saved, "gmm", tmp_path)
+    Reader.load(prefix)  # the copy loads
+    if case in JSON_TAMPER:
+        path, value, match = JSON_TAMPER[case]
+        meta = json.loads(Path(f"{prefix}.json").read_text())
+        _edit(meta, path, value)
+        Path(f"{prefix}.json").write_text(json.dumps(meta))
+    else:
+        field, change, match = TAMPER["gmm", case]
+        tamper(prefix, field, change)
+    said = _refusal(Reader, prefix)
+    assert said == _refusal(fl.FederatedGaussianMixture, prefix)
+    assert re.search(match, said), said
 
 
 @pytest.mark.parametrize("model", list(CLASSES))

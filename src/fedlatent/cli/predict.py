@@ -42,10 +42,16 @@ _GLOBAL = typer.Option(False, "--global",
                             "instead of each client's.")
 
 
-def load_model(path: Path) -> tuple[Any, Path]:
+def load_model(path: Path, reader: bool = False) -> tuple[Any, Path]:
     """The estimator saved at ``path`` (a directory, ``<prefix>.json`` or the prefix) and its
-    prefix; exits with one line when ``path`` holds no fedlatent model."""
-    from ..engine.contract.registry import estimator_by_class_name, estimator_names
+    prefix; exits with one line when ``path`` holds no fedlatent model. ``reader``: the
+    model's reader for prediction and scores alone where it has one (no scikit-learn import:
+    :mod:`fedlatent.engine.estimation.saved`)."""
+    from ..engine.contract.registry import (
+        estimator_by_class_name,
+        estimator_names,
+        reader_by_class_name,
+    )
 
     path = Path(path)
     if path.is_dir():
@@ -67,7 +73,7 @@ def load_model(path: Path) -> tuple[Any, Path]:
     name = meta.get("class") if isinstance(meta, dict) else None
     if not isinstance(name, str):
         fail(f"{meta_path} is not a fedlatent model: it names no estimator class")
-    cls = estimator_by_class_name(name)
+    cls = (reader and reader_by_class_name(name)) or estimator_by_class_name(name)
     if cls is None:
         fail(f"{meta_path} holds a {name!r}, not a registered fedlatent estimator "
              f"(registered: {', '.join(estimator_names())})")
@@ -92,10 +98,14 @@ def _roles(prefix: Path, **given: str | None) -> dict[str, Any]:
     return roles
 
 
-def _entry(est):
-    from ..engine.contract.registry import estimator_entries, estimator_name
+def _target_needed(est) -> bool:
+    """Whether ``est`` is scored against the response (its registry entry's ``target``)."""
+    needed = getattr(est, "target_needed", None)  # a saved model's reader says it
+    if needed is not None:
+        return bool(needed)
+    from ..engine.contract.registry import estimator_entry, estimator_name
 
-    return estimator_entries()[estimator_name(est)]
+    return estimator_entry(estimator_name(est)).target  # (that model's module only)
 
 
 def _dataset(est, df, roles: dict[str, Any], target: str | None,
@@ -193,7 +203,7 @@ def predict(
     """Predict every row of a data file with a saved model (any registered estimator)."""
     import pandas as pd
 
-    est, prefix = load_model(model)
+    est, prefix = load_model(model, reader=site_state is None)
     if site_state is not None:
         from .flower import predict_at_site
 
@@ -276,8 +286,8 @@ def score(
     The metric is the estimator's (mean log-likelihood, accuracy, mean squared error...);
     --out also writes per-row scores.
     """
-    est, prefix = load_model(model)
-    entry = _entry(est)
+    est, prefix = load_model(model, reader=True)
+    supervised = _target_needed(est)
     df = read_frame(data)
     roles = _roles(prefix, client=client, entity=entity)
     if target is None and roles.get("target") in df.columns:
@@ -287,12 +297,12 @@ def score(
     # everything is computed before anything is written: a failure leaves no --out file
     res = None
     if out is not None:
-        res = _row_scores(est, entry.target, fd, predictors)
+        res = _row_scores(est, supervised, fd, predictors)
         res.index = file_order(df, roles["client"])
         res = res.sort_index()
         res.insert(0, roles["client"], df[roles["client"]].to_numpy())
     value = None
-    if entry.target and target is None:
+    if supervised and target is None:
         if out is None:
             fail(f"{type(est).__name__} is scored against the response: give --target COLUMN "
                  f"(the fit's, {roles.get('target')!r}, is not in {data})")

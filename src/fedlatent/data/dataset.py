@@ -340,11 +340,12 @@ class FederatedDataset(DatasetShape):
     def missing_target_counts(self) -> dict[str, int]:
         """Rows whose target is NaN, per client (clients without any left out)."""
         out = {}
-        for cid in self.client_ids:
-            miss = self.clients[cid].missing_target()
-            if miss is not None:
-                out[cid] = int(miss.sum())
-        return out
+        for cid, cd in self.clients.items():
+            if cd.y is not None:  # (no call for a client without a target)
+                miss = cd.missing_target()
+                if miss is not None:
+                    out[cid] = int(miss.sum())
+        return dict(sorted(out.items()))
 
     def refuse_missing_target(self) -> None:
         """Raise today's error for a NaN target (naming the client): for the models that

@@ -158,6 +158,12 @@ class LocalDeployment:
     policy_paths : list of path or None, optional
         A site policy file per SuperNode (None: none for that node), passed as its node
         config's ``policy-path`` (:mod:`fedlatent.engine.site`).
+    isolation : {"subprocess", "process"}
+        Flower's isolation mode of the ClientApps: each SuperNode starts its own SuperExec
+        (``subprocess``, Flower's default), or the SuperNode runs with ``--isolation
+        process`` and this object starts a ``flower-superexec`` beside it, connected to its
+        Runtime API. In both, the SuperExec starts one ``flwr-clientapp`` process per message
+        (Flower 1.41 keeps no ClientApp process alive between messages).
     credentials : Credentials, optional
         TLS and SuperNode authentication (one node key per data file); None: insecure (a
         warning is logged: only for loopback).
@@ -165,7 +171,8 @@ class LocalDeployment:
     Attributes
     ----------
     pids, node_pids : list of int
-        PIDs this object started (the SuperLink first), and those of the SuperNodes only.
+        PIDs this object started (the SuperLink first; SuperExecs last, isolation
+        "process"), and those of the SuperNodes only.
     address : str
         ``host:port`` of the SuperLink (Fleet, Control and Runtime APIs share one HTTP port).
     startup_seconds : float
@@ -174,6 +181,10 @@ class LocalDeployment:
         The part of it until the SuperLink answered its health check.
     last_run_seconds, last_status : float, dict
         Wall time of the last :func:`run_app` to finish on this deployment and its status.
+    last_run_started_at : float
+        When the last :func:`run_app` started ``flwr run`` (epoch seconds; the server app's
+        ``status.json`` stamps ``app_started_at`` and ``answered_at``, when every node had
+        described its data, on the same clock).
     """
 
     def __init__(
@@ -186,8 +197,12 @@ class LocalDeployment:
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
         policy_paths: Sequence[str | os.PathLike | None] | None = None,
+        isolation: str = "subprocess",
         credentials=None,
     ) -> None:
+        if isolation not in ("subprocess", "process"):
+            raise ValueError(f"isolation must be 'subprocess' or 'process', got {isolation!r}")
+        self.isolation = isolation
         if credentials is not None and len(credentials.node_keys) < len(data_paths):
             raise ValueError(f"{len(data_paths)} SuperNodes need as many node keys; the "
                              f"credentials hold {len(credentials.node_keys)}")
@@ -207,8 +222,10 @@ class LocalDeployment:
         self.superlink_seconds: float | None = None
         self.last_run_seconds: float | None = None
         self.last_status: dict[str, Any] | None = None
+        self.last_run_started_at: float | None = None
         self._link: subprocess.Popen | None = None
         self._nodes: list[subprocess.Popen] = []
+        self._execs: list[subprocess.Popen] = []  # (isolation "process": the SuperExecs)
         self._seen: set[int] = set()  # every tagged PID ever observed
         self._logs: list[Path] = []
         self._stopped = False
@@ -229,7 +246,8 @@ class LocalDeployment:
 
     @property
     def pids(self) -> list[int]:
-        return ([self._link.pid] if self._link else []) + self.node_pids
+        return ([self._link.pid] if self._link else []) + self.node_pids + [
+            p.pid for p in self._execs]
 
     @property
     def node_pids(self) -> list[int]:
@@ -398,8 +416,16 @@ class LocalDeployment:
                     "" if self.policy_paths[i] is None
                     else f" policy-path={_toml_string(str(self.policy_paths[i]))}"),
             ]
-            self._nodes.append(self._spawn(cmd, log, self.workdir / f"supernode-{i}" / "flwr-home"))
+            home = self.workdir / f"supernode-{i}" / "flwr-home"
+            if self.isolation == "process":
+                cmd.insert(2, "--isolation=process")
+            self._nodes.append(self._spawn(cmd, log, home))
             logs.append(log)
+            if self.isolation == "process":  # its SuperExec, on the node's Runtime API
+                self._execs.append(self._spawn(
+                    [_flower_exe("flower-superexec"), "--insecure", "--runtime-api-address",
+                     f"{self.host}:{port}", "--parent-pid", str(self._nodes[-1].pid)],
+                    self.workdir / f"superexec-{i}.log", home))
         waiting = set(range(len(self._nodes)))
         while waiting:
             for i in sorted(waiting):
@@ -454,7 +480,7 @@ class LocalDeployment:
             return
         self._stopped = True
         self._seen.update(_tagged_pids(self.token))
-        self._stop_group(self._nodes)
+        self._stop_group(self._nodes + self._execs)
         if self._link is not None:
             self._stop_group([self._link])
         # Flower starts SuperExec and app processes detached (own session); they watch their

@@ -137,6 +137,7 @@ def run_app(
     log = deployment.workdir / f"flwr-run-{n}.log"
     cmd = _flwr_run_command(app_dir, deployment, dict(overrides or {}), n)
     t0 = time.monotonic()
+    deployment.last_run_started_at = time.time()  # (epoch: beside the server's status stamps)
     proc = _start_logged(cmd, deployment, log)
     try:
         _wait_reporting(proc, t0 + timeout, out_dir / "status.json", on_round, on_wait,

@@ -24,6 +24,8 @@ Server side::
                                                        node refuses any other shape)
     check(stats, n_units, slack) -> reason or None     what one client's statistics must mean
     check_many(stats, n_units, slack) -> mask          ``check`` of many clients at once
+    check_rows(rows) -> mask                           ``check_many`` of reply rows as the server
+        rebuilds them (default: built a chunk at a time; a model may read them compiled)
     server_step(S, params, n_total) -> params          the M-step T(S) on mean statistics
         (default: ``m_step(project_stats(S), ...)``: a new model writes ``m_step`` and
         declares its ``count_stats``; the engine projects them back into their domain)
@@ -478,6 +480,23 @@ class FederatedModel(ABC):
             out[i] = self.check(Stats(row, copy=False), n_units[i],
                                 None if sl is None else Stats(sl, copy=False)) \
                 is not None
+        return out
+
+    def check_rows(self, rows) -> np.ndarray:
+        """:meth:`check_many` of some rows of a round's replies, given as the server rebuilds
+        them (a :class:`~fedlatent.engine.protocol.reply_rows.ReplyRows`: the statistics
+        ``S_c n_c`` and their rounding slack, built on demand): a mask over the rows, True at
+        least where :meth:`check` fails. Default: :meth:`check_many` a chunk of rows at a
+        time (each chunk's statistics built, the slack asked for when needed). A model
+        overrides it to read the rows' parts without building them (the Gaussian mixture's
+        compiled screen)."""
+        out = np.empty(len(rows), dtype=bool)
+        lo = 0
+        for part in rows.chunks():
+            slack = part.slack if part.has_slack else None
+            out[lo:lo + len(part)] = np.asarray(self.check_many(part.stats(), part.n, slack),
+                                                dtype=bool)
+            lo += len(part)
         return out
 
     def param_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:

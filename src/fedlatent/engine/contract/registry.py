@@ -9,9 +9,11 @@ A model registers itself where it is defined, twice over:
   what is registered here.
 
 Models are found without a hand-kept list: a name is looked up first in
-``fedlatent.models.<name>`` (one import, what a Flower client process needs), and otherwise every
-module of the ``fedlatent.models`` package is imported once (:func:`discover`). Adding a model is
-adding a module; no existing module changes.
+``fedlatent.models.<name>`` (one import, what a Flower client process needs), an estimator class
+name in the one module whose source registers it (:func:`estimator_by_class_name`: a saved
+model's class, ``fl.FedGMM``), and otherwise every module of the ``fedlatent.models`` package is
+imported once (:func:`discover`). Adding a model is adding a module; no existing module
+changes.
 
 A deployment carries an estimator as ``(name, parameters as JSON, federation as JSON)``; the
 server rebuilds it to run the fit and every node rebuilds it to validate its own data with the
@@ -20,12 +22,16 @@ estimator's own checks. No code and no pickle cross.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "estimator_class",
     "estimator_config",
     "estimator_entries",
+    "estimator_entry",
     "estimator_from_config",
     "estimator_name",
     "estimator_names",
@@ -44,14 +51,17 @@ __all__ = [
     "model_class",
     "model_from_config",
     "params_to_json",
+    "reader_by_class_name",
     "register_estimator",
     "register_model",
+    "register_reader",
 ]
 
 MODELS_PACKAGE = "fedlatent.models"
 
 _MODELS: dict[str, type] = {}
 _ESTIMATORS: dict[str, EstimatorEntry] = {}
+_READERS: dict[str, type] = {}
 _DISCOVERED = False
 
 
@@ -206,6 +216,25 @@ def register_estimator(name: str, *, description: str = "", target: bool = False
     return deco
 
 
+def register_reader(cls: type) -> type:
+    """Class decorator: a saved model's reader for prediction and scores alone, without its
+    estimator class (:class:`fedlatent.engine.estimation.saved.SavedModel`), under the
+    estimator's class name (which it shares)."""
+    _READERS[cls.__name__] = cls
+    return cls
+
+
+def reader_by_class_name(class_name: str) -> type | None:
+    """The reader registered for the saved estimator class ``class_name``, or None (read the
+    model with its estimator). Only the module registering it is imported, found by reading
+    the sources of ``fedlatent.models`` (:func:`_defining_module`)."""
+    if class_name not in _READERS:
+        module = _defining_module(reader=class_name)
+        if module is not None:
+            importlib.import_module(module)
+    return _READERS.get(class_name)
+
+
 def _import_tree(module_name: str) -> None:
     """Import a module and, if it is a package, every module below it."""
     mod = importlib.import_module(module_name)
@@ -230,6 +259,10 @@ def _find(name: str, table: dict) -> None:
         module = f"{MODELS_PACKAGE}.{name}"
         try:
             importlib.import_module(module)
+            if name not in table and table is _ESTIMATORS:  # the one module registering it
+                where = _defining_module(estimator=name, package=module)
+                if where is not None:
+                    importlib.import_module(where)
             if name not in table:
                 _import_tree(module)
         except ModuleNotFoundError as err:
@@ -272,6 +305,12 @@ def example(name: str) -> Example:
     return _ESTIMATORS[name].load_example()
 
 
+def estimator_entry(name: str) -> EstimatorEntry:
+    """The :class:`EstimatorEntry` registered as ``name``, its module imported alone."""
+    estimator_class(name)
+    return _ESTIMATORS[name]
+
+
 def estimator_class(name: str) -> type:
     _find(name, _ESTIMATORS)
     if name not in _ESTIMATORS:
@@ -280,11 +319,64 @@ def estimator_class(name: str) -> type:
 
 
 def estimator_by_class_name(class_name: str) -> type | None:
-    """The registered estimator class called ``class_name`` (``"FedGMM"``), or None."""
+    """The registered estimator class called ``class_name`` (``"FedGMM"``), or None.
+
+    Only the module defining it is imported (:func:`_defining_module`: a saved model, a
+    command-line call, ``fl.FedGMM``: one model's import, not every model's); every model
+    when no module of ``fedlatent.models`` defines it by that name."""
+    for _ in range(2):
+        for entry in list(_ESTIMATORS.values()):
+            if entry.cls.__name__ == class_name:
+                return entry.cls
+        module = _defining_module(class_name)
+        if module is None:
+            break
+        importlib.import_module(module)
     for entry in estimator_entries().values():
         if entry.cls.__name__ == class_name:
             return entry.cls
     return None
+
+
+def _defining_module(class_name: str | None = None, *, estimator: str | None = None,
+                     reader: str | None = None, package: str = MODELS_PACKAGE) -> str | None:
+    """The module of ``package`` whose source registers an estimator class ``class_name`` (a
+    ``class`` statement decorated with ``register_estimator``), an estimator under the short
+    name ``estimator`` (``register_estimator("name", ...)``) or a saved model's reader of the
+    class ``reader`` (``@register_reader`` on ``class <reader>(``), found by reading the
+    sources, importing nothing; None when there is none (or the package is not on disk)."""
+    name = class_name or estimator or reader
+    if not (isinstance(name, str) and name.isidentifier()):
+        return None
+    spec = importlib.util.find_spec(package)
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    if estimator is not None:
+        wanted = re.compile(r"register_estimator\(\s*[\"']" + re.escape(name) + r"[\"']")
+    elif reader is not None:
+        wanted = re.compile(r"^@register_reader\s*\nclass " + re.escape(name) + r"\(", re.M)
+    for root in map(Path, roots):
+        for path in sorted(root.rglob("*.py")):
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError:
+                continue
+            if class_name is None:
+                if wanted.search(text) is None:
+                    continue
+            elif "register_estimator" not in text or f"class {name}(" not in text or \
+                    not _registers_class(text, name):
+                continue
+            parts = path.relative_to(root).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            return ".".join((package, *parts))
+    return None
+
+
+def _registers_class(text: str, class_name: str) -> bool:
+    """Whether the source ``text`` defines ``class_name`` under ``register_estimator``."""
+    return any(isinstance(node, ast.ClassDef) and node.name == class_name and any(
+        "register_estimator" in ast.unparse(dec) for dec in node.decorator_list)
+        for node in ast.parse(text).body)
 
 
 def estimator_name(est) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 
 from fedlatent.data.validation import DataValidationError
-from fedlatent.engine.errors import NotFittedError
 
 __all__ = ["check_enough_rows", "check_features", "check_is_fitted", "check_weights_init",
            "refuse_missing"]
@@ -16,6 +15,8 @@ __all__ = ["check_enough_rows", "check_features", "check_is_fitted", "check_weig
 def check_is_fitted(est, attr: str = "n_iter_") -> None:
     """Raise NotFittedError (scikit-learn's) unless ``est`` has been fitted."""
     if not hasattr(est, attr):
+        from fedlatent.engine.errors import NotFittedError  # (imports scikit-learn)
+
         raise NotFittedError(
             f"this {type(est).__name__} is not fitted yet; call fit(fd) before using it"
         )

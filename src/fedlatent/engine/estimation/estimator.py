@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from fedlatent.data.dataset import ClientData, DataValidationError, FederatedDataset
+from fedlatent.data.dataset import DataValidationError, FederatedDataset
 from fedlatent.engine.contract.model import NO_CAPABILITIES, Capabilities, FederatedModel, Params
 from fedlatent.engine.contract.params import validate_params
 from fedlatent.engine.contract.registry import params_to_json
@@ -45,11 +45,11 @@ from fedlatent.engine.contract.selection import Selection, fit_selected, load_se
 from fedlatent.engine.errors import NotFittedError
 from fedlatent.engine.estimation.checks import check_features, check_is_fitted, refuse_missing
 from fedlatent.engine.estimation.fitcontext import FitContext
-from fedlatent.engine.fedem.checkpoint import load_arrays_json, save_arrays_json
+from fedlatent.engine.estimation.prediction import DatasetPrediction
+from fedlatent.engine.estimation.saved import apply_saved, load_checked, saved_settings
+from fedlatent.engine.fedem.checkpoint import save_arrays_json
 from fedlatent.engine.fedem.federation import Federation
-from fedlatent.engine.fedem.history import History
 from fedlatent.engine.fedem.seeds import resolve_seed
-from fedlatent.engine.protocol.exchange import number, setup_clients
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.rounds.fitsetup import setup_fit
 from fedlatent.engine.rounds.loop import (
@@ -73,11 +73,12 @@ __all__ = [
 ]
 
 
-class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
+class FederatedEstimator(DatasetPrediction, BaseEstimator, metaclass=ABCMeta):
     """Base of fedlatent estimators: a scikit-learn estimator fitted over a federation.
 
     Subclasses define ``__init__`` (storing their arguments), ``_parameter_constraints`` and
-    the hooks listed in the module docstring.
+    the hooks listed in the module docstring. Prediction and scores on federated data come from
+    :class:`~fedlatent.engine.estimation.prediction.DatasetPrediction` (no scikit-learn there).
     """
 
     # ---- declared data (class attributes) ------------------------------------------------------
@@ -199,12 +200,6 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         if fed is not None and not isinstance(fed, Federation):
             raise ValueError(f"federation must be a fl.Federation, got {type(fed).__name__}")
         self._check_params()
-
-    def _federation(self) -> Federation:
-        fed = getattr(self, "federation", None)
-        fed = Federation() if fed is None else fed
-        fed.validate()
-        return fed
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "n_iter_")
@@ -485,67 +480,6 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         """
         raise NotImplementedError(f"{type(self).__name__} does not send its fitted parameters")
 
-    def _federated_loglik(self, fd, runtime: Runtime | None = None) -> tuple[float, int]:
-        """Sum of the log-likelihoods and the number of rows over the clients of ``fd``, computed
-        where the rows are (the model's ``loglik`` query; only the two sums come back, checked).
-
-        Parameters
-        ----------
-        fd : FederatedDataset
-            Must have the columns of the fit, in the same order.
-        runtime : Runtime or None
-            Transport to the clients; default: in-process clients built from ``fd``.
-
-        Returns
-        -------
-        (float, int)
-            The summed log-likelihood and the number of rows.
-        """
-        check_is_fitted(self)
-        fitted = [str(f) for f in self.feature_names_in_]
-        if list(fd.feature_names) != fitted:
-            raise ValueError(f"the dataset has features {list(fd.feature_names)}, but this "
-                             f"{type(self).__name__} was fitted with {fitted}")
-        model = self._make_model(fd)
-        rt = runtime if runtime is not None else InProcessRuntime(fd)
-        setup_clients(rt, model, self._federation().disclosure)
-        payload = {f"params/{k}": v for k, v in self._fitted_params().items()}
-        rep = FitContext(rt, model, None, 0).ask(
-            "loglik", payload, expect={"n": number(low=0), "loglik": number()}, what="scoring")
-        return (sum(float(r["loglik"]) for r in rep.values()),
-                sum(float(r["n"]) for r in rep.values()))
-
-    def _predict_client(self, client: str, data: ClientData) -> np.ndarray:
-        """Predictions for one client's rows (default: ``predict(data.X)``)."""
-        return np.asarray(self.predict(data.X))
-
-    def predict_dataset(self, fd: FederatedDataset):
-        """Predictions for every row of ``fd``, each client's part computed where its data are
-        (``_predict_client``), as a pandas Series in the user's order: indexed by
-        ``fd.row_index`` (a DataFrame's index, in its row order, for a dataset made with
-        ``from_pandas``; a RangeIndex over the rows in client order for one made from arrays).
-
-        A model with its own prediction path returns ``fd.to_source_order(values)`` with
-        ``values`` in client order (the order of ``fd.items()``), as this does.
-        """
-        check_is_fitted(self)
-        self._note_left_out(fd)
-        parts = [np.asarray(self._predict_client(cid, cd)) for cid, cd in fd.items()]
-        return fd.to_source_order(np.concatenate(parts) if parts else np.zeros(0),
-                                  name="prediction")
-
-    def _note_left_out(self, fd) -> None:
-        """Say (a SitesExcludedWarning) when ``fd`` holds sites the fit left out: their
-        predictions use the population-level model, as for sites not seen in training."""
-        out = [c for c in fd.client_ids if c in (getattr(self, "excluded_clients_", None) or {})]
-        if out:
-            from fedlatent.data.validation import name_list
-            from fedlatent.engine.warn import SitesExcludedWarning, warn_user
-
-            warn_user(f"site(s) {name_list(out)} were left out of the fit (excluded_clients_): "
-                      "their predictions use the population-level model, as for a site not "
-                      "seen in training", SitesExcludedWarning)
-
     def score_dataset(self, fd: FederatedDataset) -> float:
         """The estimator's score on federated data (``_score_name`` names it)."""
         raise NotImplementedError(f"{type(self).__name__} has no score on federated data")
@@ -602,46 +536,12 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
     @classmethod
     def _from_saved(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]):
         """The estimator of a saved model's (checked) arrays and JSON, before its hook."""
-        params = dict(meta["params"])
-        fed = params.pop("federation", None)
+        params, fed = saved_settings(meta)
         names = cls._get_param_names()
         est = cls(**{k: v for k, v in params.items() if k in names})
         if fed is not None:
-            fed = dict(fed)
-            if isinstance(fed.get("step_size"), str):  # a callable was recorded by its repr
-                fed["step_size"] = 1.0
-            est.federation = Federation.from_config(fed)
-        for k, v in arrays.items():
-            setattr(est, k, v)
-        fitted = dict(meta["fitted"])
-        if "n_rounds_" in fitted:  # files written before n_iter_
-            fitted["n_iter_"] = fitted.pop("n_rounds_")
-        for k, v in fitted.items():
-            setattr(est, k, v)
-        est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
-        est.n_features_in_ = len(est.feature_names_in_)
-        est.history_ = History.from_records(meta["history"])
-        est.excluded_clients_ = _excluded_entry(meta.get("excluded"))
-        est.history_.excluded = dict(est.excluded_clients_)
-        est.encoding_ = None
-        if meta.get("encoding") is not None:
-            from fedlatent.data.categorical import CategoricalEncoding
-
-            est.encoding_ = CategoricalEncoding.from_json(meta["encoding"])
-        est.privacy_spent_ = est.privacy_calibration_ = None
-        if meta.get("privacy") is not None:
-            from fedlatent.engine.privacy.dp import Calibration
-
-            priv = meta["privacy"]
-            est.privacy_calibration_ = Calibration.from_dict(priv["calibration"])
-            spent = [float(v) for v in priv["spent"]]
-            if len(spent) != 2 or spent[0] > est.privacy_calibration_.epsilon * (1 + 1e-9):
-                raise ValueError(f"privacy spent {spent} is not (epsilon, delta) within the "
-                                 "calibrated budget; the file is damaged")
-            est.privacy_spent_ = (spent[0], spent[1])
-        if "selection" in meta:
-            est._load_selection(meta["selection"])
-        est._load_extra(meta)
+            est.federation = fed
+        apply_saved(est, arrays, meta)
         return est
 
     def _load_selection(self, doc: dict[str, Any]) -> None:
@@ -657,29 +557,4 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         :class:`~fedlatent.engine.site.keys.Roster`), an unsigned pair, or one not signed by
         a rostered site, or edited since it was signed, is refused; without it the signature
         is not checked (files saved before signatures load as before)."""
-        from fedlatent.engine.protocol.loadcheck import check_saved
-
-        path = Path(path)
-        npz, js = path.with_name(path.name + ".npz"), path.with_name(path.name + ".json")
-        arrays, meta = load_arrays_json(path, trust=trust)
-        if meta.get("class") != cls.__name__:
-            raise ValueError(f"{path} holds a {meta.get('class')}, not a {cls.__name__}")
-        check_saved(cls, arrays, meta, npz, js)
-        try:
-            est = cls._from_saved(arrays, meta)
-            est._check_loaded()
-        except (ValueError, KeyError, TypeError, IndexError) as err:
-            raise ValueError(f"{npz} / {js.name}: {err}") from err
-        est._after_load()
-        return est
-
-
-def _excluded_entry(value) -> dict[str, str]:
-    """A saved model's ``excluded`` entry (sites left out of its fit): a JSON object of
-    texts, or nothing (files saved before the entry)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                              for k, v in value.items()):
-        raise ValueError(f"entry 'excluded' must map site ids to texts, got {value!r}")
-    return dict(value)
+        return load_checked(cls, path, trust)

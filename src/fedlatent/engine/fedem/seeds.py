@@ -8,7 +8,7 @@ import zlib
 
 import numpy as np
 
-__all__ = ["client_key", "client_rng", "resolve_seed", "server_rng"]
+__all__ = ["client_key", "client_keys", "client_rng", "resolve_seed", "server_rng"]
 
 
 def resolve_seed(random_state) -> int:
@@ -25,6 +25,13 @@ def resolve_seed(random_state) -> int:
 def client_key(client_id: str) -> int:
     """A stable integer for a client id (independent of client order and runtime)."""
     return zlib.crc32(str(client_id).encode("utf-8"))
+
+
+def client_keys(client_ids) -> np.ndarray:
+    """:func:`client_key` of every id, as an int64 array (one pass, no call per id)."""
+    crc = zlib.crc32
+    return np.fromiter((crc(str(c).encode("utf-8")) for c in client_ids), dtype=np.int64,
+                       count=len(client_ids))
 
 
 def client_rng(seed: int, client_id: str, round_: int, purpose: int = 0) -> np.random.Generator:

@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedlatent.data.dataset import ClientData
-from fedlatent.engine.contract.model import client_key, client_rng
-from fedlatent.engine.fedem.pcg import client_uniforms
+from fedlatent.engine.contract.model import client_rng
+from fedlatent.engine.fedem.seeds import client_keys
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.batched_points import BatchedPointStates
 from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.node.pointstate import history_rounds, in_key, out_key
+from fedlatent.engine.protocol.compiled import at_scale, kernels
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
 
@@ -42,6 +43,8 @@ __all__ = ["Bucket", "BatchStep", "BatchReply", "BatchedClients", "ClientBatch"]
 _P_MODEL, _P_QUANT, _P_BATCH = 0, 1, 2
 #: rows of one call of the model's batched step (its temporaries then stay in cache)
 _CHUNK_ROWS = 16384
+#: reply rows made from sums at once (fedem_rows' passes over them stay in cache)
+_FINISH_ROWS = 256
 #: rows of the statistics processed at once after the step (differences, quantizer, V_c)
 _CHUNK = 1024
 #: up to this many distinct client sizes, one bucket per size (no padding: every client's sums
@@ -172,7 +175,7 @@ class BatchedClients(BatchedPointStates):
     def __init__(self, ids: list[str], datas: list[ClientData], model):
         self.ids = list(ids)
         self.pos = {c: i for i, c in enumerate(self.ids)}
-        self.keys = np.array([client_key(c) for c in self.ids], dtype=np.int64)
+        self.keys = client_keys(self.ids)
         self.model = model
         #: the model's own stacking of the data (``batched_units``), else rows in buckets
         self.units = model.batch_units(list(datas)) if model.batched_units else None
@@ -395,8 +398,7 @@ class BatchedClients(BatchedPointStates):
         After the statistics, each chunk of rows is turned into the reply in place (mean,
         ``- S_hat - V_c``, the quantizer, ``V_c += alpha Q_c``): one pass over the sums, the
         same operations, element by element, as a client alone makes."""
-        seed, rnd = int(msg["seed"]), int(msg["round"])
-        mode = str(msg.get("mode", "full"))
+        seed, rnd, mode = int(msg["seed"]), int(msg["round"]), str(msg.get("mode", "full"))
         params = unpack(msg, "params")
         S_hat = unpack(msg, "S_hat")
         points = self._points(idx, msg, mode, bool(S_hat))  # (from the round's first state)
@@ -413,8 +415,7 @@ class BatchedClients(BatchedPointStates):
         V = had = None
 
         def control_variates():
-            """``V_c`` (after the resets) and who had one, once the statistic's layout is
-            known (the first chunk of the step)."""
+            """``V_c`` (after the resets) and who had one, once the layout is known."""
             nonlocal V, had
             if use_cv and V is None and self.template is not None:
                 V = self._flat_group("V")
@@ -426,15 +427,16 @@ class BatchedClients(BatchedPointStates):
         def finish(Q, n, lo, hi):
             """Rows ``lo:hi`` of the sums made into the reply, in place."""
             control_variates()
-            ii = idx[lo:hi]
-            new = fedem_rows(
-                Q[lo:hi], n[lo:hi] if fused else None, S_flat,
-                None if V is None else V.arrays[""][ii], None if had is None else had[lo:hi],
-                levels=levels, sizes=[v.size for v in self.template.values()],
-                uniforms=stream_uniforms(keys[lo:hi], Q.shape[1]) if levels > 0 else None,
-                alpha=alpha, cv=cv)
-            if new is not None:
-                V.arrays[""][ii] = new
+            for a, b, ii in _sub_chunks(idx, lo, hi):
+                Vc, view = None if V is None else V.arrays[""][ii], isinstance(ii, slice)
+                new = fedem_rows(
+                    Q[a:b], n[a:b] if fused else None, S_flat, Vc,
+                    None if had is None else had[a:b], levels=levels,
+                    sizes=[v.size for v in self.template.values()], alpha=alpha, cv=cv,
+                    uniforms=stream_uniforms(keys[a:b], Q.shape[1]) if levels > 0 else None,
+                    out=Vc if view else None)
+                if new is not None and not view:
+                    V.arrays[""][ii] = new
 
         done = np.zeros(idx.size, dtype=bool)
         S_c, n, obj = self._estep_stats(mode, seed, rnd, idx, params, msg,
@@ -548,6 +550,7 @@ class BatchedClients(BatchedPointStates):
         want[idx] = True
         row_of = np.full(len(self.ids), -1)
         row_of[idx] = np.arange(idx.size)
+        rows = sum(int(want[bk.clients].sum()) * bk.X.shape[1] for bk in self.batch.buckets)
         for bk in self.batch.buckets:
             sel = want[bk.clients]
             every = bool(sel.all())
@@ -557,9 +560,10 @@ class BatchedClients(BatchedPointStates):
             for lo in range(0, count, per):
                 take = slice(lo, min(lo + per, count)) if every else pos[lo:lo + per]
                 cl = bk.clients[take]
-                fields = model.client_query_batched(
-                    name, msg, bk.X[take], None if bk.y is None else bk.y[take],
-                    bk.real[take].astype(np.float64), self._model_state(cl))
+                with at_scale(rows):  # (a compiled kernel pays for the whole query's rows)
+                    fields = model.client_query_batched(
+                        name, msg, bk.X[take], None if bk.y is None else bk.y[take],
+                        bk.real[take].astype(np.float64), self._model_state(cl))
                 yield row_of[cl], fields
 
     def mark_setup(self) -> None:
@@ -629,7 +633,8 @@ class _Generators:
 
     def uniforms(self, counts: np.ndarray) -> np.ndarray:
         """``self[i].random(counts[i])`` for every client, concatenated (the same numbers)."""
-        return client_uniforms(self.seed, self.keys, self.rnd, _P_MODEL, counts)
+        pcg = kernels("fedlatent.engine.fedem.pcg")  # (numba: imported when drawn)
+        return pcg.client_uniforms(self.seed, self.keys, self.rnd, _P_MODEL, counts)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -647,6 +652,17 @@ def _finish_rest(done: np.ndarray, finish, S_c: np.ndarray, n: np.ndarray) -> No
     for run in np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1):
         for lo in range(int(run[0]), int(run[-1]) + 1, _CHUNK):
             finish(S_c, n, lo, min(lo + _CHUNK, int(run[-1]) + 1))
+
+
+def _sub_chunks(idx: np.ndarray, lo: int, hi: int):
+    """``(a, b, clients)`` of the rows ``lo:hi`` by :data:`_FINISH_ROWS` (a few hundred rows,
+    in cache), ``clients`` = ``idx[a:b]`` as a slice when consecutive (rows updated in
+    place)."""
+    for a in range(lo, hi, _FINISH_ROWS):
+        b = min(a + _FINISH_ROWS, hi)
+        rows = idx[a:b]  # (ascending and distinct: consecutive when the ends say so)
+        yield a, b, slice(int(rows[0]), int(rows[-1]) + 1) if rows[-1] - rows[0] == b - a - 1 \
+            else rows
 
 
 def _as_slice(rows: np.ndarray):

@@ -23,7 +23,8 @@ __all__ = ["fedem_rows"]
 def fedem_rows(d: np.ndarray, n: np.ndarray | None, S_flat: np.ndarray | None,
                V: np.ndarray | None, had: np.ndarray | None, *, levels: int = 0,
                sizes: list[int] | None = None, uniforms: np.ndarray | None = None,
-               alpha: float = 1.0, cv: bool = False) -> np.ndarray | None:
+               alpha: float = 1.0, cv: bool = False,
+               out: np.ndarray | None = None) -> np.ndarray | None:
     """Make the rows ``d`` of statistics into the rows of the reply, in place; return the
     clients' new control variates (None without control variates).
 
@@ -48,6 +49,8 @@ def fedem_rows(d: np.ndarray, n: np.ndarray | None, S_flat: np.ndarray | None,
     cv : bool
         Whether to update the control variates (``V_c += alpha Q_c``; a client without one
         starts from 0).
+    out : ndarray of shape (A, F) or None
+        Where to write the new control variates (``V`` itself: updated in place).
     """
     if n is not None:
         d /= np.maximum(n, 1)[:, None]
@@ -63,4 +66,5 @@ def fedem_rows(d: np.ndarray, n: np.ndarray | None, S_flat: np.ndarray | None,
     if not cv:
         return None
     step = alpha * d if alpha != 1.0 else d
-    return (V if had.all() else np.where(had[:, None], V, 0.0)) + step
+    base = V if had.all() else np.where(had[:, None], V, 0.0)
+    return base + step if out is None else np.add(base, step, out=out)

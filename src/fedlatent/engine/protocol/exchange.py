@@ -344,7 +344,7 @@ def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
     ids = [c for c in runtime.client_ids if c not in out.excluded]
     if isinstance(replies, RowReplies):  # answered at once: the units as one array
         units = replies.fields["n_units"]
-        out.n_units = dict(zip(replies.clients, map(units_number, units.tolist())))
+        out.n_units = dict(zip(replies.clients, _units_list(units)))
     else:
         out.n_units = {c: units_number(replies[c]["n_units"]) for c in ids}
         units = np.array([out.n_units[c] for c in ids], dtype=np.float64)
@@ -355,6 +355,15 @@ def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
         _check_cohort(disclosure or DisclosurePolicy(), replies, ids,
                       int(cohort(len(ids)) if callable(cohort) else cohort), statistics)
     return out
+
+
+def _units_list(units) -> list[int | float]:
+    """:func:`~fedlatent.engine.stats.units_number` of every entry of ``units`` (whole
+    counts, the usual case, converted at once)."""
+    u = np.asarray(units, dtype=np.float64)
+    if u.size and np.all((u == np.floor(u)) & (np.abs(u) < 2.0**53)):
+        return u.astype(np.int64).tolist()
+    return list(map(units_number, u.tolist()))
 
 
 def _setup_message(model, disclosure, privacy, privacy_releases: int, run: str | None,

@@ -1,18 +1,23 @@
-"""The compiled form of :func:`~fedlatent.engine.protocol.psd_screen.bordered_certified`'s
-certificate: one pass over the matrices, each factored in a small local array.
+"""The compiled forms of :func:`~fedlatent.engine.protocol.psd_screen.bordered_certified`'s
+certificate: the matrices factored a few at a time, side by side.
 
 The NumPy screen (:mod:`.psd_screen`) factors a chunk of matrices entry by entry; at 100,000
-clients a round screens 400,000 9 x 9 moment matrices and the NumPy screen costs about half a
-second there, most of it moving the matrices into the entry-major layout. This kernel reads
-each matrix from its parts and factors it in place of a (p, p) scratch array, in the same
-order of operations (the same test, the same pivots), in a few hundredths of a second.
+clients a round screens 400,000 9 x 9 moment matrices and costs about a second there, most of
+it moving the matrices into the entry-major layout and the round's statistics rebuilt and
+scaled (``(Q_c + S_hat + V_c) n_c``) before the screen reads them. These kernels read each
+matrix where it is and factor :data:`LANES` matrices side by side in a small entry-major
+scratch array (each operation acts on one entry of every lane: SIMD), in the same order of
+operations as the NumPy screen (the same test, the same pivots):
 
-It is used only when numba's compiler is already running in the process
-(:func:`~.psd_screen._kernel_ready`):
-numba's first compiled call costs about 0.7 CPU seconds (its type registries), which a fit
-that compiled nothing else (a start without the hard-assignment kernels, a deployed server)
-should not pay for a screen NumPy does in well under a second. The kernel is cached on disk
-(``cache=True``); on an empty cache it compiles in about a second, once per machine.
+- :func:`bordered_kernel` reads the matrices ``[[c, b^T], [b, A]]`` from their parts;
+- :func:`reply_bordered_kernel` reads them from rows of a round's replies, each entry rebuilt
+  as the server rebuilds it (:class:`~fedlatent.engine.protocol.reply_rows.ReplyRows`) with its
+  rounding slack, so that nothing of the size of the round's statistics is allocated.
+
+They are used only where numba pays (:mod:`.compiled`): numba's set-up in a process costs about
+half a CPU second, more than a small fit's NumPy screen. The kernels are cached on disk
+(``cache=True``); on an empty cache they compile in a few seconds, once per machine, and say so
+(:func:`~.compiled.announce`).
 """
 
 from __future__ import annotations
@@ -22,65 +27,188 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["bordered_kernel"]
+__all__ = ["LANES", "bordered_kernel", "reply_bordered_kernel"]
 
 _TINY = float(np.finfo(np.float64).tiny)
+#: matrices factored side by side (two AVX2 registers of doubles per entry)
+LANES = 8
+
+
+@njit(cache=True)
+def _certify_lanes(W, E, ok, L, p, h, slack):
+    """The certificate of the ``L`` matrices in the lanes of ``W`` (p, p, LANES), their
+    slack in ``E`` (read when ``slack``): ``ok[l]`` is True when matrix ``l`` has finite
+    entries, a diagonal >= 0 (and a finite scaled slack) and the Cholesky factorization of
+    its symmetric part plus the shift of :func:`~.psd_screen._certify_entries` has every
+    pivot positive and finite. ``W`` is overwritten. The operations of each lane are those
+    of the NumPy screen, in its order; the lanes' flags are numbers (1: still good), so
+    that every loop over the lanes is one SIMD operation. The entries' finiteness, which the
+    NumPy screen tests apart, is the pivots' here: every entry enters the symmetric part's
+    lower triangle, and a non-finite one there makes a later pivot NaN or infinite (column
+    ``j``'s entry of row ``r`` is squared into pivot ``r``)."""
+    fin = np.zeros(LANES)  # (x * 0 is 0 exactly when x is finite: the slack's norm)
+    good = np.ones(LANES)
+    for a in range(p):
+        for lane in range(LANES):
+            good[lane] = good[lane] if W[a, a, lane] >= 0.0 else 0.0
+    if slack:
+        err = np.zeros(LANES)
+        sq = np.empty((p, LANES))
+        for a in range(p):
+            for lane in range(LANES):
+                sq[a, lane] = math.sqrt(W[a, a, lane] + abs(E[a, a, lane]) + _TINY)
+        for a in range(p):  # (the terms summed in NumPy's order: row-major)
+            for e in range(p):
+                for lane in range(LANES):
+                    r = abs(E[a, e, lane]) / (sq[a, lane] * sq[e, lane])
+                    err[lane] += r * r
+        for lane in range(LANES):
+            err[lane] = math.sqrt(err[lane])
+            fin[lane] += err[lane] * 0.0
+        for a in range(p):  # the shift
+            for lane in range(LANES):
+                W[a, a, lane] += (W[a, a, lane] + abs(E[a, a, lane]) + _TINY) * (h + err[lane])
+    else:
+        for a in range(p):
+            for lane in range(LANES):
+                W[a, a, lane] += h * (W[a, a, lane] + _TINY)
+    for a in range(p):  # the symmetric part, lower triangle
+        for e in range(a):
+            for lane in range(LANES):
+                W[a, e, lane] = 0.5 * (W[a, e, lane] + W[e, a, lane])
+    piv = np.empty(LANES)
+    for j in range(p):  # right-looking Cholesky: every pivot positive and finite
+        for lane in range(LANES):
+            t = W[j, j, lane]
+            good[lane] = good[lane] if (t > 0.0) and (t < np.inf) else 0.0  # (NaN fails)
+            piv[lane] = math.sqrt(t if t > 0.0 else 1.0)
+        for r in range(j + 1, p):
+            for lane in range(LANES):
+                W[r, j, lane] /= piv[lane]
+        for r in range(j + 1, p):
+            for e in range(j + 1, r + 1):
+                for lane in range(LANES):
+                    W[r, e, lane] -= W[r, j, lane] * W[e, j, lane]
+    for lane in range(LANES):
+        ok[lane] = good[lane] == 1.0 and fin[lane] == 0.0 and lane < L
 
 
 @njit(cache=True)
 def bordered_kernel(c, b, A, ec, eb, eA, slack, rtol):
     """Which of the matrices ``[[c, b^T], [b, A]]`` (``c`` (m,), ``b`` (m, q), ``A``
     (m, q, q)) are certified, with their entries' slack in ``ec, eb, eA`` (same shapes)
-    when ``slack``: the test of :func:`~.psd_screen._certify_entries`, the same operations
-    in the same order, one matrix at a time (one function: numba compiles it in a second)."""
+    when ``slack``: the test of :func:`~.psd_screen._certify_entries`, :data:`LANES`
+    matrices at a time."""
     m, q = b.shape
     p = q + 1
     h = 0.5 * rtol * p
-    ok = np.empty(m, dtype=np.bool_)
-    W, E, sq = np.empty((p, p)), np.zeros((p, p)), np.empty(p)
-    for i in range(m):
-        W[0, 0] = c[i]
-        for a in range(q):
-            W[0, a + 1] = W[a + 1, 0] = b[i, a]
-            for e in range(q):
-                W[a + 1, e + 1] = A[i, a, e]
-        good, err = True, 0.0
-        for a in range(p):
-            good = good and W[a, a] >= 0.0
-            for e in range(p):
-                good = good and math.isfinite(W[a, e])
-        if slack:
-            E[0, 0] = ec[i]
+    out = np.empty(m, dtype=np.bool_)
+    W, E = np.zeros((p, p, LANES)), np.zeros((p, p, LANES))
+    ok = np.empty(LANES, dtype=np.bool_)
+    for lo in range(0, m, LANES):
+        L = min(LANES, m - lo)
+        for lane in range(L):
+            i = lo + lane
+            W[0, 0, lane] = c[i]
             for a in range(q):
-                E[0, a + 1] = E[a + 1, 0] = eb[i, a]
+                W[0, a + 1, lane] = b[i, a]
+                W[a + 1, 0, lane] = b[i, a]
                 for e in range(q):
-                    E[a + 1, e + 1] = eA[i, a, e]
-            for a in range(p):
-                sq[a] = math.sqrt(W[a, a] + abs(E[a, a]) + _TINY)
-            for a in range(p):  # (the terms summed in NumPy's order: row-major)
-                for e in range(p):
-                    r = abs(E[a, e]) / (sq[a] * sq[e])
-                    err += r * r
-            err = math.sqrt(err)
-            good = good and math.isfinite(err)
-        if not good:
-            ok[i] = False
-            continue
-        for a in range(p):  # the shifted symmetric part, lower triangle
-            W[a, a] += (W[a, a] + abs(E[a, a]) + _TINY) * (h + err) if slack else \
-                h * (W[a, a] + _TINY)
-            for e in range(a):
-                W[a, e] = 0.5 * (W[a, e] + W[e, a])
-        for j in range(p):  # right-looking Cholesky: every pivot positive and finite
-            t = W[j, j]
-            if not (t > 0.0 and t < np.inf):  # (NaN too): refused, the rest unneeded
-                good = False
-                break
-            s = math.sqrt(t)
-            for r in range(j + 1, p):
-                W[r, j] /= s
-            for r in range(j + 1, p):
-                for e in range(j + 1, r + 1):
-                    W[r, e] -= W[r, j] * W[e, j]
-        ok[i] = good
-    return ok
+                    W[a + 1, e + 1, lane] = A[i, a, e]
+            if slack:
+                E[0, 0, lane] = ec[i]
+                for a in range(q):
+                    E[0, a + 1, lane] = eb[i, a]
+                    E[a + 1, 0, lane] = eb[i, a]
+                    for e in range(q):
+                        E[a + 1, e + 1, lane] = eA[i, a, e]
+        _certify_lanes(W, E, ok, L, p, h, slack)
+        for lane in range(L):
+            out[lo + lane] = ok[lane]
+    return out
+
+
+@njit(cache=True)
+def _fill_reply(W, E, lane, Q, r, S, V, v, s, g, c, b, a, q, slack):
+    """Lane ``lane`` of ``W`` (and ``E`` when ``slack``): the matrix whose corner, border and
+    block start at columns ``c``, ``b``, ``a`` of reply row ``r``, each entry rebuilt as
+    ``((Q + S_hat) + V_c) s`` (the server's rebuilding, :meth:`~.reply_rows.ReplyRows.flat`)
+    and bounded by ``((|Q| + |S_hat|) + |V_c|) g``."""
+    W[0, 0, lane] = ((Q[r, c] + S[c]) + V[v, c]) * s
+    for x in range(q):
+        w = ((Q[r, b + x] + S[b + x]) + V[v, b + x]) * s
+        W[0, x + 1, lane] = w
+        W[x + 1, 0, lane] = w
+        row = a + x * q
+        for y in range(q):
+            W[x + 1, y + 1, lane] = ((Q[r, row + y] + S[row + y]) + V[v, row + y]) * s
+    if slack:
+        E[0, 0, lane] = ((abs(Q[r, c]) + abs(S[c])) + abs(V[v, c])) * g
+        for x in range(q):
+            w = ((abs(Q[r, b + x]) + abs(S[b + x])) + abs(V[v, b + x])) * g
+            E[0, x + 1, lane] = w
+            E[x + 1, 0, lane] = w
+            row = a + x * q
+            for y in range(q):
+                E[x + 1, y + 1, lane] = ((abs(Q[r, row + y]) + abs(S[row + y]))
+                                         + abs(V[v, row + y])) * g
+
+
+@njit(cache=True)
+def _slack_turn(W2, E2, ok2, at2, redo, out, Q, rows, S, V, vrow, n, f, cols, q, a, b, p, h):
+    """Matrix ``b`` of row ``a`` into the slack's lanes (lane ``redo``); when they are full,
+    certified with the slack into ``out``. Returns the lanes now taken."""
+    _fill_reply(W2, E2, redo, Q, rows[a], S, V, vrow[a], n[a], f[a], cols[0] + b,
+                cols[1] + b * q, cols[2] + b * q * q, q, True)
+    at2[0, redo], at2[1, redo] = a, b
+    redo += 1
+    if redo == LANES:
+        _certify_lanes(W2, E2, ok2, redo, p, h, True)
+        for t in range(redo):
+            out[at2[0, t], at2[1, t]] = ok2[t]
+        redo = 0
+    return redo
+
+
+@njit(cache=True)
+def reply_bordered_kernel(Q, rows, S, V, vrow, n, f, cols, K, q, slack, rtol):
+    """Which of the ``K`` bordered matrices of each reply row are certified (R, K), read from
+    the rows as the server rebuilds them (see :class:`~.reply_rows.ReplyRows`).
+
+    ``Q`` (A, F): the reply rows; ``rows`` (R,): those to check; ``S`` (F,): ``S_hat``
+    flattened (zeros: the rows are the statistics; adding 0 is exact); ``V`` (C, F): the
+    control variates, row ``vrow[i]`` for row ``i`` (one row of zeros: none); ``n``, ``f``
+    (R,): the scale of each row's statistic (its units) and of its slack; ``cols`` (3,): the
+    first columns of the corners ``c`` (K,), borders ``b`` (K, q) and blocks ``A`` (K, q, q)
+    in a row (matrix ``k`` is ``[[c_k, b_k^T], [b_k, A_k]]``). With ``slack``, the matrices
+    the test without slack leaves are certified with the entries' rounding slack too (a
+    certificate without slack holds with it)."""
+    R = rows.shape[0]
+    p = q + 1
+    h = 0.5 * rtol * p
+    out = np.empty((R, K), dtype=np.bool_)
+    W, E = np.zeros((p, p, LANES)), np.zeros((p, p, LANES))
+    W2, E2 = np.zeros((p, p, LANES)), np.zeros((p, p, LANES))  # the slack's turn
+    ok, ok2 = np.empty(LANES, dtype=np.bool_), np.empty(LANES, dtype=np.bool_)
+    at, at2 = np.empty((2, LANES), dtype=np.int64), np.empty((2, LANES), dtype=np.int64)
+    lane = redo = 0
+    for i in range(R):
+        for k in range(K):
+            _fill_reply(W, E, lane, Q, rows[i], S, V, vrow[i], n[i], f[i], cols[0] + k,
+                        cols[1] + k * q, cols[2] + k * q * q, q, False)
+            at[0, lane], at[1, lane] = i, k
+            lane += 1
+            if lane < LANES and (i < R - 1 or k < K - 1):
+                continue
+            _certify_lanes(W, E, ok, lane, p, h, False)
+            for j in range(lane):
+                out[at[0, j], at[1, j]] = ok[j]
+                if slack and not ok[j]:  # certified with the slack, or not at all
+                    redo = _slack_turn(W2, E2, ok2, at2, redo, out, Q, rows, S, V, vrow, n, f,
+                                       cols, q, at[0, j], at[1, j], p, h)
+            lane = 0
+    if redo:
+        _certify_lanes(W2, E2, ok2, redo, p, h, True)
+        for t in range(redo):
+            out[at2[0, t], at2[1, t]] = ok2[t]
+    return out

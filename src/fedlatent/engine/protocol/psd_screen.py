@@ -6,9 +6,10 @@ The batched reply checks test hundreds of thousands of (d+1) x (d+1) moment matr
 matrix; here the Cholesky factorization runs over a chunk of matrices at once, entry by entry
 (each NumPy operation acts on one entry of every matrix of the chunk, laid out contiguously),
 so the cost is a few dozen NumPy calls per chunk, with no compiled kernel to load or build
-(the first fit in a process pays nothing more than the others). When numba's compiler is
-already running in the process (the GMM start's client kernels ran), :func:`bordered_certified`
-runs the same test compiled instead (:mod:`.psd_kernel`), a few times faster.
+(the first fit in a process pays nothing more than the others). Where numba pays
+(:func:`~.compiled.worth`: many matrices, or numba's compiler already running in the process),
+:func:`bordered_certified` runs the same test compiled instead (:mod:`.psd_kernel`), several
+times faster.
 
 A matrix the screen certifies passes ``psd_failures``; one it does not certify may still pass
 (the screen is a sufficient test, with a margin of half the tolerance for rounding), so the
@@ -23,9 +24,10 @@ slack, 0 without), ``psd_failures`` scales ``M`` to ``Ms = M / (s s^T)`` and ref
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
+
+from fedlatent.engine.protocol.compiled import kernels, worth
+from fedlatent.engine.protocol.compiled import ready as _kernel_ready  # noqa: F401 (tests)
 
 __all__ = ["bordered_certified", "psd_certified"]
 
@@ -120,24 +122,12 @@ def _screen(n: int, fill, rtol: float, with_slack: bool) -> np.ndarray:
     return ok
 
 
-def _kernel_ready() -> bool:
-    """Whether the compiled screen (:mod:`.psd_kernel`) is to be used: numba's compiler is
-    already set up in this process (a compiled call ran: its type registries are loaded),
-    when one more cached kernel costs milliseconds where numba's set-up costs more than the
-    NumPy screen. Imports nothing; False whenever numba's internals do not say."""
-    registry = sys.modules.get("numba.core.registry")
-    typing = vars(getattr(registry, "cpu_target", None) or object).get(
-        "_toplevel_typing_context")
-    return bool(getattr(typing, "_registries", None))  # filled by the first compiled call
-
-
 def _bordered_compiled(parts, eparts, rtol: float) -> np.ndarray:
     """:func:`bordered_certified` by the compiled kernel (the same test, matrix by matrix)."""
-    from fedlatent.engine.protocol.psd_kernel import bordered_kernel
-
+    kernel = kernels("fedlatent.engine.protocol.psd_kernel").bordered_kernel
     c, b, A = (np.ascontiguousarray(v) for v in parts)
     ec, eb, eA = (c, b, A) if eparts is None else (np.ascontiguousarray(v) for v in eparts)
-    return bordered_kernel(c, b, A, ec, eb, eA, eparts is not None, rtol)
+    return kernel(c, b, A, ec, eb, eA, eparts is not None, rtol)
 
 
 class _Stack:
@@ -230,7 +220,7 @@ def bordered_certified(corner: np.ndarray, border: np.ndarray, block: np.ndarray
     eparts = None if slack is None else [np.asarray(v, dtype=np.float64) for v in slack]
     m, q = parts[1].shape
     shapes = [(m,), (m, q), (m, q, q)]
-    if m > _FEW and [v.shape for v in parts] == shapes and _kernel_ready() and (
+    if m > _FEW and [v.shape for v in parts] == shapes and worth(m) and (
             eparts is None or [v.shape for v in eparts] == shapes):
         return _bordered_compiled(parts, eparts, float(rtol))
     fill = _Bordered(parts, eparts)

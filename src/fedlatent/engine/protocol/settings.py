@@ -45,8 +45,8 @@ def site_settings(runtime) -> dict[str, dict[str, Any]]:
     if kept is not None:
         return kept
     ids = list(runtime.client_ids)
-    if getattr(runtime, "sites_relaxed", False):
-        out = {c: dict(RELAXED) for c in ids}
+    if getattr(runtime, "sites_relaxed", False):  # (one entry for all: read, never changed)
+        out = dict.fromkeys(ids, dict(RELAXED))
     else:
         replies = runtime.call(ids, SETTINGS, {c: {} for c in ids})
         out = {c: _parse(replies.get(c, {})) for c in ids}
@@ -76,11 +76,9 @@ def adopt_floors(disclosure: DisclosurePolicy, settings: dict[str, dict[str, Any
     from fedlatent.engine.privacy.enforce import policy_from_config, stricter
 
     out, raised = disclosure, {}
-    for cid, s in sorted(settings.items()):
-        floor = s.get("disclosure")
-        if not floor:
-            continue
-        floor = policy_from_config(floor)
+    floors = sorted((cid, s) for cid, s in settings.items() if s.get("disclosure"))
+    for cid, s in floors:
+        floor = policy_from_config(s["disclosure"])
         for item in looser(floor, disclosure):  # every site asking more than the server
             raised.setdefault(item.split("=", 1)[0], []).append(str(s.get("site") or cid))
         out = replace(stricter(out, floor), count_scope=disclosure.count_scope)

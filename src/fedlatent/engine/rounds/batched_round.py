@@ -13,7 +13,7 @@ import numpy as np
 __all__ = ["weighted_rows"]
 
 #: rows of a reply screened or summed at once (a few MiB of rebuilt statistics, in cache)
-_CHUNK = 2048
+_CHUNK = 512
 
 
 def weighted_rows(Q: np.ndarray, w: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ from fedlatent.engine.contract.model import FederatedModel
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.node.batched import _as_slice
 from fedlatent.engine.protocol.messages import ClientReplyError, check_reply, pack
+from fedlatent.engine.protocol.reply_rows import ReplyRows
 from fedlatent.engine.stats import Stats
 
 __all__ = ["MAX_SUM", "REBUILD_EPS", "Mirror", "Screen"]
@@ -205,7 +206,8 @@ class Screen:
     def screen(self, rep, mode: str, S_hat: Stats | None, mirror: Mirror | None):
         """``(accepted, reasons)``: a mask over the reply's rows and ``{row: (reason, sent)}``
         of the refused ones, in row order. The rows are tested in chunks (each chunk's rebuilt
-        statistics stay in cache; nothing of the size of the reply is allocated)."""
+        statistics stay in cache, or are read where they are by the model's compiled check;
+        nothing of the size of the reply is allocated)."""
         Q, n, idx = rep.Q, rep.n, rep.clients
         m = self.units[idx]
         suspect = ~(np.isfinite(n) & np.isfinite(rep.objective))
@@ -216,16 +218,14 @@ class Screen:
         exact = S_hat is None or (self.exact and mode != "spider")
         rebuilt = self.rebuildable(rep, S_hat, mirror) if self.has_check and exact else None
         scale = np.maximum(n, 1.0)
-        for lo, hi in rows_math._chunks(len(n)):  # one pass, a chunk of rows at a time
+        for lo, hi in rows_math._chunks(len(n)):  # a chunk of rows at a time, in cache
             if Q.shape[1]:
-                Qc = Q[lo:hi]
-                with np.errstate(invalid="ignore", over="ignore"):
-                    suspect[lo:hi] |= ~np.isfinite(Qc).all(axis=1) | (
-                        np.abs(Qc).max(axis=1) * scale[lo:hi] > MAX_SUM)
+                with np.errstate(invalid="ignore", over="ignore"):  # (NaN: not <=)
+                    suspect[lo:hi] |= ~(np.abs(Q[lo:hi]).max(axis=1) * scale[lo:hi] <= MAX_SUM)
             if rebuilt is not None:
                 r = lo + np.flatnonzero(rebuilt[lo:hi] & ~suspect[lo:hi])
                 if r.size:
-                    suspect[r[self.check_rows(rep, r, n, S_hat, mirror)]] = True
+                    suspect[r[self.check_rows(rep, r, n, S_hat, mirror, len(n))]] = True
         reasons: dict[int, tuple[str, str]] = {}
         self.malformed = 0
         for r in np.flatnonzero(suspect):
@@ -265,31 +265,20 @@ class Screen:
             mag = mag + np.abs(mirror.arr[rep.clients[r]])
         return REBUILD_EPS * mag
 
-    def check_rows(self, rep, rows: np.ndarray, n, S_hat, mirror) -> np.ndarray:
+    def check_rows(self, rep, rows: np.ndarray, n, S_hat, mirror, work: int = 0) -> np.ndarray:
         """Which of ``rows`` (indices into the reply) may break the model's invariants (a
-        mask over them: the model's ``check_many`` superset, or its ``check`` one by one)."""
-        model = self.model
-        nn = n[rows]
-        flat = self.rebuild_rows(rep, rows, S_hat, mirror) * nn[:, None]
-        if S_hat is not None:
-            who_all = rep.clients[rows]
-            s_abs = np.abs(_flat(S_hat, rep.template))[None, :]
-
-            def sl_rows(r):  # the slack of some of these rows, computed when asked
-                out = np.abs(rep.Q[rows[r]]) + s_abs
-                if self.use_cv:
-                    out += np.abs(mirror.arr[who_all[r]])
-                out *= (REBUILD_EPS * (1.0 - 1e-9) * nn[r])[:, None]  # a hair under
-                return out
-        many = getattr(model, "check_many", None)
-        tmpl = rep.template
+        mask over them: the model's :meth:`~fedlatent.engine.contract.model.FederatedModel.
+        check_rows`, a superset of its ``check``), given the statistics as the server rebuilds
+        them (:class:`~fedlatent.engine.protocol.reply_rows.ReplyRows`: nothing of the size of
+        the round's statistics is built here); ``work``: the rows of the whole screen."""
+        V = vrow = None
+        if S_hat is not None and self.use_cv:
+            V, vrow = mirror.arr, rep.clients[rows]
+        view = ReplyRows(rep.Q, rows, n[rows], None if S_hat is None else
+                         _flat(S_hat, rep.template), V, vrow, rep.template, REBUILD_EPS,
+                         max(int(work), rows.size))
         with np.errstate(over="ignore", invalid="ignore"):
-            if many is not None:
-                lazy = None if S_hat is None else (lambda r: _blocks(tmpl, sl_rows(r)))
-                return np.asarray(many(_blocks(tmpl, flat), nn, lazy), dtype=bool)
-            return np.array([model.check(tmpl.unflatten(flat[i]), nn[i], None if S_hat is None
-                                         else tmpl.unflatten(sl_rows(np.array([i]))[0]))
-                             is not None for i in range(flat.shape[0])], dtype=bool)
+            return np.asarray(self.model.check_rows(view), dtype=bool)
 
     def judge_one(self, rep, r: int, mode: str, rebuilt, S_hat, mirror):
         """Row ``r``'s reason (None: acceptable) and what it sent; ``rebuilt`` (None: no
@@ -328,10 +317,3 @@ def _flat(S: Stats, template: Stats) -> np.ndarray:
     return np.concatenate([np.ravel(S[k]) for k in template]) if len(template) else \
         np.zeros(0)
 
-
-def _blocks(template: Stats, flat: np.ndarray) -> dict[str, np.ndarray]:
-    out, lo = {}, 0
-    for key, v in template.items():
-        out[key] = flat[:, lo:lo + v.size].reshape(flat.shape[0], *v.shape)
-        lo += v.size
-    return out

@@ -14,10 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.node.batched import BatchStep
+from ...engine.protocol.compiled import kernels, worth
 from ...engine.protocol.numerics import logsumexp
 from .math import estimate_log_gaussian_prob, merged_rows
 
-__all__ = ["gaussian_suspects", "gmm_batched_query", "gmm_batched_stats", "hard_labels_batched"]
+__all__ = ["cell_sums_numpy", "gaussian_suspects", "gmm_batched_query", "gmm_batched_stats",
+           "hard_labels_batched", "hard_labels_numpy", "live_cells"]
 
 
 def gmm_log_resp(params, X: np.ndarray, cov_type: str):
@@ -41,11 +43,10 @@ def gaussian_sums(X: np.ndarray, resp: np.ndarray, center: np.ndarray, cov_type:
     sx = RT @ Xc
     C, m, d = X.shape
     K = resp.shape[2]
-    if cov_type == "full":
-        XcT = np.ascontiguousarray(Xc.transpose(0, 2, 1))  # (C, d, m)
-        sxx = np.empty((C, K, d, d))
-        for k in range(K):  # K products of (C, d, m) @ (C, m, d)
-            sxx[:, k] = (XcT * RT[:, k, None, :]) @ Xc
+    if cov_type == "full":  # one product (C, K d, m) @ (C, m, d): the K blocks at once
+        WX = np.multiply(RT[:, :, None, :], Xc.transpose(0, 2, 1)[:, None, :, :],
+                         out=np.empty((C, K, d, m)))  # (C order: reshaped without a copy)
+        sxx = (WX.reshape(C, K * d, m) @ Xc).reshape(C, K, d, d)
     elif cov_type == "tied":
         Xw = Xc * w[:, :, None]
         sxx = Xw.transpose(0, 2, 1) @ Xc
@@ -107,28 +108,61 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
 def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
     """:func:`~fedlatent.models.gmm.model.hard_labels` of C clients at once: ``d2`` (C, m, M)
     squared distances, ``real`` (C, m) the clients' rows (False: padding, not counted).
-    Labels (C, m), vectorized over the clients (:mod:`.hardsums`)."""
-    from .hardsums import hard_labels_many
+    Labels (C, m), vectorized over the clients: compiled (:mod:`.hardsums`) where numba pays
+    (:func:`~fedlatent.engine.protocol.compiled.worth`: many rows), else NumPy
+    (:func:`hard_labels_numpy`)."""
+    if not worth(real.size):
+        return hard_labels_numpy(d2, real, int(need))
+    kernel = kernels("fedlatent.models.gmm.hardsums").hard_labels_many
+    return kernel(np.ascontiguousarray(d2, dtype=np.float64),
+                  np.ascontiguousarray(real, dtype=np.bool_), int(need))
 
-    return hard_labels_many(np.ascontiguousarray(d2, dtype=np.float64),
-                            np.ascontiguousarray(real, dtype=np.bool_), int(need))
+
+def hard_labels_numpy(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
+    """:func:`hard_labels_batched` in NumPy, all clients at each step: every client's small
+    cells (``0 < rows < need``) left out and its rows sent to their nearest cell left, until
+    no client has one; a client whose every cell is small puts all its rows in its largest
+    (as each client does alone). Labels (C, m); a padding row's label is of no use."""
+    C, m, M = d2.shape
+    work = np.array(d2, dtype=np.float64, copy=True)
+    labels = work.argmin(axis=2)
+    live = np.ones(C, dtype=bool)
+    cells = np.arange(M)
+    while need > 1 and live.any():
+        at = np.flatnonzero(live)
+        counts = ((labels[at, :, None] == cells) & real[at, :, None]).sum(axis=1)  # (A, M)
+        small = (counts > 0) & (counts < need)
+        bad = small.any(axis=1)
+        live[at[~bad]] = False
+        every = bad & (small.sum(axis=1) == (counts > 0).sum(axis=1))
+        labels[at[every]] = counts[every].argmax(axis=1)[:, None]
+        live[at[every]] = False
+        move = at[bad & ~every]
+        work[move] = np.where(small[bad & ~every][:, None, :], np.inf, work[move])
+        labels[move] = work[move].argmin(axis=2)
+    return labels
 
 
 def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarray,
               cov_type: str, M: int, second: bool = True) -> dict[str, np.ndarray]:
     """:func:`~fedlatent.models.gmm.math.gmm_statistics` of C clients at hard ``labels``
     (C, m) among ``M`` centres, rows of weight ``w``: each row's terms added into its own
-    cell (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`); without ``second``, only
-    ``nk`` and ``sx``."""
-    from .hardsums import hard_cell_sums
-
+    cell, row after row, compiled where numba pays
+    (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`), else by :func:`cell_sums_numpy`
+    (the same additions in the same order: the same bits, whatever the process ran before);
+    without ``second``, only ``nk`` and ``sx``."""
     C, m, d = X.shape
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    center = np.asarray(center, dtype=np.float64)
     mode = {"full": 0, "tied": 1}.get(cov_type, 2) if second else 1
     nk, sx = np.zeros((C, M)), np.zeros((C, M, d))
     sxx = np.zeros((C, M, d, d) if mode == 0 else (C, M, d, 1) if mode == 2 else (0, 0, 0, 0))
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    hard_cell_sums(X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64),
-                   np.asarray(center, dtype=np.float64), nk, sx, sxx, mode)
+    args = (X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64), center,
+            nk, sx, sxx, mode)
+    if worth(C * m):
+        kernels("fedlatent.models.gmm.hardsums").hard_cell_sums(*args)
+    else:
+        cell_sums_numpy(*args)
     if not second:
         return {"nk": nk, "sx": sx}
     if mode == 1:
@@ -139,12 +173,36 @@ def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarr
     return {"nk": nk, "sx": sx, "sxx": sxx}
 
 
+def cell_sums_numpy(X, labels, w, center, nk, sx, sxx, mode) -> None:
+    """:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums` in NumPy: ``np.add.at`` adds
+    each row's terms into its cell in index order, the rows of weight 0 skipped, the clients
+    and their rows in the kernel's order, each term the kernel's product: the same bits."""
+    c, i = np.nonzero(w != 0.0)  # (row-major: client after client, row after row)
+    k, wt = labels[c, i], w[c, i]
+    xc = X[c, i] - center
+    wx = wt[:, None] * xc
+    np.add.at(nk, (c, k), wt)
+    np.add.at(sx, (c, k), wx)
+    if mode == 0:
+        np.add.at(sxx, (c, k), wx[:, :, None] * xc[:, None, :])
+    elif mode == 2:
+        np.add.at(sxx[..., 0], (c, k), wx * xc)
+
+
+def live_cells(nk, sx, sxx):
+    """Which cells (rows of ``nk`` (n,), ``sx`` (n, d), ``sxx`` (n, d, d)) hold anything
+    but zeros (NaN counts as something). The server's check of the replies: NumPy (as fast
+    as a compiled pass here, and nothing to compile)."""
+    n = nk.shape[0]
+    return ((nk != 0.0) | (sx.reshape(n, -1) != 0.0).any(axis=1)
+            | (sxx.reshape(n, -1) != 0.0).any(axis=1))
+
+
 def hard_suspects(stats, n_units: np.ndarray, cov_type: str) -> np.ndarray:
     """:func:`gaussian_suspects` of hard-assignment statistics: most (client, centre) cells
     are empty, all zeros (a zero moment matrix is PSD), so only the other cells are screened
     ("full"; the other types: :func:`gaussian_suspects`)."""
     from ...engine.protocol.psd_screen import bordered_certified
-    from .hardsums import live_cells
 
     if cov_type != "full":
         return gaussian_suspects(stats, n_units, cov_type)
@@ -156,6 +214,36 @@ def hard_suspects(stats, n_units: np.ndarray, cov_type: str) -> np.ndarray:
                             sxx.reshape(-1, d, d)[cells], None, _RTOL)
     bad[cells[~ok] // M] = True
     return bad
+
+
+def gaussian_row_suspects(rows) -> np.ndarray:
+    """:func:`gaussian_suspects` of full covariances, for reply rows as the server rebuilds them
+    (a :class:`~fedlatent.engine.protocol.reply_rows.ReplyRows`), read where they are: every
+    moment matrix is certified by the compiled
+    :func:`~fedlatent.engine.protocol.psd_kernel.reply_bordered_kernel` (with the rows'
+    rounding slack when they are rebuilt), the counts tested without slack (a superset of
+    their failures with it); only the rows something flags are built and judged by
+    :func:`gaussian_suspects`. Nothing of the size of the rows' statistics is allocated."""
+    from ...engine.protocol.compiled import kernels
+
+    kernel = kernels("fedlatent.engine.protocol.psd_kernel").reply_bordered_kernel
+    K, d = np.shape(rows.template["sx"])
+    off = rows.offsets()
+    R, F = len(rows), rows.Q.shape[1]
+    has_s, has_v = rows.S is not None, rows.V is not None
+    ok = kernel(np.ascontiguousarray(rows.Q, dtype=np.float64), rows.rows.astype(np.int64),
+                rows.S if has_s else np.zeros(F), rows.V if has_v else np.zeros((1, F)),
+                rows.vrow.astype(np.int64) if has_v else np.zeros(R, dtype=np.int64),
+                rows.n, rows.eps * (1.0 - 1e-9) * rows.n,
+                np.array([off["nk"], off["sx"], off["sxx"]], dtype=np.int64), K, d, has_s,
+                _RTOL)
+    unsure = np.flatnonzero(~ok.all(axis=1) | count_suspects(rows.block("nk"), rows.n, None))
+    out = np.zeros(R, dtype=bool)
+    if unsure.size:
+        sub = rows.take(unsure)
+        out[unsure] = gaussian_suspects(sub.stats(), sub.n, "full",
+                                        sub.slack if sub.has_slack else None)
+    return out
 
 
 def count_suspects(counts: np.ndarray, n_units: np.ndarray, slack: np.ndarray | None,

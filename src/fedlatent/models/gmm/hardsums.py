@@ -5,10 +5,13 @@ each (client, centre) cell. One pass over the rows: a row adds its terms to its 
 only, where the dense one-hot products (:func:`~fedlatent.models.gmm.math.gmm_statistics`)
 would multiply every row by every centre's zero.
 
-Compiled because they pay: written with NumPy over a chunk of clients (the merging repeated
-until no client has a small cell, the cells' sums by sorting the rows), they took 5 to 15
-times as long at 10 rows per client and 48 candidate centres. The kernels are scalar loops,
-which numba compiles in about 3 CPU seconds on a fresh machine (an empty on-disk cache); the
+Compiled because they pay at scale: written with NumPy over a chunk of clients (the merging
+repeated until no client has a small cell, the cells' sums by sorting the rows), they took 5
+to 15 times as long at 10 rows per client and 48 candidate centres. A small federation does
+not pay numba's set-up: below :data:`~fedlatent.engine.protocol.compiled.MIN_WORK` rows the
+start runs NumPy (:func:`~fedlatent.models.gmm.batched.hard_labels_numpy`, one-hot sums). The
+kernels are scalar loops, which numba compiles in about 3 CPU seconds on a fresh machine (an
+empty on-disk cache; :func:`~fedlatent.engine.protocol.compiled.kernels` says so); the
 server's check of the replies (:func:`live_cells`) is NumPy.
 """
 
@@ -18,6 +21,8 @@ import math
 
 import numpy as np
 from numba import njit
+
+from .batched import live_cells  # noqa: F401  (NumPy: the server's check, named here too)
 
 __all__ = ["hard_cell_sums", "hard_labels_many", "live_cells"]
 
@@ -121,15 +126,6 @@ def hard_labels_many(d2, real, need):
         if need > 1:
             _merge_small(work, real[c], need, labels[c], counts, gone, small)
     return labels
-
-
-def live_cells(nk, sx, sxx):
-    """Which cells (rows of ``nk`` (n,), ``sx`` (n, d), ``sxx`` (n, d, d)) hold anything
-    but zeros (NaN counts as something). The server's check of the replies: NumPy (as fast
-    as a compiled pass here, and nothing to compile)."""
-    n = nk.shape[0]
-    return ((nk != 0.0) | (sx.reshape(n, -1) != 0.0).any(axis=1)
-            | (sxx.reshape(n, -1) != 0.0).any(axis=1))
 
 
 @njit(cache=True)

@@ -12,6 +12,7 @@ import numpy as np
 from ...data.dataset import ClientData
 from ...engine.contract.model import ClientStep, FederatedModel, Params, payload_params
 from ...engine.contract.registry import register_model
+from ...engine.protocol.compiled import worth
 from ...engine.protocol.messages import count_problem, psd_problem
 from ...engine.protocol.numerics import kmeans, logsumexp
 from ...engine.stats import Stats
@@ -125,6 +126,17 @@ class GMMModel(FederatedModel):
         from .batched import gaussian_suspects
 
         return gaussian_suspects(stats, n_units, self.cov_type, slack)
+
+    def check_rows(self, rows):
+        """Full covariances, where numba pays (:func:`~fedlatent.engine.protocol.compiled.
+        worth`: many moment matrices in the round): the rows read where they are by a
+        compiled screen (:func:`~fedlatent.models.gmm.batched.gaussian_row_suspects`); else
+        the default."""
+        if self.cov_type == "full" and worth(max(len(rows), rows.work) * self.K):
+            from .batched import gaussian_row_suspects
+
+            return gaussian_row_suspects(rows)
+        return super().check_rows(rows)
 
     # ---- differential privacy ---------------------------------------------------------------
     def dp_clip(self, data, dp):
