@@ -57,11 +57,16 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         Added to the diagonal of every covariance.
     max_rounds : int or None, default None
         Rounds at most (round 1 is the initialization E-step).
-        None: 100 rounds, or under ``Federation(privacy=...)`` 2 rounds (every round is
+        None: 1,000 rounds (100 with a numeric ``tol``), or under
+        ``Federation(privacy=...)`` 2 rounds (every round is
         paid from the privacy budget; from the private k-means start two rounds reach the
         non-private optimum at 10^5 records, see ``docs/privacy.md``).
-    tol : float, default 1e-3
-        Convergence threshold on the change of the mean per-sample log-likelihood.
+    tol : float or "auto", default "auto"
+        "auto": stop once every parameter is within 0.1 standard error of the optimum (the
+        summed log-likelihood within 0.005 nats of its limit, by Aitken's estimate from the
+        last rounds: :mod:`fedlatent.engine.rounds.stopping`). A number: stop when the mean
+        per-sample log-likelihood changes by less than ``tol`` (scikit-learn's rule, its
+        default 1e-3).
     init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
         "kmeans-sums": a k-means start built from sums only: ``12 K`` candidate centres drawn
         from the pooled Gaussian, the clients' summed hard-assignment statistics to them, a
@@ -126,6 +131,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
+        "tol": [Real(0), Options("auto")],
         "n_init": [Integer(1)],
         "n_components": [AUTO_SIZE],
         "covariance_type": [Options(*COV_TYPES)],
@@ -145,7 +151,7 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         covariance_type: str = "full",
         reg_covar: float = 1e-6,
         max_rounds: int | None = None,
-        tol: float = 1e-3,
+        tol: float | str = "auto",
         init_params: str = "kmeans-sums",
         n_init: int = 1,
         weights_init=None,
@@ -299,7 +305,8 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
 
         check_is_fitted(self)
         gm = GaussianMixture(self._fitted_k(), covariance_type=self.covariance_type,
-                             reg_covar=self.reg_covar, tol=self.tol, max_iter=self._max_rounds())
+                             reg_covar=self.reg_covar, tol=1e-3 if self.tol == "auto" else self.tol,
+                             max_iter=self._max_rounds())
         gm.weights_ = np.array(self.weights_, copy=True)
         gm.means_ = np.array(self.means_, copy=True)
         gm.covariances_ = np.array(self.covariances_, copy=True)
