@@ -19,9 +19,9 @@ McDaid and Frost 2010) estimates it:
 
 The rule stops when that estimate is below ``fraction^2 / 2`` in two consecutive rounds (one
 round's ratio can be fooled by a change of regime, e.g. EM leaving a saddle), or once the
-objective no longer moves beyond floating-point rounding (EM at a fixed point). While ``a >= 1`` (EM speeding up, as
-it leaves a saddle or a flat region) it never stops. A slowly converging fit (``a`` near 1)
-runs on, and one stopped by ``max_rounds`` warns.
+objective no longer moves beyond floating-point rounding (EM at a fixed point). While
+``a >= 1`` (EM speeding up, as it leaves a saddle or a flat region) it never stops. A slowly
+converging fit (``a`` near 1) runs on, and one stopped by ``max_rounds`` warns.
 
 With an accelerator (SQUAREM, subspace Newton) the objectives are not an EM sequence; the
 rule is then theirs (one plain EM step's change of the mean objective) at

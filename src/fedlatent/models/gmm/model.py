@@ -194,7 +194,7 @@ class GMMModel(FederatedModel):
             from .missing_model import missing_query, refuse_weights
 
             refuse_weights(data)
-            reply = missing_query(self, name, payload, X, hard_labels)
+            reply = missing_query(self, name, payload, X, hard_labels, data.entity)
             if reply is not None:
                 return reply, state
         if name == "moments":
@@ -241,12 +241,12 @@ class GMMModel(FederatedModel):
                                                          else norm @ fw)}, state
         # Louis' observed information (fedlatent.engine.estimation.inference)
         if name == "information":
-            from .inference import gmm_information
+            from .inference import gmm_information_sums
 
-            info, ll = gmm_information(X, payload["params/weights"], payload["params/means"],
-                                       payload["params/covariances"], self.cov_type,
-                                       sample_weight=fw)
-            return {"n": data.mass(), "loglik": ll, "information": info}, state
+            sums = gmm_information_sums(X, payload["params/weights"], payload["params/means"],
+                                        payload["params/covariances"], self.cov_type,
+                                        sample_weight=fw, entity=data.entity)
+            return sums.reply(data.mass()), state
         return super().client_query(name, payload, data, state, rng)
 
 

@@ -21,10 +21,11 @@ import numpy as np
 from ...data.dataset import FederatedDataset
 from ...engine.contract.mixture import random_membership_stats
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Integer, store_params
+from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.estimation.base_mixture import FederatedMixture
 from ...engine.estimation.estimator import FitContext, check_features
+from ...engine.estimation.inference import InferenceMixin
 from ...engine.rounds.loop import FitResult
 from .math import lca_log_prob, n_free_parameters, offsets, one_hot
 from .model import LCAModel, code_problem
@@ -34,7 +35,7 @@ __all__ = ["LatentClassAnalysis"]
 
 @register_estimator("lca", description="Latent class analysis (poLCA): a mixture of "
                     "independent categorical variables")
-class LatentClassAnalysis(FederatedMixture):
+class LatentClassAnalysis(InferenceMixin, FederatedMixture):
     """Latent class analysis fitted by federated EM; raw rows never leave the clients.
 
     Parameters
@@ -46,9 +47,14 @@ class LatentClassAnalysis(FederatedMixture):
         code per column, plus one (read where the data are, like their feature names); give it
         under secure aggregation or differential privacy, where nothing but sums may cross.
     max_rounds : int or None, default None
-        Rounds at most; None: 100, or the short private plan under ``Federation(privacy=...)``.
-    tol : float, default 1e-6
-        Convergence threshold on the change of the mean per-row log-likelihood.
+        Rounds at most; None: 1,000 (100 with a numeric ``tol``), or the short private plan
+        under ``Federation(privacy=...)``.
+    tol : float or "auto", default "auto"
+        "auto": stop once every parameter is within 0.1 standard error of the optimum (the
+        summed log-likelihood within 0.005 nats of its limit, by Aitken's estimate from the
+        last rounds: :mod:`fedlatent.engine.rounds.stopping`). A number: stop when the mean
+        per-row log-likelihood changes by less than ``tol`` (scikit-learn's rule; poLCA's
+        tolerance is 1e-10 on the summed one).
     n_init : int, default 1
         Starts (the whole fit once per start; the best final log-likelihood is kept).
     federation : fl.Federation or None
@@ -81,6 +87,7 @@ class LatentClassAnalysis(FederatedMixture):
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
+        "tol": [Real(0), Options("auto")],
         "n_components": [Integer(1)],
         "n_categories": [None, Integer(1), "array-like"],
         "n_init": [Integer(1)],
@@ -91,7 +98,7 @@ class LatentClassAnalysis(FederatedMixture):
     _dp_init_releases = 1  # the random-membership sums
 
     def __init__(self, n_components: int = 2, *, n_categories=None,
-                 max_rounds: int | None = None, tol: float = 1e-6, n_init: int = 1,
+                 max_rounds: int | None = None, tol: float | str = "auto", n_init: int = 1,
                  federation=None, random_state=None, verbose: bool | None = None):
         store_params(self, locals())
 
@@ -136,6 +143,9 @@ class LatentClassAnalysis(FederatedMixture):
                     raise ValueError(f"client {cid!r}: {reason}")
 
     def _make_model(self, fd) -> LCAModel:
+        if fd is None:  # the fitted model, asked again (inference on the fit's clients)
+            return LCAModel(self.n_components, self.n_categories_,
+                            getattr(self, "_fit_missing", False))
         missing = (any(bool(e.get("missing")) for e in fd.extras.values())
                    if getattr(fd, "is_remote", False) else fd.has_missing)
         return LCAModel(self.n_components, self._categories(fd), missing)
@@ -151,6 +161,7 @@ class LatentClassAnalysis(FederatedMixture):
         self.weights_ = np.asarray(result.params["weights"], dtype=np.float64)
         self.probabilities_ = np.asarray(result.params["probs"], dtype=np.float64)
         self.n_categories_ = np.asarray(model.n_categories, dtype=np.int64)
+        self._fit_missing = bool(model.missing)
         self.lower_bound_ = result.history[-1].objective
         self._after_load()
 
@@ -202,3 +213,10 @@ class LatentClassAnalysis(FederatedMixture):
             return super()._federated_loglik(fd, runtime)
         finally:
             self.n_categories = saved
+
+    # ---- inference (fedlatent.engine.estimation.inference, .inference) -------------------
+    def _inference_layout(self):
+        from .inference import lca_layout
+
+        return lca_layout(self.weights_, self.probabilities_, self.n_categories_,
+                          [str(f) for f in self.feature_names_in_])

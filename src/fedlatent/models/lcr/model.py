@@ -157,13 +157,13 @@ class LCRModel(MixtureModel):
                                                       else loglik @ fw)}, state
         # Louis' observed information (fedlatent.engine.estimation.inference)
         if name == "information":
-            from .inference import lcr_information
+            from .inference import lcr_information_sums
 
             Xt, y = self._design(data)
             p = payload_params(payload)
-            info, ll = lcr_information(Xt, y, p["weights"], p["beta"], p["noise_variance"],
-                                       sample_weight=data.weight)
-            return {"n": data.mass(), "loglik": ll, "information": info}, state
+            sums = lcr_information_sums(Xt, y, p["weights"], p["beta"], p["noise_variance"],
+                                        sample_weight=data.weight, entity=data.entity)
+            return sums.reply(data.mass()), state
         return super().client_query(name, payload, data, state, rng)
 
     # ---- server side ------------------------------------------------------------------------
