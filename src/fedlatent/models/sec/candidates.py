@@ -251,6 +251,34 @@ def select_model(
     return best, model, e, cv
 
 
+#: folds of the learners' validation of collaboration (``collaboration="validated"``)
+VALIDATION_FOLDS = 5
+
+
+def out_of_fold(model: Any, X: np.ndarray, y: np.ndarray, split: str, rng: np.random.Generator,
+                sample_weight: np.ndarray | None = None,
+                n_folds: int = VALIDATION_FOLDS) -> np.ndarray:
+    """``model``'s settings (unfitted: :func:`sklearn.base.clone`) fitted ``n_folds`` times,
+    each time without one fold of the rows, and every row predicted by the fit that did not
+    see it: out-of-fold predictions (n,), close to the error of the model fitted on all rows
+    (a half split, as Select's, fits on half the rows and overstates it). Folds: row ``i`` in
+    fold ``i % n_folds`` (``split="systematic"``), or a random assignment from ``rng``."""
+    from sklearn.base import clone
+
+    n = X.shape[0]
+    k = int(min(n_folds, max(n // 2, 2)))
+    fold = np.arange(n) % k if split == "systematic" else rng.permutation(np.arange(n) % k)
+    pred = np.empty(n)
+    for f in range(k):
+        tr, te = fold != f, fold == f
+        est = clone(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _fit(est, X[tr], y[tr], None if sample_weight is None else sample_weight[tr])
+        pred[te] = np.asarray(est.predict(X[te]), dtype=np.float64).reshape(-1)
+    return pred
+
+
 def _fit(est: Any, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None) -> None:
     """``est.fit`` with frequency weights passed as ``sample_weight`` (to a pipeline's last
     step); a candidate that does not take them raises TypeError."""
