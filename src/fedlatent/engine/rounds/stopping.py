@@ -58,8 +58,11 @@ AUTO_MAX_ROUNDS = 1000
 #: the rule's target gap is this fraction of ``fraction^2 / 2`` (the estimate's margin: on
 #: 20 small LCA fits the parameters ended up to 0.089 SE away with a margin of 1)
 MARGIN = 0.5
-#: changes of the summed objective below this many units of rounding of its value are noise
-_NOISE_ULPS = 1e3
+#: changes of the summed objective below this many roundings of a sum of ``n`` terms
+#: (``sqrt(n)`` units of rounding of its value) are noise ...
+_NOISE_ULPS = 8.0
+#: ... and never more than this many nats (far below the target, 0.0025 nats)
+_NOISE_CAP = 1e-5
 
 
 def is_auto(tol) -> bool:
@@ -79,8 +82,9 @@ def aitken_gap(objectives: Sequence[float], n_total: float) -> float:
     Returns
     -------
     float
-        The estimated gap in nats (0 when the objective no longer moves beyond rounding; inf
-        when it cannot be estimated: fewer than three values, a ratio ``a >= 1``, a fall).
+        The estimated gap in nats (0 when the last round moved the objective no more than
+        rounding does, a fixed point; inf when it cannot be estimated: fewer than three
+        values, a ratio ``a >= 1``, a fall).
     """
     if len(objectives) < 3:
         return math.inf
@@ -88,11 +92,12 @@ def aitken_gap(objectives: Sequence[float], n_total: float) -> float:
     if not all(math.isfinite(v) for v in (l0, l1, l2)):
         return math.inf
     d1, d2 = l1 - l0, l2 - l1
-    noise = _NOISE_ULPS * 2.0**-52 * max(abs(l2), 1.0)
-    if abs(d1) <= noise and abs(d2) <= noise:
+    noise = min(_NOISE_ULPS * 2.0**-52 * max(abs(l2), 1.0) * math.sqrt(max(n_total, 1.0)),
+                _NOISE_CAP)
+    if abs(d2) <= noise:  # the last round did not move the objective beyond rounding
         return 0.0
     if d2 <= 0.0 or d1 <= 0.0:  # a fall (or a first rise): no linear regime to extrapolate
-        return 0.0 if abs(d2) <= noise else math.inf
+        return math.inf
     a = d2 / d1
     if a >= 1.0:
         return math.inf
