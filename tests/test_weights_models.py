@@ -162,7 +162,8 @@ def test_disclosure_counts_records_not_weights():
     it would without the weights; its ten copies would pass."""
     data, w = _two_rows_weighing_ten()
     fd = fl.FederatedDataset.from_arrays(data, weights=w)
-    est = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0, verbose=False)
+    est = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0, verbose=False,
+                                      federation=fl.Federation(on_refusal="stop"))
     with pytest.raises(FederatedFitError, match=r"client 'small'.*2 record"):
         est.fit(fd)
     dup = fl.FederatedDataset.from_arrays({**data, "small": np.repeat(data["small"], 5, 0)})
@@ -180,7 +181,7 @@ def test_differential_privacy_refuses_weights_above_one():
     w["small"] = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 2.5])
     dp = fl.DifferentialPrivacy(epsilon=5.0, delta=1e-5, clip=3.0)
     est = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0, verbose=False,
-                                      federation=fl.Federation(privacy=dp))
+                                      federation=fl.Federation(privacy=dp, on_refusal="stop"))
     with pytest.raises(FederatedFitError,
                        match=r"client 'small' refuses differential privacy: 1 of its rows have "
                              r"a frequency weight above 1 \(largest 2.5\)"):

@@ -70,7 +70,11 @@ MODELS = {
 @pytest.mark.usefixtures("saturation_rule_off")
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("model", list(MODELS))
-def test_batched_and_per_client_paths_agree_to_1e12(model, setting):
+def test_batched_and_per_client_paths_agree(model, setting):
+    """The two client paths sum in different orders; the fitted arrays agree to 1e-10
+    relative after the fit's rounds (EM's iterations carry the last bits of each round's
+    rounding: 2e-12 on LCR's noise variance on one Xeon), the round records and the
+    clients' states to 1e-12."""
     make, target = MODELS[model]
     fd = _ragged(target=target)
     one, rt1 = _fit(lambda: make(SETTINGS[setting]), fd, batched=False)
@@ -79,7 +83,7 @@ def test_batched_and_per_client_paths_agree_to_1e12(model, setting):
     a, b = _fitted_arrays(one), _fitted_arrays(many)
     assert a.keys() == b.keys() and len(a) >= 3
     for k in a:
-        assert_close(a[k], b[k], err_msg=k)
+        assert_close(a[k], b[k], rtol=1e-10, err_msg=k)
     ha, hb = one.history_.to_frame(), many.history_.to_frame()
     for col in ("objective", "participants", "bytes_up", "bytes_down"):  # counts: exact
         assert_close(ha[col], hb[col], err_msg=col)

@@ -91,4 +91,6 @@ def test_batched_clients_give_the_one_by_one_accelerated_fit(fits):
                                           verbose=False, **start).fit(fd, runtime=rt)
     assert rt.batched_calls > 0
     assert batched.n_iter_ == newton.n_iter_
-    np.testing.assert_allclose(batched.means_, newton.means_, rtol=1e-12, atol=1e-12)
+    # (the two paths sum in different orders; Newton's solves amplify the last bits over
+    # the rounds: 5e-12 on one Xeon)
+    np.testing.assert_allclose(batched.means_, newton.means_, rtol=1e-10, atol=1e-10)

@@ -21,7 +21,8 @@ from fedlatent.data.client import ClientData
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.node.client import ClientNode
 from fedlatent.engine.privacy.enforce import policy_to_json
-from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.protocol.messages import ERROR_KEY, REFUSED_KEY
+from fedlatent.engine.warn import SitesExcludedWarning
 from fedlatent.models.gmm.model import GMMModel
 
 NO_SATURATION = fl.DisclosurePolicy(max_parameters_per_record=math.inf)
@@ -102,14 +103,15 @@ def test_three_rows_come_back_from_round_one_without_the_saturation_rule():
 def test_the_three_row_client_refuses_at_setup_under_the_default_policy():
     fd, _ = _three_row_federation()
     rt = fl.InProcessRuntime(fd, record=True)
-    with pytest.raises(FederatedFitError,
-                       match=r"client 'small': the round statistic carries 12 free numbers "
-                             r"about 3 record\(s\) of 2 value\(s\).*max_parameters_per_record="
-                             r"0\.33.*Merge sites to at least 19 records.*secure_aggregation"):
-        _gmm(fl.DisclosurePolicy()).fit(fd, runtime=rt)
-    assert {m for _, _, m, _ in rt.log} == {"setup"}  # refused before the first round
+    with pytest.warns(SitesExcludedWarning, match=r"client 'small': the round statistic "
+                      r"carries 12 free numbers about 3 record\(s\) of 2 value\(s\).*"
+                      r"max_parameters_per_record=0\.33.*Merge sites to at least 19 records.*"
+                      r"secure_aggregation"):
+        est = _gmm(fl.DisclosurePolicy()).fit(fd, runtime=rt)
+    assert list(est.excluded_clients_) == ["small"]  # left out; the others fitted
+    assert {m for _, c, m, _ in rt.log if c == "small"} == {"setup"}  # refused before round 1
     up = [msg for d, c, _, msg in rt.log if d == "up" and c == "small"]
-    assert [set(u) for u in up] == [{ERROR_KEY}]
+    assert [set(u) for u in up] == [{ERROR_KEY, REFUSED_KEY}]
 
 
 @pytest.mark.parametrize(("cov", "expected"), [("full", 2 * 6), ("tied", 2 * 3 + 3),
@@ -164,10 +166,11 @@ def _models(rng):
 def test_every_model_that_sends_statistics_is_checked_at_setup(i):
     name, est, fd = _models(np.random.default_rng(1))[i]
     rt = fl.InProcessRuntime(fd, record=True)
-    with pytest.raises(FederatedFitError, match=r"client 'small': the round statistic carries "
-                                                r"\d+ free numbers about 5 record"):
+    with pytest.warns(SitesExcludedWarning, match=r"client 'small': the round statistic "
+                      r"carries \d+ free numbers about 5 record"):
         est.fit(fd, runtime=rt)
-    assert {m for _, _, m, _ in rt.log} == {"setup"}, name
+    assert list(est.excluded_clients_) == ["small"], name
+    assert {m for _, c, m, _ in rt.log if c == "small"} == {"setup"}, name
 
 
 def test_a_site_floor_the_server_cannot_lower():

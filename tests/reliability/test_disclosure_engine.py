@@ -25,8 +25,9 @@ from fedlatent.engine.privacy import (
     rows_from_two_records,
 )
 from fedlatent.engine.privacy.enforce import policy_from_json, stricter
-from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.protocol.messages import ERROR_KEY, REFUSED_KEY
 from fedlatent.engine.rounds.loop import FederatedFitError
+from fedlatent.engine.warn import SitesExcludedWarning
 
 OFF = fl.DisclosurePolicy.off()
 TOL = 1e-8
@@ -212,16 +213,17 @@ def test_small_client_is_refused_at_setup_under_the_default_policy(make, small):
     fd, rows = _gmm_data(small, target=make is _fedgmm)
     X = rows[0] if isinstance(rows, tuple) else rows
     rt = fl.InProcessRuntime(fd, record=True)
-    with pytest.raises(FederatedFitError, match=(
-            rf"^setup: client 'small': refused by the disclosure policy: min_records=3 \(it "
+    with pytest.warns(SitesExcludedWarning, match=(
+            rf"client 'small': refused by the disclosure policy: min_records=3 \(it "
             rf"holds {small} record\(s\).*Merge it with another client, or pass "
             rf"Federation\(disclosure=DisclosurePolicy\(min_records={small}\)\) or "
             rf"Federation\(disclosure=DisclosurePolicy.off\(\)\)")):
-        make(fl.DisclosurePolicy()).fit(fd, runtime=rt)
+        est = make(fl.DisclosurePolicy()).fit(fd, runtime=rt)
+    assert list(est.excluded_clients_) == ["small"]  # left out; the others fitted
     sent = [rep for _, _, rep in _replies(rt.log, "small")]
-    assert [set(r) for r in sent] == [{ERROR_KEY}]  # the refusal, nothing else
+    assert [set(r) for r in sent] == [{ERROR_KEY, REFUSED_KEY}]  # the refusal, nothing else
     assert _recovered(_gaussian_guesses(rt.log, "small"), X) == 0
-    assert not any(m in ("query", "estep") for _, _, m, _ in rt.log)  # stopped before round 1
+    assert {m for _, c, m, _ in rt.log if c == "small"} == {"setup"}  # asked nothing else
 
 
 def _hlcr_data():

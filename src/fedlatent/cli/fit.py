@@ -217,7 +217,8 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
     Returns the names written: ``model.npz``, ``model.json``, ``history.csv`` (when the estimator
     keeps a history), ``clients/`` (when its clients keep their own state: ``save_client_weights``)
     and ``roles.json`` (the columns of the fit: client, features, target, entity, and the
-    categorical encoding when there is one), then the
+    categorical encoding when there is one), ``excluded_clients.csv`` (the sites left out of
+    the fit because they refused its setup by a rule, and why), then the
     names ``extra(directory)`` returns (a command's own files, e.g. SEC's similarity matrix).
     Everything is written into a temporary sibling directory that becomes ``out`` only when
     every file was written (:func:`~.common.staged_dir`): a failed fit, or a failure while
@@ -251,6 +252,9 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
             roles["categorical"] = fd.encoding.to_json()
         (tmp / ROLES_FILE).write_text(json.dumps(roles, indent=1) + "\n")
         written.append(ROLES_FILE)
+        if getattr(est, "excluded_clients_", None):  # sites left out of the fit, and why
+            write_clients(tmp / EXCLUDED_FILE, est.excluded_clients_)
+            written.append(EXCLUDED_FILE)
         if extra is not None:
             written.extend(extra(tmp))
     return written
@@ -258,24 +262,31 @@ def fit_and_save(est, fd, out: Path, roles: dict[str, Any], extra=None) -> list[
 
 #: the file a failed fit writes when it names more clients than its message shows
 REFUSED_FILE = "refused_clients.csv"
+#: the file of a fit that left sites out (they refused its setup by a rule), with why
+EXCLUDED_FILE = "excluded_clients.csv"
+
+
+def write_clients(path: Path, reasons: dict[str, str]) -> None:
+    """``client,reason`` rows, one per client of ``reasons``."""
+    import csv
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["client", "reason"])
+        w.writerows(reasons.items())
 
 
 def write_refused(err, out: Path) -> None:
     """A fit that stopped naming more clients than its one-line message shows writes them
     all, with their reasons, to ``OUT/refused_clients.csv`` (the only file written) and says
     so at the end of its message."""
-    import csv
-
     from ..data.validation import NAMES_SHOWN
 
     faults = getattr(err, "faults", {})
     if len(faults) <= NAMES_SHOWN or (out.exists() and not out.is_dir()):
         return
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / REFUSED_FILE, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["client", "reason"])
-        w.writerows(faults.items())
+    write_clients(out / REFUSED_FILE, faults)
     err.args = (f"{err} (all {len(faults)} clients and their reasons: {out / REFUSED_FILE})",
                 *err.args[1:])
 

@@ -11,7 +11,13 @@ import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["user_stacklevel", "warn_user"]
+__all__ = ["SitesExcludedWarning", "user_stacklevel", "warn_user"]
+
+class SitesExcludedWarning(UserWarning):
+    """Sites were left out of a fit because they refused its setup by a disclosure rule or
+    their own policy (``Federation(on_refusal="exclude")``, the default); the fit went on with
+    the others."""
+
 
 _PACKAGE = str(Path(__file__).resolve().parents[1])
 

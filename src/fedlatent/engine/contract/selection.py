@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,6 +64,10 @@ class Selection:
         BIC: lower is better; a held-out log-likelihood: higher (give False).
     split : callable or None
         ``split(fd) -> (fit_part, held_out)``; None scores on the data of the fit.
+    refused : dict of int to str
+        Candidates not fitted, and why (sites that the others admit refuse them by a
+        disclosure rule or their own policy): reported as candidates that could not be
+        fitted.
     """
 
     param: str
@@ -72,6 +76,7 @@ class Selection:
     score: Callable[[Any, Any], float | Mapping[str, float]]
     lower_is_better: bool = True
     split: Callable[[Any], tuple[Any, Any]] | None = None
+    refused: Mapping[int, str] = field(default_factory=dict)
 
 
 def check_candidates(values: Sequence[int] | None, default: Sequence[int], param: str,
@@ -145,6 +150,7 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
     for k in selection.candidates:
         cand = clone(est).set_params(**{selection.param: int(k)})
         try:
+            _refused(selection, k)
             fit(cand, fit_part)
         except ValueError as err:  # e.g. more components than rows: this size cannot be fitted
             errors.append(err)
@@ -172,6 +178,12 @@ def select(est, fd, selection: Selection, fit: Callable[[Any, Any], Any]
         best = clone(est).set_params(**{selection.param: int(best_k)})
         fit(best, fd)
     return best, table
+
+
+def _refused(selection: Selection, k) -> None:
+    """ValueError saying why candidate ``k`` is not fitted (:attr:`Selection.refused`)."""
+    if int(k) in selection.refused:
+        raise ValueError(selection.refused[int(k)])
 
 
 def _scored(est, cand, selection: Selection, fit_part, held_out) -> dict[str, Any]:

@@ -112,7 +112,7 @@ class FederatedMixture(FederatedEstimator):
         import pandas as pd
         from sklearn.utils.validation import check_is_fitted
 
-        from fedlatent.engine.estimation.inference import Summary
+        from fedlatent.engine.estimation.inference import Summary, sites_info
 
         check_is_fitted(self)
         rows, index = [], []
@@ -131,5 +131,5 @@ class FederatedMixture(FederatedEstimator):
                 "Components": str(int(np.asarray(self._fitted_params()["weights"]).shape[0])),
                 f"Final {self._score_name}": f"{float(getattr(self, 'lower_bound_', np.nan)):.6g}",
                 "Converged": str(bool(getattr(self, "converged_", False))),
-                "Standard errors": self._no_se_reason}
+                "Standard errors": self._no_se_reason, **sites_info(self)}
         return Summary(f"{type(self).__name__} results", info, table)

@@ -230,6 +230,22 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
     def _start(self, fd, runtime: Runtime | None, seed: int | None = None) -> FitContext:
         """Validate, build the model, set the clients up: the context the hooks share
         (``seed``: this start's, :mod:`.starts`; None: from ``random_state``)."""
+        ctx = self._bare_context(fd, runtime, seed)
+        federation, private = ctx.federation, ctx.federation.privacy is not None
+        if private:
+            self._refuse_private(ctx.data if ctx.data is not None else fd, federation)
+        setup = setup_fit(ctx.runtime, ctx.model, federation, self._max_rounds(),
+                          init_releases=int(self._dp_init_releases) if private else 0,
+                          run=self._run_label(ctx.seed))
+        ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
+        ctx.runtime, ctx.excluded = setup.runtime, setup.excluded
+        if setup.excluded and ctx.data is not None:  # (the pooled references read it)
+            ctx.data = ctx.data.subset(list(setup.n_units))
+        return ctx
+
+    def _bare_context(self, fd, runtime: Runtime | None, seed: int | None = None) -> FitContext:
+        """Validate the settings and the data, build the model and the runtime: the context
+        of a fit before any message is sent (:meth:`_start` then sets the clients up)."""
         self._validate_params()
         remote = getattr(fd, "is_remote", False)
         if not isinstance(fd, FederatedDataset) and not remote:
@@ -266,16 +282,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         model.privacy = federation.privacy  # the server's copy: its M-step knows the noise
         given = runtime is not None
         runtime = runtime if given else InProcessRuntime(fd)
-        ctx = FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
-                         data=None if remote else fd, runtime_given=given)
-        private = federation.privacy is not None
-        if private:
-            self._refuse_private(fd, federation)
-        setup = setup_fit(runtime, model, federation, self._max_rounds(),
-                          init_releases=int(self._dp_init_releases) if private else 0,
-                          run=self._run_label(seed))
-        ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
-        return ctx
+        return FitContext(runtime, model, federation, seed, n_features=int(fd.n_features),
+                          data=None if remote else fd, runtime_given=given)
 
     def _rows_with_target(self, fd, remote: bool):
         """``(fd, rows left out)``: rows with a NaN target are refused (today's error) unless
@@ -373,8 +381,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
 
             refuse_unsupported(self)  # before any exchange: 'auto' scores cross in the clear
         if selection is not None:
-            return self._fit_selected(fd, selection, runtime=runtime, progress=progress,
-                                      callbacks=callbacks, checkpoint=checkpoint, resume=resume)
+            return self._fit_auto(fd, selection, runtime=runtime, progress=progress,
+                                  callbacks=callbacks, checkpoint=checkpoint, resume=resume)
         run = dict(progress=progress if progress is not None else getattr(self, "verbose", None),
                    checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
                    callbacks=callbacks)
@@ -396,6 +404,10 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         self.converged_ = result.converged
         self.n_iter_ = result.n_rounds
         self.client_faults_ = list(ctx.faults)
+        #: the sites left out of the fit at its setup (they refused it by a disclosure rule
+        #: or their own policy, ``Federation(on_refusal="exclude")``), with the refusal
+        self.excluded_clients_ = dict(ctx.excluded)
+        result.history.excluded = dict(ctx.excluded)
         #: ``(epsilon, delta)`` spent by the fit under differential privacy (initialization
         #: included; never above the budget), None without it
         self.privacy_spent_ = None if ctx.privacy is None else tuple(ctx.privacy.spent)
@@ -446,6 +458,17 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             "%s: resumed from %s without re-running the private initialization",
             type(self).__name__, npz)
         return params0
+
+    def _fit_auto(self, fd, selection: Selection, *, runtime, **fit_kwargs):
+        """``fit`` with an ``"auto"`` parameter: the candidates compared on the same sites,
+        the choice fitted on every site that admits it (:mod:`.sites`), through
+        :meth:`_fit_selected`."""
+        from fedlatent.engine.estimation.sites import finish_selection, selection_sites
+
+        data, rt, selection, sites = selection_sites(self, fd, runtime, selection)
+        self._fit_selected(data, selection, runtime=rt, **fit_kwargs)
+        return finish_selection(self, fd, runtime, sites, selection.param,
+                                {k: fit_kwargs[k] for k in ("progress", "callbacks")})
 
     def _fit_selected(self, fd, selection: Selection, **fit_kwargs):
         """``fit`` with an ``"auto"`` parameter (:func:`.selection.fit_selected`)."""
@@ -507,9 +530,22 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         ``values`` in client order (the order of ``fd.items()``), as this does.
         """
         check_is_fitted(self)
+        self._note_left_out(fd)
         parts = [np.asarray(self._predict_client(cid, cd)) for cid, cd in fd.items()]
         return fd.to_source_order(np.concatenate(parts) if parts else np.zeros(0),
                                   name="prediction")
+
+    def _note_left_out(self, fd) -> None:
+        """Say (a SitesExcludedWarning) when ``fd`` holds sites the fit left out: their
+        predictions use the population-level model, as for sites not seen in training."""
+        out = [c for c in fd.client_ids if c in (getattr(self, "excluded_clients_", None) or {})]
+        if out:
+            from fedlatent.data.validation import name_list
+            from fedlatent.engine.warn import SitesExcludedWarning, warn_user
+
+            warn_user(f"site(s) {name_list(out)} were left out of the fit (excluded_clients_): "
+                      "their predictions use the population-level model, as for a site not "
+                      "seen in training", SitesExcludedWarning)
 
     def score_dataset(self, fd: FederatedDataset) -> float:
         """The estimator's score on federated data (``_score_name`` names it)."""
@@ -541,6 +577,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             },
             "history": self.history_.to_frame().to_dict(orient="records"),
         }
+        if getattr(self, "excluded_clients_", None):
+            meta["excluded"] = {str(k): str(v) for k, v in self.excluded_clients_.items()}
         if getattr(self, "encoding_", None) is not None:
             meta["encoding"] = self.encoding_.to_json()
         if getattr(self, "privacy_calibration_", None) is not None:
@@ -584,6 +622,8 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         est.feature_names_in_ = np.asarray(est.feature_names_in_, dtype=object)
         est.n_features_in_ = len(est.feature_names_in_)
         est.history_ = History.from_records(meta["history"])
+        est.excluded_clients_ = _excluded_entry(meta.get("excluded"))
+        est.history_.excluded = dict(est.excluded_clients_)
         est.encoding_ = None
         if meta.get("encoding") is not None:
             from fedlatent.data.categorical import CategoricalEncoding
@@ -633,3 +673,14 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
             raise ValueError(f"{npz} / {js.name}: {err}") from err
         est._after_load()
         return est
+
+
+def _excluded_entry(value) -> dict[str, str]:
+    """A saved model's ``excluded`` entry (sites left out of its fit): a JSON object of
+    texts, or nothing (files saved before the entry)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise ValueError(f"entry 'excluded' must map site ids to texts, got {value!r}")
+    return dict(value)

@@ -44,6 +44,9 @@ class FitContext:
     #: the fit's PrivacyBudget under ``Federation(privacy=...)`` (else None): every query is
     #: one release (the clients add the noise), spent here
     privacy: Any = None
+    #: the sites left out at the setup (they refused it by a rule) and why; ``runtime`` then
+    #: holds only the others
+    excluded: dict[str, str] = field(default_factory=dict)
 
     @property
     def summed_only(self) -> bool:

@@ -53,6 +53,7 @@ __all__ = [
     "Summary",
     "federated_information",
     "louis_information",
+    "sites_info",
     "weight_row",
     "weight_scores",
     "z_table",
@@ -174,6 +175,7 @@ def _context(est, fd, runtime):
     if rt is None:
         raise ValueError(f"{name} has no clients to ask for the information (a loaded model): "
                          "give the data of the fit, e.g. est.cov_params(fd)")
+    rt = fit_sites(est, rt)
     model = est._make_model(fd)
     n_units = setup_clients(rt, model, effective(fed.disclosure, fed.secure_aggregation))
     ctx = FitContext(rt, model, fed, int(getattr(est, "seed_", 0)), n_units=n_units)
@@ -182,6 +184,15 @@ def _context(est, fd, runtime):
 
         ctx.secure = open_channel(rt, fed, n_units, 1)
     return ctx
+
+
+def fit_sites(est, runtime):
+    """``runtime`` without the sites the fit of ``est`` left out (``excluded_clients_``): the
+    information is the fit's, over the sites it was fitted on."""
+    from fedlatent.engine.protocol.runtime import SiteSubset
+
+    out = set(getattr(est, "excluded_clients_", None) or {}) & set(runtime.client_ids)
+    return SiteSubset(runtime, out) if out else runtime
 
 
 def federated_information(est, layout: InferenceLayout, fd=None,
@@ -266,6 +277,34 @@ class Summary:
         return "\n".join(head + ["-" * width, body, "=" * width])
 
     __repr__ = __str__
+
+
+def sites_info(est) -> dict[str, str]:
+    """The header lines of a summary about the sites: those left out of the fit at its setup
+    (``excluded_clients_``), and how often sites were missing from a round (a round's reply
+    refused or not given: left out of that round only). Empty when every site took part in
+    every round."""
+    from fedlatent.data.validation import NAMES_SHOWN
+
+    info = {}
+    out = dict(getattr(est, "excluded_clients_", None) or {})
+    if out:
+        names = ", ".join(repr(c) for c in list(out)[:NAMES_SHOWN])
+        more = f" and {len(out) - NAMES_SHOWN} more" if len(out) > NAMES_SHOWN else ""
+        info["Sites left out"] = (f"{len(out)}: {names}{more} (refused the setup by a rule; "
+                                  "excluded_clients_ says why)")
+    rounds = [r for r in getattr(est, "history_", None) or [] if hasattr(r, "missing")]
+    counts: dict[str, int] = {}
+    for r in rounds:
+        for c in list(r.missing) + list(getattr(r, "rejected", {}) or {}):
+            counts[c] = counts.get(c, 0) + 1
+    if counts:
+        top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        shown = ", ".join(f"{c!r} {n}" for c, n in top[:NAMES_SHOWN])
+        more = f" and {len(top) - NAMES_SHOWN} more" if len(top) > NAMES_SHOWN else ""
+        info["Missing from rounds"] = (f"{len(top)} site(s) of {len(rounds)} rounds: "
+                                       f"{shown}{more} (history_ 'missing', 'rejected')")
+    return info
 
 
 def _check_cov_type(cov_type, groups) -> None:
@@ -367,7 +406,8 @@ class InferenceMixin:
         info = {"Model": type(self).__name__, "Components": str(self.n_components_),
                 "Observations": str(tot.n), "Log-likelihood": f"{tot.loglik:.6g}",
                 "Converged": str(bool(self.converged_)),
-                "Distance to optimum": optimum_distance(self), "Covariance": choice.kind}
+                "Distance to optimum": optimum_distance(self), "Covariance": choice.kind,
+                **sites_info(self)}
         if choice.note:
             info["Covariance note"] = choice.note
         if choice.unidentified:

@@ -216,6 +216,18 @@ class Federation:
         ``Federation()`` is exact EM, round for round the iterations of centralized EM
         (scikit-learn's, flexmix's), which the exactness tests and the comparisons in the
         documentation rely on; an accelerated fit reaches the optimum, not that path.
+    on_refusal : {"exclude", "stop"}, default "exclude"
+        A site that refuses the fit's setup by a disclosure rule or its own policy (too few
+        records for the rules, a model or budget its policy does not allow): "exclude" leaves
+        it out of the fit, with one warning naming it, the rule and the fix, and records it
+        (the estimator's ``excluded_clients_``, its ``summary()`` and ``history_.excluded``);
+        the others go on, as DataSHIELD drops a study and goes on. "stop" stops the fit,
+        naming every refusal. A site refused later (one round's reply) is missing from that
+        round only, as before.
+    min_clients : int or None, default None
+        The fewest sites a fit goes on with after leaving sites out; None: 2 (every site of a
+        federation of fewer), and under secure aggregation at least ``secagg_threshold`` when
+        it is given. Fewer stops the fit, naming the refusals.
     """
 
     participation: float = 1.0
@@ -235,6 +247,8 @@ class Federation:
     secagg_bound: float = 2.0**20
     privacy: DifferentialPrivacy | None = None
     acceleration: str | Squarem | SubspaceNewton | None = None
+    on_refusal: str = "exclude"
+    min_clients: int | None = None
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -267,12 +281,35 @@ class Federation:
                 "Federation(on_invalid=...) must be 'exclude' (leave the client out of the "
                 f"round) or 'raise' (stop the fit), got {self.on_invalid!r}"
             )
+        self._validate_refusals()
         if self.alpha is not None and not (0.0 < float(self.alpha) <= 1.0):
             raise ValueError(f"Federation(alpha=...) must be in (0, 1], got {self.alpha!r}")
         self._validate_disclosure()
         self._validate_secure()
         self._validate_privacy()
         self._validate_acceleration()
+
+    def _validate_refusals(self) -> None:
+        if self.on_refusal not in ("exclude", "stop"):
+            raise ValueError(
+                "Federation(on_refusal=...) must be 'exclude' (leave a site that refuses the "
+                "setup out of the fit) or 'stop' (stop the fit), got " f"{self.on_refusal!r}")
+        m = self.min_clients
+        if m is not None and (not isinstance(m, int | np.integer) or isinstance(m, bool)
+                              or m < 1):
+            raise ValueError(f"Federation(min_clients=...) must be None or an integer >= 1, "
+                             f"got {m!r}")
+
+    def fewest_clients(self, n_clients: int) -> int:
+        """The fewest of ``n_clients`` sites a fit goes on with once sites are left out:
+        ``min_clients``, or 2 (every site of a smaller federation) and under secure
+        aggregation at least its threshold when one is given."""
+        if self.min_clients is not None:
+            return int(self.min_clients)
+        least = min(2, int(n_clients))
+        if self.secure_aggregation and self.secagg_threshold is not None:
+            least = max(least, int(self.secagg_threshold))
+        return least
 
     def _validate_acceleration(self) -> None:
         if resolve_acceleration(self.acceleration) is None:
@@ -399,6 +436,9 @@ class Federation:
         d.pop("_extra", None)
         d["disclosure"] = json.loads(policy_to_json(self.disclosure))
         d["privacy"] = None if self.privacy is None else self.privacy.to_config()
+        for key, default in (("on_refusal", "exclude"), ("min_clients", None)):
+            if d[key] == default:  # the default: the config (and a checkpoint's identity)
+                d.pop(key)  # of before
         acc = resolve_acceleration(self.acceleration)
         if acc is None:  # off: the config (and a checkpoint's identity) of before
             d.pop("acceleration")

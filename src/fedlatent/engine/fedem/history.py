@@ -90,7 +90,18 @@ def _as_reasons(value) -> dict[str, str]:
 
 
 class History(list):
-    """A list of :class:`RoundRecord` with a DataFrame view."""
+    """A list of :class:`RoundRecord` with a DataFrame view.
+
+    Attributes
+    ----------
+    excluded : dict of str to str
+        The sites left out of the fit at its setup (they refused it by a rule), with the
+        refusal; ``to_frame()`` carries it in ``DataFrame.attrs["excluded"]``.
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.excluded: dict[str, str] = {}
 
     def to_frame(self):
         rows = [asdict(r) for r in self]
@@ -101,7 +112,9 @@ class History(list):
         cols = list(RoundRecord.__dataclass_fields__)
         import pandas as pd
 
-        return pd.DataFrame(rows, columns=cols)
+        frame = pd.DataFrame(rows, columns=cols)
+        frame.attrs["excluded"] = dict(self.excluded)
+        return frame
 
     def to_csv(self, path) -> None:
         self.to_frame().to_csv(path, index=False)

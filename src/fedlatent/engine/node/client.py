@@ -61,7 +61,13 @@ from fedlatent.engine.privacy.enforce import (
     suppress_blocks,
     suppress_differences,
 )
-from fedlatent.engine.protocol.messages import ERROR_KEY, pack, point_keys, unpack
+from fedlatent.engine.protocol.messages import (
+    ERROR_KEY,
+    pack,
+    point_keys,
+    refusal_reply,
+    unpack,
+)
 from fedlatent.engine.stats import Stats, units_number
 
 __all__ = ["ClientNode", "describe_client"]
@@ -247,13 +253,13 @@ class ClientNode:
             self._rules_refusal(msg) if msg.get("fit") else None)
         if refusal:
             logger.log(self.log_level, "%s", refusal)
-            return {ERROR_KEY: refusal}
+            return refusal_reply(refusal, "disclosure")
         self._setup_privacy(msg)
         refusal = "" if self.privacy is None else weights_refusal(self._raw.weight,
                                                                     self.client_id)
         if refusal:
             logger.log(self.log_level, "%s", refusal)
-            return {ERROR_KEY: refusal}
+            return refusal_reply(refusal, "privacy")
         if not any(k.startswith("model/") for k in self.state):
             _put(self.state, "model", self.model.init_client_state(self._data))
             self.state.setdefault("engine/initialized", np.array(1.0))

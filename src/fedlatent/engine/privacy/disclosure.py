@@ -181,6 +181,17 @@ class DisclosurePolicy:
                    tree_min_leaf=1, max_levels_density=math.inf,
                    allow_row_storing_learners=True)
 
+    def smallest_site(self, n_numbers: int | None, width: int) -> int:
+        """The fewest records a site needs for a reply of ``n_numbers`` free numbers about
+        records of ``width`` values to pass the count and saturation rules: ``max(min_records,
+        ceil(n_numbers / (max_parameters_per_record * width)))`` (``n_numbers`` None: the
+        count rule alone)."""
+        if n_numbers is None or math.isinf(self.max_parameters_per_record):
+            return self.min_records
+        need = math.ceil(int(n_numbers) / (self.max_parameters_per_record
+                                           * max(int(width), 1)))
+        return max(self.min_records, need)
+
     @property
     def is_off(self) -> bool:
         """True when no rule can refuse anything: every rule's field at :meth:`off`'s value
@@ -363,7 +374,7 @@ def check_reply_numbers(policy: DisclosurePolicy, who: str, n_numbers: int | Non
     cells = float(n_records) * int(width)
     if n_numbers is None or cells <= 0 or n_numbers <= limit * cells:
         return None
-    need = math.ceil(n_numbers / (limit * max(int(width), 1)))
+    need = policy.smallest_site(n_numbers, width)
     return (f"{who}: {what} carries {n_numbers} free numbers about {_fmt(n_records)} "
             f"record(s) of {width} value(s), more than max_parameters_per_record={limit:g} per "
             f"value (DataSHIELD nfilter.glm): the records could be solved for, so it is not "

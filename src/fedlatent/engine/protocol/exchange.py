@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 from fedlatent.engine.protocol.messages import (
     ERROR_KEY,
+    REFUSED_KEY,
     ClientReplyError,
     Expect,
     array,
@@ -40,8 +42,8 @@ from fedlatent.engine.protocol.messages import (
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.stats import units_number
 
-__all__ = ["Expect", "Replies", "RowReplies", "array", "ask", "cohort_refusal", "number",
-           "setup_clients", "text"]
+__all__ = ["Expect", "Replies", "RowReplies", "SiteSetup", "array", "ask", "cohort_refusal",
+           "number", "setup_clients", "setup_sites", "text"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +55,16 @@ class Replies(dict):
     ----------
     faults : dict of str to str
         Clients left out of this exchange and why ("no reply", or the failed check).
+    refused : dict of str to str
+        Those of ``faults`` that refused by a rule (a disclosure rule, their site's policy),
+        with the rule: a fit's setup may leave them out and go on.
     """
 
     def __init__(self, *args, faults: dict[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.faults: dict[str, str] = dict(faults or {})
+        #: the clients of ``faults`` that refused by a rule (client -> the rule), not failed
+        self.refused: dict[str, str] = {}
 
     def total(self, field: str) -> np.ndarray:
         """``field`` summed over the replies in client order, as float64."""
@@ -79,14 +86,18 @@ class RowReplies(Mapping):
         None when only the sums were kept (``ask(..., only_sums=True)``).
     faults : dict of str to str
         Clients left out of this exchange and why.
+    refused : dict of str to str
+        Those of ``faults`` that refused by a rule, with the rule (as :class:`Replies`).
     """
 
     def __init__(self, clients: list[str], fields: dict[str, np.ndarray] | None,
                  faults: dict[str, str] | None = None,
-                 totals: dict[str, np.ndarray] | None = None):
+                 totals: dict[str, np.ndarray] | None = None,
+                 refused: dict[str, str] | None = None):
         self.clients = list(clients)
         self.fields = fields
         self.faults: dict[str, str] = dict(faults or {})
+        self.refused: dict[str, str] = dict(refused or {})
         self._totals = totals
         self._pos: dict[str, int] | None = None
 
@@ -130,7 +141,7 @@ def ask(
     what: str,
     clients: list[str] | None = None,
     expect: Mapping[str, Expect] | None = None,
-    required: bool = True,
+    required: bool | None = True,
     per_client: bool = False,
     model=None,
     only_sums: bool = False,
@@ -150,8 +161,9 @@ def ask(
         Who is asked (default: every client of the runtime; with ``per_client``, the keys).
     expect : dict of str to Expect or None
         What every reply must hold; keys not listed are passed through unchecked.
-    required : bool
-        Whether every asked client must answer validly (see the module docstring).
+    required : bool or None
+        Whether every asked client must answer validly (see the module docstring); None: the
+        faults are the caller's to settle (``faults``, ``refused``), nothing raised or logged.
     model : FederatedModel or None
         The fit's model, when the runtime may answer many clients at once (the same message
         to every client; :meth:`~fedlatent.engine.protocol.runtime.Runtime.call_rows`): the
@@ -187,13 +199,15 @@ def _ask_each(runtime: Runtime, ids: list[str], method: str, msgs, expect) -> Re
             good[c] = _checked(c, raw.get(c), expect)
         except ClientReplyError as err:
             good.faults[c] = err.reason
+            if err.refused:
+                good.refused[c] = err.refused
     return good
 
 
 def _settled(good, what: str, required: bool):
     """``good`` (Replies or RowReplies); with faults, a FederatedFitError (``required``) or
-    a warning naming them."""
-    if good.faults:
+    a warning naming them (False); None: the caller settles them."""
+    if good.faults and required is not None:
         detail = fault_detail(good.faults)
         if required:
             raise FederatedFitError(f"{what}: {detail}; nothing of this exchange was used",
@@ -209,10 +223,14 @@ def _checked_rows(ids: list[str], chunks, expect, keep: bool) -> RowReplies:
     the rows kept (else only their sums: each chunk's rows added one after the other, then
     to the running total)."""
     why: dict[int, str] = {}
+    refused: dict[str, str] = {}
     parts, totals = [], None
     for rows, fields, errors in chunks:
         bad = check_rows([ids[r] for r in rows.tolist()], fields, expect or {})
         for j, text_ in errors.items():
+            if isinstance(text_, Mapping):  # a refusal (refusal_reply), not a failure
+                refused[ids[int(rows[j])]] = str(text_.get(REFUSED_KEY) or "")
+                text_ = text_[ERROR_KEY]
             bad[j] = str(text_).removeprefix(f"client {ids[int(rows[j])]!r}: ")
         ok = np.ones(len(rows), dtype=bool)
         ok[list(bad)] = False
@@ -226,14 +244,15 @@ def _checked_rows(ids: list[str], chunks, expect, keep: bool) -> RowReplies:
                                   np.asarray(v, dtype=np.float64)) for k, v in fields.items()}
     faults = {ids[i]: why[i] for i in sorted(why)}
     clients = [c for i, c in enumerate(ids) if i not in why] if why else list(ids)
+    refused = {c: refused[c] for c in faults if refused.get(c)}
     if not keep:
-        return RowReplies(clients, None, faults, totals or {})
+        return RowReplies(clients, None, faults, totals or {}, refused)
     if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(len(clients))):
-        return RowReplies(clients, parts[0][1], faults)
+        return RowReplies(clients, parts[0][1], faults, refused=refused)
     order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
     fields = {k: np.concatenate([p[1][k] for p in parts])[order] for k in parts[0][1]} \
         if parts else {}
-    return RowReplies(clients, fields, faults)
+    return RowReplies(clients, fields, faults, refused=refused)
 
 
 def _checked(c: str, reply, expect) -> dict[str, Any]:
@@ -242,7 +261,8 @@ def _checked(c: str, reply, expect) -> dict[str, Any]:
         raise ClientReplyError(c, "no reply")
     if ERROR_KEY in reply:  # the client declined or failed, and said why
         why = str(reply[ERROR_KEY])
-        raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "))
+        raise ClientReplyError(c, why.removeprefix(f"client {c!r}: "),
+                               str(reply.get(REFUSED_KEY) or ""))
     if expect:
         check_fields(c, reply, expect)
     return reply
@@ -252,23 +272,84 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
                   privacy_releases: int = 0, run: str | None = None, *,
                   batch_size: int | None = None, cohort: int | None = None,
                   fit: bool = False, statistics: int = 1) -> dict[str, int]:
+    """Every client set up (:func:`setup_sites`); a client that refuses stops the exchange,
+    naming it. Returns each client's number of units."""
+    return setup_sites(runtime, model, disclosure, privacy, privacy_releases, run,
+                       batch_size=batch_size, cohort=cohort, fit=fit,
+                       statistics=statistics).n_units
+
+
+@dataclass
+class SiteSetup:
+    """What a setup gave: the units of the clients taking part and those left out.
+
+    Attributes
+    ----------
+    n_units : dict of str to int
+        Each client taking part and its units (what it answered ``setup``), in client order.
+    excluded : dict of str to str
+        The clients that refused by a rule (a disclosure rule, their site's policy) and were
+        left out, with the refusal (who, the rule, the fix); empty when every client takes part.
+    rules : dict of str to str
+        The rule of each of ``excluded`` (``"disclosure"``, ``"privacy"``, ``"site policy:
+        ..."``).
+    """
+
+    n_units: dict[str, int]
+    excluded: dict[str, str] = field(default_factory=dict)
+    rules: dict[str, str] = field(default_factory=dict)
+
+
+def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
+                privacy_releases: int = 0, run: str | None = None, *,
+                batch_size: int | None = None, cohort=None, fit: bool = False,
+                statistics: int = 1, on_refusal: str = "stop",
+                min_clients: int = 1) -> SiteSetup:
     """Send every client the model's name and config and the disclosure policy (None: the
     default, on), and the differential-privacy setting with the number of releases the fit
     plans (None: not private); return each client's number of units.
 
     The one place a model reaches the clients: they rebuild it from the registry (no code or
     pickle crosses). A client the policy keeps from answering anything (fewer records than
-    ``min_records``) refuses here, before the first round, and the fit stops naming it.
-    ``run`` labels the fit for the sites' ledgers (a site fixes a run's plan at its first
-    setup; a resumed fit sends the same label). ``batch_size``: the fit's mini-batch, whose
-    replies each client's saturation check covers too. ``cohort``: under secure aggregation,
-    the fewest clients an aggregate can cover (the threshold); the saturation rule is then
-    checked on the records of the ``cohort`` smallest clients (:func:`cohort_refusal`), for
-    a round's sum of ``statistics`` statistics (accelerated EM's multi-point rounds: 1 + the
-    extra points; each client counts them itself on every round when no cohort rule applies).
-    ``fit``: the setup is a fit's (its clients check the saturation and rare-level rules now,
-    before the first round; any client also checks them on its first round statistic).
+    ``min_records``, a reply the rules on what it determines refuse, its site's own policy)
+    refuses here, before the first round: with ``on_refusal="stop"`` the setup stops naming
+    it; with ``"exclude"`` it is left out (:attr:`SiteSetup.excluded`) and the others go on,
+    while at least ``min_clients`` remain. A client that fails (no reply, an error) always
+    stops it. ``run`` labels the fit for the sites' ledgers (a site fixes a run's plan at its
+    first setup; a resumed fit sends the same label). ``batch_size``: the fit's mini-batch,
+    whose replies each client's saturation check covers too. ``cohort``: under secure
+    aggregation, the fewest clients an aggregate can cover (the threshold; a callable of the
+    number of clients taking part); the saturation rule is then checked on the records of the
+    ``cohort`` smallest clients (:func:`cohort_refusal`), for a round's sum of ``statistics``
+    statistics (accelerated EM's multi-point rounds: 1 + the extra points; each client counts
+    them itself on every round when no cohort rule applies). ``fit``: the setup is a fit's
+    (its clients check the saturation and rare-level rules now, before the first round; any
+    client also checks them on its first round statistic).
     """
+    msg = _setup_message(model, disclosure, privacy, privacy_releases, run, batch_size,
+                         cohort is not None or batch_size is not None or fit)
+    replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()},
+                  model=model, required=None)
+    out = SiteSetup({}, *_left_out(replies, len(runtime.client_ids), on_refusal, min_clients))
+    ids = [c for c in runtime.client_ids if c not in out.excluded]
+    if isinstance(replies, RowReplies):  # answered at once: the units as one array
+        units = replies.fields["n_units"]
+        out.n_units = dict(zip(replies.clients, map(units_number, units.tolist())))
+    else:
+        out.n_units = {c: units_number(replies[c]["n_units"]) for c in ids}
+        units = np.array([out.n_units[c] for c in ids], dtype=np.float64)
+    empty = np.flatnonzero(np.asarray(units) <= 0)
+    if empty.size:
+        raise FederatedFitError(f"client {ids[int(empty[0])]!r} has no units to fit")
+    if cohort is not None and privacy is None:
+        _check_cohort(disclosure or DisclosurePolicy(), replies, ids,
+                      int(cohort(len(ids)) if callable(cohort) else cohort), statistics)
+    return out
+
+
+def _setup_message(model, disclosure, privacy, privacy_releases: int, run: str | None,
+                   batch_size: int | None, fit: bool) -> dict[str, Any]:
+    """The setup message (:func:`setup_sites`)."""
     import json
 
     from fedlatent.engine.privacy.enforce import policy_to_json
@@ -280,32 +361,47 @@ def setup_clients(runtime: Runtime, model, disclosure=None, privacy=None,
         msg["privacy_releases"] = int(privacy_releases)
     if run is not None:
         msg["run"] = str(run)
-    if cohort is not None or batch_size is not None or fit:
+    if fit:
         msg["fit"] = 1  # the rules on what a fit's replies determine, checked at setup
     if batch_size:
         msg["batch_size"] = int(batch_size)
-    replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()},
-                  model=model)
-    ids = runtime.client_ids
-    if isinstance(replies, RowReplies):  # answered at once: the units as one array
-        units = replies.fields["n_units"]
-        n_units = dict(zip(ids, map(units_number, units.tolist())))
-    else:
-        n_units = {c: units_number(replies[c]["n_units"]) for c in ids}
-        units = np.array([n_units[c] for c in ids], dtype=np.float64)
-    empty = np.flatnonzero(np.asarray(units) <= 0)
-    if empty.size:
-        raise FederatedFitError(f"client {ids[int(empty[0])]!r} has no units to fit")
-    if cohort is not None and privacy is None:
-        policy = disclosure or DisclosurePolicy()
-        if isinstance(replies, RowReplies):  # answered at once: only where no rule counts
-            if policy.count_scope == "aggregate" and not policy.is_off:
-                raise FederatedFitError("setup: the cohort rule needs every client's reply")
-        else:
-            why = cohort_refusal(policy, replies, int(cohort), statistics)
-            if why:
-                raise FederatedFitError(why)
-    return n_units
+    return msg
+
+
+def _check_cohort(policy: DisclosurePolicy, replies, ids: list[str], cohort: int,
+                  statistics: int) -> None:
+    """FederatedFitError when the cohort rule (:func:`cohort_refusal`) refuses the clients
+    ``ids`` taking part."""
+    if isinstance(replies, RowReplies):  # answered at once: only where no rule counts
+        if policy.count_scope == "aggregate" and not policy.is_off:
+            raise FederatedFitError("setup: the cohort rule needs every client's reply")
+        return
+    why = cohort_refusal(policy, {c: replies[c] for c in ids}, cohort, statistics)
+    if why:
+        raise FederatedFitError(why)
+
+
+def _left_out(replies, n_clients: int, on_refusal: str,
+              min_clients: int) -> tuple[dict[str, str], dict[str, str]]:
+    """``(excluded, rules)`` of a setup's replies: the clients that refused by a rule, left
+    out under ``on_refusal="exclude"``. FederatedFitError, naming every fault, when a client
+    failed, when ``on_refusal="stop"`` and one refused, or when fewer than ``min_clients``
+    would remain."""
+    faults = replies.faults
+    if not faults:
+        return {}, {}
+    failed = {c: why for c, why in faults.items() if c not in replies.refused}
+    kept = n_clients - len(faults)
+    if failed or on_refusal != "exclude" or kept == 0:
+        raise FederatedFitError(f"setup: {fault_detail(faults)}; nothing of this exchange "
+                                "was used", faults=faults)
+    if kept < min_clients:
+        raise FederatedFitError(
+            f"setup: {len(faults)} of {n_clients} clients refused by a disclosure rule or "
+            f"their own policy, leaving {kept}, fewer than Federation(min_clients="
+            f"{min_clients}): {fault_detail(faults)}", faults=faults)
+    logger.info("setup: left out %s", fault_detail(faults))
+    return dict(faults), {c: replies.refused[c] for c in faults}
 
 
 def cohort_refusal(disclosure, replies: Mapping[str, Mapping[str, Any]],

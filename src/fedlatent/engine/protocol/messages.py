@@ -24,6 +24,7 @@ from fedlatent.engine.stats import Stats
 
 __all__ = [
     "ERROR_KEY",
+    "REFUSED_KEY",
     "ClientReplyError",
     "Expect",
     "bordered",
@@ -33,6 +34,7 @@ __all__ = [
     "psd_failures",
     "psd_problem",
     "array",
+    "refusal_reply",
     "check_fields",
     "check_reply",
     "check_rows",
@@ -50,14 +52,24 @@ Message = dict[str, Any]
 
 #: the key of a client's reply that reports an exception on the client instead of a result
 ERROR_KEY = "engine/error"
+#: beside :data:`ERROR_KEY`, the rule by which the client *refused* (a disclosure rule, its
+#: site's policy): not a failure, so a fit's setup may leave that client out and go on
+REFUSED_KEY = "engine/refused"
+
+
+def refusal_reply(text: str, rule: str) -> dict[str, str]:
+    """The reply of a client that refuses by ``rule`` (``text``: who, the rule, the fix)."""
+    return {ERROR_KEY: str(text), REFUSED_KEY: str(rule)}
 
 
 class ClientReplyError(RuntimeError):
-    """A client's reply failed validation; nothing of it was aggregated."""
+    """A client's reply failed validation; nothing of it was aggregated. ``refused``: the rule
+    by which the client refused (its reply carried :data:`REFUSED_KEY`), "" for a failure."""
 
-    def __init__(self, client: str, reason: str):
+    def __init__(self, client: str, reason: str, refused: str = ""):
         self.client = client
         self.reason = reason
+        self.refused = str(refused)
         super().__init__(f"client {client!r} sent an invalid reply: {reason}")
 
 

@@ -3,14 +3,14 @@ the clients set up, the secure-aggregation channel opened."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedlatent.engine.fedem.federation import Federation
-from fedlatent.engine.protocol.exchange import setup_clients
-from fedlatent.engine.protocol.runtime import Runtime
+from fedlatent.engine.protocol.exchange import setup_sites
+from fedlatent.engine.protocol.runtime import Runtime, SiteSubset
 
-__all__ = ["FitSetup", "setup_fit"]
+__all__ = ["FitSetup", "setup_fit", "site_refusals", "warn_excluded"]
 
 
 @dataclass
@@ -20,16 +20,23 @@ class FitSetup:
     Attributes
     ----------
     n_units : dict of str to int
-        Each client's units (what it answered ``setup``).
+        Each client's units (what it answered ``setup``), of the clients taking part.
     secure : SecureChannel or None
         The fit's channel under ``Federation(secure_aggregation=True)``.
     privacy : PrivacyBudget or None
         The fit's budget under ``Federation(privacy=...)``.
+    runtime : Runtime or None
+        What the fit runs on: the runtime it was given, or, when sites were left out, its
+        :class:`~fedlatent.engine.protocol.runtime.SiteSubset` of the others.
+    excluded : dict of str to str
+        The sites left out of the fit (``Federation(on_refusal="exclude")``) and why.
     """
 
     n_units: dict[str, int]
     secure: Any = None
     privacy: Any = None
+    runtime: Any = None
+    excluded: dict[str, str] = field(default_factory=dict)
 
 
 def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, *,
@@ -38,8 +45,11 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
     """Set a fit up: under differential privacy its budget planned for ``max_rounds`` rounds
     and ``init_releases`` initialization releases (unless ``privacy`` gives it), the clients
     set up with the model, the disclosure policy and that plan, and under secure aggregation
-    (with ``open_secure``) the channel's keys and shares exchanged. ``run`` labels the fit for
-    the sites' ledgers (:func:`~fedlatent.engine.protocol.exchange.setup_clients`)."""
+    (with ``open_secure``) the channel's keys and shares exchanged among the clients taking
+    part. A site that refuses the setup by a rule is left out with one warning
+    (:class:`~fedlatent.engine.warn.SitesExcludedWarning`) under
+    ``Federation(on_refusal="exclude")``, the default. ``run`` labels the fit for the sites'
+    ledgers (:func:`~fedlatent.engine.protocol.exchange.setup_sites`)."""
     from fedlatent.engine.privacy.disclosure import effective
 
     if federation.privacy is not None and privacy is None:
@@ -51,21 +61,54 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
     if federation.secure_aggregation:  # the smallest cohort an aggregate can cover
         from fedlatent.engine.secagg.secure import default_threshold
 
-        cohort = (federation.secagg_threshold or
-                  default_threshold(len(runtime.client_ids)))
-    n_units = setup_clients(runtime, model, effective(federation.disclosure,
-                                                      federation.secure_aggregation),
-                            federation.privacy,
-                            0 if privacy is None else privacy.calibration.releases, run=run,
-                            batch_size=_batch_size(federation), cohort=cohort, fit=True,
-                            statistics=1 + (0 if federation.newton is None
-                                            else federation.newton.extra_points))
+        cohort = federation.secagg_threshold or default_threshold
+    sites = setup_sites(runtime, model, effective(federation.disclosure,
+                                                  federation.secure_aggregation),
+                        federation.privacy,
+                        0 if privacy is None else privacy.calibration.releases, run=run,
+                        batch_size=_batch_size(federation), cohort=cohort, fit=True,
+                        statistics=1 + (0 if federation.newton is None
+                                        else federation.newton.extra_points),
+                        on_refusal=federation.on_refusal,
+                        min_clients=federation.fewest_clients(len(runtime.client_ids)))
+    if sites.excluded:
+        runtime = SiteSubset(runtime, sites.excluded)
+        warn_excluded(sites.excluded, len(runtime.client_ids))
     secure = None
     if federation.secure_aggregation and open_secure:
         from fedlatent.engine.secagg.secure import open_channel
 
-        secure = open_channel(runtime, federation, n_units, max_rounds)
-    return FitSetup(n_units, secure, privacy)
+        secure = open_channel(runtime, federation, sites.n_units, max_rounds)
+    return FitSetup(sites.n_units, secure, privacy, runtime, dict(sites.excluded))
+
+
+def site_refusals(runtime: Runtime, model, federation: Federation,
+                  run: str | None = None) -> dict[str, str]:
+    """The sites that refuse a fit of ``model`` under ``federation`` at its setup, and why:
+    the setup :func:`setup_fit` sends (without differential privacy or secure aggregation),
+    sent and nothing more. For choosing a size among candidates on the same sites."""
+    from fedlatent.engine.privacy.disclosure import effective
+
+    return setup_sites(runtime, model, effective(federation.disclosure, False), run=run,
+                       batch_size=_batch_size(federation), fit=True,
+                       statistics=1 + (0 if federation.newton is None
+                                       else federation.newton.extra_points),
+                       on_refusal="exclude", min_clients=0).excluded
+
+
+def warn_excluded(excluded: dict[str, str], n_kept: int, note: str = "") -> None:
+    """The one warning of a fit that left the sites ``excluded`` out (``n_kept`` take part):
+    each named (ten, then a count) with its refusal, which gives the rule and the fix; then
+    ``note``."""
+    from fedlatent.engine.protocol.messages import fault_detail
+    from fedlatent.engine.warn import SitesExcludedWarning, warn_user
+
+    n = len(excluded)
+    warn_user(f"{n} of {n + n_kept} sites left out of the fit, refused by a disclosure rule or "
+              f"their own policy ({n_kept} take part; predictions for a site left out use the "
+              f"population-level model, as for a site not seen in training): "
+              f"{fault_detail(excluded)}{note}. Federation(on_refusal='stop') stops the fit "
+              "instead; the estimator's excluded_clients_ lists them", SitesExcludedWarning)
 
 
 def _batch_size(federation: Federation) -> int | None:

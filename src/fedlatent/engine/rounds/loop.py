@@ -282,6 +282,7 @@ def run_rounds(
         setup = setup_fit(runtime, model, federation, options.max_rounds, privacy=privacy,
                           open_secure=secure is None)
         n_units, privacy, secure = setup.n_units, setup.privacy, secure or setup.secure
+        runtime = setup.runtime  # (the sites taking part)
     if federation.secure_aggregation and secure is None:
         from fedlatent.engine.secagg.secure import open_channel
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
-from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.protocol.messages import ERROR_KEY, refusal_reply
 from fedlatent.engine.site.ledger import Ledger
 from fedlatent.engine.site.policy import PROTOCOL_EXCHANGES, SitePolicy
 
@@ -135,7 +135,7 @@ class SiteGuard:
         self.ledger.append("refusal", run=self.run, dataset=self.dataset, rule=rule,
                            reason=text, **where)
         logger.warning("%s", text)
-        return {ERROR_KEY: text}
+        return refusal_reply(text, f"site policy: {rule}")
 
     def refusal_text(self, rule: str, why: str, fix: str) -> str:
         """The one-line reason of a refusal (for a model that raises it; the node's reply

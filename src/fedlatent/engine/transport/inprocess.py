@@ -19,7 +19,7 @@ from fedlatent.data.dataset import FederatedDataset
 from fedlatent.data.validation import DataValidationError
 from fedlatent.engine.contract.model import FederatedModel
 from fedlatent.engine.node.client import ClientNode
-from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.protocol.messages import ERROR_KEY, refusal_reply
 from fedlatent.engine.protocol.runtime import Runtime
 
 __all__ = ["InProcessRuntime"]
@@ -264,7 +264,7 @@ class InProcessRuntime(Runtime):
         for i in np.flatnonzero((units > 0) & (units < policy.min_records)).tolist():
             why = setup_refusal(policy, self._ids[i], int(units[i]))
             if why:
-                errors[i] = why
+                errors[i] = refusal_reply(why, "disclosure")
         if policy.count_scope != "client" and not policy.is_off:
             return None  # the rules on an aggregate need every client's own reply
         if msg.get("fit") and not policy.is_off:  # the rules on what a reply determines
@@ -299,7 +299,7 @@ class InProcessRuntime(Runtime):
             why = check_reply_numbers(policy, f"client {self._ids[i]!r}", F, int(units[i]), w,
                                       "the round statistic")
             if why:
-                out[i] = why
+                out[i] = refusal_reply(why, "disclosure")
         return out
 
     def _rebuilt(self, msg: dict[str, Any]):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.estimation.estimator import check_is_fitted
-from ...engine.estimation.inference import Summary
+from ...engine.estimation.inference import Summary, sites_info
 
 __all__ = ["NO_SE_NOTE", "NO_SE_REASON", "SUMMARY_COLUMNS", "FedGMMSummary", "fedgmm_table"]
 
@@ -76,5 +76,5 @@ class FedGMMSummary:
                 "Classes": f"{', '.join(classes)} (reference {classes[0]})",
                 "Mean log h_c(x, y)": f"{float(self.lower_bound_):.6g}",
                 "Converged": str(bool(self.converged_)),
-                "Standard errors": NO_SE_REASON}
+                "Standard errors": NO_SE_REASON, **sites_info(self)}
         return Summary(f"{type(self).__name__} results", info, table)

@@ -32,7 +32,7 @@ from scipy import special
 from scipy.optimize import linear_sum_assignment
 
 from ...engine.estimation.estimator import check_is_fitted
-from ...engine.estimation.inference import Summary
+from ...engine.estimation.inference import Summary, sites_info
 from .diagnostics import ess_bulk, ess_tail, rhat
 from .model import _num
 from .scaling import to_user_units
@@ -340,6 +340,7 @@ class HLCRInference:
             info["K chosen by"] = "WAIC among the candidates whose chains mix"
             info["Candidates skipped"] = "; ".join(
                 f"K={k}: {why}" for k, why in skipped.items()) or "none"
+        info.update(sites_info(self))
         return Summary(f"{type(self).__name__} posterior", info, table)
 
     def compare_mixed(self, fd):

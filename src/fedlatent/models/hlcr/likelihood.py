@@ -52,6 +52,9 @@ def point_loglik(est) -> tuple[float, float]:
     if rt is None:
         raise ValueError("HLCR's log-likelihood is computed by the agents of the fit: call it "
                          "on the fitted estimator (a loaded model has no agents)")
+    from ...engine.estimation.inference import fit_sites
+
+    rt = fit_sites(est, rt)  # the sites the fit was fitted on
     model = est._model_for(int(est.n_features_in_), int(est.n_clusters_))
     setup_clients(rt, model, est._federation().disclosure)
     rep = FitContext(rt, model, None, 0).ask(

@@ -86,6 +86,13 @@ def _num(v) -> float:
     return float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
 
 
+def _last_mse(params) -> float:
+    """The broadcast ``train_mse`` when it is finite, else 0: the figure of a round in which
+    every agent's blocks were suppressed (no event reported), so the M-step stays finite."""
+    v = _num(params.get("train_mse", np.nan))
+    return v if np.isfinite(v) else 0.0
+
+
 def _entity_records(names: np.ndarray, ent, weight: np.ndarray, keep) -> np.ndarray:
     """Events of positive weight of each entity (``names`` order; ``keep``: the training
     events, or None for all): what disclosure control counts."""
@@ -580,8 +587,10 @@ class HLCRModel(FederatedModel):
             lift = np.maximum(_num(params.get("dp_ridge", 0.0))
                               - np.linalg.eigvalsh(XtX)[:, 0], 0.0)
             XtX = XtX + lift[:, None, None] * np.eye(F)[None]
-        else:
-            mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev) if n_ev > 0 else float("nan")
+        elif n_ev > 0:
+            mse = float(np.maximum(S["sse"], 0.0).sum() / n_ev)
+        else:  # every block suppressed (disclosure): no event reported, the last figure stands
+            mse = _last_mse(params)
         if not ("sigma" in params or "T" in params or self.random_intercept):  # the paper's
             D = np.eye(F)[None] / self.delta**2 + XtX / self.sigma**2
             c = Xty / self.sigma**2

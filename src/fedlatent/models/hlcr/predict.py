@@ -271,6 +271,7 @@ class HLCRPrediction:
             (:meth:`FederatedDataset.to_source_order`; from arrays: clients in order, each
             client's rows in order).
         """
+        self._note_left_out(fd)
         return fd.to_source_order(self._predict_clients(fd, context, method, unknown),
                                   name="prediction")
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ...engine.contract.model import Params
 from ...engine.estimation.estimator import FitContext
+from ...engine.faults import FederatedFitError
 from ...engine.protocol.exchange import number, setup_clients
 from ...engine.rounds.loop import LoopOptions
 from .model import HELDOUT_QUERY, RESTART_QUERY
@@ -88,7 +89,13 @@ def choose_k(est, ctx: FitContext, options: LoopOptions, round_loop):
     opts = replace(options, progress=False, callbacks=None, checkpoint=None, resume=False)
     scores: dict[int, float] = {}
     for K in range(lo, hi + 1):
-        ck, p0 = _switch(est, ctx, K, float(est.holdout))
+        try:
+            ck, p0 = _switch(est, ctx, K, float(est.holdout))
+        except FederatedFitError as err:  # refused by sites the fit's setup admitted
+            if not err.faults or K == lo:
+                raise
+            logger.warning("hlcr: K=%d is not tried: %s", K, err)
+            continue
         chain = chain_for(est._chain(), p0)
         if est.solver == "gibbs":
             res = run_gibbs(est, ck, opts, p0, chain)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.estimation.estimator import check_is_fitted
-from ...engine.estimation.inference import Summary
+from ...engine.estimation.inference import Summary, sites_info
 
 __all__ = ["SUMMARY_COLUMNS", "SECSummary", "sec_table"]
 
@@ -73,5 +73,5 @@ class SECSummary:
                 "Selected candidates": ", ".join(f"{k} x{int(v)}" for k, v in counts.items()),
                 "Standardized": str(bool(self.standardize)),
                 "Collaboration": collaboration_note(self),
-                "Standard errors": "none (not a likelihood model)"}
+                "Standard errors": "none (not a likelihood model)", **sites_info(self)}
         return Summary(f"{type(self).__name__} results", info, table)
