@@ -140,3 +140,17 @@ def test_two_components_cluster_intervals_cover_under_clustered_errors():
     cover = {k: float(np.mean(v)) for k, v in hits.items()}
     assert 0.93 <= cover["cluster"] <= 0.97, cover
     assert cover["observed"] < 0.90, cover  # rows treated as independent: too narrow
+
+
+def test_a_model_without_score_sums_gives_the_observed_covariance_only():
+    from fedlatent.engine.estimation.covariance import InformationTotals, choose_covariance
+
+    info = np.array([[4.0, 1.0], [1.0, 3.0]])
+    tot = InformationTotals(info, None, None, None, 100.0, -50.0, 0, 0)
+    index = [("0", "a"), ("0", "b")]
+    choice = choose_covariance(tot, np.eye(2), index, None, "site", 2, "M")
+    np.testing.assert_allclose(choice.cov, np.linalg.inv(info), rtol=1e-12)
+    assert choice.kind == "observed (Louis)"
+    with pytest.raises(ValueError, match="cov_type='cluster' needs the clients' score sums, "
+                                         "and M's clients send the observed information alone"):
+        choose_covariance(tot, np.eye(2), index, "cluster", "site", 2, "M")

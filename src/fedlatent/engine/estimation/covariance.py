@@ -112,9 +112,9 @@ class InformationTotals:
     """The information sums over every client (see the module docstring)."""
 
     information: np.ndarray
-    opg: np.ndarray
-    site_meat: np.ndarray
-    entity_meat: np.ndarray
+    opg: np.ndarray | None  # None: the model's clients send the observed information alone
+    site_meat: np.ndarray | None
+    entity_meat: np.ndarray | None
     n: float
     loglik: float
     n_sites: int
@@ -184,8 +184,12 @@ def choose_covariance(tot: InformationTotals, J: np.ndarray, index, cov_type: st
     their names) of ``cov_type`` (module docstring); ValueError for an observed information
     that is not positive definite when it is asked for (``"observed"``, the sandwiches)."""
     info = tot.information
+    if tot.opg is None and cov_type not in (None, "observed"):
+        raise ValueError(f"{name}: cov_type={cov_type!r} needs the clients' score sums, and "
+                         f"{name}'s clients send the observed information alone; use "
+                         "cov_type='observed'")
     if cov_type is None:
-        if is_positive_definite(info):
+        if is_positive_definite(info) or tot.opg is None:
             cov_type = "observed"
         else:
             inv, null = inverse_on_range(tot.opg)

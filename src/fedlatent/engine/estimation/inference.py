@@ -83,6 +83,11 @@ class InferenceLayout:
         Free parameters that are noise variances (a regression's scale): left out of the
         parameter count of the cluster-robust small-sample factor, as statsmodels leaves a
         linear model's scale out of ``k_params``.
+    sums : bool, default False
+        Whether the model's clients answer the query with the score sums too (the reply of
+        :class:`InformationSums`: empirical information, sites' and entities' score outer
+        products); without them only the observed information is asked and ``cov_type``
+        other than ``"observed"`` is refused.
     """
 
     index: list[tuple[str, str]]
@@ -90,6 +95,7 @@ class InferenceLayout:
     jacobian: np.ndarray
     payload: dict[str, Any]
     n_scale: int = 0
+    sums: bool = False
 
     @property
     def n_free(self) -> int:
@@ -208,6 +214,8 @@ def federated_information(est, layout: InferenceLayout, fd=None,
     ctx = _context(est, fd, runtime)
     P = layout.n_free
     shapes = reply_shapes(P)
+    if not layout.sums:  # a model whose clients send the observed information alone
+        shapes = {k: shapes[k] for k in ("n", "loglik", "information")}
     what = "standard errors (observed information)"
     if ctx.secure is not None:
         tot = ctx.ask_sum(INFORMATION_QUERY, layout.payload, shapes=shapes, what=what)
@@ -217,17 +225,17 @@ def federated_information(est, layout: InferenceLayout, fd=None,
                               (number() if not shp else array(*shp))
                               for k, shp in shapes.items()})
         for c, r in rep.items():
-            for key in ("information", "opg", "site_meat", "entity_meat"):
+            for key in ("information", "opg", "site_meat", "entity_meat")[:len(shapes) - 2]:
                 m = np.asarray(r[key], dtype=np.float64)
                 if not np.allclose(m, m.T, rtol=1e-8, atol=1e-10 * max(np.abs(m).max(), 1.0)):
                     raise FederatedFitError(f"client {c!r} sent a {key} matrix that is not "
                                             "symmetric; check that client's fedlatent version")
         tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values()) for k in shapes}
+    got = (lambda k: np.asarray(tot[k]) if k in tot else None)
     return InformationTotals(
-        np.asarray(tot["information"]), np.asarray(tot["opg"]), np.asarray(tot["site_meat"]),
-        np.asarray(tot["entity_meat"]), units_number(round(float(tot["n"]), 9)),
-        float(tot["loglik"]), int(round(float(tot["n_sites"]))),
-        int(round(float(tot["n_entities"]))))
+        np.asarray(tot["information"]), got("opg"), got("site_meat"), got("entity_meat"),
+        units_number(round(float(tot["n"]), 9)), float(tot["loglik"]),
+        int(round(float(tot.get("n_sites", 0)))), int(round(float(tot.get("n_entities", 0)))))
 
 
 def z_table(estimate: np.ndarray, cov: np.ndarray, alpha: float = 0.05):

@@ -243,4 +243,4 @@ def gmm_layout(weights, means, covariances, covariance_type: str,
             rows.append(eye[K - 1 + K * d + j])
     payload = {"params/weights": np.asarray(weights, float), "params/means": means,
                "params/covariances": cov}
-    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload)
+    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload, sums=True)

@@ -25,7 +25,6 @@ from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_
 from ...engine.contract.registry import register_estimator
 from ...engine.estimation.base_mixture import FederatedMixture
 from ...engine.estimation.estimator import FitContext, check_features
-from ...engine.estimation.inference import InferenceMixin
 from ...engine.rounds.loop import FitResult
 from .math import lca_log_prob, n_free_parameters, offsets, one_hot
 from .model import LCAModel, code_problem
@@ -35,7 +34,7 @@ __all__ = ["LatentClassAnalysis"]
 
 @register_estimator("lca", description="Latent class analysis (poLCA): a mixture of "
                     "independent categorical variables")
-class LatentClassAnalysis(InferenceMixin, FederatedMixture):
+class LatentClassAnalysis(FederatedMixture):
     """Latent class analysis fitted by federated EM; raw rows never leave the clients.
 
     Parameters
@@ -143,9 +142,6 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
                     raise ValueError(f"client {cid!r}: {reason}")
 
     def _make_model(self, fd) -> LCAModel:
-        if fd is None:  # the fitted model, asked again (inference on the fit's clients)
-            return LCAModel(self.n_components, self.n_categories_,
-                            getattr(self, "_fit_missing", False))
         missing = (any(bool(e.get("missing")) for e in fd.extras.values())
                    if getattr(fd, "is_remote", False) else fd.has_missing)
         return LCAModel(self.n_components, self._categories(fd), missing)
@@ -161,7 +157,6 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
         self.weights_ = np.asarray(result.params["weights"], dtype=np.float64)
         self.probabilities_ = np.asarray(result.params["probs"], dtype=np.float64)
         self.n_categories_ = np.asarray(model.n_categories, dtype=np.int64)
-        self._fit_missing = bool(model.missing)
         self.lower_bound_ = result.history[-1].objective
         self._after_load()
 
@@ -213,10 +208,3 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
             return super()._federated_loglik(fd, runtime)
         finally:
             self.n_categories = saved
-
-    # ---- inference (fedlatent.engine.estimation.inference, .inference) -------------------
-    def _inference_layout(self):
-        from .inference import lca_layout
-
-        return lca_layout(self.weights_, self.probabilities_, self.n_categories_,
-                          [str(f) for f in self.feature_names_in_])

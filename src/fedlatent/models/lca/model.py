@@ -154,11 +154,4 @@ class LCAModel(MixtureModel):
             fw = data.weight
             return {"n": data.mass(), "loglik": float(norm.sum() if fw is None else norm @ fw)
                     }, state
-        if name == "information":  # Louis' observed information (.inference)
-            from .inference import lca_information_sums
-
-            p = payload_params(payload)
-            sums = lca_information_sums(self._codes(data), p["weights"], p["probs"],
-                                        self.n_categories, data.weight, data.entity)
-            return sums.reply(data.mass()), state
         return super().client_query(name, payload, data, state, rng)

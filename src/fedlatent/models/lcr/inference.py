@@ -120,7 +120,8 @@ def lcr_layout(weights, beta, noise_variance, names: list[str]) -> InferenceLayo
             rows.append(np.eye(P)[o + j])
     payload = {"params/weights": np.asarray(weights, float), "params/beta": beta,
                "params/noise_variance": np.asarray(noise_variance, float)}
-    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload, n_scale=K)
+    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload, n_scale=K,
+                           sums=True)
 
 
 def mixture_quantiles(means: np.ndarray, sds: np.ndarray, weights: np.ndarray,
