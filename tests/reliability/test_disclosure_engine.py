@@ -26,7 +26,6 @@ from fedlatent.engine.privacy import (
 )
 from fedlatent.engine.privacy.enforce import policy_from_json, stricter
 from fedlatent.engine.protocol.messages import ERROR_KEY, REFUSED_KEY
-from fedlatent.engine.rounds.loop import FederatedFitError
 from fedlatent.engine.warn import SitesExcludedWarning
 
 OFF = fl.DisclosurePolicy.off()

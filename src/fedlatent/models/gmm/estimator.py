@@ -33,6 +33,7 @@ from .math import (
     covariances_from_precisions,
     estimate_log_gaussian_prob,
     gmm_m_step,
+    hold_degenerate,
     n_free_parameters,
 )
 from .model import GMMModel
@@ -233,10 +234,19 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         if model.privacy is not None:  # the floored covariances the M-step used
             self.covariances_ = covariances_from_precisions(p["precisions_cholesky"],
                                                              self.covariance_type)
-        else:
-            _, _, self.covariances_ = gmm_m_step(
-                result.S_hat, p["center"], self.covariance_type, self.reg_covar
-            )
+        else:  # the M-step's covariances, components kept off a point mass as it keeps them
+            _, _, cov = gmm_m_step(result.S_hat, p["center"], self.covariance_type,
+                                   self.reg_covar)
+            self.covariances_, held = hold_degenerate(cov, result.S_hat, self.covariance_type)
+            self.degenerate_components_ = [int(k) for k in np.flatnonzero(held)]
+            if self.degenerate_components_:
+                from ...engine.contract.degenerate import DEGENERATE_FRACTION, warn_degenerate
+
+                what = ("a covariance eigenvalue at {:g} of the pooled covariance's smallest"
+                        if self.covariance_type == "full" else
+                        "a variance at {:g} of the feature's pooled variance")
+                warn_degenerate(type(self).__name__, self.degenerate_components_,
+                                what.format(DEGENERATE_FRACTION))
         self.lower_bound_ = result.history[-1].objective
         self._after_load()
 
@@ -288,6 +298,10 @@ class FederatedGaussianMixture(InferenceMixin, FederatedMixture):
         from ...engine.estimation.inference import degenerate_reason
         from .inference import full_covariances
 
+        held = list(getattr(self, "degenerate_components_", []) or [])
+        if held:
+            return (f"component {held[0]} collapsed onto a point mass (its covariance at the "
+                    "floor; degenerate)")
         K, d = self.means_.shape
         eig = np.linalg.eigvalsh(full_covariances(self.covariances_, self.covariance_type, K, d))
         return degenerate_reason(self.weights_, eig.min(1), self.reg_covar, n_rows, d + 1)

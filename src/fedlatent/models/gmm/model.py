@@ -23,6 +23,7 @@ from .math import (
     floor_noisy_covariances,
     gmm_m_step,
     gmm_statistics,
+    hold_degenerate,
     merged_rows,
 )
 
@@ -180,6 +181,8 @@ class GMMModel(FederatedModel):
         w, m, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
         if self.privacy is not None:  # noisy moments: eigenvalues kept well away from 0
             cov = floor_noisy_covariances(cov, self.cov_type, self.reg)
+        else:  # a component kept off a point mass (engine/contract/degenerate.py)
+            cov = hold_degenerate(cov, S, self.cov_type)[0]
         try:
             prec = compute_precision_cholesky(cov, self.cov_type)
         except ValueError:

@@ -419,6 +419,10 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         self.noise_variance_ = np.asarray(p["noise_variance"], float)
         self.n_components_ = int(self.weights_.shape[0])
         self.lower_bound_ = float(result.history[-1].objective)
+        from .inference import degenerate_components  # (its SciPy only when fitted)
+
+        self.degenerate_components_ = degenerate_components(result.S_hat, p, self.reg_noise,
+                                                            type(self).__name__)
         if result.converged and self.n_components > 1 and _nearly_identical(p):
             from ...engine.errors import ConvergenceWarning
 
@@ -474,6 +478,10 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         rows than its coefficients and variance, or a noise variance at its floor."""
         from ...engine.estimation.inference import degenerate_reason
 
+        held = list(getattr(self, "degenerate_components_", []) or [])
+        if held:
+            return (f"component {held[0]} collapsed onto a point mass (its noise variance at "
+                    "the floor; degenerate)")
         return degenerate_reason(self.weights_, self.noise_variance_, self.reg_noise, n_rows,
                                  self.coef_.shape[1] + int(self.fit_intercept) + 1)
 

@@ -23,7 +23,8 @@ from ...engine.estimation.inference import (
 )
 from .math import lcr_responsibilities
 
-__all__ = ["lcr_information", "lcr_information_sums", "lcr_layout", "mixture_quantiles"]
+__all__ = ["degenerate_components", "lcr_information", "lcr_information_sums", "lcr_layout",
+           "mixture_quantiles"]
 
 #: rows per block of the per-record scores (bounds the memory at rows x K x P floats)
 CHUNK = 2048
@@ -98,6 +99,25 @@ def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np
     """
     sums = lcr_information_sums(Xt, y, weights, beta, noise_variance, sample_weight)
     return 0.5 * (sums.info + sums.info.T), sums.loglik
+
+
+def degenerate_components(S, params, reg_noise: float, name: str) -> list[int]:
+    """The components whose noise variance the M-step held at its floor (a point mass,
+    :mod:`fedlatent.engine.contract.degenerate`), with one UserWarning naming them; ``S`` the
+    fit's final statistics (None or empty under the one-shot paths: none)."""
+    from ...engine.contract.degenerate import DEGENERATE_FRACTION, at_floor, warn_degenerate
+    from .math import pooled_residual_variance
+
+    if S is None or "nk" not in S or float(np.sum(S["nk"])) <= 0:
+        return []
+    floor = DEGENERATE_FRACTION * pooled_residual_variance(S)
+    var = np.asarray(params["noise_variance"], dtype=np.float64) - reg_noise
+    held = [int(k) for k in np.flatnonzero(at_floor(var, floor)
+                                           & (np.asarray(params["weights"]) > 0))]
+    if held:
+        warn_degenerate(name, held, f"noise variance {floor + reg_noise:.3g}, "
+                        f"{DEGENERATE_FRACTION:g} of the pooled regression's residual variance")
+    return held
 
 
 def lcr_layout(weights, beta, noise_variance, names: list[str]) -> InferenceLayout:
