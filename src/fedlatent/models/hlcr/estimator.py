@@ -47,7 +47,7 @@ from .predict import HLCRPrediction
 from .privacy import noise_ridge, spread_start
 from .selection import choose_k
 from .solvers import ChainSettings, HLCRFit, run_federated, run_gibbs
-from .waic import fit_by_waic, waic_selection
+from .waic import fit_by_waic, waic_selection, warm_start
 
 __all__ = ["HLCR"]
 
@@ -503,7 +503,9 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
             n_ent += int(r["n_entities"])
             n_ev += r["n_events"]  # with frequency weights, a weight sum
         self._sizes = (n_ent, units_number(n_ev))
-        return start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
+        params = start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
+        warm = self.__dict__.pop("_warm", None)  # n_clusters="auto": another candidate's end
+        return params if warm is None else warm_start(params, warm, ctx.model.K)
 
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> HLCRFit:
         """``n_clusters="auto"``: :func:`.selection.choose_k` first. ``"gibbs"``: the
@@ -525,6 +527,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         self._fit_start = (params0, chain)
         self._extra_chains = extra_chains(self, ctx, params0, options, chain, super()._run,
                                           self._n_chains())
+        self._final_params = {k: np.array(v, copy=True) for k, v in result.params.items()}
         return result
 
     def _store(self, result: HLCRFit, model: HLCRModel) -> None:

@@ -337,7 +337,8 @@ class HLCRInference:
         table_k = getattr(self, "selection_scores_", None)
         if table_k is not None and "skipped" in table_k:  # n_clusters="auto" (.waic)
             skipped = table_k[table_k["skipped"] != ""]["skipped"]
-            info["K chosen by"] = "WAIC among the candidates whose chains mix"
+            info["K chosen by"] = ("WAIC (the smallest K within a standard error of the "
+                                   "best), candidates screened with short chains")
             info["Candidates skipped"] = "; ".join(
                 f"K={k}: {why}" for k, why in skipped.items()) or "none"
         info.update(sites_info(self))

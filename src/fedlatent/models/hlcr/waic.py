@@ -199,34 +199,137 @@ def _choice(table, fitted: dict) -> int:
     return min(k for i, k in enumerate(ks) if vals[i] >= vals[best] - se[i, best])
 
 
+#: the candidates' screening chains are this fraction of ``max_rounds`` (at least
+#: :data:`MIN_SCREEN` rounds): each candidate starts where the one before it ended
+SCREEN_FRACTION = 0.25
+MIN_SCREEN = 20
+#: the scan of K stops after this many candidates in a row that do not beat the best so far
+#: by a standard error of their difference (they cannot win: the choice is the smallest K within
+#: a standard error of the best)
+PATIENCE = 2
+
+
+def warm_start(params: dict, previous: dict, K: int) -> dict:
+    """A start for ``K`` clusters from another fit's final parameters (fit units): the same
+    clusters, or with ``K`` one more, its largest cluster split in two halves of its data (a
+    split move: both halves alike, the agents' next draws separate them where the data
+    differ); the scales (sigma, delta, tau) carried over. ``params`` gives everything else
+    (the standardization, the seed and step of the server's draws)."""
+    D = np.asarray(previous["D"], dtype=np.float64)
+    c = np.asarray(previous["c"], dtype=np.float64)
+    counts = np.asarray(previous["counts"], dtype=np.float64)
+    K0, F = c.shape
+    if K not in (K0, K0 + 1):
+        raise ValueError(f"a warm start goes from K to K or K + 1 clusters, not {K0} to {K}")
+    if K == K0 + 1:
+        delta = float(np.asarray(previous.get("delta", params.get("delta", 1.0))))
+        prior = np.eye(F) / delta**2
+        k = int(np.argmax(counts))
+        half = prior + 0.5 * (D[k] - prior)
+        D = np.concatenate([D, half[None]])
+        D[k] = half
+        c = np.concatenate([c, 0.5 * c[k][None]])
+        c[k] = 0.5 * c[k]
+        counts = np.concatenate([counts, [0.5 * counts[k]]])
+        counts[k] *= 0.5
+    from .math import posterior_means
+
+    out = dict(params)
+    out.update(D=D, c=c, counts=counts, coef=posterior_means(D, c))
+    for key in ("sigma", "delta", "tau", "train_mse"):
+        if key in previous and key in params:
+            out[key] = np.array(previous[key], copy=True)
+    return out
+
+
+def _screen_rounds(est) -> int:
+    return max(int(round(est.max_rounds * SCREEN_FRACTION)), MIN_SCREEN)
+
+
+def _row(cand, fd) -> dict:
+    """A screened candidate's row of ``selection_scores_``."""
+    got = waic_score(cand, fd)
+    return {**got, "n_iter": int(cand.n_iter_), "converged": bool(cand.converged_),
+            "error": "", "skipped": ""}
+
+
+def _cannot_win(table_rows: list, fitted: dict, ks: list[int]) -> bool:
+    """Whether the last :data:`PATIENCE` candidates each fell short of the best so far by a
+    standard error of their difference (they, and larger K, cannot change the choice)."""
+    elpd = np.array([r["elpd_waic"] for r in table_rows])
+    best = int(np.argmax(elpd))
+    if len(ks) - 1 - best < PATIENCE:
+        return False
+    recent = ks[-PATIENCE:]
+    se = pair_se(fitted, [ks[best], *recent])[1:, 0]
+    return bool(np.all(elpd[-PATIENCE:] <= elpd[best] + se))
+
+
+def _screen(est, fd, candidates, fit_one):
+    """The candidates, smallest first, each from where the one before ended (:func:
+    `warm_start`) with :func:`_screen_rounds` rounds, until they cannot win
+    (:func:`_cannot_win`). Returns the rows, the fitted candidates and the K not run."""
+    from sklearn.base import clone
+
+    rows, fitted, ks, previous = [], {}, [], None
+    for K in candidates:
+        cand = clone(est).set_params(n_clusters=int(K), max_rounds=_screen_rounds(est),
+                                     burn_in=None, thin=None)
+        if previous is not None and int(K) in (previous[0], previous[0] + 1):
+            cand._warm = previous[1]
+        fit_one(cand, fd)
+        rows.append(_row(cand, fd))
+        fitted[int(K)] = cand
+        ks.append(int(K))
+        previous = (int(K), cand._final_params)
+        if _cannot_win(rows, fitted, ks):
+            break
+    return rows, fitted, [int(k) for k in candidates if int(k) not in fitted]
+
+
 def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint, resume):
-    """HLCR's ``fit`` with ``n_clusters="auto"`` and the random intercept: the candidates'
-    fits (their ConvergenceWarnings held back: a candidate that does not mix is skipped and
-    reported), the choice (:func:`_choice`), ``est`` given the chosen candidate's fitted
-    attributes, ``n_clusters_`` and ``selection_scores_``; a ConvergenceWarning only when the
-    chosen candidate's chains disagree (every candidate skipped). Returns ``est``."""
+    """HLCR's ``fit`` with ``n_clusters="auto"`` and the random intercept, at about the cost of
+    a few fits of one K (issue 40, item 5):
+
+    1. Screening: the candidates of ``n_clusters_range``, smallest first, each with chains of a
+       quarter of ``max_rounds``, each starting where the one before ended (its clusters, the
+       largest split in two: :func:`warm_start`), scored by WAIC; the scan stops once
+       :data:`PATIENCE` candidates in a row fall short of the best by a standard error.
+    2. The choice (:func:`_choice`): the smallest K within a standard error of the best. No
+       candidate is skipped for its chains (their R-hat is in ``selection_scores_``): short
+       chains judge the K, the full chains the fit.
+    3. The fit: the chosen K with the full ``max_rounds``, from where its screening chain
+       ended; its ConvergenceWarning, if its chains disagree, is the fit's.
+
+    ``est`` takes the fit's attributes, ``n_clusters_`` and ``selection_scores_`` (candidates
+    not run have NaN and say why in ``skipped``). Returns ``est``."""
     import warnings
 
-    from ...engine.contract.selection import adopt_candidate, refuse_checkpoint, select
+    import pandas as pd
+    from sklearn.base import clone
+
+    from ...engine.contract.selection import adopt_candidate, refuse_checkpoint
     from ...engine.errors import ConvergenceWarning
 
     refuse_checkpoint("n_clusters", checkpoint, resume)
-    fitted = {}
 
     def fit_one(cand, data):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             cand.fit(data, runtime=runtime, progress=progress, callbacks=callbacks)
-        fitted[int(cand.n_clusters)] = cand
         return cand
 
-    _, table = select(est, fd, selection, fit_one)
-    best = fitted[_choice(table, fitted)]
-    adopt_candidate(est, best, "n_clusters", table)
-    if not best.converged_:
-        warnings.warn(
-            f"HLCR: the chains of no candidate K in n_clusters_range={est.n_clusters_range} "
-            f"agree (selection_scores_['skipped']); K={est.n_clusters_} has the best WAIC "
-            f"among them (R-hat {best.rhat_invariant_:.3f}): raise max_rounds",
-            ConvergenceWarning, stacklevel=4)
+    rows, fitted, not_run = _screen(est, fd, selection.candidates, fit_one)
+    table = pd.DataFrame(rows, index=pd.Index(list(fitted), name="n_clusters"))
+    best = _choice(table, fitted)
+    top = int(table["elpd_waic"].idxmax())
+    for k in not_run:
+        table.loc[k, ["elpd_waic", "skipped"]] = [np.nan, (
+            f"not run: the {PATIENCE} candidates before it fell short of K={top} by a "
+            "standard error")]
+    table = table.sort_index()
+    final = clone(est).set_params(n_clusters=best)
+    final._warm = fitted[best]._final_params
+    final.fit(fd, runtime=runtime, progress=progress, callbacks=callbacks)
+    adopt_candidate(est, final, "n_clusters", table)
     return est
