@@ -112,3 +112,31 @@ def test_the_default_k_is_refused_under_secure_aggregation_with_the_fix():
                                          r"n_clusters a number"):
         fl.HLCR(federation=fed)._check_params()
     fl.HLCR(2, federation=fed)._check_params()  # a number: as before
+
+
+def test_warm_start_splits_the_largest_cluster_in_two_halves():
+    from fedlatent.models.hlcr.math import posterior_means
+    from fedlatent.models.hlcr.waic import warm_start
+
+    rng = np.random.default_rng(0)
+    F, delta = 3, 2.0
+    prior = np.eye(F) / delta**2
+    A = rng.normal(size=(2, F, F))
+    D = prior + np.einsum("kij,klj->kil", A, A)
+    c = rng.normal(size=(2, F))
+    prev = {"D": D, "c": c, "counts": np.array([10.0, 30.0]), "delta": np.array(delta),
+            "sigma": np.array(0.7), "tau": np.array(0.3)}
+    start = {"D": np.zeros((3, F, F)), "c": np.zeros((3, F)), "counts": np.zeros(3),
+             "sigma": np.array(1.0), "delta": np.array(1.0), "tau": np.array(1.0),
+             "T": np.eye(F), "seed": np.array(5.0)}
+    out = warm_start(start, prev, 3)
+    half = prior + 0.5 * (D[1] - prior)  # cluster 1 holds 30 entities: the one split
+    np.testing.assert_allclose(out["D"], [D[0], half, half], rtol=1e-15)
+    np.testing.assert_allclose(out["c"], [c[0], c[1] / 2, c[1] / 2], rtol=1e-15)
+    np.testing.assert_array_equal(out["counts"], [10.0, 15.0, 15.0])
+    np.testing.assert_allclose(out["coef"], posterior_means(out["D"], out["c"]), rtol=1e-12)
+    assert (float(out["sigma"]), float(out["tau"]), float(out["seed"])) == (0.7, 0.3, 5.0)
+    same = warm_start(start, prev, 2)
+    np.testing.assert_array_equal(same["D"], D)
+    with pytest.raises(ValueError, match="from K to K or K \\+ 1 clusters, not 2 to 4"):
+        warm_start(start, prev, 4)

@@ -389,8 +389,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
             check_entities(cd.entity, cid, cd.weight)
 
     def _selection(self):
-        """``n_clusters="auto"`` with the random intercept: K by WAIC among the candidates
-        whose chains mix (:mod:`.waic`); None otherwise (a number, or the held-out choice of
+        """``n_clusters="auto"`` with the random intercept: K by WAIC over candidates screened
+        with short chains (:mod:`.waic`); None otherwise (a number, or the held-out choice of
         :mod:`.selection` inside the fit without the random intercept)."""
         if self.n_clusters != "auto" or not self._waic_selects():
             return None

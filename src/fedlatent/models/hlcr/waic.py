@@ -1,15 +1,17 @@
-"""Choosing HLCR's K among the candidates whose chains mix, by WAIC (issue 24).
+"""Choosing HLCR's K by WAIC at about the cost of a few fits of one K (issues 24, 40 and 42).
 
-``HLCR(n_clusters="auto")`` with the entity random intercept (the default) fits one copy per K
-of ``n_clusters_range`` through the engine's size selection
-(:func:`fedlatent.engine.contract.selection.select`): every candidate runs its own chains, and a
-candidate whose chains disagree (``converged_`` False: the R-hat of its label-invariant
-quantities above :func:`~fedlatent.models.hlcr.inference.rhat_threshold`) is skipped and
-reported (``selection_scores_["skipped"]``). Among the others the K with the best expected log
-predictive density (WAIC, Watanabe 2010; Vehtari, Gelman and Gabry 2017) wins, the smallest K
-within :data:`K_TIE` nats per event of the best (more clusters that do not predict better are
-not kept). Its ConvergenceWarning is then the chosen candidate's: none when it mixes; a user
-who fixes a K whose chains do not mix still gets it.
+``HLCR(n_clusters="auto")`` with the entity random intercept (the default) screens the K of
+``n_clusters_range`` smallest first (:func:`fit_by_waic`): each candidate runs its chains for a
+quarter of ``max_rounds``, starting where the candidate before it ended (its clusters, the
+largest split in two: :func:`warm_start`), and is scored by its expected log predictive density
+(WAIC, Watanabe 2010; Vehtari, Gelman and Gabry 2017); the scan stops once :data:`PATIENCE`
+candidates in a row fall short of the best by a standard error of their difference (they
+cannot win). The smallest K within a standard error of the best wins, and is fitted with the
+full chains from where its screening ended. No candidate is skipped because its chains
+disagree: on mlmRev's Chem97 every K > 1 of the former procedure (every K from the prior, 400
+rounds, the non-mixing ones skipped) was skipped and K = 1 chosen silently; short chains from
+a shared path judge the K, the full chains the fit, whose ConvergenceWarning (if its chains
+disagree) is the fit's. A user who fixes a K whose chains do not mix still gets it.
 
 The unit of the WAIC is an entity (its events are dependent through its label and its
 intercept): at every retained draw ``s`` of every chain, each agent computes for each of its
