@@ -83,9 +83,9 @@ def sleepstudy_split0():
 
 def test_default_k_mixes_beats_mixedlm_and_a_fixed_k_that_does_not_mix_still_warns(
         sleepstudy_split0):
-    """Issue 42/40: every candidate is screened (a quarter of max_rounds, each from where the
-    one before ended) and none is skipped for its chains; the chosen K is then fitted with the
-    full chains from where its screening ended, and mixes."""
+    """Issue 42/40: every candidate is screened (one chain of half max_rounds, each from where
+    the one before ended) and none is skipped for its chains; the lowest BIC at the point
+    estimate is fitted with the full chains from where its screening ended, and mixes."""
     train, test, y, mixed_mse = sleepstudy_split0
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -93,8 +93,11 @@ def test_default_k_mixes_beats_mixedlm_and_a_fixed_k_that_does_not_mix_still_war
     assert not [w for w in caught if issubclass(w.category, ConvergenceWarning)]
     table = est.selection_scores_
     assert list(table.index) == [1, 2, 3, 4] and (table["skipped"] == "").all()
-    assert (table["n_iter"] == 100).all() and est.n_iter_ == 400
-    assert est.n_clusters_ == 2 and est.converged_ and est.random_intercept_
+    assert (table["n_iter"] == 200).all() and est.n_iter_ == 400  # one chain of 200 each
+    assert est.n_clusters_ == 2 == int(table["bic"].idxmin())
+    np.testing.assert_allclose(table["bic"], -2 * table["loglik"]
+                               + table["n_parameters"] * np.log(table["n_events"]))
+    assert est.converged_ and est.random_intercept_
     assert est.rhat_invariant_ <= rhat_threshold(2, 50, 5)  # sigma, tau, delta, lj, mse
     assert table.loc[2, "elpd_waic"] > table.loc[1, "elpd_waic"] + table.loc[1, "se_diff"]
     mse = float(np.mean((est.predict_dataset(test).to_numpy() - y) ** 2))
