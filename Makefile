@@ -61,8 +61,8 @@ docs: $(TEST_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 
 # The benchmarks, each in its own process, at quick sizes (about ten minutes on two cores;
-# BENCH_ARGS=--full: issue 23's sizes, an hour or more); their tables rewrite the README's
-# Performance block and docs/benchmarks/performance.md, dated, with the machine and versions.
+# BENCH_ARGS=--full: issue 23's sizes, an hour or more); their tables rewrite
+# docs/benchmarks/performance.md (the benchmarks page), dated, with the machine and versions.
 BENCH_ARGS ?=
 bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/report.py $(BENCH_ARGS)

@@ -62,9 +62,10 @@ def run(words: list[str], cwd: Path) -> None:
     report(res.returncode == 0, time.perf_counter() - start, words, res.stdout + res.stderr)
 
 
-def commands() -> list[tuple[tuple[str, ...], object]]:
+def commands(contexts: bool = False) -> list[tuple]:
     """Every command and subcommand of ``fedlatent`` (the words after it) with its command
-    object, listed from the app: a new command is in the list."""
+    object (and, with ``contexts``, its context), listed from the app: a new command is in
+    the list."""
     import typer
 
     from fedlatent.cli import app
@@ -72,25 +73,65 @@ def commands() -> list[tuple[tuple[str, ...], object]]:
     found, todo = [], [((), typer.main.get_command(app), None)]
     while todo:
         path, cmd, parent = todo.pop(0)
-        found.append((path, cmd))
         ctx = typer.Context(cmd, info_name=path[-1] if path else "fedlatent", parent=parent)
+        found.append((path, cmd, ctx) if contexts else (path, cmd))
         for name in getattr(cmd, "list_commands", lambda ctx: [])(ctx):
             todo.append(((*path, name), cmd.get_command(ctx, name), ctx))
     return found
 
 
+def declared_help(cmd, name: str) -> str | None:
+    """The help parameter ``name`` declares in ``cmd``'s function (``typer.Argument(help=...)``
+    in its annotation or as its default), whatever became of it in the command object."""
+    import inspect
+    import typing
+
+    fn = inspect.unwrap(cmd.callback) if getattr(cmd, "callback", None) else None
+    if fn is None:
+        return None
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get(name)
+    except (NameError, TypeError):
+        hint = None
+    found = [getattr(m, "help", None) for m in getattr(hint, "__metadata__", ())]
+    param = inspect.signature(fn).parameters.get(name)
+    found.append(getattr(param.default, "help", None) if param is not None else None)
+    return next((h for h in found if isinstance(h, str) and h), None)
+
+
+def cut_help(cmd, output: str, ctx=None) -> list[str]:
+    """What the help ``output`` of ``cmd`` leaves out or cuts: every visible parameter's help
+    (arguments' too) and, for a group, every command's one-line description must be in it
+    whole (wrapped anywhere, never shortened: rich cuts with "\u2026", click with "...")."""
+    text = "".join(output.replace("\\[", "[").split())
+    wanted = [(p.name, getattr(p, "help", None) or declared_help(cmd, p.name))
+              for p in cmd.params if not getattr(p, "hidden", False)]
+    wanted = [(name, words) for name, words in wanted if words]
+    for name in getattr(cmd, "list_commands", lambda ctx: [])(ctx):
+        sub = cmd.get_command(ctx, name)
+        if sub is not None and not sub.hidden:
+            wanted.append((name, sub.short_help or (sub.help or "").strip().split("\n\n")[0]))
+    missing = [f"{name}: {words!r}" for name, words in wanted
+               if "".join(words.split()) not in text]
+    return missing + [line for line in output.splitlines() if "\u2026" in line]
+
+
 def every_help() -> None:
+    """``--help`` of every command and subcommand: exit 0, its usage, and whole (COLUMNS wide,
+    :func:`cut_help`)."""
     from typer.testing import CliRunner
 
     from fedlatent.cli import app
 
-    runner = CliRunner()
-    for path, _ in commands()[1:]:  # the root: through the entry point
+    runner = CliRunner(env={"COLUMNS": "200"})
+    for path, cmd, ctx in commands(contexts=True)[1:]:  # the root: through the entry point
         start = time.perf_counter()
         res = runner.invoke(app, [*path, "--help"], prog_name="fedlatent")
-        ok = res.exit_code == 0 and "Usage" in res.output
+        problems = cut_help(cmd, res.output, ctx)
+        ok = res.exit_code == 0 and "Usage" in res.output and not problems
         report(ok, time.perf_counter() - start, ["fedlatent", *path, "--help"],
-               f"exit code {res.exit_code}\n{res.output}{res.exception or ''}")
+               f"exit code {res.exit_code}\n{res.output}{res.exception or ''}\n"
+               f"left out or cut: {problems}")
 
 
 def quickstart_lines() -> list[list[str]]:

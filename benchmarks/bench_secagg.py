@@ -38,7 +38,8 @@ def plain_exchange(stats: dict) -> tuple[float, int]:
 
 
 def secure_exchange(server, clients, stats, round, drop=()):
-    """One exchange phase by phase: (client seconds, server seconds, bytes up, bytes down)."""
+    """One exchange phase by phase (announce, mask, sum, the consistency round, reveal, unmask):
+    (client seconds, server seconds, bytes up, bytes down)."""
     wire = Wire()
     ids = sorted(clients)
     t_client = t_server = 0.0
@@ -58,11 +59,23 @@ def secure_exchange(server, clients, stats, round, drop=()):
     t0 = time.process_time()
     request = {k: json.dumps(v) for k, v in server.aggregate(masked).items()}
     t_server += time.process_time() - t0
-    revealed = {}
-    for u in json.loads(request["survivors"]):
-        req = wire.send("reveal-request", SERVER, u, request)
+    confirmed, revealed = {}, {}
+    survivors = json.loads(request["survivors"])
+    for u in survivors:  # the consistency round: each survivor confirms its split
+        req = wire.send("consistency", SERVER, u, request)
         t0 = time.process_time()
-        r = clients[u].reveal(round, "x", json.loads(req["survivors"]), json.loads(req["dropped"]))
+        r = clients[u].consistency(round, "x", json.loads(req["survivors"]),
+                                   json.loads(req["dropped"]))
+        t_client += time.process_time() - t0
+        confirmed[u] = wire.send("consistency", u, SERVER, r)
+    t0 = time.process_time()
+    server.collect_confirmations(confirmed)
+    t_server += time.process_time() - t0
+    for u in survivors:
+        req = wire.send("reveal-request", SERVER, u,
+                        {"confirm": server.confirmations_for(u)})
+        t0 = time.process_time()
+        r = clients[u].reveal(round, "x", confirmations=req["confirm"])
         t_client += time.process_time() - t0
         revealed[u] = wire.send("reveal", u, SERVER, r)
     t0 = time.process_time()

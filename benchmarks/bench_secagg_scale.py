@@ -65,8 +65,9 @@ class Turns:
             self.cv.notify_all()
 
 
-#: the steps of the once-per-fit key set-up (method ``secagg``; ``reveal`` belongs to a round)
-SETUP_STEPS = ("keys", "roster", "shares")
+#: the steps of the once-per-fit key set-up (method ``secagg``; ``consistency`` and ``reveal``
+#: belong to a round)
+SETUP_STEPS = ("keys", "open", "roster", "shares")
 
 
 class Interleaved(fl.InProcessRuntime):

@@ -1,11 +1,12 @@
-"""Run the benchmarks and write their results, dated, into the README and the documentation.
+"""Run the benchmarks and write their results, dated, into the documentation's benchmarks page.
 
-One command (``make bench``) regenerates both, from one run:
+One command (``make bench``) regenerates, from one run:
 
-- ``docs/benchmarks/performance.md`` (included by ``docs/benchmarks.md``): every table each
-  benchmark printed;
-- the block of ``README.md`` between ``<!-- performance:begin -->`` and
-  ``<!-- performance:end -->`` (its "Performance" section): each benchmark's final table.
+- ``docs/benchmarks/performance.md`` (included by ``docs/benchmarks.md``, the one page with dated
+  measurements): every table each benchmark printed;
+- with ``--readme PATH``, also the block of PATH between ``<!-- performance:begin -->`` and
+  ``<!-- performance:end -->``: each benchmark's final table (the project's README links the
+  benchmarks page instead: user pages carry no dated measurements).
 
 Both are headed by the date, the CPU model, the core count, the load average and the versions
 of Python, fedlatent, NumPy and scikit-learn, and name the command that wrote them. Each
@@ -42,7 +43,6 @@ import fedlatent
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEFAULT_OUT = ROOT / "docs" / "benchmarks" / "performance.md"
-DEFAULT_README = ROOT / "README.md"
 BEGIN, END = "<!-- performance:begin -->", "<!-- performance:end -->"
 #: lines of a failed benchmark's error output written under it, and their longest shown
 ERROR_LINES, ERROR_WIDTH = 12, 400
@@ -404,9 +404,9 @@ def main(argv: list[str] | None = None, scripts=SCRIPTS, benches=BENCHES) -> Non
                     help="seconds after which a benchmark is stopped and reported as failed "
                     "(default 1800, with --full 7200)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--readme", type=Path, default=DEFAULT_README,
-                    help="the file whose performance block is rewritten")
-    ap.add_argument("--no-readme", action="store_true", help="write only --out")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="also rewrite this file's performance block (between its markers)")
+    ap.add_argument("--no-readme", action="store_true", help="write only --out (the default)")
     ap.add_argument("--privacy-table", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.privacy_table:

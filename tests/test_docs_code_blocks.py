@@ -9,8 +9,9 @@ is (``test_no_block_is_skipped``). The Flower page runs once (``flower_page``) f
 and the tests of its simulation and its deployment's progress, ``flower local`` through a pipe
 as a user's shell runs it. Other shell blocks (``pip``, ``make``, ``flwr``,
 ``flower-superlink``...) and output or ``text`` blocks are not commands of fedlatent and are
-not run. A block that raises, or a command that
-exits non-zero, fails the page's test with the page and line.
+not run. A block that raises, a command that exits non-zero, or a ``print(...)  # -> TEXT`` line
+that prints anything but TEXT (a comment after a print always says what it prints) fails the
+page's test with the page and line.
 """
 
 from __future__ import annotations
@@ -86,11 +87,85 @@ def in_process(words: list[str]) -> tuple[int, str, BaseException | None]:
     return res.exit_code, res.output, res.exception
 
 
+#: a ``print(...)`` line's comment stating what it prints: ``print(x)  # -> 2``; a line
+#: printing several times (in a loop) lists each, ``# -> None 8 -3.36 | squarem 5 -3.36``
+SAYS = re.compile(r"^\s*print\(.*\)\s*#\s*->\s*(?P<said>.*?)\s*$")
+#: any comment after a print (which must then say what it prints)
+PRINT_COMMENT = re.compile(r"^\s*print\(.*\)\s*#")
+_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+
+
+def _same_words(said: str, printed: str) -> bool:
+    """``printed`` is ``said``, word for word; a number within half a unit of the last digit
+    ``said`` shows (printed output depends on the CPU's rounding, never more)."""
+    a, b = said.split(), printed.split()
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        xs, ys = x.strip(",;()[]"), y.strip(",;()[]")
+        if _NUMBER.match(xs) and _NUMBER.match(ys):
+            decimals = len(xs.split(".")[1].split("e")[0].split("E")[0]) if "." in xs else 0
+            exp = int(xs.lower().split("e")[1]) if "e" in xs.lower() else 0
+            if abs(float(xs) - float(ys)) > 0.5 * 10.0 ** (exp - decimals) + 1e-12 * abs(
+                    float(xs)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def printed_lines(code: str, where: str, namespace: dict) -> dict[int, list[str]]:
+    """Run ``code`` (compiled as ``where``) in ``namespace``; return what each of its lines
+    printed (line number -> one text per call)."""
+    import builtins
+    import io
+    import sys
+
+    out: dict[int, list[str]] = {}
+
+    def recording_print(*args, **kwargs):
+        if kwargs.get("file") not in (None, sys.stdout):
+            return builtins.print(*args, **kwargs)
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename != where:
+            frame = frame.f_back
+        buf = io.StringIO()
+        builtins.print(*args, **{**kwargs, "file": buf})
+        builtins.print(buf.getvalue(), end="")
+        if frame is not None:
+            out.setdefault(frame.f_lineno, []).append(buf.getvalue().rstrip("\n"))
+
+    namespace["print"] = recording_print
+    try:
+        exec(compile(code, where, "exec"), namespace)  # noqa: S102 - the docs' code
+    finally:
+        namespace.pop("print", None)
+    return out
+
+
+def check_printed(code: str, where: str, printed: dict[int, list[str]]) -> None:
+    """Each ``print(...)  # -> TEXT`` line printed TEXT (``|`` between several prints);
+    a print's comment that does not say what it prints is an error too."""
+    for i, line in enumerate(code.splitlines(), start=1):
+        m = SAYS.match(line)
+        if m is None:
+            if PRINT_COMMENT.match(line):
+                raise AssertionError(f"{where}+{i}: a comment after a print says what it "
+                                     f"prints, as '# -> TEXT': {line.strip()}")
+            continue
+        said = [t.strip() for t in m.group("said").split(" | ")]
+        got = [" ".join(t.split()) for t in printed.get(i, [])]
+        if len(said) != len(got) or not all(map(_same_words, said, got)):
+            raise AssertionError(f"{where}+{i}: the comment says it prints {' | '.join(said)!r}"
+                                 f", it printed {' | '.join(got)!r}")
+
+
 def run_blocks(blocks: list[Block], run_command=in_process, namespace: dict | None = None) -> int:
     """Run the runnable, not skipped blocks in order; return how many ran. Raises
-    AssertionError naming the page and line of a block that raised or a command that failed.
-    ``run_command(words)`` runs one ``fedlatent`` command (:func:`in_process` by default); the
-    Python blocks share ``namespace`` (a new one by default)."""
+    AssertionError naming the page and line of a block that raised, a command that failed, or
+    a print whose comment (``# -> TEXT``) is not what it printed. ``run_command(words)`` runs
+    one ``fedlatent`` command (:func:`in_process` by default); the Python blocks share
+    ``namespace`` (a new one by default)."""
     namespace = {"__name__": "__docs__"} if namespace is None else namespace
     ran = 0
     for b in blocks:
@@ -99,9 +174,10 @@ def run_blocks(blocks: list[Block], run_command=in_process, namespace: dict | No
         where = f"{b.page}:{b.line}"
         if b.lang == "python":
             try:
-                exec(compile(b.code, where, "exec"), namespace)  # noqa: S102 - the docs' code
+                printed = printed_lines(b.code, where, namespace)
             except Exception as err:
                 raise AssertionError(f"{where}: the block raised {err!r}") from err
+            check_printed(b.code, where, printed)
         else:
             for words in b.commands():
                 code, output, exc = run_command(words)
@@ -259,6 +335,28 @@ def test_the_runner_fails_on_a_block_that_raises_or_a_command_that_fails(tmp_pat
     cli = "```bash\nfedlatent predict --model nowhere/ --data none.csv --out p.csv\n```\n"
     with pytest.raises(AssertionError, match=r"page\.md:1: `fedlatent predict .*` exited 2"):
         run_blocks(parse(cli, "page.md"))
+
+
+def test_the_runner_fails_when_a_print_is_not_what_its_comment_says(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    good = "```python\nx = 0.123456\nprint(x, 'a')  # -> 0.1235 a\nfor k in (1, 2):\n" \
+           "    print(k * 2)  # -> 2 | 4\n```\n"
+    assert run_blocks(parse(good, "page.md")) == 1
+    wrong = "```python\nprint(1 + 1)  # -> 3\n```\n"
+    with pytest.raises(AssertionError, match=r"page\.md:1\+1: the comment says it prints '3', "
+                                             r"it printed '2'"):
+        run_blocks(parse(wrong, "page.md"))
+    loop = "```python\nfor k in (1, 2, 3):\n    print(k)  # -> 1 | 2\n```\n"
+    with pytest.raises(AssertionError, match="it printed '1 | 2 | 3'"):
+        run_blocks(parse(loop, "page.md"))
+    prose = "```python\nprint(2)  # two\n```\n"
+    with pytest.raises(AssertionError, match="says what it prints"):
+        run_blocks(parse(prose, "page.md"))
+    rounded = "```python\nprint(-3.3647594)  # -> -3.36476\n```\n"
+    assert run_blocks(parse(rounded, "page.md")) == 1
+    off = "```python\nprint(-3.3648)  # -> -3.36476\n```\n"
+    with pytest.raises(AssertionError):
+        run_blocks(parse(off, "page.md"))
 
 
 def test_a_skip_needs_a_reason_and_applies_to_the_next_block_only():

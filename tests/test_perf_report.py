@@ -177,11 +177,15 @@ def test_a_readme_without_its_markers_is_refused_before_any_benchmark_runs(tmp_p
     assert not (tmp_path / "p.md").exists()
 
 
-def test_the_repository_readme_has_one_performance_block_after_the_benchmarks_section():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert report.replace_block(text, block_of(text)) == text
-    assert text.index("## Experiments and benchmarks") < text.index("## Performance") < \
-        text.index("<!-- performance:begin -->")
+def test_the_repository_readme_carries_no_dated_measurements_and_a_run_leaves_it(tmp_path):
+    """The benchmarks page is the one with dated measurements: the README links it, and a
+    report run without --readme writes the page only."""
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    assert "<!-- performance:begin -->" not in text and "docs/benchmarks.md" in text
+    scripts, benches = fakes(tmp_path)
+    report.main(["--out", str(tmp_path / "p.md")], scripts=scripts, benches=benches)
+    assert (tmp_path / "p.md").exists() and readme.read_text(encoding="utf-8") == text
 
 
 def test_the_privacy_table_prints_epsilon_one_as_markdown_rows(monkeypatch, capsys):

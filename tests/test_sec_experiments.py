@@ -86,7 +86,8 @@ def test_cli_fit_sec(tmp_path):
     res = runner.invoke(app, ["fit", "sec", "--data", str(path), "--client", "learner",
                               "--target", "y", "--clusters", "9", "--out", str(out)])
     assert res.exit_code == 2
-    assert "n_clusters=9 is larger than the number of learners (8)" in res.output
+    assert ("error: --components 9 is larger than the number of learners (8); give --components "
+            "<= 8 or auto to choose K from the data") in res.output
 
 
 def test_quick_figure_says_what_it_shows(tmp_path, monkeypatch):

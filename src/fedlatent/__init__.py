@@ -8,6 +8,7 @@
 from . import data as datasets  # noqa: F401  (fl.datasets.* generators, imported on first use)
 from .data import FederatedDataset
 from .engine import (
+    ClientNode,
     DifferentialPrivacy,
     DisclosurePolicy,
     Federation,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 # Estimators are listed by the registry (fl.FedGMM...), not here: see __getattr__ and __dir__.
 __all__ = [
+    "ClientNode",
     "ConvergenceWarning",
     "DifferentialPrivacy",
     "DisclosurePolicy",
@@ -33,6 +35,7 @@ __all__ = [
     "InProcessRuntime",
     "Quantizer",
     "Runtime",
+    "SitePolicy",
     "Spider",
     "Squarem",
     "StepSchedule",
@@ -56,6 +59,8 @@ def __getattr__(name: str):
         return importlib.import_module(f".{name}", __name__)
     if name in ("ConvergenceWarning", "NotFittedError"):  # scikit-learn's, imported on first use
         return getattr(importlib.import_module(".engine.errors", __name__), name)
+    if name == "SitePolicy":  # a site's own policy (engine/site), imported on first use
+        return importlib.import_module(".engine.site.policy", __name__).SitePolicy
     if not name.startswith("_"):
         from .engine.contract.registry import estimator_by_class_name
 
@@ -66,5 +71,5 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    lazy = {"experiments", "baselines", "ConvergenceWarning", "NotFittedError"}
+    lazy = {"experiments", "baselines", "ConvergenceWarning", "NotFittedError", "SitePolicy"}
     return sorted(set(globals()) | set(_estimators()) | lazy)

@@ -189,8 +189,10 @@ def replay_residuals(adapter, tr, client: str, rows: np.ndarray,
     holding ``rows`` would have sent to the same messages (relative to the recorded value's
     size). Every message is replayed, in order, so the client's state evolves as it did."""
     from fedlatent.engine.node.client import ClientNode
+    from fedlatent.engine.site import SitePolicy
 
-    node = ClientNode(client, adapter.client_data(rows))
+    # the attacker's own simulation of a client holding ``rows``: no floor of its own
+    node = ClientNode(client, adapter.client_data(rows), policy=SitePolicy.for_simulation())
     res = []
     for e in tr.of(client):
         if e.method == "describe":

@@ -97,7 +97,7 @@ def test_bad_federation_setting_is_refused(tmp_path):
                               "--features", "a,b", "-k", "2", "--participation", "0",
                               "--out", str(out)])
     assert res.exit_code != 0
-    assert "Federation(participation=...) must be in (0, 1], got 0.0" in res.output
+    assert "error: --participation must be in (0, 1], got 0.0" in res.output  # not Python
     assert not out.exists()
 
 
@@ -114,4 +114,4 @@ def test_experiment_command_lists_unknown_names(tmp_path):
     res = runner.invoke(app, ["experiment", "nope", "--out", str(tmp_path)])
     assert res.exit_code != 0
     assert "unknown experiment 'nope'; available:" in res.output
-    assert "fedem_toy" in res.output
+    assert "fedem-toy" in res.output

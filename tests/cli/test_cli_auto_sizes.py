@@ -50,7 +50,7 @@ def test_a_size_that_is_not_a_number_is_one_error_line(three_blobs, option):
                             option, "three", "--out", "never-written"])
     assert r.exit_code == 2
     assert r.output.strip().splitlines()[-1] == (
-        "error: --components must be a number or 'auto', got 'three'")
+        "error: --components must be a whole number or 'auto', got 'three'")
 
 
 def test_fit_fedgmm_learners_auto(three_blobs, tmp_path):

@@ -96,7 +96,7 @@ def model_not_json(tmp_path, good):
 
 
 def unknown_experiment(tmp_path, good):
-    return ["experiment", "nope"], "unknown experiment 'nope'; available:", "fedem_toy"
+    return ["experiment", "nope"], "unknown experiment 'nope'; available:", "fedem-toy"
 
 
 CASES = [missing_file, empty_file, corrupt_parquet, binary_csv, header_only_csv, unknown_model,
@@ -129,9 +129,10 @@ def test_user_error_is_one_line(case, tmp_path, good_csv, monkeypatch):
         ("colour=1", "--param colour: toy (ToyMixture) has no parameter 'colour'; its "
                      "parameters: n_components, covariance_type"),
         ("n_components", "--param expects NAME=VALUE, got 'n_components'"),
-        (["--components", "0"], "n_components must be an integer >= 1, got 0"),
-        ("covariance_type=round", "covariance_type must be one of ('full', 'tied', 'diag', "
-                                  "'spherical'), got 'round'"),
+        # the estimator's refusal names the option, not the Python parameter
+        (["--components", "0"], "error: --components must be an integer >= 1, got 0"),
+        ("covariance_type=round", "error: --covariance-type must be one of ('full', 'tied', "
+                                  "'diag', 'spherical'), got 'round'"),
     ],
 )
 def test_bad_param_is_one_line(toy_estimator, param, message, good_csv, tmp_path):
@@ -185,6 +186,7 @@ def test_deprecated_max_iter_still_works_with_a_warning(tmp_path):
     res = runner.invoke(app, ["fit", "hlcr", "--data", str(tmp_path / "e.csv"), "--client",
                               "agent", "--entity", "entity", "--target", "y", "-k", "2",
                               "--max-iter", "3", "--out", str(tmp_path / "o")])
-    assert "warning: FutureWarning: --max-iter is deprecated; use --max-rounds" in res.stderr
+    assert ("warning: FutureWarning: --max-iter is deprecated and will be removed in the next "
+            "release; use --max-rounds") in res.stderr
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "o" / "model.json").read_text())["fitted"]["n_iter_"] <= 3

@@ -53,7 +53,7 @@ def test_fit_hlcr_estimates_sigma_and_chooses_k_by_default_words(tmp_path):
     res = CliRunner().invoke(app, [
         "fit", "hlcr", "--data", str(path), "--client", "agent", "--entity", "entity",
         "--target", "y", "--features", "x0,x1,x2", "--clusters", "auto", "--max-rounds", "16",
-        "--out", str(tmp_path / "out")])
+        "--random-intercept", "no", "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     est = fl.HLCR.load(tmp_path / "out" / "model")
     assert est.sigma == "auto" and est.n_clusters == "auto"

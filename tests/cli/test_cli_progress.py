@@ -129,7 +129,7 @@ def test_waiting_on_a_deployment_reports_every_few_seconds(tmp_path):
     ({"round": 2, "exchanges": 9}, "... 12 s: round 3 running"),
 ])
 def test_the_waiting_line_says_what_the_server_does(capsys, status, line):
-    from fedlatent.cli.flower import _print_wait
+    from fedlatent.cli.flower_run import _print_wait
 
     _print_wait(status, 12.2)
     assert capsys.readouterr().out == line + "\n"

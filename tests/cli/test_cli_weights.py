@@ -47,7 +47,7 @@ def test_weight_option_names_a_bad_column(tmp_path):
     assert "weight column 'w' has negative values at clients 's0'" in res.output
 
 
-@pytest.mark.parametrize("cmd", [("fit", "lcr"), ("flower", "local")])
+@pytest.mark.parametrize("cmd", [("fit", "lcr"), ("flower", "local", "lcr")])
 def test_weight_is_a_shared_option(cmd):
     import typer
 

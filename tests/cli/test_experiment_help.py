@@ -24,7 +24,8 @@ def test_every_experiment_is_listed_with_its_description():
     assert {"fedem_toy", "hlcr_figure3", "sec_simulation1", "fedgmm_synthetic"} <= set(available)
     for name, description in available.items():
         assert description, name
-        assert f"{name} {flat(description)}" in flat(res.output)
+        # listed as options are spelled, with hyphens; the Python name runs it too
+        assert f"{name.replace('_', '-')} {flat(description)}" in flat(res.output)
 
 
 def test_available_is_every_module_s_all_that_follows_the_contract():
@@ -77,3 +78,8 @@ def test_a_new_module_is_found_with_no_edit(extra_module, tmp_path):
     assert res.exit_code == 0, res.output
     assert (tmp_path / "o" / "later_table.csv").read_text().splitlines() == ["quick,seed",
                                                                            "True,4"]
+    res = CliRunner().invoke(app, ["experiment", "later-table", "--quick", "--seed", "5",
+                                   "--out", str(tmp_path / "h")])  # as options are spelled
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "h" / "later_table.csv").read_text().splitlines() == ["quick,seed",
+                                                                           "True,5"]

@@ -85,7 +85,7 @@ def test_batched_setup_refuses_a_small_client_as_one_by_one():
     errors = {}
     for batched in (False, True):
         with pytest.raises(FederatedFitError, match=r"setup: client 'c2': refused by the "
-                           r"disclosure policy: min_records=3 \(it holds 2 record") as err:
+                           r"disclosure policy: min_records=3 \(it holds fewer records") as err:
             fl.FederatedGaussianMixture(2, random_state=0, federation=STOP).fit(
                 fd, runtime=InProcessRuntime(fd, batched=batched))
         errors[batched] = str(err.value)

@@ -47,7 +47,7 @@ def test_the_policy_is_off_only_when_every_rule_is_and_whatever_its_scope(rule, 
 def test_a_reply_over_too_few_records_is_refused_naming_client_and_rule():
     msg = check_counts(DisclosurePolicy(), "site-7", 2, "round statistics")
     assert msg == (
-        "client 'site-7': round statistics is a sum over 2 record(s), fewer than min_records=3 "
+        "client 'site-7': round statistics is a sum over fewer than min_records=3 records "
         "(DataSHIELD nfilter.tab); it is not sent. Merge small clients or lower "
         "DisclosurePolicy(min_records=...); DisclosurePolicy.off() disables every rule")
 
@@ -61,13 +61,13 @@ def test_count_threshold_boundaries(n, refused):
 def test_per_block_rule_reports_the_smallest_non_empty_block():
     counts = np.array([[5.0, 0.0], [1.0, 2.5]])  # an agent's entities per cluster
     msg = check_counts(DisclosurePolicy(), "agent-3", counts, "cluster blocks", per_block=True)
-    assert msg.startswith("client 'agent-3': a block of cluster blocks is a sum over 1 "
-                          "record(s), fewer than min_records_per_block=3 ")
+    assert msg.startswith("client 'agent-3': a block of cluster blocks is a sum over fewer "
+                          "than min_records_per_block=3 records ")  # no count: issue 39
     assert "lower DisclosurePolicy(min_records_per_block=...)" in msg
     assert check_counts(DisclosurePolicy(), "a", [0.0, 3.0, 7.0], "b", per_block=True) is None
     soft = check_counts(DisclosurePolicy(min_records_per_block=4), "a", [3.5, 9.0], "nk",
                         per_block=True)
-    assert "is a sum over 3.5 record(s), fewer than min_records_per_block=4" in soft
+    assert "is a sum over fewer than min_records_per_block=4 records" in soft
 
 
 def test_off_refuses_nothing():
@@ -89,7 +89,7 @@ def test_secure_aggregation_checks_the_round_aggregate_instead_of_each_client():
     assert check_counts(sa, "small", 1, "round statistics") is None  # one client: not seen
     assert check_aggregate(sa, 1 + 1, "round statistics", ["a", "b"]) == (
         "the aggregate of this round's participants ('a', 'b'): round statistics is a sum over "
-        "2 record(s), fewer than min_records=3 (DataSHIELD nfilter.tab); it is not sent. Merge "
+        "fewer than min_records=3 records (DataSHIELD nfilter.tab); it is not sent. Merge "
         "small clients or lower DisclosurePolicy(min_records=...); DisclosurePolicy.off() "
         "disables every rule")
     assert check_aggregate(sa, 1 + 2, "round statistics", ["a", "b"]) is None
@@ -120,8 +120,8 @@ def test_tree_leaves_smaller_than_the_minimum_are_refused():
     assert check_tree_leaves(p, "c", [3, 8, 12], "random forest") is None
     assert check_tree_leaves(p, "c", [], "constant model") is None
     msg = check_tree_leaves(p, "s2", np.array([5, 1, 9]), "random forest")
-    assert msg.startswith("client 's2': random forest has a leaf with 1 training record(s), "
-                          "fewer than tree_min_leaf=3 (DataSHIELD nfilter.tab)")
+    assert msg.startswith("client 's2': random forest has a leaf with fewer than "
+                          "tree_min_leaf=3 training records (DataSHIELD nfilter.tab)")
     assert "Fit it with min_samples_leaf=3" in msg
 
 

@@ -44,8 +44,8 @@ def test_one_row_client_sends_its_row(seed):
     rebuilt = rows_from_one_record(n, st["sx"], CENTER)
     assert np.abs(rebuilt - X).max() < 1e-12 * np.abs(X).max()
     msg = check_counts(DisclosurePolicy(), f"c{seed}", n, "round statistics")
-    assert msg.startswith(f"client 'c{seed}': round statistics is a sum over 1 record(s), fewer "
-                          f"than min_records=3")
+    assert msg.startswith(f"client 'c{seed}': round statistics is a sum over fewer than "
+                          f"min_records=3 records")
     assert check_counts(DisclosurePolicy.off(), f"c{seed}", n, "round statistics") is None
 
 
@@ -55,7 +55,8 @@ def test_two_row_client_gives_both_rows_back_from_count_sum_and_outer_products(s
     n = st["nk"].sum()
     rebuilt = rows_from_two_records(n, st["sx"], st["sxx"], CENTER)
     assert _same_rows(rebuilt, X) < 1e-9 * np.abs(X).max()
-    assert "sum over 2 record(s)" in check_counts(DisclosurePolicy(), "c", n, "round statistics")
+    assert "sum over fewer than min_records=3 records" in check_counts(
+        DisclosurePolicy(), "c", n, "round statistics")
     assert check_counts(DisclosurePolicy.off(), "c", n, "round statistics") is None
 
 
@@ -80,8 +81,8 @@ def test_one_event_regression_block_gives_x_and_y_back(seed):
     n_events = np.array([6.0, 1.0, 0.0])
     msg = check_counts(DisclosurePolicy(), "agent-2", n_events, "cluster blocks",
                        per_block=True)
-    assert msg.startswith("client 'agent-2': a block of cluster blocks is a sum over 1 record(s), "
-                          "fewer than min_records_per_block=3")
+    assert msg.startswith("client 'agent-2': a block of cluster blocks is a sum over fewer "
+                          "than min_records_per_block=3 records")
     # the same block is also saturated: D + 1 coefficients from 1 record
     assert "has 5 coefficient(s) over 1 record(s)" in check_saturation(
         DisclosurePolicy(), "agent-2", D + 1, 1, "cluster 1's regression block")

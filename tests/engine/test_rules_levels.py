@@ -1,8 +1,9 @@
 """Rare category levels (issue 22, item 1): a one-hot level held by one record gives that
 record's row back from any sum carrying its indicator, from one client's reply and from the
 secure aggregate alike. Every client refuses the setup while a level is held by 1 or 2 of its
-records (``min_records_per_block``, DataSHIELD's ``nfilter.tab``), naming the column and the
-level; the fix is to merge rare levels before encoding."""
+records (``min_records_per_block``, DataSHIELD's ``nfilter.tab``), naming the column and how
+many levels, never a level's name or count (issue 39: those are data; the site's own log names
+them); the fix is to merge rare levels before encoding."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ import pytest
 
 import fedlatent as fl
 from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.protocol.messages import ERROR_KEY
 
 ONE_LEVEL = fl.DisclosurePolicy(min_records_per_block=1)  # every rule but the level rule
 
 
-def _frame(seed=0):
+def _frame(seed=0, rare="green"):
     rng = np.random.default_rng(seed)
     rows = []
     for c in ("a", "b"):
         for i in range(40):
-            colour = "green" if (c, i) == ("a", 7) else ("red" if rng.random() < 0.5 else "blue")
+            colour = rare if (c, i) == ("a", 7) else ("red" if rng.random() < 0.5 else "blue")
             rows.append({"client": c, "x1": rng.normal(), "x2": rng.normal() * 2,
                          "colour": colour})
     return pd.DataFrame(rows)
@@ -75,22 +77,26 @@ def test_a_one_record_level_gives_the_row_back_from_a_reply_without_the_rule():
     assert found and np.abs(found[0] - row).max() < 1e-8  # the positive control
 
 
-def test_a_one_record_level_is_refused_at_setup_naming_column_and_level():
-    fd = _fd(_frame())
+def test_a_one_record_level_is_refused_at_setup_naming_the_column_and_no_data(caplog):
+    fd = _fd(_frame(rare="zz-Jane Doe, HIV+"))
     rt = fl.InProcessRuntime(fd, record=True)
-    with pytest.raises(FederatedFitError, match=r"client 'a': column 'colour' has level\(s\) "
-                                                r"'green' \(1\) held by fewer than "
-                                                r"min_records_per_block=3.*Merge rare levels"):
+    with pytest.raises(FederatedFitError, match=r"client 'a': column 'colour' has 1 level\(s\) "
+                                                r"held by fewer than min_records_per_block=3 "
+                                                r"records .*Merge rare levels") as err:
         _gmm(fl.DisclosurePolicy()).fit(fd, runtime=rt)
     assert {m for _, _, m, _ in rt.log} == {"setup"}  # nothing but the setup was exchanged
+    sent = [msg[ERROR_KEY] for d, c, _, msg in rt.log if d == "up" and c == "a"]
+    assert sent and not any("Jane" in t or "(1)" in t for t in sent + [str(err.value)])
+    # the site's own log names the level (it stays at the site)
+    assert any("'zz-Jane Doe, HIV+' (1)" in r.getMessage() for r in caplog.records)
 
 
 def test_under_secure_aggregation_the_client_still_refuses():
     pytest.importorskip("cryptography")
     fd = _fd(_frame())
     rt = fl.InProcessRuntime(fd, record=True)
-    with pytest.raises(FederatedFitError, match=r"client 'a': column 'colour' has level\(s\) "
-                                                r"'green' \(1\)"):
+    with pytest.raises(FederatedFitError, match=r"client 'a': column 'colour' has 1 level\(s\) "
+                                                r"held by fewer than"):
         _gmm(fl.DisclosurePolicy(), secure_aggregation=True).fit(fd, runtime=rt)
     assert {m for _, _, m, _ in rt.log} == {"setup"}
 
@@ -109,6 +115,6 @@ def test_a_latent_class_category_of_one_record_is_refused():
     data = {c: rng.integers(0, 2, size=(30, 3)).astype(float) for c in ("a", "b")}
     data["a"][4, 0] = 2.0  # category 2 of variable 0: one record in the federation
     fd = fl.FederatedDataset.from_arrays(data)
-    with pytest.raises(FederatedFitError, match=r"client 'a': column 'variable 0' has "
-                                                r"level\(s\) '2' \(1\)"):
+    with pytest.raises(FederatedFitError, match=r"client 'a': column 'variable 0' has 1 "
+                                                r"level\(s\) held by fewer than"):
         fl.LatentClassAnalysis(2, random_state=0, max_rounds=2).fit(fd)

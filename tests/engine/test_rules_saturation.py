@@ -22,6 +22,7 @@ from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.node.client import ClientNode
 from fedlatent.engine.privacy.enforce import policy_to_json
 from fedlatent.engine.protocol.messages import ERROR_KEY, REFUSED_KEY
+from fedlatent.engine.site import SitePolicy
 from fedlatent.engine.warn import SitesExcludedWarning
 from fedlatent.models.gmm.model import GMMModel
 
@@ -179,12 +180,13 @@ def test_a_site_floor_the_server_cannot_lower():
     model = GMMModel(2)
     msg = {"model": "gmm", "model_config": json.dumps(model.get_config()),
            "disclosure": policy_to_json(NO_SATURATION), "fit": 1}
-    reply = node.handle("setup", msg)
-    assert "max_parameters_per_record=0.33" in reply[ERROR_KEY]  # the site's own rule held
-    open_node = ClientNode("site", ClientData(X))  # no floor: the server's policy rules
+    reply = node.handle("setup", msg)  # the site's floor held (its default policy's guard)
+    assert "max_parameters_per_record=inf (floor 0.33)" in reply[ERROR_KEY]
+    open_node = ClientNode("site", ClientData(X), policy=SitePolicy.for_simulation())  # no floor
     assert ERROR_KEY not in open_node.handle("setup", msg)
     stricter = ClientNode("site", ClientData(np.random.default_rng(3).normal(size=(40, 2))),
-                          disclosure=fl.DisclosurePolicy(max_parameters_per_record=0.1))
+                          disclosure=fl.DisclosurePolicy(max_parameters_per_record=0.1),
+                          policy=SitePolicy.for_simulation())
     msg["disclosure"] = policy_to_json(fl.DisclosurePolicy())  # 12 <= 0.33 * 80, not 0.1 * 80
     assert "max_parameters_per_record=0.1" in stricter.handle("setup", msg)[ERROR_KEY]
 

@@ -17,7 +17,8 @@ from fedlatent.engine.secagg import (
     setup,
     shamir,
 )
-from fedlatent.engine.secagg.client import share_context
+from fedlatent.engine.secagg.driver import open_keys
+from fedlatent.engine.secagg.enrol import share_context
 
 SCALE = 2.0**20
 IDS = [f"c{i}" for i in range(5)]
@@ -227,7 +228,7 @@ def test_a_tampered_or_misrouted_share_is_named_and_a_wrong_revealed_share_is_ca
     cfg = config()
     clients = {u: SecAggClient(u, cfg) for u in IDS}
     server = SecAggServer(cfg)
-    roster = server.collect_keys({u: c.public_keys() for u, c in clients.items()})
+    roster = server.collect_keys(open_keys(server, clients))
     for c in clients.values():
         c.receive_peer_keys(roster)
     inbox = route_shares({u: c.share_messages() for u, c in clients.items()})
@@ -268,7 +269,8 @@ def test_malformed_masked_reply_names_client_and_field(fed):
 def test_a_roster_that_alters_a_clients_own_key_is_refused():
     cfg = config()
     clients = {u: SecAggClient(u, cfg) for u in IDS}
-    roster = SecAggServer(cfg).collect_keys({u: c.public_keys() for u, c in clients.items()})
+    server = SecAggServer(cfg)
+    roster = server.collect_keys(open_keys(server, clients))
     assert roster["ids"] == '["c0", "c1", "c2", "c3", "c4"]'
     assert roster["enc_key"].shape == (5, 32) and roster["enc_key"].dtype == np.uint8
     swapped = dict(roster, enc_key=roster["enc_key"][[1, 0, 2, 3, 4]])

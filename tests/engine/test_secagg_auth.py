@@ -23,6 +23,7 @@ from fedlatent.engine.secagg import (  # noqa: E402
     run_exchange,
     setup,
 )
+from fedlatent.engine.secagg.driver import open_keys  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys  # noqa: E402
 from fedlatent.engine.transport.inprocess import InProcessRuntime  # noqa: E402
 
@@ -38,23 +39,24 @@ def identities(trust=True):
 
 
 def substitute(victim_id, config, *, trust=None, copy_signatures=False, run=RUN):
-    """The deviating server: the victim gets a roster whose other members are the server's
-    impostors; returns (unmasked victim reply, its true input) or raises the victim's refusal."""
+    """The deviating server: the victim's peers are the server's impostors, whose commitments
+    and keys it relays in place of the real peers' (consistently: the commitments close on
+    them); returns (unmasked victim reply, its true input) or raises the victim's refusal."""
     victim = SecAggClient(victim_id, config, run=run)
     fakes = {v: SecAggClient(v, config, run=run) for v in IDS if v != victim_id}
-    honest = {v: SecAggClient(v, config, run=run).public_keys(signer=KEYS[v])
-              for v in IDS if v != victim_id}
-    keys = {victim_id: victim.public_keys(signer=KEYS[victim_id])}
-    for v, f in fakes.items():
-        keys[v] = f.public_keys()
-        if copy_signatures:  # the real peer's signature beside the impostor's keys
-            keys[v]["signature"] = honest[v]["signature"]
-    server = SecAggServer(config)
+    honest = {v: SecAggClient(v, config, run=run) for v in IDS if v != victim_id}
+    real = open_keys(SecAggServer(config, run=run), honest,  # the real peers' signed keys
+                     identities={v: SiteIdentity(KEYS[v]) for v in honest})
+    everyone = {victim_id: victim, **fakes}
+    server = SecAggServer(config, run=run)
+    keys = open_keys(server, everyone, identities={victim_id: SiteIdentity(KEYS[victim_id])})
+    if copy_signatures:  # the real peer's signature beside the impostor's keys
+        for v in fakes:
+            keys[v]["signature"] = real[v]["signature"]
     roster = server.collect_keys(keys)
     victim.receive_peer_keys(roster, trust=trust)  # the only step a roster can refuse
     for f in fakes.values():
         f.receive_peer_keys(roster)
-    everyone = {victim_id: victim, **fakes}
     outgoing = {u: c.share_messages() for u, c in everyone.items()}
     for v, c in everyone.items():
         c.receive_shares({u: out[v] for u, out in outgoing.items() if u != v})
@@ -91,7 +93,7 @@ def test_every_site_accepts_the_honest_relay_and_the_sum_is_exact():
     server, clients = setup(IDS, CONFIG, identities=identities(), run=RUN)
     rng = np.random.default_rng(0)
     stats = {u: {"s": rng.normal(size=4)} for u in IDS}
-    got = run_exchange(server, clients, stats, 1, "estep", IDS)["s"]
+    got = run_exchange(server, clients, stats, 1, "estep", IDS, )["s"]
     assert np.max(np.abs(got - sum(stats[u]["s"] for u in IDS))) < 5 / 2**30
 
 
@@ -106,25 +108,27 @@ def test_a_peer_outside_the_roster_is_named():
 
 
 def test_keys_signed_for_another_run_or_round_do_not_verify():
-    old = SecAggClient("a", CONFIG, run="run-0").public_keys(signer=KEYS["a"])
+    old = SecAggClient("a", CONFIG, run="run-0")
+    old_keys = open_keys(SecAggServer(CONFIG, run="run-0"), {"a": old},
+                         identities={"a": SiteIdentity(KEYS["a"])})["a"]
     for run, rnd in (("run-0", 1), ("run-1", 0)):
-        replayed = SecAggClient("a", CONFIG, run="run-0")  # the keys the server kept
-        keys = {"a": replayed.public_keys()}
-        keys["a"]["signature"] = old["signature"]
-        victim = SecAggClient("b", CONFIG, run=run, round=rnd)
-        keys["b"] = victim.public_keys(signer=KEYS["b"])
-        keys["c"] = SecAggClient("c", CONFIG, run=run, round=rnd).public_keys(signer=KEYS["c"])
-        roster = SecAggServer(CONFIG).collect_keys(keys)
+        cl = {"a": SecAggClient("a", CONFIG, run=run, round=rnd)}  # its keys: old ones replayed
+        cl.update({u: SecAggClient(u, CONFIG, run=run, round=rnd) for u in ("b", "c")})
+        server = SecAggServer(CONFIG, run=run, round=rnd)
+        keys = open_keys(server, cl, identities={u: SiteIdentity(KEYS[u]) for u in cl})
+        keys["a"]["signature"] = old_keys["signature"]  # a signature made for run-0, round 0
+        roster = server.collect_keys(keys)
         with pytest.raises(SecureAggregationError, match=r"peer 'a' is not authenticated"):
-            victim.receive_peer_keys(roster, trust=ROSTER)
+            cl["b"].receive_peer_keys(roster, trust=ROSTER)
 
 
 def test_signed_state_survives_dump_and_load():
     server, clients = setup(IDS, CONFIG, identities=identities(), run=RUN)
     reborn = {u: SecAggClient.load(c.dump()) for u, c in clients.items()}
     assert {c.run for c in reborn.values()} == {RUN}
+    assert all(c._authenticated for c in reborn.values())  # its peers' keys were verified
     stats = {u: {"s": np.full(2, float(i))} for i, u in enumerate(IDS)}
-    got = run_exchange(server, reborn, stats, 1, "estep", IDS)["s"]
+    got = run_exchange(server, reborn, stats, 1, "estep", IDS, )["s"]
     assert np.max(np.abs(got - 10.0)) < 5 / 2**30
 
 
@@ -150,27 +154,41 @@ def gmm():
 
 class Substituting:
     """A runtime wrapper playing a server that substitutes peer ``peer``'s key (share
-    encryption and masks) in the roster it relays to ``victim``."""
+    encryption and masks) by an impostor's: in every message it relays after the peer's
+    commitment (``late``: only in the roster relayed to ``victim``), or from the commitment on
+    (the impostor's commitment and keys in place of the peer's, consistently)."""
 
-    def __init__(self, rt, victim, peer):
-        self.rt, self.victim, self.peer = rt, victim, peer
+    def __init__(self, rt, victim, peer, late=False):
+        self.rt, self.victim, self.peer, self.late = rt, victim, peer, late
         self.client_ids = rt.client_ids
+        self.fake = None
 
     def __getattr__(self, name):
         return getattr(self.rt, name)
 
     def call(self, ids, method, msgs):
-        if method == "secagg" and any(m.get("step") == "roster" for m in msgs.values()):
+        step = next(iter(msgs.values()), {}).get("step") if method == "secagg" else None
+        if step == "roster" and self.late:
             msgs = dict(msgs)
             m = dict(msgs[self.victim])
             i = json.loads(m["ids"]).index(self.peer)
             fake = SecAggClient(self.peer, SecAggConfig(3, FixedPoint(1.0, 1.0), slots=int(
-                m["self_commit"].shape[1] // 32))).public_keys()
+                m["self_commit"].shape[1] // 32)))
+            fake.commitment()
             mk = np.array(m["enc_key"], copy=True)
-            mk[i] = fake["enc_key"]
+            mk[i] = fake.open(bytes(32), 5)["enc_key"]
             m["enc_key"] = mk
             msgs[self.victim] = m
-        return self.rt.call(ids, method, msgs)
+        replies = self.rt.call(ids, method, msgs)
+        if step == "keys" and not self.late:  # the impostor commits in the peer's place
+            self.fake = SecAggClient(self.peer, self.rt.nodes[self.peer].secagg.config,
+                                     run=msgs[self.peer]["run"])
+            replies[self.peer] = self.fake.commitment()
+        if step == "open" and not self.late:
+            keys = self.fake.open(bytes(msgs[self.peer]["closed"]), int(msgs[self.peer]["n"]))
+            keys["signature"] = replies[self.peer]["signature"]  # the real peer's signature
+            replies[self.peer] = keys
+        return replies
 
 
 @pytest.mark.filterwarnings("ignore::fedlatent.engine.errors.ConvergenceWarning")
@@ -184,17 +202,47 @@ def test_a_secure_fit_with_rostered_sites_equals_the_fit_without_keys():
 def test_a_server_substituting_a_peers_key_in_a_fit_is_stopped_naming_both():
     fd = blobs()
     with pytest.raises(FederatedFitError,
-                       match=re.compile(r"clients \['c'\] refused the relayed keys.*peer 'a' is "
+                       match=re.compile(r"clients \['a', 'b', 'c', 'd', 'e'\] refused the "
+                                        r"relayed keys; client 'a': .*lacks or alters this "
+                                        r"client's own public keys; client 'b': .*peer 'a' is "
                                         r"not authenticated.*does not verify", re.S)):
         gmm().fit(fd, runtime=Substituting(runtime(fd), "c", "a"))
+
+
+def test_a_key_substituted_after_the_commitments_closed_is_refused_even_without_a_roster():
+    fd = blobs()
+    with pytest.raises(FederatedFitError,
+                       match=re.compile(r"clients \['c'\] refused the relayed keys.*the "
+                                        r"roster's openings do not give the list of commitments "
+                                        r"that closed before this client opened its keys", re.S)):
+        gmm().fit(fd, runtime=Substituting(runtime(fd, trust=False), "c", "a", late=True))
 
 
 def test_a_rostered_site_refuses_an_unnamed_or_repeated_run():
     fd = blobs()
     node = runtime(fd).nodes["a"]
-    base = {"step": "keys", "threshold": 3, "scale": 2.0**20, "bound": 10.0, "slots": 2}
+    base = {"step": "keys", "threshold": 3, "scale": 2.0**20, "bound": 10.0, "slots": 2,
+            "participation": 1.0}
     with pytest.raises(ValueError, match=r"client 'a': .*names no run"):
         node.handle("secagg", base)
     node.handle("secagg", {**base, "run": "r9"})
     with pytest.raises(ValueError, match=r"site 'a': .*run 'r9' was already done once"):
         node.handle("secagg", {**base, "run": "r9"})
+
+
+def test_a_remembered_signature_verifies_only_its_own_key_and_message():
+    """verify_bytes remembers valid (key, message, signature) triples per process (the sites
+    one process holds share the answer): a remembered triple changes nothing for another
+    message, another key or another signature."""
+    from fedlatent.engine.site.keys import _VERIFIED, statement, statement_head, verify_bytes
+
+    key, msg = KEYS["a"], statement_head("t", {"run": "m"}) + b"payload"
+    assert msg == statement("t", {"run": "m"}, b"payload")
+    sig = key.sign_bytes(msg)
+    assert verify_bytes(key.public_key, sig, msg)
+    assert (key.public_key, msg, sig) in _VERIFIED
+    assert verify_bytes(key.public_key, sig, msg)  # remembered
+    assert not verify_bytes(key.public_key, sig, msg + b"x")
+    assert not verify_bytes(KEYS["b"].public_key, sig, msg)
+    assert not verify_bytes(key.public_key, bytes(64), msg)
+    assert not verify_bytes(key.public_key, sig[:-1] + bytes([sig[-1] ^ 1]), msg)

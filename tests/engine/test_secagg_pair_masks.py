@@ -83,18 +83,20 @@ def aes_ctr_words(key: bytes, nonce: bytes, n: int) -> np.ndarray:
 
 def test_a_pair_mask_is_the_aes_ctr_keystream_of_the_pair_secret_under_the_exchange_nonce():
     """Both ends of a pair compute the same mask: AES-256-CTR of s_uv (bytes 32..64 of the
-    pair's HKDF block) under SHA-256(tag, label)[:12]; another exchange's differs entirely."""
+    pair's HKDF block) under SHA-256(tag, label, slot)[:12]; another exchange's, or the same
+    exchange's under another slot, differs entirely."""
     _, clients = setup(IDS, config())
     a, b = exchange_label(1, "estep"), exchange_label(2, "estep")
-    got = clients["c0"]._pair_masks(["c1", "c3"], a, 7)
+    got = clients["c0"]._pair_masks(["c1", "c3"], a, 7, 0)
     assert got.dtype == np.uint64 and got.shape == (2, 7)
     for row, v in zip(got, ["c1", "c3"]):
         secret = clients["c0"]._pair_block(v)[32:]
         assert secret == clients[v]._pair_block("c0")[32:]
-        assert np.array_equal(row, aes_ctr_words(secret, pair_nonce(a), 7))
-        assert np.array_equal(clients[v]._pair_masks(["c0"], a, 7)[0], row)
-    other = clients["c0"]._pair_masks(["c1"], b, 7)[0]
-    assert not np.any(other == got[0])
+        assert np.array_equal(row, aes_ctr_words(secret, pair_nonce(a, 0), 7))
+        assert np.array_equal(clients[v]._pair_masks(["c0"], a, 7, 0)[0], row)
+    for other in (clients["c0"]._pair_masks(["c1"], b, 7, 0)[0],
+                  clients["c0"]._pair_masks(["c1"], a, 7, 1)[0]):
+        assert not np.any(other == got[0])
 
 
 def test_a_server_asking_one_neighbour_for_both_secrets_of_a_client_in_one_exchange_is_refused():
@@ -151,10 +153,11 @@ def test_an_exchange_does_no_key_agreement_and_the_setup_one_per_neighbour():
         run_exchange(server, clients, stats, 1, "estep", IDS)
         run_exchange(server, clients, stats, 2, "estep", IDS, drop=["c1"])
     assert len(calls) == 20
-    # the public keys: one X25519 key per client and one commitment per slot
+    # the public keys: one X25519 key per client, one commitment per slot, the set-up's nonce
     keys = clients["c0"].public_keys()
-    assert sorted(keys) == ["enc_key", "self_commit"]
-    assert keys["enc_key"].shape == (32,) and keys["self_commit"].shape == (4 * 32,)
+    assert sorted(keys) == ["enc_key", "nonce", "self_commit"]
+    assert keys["enc_key"].shape == keys["nonce"].shape == (32,)
+    assert keys["self_commit"].shape == (4 * 32,)
 
 
 def test_a_survivor_silent_at_the_reveal_next_to_a_dropped_client_is_named():

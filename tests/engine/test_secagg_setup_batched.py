@@ -24,6 +24,7 @@ from fedlatent.engine.secagg import (  # noqa: E402
     run_exchange,
     shamir,
 )
+from fedlatent.engine.secagg.driver import open_keys  # noqa: E402
 from fedlatent.engine.secagg.graph import MaskingGraph, graph_digest  # noqa: E402
 from fedlatent.engine.secagg.protocol import PAIR_TAG, pair_keys  # noqa: E402
 from fedlatent.engine.secagg.secure import SecureChannel  # noqa: E402
@@ -101,7 +102,8 @@ def test_a_clients_shares_in_one_array_open_by_row_and_a_bad_row_is_named():
     ids = [f"c{i}" for i in range(5)]
     cfg = config()
     cl = {u: SecAggClient(u, cfg) for u in ids}
-    roster = SecAggServer(cfg).collect_keys({u: c.public_keys() for u, c in cl.items()})
+    server = SecAggServer(cfg)
+    roster = server.collect_keys(open_keys(server, cl))
     for c in cl.values():
         c.receive_peer_keys(roster)
     peers, rows = cl["c1"].sealed_shares()

@@ -23,10 +23,20 @@ from fedlatent.engine.secagg import (  # noqa: E402
     setup,
     shamir,
 )
-from fedlatent.engine.secagg.client import share_context  # noqa: E402
+from fedlatent.engine.secagg.driver import open_keys  # noqa: E402
+from fedlatent.engine.secagg.enrol import share_context  # noqa: E402
 
 P = shamir.P31
 IDS = [f"c{i:02d}" for i in range(24)]
+
+
+@pytest.fixture(autouse=True)
+def small_graphs(monkeypatch):
+    """Graphs of degree 6 among 24 clients, which the library's bounds never choose: here the
+    bounds say (6, 4), so that the clients, which recompute them, accept the graph."""
+    import fedlatent.engine.secagg.graph as graph
+
+    monkeypatch.setattr(graph, "plus_parameters", lambda n, p, **kw: (6, 4))
 
 
 def config():
@@ -71,13 +81,13 @@ def test_a_relayed_roster_listing_a_member_twice_is_refused():
     for it: the last row read won, the neighbourhood's ids still matched."""
     server = SecAggServer(config())
     clients = {u: SecAggClient(u, config(), graph_commit=server.graph_commit) for u in IDS}
-    server.collect_keys({u: c.public_keys() for u, c in clients.items()})
+    server.collect_keys(open_keys(server, clients))
     msg = server.roster_for("c00")
     members = json.loads(msg["members"])
     other = [u for u in IDS if u not in members][0]
     row = server.roster.ids.index(other)
     msg["members"] = json.dumps(members + [members[-1]])
-    for f in ("enc_key", "self_commit"):  # the extra row: a non-neighbour's keys
+    for f in ("enc_key", "self_commit", "nonce"):  # the extra row: a non-neighbour's keys
         msg[f] = np.concatenate([msg[f], server.roster._tables[f][row:row + 1]])
     with pytest.raises(SecureAggregationError, match="client ids must be distinct strings"):
         clients["c00"].receive_peer_keys(msg)
@@ -86,7 +96,7 @@ def test_a_relayed_roster_listing_a_member_twice_is_refused():
 def test_shares_sealed_in_one_pass_open_one_by_one_to_the_dealt_shares():
     server = SecAggServer(config())
     clients = {u: SecAggClient(u, config(), graph_commit=server.graph_commit) for u in IDS}
-    server.collect_keys({u: c.public_keys() for u, c in clients.items()})
+    server.collect_keys(open_keys(server, clients))
     for u, c in clients.items():
         c.receive_peer_keys(server.roster_for(u))
     sender, c = "c05", clients["c05"]

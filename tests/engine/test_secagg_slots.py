@@ -58,7 +58,7 @@ def test_secrets_rebuilt_for_one_exchange_do_not_unmask_another():
     for v in IDS:
         if v == "c2":
             continue
-        m = clients[v]._pair_masks(["c2"], exchange_label(3, "estep"), n)[0]  # revealed
+        m = clients[v]._pair_masks(["c2"], exchange_label(3, "estep"), n, 2)[0]  # revealed
         known = known + m if "c2" < v else known - m
     guess = (y1["s"] - known).view(np.int64) / SCALE
     assert np.max(np.abs(guess - stats["c2"]["s"])) > 1e6  # still masked

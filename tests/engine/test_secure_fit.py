@@ -129,13 +129,15 @@ def test_same_seed_same_parameters_exactly_but_fresh_client_messages():
     for x, y in zip(ma, mb):
         assert sorted(x) == sorted(y) and all(np.asarray(v).dtype == np.uint64 for v in x.values())
         assert all((x[k] != y[k]).any() for k in x)  # fresh masks every run
-    # the history counts every byte of a round: masked replies and the reveal round trip
+    # the history counts every byte of a round: masked replies, the consistency round and the
+    # reveal
     from fedlatent.engine.protocol.messages import message_nbytes
 
     up: dict = {}
     log = runs[1][2]
     for (_, _, meth, down), (_, _, _, reply) in zip(log[::2], log[1::2]):
-        if meth == "estep" or (meth == "secagg" and down.get("step") == "reveal"):
+        if meth == "estep" or (meth == "secagg" and down.get("step") in ("consistency",
+                                                                          "reveal")):
             k = int(down["round"])
             up[k] = up.get(k, 0) + message_nbytes(reply)
     hist = b.history_.to_frame()

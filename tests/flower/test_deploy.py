@@ -7,7 +7,9 @@ time."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
 import time
 import tomllib
@@ -147,7 +149,7 @@ def test_cli_app_writes_the_run_config(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["nope"], "error: unknown model 'nope'; choose one of " + ", ".join(estimator_names())),
+        (["nope"], "error: unknown model 'nope'; registered: " + ", ".join(estimator_names())),
         (["gmm", "--params", "{n_components: 2}"], "error: --params is not valid JSON"),
         (["gmm", "--params", "[2]"], "error: --params must be a JSON object"),
         (["gmm", "--params", '{"n_components": 2, "colour": 1}'],
@@ -177,22 +179,42 @@ def test_cli_partition_writes_one_file_per_client_and_the_node_commands(tmp_path
     assert res.exit_code == 0, res.output
     files = sorted((tmp_path / "parts").glob("*.parquet"))
     assert len(files) == 3
+    cred = (tmp_path / "parts" / "credentials").resolve()
+    assert "--insecure" not in res.output  # TLS and SuperNode authentication by default
+    assert (f"flower-superlink --ssl-ca-certfile {cred}/certificates/ca.crt --ssl-certfile "
+            f"{cred}/certificates/server.pem --ssl-keyfile {cred}/certificates/server.key "
+            "--enable-supernode-auth --port 9000") in res.output
     for i, path in enumerate(files):
         fd = read_client_file(path)
         assert fd.client_ids == [f"s{i}"] and fd.feature_names == ["a", "c"]
         np.testing.assert_array_equal(fd[f"s{i}"].X, df.loc[df.site == f"s{i}", ["a", "c"]])
-        line = (f"flower-supernode --insecure --superlink 10.0.0.5:9000 --port {9094 + i} "
-                f"--node-config 'data-path=\"{path.resolve()}\"'")
+        assert f"flwr supernode register {cred}/keys/supernode-{i}.pub '<connection>'" \
+            in res.output
+        line = (f"flower-supernode --root-certificates {cred}/certificates/ca.crt "
+                f"--auth-supernode-private-key {cred}/keys/supernode-{i} --superlink "
+                f"10.0.0.5:9000 --port {9094 + i} --node-config 'data-path=\"{path.resolve()}\"'")
         assert line in res.output
+    # the SuperLink's certificate names the address the sites were told
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((cred / "certificates" / "server.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "10.0.0.5" in [str(a) for a in names.get_values_for_type(x509.IPAddress)]
+    insecure = invoke("partition", "--data", tmp_path / "d.csv", "--client", "site",
+                      "--out", tmp_path / "parts2", "--insecure")
+    assert insecure.exit_code == 0 and "flower-supernode --insecure" in insecure.output
+    assert "warning: --insecure: no TLS and no SuperNode authentication" in insecure.output
 
 
 @pytest.mark.parametrize(
     "data, extra, message",
     [
         ("empty", [], "holds no .parquet client files"),
-        ("table", [], "error: give --client COLUMN (or --clients N to split the rows)"),
-        ("table", ["--clients", 3, "--entity", "e"], "error: --entity needs --client"),
-        ("table", ["--clients", 0], "error: --clients must be between 1 and the 40 rows"),
+        ("table", [], "error: give --client COLUMN (or --split-rows N to split the rows)"),
+        # gmm has no entity level: --entity is not offered where it cannot work
+        ("table", ["--split-rows", 3, "--entity", "e"], "error: No such option '--entity'"),
+        ("table", ["--split-rows", 0], "error: --split-rows must be between 1 and the 40 rows"),
+        ("table", ["--clients", 0], "error: --split-rows must be between 1 and the 40 rows"),
         ("parts", ["--clients", 4], "error: --clients 4 but the data hold 2 clients"),
     ],
 )
@@ -307,8 +329,7 @@ DEPLOYED_MODELS = ("fedgmm", "gmm", "hlcr", "sec")
 
 #: the data sets the deployment's three nodes hold, one file each in the node's directory
 #: (data-path = the directory; an app's data-name picks the file)
-DEPLOYED = {**{n: CASES[n] for n in DEPLOYED_MODELS if n not in OWN_RUN}, "state": state_case,
-            "private": private_case}
+DEPLOYED = {**{n: CASES[n] for n in DEPLOYED_MODELS if n not in OWN_RUN}, "state": state_case}
 
 #: each SuperNode's site policy (``policy-path``): its own signing key (the ledger's anchor and
 #: its site states signed), DP ceilings and a lifetime budget per data set; the consortium pins
@@ -318,6 +339,7 @@ signing-key = "site-key.pem"
 [privacy]
 max-epsilon = 5.0
 lifetime-epsilon = 10.0
+lifetime-delta = 1e-5
 [sec]
 evaluate-others = true
 """
@@ -333,6 +355,47 @@ def site_policies(node_dirs):
         (d / "policy.toml").write_text(POLICY)
         paths.append(d / "policy.toml")
     return paths
+
+
+def pinned_policies(node_dirs, sites):
+    """Issue 37: the consortium pins a roster. Each node's policy is :data:`POLICY` with its
+    signing key and the roster of the three sites' keys (a deployed site refuses secure
+    aggregation without one); returns the policy paths."""
+    from fedlatent.engine.site.keys import Roster, SiteKeys
+
+    keys = {}
+    for d, c in zip(node_dirs, sites):
+        key = keys[c] = SiteKeys.generate()
+        key.save(d / "site-key.pem")
+    roster = Roster({c: k.public_key for c, k in keys.items()}).to_json()
+    policy = POLICY.replace("[site]\n", '[site]\nroster = "roster.json"\n')
+    for d in node_dirs:
+        (d / "roster.json").write_text(roster)
+        (d / "policy.toml").write_text(policy)
+    return [d / "policy.toml" for d in node_dirs]
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory):
+    """Three SuperNodes of a consortium that pins a roster (:func:`pinned_policies`), holding the
+    secure and private GMM's data: the deployment of secure aggregation against a cheating
+    server (the module's other deployment pins none, so SEC's learners evaluate unsigned
+    models)."""
+    pytest.importorskip("flwr")
+    from fedlatent.runtime.flower_local import LocalDeployment
+
+    root = tmp_path_factory.mktemp("pinned")
+    fd, _ = private_case()
+    node_dirs = [root / f"site-{i}" for i in range(3)]
+    for d, f in zip(node_dirs, client_files(fd, root / "data")):
+        d.mkdir()
+        f.replace(d / "private.parquet")
+    dep = LocalDeployment(node_dirs, workdir=root / "dep",
+                          policy_paths=pinned_policies(node_dirs, fd.client_ids))
+    with dep:
+        yield SimpleNamespace(dep=dep, node_dirs=node_dirs, root=root)
+        pids = dep.all_pids()
+    assert_all_gone(pids)
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +415,11 @@ def deployment(tmp_path_factory):
         assert fd.n_clients == 3
         for d, f in zip(node_dirs, client_files(fd, root / "data" / name)):
             f.replace(d / f"{name}.parquet")
-    dep = LocalDeployment(node_dirs, workdir=root / "dep", policy_paths=site_policies(node_dirs))
+    from fedlatent.runtime.flower_credentials import make_credentials
+
+    # TLS and SuperNode authentication, as a deployment runs (one spare key, never registered)
+    dep = LocalDeployment(node_dirs, workdir=root / "dep", policy_paths=site_policies(node_dirs),
+                          credentials=make_credentials(root / "credentials", 4))
     with dep:
         assert dep.startup_seconds > 0
         yield SimpleNamespace(dep=dep, node_dirs=node_dirs, root=root)
@@ -431,7 +498,7 @@ def _stop_and_resume(deployment, app, out, log_of):
 
 
 @pytest.fixture(scope="module")
-def runs(deployment):
+def runs(deployment, pinned):
     """The results of every run, all at once: on the module's deployment ``runs[name]`` for
     each case not in :data:`OWN_RUN` (its out-dir, or the exception), ``runs["failed"]`` (a
     server app that must fail) and ``runs["state"]`` (FedGMM stopped after round 2, then
@@ -461,11 +528,11 @@ def runs(deployment):
     failed, out["failed"] = app_for(deployment, "failed", "gmm", make())
     threads.append(_launch(results, "failed", lambda: run_app(
         failed, dep, overrides={"min-nodes": 5, "node-wait": 1.0}, timeout=300), out["failed"]))
-    # 3. the secure and private GMM under the sites' policies
+    # 3. the secure and private GMM under the sites' policies, which pin a roster
     _, make = private_case()
-    private, out["private"] = app_for(deployment, "private", "private", make())
-    threads.append(_launch(results, "private", lambda: run_app(private, dep, timeout=1500),
-                           out["private"]))
+    private, out["private"] = app_for(pinned, "private", "private", make())
+    threads.append(_launch(results, "private", lambda: run_app(private, pinned.dep,
+                                                               timeout=1500), out["private"]))
     # 4. one model per message flow
     apps = {}
     for name in sorted(set(DEPLOYED_MODELS) - set(OWN_RUN)):
@@ -476,10 +543,41 @@ def runs(deployment):
     for t in threads:
         t.join()
     dep.all_pids()  # every process seen is checked gone when the deployment stops
+    pinned.dep.all_pids()
     return SimpleNamespace(results=results, out=out, apps=apps)
 
 
 @pytest.mark.slow
+@pytest.mark.deployment
+def test_the_deployment_is_encrypted_and_admits_only_registered_supernodes(flwr, deployment):
+    """Issue 39: the SuperLink serves TLS only, and a SuperNode whose key was never registered
+    (or that does not speak TLS) is refused; the three registered ones joined."""
+    import subprocess
+
+    from fedlatent.runtime.flower_deployment import _flower_exe, free_port
+
+    dep = deployment.dep
+    assert "Uvicorn running on https://" in (dep.workdir / "superlink.log").read_text()
+    cred = dep.credentials
+    for name, security in (("unregistered", ["--root-certificates", str(cred.ca),
+                                             "--auth-supernode-private-key",
+                                             str(cred.node_keys[3])]),
+                           ("plain", ["--insecure"])):
+        log = deployment.root / f"intruder-{name}.log"
+        with log.open("wb") as fh:
+            p = subprocess.run(
+                [_flower_exe("flower-supernode"), *security, "--superlink", dep.address,
+                 "--port", str(free_port()), "--max-retries", "0", "--node-config",
+                 f'data-path="{deployment.node_dirs[0]}"'],
+                stdout=fh, stderr=subprocess.STDOUT, env=dep.env(deployment.root / name),
+                timeout=120)
+        assert p.returncode != 0 and "could not establish a connection to the SuperLink" \
+            in log.read_text(), log.read_text()[-2000:]
+    link = (dep.workdir / "superlink.log").read_text()
+    assert "No SuperNode found with the given public key" in link  # the unregistered one
+    assert len(set(re.findall(r"Activated node_id=(\d+)", link))) == 3  # the registered ones
+
+
 @pytest.mark.deployment
 def test_each_message_flow_on_one_deployment_equals_inprocess(flwr, runs):
     from fedlatent.runtime.flower import load_result
@@ -503,16 +601,22 @@ def test_each_message_flow_on_one_deployment_equals_inprocess(flwr, runs):
 @pytest.mark.slow
 @pytest.mark.deployment
 def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledger(
-        flwr, deployment, runs):
-    """Each SuperNode holds a policy file (node config ``policy-path``): a secure and
-    differentially private GMM runs end to end, every site's ledger (its anchor signed with the
-    site's key) records the plan's releases, and each ledger composes to the server's
-    ``privacy_spent_``; the site states it wrote are signed with its key."""
+        flwr, pinned, runs):
+    """Each SuperNode holds a policy file (node config ``policy-path``) naming its signing key
+    and the consortium's pinned roster: a secure and differentially private GMM runs end to end
+    (every site verifies its peers' signed keys, commits before the graph is drawn, confirms
+    its split before every reveal: issue 37; without the roster a deployed site refuses), every
+    site's ledger (its anchor signed with the site's key) records the plan's releases, and each
+    ledger composes to the server's ``privacy_spent_``; the site states it wrote are signed
+    with its key."""
     from fedlatent.engine.node.site_state import read_site_state
-    from fedlatent.engine.site import Ledger
+    from fedlatent.engine.site import Ledger, SitePolicy
     from fedlatent.engine.site.keys import Roster, SiteKeys
     from fedlatent.runtime.flower import load_result
 
+    deployment = pinned
+    for d in deployment.node_dirs:
+        assert SitePolicy.load(d / "policy.toml").roster == d / "roster.json"
     if isinstance(runs.results["private"], BaseException):
         raise runs.results["private"]
     with warnings.catch_warnings():
@@ -527,7 +631,10 @@ def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledge
         ledger = Ledger(d / "private.site", c, keys=key)  # chain and signed anchor verified
         assert [e["release"] for e in ledger.of("release")] == list(range(1, plan + 1))
         assert len(ledger.of("secagg-keys")) == 1 and ledger.of("refusal") == []
-        assert ledger.lifetime_epsilon("private.parquet", 1e-5) == pytest.approx(
+        # the budget is kept under the data file's content, not the server's data-name
+        dataset = "sha256:" + hashlib.sha256((d / "private.parquet").read_bytes()).hexdigest()
+        assert {e["dataset"] for e in ledger.of("release")} == {dataset}
+        assert ledger.lifetime_epsilon(dataset, 1e-5) == pytest.approx(
             est.privacy_spent_[0], rel=1e-9)
         state = read_site_state(d / "private.site", trust=Roster({c: key.public_key}))
         assert state.client_id == c

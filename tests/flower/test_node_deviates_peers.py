@@ -145,7 +145,7 @@ def _fit(grid, est, out, resume=False):
 def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, tmp_path):
     from fedlatent.runtime.flower import load_result
 
-    fd, policy = _private_fd(), SitePolicy(lifetime_epsilon=1.0)
+    fd, policy = _private_fd(), SitePolicy(lifetime_epsilon=1.0, lifetime_delta=DELTA)
     sites = [tmp_path / f"s{i}.site" for i in range(3)]
     with pytest.raises(Stop):  # the sites answered round 3, the server died before reading it
         _fit(Grid(fd, sites, policy, stop_at_round=3), _private_gmm(), tmp_path / "out")
@@ -153,7 +153,8 @@ def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, t
     est = load_result(tmp_path / "out")
     assert est.n_iter_ == 4 and est.flower_status_["resumed_from"] == 2
     # no private start again (moments, hard_stats): rounds 3 and 4 only
-    assert resumed.sent == ["describe"] * 3 + ["setup"] * 3 + ["estep"] * 6
+    assert resumed.sent == (["describe"] * 3 + ["settings"] * 3  # the floors announced
+                            + ["setup"] * 3 + ["estep"] * 6)
     plan = est.privacy_calibration_
     assert plan.releases == 6 and plan.epsilon == 1.0
     for i, site in enumerate(sites):
@@ -187,7 +188,7 @@ def test_a_killed_private_fit_resumes_on_the_node_within_its_plan(flower_task, t
 # ---- 2. substituted secure-aggregation keys --------------------------------------------------
 PEERS = ("c0", "a", "b")
 SECAGG = {"threshold": 2, "scale": 2.0**20, "bound": 10.0, "slots": 2, "run": "sa-1",
-          "round": 0}
+          "round": 0, "participation": 1.0}
 
 
 def _sited(tmp_path, cid, keys, roster=True):
@@ -216,6 +217,7 @@ def test_a_substituted_peer_key_aborts_the_node_naming_the_peer(tmp_path, forge,
         SecAggServer,
         SecureAggregationError,
     )
+    from fedlatent.engine.secagg.protocol import as_u8
 
     keys = {u: SiteKeys.generate() for u in PEERS}
     policy = _sited(tmp_path, "c0", keys)
@@ -231,14 +233,20 @@ def test_a_substituted_peer_key_aborts_the_node_naming_the_peer(tmp_path, forge,
              "run": "r1"}
     assert ERROR_KEY not in node("setup", setup)
     config = SecAggConfig(2, FixedPoint(scale=2.0**20, bound=10.0), slots=2)
-    announced = {"c0": node("secagg", {"step": "keys", **SECAGG})}
-    honest = {u: SecAggClient(u, config, run="sa-1").public_keys(signer=keys[u])
-              for u in ("a", "b")}
-    announced["a"] = honest["a"]
-    announced["b"] = SecAggClient("b", config, run="sa-1").public_keys()  # the server's own
-    if forge == "copied":
-        announced["b"]["signature"] = honest["b"]["signature"]
-    relayed = SecAggServer(config).collect_keys(announced)
+    peers = {u: SecAggClient(u, config, run="sa-1") for u in ("a", "b")}  # 'b': the server's
+    commits = {"c0": node("secagg", {"step": "keys", **SECAGG})}
+    commits.update({u: c.commitment() for u, c in peers.items()})
+    server = SecAggServer(config, run="sa-1")
+    close = server.collect_commitments(commits)
+    announced = {"c0": node("secagg", {"step": "open", "closed": as_u8(close["closed"]),
+                                       "n": close["n"]})}
+    announced["a"] = peers["a"].open(close["closed"], close["n"], signer=keys["a"])
+    announced["b"] = peers["b"].open(close["closed"], close["n"])  # the server's own keys
+    if forge == "copied":  # the real 'b' signs its own keys; the server copies the signature
+        real = SecAggClient("b", config, run="sa-1")
+        real.commitment()
+        announced["b"]["signature"] = real.open(close["closed"], 3, signer=keys["b"])["signature"]
+    relayed = server.collect_keys(announced)
     with pytest.raises(SecureAggregationError, match=rf"client 'c0': peer 'b' is not "
                                                      rf"authenticated: .*{why}"):
         node("secagg", {"step": "roster", **relayed})  # the ClientApp sends this back
@@ -255,6 +263,40 @@ def test_a_substituted_peer_key_aborts_the_node_naming_the_peer(tmp_path, forge,
     with pytest.raises(SecureAggregationError, match=r"call receive_peer_keys first"):
         node("estep", masked)
     assert not any(e["kind"] == "answer" for e in Ledger(site, "c0").entries)
+
+
+@pytest.mark.parametrize("lacks", ["no-policy", "a-key-but-no-roster"])
+def test_a_deployed_node_without_a_pinned_roster_refuses_secure_aggregation(tmp_path, lacks):
+    """Issue 37: without a roster of the consortium's keys the server could stand in for every
+    peer (its own commitments, keys and confirmations) and unmask the site's replies, as it did
+    on a node with no policy file (2.9e-10 in the issue); a deployed node now refuses the key
+    set-up, naming the fix, before any secret exists. With the roster it commits."""
+    from flwr.app import RecordDict
+
+    keys = {u: SiteKeys.generate() for u in PEERS}
+    policy = None if lacks == "no-policy" else _sited(tmp_path, "c0", keys, roster=False)
+    fd = fl.FederatedDataset.from_arrays(
+        {"c0": np.random.default_rng(0).normal(size=(40, 2)) * 3})
+    state = RecordDict()
+
+    def node(method, msg, policy=policy, site=tmp_path / "site"):
+        return _serve(fd, state, site, policy, method, msg)
+
+    setup = {"model": "gmm", "model_config": json.dumps(GMMModel(2, "full", 1e-6).get_config()),
+             "disclosure": policy_to_json(fl.DisclosurePolicy(count_scope="aggregate")),
+             "run": "r1"}
+    assert ERROR_KEY not in node("setup", setup)
+    with pytest.raises(ValueError, match=r"site 'c0' refuses secure aggregation: a deployed site "
+                       r"needs a pinned roster .*fedlatent site roster roster.json "
+                       r"SITE=DIR/site-key.pub"):
+        node("secagg", {"step": "keys", **SECAGG})
+    assert "fedlatent.secagg" not in state  # no secret was drawn
+    pinned = _sited(tmp_path / "pinned", "c0", keys)
+    state = RecordDict()
+    assert ERROR_KEY not in node("setup", setup, policy=pinned, site=tmp_path / "pinned" / "s")
+    reply = node("secagg", {"step": "keys", **SECAGG}, policy=pinned,
+                 site=tmp_path / "pinned" / "s")
+    assert sorted(reply) == ["commit"] and reply["commit"].shape == (32,)
 
 
 # ---- 3. injected SEC models ------------------------------------------------------------------

@@ -47,3 +47,15 @@ def test_secure_aggregation_on_the_flower_simulation_equals_inprocess(tmp_path):
         methods = {m["method"] for m in index}
         assert "secagg" in methods
         assert all(m["message"].get("query") != "kmeans" for m in index)  # sums only
+    # the simulated sites were given keys and a roster of them all (issue 37): each signed its
+    # keys for the set-up, and every round ran the consistency round before the reveal
+    from fedlatent.engine.site.keys import Roster
+
+    assert Roster.load(tmp_path / "keys" / "roster.json").sites == tuple(fd.client_ids)
+    steps = [m["message"].get("step") for m in index if m["method"] == "secagg"
+             and m["direction"] == "down"]
+    assert [steps.count(s) for s in ("keys", "open", "roster", "shares")] == [3] * 4
+    assert steps.count("consistency") == steps.count("reveal") >= 3 * 4  # every exchange
+    signed = [m for m in index if m["method"] == "secagg" and m["direction"] == "up"
+              and "signature" in m["message"]]
+    assert len(signed) == 3

@@ -28,7 +28,8 @@ def test_a_private_fit_on_the_simulation_with_a_policy_per_site_is_on_every_ledg
     for i, c in enumerate(fd.client_ids):
         f = tmp_path / f"policy-{i}.toml"
         f.write_text(f'[site]\nname = "{c}"\ndirectory = "ledger-{i}"\n'
-                     "[privacy]\nrequired = true\nmax-epsilon = 2.0\nlifetime-epsilon = 3.0\n")
+                     "[privacy]\nrequired = true\nmax-epsilon = 2.0\nlifetime-epsilon = 3.0\n"
+                     "lifetime-delta = 1e-5\n")
         policies[c] = f
     est = fl.FederatedGaussianMixture(2, max_rounds=2, random_state=3, federation=fl.Federation(
         privacy=fl.DifferentialPrivacy(2.0, 1e-5, clip=6.0)))
@@ -42,7 +43,7 @@ def test_a_private_fit_on_the_simulation_with_a_policy_per_site_is_on_every_ledg
         releases = ledger.of("release")
         assert [e["release"] for e in releases] == list(range(1, plan + 1))
         assert {e["site"] for e in ledger.entries} == {c}
-        dataset = releases[0]["dataset"]  # the node's data file: no data-name in a simulation
-        assert c in dataset
+        dataset = releases[0]["dataset"]  # the node's data file's content (issue 39)
+        assert dataset.startswith("sha256:") and len(dataset) == 7 + 64
         assert ledger.lifetime_epsilon(dataset, 1e-5) == pytest.approx(est.privacy_spent_[0],
                                                                        rel=1e-9)

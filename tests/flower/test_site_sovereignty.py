@@ -48,7 +48,7 @@ def test_a_secure_private_fit_with_signed_sites_then_a_fit_beyond_the_lifetime_b
         policies[c].write_text(
             f'[site]\nname = "{c}"\ndirectory = "site-{i}"\nsigning-key = "key-{i}.pem"\n'
             'roster = "roster.json"\n[secure-aggregation]\nrequired = true\n'
-            "[privacy]\nrequired = true\nlifetime-epsilon = 2.5\n")
+            "[privacy]\nrequired = true\nlifetime-epsilon = 2.5\nlifetime-delta = 1e-5\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
         est = simulate(_gmm(2.0), fd, workdir=tmp_path / "w1", num_cpus=2, policies=policies)

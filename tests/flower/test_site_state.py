@@ -347,8 +347,7 @@ def test_cli_app_refuses_two_seeds(tmp_path):
     res = invoke("app", "gmm", "--params", '{"n_components": 2, "random_state": 1}', "--seed", 2,
                  "--out", tmp_path / "app")
     assert res.exit_code == 2
-    assert ("error: --seed 2 and the random_state 1 of --params disagree; give the seed once"
-            in res.output)
+    assert "error: --seed 2 and --seed 1 of --params disagree; give it once" in res.output
     assert not (tmp_path / "app").exists()
 
 
@@ -456,7 +455,7 @@ def test_run_app_reports_every_round_while_it_waits(tmp_path):
 
 
 def test_flower_local_prints_one_line_per_round(capsys):
-    from fedlatent.cli.flower import _print_round
+    from fedlatent.cli.flower_run import _print_round
 
     _print_round({"round": 2, "last": {"objective": -1.25, "participants": 2,
                                        "missing": ["site-1"], "seconds": 3.5}})

@@ -69,14 +69,14 @@ def checkpoint_at(tmp_path, rounds=5, fd=None, est=None):
 def rewrite_checkpoint(ck, edit):
     """Rewrite checkpoint ``ck`` after ``edit(arrays, meta)``, its sha256 recomputed (a writer
     that is wrong, not a corrupted file)."""
-    from fedlatent.engine.fedem.checkpoint import META_ENTRY, _arrays_sha256
+    from fedlatent.engine.fedem.checkpoint import META_ENTRY, _checkpoint_sha256
 
     npz = Path(f"{ck}.npz")
     with np.load(npz, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     meta = json.loads(arrays.pop(META_ENTRY).tobytes())
     edit(arrays, meta)
-    meta["sha256"] = _arrays_sha256(arrays)
+    meta["sha256"] = _checkpoint_sha256(arrays, meta)
     arrays[META_ENTRY] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     np.savez(npz, **arrays)
 
@@ -115,8 +115,30 @@ def test_a_checkpoint_whose_arrays_and_metadata_are_of_different_rounds_is_refus
         mixed = {k: z[k] for k in z.files}
     mixed[META_ENTRY] = meta5  # round-6 arrays, round-5 settings
     np.savez(f"{ck}.npz", **mixed)
-    with pytest.raises(ValueError, match=r"ck\.npz: its arrays do not match the sha256 it "
-                                         r"records \(edited or corrupted\)"):
+    with pytest.raises(ValueError, match=r"ck\.npz: its arrays or metadata do not match the "
+                                         r"sha256 it records \(edited or corrupted\)"):
+        fit(gmm(), gmm_fd(), checkpoint=ck, resume=True)
+
+
+@pytest.mark.parametrize("edit", ["objective", "round"])
+def test_a_checkpoint_whose_metadata_was_edited_is_refused(tmp_path, edit):
+    """Issue 39: the history and round are under the checkpoint's sha256 (objectives edited to
+    12345 resumed before)."""
+    from fedlatent.engine.fedem.checkpoint import META_ENTRY
+
+    ck = checkpoint_at(tmp_path, 5)
+    with np.load(f"{ck}.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays[META_ENTRY].tobytes())
+    if edit == "objective":
+        for r in meta["history"]:
+            r["objective"] = 12345.0
+    else:
+        meta["round"], meta["history"] = 4, meta["history"][:4]
+    arrays[META_ENTRY] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(f"{ck}.npz", **arrays)
+    with pytest.raises(ValueError, match=r"ck\.npz: its arrays or metadata do not match the "
+                                         r"sha256 it records \(edited or corrupted\)"):
         fit(gmm(), gmm_fd(), checkpoint=ck, resume=True)
 
 

@@ -238,6 +238,9 @@ def test_partition_prints_each_id_on_its_own_line(tmp_path, sandbox):
     check()
     lines = res.stdout.splitlines()
     assert lines[0].startswith("wrote 3 client files")
-    # a comment line per client (the id as a JSON string), then its command: nothing else
-    assert [ln.startswith("# client ") for ln in lines[1:]] == [True, False] * 3
+    # the SuperLink's command and the registrations first (no id in them), then a comment
+    # line per client (the id as a JSON string) and its command: nothing else
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("# client "))
+    assert not any(i in ln for ln in lines[:first] for i in ("--evil", "new\\nline"))
+    assert [ln.startswith("# client ") for ln in lines[first:]] == [True, False] * 3
     assert '# client "new\\nline"' in res.stdout

@@ -156,16 +156,24 @@ def test_a_mini_batch_below_min_records_is_refused_before_anything_is_sent():
 
 
 def test_a_site_policy_can_be_tightened_by_the_server_never_loosened():
-    node = ClientNode("s", fl.FederatedDataset.from_arrays({"s": np.ones((4, 2))})["s"],
-                      disclosure=fl.DisclosurePolicy(min_records=5))
     from fedlatent.engine.privacy.enforce import policy_to_json
+    from fedlatent.engine.site import SitePolicy
 
+    data = fl.FederatedDataset.from_arrays({"s": np.ones((4, 2))})["s"]
     msg = {"model": "gmm", "model_config": json.dumps({"n_components": 1}),
            "disclosure": policy_to_json(OFF)}
+    # the node's own floor (here beside a relaxed site policy: the floor of the argument)
+    node = ClientNode("s", data, disclosure=fl.DisclosurePolicy(min_records=5),
+                      policy=SitePolicy.for_simulation())
     reply = node.handle("setup", msg)
     assert node.disclosure.min_records == 5
     assert re.search(r"client 's': refused by the disclosure policy: min_records=5 \(it holds "
-                     r"4 record\(s\)", reply[ERROR_KEY])
+                     r"fewer records", reply[ERROR_KEY])
+    # a node without a policy file: its default policy refuses the looser setup as a whole
+    reply = ClientNode("s", data).handle("setup", msg)
+    assert reply[ERROR_KEY].startswith("site 's' refused (disclosure): the server's disclosure "
+                                       "policy is looser than the site's floor: min_records=0 "
+                                       "(floor 3)")
     both = stricter(fl.DisclosurePolicy(tree_min_leaf=7), fl.DisclosurePolicy(min_records=4))
     assert (both.tree_min_leaf, both.min_records, both.allow_row_storing_learners) == (7, 4, False)
 
@@ -184,8 +192,8 @@ def test_a_reply_the_client_refuses_is_a_missing_client_with_its_reason_in_histo
     assert errors[0] == {}  # the initialization round is a full pass over its 40 rows
     for e in errors[1:]:
         assert set(e) == {"a"}
-        assert e["a"] == ("DisclosureRefused: client 'a': a mini-batch statistic is a sum over 4 "
-                          "record(s), fewer than min_records=5 (DataSHIELD nfilter.tab); it is "
+        assert e["a"] == ("DisclosureRefused: client 'a': a mini-batch statistic is a sum over "
+                          "fewer than min_records=5 records (DataSHIELD nfilter.tab); it is "
                           "not sent. Merge small clients or lower DisclosurePolicy(min_records="
                           "...); DisclosurePolicy.off() disables every rule")
     assert [r.participants for r in est.history_] == [3, 2, 2]
@@ -213,10 +221,10 @@ def test_small_client_is_refused_at_setup_under_the_default_policy(make, small):
     X = rows[0] if isinstance(rows, tuple) else rows
     rt = fl.InProcessRuntime(fd, record=True)
     with pytest.warns(SitesExcludedWarning, match=(
-            rf"client 'small': refused by the disclosure policy: min_records=3 \(it "
-            rf"holds {small} record\(s\).*Merge it with another client, or pass "
-            rf"Federation\(disclosure=DisclosurePolicy\(min_records={small}\)\) or "
-            rf"Federation\(disclosure=DisclosurePolicy.off\(\)\)")):
+            r"client 'small': refused by the disclosure policy: min_records=3 \(it "
+            r"holds fewer records.*Merge it with another client, or pass "
+            r"Federation\(disclosure=DisclosurePolicy\(min_records=...\)\) or "
+            r"Federation\(disclosure=DisclosurePolicy.off\(\)\)")):
         est = make(fl.DisclosurePolicy()).fit(fd, runtime=rt)
     assert list(est.excluded_clients_) == ["small"]  # left out; the others fitted
     sent = [rep for _, _, rep in _replies(rt.log, "small")]

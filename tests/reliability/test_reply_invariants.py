@@ -193,6 +193,9 @@ class FragileToy(FederatedModel):
     def stat_shapes(self, params):
         return {"s": params["mu"].shape}
 
+    def reply_numbers(self, data):
+        return None  # declared off: the toy's clients (3 rows and up) test the loop, not the rule
+
     def server_step(self, S, params, n_total):
         t = float(params["t"]) + 1
         if t >= self.fail_at:

@@ -120,6 +120,8 @@ TAMPER = {
     ("gmm", "non-triangular precision factor"): (
         "precisions_cholesky_", lambda a: a + np.tril(np.ones_like(a), -1),
         "field 'precisions_cholesky_' is not upper triangular"),
+    ("gmm", "string-typed means"): ("means_", lambda a: a.astype(str),  # issue 39
+                                    r"field 'means_' has dtype <U\d+, not numbers"),
     ("gmm", "wrong shape"): ("means_", lambda a: a[:1],
                              r"field 'means_' has shape \(1, 2\), the saved settings need "
                              r"\(2, 2\)"),
@@ -135,6 +137,8 @@ TAMPER = {
                                  "field 'weights_' has negative weights"),
     ("lcr", "non-positive variance"): ("noise_variance_", _set(0, -1.0),
                                        "field 'noise_variance_' has values <= 0"),
+    ("lcr", "text coefficients"): ("coef_", lambda a: a.astype(str),
+                                   r"field 'coef_' has dtype <U\d+, not numbers"),
     ("lcr", "wrong shape"): ("coef_", lambda a: np.hstack([a, a]),
                              r"field 'coef_' has shape \(2, 2\), the saved settings need "
                              r"\(2, 1\)"),

@@ -20,6 +20,7 @@ from .demo import demo
 from .experiment import experiment_app
 from .fit import fit_app
 from .flower import flower_app
+from .flower_run import local_app
 from .predict import predict, score
 from .site import site_app
 
@@ -54,6 +55,7 @@ app.command("predict")(predict)
 app.command("score")(score)
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
+flower_app.add_typer(local_app, name="local")
 app.add_typer(flower_app, name="flower")
 app.add_typer(site_app, name="site")
 

@@ -11,7 +11,6 @@ non-zero exit code (2; 1 for an unexpected error, which also says how to see its
 
 from __future__ import annotations
 
-import contextvars
 import difflib
 import os
 import sys
@@ -23,6 +22,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 from typer.core import TyperGroup
 
+from .options import CATEGORICAL_CHOICES, CATEGORICAL_HELP, HELP
+
 if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
@@ -30,24 +31,22 @@ if TYPE_CHECKING:
     from ..data.dataset import FederatedDataset
 
 __all__ = [
-    "CATEGORICAL",
+    "CATEGORICAL_CHOICES",
+    "CATEGORICAL_HELP",
+    "HELP",
     "ClientOpt",
     "CliGroup",
     "CommandGroup",
-    "ControlVariatesOpt",
     "DataOpt",
     "EntityOpt",
     "FeaturesOpt",
-    "MaxRoundsOpt",
     "OutDirOpt",
-    "ParticipationOpt",
     "ProgressOpt",
-    "QuantizeOpt",
     "SeedOpt",
-    "StepOpt",
     "TargetOpt",
     "fail",
     "file_order",
+    "frame_dataset",
     "load_dataset",
     "one_line",
     "read_frame",
@@ -58,58 +57,15 @@ __all__ = [
 ]
 
 # ---- options -------------------------------------------------------------------------------
-DataOpt = Annotated[
-    Path,
-    typer.Option("--data", help="CSV or Parquet file, one row per sample (per event for HLCR)."),
-]
-ClientOpt = Annotated[
-    str, typer.Option("--client", help="Column with the client (agent, learner) id of each row.")
-]
-FeaturesOpt = Annotated[
-    str | None,
-    typer.Option("--features", help="Comma-separated feature columns (default: all the others)."),
-]
-TargetOpt = Annotated[str | None, typer.Option("--target", help="Response (label) column.")]
-EntityOpt = Annotated[
-    str | None, typer.Option("--entity", help="Entity column (hierarchical data: HLCR).")
-]
-OutDirOpt = Annotated[
-    Path, typer.Option("--out", help="Output directory (model.npz/json, history.csv...).")
-]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of every random draw of the run.")]
-ParticipationOpt = Annotated[
-    float, typer.Option("--participation", help="Probability that a client takes part in a round.")
-]
-StepOpt = Annotated[
-    float, typer.Option("--step-size", help="Stochastic-approximation step (FedHLCR's gamma).")
-]
-QuantizeOpt = Annotated[
-    int | None, typer.Option("--quantize", help="Quantizer levels (compression); none by default.")
-]
-ControlVariatesOpt = Annotated[bool, typer.Option("--control-variates/--no-control-variates")]
-MaxRoundsOpt = Annotated[
-    int | None, typer.Option("--max-rounds", help="Rounds (iterations, sweeps) at most.")
-]
-ProgressOpt = Annotated[
-    bool | None,
-    typer.Option("--progress/--no-progress", help="Progress bars (default: on a terminal)."),
-]
-
-
-#: ``--categorical`` of the running ``fit`` command (every fit command gets the option:
-#: :class:`fedlatent.cli.fit.FitGroup`); :func:`load_dataset` reads it
-CATEGORICAL: contextvars.ContextVar[str | None] = contextvars.ContextVar("categorical",
-                                                                         default=None)
-#: ``--categorical-columns`` (None: every text, categorical or boolean feature)
-CATEGORICAL_COLUMNS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "categorical_columns", default=None)
-CATEGORICAL_CHOICES = ("onehot", "onehot-all")
-CATEGORICAL_HELP = ("Encode text, categorical and boolean feature columns as indicator columns "
-                    "'col=level': 'onehot' drops each column's first level (the reference, "
-                    "collinear with an intercept otherwise), 'onehot-all' keeps every level. The "
-                    "levels are agreed from each client's distinct labels (they cross: merge rare "
-                    "labels first); 'fedlatent predict' encodes with the same levels.")
-
+DataOpt = Annotated[Path, typer.Option("--data", help=HELP["data"])]
+ClientOpt = Annotated[str, typer.Option("--client", help=HELP["client"])]
+FeaturesOpt = Annotated[str | None, typer.Option("--features", help=HELP["features"])]
+TargetOpt = Annotated[str | None, typer.Option("--target", help=HELP["target"])]
+EntityOpt = Annotated[str | None, typer.Option("--entity", help=HELP["entity"])]
+OutDirOpt = Annotated[Path, typer.Option("--out", help=HELP["out"])]
+SeedOpt = Annotated[int, typer.Option("--seed", help=HELP["seed"] + " [default: 0]")]
+ProgressOpt = Annotated[bool | None, typer.Option("--progress/--no-progress",
+                                                   help=HELP["progress"])]
 
 # ---- the click underneath typer ---------------------------------------------------------------
 # typer < 0.26 runs on the click package, typer >= 0.26 on its own copy (typer._click, without
@@ -164,8 +120,50 @@ def _describe(err: BaseException) -> str:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    from .errors import cli_words
+
     name = "" if category is UserWarning else f"{category.__name__}: "
-    typer.echo(f"warning: {name}{one_line(message)}", err=True)
+    typer.echo(f"warning: {name}{cli_words(one_line(message))}", err=True)
+
+
+def _fail_library(err: BaseException) -> NoReturn:
+    """The ``error:`` line of a library error in the command line's words; a fit that stopped
+    naming several clients gets one line per client after it."""
+    from .errors import cli_words, fault_lines
+
+    faults = getattr(err, "faults", None)
+    if faults and len(faults) > 1:
+        head, *rest = fault_lines(one_line(_describe(err)), faults)
+        typer.echo(f"error: {head}", err=True)
+        for line in rest:
+            typer.echo(line, err=True)
+        raise typer.Exit(2)
+    fail(cli_words(_describe(err)))
+
+
+@contextmanager
+def _logged_warnings():
+    """While a command runs, fedlatent's WARNING log records (a site's refusal, a client left
+    out) print as ``warning:`` lines in the command line's words, unless logging is set up."""
+    import logging
+
+    logger = logging.getLogger("fedlatent")
+    if logger.handlers or logging.getLogger().handlers:
+        yield
+        return
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            from .errors import cli_words
+
+            typer.echo(f"warning: {cli_words(one_line(record.getMessage()))}", err=True)
+
+    handler = Lines(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 @contextmanager
@@ -175,7 +173,7 @@ def user_errors():
     ``FEDLATENT_DEBUG=1`` lets exceptions through (with their traceback).
     """
     debug = os.environ.get("FEDLATENT_DEBUG", "") not in ("", "0")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _logged_warnings():
         warnings.showwarning = _show_warning
         try:
             yield
@@ -194,35 +192,67 @@ def user_errors():
             if debug:
                 raise
             if _is_library_error(err):
-                fail(_describe(err))
+                _fail_library(err)
             fail(f"unexpected {type(err).__name__}: {_describe(err)} (rerun with "
                  "FEDLATENT_DEBUG=1 to see the traceback)", code=1)
 
 
-def _option_rows(cmd, ctx: typer.Context) -> list[tuple[str, str]]:
-    """The options' help records (typer escapes ``[default: ...]`` for rich: unescaped here)."""
-    rows = []
+def _help_rows(cmd, ctx: typer.Context) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``[("Arguments", rows), ("Options", rows)]``: every parameter's help record whole
+    (typer escapes ``[default: ...]`` for rich: unescaped here; an argument's own help, which
+    click leaves out, put back)."""
+    sections: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
     for param in cmd.get_params(ctx):
         record = param.get_help_record(ctx)
-        if record is not None:
-            rows.append((record[0], record[1].replace("\\[", "[")))
-    return rows
+        if record is None:
+            continue
+        name, text = record[0], record[1].replace("\\[", "[")
+        own = getattr(param, "help", None) or ""
+        if param.param_type_name == "argument" and own and own not in text:
+            text = f"{own}  {text}".strip()
+        sections["Arguments" if param.param_type_name == "argument" else "Options"].append(
+            (name, text))
+    return [(title, rows) for title, rows in sections.items() if rows]
+
+
+def _write_help_rows(cmd, ctx: typer.Context, formatter) -> None:
+    for title, rows in _help_rows(cmd, ctx):
+        with formatter.section(title):
+            formatter.write_dl(rows)
+
+
+def _declared_help(cmd, name: str) -> str | None:
+    """The help an argument ``name`` of ``cmd`` declares in its callback's signature (typer
+    0.20 on click 8.2+ loses it: click's constructor resets the help typer set first)."""
+    import inspect
+    import typing
+
+    fn = inspect.unwrap(cmd.callback) if cmd.callback is not None else None
+    if fn is None:
+        return None
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get(name)
+    except (NameError, TypeError):
+        hint = None
+    for meta in getattr(hint, "__metadata__", ()):
+        if getattr(meta, "help", None):
+            return meta.help
+    param = inspect.signature(fn).parameters.get(name)
+    return getattr(param.default, "help", None) if param is not None else None
 
 
 def plain_help(cmd):
     """``cmd`` with help written in full: wrapped to the terminal, never cut mid-word (typer's
-    rich tables shorten options and help text to fit)."""
+    rich tables shorten options and help text to fit), arguments with their help."""
     if getattr(cmd, "rich_markup_mode", None) is None:
         return cmd
     cmd.rich_markup_mode = None
+    for param in getattr(cmd, "params", []):
+        if param.param_type_name == "argument" and not getattr(param, "help", None):
+            param.help = _declared_help(cmd, param.name)
     if not isinstance(cmd, TyperGroup):
-        def format_options(ctx: typer.Context, formatter) -> None:
-            rows = _option_rows(cmd, ctx)
-            if rows:
-                with formatter.section("Options"):
-                    formatter.write_dl(rows)
-
-        cmd.format_options = format_options
+        cmd.format_options = lambda ctx, formatter: _write_help_rows(cmd, ctx, formatter)
+        cmd.format_arguments = lambda ctx, formatter: None  # click >= 8.5: in the rows above
     return cmd
 
 
@@ -241,10 +271,7 @@ class CommandGroup(TyperGroup):
         return None if cmd is None else plain_help(cmd)
 
     def format_options(self, ctx: typer.Context, formatter) -> None:
-        rows = _option_rows(self, ctx)
-        if rows:
-            with formatter.section("Options"):
-                formatter.write_dl(rows)
+        _write_help_rows(self, ctx, formatter)
         self.format_commands(ctx, formatter)
 
     def format_commands(self, ctx: typer.Context, formatter) -> None:
@@ -383,40 +410,51 @@ def _check_csv_header(path: Path, df: pd.DataFrame, sep: str) -> None:
 
 def load_dataset(path: Path, client: str, features: list[str] | str | None = None,
                  target: str | None = None, entity: str | None = None,
-                 categorical=None) -> tuple[pd.DataFrame, FederatedDataset]:
+                 categorical=None, categorical_columns: str | None = None,
+                 weight: str | None = None,
+                 formula: str | None = None) -> tuple[pd.DataFrame, FederatedDataset]:
     """The file's table and its federated dataset (DataValidationError names client and column).
 
     The dataset holds clients sorted by ``str(client id)``, each client's rows in file order;
     :func:`file_order` maps its rows back to the file's (its ``row_index`` is the file's row
-    numbers). ``categorical``: as ``FederatedDataset.from_pandas``; None: the running fit
-    command's ``--categorical`` (:data:`CATEGORICAL`). The frequency weights are the running
-    command's ``--weight`` column (:mod:`.vocabulary`), if any.
+    numbers). ``categorical``: as ``FederatedDataset.from_pandas`` (``--categorical``), with
+    ``categorical_columns`` the comma-separated columns it encodes; ``weight``: the column of
+    frequency weights (``--weight``); ``formula``: the design from a formula (``--formula``).
     """
+    df = read_frame(path)
+    return df, frame_dataset(df, client, features, target=target, entity=entity,
+                             categorical=categorical, categorical_columns=categorical_columns,
+                             weight=weight, formula=formula)
+
+
+def frame_dataset(df: pd.DataFrame, client: str, features: list[str] | str | None = None, *,
+                  target: str | None = None, entity: str | None = None, categorical=None,
+                  categorical_columns: str | None = None, weight: str | None = None,
+                  formula: str | None = None) -> FederatedDataset:
+    """The federated dataset of a table (:func:`load_dataset` of a table already read)."""
     from ..data.dataset import FederatedDataset
     from ..data.validation import DataValidationError
-    from .vocabulary import SHARED
 
-    df = read_frame(path)
     if isinstance(features, str):
         features = split_list(features)
-    columns = None
-    if categorical is None:
-        categorical = CATEGORICAL.get()
-        columns = split_list(CATEGORICAL_COLUMNS.get())
+    columns = split_list(categorical_columns)
     if columns is not None and categorical is None:
         fail("--categorical-columns needs --categorical onehot (or onehot-all)")
+    if formula is not None and categorical is not None:
+        fail("give either --formula or --categorical: a formula codes its categorical "
+             "variables itself (C(x), text columns)")
     try:
-        fd = FederatedDataset.from_pandas(df, client=client, features=features, target=target,
-                                          entity=entity, categorical=categorical,
-                                          categorical_columns=columns,
-                                          weight=(SHARED.get() or {}).get("weight"))
+        return FederatedDataset.from_pandas(df, client=client, features=features,
+                                            target=target, entity=entity,
+                                            categorical=categorical,
+                                            categorical_columns=columns, weight=weight,
+                                            formula=formula)
     except DataValidationError as err:  # the library's fix, said as the command line says it
         text = str(err)
         if "categorical='onehot'" in text:
             raise DataValidationError(text.replace("categorical='onehot'",
                                                    "--categorical onehot")) from None
         raise
-    return df, fd
 
 
 def file_order(df: pd.DataFrame, client: str) -> np.ndarray:

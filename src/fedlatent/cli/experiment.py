@@ -31,23 +31,27 @@ def _written(out: Path, before: dict[Path, int]) -> list[Path]:
 
 
 class ExperimentGroup(CommandGroup):
-    """One command per experiment, built when asked for (listing imports no experiment)."""
+    """One command per experiment, built when asked for (listing imports no experiment). The
+    commands are the experiments' names with hyphens, as options are spelled
+    (``fedem-toy``); the Python name (``fedem_toy``) works too."""
 
     what = "experiment"
 
     def list_commands(self, ctx: typer.Context) -> list[str]:
         from .. import experiments
 
-        return list(experiments.available())
+        return [name.replace("_", "-") for name in experiments.available()]
 
     def get_command(self, ctx: typer.Context, name: str) -> TyperCommand | None:
         from .. import experiments
 
-        cmd = super().get_command(ctx, name)
-        description = experiments.available().get(name)
+        spelled = name.replace("_", "-")
+        cmd = super().get_command(ctx, spelled)
+        description = experiments.available().get(spelled.replace("-", "_"))
         if cmd is None and description is not None:
-            cmd = _command(name, description)
-            self.add_command(cmd, name)
+            cmd = _command(spelled.replace("-", "_"), description, spelled)
+            self.add_command(cmd, spelled)
+            cmd = super().get_command(ctx, spelled)
         return cmd
 
 
@@ -57,17 +61,19 @@ experiment_app = typer.Typer(
 )
 
 
-def _command(name: str, description: str) -> TyperCommand:
+def _command(name: str, description: str, spelled: str) -> TyperCommand:
+    """The command ``spelled`` running ``fedlatent.experiments.<name>``."""
     sub = typer.Typer(add_completion=False)
 
-    @sub.command(name, help=f"{description}\n\nfedlatent.experiments.{name}(quick, out, "
+    @sub.command(spelled, help=f"{description}\n\nfedlatent.experiments.{name}(quick, out, "
                             "random_state): prints the table's first rows, writes NAME.csv "
                             "and plots to --out and names every file written.",
                  short_help=description)
     def run(
         *,
         quick: bool = typer.Option(False, "--quick", help="The small size used in tests."),
-        out: Path = typer.Option(Path("experiment-output"), "--out"),
+        out: Path = typer.Option(Path("experiment-output"), "--out",
+                                 help="Directory for NAME.csv and the plots."),
         seed: SeedOpt = 0,
         progress: ProgressOpt = None,
     ):

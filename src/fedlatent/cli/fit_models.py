@@ -1,270 +1,106 @@
-"""The hand-written ``fit`` commands: models whose options have their own names
-(``fit gmm --components``, ``fit fedgmm --learners``, ``fit hlcr --clusters``, ``fit sec
---candidates``) and whose summaries or extra files are their own. Each builds its estimator and
-calls the one path :func:`fedlatent.cli.fit.fit_and_save`; any other registered model gets the
-generic command of :mod:`fedlatent.cli.fit`.
+"""What a fit prints and writes beyond the model, per registered model: the summary lines
+of ``fedlatent fit`` and ``flower local`` (:func:`summary`; a model without its own gets the
+generic lines) and SEC's files (the similarity matrix, its heat map, the clusters:
+:func:`extra_files`). The options of every model come from its table
+(:mod:`fedlatent.cli.options`), never from here.
 """
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import typer
-
-from .common import (
-    ClientOpt,
-    ControlVariatesOpt,
-    DataOpt,
-    FeaturesOpt,
-    MaxRoundsOpt,
-    OutDirOpt,
-    ParticipationOpt,
-    ProgressOpt,
-    QuantizeOpt,
-    SeedOpt,
-    StepOpt,
-    TargetOpt,
-    fail,
-    load_dataset,
-    split_list,
-)
-from .fit import build_estimator, echo_written, fit_and_save, fit_app, make_federation, roles_of
-from .vocabulary import deprecated, number_or_auto
-
-__all__: list[str] = []  # the commands are registered on fit_app
+__all__ = ["extra_files", "summary"]
 
 
-_number_or_auto = number_or_auto
+def _converged(est) -> str:
+    return f"rounds: {getattr(est, 'n_iter_', '?')}  converged: {getattr(est, 'converged_', '?')}"
 
 
-def _count(components: str | None, old: str | None, old_flag: str, default=None):
-    """``--components`` or its deprecated spelling ``old_flag`` (with a warning)."""
-    if old is not None:
-        deprecated(old_flag, "--components/-k")
-        if components is not None and components != old:
-            fail(f"--components {components} and {old_flag} {old} disagree; give --components")
-        components = old
-    return default if components is None else components
+def _objective(est) -> float:
+    """``lower_bound_`` (the last round's mean objective), else (a model loaded from a file,
+    which keeps its history) the history's last objective."""
+    value = getattr(est, "lower_bound_", None)
+    if value is None:
+        history = getattr(est, "history_", None)
+        objective = getattr(history, "objective", None)
+        value = objective[-1] if objective is not None and len(objective) else float("nan")
+    return float(value)
 
 
-def _deprecated_option(flag: str):
-    return typer.Option(None, flag, hidden=True, help="Deprecated: --components.")
+def _size(est, n: tuple[int, int, int]) -> str:
+    return f"{type(est).__name__}: {n[0]} clients, {n[1]} samples, {n[2]} features"
 
 
-@fit_app.command("gmm")
-def fit_gmm(
-    *,
-    data: DataOpt,
-    client: ClientOpt,
-    features: FeaturesOpt = None,
-    components: str = typer.Option(..., "--components", "-k",
-                                   help="Number of components, or 'auto' (lowest BIC)."),
-    covariance_type: str = typer.Option("full", "--covariance-type"),
-    participation: ParticipationOpt = 1.0,
-    step_size: StepOpt = 1.0,
-    quant_levels: QuantizeOpt = None,
-    control_variates: ControlVariatesOpt = True,
-    max_rounds: MaxRoundsOpt = 100,
-    tol: float = typer.Option(1e-3, "--tol"),
-    seed: SeedOpt = 0,
-    out: OutDirOpt,
-    progress: ProgressOpt = None,
-):
-    """Fit a federated Gaussian mixture; write model.npz/json and history.csv to --out."""
+def _gmm(est, n) -> list[str]:
     import numpy as np
 
-    from ..models.gmm import FederatedGaussianMixture
-
-    _, fd = load_dataset(data, client, features)
-    fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
-    gm = build_estimator(FederatedGaussianMixture, dict(
-        n_components=_number_or_auto(components, "--components", int),
-        covariance_type=covariance_type, max_rounds=max_rounds,
-        tol=tol, federation=fed, random_state=seed, verbose=progress))
-    written = fit_and_save(gm, fd, out, roles_of("gmm", client, None, None))
-    typer.echo(
-        f"FederatedGaussianMixture: {fd.n_clients} clients, {fd.n_samples} samples, "
-        f"{fd.n_features} features, K={gm.n_components_} ({covariance_type})"
-    )
-    typer.echo(f"rounds: {gm.n_rounds_}  converged: {gm.converged_}  "
-               f"mean log-likelihood: {gm.lower_bound_:.6f}")
     with np.printoptions(precision=4, suppress=True):
-        typer.echo(f"weights: {gm.weights_}")
-    echo_written(out, written)
+        weights = f"weights: {est.weights_}"
+    return [f"{_size(est, n)}, K={est.n_components_} ({est.covariance_type})",
+            f"{_converged(est)}  mean log-likelihood: {_objective(est):.6f}", weights]
 
 
-@fit_app.command("fedgmm")
-def fit_fedgmm(
-    *,
-    data: DataOpt,
-    client: ClientOpt,
-    target: TargetOpt,
-    features: FeaturesOpt = None,
-    components: str = typer.Option(
-        None, "--components", "-k",
-        help="M1, the input components, or 'auto' (held-out log-likelihood); default 3."),
-    input_components: str | None = _deprecated_option("--input-components"),
-    learners: str = typer.Option("3", "--learners", help="M2, or 'auto' (one of the two)."),
-    covariance_type: str = typer.Option("full", "--covariance-type"),
-    reg_covar: float = typer.Option(1e-6, "--reg-covar"),
-    l2: float = typer.Option(1e-3, "--l2"),
-    learner_update: str = typer.Option("newton", "--learner-update", help="newton | average"),
-    covariance_aggregation: str = typer.Option("exact", "--covariance-aggregation",
-                                               help="exact | paper"),
-    participation: ParticipationOpt = 1.0,
-    step_size: StepOpt = 1.0,
-    quant_levels: QuantizeOpt = None,
-    control_variates: ControlVariatesOpt = True,
-    max_rounds: MaxRoundsOpt = 100,
-    tol: float = typer.Option(1e-4, "--tol"),
-    seed: SeedOpt = 0,
-    out: OutDirOpt,
-    progress: ProgressOpt = None,
-):
-    """Fit FedGMM; write the shared model, history.csv and one weights file per client."""
-    from ..models.fedgmm import FedGMM
-
-    _, fd = load_dataset(data, client, features, target)
-    fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
-    est = build_estimator(FedGMM, dict(
-        n_input_components=_number_or_auto(
-            _count(components, input_components, "--input-components", "3"), "--components", int),
-        n_learners=_number_or_auto(learners, "--learners", int),
-        covariance_type=covariance_type, reg_covar=reg_covar, l2=l2,
-        learner_update=learner_update, covariance_aggregation=covariance_aggregation,
-        federation=fed, max_rounds=max_rounds, tol=tol, random_state=seed, verbose=progress))
-    written = fit_and_save(est, fd, out, roles_of("fedgmm", client, target, None))
-    typer.echo(
-        f"FedGMM: {fd.n_clients} clients, {fd.n_samples} samples, {fd.n_features} features, "
-        f"M1={est.n_input_components_}, M2={est.n_learners_}, classes {est.classes_.tolist()}"
-    )
-    typer.echo(f"rounds: {est.n_rounds_}  converged: {est.converged_}  "
-               f"mean log h_c(x, y): {est.lower_bound_:.6f}")
-    echo_written(out, written)
+def _fedgmm(est, n) -> list[str]:
+    return [f"{_size(est, n)}, M1={est.n_input_components_}, M2={est.n_learners_}, classes "
+            f"{est.classes_.tolist()}",
+            f"{_converged(est)}  mean log h_c(x, y): {_objective(est):.6f}"]
 
 
-@fit_app.command("hlcr")
-def fit_hlcr(
-    *,
-    data: DataOpt,
-    client: ClientOpt,
-    entity: str = typer.Option(..., "--entity", help="Column with the entity id."),
-    target: TargetOpt,
-    features: FeaturesOpt = None,
-    components: str = typer.Option(None, "--components", "-k",
-                                   help="Number of clusters K, or 'auto' (held-out likelihood)."),
-    clusters: str | None = _deprecated_option("--clusters"),
-    alpha: float = typer.Option(1.0, "--alpha"),
-    beta: float = typer.Option(1.0, "--beta"),
-    delta: str = typer.Option("auto", "--delta", help="Prior std of the coefficients or 'auto'."),
-    sigma: str = typer.Option("auto", "--sigma", help="Noise std (> 0) or 'auto' (estimated)."),
-    solver: str = typer.Option("federated", "--solver", help="federated | gibbs"),
-    max_rounds: MaxRoundsOpt = 100,
-    max_iter: int | None = typer.Option(None, "--max-iter", hidden=True,
-                                        help="Deprecated: --max-rounds."),
-    participation: ParticipationOpt = 1.0,
-    step_size: StepOpt = 1.0,
-    quant_levels: QuantizeOpt = None,
-    control_variates: ControlVariatesOpt = False,
-    fit_intercept: bool = typer.Option(True, "--intercept/--no-intercept"),
-    seed: SeedOpt = 0,
-    out: OutDirOpt,
-    progress: ProgressOpt = None,
-):
-    """Fit HLCR (gibbs) or FedHLCR (federated); write model.npz/json and history.csv."""
+def _hlcr(est, n) -> list[str]:
     import numpy as np
 
-    from ..models.hlcr import HLCR
-
-    if max_iter is not None:
-        warnings.warn("--max-iter is deprecated; use --max-rounds", FutureWarning, stacklevel=1)
-        max_rounds = max_iter
-    clusters = _count(components, clusters, "--clusters")
-    if clusters is None:
-        fail("fit hlcr needs --components K (the number of clusters, or 'auto')")
-    _, fd = load_dataset(data, client, features, target=target, entity=entity)
-    fed = make_federation(participation, step_size, quant_levels, control_variates, seed)
-    n_clusters = _number_or_auto(clusters, "--components", int)
-    est = build_estimator(HLCR, dict(
-        # --clusters auto: the held-out choice of K (without the random intercept), as before
-        # HLCR's own default became the WAIC choice with it (issue 24)
-        **({"random_intercept": False} if n_clusters == "auto" else {}),
-        n_clusters=n_clusters, alpha=alpha, beta=beta,
-        delta=_number_or_auto(delta, "--delta"), sigma=_number_or_auto(sigma, "--sigma"),
-        solver=solver,
-        max_rounds=max_rounds, federation=fed, fit_intercept=fit_intercept, random_state=seed,
-        verbose=progress))
-    written = fit_and_save(est, fd, out, roles_of("hlcr", client, target, entity))
-    typer.echo(
-        f"HLCR ({solver}): {fd.n_clients} agents, {len(est.labels_)} agent-entity pairs, "
-        f"{fd.n_samples} events, {fd.n_features} features, K={est.n_clusters_}, "
-        f"sigma={est.sigma_:.4g}"
-    )
-    typer.echo(f"iterations: {est.n_rounds_}  converged: {est.converged_}  "
-               f"training MSE: {est.history_.train_mse[-1]:.6g}")
+    mse = getattr(getattr(est, "history_", None), "train_mse", None)
     with np.printoptions(precision=4, suppress=True):
-        typer.echo(f"entities per cluster: {est.cluster_counts_}")
-    echo_written(out, written)
+        counts = f"entities per cluster: {est.cluster_counts_}"
+    return [f"HLCR ({est.solver}): {n[0]} agents, {len(est.labels_)} agent-entity pairs, "
+            f"{n[1]} events, {n[2]} features, K={est.n_clusters_}, sigma={est.sigma_:.4g}",
+            f"iterations: {est.n_iter_}  converged: {est.converged_}"
+            + (f"  training MSE: {mse[-1]:.6g}" if mse is not None and len(mse) else ""),
+            counts]
 
 
-@fit_app.command("sec")
-def fit_sec(
-    *,
-    data: DataOpt,
-    client: ClientOpt,
-    target: TargetOpt,
-    features: FeaturesOpt = None,
-    components: int = typer.Option(None, "--components", "-k",
-                                   help="Number of clusters (default: chosen from the data)."),
-    clusters: int | None = _deprecated_option("--clusters"),
-    candidates: str = typer.Option(
-        "default", "--candidates",
-        help="A candidate set (default, fairness, table2-1...) or comma-separated names "
-             "(lasso_cv, rf, linear, ridge, enet, lars, knn, svr, gb, mlp)."),
-    k_selection: str = typer.Option("penalty", "--k-selection", help="penalty or gap."),
-    max_clusters: int = typer.Option(None, "--max-clusters",
-                                     help="Largest K considered (default: round(sqrt(2 L)))."),
-    standardize: bool = typer.Option(True, "--standardize/--no-standardize",
-                                     help="Standardize X and y within each learner."),
-    n_jobs: int = typer.Option(None, "--n-jobs", help="Threads for the exchange."),
-    seed: SeedOpt = 0,
-    out: OutDirOpt,
-):
-    """Cluster learners by their X -> y relationship (SEC); write the model and similarities.
+def _sec(est, n) -> list[str]:
+    how = " (given)" if est.n_clusters is not None else f" ({est.k_selection})"
+    lines = [f"SEC: {len(est.learner_ids_)} learners, {n[1]} samples, {n[2]} features; "
+             f"K = {est.n_clusters_}{how}"]
+    lines += [f"cluster {k} ({len(members)}): {', '.join(map(str, members))}"
+              for k, members in est.clusters().items()]
+    return lines
 
-    Writes model.npz/json, the similarity matrix (similarity.csv), a heat map (similarity.png)
-    and the labels (clusters.csv).
-    """
-    import pandas as pd
 
-    from ..models.sec import CANDIDATE_SETS, SEC
+_SUMMARIES: dict[str, Callable[[Any, tuple[int, int, int]], list[str]]] = {
+    "gmm": _gmm, "fedgmm": _fedgmm, "hlcr": _hlcr, "sec": _sec}
 
-    clusters = _count(components, clusters, "--clusters")
-    _, fd = load_dataset(data, client, features, target=target)
-    names = split_list(candidates) or ["default"]
-    spec = names[0] if len(names) == 1 and names[0] in CANDIDATE_SETS else names
-    sec = build_estimator(SEC, dict(
-        candidates=spec, n_clusters=clusters, k_selection=k_selection, max_clusters=max_clusters,
-        standardize=standardize, n_jobs=n_jobs, random_state=seed))
+
+def summary(name: str, est, n_clients: int, n_samples: int, n_features: int) -> list[str]:
+    """The lines a fit of model ``name`` prints: the data's size and the model's own (rounds,
+    convergence, the fitted sizes); a model without its own lines gets the generic ones."""
+    n = (n_clients, n_samples, n_features)
+    own = _SUMMARIES.get(name)
+    if own is not None:
+        return own(est, n)
+    return [_size(est, n)] + ([_converged(est)] if hasattr(est, "n_iter_") else [])
+
+
+def extra_files(name: str, est) -> Callable[[Path], list[str]] | None:
+    """``write(directory) -> names`` of the model's own files (SEC's), or None."""
+    if name != "sec":
+        return None
 
     def write_sec_files(where: Path) -> list[str]:  # inside fit_and_save's all-or-nothing dir
-        ids = sec.learner_ids_
-        pd.DataFrame(sec.similarity_, index=ids, columns=ids).to_csv(where / "similarity.csv")
-        pd.DataFrame({"learner": ids, "cluster": sec.labels_, "selected": sec.selected_,
-                      "n_samples": sec.n_samples_, "in_sample_mse": sec.errors_}).to_csv(
+        import pandas as pd
+
+        ids = est.learner_ids_
+        pd.DataFrame(est.similarity_, index=ids, columns=ids).to_csv(where / "similarity.csv")
+        pd.DataFrame({"learner": ids, "cluster": est.labels_, "selected": est.selected_,
+                      "n_samples": est.n_samples_, "in_sample_mse": est.errors_}).to_csv(
             where / "clusters.csv", index=False)
-        _similarity_heatmap(sec, where / "similarity.png")
+        _similarity_heatmap(est, where / "similarity.png")
         return ["similarity.csv", "similarity.png", "clusters.csv"]
 
-    written = fit_and_save(sec, fd, out, roles_of("sec", client, target, None),
-                           extra=write_sec_files)
-    ids = sec.learner_ids_
-    typer.echo(f"SEC: {len(ids)} learners, {fd.n_samples} samples, {fd.n_features} features; "
-               f"K = {sec.n_clusters_}" + (" (given)" if clusters else f" ({k_selection})"))
-    for k, members in sec.clusters().items():
-        typer.echo(f"cluster {k} ({len(members)}): {', '.join(members)}")
-    echo_written(out, written)
+    return write_sec_files
 
 
 def _similarity_heatmap(sec, path: Path) -> None:

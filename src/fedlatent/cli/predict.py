@@ -105,6 +105,13 @@ def _dataset(est, df, roles: dict[str, Any], target: str | None,
     from ..data.categorical import CategoricalEncoding
     from ..data.dataset import FederatedDataset
 
+    formula = getattr(est, "formula_", None)
+    if formula is not None:  # the fit's formula, with the levels agreed at fit
+        fd = FederatedDataset.from_pandas(
+            df, client=roles["client"], features=list(formula.extra) or None, target=target,
+            entity=roles.get("entity"), formula=formula)
+        fd.refuse_missing("drop or impute them before predicting")
+        return fd
     features = [str(f) for f in est.feature_names_in_]
     encoding = None
     if roles.get("categorical") is not None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pandas is imported where a table is read or written (it is 
     import pandas as pd
 
     from .categorical import CategoricalEncoding  # (annotations only; frame.py encodes)
+    from .formula import FormulaDesign  # (annotations only; frame.py builds it)
 
 from .client import ClientData, client_row_order
 
@@ -84,6 +85,8 @@ class FederatedDataset(DatasetShape):
     weight_name : str or None
         The frequency-weight column (``from_pandas(..., weight=...)``); each client's weights
         are its ``ClientData.weight`` (:mod:`fedlatent.data.weights`). None: unweighted.
+    formula : FormulaDesign or None
+        The formula the features were built from (``from_pandas(..., formula=...)``).
     """
 
     clients: dict[str, ClientData]
@@ -94,6 +97,7 @@ class FederatedDataset(DatasetShape):
     source_index: pd.Index | None = field(default=None, repr=False, compare=False)
     encoding: CategoricalEncoding | None = field(default=None, repr=False, compare=False)
     weight_name: str | None = None
+    formula: FormulaDesign | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_client_ids(self.clients)  # 1 and "1" would merge below
@@ -130,6 +134,7 @@ class FederatedDataset(DatasetShape):
         handle_unknown: str = "error",
         categorical_columns: Sequence[str] | None = None,
         weight: str | None = None,
+        formula: str | FormulaDesign | None = None,
     ) -> FederatedDataset:
         """From a long table with one row per sample and a client column.
 
@@ -170,11 +175,20 @@ class FederatedDataset(DatasetShape):
             row twice). Disclosure thresholds still count rows (records of positive weight),
             not weights. Refused: negative, NaN or infinite weights, and a client whose
             weights are all zero (:mod:`fedlatent.data.weights`).
+        formula : str, FormulaDesign or None
+            A Wilkinson formula (``"y ~ x1 + C(sex) + x1:x2"``, and ``"y ~ x | z"`` for
+            concomitant variables z): the features are its design (no intercept column: the
+            model adds its own), the target its response, categorical variables coded
+            against levels agreed across clients as ``categorical="onehot"`` agrees them
+            (:mod:`fedlatent.data.formula`; needs the ``formula`` extra). ``features`` then
+            names columns kept as they are beside the design (an offset, trials), and
+            ``categorical`` must be None. A FormulaDesign (``fd_train.formula``) codes new
+            data with the training levels.
         """
         from .frame import frame_parts
 
         return cls(**frame_parts(df, client, features, target, entity, categorical,
-                                 handle_unknown, categorical_columns, weight))
+                                 handle_unknown, categorical_columns, weight, formula))
 
     @classmethod
     def read_table(
@@ -189,10 +203,12 @@ class FederatedDataset(DatasetShape):
         handle_unknown: str = "error",
         categorical_columns: Sequence[str] | None = None,
         weight: str | None = None,
+        formula: str | FormulaDesign | None = None,
         **read_kwargs,
     ) -> FederatedDataset:
         """Read a CSV (``.csv``, ``.csv.gz``, ``.tsv``) or Parquet (``.parquet``, ``.pq``) file
-        (``categorical``, ``handle_unknown``, ``weight``: as in :meth:`from_pandas`)."""
+        (``categorical``, ``handle_unknown``, ``weight``, ``formula``: as in
+        :meth:`from_pandas`)."""
         import pandas as pd
 
         path = os.fspath(path)
@@ -211,7 +227,8 @@ class FederatedDataset(DatasetShape):
             )
         return cls.from_pandas(df, client=client, features=features, target=target, entity=entity,
                                categorical=categorical, handle_unknown=handle_unknown,
-                               categorical_columns=categorical_columns, weight=weight)
+                               categorical_columns=categorical_columns, weight=weight,
+                               formula=formula)
 
     # -- validation -----------------------------------------------------------------------------
     def validate(self) -> None:
@@ -350,7 +367,7 @@ class FederatedDataset(DatasetShape):
                                           f"{self.target_name or 'y'!r} is missing); remove it")
         return FederatedDataset(clients, list(self.feature_names), self.target_name,
                                 self.entity_name, source_index=self.source_index,
-                                encoding=self.encoding)
+                                encoding=self.encoding, formula=self.formula)
 
     @property
     def has_target(self) -> bool:
@@ -380,7 +397,7 @@ class FederatedDataset(DatasetShape):
         """A dataset of other clients (or rows) of the same table: names, index, encoding."""
         return FederatedDataset(clients, self.feature_names, self.target_name, self.entity_name,
                                 source_index=self.source_index, encoding=self.encoding,
-                                weight_name=self.weight_name)
+                                weight_name=self.weight_name, formula=self.formula)
 
     def subset(self, client_ids: Sequence[str]) -> FederatedDataset:
         return self._like({str(c): self.clients[str(c)] for c in client_ids})

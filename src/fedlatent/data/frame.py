@@ -194,13 +194,13 @@ def _client_data(cid: str, rows: np.ndarray, Xall: np.ndarray, cols: dict[str, A
 def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
                 target: str | None, entity: str | None, categorical: Any = None,
                 handle_unknown: str = "error", categorical_columns: Any = None,
-                weight: str | None = None) -> dict[str, Any]:
+                weight: str | None = None, formula: Any = None) -> dict[str, Any]:
     """The keyword arguments of the :class:`FederatedDataset` of a long table.
 
     Returns a dict with ``clients`` (id -> ClientData, each with its rows' positions in the
     table and, with ``weight``, their frequency weights), ``feature_names``, ``target_name``,
     ``entity_name``, ``weight_name``, ``source_index`` (the table's index) and ``encoding``
-    (None without ``categorical``).
+    (None without ``categorical``), and ``formula`` (the FormulaDesign, None without one).
     """
     import pandas as pd
 
@@ -216,6 +216,9 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
     df = df.copy()
     df.columns = columns
     df.index = pd.RangeIndex(len(df))
+    if formula is not None:
+        return _formula_parts(df, columns, client, features, target, entity, categorical,
+                              weight, formula, source_index)
     if features is None and isinstance(categorical, CategoricalEncoding) and categorical.features:
         features = list(categorical.features)  # encode new data as the training data were
     features = _check_roles(df, columns, client, features, target, entity, weight)
@@ -236,6 +239,16 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
         Xall = df[features].to_numpy(dtype=np.float64)
     else:
         Xall, names = encode_columns(df, features, encoding, where, handle_unknown)
+    return _assemble(df, Xall, names, target, entity, weight, (order, bounds, uniq),
+                     {"source_index": source_index, "encoding": encoding})
+
+
+def _assemble(df, Xall, names, target, entity, weight, rows, extra) -> dict[str, Any]:
+    """The dataset's arguments from the table's feature matrix ``Xall`` (``rows``: the
+    clients' row order, bounds and ids; ``extra``: more arguments)."""
+    import pandas as pd
+
+    order, bounds, uniq = rows
     cols = {"y": target, "entity": entity, "weight": weight}
     values = {k: None if c is None else df[c].to_numpy() for k, c in cols.items()}
     clients = {str(cid): _client_data(str(cid), order[bounds[j]:bounds[j + 1]], Xall, values,
@@ -244,5 +257,42 @@ def frame_parts(df: pd.DataFrame, client: str, features: Sequence[str] | None,
     if entity is not None:  # 1 and "1" would pool into one entity
         check_entity_ids(pd.unique(df[entity]), where=f"entity column {entity!r}: ")
     return {"clients": clients, "feature_names": names, "target_name": target,
-            "entity_name": entity, "source_index": source_index, "encoding": encoding,
-            "weight_name": weight}
+            "entity_name": entity, "weight_name": weight, **extra}
+
+
+def _formula_parts(df, columns, client, features, target, entity, categorical, weight, formula,
+                   source_index) -> dict[str, Any]:
+    """:func:`frame_parts` of a formula: the design's columns (and ``features``, kept as they
+    are) as the features, the formula's response as the target."""
+    from .client import client_row_order
+    from .formula import formula_design
+
+    if categorical is not None:
+        raise DataValidationError("give either formula= or categorical=, not both: a formula "
+                                  "codes its categorical variables itself (C(x), text columns)")
+    spec = getattr(formula, "target", None) if not isinstance(formula, str) else None
+    extra = [] if features is None else ([features] if isinstance(features, str)
+                                          else [str(f) for f in features])
+    _check_roles(df, columns, client, extra or None, target, entity, weight)
+    ids = _client_keys(df, client)
+    where = _client_of_row(df, client)
+    uniq, order, bounds = client_row_order(ids.to_numpy())
+    row_client = np.empty(len(df), dtype=np.intp)
+    row_client[order] = np.repeat(np.arange(len(uniq)), np.diff(bounds))
+    _numeric_features(df, extra, set(), where)
+    design, Xall = formula_design(df, formula, row_client, uniq, extra, where)
+    response = design.target if spec is None else spec
+    if target is not None and response is not None and target != response:
+        raise DataValidationError(f"target={target!r} but the formula's response is "
+                                  f"{response!r}; leave target out (the formula names it)")
+    if target is None and spec is not None and response not in columns:
+        response = None  # new data coded with a fit's design: the response may be absent
+    target = target or response
+    if target is not None:
+        if target not in columns:
+            raise DataValidationError(f"the formula's response {target!r} is not in the data; "
+                                      f"available columns: {columns}")
+        df[target] = frame_column(df[target], target, where, "target column",
+                                  "encode it as numbers")
+    return _assemble(df, Xall, design.feature_names, target, entity, weight,
+                     (order, bounds, uniq), {"source_index": source_index, "formula": design})

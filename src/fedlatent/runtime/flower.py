@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,16 @@ def run_config_for(estimator, *, out_dir, min_nodes: int, round_timeout: float =
     }
 
 
+def _recorded(caught) -> list[dict[str, str]]:
+    """The warnings of a fit as ``{"category", "message"}`` (each emitted again, as the fit
+    would have)."""
+    out = []
+    for w in caught:
+        out.append({"category": w.category.__name__, "message": str(w.message)})
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out
+
+
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=1, default=float))
@@ -336,9 +347,12 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
                         record.objective, record.participants,
                         f", missing {record.missing}" if record.missing else "")
 
-        # a fault keeps the last good round in out-dir/checkpoint.npz
-        est.fit(rd, runtime=rt, callbacks=[on_round], progress=False,
-                checkpoint=out / "checkpoint", checkpoint_every=1, resume=resume)
+        # a fault keeps the last good round in out-dir/checkpoint.npz; the fit's warnings
+        # (ConvergenceWarning...) are recorded for whoever reads the result
+        with warnings.catch_warnings(record=True) as caught:
+            est.fit(rd, runtime=rt, callbacks=[on_round], progress=False,
+                    checkpoint=out / "checkpoint", checkpoint_every=1, resume=resume)
+        status["warnings"] = _recorded(caught)
         status["fit_seconds"] = time.perf_counter() - t_fit
         est.save(out / "model")
         hist = getattr(est, "history_", None)
@@ -352,6 +366,8 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
     except BaseException as err:  # noqa: BLE001 - reported in status.json, then re-raised
         status["status"] = "error"
         status["error"] = f"{type(err).__name__}: {err}"
+        if getattr(err, "faults", None):  # each client's reason, whole (the message names 10)
+            status["faults"] = {str(c): str(why) for c, why in err.faults.items()}
         raise
     finally:
         status["total_seconds"] = time.perf_counter() - t_start
@@ -425,7 +441,9 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
     estimator loaded from what the server app saved; ``est.flower_status_`` has the timings
     (``startup_seconds``, ``seconds_per_round``, ``total_seconds``). ``round_timeout``: seconds
     to wait for the replies to one exchange, and for the nodes' first answers. ``policies``: a site
-    policy file per client id (``{client: path}``), as a SuperNode's ``policy-path``.
+    policy file per client id (``{client: path}``), as a SuperNode's ``policy-path``. Every
+    simulated site gets a signing key and the roster of them all in ``workdir`` (for secure
+    aggregation; a site whose policy pins a roster keeps its own).
     """
     import tempfile
 
@@ -449,10 +467,13 @@ def simulate(estimator, fd, *, workdir=None, round_timeout: float = 600.0, recor
                "init_args": {"num_cpus": ncpu, "include_dashboard": False,
                              "log_to_driver": bool(verbose)}}
     t0 = time.perf_counter()
+    from .flower_site import provision
+
     run_engine(make_server_app(config),
                make_client_app([str(files[c]) for c in fd.client_ids],
                                None if policies is None else [str(policies.get(c, "") or "")
-                                                              for c in fd.client_ids]),
+                                                              for c in fd.client_ids],
+                               identities=provision(fd.client_ids, work / "keys")),
                fd.n_clients, backend, verbose=verbose)
     est = load_result(out)
     est.flower_status_["wall_seconds"] = time.perf_counter() - t0

@@ -104,10 +104,11 @@ so **fedlatent must already be installed** (with the Flower extra: `pip install
 otherwise fail the run with code 608 while trying to install them).
 
 Each SuperNode names its data file, one Parquet file per client written by
-`fedlatent flower partition`:
+`fedlatent flower partition`, and connects over TLS with its own registered key (the
+credentials `fedlatent flower credentials` or `flower partition` made; docs/flower.md):
 
-    flower-supernode --insecure --superlink HOST:PORT --port 9094 \\
-        --node-config 'data-path="/abs/path/client.parquet"'
+    flower-supernode --root-certificates ca.crt --auth-supernode-private-key supernode-3 \\
+        --superlink HOST:PORT --port 9094 --node-config 'data-path="/abs/path/client.parquet"'
 
 Each site keeps its private state (FedGMM's mixture weights, control variates...) in its
 site directory, written atomically after every round it takes part in: `site-dir="/abs/dir"`

@@ -1,5 +1,10 @@
 """The processes of a loopback Flower deployment: a SuperLink and one SuperNode per data file.
 
+With ``credentials`` (:mod:`fedlatent.runtime.flower_credentials`) the deployment runs as a real
+one should: TLS between every SuperNode and the SuperLink, and Flower's SuperNode authentication
+(the SuperLink admits only the SuperNodes whose public keys were registered with ``flwr
+supernode register``). Without them it runs insecure, on loopback only, and says so.
+
 Every process is started in its own session and gets an environment tag; on exit the deployment
 stops supernodes first, then the superlink (SIGTERM, then SIGKILL after a grace period), and then
 any process still carrying the tag (the SuperExec and app processes Flower starts detached).
@@ -23,13 +28,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .flower_app import _toml_string
+from .flower_app import _toml_string, _toml_table
 
 __all__ = ["LocalDeployment", "free_port", "free_ports", "pid_alive"]
 
 logger = logging.getLogger(__name__)
 
 ENV_TAG = "FEDLATENT_FLOWER_DEPLOYMENT"
+#: the ``flwr`` connection the deployment registers its SuperNodes through
+_REGISTRAR = "fedlatent-local"
 _LOG_TAIL_CHARS = 3000
 
 
@@ -151,6 +158,9 @@ class LocalDeployment:
     policy_paths : list of path or None, optional
         A site policy file per SuperNode (None: none for that node), passed as its node
         config's ``policy-path`` (:mod:`fedlatent.engine.site`).
+    credentials : Credentials, optional
+        TLS and SuperNode authentication (one node key per data file); None: insecure (a
+        warning is logged: only for loopback).
 
     Attributes
     ----------
@@ -176,7 +186,12 @@ class LocalDeployment:
         startup_timeout: float = 90.0,
         stop_timeout: float = 10.0,
         policy_paths: Sequence[str | os.PathLike | None] | None = None,
+        credentials=None,
     ) -> None:
+        if credentials is not None and len(credentials.node_keys) < len(data_paths):
+            raise ValueError(f"{len(data_paths)} SuperNodes need as many node keys; the "
+                             f"credentials hold {len(credentials.node_keys)}")
+        self.credentials = credentials
         self.data_paths = [Path(p).resolve() for p in data_paths]
         self.policy_paths = [None if p is None else Path(p).resolve()
                              for p in (policy_paths or [None] * len(self.data_paths))]
@@ -294,24 +309,77 @@ class LocalDeployment:
         )
         return self
 
+    def write_connection(self, name: str) -> None:
+        """Write ``FLWR_HOME/config.toml`` with connection ``name`` (the default) to this
+        deployment's SuperLink: over TLS trusting its CA, or insecure without credentials."""
+        how = ({"root-certificates": str(self.credentials.ca)} if self.credentials is not None
+               else {"insecure": True})
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        (self.flwr_home / "config.toml").write_text(
+            _toml_table("superlink", {"default": name}) + "\n"
+            + _toml_table(f"superlink.{name}", {"address": self.address, **how}),
+            encoding="utf-8")
+
+    def _security(self, node: int | None = None) -> list[str]:
+        """The TLS and authentication flags of the SuperLink (``node`` None) or a SuperNode."""
+        c = self.credentials
+        if c is None:
+            return ["--insecure"]
+        if node is None:
+            return ["--ssl-ca-certfile", str(c.ca), "--ssl-certfile", str(c.server_cert),
+                    "--ssl-keyfile", str(c.server_key), "--enable-supernode-auth"]
+        return ["--root-certificates", str(c.ca),
+                "--auth-supernode-private-key", str(c.node_keys[node])]
+
+    def _register_supernodes(self) -> None:
+        """``flwr supernode register`` every SuperNode's public key (authentication on)."""
+        self.write_connection(_REGISTRAR)
+        procs = [subprocess.Popen(  # at once: each flwr process takes seconds to start
+            [_flower_exe("flwr"), "supernode", "register", str(self.credentials.node_public(i)),
+             _REGISTRAR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=self.env(), cwd=self.workdir) for i in range(len(self.data_paths))]
+        for i, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=self.startup_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            if p.returncode != 0:
+                raise RuntimeError(f"flwr supernode register of SuperNode {i} failed "
+                                   f"(code {p.returncode}): {out[-2000:]}")
+
+    def _health(self, url: str) -> bool:
+        import ssl
+
+        ctx = None
+        if self.credentials is not None:
+            ctx = ssl.create_default_context(cafile=str(self.credentials.ca))
+        try:
+            with urllib.request.urlopen(url, timeout=1.0, context=ctx) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
     def _start_superlink(self, t0: float) -> None:
         log = self.workdir / "superlink.log"
         cmd = [
-            _flower_exe("flower-superlink"), "--insecure",
+            _flower_exe("flower-superlink"), *self._security(),
             "--disable-runtime-dependency-installation",
             "--host", self.host, "--port", str(self.port),
         ]
+        if self.credentials is None:
+            logger.warning("Flower deployment on %s without TLS or SuperNode authentication "
+                           "(loopback only; give credentials for anything else)", self.address)
         self._link = self._spawn(cmd, log, self.flwr_home)
-        url = f"http://{self.address}/health"
+        scheme = "http" if self.credentials is None else "https"
+        url = f"{scheme}://{self.address}/health"
         while True:
             if self._link.poll() is not None:
                 self._fail_start(f"flower-superlink exited with code {self._link.returncode}", log)
-            try:
-                with urllib.request.urlopen(url, timeout=1.0) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if self._health(url):
+                if self.credentials is not None:
+                    self._register_supernodes()
+                return
             if time.monotonic() - t0 > self.startup_timeout:
                 self._fail_start(
                     f"flower-superlink not healthy at {url} after {self.startup_timeout:.0f} s", log
@@ -323,7 +391,7 @@ class LocalDeployment:
         for i, (path, port) in enumerate(zip(self.data_paths, self.node_ports)):
             log = self.workdir / f"supernode-{i}.log"
             cmd = [
-                _flower_exe("flower-supernode"), "--insecure",
+                _flower_exe("flower-supernode"), *self._security(i),
                 "--superlink", self.address,
                 "--host", self.host, "--port", str(port),
                 "--node-config", f"data-path={_toml_string(str(path))}" + (

@@ -37,7 +37,6 @@ from .flower_app import _BARE_KEY as _BARE_KEY
 from .flower_app import (
     APP_COMPONENTS,
     _toml_key,
-    _toml_table,
     read_app_config,
     toml_value,
     write_app,
@@ -84,16 +83,7 @@ CONNECTION_NAME = "fedlatent-local"
 
 
 def _write_connection(deployment: LocalDeployment) -> None:
-    home = deployment.flwr_home
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "config.toml").write_text(
-        _toml_table("superlink", {"default": CONNECTION_NAME})
-        + "\n"
-        + _toml_table(
-            f"superlink.{CONNECTION_NAME}", {"address": deployment.address, "insecure": True}
-        ),
-        encoding="utf-8",
-    )
+    deployment.write_connection(CONNECTION_NAME)  # over TLS when it has credentials
 
 
 def _read_status(out_dir: Path) -> dict[str, Any] | None:
@@ -310,6 +300,7 @@ def local_fit(
     resume: bool = False,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     policy_paths: Sequence[str | os.PathLike | None] | None = None,
+    credentials=None,
 ) -> Any:
     """Fit on a loopback Flower deployment, one SuperNode per data file; return the estimator.
 
@@ -335,6 +326,9 @@ def local_fit(
         Called with the server's status after every round (see :func:`run_app`).
     policy_paths : list of path or None, optional
         A site policy file per SuperNode, its node config's ``policy-path``.
+    credentials : Credentials, optional
+        TLS and SuperNode authentication (:mod:`fedlatent.runtime.flower_credentials`);
+        None: insecure, on loopback only.
 
     Returns
     -------
@@ -358,7 +352,8 @@ def local_fit(
             round_timeout=round_timeout, node_wait=node_wait, data_name=data_name, resume=resume,
         )
     app_dir = write_app(workdir / "app", run_config)
-    with LocalDeployment(data_paths, workdir=workdir, env=env, policy_paths=policy_paths) as dep:
+    with LocalDeployment(data_paths, workdir=workdir, env=env, policy_paths=policy_paths,
+                         credentials=credentials) as dep:
         run_app(app_dir, dep, overrides=overrides, timeout=timeout, on_round=on_round)
     est = flower.load_result(out_dir)
     est.flower_deployment_ = {

@@ -19,6 +19,7 @@ adds them):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -31,8 +32,8 @@ from ..engine.node.site_state import read_site_state, run_key, write_site_state
 from ..engine.protocol.messages import ERROR_KEY as _ERROR_KEY
 from .flower_records import _ERROR, _ERROR_TYPE, _METHOD, _MODEL, _STATE, decode, encode
 
-__all__ = ["RESTORE", "RUN", "make_client_app", "node_policy", "own_signer", "restore_state",
-           "save_after", "serve", "site_dir"]
+__all__ = ["RESTORE", "RUN", "dataset_identity", "make_client_app", "node_policy", "own_signer",
+           "provision", "require_roster", "restore_state", "save_after", "serve", "site_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,48 @@ def _load_node_data(path: Path, site: Path | None = None):
     return _DATA_CACHE[key]
 
 
+#: the sha256 of the node's data file, in its site directory (see :func:`dataset_identity`)
+DATA_ID = "data-id.json"
+
+
+def _content_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if path.is_dir():
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def dataset_identity(policy, name: str, path: Path, site: Path | None) -> str:
+    """What the site's ledger keeps a data set's lifetime budget under: its ``[datasets]``
+    name when the server named one of the policy's, else ``sha256:`` of the data file's
+    content (another name for the same file is the same data set; the server's
+    ``data-name`` is never the key). The digest is kept in the site directory, keyed by the
+    file's size and modification time (a node answers each message in a fresh process)."""
+    if policy is not None and name and name in policy.datasets:
+        return name
+    source = {"path": str(path.resolve()), "size": path.stat().st_size,
+              "mtime_ns": path.stat().st_mtime_ns}
+    cache = None if site is None else site / DATA_ID
+    try:
+        kept = json.loads(cache.read_text()) if cache is not None else {}
+    except (OSError, ValueError):
+        kept = {}
+    if kept.get("source") != source or not isinstance(kept.get("sha256"), str):
+        kept = {"source": source, "sha256": _content_sha256(path)}
+        if cache is not None:
+            try:
+                site.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps(kept))
+            except OSError as err:
+                logger.warning("cannot keep the data file's digest in %s (%s)", site, err)
+    return "sha256:" + kept["sha256"]
+
+
 def _node_data_path(context, paths: list[str] | None, policy=None) -> Path:
     """The node's data file. The server names a data set (the run config's ``data-name``),
     never a path: a name with ``/``, ``\\`` or ``..`` is refused, and under a site policy with
@@ -202,30 +245,37 @@ def _node_data_path(context, paths: list[str] | None, policy=None) -> Path:
 
 
 def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None, *,
-          policy=None, dataset: str = "default", simulation: bool = True) -> dict[str, Any]:
+          policy=None, dataset: str = "default", simulation: bool = True,
+          provisioned=None) -> dict[str, Any]:
     """Answer one message on a node: ``fd`` is the node's one-client dataset, ``state`` Flower's
     ``context.state`` (a RecordDict) where the node's private state persists between messages,
     ``site`` the node's site directory, where it also outlives the run
     (:mod:`fedlatent.runtime.flower_site`). ``policy``: the site's own
     (:class:`~fedlatent.engine.site.SitePolicy`; its ledger lives in ``site`` unless it names a
-    directory), ``dataset`` the data set's name on the ledger; ``simulation=False`` (a
-    deployed node without a policy): a server's ``noise_seed`` is ignored."""
+    directory), ``dataset`` the data set's name on the ledger. Without a policy a deployed node
+    (``simulation=False``) holds the library's default, ``SitePolicy()`` (its ledger in
+    ``site``); a simulated one the relaxed :meth:`~fedlatent.engine.site.SitePolicy.
+    for_simulation` (the simulation holds every site). A deployed node refuses secure
+    aggregation unless the site pins a roster (:func:`require_roster`). ``provisioned``
+    (simulation): the signing key and roster the simulation gave this site
+    (:attr:`ClientNode.provisioned`), or a callable returning them."""
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
     from ..engine.node.client import ClientNode
+    from ..engine.site.policy import SitePolicy
 
     (cid,) = fd.client_ids
+    if policy is None:
+        policy = SitePolicy.for_simulation() if simulation else SitePolicy()
     run = msg.pop(RUN, None)
     restore = msg.pop(RESTORE, None)
     saved = {k: v.numpy() for k, v in state[_STATE].items()} if _STATE in state else {}
     node = ClientNode(cid, fd[cid], saved, source=fd, policy=policy, dataset=dataset,
-                      site_dir=site)
+                      site_dir=site, deployed=not simulation)
     signer, trust = own_signer(node)  # a site with a key signs its states and checks them
     if restore is not None and method in ROUND_METHODS and site is not None and run is not None:
         node.state = restore_state(site, cid, str(run), int(restore), trust=trust)
-    if policy is None:
-        node.honour_noise_seed = bool(simulation)
-    if method == "describe":
+    if method in ("describe", "settings"):  # (before any setup: no model needed)
         return node.handle(method, msg)
     if method != "setup":
         if _MODEL not in state:
@@ -234,6 +284,10 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
         if _ERROR_KEY in again:  # the site's policy refuses the run now (a replaced file)
             return again
     secure = method == "secagg" or "secagg/slot" in msg
+    if secure and not simulation and msg.get("step") == "keys":
+        require_roster(node)
+    if method == "secagg" and provisioned is not None:
+        node.provisioned = provisioned() if callable(provisioned) else provisioned
     if secure and _SECAGG in state and msg.get("step") != "keys":  # "keys": a new fit
         from ..engine.secagg import SecAggClient
 
@@ -256,6 +310,23 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
     return reply
 
 
+def require_roster(node) -> None:
+    """A deployed site answers secure aggregation only with a pinned roster of the consortium's
+    site keys and its own signing key: without them the server could stand in for every peer
+    (its own keys, commitments and confirmations) and unmask this site's replies.
+    ValueError naming the site and the fix otherwise."""
+    ident = getattr(node, "identity", None)
+    if ident is not None and ident.roster is not None and ident.keys is not None:
+        return
+    lacks = "a pinned roster" if ident is None or ident.roster is None else "a signing key"
+    raise ValueError(
+        f"site {node.client_id!r} refuses secure aggregation: a deployed site needs {lacks} "
+        "(without a roster of the consortium's keys a server can stand in for every peer and "
+        "unmask this site's replies); fix: each site runs 'fedlatent site keygen DIR', the "
+        "consortium runs 'fedlatent site roster roster.json SITE=DIR/site-key.pub ...', and "
+        "every site names both in its policy file ([site] signing-key and roster)")
+
+
 def node_policy(node_config: dict[str, Any], policies: list[str] | None = None):
     """The node's site policy: its node config's ``policy-path``, else (simulation) the file
     of its partition id in ``policies``; None without one."""
@@ -267,11 +338,14 @@ def node_policy(node_config: dict[str, Any], policies: list[str] | None = None):
     return None if given in (None, "") else SitePolicy.load(Path(str(given)).expanduser())
 
 
-def make_client_app(paths: list[str] | None = None, policies: list[str] | None = None):
+def make_client_app(paths: list[str] | None = None, policies: list[str] | None = None,
+                    identities: tuple[list[str], str] | None = None):
     """A ``ClientApp`` answering fedlatent messages. ``paths`` (simulation): the data file of
     each partition id; in a deployment the node's ``data-path`` names it. ``policies``
     (simulation): the site policy file of each partition id (or None); in a deployment the
-    node config's ``policy-path`` names it."""
+    node config's ``policy-path`` names it. ``identities`` (simulation): ``(key files, roster
+    file)``, the signing key of each partition id and the roster of them all, provisioned for
+    secure aggregation (:func:`provision`)."""
     from flwr.app import Message
     from flwr.clientapp import ClientApp
 
@@ -288,12 +362,35 @@ def make_client_app(paths: list[str] | None = None, policies: list[str] | None =
             path = _node_data_path(context, paths, policy)
             site = site_dir(nc, path)
             fd = _load_node_data(path, site)
-            name = str(dict(context.run_config).get("data-name", "")) or path.name
-            reply = serve(fd, context.state, method, d, site, policy=policy, dataset=name,
-                          simulation="data-path" not in nc)
+            name = str(dict(context.run_config).get("data-name", ""))
+            mine = None if identities is None or "partition-id" not in nc else (
+                lambda i=int(nc["partition-id"]): _identity(identities, i, fd.client_ids[0]))
+            reply = serve(fd, context.state, method, d, site, policy=policy,
+                          dataset=dataset_identity(policy, name, path, site),
+                          simulation="data-path" not in nc, provisioned=mine)
         except Exception as err:  # noqa: BLE001 - sent back, raised on the server
             logger.exception("fedlatent client error")
             reply = {_ERROR: str(err), _ERROR_TYPE: type(err).__name__}
         return Message(encode(reply), reply_to=msg)
 
     return app
+
+
+def provision(client_ids: list[str], where: Path) -> tuple[list[str], str]:
+    """A signing key per simulated site (``where/site-<i>.pem``) and the roster of their keys
+    (``where/roster.json``): what :func:`make_client_app`'s ``identities`` takes."""
+    from ..engine.site.keys import Roster, SiteKeys
+
+    where.mkdir(parents=True, exist_ok=True)
+    keys = {c: SiteKeys.generate() for c in client_ids}
+    files = [str(keys[c].save(where / f"site-{i}.pem")) for i, c in enumerate(client_ids)]
+    roster = where / "roster.json"
+    roster.write_text(Roster({c: k.public_key for c, k in keys.items()}).to_json())
+    return files, str(roster)
+
+
+def _identity(identities: tuple[list[str], str], i: int, cid: str):
+    from ..engine.site.keys import SiteIdentity
+
+    files, roster = identities
+    return SiteIdentity.from_paths(files[i], roster, site=cid)

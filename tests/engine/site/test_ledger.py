@@ -79,7 +79,8 @@ def test_runs_compose_as_one_gaussian_mechanism_with_the_accountants_figure():
 
 # ---- kill and resume -------------------------------------------------------------------------
 def test_a_killed_and_resumed_private_fit_spends_its_plan_and_no_more(tmp_path):
-    policy = SitePolicy(directory=tmp_path / "sites", lifetime_epsilon=1.0)
+    policy = SitePolicy(directory=tmp_path / "sites", lifetime_epsilon=1.0,
+                        lifetime_delta=DELTA)
     with pytest.raises(Kill):
         _gmm().fit(_fd(), runtime=InProcessRuntime(_fd(), policies=policy),
                    checkpoint=tmp_path / "ck", checkpoint_every=1, callbacks=[_kill_at(3)])
@@ -102,7 +103,7 @@ def test_a_killed_and_resumed_private_fit_spends_its_plan_and_no_more(tmp_path):
 
 
 def test_a_second_fit_beyond_the_lifetime_budget_is_refused_before_any_release(tmp_path):
-    policy = SitePolicy(directory=tmp_path, lifetime_epsilon=1.2)
+    policy = SitePolicy(directory=tmp_path, lifetime_epsilon=1.2, lifetime_delta=DELTA)
     rt = InProcessRuntime(_fd(), policies=policy)
     _gmm().fit(_fd(), runtime=rt)
     with pytest.raises(FederatedFitError, match=r"site 'c0' refused "
@@ -116,3 +117,82 @@ def test_a_second_fit_beyond_the_lifetime_budget_is_refused_before_any_release(t
         runs = {e["run"] for e in ledger.of("release")}
         assert len(runs) == 1 and len(ledger.of("release")) == 6
         assert ledger.lifetime_epsilon("default", DELTA) <= 1.0
+
+
+# ---- a ledger that cannot be reset quietly (issue 39, item 4) ----------------------------------
+def _spend(policy, fits=1):
+    rt = InProcessRuntime(_fd(), policies=policy)
+    for seed in range(fits):
+        _gmm(seed=seed, rounds=2).fit(_fd(), runtime=rt)
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_a_deleted_ledger_beside_its_anchor_is_refused(tmp_path, signed):
+    from fedlatent.engine.site.keys import SiteKeys
+
+    keys = None
+    if signed:
+        keys = SiteKeys.generate()
+        keys.save(tmp_path / "site.key")
+    policy = SitePolicy(directory=tmp_path / "sites", lifetime_epsilon=1.0, lifetime_delta=DELTA,
+                        signing_key=tmp_path / "site.key" if signed else None)
+    _spend(policy)
+    site = tmp_path / "sites" / "site-c0"
+    (site / "ledger.jsonl").unlink()  # the budget would start again at zero
+    with pytest.raises(LedgerError, match=r"ledger .*ledger.jsonl is missing while its anchor "
+                                          r"ledger.head.json is there"):
+        Ledger(site, "c0", keys=keys)
+    with pytest.raises(LedgerError, match=r"is missing while its anchor"):
+        _spend(policy)  # no node of that site answers
+
+
+def test_a_site_directory_restored_from_a_backup_is_refused_by_its_witness(tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from fedlatent.cli import app
+
+    policy = SitePolicy(directory=tmp_path / "sites", witness=tmp_path / "elsewhere",
+                        lifetime_epsilon=3.0, lifetime_delta=DELTA)
+    rt = InProcessRuntime(_fd(), policies=policy)
+    _gmm(rounds=2).fit(_fd(), runtime=rt)
+    shutil.copytree(tmp_path / "sites", tmp_path / "backup")  # before the second fit
+    _gmm(rounds=2, seed=1).fit(_fd(), runtime=rt)
+    shutil.rmtree(tmp_path / "sites")
+    shutil.copytree(tmp_path / "backup", tmp_path / "sites")  # the operator restores it
+    with pytest.raises(LedgerError, match=r"its witness .* \(kept outside the site directory\) "
+                                          r"records \d+ ending in .*: the site directory was "
+                                          r"restored from a backup or replaced"):
+        InProcessRuntime(_fd(), policies=policy)
+    res = CliRunner().invoke(app, ["site", "report", str(tmp_path / "sites" / "site-c0")])
+    assert res.exit_code == 2 and "restored from a backup" in res.output
+
+
+def test_without_a_witness_site_report_says_a_restored_backup_resets_the_budget(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedlatent.cli import app
+
+    _spend(SitePolicy(directory=tmp_path, lifetime_epsilon=1.2, lifetime_delta=DELTA))
+    res = CliRunner().invoke(app, ["site", "report", str(tmp_path / "site-c0")])
+    assert res.exit_code == 0, res.output
+    assert ("note: this ledger has no witness outside its site directory: restoring a backup "
+            "of the site directory resets its budgets and answers, and nothing shows it") \
+        in res.output.replace("\n", " ")
+
+
+def test_the_lifetime_budget_is_kept_under_the_data_sets_identity_not_the_servers_name(
+        tmp_path):
+    pytest.importorskip("flwr")
+    from fedlatent.runtime.flower_site import dataset_identity
+
+    f = tmp_path / "site.csv"
+    f.write_text("x0,x1\n1,2\n3,4\n")
+    site = tmp_path / "site.site"
+    a, b = dataset_identity(None, "a", f, site), dataset_identity(None, "b", f, site)
+    assert a == b and a.startswith("sha256:")  # a second name: the same data set
+    (tmp_path / "other.csv").write_text("x0,x1\n1,2\n3,5\n")
+    assert dataset_identity(None, "a", tmp_path / "other.csv", None) != a
+    named = SitePolicy(datasets={"study": f})
+    assert dataset_identity(named, "study", f, site) == "study"  # the policy's own name

@@ -96,7 +96,8 @@ def test_a_setup_dropping_the_disclosure_floor_is_refused_naming_site_rule_and_f
         "site's floor: min_records=0 (floor 3), min_records_per_block=0 (floor 3), "
         "max_parameters_per_record=inf (floor 0.33), tree_min_leaf=1 (floor 3), "
         "max_levels_density=inf (floor 0.33), allow_row_storing_learners=True (floor False); "
-        "fix: send Federation(disclosure=...) at least as strict as the site's")
+        "fix: send Federation(disclosure=...) at least as strict as the site's (a server adopts "
+        "the floors the sites announce at setup)")
     # the server goes on as if it had been accepted: nothing comes back
     after = server.estep(0, ["tiny"])
     assert after["tiny"][ERROR_KEY].startswith("site 'tiny' refused (setup): estep asked "
@@ -109,15 +110,15 @@ def test_an_aggregate_count_scope_without_secure_aggregation_does_not_return_a_1
     server = Server(_fd(tiny=True), SitePolicy())  # the floor's scope is per client
     refused = server.send("setup", _setup_msg(disclosure=aggregate))["tiny"][ERROR_KEY]
     assert refused.startswith("client 'tiny': refused by the disclosure policy: min_records=3 "
-                              "(it holds 1 record(s)")
+                              "(it holds fewer records")
     # a site whose floor counts on the aggregate (it expects secure aggregation)
     server = Server(_fd(tiny=True), SitePolicy(disclosure=aggregate))
     replies = server.send("setup", _setup_msg(disclosure=aggregate))
     assert all(ERROR_KEY not in r for r in replies.values())  # a legitimate setup
     reply = server.estep(0, ["tiny"])["tiny"]  # ... but the reply is not masked
     assert reply[ERROR_KEY] == (
-        "DisclosureRefused: client 'tiny': the statistic of this step is a sum over 1 record(s), "
-        "fewer than min_records=3 (DataSHIELD nfilter.tab); it is not sent. Merge small clients "
+        "DisclosureRefused: client 'tiny': the statistic of this step is a sum over fewer than "
+        "min_records=3 records (DataSHIELD nfilter.tab); it is not sent. Merge small clients "
         "or lower DisclosurePolicy(min_records=...); DisclosurePolicy.off() disables every rule")
     assert not any(k.startswith("delta/") for k in reply)
 
@@ -142,7 +143,7 @@ def test_a_second_setup_of_the_same_run_with_a_longer_plan_is_refused():
 
 def test_a_new_run_after_the_budget_is_spent_is_refused_by_the_lifetime_budget():
     dp = DifferentialPrivacy(1.0, DELTA, clip=5.0)
-    server = Server(_fd(), SitePolicy(lifetime_epsilon=1.0))
+    server = Server(_fd(), SitePolicy(lifetime_epsilon=1.0, lifetime_delta=DELTA))
     server.send("setup", _setup_msg(dp=dp, releases=4))
     for k in range(1, 5):
         server.estep(k)
@@ -163,6 +164,9 @@ def test_a_new_run_after_the_budget_is_spent_is_refused_by_the_lifetime_budget()
     (SitePolicy(privacy_required=True), None,
      "(privacy.required): the fit is not differentially private; fix: fit with "
      "Federation(privacy=DifferentialPrivacy(...))"),
+    (SitePolicy(privacy_required=True, verified_suffices=True), None,  # until rounds are
+     "(privacy.required): the fit is not differentially private; fix: fit with "  # verified
+     "Federation(privacy=DifferentialPrivacy(...))"),
     (SitePolicy(), DifferentialPrivacy(1.0, DELTA, clip=5.0, noise_seed=3),
      "(privacy.noise-seed): a noise_seed lets whoever knows it remove the noise; the site "
      "draws its own; fix: drop noise_seed (only a site whose policy says simulation = true "
@@ -173,7 +177,8 @@ def test_a_new_run_after_the_budget_is_spent_is_refused_by_the_lifetime_budget()
     (SitePolicy(models=("lcr",)), None,
      "(answer.models): model 'gmm' is not one it answers; fix: fit one of ['lcr'], or ask the "
      "site's operator"),
-], ids=["epsilon-1e4", "delta", "no-dp", "noise-seed", "releases", "model"])
+], ids=["epsilon-1e4", "delta", "no-dp", "no-dp-nor-verified", "noise-seed", "releases",
+        "model"])
 def test_a_setup_below_the_sites_floor_is_refused_and_recorded(policy, dp, rule):
     server = Server(_fd(), policy)
     replies = server.send("setup", _setup_msg(dp=dp, releases=54))
@@ -193,10 +198,10 @@ def test_a_simulation_site_honours_the_noise_seed_and_a_deployed_one_does_not_re
 
     # the same noise seed, the same operations on one machine: every bit the same
     assert_same(first_reply(SitePolicy(simulation=True)), first_reply(SitePolicy(simulation=True)))
-    node = ClientNode("c0", _fd()["c0"])  # a node without a policy told it is deployed
-    node.honour_noise_seed = False
-    node.handle("setup", _setup_msg(dp=dp, releases=2))
-    assert node.privacy.dp.noise_seed is None and node.privacy._os_rng is not None
+    node = ClientNode("c0", _fd()["c0"])  # a node without a policy file: refused (issue 39)
+    assert node.handle("setup", _setup_msg(dp=dp, releases=2))[ERROR_KEY].startswith(
+        "site 'c0' refused (privacy.noise-seed)")
+    assert node.privacy is None
 
 
 def test_restoring_a_sites_state_does_not_roll_back_its_release_count(tmp_path):
@@ -314,3 +319,30 @@ def test_only_the_sites_data_sets_are_read_under_a_policy(tmp_path):
     with pytest.raises(PolicyError, match=r"data set 'other' is not one this site holds; "
                                           r"known: \['study'\]"):
         _node_data_path(_context(tmp_path, "other"), None, policy)
+
+
+def test_a_refusal_lists_every_violated_rule_at_once_with_its_fix():
+    """Issue 39: one setup, one refusal naming every rule (not one rule per try)."""
+    from fedlatent.engine.site.guard import refusal_rules
+    from fedlatent.engine.site.report import report_rows
+
+    policy = SitePolicy(disclosure=fl.DisclosurePolicy(min_records=5), max_epsilon=1.0,
+                        models=("lcr",))
+    server = Server(_fd(), policy)
+    dp = DifferentialPrivacy(2.0, DELTA, clip=5.0, noise_seed=1)
+    text = server.send("setup", _setup_msg(dp=dp, releases=4))["c0"][ERROR_KEY]
+    assert text == (
+        "site 'c0' refused (answer.models): model 'gmm' is not one it answers; fix: fit one of "
+        "['lcr'], or ask the site's operator; also (disclosure): the server's disclosure policy "
+        "is looser than the site's floor: min_records=3 (floor 5); fix: send Federation("
+        "disclosure=...) at least as strict as the site's (a server adopts the floors the "
+        "sites announce at setup); also (privacy.max-epsilon): epsilon=2 above its ceiling "
+        "1.0; fix: ask for epsilon <= 1.0; also (privacy.noise-seed): a noise_seed lets "
+        "whoever knows it remove the noise; the site draws its own; fix: drop noise_seed (only "
+        "a site whose policy says simulation = true honours it)")
+    rules = ["answer.models", "disclosure", "privacy.max-epsilon", "privacy.noise-seed"]
+    assert refusal_rules(text) == rules
+    (entry,) = server.ledger("c0").of("refusal")
+    assert entry["rules"] == rules
+    (row,) = report_rows(server.ledger("c0").entries)
+    assert row[-1] == ", ".join(f"{r} x1" for r in sorted(rules))

@@ -16,6 +16,7 @@ from fedlatent.data.sec_data import make_sec_simulation1  # noqa: E402
 from fedlatent.engine import InProcessRuntime  # noqa: E402
 from fedlatent.engine.node.client import ClientNode  # noqa: E402
 from fedlatent.engine.protocol.messages import ERROR_KEY  # noqa: E402
+from fedlatent.engine.site import SitePolicy  # noqa: E402
 from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys  # noqa: E402
 from fedlatent.models.sec import SEC, dumps_model  # noqa: E402
 from fedlatent.models.sec.signed import model_signature  # noqa: E402
@@ -25,13 +26,15 @@ KEYS = {s: SiteKeys.generate() for s in ("victim", "mallory", "other")}
 ROSTER = Roster({s: k.public_key for s, k in KEYS.items()})
 
 
-def victim_node(identity=None):
+def victim_node(identity=None, policy=SitePolicy.for_simulation()):
+    """The victim learner (its site policy relaxed: these tests are about its identity; the
+    library's default policy is tested below)."""
     rng = np.random.default_rng(7)
     # every row in its own 1/50 cell, at least 0.012 from the next: a 1/100 grid isolates each
     x = (rng.permutation(N) + rng.uniform(0.3, 0.7, N)) / N
     y = rng.normal(3.0, 2.0, N)
     fd = FederatedDataset.from_arrays({"victim": (x[:, None], y)})
-    node = ClientNode("victim", fd["victim"], source=fd, identity=identity)
+    node = ClientNode("victim", fd["victim"], source=fd, identity=identity, policy=policy)
     node.handle("setup", {"model": "sec", "model_config": json.dumps({"standardize": False})})
     return node, x, y
 
@@ -84,6 +87,17 @@ def test_without_a_roster_crafted_stumps_rebuild_every_row():
     got = rebuild(losses, ts)
     assert calls == 41 and got.size == N
     assert np.max(np.abs(got - y[np.argsort(x)])) < 1e-9
+
+
+def test_a_node_without_a_policy_file_refuses_the_crafted_stumps_at_the_first_exchange():
+    """Issue 39: the library's default site policy (no roster: SEC models are not scored)."""
+    node, _, _ = victim_node(policy=None)
+    blobs, _ = crafted()
+    reply, calls = exchange(node, blobs)
+    assert calls == 1 and "loss" not in reply
+    assert reply[ERROR_KEY].startswith("client 'victim': site 'victim' refused "
+                                       "(sec.roster): it pins no roster")
+    assert [e["rule"] for e in node.guard.ledger.of("refusal")] == ["sec.roster"]
 
 
 def test_with_a_roster_unsigned_models_are_refused_before_any_loss():

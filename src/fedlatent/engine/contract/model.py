@@ -167,6 +167,13 @@ class FederatedModel(ABC):
     #: server keeping one afterwards) does not apply ("" : it does): the client step must be
     #: a function of the parameters sent, not advance a client state of its own
     multipoint_refusal: ClassVar[str] = ""
+    #: why the statistics hold only at the parameters they were computed at ("": they are
+    #: expectations EM's fixed point is defined by, which the engine may average across rounds).
+    #: A model whose client step sends gradients and Hessians at the broadcast parameters (one
+    #: Newton step a round: a generalized EM) declares the reason; the engine then refuses,
+    #: with one message, every setting that would mix statistics of different parameters
+    #: (:meth:`~fedlatent.engine.fedem.federation.Federation.check_model`)
+    broadcast_only: ClassVar[str] = ""
     #: whether the client step advances a model state of the client's own (FedGMM's mixing
     #: weights ``pi_c``) that ``acceleration="newton"`` carries along its path: each client
     #: forms, for every extra point, the combination of its own kept states the server's
@@ -256,8 +263,12 @@ class FederatedModel(ABC):
         rule counts (:func:`~fedlatent.engine.privacy.disclosure.check_reply_numbers`): the
         entries of the statistic blocks, a symmetric matrix counted once
         (:func:`~fedlatent.engine.privacy.disclosure.free_numbers`). A model that sends
-        per-record sums declares it; default None: not counted (a model that sends none)."""
+        per-record sums declares it. Every registered model declares it (an override that
+        returns None says its round replies carry no per-record sums): the registry refuses a
+        model that leaves this default, so the rule never goes silently off."""
         return None
+
+    reply_numbers.undeclared = True  # the registry refuses a model that keeps this default
 
     def record_width(self, data: ClientData) -> int:
         """The values one record holds that a reply summarizes (the saturation rule's

@@ -173,6 +173,13 @@ def register_model(cls: type) -> type:
     """Class decorator: make a model's math constructible by name on any node."""
     if not getattr(cls, "name", None):
         raise TypeError(f"{cls.__name__} needs a class attribute 'name'")
+    if getattr(getattr(cls, "reply_numbers", None), "undeclared", False):
+        raise TypeError(
+            f"model {cls.name!r} ({cls.__name__}) does not declare reply_numbers(data): the "
+            "disclosure rule on saturation counts the free numbers of one round reply, and "
+            "would be off for it. Define reply_numbers to return them (fedlatent.engine."
+            "privacy.disclosure.free_numbers of the statistic shapes), or to return None "
+            "where a round reply carries no per-record sums (say why in its docstring)")
     _MODELS[cls.name] = cls
     return cls
 
@@ -240,9 +247,11 @@ def model_from_config(name: str, config: dict[str, Any]):
 
 
 # ---- estimators ---------------------------------------------------------------------------------
-def estimator_entries() -> dict[str, EstimatorEntry]:
-    """Every registered estimator, by short name (sorted)."""
-    discover()
+def estimator_entries(discover_all: bool = True) -> dict[str, EstimatorEntry]:
+    """Every registered estimator, by short name (sorted); ``discover_all=False``: only those
+    imported so far (nothing more is imported: ``estimator_class(name)`` finds one model)."""
+    if discover_all:
+        discover()
     return dict(sorted(_ESTIMATORS.items()))
 
 

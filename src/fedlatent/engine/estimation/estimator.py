@@ -238,7 +238,7 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
                           init_releases=int(self._dp_init_releases) if private else 0,
                           run=self._run_label(ctx.seed))
         ctx.n_units, ctx.secure, ctx.privacy = setup.n_units, setup.secure, setup.privacy
-        ctx.runtime, ctx.excluded = setup.runtime, setup.excluded
+        ctx.runtime, ctx.excluded, ctx.adopted = setup.runtime, setup.excluded, setup.adopted
         if setup.excluded and ctx.data is not None:  # (the pooled references read it)
             ctx.data = ctx.data.subset(list(setup.n_units))
         return ctx
@@ -408,6 +408,7 @@ class FederatedEstimator(BaseEstimator, metaclass=ABCMeta):
         #: or their own policy, ``Federation(on_refusal="exclude")``), with the refusal
         self.excluded_clients_ = dict(ctx.excluded)
         result.history.excluded = dict(ctx.excluded)
+        result.history.adopted = dict(ctx.adopted)
         #: ``(epsilon, delta)`` spent by the fit under differential privacy (initialization
         #: included; never above the budget), None without it
         self.privacy_spent_ = None if ctx.privacy is None else tuple(ctx.privacy.spent)

@@ -47,6 +47,8 @@ class FitContext:
     #: the sites left out at the setup (they refused it by a rule) and why; ``runtime`` then
     #: holds only the others
     excluded: dict[str, str] = field(default_factory=dict)
+    #: the disclosure floors the sites announced that raised the fit's policy
+    adopted: dict[str, Any] = field(default_factory=dict)
 
     @property
     def summed_only(self) -> bool:

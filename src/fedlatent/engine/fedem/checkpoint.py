@@ -4,7 +4,9 @@
 ``S_hat``, ``V``, the initial parameters, every client's private state where the runtime can
 see it) and, as its entry ``meta.json`` (UTF-8 bytes in a uint8 array), what the run was: model
 and settings, seed, federation, the clients and their numbers of units, the keys and shapes of
-the client states, the history, and the sha256 of the arrays. It is written to a temporary file
+the client states, the history, and one sha256 of the arrays and of every other entry of that
+metadata (an edited history or round is refused as an edited array is). It is written to a
+temporary file
 in the same directory, flushed and fsynced, renamed over the previous one (``os.replace``) and
 the directory fsynced: a crash at any point leaves the previous checkpoint or the new one, never
 a mix. :func:`load_loop_checkpoint` refuses a checkpoint of another run (another model, seed,
@@ -53,7 +55,7 @@ __all__ = [
 #: the entry of a checkpoint's .npz that holds its JSON metadata
 META_ENTRY = "meta.json"
 #: version of the one-file checkpoint layout
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3  # 3: the sha256 covers the metadata too
 
 
 # ---- writing files atomically ---------------------------------------------------------------
@@ -246,6 +248,13 @@ def _arrays_sha256(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _checkpoint_sha256(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> str:
+    """One sha256 of a checkpoint's arrays and of its metadata (every entry but the digest)."""
+    rest = {k: v for k, v in meta.items() if k != "sha256"}
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256((_arrays_sha256(arrays) + "\0" + text).encode()).hexdigest()
+
+
 def _read_checkpoint_file(npz: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     arrays = _read_npz(_read_bytes(npz, "the checkpoint"), f"checkpoint {npz}")
     raw = arrays.pop(META_ENTRY, None)
@@ -261,9 +270,9 @@ def _read_checkpoint_file(npz: Path) -> tuple[dict[str, np.ndarray], dict[str, A
         raise ValueError(f"checkpoint {npz} is of another format (format "
                          f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected "
                          f"{CHECKPOINT_FORMAT}); delete it and fit without resume=True")
-    if meta.get("sha256") != _arrays_sha256(arrays):
-        raise ValueError(f"checkpoint {npz}: its arrays do not match the sha256 it records "
-                         "(edited or corrupted); delete it and fit without resume=True")
+    if meta.get("sha256") != _checkpoint_sha256(arrays, meta):
+        raise ValueError(f"checkpoint {npz}: its arrays or metadata do not match the sha256 it "
+                         "records (edited or corrupted); delete it and fit without resume=True")
     return arrays, meta
 
 
@@ -324,8 +333,9 @@ def save_loop_checkpoint(path, *, params, state, history, client_states, identit
         "client_states": layout,
         "mirror": mirror_meta,
         "history": [asdict(r) for r in history],
-        "sha256": _arrays_sha256(arrays),
     }
+    meta = json.loads(json.dumps(meta, default=_json_default))  # as it is read back
+    meta["sha256"] = _checkpoint_sha256(arrays, meta)
     text = json.dumps(meta, default=_json_default).encode()
     arrays[META_ENTRY] = np.frombuffer(text, dtype=np.uint8)
     npz = path.with_name(path.name + ".npz")

@@ -408,6 +408,47 @@ class Federation:
             "differential privacy (privacy=DifferentialPrivacy(..., noise='distributed')); "
             "DisclosurePolicy.off() disables every rule")
 
+    def broadcast_problems(self) -> list[str]:
+        """The settings that mix statistics computed at different parameters (empty: none).
+
+        A round's statistics are used as they are only with every client each round, step 1
+        and full passes (the FedEM update then gives ``S_hat = sum_c w_c S_c``, whatever the
+        control variates). Partial participation (the absent clients' part of ``S_hat`` is
+        theirs of earlier rounds: no rule here renews it at the new parameters), a step below
+        1 (a running average over rounds), mini-batches and SPIDER (corrections carried from
+        earlier parameters) and acceleration (extrapolation across rounds) do not. Handled
+        as they are: the quantizer (unbiased: each round's ``S_hat`` is the round's
+        statistic plus zero-mean noise), secure aggregation (sums) and differential privacy
+        (noise on each round's sums), where the model supports them."""
+        out = []
+        if float(self.participation) < 1.0:
+            out.append(f"participation={self.participation:g}")
+        if callable(self.step_size) or float(self.step_size) != 1.0:
+            out.append(f"step_size={self.step_size!r}")
+        if self.batch_size is not None:
+            out.append(f"batch_size={self.batch_size!r} (mini-batches)")
+        if self.variance_reduction is not None:
+            out.append("variance_reduction=Spider(...) (SPIDER)")
+        if resolve_acceleration(self.acceleration) is not None:
+            out.append(f"acceleration={self.acceleration!r}")
+        return out
+
+    def check_model(self, model) -> None:
+        """ValueError, one message for every setting at once, when ``model`` declares
+        statistics valid only at the broadcast parameters (``broadcast_only``, its reason)
+        and a setting would average them across rounds (:meth:`broadcast_problems`). No
+        per-model code: the model's declaration is all the engine reads."""
+        reason = getattr(model, "broadcast_only", "")
+        problems = self.broadcast_problems() if reason else []
+        if problems:
+            raise ValueError(
+                f"model {model.name!r} sends statistics valid only at the parameters the "
+                f"server broadcast ({reason}), so the engine cannot average them across rounds "
+                f"or clients of other rounds; not available with {'; '.join(problems)}. Fit "
+                "it with participation=1.0, step_size=1.0, batch_size=None, "
+                "variance_reduction=None and acceleration=None (the quantizer, secure "
+                "aggregation and control variates are fine)")
+
     def gamma(self, k: int) -> float:
         """Step size at round ``k`` (1-based)."""
         return float(self.step_size(k)) if callable(self.step_size) else float(self.step_size)

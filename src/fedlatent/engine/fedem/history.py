@@ -97,11 +97,16 @@ class History(list):
     excluded : dict of str to str
         The sites left out of the fit at its setup (they refused it by a rule), with the
         refusal; ``to_frame()`` carries it in ``DataFrame.attrs["excluded"]``.
+    adopted : dict
+        The disclosure floors the sites announced at setup that raised the fit's policy:
+        ``{"disclosure": the policy in force, "raised": {setting: [sites]}}`` (empty when the
+        server's policy was already at least as strict; ``attrs["adopted"]`` of ``to_frame()``).
     """
 
     def __init__(self, *args):
         super().__init__(*args)
         self.excluded: dict[str, str] = {}
+        self.adopted: dict = {}
 
     def to_frame(self):
         rows = [asdict(r) for r in self]
@@ -114,6 +119,7 @@ class History(list):
 
         frame = pd.DataFrame(rows, columns=cols)
         frame.attrs["excluded"] = dict(self.excluded)
+        frame.attrs["adopted"] = dict(self.adopted)
         return frame
 
     def to_csv(self, path) -> None:

@@ -16,6 +16,7 @@ Methods a node answers:
 ``query``       a model-specific exchange (``message["query"]`` names it)
 ``describe``    the client's own data checked by the estimator's checks; counts and column
                 names only (how the server of a deployment learns the federation's shape)
+``settings``    the site policy's floors (:mod:`fedlatent.engine.site.announce`; no data)
 ``secagg``      secure aggregation: the key set-up and the reveal of shares
                 (:mod:`fedlatent.engine.secagg.secure`); a message carrying ``secagg/slot`` gets
                 its ``estep`` or ``query`` reply masked
@@ -34,9 +35,10 @@ import numpy as np
 
 from fedlatent.data.dataset import ClientData, FederatedDataset
 from fedlatent.engine.contract.model import FederatedModel, client_key, client_rng
-from fedlatent.engine.contract.registry import estimator_from_config, model_from_config
+from fedlatent.engine.contract.registry import model_from_config
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
+from fedlatent.engine.node.describe import describe_client
 from fedlatent.engine.node.pointstate import (
     UnheldState,
     combination,
@@ -61,6 +63,7 @@ from fedlatent.engine.privacy.enforce import (
     suppress_blocks,
     suppress_differences,
 )
+from fedlatent.engine.privacy.patterns import merge_rare_patterns
 from fedlatent.engine.protocol.messages import (
     ERROR_KEY,
     pack,
@@ -136,11 +139,16 @@ class ClientNode:
     policy : SitePolicy, optional
         The site's own policy (:mod:`fedlatent.engine.site`): its floors, its ledger, one plan
         and one answer per question; a message it refuses gets a one-line reason (site, rule,
-        fix). None: no policy (the node answers as the server's settings say).
+        fix). None: the library's default site policy, ``SitePolicy()`` (its ledger in
+        ``site_dir``, else in memory). Only a runtime that holds every site itself passes
+        :meth:`SitePolicy.for_simulation` (the node answers as the server's settings say).
     dataset : str
         The name of the data set ``data`` is (its lifetime privacy budget is kept by name).
     site_dir : path, optional
         Where the site's ledger lives when the policy names no directory.
+    deployed : bool, default False
+        A node of a deployment (a Flower SuperNode): a policy's lifetime budget with no
+        directory for its ledger is refused (elsewhere: warned about).
     """
 
     def __init__(
@@ -155,13 +163,20 @@ class ClientNode:
         policy=None,
         dataset: str = "default",
         site_dir=None,
+        deployed: bool = False,
     ):
         self.client_id = str(client_id)
         #: the site's guard (its policy and ledger), None without a policy
         self.guard = None
-        #: whether a server's ``noise_seed`` is honoured (a site policy says; in-process: yes)
-        self.honour_noise_seed = True
-        if policy is not None:
+        if policy is None:  # safe by default: the library's own site policy
+            from fedlatent.engine.site.policy import SitePolicy
+
+            policy = SitePolicy()
+        #: the site's policy (announced to the server by the ``settings`` exchange)
+        self.site_policy = policy
+        #: whether a server's ``noise_seed`` is honoured (a simulation's site only)
+        self.honour_noise_seed = bool(policy.simulation)
+        if not policy.relaxed:
             from fedlatent.engine.site.guard import SiteGuard
 
             if identity is None and (policy.signing_key or policy.roster):
@@ -171,12 +186,15 @@ class ClientNode:
                                                    sec_quota=policy.sec_quota,
                                                    site=policy.name or self.client_id)
             self.guard = SiteGuard(policy, self.client_id, dataset=dataset, directory=site_dir,
-                                   keys=None if identity is None else identity.keys)
-            self.honour_noise_seed = bool(policy.simulation)
+                                   keys=None if identity is None else identity.keys,
+                                   deployed=deployed)
             disclosure = (policy.disclosure if disclosure is None
                           else stricter(policy.disclosure, disclosure))
         #: the site's keys and pinned roster (SiteIdentity; from its policy's paths) or None
         self.identity = identity
+        #: a signing key and roster the runtime gave this site for secure aggregation (the
+        #: in-process and simulation runtimes hold every site: they provision them), or None
+        self.provisioned = None
         self.own_disclosure = disclosure
         self.disclosure = _DEFAULT_POLICY if disclosure is None else disclosure
         self._data = data
@@ -201,6 +219,10 @@ class ClientNode:
             return describe_client(self._source.subset([self.client_id]), msg)
         if method == "setup":
             return self._setup(msg)
+        if method == "settings":  # the site's floors, announced (no data)
+            from fedlatent.engine.site.announce import announce
+
+            return announce(self.site_policy, self.site_policy.site_name(self.client_id))
         if method == "secagg":
             from fedlatent.engine.secagg.secure import secagg_step
 
@@ -246,7 +268,8 @@ class ClientNode:
         self.model.disclosure = self.disclosure
         self.model.identity = (None if self.identity is None
                                else self.identity.for_site(self.client_id))
-        self._data = self.model.fit_data(self._raw)  # e.g. rows with a target (LCR)
+        self._data = merge_rare_patterns(  # rows with a target (LCR); rare missingness
+            self.model.fit_data(self._raw), self.disclosure, self.client_id)  # patterns merged
         self.model.site = self.guard
         refusal = setup_refusal(self.disclosure, self.client_id,
                                 self.model.n_records(self._data)) or (
@@ -280,6 +303,9 @@ class ClientNode:
         src = self._source
         levels = [] if src is None else level_counts(
             getattr(src, "encoding", None), src.feature_names, self._data.X, self._data.weight)
+        if getattr(src, "formula", None) is not None:  # a formula's categorical variables
+            levels += src.formula.level_counts(src.feature_names, self._data.X,
+                                               self._data.weight)
         levels += self.model.disclosure_levels(self._data)
         policy = self.disclosure
         if private:  # the rule on numbers is DP's job then; levels still checked
@@ -665,40 +691,3 @@ class ClientNode:
                 return {ERROR_KEY: str(err)}
         _put(self.state, "model", mstate)
         return reply
-
-
-def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]:
-    """A client's answer to ``describe``: its own data validated by the estimator's checks.
-
-    ``fd`` holds this one client. Raises the estimator's error (naming the client and the column)
-    when the data do not fit the estimator; otherwise returns counts and column names only.
-    """
-    import json
-
-    if fd.n_clients != 1:
-        raise ValueError(f"describe_client expects one client's data, got {fd.n_clients}")
-    extras: dict[str, Any] = {}
-    dropped = sum(fd.missing_target_counts().values())
-    if msg.get("estimator"):
-        est = estimator_from_config(str(msg["estimator"]),
-                                    json.loads(str(msg.get("estimator_params", "{}"))))
-        if not getattr(est.capabilities, "missing_values", False):
-            fd.refuse_missing()
-        if dropped and not getattr(est.capabilities, "missing_target", False):
-            fd.refuse_missing_target()
-        extras = est._describe_local(fd.with_target() if dropped else fd)
-    if fd.has_missing:  # the server asks for the missing-data form of its queries
-        extras = {**extras, "missing": True}
-    if dropped:  # rows the node leaves out of the fit (FederatedModel.fit_data)
-        extras = {**extras, "missing_target": dropped}
-    (cid,) = fd.client_ids
-    return {
-        "client_id": cid,
-        "n_samples": int(fd[cid].n_samples),
-        "feature_names": json.dumps(list(fd.feature_names)),
-        "target_name": fd.target_name or "",
-        "entity_name": fd.entity_name or "",
-        "has_target": bool(fd.has_target),
-        "has_entity": bool(fd.has_entity),
-        "extras": json.dumps(extras),
-    }

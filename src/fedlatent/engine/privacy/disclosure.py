@@ -95,11 +95,14 @@ differences that cancel the totals), full participation or differential privacy 
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DisclosurePolicy",
@@ -229,9 +232,9 @@ def _count_rule(policy: DisclosurePolicy, counts, what: str, per_block: bool,
     if small is None:
         return None
     where = "a block of " if per_block else ""
-    return (f"{who}: {where}{what} is a sum over {_fmt(small)} record(s), fewer than "
-            f"{rule}={threshold} (DataSHIELD nfilter.tab); it is not sent. Merge small "
-            f"clients or lower DisclosurePolicy({rule}=...); {_OFF_HINT}")
+    return (f"{who}: {where}{what} is a sum over fewer than {rule}={threshold} records "
+            f"(DataSHIELD nfilter.tab); it is not sent. Merge small clients or lower "
+            f"DisclosurePolicy({rule}=...); {_OFF_HINT}")
 
 
 def check_counts(policy: DisclosurePolicy, client: str, counts, what: str, *,
@@ -296,8 +299,8 @@ def check_tree_leaves(policy: DisclosurePolicy, client: str, leaf_sizes,
     sizes = np.asarray(leaf_sizes, dtype=np.float64).ravel()
     if sizes.size == 0 or sizes.min() >= policy.tree_min_leaf:
         return None
-    return (f"client {client!r}: {what} has a leaf with {_fmt(sizes.min())} training "
-            f"record(s), fewer than tree_min_leaf={policy.tree_min_leaf} (DataSHIELD "
+    return (f"client {client!r}: {what} has a leaf with fewer than tree_min_leaf="
+            f"{policy.tree_min_leaf} training records (DataSHIELD "
             f"nfilter.tab); it is not sent. Fit it with min_samples_leaf="
             f"{policy.tree_min_leaf}; {_OFF_HINT}")
 
@@ -406,9 +409,13 @@ def check_level_counts(policy: DisclosurePolicy, client: str, column: str, level
     bad = np.flatnonzero((counts > 0) & (counts < t))
     if bad.size == 0:
         return None
-    names = ", ".join(f"{str(levels[i])!r} ({_fmt(counts[i])})" for i in bad[:5])
-    return (f"client {client!r}: column {column!r} has level(s) {names} held by fewer than "
-            f"min_records_per_block={t} record(s) (DataSHIELD nfilter.tab); any sum carrying "
-            f"their indicator gives those records back, so nothing is sent. Merge rare levels "
+    logger.warning("client %r: column %r: level(s) %s held by fewer than "
+                   "min_records_per_block=%d records (this line stays at the site; the "
+                   "refusal the server gets names no level)", client, column,
+                   ", ".join(f"{str(levels[i])!r} ({_fmt(counts[i])})" for i in bad[:10]), t)
+    return (f"client {client!r}: column {column!r} has {bad.size} level(s) held by fewer than "
+            f"min_records_per_block={t} records (DataSHIELD nfilter.tab; the site's own log "
+            f"names them); any sum carrying their indicator gives those records back, so "
+            f"nothing is sent. Merge rare levels "
             f"into a common one on every client before encoding (e.g. df[{column!r}].replace"
             f"(..., 'other')), or drop the column; {_OFF_HINT}")

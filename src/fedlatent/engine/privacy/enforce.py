@@ -42,6 +42,7 @@ from fedlatent.engine.stats import Stats
 
 __all__ = [
     "DisclosureRefused",
+    "looser",
     "policy_from_json",
     "policy_to_json",
     "setup_refusal",
@@ -102,14 +103,33 @@ def stricter(a: DisclosurePolicy, b: DisclosurePolicy) -> DisclosurePolicy:
     return DisclosurePolicy(**out)
 
 
+def looser(floor: DisclosurePolicy, sent: DisclosurePolicy) -> list[str]:
+    """The disclosure settings in which ``sent`` is looser than ``floor``, as
+    ``"name=value (floor value)"`` (count scope aside: it is enforced per message)."""
+    out = []
+    for f in fields(DisclosurePolicy):
+        a, b = getattr(floor, f.name), getattr(sent, f.name)
+        if f.name == "count_scope":
+            continue
+        if f.name == "allow_row_storing_learners":
+            loose = b and not a
+        elif f.name in _LOWER_IS_STRICTER:
+            loose = b > a
+        else:
+            loose = b < a
+        if loose:
+            out.append(f"{f.name}={b} (floor {a})")
+    return out
+
+
 def setup_refusal(policy: DisclosurePolicy, client: str, n_records: int) -> str | None:
     """Why a client holding ``n_records`` records refuses to take part, or None."""
     if policy.count_scope != "client" or not 0 < n_records < policy.min_records:
         return None
     return (f"client {client!r}: refused by the disclosure policy: min_records="
-            f"{policy.min_records} (it holds {n_records} record(s), so every sum it could send "
+            f"{policy.min_records} (it holds fewer records, so every sum it could send "
             f"would disclose them; DataSHIELD nfilter.tab). Merge it with another client, or "
-            f"pass Federation(disclosure=DisclosurePolicy(min_records={n_records})) or "
+            f"pass Federation(disclosure=DisclosurePolicy(min_records=...)) or "
             f"Federation(disclosure=DisclosurePolicy.off()) if its records may be disclosed")
 
 

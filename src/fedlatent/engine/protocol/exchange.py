@@ -293,11 +293,15 @@ class SiteSetup:
     rules : dict of str to str
         The rule of each of ``excluded`` (``"disclosure"``, ``"privacy"``, ``"site policy:
         ..."``).
+    adopted : dict
+        The disclosure floors the sites announced that raised the server's policy
+        (:func:`~fedlatent.engine.protocol.settings.adopt_floors`; empty: none).
     """
 
     n_units: dict[str, int]
     excluded: dict[str, str] = field(default_factory=dict)
     rules: dict[str, str] = field(default_factory=dict)
+    adopted: dict[str, Any] = field(default_factory=dict)
 
 
 def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
@@ -324,13 +328,19 @@ def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
     statistics (accelerated EM's multi-point rounds: 1 + the extra points; each client counts
     them itself on every round when no cohort rule applies). ``fit``: the setup is a fit's
     (its clients check the saturation and rare-level rules now, before the first round; any
-    client also checks them on its first round statistic).
+    client also checks them on its first round statistic). The sites' announced floors are
+    adopted first (:mod:`~fedlatent.engine.protocol.settings`: the strictest of them all).
     """
+    from fedlatent.engine.protocol.settings import adopt_floors, site_settings
+
+    disclosure, adopted = adopt_floors(DisclosurePolicy() if disclosure is None else disclosure,
+                                       site_settings(runtime))
     msg = _setup_message(model, disclosure, privacy, privacy_releases, run, batch_size,
                          cohort is not None or batch_size is not None or fit)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()},
                   model=model, required=None)
-    out = SiteSetup({}, *_left_out(replies, len(runtime.client_ids), on_refusal, min_clients))
+    out = SiteSetup({}, *_left_out(replies, len(runtime.client_ids), on_refusal, min_clients),
+                    adopted=adopted)
     ids = [c for c in runtime.client_ids if c not in out.excluded]
     if isinstance(replies, RowReplies):  # answered at once: the units as one array
         units = replies.fields["n_units"]
@@ -392,7 +402,7 @@ def _left_out(replies, n_clients: int, on_refusal: str,
         return {}, {}
     failed = {c: why for c, why in faults.items() if c not in replies.refused}
     kept = n_clients - len(faults)
-    if failed or on_refusal != "exclude" or kept == 0:
+    if failed or on_refusal != "exclude" or (kept == 0 and min_clients > 0):
         raise FederatedFitError(f"setup: {fault_detail(faults)}; nothing of this exchange "
                                 "was used", faults=faults)
     if kept < min_clients:

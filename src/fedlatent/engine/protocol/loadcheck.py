@@ -87,8 +87,9 @@ _FITTED = {"n_iter_": int, "n_rounds_": int, "converged_": bool, "seed_": int,
 
 def check_saved(cls, arrays: dict[str, np.ndarray], meta: dict, npz, js) -> None:
     """What every saved model must satisfy before an estimator is built from it: the arrays
-    are exactly ``cls._save_arrays``, plain numbers or text (no objects), finite (except the
-    fields in ``cls._load_nonfinite``); the JSON's fitted fields are the known ones with the
+    are exactly ``cls._save_arrays``, plain numbers (text only in the fields of
+    ``cls._load_text``: ids, class labels; never objects), finite (except the fields in
+    ``cls._load_nonfinite``); the JSON's fitted fields are the known ones with the
     right types. ValueError naming the file and the field otherwise."""
     want = set(cls._save_arrays)
     missing = sorted(want - set(arrays))
@@ -99,9 +100,13 @@ def check_saved(cls, arrays: dict[str, np.ndarray], meta: dict, npz, js) -> None
     if extra:
         raise ValueError(f"{npz}: unexpected array(s) {extra[:5]} (a {cls.__name__} saves "
                          f"{sorted(want)})")
+    text = set(getattr(cls, "_load_text", ()))
     for name, a in arrays.items():
-        if a.dtype.kind not in "biufU":
-            raise ValueError(f"{npz}: field {name!r} has dtype {a.dtype}, not numbers or text")
+        kinds, what = ("biufU", "numbers or text") if name in text else ("biuf", "numbers")
+        if a.dtype.kind not in kinds:
+            raise ValueError(f"{npz}: field {name!r} has dtype {a.dtype}, not {what} (a "
+                             f"{cls.__name__} saves {what} there); the file was edited or is "
+                             "not this model's")
         if a.dtype.kind in "fc" and name not in cls._load_nonfinite and \
                 not np.all(np.isfinite(a)):
             raise ValueError(f"{npz}: field {name!r} has NaN or infinite values")

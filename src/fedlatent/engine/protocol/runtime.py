@@ -52,6 +52,13 @@ class Runtime(ABC):
         """
         return None
 
+    def provision_identities(self, client_ids: list[str]) -> None:
+        """Give the sites this runtime holds itself a signing key and a roster of each other's
+        keys, for secure aggregation (before its set-up). The default does nothing: the sites
+        of a deployment bring their own (a site policy's ``signing-key`` and ``roster``); the
+        in-process and simulation runtimes hold every site, and provision them."""
+        return None
+
     # Checkpointing of client state is possible only where the runtime can see it (in-process).
     def get_client_states(self) -> dict[str, dict[str, np.ndarray]] | None:
         return None

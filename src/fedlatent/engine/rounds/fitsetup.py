@@ -30,6 +30,8 @@ class FitSetup:
         :class:`~fedlatent.engine.protocol.runtime.SiteSubset` of the others.
     excluded : dict of str to str
         The sites left out of the fit (``Federation(on_refusal="exclude")``) and why.
+    adopted : dict
+        The disclosure floors the sites announced that raised the fit's policy.
     """
 
     n_units: dict[str, int]
@@ -37,6 +39,7 @@ class FitSetup:
     privacy: Any = None
     runtime: Any = None
     excluded: dict[str, str] = field(default_factory=dict)
+    adopted: dict[str, Any] = field(default_factory=dict)
 
 
 def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, *,
@@ -52,6 +55,7 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
     ledgers (:func:`~fedlatent.engine.protocol.exchange.setup_sites`)."""
     from fedlatent.engine.privacy.disclosure import effective
 
+    federation.check_model(model)  # before any message: statistics valid only where computed
     if federation.privacy is not None and privacy is None:
         from fedlatent.engine.privacy.dp import PrivacyBudget, planned_releases
 
@@ -79,7 +83,8 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
         from fedlatent.engine.secagg.secure import open_channel
 
         secure = open_channel(runtime, federation, sites.n_units, max_rounds)
-    return FitSetup(sites.n_units, secure, privacy, runtime, dict(sites.excluded))
+    return FitSetup(sites.n_units, secure, privacy, runtime, dict(sites.excluded),
+                    dict(sites.adopted))
 
 
 def site_refusals(runtime: Runtime, model, federation: Federation,

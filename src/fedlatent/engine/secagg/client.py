@@ -1,16 +1,17 @@
-"""The client side of secure aggregation: keys, shares, masking and the guarded reveal.
+"""The client side of secure aggregation: keys, shares, masking, the consistency round and the
+guarded reveal.
 
-One :class:`SecAggClient` lives on a client for a whole fit. Its secrets (one X25519 private key
-and a self-mask seed per planned exchange) come from the operating system; only public keys,
-AEAD ciphertexts of shares, masked vectors, and what the multi-round rule allows (shares of a
-surviving neighbour's self-mask seed, a dropped neighbour's pair mask of that exchange) ever
-leave it.
+One :class:`SecAggClient` lives on a client for a whole fit. Its secrets (one X25519 private key,
+a nonce, and a self-mask seed per planned exchange) come from the operating system; only a
+commitment, public keys, AEAD ciphertexts of shares, masked vectors, its confirmations of
+its surviving neighbours (:mod:`~.consistency`), and what the multi-round rule allows (shares
+of a surviving neighbour's self-mask seed, a dropped neighbour's pair mask of that exchange)
+ever leave it.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -18,55 +19,25 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
+import fedlatent.engine.secagg.consistency as consistency
 import fedlatent.engine.secagg.shamir as shamir
+from fedlatent.engine.secagg.enrol import Enrolment
 from fedlatent.engine.secagg.protocol import (
-    KEY_FIELDS,
-    KEYS_PURPOSE,
-    SIGNATURE_FIELD,
     Roster,
     SecAggConfig,
     SecureAggregationError,
-    as_bytes,
-    as_u8,
     describe,
     exchange_label,
-    json_str,
-    keys_payload,
-    pair_keys,
-    pair_keys_many,
     pair_nonce,
     self_mask,
 )
 
-__all__ = ["SecAggClient", "share_context"]
+__all__ = ["SecAggClient"]
 
 log = logging.getLogger(__name__)
 
-SEALED_BYTES = 12 + shamir.SEED_SHARE_BYTES + 16  # nonce, one slot's share, Poly1305 tag
 
-
-SHARE_TAG = b"fedlatent/secagg/share\x00"
-
-
-def share_context(sender: str, recipient: str) -> bytes:
-    """Associated data binding a share message to (sender, recipient): the tag and the JSON
-    list ``[sender, recipient]``."""
-    return SHARE_TAG + b"[" + json_str(sender) + b", " + json_str(recipient) + b"]"
-
-
-def share_contexts(sender: str, recipients: Sequence[str]) -> list[bytes]:
-    """:func:`share_context` of one sender and many recipients."""
-    head = SHARE_TAG + b"[" + json_str(sender) + b", "
-    return [head + json_str(v) + b"]" for v in recipients]
-
-
-def share_contexts_to(senders: Sequence[str], recipient: str) -> list[bytes]:
-    """:func:`share_context` of many senders and one recipient."""
-    tail = b", " + json_str(recipient) + b"]"
-    return [SHARE_TAG + b"[" + json_str(u) + tail for u in senders]
-
-
-class SecAggClient:
+class SecAggClient(Enrolment):
     """One client's secure-aggregation state for a fit.
 
     Parameters
@@ -74,30 +45,37 @@ class SecAggClient:
     client_id : str
         The client's id (its order among the ids fixes the signs of pairwise masks).
     config : SecAggConfig
-        The public threshold and fixed-point encoding.
+        The public threshold, fixed-point encoding and graph settings.
     run : str
         The run this set-up belongs to, and ``round`` the round it happens in: both are bound
-        into the client's signature of its keys (:meth:`public_keys` with a signer), so a
-        signature made for one run or round never authenticates keys in another; the run is
+        into the client's commitment and its signatures (:meth:`public_keys` with a signer), so
+        a signature made for one run or round never authenticates keys in another; the run is
         also bound into every pair's keys (:func:`~.protocol.pair_keys`).
     round : int
+    graph_commit : bytes, optional
+        SHA-256 of the server's graph seed, sent before this client drew its keys.
 
     Notes
     -----
-    Authenticated peers (optional): a client given its site's signing key signs its public
-    keys; a client given a pinned roster (:class:`fedlatent.engine.site.keys.Roster`) accepts
-    the relayed roster only when every peer's keys carry a valid signature of that peer's
-    rostered key for this run and round, and aborts naming the peer otherwise. Without a
-    roster nothing is verified: the server is trusted to relay keys faithfully
-    (honest-but-curious).
+    Order of calls, once per fit (:mod:`~fedlatent.engine.secagg.enrol`): :meth:`commitment`
+    -> (the server closes the list) :meth:`open` -> (the server relays the roster)
+    :meth:`receive_peer_keys` -> :meth:`share_messages` -> (the server relays)
+    :meth:`receive_shares`; then per exchange :meth:`mask`, :meth:`consistency` (sign the
+    split of its neighbourhood) and :meth:`reveal`.
 
-    Order of calls: :meth:`public_keys` -> (server relays) :meth:`receive_peer_keys` ->
-    :meth:`share_messages` -> (server relays) :meth:`receive_shares`, once per fit; then per
-    exchange :meth:`mask` and, when the server asks, :meth:`reveal`.
+    Authenticated peers: a client given its site's signing key signs its public keys; a
+    client given a pinned roster (:class:`fedlatent.engine.site.keys.Roster`) accepts the
+    relayed roster only when every peer's keys carry a valid signature of that peer's
+    rostered key for this set-up, and then reveals a peer's share only holding that peer's
+    confirmation (:mod:`~fedlatent.engine.secagg.consistency`: a token of the pair's secret,
+    agreed from the authenticated keys). Without a roster nothing is verified: the server,
+    which could then stand in for any peer, is trusted to relay keys and splits faithfully
+    (honest-but-curious).
 
     References
     ----------
-    Bonawitz et al., CCS 2017, section 4 (Figure 4); Bell et al., CCS 2020 (SecAgg+).
+    Bonawitz et al., CCS 2017, section 4 (Figure 4) and its malicious-model consistency check;
+    Bell et al., CCS 2020 (SecAgg+).
     """
 
     def __init__(self, client_id: str, config: SecAggConfig, *, run: str = "",
@@ -109,8 +87,16 @@ class SecAggClient:
         self.graph_commit = None if graph_commit is None else bytes(graph_commit)
         self.run, self.setup_round = str(run), int(round)
         self._private = _crypto.generate_private()  # c_u: share keys and pair masks
+        self._nonce = _crypto.random_bytes()  # r_u: what its commitment hides with its key
         self._seeds = shamir.draw_seeds(config.n_slots)  # b_u per slot, (E, LIMBS)
         self._public: dict[str, bytes] | None = None  # its public key fields, once computed
+        self._committed = False
+        # the closed list's digest and size, as the server sent them before the keys opened
+        self._closed: bytes | None = None
+        self._closed_n = 0
+        # whether its peers' keys were verified against a pinned roster: then it reveals only
+        # after the consistency round, by the split it confirmed
+        self._authenticated = False
         self._roster: Roster | None = None
         self._shared = False
         # owner -> the opened bytes of its shares: this client's share of b_owner, per slot
@@ -122,192 +108,14 @@ class SecAggClient:
         self._mask_words: dict[bytes, int] = {}  # exchange label -> the words it masked
         self._slot_of: dict[bytes, int] = {}  # exchange label -> the slot it used
         self._revealed: set[bytes] = set()
+        # exchange label -> (tokens it gives, tokens it expects), by place in its closed
+        # neighbourhood (zero where no participant): :func:`~.consistency.split_words`
+        self._tokens: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+        # exchange label -> (survivors, dropped): the split it signed, and reveals by
+        self._split: dict[bytes, tuple[list[str], list[str]]] = {}
         # slot -> {peer: the exchange in which its self-seed share / pair mask was revealed}
         self._self_shown: dict[str, dict[str, str]] = {}
         self._pair_shown: dict[str, dict[str, str]] = {}
-
-    # --- set-up, once per fit -----------------------------------------------------------------
-    def public_keys(self, signer=None) -> dict[str, np.ndarray]:
-        """The public key of c_u and a SHA-256 commitment to each slot's b_u (uint8 arrays).
-
-        With ``signer`` (the site's :class:`~fedlatent.engine.site.keys.SiteKeys`), also
-        ``"signature"``: its Ed25519 signature of the keys, this client's id, the run and the
-        set-up round.
-        """
-        if self._public is None:  # drawn once: computed once
-            self._public = {"enc_key": _crypto.public_raw(self._private),
-                            "self_commit": b"".join(_crypto.commit_many(self._self_seeds))}
-        out = {k: as_u8(v) for k, v in self._public.items()}
-        if signer is not None:
-            payload = keys_payload({k: v.tobytes() for k, v in out.items()})
-            out[SIGNATURE_FIELD] = as_u8(signer.sign(KEYS_PURPOSE, self.key_context(self.id),
-                                                     payload))
-        return out
-
-    @functools.cached_property
-    def _self_seeds(self) -> list[bytes]:
-        """Each slot's self-mask seed b_u, 32 bytes (what keys its self mask; drawn once)."""
-        return shamir.seed_bytes(self._seeds)
-
-    def key_context(self, site: str) -> dict:
-        """What a site's signature of its keys is bound to: the site, the run, the round, and
-        the public settings of the set-up."""
-        return {"site": str(site), "run": self.run, "round": self.setup_round,
-                "threshold": int(self.config.threshold), "slots": self.config.slots}
-
-    def receive_peer_keys(self, roster: Mapping, trust=None) -> None:
-        """Take the roster the server broadcasts (:meth:`SecAggServer.collect_keys`): every
-        enrolled client's public keys, its own among them unchanged.
-
-        With ``trust`` (a pinned :class:`~fedlatent.engine.site.keys.Roster`), every peer's
-        keys must carry its rostered key's signature for this run and round: an unknown,
-        unsigned or substituted peer raises SecureAggregationError naming it, before any
-        secret is derived from its keys.
-        """
-        if self._roster is not None:
-            raise SecureAggregationError(f"client {self.id!r}: keys are set up once per fit; "
-                                         "start a new SecAggClient to rejoin with new keys")
-        roster = Roster.from_message(roster, self.config)
-        self.public_keys()
-        if roster.keys.get(self.id) != self._public:
-            raise SecureAggregationError(f"client {self.id!r}: the relayed roster lacks or "
-                                         "alters this client's own public keys")
-        if self.config.sparse(roster.n):
-            self._check_graph(roster)
-        if trust is not None:
-            self._authenticate(roster, trust)
-        self.config.encoding.check_capacity(roster.n)
-        self._roster = roster
-
-    def _check_graph(self, roster: Roster) -> None:
-        """On a sparse graph: the revealed seed matches the commitment this client got before
-        it drew its keys, and the keys relayed are those of its own neighbourhood, which it
-        derives itself (never a list the server chose)."""
-        seed = roster.graph_seed
-        if self.graph_commit is None or seed is None or _crypto.commit(seed) != self.graph_commit:
-            raise SecureAggregationError(
-                f"client {self.id!r}: the masking graph's seed does not match the commitment "
-                "the server sent before the keys (or one of them is missing); the server could "
-                "have chosen the graph: set-up refused")
-        near = roster.graph.closed(self.id)
-        if sorted(roster.keys) != list(near):
-            raise SecureAggregationError(
-                f"client {self.id!r}: the relayed keys are of {sorted(roster.keys)}, not of its "
-                f"neighbourhood {list(near)} on the masking graph the seed fixes")
-
-    def _authenticate(self, roster: Roster, trust) -> None:
-        """Verify every peer's signed keys against the pinned roster ``trust``."""
-        from fedlatent.engine.site.keys import AuthenticationError
-
-        for v in sorted(roster.keys):  # the peers whose keys it uses
-            if v == self.id:
-                continue
-            try:
-                trust.verify(v, roster.signatures[v], KEYS_PURPOSE, self.key_context(v),
-                             keys_payload({f: roster.keys[v][f] for f in KEY_FIELDS}),
-                             what="the key announcement")
-            except AuthenticationError as err:
-                log.warning("client %r: secure aggregation set-up aborted: %s", self.id, err)
-                raise SecureAggregationError(
-                    f"client {self.id!r}: peer {v!r} is not authenticated: {err}") from err
-
-    def share_messages(self) -> dict[str, np.ndarray]:
-        """Shamir shares of every slot's b_u for each neighbour on the masking graph (every other
-        enrolled client on the complete graph), dealt at once (:func:`~.shamir.share_seeds`)
-        and sealed in one ChaCha20-Poly1305 message per neighbour, under the share key of the
-        pair (:func:`~.protocol.pair_keys`) and bound to (u, v): ``{peer: bytes}``
-        (:meth:`sealed_shares` as a mapping)."""
-        peers, rows = self.sealed_shares()
-        return dict(zip(peers, rows))
-
-    def sealed_shares(self) -> tuple[list[str], np.ndarray]:
-        """:meth:`share_messages` as ``(peers, rows)``: the sorted neighbours and a (k, 12 +
-        32 slots + 16) uint8 array, row i the sealed message to ``peers[i]`` (what the engine's
-        set-up message carries: one array, not one field per neighbour)."""
-        roster = self._need_roster()
-        if self._shared:
-            raise SecureAggregationError(f"client {self.id!r}: shares are dealt once per fit")
-        t = self.config.share_threshold(roster.n)
-        near = roster.graph.closed(self.id)
-        shares = shamir.share_seeds(self._seeds, roster.x_of(near), t)
-        raw = shares.astype("<u4", copy=False).tobytes()  # a holder's share of every slot
-        w, me = len(raw) // len(near), near.index(self.id)
-        self._blobs[self.id] = raw[me * w:me * w + w]
-        peers = [v for v in near if v != self.id]
-        view = memoryview(raw)  # slices without copies: the seal reads them
-        plain = [view[i * w:i * w + w] for i in range(len(near)) if i != me]
-        keys = [block[:32] for block in self._pair_blocks(peers)]  # the pairs' share keys
-        rows = _crypto.aead_seal_rows(keys, plain, share_contexts(self.id, peers))
-        self._shared = True
-        return peers, rows
-
-    def receive_shares(self, sealed: Mapping[str, np.ndarray]) -> None:
-        """Open the shares the server relays ``{sender: bytes}``; a sender whose ciphertext does
-        not open is named."""
-        senders = [str(u) for u in sealed]
-        self.receive_sealed(senders, [as_bytes(sealed[u], what=f"share from {u!r}")
-                                      for u in sealed])
-
-    def receive_sealed(self, senders: Sequence[str], sealed) -> None:
-        """:meth:`receive_shares` of ``senders`` and their messages (bytes each, or the rows of
-        a uint8 array): every sender checked (enrolled, a neighbour, once), every message
-        opened, then every share checked at once (field elements)."""
-        roster = self._need_roster()
-        near = roster.graph.closed_set(self.id)
-        given = set(senders)
-        if len(given) == len(senders) and self.id not in given and near.issuperset(given) \
-                and given.isdisjoint(self._blobs):  # as the server relays: checked at once
-            senders = list(senders)
-        else:
-            self._check_senders(roster, near, senders)
-        sealed = _rows_bytes(sealed)
-        keys = [block[:32] for block in self._pair_blocks(senders)]
-        opened = _crypto.aead_open_rows(keys, sealed, share_contexts_to(senders, self.id))
-        size = shamir.SEED_SHARE_BYTES * self.config.n_slots
-        if opened is None or any(len(p) != size for p in opened):  # name the first bad one
-            opened = [self._open_share(u, msg) for u, msg in zip(senders, sealed)]
-        words = np.frombuffer(b"".join(opened), dtype="<u4").reshape(len(opened), -1)
-        bad = np.flatnonzero(np.any(words >= shamir.P31, axis=1))  # checked at once
-        if bad.size:
-            raise SecureAggregationError(f"client {self.id!r}: the share from "
-                                         f"{senders[bad[0]]!r} holds a value that is not a "
-                                         "field element")
-        self._blobs.update(zip(senders, opened))
-
-    def _check_senders(self, roster: Roster, near, senders: Sequence[str]) -> None:
-        """The error naming the first sender of shares that is not another enrolled client, not
-        a neighbour, or sent twice."""
-        seen: set[str] = set()
-        for u in senders:
-            if u == self.id or (u not in near and not roster.enrolled(u)):
-                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
-                                             "not another enrolled client")
-            if u not in near:
-                raise SecureAggregationError(f"client {self.id!r}: a share from {u!r}, which is "
-                                             "not its neighbour on the masking graph")
-            if u in self._blobs or u in seen:
-                raise SecureAggregationError(f"client {self.id!r}: a second share from {u!r}")
-            seen.add(u)
-
-    def _open_share(self, u: str, msg) -> bytes:
-        """The opened share message from ``u`` (its size checked), or the error naming it."""
-        size = shamir.SEED_SHARE_BYTES * self.config.n_slots
-        try:
-            plain = _crypto.aead_open(self._share_key(u, self.id), bytes(msg),
-                                      share_context(u, self.id))
-        except ValueError as exc:
-            raise SecureAggregationError(f"client {self.id!r}: the share from {u!r} does not "
-                                         f"open ({exc})") from exc
-        if len(plain) != size:
-            raise SecureAggregationError(
-                f"client {self.id!r}: the share from {u!r} holds {len(plain)} bytes, "
-                f"expected {size} ({self.config.n_slots} slots)")
-        return plain
-
-    @property
-    def enrolled(self) -> tuple[str, ...]:
-        """Clients whose shares this client holds (itself included): whom it can mask with."""
-        return tuple(sorted(self._blobs))
 
     # --- per exchange -------------------------------------------------------------------------
     def mask(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
@@ -329,13 +137,28 @@ class SecAggClient:
         layout, y = self.config.encoding.encode_flat(stats, client=self.id)
         n = y.size
         me = bisect.bisect_left(P, self.id)  # P is sorted: peers before u subtract, after add
-        rows = self._pair_masks(P[:me] + P[me + 1:], label, n)
+        peers = P[:me] + P[me + 1:]
+        rows = self._pair_masks(peers, label, n + consistency.TOKEN_WORDS, e)
+        self._keep_tokens(roster, label, rows, peers, me, n)
+        rows = rows[:, :n]
         y += self_mask(self._self_seeds[e], label, n)
         y += rows[me:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
         y -= rows[:me].sum(axis=0, dtype=np.uint64)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n
         return layout.unflatten(y, copy=False)  # y is this reply's own
+
+    def announced(self, bits) -> list[str]:
+        """The participants a round message announces as bits over this client's closed
+        neighbourhood (sorted), little-endian within each byte (a uint8 array)."""
+        closed = self._need_roster().graph.closed(self.id)
+        a = np.asarray(bits)
+        if a.dtype != np.uint8 or a.shape != ((len(closed) + 7) // 8,):
+            raise SecureAggregationError(
+                f"client {self.id!r}: the participants announced must be {(len(closed) + 7) // 8}"
+                f" bytes of bits over its neighbourhood, got {a.dtype} {a.shape}")
+        flags = np.unpackbits(a, count=len(closed), bitorder="little")
+        return [closed[i] for i in np.flatnonzero(flags).tolist()]
 
     def _mask_participants(self, roster: Roster, participants, label: bytes,
                            where: str) -> list[str]:
@@ -363,60 +186,161 @@ class SecAggClient:
                 f"client {self.id!r}: participant {v!r} of {where} was declared dropped in {at} "
                 "and its pair masks revealed; it must rejoin with new keys (a new set-up)")
         t = self.config.share_threshold(roster.n)
-        if len(P) < t:
+        if self._holders(roster, P) < t:
             raise SecureAggregationError(f"{where}: {len(P)} participants{self._of_near(roster)}, "
                                          f"fewer than the {self._kind(roster)}threshold {t}; the "
                                          "sum could never be unmasked")
         return P
 
-    def reveal(self, round: int, exchange: str, survivors: Sequence[str],
-               dropped: Sequence[str]) -> dict[str, np.ndarray]:
-        """What the server needs to unmask one exchange's sum, for its neighbours on the masking
-        graph (and itself), in the sorted order of ``survivors`` and ``dropped``: ``"self"``,
-        one row of 32 bytes per survivor v, this client's share of b_v,e; and when a neighbour
-        dropped, ``"pair"``, one row per dropped participant d, the pair mask of (d, this
-        client) of this exchange only (its uint64 words as bytes, little-endian).
+    def _holders(self, roster: Roster, members) -> int:
+        """How many of ``members`` (this client among them) may reveal a share of its seed: on
+        a sparse graph its neighbours only (a client never reveals its share of its own seed
+        there: the server needs ``t`` of its neighbours), on the complete graph all of them."""
+        return len(members) - 1 if self.config.sparse(roster.n) else len(members)
 
-        Refuses (SecureAggregationError) when the split does not match the participants this
-        client masked with, when fewer than ``threshold`` survived, when the exchange was already
-        revealed, or when a peer would get both its self-seed share and a pair mask of the same
-        slot revealed (with one secret per fit: of any two exchanges).
+    def _keep_tokens(self, roster: Roster, label: bytes, rows: np.ndarray, peers, me: int,
+                     n: int) -> None:
+        """The exchange's tokens with each peer (:func:`~.consistency.split_words`; ``peers``
+        sorted, the first ``me`` of them before this client), kept by place in this client's
+        closed neighbourhood."""
+        out, into = consistency.split_words(rows, me, n)
+        place = self._own_place(roster)
+        at = [place[v] for v in peers]
+        give, want = np.zeros(len(place), np.uint64), np.zeros(len(place), np.uint64)
+        give[at], want[at] = out, into
+        self._tokens[label] = (give, want)
+
+    def consistency(self, round: int, exchange: str, survivors: Sequence[str] | None,
+                    dropped: Sequence[str]) -> dict[str, np.ndarray]:
+        """Confirm this client's split of its participants in one exchange, before any reveal:
+        ``{"confirm": uint8 array}``, one word per member of its closed neighbourhood (sorted):
+        the token ``tau(self -> w)`` for each surviving ``w``, zero elsewhere
+        (:mod:`~.consistency`). ``survivors`` None: every participant but ``dropped`` (what the
+        server sends when none dropped).
+
+        Refused (SecureAggregationError): a split that does not divide its participants, in
+        which it did not survive or too few did, an exchange it did not mask in, and a second
+        split of one exchange (it reveals once, by the split it confirmed: :meth:`reveal`).
         """
         roster = self._need_roster()
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
+        if label in self._split or label in self._revealed:
+            raise SecureAggregationError(f"client {self.id!r}: already confirmed its split of "
+                                         f"{where}; it confirms one per exchange")
+        mine = self._masked.get(label, ())
+        if survivors is None:  # every participant but the dropped
+            gone = set(map(str, dropped))
+            survivors = [u for u in mine if u not in gone]
         S, D = self._reveal_split(roster, label, survivors, dropped, where)
+        self._split[label] = (S, D)
+        give = self._tokens[label][0].copy()
+        if D:
+            place = self._own_place(roster)
+            give[[place[d] for d in D]] = 0
+        return {"confirm": give.astype("<u8", copy=False).view(np.uint8)}
+
+    def _own_place(self, roster: Roster) -> dict[str, int]:
+        """``{member: its place}`` in this client's closed neighbourhood (sorted), once."""
+        got = getattr(self, "_own_places", None)
+        if got is None:
+            got = self._own_places = {u: i for i, u in enumerate(roster.graph.closed(self.id))}
+        return got
+
+    def reveal(self, round: int, exchange: str, survivors: Sequence[str] | None = None,
+               dropped: Sequence[str] | None = None, confirmations=None) -> dict[str, np.ndarray]:
+        """What the server needs to unmask one exchange's sum, by the split this client
+        confirmed (:meth:`consistency`): ``"self"``, one row of 32 bytes per survivor ``v`` of
+        its neighbourhood (itself left out on a sparse graph), its share of b_v,e; and when a
+        neighbour dropped, ``"pair"``, one row per dropped participant d, the pair mask of (d,
+        this client) of this exchange only (its uint64 words as bytes, little-endian).
+
+        ``confirmations``: the tokens of the surviving neighbours whose shares it reveals (one
+        word each, in their sorted order, as the server relays them); with a pinned roster each
+        must be the token its pair's secret gives (:func:`~.consistency.check`).
+        ``survivors`` and ``dropped``, when given, must be the split it confirmed; a client
+        without a pinned roster that confirmed none takes them as its split (the server is
+        trusted then: honest-but-curious).
+
+        Refuses (SecureAggregationError) what :meth:`consistency` refuses, a reveal before the
+        consistency round (with a roster), a missing or wrong confirmation, a second reveal of
+        an exchange, and a peer that would get both its self-seed share and a pair mask of the
+        same slot revealed (with one secret per fit: of any two exchanges).
+        """
+        roster = self._need_roster()
+        where = describe(round, exchange)
+        label = exchange_label(round, exchange)
+        S, D = self._signed_split(roster, label, survivors, dropped, where)
+        owners = [u for u in S if u != self.id] if self.config.sparse(roster.n) else S
+        if self._authenticated or confirmations is not None:
+            place, others = self._own_place(roster), [u for u in S if u != self.id]
+            want = self._tokens[label][1][[place[u] for u in others]]
+            consistency.check(self.id, others, confirmations, want, where)
         e = self._slot_of[label]
         key = str(e)
         held, pairs = self._self_shown.get(key, {}), self._pair_shown.get(key, {})
+        self._never_both(D, owners, held, pairs, where)
+        at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
+        blobs = self._blobs
+        out = {"self": np.frombuffer(b"".join([blobs[u][at:at + n] for u in owners]),
+                                     np.uint8).reshape(-1, n).copy()}
+        if D:
+            words = self._mask_words[label]
+            out["pair"] = np.ascontiguousarray(self._pair_masks(D, label, words, e),
+                                               "<u8").view(np.uint8).reshape(len(D), 8 * words)
+        shown = dict.fromkeys(owners, where)  # the first exchange to reveal one is kept
+        shown.update(held)
+        self._self_shown[key] = shown
+        if D:
+            self._pair_shown[key] = {**dict.fromkeys(D, where), **pairs}
+        self._revealed.add(label)
+        self._split.pop(label, None)  # revealed once: its split and tokens are done with
+        self._tokens.pop(label, None)
+        if D:
+            log.info("client %r revealed its pair masks with dropped %s in %s", self.id, D, where)
+        return out
+
+    def _never_both(self, D, owners, held, pairs, where: str) -> None:
+        """Refuse a pair mask of a peer whose self-mask seed share was revealed for the slot
+        (``held``), or a share of one whose pair mask was (``pairs``)."""
         for d in D:
             if d in held:
                 raise SecureAggregationError(
                     f"client {self.id!r}: refusing to reveal the pair mask of {d!r} (declared "
                     f"dropped in {where}): its self-mask seed was revealed in "
                     f"{held[d]}, and both would expose its replies")
-        for u in (S if pairs else ()):  # none revealed yet: nothing to refuse
+        for u in (owners if pairs else ()):  # none revealed yet: nothing to refuse
             if u in pairs:
                 raise SecureAggregationError(
                     f"client {self.id!r}: refusing to reveal the self-mask seed of {u!r} in "
                     f"{where}: its pair mask was revealed in {pairs[u]}")
-        at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
-        blobs = self._blobs
-        out = {"self": np.frombuffer(b"".join([blobs[u][at:at + n] for u in S]),
-                                     np.uint8).reshape(-1, n).copy()}
-        if D:
-            words = self._mask_words[label]
-            out["pair"] = np.ascontiguousarray(self._pair_masks(D, label, words), "<u8").view(
-                np.uint8).reshape(len(D), 8 * words)
-        shown = dict.fromkeys(S, where)  # the first exchange to reveal one is kept
-        shown.update(held)
-        self._self_shown[key] = shown
-        if D:
-            self._pair_shown[key] = {**dict.fromkeys(D, where), **pairs}
-        self._revealed.add(label)
-        if D:
-            log.info("client %r revealed its pair masks with dropped %s in %s", self.id, D, where)
-        return out
+
+    def _signed_split(self, roster: Roster, label: bytes, survivors, dropped,
+                      where: str) -> tuple[list[str], list[str]]:
+        """The split this client reveals by: the one it confirmed (``survivors`` and
+        ``dropped``, if given, must be it), or without a pinned roster the one given
+        (recorded)."""
+        if label in self._revealed:
+            raise SecureAggregationError(f"client {self.id!r}: already revealed shares for "
+                                         f"{where}; it reveals once per exchange")
+        split = self._split.get(label)
+        if split is None:
+            if self._authenticated:
+                raise SecureAggregationError(
+                    f"client {self.id!r}: asked to reveal in {where} before the consistency "
+                    "round: it reveals only by a split it confirmed, after its peers confirmed "
+                    "theirs")
+            if survivors is None or dropped is None:
+                raise SecureAggregationError(f"client {self.id!r}: {where}: a reveal needs the "
+                                             "survivors and the dropped participants")
+            split = self._split[label] = self._reveal_split(roster, label, survivors, dropped,
+                                                            where)
+        elif survivors is not None and (sorted(map(str, survivors)) != split[0]
+                                        or sorted(map(str, dropped or ())) != split[1]):
+            raise SecureAggregationError(
+                f"client {self.id!r}: the split of {where} it is asked to reveal by differs from "
+                "the one it confirmed; it reveals only by the split it confirmed")
+        return split
 
     def _reveal_split(self, roster: Roster, label: bytes, survivors, dropped,
                       where: str) -> tuple[list[str], list[str]]:
@@ -425,9 +349,6 @@ class SecAggClient:
         if label not in self._masked:
             raise SecureAggregationError(f"client {self.id!r}: sent no masked reply in {where}; "
                                          "nothing to reveal")
-        if label in self._revealed:
-            raise SecureAggregationError(f"client {self.id!r}: already revealed shares for "
-                                         f"{where}; it reveals once per exchange")
         mine = self._masked[label]
         if not dropped and list(survivors) == list(mine):  # all survived: nothing to sort out
             return list(mine), []
@@ -441,7 +362,7 @@ class SecAggClient:
             raise SecureAggregationError(f"client {self.id!r}: declared dropped in {where}, yet "
                                          "asked to reveal")
         t = self.config.share_threshold(roster.n)
-        if len(S) < t:
+        if self._holders(roster, S) < t:
             raise SecureAggregationError(f"{where}: {len(S)} survivors{self._of_near(roster)}, "
                                          f"fewer than the {self._kind(roster)}threshold {t}; "
                                          "refusing to reveal (the sum cannot be unmasked)")
@@ -461,8 +382,15 @@ class SecAggClient:
             "threshold": int(self.config.threshold), "scale": enc.scale,
             "bound": enc.bound, "slots": self.config.slots, "degree": self.config.degree,
             "local_threshold": self.config.local_threshold,
+            "participation": float(self.config.participation),
             "graph_commit": None if self.graph_commit is None else self.graph_commit.hex(),
-            "private": _crypto.private_raw(self._private).hex(),
+            "private": _crypto.private_raw(self._private).hex(), "nonce": self._nonce.hex(),
+            "committed": self._committed, "closed_n": self._closed_n,
+            "closed": None if self._closed is None else self._closed.hex(),
+            "authenticated": self._authenticated,
+            "tokens": {k.hex(): [np.ascontiguousarray(a, "<u8").tobytes().hex() for a in v]
+                       for k, v in self._tokens.items()},
+            "split": {k.hex(): list(v) for k, v in self._split.items()},
             "self_seed": np.ascontiguousarray(self._seeds, dtype="<u4").tobytes().hex(),
             "roster": roster, "shared": self._shared,
             "held": {u: b.hex() for u, b in self._blobs.items()},
@@ -482,12 +410,20 @@ class SecAggClient:
         d = json.loads(text)
         cfg = SecAggConfig(int(d["threshold"]), FixedPoint(scale=float(d["scale"]),
                                                            bound=d["bound"]), slots=d["slots"],
-                           degree=d.get("degree"), local_threshold=d.get("local_threshold"))
+                           degree=d.get("degree"), local_threshold=d.get("local_threshold"),
+                           participation=float(d.get("participation", 1.0)))
         c = cls.__new__(cls)
         c.id, c.config = str(d["id"]), cfg
         c.graph_commit = None if d.get("graph_commit") is None else bytes.fromhex(d["graph_commit"])
         c.run, c.setup_round = str(d.get("run", "")), int(d.get("setup_round", 0))
         c._private = _crypto.load_private(bytes.fromhex(d["private"]))
+        c._nonce, c._committed = bytes.fromhex(d["nonce"]), bool(d["committed"])
+        c._closed = None if d["closed"] is None else bytes.fromhex(d["closed"])
+        c._closed_n = int(d["closed_n"])
+        c._authenticated = bool(d["authenticated"])
+        c._tokens = {bytes.fromhex(k): tuple(np.frombuffer(bytes.fromhex(h), "<u8").astype(
+            np.uint64) for h in v) for k, v in d["tokens"].items()}
+        c._split = {bytes.fromhex(k): (list(v[0]), list(v[1])) for k, v in d["split"].items()}
         c._seeds = np.frombuffer(bytes.fromhex(d["self_seed"]), dtype="<u4").astype(
             np.int64).reshape(cfg.n_slots, shamir.LIMBS)
         c._roster, c._public = None, None
@@ -543,39 +479,11 @@ class SecAggClient:
     def _kind(self, roster: Roster) -> str:
         return "neighbourhood " if self.config.sparse(roster.n) else ""
 
-    def _need_roster(self) -> Roster:
-        if self._roster is None:
-            raise SecureAggregationError(f"client {self.id!r}: call receive_peer_keys first (the "
-                                         "key set-up precedes every exchange)")
-        return self._roster
-
-    def _pair_blocks(self, peers: Sequence[str]) -> list[bytes]:
-        """:meth:`_pair_block` of each of ``peers``: the agreements and key derivations not yet
-        done, in one pass each."""
-        todo = [v for v in peers if v not in self._pair]
-        if todo:
-            shared = _crypto.agree_many(self._private, self._roster.enc_keys(todo))
-            self._pair.update(zip(todo, pair_keys_many(shared, self.run, self.id, todo)))
-        return [self._pair[v] for v in peers]
-
-    def _pair_block(self, v: str) -> bytes:
-        """:func:`~.protocol.pair_keys` of this client and neighbour ``v``: one X25519
-        agreement per neighbour per fit (at set-up), kept."""
-        got = self._pair.get(v)
-        if got is None:
-            shared = _crypto.agree(self._private, self._roster.keys[v]["enc_key"])
-            got = self._pair[v] = pair_keys(shared, self.run, self.id, v)
-        return got
-
-    def _share_key(self, sender: str, recipient: str) -> bytes:
-        """The key of the shares ``sender`` deals to ``recipient`` (one of them this client)."""
-        block = self._pair_block(recipient if sender == self.id else sender)
-        return block[:32]  # both directions; the associated data binds (sender, recipient)
-
-    def _pair_masks(self, peers: Sequence[str], label: bytes, n: int) -> np.ndarray:
-        """The pair mask of this client and each of ``peers`` in one exchange, an (m, n) uint64
-        array: the keystream of s_uv under the exchange's nonce (:func:`~.protocol.pair_nonce`),
-        each pair's cipher made once per fit."""
+    def _pair_masks(self, peers: Sequence[str], label: bytes, n: int, slot: int) -> np.ndarray:
+        """The keystream of this client and each of ``peers`` in one exchange, an (m, n)
+        uint64 array: that of s_uv under the exchange's nonce (:func:`~.protocol.pair_nonce`
+        of its label and slot), each pair's cipher made once per fit; its first words are the
+        pair mask, the two after it the pair's tokens (:mod:`~.consistency`)."""
         streams = self._streams
         try:
             ciphers = [streams[v] for v in peers]
@@ -584,7 +492,7 @@ class SecAggClient:
             streams.update(zip(todo, _crypto.stream_keys(
                 [block[32:] for block in self._pair_blocks(todo)])))
             ciphers = [streams[v] for v in peers]
-        return _crypto.keystream_rows(ciphers, n, pair_nonce(label))
+        return _crypto.keystream_rows(ciphers, n, pair_nonce(label, slot))
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each
@@ -629,19 +537,10 @@ def _by_slot(by_peer: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _rows_bytes(sealed) -> list:
-    """Messages as bytes: the rows of a 2-d uint8 array (one copy, then views), or a list of
-    bytes."""
-    if isinstance(sealed, np.ndarray) and sealed.ndim == 2:
-        raw, w = memoryview(sealed.tobytes()), sealed.shape[1]
-        return [raw[i * w:(i + 1) * w] for i in range(len(sealed))]
-    return [bytes(m) for m in sealed]
-
-
 def _roster_message(saved: dict) -> dict:
     """The roster message a dump holds (arrays as hex) back to arrays."""
     rows = len(json.loads(saved.get("members") or saved["ids"]))
     text = ("ids", "members", "graph_seed")
     return {k: v if k in text else np.frombuffer(bytes.fromhex(v), np.uint8).reshape(
-        len(json.loads(saved["ids"])) if k == "enc_all" else rows, -1)
+        len(json.loads(saved["ids"])) if k == "openings" else rows, -1)
         for k, v in saved.items()}

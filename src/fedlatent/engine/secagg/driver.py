@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedlatent.engine.secagg.client import SecAggClient
-from fedlatent.engine.secagg.protocol import SecAggConfig
+from fedlatent.engine.secagg.protocol import SecAggConfig, as_u8
 from fedlatent.engine.secagg.server import SecAggServer, route_shares
 
-__all__ = ["Wire", "run_exchange", "setup"]
+__all__ = ["Wire", "open_keys", "run_exchange", "setup"]
 
 SERVER = "<server>"
 
@@ -66,20 +66,20 @@ class Wire:
 def setup(client_ids: Iterable[str], config: SecAggConfig, *, wire: Wire | None = None,
           identities: Mapping | None = None, run: str = "", round: int = 0
           ) -> tuple[SecAggServer, dict[str, SecAggClient]]:
-    """The once-per-fit key set-up: keys, roster broadcast, sealed shares relayed by the server.
+    """The once-per-fit key set-up: commitments, the closed list, opened keys, the roster,
+    sealed shares relayed by the server (steps ``keys``, ``open``, ``roster``, ``shares``).
 
     ``identities`` (client id -> :class:`~fedlatent.engine.site.keys.SiteIdentity`): a client
-    with a signing key signs its keys for ``(run, round)``; one with a pinned roster verifies
-    its peers' signed keys (:meth:`SecAggClient.receive_peer_keys`).
+    with a signing key signs its keys for the set-up; one with a pinned roster verifies its
+    peers' signed keys (:meth:`SecAggClient.receive_peer_keys`) and, in every exchange,
+    requires their confirmations (:func:`run_exchange` runs the consistency round).
     """
     wire = wire or Wire()
     ident = dict(identities or {})
-    server = SecAggServer(config)
+    server = SecAggServer(config, run=run, round=round)
     clients = {str(u): SecAggClient(str(u), config, run=run, round=round,
                                     graph_commit=server.graph_commit) for u in client_ids}
-    keys = {u: wire.send("keys", u, SERVER, c.public_keys(
-        signer=getattr(ident.get(u), "keys", None))) for u, c in clients.items()}
-    server.collect_keys(keys)
+    server.collect_keys(open_keys(server, clients, wire=wire, identities=ident))
     for u, c in clients.items():
         c.receive_peer_keys(wire.send("roster", SERVER, u, server.roster_for(u)),
                             trust=getattr(ident.get(u), "roster", None))
@@ -89,11 +89,33 @@ def setup(client_ids: Iterable[str], config: SecAggConfig, *, wire: Wire | None 
     return server, clients
 
 
+def open_keys(server: SecAggServer, clients: Mapping[str, SecAggClient], *,
+              wire: Wire | None = None, identities: Mapping | None = None) -> dict[str, dict]:
+    """The set-up's first two steps: every client's commitment (step ``keys``), the list closed
+    by the server, every client's opened keys (step ``open``, signed by those with a signing
+    key in ``identities``); returns the opened keys, for :meth:`SecAggServer.collect_keys`."""
+    wire = wire or Wire()
+    ident = dict(identities or {})
+    commits = {u: wire.send("keys", u, SERVER, c.commitment()) for u, c in clients.items()}
+    close = server.collect_commitments(commits)
+    keys = {}
+    for u, c in clients.items():
+        got = wire.send("open", SERVER, u, {"closed": as_u8(close["closed"]),
+                                            "n": str(close["n"])})
+        keys[u] = wire.send("open", u, SERVER, c.open(got["closed"].tobytes(), int(got["n"]),
+                                                      signer=_keys_of(ident.get(u))))
+    return keys
+
+
+def _keys_of(identity):
+    return getattr(identity, "keys", None)
+
+
 def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
                  stats: Mapping[str, Mapping[str, np.ndarray]], round: int, exchange: str,
                  participants: Sequence[str], *, drop: Iterable[str] = (),
                  silent: Iterable[str] = (), wire: Wire | None = None) -> dict[str, np.ndarray]:
-    """One secure exchange: announce, mask, sum, reveal, unmask.
+    """One secure exchange: announce, mask, sum, the consistency round, reveal, unmask.
 
     Parameters
     ----------
@@ -125,12 +147,18 @@ def run_exchange(server: SecAggServer, clients: Mapping[str, SecAggClient],
                                 slot=int(announced["slot"]))
             masked[u] = wire.send("masked", u, SERVER, y)
     request = {k: json.dumps(v) for k, v in server.aggregate(masked).items()}
+    confirmed = {}
+    for u in json.loads(request["survivors"]):
+        req = wire.send("consistency", SERVER, u, request)
+        confirmed[u] = wire.send("consistency", u, SERVER, clients[u].consistency(
+            round, exchange, json.loads(req["survivors"]), json.loads(req["dropped"])))
+    server.collect_confirmations(confirmed)
     revealed = {}
     silent = {str(u) for u in silent}
     for u in json.loads(request["survivors"]):
         if u in silent:
             continue
-        req = wire.send("reveal-request", SERVER, u, request)
+        req = wire.send("reveal-request", SERVER, u, {"confirm": server.confirmations_for(u)})
         revealed[u] = wire.send("reveal", u, SERVER, clients[u].reveal(
-            round, exchange, json.loads(req["survivors"]), json.loads(req["dropped"])))
+            round, exchange, confirmations=req["confirm"]))
     return server.unmask(revealed)

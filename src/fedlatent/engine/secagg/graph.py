@@ -2,14 +2,16 @@
 
 Bell et al. (CCS 2020) replace the complete graph of Bonawitz et al. (every client masks with
 every other) by a random k-regular graph: a client masks with its k neighbours only and deals
-the Shamir shares of its secrets to them (and keeps one), each secret rebuilt from ``t`` of those
-``k + 1`` shares. The graph here is the Harary graph H(k, n) (the circulant graph in which the
-client at ring position i is adjacent to positions i +- 1, ..., i +- k/2) over a uniformly random
-ring order of the clients. The order is public randomness nobody steers: the ChaCha20 keystream
-of SHA-256 over a seed the server committed to before any client sent its keys, the enrolled ids
-and each client's fresh share-encryption key (:func:`graph_digest`). Every client rebuilds the
-graph from the roster it was sent and the revealed seed, after checking the seed against the
-commitment it got first; nobody takes a neighbour list from the server.
+the Shamir shares of its secrets to them (and keeps one, which it never reveals), each secret
+rebuilt from ``t`` of its neighbours' ``k`` shares. The graph here is the Harary graph H(k, n)
+(the circulant graph in which the client at ring position i is adjacent to positions i +- 1,
+..., i +- k/2) over a uniformly random ring order of the clients. The order is public randomness
+nobody steers: the ChaCha20 keystream of SHA-256 over a seed the server committed to before any
+client drew its keys, the enrolled ids and each client's opening (a hash of its fresh key and
+nonce, committed before any was revealed: :mod:`~fedlatent.engine.secagg.commitments`;
+:func:`graph_digest`). Every client rebuilds the graph from the roster it was sent and the
+revealed seed, after checking the seed against the commitment it got first and every opening
+against the closed list of commitments; nobody takes a neighbour list from the server.
 
 ``degree=None`` or ``degree >= n - 1`` is the complete graph: the all-pairs protocol of
 Bonawitz et al. with its threshold over all the clients.
@@ -35,21 +37,34 @@ import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
 
-__all__ = ["GRAPH_TAG", "MaskingGraph", "binom_log_tails", "graph_digest", "plus_parameters"]
+__all__ = ["GRAPH_TAG", "MaskingGraph", "binom_log_tails", "digest_of", "graph_digest",
+           "openings_digest", "plus_parameters", "secrecy_threshold"]
 
 GRAPH_TAG = b"fedlatent/secagg/graph\x00"
 
 
-def graph_digest(seed: bytes, ids_json: str, enc_all: np.ndarray) -> bytes:
-    """SHA-256 of the tag, the server's seed, the SHA-256 of the enrolled ids (their sorted JSON
-    list) and every enrolled client's share-encryption key (an (n, 32) array in that order).
+def graph_digest(seed: bytes, ids_json: str, openings: np.ndarray) -> bytes:
+    """SHA-256 of the tag, the server's seed and :func:`openings_digest` of the enrolled ids
+    (their sorted JSON list) and every enrolled client's opening (an (n, 32) array in that
+    order, :func:`~fedlatent.engine.secagg.commitments.opening`).
 
-    The keys are drawn fresh by each client after the seed was committed: neither the server
-    (bound by its commitment) nor a client (who cannot predict the honest clients' keys) can
-    choose the ring order.
+    The openings hash each client's fresh X25519 key and nonce, committed before any of them
+    was revealed, and the seed was committed before the clients drew them: neither the server
+    nor a client can steer the ring order (:mod:`~fedlatent.engine.secagg.commitments`).
     """
-    keys = np.ascontiguousarray(enc_all, dtype=np.uint8)
-    return _crypto.commit(GRAPH_TAG + bytes(seed) + _ids_commit(str(ids_json)) + keys.tobytes())
+    return digest_of(seed, openings_digest(ids_json, openings))
+
+
+def openings_digest(ids_json: str, openings: np.ndarray) -> bytes:
+    """SHA-256 of the ids' SHA-256 and every opening (the content the ring order and the
+    check of the commitments both hash, computed once per roster)."""
+    rows = np.ascontiguousarray(openings, dtype=np.uint8)
+    return _crypto.commit(_ids_commit(str(ids_json)) + rows.tobytes())
+
+
+def digest_of(seed: bytes, content: bytes) -> bytes:
+    """:func:`graph_digest` from an :func:`openings_digest` already computed."""
+    return _crypto.commit(GRAPH_TAG + bytes(seed) + bytes(content))
 
 
 @lru_cache(maxsize=8)
@@ -158,6 +173,7 @@ def _graph(ids: tuple[str, ...], degree: int | None, digest: bytes | None) -> Ma
 
 
 # ---- the parameters ----------------------------------------------------------------------------
+@lru_cache(maxsize=64)  # every client recomputes it (twice) from the same public numbers
 def plus_parameters(n: int, participation: float = 1.0, *, dropout: float = 0.05,
                     corrupt: float = 0.05, sigma: int = 40, eta: int = 20,
                     exchanges: int = 128) -> tuple[int, int]:
@@ -190,6 +206,12 @@ def plus_parameters(n: int, participation: float = 1.0, *, dropout: float = 0.05
         if hi >= max(lo, 2):
             return k, hi
     return n - 1, 0
+
+
+def secrecy_threshold(k: int, n: int, *, corrupt: float = 0.05, sigma: int = 40) -> int:
+    """The smallest neighbourhood threshold that keeps ``n`` clients of degree ``k`` secret
+    (:func:`plus_parameters`' second condition): ``n P[Bin(k, gamma) >= t] <= 2^-sigma``."""
+    return _secrecy_threshold(int(k), float(corrupt), math.log(n) + sigma * math.log(2))
 
 
 @lru_cache(maxsize=256)

@@ -25,9 +25,10 @@ __all__ = ["KEYS_PURPOSE", "Roster", "SecAggConfig", "SecureAggregationError", "
            "as_u8", "exchange_label", "keys_payload", "pair_keys", "pair_keys_many", "pair_nonce",
            "self_mask", "self_nonce", "slot_item"]
 
-#: a client's public keys: its X25519 key (share encryption and pairwise masks) and a SHA-256
-#: commitment to each of its self-mask seeds
-KEY_FIELDS = ("enc_key", "self_commit")
+#: a client's public keys: its X25519 key (share encryption and pairwise masks), a SHA-256
+#: commitment to each of its self-mask seeds, and the nonce its set-up commitment hides
+#: (:mod:`~fedlatent.engine.secagg.commitments`)
+KEY_FIELDS = ("enc_key", "self_commit", "nonce")
 #: the optional field carrying a client's Ed25519 signature of its public keys
 #: (:mod:`fedlatent.engine.site.keys`); 64 zero bytes in the roster: unsigned
 SIGNATURE_FIELD, SIGNATURE_BYTES = "signature", 64
@@ -38,6 +39,12 @@ KEYS_PURPOSE = "secagg-keys"
 def keys_payload(keys: Mapping[str, bytes]) -> bytes:
     """The bytes a site signs of its public keys: the key fields in a fixed order."""
     return b"".join(bytes(keys[f]) for f in KEY_FIELDS)
+
+
+def signed_keys(site: str, keys: Mapping[str, bytes]) -> bytes:
+    """The payload of a site's signature of its keys: its id (JSON), a zero byte and
+    :func:`keys_payload` (the context, common to every site of a set-up, is the head)."""
+    return json_str(site) + b"\x00" + keys_payload(keys)
 
 
 class SecureAggregationError(RuntimeError):
@@ -72,9 +79,14 @@ class SecAggConfig:
         shares to them only. None, or at least the clients minus one: the complete graph (every
         client masks with every other, Bonawitz et al. 2017).
     local_threshold : int or None
-        On a sparse graph, the shares (of a neighbourhood of ``degree + 1``) needed to rebuild one
-        client's secret (:func:`~fedlatent.engine.secagg.graph.plus_parameters` chooses it);
-        ``threshold`` then stays the fewest survivors an exchange can unmask.
+        On a sparse graph, the shares needed to rebuild one client's secret, from its
+        ``degree`` neighbours (:func:`~fedlatent.engine.secagg.graph.plus_parameters` chooses
+        it; a client never reveals its share of its own seed there); ``threshold`` then stays
+        the fewest survivors an exchange can unmask.
+    participation : float
+        The share of clients each exchange draws (announced by the server): with the enrolled
+        clients' number it fixes the weakest graph a client accepts
+        (:func:`~fedlatent.engine.secagg.commitments.check_strength`).
     """
 
     threshold: int
@@ -82,6 +94,7 @@ class SecAggConfig:
     slots: int | None = None
     degree: int | None = None
     local_threshold: int | None = None
+    participation: float = 1.0
 
     @property
     def n_slots(self) -> int:
@@ -148,13 +161,16 @@ PAIR_TAG = b"fedlatent/secagg/pair\x00"
 
 
 @functools.lru_cache(maxsize=256)
-def pair_nonce(label: bytes) -> bytes:
+def pair_nonce(label: bytes, slot: int = 0) -> bytes:
     """The pair masks' AES-CTR nonce of an exchange (counter blocks ``nonce || 2, 3, ...``):
-    SHA-256(tag, label)[:12] (public, hashed once per exchange in a process). A pair's mask of
-    the exchange is the keystream of its secret s_uv under it: a client masks each exchange
-    once, so each (s_uv, nonce) keys one keystream, and the mask of one exchange (what a
-    reveal gives when a neighbour dropped) leaves every other exchange's pseudo-random."""
-    return _crypto.commit(b"fedlatent/secagg/pair-mask\x00" + label)[:12]
+    SHA-256(tag, label, slot)[:12] (public, hashed once per exchange in a process). A pair's
+    keystream of the exchange is that of its secret s_uv under it (the mask, then the pair's
+    consistency tokens): a client masks each exchange once, so each (s_uv, nonce) keys one
+    keystream, and the mask of one exchange (what a reveal gives when a neighbour dropped)
+    leaves every other exchange's pseudo-random. The slot is bound in: two neighbours told
+    different slots for one exchange get different keystreams (their tokens disagree)."""
+    return _crypto.commit(b"fedlatent/secagg/pair-mask\x00" + label + b"\x00" +
+                          str(int(slot)).encode())[:12]
 
 
 def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
@@ -198,7 +214,7 @@ def as_bytes(arr, *, what: str, size: int | None = None) -> bytes:
 
 def _per(field: str, config: SecAggConfig) -> int:
     """32-byte items per client in a key field: one per slot for the seeds' commitments."""
-    return 1 if field == "enc_key" else config.n_slots
+    return config.n_slots if field == "self_commit" else 1
 
 
 def slot_item(blob: bytes, slot: int) -> bytes:
@@ -212,16 +228,17 @@ class Roster:
 
     Parameters
     ----------
-    keys : mapping of client id to {"enc_key", "self_commit"} uint8 arrays
+    keys : mapping of client id to {"enc_key", "self_commit", "nonce"} uint8 arrays
         What each client's :meth:`SecAggClient.public_keys` sent to the server: every enrolled
         client's (the server's roster), or on a sparse graph only one client's closed
         neighbourhood (what that client is sent, :meth:`message_for`).
     config : SecAggConfig
     everyone : sequence of str, optional
         Every enrolled id (default: the ids of ``keys``).
-    enc_all : (n, 32) uint8 array, optional
-        Every enrolled client's share-encryption key, rows in the order of the ids (default:
-        from ``keys``); with ``graph_seed`` it fixes the graph.
+    openings : (n, 32) uint8 array, optional
+        Every enrolled client's opening (:func:`~.commitments.opening` of its nonce and key),
+        rows in the order of the ids (default: from ``keys``); with ``graph_seed`` it fixes the
+        graph, and each client checks every commitment of the set-up against it.
     graph_seed : bytes, optional
         The server's seed of the graph (a sparse graph needs it).
 
@@ -232,7 +249,7 @@ class Roster:
     """
 
     def __init__(self, keys: Mapping[str, Mapping[str, np.ndarray]], config: SecAggConfig, *,
-                 everyone=None, enc_all: np.ndarray | None = None,
+                 everyone=None, openings: np.ndarray | None = None,
                  graph_seed: bytes | None = None):
         # every O(n) step in C, once per distinct list in a process (:class:`Enrolled`)
         known = everyone if isinstance(everyone, Enrolled) else Enrolled(
@@ -263,11 +280,26 @@ class Roster:
                                                  f"same {f}; every client draws its own keys")
                 seen[k] = u
         self._known = known
-        self.enc_all = (np.stack([as_u8(self.keys[u]["enc_key"]) for u in self.ids])
-                        if enc_all is None
-                        else np.asarray(enc_all, dtype=np.uint8))
+        self.openings = (self.opened(self.ids) if openings is None
+                         else np.asarray(openings, dtype=np.uint8))
         self.graph_seed = None if graph_seed is None else bytes(graph_seed)
         self._graph = None
+
+    def opened(self, members) -> np.ndarray:
+        """The openings of ``members`` recomputed from their keys and nonces (:func:`~.
+        commitments.opening`): a (len(members), 32) uint8 array."""
+        from fedlatent.engine.secagg.commitments import openings
+
+        rows = self.keys.rows(members) if isinstance(self.keys, _Rows) else [
+            (self.keys[u]["nonce"], self.keys[u]["enc_key"]) for u in members]
+        return np.frombuffer(b"".join(openings(rows)), dtype=np.uint8).reshape(-1, 32)
+
+    @functools.cached_property
+    def content(self) -> bytes:
+        """:func:`~fedlatent.engine.secagg.graph.openings_digest` of the ids and openings."""
+        from fedlatent.engine.secagg.graph import openings_digest
+
+        return openings_digest(self.ids_json, self.openings)
 
     def enc_keys(self, members: Iterable[str]) -> list[bytes]:
         """The share-encryption keys of ``members`` (raw 32 bytes each)."""
@@ -300,7 +332,7 @@ class Roster:
     def graph(self):
         """The masking graph (:class:`~fedlatent.engine.secagg.graph.MaskingGraph`)."""
         if self._graph is None:
-            from fedlatent.engine.secagg.graph import MaskingGraph, graph_digest
+            from fedlatent.engine.secagg.graph import MaskingGraph, digest_of
 
             if not self.config.sparse(self.n):
                 self._graph = MaskingGraph.of(self.ids, None, None)
@@ -308,7 +340,7 @@ class Roster:
                 if self.graph_seed is None:
                     raise SecureAggregationError("a sparse masking graph needs the server's "
                                                  "graph seed in the roster")
-                digest = graph_digest(self.graph_seed, self.ids_json, self.enc_all)
+                digest = digest_of(self.graph_seed, self.content)
                 self._graph = MaskingGraph.of(self.ids, self.config.degree, digest)
             self.ids = self._graph.ids  # equal tuples: in-process clients keep one copy
         return self._graph
@@ -316,8 +348,8 @@ class Roster:
     def to_message(self) -> dict:
         """The flat broadcast: ``ids`` (a JSON list, sorted) and one (n, 32) uint8 array per key
         field, rows in the order of ``ids`` (on a sparse graph also ``graph_seed``, hex; for a
-        neighbourhood's roster, ``members``, the rows' ids, and ``enc_all``, every client's
-        share-encryption key)."""
+        neighbourhood's roster, ``members``, the rows' ids, and ``openings``, every client's
+        opening)."""
         members = sorted(self.keys)
         msg: dict = {"ids": self.ids_json}
         for f in KEY_FIELDS:
@@ -328,13 +360,13 @@ class Roster:
             msg["graph_seed"] = self.graph_seed.hex()
         if tuple(members) != self.ids:
             msg["members"] = json.dumps(members)
-            msg["enc_all"] = self.enc_all
+            msg["openings"] = self.openings
         return msg
 
     def message_for(self, u: str) -> dict:
         """What client ``u`` is sent: the whole roster on the complete graph; on a sparse one
-        every id and share-encryption key (they fix the graph) and the other keys of ``u``'s
-        closed neighbourhood only."""
+        every id and opening (they fix the graph and check the commitments) and the keys of
+        ``u``'s closed neighbourhood only."""
         if not self.config.sparse(self.n):
             return self.to_message()
         near = self.graph.closed(str(u))
@@ -349,7 +381,7 @@ class Roster:
         msg["graph_seed"] = self.graph_seed.hex()
         if len(near) != self.n:
             msg["members"] = json.dumps(list(near))
-            msg["enc_all"] = self.enc_all
+            msg["openings"] = self.openings
         return msg
 
     @functools.cached_property
@@ -373,13 +405,13 @@ class Roster:
         keys = _Rows(members, fields, sig)
         if not known.set.issuperset(members):
             raise SecureAggregationError("the roster's members are not all enrolled")
-        enc = _rows(msg, "enc_all", len(ids), 32) if "enc_all" in msg else None
+        enc = _rows(msg, "openings", len(ids), 32) if "openings" in msg else None
         seed = msg.get("graph_seed")
         try:
             seed = None if seed is None else bytes.fromhex(str(seed))
         except ValueError as exc:
             raise SecureAggregationError("the roster's 'graph_seed' must be hex") from exc
-        return cls(keys, config, everyone=known, enc_all=enc, graph_seed=seed)
+        return cls(keys, config, everyone=known, openings=enc, graph_seed=seed)
 
     @property
     def n(self) -> int:
@@ -414,6 +446,11 @@ class _Rows(Mapping):
         """``[self[u][field] for u in members]``, without the dicts."""
         raw, w = self._fields[field]
         return [raw[i * w:i * w + w] for i in map(self._at.__getitem__, members)]
+
+    def rows(self, members: Iterable[str]) -> list[tuple[bytes, bytes]]:
+        """``(nonce, enc_key)`` of each of ``members``."""
+        members = list(members)
+        return list(zip(self.column("nonce", members), self.column("enc_key", members)))
 
     def __getitem__(self, u: str) -> dict[str, bytes]:
         i = self._at[u]

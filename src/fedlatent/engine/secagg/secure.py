@@ -3,23 +3,30 @@
 ``Federation(secure_aggregation=True)`` routes every sum the server uses through the protocol of
 :mod:`fedlatent.engine.secagg` (Bonawitz et al. 2017 with per-exchange secrets):
 
-set-up, once per fit (method ``secagg``, steps ``keys``, ``roster``, ``shares``)
-    every client draws from the OS one X25519 key pair (share encryption and pairwise masks,
-    agreed once per neighbour pair) and, for each of the ``slots`` exchanges the fit may run,
-    a self-mask seed; the server relays the public keys (the roster) and the sealed Shamir
-    shares of every seed (one message per neighbour). A client's reply to the roster is
+set-up, once per fit (method ``secagg``, steps ``keys``, ``open``, ``roster``, ``shares``)
+    the runtime gives the sites it holds keys and a roster if they bring none
+    (:meth:`~fedlatent.engine.protocol.runtime.Runtime.provision_identities`); every client
+    draws from the OS one X25519 key pair (share encryption and pairwise masks, agreed once per
+    neighbour pair), a nonce and, for each of the ``slots`` exchanges the fit may run, a
+    self-mask seed, and sends only a commitment; the server closes the list (``open``: its
+    digest and size), the clients open their keys, and the server relays the roster and the
+    sealed Shamir shares of every seed (one message per neighbour;
+    :mod:`~fedlatent.engine.secagg.commitments`). A client's reply to the roster is
     ``{"to": JSON list of its neighbours, "sealed": (k, 12 + 32 slots + 16) uint8 array}``, a
     row per neighbour; the server sorts every row by recipient at once and sends each client
     ``{"from": JSON list, "sealed": rows}`` (one array, not a field per neighbour).
 one exchange (a round's ``estep``, or an initialization ``query``)
-    the round message carries the participants, the exchange's slot and two public factors:
+    the round message carries the participants (bits over the client's closed neighbourhood),
+    the exchange's slot and two public factors:
     the client's weight ``w_c`` and ``1 / N`` (N = the federation's units, public since
     set-up). The client computes its reply as without secure aggregation and sends only
     ``encode(x) + masks`` of ``w_c * delta``, ``n / N``, ``objective / N`` (a round; the
     objective in two limbs; a multi-point round also ``w_c *`` each point's mean statistic
     and its objective ``/ N``) or of every field ``/ N`` (a query: moments, hard-assignment or
-    random-membership sums); the survivors then reveal the shares that remove the masks
-    (``reveal``), and the server decodes the sum and multiplies the ``/ N`` fields back.
+    random-membership sums); the survivors then confirm their split of their neighbourhood
+    (``consistency``: :mod:`~fedlatent.engine.secagg.consistency`) and reveal, by it, the
+    shares that remove the masks (``reveal``), and the server decodes the sum and multiplies
+    the ``/ N`` fields back.
 
 What the server learns: per exchange, the sums over the survivors, who was asked and who
 answered (client sizes were public already). What it cannot do any more: screen one client's
@@ -46,7 +53,7 @@ At scale (SecAgg+, :mod:`fedlatent.engine.secagg.graph`): when
 :func:`~fedlatent.engine.secagg.graph.plus_parameters` finds a degree k at most half the other
 clients for the federation's clients and participation, every client masks with and deals its
 shares to only its k neighbours on a random k-regular graph fixed by a committed seed, each
-secret rebuilt from t of its neighbourhood's k + 1 shares; each client is told only its
+secret rebuilt from t of its k neighbours' shares; each client is told only its
 neighbourhood's part of the participants, survivors and dropped lists, and a participant whose
 neighbourhood could not rebuild its secrets is left out of that exchange (named in the errors).
 The threshold above is then the server's rule; each client enforces its neighbourhood's.
@@ -110,59 +117,94 @@ def _config(msg: dict[str, Any]):
     from fedlatent.engine.secagg import FixedPoint, SecAggConfig
 
     degree, local = msg.get("degree"), msg.get("local_threshold")
+    if msg.get("participation") is None:
+        raise ValueError("the secure aggregation set-up names no participation: a client "
+                         "cannot check the masking graph's degree and threshold without it")
     return SecAggConfig(int(msg["threshold"]),
                         FixedPoint(scale=float(msg["scale"]), bound=float(msg["bound"])),
                         slots=int(msg["slots"]), degree=None if degree is None else int(degree),
-                        local_threshold=None if local is None else int(local))
+                        local_threshold=None if local is None else int(local),
+                        participation=float(msg["participation"]))
+
+
+#: the fields of a roster message (:meth:`~fedlatent.engine.secagg.protocol.Roster.to_message`)
+_ROSTER_FIELDS = ("ids", "enc_key", "self_commit", "nonce", "signature", "graph_seed", "members",
+                  "openings")
+
+
+def node_identity(node):
+    """The identity a node's secure aggregation uses: the site's own when it pins a roster,
+    else the one its runtime provisioned for the sites it holds (in-process, simulation:
+    :attr:`ClientNode.provisioned`), else the site's own (keys without a roster, or None)."""
+    own = getattr(node, "identity", None)
+    if own is not None and own.roster is not None:
+        return own
+    return getattr(node, "provisioned", None) or own
 
 
 def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
-    """A client node's answer to method ``secagg`` (``msg["step"]``: keys, roster, shares,
-    reveal). The client's secrets stay on the node (:attr:`ClientNode.secagg`)."""
+    """A client node's answer to method ``secagg`` (``msg["step"]``: keys, open, roster,
+    shares once per fit; consistency and reveal per exchange). The client's secrets stay on
+    the node (:attr:`ClientNode.secagg`)."""
     from fedlatent.engine.secagg import SecAggClient
 
     step = str(msg["step"])
-    identity = getattr(node, "identity", None)
-    if step == "keys":  # a new fit: new secrets
+    identity = node_identity(node)
+    if step == "keys":  # a new fit: new secrets; only a commitment leaves
         run, rnd = str(msg.get("run", "")), int(msg.get("round", 0))
-        signer = _check_identity(node, identity, run)
+        _check_identity(node, identity, run)
         commit = msg.get("graph_commit")
         node.secagg = SecAggClient(node.client_id, _config(msg), run=run, round=rnd,
                                    graph_commit=None if commit is None else bytes.fromhex(commit))
-        return node.secagg.public_keys(signer=signer)
+        return node.secagg.commitment()
     client = node.secagg
     if client is None:
         raise ValueError(f"client {node.client_id!r}: secure aggregation step {step!r} before "
                          "the key set-up; the server must start with step 'keys'")
+    signer = None if identity is None else identity.keys
+    if step == "open":
+        closed = np.asarray(msg.get("closed"))
+        if closed.dtype != np.uint8 or closed.shape != (32,):
+            raise ValueError(f"client {node.client_id!r}: the closed list's digest must be 32 "
+                             "bytes (uint8)")
+        return client.open(closed.tobytes(), int(msg["n"]), signer=signer)
     if step == "roster":
-        client.receive_peer_keys({k: v for k, v in msg.items() if k in
-                                  ("ids", "enc_key", "self_commit", "signature",
-                                   "graph_seed", "members", "enc_all")},
+        client.receive_peer_keys({k: v for k, v in msg.items() if k in _ROSTER_FIELDS},
                                  trust=None if identity is None else identity.roster)
         peers, sealed = client.sealed_shares()
         return {"to": json.dumps(peers), "sealed": sealed}
     if step == "shares":
-        client._need_roster()  # no roster taken (or it was refused): nothing to open
-        senders = id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
-                          "'from'", error=ValueError)
-        sealed = np.asarray(msg.get("sealed"))
-        if sealed.dtype != np.uint8 or sealed.ndim != 2 or len(sealed) != len(senders):
-            raise ValueError(f"client {node.client_id!r}: the relayed shares must be a "
-                             f"({len(senders)}, bytes) uint8 array, one row per sender; got "
-                             f"{sealed.dtype} {sealed.shape}")
-        client.receive_sealed(senders, sealed)
-        return {"ok": 1}
+        return _take_shares(node, client, msg)
+    if step == "consistency":  # (no survivors listed: every participant but the dropped)
+        survivors = msg.get("survivors")
+        return client.consistency(int(msg["round"]), str(msg["exchange"]),
+                                  None if survivors is None else json.loads(survivors),
+                                  json.loads(msg.get("dropped", "[]")))
     if step == "reveal":
         return client.reveal(int(msg["round"]), str(msg["exchange"]),
-                             json.loads(msg["survivors"]), json.loads(msg["dropped"]))
+                             confirmations=msg.get("confirm"))
     raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
 
 
-def _check_identity(node, identity, run: str):
-    """The site's signing key for a key set-up of ``run`` (None: it signs nothing); with a
-    pinned roster, the set-up needs a run id, once per site, and the site must be rostered."""
+def _take_shares(node, client, msg: dict[str, Any]) -> dict[str, Any]:
+    """Step ``shares``: open the sealed shares the server relays."""
+    client._need_roster()  # no roster taken (or it was refused): nothing to open
+    senders = id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
+                      "'from'", error=ValueError)
+    sealed = np.asarray(msg.get("sealed"))
+    if sealed.dtype != np.uint8 or sealed.ndim != 2 or len(sealed) != len(senders):
+        raise ValueError(f"client {node.client_id!r}: the relayed shares must be a "
+                         f"({len(senders)}, bytes) uint8 array, one row per sender; got "
+                         f"{sealed.dtype} {sealed.shape}")
+    client.receive_sealed(senders, sealed)
+    return {"ok": 1}
+
+
+def _check_identity(node, identity, run: str) -> None:
+    """With a pinned roster, the set-up needs a run id, once per site, and the site must be
+    rostered."""
     if identity is None:
-        return None
+        return
     if identity.roster is not None:
         if not run:
             raise ValueError(f"client {node.client_id!r}: the secure aggregation set-up names "
@@ -172,7 +214,6 @@ def _check_identity(node, identity, run: str):
             raise ValueError(f"client {node.client_id!r} is not in its own pinned roster; its "
                              "peers could not authenticate it: add it to the roster")
         identity.claim_run(node.client_id, run, "the secure aggregation key set-up")
-    return identity.keys
 
 
 def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
@@ -197,16 +238,11 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
         raise ValueError(f"client {node.client_id!r}: asked for a masked reply before the key "
                          "set-up")
     return node.secagg.mask(fields, int(msg[_KEY + "round"]), str(msg[_KEY + "exchange"]),
-                            json.loads(msg[_KEY + "participants"]),
+                            node.secagg.announced(msg[_KEY + "participants"]),
                             slot=int(msg[_KEY + "slot"]))
 
 
 # ---- the server side ------------------------------------------------------------------------
-def _none_dropped(client: str) -> str:
-    """The reveal request's ``dropped`` list when no participant dropped."""
-    return "[]"
-
-
 class SecureChannel:
     """The server's secure aggregation for one fit: the set-up and every secure sum.
 
@@ -245,9 +281,10 @@ class SecureChannel:
         t = default_threshold(n) if threshold is None else int(threshold)
         k, local = plus_parameters(n, participation, exchanges=int(slots))
         self.config = SecAggConfig(t, fixed_point(bound, n), slots=int(slots),
-                                   degree=k if local else None, local_threshold=local or None)
+                                   degree=k if local else None, local_threshold=local or None,
+                                   participation=float(participation))
         self.config.check_clients(n)
-        self.server = SecAggServer(self.config)
+        self.server = SecAggServer(self.config, run=self.run, round=0)
         #: bytes of the key set-up, (down, up); the initialization round's record adds them
         self.setup_down = self.setup_up = 0
         #: how many times each initialization query was asked (its exchanges' labels)
@@ -277,18 +314,30 @@ class SecureChannel:
         return replies
 
     def setup(self) -> SecureChannel:
-        """Keys, roster and sealed shares: three messages to every client, once per fit."""
+        """Commitments, opened keys, the roster and sealed shares: four messages to every
+        client, once per fit (:mod:`~fedlatent.engine.secagg.commitments`)."""
+        from fedlatent.engine.secagg import SecureAggregationError
+        from fedlatent.engine.secagg.protocol import as_u8
+
+        self.runtime.provision_identities(self.cids)
         enc = self.config.encoding
         base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
                 "bound": float(enc.bound), "slots": int(self.config.n_slots), "run": self.run,
-                "round": 0, **self._graph_settings()}
-        keys = self._call(self.cids, "secagg", {c: base for c in self.cids})
-        missing = [c for c in self.cids if c not in keys or ERROR_KEY in keys[c]]
-        if missing:
-            raise FederatedFitError(f"secure aggregation set-up: clients [{name_list(missing)}] "
-                                    "sent no public keys; every client must take part in the "
-                                    "set-up", faults={c: "no public keys" for c in missing})
-        self.server.collect_keys(keys)
+                "round": 0, "participation": float(self.config.participation),
+                **self._graph_settings()}
+        commits = self._call(self.cids, "secagg", {c: base for c in self.cids})
+        self._require(commits, "sent no commitment to its keys")
+        try:
+            close = self.server.collect_commitments(commits)
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"secure aggregation set-up: {err}") from err
+        opened = {"step": "open", "closed": as_u8(close["closed"]), "n": int(close["n"])}
+        keys = self._call(self.cids, "secagg", {c: opened for c in self.cids})
+        self._require(keys, "opened no keys")
+        try:
+            self.server.collect_keys(keys)
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"secure aggregation set-up: {err}") from err
         out = self._call(self.cids, "secagg", {c: {"step": "roster", **self.server.roster_for(c)}
                                                for c in self.cids})
         refused = {c: str(r[ERROR_KEY]) for c, r in out.items() if ERROR_KEY in r}
@@ -306,6 +355,17 @@ class SecureChannel:
                     self.config.threshold, int(math.log2(enc.scale)), self.config.n_slots,
                     self.setup_bytes, self.config.degree or "complete")
         return self
+
+    def _require(self, replies: dict, what: str) -> None:
+        """A set-up step every client must answer: FederatedFitError naming those that did
+        not (with the reason each gave)."""
+        missing = {c: str(replies[c][ERROR_KEY]) if c in replies else "no reply"
+                   for c in self.cids if c not in replies or ERROR_KEY in replies[c]}
+        if missing:
+            raise FederatedFitError(f"secure aggregation set-up: clients "
+                                    f"[{name_list(list(missing))}] {what}; every client must "
+                                    f"take part in the set-up; {fault_detail(missing)}",
+                                    faults=missing)
 
     def _route(self, out: dict[str, dict]) -> dict[str, dict]:
         """The share messages to relay, ``{recipient: {"step": "shares", "from": JSON ids,
@@ -359,6 +419,19 @@ class SecureChannel:
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
 
+    def _near_bits(self, ids: list[str]) -> dict[str, np.ndarray]:
+        """``{client: bits}``: ``ids`` as each of them is told them, bits over its closed
+        neighbourhood (sorted; every client on the complete graph), little-endian within each
+        byte (:meth:`~fedlatent.engine.secagg.client.SecAggClient.announced` reads them)."""
+        roster = self.server.roster
+        have = np.zeros(roster.n, dtype=bool)
+        have[np.array(roster.x_of(ids), dtype=np.int64) - 1] = True
+        if not self.config.sparse(roster.n):
+            bits = np.packbits(have, bitorder="little")
+            return dict.fromkeys(ids, bits)
+        graph = roster.graph
+        return {c: np.packbits(have[graph.closed_index(c)], bitorder="little") for c in ids}
+
     def _near(self, ids: list[str]):
         """``client -> JSON list``: ``ids`` as each client is told them, on a sparse graph only
         those of its closed neighbourhood (all it needs and can check), else all of them."""
@@ -395,11 +468,10 @@ class SecureChannel:
         slot = self.server.slot
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
                 _KEY + "unit": 1.0 / self.n_total}
-        near = self._near(P)
-        told = {c: near(c) for c in P}  # each client's part of the participants (JSON)
+        told = self._near_bits(P)  # each client's part of the participants (bits)
         out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
-        down = sum(message_nbytes(out[c]) for c in P)
+        down = _nbytes_many(msgs, P, head, told)
         replies = self.runtime.call(P, method, out)
         errors = {**thin, **{c: str(r[ERROR_KEY]) for c, r in replies.items() if ERROR_KEY in r}}
         masked = {c: r for c, r in replies.items() if ERROR_KEY not in r}
@@ -409,20 +481,10 @@ class SecureChannel:
         except SecureAggregationError as err:
             raise FederatedFitError(f"{where}{err}", None, round) from err
         S = request["survivors"]
-        if request["dropped"]:
-            alive, gone = self._near(S), self._near(request["dropped"])
-        else:  # every participant survived: each is told the list it was told before
-            alive, gone = told.__getitem__, _none_dropped
-        req = {c: {"step": "reveal", "round": int(round), "exchange": str(exchange),
-                   "survivors": alive(c), "dropped": gone(c)} for c in S}
-        revealed = self.runtime.call(S, "secagg", req)
-        down += sum(message_nbytes(req[c]) for c in S)
-        up += sum(message_nbytes(r) for r in revealed.values())
-        revealed = {c: r for c, r in revealed.items() if ERROR_KEY not in r}
-        try:
-            sums = self.server.unmask(revealed)
-        except SecureAggregationError as err:
-            raise FederatedFitError(f"{where}{err}", None, round) from err
+        alive, gone = (self._near(S), self._near(request["dropped"])) if request["dropped"] \
+            else (None, None)  # every participant survived: nothing to tell
+        sums, down2, up2 = self._unmask(S, alive, gone, round, exchange, where)
+        down, up = down + down2, up + up2
         for k in [k[:-3] for k in sums if k.endswith("/hi") and objective_field(k[:-3])]:
             sums[k] = sums.pop(k + "/hi") * _LIMB + sums.pop(k + "/lo")
         for k in sums:  # scalars cross as one-entry vectors
@@ -436,6 +498,57 @@ class SecureChannel:
                            "(excluded from now on)", round, exchange, name_list(request["dropped"]))
         return {"sums": sums, "survivors": list(S), "dropped": list(request["dropped"]),
                 "errors": errors, "bytes_up": int(up), "bytes_down": int(down)}
+
+
+    def _unmask(self, S: list[str], alive, gone, round: int, exchange: str, where: str):
+        """``(sums, bytes down, bytes up)`` of the open exchange's survivors ``S``: the
+        consistency round (each confirms its split, ``alive(c)`` and ``gone(c)``; None: every
+        participant survived), then the reveal, each survivor sent the confirmations of the
+        peers whose shares it reveals."""
+        from fedlatent.engine.secagg import SecureAggregationError
+
+        head = {"round": int(round), "exchange": str(exchange)}
+        plain = {"step": "consistency", **head}  # none dropped: every participant survived
+        req = {c: {**plain, "survivors": alive(c), "dropped": gone(c)} for c in S} if gone \
+            else dict.fromkeys(S, plain)
+        signed = self.runtime.call(S, "secagg", req)
+        down = len(S) * message_nbytes(plain) if not gone else sum(
+            message_nbytes(req[c]) for c in S)
+        up = sum(message_nbytes(r) for r in signed.values())
+        try:  # the consistency round: every survivor confirms its split, before any reveal
+            self.server.collect_confirmations({c: r for c, r in signed.items()
+                                               if ERROR_KEY not in r})
+        except SecureAggregationError as err:
+            why = {c: str(r[ERROR_KEY]) for c, r in signed.items() if ERROR_KEY in r}
+            raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(why)}" if why else ""),
+                                    None, round) from err
+        words = self.server.confirmations_all()
+        req = {c: {"step": "reveal", **head, "confirm": words[c]} for c in S}
+        revealed = self.runtime.call(S, "secagg", req)
+        down += sum(message_nbytes(req[c]) for c in S)
+        up += sum(message_nbytes(r) for r in revealed.values())
+        refused = {c: str(r[ERROR_KEY]) for c, r in revealed.items() if ERROR_KEY in r}
+        try:
+            sums = self.server.unmask({c: r for c, r in revealed.items() if ERROR_KEY not in r})
+        except SecureAggregationError as err:
+            raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(refused)}"
+                                                       if refused else ""), None, round) from err
+        return sums, down, up
+
+
+def _nbytes_many(msgs: dict, P: list[str], head: dict, told: dict) -> int:
+    """The bytes of an exchange's messages ``{**msgs[c], **head, participants: told[c],
+    weight}``, each distinct ``msgs[c]`` counted once (a round sends every client one)."""
+    seen: dict[int, int] = {}
+    total = 0
+    extra = message_nbytes(head) + len(_KEY + "participants") + len(_KEY + "weight") + 8
+    for c in P:
+        m = msgs[c]
+        b = seen.get(id(m))
+        if b is None:
+            b = seen[id(m)] = message_nbytes(m)
+        total += b + extra + told[c].nbytes
+    return total
 
 
 def open_channel(runtime, federation, n_units: dict[str, int], max_rounds: int) -> SecureChannel:

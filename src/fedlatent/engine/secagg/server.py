@@ -1,15 +1,16 @@
 """The server side of secure aggregation: relay, sum of masked replies, unmasking.
 
-The server sees public keys, AEAD ciphertexts it cannot open, masked vectors, and per exchange
-what the survivors reveal: shares of each survivor's self-mask seed b_u,e, and, for each dropped
-participant d, each surviving neighbour's pair mask with d of that exchange only. From those it
-learns the sum of the survivors' inputs and nothing about one client's input beyond it (Bonawitz
-et al., CCS 2017, Theorem 6.2, honest-but-curious; the per-exchange pair masks: the package
-docstring).
+The server sees commitments, public keys, AEAD ciphertexts it cannot open, masked vectors, the
+survivors' confirmations (tokens it cannot forge), and per exchange what the survivors reveal:
+shares of each survivor's self-mask seed b_u,e, and, for each dropped participant d, each surviving
+neighbour's pair mask with d of that exchange only. From those it learns the sum of the
+survivors' inputs and nothing about one client's input beyond it (Bonawitz et al., CCS 2017;
+the package docstring gives the argument, against a server that deviates too).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -49,23 +50,32 @@ class SecAggServer:
     ----------
     config : SecAggConfig
         The public threshold and fixed-point encoding.
+    run : str
+        The run, and ``round`` the round of the set-up (what the clients' commitments bind).
+    round : int
 
     Notes
     -----
-    Per fit: :meth:`collect_keys` (its result is broadcast to every client), then
-    :func:`route_shares`. Per exchange: :meth:`announce` the participants, :meth:`aggregate` the
-    masked replies (returns who survived and who dropped, to send to the survivors), then
-    :meth:`unmask` with the survivors' :meth:`SecAggClient.reveal` replies.
+    Per fit: :meth:`collect_commitments` (what it returns goes to every client), then
+    :meth:`collect_keys` of the opened keys and :meth:`roster_for` each client, then
+    :func:`route_shares`. Per exchange: :meth:`announce` the participants, :meth:`aggregate`
+    the masked replies (returns who survived and who dropped, to send to the survivors),
+    :meth:`collect_confirmations` of their :meth:`SecAggClient.consistency` replies, then
+    :meth:`unmask` with the survivors' :meth:`SecAggClient.reveal` replies (each sent
+    :meth:`confirmations_for` it).
     """
 
-    def __init__(self, config: SecAggConfig):
+    def __init__(self, config: SecAggConfig, *, run: str = "", round: int = 0):
         _crypto.require()
         self.config = config
+        self.run, self.round = str(run), int(round)
         self.roster: Roster | None = None
         self.excluded: dict[str, str] = {}  # dropped clients whose masks were recovered
         self._pending: dict | None = None
         self._done: set[bytes] = set()
         self._next_slot = 0
+        self._closed: tuple | None = None  # (ids, their commitments, the closed digest)
+        self._per_fit: dict = {}  # per-fit tables of the graph (places, x-coordinates), by key
         # the seed of the masking graph, committed to before any client draws its keys
         self._graph_seed = _crypto.random_bytes() if config.degree is not None else None
 
@@ -75,14 +85,53 @@ class SecAggServer:
         without a degree: the complete graph)."""
         return None if self._graph_seed is None else _crypto.commit(self._graph_seed)
 
+    def collect_commitments(self, commits: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
+        """Close the list of clients with their commitments ``{client: commitment()}``; returns
+        ``{"closed": its digest (32 bytes), "n": the clients}``, what every client is sent
+        before it opens its keys (:mod:`~fedlatent.engine.secagg.commitments`)."""
+        from fedlatent.engine.secagg.commitments import closed_digest
+        from fedlatent.engine.secagg.protocol import Enrolled, as_bytes
+
+        if self._closed is not None:
+            raise SecureAggregationError("the commitments close once per fit; start a new "
+                                         "server and new clients to set up again")
+        known = Enrolled(commits)
+        rows = np.frombuffer(b"".join(
+            [as_bytes(commits[u].get("commit"), what=f"client {u!r}: its commitment", size=32)
+             for u in known.ids]), dtype=np.uint8).reshape(-1, 32)
+        self._closed = (known, rows, closed_digest(known.text, rows))
+        return {"closed": self._closed[2], "n": len(known.ids)}
+
     def collect_keys(self, keys: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
-        """Check every client's public keys ``{client: public_keys()}`` and return the roster to
-        broadcast, a flat message (:meth:`Roster.to_message`); on a sparse graph each client is
-        sent :meth:`roster_for` it instead."""
+        """Check every committed client's opened public keys ``{client: open()}`` against its
+        commitment and return the roster to broadcast, a flat message
+        (:meth:`Roster.to_message`); on a sparse graph each client is sent :meth:`roster_for`
+        it instead. A client that committed and did not open, one that did not commit, or keys
+        that are not the committed ones stop the set-up, named: leaving one out or letting one
+        in after the close would change the graph every client checks."""
+        from fedlatent.engine.secagg.commitments import commitment
+
         if self.roster is not None:
             raise SecureAggregationError("keys are set up once per fit; start a new server and "
                                          "new clients to set up again")
-        self.roster = Roster(keys, self.config, graph_seed=self._graph_seed)
+        if self._closed is None:
+            raise SecureAggregationError("keys before the commitments: call "
+                                         "collect_commitments first (the keys open them)")
+        known, rows, _ = self._closed
+        late, silent = sorted(set(keys) - known.set), sorted(known.set - set(keys))
+        if late or silent:
+            raise SecureAggregationError(
+                f"the keys of {late} came after the commitments closed and {silent} committed "
+                "but did not open their keys; every committed client opens, no other: set-up "
+                "abandoned (a new set-up draws new keys)")
+        roster = Roster(keys, self.config, everyone=known, graph_seed=self._graph_seed)
+        for i, u in enumerate(known.ids):  # (the server's own check; each client checks too)
+            if commitment(self.run, self.round, u, roster.openings[i].tobytes()) != \
+                    rows[i].tobytes():
+                raise SecureAggregationError(
+                    f"client {u!r}: its opened keys and nonce are not those it committed to; "
+                    "set-up abandoned")
+        self.roster = roster
         self.config.encoding.check_capacity(self.roster.n)
         return self.roster.to_message()
 
@@ -92,15 +141,15 @@ class SecAggServer:
 
     def unmaskable(self, participants: Sequence[str]) -> list[str]:
         """The participants, less those (repeatedly) with fewer than the neighbourhood
-        threshold of their closed neighbourhood among them: their secrets could not be rebuilt
-        if they dropped (on the complete graph, all of them)."""
+        threshold of their neighbours among them: their secrets could not be rebuilt (on the
+        complete graph, all of them)."""
         roster = self._need_roster()
         P = set(map(str, participants))
         if not self.config.sparse(roster.n):
             return sorted(P)
         t = self.config.share_threshold(roster.n)
         while True:
-            thin = {u for u in P if len(P.intersection(roster.graph.closed(u))) < t}
+            thin = {u for u in P if len(P.intersection(roster.graph.closed(u))) <= t}
             if not thin:
                 return sorted(P)
             P -= thin
@@ -178,6 +227,82 @@ class SecAggServer:
             total += layout.flatten(reply, np.uint64)
         pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout, total=total)
         return {"survivors": list(S), "dropped": list(pend["dropped"])}
+
+    def collect_confirmations(self, replies: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Keep the survivors' confirmations ``{survivor: consistency()}`` of the open exchange
+        (one word per member of its closed neighbourhood; each holder is sent those of the
+        owners whose shares it reveals: :meth:`confirmations_for`); a survivor without them is
+        named (its neighbours will not reveal its shares, so the sum would stay masked)."""
+        pend = self._need_pending()
+        where = describe(pend["round"], pend["exchange"])
+        if "total" not in pend:
+            raise SecureAggregationError("call aggregate before collect_confirmations")
+        S, graph = pend["survivors"], self.roster.graph
+        width = 8 * len(graph.closed(S[0]))
+        missing = [u for u in S if u not in replies]
+        if missing:
+            raise SecureAggregationError(
+                f"{where}: survivors {missing} confirmed no split of their neighbourhood; their "
+                "neighbours reveal nothing of them, so the sum stays masked")
+        rows = [np.asarray(replies[u].get("confirm")) for u in S]
+        bad = [u for u, r in zip(S, rows) if r.dtype != np.uint8 or r.shape != (width,)]
+        if bad:
+            raise SecureAggregationError(f"{where}: the confirmations of {bad[0]!r} are not "
+                                         f"{width} bytes (uint8)")
+        pend["confirm"] = np.stack(rows).view("<u8")  # (survivors, closed size) words
+        pend["row"] = np.full(self.roster.n, -1, dtype=np.int64)
+        pend["row"][[self.roster.index[u] - 1 for u in S]] = np.arange(len(S))
+
+    def confirmations_all(self) -> dict[str, np.ndarray]:
+        """:meth:`confirmations_for` of every survivor of the open exchange, in one gather."""
+        pend = self._need_pending()
+        S = pend["survivors"]
+        near, place, off = self._place_table()
+        at = np.array([self.roster.index[u] - 1 for u in S], dtype=np.int64)
+        lengths = off[at + 1] - off[at]
+        idx = np.repeat(off[at] - np.cumsum(lengths) + lengths, lengths) + np.arange(
+            int(lengths.sum()))
+        rows = pend["row"][near[idx]]
+        keep = rows >= 0
+        words = pend["confirm"][rows[keep], place[idx][keep]]
+        ends = np.cumsum(np.add.reduceat(keep, np.r_[0, np.cumsum(lengths)[:-1]])
+                         if len(S) else np.zeros(0, np.int64))
+        return {u: words[e - n:e] for u, e, n in zip(
+            S, ends.tolist(), np.diff(np.r_[0, ends]).tolist())}
+
+    def _place_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every enrolled client's :meth:`_places`, flat: ``(near, place, offsets)`` (once per
+        fit)."""
+        got = self._per_fit.get("")
+        if got is None:
+            parts = [self._places(u) for u in self.roster.ids]
+            off = np.r_[0, np.cumsum([len(a) for a, _ in parts])].astype(np.int64)
+            got = self._per_fit[""] = (np.concatenate([a for a, _ in parts]),
+                                           np.concatenate([b for _, b in parts]), off)
+        return got
+
+    def confirmations_for(self, holder: str) -> np.ndarray:
+        """The words ``holder`` needs before it reveals: each surviving neighbour's (itself
+        aside, in their sorted order) confirmation of ``holder`` (a uint64 array)."""
+        pend = self._need_pending()
+        near, place = self._places(str(holder))
+        rows = pend["row"][near]
+        keep = rows >= 0
+        return pend["confirm"][rows[keep], place[keep]]
+
+    def _places(self, holder: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(near, place)``: the holder's neighbours (positions among the sorted ids, itself
+        aside) and its place in each one's closed neighbourhood (once per holder and fit)."""
+        got = self._per_fit.get(holder)
+        if got is None:
+            graph = self.roster.graph
+            near = graph.closed_index(holder)
+            me = self.roster.index[holder] - 1
+            near = near[near != me]
+            place = np.array([bisect.bisect_left(graph.closed(graph.ids[i]), holder)
+                              for i in near], dtype=np.int64)
+            got = self._per_fit[holder] = (near, place)
+        return got
 
     def unmask(self, revealed: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """Remove every mask from the sum with the survivors' revealed shares and decode it.
@@ -285,8 +410,9 @@ class SecAggServer:
         alive[[index[u] for u in S]] = True
         gone = set(D)
         owners, xs, rows, pairs = [], [], [], {}
+        sparse = self.config.sparse(roster.n)
         for h in holders:
-            near = graph.closed_index(h) + 1  # x-coordinates, ascending
+            near = self._near_x(h, sparse)  # x-coordinates, ascending (itself aside: sparse)
             own = near[alive[near]]
             lost = [v for v in graph.closed(h) if v in gone] if gone else []
             reply = revealed[h]
@@ -303,14 +429,27 @@ class SecAggServer:
                         f"{where}: client {h!r}, field {kind!r}: expected a ({len(who)}, "
                         f"{width}) uint8 array, got {got.dtype} {got.shape}")
             owners.append(own)
-            xs.append(np.full(len(own), index[h], dtype=np.int64))
+            xs.append(index[h])
             rows.append(reply["self"])
             if lost:
                 masks = np.ascontiguousarray(reply["pair"]).view("<u8").astype(np.uint64)
                 pairs.update(((h, d), masks[i]) for i, d in enumerate(lost))
-        cat = (np.concatenate(owners), np.concatenate(xs), np.concatenate(rows)) if owners else (
+        cat = (np.concatenate(owners), np.repeat(np.array(xs, dtype=np.int64),
+                                                 [len(o) for o in owners]),
+               np.concatenate(rows)) if owners else (
             np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, size), np.uint8))
         return cat, pairs
+
+    def _near_x(self, holder: str, sparse: bool) -> np.ndarray:
+        """The x-coordinates of ``holder``'s closed neighbourhood, ascending, itself aside on a
+        sparse graph (whose owners' shares it reveals; once per holder and fit)."""
+        got = self._per_fit.get(("x", holder))
+        if got is None:
+            got = self.roster.graph.closed_index(holder) + 1
+            if sparse:
+                got = got[got != self.roster.index[holder]]
+            self._per_fit[("x", holder)] = got
+        return got
 
     def _need_roster(self) -> Roster:
         if self.roster is None:

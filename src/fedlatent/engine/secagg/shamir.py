@@ -349,21 +349,23 @@ def reconstruct_seeds(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     if np.any(srt[:, 1:] == srt[:, :-1]):
         raise ValueError("shares' x-coordinates must be distinct")
     t = X.shape[1]
-    num, den = np.ones_like(X), np.ones_like(X)
-    for j in range(t):  # w_i = prod_{j != i} x_j / (x_j - x_i)
-        xj, other = X[:, j:j + 1], np.arange(t) != j
-        num = np.where(other, num * xj % P31, num)
-        den = np.where(other, den * ((xj - X) % P31) % P31, den)
-    w = num * _inverse31(den) % P31
-    return (w[:, :, None] * Y % P31).sum(axis=1) % P31
+    Xp = X % P31
+    num, den = np.ones_like(Xp), np.ones_like(Xp)
+    for j in range(t):  # w_i = prod_{j != i} x_j / (x_j - x_i); products folded (< 2^62)
+        xj, other = Xp[:, j:j + 1], np.arange(t) != j
+        num = np.where(other, _fold(num * xj), num)
+        den = np.where(other, _fold(den * _fold(xj - Xp + P31)), den)
+    w = _fold(num * _inverse31(den))
+    return _fold(w[:, :, None] * (Y % P31)).sum(axis=1) % P31
 
 
 def _inverse31(a: np.ndarray) -> np.ndarray:
-    """a^(P31 - 2) mod P31 elementwise (the inverse of nonzero a), by square and multiply."""
-    out, base, e = np.ones_like(a), a % P31, P31 - 2
+    """a^(P31 - 2) mod P31 elementwise (the inverse of nonzero a), by square and multiply, each
+    product folded (:func:`_fold`); entries in [0, P31)."""
+    out, base, e = np.ones_like(a), _fold(a % P31), P31 - 2
     while e:
         if e & 1:
-            out = out * base % P31
-        base = base * base % P31
+            out = _fold(out * base)
+        base = _fold(base * base)
         e >>= 1
-    return out
+    return out % P31

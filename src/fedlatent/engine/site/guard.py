@@ -26,27 +26,36 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import fields, replace
+import warnings
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from fedlatent.engine.privacy.disclosure import DisclosurePolicy
 from fedlatent.engine.protocol.messages import ERROR_KEY, refusal_reply
 from fedlatent.engine.site.ledger import Ledger
-from fedlatent.engine.site.policy import PROTOCOL_EXCHANGES, SitePolicy
+from fedlatent.engine.site.policy import PROTOCOL_EXCHANGES, SitePolicy, looser
 
-__all__ = ["SiteGuard", "SiteRefused", "parse_refusal", "question_digest"]
+__all__ = ["SiteGuard", "SiteRefused", "parse_refusal", "question_digest", "refusal_rules",
+           "verified_rounds"]
 
 logger = logging.getLogger(__name__)
 
-_LOWER_IS_STRICTER = ("max_parameters_per_record", "max_levels_density")
 #: methods whose reply carries something computed from the data
 _DATA_METHODS = ("estep", "evaluate", "query")
 _REFUSAL = re.compile(r"site '(.*?)' refused \(([a-z.-]+)\)")
 #: prefix of the node's state kept beside a recorded answer
 _KEPT_STATE = "node-state:"
 _PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases")
+
+
+def verified_rounds(msg: dict[str, Any]) -> bool:
+    """Whether setup ``msg`` sets up secure aggregation whose rounds this site verifies (it
+    recomputes the aggregate from the exchange's transcript and replays the server's step:
+    verified rounds, issue 38). The hook a policy's ``[privacy] required = "dp-or-verified"``
+    consults: until the library verifies rounds no setup is verified, so such a site
+    requires differential privacy (fail closed)."""
+    return False
 
 
 class SiteRefused(RuntimeError):
@@ -58,6 +67,14 @@ def parse_refusal(text: str) -> tuple[str, str] | None:
     ``FederatedFitError.faults`` or ``history_.errors``), or None for another fault."""
     m = _REFUSAL.search(str(text))
     return None if m is None else (m.group(1), m.group(2))
+
+
+def refusal_rules(text: str) -> list[str]:
+    """Every rule a site's refusal names (it lists every violated rule at once)."""
+    first = parse_refusal(text)
+    if first is None:
+        return []
+    return [first[1]] + re.findall(r"; also \(([a-z.-]+)\): ", str(text))
 
 
 def _feed(h, value: Any) -> None:
@@ -80,27 +97,22 @@ def question_digest(msg: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
     return h.hexdigest()
 
 
-def _weaker(floor: DisclosurePolicy, sent: DisclosurePolicy) -> list[str]:
-    """The disclosure settings in which ``sent`` is looser than ``floor`` (count scope aside:
-    it is enforced per message)."""
-    out = []
-    for f in fields(DisclosurePolicy):
-        a, b = getattr(floor, f.name), getattr(sent, f.name)
-        if f.name == "count_scope":
-            continue
-        if f.name == "allow_row_storing_learners":
-            loose = b and not a
-        elif f.name in _LOWER_IS_STRICTER:
-            loose = b > a
-        else:
-            loose = b < a
-        if loose:
-            out.append(f"{f.name}={b} (floor {a})")
-    return out
-
-
 def _message_bytes(msg: dict[str, Any]) -> int:
     return sum(v.nbytes if isinstance(v, np.ndarray) else len(str(v)) for v in msg.values())
+
+
+def _memory_budget(site: str, deployed: bool) -> None:
+    """A lifetime budget whose ledger has no directory: refused on a deployed node, warned
+    about elsewhere (it is forgotten with the process)."""
+    text = (f"site {site!r}: its policy sets a lifetime budget (privacy.lifetime-epsilon) but "
+            "no site directory, so its ledger would live in this process only and a new "
+            "process would start the budget again; set [site] directory")
+    if deployed:
+        from fedlatent.engine.site.policy import PolicyError
+
+        raise PolicyError(text)
+    warnings.warn(text, UserWarning, stacklevel=4)
+    logger.warning("%s", text)
 
 
 class SiteGuard:
@@ -116,15 +128,20 @@ class SiteGuard:
         The site directory when the policy names none (a Flower node's ``site-dir``).
     keys : SiteKeys or None
         The site's signing key (it signs the ledger's anchor).
+    deployed : bool
+        A node of a deployment: a lifetime budget with nowhere to keep its ledger is refused
+        (elsewhere it is warned about: the ledger then lives as long as the process).
     """
 
     def __init__(self, policy: SitePolicy, client_id: str, *, dataset: str = "default",
-                 directory=None, keys=None):
+                 directory=None, keys=None, deployed: bool = False):
         self.policy = policy
         self.site = policy.site_name(client_id)
         self.dataset = str(dataset)
         where = policy.directory if policy.directory is not None else directory
-        self.ledger = Ledger(where, self.site, keys=keys)
+        if where is None and policy.lifetime_epsilon is not None:
+            _memory_budget(self.site, deployed)
+        self.ledger = Ledger(where, self.site, keys=keys, witness=policy.witness)
         self.run: str | None = None
         self.plan: dict[str, Any] | None = None
 
@@ -136,6 +153,18 @@ class SiteGuard:
                            reason=text, **where)
         logger.warning("%s", text)
         return refusal_reply(text, f"site policy: {rule}")
+
+    def refuse_all(self, whys: list[tuple[str, str, str]], **where: Any) -> dict[str, Any]:
+        """The refusal reply naming every violated rule at once (``(rule, why, fix)`` each;
+        the ledger's entry lists them all under ``rules``)."""
+        if len(whys) == 1:
+            return self.refuse(*whys[0], **where)
+        text = self.refusal_text(*whys[0]) + "".join(
+            f"; also ({rule}): {why}; fix: {fix}" for rule, why, fix in whys[1:])
+        self.ledger.append("refusal", run=self.run, dataset=self.dataset, rule=whys[0][0],
+                           rules=[w[0] for w in whys], reason=text, **where)
+        logger.warning("%s", text)
+        return refusal_reply(text, "site policy: " + ", ".join(w[0] for w in whys))
 
     def refusal_text(self, rule: str, why: str, fix: str) -> str:
         """The one-line reason of a refusal (for a model that raises it; the node's reply
@@ -189,43 +218,43 @@ class SiteGuard:
                 "fixed at its first setup: releases, exchanges, rounds)",
                 "start a new run; its releases count against the site's lifetime budget",
                 exchange="setup")
-        why = self._model_refusal(plan) or self._disclosure_refusal(plan)
-        if why is None:
-            why = self._privacy_refusal(msg, fixed)
-        if why is not None:
-            return self.refuse(*why, exchange="setup")
+        whys = (self._model_refusal(plan) + self._disclosure_refusal(plan)
+                + self._privacy_refusals(msg, fixed))
+        if whys:
+            return self.refuse_all(whys, exchange="setup")
         if fixed is None:
             self.ledger.append("plan", run=self.run, dataset=self.dataset, digest=digest,
                                model=str(plan["model"]), privacy=self._plan_privacy(msg))
         self.plan = self.ledger.plan(self.run)
         return None
 
-    def _model_refusal(self, plan) -> tuple[str, str, str] | None:
+    def _model_refusal(self, plan) -> list[tuple[str, str, str]]:
         models = self.policy.models
         if models is not None and str(plan["model"]) not in models:
-            return ("answer.models", f"model {plan['model']!r} is not one it answers",
-                    f"fit one of {list(models)}, or ask the site's operator")
-        return None
+            return [("answer.models", f"model {plan['model']!r} is not one it answers",
+                     f"fit one of {list(models)}, or ask the site's operator")]
+        return []
 
-    def _disclosure_refusal(self, plan) -> tuple[str, str, str] | None:
+    def _disclosure_refusal(self, plan) -> list[tuple[str, str, str]]:
         from fedlatent.engine.privacy.enforce import policy_from_json
 
         sent = policy_from_json(str(plan["disclosure"] or ""))
-        loose = _weaker(self.policy.disclosure, sent)
+        loose = looser(self.policy.disclosure, sent)
         if loose:
-            return ("disclosure", f"the server's disclosure policy is looser than the site's "
-                    f"floor: {', '.join(loose)}",
-                    "send Federation(disclosure=...) at least as strict as the site's")
-        return None
+            return [("disclosure", f"the server's disclosure policy is looser than the site's "
+                     f"floor: {', '.join(loose)}",
+                     "send Federation(disclosure=...) at least as strict as the site's (a "
+                     "server adopts the floors the sites announce at setup)")]
+        return []
 
-    def _privacy_refusal(self, msg, fixed) -> tuple[str, str, str] | None:
+    def _privacy_refusals(self, msg, fixed) -> list[tuple[str, str, str]]:
         p = self.policy
         raw = str(msg.get("privacy") or "")
         if not raw:
-            if p.privacy_required:
-                return ("privacy.required", "the fit is not differentially private",
-                        "fit with Federation(privacy=DifferentialPrivacy(...))")
-            return None
+            if p.privacy_required and not (p.verified_suffices and verified_rounds(msg)):
+                return [("privacy.required", "the fit is not differentially private",
+                         "fit with Federation(privacy=DifferentialPrivacy(...))")]
+            return []
         from fedlatent.engine.privacy.dp import DifferentialPrivacy
 
         dp = DifferentialPrivacy.from_config(json.loads(raw))
@@ -244,26 +273,26 @@ class SiteGuard:
              f"the plan has {releases} releases, above its limit {p.max_releases}",
              f"plan at most {p.max_releases} releases (fewer rounds)"),
         ]
-        for bad, rule, why, fix in checks:
-            if bad:
-                return rule, why, fix
-        return self._lifetime_refusal(dp, releases, fixed)
+        out = [(rule, why, fix) for bad, rule, why, fix in checks if bad]
+        return out + self._lifetime_refusal(dp, releases, fixed)
 
-    def _lifetime_refusal(self, dp, releases: int, fixed) -> tuple[str, str, str] | None:
+    def _lifetime_refusal(self, dp, releases: int, fixed) -> list[tuple[str, str, str]]:
         p = self.policy
         if p.lifetime_epsilon is None:
-            return None
+            return []
         z = dp.calibrate(releases).noise_multiplier
         made = 0 if fixed is None else self.ledger.releases(self.run)
-        delta = p.lifetime_delta or dp.delta
+        delta = p.lifetime_delta
         eps = self.ledger.lifetime_epsilon(self.dataset, delta, [(z, max(releases - made, 0))])
         if eps > p.lifetime_epsilon * (1 + 1e-9):
             spent = self.ledger.lifetime_epsilon(self.dataset, delta)
-            return ("privacy.lifetime-epsilon",
-                    f"this plan would bring data set {self.dataset!r} to epsilon={eps:.4g} "
-                    f"(spent so far {spent:.4g}) above its lifetime budget {p.lifetime_epsilon}",
-                    "ask for a smaller epsilon, or none: the budget of this data set is spent")
-        return None
+            left = max(p.lifetime_epsilon - spent, 0.0)
+            return [("privacy.lifetime-epsilon",
+                     f"this plan would bring data set {self.dataset!r} to epsilon={eps:.4g} "
+                     f"(spent so far {spent:.4g}) above its lifetime budget "
+                     f"{p.lifetime_epsilon}; {left:.4g} remains",
+                     f"ask for a smaller epsilon (this data set has {left:.4g} left), or none")]
+        return []
 
     def _plan_privacy(self, msg) -> dict[str, Any] | None:
         raw = str(msg.get("privacy") or "")
@@ -405,13 +434,16 @@ class SiteGuard:
                 "counts them); fix: a run spends no more than its plan")
         p = self.policy
         if p.lifetime_epsilon is not None:
-            delta = p.lifetime_delta or c.delta
+            delta = p.lifetime_delta
             eps = self.ledger.lifetime_epsilon(self.dataset, delta, [(c.noise_multiplier, 1)])
             if eps > p.lifetime_epsilon * (1 + 1e-9):
+                left = max(p.lifetime_epsilon - self.ledger.lifetime_epsilon(self.dataset,
+                                                                             delta), 0.0)
                 raise PrivacyBudgetExceeded(
                     f"site {self.site!r} refused (privacy.lifetime-epsilon): {what} would "
                     f"bring data set {self.dataset!r} to epsilon={eps:.4g} above its lifetime "
-                    f"budget {p.lifetime_epsilon}; fix: none, the budget is spent")
+                    f"budget {p.lifetime_epsilon} ({left:.4g} remains); fix: none, the budget "
+                    "is spent")
 
     def released(self, privacy, msg: dict[str, Any], what: str, records: int) -> None:
         """Write one release to the ledger (called before its reply leaves)."""

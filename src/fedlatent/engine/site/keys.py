@@ -20,6 +20,15 @@ What is signed is a *statement*: a fixed prefix, a purpose (``"secagg-keys"``, `
 signature made for one purpose, run or round never verifies for another (no replay across
 them). Primitives come from ``cryptography`` (``fedlatent[privacy]``), imported on first use;
 nothing here is home-made.
+
+Many statements share one purpose and context and differ in their payload (every site's keys
+of one set-up, every survivor's consistency statement of one exchange): :func:`statement_head`
+builds their common prefix once, ``statement(p, c, payload) == statement_head(p, c) +
+payload``, and :meth:`SiteKeys.sign_bytes` / :func:`verify_bytes` sign and verify such bytes.
+:func:`verify_bytes` remembers, per process, the (public key, message, signature) triples it
+found valid: a pure function of public inputs, so the sites one process holds (the in-process
+and simulation runtimes) verify each signature once between them instead of once each; a
+triple not remembered is verified by ``cryptography``.
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["AuthenticationError", "KEY_FILE", "PUBLIC_FILE", "ROSTER_FORMAT", "Roster",
-           "SiteIdentity", "SiteKeys", "sign", "statement", "verify"]
+           "SiteIdentity", "SiteKeys", "sign", "statement", "statement_head", "verify",
+           "verify_bytes"]
 
 #: the file names ``fedlatent site keygen DIR`` writes
 KEY_FILE, PUBLIC_FILE = "site-key.pem", "site-key.pub"
@@ -74,8 +84,54 @@ def statement(purpose: str, context: Mapping[str, Any], payload: bytes = b"") ->
     payload : bytes
         The signed content (public keys, a model's bytes, a file's digest).
     """
+    return statement_head(purpose, context) + bytes(payload)
+
+
+def statement_head(purpose: str, context: Mapping[str, Any]) -> bytes:
+    """:func:`statement` without its payload: ``statement(purpose, context, payload) ==
+    statement_head(purpose, context) + payload``."""
     ctx = json.dumps(dict(context), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return _PREFIX + str(purpose).encode() + b"\x00" + ctx.encode() + b"\x00" + bytes(payload)
+    return _PREFIX + str(purpose).encode() + b"\x00" + ctx.encode() + b"\x00"
+
+
+#: (raw public key, message, signature) triples found valid in this process (small messages
+#: only), cleared when it holds :data:`_MEMO_SIZE` of them
+_VERIFIED: set[tuple[bytes, bytes, bytes]] = set()
+_MEMO_SIZE, _MEMO_BYTES = 1 << 18, 1 << 14
+
+
+def _ed25519_public(raw: bytes):
+    """The Ed25519 public key object of 32 raw bytes (parsed once per process)."""
+    got = _PUBLIC.get(raw)
+    if got is None:
+        if len(_PUBLIC) >= _MEMO_SIZE:
+            _PUBLIC.clear()
+        got = _PUBLIC[raw] = _lib()[2].Ed25519PublicKey.from_public_bytes(raw)
+    return got
+
+
+_PUBLIC: dict[bytes, Any] = {}
+
+
+def verify_bytes(public_raw: bytes, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is the Ed25519 signature of ``message`` by the key whose raw 32
+    bytes are ``public_raw`` (a valid triple of at most 16 KB is remembered: see the module
+    docstring)."""
+    key = (bytes(public_raw), bytes(message), bytes(signature))
+    if key in _VERIFIED:
+        return True
+    if len(key[2]) != SIGNATURE_BYTES or not any(key[2]):
+        return False
+    invalid = _lib()[0]
+    try:
+        _ed25519_public(key[0]).verify(key[2], key[1])
+    except invalid:
+        return False
+    if len(key[1]) <= _MEMO_BYTES:
+        if len(_VERIFIED) >= _MEMO_SIZE:
+            _VERIFIED.clear()
+        _VERIFIED.add(key)
+    return True
 
 
 def _public_raw(key) -> bytes:
@@ -161,6 +217,11 @@ class SiteKeys:
         """The 64-byte Ed25519 signature of :func:`statement` ``(purpose, context, payload)``."""
         return self._key.sign(statement(purpose, context, payload))
 
+    def sign_bytes(self, message: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of a statement already built
+        (:func:`statement_head` + payload)."""
+        return self._key.sign(bytes(message))
+
 
 def _decode_public(site: str, text: Any, where: str):
     """The Ed25519 public key object of a roster entry (base64 of 32 raw bytes, or PEM)."""
@@ -193,6 +254,7 @@ class Roster:
         if not keys:
             raise ValueError(f"{where} lists no site; list every site of the consortium")
         self._keys = {}
+        self._raw: dict[str, bytes] = {}  # each site's raw key, once asked
         for site, k in keys.items():
             text = base64.b64encode(k).decode() if isinstance(k, bytes) else k
             self._keys[str(site)] = _decode_public(str(site), text, where)
@@ -245,9 +307,26 @@ class Roster:
                payload: bytes = b"", *, what: str = "a message") -> None:
         """Raise :class:`AuthenticationError` unless ``signature`` is ``site``'s rostered key's
         signature of :func:`statement` ``(purpose, context, payload)``."""
-        invalid, _, _ = _lib()
+        self.verify_message(site, signature, statement(purpose, context, payload), what=what)
+
+    def public_raw(self, site: str) -> bytes | None:
+        """The raw 32 bytes of ``site``'s rostered key (None: not rostered)."""
         site = str(site)
-        if site not in self._keys:
+        got = self._raw.get(site)
+        if got is None:
+            key = self._keys.get(site)
+            if key is None:
+                return None
+            got = self._raw[site] = _public_raw(key)
+        return got
+
+    def verify_message(self, site: str, signature: bytes, message: bytes, *,
+                       what: str = "a message") -> None:
+        """:meth:`verify` of a statement already built (:func:`statement_head` + payload),
+        through :func:`verify_bytes`."""
+        site = str(site)
+        raw = self.public_raw(site)
+        if raw is None:
             raise AuthenticationError(
                 f"{what} claims to come from site {site!r}, which is not in the pinned roster "
                 f"({len(self)} sites); a site not in the roster is not trusted")
@@ -255,12 +334,10 @@ class Roster:
         if len(sig) != SIGNATURE_BYTES or not any(sig):
             raise AuthenticationError(f"{what} from site {site!r} carries no signature; the "
                                       f"site must sign it with its key (site-key.pem)")
-        try:
-            self._keys[site].verify(sig, statement(purpose, context, payload))
-        except invalid as err:
+        if not verify_bytes(raw, sig, message):
             raise AuthenticationError(
                 f"{what} from site {site!r} does not verify against its rostered key: it was "
-                "substituted or altered (or signed for another run); aborting") from err
+                "substituted or altered (or signed for another run); aborting")
 
 
 def sign(keys: SiteKeys, purpose: str, context: Mapping[str, Any], payload: bytes = b"") -> bytes:

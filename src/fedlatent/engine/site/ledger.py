@@ -26,9 +26,16 @@ whole, so every append also rewrites an **anchor**, ``<site directory>/ledger.he
 number of lines and the sha256 of the last one, signed with the site's Ed25519 key when the site
 has one (``[site] signing-key``; the purpose ``"ledger-head"``). Reading a ledger checks its
 anchor: a truncated ledger (fewer lines than the anchor says), a missing anchor beside a
-ledger, an anchor edited or (with a key) not signed by the site are refused. Only deleting the
-whole site directory, anchor included, goes unseen from inside it: keep a copy of the anchor
-(or of ``fedlatent site ledger``'s last line) elsewhere when that matters.
+ledger, a missing ledger beside its anchor, an anchor edited or (with a key) not signed by the
+site are refused.
+
+What cannot be seen from inside the site directory is the directory replaced as a whole: deleted,
+or restored from a backup taken before a fit (its old anchor carries the site's own signature).
+A **witness** sees it: a copy of the anchor kept outside the site directory (``[site] witness``,
+a directory on another volume; one file per site directory in it), rewritten at every append.
+A ledger with fewer lines than its witness records, or whose line at the witness's count is not
+the one the witness names, is refused (:func:`check_witness`). Without a witness, restoring a
+backup of the site directory resets the budgets it keeps: ``fedlatent site report`` says so.
 
 :meth:`Ledger.lifetime_epsilon` composes the releases of every run on a data set with the
 accountant (:mod:`fedlatent.engine.privacy.accountant`): Gaussian releases with noise
@@ -43,6 +50,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -51,14 +59,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GENESIS", "HEAD_FILE", "LEDGER_FILE", "Ledger", "LedgerError", "compose_epsilon",
-           "read_ledger"]
+__all__ = ["GENESIS", "HEAD_FILE", "LEDGER_FILE", "Ledger", "LedgerError", "check_witness",
+           "compose_epsilon", "ledger_witness", "read_ledger", "witness_path"]
 
 LEDGER_FILE = "ledger.jsonl"
 #: the anchor: line count and last sha256, signed by the site (see the module docstring)
 HEAD_FILE = "ledger.head.json"
 HEAD_PURPOSE = "ledger-head"
 GENESIS = "0" * 64
+
+logger = logging.getLogger(__name__)
 
 
 class LedgerError(ValueError):
@@ -92,18 +102,33 @@ class Ledger:
     keys : SiteKeys or None
         The site's signing key: it signs the anchor and its public key verifies it on reading
         (None: an unsigned anchor, which still shows a cut ledger unless it is rewritten too).
+    witness : path or None
+        A directory outside the site directory where a copy of the anchor is kept
+        (:func:`witness_path`): a site directory restored from a backup is refused.
     """
 
-    def __init__(self, directory: str | Path | None, site: str, keys=None):
+    def __init__(self, directory: str | Path | None, site: str, keys=None, witness=None):
         self.directory = None if directory is None else Path(directory)
         self.site = str(site)
         self.keys = keys
+        self.witness = (None if witness is None or self.directory is None
+                        else witness_path(witness, self.directory))
         self.entries: list[dict[str, Any]] = []
         self._last = GENESIS
         self._answers: dict[str, dict[str, Any]] = {}
-        if self.directory is not None and self.path.exists():
+        if self.directory is None:
+            return
+        if self.path.exists():
             self.entries = read_ledger(self.path, keys=keys)
             self._last = self.entries[-1]["_sha"] if self.entries else GENESIS
+        elif (self.directory / HEAD_FILE).exists():
+            raise LedgerError(
+                f"ledger {self.path} is missing while its anchor {HEAD_FILE} is there: the "
+                "ledger was deleted, and with it the record of what left the site (its "
+                "budgets would start again at zero); restore it from a copy, or, to start a "
+                "new site on purpose, remove the whole site directory")
+        if self.witness is not None:
+            check_witness(self.witness, self.path, self.entries)
 
     @property
     def path(self) -> Path:
@@ -125,7 +150,11 @@ class Ledger:
         entry["_sha"] = self._last
         self.entries.append(entry)
         if self.directory is not None:
-            write_head(self.directory, self.site, len(self.entries), self._last, self.keys)
+            write_head(self.directory, self.site, len(self.entries), self._last, self.keys,
+                       witness=self.witness)
+            if self.witness is not None:
+                write_head(self.witness.parent, self.site, len(self.entries), self._last,
+                           self.keys, name=self.witness.name)
         return entry
 
     # ---- queries -------------------------------------------------------------------------
@@ -197,18 +226,51 @@ def _head_statement(site: str, seq: int, sha: str) -> tuple[str, dict[str, Any],
     return HEAD_PURPOSE, {"site": str(site), "seq": int(seq)}, bytes.fromhex(sha)
 
 
-def write_head(directory: Path, site: str, seq: int, sha: str, keys=None) -> None:
-    """Rewrite the anchor (atomically: a temporary file renamed over it)."""
+def witness_path(witness: str | Path, directory: Path) -> Path:
+    """The witness file of site directory ``directory`` in witness directory ``witness``
+    (named by the site directory's resolved path: one witness directory serves many sites)."""
+    where = str(Path(directory).resolve())
+    return Path(witness) / f"witness-{hashlib.sha256(where.encode()).hexdigest()[:24]}.json"
+
+
+def check_witness(witness: Path, path: Path, entries: list[dict[str, Any]]) -> None:
+    """Raise :class:`LedgerError` when ledger ``path`` (its ``entries``) is behind its witness
+    (the site directory restored from a backup, or the ledger replaced); a witness not there
+    yet is started at the next append."""
+    if not witness.exists():
+        if entries:
+            logger.warning("ledger %s: its witness %s does not exist yet; it starts now (a "
+                           "backup restored before this point cannot be seen)", path, witness)
+        return
+    try:
+        head = json.loads(witness.read_text(encoding="utf-8"))
+        seq, sha = int(head["seq"]), str(head["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise LedgerError(f"ledger {path}: its witness {witness} is unreadable ({err})") from err
+    if seq > len(entries) or (seq and entries[seq - 1]["_sha"] != sha):
+        raise LedgerError(
+            f"ledger {path}: it holds {len(entries)} line(s), its witness {witness} (kept "
+            f"outside the site directory) records {seq} ending in {sha[:12]}...: the site "
+            "directory was restored from a backup or replaced, which would reset its budgets; "
+            "put the newest site directory back (or, to start a new site on purpose, remove "
+            "the witness file too)")
+
+
+def write_head(directory: Path, site: str, seq: int, sha: str, keys=None,
+               name: str = HEAD_FILE, witness: Path | None = None) -> None:
+    """Rewrite the anchor (atomically: a temporary file renamed over it); ``witness``: where
+    its copy outside the site directory is kept (recorded for ``fedlatent site report``)."""
     head = {"format": "fedlatent-ledger-head/1", "site": str(site), "seq": int(seq),
-            "sha256": sha, "signature": ""}
+            "sha256": sha, "signature": "", "witness": "" if witness is None else str(witness)}
     if keys is not None:
         head["signature"] = base64.b64encode(keys.sign(*_head_statement(site, seq, sha))).decode()
-    tmp = directory / (HEAD_FILE + ".tmp")
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(head, sort_keys=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, directory / HEAD_FILE)
+    os.replace(tmp, directory / name)
 
 
 def check_head(path: Path, entries: list[dict[str, Any]], keys=None) -> None:
@@ -247,6 +309,17 @@ def _check_head_signature(path: Path, head: dict[str, Any], keys) -> None:
     except (AuthenticationError, ValueError) as err:
         raise LedgerError(f"ledger {path}: its anchor is not signed by the site's key ({err}); "
                           "the ledger or its anchor was replaced") from err
+
+
+def ledger_witness(directory: str | Path) -> Path | None:
+    """The witness file the anchor beside the ledger in ``directory`` names, or None (the
+    ledger has none: a restored backup of its site directory would go unseen)."""
+    try:
+        head = json.loads((Path(directory) / HEAD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    where = str(head.get("witness") or "") if isinstance(head, dict) else ""
+    return Path(where) if where else None
 
 
 def read_ledger(path: str | Path, *, keys=None) -> list[dict[str, Any]]:

@@ -9,11 +9,14 @@ The operator writes a TOML file (``docs/site-operators.md`` documents every key;
 Tables and keys (hyphens and underscores are the same):
 
 ``[site]``            ``name``, ``simulation`` (bool: only then is a server's ``noise_seed``
-                      honoured), ``directory`` (where the ledger lives), ``roster`` and
-                      ``signing-key`` (paths, for authenticated peers)
+                      honoured), ``directory`` (where the ledger lives), ``witness`` (a
+                      directory outside it keeping a copy of the ledger's anchor), ``roster``
+                      and ``signing-key`` (paths, for authenticated peers)
 ``[disclosure]``      the :class:`~fedlatent.engine.privacy.disclosure.DisclosurePolicy` floor
 ``[secure-aggregation]`` ``required`` (bool)
-``[privacy]``         ``required`` (bool), ``max-epsilon``, ``max-delta`` (per fit),
+``[privacy]``         ``required`` (``true``: differential privacy; ``"dp-or-verified"``:
+                      DP, or secure aggregation whose rounds the site verifies), ``max-epsilon``,
+                      ``max-delta`` (per fit),
                       ``lifetime-epsilon``, ``lifetime-delta`` (per data set, across fits)
 ``[answer]``          ``models`` and ``exchanges`` the site answers (absent: all)
 ``[datasets]``        name = local file (the server names a data set, never a path)
@@ -23,8 +26,14 @@ Tables and keys (hyphens and underscores are the same):
 ``[limits]``          ``max-message-bytes``, ``max-rounds``, ``max-releases``, ``max-points``
                       (extra points a round of accelerated EM may ask: 0 refuses them)
 
-Relative paths are relative to the policy file's directory. No file: no policy (the node
-behaves as it always did, so nothing gets looser).
+Relative paths are relative to the policy file's directory.
+
+No file: the library's default site policy, ``SitePolicy()`` (every default of the table
+above: the library's disclosure floors; one plan per run and one answer per question; no
+server ``noise_seed``; no release beyond a run's plan, counted on a ledger a restore cannot
+roll back), in every runtime. Only a runtime that holds every site itself (the in-process
+runtime, the Flower simulation: the server and the sites are one party) relaxes it, and
+explicitly: :meth:`SitePolicy.for_simulation`, which no file can say.
 """
 
 from __future__ import annotations
@@ -36,11 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from fedlatent.engine.privacy.disclosure import DisclosurePolicy
+from fedlatent.engine.privacy.enforce import looser
 
-__all__ = ["PolicyError", "SitePolicy"]
+__all__ = ["PolicyError", "SitePolicy", "looser"]
 
 _TABLES = {
-    "site": {"name", "simulation", "directory", "roster", "signing_key"},
+    "site": {"name", "simulation", "directory", "witness", "roster", "signing_key"},
     "disclosure": {f.name for f in fields(DisclosurePolicy)},
     "secure_aggregation": {"required"},
     "privacy": {"required", "max_epsilon", "max_delta", "lifetime_epsilon", "lifetime_delta"},
@@ -59,9 +69,12 @@ _DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
     ("max_message_bytes", "limits", "max_message_bytes"),
     ("max_rounds", "limits", "max_rounds"), ("max_releases", "limits", "max_releases"),
     ("max_points", "limits", "max_points"),
-    ("roster", "site", "roster"), ("signing_key", "site", "signing_key")))
+    ("roster", "site", "roster"), ("signing_key", "site", "signing_key"),
+    ("witness", "site", "witness")))
+#: ``[privacy] required``'s value: differential privacy, or verified secure aggregation
+DP_OR_VERIFIED = "dp-or-verified"
 #: exchanges every site answers (the protocol itself: no data cross in them)
-PROTOCOL_EXCHANGES = ("setup", "describe", "secagg")
+PROTOCOL_EXCHANGES = ("setup", "describe", "secagg", "settings")
 
 
 class PolicyError(ValueError):
@@ -84,9 +97,16 @@ class SitePolicy:
         Only a simulation site honours a server's ``noise_seed``.
     directory : Path or None
         The site directory holding the ledger (None: an in-memory ledger).
+    witness : Path or None
+        A directory outside the site directory keeping a copy of the ledger's anchor, so
+        that a site directory restored from a backup is refused (None: no witness).
     disclosure : DisclosurePolicy
         The disclosure floor (a server's policy may be stricter, never looser).
     secure_aggregation_required, privacy_required : bool
+    verified_suffices : bool
+        With ``privacy_required``: secure aggregation whose rounds the site verifies
+        satisfies it too (``[privacy] required = "dp-or-verified"``; the hook is
+        :func:`fedlatent.engine.site.guard.verified_rounds`).
     max_epsilon, max_delta : float or None
         Ceilings of one fit's budget.
     lifetime_epsilon, lifetime_delta : float or None
@@ -114,14 +134,19 @@ class SitePolicy:
         For authenticated peers (read by :mod:`fedlatent.engine.site.keys`).
     source : Path or None
         The file the policy was read from.
+    relaxed : bool
+        The policy of a site a simulation holds (:meth:`for_simulation`): no guard, no floor
+        of its own, a server's ``noise_seed`` honoured. Never read from a file.
     """
 
     name: str = ""
     simulation: bool = False
     directory: Path | None = None
+    witness: Path | None = None
     disclosure: DisclosurePolicy = field(default_factory=DisclosurePolicy)
     secure_aggregation_required: bool = False
     privacy_required: bool = False
+    verified_suffices: bool = False
     max_epsilon: float | None = None
     max_delta: float | None = None
     lifetime_epsilon: float | None = None
@@ -139,6 +164,20 @@ class SitePolicy:
     roster: Path | None = None
     signing_key: Path | None = None
     source: Path | None = None
+    relaxed: bool = False
+
+    def __post_init__(self):
+        why = _pair_problem(self.lifetime_epsilon, self.lifetime_delta)
+        if why:
+            raise PolicyError(f"site policy: {why}")
+
+    @classmethod
+    def for_simulation(cls) -> SitePolicy:
+        """The relaxed policy of a site that a runtime holding every site itself gives its
+        nodes (the in-process runtime, the Flower simulation): the server's settings are the
+        site's (no floor, no ledger, a ``noise_seed`` honoured for reproducible runs). A
+        deployed node never takes it: without a file it holds ``SitePolicy()``."""
+        return cls(name="", simulation=True, relaxed=True)
 
     # ---- reading -------------------------------------------------------------------------
     @classmethod
@@ -196,15 +235,63 @@ class SitePolicy:
                               f"{sorted(self.datasets)} (the site's policy [datasets])")
         return self.datasets.get(name, Path(name))
 
+    def problems(self, known_models=None) -> tuple[list[str], list[str]]:
+        """``(errors, warnings)`` an operator should see before a node runs this policy
+        (``fedlatent site check``): files it names that do not exist, models it answers that
+        are not among ``known_models`` (the registry's names; None: not checked), lifetime
+        budgets below the per-fit ceilings, floors below the library's defaults; a lifetime
+        budget kept in memory, a ledger without a witness (a restored backup of the site
+        directory would reset its budget unseen)."""
+        errors = [f"{key} = {path}: no such file" for key, path in self._files()
+                  if not path.exists()]
+        if known_models is not None:
+            known = sorted(known_models)
+            errors += [f"answer.models: unknown model {m!r}; known: {known}"
+                       for m in self.models or () if m not in known]
+        for what, life, fit in (("epsilon", self.lifetime_epsilon, self.max_epsilon),
+                                ("delta", self.lifetime_delta, self.max_delta)):
+            if life is not None and fit is not None and life < fit:
+                errors.append(f"privacy.lifetime-{what} = {life:g} is below the per-fit "
+                              f"privacy.max-{what} = {fit:g}: a fit at the ceiling could never "
+                              f"run; raise lifetime-{what} or lower max-{what}")
+        if self.witness is not None and self.directory is not None and \
+                self.witness.resolve().is_relative_to(self.directory.resolve()):
+            errors.append(f"site.witness = {self.witness} is inside site.directory: a backup "
+                          "of the site directory would restore it too; put it outside (on "
+                          "another volume)")
+        loose = looser(DisclosurePolicy(), self.disclosure)
+        if loose:
+            errors.append(f"[disclosure] is below the library's default floor: "
+                          f"{', '.join(loose)}; a site protects less than a node without a "
+                          "policy file (remove the key, or raise it)")
+        warnings = []
+        if self.witness is None:
+            warnings.append("no site.witness: restoring a backup of the site directory resets "
+                            "its ledger, and with it the budgets and answers it keeps, unseen; "
+                            "set witness to a directory outside the site directory")
+        if self.lifetime_epsilon is not None and self.directory is None:
+            warnings.append("privacy.lifetime-epsilon without site.directory: a deployed node "
+                            "keeps its ledger in its site-dir; a node in a process of yours "
+                            "keeps it in memory, and forgets it when the process ends")
+        return errors, warnings
+
+    def _files(self) -> list[tuple[str, Path]]:
+        out = [(f"site.{k.replace('_', '-')}", getattr(self, k))
+               for k in ("roster", "signing_key") if getattr(self, k) is not None]
+        return out + [(f"datasets.{k}", v) for k, v in sorted(self.datasets.items())]
+
     def describe(self) -> list[tuple[str, str]]:
         """``(key, value)`` rows of the policy in force (for ``fedlatent site check``)."""
+        if self.relaxed:
+            return [("site", "relaxed: a simulation holds this site (no floors of its own)")]
         rows = [("site.name", self.name or "(the client id)"),
                 ("site.simulation", str(self.simulation)),
                 ("site.directory", str(self.directory) if self.directory else "(in memory)")]
         rows += [(f"disclosure.{f.name}", str(getattr(self.disclosure, f.name)))
                  for f in fields(DisclosurePolicy)]
         rows += [("secure-aggregation.required", str(self.secure_aggregation_required)),
-                 ("privacy.required", str(self.privacy_required))]
+                 ("privacy.required", (DP_OR_VERIFIED if self.verified_suffices
+                                       else str(self.privacy_required)))]
         for key, name in _DESCRIBED:
             value = getattr(self, key)
             if isinstance(value, tuple):
@@ -215,11 +302,25 @@ class SitePolicy:
 
 
 # ---- the tables ---------------------------------------------------------------------------
+def _twice(d: dict[str, Any], where: str, table: str = "") -> None:
+    """Refuse a key written twice, once with hyphens and once with underscores (TOML sees two
+    keys; read as one, the later would win silently)."""
+    seen: dict[str, str] = {}
+    for k in d:
+        norm = str(k).replace("-", "_")
+        if norm in seen:
+            what = f"{table}.{norm.replace('_', '-')}" if table else f"[{norm}]"
+            raise PolicyError(f"{where}: {what} is written twice ({seen[norm]!r} and {k!r}); "
+                              "keep one of them")
+        seen[norm] = str(k)
+
+
 def _check_tables(doc: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
     unknown = sorted(k for k in doc if str(k).replace("-", "_") not in _TABLES)
     if unknown:
         known = sorted(t.replace("_", "-") for t in _TABLES)
         raise PolicyError(f"{where}: unknown table(s) {unknown}; known: {known}")
+    _twice(doc, where)
     doc = _norm(doc)
     out = {}
     for table, keys in _TABLES.items():
@@ -227,6 +328,7 @@ def _check_tables(doc: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
         if not isinstance(value, dict):
             raise PolicyError(f"{where}: [{table}] must be a table, got {value!r}")
         if keys is not None:
+            _twice(value, where, table.replace("_", "-"))
             bad = sorted(k for k in value if str(k).replace("-", "_") not in keys)
             if bad:
                 known = sorted(k if table == "disclosure" else k.replace("_", "-") for k in keys)
@@ -292,6 +394,7 @@ def _site_table(t: dict, base: Path, where: str) -> dict[str, Any]:
         raise PolicyError(f"{where}: site.name must be a string, got {name!r}")
     return {"name": name, "simulation": _bool(t, "simulation", False, where, "site"),
             "directory": _path(t.get("directory"), base, where, "site.directory"),
+            "witness": _path(t.get("witness"), base, where, "site.witness"),
             "roster": _path(t.get("roster"), base, where, "site.roster"),
             "signing_key": _path(t.get("signing_key"), base, where, "site.signing-key")}
 
@@ -304,11 +407,32 @@ def _disclosure_table(t: dict, where: str) -> DisclosurePolicy:
 
 
 def _privacy_table(t: dict, where: str) -> dict[str, Any]:
-    return {"privacy_required": _bool(t, "required", False, where, "privacy"),
-            "max_epsilon": _positive(t, "max_epsilon", where),
-            "max_delta": _positive(t, "max_delta", where, below_one=True),
-            "lifetime_epsilon": _positive(t, "lifetime_epsilon", where),
-            "lifetime_delta": _positive(t, "lifetime_delta", where, below_one=True)}
+    either = t.get("required") == DP_OR_VERIFIED
+    if not either and not isinstance(t.get("required", False), bool):
+        raise PolicyError(f"{where}: privacy.required must be true, false or "
+                          f"{DP_OR_VERIFIED!r}, got {t['required']!r}")
+    out = {"privacy_required": either or _bool(t, "required", False, where, "privacy"),
+           "verified_suffices": either,
+           "max_epsilon": _positive(t, "max_epsilon", where),
+           "max_delta": _positive(t, "max_delta", where, below_one=True),
+           "lifetime_epsilon": _positive(t, "lifetime_epsilon", where),
+           "lifetime_delta": _positive(t, "lifetime_delta", where, below_one=True)}
+    why = _pair_problem(out["lifetime_epsilon"], out["lifetime_delta"])
+    if why:
+        raise PolicyError(f"{where}: {why}")
+    return out
+
+
+def _pair_problem(epsilon: float | None, delta: float | None) -> str | None:
+    """Why a lifetime budget is not a pair (epsilon, delta), or None."""
+    if (epsilon is None) == (delta is None):
+        return None
+    if epsilon is None:
+        return ("privacy.lifetime-delta without privacy.lifetime-epsilon sets no budget; "
+                "give both (e.g. lifetime-epsilon = 3.0, lifetime-delta = 1e-5)")
+    return ("privacy.lifetime-epsilon without privacy.lifetime-delta: the budget would be "
+            "counted at each fit's own delta, which the server chooses; give both (e.g. "
+            "lifetime-delta = 1e-5)")
 
 
 def _answer_table(t: dict, where: str) -> dict[str, Any]:
@@ -322,4 +446,11 @@ def _datasets_table(t: dict, base: Path, where: str) -> dict[str, Path]:
         if "/" in name or "\\" in name or ".." in name:
             raise PolicyError(f"{where}: datasets.{name}: a data set's name is a plain name")
         out[str(name)] = _path(value, base, where, f"datasets.{name}")
+    seen: dict[Path, str] = {}
+    for name, path in out.items():
+        other = seen.setdefault(path.resolve(), name)
+        if other != name:  # its lifetime budget is kept under one name
+            raise PolicyError(f"{where}: datasets.{other} and datasets.{name} name the same "
+                              f"file {path}; a data set has one name (the ledger keeps its "
+                              "lifetime budget under it)")
     return out

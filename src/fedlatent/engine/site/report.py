@@ -13,10 +13,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fedlatent.engine.site.ledger import LEDGER_FILE, compose_epsilon, read_ledger
+from fedlatent.engine.site.ledger import (
+    HEAD_FILE,
+    LEDGER_FILE,
+    LedgerError,
+    check_witness,
+    compose_epsilon,
+    ledger_witness,
+    read_ledger,
+)
 
-__all__ = ["LEDGER_COLUMNS", "REPORT_COLUMNS", "format_table", "ledger_entries", "ledger_rows",
-           "lifetime_rows", "report_rows"]
+__all__ = ["LEDGER_COLUMNS", "REPORT_COLUMNS", "backup_note", "format_table", "ledger_entries",
+           "ledger_rows", "lifetime_rows", "report_rows"]
 
 LEDGER_COLUMNS = ("seq", "time (UTC)", "kind", "run", "exchange", "round", "detail")
 REPORT_COLUMNS = ("run", "data set", "model", "exchanges", "releases", "epsilon", "refusals",
@@ -24,14 +32,33 @@ REPORT_COLUMNS = ("run", "data set", "model", "exchanges", "releases", "epsilon"
 
 
 def ledger_entries(where: str | Path) -> list[dict[str, Any]]:
-    """The entries of the ledger in site directory ``where`` (or the ledger file itself)."""
+    """The entries of the ledger in site directory ``where`` (or the ledger file itself),
+    checked against its witness when it has one."""
     path = Path(where)
     if path.is_dir():
         path = path / LEDGER_FILE
     if not path.exists():
+        if (path.parent / HEAD_FILE).exists():
+            raise LedgerError(f"ledger {path} is missing while its anchor {HEAD_FILE} is "
+                              "there: the ledger was deleted (its budgets would start again)")
         raise FileNotFoundError(f"no ledger {path}: a site writes it in its site directory "
                                 "(the policy's site.directory, or the node's site-dir)")
-    return read_ledger(path)
+    entries = read_ledger(path)
+    witness = ledger_witness(path.parent)
+    if witness is not None:
+        check_witness(witness, path, entries)
+    return entries
+
+
+def backup_note(where: str | Path) -> str:
+    """What ``fedlatent site report`` says about restoring a backup of the site directory."""
+    path = Path(where)
+    witness = ledger_witness(path if path.is_dir() else path.parent)
+    if witness is None:
+        return ("note: this ledger has no witness outside its site directory: restoring a "
+                "backup of the site directory resets its budgets and answers, and nothing "
+                "shows it (set [site] witness in the site policy)")
+    return f"witness: {witness} (a copy of the anchor outside the site directory: checked)"
 
 
 def _detail(e: dict[str, Any]) -> str:
@@ -81,7 +108,8 @@ def report_rows(entries: list[dict[str, Any]]) -> list[tuple[str, ...]]:
             r["releases"].append(e)
         elif e["kind"] == "refusal":
             r["refusals"] += 1
-            r["rules"][e.get("rule")] += 1
+            for rule in e.get("rules") or [e.get("rule")]:
+                r["rules"][rule] += 1
     rows = []
     for run, r in runs.items():
         ex = ", ".join(f"{k} x{n}" for k, n in sorted(r["answers"].items()))

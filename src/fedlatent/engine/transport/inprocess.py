@@ -9,6 +9,7 @@ live in arrays and are written back to the client objects whenever they are look
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import re
 from typing import Any
@@ -54,24 +55,32 @@ def _error_reply(cid: str, method: str, msg: dict[str, Any], err: Exception) -> 
 
 
 def _site(policies, cid: str) -> dict[str, Any]:
-    """``ClientNode`` keywords of client ``cid``'s site policy (none: no keywords)."""
-    if policies is None:
-        return {}
-    if isinstance(policies, dict):
-        return {"policy": policies[cid]} if cid in policies else {}
-    from dataclasses import replace
+    """``ClientNode`` keywords of client ``cid``'s site policy (none given: the relaxed
+    policy of a site this runtime holds itself, :meth:`SitePolicy.for_simulation`)."""
+    if isinstance(policies, dict):  # one per client id, as it is
+        policies = policies.get(cid)
+    elif policies is not None and policies.directory is not None:
+        from dataclasses import replace  # one ledger per site, never shared (a client id
 
-    if policies.directory is not None:  # one ledger per site, never shared (a client id is
-        safe = re.sub(r"[^A-Za-z0-9_-]", "_", str(cid))  # data, never a path)
+        safe = re.sub(r"[^A-Za-z0-9_-]", "_", str(cid))  # is data, never a path)
         policies = replace(policies, directory=policies.directory / f"site-{safe}")
-    return {"policy": policies}
+    return {"policy": _simulated() if policies is None else policies}
+
+
+@functools.cache
+def _simulated():
+    """The relaxed policy every simulated site without one shares (built once)."""
+    from fedlatent.engine.site.policy import SitePolicy
+
+    return SitePolicy.for_simulation()
 
 
 class _Nodes(dict):
     """The client objects by id, each built when first looked up (``nodes[cid]``): a batched
     fit of 100,000 clients never needs most of them (building them cost half a second). The
     dict holds the ones built; an id not yet looked up is a client as built: no state, the
-    server's policy (``policies`` None: no site policy, so no own rules and no guard)."""
+    server's policy (``policies`` None: the relaxed policy of a simulated site, so no own
+    rules and no guard)."""
 
     def __init__(self, fd: FederatedDataset, policies):
         super().__init__()
@@ -110,7 +119,9 @@ class InProcessRuntime(Runtime):
     policies : SitePolicy or dict of str to SitePolicy, optional
         The sites' own policies (:mod:`fedlatent.engine.site`): one for every client (its
         directory, if any, gets a sub-directory per client) or one per client id. A policy
-        built here for a test may say ``simulation = true`` to keep a ``noise_seed``.
+        built here for a test may say ``simulation = true`` to keep a ``noise_seed``. A client
+        without one holds :meth:`SitePolicy.for_simulation` (this runtime holds every site: the
+        server's settings are the sites'); ``SitePolicy()`` gives it the library's default.
     """
 
     def __init__(self, fd: FederatedDataset, record: bool = False, batched: bool = True,
@@ -135,6 +146,8 @@ class InProcessRuntime(Runtime):
         #: the last setup message and the clients' model rebuilt from it (batched queries)
         self._setup_msg: dict[str, Any] | None = None
         self._client_model: tuple[Any, FederatedModel] | None = None
+        #: the roster of the sites' keys given to them for secure aggregation (None: not yet)
+        self._provisioned = None
         #: whether every node is plain (no own policy or guard) and the rows unweighted
         #: (None: not looked at since the nodes were last handed out)
         self._plain: bool | None = None
@@ -142,6 +155,12 @@ class InProcessRuntime(Runtime):
     @property
     def client_ids(self) -> list[str]:
         return list(self._ids)
+
+    @property
+    def sites_relaxed(self) -> bool:
+        """Whether every site is one this runtime holds without a policy (the relaxed
+        simulation policy): they announce no floors, so none are asked for."""
+        return self._nodes.policies is None
 
     @property
     def nodes(self) -> dict[str, ClientNode]:
@@ -366,6 +385,28 @@ class InProcessRuntime(Runtime):
             return _error_reply(cid, method, msg, err)
         except Exception as err:  # noqa: BLE001 - reported to the server as the client's error
             return _error_reply(cid, method, msg, err)
+
+    def provision_identities(self, client_ids) -> None:
+        """A signing key for each site held here that brings none (a site's own key kept) and a
+        roster of every one's key, given to the sites that pin no roster of their own
+        (:attr:`ClientNode.provisioned`): secure aggregation then authenticates every peer and
+        its consistency statements, as on a deployment with pinned rosters. Once per runtime
+        (a new site id: again)."""
+        ids = list(self._ids)
+        if self._provisioned is not None and self._provisioned.sites == tuple(sorted(ids)):
+            return
+        from fedlatent.engine.site.keys import Roster, SiteIdentity, SiteKeys
+
+        self._nodes.build(ids)
+        keys = {}
+        for cid in ids:
+            own = self._nodes[cid].identity
+            keys[cid] = own.keys if own is not None and own.keys is not None \
+                else SiteKeys.generate()
+        roster = self._provisioned = Roster({c: k.public_key for c, k in keys.items()},
+                                            where="the in-process runtime's roster")
+        for cid in ids:
+            self._nodes[cid].provisioned = SiteIdentity(keys[cid], roster, site=cid)
 
     def get_client_states(self):
         if self._batch_owns:

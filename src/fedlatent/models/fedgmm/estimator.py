@@ -137,6 +137,7 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
 
     _save_arrays = ("means_", "covariances_", "precisions_cholesky_", "weights_x_", "coef_",
                     "weights_y_", "center_", "classes_")
+    _load_text = ("classes_",)  # the labels may be text; every other field holds numbers
 
     _multi_start = True  # n_init: engine/contract/starts.py
     _parameter_constraints = {

@@ -266,6 +266,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         """The standardizing moments (when the fit standardizes); nothing else."""
         return int(self._standardizes())
     _load_nonfinite = ("history_log_joint_", "history_train_mse_")
+    _load_text = ("pair_agents_", "pair_entities_")  # ids: the only text a saved HLCR holds
     MIXING_TOL = 0.02
 
     _parameter_constraints = {

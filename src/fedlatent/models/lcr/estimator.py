@@ -16,30 +16,35 @@ import numpy as np
 from ...data.dataset import FederatedDataset
 from ...engine.contract.mixture import random_membership_stats
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
+from ...engine.contract.params import (
+    ROUND_LOOP,
+    Instance,
+    Integer,
+    Options,
+    Real,
+    store_params,
+)
 from ...engine.contract.registry import register_estimator
 from ...engine.contract.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
 from ...engine.estimation.checks import check_enough_rows, check_weights_init
-from ...engine.estimation.estimator import (
-    FederatedEstimator,
-    FitContext,
-    check_features,
-    check_is_fitted,
-)
+from ...engine.estimation.estimator import FitContext, check_is_fitted
 from ...engine.estimation.inference import InferenceMixin
+from ...engine.estimation.regression_mixture import FederatedRegressionMixture
 from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
+from .columns import column_roles
 from .dp import _spread, initialize_private, lcr_dp_sensitivity, shift_for
-from .math import (
-    add_intercept,
-    lcr_log_prob,
-    lcr_m_step,
-    lcr_mixture_mean,
-    lcr_responsibilities,
-    lcr_stat_shapes,
-    logsumexp,
-    n_free_parameters,
+from .families import FAMILIES
+from .glm_estimator import (
+    glm_capabilities,
+    glm_fitted_params,
+    glm_predict_mean,
+    glm_start,
+    glm_store,
+    glm_target_problem,
 )
+from .glm_model import LCRGLMModel
+from .math import lcr_m_step, lcr_stat_shapes, n_free_parameters
 from .model import LCRModel
 
 __all__ = ["LatentClassRegression", "initialize_random_memberships", "spread_around_pooled"]
@@ -129,7 +134,7 @@ def _target_problem(cid: str, cd, target: str) -> str | None:
     "lcr", target=True,
     description="Latent class regression: mixture of linear regressions by federated EM",
 )
-class LatentClassRegression(InferenceMixin, FederatedEstimator):
+class LatentClassRegression(InferenceMixin, FederatedRegressionMixture):
     """Latent class regression (a mixture of linear regressions) fitted by federated EM.
 
     ``p(y | x) = sum_k w_k N(y; x^T coef_k + intercept_k, noise_variance_k)``. Clients send,
@@ -137,6 +142,17 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     and their summed log-likelihood; the server's M-step is an unregularized weighted
     least-squares solve per component. With full participation and step 1 the iterates are
     those of centralized EM on the pooled rows (R's flexmix with ``FLXMRglm()``).
+
+    ``family="poisson"`` (log link) and ``family="binomial"`` (logit link, ``y`` successes out
+    of ``trials``) make the components generalized linear models (flexmix's
+    ``FLXMRglm(family=...)``): clients send each component's responsibility-weighted gradient
+    and Hessian at the broadcast coefficients and the server takes one Newton (IRLS) step a
+    round, a generalized EM (:mod:`fedlatent.models.lcr.families`). ``concomitant=[...]``
+    makes the class weights a multinomial logit of those columns (flexmix's
+    ``FLXPmultinom``), updated by one Newton step a round from the same kind of sums
+    (:mod:`fedlatent.models.concomitant`). Newton statistics hold only at the parameters they
+    were computed at, so such a fit takes every client each round, step 1 and full passes (the
+    engine refuses the rest, naming it).
 
     Parameters
     ----------
@@ -196,6 +212,20 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     random_state : int or None
     n_components_candidates : list of int or None, default None
         The numbers of components ``n_components="auto"`` tries; None: 1 to 6.
+    family : {"gaussian", "poisson", "binomial"}, default "gaussian"
+        The components' distribution of ``y`` given ``x``, with its canonical link (identity,
+        log, logit). Poisson targets are counts >= 0; binomial targets successes in
+        ``[0, trials]`` (0/1 without ``trials``).
+    concomitant : list of str or None, default None
+        Feature columns the class weights depend on (a multinomial logit with an intercept;
+        they are not regressors). None: those of the data's formula after ``|``
+        (``from_pandas(..., formula="y ~ x | z")``), or constant weights.
+    offset : str or None, default None
+        A feature column added to every component's linear predictor with coefficient 1 (the
+        log exposure of Poisson counts); not a regressor.
+    trials : str or None, default None
+        With ``family="binomial"``: the feature column of each row's number of trials (not a
+        regressor). None: one trial per row.
 
     Attributes
     ----------
@@ -205,10 +235,20 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         Only with "auto": per candidate (index ``n_components``), ``bic``, ``loglik`` (summed
         over the rows), ``n_parameters``, ``n_iter``, ``converged`` and ``error``.
     weights_ : ndarray of shape (n_components,)
-    coef_ : ndarray of shape (n_components, n_features)
+    coef_ : ndarray of shape (n_components, n_regressors)
+        One coefficient per regressor (every feature but the concomitant, offset and trials
+        columns; with a formula, its design).
     intercept_ : ndarray of shape (n_components,)
         Zeros when ``fit_intercept=False``.
     noise_variance_ : ndarray of shape (n_components,)
+        NaN for the Poisson and binomial families (no dispersion parameter).
+    concomitant_coef_ : ndarray of shape (n_components, n_concomitant)
+        With concomitant variables: each class's logit coefficients (class 0, the reference,
+        all zeros); ``concomitant_intercept_`` (n_components,) its intercepts. ``weights_``
+        is then the mean class share over the rows of the fit.
+    formula_ : FormulaDesign or None
+        The formula the data were built from (``FederatedDataset.from_pandas(...,
+        formula=...)``); ``predict`` and ``score`` apply it to a DataFrame of its variables.
     history_ : History
         One record per round (objective, bytes, participants, seconds...).
     converged_ : bool
@@ -254,13 +294,27 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     """
 
     _save_arrays = ("weights_", "coef_", "intercept_", "noise_variance_")
+    _load_nonfinite = ("noise_variance_",)  # NaN for the Poisson and binomial families
     _multi_start = True  # n_init: engine/contract/starts.py
     _default_n_init = 3  # n_init=None
     _score_name = "mean log-likelihood"
+
     # rows with a missing target are left out (LCRModel.fit_data; issue 25); NaN covariates are
-    # refused: a conditional model has no model for x
+    # refused: a conditional model has no model for x. Differential privacy: the Gaussian family
+    # with constant weights, no offset and no trials (the others: _refuse_private)
     capabilities = Capabilities(secure_aggregation=True, differential_privacy=True,
                                 missing_target=True)
+
+    def _refuse_private(self, fd, federation) -> None:
+        """The Newton statistics (Poisson and binomial families, concomitant variables) have
+        no per-record bound yet: refused with the reason (:func:`.glm_estimator.
+        glm_capabilities`); the Gaussian family's closed-form fit as before."""
+        if not self._plain_settings():
+            caps = glm_capabilities(self.family)
+            raise ValueError(f"{type(self).__name__} refuses Federation(privacy="
+                             f"DifferentialPrivacy(...)): {caps.privacy_refusal}; fit it with "
+                             "privacy=None")
+        super()._refuse_private(fd, federation)
 
     @property
     def _dp_init_releases(self) -> int:
@@ -281,6 +335,10 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         "intercept_init": [None, "array-like"],
         "noise_variance_init": [None, "array-like"],
         "n_components_candidates": [None, "array-like"],
+        "family": [Options(*FAMILIES)],
+        "concomitant": [None, Instance(list, tuple, desc="a list of column names")],
+        "offset": [None, str],
+        "trials": [None, str],
     }
 
     def __init__(
@@ -300,6 +358,10 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         federation=None,
         random_state=None,
         n_components_candidates=None,
+        family: str = "gaussian",
+        concomitant=None,
+        offset: str | None = None,
+        trials: str | None = None,
     ):
         store_params(self, locals())
 
@@ -327,9 +389,22 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
             raise ValueError(f"intercept_init must have shape {(K,)}, got "
                              f"{np.shape(self.intercept_init)}")
         if self.noise_variance_init is not None:
+            if self.family != "gaussian":
+                raise ValueError(f"noise_variance_init is given but family={self.family!r} has "
+                                 "no noise variance; leave it out")
             v = np.asarray(self.noise_variance_init, float)
             if v.shape != (K,) or np.any(v <= 0):
                 raise ValueError(f"noise_variance_init must be {K} positive numbers, got {v!r}")
+        if self.trials is not None and self.family != "binomial":
+            raise ValueError(f"trials={self.trials!r} is given but family={self.family!r}; "
+                             "trials are the binomial family's: set family='binomial' or leave "
+                             "trials out")
+
+    def _plain_settings(self) -> bool:
+        """The Gaussian family with constant weights, no offset and no trials (the closed-form
+        model, :class:`LCRModel`), as far as the constructor's parameters say."""
+        return (self.family == "gaussian" and not self.concomitant and self.offset is None
+                and self.trials is None)
 
     def _validate_target(self, fd) -> None:
         target = fd.target_name or "y"
@@ -344,8 +419,11 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
             if empty:
                 raise ValueError(f"client {empty[0]!r} has no rows; remove it or give it data")
             return
+        roles = None if self.family == "gaussian" else self._roles(fd)
         for cid, cd in fd.items():
-            problem = _target_problem(cid, cd, target)
+            problem = _target_problem(cid, cd, target) or (
+                None if roles is None else glm_target_problem(self.family, cid, cd, target,
+                                                              roles, fd.feature_names))
             if problem is not None:
                 raise ValueError(problem)
 
@@ -355,7 +433,7 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         if dp is not None:  # the refusal before any message (lcr_dp_sensitivity's own)
             lcr_dp_sensitivity(dp, fd.n_features, self.fit_intercept)
         check_enough_rows(fd, self.n_components, "n_components", unit="rows")
-        K, d = self.n_components, fd.n_features
+        K, d = self.n_components, len(self._roles(fd).regressors)
         if self.coef_init is not None and np.shape(self.coef_init) != (K, d):
             raise ValueError(f"coef_init must have shape {(K, d)}, got {np.shape(self.coef_init)}")
 
@@ -363,6 +441,33 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         self._validate_params()
         self._validate_target(fd)
         return {}
+
+    # ---- columns ----------------------------------------------------------------------------
+    def _roles(self, fd=None):
+        """The columns' roles (:func:`.columns.column_roles`) in ``fd``, or in the fitted
+        features (None). A formula dataset's design gives the regressors and, unless
+        ``concomitant`` names them, the concomitant variables; ``fit_intercept`` must then
+        agree with the formula's intercept."""
+        if fd is None:
+            names, formula = list(self.feature_names_in_), getattr(self, "formula_", None)
+        else:
+            names, formula = list(fd.feature_names), getattr(fd, "formula", None)
+        if formula is not None and bool(formula.intercept) != bool(self.fit_intercept):
+            raise ValueError(f"the formula {formula.formula!r} has "
+                             f"{'an' if formula.intercept else 'no'} intercept but "
+                             f"fit_intercept={self.fit_intercept}; set fit_intercept="
+                             f"{bool(formula.intercept)} (or change the formula)")
+        return column_roles(names, self.concomitant, self.offset, self.trials, formula)
+
+    def _glm(self, roles=None, K=None) -> LCRGLMModel:
+        """The generalized model's math for these roles (every setting; prediction too)."""
+        roles = self._roles() if roles is None else roles
+        return LCRGLMModel(self._fitted_k() if K is None else K, self.family,
+                           self.fit_intercept, self.reg_noise, roles.regressors,
+                           roles.concomitant, roles.offset, roles.trials)
+
+    def _coef_width(self) -> int:
+        return len(self._roles().regressors)
 
     # ---- fitting hooks ----------------------------------------------------------------------
     def _selection(self) -> Selection | None:
@@ -372,8 +477,11 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         """The number of components of the fitted model."""
         return int(np.shape(self.weights_)[0])
 
-    def _make_model(self, fd) -> LCRModel:
+    def _make_model(self, fd):
         K = self._fitted_k() if self.n_components == "auto" else self.n_components
+        roles = self._roles(fd)
+        if self.family != "gaussian" or not roles.plain:
+            return self._glm(roles, K)
         dp = self._federation().privacy
         if dp is None:
             return LCRModel(K, self.fit_intercept, self.reg_noise)
@@ -383,11 +491,13 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
 
     def _explicit_init(self) -> bool:
         return (self.weights_init is not None and self.coef_init is not None
-                and self.noise_variance_init is not None
+                and (self.noise_variance_init is not None or self.family != "gaussian")
                 and (self.intercept_init is not None or not self.fit_intercept))
 
     def _initialize(self, ctx: FitContext) -> Params:
-        K, d = self.n_components, ctx.n_features
+        K = self.n_components
+        glm = isinstance(ctx.model, LCRGLMModel)
+        d = len(ctx.model.regressors) if glm else ctx.n_features
         p = d + int(self.fit_intercept)
         if self._explicit_init():
             params = {}
@@ -407,23 +517,28 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
             params["beta"] = beta
         if self.noise_variance_init is not None:
             params["noise_variance"] = np.asarray(self.noise_variance_init, float).copy()
-        return params
+        return glm_start(ctx.model, params) if glm else params
 
-    def _store(self, result: FitResult, model: LCRModel) -> None:
+    def _store(self, result: FitResult, model) -> None:
         p = result.params
-        d = self.n_features_in_
+        d = len(model.regressors) if isinstance(model, LCRGLMModel) else self.n_features_in_
         self.weights_ = np.asarray(p["weights"], float)
         self.coef_ = np.asarray(p["beta"][:, :d], float)
         self.intercept_ = (np.asarray(p["beta"][:, d], float) if self.fit_intercept
-                           else np.zeros(self.n_components))
-        self.noise_variance_ = np.asarray(p["noise_variance"], float)
+                           else np.zeros(self.weights_.shape[0]))
+        self.noise_variance_ = np.asarray(p.get("noise_variance", np.full(
+            self.weights_.shape[0], np.nan)), float)
+        glm_store(self, p)
         self.n_components_ = int(self.weights_.shape[0])
         self.lower_bound_ = float(result.history[-1].objective)
-        from .inference import degenerate_components  # (its SciPy only when fitted)
+        self.degenerate_components_ = []
+        if not isinstance(model, LCRGLMModel):  # the plain Gaussian M-step holds the floor
+            from .inference import degenerate_components  # (its SciPy only when fitted)
 
-        self.degenerate_components_ = degenerate_components(result.S_hat, p, self.reg_noise,
-                                                            type(self).__name__)
-        if result.converged and self.n_components > 1 and _nearly_identical(p):
+            self.degenerate_components_ = degenerate_components(
+                result.S_hat, p, self.reg_noise, type(self).__name__)
+        if (result.converged and self.n_components > 1 and self.family == "gaussian"
+                and _nearly_identical(p)):
             from ...engine.errors import ConvergenceWarning
 
             warnings.warn(
@@ -437,21 +552,37 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
     def _check_loaded(self) -> None:
         from ...engine.protocol import loadcheck as lc
 
-        K = getattr(self, "n_components_", self.n_components)  # a saved "auto" fit: chosen K
-        if K == "auto":
-            raise ValueError("a model saved with n_components='auto' must record the chosen "
-                             "number (entry 'selection')")
-        K, d = int(K), int(self.n_features_in_)
-        for name, shape in (("weights_", (K,)), ("coef_", (K, d)), ("intercept_", (K,)),
-                            ("noise_variance_", (K,))):
-            lc.expect_shape(self, name, shape)
-        lc.expect_simplex(self, "weights_")
-        lc.expect_positive(self, "noise_variance_")
+        super()._check_loaded()
+        if self.family == "gaussian":
+            lc.expect_positive(self, "noise_variance_")
+        elif not np.all(np.isnan(self.noise_variance_)):
+            raise ValueError(f"noise_variance_ must be NaN for family={self.family!r}")
 
     def _after_load(self) -> None:
         self.n_components_ = self._fitted_k()
         if not hasattr(self, "lower_bound_") and len(self.history_):
             self.lower_bound_ = float(self.history_[-1].objective)
+
+    def _save_extra(self) -> dict:
+        out = super()._save_extra()
+        if getattr(self, "concomitant_coef_", None) is not None:
+            out["concomitant"] = {"coef": self.concomitant_coef_.tolist(),
+                                  "intercept": self.concomitant_intercept_.tolist()}
+        return out
+
+    def _load_extra(self, meta: dict) -> None:
+        super()._load_extra(meta)
+        self.concomitant_coef_ = self.concomitant_intercept_ = None
+        doc = meta.get("concomitant")
+        if doc is not None:
+            K, c = self._fitted_k(), len(self._roles().concomitant)
+            coef = np.asarray(doc["coef"], dtype=np.float64)
+            icpt = np.asarray(doc["intercept"], dtype=np.float64)
+            if coef.shape != (K, c) or icpt.shape != (K,) or not (
+                    np.isfinite(coef).all() and np.isfinite(icpt).all()):
+                raise ValueError(f"entry 'concomitant' must hold finite coef {(K, c)} and "
+                                 f"intercept {(K,)}")
+            self.concomitant_coef_, self.concomitant_intercept_ = coef, icpt
 
     # ---- prediction -------------------------------------------------------------------------
     def _fitted_params(self) -> Params:
@@ -459,18 +590,37 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         beta = self.coef_
         if self.fit_intercept:
             beta = np.hstack([self.coef_, self.intercept_[:, None]])
-        return {"weights": self.weights_, "beta": beta, "noise_variance": self.noise_variance_}
+        return glm_fitted_params(self, {"weights": self.weights_, "beta": beta,
+                                        "noise_variance": self.noise_variance_})
 
-    def _design(self, X) -> np.ndarray:
-        return add_intercept(check_features(self, X), self.fit_intercept)
+    def _estimate_weighted_log_prob(self, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+        model = self._glm()
+        rp = model.parts(X, y)
+        p = self._fitted_params()
+        return model.component_log_prob(p, rp) + model.log_prior(p, rp)
+
+    def _predict_mean(self, X: np.ndarray) -> np.ndarray:
+        return glm_predict_mean(self._glm(), self._fitted_params(), X)
+
+    def predict_components(self, X) -> np.ndarray:
+        """Each component's mean response (the Gaussian family: its regression line
+        ``x^T coef_k + intercept_k``), shape (n, K)."""
+        return glm_predict_mean(self._glm(), self._fitted_params(), self._check_X(X),
+                                components=True)
 
     # ---- inference (fedlatent.engine.estimation.inference, .inference) ---------------------------
     def _inference_layout(self):
+        p = self._fitted_params()
+        roles = self._roles()
+        names = [str(self.feature_names_in_[j]) for j in roles.regressors] + (
+            ["intercept"] if self.fit_intercept else [])
+        if not (self.family == "gaussian" and roles.plain):
+            from .glm_inference import glm_layout
+
+            return glm_layout(self._glm(roles), p, names,
+                              [str(self.feature_names_in_[j]) for j in roles.concomitant])
         from .inference import lcr_layout
 
-        p = self._fitted_params()
-        names = [str(f) for f in self.feature_names_in_] + (
-            ["intercept"] if self.fit_intercept else [])
         return lcr_layout(p["weights"], p["beta"], p["noise_variance"], names)
 
     def _degenerate_reason(self, n_rows: int | None) -> str:
@@ -482,90 +632,35 @@ class LatentClassRegression(InferenceMixin, FederatedEstimator):
         if held:
             return (f"component {held[0]} collapsed onto a point mass (its noise variance at "
                     "the floor; degenerate)")
+        p = self.coef_.shape[1] + int(self.fit_intercept)
+        if self.family != "gaussian":
+            return degenerate_reason(self.weights_, np.ones_like(self.weights_), 0.0, n_rows, p)
         return degenerate_reason(self.weights_, self.noise_variance_, self.reg_noise, n_rows,
-                                 self.coef_.shape[1] + int(self.fit_intercept) + 1)
+                                 p + 1)
 
     def predict_interval(self, X, alpha: float = 0.05) -> np.ndarray:
         """Central ``1 - alpha`` prediction intervals of y given x from the fitted mixture
         predictive distribution ``sum_k w_k N(x^T coef_k + intercept_k, noise_variance_k)``
         (plug-in: the parameters' own uncertainty is not added), shape (n, 2): lower, upper.
-        Its quantiles are found by bisection."""
+        Its quantiles are found by bisection. The Gaussian family with constant weights."""
         from ...engine.estimation.inference import _check_alpha
         from .inference import mixture_quantiles
 
+        if not (self.family == "gaussian" and self._roles().plain):
+            raise ValueError("predict_interval is the Gaussian family's with constant weights "
+                             f"(family={self.family!r}, concomitant={self.concomitant!r}, "
+                             f"offset={self.offset!r})")
         alpha = _check_alpha(alpha)
         p = self._fitted_params()
-        means = self._design(X) @ p["beta"].T
+        means = self.predict_components(X)
         return mixture_quantiles(means, np.sqrt(p["noise_variance"]), p["weights"],
                                  np.array([alpha / 2.0, 1.0 - alpha / 2.0]))
 
-    @staticmethod
-    def _check_y(y, n: int) -> np.ndarray:
-        if y is None:
-            raise ValueError("y is required: the latent class regression's likelihood is "
-                             "p(y | x)")
-        from ...data.validation import to_float_target
-
-        # refuses text, complex, dates, NaN/inf and |y| > MAX_ABS_VALUE, naming y
-        return to_float_target(y, "y", n=n)
-
-    def predict(self, X) -> np.ndarray:
-        """Mixture mean ``E[y | x] = sum_k w_k (x^T coef_k + intercept_k)``, shape (n,)."""
-        p = self._fitted_params()
-        return lcr_mixture_mean(self._design(X), p["weights"], p["beta"])
-
-    def predict_components(self, X) -> np.ndarray:
-        """Each component's regression line ``x^T coef_k + intercept_k``, shape (n, K)."""
-        return self._design(X) @ self._fitted_params()["beta"].T
-
-    def predict_proba(self, X, y) -> np.ndarray:
-        """Posterior probability of each component given (x, y), shape (n, K); rows sum to 1."""
-        p = self._fitted_params()
-        Xt = self._design(X)
-        resp, _ = lcr_responsibilities(Xt, self._check_y(y, Xt.shape[0]), **p)
-        return resp
-
-    def score_samples(self, X, y) -> np.ndarray:
-        """log p(y_i | x_i) of each row, shape (n,)."""
-        p = self._fitted_params()
-        Xt = self._design(X)
-        y = self._check_y(y, Xt.shape[0])
-        with np.errstate(divide="ignore"):
-            wlp = lcr_log_prob(Xt, y, p["beta"], p["noise_variance"]) + np.log(p["weights"])
-        return logsumexp(wlp, axis=1)
-
-    def score(self, X, y=None) -> float:
-        """Mean per-row log-likelihood. ``X`` may be a FederatedDataset with a target (computed
-        on the clients; only sums come back), or an array with ``y``."""
-        if isinstance(X, FederatedDataset):
-            tot, n = self._federated_loglik(X)
-            return tot / n
-        return float(self.score_samples(X, y).mean())
-
-    def _federated_loglik(self, fd: FederatedDataset, runtime=None) -> tuple[float, int]:
-        self._validate_target(fd)
-        return super()._federated_loglik(fd, runtime)
-
-    def score_dataset(self, fd: FederatedDataset) -> float:
-        """Mean per-row log-likelihood over the clients of ``fd`` (which needs the target)."""
-        return self.score(fd)
-
     def _n_parameters(self) -> int:
-        return n_free_parameters(self._fitted_k(), self.n_features_in_ + int(self.fit_intercept))
-
-    def bic(self, X, y=None) -> float:
-        """Bayesian information criterion (lower is better): ``-2 log L + k log n``.
-        X: array with ``y``, or a FederatedDataset with a target."""
-        if isinstance(X, FederatedDataset):
-            tot, n = self._federated_loglik(X)
-        else:
-            s = self.score_samples(X, y)
-            tot, n = float(s.sum()), s.shape[0]
-        return -2.0 * tot + self._n_parameters() * np.log(n)
-
-    def aic(self, X, y=None) -> float:
-        """Akaike information criterion (lower is better): ``-2 log L + 2 k``."""
-        return self.bic(X, y) - self._n_parameters() * (np.log(self._n_rows(X, y)) - 2.0)
-
-    def _n_rows(self, X, y) -> int:
-        return X.total_weight if isinstance(X, FederatedDataset) else self._design(X).shape[0]
+        K = self._fitted_k()
+        p = self.coef_.shape[1] + int(self.fit_intercept)
+        if self.family == "gaussian" and self._roles().plain:
+            return n_free_parameters(K, p)
+        c = len(self._roles().concomitant)
+        prior = (K - 1) * (c + 1) if c else K - 1
+        return int(K * p + K * int(self.family == "gaussian") + prior)

@@ -118,6 +118,11 @@ class SECModel(FederatedModel):
     def stat_shapes(self, params: Params) -> dict[str, tuple[int, ...]]:
         return {}
 
+    def reply_numbers(self, data: ClientData) -> int:
+        """0: SEC runs no rounds (its step sends no statistic); what its queries send, fitted
+        models and losses, is bounded by its own rules (the learners' disclosure checks)."""
+        return 0
+
     def server_step(self, S: Stats, params: Params, n_total: float) -> Params:
         return dict(params)
 
