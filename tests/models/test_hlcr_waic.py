@@ -143,3 +143,56 @@ def test_warm_start_splits_the_largest_cluster_in_two_halves():
     np.testing.assert_array_equal(same["D"], D)
     with pytest.raises(ValueError, match="from K to K or K \\+ 1 clusters, not 2 to 4"):
         warm_start(start, prev, 4)
+
+
+def _one_line_with_a_small_agent(seed=0):
+    """Three agents of 25 entities (8 events each) on one line with a random intercept, and
+    an agent of 6 entities of 3 events (18 records): the default rules admit it at K = 1 and
+    refuse it at every larger K (their replies carry more free numbers than its records)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for a, (n_ent, m) in enumerate([(25, 8)] * 3 + [(6, 3)]):
+        for e in range(n_ent):
+            x = rng.normal(size=m)
+            y = 1.0 + 2.0 * x + rng.normal(scale=0.5) + rng.normal(scale=0.5, size=m)
+            rows += [{"agent": f"a{a}", "entity": f"e{a}_{e}", "x": x[i], "y": y[i]}
+                     for i in range(m)]
+    return fl.FederatedDataset.from_pandas(pd.DataFrame(rows), client="agent",
+                                           entity="entity", target="y", features=["x"])
+
+
+def test_the_chosen_k_runs_its_chains_once_on_every_agent_that_admits_it(monkeypatch):
+    """The candidates are compared on the agents admitting every one (a3 refuses K >= 2); the
+    chosen K = 1 admits a3, and its full chains run once, there, from where its screening
+    ended: one fit per screened candidate and one final fit (before: a second final fit from
+    the prior on the four agents), a3 not left out."""
+    from fedlatent.engine.estimation.sites import selection_sites
+    from fedlatent.engine.warn import SitesExcludedWarning
+    from fedlatent.models.hlcr import HLCR
+
+    fd = _one_line_with_a_small_agent()
+    probe = HLCR(random_state=0)
+    sites = selection_sites(probe, fd, None, probe._selection())[3]
+    assert sites.refusals[1] == {} and all(list(sites.refusals[k]) == ["a3"]
+                                           for k in range(2, 7))
+    runs = []
+    real_run = HLCR._run
+
+    def counting(self, ctx, params0, options):
+        runs.append((self.n_clusters, sorted(ctx.n_units)))
+        return real_run(self, ctx, params0, options)
+
+    monkeypatch.setattr(HLCR, "_run", counting)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est = HLCR(random_state=0, max_rounds=60).fit(fd)
+    assert est.n_clusters_ == 1 and est.excluded_clients_ == {}
+    screened = int(est.selection_scores_["n_iter"].gt(0).sum())
+    assert len(runs) == screened + 1
+    assert all(units == ["a0", "a1", "a2"] for _, units in runs[:-1])
+    assert runs[-1] == (1, ["a0", "a1", "a2", "a3"])
+    assert est.n_entities_ == 81
+    left_out = [w for w in caught if issubclass(w.category, SitesExcludedWarning)]
+    assert len(left_out) == 1 and "left out of the comparison 'a3'" in str(left_out[0].message)

@@ -407,8 +407,18 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         guarded = fed is not None and (fed.privacy is not None or fed.secure_aggregation)
         return self.random_intercept == "auto" and bool(self.fit_intercept) and not guarded
 
-    def _fit_selected(self, fd, selection, **fit_kwargs):
-        return fit_by_waic(self, fd, selection, **fit_kwargs)
+    def _fit_auto(self, fd, selection, *, runtime, **fit_kwargs):
+        """The candidates compared on the sites admitting every one (the engine's rule,
+        :mod:`fedlatent.engine.estimation.sites`), the chosen K's full chains run once, on
+        every site that admits it (not a second time from scratch)."""
+        from ...engine.estimation.sites import chosen_sites, finish_selection, selection_sites
+
+        data, rt, selection, sites = selection_sites(self, fd, runtime, selection)
+        fit_by_waic(self, data, selection, runtime=rt,
+                    final_sites=lambda K: chosen_sites(fd, runtime, sites, K), **fit_kwargs)
+        return finish_selection(self, fd, runtime, sites, selection.param,
+                                {k: fit_kwargs[k] for k in ("progress", "callbacks")},
+                                refit=False)
 
     def _degenerate_reason(self, n_rows) -> str:
         """No degenerate cluster test: a candidate K is skipped when its chains do not mix

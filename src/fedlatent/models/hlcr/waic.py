@@ -297,7 +297,8 @@ def _screen(est, fd, candidates, fit_one):
     return rows, fitted, [int(k) for k in candidates if int(k) not in fitted]
 
 
-def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint, resume):
+def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint, resume,
+                final_sites=None):
     """HLCR's ``fit`` with ``n_clusters="auto"`` and the random intercept, at about the cost of
     a few fits of one K (issue 40, item 5):
 
@@ -308,7 +309,9 @@ def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint,
        best.
     2. The choice: the lowest BIC. No candidate is skipped for its chains.
     3. The fit: the chosen K with the full ``max_rounds`` and chains, from where its
-       screening chain ended; its ConvergenceWarning, if its chains disagree, is the fit's.
+       screening chain ended, on ``final_sites(K)`` (``(fd, runtime)`` of the sites admitting
+       it; None: ``fd``, ``runtime``); its ConvergenceWarning, if its chains disagree, is the
+       fit's.
 
     ``est`` takes the fit's attributes, ``n_clusters_`` and ``selection_scores_`` (per
     candidate ``bic``, ``loglik``, ``n_parameters``, the WAIC columns and ``se_diff``, the
@@ -342,6 +345,7 @@ def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint,
     table = pd.DataFrame(rows, index=pd.Index(ks + not_run, name="n_clusters")).sort_index()
     final = clone(est).set_params(n_clusters=best)
     final._warm = fitted[best]._final_params
-    final.fit(fd, runtime=runtime, progress=progress, callbacks=callbacks)
+    data, rt = (fd, runtime) if final_sites is None else final_sites(best)
+    final.fit(data, runtime=rt, progress=progress, callbacks=callbacks)
     adopt_candidate(est, final, "n_clusters", table)
     return est
