@@ -348,8 +348,8 @@ class HLCRInference:
         """This fit against its one-cluster model, the linear mixed model (fitted with the same
         settings on ``fd``, the data of this fit): log-likelihood at the point estimate,
         parameters, AIC, BIC, WAIC's elpd and the likelihood-ratio statistic, one row per
-        ``n_clusters`` (:func:`.likelihood.compare_with_mixed_model`)."""
-        from .likelihood import compare_with_mixed_model
+        ``n_clusters`` (:func:`.waic.compare_with_mixed_model`)."""
+        from .waic import compare_with_mixed_model
 
         check_is_fitted(self)
         return compare_with_mixed_model(self, fd)

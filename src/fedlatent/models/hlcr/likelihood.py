@@ -1,5 +1,6 @@
-"""HLCR's marginal log-likelihood at its point estimate, information criteria, and the
-comparison with its one-cluster model (the linear mixed model), for ``summary()``.
+"""HLCR's marginal log-likelihood at its point estimate and information criteria, for
+``summary()`` and the comparison with its one-cluster model (the linear mixed model,
+:func:`.waic.compare_with_mixed_model`).
 
 At the point estimate (the clusters' posterior mean coefficients ``w_k`` with the intercept,
 their smoothed shares ``psi_k = (N_k + alpha / K) / (N + alpha)``, ``sigma`` and ``tau``) the
@@ -21,7 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["compare_with_mixed_model", "information_criteria", "point_loglik"]
+__all__ = ["WAIC_QUERY", "information_criteria", "point_loglik"]
+
+#: the agents' WAIC sums over their entities (a candidate K's score; with the point estimate as
+#: its only draw, the log-likelihood)
+WAIC_QUERY = "waic"
 
 
 def _point_payload(est) -> dict[str, np.ndarray]:
@@ -41,7 +46,6 @@ def point_loglik(est) -> tuple[float, float]:
     the agents on the fit's runtime, and the number of events behind it (cached)."""
     from ...engine.estimation.estimator import FitContext
     from ...engine.protocol.exchange import number, setup_clients
-    from .waic import WAIC_QUERY
 
     payload = _point_payload(est)
     key = b"".join(np.asarray(v, dtype=np.float64).tobytes() for v in payload.values())
@@ -80,29 +84,3 @@ def information_criteria(est) -> dict[str, float]:
     k = n_parameters(est)
     return {"loglik": ll, "n_parameters": float(k), "aic": -2.0 * ll + 2.0 * k,
             "bic": -2.0 * ll + k * np.log(max(n, 1.0)), "n_events": n}
-
-
-def compare_with_mixed_model(est, fd):
-    """This fit against its one-cluster model (the linear mixed model with the random
-    intercept), fitted with the same settings on ``fd``: a DataFrame indexed by ``n_clusters``
-    with ``loglik``, ``n_parameters``, ``aic``, ``bic``, ``elpd_waic`` and ``lr_statistic``
-    (``2 (loglik_K - loglik_1)``; its chi-square reference does not apply to a mixture's
-    number of components, so read AIC, BIC and WAIC)."""
-    import pandas as pd
-    from sklearn.base import clone
-
-    from .waic import waic_score
-
-    fits = {int(est.n_clusters_): est}
-    if 1 not in fits:
-        one = clone(est).set_params(n_clusters=1)
-        fits[1] = one.fit(fd)
-    rows = {}
-    for k in sorted(fits):
-        crit = information_criteria(fits[k])
-        crit["elpd_waic"] = waic_score(fits[k], fd)["elpd_waic"]
-        rows[k] = crit
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "n_clusters"
-    table["lr_statistic"] = 2.0 * (table["loglik"] - table.loc[1, "loglik"])
-    return table[["loglik", "n_parameters", "aic", "bic", "elpd_waic", "lr_statistic"]]

@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["WAIC_PAIRS_QUERY", "WAIC_QUERY", "entity_elpd", "entity_waic_pairs",
-           "entity_waic_terms", "fit_by_waic", "pointwise_loglik", "waic_selection"]
+from .likelihood import WAIC_QUERY, information_criteria
 
-#: the agents' WAIC sums over their entities (the scoring of a candidate K)
-WAIC_QUERY = "waic"
+__all__ = ["WAIC_PAIRS_QUERY", "WAIC_QUERY", "compare_with_mixed_model", "entity_elpd",
+           "entity_waic_pairs", "entity_waic_terms", "fit_by_waic", "pointwise_loglik",
+           "waic_selection"]
+
 #: the agents' sums for the standard errors of the candidates' WAIC differences
 WAIC_PAIRS_QUERY = "waic_pairs"
 
@@ -258,8 +259,6 @@ def _screen_rounds(est) -> int:
 def _row(cand, fd) -> dict:
     """A screened candidate's row of ``selection_scores_``: its BIC (the criterion), the
     log-likelihood and parameters behind it (:mod:`.likelihood`), its WAIC and chain."""
-    from .likelihood import information_criteria
-
     crit = information_criteria(cand)
     got = waic_score(cand, fd)
     return {"bic": crit["bic"], "loglik": crit["loglik"],
@@ -349,3 +348,27 @@ def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint,
     final.fit(data, runtime=rt, progress=progress, callbacks=callbacks)
     adopt_candidate(est, final, "n_clusters", table)
     return est
+
+
+def compare_with_mixed_model(est, fd):
+    """This fit against its one-cluster model (the linear mixed model with the random
+    intercept), fitted with the same settings on ``fd``: a DataFrame indexed by ``n_clusters``
+    with ``loglik``, ``n_parameters``, ``aic``, ``bic``, ``elpd_waic`` and ``lr_statistic``
+    (``2 (loglik_K - loglik_1)``; its chi-square reference does not apply to a mixture's
+    number of components, so read AIC, BIC and WAIC)."""
+    import pandas as pd
+    from sklearn.base import clone
+
+    fits = {int(est.n_clusters_): est}
+    if 1 not in fits:
+        one = clone(est).set_params(n_clusters=1)
+        fits[1] = one.fit(fd)
+    rows = {}
+    for k in sorted(fits):
+        crit = information_criteria(fits[k])
+        crit["elpd_waic"] = waic_score(fits[k], fd)["elpd_waic"]
+        rows[k] = crit
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n_clusters"
+    table["lr_statistic"] = 2.0 * (table["loglik"] - table.loc[1, "loglik"])
+    return table[["loglik", "n_parameters", "aic", "bic", "elpd_waic", "lr_statistic"]]
