@@ -27,7 +27,7 @@ from ..data.dataset import FederatedDataset
 from ..models.sec import SEC
 from .sec_real import collaboration_errors
 
-__all__ = ["PRODUC_FEATURES", "produc_panel", "sec_produc"]
+__all__ = ["produc_panel", "sec_produc"]
 
 logger = logging.getLogger(__name__)
 
