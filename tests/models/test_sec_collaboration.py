@@ -57,7 +57,8 @@ def test_a_learners_reply_is_its_out_of_fold_comparison(one_cluster_of_two_group
     i, c = 2, sec.learner_ids_[2]
     Xs, ys, *_ = standardize_xy(fd[c].X, np.asarray(fd[c].y, dtype=float))
     own = sec._load_learner_model(i)
-    pred_own = out_of_fold(own, Xs, ys, "systematic", np.random.default_rng(0))
+    rows, pred_own, held = out_of_fold(own, Xs, ys, "systematic", np.random.default_rng(0))
+    assert (rows == np.arange(len(ys))).all() and (held == 1).all()  # each row once
     others = [j for j in range(len(sec.learner_ids_)) if j != i]
     P = np.vstack([[sec._load_learner_model(j).predict(Xs) for j in others], pred_own[None]])
     w = np.r_[sec.n_samples_[others], sec.n_samples_[i]]
@@ -74,8 +75,27 @@ def test_out_of_fold_predicts_every_row_from_a_fit_without_it():
     y = X @ np.array([1.0, -2.0])
     from sklearn.linear_model import LinearRegression
 
-    pred = out_of_fold(LinearRegression(), X, y, "systematic", rng)
+    _, pred, _ = out_of_fold(LinearRegression(), X, y, "systematic", rng)
     np.testing.assert_allclose(pred, y, atol=1e-10)  # a noiseless line: every refit is exact
     y2 = y.copy()
     y2[3] += 5.0  # a row's own noise never enters its prediction
-    assert abs(out_of_fold(LinearRegression(), X, y2, "systematic", rng)[3] - y[3]) < 5.0
+    assert abs(out_of_fold(LinearRegression(), X, y2, "systematic", rng)[1][3] - y[3]) < 5.0
+
+
+def test_out_of_fold_with_frequency_weights_is_the_rows_repeated():
+    """A row of weight w is w copies next to each other: its weight spread over the folds its
+    copies fall in, each part predicted by the fit without that fold (test_weights_models
+    compares SEC's whole validation step so)."""
+    from sklearn.linear_model import LinearRegression
+
+    rng = np.random.default_rng(1)
+    X, y = rng.normal(size=(9, 2)), rng.normal(size=9)
+    w = np.array([1, 3, 1, 2, 1, 1, 2, 1, 1], dtype=float)
+    rows, pred, held = out_of_fold(LinearRegression(), X, y, "systematic", rng, w)
+    rep = np.repeat(np.arange(9), w.astype(int))
+    _, want, _ = out_of_fold(LinearRegression(), X[rep], y[rep], "systematic", rng)
+    np.testing.assert_allclose(np.bincount(rows, held), w)
+    got = np.repeat(pred, held.astype(int))  # every copy's prediction, as a multiset
+    np.testing.assert_allclose(np.sort(got), np.sort(want), rtol=1e-10)
+    np.testing.assert_allclose(held @ (y[rows] - pred) ** 2, np.sum((y[rep] - want) ** 2),
+                               rtol=1e-10)

@@ -213,13 +213,16 @@ class SECModel(FederatedModel):
         models, state = self._received(payload, state)
         own = loads_model(np.asarray(state["model"], dtype=np.uint8), source="the own model",
                           extra_types=self.extra_trusted_types)
-        pred_own = out_of_fold(own, X, y, str(payload.get("split", "random")), rng, data.weight)
+        rows, pred_own, tw = out_of_fold(own, X, y, str(payload.get("split", "random")), rng,
+                                         data.weight)
         w = np.asarray(payload["weights"], dtype=np.float64)
         if w.size != len(models) + 1 or np.any(w < 0) or w.sum() <= 0:
             raise ValueError(f"validate: {w.size} weights for {len(models)} models and the own")
-        P = np.vstack([predict_many(models, X), pred_own[None]]) if models else pred_own[None]
+        P = (np.vstack([predict_many(models, X)[:, rows], pred_own[None]]) if models
+             else pred_own[None])
         pred_cluster = (w / w.sum()) @ P
-        fw = None if data.weight is None else data.weight / data.weight.sum()
+        y = y[rows]  # (row, fold) pairs: each row once without frequency weights
+        fw = None if data.weight is None else tw / tw.sum()
 
         def mse(p):
             r2 = (y - p) ** 2
@@ -229,7 +232,7 @@ class SECModel(FederatedModel):
         if fw is None:
             se = float(d.std(ddof=1) / np.sqrt(d.size))
         else:  # frequency weights: the weighted variance over the weights' total
-            n_w = float(data.weight.sum())
+            n_w = float(tw.sum())
             se = float(np.sqrt(fw @ (d - fw @ d) ** 2 * n_w / max(n_w - 1.0, 1.0) / n_w))
         return {"mse_alone": mse(pred_own), "mse_cluster": mse(pred_cluster),
-                "se_difference": se, "n_validation": float(y.size)}, state
+                "se_difference": se, "n_validation": float(X.shape[0])}, state
