@@ -93,7 +93,14 @@ def test_an_unconverged_fit_is_refused_rather_than_given_negative_variances():
     fd = fl.FederatedDataset.from_arrays({"a": X[:150], "b": X[150:]})
     est = FederatedGaussianMixture(3, random_state=0, max_rounds=3).fit(fd)
     with pytest.raises(ValueError, match="observed information is not positive definite"):
-        est.cov_params()
+        est.cov_params(cov_type="observed")
+    # the default falls back to the empirical information, and says so (issue 42, item 3)
+    var = np.diag(est.cov_params().to_numpy())
+    assert np.all(np.isnan(var) | (var >= 0))
+    s = est.summary()
+    assert s.info["Covariance"] == "empirical (outer product of the scores)"
+    assert s.info["Covariance note"].startswith("the observed information is not positive "
+                                                "definite (smallest eigenvalue")
 
 
 def test_degenerate_reason_rules():
@@ -117,7 +124,7 @@ def test_bic_skips_a_component_collapsed_on_a_zero_variance():
                                 tol=1e-8, max_rounds=500).fit(fd)
     table = est.selection_scores_
     assert table.loc[2, "bic"] < table.loc[1, "bic"]  # BIC alone would take the collapse
-    assert "zero variance" in table.loc[2, "skipped"] and table.loc[1, "skipped"] == ""
+    assert "point mass" in table.loc[2, "skipped"] and table.loc[1, "skipped"] == ""
     assert est.n_components_ == 1
 
 
@@ -126,7 +133,7 @@ def test_unconverged_candidates_are_skipped_and_reported():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est = FederatedGaussianMixture("auto", n_components_candidates=[1, 2, 3],
-                                       max_rounds=3, random_state=0).fit(fd)
+                                       max_rounds=3, tol=1e-3, random_state=0).fit(fd)
     table = est.selection_scores_
     assert list(table.columns[-1:]) == ["skipped"]
     # 3 rounds: K = 3 converged in 4 once the k-means start's merged rows were translated

@@ -329,7 +329,7 @@ def test_predict_checks_features_and_y(fitted):
         ({"n_components": 0}, "n_components must be an integer >= 1, got 0"),
         ({"fit_intercept": "yes"}, "fit_intercept must be True or False, got 'yes'"),
         ({"max_rounds": 0}, "max_rounds must be None or an integer >= 1, got 0"),
-        ({"tol": -1.0}, "tol must be >= 0, got -1.0"),
+        ({"tol": -1.0}, "tol must be >= 0 or 'auto', got -1.0"),
         ({"reg_noise": -1e-3}, "reg_noise must be >= 0, got -0.001"),
         ({"random_state": "x"}, "random_state must be None, an integer or a numpy Generator"),
         ({"weights_init": [0.5, 0.6, 0.1]}, "weights_init must be 3 non-negative numbers "

@@ -266,7 +266,8 @@ def test_exchange_sends_no_samples(sim1, fitted):
     allowed_up = {
         "setup": {"n_units"},
         "query": {"model", "e", "n", "selected", "cv_mse", "x_mean", "x_scale", "y_mean",
-                  "y_scale", "loss"},
+                  "y_scale", "loss", "mse_alone", "mse_cluster", "se_difference",
+                  "n_validation"},
     }
     n_models = fd.n_clients
     seen_exchange = 0
@@ -360,18 +361,20 @@ def test_per_learner_candidates(sim1):
 
 
 def test_protocol_steps_are_the_rounds(fitted):
-    # select and exchange are the two protocol steps, one history record each, one runtime call
-    # (a wave of one message per learner) each here
+    # select, exchange and validate are the three protocol steps, one history record each,
+    # one runtime call (a wave of one message per learner) each here
     sec, rt = fitted
-    assert sec.n_iter_ == sec.n_rounds_ == 2 and sec.converged_
+    assert sec.n_iter_ == sec.n_rounds_ == 3 and sec.converged_
     h = sec.history_.to_frame()
-    assert h["round"].tolist() == [1, 2] and (h["participants"] == len(sec.learner_ids_)).all()
+    assert h["round"].tolist() == [1, 2, 3]
+    assert (h["participants"] == len(sec.learner_ids_)).all()
     n, e, E = sec.n_samples_, sec.errors_, sec.exchange_losses_
     assert h["objective"][0] == pytest.approx(n @ e / n.sum(), rel=1e-12)
     assert h["objective"][1] == pytest.approx(E[~np.eye(len(e), dtype=bool)].mean(), rel=1e-12)
+    assert h["objective"][2] == pytest.approx(np.nanmean(sec.validation_mse_[:, 1]), rel=1e-12)
     queries = [m["query"] for d, _, meth, m in rt.log if d == "down" and meth == "query"]
     L = len(sec.learner_ids_)
-    assert queries == ["select"] * L + ["exchange"] * L
+    assert queries == ["select"] * L + ["exchange"] * L + ["validate"] * L
     down = sum(_nbytes(m) for d, _, meth, m in rt.log if d == "down" and meth == "query")
     assert h["bytes_down"].sum() == down
 
@@ -401,7 +404,9 @@ def test_save_load_roundtrip_without_pickle(tmp_path, sim1, fitted):
     for c in sec.learner_ids_:
         np.testing.assert_array_equal(back.predict(X, learner=c), sec.predict(X, learner=c))
     np.testing.assert_array_equal(back.predict_dataset(fd), sec.predict_dataset(fd))
-    assert back.n_iter_ == 2 and len(back.history_) == 2
+    assert back.n_iter_ == 3 and len(back.history_) == 3
+    np.testing.assert_array_equal(back.validation_mse_, sec.validation_mse_)
+    np.testing.assert_array_equal(back.collaborates_, sec.collaborates_)
 
 
 def test_save_load_keeps_the_scalers(tmp_path):
@@ -492,7 +497,7 @@ def test_callbacks_see_each_step(sim1):
     seen = []
     SEC(candidates="linear", random_state=0).fit(
         fd, callbacks=[lambda k, p, S, rec: seen.append((k, rec.participants))])
-    assert seen == [(1, fd.n_clients), (2, fd.n_clients)]
+    assert seen == [(1, fd.n_clients), (2, fd.n_clients), (3, fd.n_clients)]
 
 
 def test_unfitted_use_raises_sklearns_not_fitted_error():

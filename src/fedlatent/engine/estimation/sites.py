@@ -22,7 +22,7 @@ from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.runtime import SiteSubset
 from fedlatent.engine.rounds.fitsetup import site_refusals, warn_excluded
 
-__all__ = ["SelectionSites", "finish_selection", "selection_sites"]
+__all__ = ["SelectionSites", "chosen_sites", "finish_selection", "selection_sites"]
 
 
 @dataclass
@@ -89,19 +89,28 @@ def selection_sites(est, fd, runtime, selection: Selection
     return fd, runtime, selection, sites
 
 
+def chosen_sites(fd, runtime, sites: SelectionSites, k: int):
+    """``(fd, runtime)`` of the sites that admit size ``k`` (``fd``/``runtime``: the whole
+    federation): where :func:`finish_selection` fits the chosen size."""
+    own = sites.refusals.get(int(k), {})
+    if not own:
+        return fd, runtime
+    return _without(fd, runtime, own, [c for c in sites.clients if c not in own])
+
+
 def finish_selection(est, fd, runtime, sites: SelectionSites, param: str,
-                     fit_kwargs: dict[str, Any]):
+                     fit_kwargs: dict[str, Any], refit: bool = True):
     """After the candidates' fits: the chosen size fitted again on every site that admits it
     when that is more sites than the candidates were compared on (``est`` takes that fit's
-    attributes, keeping ``selection_scores_``); ``excluded_clients_`` and the one warning.
+    attributes, keeping ``selection_scores_``; ``refit=False``: ``est`` already fitted it
+    there, :func:`chosen_sites`); ``excluded_clients_`` and the one warning.
     ``fd``/``runtime``: the whole federation. Returns ``est``."""
     from sklearn.base import clone
 
     chosen = int(getattr(est, f"{param}_"))
     own = sites.refusals.get(chosen, {})
-    if set(own) != set(sites.common):  # the chosen size admits more sites: refit it there
-        kept = [c for c in sites.clients if c not in own]
-        data, rt = _without(fd, runtime, own, kept) if own else (fd, runtime)
+    if refit and set(own) != set(sites.common):  # the chosen size admits more sites: refit
+        data, rt = chosen_sites(fd, runtime, sites, chosen)
         best = clone(est).set_params(**{param: chosen})
         best.fit(data, runtime=rt, **fit_kwargs)
         adopt_candidate(est, best, param, est.selection_scores_)

@@ -48,6 +48,14 @@ from fedlatent.engine.rounds.evaluation import h_norm2
 from fedlatent.engine.rounds.newton import newton_for
 from fedlatent.engine.rounds.plan import RoundPlan, make_plan
 from fedlatent.engine.rounds.screen import Mirror, Screen
+from fedlatent.engine.rounds.stopping import (
+    AUTO_MAX_ROUNDS,
+    STAT_TOL,
+    accelerated_tol,
+    distance_note,
+    is_auto,
+    near_optimum,
+)
 from fedlatent.engine.stats import Stats, units_number
 from fedlatent.engine.warn import user_stacklevel
 
@@ -99,8 +107,12 @@ class LoopOptions:
         Seed of every random draw of the run (participation, quantization, mini-batches, models).
     max_rounds : int
         Number of rounds at most, the initialization round included.
-    tol : float
-        Plain EM (:attr:`Federation.is_plain_em`): convergence when the mean per-unit objective
+    tol : float or "auto"
+        "auto": plain EM stops once every parameter is within 0.1 standard error of the
+        optimum (Aitken's estimate of the log-likelihood's distance to its limit,
+        :mod:`fedlatent.engine.rounds.stopping`); other federations use ``stat_change`` below
+        :data:`~fedlatent.engine.rounds.stopping.STAT_TOL`. A number: plain EM
+        (:attr:`Federation.is_plain_em`) converges when the mean per-unit objective
         changes by less than ``tol`` between two rounds. Any other federation (partial
         participation, a step size, compression, mini-batches), where each round's objective
         is computed on that round's participants only: convergence when the server statistic
@@ -129,7 +141,7 @@ class LoopOptions:
 
     seed: int
     max_rounds: int = 100
-    tol: float = 1e-3
+    tol: float | str = 1e-3
     progress: bool | None = None
     checkpoint: str | Path | None = None
     checkpoint_every: int = 10
@@ -150,13 +162,16 @@ PRIVATE_MAX_ROUNDS = 3
 
 
 def resolve_max_rounds(max_rounds: int | None, private: bool,
-                       private_rounds: int = PRIVATE_MAX_ROUNDS) -> int:
+                       private_rounds: int = PRIVATE_MAX_ROUNDS, tol=None) -> int:
     """An estimator's ``max_rounds``: as given, or when None, ``private_rounds`` (default
     :data:`PRIVATE_MAX_ROUNDS`) under differential privacy and :data:`DEFAULT_MAX_ROUNDS`
-    otherwise."""
+    otherwise (:data:`~fedlatent.engine.rounds.stopping.AUTO_MAX_ROUNDS` with
+    ``tol="auto"``)."""
     if max_rounds is not None:
         return int(max_rounds)
-    return int(private_rounds) if private else DEFAULT_MAX_ROUNDS
+    if private:
+        return int(private_rounds)
+    return AUTO_MAX_ROUNDS if is_auto(tol) else DEFAULT_MAX_ROUNDS
 
 
 def progress_bar(total: int, enabled: bool | None, desc: str):
@@ -167,15 +182,16 @@ def progress_bar(total: int, enabled: bool | None, desc: str):
     return tqdm(total=total, disable=not enabled, desc=desc, leave=False)
 
 
-def warn_not_converged(description: str, max_rounds: int, tol: float,
-                       plain: bool = True) -> None:
+def warn_not_converged(description: str, max_rounds: int, tol: float | str,
+                       plain: bool = True, detail: str | None = None) -> None:
     from fedlatent.engine.errors import ConvergenceWarning
 
     what = ("the mean objective still changed" if plain else
             "the server statistic still moved (history_['stat_change'])")
+    what = detail or f"{what} by more than tol={tol}"
     warnings.warn(
-        f"{description}: did not converge in {max_rounds} rounds ({what} by more than "
-        f"tol={tol}); raise max_rounds or tol",
+        f"{description}: did not converge in {max_rounds} rounds ({what}); raise max_rounds "
+        "or tol",
         ConvergenceWarning,
         stacklevel=user_stacklevel(),
     )
@@ -298,8 +314,10 @@ class _Rounds:
         self.collector = OneByOne(self)
         self.shapes: dict = {}
         # the ServerAccelerator (rounds/accelerate.py) under Federation(acceleration=...)
+        self.auto = is_auto(options.tol)  # tol="auto": the rule of rounds/stopping.py
+        self.tol = accelerated_tol(self.n_total) if self.auto else float(options.tol)
         self.accel = accelerator_for(model, federation, self.n_total, lambda: self.params) \
-            or newton_for(model, federation, self.n_total, lambda: self.params, options.tol)
+            or newton_for(model, federation, self.n_total, lambda: self.params, self.tol)
 
     # ---- checkpoints ---------------------------------------------------------------------
     def save(self, round_: int) -> None:
@@ -462,8 +480,12 @@ class _Rounds:
         rule = None if self.accel is None else self.accel.may_stop(complete)
         if rule is not None:  # accelerated: the accelerator's form of scikit-learn's test
             return rule
+        if self.auto:  # within 0.1 standard error of the optimum (rounds/stopping.py)
+            recent = self.history[-4:]
+            return (len(recent) >= 3 and all(not (r.missing or r.rejected) for r in recent)
+                    and near_optimum([r.objective for r in recent], self.n_total))
         return (len(self.history) >= 2 and complete
-                and abs(self.history[-1].objective - self.history[-2].objective) < self.opt.tol)
+                and abs(self.history[-1].objective - self.history[-2].objective) < self.tol)
 
     def settled(self) -> bool:
         """The stopping rule of a federation that is not plain EM (see :class:`LoopOptions`):
@@ -471,9 +493,10 @@ class _Rounds:
         participants and none missing or refused; never under differential privacy."""
         w = window_size(self.fed.participation)
         recent = self.history[-w:]
-        if self.budget is not None or self.opt.tol <= 0 or len(recent) < w:
+        tol = STAT_TOL if self.auto else self.tol
+        if self.budget is not None or tol <= 0 or len(recent) < w:
             return False
-        return all(r.stat_change is not None and r.stat_change < self.opt.tol
+        return all(r.stat_change is not None and r.stat_change < tol
                    and r.participants > 0 and not r.missing and not r.rejected
                    for r in recent)
 
@@ -534,5 +557,7 @@ class _Rounds:
             bar.close()
         self.save(last_round)
         if not converged and self.budget is None:
-            warn_not_converged(opt.description, opt.max_rounds, opt.tol, self.fed.is_plain_em)
+            warn_not_converged(opt.description, opt.max_rounds, opt.tol, self.fed.is_plain_em,
+                               distance_note([r.objective for r in self.history], self.n_total)
+                               if self.auto and self.fed.is_plain_em else None)
         return FitResult(self.params, self.state.S_hat, self.history, converged, last_round)

@@ -32,6 +32,7 @@ from .math import (
     COV_TYPES,
     covariances_from_precisions,
     gmm_m_step,
+    hold_degenerate,
 )
 from .model import GMMModel
 from .prediction import GaussianPrediction
@@ -56,11 +57,16 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
         Added to the diagonal of every covariance.
     max_rounds : int or None, default None
         Rounds at most (round 1 is the initialization E-step).
-        None: 100 rounds, or under ``Federation(privacy=...)`` 2 rounds (every round is
+        None: 1,000 rounds (100 with a numeric ``tol``), or under
+        ``Federation(privacy=...)`` 2 rounds (every round is
         paid from the privacy budget; from the private k-means start two rounds reach the
         non-private optimum at 10^5 records, see ``docs/privacy.md``).
-    tol : float, default 1e-3
-        Convergence threshold on the change of the mean per-sample log-likelihood.
+    tol : float or "auto", default "auto"
+        "auto": stop once every parameter is within 0.1 standard error of the optimum (the
+        summed log-likelihood within 0.005 nats of its limit, by Aitken's estimate from the
+        last rounds: :mod:`fedlatent.engine.rounds.stopping`). A number: stop when the mean
+        per-sample log-likelihood changes by less than ``tol`` (scikit-learn's rule, its
+        default 1e-3).
     init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
         "kmeans-sums": a k-means start built from sums only: ``12 K`` candidate centres drawn
         from the pooled Gaussian, the clients' summed hard-assignment statistics to them, a
@@ -123,6 +129,7 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
+        "tol": [Real(0), Options("auto")],
         "n_init": [Integer(1)],
         "n_components": [AUTO_SIZE],
         "covariance_type": [Options(*COV_TYPES)],
@@ -142,7 +149,7 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
         covariance_type: str = "full",
         reg_covar: float = 1e-6,
         max_rounds: int | None = None,
-        tol: float = 1e-3,
+        tol: float | str = "auto",
         init_params: str = "kmeans-sums",
         n_init: int = 1,
         weights_init=None,
@@ -219,10 +226,19 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
         if model.privacy is not None:  # the floored covariances the M-step used
             self.covariances_ = covariances_from_precisions(p["precisions_cholesky"],
                                                              self.covariance_type)
-        else:
-            _, _, self.covariances_ = gmm_m_step(
-                result.S_hat, p["center"], self.covariance_type, self.reg_covar
-            )
+        else:  # the M-step's covariances, components kept off a point mass as it keeps them
+            _, _, cov = gmm_m_step(result.S_hat, p["center"], self.covariance_type,
+                                   self.reg_covar)
+            self.covariances_, held = hold_degenerate(cov, result.S_hat, self.covariance_type)
+            self.degenerate_components_ = [int(k) for k in np.flatnonzero(held)]
+            if self.degenerate_components_:
+                from ...engine.contract.degenerate import DEGENERATE_FRACTION, warn_degenerate
+
+                what = ("a covariance eigenvalue at {:g} of the pooled covariance's smallest"
+                        if self.covariance_type == "full" else
+                        "a variance at {:g} of the feature's pooled variance")
+                warn_degenerate(type(self).__name__, self.degenerate_components_,
+                                what.format(DEGENERATE_FRACTION))
         self.lower_bound_ = result.history[-1].objective
         self._after_load()
 
@@ -232,6 +248,10 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
         from ...engine.estimation.inference import degenerate_reason
         from .inference import full_covariances
 
+        held = list(getattr(self, "degenerate_components_", []) or [])
+        if held:
+            return (f"component {held[0]} collapsed onto a point mass (its covariance at the "
+                    "floor; degenerate)")
         K, d = self.means_.shape
         eig = np.linalg.eigvalsh(full_covariances(self.covariances_, self.covariance_type, K, d))
         return degenerate_reason(self.weights_, eig.min(1), self.reg_covar, n_rows, d + 1)
@@ -249,7 +269,8 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
 
         check_is_fitted(self)
         gm = GaussianMixture(self._fitted_k(), covariance_type=self.covariance_type,
-                             reg_covar=self.reg_covar, tol=self.tol, max_iter=self._max_rounds())
+                             reg_covar=self.reg_covar, tol=1e-3 if self.tol == "auto" else self.tol,
+                             max_iter=self._max_rounds())
         gm.weights_ = np.array(self.weights_, copy=True)
         gm.means_ = np.array(self.means_, copy=True)
         gm.covariances_ = np.array(self.covariances_, copy=True)

@@ -21,13 +21,14 @@ import numpy as np
 
 from ...engine.estimation.inference import (
     InferenceLayout,
-    louis_information,
+    InformationSums,
+    louis_blocks,
     weight_row,
     weight_scores,
 )
 from ...engine.protocol.numerics import logsumexp
 
-__all__ = ["full_covariances", "gmm_information", "gmm_layout"]
+__all__ = ["full_covariances", "gmm_information", "gmm_information_sums", "gmm_layout"]
 
 CHUNK = 2048
 
@@ -123,8 +124,62 @@ def _chunk(X, w, means, covs, precs, logdets, maps, P, fw):
         M2 = (e[:, k] * r[:, None]).T @ e[:, k]
         H = _complete_phi(float(r.sum()), r @ e[:, k], M2, precs[k], E)
         complete += maps[k].T @ H @ maps[k]
-    return louis_information(resp, S, complete, fw), float(norm.sum() if fw is None
-                                                           else norm @ fw)
+    info, scores = louis_blocks(resp, S, complete, fw)
+    return info, scores, float(norm.sum() if fw is None else norm @ fw)
+
+
+def _pattern_maps(maps: list[np.ndarray], o: np.ndarray) -> list[np.ndarray]:
+    """The rows of every ``G_k`` that belong to the coordinates ``o`` (a boolean mask): the
+    means of ``o`` and the covariance entries within ``o``, in the order of the sub-model's
+    ``phi = (mu_o, vech Sigma_oo)``."""
+    d = o.size
+    idx = np.flatnonzero(o)
+    full = {(a, b): i for i, (a, b) in enumerate(zip(*_vech_pairs(d), strict=True))}
+    ia, ib = _vech_pairs(idx.size)
+    rows = np.r_[idx, [d + full[(idx[a], idx[b])] for a, b in zip(ia, ib, strict=True)]]
+    return [G[rows.astype(np.int64)] for G in maps]
+
+
+def gmm_information_sums(X: np.ndarray, weights, means, covariances, covariance_type: str,
+                         sample_weight: np.ndarray | None = None,
+                         entity: np.ndarray | None = None) -> InformationSums:
+    """The information sums of the rows of ``X`` at the mixture (weights, means,
+    sklearn-shaped covariances): Louis' observed information, the scores' outer products (per
+    row, the rows' total, per entity) and the log-likelihood; ``sample_weight``: each row's
+    frequency weight (a row of weight 2 counts twice); ``entity``: each row's entity.
+
+    Rows with missing values (NaN, missing at random) count by the likelihood of their
+    observed coordinates ``o``, a Gaussian mixture with the means ``mu_ko`` and covariances
+    ``Sigma_koo``: a linear selection of the parameters, so each missingness pattern's
+    information is the complete-data formula on the observed coordinates mapped back by the
+    rows of ``G_k`` for ``o`` (Louis' formula with the missing coordinates integrated out
+    exactly, as the Gaussian allows). Rows with nothing observed carry no information."""
+    fw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    X = np.asarray(X, dtype=np.float64)
+    means = np.asarray(means, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    K, d = means.shape
+    covs = full_covariances(covariances, covariance_type, K, d)
+    maps, P = _maps(K, d, covariance_type)
+    sums = InformationSums(P, entity)
+    miss = np.isnan(X)
+    if not miss.any():
+        groups = [(np.ones(d, dtype=bool), np.arange(X.shape[0]))]
+    else:
+        masks, inv = np.unique(~miss, axis=0, return_inverse=True)
+        inv = np.asarray(inv).ravel()
+        groups = [(o, np.flatnonzero(inv == g)) for g, o in enumerate(masks) if o.any()]
+    for o, idx in groups:
+        m_o, c_o = means[:, o], covs[:, o][:, :, o]
+        precs, logdets = np.linalg.inv(c_o), np.linalg.slogdet(c_o)[1]
+        maps_o = maps if o.all() else _pattern_maps(maps, o)
+        for start in range(0, idx.size, CHUNK):
+            rows = idx[start:start + CHUNK]
+            rw = None if fw is None else fw[rows]
+            part = _chunk(X[np.ix_(rows, np.flatnonzero(o))], w, m_o, c_o, precs, logdets,
+                          maps_o, P, rw)
+            sums.add(*part, weight=rw, rows=rows)
+    return sums
 
 
 def gmm_information(X: np.ndarray, weights, means, covariances, covariance_type: str,
@@ -132,21 +187,9 @@ def gmm_information(X: np.ndarray, weights, means, covariances, covariance_type:
     """Louis' observed information summed over the rows of ``X`` at the mixture (weights,
     means, sklearn-shaped covariances), and their log-likelihood; ``sample_weight``: each
     row's frequency weight (a row of weight 2 counts twice)."""
-    fw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    means = np.asarray(means, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    K, d = means.shape
-    covs = full_covariances(covariances, covariance_type, K, d)
-    precs = np.linalg.inv(covs)
-    logdets = np.linalg.slogdet(covs)[1]
-    maps, P = _maps(K, d, covariance_type)
-    info, loglik = np.zeros((P, P)), 0.0
-    for start in range(0, X.shape[0], CHUNK):
-        part, ll = _chunk(X[start:start + CHUNK], w, means, covs, precs, logdets, maps, P,
-                          None if fw is None else fw[start:start + CHUNK])
-        info += part
-        loglik += ll
-    return info, loglik
+    sums = gmm_information_sums(X, weights, means, covariances, covariance_type,
+                                sample_weight)
+    return 0.5 * (sums.info + sums.info.T), sums.loglik
 
 
 def _cov_names(names: list[str], covariance_type: str) -> list[str]:
@@ -200,4 +243,4 @@ def gmm_layout(weights, means, covariances, covariance_type: str,
             rows.append(eye[K - 1 + K * d + j])
     payload = {"params/weights": np.asarray(weights, float), "params/means": means,
                "params/covariances": cov}
-    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload)
+    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload, sums=True)

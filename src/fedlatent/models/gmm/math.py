@@ -201,6 +201,36 @@ def gmm_m_step(
     return weights, mc + center, cov
 
 
+def hold_degenerate(cov: np.ndarray, S: Stats, covariance_type: str
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Covariances kept off a point mass (:mod:`fedlatent.engine.contract.degenerate`): each
+    component's eigenvalues at least ``DEGENERATE_FRACTION`` of the smallest eigenvalue of the
+    pooled covariance (``"full"``), its variances at least that fraction of each feature's
+    pooled variance (``"diag"``), its variance at least that fraction of their mean
+    (``"spherical"``); ``"tied"`` (one shared covariance) is left as it is. The pooled moments
+    come from ``S`` itself. Returns the covariances and which components were held, (K,)."""
+    from ...engine.contract.degenerate import DEGENERATE_FRACTION
+
+    nk = np.asarray(S["nk"], dtype=np.float64)
+    n = float(nk.sum())
+    if covariance_type == "tied" or not n > 0:
+        return cov, np.zeros(nk.size, dtype=bool)
+    mean = np.asarray(S["sx"], dtype=np.float64).sum(axis=0) / n
+    sxx = np.asarray(S["sxx"], dtype=np.float64).sum(axis=0) / n
+    if covariance_type == "full":
+        pooled = sxx - np.outer(mean, mean)
+        floor = DEGENERATE_FRACTION * max(float(np.linalg.eigvalsh(0.5 * (pooled + pooled.T))[0]),
+                                          0.0)
+        if not floor > 0:
+            return cov, np.zeros(nk.size, dtype=bool)
+        return lift_eigenvalues(cov, floor)
+    var = np.maximum(sxx - mean**2, 0.0) * DEGENERATE_FRACTION
+    floor = var if covariance_type == "diag" else float(var.mean())
+    held = np.asarray(cov < floor)
+    held = held.any(axis=1) if held.ndim > 1 else held
+    return np.maximum(cov, floor), held
+
+
 def floor_covariances(cov: np.ndarray, covariance_type: str, floor: float) -> np.ndarray:
     """Covariances with every eigenvalue raised to at least ``floor`` (a projection onto the
     positive-definite cone used when stochastic statistics leave it); covariances already

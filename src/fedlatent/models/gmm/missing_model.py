@@ -121,9 +121,10 @@ def _hard_stats(model, payload, X: np.ndarray, hard_labels) -> dict:
     return {f"stat/{k}": v for k, v in st.items()}
 
 
-def missing_query(model, name: str, payload, X: np.ndarray, hard_labels) -> dict | None:
+def missing_query(model, name: str, payload, X: np.ndarray, hard_labels,
+                  entity=None) -> dict | None:
     """The reply of query ``name`` on rows with NaN (None: the complete-data query applies);
-    ``hard_labels`` as :func:`_hard_stats` takes it."""
+    ``hard_labels`` as :func:`_hard_stats` takes it; ``entity``: the rows' entities."""
     X = rare_columns_dropped(X, model.disclosure)
     if name == "moments":
         return _moments(model, X)
@@ -140,8 +141,11 @@ def missing_query(model, name: str, payload, X: np.ndarray, hard_labels) -> dict
         raise ValueError("init_params='kmeans-federated' runs k-means on complete rows, and "
                          "this client's rows have missing values; use init_params="
                          "'kmeans-sums' (the default) or 'random'")
-    if name == "information":
-        raise ValueError("standard errors (the observed information) are not computed for "
-                         "data with missing values yet; fit without cov_params()/summary() "
-                         "standard errors, or on complete rows")
+    if name == "information":  # the observed coordinates' likelihood (.inference)
+        from .inference import gmm_information_sums
+
+        sums = gmm_information_sums(X, payload["params/weights"], payload["params/means"],
+                                    payload["params/covariances"], model.cov_type,
+                                    entity=entity)
+        return sums.reply(float(X.shape[0]))
     return None

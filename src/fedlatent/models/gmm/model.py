@@ -24,6 +24,7 @@ from .math import (
     floor_noisy_covariances,
     gmm_m_step,
     gmm_statistics,
+    hold_degenerate,
     merged_rows,
 )
 
@@ -200,6 +201,8 @@ class GMMModel(FederatedModel):
         w, m, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
         if self.privacy is not None:  # noisy moments: eigenvalues kept well away from 0
             cov = floor_noisy_covariances(cov, self.cov_type, self.reg)
+        else:  # a component kept off a point mass (engine/contract/degenerate.py)
+            cov = hold_degenerate(cov, S, self.cov_type)[0]
         try:
             prec = compute_precision_cholesky(cov, self.cov_type)
         except ValueError:
@@ -214,7 +217,7 @@ class GMMModel(FederatedModel):
             from .missing_model import missing_query, refuse_weights
 
             refuse_weights(data)
-            reply = missing_query(self, name, payload, X, hard_labels)
+            reply = missing_query(self, name, payload, X, hard_labels, data.entity)
             if reply is not None:
                 return reply, state
         if name == "moments":
@@ -261,12 +264,12 @@ class GMMModel(FederatedModel):
                                                          else norm @ fw)}, state
         # Louis' observed information (fedlatent.engine.estimation.inference)
         if name == "information":
-            from .inference import gmm_information
+            from .inference import gmm_information_sums
 
-            info, ll = gmm_information(X, payload["params/weights"], payload["params/means"],
-                                       payload["params/covariances"], self.cov_type,
-                                       sample_weight=fw)
-            return {"n": data.mass(), "loglik": ll, "information": info}, state
+            sums = gmm_information_sums(X, payload["params/weights"], payload["params/means"],
+                                        payload["params/covariances"], self.cov_type,
+                                        sample_weight=fw, entity=data.entity)
+            return sums.reply(data.mass()), state
         return super().client_query(name, payload, data, state, rng)
 
 

@@ -47,7 +47,7 @@ from .predict import HLCRPrediction
 from .privacy import noise_ridge, spread_start
 from .selection import choose_k
 from .solvers import ChainSettings, HLCRFit, run_federated, run_gibbs
-from .waic import fit_by_waic, waic_selection
+from .waic import fit_by_waic, waic_selection, warm_start
 
 __all__ = ["HLCR"]
 
@@ -390,8 +390,8 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
             check_entities(cd.entity, cid, cd.weight)
 
     def _selection(self):
-        """``n_clusters="auto"`` with the random intercept: K by WAIC among the candidates
-        whose chains mix (:mod:`.waic`); None otherwise (a number, or the held-out choice of
+        """``n_clusters="auto"`` with the random intercept: K by WAIC over candidates screened
+        with short chains (:mod:`.waic`); None otherwise (a number, or the held-out choice of
         :mod:`.selection` inside the fit without the random intercept)."""
         if self.n_clusters != "auto" or not self._waic_selects():
             return None
@@ -407,8 +407,18 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         guarded = fed is not None and (fed.privacy is not None or fed.secure_aggregation)
         return self.random_intercept == "auto" and bool(self.fit_intercept) and not guarded
 
-    def _fit_selected(self, fd, selection, **fit_kwargs):
-        return fit_by_waic(self, fd, selection, **fit_kwargs)
+    def _fit_auto(self, fd, selection, *, runtime, **fit_kwargs):
+        """The candidates compared on the sites admitting every one (the engine's rule,
+        :mod:`fedlatent.engine.estimation.sites`), the chosen K's full chains run once, on
+        every site that admits it (not a second time from scratch)."""
+        from ...engine.estimation.sites import chosen_sites, finish_selection, selection_sites
+
+        data, rt, selection, sites = selection_sites(self, fd, runtime, selection)
+        fit_by_waic(self, data, selection, runtime=rt,
+                    final_sites=lambda K: chosen_sites(fd, runtime, sites, K), **fit_kwargs)
+        return finish_selection(self, fd, runtime, sites, selection.param,
+                                {k: fit_kwargs[k] for k in ("progress", "callbacks")},
+                                refit=False)
 
     def _degenerate_reason(self, n_rows) -> str:
         """No degenerate cluster test: a candidate K is skipped when its chains do not mix
@@ -504,7 +514,9 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
             n_ent += int(r["n_entities"])
             n_ev += r["n_events"]  # with frequency weights, a weight sum
         self._sizes = (n_ent, units_number(n_ev))
-        return start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
+        params = start_params(ctx, self._chain(), self._standardizes(), self.fit_intercept)
+        warm = self.__dict__.pop("_warm", None)  # n_clusters="auto": another candidate's end
+        return params if warm is None else warm_start(params, warm, ctx.model.K)
 
     def _run(self, ctx: FitContext, params0: Params, options: LoopOptions) -> HLCRFit:
         """``n_clusters="auto"``: :func:`.selection.choose_k` first. ``"gibbs"``: the
@@ -526,6 +538,7 @@ class HLCR(HLCRInference, HLCRPrediction, FederatedEstimator):
         self._fit_start = (params0, chain)
         self._extra_chains = extra_chains(self, ctx, params0, options, chain, super()._run,
                                           self._n_chains())
+        self._final_params = {k: np.array(v, copy=True) for k, v in result.params.items()}
         return result
 
     def _store(self, result: HLCRFit, model: HLCRModel) -> None:

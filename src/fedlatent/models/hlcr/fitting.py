@@ -48,7 +48,7 @@ def uses_random_intercept(est) -> bool:
 def check_random_intercept(est) -> None:
     """``random_intercept=True`` needs the intercept column (its statistics are the entity's
     ``X^T 1`` and ``1^T y``) and no differential privacy (its ``u2`` sum has no sensitivity
-    bound yet); with ``n_clusters="auto"`` (K by WAIC among the candidates whose chains mix,
+    bound yet); with ``n_clusters="auto"`` (K by WAIC over screened candidates,
     :mod:`.waic`) not under secure aggregation (one chain). ``"auto"`` is off where these are
     missing (for ``n_clusters="auto"`` itself: each candidate K resolves it)."""
     if isinstance(est.random_intercept, str) or not est.random_intercept:

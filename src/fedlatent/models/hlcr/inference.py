@@ -306,7 +306,9 @@ class HLCRInference:
         entities and its coefficients (intercept last), then ``sigma`` (user's units) and
         ``delta`` (the fit's units); columns ``mean``, ``sd``, the equal-tailed ``prob``
         interval (``5%``, ``95%`` at 0.9), ``ess_bulk``, ``ess_tail``, ``r_hat`` (NaN for one
-        chain or a fixed value). Clusters of the chains are matched to chain 0's.
+        chain or a fixed value). Clusters of the chains are matched to chain 0's. The header
+        gives the marginal log-likelihood at the point estimate, its parameters, AIC and BIC
+        (:mod:`.likelihood`; :meth:`compare_mixed` sets them beside the mixed model's).
 
         Returns
         -------
@@ -325,14 +327,32 @@ class HLCRInference:
                 "Chains": str(self.n_chains_),
                 "Draws per chain": str(self.chains_["sigma"].shape[1]),
                 "Solver": str(self.solver), "Largest R-hat": f"{self.rhat_max_:.4g}"}
+        if getattr(self, "_runtime", None) is not None:  # the agents of the fit answer
+            from .likelihood import information_criteria
+
+            crit = information_criteria(self)
+            info["Log-likelihood"] = f"{crit['loglik']:.6g} (at the point estimate)"
+            info["Parameters"] = str(int(crit["n_parameters"]))
+            info["AIC"], info["BIC"] = f"{crit['aic']:.6g}", f"{crit['bic']:.6g}"
         table_k = getattr(self, "selection_scores_", None)
         if table_k is not None and "skipped" in table_k:  # n_clusters="auto" (.waic)
             skipped = table_k[table_k["skipped"] != ""]["skipped"]
-            info["K chosen by"] = "WAIC among the candidates whose chains mix"
+            info["K chosen by"] = ("WAIC (the smallest K within a standard error of the "
+                                   "best), candidates screened with short chains")
             info["Candidates skipped"] = "; ".join(
                 f"K={k}: {why}" for k, why in skipped.items()) or "none"
         info.update(sites_info(self))
         return Summary(f"{type(self).__name__} posterior", info, table)
+
+    def compare_mixed(self, fd):
+        """This fit against its one-cluster model, the linear mixed model (fitted with the same
+        settings on ``fd``, the data of this fit): log-likelihood at the point estimate,
+        parameters, AIC, BIC, WAIC's elpd and the likelihood-ratio statistic, one row per
+        ``n_clusters`` (:func:`.waic.compare_with_mixed_model`)."""
+        from .waic import compare_with_mixed_model
+
+        check_is_fitted(self)
+        return compare_with_mixed_model(self, fd)
 
     def predict_interval(self, X, agents, entities, alpha: float = 0.1, context=None,
                          unknown: str = "warn") -> np.ndarray:

@@ -1,15 +1,22 @@
-"""Choosing HLCR's K among the candidates whose chains mix, by WAIC (issue 24).
+"""Choosing HLCR's K at about the cost of a few fits of one K (issues 24, 40 and 42), and the
+WAIC of a fit.
 
-``HLCR(n_clusters="auto")`` with the entity random intercept (the default) fits one copy per K
-of ``n_clusters_range`` through the engine's size selection
-(:func:`fedlatent.engine.contract.selection.select`): every candidate runs its own chains, and a
-candidate whose chains disagree (``converged_`` False: the R-hat of its label-invariant
-quantities above :func:`~fedlatent.models.hlcr.inference.rhat_threshold`) is skipped and
-reported (``selection_scores_["skipped"]``). Among the others the K with the best expected log
-predictive density (WAIC, Watanabe 2010; Vehtari, Gelman and Gabry 2017) wins, the smallest K
-within :data:`K_TIE` nats per event of the best (more clusters that do not predict better are
-not kept). Its ConvergenceWarning is then the chosen candidate's: none when it mixes; a user
-who fixes a K whose chains do not mix still gets it.
+``HLCR(n_clusters="auto")`` with the entity random intercept (the default) screens the K of
+``n_clusters_range`` smallest first (:func:`fit_by_waic`): each candidate runs one chain of half
+``max_rounds``, starting where the candidate before it ended (its clusters, the largest split in
+two: :func:`warm_start`), and is scored by BIC at its point estimate (the marginal
+log-likelihood of :mod:`.likelihood`, ``n`` the events, as flexmix and mclust choose mixture
+sizes) and by WAIC (Watanabe 2010; Vehtari, Gelman and Gabry 2017; reported). The scan stops
+once :data:`PATIENCE` candidates in a row have a larger BIC than the best (they are not expected
+to win). The lowest BIC wins and is fitted with the full chains from where its screening ended.
+No candidate is skipped because its chains disagree: on mlmRev's Chem97 the former procedure
+(every K from the prior, two chains of 400 rounds, non-mixing candidates skipped, WAIC) skipped
+every K > 1 and chose K = 1 silently. WAIC does not choose: a short chain that stays on its
+labels understates WAIC's effective number of parameters (on mlmRev's Exam 4 for K = 2, 4 and 5
+against 14-29 in chains ten times longer), so it favoured clusters a longer run rejects; the
+point estimate's log-likelihood moves little between the two (under 1 nat). The fit's own
+ConvergenceWarning (its two full chains) is the fit's; a user who fixes a K whose chains do not
+mix still gets it.
 
 The unit of the WAIC is an entity (its events are dependent through its label and its
 intercept): at every retained draw ``s`` of every chain, each agent computes for each of its
@@ -36,11 +43,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["WAIC_PAIRS_QUERY", "WAIC_QUERY", "entity_elpd", "entity_waic_pairs",
-           "entity_waic_terms", "fit_by_waic", "pointwise_loglik", "waic_selection"]
+from .likelihood import WAIC_QUERY, information_criteria
 
-#: the agents' WAIC sums over their entities (the scoring of a candidate K)
-WAIC_QUERY = "waic"
+__all__ = ["WAIC_PAIRS_QUERY", "WAIC_QUERY", "compare_with_mixed_model", "entity_elpd",
+           "entity_waic_pairs", "entity_waic_terms", "fit_by_waic", "pointwise_loglik",
+           "waic_selection"]
+
 #: the agents' sums for the standard errors of the candidates' WAIC differences
 WAIC_PAIRS_QUERY = "waic_pairs"
 
@@ -199,34 +207,168 @@ def _choice(table, fitted: dict) -> int:
     return min(k for i, k in enumerate(ks) if vals[i] >= vals[best] - se[i, best])
 
 
-def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint, resume):
-    """HLCR's ``fit`` with ``n_clusters="auto"`` and the random intercept: the candidates'
-    fits (their ConvergenceWarnings held back: a candidate that does not mix is skipped and
-    reported), the choice (:func:`_choice`), ``est`` given the chosen candidate's fitted
-    attributes, ``n_clusters_`` and ``selection_scores_``; a ConvergenceWarning only when the
-    chosen candidate's chains disagree (every candidate skipped). Returns ``est``."""
+#: the candidates' screening chains are this fraction of ``max_rounds`` (at least
+#: :data:`MIN_SCREEN` rounds): each candidate starts where the one before it ended
+SCREEN_FRACTION = 0.5
+MIN_SCREEN = 20
+#: chains per screened candidate: one (its WAIC needs draws, not a verdict on mixing)
+SCREEN_CHAINS = 1
+#: the scan of K stops after this many candidates in a row that do not beat the best so far
+#: by a standard error of their difference (they cannot win: the choice is the smallest K within
+#: a standard error of the best)
+PATIENCE = 2
+
+
+def warm_start(params: dict, previous: dict, K: int) -> dict:
+    """A start for ``K`` clusters from another fit's final parameters (fit units): the same
+    clusters, or with ``K`` one more, its largest cluster split in two halves of its data (a
+    split move: both halves alike, the agents' next draws separate them where the data
+    differ); the scales (sigma, delta, tau) carried over. ``params`` gives everything else
+    (the standardization, the seed and step of the server's draws)."""
+    D = np.asarray(previous["D"], dtype=np.float64)
+    c = np.asarray(previous["c"], dtype=np.float64)
+    counts = np.asarray(previous["counts"], dtype=np.float64)
+    K0, F = c.shape
+    if K not in (K0, K0 + 1):
+        raise ValueError(f"a warm start goes from K to K or K + 1 clusters, not {K0} to {K}")
+    if K == K0 + 1:
+        delta = float(np.asarray(previous.get("delta", params.get("delta", 1.0))))
+        prior = np.eye(F) / delta**2
+        k = int(np.argmax(counts))
+        half = prior + 0.5 * (D[k] - prior)
+        D = np.concatenate([D, half[None]])
+        D[k] = half
+        c = np.concatenate([c, 0.5 * c[k][None]])
+        c[k] = 0.5 * c[k]
+        counts = np.concatenate([counts, [0.5 * counts[k]]])
+        counts[k] *= 0.5
+    from .math import posterior_means
+
+    out = dict(params)
+    out.update(D=D, c=c, counts=counts, coef=posterior_means(D, c))
+    for key in ("sigma", "delta", "tau", "train_mse"):
+        if key in previous and key in params:
+            out[key] = np.array(previous[key], copy=True)
+    return out
+
+
+def _screen_rounds(est) -> int:
+    return max(int(round(est.max_rounds * SCREEN_FRACTION)), MIN_SCREEN)
+
+
+def _row(cand, fd) -> dict:
+    """A screened candidate's row of ``selection_scores_``: its BIC (the criterion), the
+    log-likelihood and parameters behind it (:mod:`.likelihood`), its WAIC and chain."""
+    crit = information_criteria(cand)
+    got = waic_score(cand, fd)
+    return {"bic": crit["bic"], "loglik": crit["loglik"],
+            "n_parameters": int(crit["n_parameters"]), **got, "n_iter": int(cand.n_iter_),
+            "converged": bool(cand.converged_), "error": "", "skipped": ""}
+
+
+def _cannot_win(table_rows: list, fitted: dict, ks: list[int]) -> bool:
+    """Whether the last :data:`PATIENCE` candidates each have a larger BIC than the best so
+    far (they, and larger K, are not expected to win)."""
+    bic = np.array([r["bic"] for r in table_rows])
+    best = int(np.argmin(bic))
+    return len(ks) - 1 - best >= PATIENCE
+
+
+def _screen(est, fd, candidates, fit_one):
+    """The candidates, smallest first, each from where the one before ended (:func:
+    `warm_start`) with :func:`_screen_rounds` rounds, until they cannot win
+    (:func:`_cannot_win`). Returns the rows, the fitted candidates and the K not run."""
+    from sklearn.base import clone
+
+    rows, fitted, ks, previous = [], {}, [], None
+    for K in candidates:
+        cand = clone(est).set_params(n_clusters=int(K), max_rounds=_screen_rounds(est),
+                                     burn_in=None, thin=None, n_chains=SCREEN_CHAINS)
+        if previous is not None and int(K) in (previous[0], previous[0] + 1):
+            cand._warm = previous[1]
+        fit_one(cand, fd)
+        rows.append(_row(cand, fd))
+        fitted[int(K)] = cand
+        ks.append(int(K))
+        previous = (int(K), cand._final_params)
+        if _cannot_win(rows, fitted, ks):
+            break
+    return rows, fitted, [int(k) for k in candidates if int(k) not in fitted]
+
+
+def fit_by_waic(est, fd, selection, *, runtime, progress, callbacks, checkpoint, resume,
+                final_sites=None):
+    """HLCR's ``fit`` with ``n_clusters="auto"`` and the random intercept, at about the cost of
+    a few fits of one K (issue 40, item 5):
+
+    1. Screening: the candidates of ``n_clusters_range``, smallest first, each one chain of
+       half ``max_rounds`` starting where the one before ended (its clusters, the largest
+       split in two: :func:`warm_start`), scored by BIC at the point estimate and by WAIC;
+       the scan stops once :data:`PATIENCE` candidates in a row have a larger BIC than the
+       best.
+    2. The choice: the lowest BIC. No candidate is skipped for its chains.
+    3. The fit: the chosen K with the full ``max_rounds`` and chains, from where its
+       screening chain ended, on ``final_sites(K)`` (``(fd, runtime)`` of the sites admitting
+       it; None: ``fd``, ``runtime``); its ConvergenceWarning, if its chains disagree, is the
+       fit's.
+
+    ``est`` takes the fit's attributes, ``n_clusters_`` and ``selection_scores_`` (per
+    candidate ``bic``, ``loglik``, ``n_parameters``, the WAIC columns and ``se_diff``, the
+    standard error of its WAIC difference with the chosen K; candidates not run have NaN and
+    say why in ``skipped``). Returns ``est``."""
     import warnings
 
-    from ...engine.contract.selection import adopt_candidate, refuse_checkpoint, select
+    import pandas as pd
+    from sklearn.base import clone
+
+    from ...engine.contract.selection import adopt_candidate, refuse_checkpoint
     from ...engine.errors import ConvergenceWarning
 
     refuse_checkpoint("n_clusters", checkpoint, resume)
-    fitted = {}
 
     def fit_one(cand, data):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             cand.fit(data, runtime=runtime, progress=progress, callbacks=callbacks)
-        fitted[int(cand.n_clusters)] = cand
         return cand
 
-    _, table = select(est, fd, selection, fit_one)
-    best = fitted[_choice(table, fitted)]
-    adopt_candidate(est, best, "n_clusters", table)
-    if not best.converged_:
-        warnings.warn(
-            f"HLCR: the chains of no candidate K in n_clusters_range={est.n_clusters_range} "
-            f"agree (selection_scores_['skipped']); K={est.n_clusters_} has the best WAIC "
-            f"among them (R-hat {best.rhat_invariant_:.3f}): raise max_rounds",
-            ConvergenceWarning, stacklevel=4)
+    rows, fitted, not_run = _screen(est, fd, selection.candidates, fit_one)
+    ks = list(fitted)
+    best = ks[int(np.argmin([r["bic"] for r in rows]))]
+    se = pair_se(fitted, ks)[:, ks.index(best)] if len(ks) > 1 else np.zeros(1)
+    for r, s in zip(rows, se):  # the WAIC differences' noise, for the reader
+        r["se_diff"] = float(s)
+    rows += [{"bic": np.nan, "n_iter": 0, "converged": False, "error": "", "skipped": (
+        f"not run: the {PATIENCE} candidates before it had a larger BIC than K={best}")}
+        for _ in not_run]
+    table = pd.DataFrame(rows, index=pd.Index(ks + not_run, name="n_clusters")).sort_index()
+    final = clone(est).set_params(n_clusters=best)
+    final._warm = fitted[best]._final_params
+    data, rt = (fd, runtime) if final_sites is None else final_sites(best)
+    final.fit(data, runtime=rt, progress=progress, callbacks=callbacks)
+    adopt_candidate(est, final, "n_clusters", table)
     return est
+
+
+def compare_with_mixed_model(est, fd):
+    """This fit against its one-cluster model (the linear mixed model with the random
+    intercept), fitted with the same settings on ``fd``: a DataFrame indexed by ``n_clusters``
+    with ``loglik``, ``n_parameters``, ``aic``, ``bic``, ``elpd_waic`` and ``lr_statistic``
+    (``2 (loglik_K - loglik_1)``; its chi-square reference does not apply to a mixture's
+    number of components, so read AIC, BIC and WAIC)."""
+    import pandas as pd
+    from sklearn.base import clone
+
+    fits = {int(est.n_clusters_): est}
+    if 1 not in fits:
+        one = clone(est).set_params(n_clusters=1)
+        fits[1] = one.fit(fd)
+    rows = {}
+    for k in sorted(fits):
+        crit = information_criteria(fits[k])
+        crit["elpd_waic"] = waic_score(fits[k], fd)["elpd_waic"]
+        rows[k] = crit
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "n_clusters"
+    table["lr_statistic"] = 2.0 * (table["loglik"] - table.loc[1, "loglik"])
+    return table[["loglik", "n_parameters", "aic", "bic", "elpd_waic", "lr_statistic"]]

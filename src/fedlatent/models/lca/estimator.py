@@ -21,7 +21,7 @@ import numpy as np
 from ...data.dataset import FederatedDataset
 from ...engine.contract.mixture import random_membership_stats
 from ...engine.contract.model import Capabilities, Params
-from ...engine.contract.params import ROUND_LOOP, Instance, Integer, store_params
+from ...engine.contract.params import ROUND_LOOP, Instance, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
 from ...engine.estimation.base_mixture import FederatedMixture
 from ...engine.estimation.estimator import FitContext, check_features
@@ -48,9 +48,14 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
         code per column, plus one (read where the data are, like their feature names); give it
         under secure aggregation or differential privacy, where nothing but sums may cross.
     max_rounds : int or None, default None
-        Rounds at most; None: 100, or the short private plan under ``Federation(privacy=...)``.
-    tol : float, default 1e-6
-        Convergence threshold on the change of the mean per-row log-likelihood.
+        Rounds at most; None: 1,000 (100 with a numeric ``tol``), or the short private plan
+        under ``Federation(privacy=...)``.
+    tol : float or "auto", default "auto"
+        "auto": stop once every parameter is within 0.1 standard error of the optimum (the
+        summed log-likelihood within 0.005 nats of its limit, by Aitken's estimate from the
+        last rounds: :mod:`fedlatent.engine.rounds.stopping`). A number: stop when the mean
+        per-row log-likelihood changes by less than ``tol`` (scikit-learn's rule; poLCA's
+        tolerance is 1e-10 on the summed one).
     n_init : int, default 1
         Starts (the whole fit once per start; the best final log-likelihood is kept).
     federation : fl.Federation or None
@@ -95,6 +100,7 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
     _parameter_constraints = {
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
+        "tol": [Real(0), Options("auto")],
         "n_components": [Integer(1)],
         "n_categories": [None, Integer(1), "array-like"],
         "n_init": [Integer(1)],
@@ -118,7 +124,7 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
     _dp_init_releases = 1  # the random-membership sums
 
     def __init__(self, n_components: int = 2, *, n_categories=None,
-                 max_rounds: int | None = None, tol: float = 1e-6, n_init: int = 1,
+                 max_rounds: int | None = None, tol: float | str = "auto", n_init: int = 1,
                  federation=None, random_state=None, verbose: bool | None = None,
                  concomitant=None):
         store_params(self, locals())

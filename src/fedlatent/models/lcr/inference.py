@@ -16,13 +16,15 @@ from scipy import special
 
 from ...engine.estimation.inference import (
     InferenceLayout,
-    louis_information,
+    InformationSums,
+    louis_blocks,
     weight_row,
     weight_scores,
 )
 from .math import lcr_responsibilities
 
-__all__ = ["lcr_information", "lcr_layout", "mixture_quantiles"]
+__all__ = ["degenerate_components", "lcr_information", "lcr_information_sums", "lcr_layout",
+           "mixture_quantiles"]
 
 #: rows per block of the per-record scores (bounds the memory at rows x K x P floats)
 CHUNK = 2048
@@ -38,7 +40,7 @@ def _complete_block(Xt, e, r, var) -> np.ndarray:
     return out
 
 
-def _chunk_information(Xt, y, weights, beta, var, fw) -> tuple[np.ndarray, float]:
+def _chunk_information(Xt, y, weights, beta, var, fw):
     K, p = beta.shape
     q = p + 1
     P = K - 1 + K * q
@@ -55,8 +57,32 @@ def _chunk_information(Xt, y, weights, beta, var, fw) -> tuple[np.ndarray, float
         S[:, k, o:o + p] = Xt * (e[:, k] / var[k])[:, None]
         S[:, k, o + p] = (e[:, k] ** 2 / var[k] - 1.0) / (2.0 * var[k])
         complete[o:o + q, o:o + q] = _complete_block(Xt, e[:, k], wresp[:, k], var[k])
-    return louis_information(resp, S, complete, fw), float(ll.sum() if fw is None
-                                                           else ll @ fw)
+    info, scores = louis_blocks(resp, S, complete, fw)
+    return info, scores, float(ll.sum() if fw is None else ll @ fw)
+
+
+def lcr_information_sums(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray,
+                         beta: np.ndarray, noise_variance: np.ndarray,
+                         sample_weight: np.ndarray | None = None,
+                         entity: np.ndarray | None = None) -> InformationSums:
+    """The information sums of the rows ``(Xt, y)`` (``Xt`` with its intercept column):
+    Louis' observed information, the scores' outer products (per row, the rows' total, per
+    entity) and the log-likelihood; ``sample_weight``: each row's frequency weight (a row of
+    weight 2 counts twice); ``entity``: each row's entity (None: no entity level).
+
+    P = K - 1 + K (p + 1) free parameters (module docstring)."""
+    beta = np.asarray(beta, dtype=np.float64)
+    var = np.asarray(noise_variance, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    K, p = beta.shape
+    sums = InformationSums(K - 1 + K * (p + 1), entity)
+    fw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    for start in range(0, Xt.shape[0], CHUNK):
+        rows = slice(start, start + CHUNK)
+        part = _chunk_information(Xt[rows], y[rows], w, beta, var,
+                                  None if fw is None else fw[rows])
+        sums.add(*part, weight=None if fw is None else fw[rows], rows=rows)
+    return sums
 
 
 def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np.ndarray,
@@ -71,19 +97,27 @@ def lcr_information(Xt: np.ndarray, y: np.ndarray, weights: np.ndarray, beta: np
     info : ndarray (P, P), P = K - 1 + K (p + 1)
     loglik : float
     """
-    beta = np.asarray(beta, dtype=np.float64)
-    var = np.asarray(noise_variance, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    K, p = beta.shape
-    P = K - 1 + K * (p + 1)
-    info, loglik = np.zeros((P, P)), 0.0
-    fw = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    for start in range(0, Xt.shape[0], CHUNK):
-        part, ll = _chunk_information(Xt[start:start + CHUNK], y[start:start + CHUNK], w, beta,
-                                      var, None if fw is None else fw[start:start + CHUNK])
-        info += part
-        loglik += ll
-    return info, loglik
+    sums = lcr_information_sums(Xt, y, weights, beta, noise_variance, sample_weight)
+    return 0.5 * (sums.info + sums.info.T), sums.loglik
+
+
+def degenerate_components(S, params, reg_noise: float, name: str) -> list[int]:
+    """The components whose noise variance the M-step held at its floor (a point mass,
+    :mod:`fedlatent.engine.contract.degenerate`), with one UserWarning naming them; ``S`` the
+    fit's final statistics (None or empty under the one-shot paths: none)."""
+    from ...engine.contract.degenerate import DEGENERATE_FRACTION, at_floor, warn_degenerate
+    from .math import pooled_residual_variance
+
+    if S is None or "nk" not in S or float(np.sum(S["nk"])) <= 0:
+        return []
+    floor = DEGENERATE_FRACTION * pooled_residual_variance(S)
+    var = np.asarray(params["noise_variance"], dtype=np.float64) - reg_noise
+    held = [int(k) for k in np.flatnonzero(at_floor(var, floor)
+                                           & (np.asarray(params["weights"]) > 0))]
+    if held:
+        warn_degenerate(name, held, f"noise variance {floor + reg_noise:.3g}, "
+                        f"{DEGENERATE_FRACTION:g} of the pooled regression's residual variance")
+    return held
 
 
 def lcr_layout(weights, beta, noise_variance, names: list[str]) -> InferenceLayout:
@@ -106,7 +140,8 @@ def lcr_layout(weights, beta, noise_variance, names: list[str]) -> InferenceLayo
             rows.append(np.eye(P)[o + j])
     payload = {"params/weights": np.asarray(weights, float), "params/beta": beta,
                "params/noise_variance": np.asarray(noise_variance, float)}
-    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload)
+    return InferenceLayout(index, np.asarray(est), np.vstack(rows), payload, n_scale=K,
+                           sums=True)
 
 
 def mixture_quantiles(means: np.ndarray, sds: np.ndarray, weights: np.ndarray,

@@ -135,9 +135,21 @@ def solve_weighted_least_squares(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(A, b, rcond=None)[0]
 
 
+def pooled_residual_variance(S: Stats) -> float:
+    """The residual variance of the one-line regression on the pooled statistics (the sums
+    over the components of ``nk``, ``sxx``, ``sxy``, ``syy``): the data's variance that a
+    component's noise variance is compared with (:mod:`fedlatent.engine.contract.degenerate`)."""
+    n = float(np.sum(S["nk"]))
+    A, b = np.sum(S["sxx"], axis=0), np.sum(S["sxy"], axis=0)
+    if not n > 0:
+        return 0.0
+    bk = solve_weighted_least_squares(A, b)
+    return max(float(np.sum(S["syy"]) - 2.0 * bk @ b + bk @ A @ bk), 0.0) / n
+
+
 def lcr_m_step(
     S: Stats, reg_noise: float, previous: dict[str, np.ndarray] | None = None,
-    empty_tol: float = 1e-10,
+    empty_tol: float = 1e-10, floor: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Weights, coefficients and noise variances from summed (or mean) statistics.
 
@@ -153,6 +165,9 @@ def lcr_m_step(
         mass is (numerically) zero. Without them an empty component is an error.
     empty_tol : float
         A component is empty when ``n_k <= empty_tol * sum_k n_k``.
+    floor : float, default 0
+        The least noise variance (before ``reg_noise``): a component collapsing onto a point
+        mass is held there (:mod:`fedlatent.engine.contract.degenerate`).
 
     Returns
     -------
@@ -184,7 +199,7 @@ def lcr_m_step(
         bk = solve_weighted_least_squares(A, b)
         ssr = float(S["syy"][k] - 2.0 * bk @ b + bk @ A @ bk)
         beta[k] = bk
-        var[k] = max(ssr, 0.0) / nk[k] + reg_noise
+        var[k] = max(max(ssr, 0.0) / nk[k], floor) + reg_noise
     kept = np.where(empty, 0.0, nk)  # also drops negative masses of stochastic statistics
     return kept / kept.sum(), beta, var
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...data.dataset import ClientData
+from ...engine.contract.degenerate import DEGENERATE_FRACTION
 from ...engine.contract.mixture import MixtureModel
 from ...engine.contract.model import ClientStep, Params, payload_params
 from ...engine.contract.registry import register_model
@@ -29,6 +30,7 @@ from .math import (
     lcr_responsibilities,
     lcr_stat_shapes,
     lcr_statistics,
+    pooled_residual_variance,
 )
 
 __all__ = ["LCRModel", "payload_params"]
@@ -157,13 +159,13 @@ class LCRModel(MixtureModel):
                                                       else loglik @ fw)}, state
         # Louis' observed information (fedlatent.engine.estimation.inference)
         if name == "information":
-            from .inference import lcr_information
+            from .inference import lcr_information_sums
 
             Xt, y = self._design(data)
             p = payload_params(payload)
-            info, ll = lcr_information(Xt, y, p["weights"], p["beta"], p["noise_variance"],
-                                       sample_weight=data.weight)
-            return {"n": data.mass(), "loglik": ll, "information": info}, state
+            sums = lcr_information_sums(Xt, y, p["weights"], p["beta"], p["noise_variance"],
+                                        sample_weight=data.weight, entity=data.entity)
+            return sums.reply(data.mass()), state
         return super().client_query(name, payload, data, state, rng)
 
     # ---- server side ------------------------------------------------------------------------
@@ -212,8 +214,9 @@ class LCRModel(MixtureModel):
         # S is a mean over rows (or, with partial participation and step sizes, a stochastic
         # approximation of it): every parameter is a ratio of its blocks, so the scale cancels.
         # A component left without mass keeps its previous coefficients and variance.
-        if not self.noisy:
-            w, beta, var = lcr_m_step(S, self.reg, previous=params)
+        if not self.noisy:  # a component's noise variance kept off a point mass (degenerate)
+            w, beta, var = lcr_m_step(S, self.reg, previous=params,
+                                      floor=DEGENERATE_FRACTION * pooled_residual_variance(S))
             return {"weights": w, "beta": beta, "noise_variance": var}
         ridge = float(params.get("dp_ridge", 0.0)) / max(float(n_total), 1.0)  # mean scale
         out = self.noisy_m_step(S, params, ridge)

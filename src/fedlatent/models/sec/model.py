@@ -136,6 +136,8 @@ class SECModel(FederatedModel):
             return self._select(payload, data, state, rng)
         if name == "exchange":
             return self._exchange(payload, data, state)
+        if name == "validate":
+            return self._validate(payload, data, state, rng)
         return super().client_query(name, payload, data, state, rng)
 
     def _select(self, payload, data, state, rng):
@@ -176,8 +178,9 @@ class SECModel(FederatedModel):
         new_state["e"] = np.array(e)
         return reply, new_state
 
-    def _exchange(self, payload, data, state):
-        X, y, *_ = self._xy(data)
+    def _received(self, payload, state):
+        """The models of a message, checked (site policy, signatures, quota) and loaded, and
+        the learner's state after the quota's count."""
         off = int(payload.get("offset", 0))
         blobs = _payload_models(payload, "model")
         # a site with a roster evaluates only rostered sites' models, within its quota (and,
@@ -191,7 +194,49 @@ class SECModel(FederatedModel):
         models = [loads_model(b, source=f"model {off + k} of the exchange (sent by the server)",
                               extra_types=self.extra_trusted_types)
                   for k, b in enumerate(blobs)]
+        return models, state
+
+    def _exchange(self, payload, data, state):
+        X, y, *_ = self._xy(data)
+        models, state = self._received(payload, state)
         P = predict_many(models, X)
         r2 = (y[None, :] - P) ** 2
         loss = r2.mean(axis=1) if data.weight is None else r2 @ data.weight / data.weight.sum()
         return {"loss": loss}, state
+
+    def _validate(self, payload, data, state, rng):
+        """Step 4 (collaborate only where it helps): on its own rows, out of fold, the learner
+        compares its own selected model (refitted without each fold) with its cluster's
+        prediction (eq. 4: the other members' models, ``model/<k>``, which never saw its
+        rows, and that refit, weighted by ``weights``, the members' sizes then its own).
+        Replies both mean squared errors and the standard error of their difference (the
+        rows' paired differences of squared errors)."""
+        from .candidates import out_of_fold
+
+        X, y, *_ = self._xy(data)
+        models, state = self._received(payload, state)
+        own = loads_model(np.asarray(state["model"], dtype=np.uint8), source="the own model",
+                          extra_types=self.extra_trusted_types)
+        rows, pred_own, tw = out_of_fold(own, X, y, str(payload.get("split", "random")), rng,
+                                         data.weight)
+        w = np.asarray(payload["weights"], dtype=np.float64)
+        if w.size != len(models) + 1 or np.any(w < 0) or w.sum() <= 0:
+            raise ValueError(f"validate: {w.size} weights for {len(models)} models and the own")
+        P = (np.vstack([predict_many(models, X)[:, rows], pred_own[None]]) if models
+             else pred_own[None])
+        pred_cluster = (w / w.sum()) @ P
+        y = y[rows]  # (row, fold) pairs: each row once without frequency weights
+        fw = None if data.weight is None else tw / tw.sum()
+
+        def mse(p):
+            r2 = (y - p) ** 2
+            return float(r2.mean() if fw is None else r2 @ fw)
+
+        d = (y - pred_cluster) ** 2 - (y - pred_own) ** 2  # paired, row by row
+        if fw is None:
+            se = float(d.std(ddof=1) / np.sqrt(d.size))
+        else:  # frequency weights: the weighted variance over the weights' total
+            n_w = float(tw.sum())
+            se = float(np.sqrt(fw @ (d - fw @ d) ** 2 * n_w / max(n_w - 1.0, 1.0) / n_w))
+        return {"mse_alone": mse(pred_own), "mse_cluster": mse(pred_cluster),
+                "se_difference": se, "n_validation": float(X.shape[0])}, state

@@ -77,7 +77,9 @@ class ClusterUseMixin:
             A DataFrame must have the fitted columns in the fitted order.
         learner : str, optional
             Predict for this learner: its cluster's models, applied the way the learner applies
-            received models (on X standardized with its own constants, back on its y scale).
+            received models (on X standardized with its own constants, back on its y scale);
+            its own model alone where its validation said the cluster did worse
+            (``collaborates_``).
         cluster : int, optional
             Predict with this cluster's models, each on its own learner's raw scale.
         pooled : bool
@@ -106,8 +108,16 @@ class ClusterUseMixin:
                 raise NotFittedError("pooled=True needs fit_pooled(fd) first")
             return np.asarray(self.pooled_models_[cluster].predict(X), dtype=np.float64)
         members = [i for i, lab in enumerate(self.labels_) if lab == cluster]
+        if learner is not None and not self._collaborates(learner):  # its own model did better
+            members = [self.learner_ids_.index(learner)]
         P = self._raw_predictions(X, members, learner if self.standardize else None)
         return weighted_prediction(P, self.n_samples_[members])
+
+    def _collaborates(self, learner: str) -> bool:
+        """Whether ``learner`` predicts with its cluster (``collaborates_``; every learner for
+        a model without it)."""
+        flags = getattr(self, "collaborates_", None)
+        return True if flags is None else bool(flags[self.learner_ids_.index(learner)])
 
     def _predict_client(self, client: str, data: ClientData) -> np.ndarray:
         """A fitted learner's rows, predicted by its cluster (:meth:`predict` ``learner=``)."""

@@ -28,15 +28,15 @@ from ...engine.protocol.runtime import Runtime
 from ...engine.rounds.loop import FederatedFitError
 from .serialize import dumps_model
 
-__all__ = ["Traffic", "exchange_step", "select_step", "sender"]
+__all__ = ["Traffic", "exchange_step", "select_step", "sender", "validate_step"]
 
 #: ``send(messages, expect, what)``: one wave of per-client messages -> checked replies
 Send = Callable[[dict[str, dict[str, Any]], Mapping[str, Expect], str], Replies]
 #: (client, message)
 Job = tuple[str, dict[str, Any]]
 
-#: what the Select and Exchange steps are called in errors
-SELECT, EXCHANGE = "SEC select", "SEC exchange"
+#: what the Select, Exchange and Validate steps are called in errors
+SELECT, EXCHANGE, VALIDATE = "SEC select", "SEC exchange", "SEC validate"
 
 
 def sender(target: Any) -> Send:
@@ -235,3 +235,43 @@ def exchange_step(send: Send, receivers: list[str], blobs: Sequence[np.ndarray],
             refuse(EXCHANGE, c, f"sent {loss.shape[0]} losses for {want} models")
         E[s : s + want, j] = loss
     return E
+
+
+def validate_step(send: Send, cids: list[str], labels: np.ndarray, blobs: Sequence[np.ndarray],
+                  n: np.ndarray, seed: int, *, split: str, n_jobs=None,
+                  traffic: Traffic | None = None, run: str = "",
+                  signed: Sequence[tuple[str, np.ndarray | None]] | None = None
+                  ) -> np.ndarray:
+    """Step 4: every learner of a cluster of two or more compares, out of fold on its rows,
+    its own model with its cluster's prediction (:meth:`~.model.SECModel._validate`).
+
+    Returns
+    -------
+    ndarray of shape (L, 3)
+        Per learner, the out-of-fold MSE alone and with its cluster and the standard error of
+        their difference (NaN for a learner alone in its cluster: nothing to compare).
+    """
+    out = np.full((len(cids), 3), np.nan)
+    jobs: list[Job] = []
+    where = []
+    for i, c in enumerate(cids):
+        others = [j for j in np.flatnonzero(labels == labels[i]) if j != i]
+        if not others:
+            continue
+        msg: dict[str, Any] = {"query": "validate", "seed": int(seed), "split": str(split),
+                               "run": str(run), "offset": 0,
+                               "weights": np.r_[n[others], n[i]].astype(np.float64)}
+        for k, j in enumerate(others):
+            msg[f"model/{k}"] = blobs[j]
+            if signed is not None:
+                msg[f"signer/{k}"] = str(signed[j][0])
+                if signed[j][1] is not None:
+                    msg[f"signature/{k}"] = signed[j][1]
+        jobs.append((c, msg))
+        where.append(i)
+    expect = {"mse_alone": number(low=0), "mse_cluster": number(low=0),
+              "se_difference": number(low=0), "n_validation": number(low=1)}
+    replies = run_jobs(send, jobs, expect, VALIDATE, n_jobs, traffic)
+    for i, rep in zip(where, replies):
+        out[i] = float(rep["mse_alone"]), float(rep["mse_cluster"]), float(rep["se_difference"])
+    return out

@@ -31,6 +31,22 @@ def sec_table(learner_ids, labels, selected, n_samples, errors):
     return table[SUMMARY_COLUMNS]
 
 
+def collaboration_note(sec) -> str:
+    """Who predicts with its cluster, and why (``collaboration``, ``collaborates_``)."""
+    flags = np.asarray(getattr(sec, "collaborates_", np.ones(len(sec.learner_ids_), bool)))
+    val = np.asarray(getattr(sec, "validation_mse_", np.full((flags.size, 2), np.nan)))
+    if getattr(sec, "collaboration", "always") != "validated" or not np.isfinite(val).any():
+        return "every learner predicts with its cluster (eq. 4)"
+    compared = np.isfinite(val).all(axis=1)
+    alone = int((~flags).sum())
+    if alone == int(compared.sum()):
+        return (f"did not help: every learner compared ({alone}) keeps its own model (its "
+                "cluster did not predict its validation rows better by a standard error)")
+    return (f"{int(flags[compared].sum())} of {int(compared.sum())} learners compared predict "
+            f"with their cluster; {alone} keep their own model (their cluster did not predict "
+            "their validation rows better by a standard error)")
+
+
 class SECSummary:
     """``summary()`` for :class:`~fedlatent.models.sec.SEC` (a mixin)."""
 
@@ -56,5 +72,6 @@ class SECSummary:
                                            np.bincount(table["cluster"].to_numpy())),
                 "Selected candidates": ", ".join(f"{k} x{int(v)}" for k, v in counts.items()),
                 "Standardized": str(bool(self.standardize)),
+                "Collaboration": collaboration_note(self),
                 "Standard errors": "none (not a likelihood model)", **sites_info(self)}
         return Summary(f"{type(self).__name__} results", info, table)
