@@ -3,6 +3,7 @@ fit equals a centralized EM with the same Newton step written here (1, 5 and 12 
 constant weights on held-out rows when the classes depend on the covariate, and its standard
 errors are the inverse of the observed log-likelihood's Hessian (by finite differences)."""
 
+import json
 import warnings
 
 import numpy as np
@@ -192,3 +193,19 @@ def test_save_load_predicts_the_same(tmp_path):
     X = fd.pooled().X
     np.testing.assert_allclose(back.predict_proba(X), est.predict_proba(X), rtol=1e-12)
     np.testing.assert_allclose(back.score_samples(X), est.score_samples(X), rtol=1e-12)
+
+
+@pytest.mark.parametrize("edit", ["shape", "nan"])
+def test_a_saved_concomitant_entry_of_another_shape_or_not_finite_is_refused(tmp_path, edit):
+    fd = survey(n_clients=4)
+    est = fit_quietly(fl.LatentClassAnalysis(2, n_categories=CATS, concomitant=["z"],
+                                             max_rounds=5, random_state=0), fd)
+    est.save(tmp_path / "m")
+    path = tmp_path / "m.json"
+    meta = json.loads(path.read_text())
+    coef = meta["concomitant"]["coef"]
+    meta["concomitant"]["coef"] = coef + coef if edit == "shape" else [[float("nan")]] * 2
+    path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"entry 'concomitant' must hold finite coef \(2, 1\) "
+                                         r"and intercept \(2,\)"):
+        fl.LatentClassAnalysis.load(tmp_path / "m")

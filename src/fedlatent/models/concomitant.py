@@ -32,7 +32,8 @@ from ..engine.protocol.numerics import add_intercept
 from .logistic import logistic_log_proba, newton_solve
 
 __all__ = ["add_intercept", "concomitant_log_prior", "concomitant_newton_step",
-           "concomitant_stat_shapes", "concomitant_statistics", "n_concomitant_parameters"]
+           "concomitant_stat_shapes", "concomitant_statistics", "load_concomitant",
+           "n_concomitant_parameters", "save_concomitant"]
 
 
 def concomitant_stat_shapes(n_components: int, n_cols: int) -> dict[str, tuple[int, ...]]:
@@ -88,3 +89,29 @@ def concomitant_newton_step(gamma: np.ndarray, cgrad: np.ndarray,
 def n_concomitant_parameters(n_components: int, n_cols: int) -> int:
     """``(K - 1) q``: the concomitant coefficients (they replace the ``K - 1`` free weights)."""
     return int((int(n_components) - 1) * int(n_cols))
+
+
+def save_concomitant(estimator) -> dict:
+    """The saved model's ``concomitant`` entry of a fitted estimator (``{}`` without one)."""
+    coef = getattr(estimator, "concomitant_coef_", None)
+    if coef is None:
+        return {}
+    return {"concomitant": {"coef": coef.tolist(),
+                            "intercept": estimator.concomitant_intercept_.tolist()}}
+
+
+def load_concomitant(meta: dict, n_components: int, n_cols: int
+                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(coef (K, c), intercept (K,))`` of a saved model's ``concomitant`` entry, or
+    ``(None, None)`` without one; a wrong shape or a non-finite value is refused (ValueError)."""
+    doc = meta.get("concomitant")
+    if doc is None:
+        return None, None
+    K, c = int(n_components), int(n_cols)
+    coef = np.asarray(doc["coef"], dtype=np.float64)
+    icpt = np.asarray(doc["intercept"], dtype=np.float64)
+    if coef.shape != (K, c) or icpt.shape != (K,) or not (
+            np.isfinite(coef).all() and np.isfinite(icpt).all()):
+        raise ValueError(f"entry 'concomitant' must hold finite coef {(K, c)} and "
+                         f"intercept {(K,)}")
+    return coef, icpt

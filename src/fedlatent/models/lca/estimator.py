@@ -27,7 +27,7 @@ from ...engine.estimation.base_mixture import FederatedMixture
 from ...engine.estimation.estimator import FitContext, check_features
 from ...engine.estimation.inference import InferenceMixin
 from ...engine.rounds.loop import FitResult
-from ..concomitant import concomitant_log_prior
+from ..concomitant import concomitant_log_prior, load_concomitant, save_concomitant
 from .math import TINY, lca_log_prob, n_free_parameters, offsets, one_hot
 from .model import LCAModel, code_problem
 
@@ -296,23 +296,11 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
                         self._columns(self.feature_names_in_)[1])
 
     def _save_extra(self) -> dict:
-        if getattr(self, "concomitant_coef_", None) is None:
-            return {}
-        return {"concomitant": {"coef": self.concomitant_coef_.tolist(),
-                                "intercept": self.concomitant_intercept_.tolist()}}
+        return save_concomitant(self)
 
     def _load_extra(self, meta: dict) -> None:
-        self.concomitant_coef_ = self.concomitant_intercept_ = None
-        doc = meta.get("concomitant")
-        if doc is not None:
-            K, c = int(np.shape(self.weights_)[0]), len(self._columns(self.feature_names_in_)[1])
-            coef = np.asarray(doc["coef"], dtype=np.float64)
-            icpt = np.asarray(doc["intercept"], dtype=np.float64)
-            if coef.shape != (K, c) or icpt.shape != (K,) or not (
-                    np.isfinite(coef).all() and np.isfinite(icpt).all()):
-                raise ValueError(f"entry 'concomitant' must hold finite coef {(K, c)} and "
-                                 f"intercept {(K,)}")
-            self.concomitant_coef_, self.concomitant_intercept_ = coef, icpt
+        self.concomitant_coef_, self.concomitant_intercept_ = load_concomitant(
+            meta, np.shape(self.weights_)[0], len(self._columns(self.feature_names_in_)[1]))
 
     def _federated_loglik(self, fd, runtime=None):
         """Scoring sends the fitted parameters; the model's codes come from the fit."""

@@ -32,6 +32,7 @@ from ...engine.estimation.inference import InferenceMixin
 from ...engine.estimation.regression_mixture import FederatedRegressionMixture
 from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
+from ..concomitant import load_concomitant, save_concomitant
 from .columns import column_roles
 from .dp import _spread, initialize_private, lcr_dp_sensitivity, shift_for
 from .families import FAMILIES
@@ -564,25 +565,12 @@ class LatentClassRegression(InferenceMixin, FederatedRegressionMixture):
             self.lower_bound_ = float(self.history_[-1].objective)
 
     def _save_extra(self) -> dict:
-        out = super()._save_extra()
-        if getattr(self, "concomitant_coef_", None) is not None:
-            out["concomitant"] = {"coef": self.concomitant_coef_.tolist(),
-                                  "intercept": self.concomitant_intercept_.tolist()}
-        return out
+        return {**super()._save_extra(), **save_concomitant(self)}
 
     def _load_extra(self, meta: dict) -> None:
         super()._load_extra(meta)
-        self.concomitant_coef_ = self.concomitant_intercept_ = None
-        doc = meta.get("concomitant")
-        if doc is not None:
-            K, c = self._fitted_k(), len(self._roles().concomitant)
-            coef = np.asarray(doc["coef"], dtype=np.float64)
-            icpt = np.asarray(doc["intercept"], dtype=np.float64)
-            if coef.shape != (K, c) or icpt.shape != (K,) or not (
-                    np.isfinite(coef).all() and np.isfinite(icpt).all()):
-                raise ValueError(f"entry 'concomitant' must hold finite coef {(K, c)} and "
-                                 f"intercept {(K,)}")
-            self.concomitant_coef_, self.concomitant_intercept_ = coef, icpt
+        self.concomitant_coef_, self.concomitant_intercept_ = load_concomitant(
+            meta, self._fitted_k(), len(self._roles().concomitant))
 
     # ---- prediction -------------------------------------------------------------------------
     def _fitted_params(self) -> Params:
