@@ -30,10 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..data.dataset import FederatedDataset
-from ..data.hlcr_data import split_events
 from ..models.hlcr import HLCR
-from .hlcr_real import _baselines, _frame, load_hsb82, load_sleepstudy
+from .hlcr_real import _baselines, _frame, _splits, load_hsb82, load_sleepstudy
 
 __all__ = ["hlcr_k_choice", "load_chem97", "load_exam"]
 
@@ -134,11 +132,7 @@ def hlcr_k_choice(quick: bool = False, out: str | Path | None = None, random_sta
     rounds = int(max_rounds or HLCR().max_rounds)
     rows = []
     for name in datasets:
-        df, roles = LOADERS[name]()
-        fd = FederatedDataset.from_pandas(df, client=roles["client"], entity=roles["entity"],
-                                          target=roles["target"], features=roles["features"])
-        folds = split_events(fd, 5, random_state=random_state)
-        for split, (train, test) in zip(range(n_splits), folds):
+        for roles, split, train, test in _splits(LOADERS[name], n_splits, random_state):
             rows.append(_split_row(name, split, random_state + split, train, test, roles,
                                    rounds, long_factor))
             logger.info("hlcr_k %s", rows[-1])

@@ -78,6 +78,17 @@ def _frame(fd: FederatedDataset, roles: dict) -> pd.DataFrame:
     return df.iloc[order].reset_index(drop=True)
 
 
+def _splits(loader, n_splits: int, random_state: int):
+    """``(roles, split, train, test)`` of the first ``n_splits`` of five event folds of the
+    data set ``loader()`` returns (clients, entities, target and features from its roles)."""
+    df, roles = loader()
+    fd = FederatedDataset.from_pandas(df, client=roles["client"], entity=roles["entity"],
+                                      target=roles["target"], features=roles["features"])
+    folds = split_events(fd, 5, random_state=random_state)
+    for split, (train, test) in zip(range(n_splits), folds):
+        yield roles, split, train, test
+
+
 def _timed(fn):
     t0 = time.perf_counter()
     pred = fn()
@@ -202,11 +213,7 @@ def hlcr_real(quick: bool = False, out=None, random_state: int = 0,
     methods = tuple(HLCR_METHODS) if methods is None else tuple(methods)
     rows = []
     for name in datasets:
-        df, roles = loaders[name]()
-        fd = FederatedDataset.from_pandas(df, client=roles["client"], entity=roles["entity"],
-                                          target=roles["target"], features=roles["features"])
-        folds = split_events(fd, 5, random_state=random_state)
-        for split, (train_fd, test_fd) in zip(range(n_splits), folds):
+        for roles, split, train_fd, test_fd in _splits(loaders[name], n_splits, random_state):
             seed = random_state + split
             train, test = _frame(train_fd, roles), _frame(test_fd, roles)
             y = test[roles["target"]].to_numpy(dtype=float)
