@@ -355,7 +355,7 @@ def test_the_runner_fails_when_a_print_is_not_what_its_comment_says(tmp_path, mo
     rounded = "```python\nprint(-3.3647594)  # -> -3.36476\n```\n"
     assert run_blocks(parse(rounded, "page.md")) == 1
     off = "```python\nprint(-3.3648)  # -> -3.36476\n```\n"
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="it printed '-3.3648'"):
         run_blocks(parse(off, "page.md"))
 
 

@@ -162,7 +162,7 @@ def test_unexpected_error_is_one_line_with_the_debug_hint(monkeypatch, good_csv)
                           code=1)
     monkeypatch.setenv("FEDLATENT_DEBUG", "1")
     res = runner.invoke(app, fit_gmm(good_csv))
-    assert isinstance(res.exception, RuntimeError)
+    assert isinstance(res.exception, RuntimeError) and str(res.exception) == "boom\nsecond line"
 
 
 def test_convergence_warning_is_one_line(good_csv, tmp_path):

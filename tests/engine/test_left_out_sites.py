@@ -229,8 +229,8 @@ def test_every_model_leaves_a_two_row_site_out_or_names_it(name):
     fd = case.data()
     try:
         est, warned = _fit_recording(case.make(), _with_site(fd, 2))
-    except DataValidationError as err:
-        assert f"client '{TINY}' has 2 samples" in str(err)
+    except DataValidationError as err:  # SEC alone needs more rows per site for its own sake
+        assert name == "sec" and f"client '{TINY}' has 2 samples" in str(err)
         return
     assert list(est.excluded_clients_) == [TINY] and len(warned) == 1
     assert "min_records=3" in est.excluded_clients_[TINY]
@@ -266,7 +266,13 @@ def test_hlcr_finishes_when_disclosure_suppresses_every_block_of_a_round(seed):
         est.fit(fd)
     assert est.n_iter_ == 60
     mse = est.history_.to_frame()["train_mse"].to_numpy()
-    assert np.isfinite(mse).all() and mse.max() < 10
+    # what the issue asks: every round's statistic finite, and a model that predicts finite
+    # values (the training MSE itself is of the blocks the rules let through: it swings
+    # between ~0.1 and the targets' variance as suppression grows, so it pins nothing)
+    assert np.isfinite(mse).all()
+    cid = fd.client_ids[0]
+    pred = est.predict(fd[cid].X, np.full(60, cid), np.asarray(fd[cid].entity).astype(str))
+    assert pred.shape == (60,) and np.isfinite(pred).all()
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ M-step give the next round's parameters to the replay tolerance; one coordinate 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -102,6 +103,10 @@ def test_one_coordinate_moved_by_1e_6_relative_is_refused(name):
         f"client 'c0': round {k} refused: parameter {key!r} differs from the replay of the "
         "verified aggregate by ")
     assert f"above the tolerance {REPLAY_RTOL:g} of its largest entry" in why
+    # the coordinate moved, and by what it was moved (the replay agrees with the rest to ~1e-12)
+    by, at = re.search(r"by (\S+) at (\([0-9, ]*\))", why).groups()
+    assert at == str(tuple(int(i) for i in np.unravel_index(j, moved[key].shape)))
+    assert float(by) == pytest.approx(1e-6 * abs(flat[j]), rel=1e-2)
 
 
 def test_a_parameter_added_or_left_out_is_refused():

@@ -127,8 +127,10 @@ def test_a_lie_in_a_node_of_the_path_is_refused():
 def test_another_label_or_another_position_is_refused():
     leaves = _leaves(6)
     tree = SumTree(LABEL, _ids(6), leaves)
-    with pytest.raises(SecureAggregationError):
+    with pytest.raises(SecureAggregationError,
+                       match=r"its own contribution \(leaf 2\) is not in the committed sum"):
         verify_leaf(b"run/round 4/estep", 2, 6, "s0002", leaves[2], tree.A, tree.c, tree.root,
                     tree.path(2))
-    with pytest.raises(SecureAggregationError):  # its leaf shown at another site's place
+    with pytest.raises(SecureAggregationError,  # its leaf shown at another site's place
+                       match=r"its own contribution \(leaf 3\) is not in the committed sum"):
         verify_leaf(LABEL, 3, 6, "s0002", leaves[2], tree.A, tree.c, tree.root, tree.path(3))
