@@ -73,3 +73,28 @@ def test_a_class_without_a_reader_is_read_by_its_estimator():
     assert reader_by_class_name("FedGMM") is None
     assert reader_by_class_name("NoSuchEstimator") is None
     assert reader_by_class_name("FederatedGaussianMixture") is Reader
+
+
+@pytest.mark.parametrize("cov_type", ["full", "diag", "tied", "spherical"])
+def test_the_readers_densities_are_the_mixture_density_computed_apart(tmp_path, cov_type):
+    """The reader and the estimator share their prediction code, so the reader is also checked
+    against the mixture density written out with SciPy: log sum_k w_k N(x; mu_k, Sigma_k)."""
+    from scipy.special import logsumexp
+    from scipy.stats import multivariate_normal
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fl.FederatedGaussianMixture(2, covariance_type=cov_type, max_rounds=5, random_state=0,
+                                    verbose=False).fit(_fd()).save(tmp_path / "m")
+    rd = Reader.load(tmp_path / "m")
+    X = np.vstack([cd.X for _, cd in _fd().items()])
+    d, cov = X.shape[1], np.asarray(rd.covariances_)
+    sigma = {"full": lambda k: cov[k], "tied": lambda k: cov,
+             "diag": lambda k: np.diag(cov[k]), "spherical": lambda k: cov[k] * np.eye(d)}
+    logp = np.column_stack([np.log(rd.weights_[k])
+                            + multivariate_normal(rd.means_[k], sigma[cov_type](k)).logpdf(X)
+                            for k in range(2)])
+    np.testing.assert_allclose(rd.score_samples(X), logsumexp(logp, axis=1), rtol=1e-10)
+    np.testing.assert_allclose(rd.predict_proba(X),
+                               np.exp(logp - logsumexp(logp, axis=1, keepdims=True)),
+                               rtol=1e-8, atol=1e-12)

@@ -81,3 +81,10 @@ def test_compare_mixed_sets_k_beside_the_mixed_model(mixed):
     assert table.loc[2, "n_parameters"] == table.loc[1, "n_parameters"] + 3
     assert table.loc[1, "lr_statistic"] == 0.0
     np.testing.assert_allclose(table["aic"], -2 * table["loglik"] + 2 * table["n_parameters"])
+    # the K = 2 row is this fit's own criteria, and its statistic the two rows' difference
+    from fedlatent.models.hlcr.likelihood import information_criteria
+
+    assert table.loc[2, "loglik"] == pytest.approx(information_criteria(est)["loglik"],
+                                                   rel=1e-10)
+    assert table.loc[2, "lr_statistic"] == pytest.approx(
+        2 * (table.loc[2, "loglik"] - table.loc[1, "loglik"]), rel=1e-10)
