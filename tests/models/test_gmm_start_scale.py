@@ -181,3 +181,54 @@ def test_has_missing_tests_every_client_as_one_by_one():
     ints = {f"c{i}": np.arange(6).reshape(3, 2) for i in range(5)}
     assert fl.FederatedDataset.from_arrays(ints).has_missing is False
     assert fd.client_ids == sorted(parts)
+
+
+def _start(fd, monkeypatch, hard_sums):
+    fed = fl.Federation(disclosure=fl.DisclosurePolicy(max_parameters_per_record=math.inf))
+    monkeypatch.setattr(gi, "_hard_sums", hard_sums)
+    est = fl.FederatedGaussianMixture(4, random_state=0, federation=fed, max_rounds=1,
+                                      verbose=False)
+    with pytest.warns(Warning):  # (one round: not converged)
+        est.fit(fd)
+    return est.history_[0].objective, est.means_, est.covariances_
+
+
+def test_the_lloyd_steps_but_the_last_ask_counts_and_sums_only(blobs, monkeypatch):
+    """Only the M-step reads second moments: the Lloyd steps before the last ask counts and
+    sums only (issue 40: the whole fit at 100,000 clients), and the start is the one of every
+    step asked whole; a last step that is not kept has the kept one's asked then."""
+    _, fd = blobs
+    real, seen = gi._hard_sums, []
+
+    def spy(*a, second=True, **k):
+        seen.append(second)
+        return real(*a, second=second, **k)
+
+    ours = _start(fd, monkeypatch, spy)
+    assert seen == [False, False, True]  # candidates, Lloyd step 1, Lloyd step 2
+    whole = _start(fd, monkeypatch, lambda *a, second=True, **k: real(  # (as before: each
+        *a, second=len(a[1]) == 4, **k))  # Lloyd step to the 4 centres asked whole)
+    for a, b in zip(ours, whole):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+    seen.clear()
+    calls = []
+
+    def lose_a_centre(*a, second=True, **k):  # the second Lloyd step empties centre 0
+        seen.append(second)
+        out = real(*a, second=second, **k)
+        calls.append(len(a[1]))
+        if calls.count(4) == 2:
+            out["nk"] = out["nk"].copy()
+            out["nk"][0] = 0.0
+        return out
+
+    lost = _start(fd, monkeypatch, lose_a_centre)
+    assert seen == [False, False, True, True]  # the kept step's second moments asked
+    orig = gi._sums_kmeans_start
+    seen.clear()
+    monkeypatch.setattr(gi, "_sums_kmeans_start", lambda *a, **k: orig(*a, lloyd=1))
+    one = _start(fd, monkeypatch, spy)
+    assert seen == [False, True]
+    for a, b in zip(lost, one):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)

@@ -39,6 +39,7 @@ __all__ = [
     "EstimatorEntry",
     "Example",
     "describe_message",
+    "describer_from_config",
     "discover",
     "estimator_class",
     "estimator_config",
@@ -50,8 +51,10 @@ __all__ = [
     "example",
     "model_class",
     "model_from_config",
+    "node_describer",
     "params_to_json",
     "reader_by_class_name",
+    "register_describer",
     "register_estimator",
     "register_model",
     "register_reader",
@@ -62,6 +65,7 @@ MODELS_PACKAGE = "fedlatent.models"
 _MODELS: dict[str, type] = {}
 _ESTIMATORS: dict[str, EstimatorEntry] = {}
 _READERS: dict[str, type] = {}
+_DESCRIBERS: dict[str, type] = {}
 _DISCOVERED = False
 
 
@@ -235,6 +239,32 @@ def reader_by_class_name(class_name: str) -> type | None:
     return _READERS.get(class_name)
 
 
+def register_describer(name: str):
+    """Class decorator: what a deployed node checks of its data and of the settings of the
+    estimator ``name`` when the server asks ``describe``, without the estimator class (whose
+    import costs scikit-learn, SciPy and pandas: about a CPU second in every node's first
+    message). The class is built from the estimator's JSON parameters (as
+    :func:`estimator_from_config` takes them) and has the estimator's ``capabilities`` and
+    ``_describe_local(fd)``, refusing what the estimator refuses."""
+
+    def deco(cls: type) -> type:
+        _DESCRIBERS[name] = cls
+        return cls
+
+    return deco
+
+
+def node_describer(name: str) -> type | None:
+    """The class :func:`register_describer` registered for the estimator ``name``, or None
+    (a node describes with the estimator itself). Only the module registering it is
+    imported, found by reading the sources of ``fedlatent.models``."""
+    if name not in _DESCRIBERS:
+        module = _defining_module(describer=name)
+        if module is not None:
+            importlib.import_module(module)
+    return _DESCRIBERS.get(name)
+
+
 def _import_tree(module_name: str) -> None:
     """Import a module and, if it is a package, every module below it."""
     mod = importlib.import_module(module_name)
@@ -339,13 +369,15 @@ def estimator_by_class_name(class_name: str) -> type | None:
 
 
 def _defining_module(class_name: str | None = None, *, estimator: str | None = None,
-                     reader: str | None = None, package: str = MODELS_PACKAGE) -> str | None:
+                     reader: str | None = None, describer: str | None = None,
+                     package: str = MODELS_PACKAGE) -> str | None:
     """The module of ``package`` whose source registers an estimator class ``class_name`` (a
     ``class`` statement decorated with ``register_estimator``), an estimator under the short
-    name ``estimator`` (``register_estimator("name", ...)``) or a saved model's reader of the
-    class ``reader`` (``@register_reader`` on ``class <reader>(``), found by reading the
+    name ``estimator`` (``register_estimator("name", ...)``), a saved model's reader of the
+    class ``reader`` (``@register_reader`` on ``class <reader>(``) or a node's describer of
+    the estimator ``describer`` (``@register_describer("name")``), found by reading the
     sources, importing nothing; None when there is none (or the package is not on disk)."""
-    name = class_name or estimator or reader
+    name = class_name or estimator or reader or describer
     if not (isinstance(name, str) and name.isidentifier()):
         return None
     spec = importlib.util.find_spec(package)
@@ -354,6 +386,9 @@ def _defining_module(class_name: str | None = None, *, estimator: str | None = N
         wanted = re.compile(r"register_estimator\(\s*[\"']" + re.escape(name) + r"[\"']")
     elif reader is not None:
         wanted = re.compile(r"^@register_reader\s*\nclass " + re.escape(name) + r"\(", re.M)
+    elif describer is not None:
+        wanted = re.compile(r"^@register_describer\(\s*[\"']" + re.escape(name) + r"[\"']\)",
+                            re.M)
     for root in map(Path, roots):
         for path in sorted(root.rglob("*.py")):
             try:
@@ -440,14 +475,27 @@ def estimator_config(est) -> tuple[str, dict[str, Any]]:
 
 def estimator_from_config(name: str, params: dict[str, Any]):
     """The estimator of :func:`estimator_config`'s output."""
+    return estimator_class(name)(**_federation_built(params))
+
+
+def describer_from_config(name: str, params: dict[str, Any]):
+    """What a node's ``describe`` checks with, from :func:`estimator_config`'s output: the
+    describer registered for ``name`` (:func:`register_describer`: no scikit-learn), else
+    the estimator (:func:`estimator_from_config`)."""
+    cls = node_describer(name)
+    return estimator_from_config(name, params) if cls is None else cls(
+        **_federation_built(params))
+
+
+def _federation_built(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with the federation's config (JSON) built into a ``Federation``."""
     from fedlatent.engine.fedem.federation import Federation
 
-    cls = estimator_class(name)
     params = dict(params)
     if "federation" in params:
         fed = params.pop("federation")
         params["federation"] = Federation.from_config(fed) if fed is not None else None
-    return cls(**params)
+    return params
 
 
 def describe_message(estimator) -> dict[str, Any]:

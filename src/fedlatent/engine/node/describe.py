@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedlatent.data.dataset import FederatedDataset
-from fedlatent.engine.contract.registry import estimator_from_config
+from fedlatent.engine.contract.registry import describer_from_config
 
 __all__ = ["describe_client"]
 
@@ -24,7 +24,9 @@ def describe_client(fd: FederatedDataset, msg: dict[str, Any]) -> dict[str, Any]
     extras: dict[str, Any] = {}
     dropped = sum(fd.missing_target_counts().values())
     if msg.get("estimator"):
-        est = estimator_from_config(str(msg["estimator"]),
+        # (the model's describer where it registers one: no scikit-learn in a node's first
+        # message)
+        est = describer_from_config(str(msg["estimator"]),
                                     json.loads(str(msg.get("estimator_params", "{}"))))
         if not getattr(est.capabilities, "missing_values", False):
             fd.refuse_missing()

@@ -19,22 +19,22 @@ import numpy as np
 
 from ...data.dataset import FederatedDataset
 from ...engine.contract.model import Params
-from ...engine.contract.params import ROUND_LOOP, Integer, Options, Real, store_params
+from ...engine.contract.params import store_params
 from ...engine.contract.registry import register_estimator
-from ...engine.contract.selection import AUTO_SIZE, Selection, bic_selection, check_candidates
+from ...engine.contract.selection import Selection, bic_selection
 from ...engine.estimation.base_mixture import FederatedMixture
 from ...engine.estimation.checks import check_enough_rows, check_weights_init
 from ...engine.estimation.estimator import FitContext, check_is_fitted
 from ...engine.estimation.inference import InferenceMixin
 from ...engine.rounds.loop import FitResult
-from .init import INIT_PARAMS, GaussianStart, initialize_gaussians
+from .init import GaussianStart, initialize_gaussians
 from .math import (
-    COV_TYPES,
     covariances_from_precisions,
     gmm_m_step,
     hold_degenerate,
 )
 from .model import GMMModel
+from .params import PARAMETER_CONSTRAINTS, check_params
 from .prediction import GaussianPrediction
 
 __all__ = ["FederatedGaussianMixture", "initialize_gaussians"]
@@ -126,21 +126,7 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
     (2, 2)
     """
 
-    _parameter_constraints = {
-        **ROUND_LOOP,
-        "max_rounds": [None, Integer(1)],
-        "tol": [Real(0), Options("auto")],
-        "n_init": [Integer(1)],
-        "n_components": [AUTO_SIZE],
-        "covariance_type": [Options(*COV_TYPES)],
-        "reg_covar": [Real(0)],
-        "init_params": [Options(*INIT_PARAMS)],
-        "weights_init": [None, "array-like"],
-        "means_init": [None, "array-like"],
-        "precisions_init": [None, "array-like"],
-        "min_points_per_centroid": [Integer(1)],
-        "n_components_candidates": [None, "array-like"],
-    }
+    _parameter_constraints = PARAMETER_CONSTRAINTS  # (.params: a node's describe too)
 
     def __init__(
         self,
@@ -171,16 +157,7 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
     _private_max_rounds = 2
 
     def _check_params(self) -> None:
-        if self.n_components != "auto":
-            return
-        check_candidates(self.n_components_candidates, range(1, 9), "n_components",
-                         "n_components_candidates")
-        given = [k for k in ("weights_init", "means_init", "precisions_init")
-                 if getattr(self, k) is not None]
-        if given:
-            raise ValueError(f"{given[0]} fixes the number of components, but n_components="
-                             "'auto' chooses it; give n_components a number or leave "
-                             f"{given[0]} out")
+        check_params(self.get_params(deep=False))
 
     def _selection(self) -> Selection | None:
         return bic_selection(self, range(1, 9))

@@ -22,11 +22,10 @@ from ...engine.stats import Stats
 from ...engine.warn import user_stacklevel
 from .math import compute_precision_cholesky, floor_noisy_covariances, gmm_m_step
 from .model import gaussian_problem
+from .params import INIT_PARAMS
 
 __all__ = ["INIT_PARAMS", "GaussianStart", "initialize_gaussians"]
 
-#: the starts of :func:`initialize_gaussians`, the default first
-INIT_PARAMS = ("kmeans-sums", "kmeans-federated", "random")
 #: Lloyd steps of the "kmeans-sums" start after its candidate round (one summed exchange each)
 LLOYD_STEPS = 2
 #: candidate centres per component of the "kmeans-sums" start
@@ -258,8 +257,9 @@ def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, cente
     server uses none of the candidates', unless no Lloyd step can be kept, when it asks them
     then) move each populated candidate to the mean of its rows; a weighted k-means on the
     server groups them into ``K``; ``lloyd`` Lloyd steps (each one more ``hard_stats`` sum,
-    to the ``K`` group means) refine them and one M-step on the last statistics gives the
-    start. The server needs only sums, so the
+    to the ``K`` group means; counts and sums only but the last, whose second moments the
+    M-step needs: a step not kept has the kept one's asked then) refine them and one M-step
+    on the last statistics gives the start. The server needs only sums, so the
     plain and the secure fit compute the same start (to the fixed-point rounding); a client's
     cell of fewer than ``min_records_per_block`` rows joins its nearest larger cell in every
     mode (:func:`~fedlatent.models.gmm.model.hard_labels`). None (after one UserWarning) when
@@ -274,18 +274,21 @@ def _sums_kmeans_start(ctx, K: int, ct: str, reg_covar: float, mean, gcov, cente
         return _too_few(K, keep.size, M)
     cents = center + S["sx"][keep] / S["nk"][keep][:, None]
     _, labels, _ = kmeans(cents, K, rng, sample_weight=S["nk"][keep], n_init=10)
-    grouped = _group(S, keep, labels, K, ct)
-    for _ in range(lloyd):
+    grouped, at = _group(S, keep, labels, K, ct), None  # (at: the centres of `grouped`)
+    step_what = "k-means initialization (a Lloyd step)"
+    for j in range(lloyd):
         if np.any(grouped["nk"] < 0.5):
             break
         centres = center + grouped["sx"] / grouped["nk"][:, None]
-        step = _hard_sums(ctx, centres, center, ct, "k-means initialization (a Lloyd step)")
+        step = _hard_sums(ctx, centres, center, ct, step_what, second=j == lloyd - 1)
         if np.any(step["nk"] < 0.5):  # a centre lost every row: keep the previous grouping
             break
-        grouped = step
+        grouped, at = step, centres
     if np.any(grouped["nk"] < 0.5):
         return _too_few(K, int(np.sum(grouped["nk"] >= 0.5)), M)
-    if "sxx" not in grouped:  # no Lloyd step kept: the candidates' second moments after all
+    if "sxx" not in grouped and at is not None:  # the last step not kept: the kept one's
+        grouped = _hard_sums(ctx, at, center, ct, step_what)  # second moments
+    elif "sxx" not in grouped:  # no Lloyd step kept: the candidates' second moments after all
         grouped = _group(_hard_sums(ctx, cands, center, ct, what), keep, labels, K, ct)
     return gmm_m_step(Stats(grouped) / n, center, ct, reg_covar)
 
