@@ -198,3 +198,35 @@ def test_a_large_start_cut_into_small_chunks_runs_compiled(monkeypatch):
             warnings.simplefilter("ignore")
             fl.FederatedGaussianMixture(2, max_rounds=2, random_state=0).fit(fd)
     assert calls and set(calls) == {1000}  # NumPy only when the whole query is small
+
+
+@pytest.mark.parametrize("cov", ["full", "tied", "diag", "spherical"])
+@pytest.mark.parametrize("second", [True, False])
+def test_rows_moved_to_a_larger_cell_sum_the_same_compiled_and_in_numpy(cov, second,
+                                                                        monkeypatch):
+    """The compiled pass translates a merged row in place (``moved``), NumPy translates a copy
+    of the rows first (``merged_rows``): the same statistics, bit for bit, and those of the
+    rows translated before the sums."""
+    import fedlatent.engine.protocol.compiled as comp
+    import fedlatent.models.gmm.batched as gb
+    from fedlatent.models.gmm.math import merged_rows
+
+    rng = np.random.default_rng(8)
+    C, m, d, M = 40, 6, 3, 5
+    X = rng.normal(size=(C, m, d))
+    w = (rng.random((C, m)) < 0.8).astype(float)
+    labels, nearest = rng.integers(0, M, size=(C, m)), rng.integers(0, M, size=(C, m))
+    nearest = np.where(rng.random((C, m)) < 0.5, labels, nearest)  # half the rows in place
+    centers, centre = rng.normal(size=(M, d)) * 3, rng.normal(size=d)
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    got = {}
+    for name, work in (("numpy", 10**9), ("compiled", 1)):
+        monkeypatch.setattr(comp, "MIN_WORK", work)
+        got[name] = gb.hard_sums(X, labels, w, centre, cov, M, second, (centers, nearest))
+    before = gb.hard_sums(merged_rows(X, centers, labels, nearest), labels, w, centre, cov, M,
+                          second)
+    assert got["numpy"].keys() == got["compiled"].keys() == before.keys()
+    assert np.any(labels != nearest)
+    for k in before:
+        assert_same(got["numpy"][k], got["compiled"][k])
+        assert_same(got["compiled"][k], before[k])

@@ -92,10 +92,11 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
         d2 += np.einsum("cmd,cmd->cm", X, X)[:, :, None]
         d2 += np.einsum("ij,ij->i", centers, centers)
         labels = hard_labels_batched(d2, w > 0, model.disclosure.min_records_per_block)
-        if model.privacy is None:  # a merged row keeps its place about its own centre
-            X = merged_rows(X, centers, labels, np.where(w > 0, d2.argmin(-1), labels))
+        # a merged row keeps its place about its own centre (not under differential privacy)
+        moved = None if model.privacy is not None else (
+            centers, np.where(w > 0, d2.argmin(-1), labels))
         st = hard_sums(X, labels, w, np.asarray(payload["center"], dtype=np.float64),
-                       model.cov_type, centers.shape[0], bool(payload.get("second", 1)))
+                       model.cov_type, centers.shape[0], bool(payload.get("second", 1)), moved)
         return {f"stat/{k}": v for k, v in st.items()}
     if name == "loglik":
         from ...engine.contract.model import payload_params
@@ -144,23 +145,32 @@ def hard_labels_numpy(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray
 
 
 def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarray,
-              cov_type: str, M: int, second: bool = True) -> dict[str, np.ndarray]:
+              cov_type: str, M: int, second: bool = True,
+              moved: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """:func:`~fedlatent.models.gmm.math.gmm_statistics` of C clients at hard ``labels``
     (C, m) among ``M`` centres, rows of weight ``w``: each row's terms added into its own
     cell, row after row, compiled where numba pays
     (:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums`), else by :func:`cell_sums_numpy`
     (the same additions in the same order: the same bits, whatever the process ran before);
-    without ``second``, only ``nk`` and ``sx``."""
+    without ``second``, only ``nk`` and ``sx``. ``moved``: ``(centers, nearest)``, the rows
+    taken as :func:`~fedlatent.models.gmm.math.merged_rows` translates them (in the kernel's
+    pass, without a copy of the rows)."""
     C, m, d = X.shape
     X = np.ascontiguousarray(X, dtype=np.float64)
     center = np.asarray(center, dtype=np.float64)
     mode = {"full": 0, "tied": 1}.get(cov_type, 2) if second else 1
     nk, sx = np.zeros((C, M)), np.zeros((C, M, d))
     sxx = np.zeros((C, M, d, d) if mode == 0 else (C, M, d, 1) if mode == 2 else (0, 0, 0, 0))
-    args = (X, np.ascontiguousarray(labels), np.ascontiguousarray(w, dtype=np.float64), center,
-            nk, sx, sxx, mode)
-    if worth(C * m):
-        kernels("fedlatent.models.gmm.hardsums").hard_cell_sums(*args)
+    labels = np.ascontiguousarray(labels)
+    compiled = worth(C * m)
+    if moved is not None and (not compiled or (second and mode == 1)):  # (tied: one product
+        X, moved = merged_rows(X, moved[0], labels, moved[1]), None  # over the rows moved)
+    args = (X, labels, np.ascontiguousarray(w, dtype=np.float64), center, nk, sx, sxx, mode)
+    if compiled:
+        centers, nearest = (np.zeros((M, d)), labels) if moved is None else moved
+        kernels("fedlatent.models.gmm.hardsums").hard_cell_sums(
+            *args, np.ascontiguousarray(centers, dtype=np.float64),
+            np.ascontiguousarray(nearest, dtype=labels.dtype))
     else:
         cell_sums_numpy(*args)
     if not second:

@@ -129,11 +129,13 @@ def hard_labels_many(d2, real, need):
 
 
 @njit(cache=True)
-def hard_cell_sums(X, labels, w, center, nk, sx, sxx, mode):
+def hard_cell_sums(X, labels, w, center, nk, sx, sxx, mode, centers, nearest):
     """Add to ``nk`` (C, M), ``sx`` (C, M, d) and ``sxx`` the terms of rows ``X`` (C, m, d)
     of weight ``w`` (C, m) at hard ``labels`` about ``center``: ``mode`` 0 full (``sxx``
     (C, M, d, d)), 2 diagonal (``sxx`` (C, M, d, 1)), 1 tied (``sxx`` left alone: the
-    caller's one product over every row)."""
+    caller's one product over every row). A row whose label is not its ``nearest`` (C, m)
+    of ``centers`` (M, d) is taken translated by the two centres' difference, as
+    :func:`~fedlatent.models.gmm.math.merged_rows` translates it (the same operations)."""
     C, m, d = X.shape
     xc = np.empty(d)
     for c in range(C):
@@ -142,9 +144,13 @@ def hard_cell_sums(X, labels, w, center, nk, sx, sxx, mode):
             if wt == 0.0:
                 continue
             k = labels[c, i]
+            near = nearest[c, i]
             nk[c, k] += wt
             for a in range(d):
-                xc[a] = X[c, i, a] - center[a]
+                if near == k:
+                    xc[a] = X[c, i, a] - center[a]
+                else:
+                    xc[a] = (X[c, i, a] + (centers[k, a] - centers[near, a])) - center[a]
                 sx[c, k, a] += wt * xc[a]
             if mode == 0:
                 for a in range(d):
