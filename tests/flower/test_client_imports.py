@@ -120,6 +120,31 @@ def test_gmm_client_answers_setup_and_estep_without_scipy_pandas_or_sklearn(tmp_
         ".json", ".npz"]
 
 
+def test_gmm_client_describes_its_data_without_scipy_pandas_or_sklearn(tmp_path):
+    """A node's first message, ``describe``, checks the GMM's settings with the describer the
+    model registers (models/gmm/describe.py), not the estimator: before, it imported
+    scikit-learn, SciPy and pandas (about a CPU second in each node, before the server heard
+    from any)."""
+    pytest.importorskip("flwr")
+    from fedlatent.engine.contract.registry import describe_message
+
+    _, path = _site(tmp_path)
+    child = CHILD.split("\nmsgs = json.loads")[0] + textwrap.dedent('''
+        reply = ask(1, {**json.loads(sys.argv[5]), "fedlatent.method": "describe"})
+        print(json.dumps({"reply": reply,
+                          "imported": [m for m in heavy.split(",") if m in sys.modules]}))
+    ''')
+    msg = describe_message(fl.FederatedGaussianMixture(2, random_state=0))
+    out = subprocess.run(
+        [sys.executable, "-c", child, str(path), "", "", ",".join(HEAVY), json.dumps(msg)],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["imported"] == []
+    assert got["reply"]["client_id"] == "site-0" and got["reply"]["n_samples"] == 320
+    assert json.loads(got["reply"]["feature_names"]) == ["x0", "x1", "x2"]
+
+
 def test_engine_serves_every_public_name_without_importing_the_server_loop():
     import fedlatent.engine as engine
 

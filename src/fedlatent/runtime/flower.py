@@ -334,10 +334,11 @@ def run_server(grid, config: Mapping[str, Any]) -> None:
                            node_wait=float(config.get("node-wait", 120.0)),
                            round_timeout=float(config.get("round-timeout", 120.0)),
                            record=bool(config.get("record", False)), restore_round=restore)
+        status["answered_at"] = time.time()  # (epoch seconds: every node described its data)
         loading.join()
         est = estimator_from_config(name, params)
+        status["estimator_ready_at"] = time.time()  # (and the server's estimator imported)
         status["startup_seconds"] = rt.startup_seconds
-        status["answered_at"] = time.time()  # (epoch seconds: every node described its data)
         status["clients"] = rt.client_ids
         _report_exchanges(rt, status, out / "status.json")
         rd = RemoteDataset.from_replies(rt.describe_replies)
