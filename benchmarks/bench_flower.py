@@ -66,6 +66,7 @@ def _push_pull(grid, msgs):
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
+    started = time.time()
     nodes = sorted(grid.get_node_ids())
     while len(nodes) < int(cfg["min-nodes"]):
         time.sleep(0.2)
@@ -80,9 +81,12 @@ def main(grid: Grid, context: Context) -> None:
         total = sum(float(r.content["x"]["x"].numpy().sum()) for r in replies)
         assert total == len(nodes) * 4 * (k + 1), total
         seconds.append(time.perf_counter() - t0)
+        if k == 0:  # every node's answer to the app's first message (epoch seconds)
+            answered = time.time()
     out = Path(str(cfg["out-dir"]))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "floor.json").write_text(json.dumps({"seconds": seconds}))
+    (out / "floor.json").write_text(json.dumps({"seconds": seconds, "app_started_at": started,
+                                                "answered_at": answered}))
     # what fedlatent's run_app reads to judge the run
     (out / "status.json").write_text(json.dumps({"status": "ok", "round": len(seconds)}))
 

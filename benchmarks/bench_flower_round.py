@@ -17,7 +17,9 @@ the initialization round and the control variates' start), their ratio, and how 
 ``flwr run`` started the server app had every node's answer to its first message
 (``answered_at`` in ``status.json``; the deployment was ready before ``flwr run``), and when
 its own estimator was imported too (``estimator_ready_at``: the server imports it in a thread
-while the nodes answer). First, in
+while the nodes answer), beside when the empty app had every node's answer to its first message
+(each empty run's first round: the nodes' first contact with a run, Flower's floor for it).
+First, in
 process, the rounds the default fit takes to its default tolerance, plain and under
 ``acceleration="newton"`` (what a deployment would save by Newton: a round costs one exchange
 either way).
@@ -71,15 +73,19 @@ def one_mode(isolation: str, rounds: int, floor_rounds: int, tmp: Path) -> dict:
               for i in (0, 1)]
     with LocalDeployment(files, workdir=tmp / "deploy", isolation=isolation) as dep:
         run_app(floors[0], dep, timeout=1800)
+        floor_started = [dep.last_run_started_at]
         run_app(app, dep, timeout=1800)
         started = dep.last_run_started_at
         run_app(floors[1], dep, timeout=1800)
+        floor_started.append(dep.last_run_started_at)
     fitted = load_result(tmp / "fit")
     st = fitted.flower_status_
-    empty = [s for i in (0, 1) for s in
-             json.loads((tmp / f"floor-{i}" / "floor.json").read_text())["seconds"][1:]]
+    runs = [json.loads((tmp / f"floor-{i}" / "floor.json").read_text()) for i in (0, 1)]
+    empty = [s for run in runs for s in run["seconds"][1:]]
     ours = [r.seconds for r in fitted.history_][1:]
     return {"mode": isolation, "empty": empty, "ours": ours,
+            "empty_answered_after": [r["answered_at"] - t for r, t in zip(runs, floor_started)],
+            "empty_started_after": [r["app_started_at"] - t for r, t in zip(runs, floor_started)],
             "answered_after": st["answered_at"] - started,
             "ready_after": st.get("estimator_ready_at", float("nan")) - started,
             "app_started_after": st["app_started_at"] - started,
@@ -135,14 +141,18 @@ def main() -> None:
           f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("| isolation | empty round s (median) | fedlatent round s (median, rounds 2+) | "
           "ratio | round 1 s | server app answered, s after flwr run | its process started, "
-          "s after flwr run | its estimator imported, s after flwr run |")
-    print("|---|---|---|---|---|---|---|---|")
+          "s after flwr run | its estimator imported, s after flwr run | the empty app "
+          "answered (its process started), s after flwr run |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         e, o = float(np.median(r["empty"])), float(np.median(r["ours"]))
+        floor = ", ".join(f"{a:.1f} ({b:.1f})" for a, b in
+                          zip(r["empty_answered_after"], r["empty_started_after"]))
         print(f"| {r['mode']} | {e:.2f} ({', '.join(f'{s:.1f}' for s in r['empty'])}) | "
               f"{o:.2f} ({', '.join(f'{s:.1f}' for s in r['ours'])}) | {o / e:.2f} | "
               f"{r['first_round']:.2f} | {r['answered_after']:.1f} | "
-              f"{r['app_started_after']:.1f} | {r['ready_after']:.1f} |", flush=True)
+              f"{r['app_started_after']:.1f} | {r['ready_after']:.1f} | "
+              f"{floor} |", flush=True)
     best = min(rows, key=lambda r: float(np.median(r["empty"])))
     print(f"fastest isolation mode: {best['mode']}; fedlatent round / its empty round = "
           f"{float(np.median(best['ours'])) / float(np.median(best['empty'])):.2f}")
