@@ -102,7 +102,7 @@ def newton_rounds(seeds: int = 6) -> None:
 
     cases = {"3 sites x 40 rows, K=2": lambda s: (make_data(seed=s), 2),
              "rounds_to_tol GMM, K=4": lambda s: (rtt.gmm_data(s)[1], 4)}
-    print(f"rounds to the default tolerance (tol=1e-3 on the mean log-likelihood), {seeds} seeds "
+    print(f"rounds to the default tolerance (tol='auto': within 0.1 standard error), {seeds} seeds "
           "each, in-process (the rounds a deployment runs)")
     print("| data | plain rounds (median, total) | newton rounds (median, total) | saved |")
     print("|---|---|---|---|")
