@@ -245,3 +245,28 @@ def test_a_set_up_naming_no_participation_is_refused():
     with pytest.raises(ValueError, match=r"names no participation: a client cannot check the "
                        r"masking graph's degree and threshold"):
         node.handle("secagg", msg)
+
+
+def test_the_openings_digest_remembered_is_only_that_of_the_same_openings():
+    """The digest of the n openings is remembered per process and found by comparing them in
+    place: a copy finds it; one flipped bit, a row cut short or other ids get the SHA-256 of
+    their own bytes, never the remembered one."""
+    import hashlib
+
+    from fedlatent.engine.secagg.graph import openings_digest
+
+    def sha(ids, a):
+        return hashlib.sha256(hashlib.sha256(ids.encode()).digest() + a.tobytes()).digest()
+
+    rng = np.random.default_rng(3)
+    ids = json.dumps([f"c{i}" for i in range(50)])
+    a = rng.integers(0, 256, (50, 32), dtype=np.uint8)
+    assert openings_digest(ids, a) == openings_digest(ids, a.copy()) == sha(ids, a)
+    flipped = a.copy()
+    flipped[31, 7] ^= 4
+    assert openings_digest(ids, flipped) == sha(ids, flipped) != sha(ids, a)
+    short = np.ascontiguousarray(a[:, :31])  # 1,550 bytes: not whole words
+    assert openings_digest(ids, short) == sha(ids, short)
+    other = json.dumps([f"d{i}" for i in range(50)])
+    assert openings_digest(other, a) == sha(other, a) != sha(ids, a)
+    assert openings_digest(ids, a) == sha(ids, a)  # still remembered right
