@@ -60,20 +60,26 @@ def openings_digest(ids_json: str, openings: np.ndarray) -> bytes:
     check of the commitments both hash, computed once per roster).
 
     A pure function of public data, remembered for the last few rosters of the process and
-    found by comparing the bytes (not a hash of them): in-process clients each check the same
-    n openings, and hashing them once per client cost 6% of the set-up at 10,000 clients (a
-    real client hashes them once: 1 ms)."""
-    raw, text = np.ascontiguousarray(openings, dtype=np.uint8).tobytes(), str(ids_json)
+    found by comparing the openings (not a hash of them): in-process clients each check the
+    same n openings, and hashing them once per client cost 6% of the set-up at 10,000 clients (a
+    real client hashes them once: 1 ms). They are compared in place, eight bytes at a time: a
+    copy of them as bytes (320 KB at 10,000 clients, fresh pages each time) cost 0.3 ms a
+    client, 4% of the set-up there."""
+    flat, text = np.ascontiguousarray(openings, dtype=np.uint8).reshape(-1), str(ids_json)
+    words = flat.view(np.uint64) if flat.size % 8 == 0 else flat
     for seen_text, seen, got in tuple(_CONTENTS):
-        if seen == raw and seen_text == text:
+        if seen_text == text and seen.dtype == words.dtype and np.array_equal(seen, words):
             return got
-    got = _crypto.commit(_ids_commit(text) + raw)
-    _CONTENTS[:] = [(text, raw, got), *_CONTENTS[:3]]
+    got = _crypto.commit(_ids_commit(text) + flat.tobytes())
+    kept = words.copy()
+    kept.flags.writeable = False
+    _CONTENTS[:] = [(text, kept, got), *_CONTENTS[:3]]
     return got
 
 
-#: ``(ids JSON, openings' bytes, their digest)`` of the last rosters :func:`openings_digest` hashed
-_CONTENTS: list[tuple[str, bytes, bytes]] = []
+#: ``(ids JSON, openings as read-only words, their digest)`` of the last rosters
+#: :func:`openings_digest` hashed
+_CONTENTS: list[tuple[str, np.ndarray, bytes]] = []
 
 
 def digest_of(seed: bytes, content: bytes) -> bytes:
