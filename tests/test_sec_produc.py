@@ -30,3 +30,15 @@ def test_sec_produc_collaborates_only_where_validation_says_so(tmp_path):
     # a state keeping its own model predicts exactly as alone: at least those are no worse
     assert table.loc["validated", "share_no_worse_than_alone"] >= 1 - 20 / 48
     assert (tmp_path / "sec_produc.csv").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_sec_produc_end_year_evaluates_inside_the_training_years():
+    """end_year=1983: 1981-83 predicted from 1970-80, no row of the held-out 1984-86 used (the
+    windows the default collaboration rule was judged on)."""
+    from fedlatent.experiments.sec_produc import sec_produc
+
+    table = sec_produc(quick=True, end_year=1983)
+    assert table.attrs["train_years"] == (1970, 1980)
+    assert table.attrs["test_years"] == (1981, 1983)
+    assert table.set_index("rule").loc["always", "states_with_cluster"] == 48

@@ -84,11 +84,14 @@ def _row(rule: str, sec: SEC, err: pd.DataFrame, ols: np.ndarray) -> dict:
 
 
 def sec_produc(quick: bool = False, out: str | Path | None = None, random_state: int = 0,
-               test_years: int = 3) -> pd.DataFrame:
+               test_years: int = 3, end_year: int | None = None) -> pd.DataFrame:
     """SEC on Produc (48 US states): each state's held-out error with and without collaboration.
 
-    Every state learns on 1970-(1986 - ``test_years``) with SEC's defaults (``quick``: the
-    linear candidate only) and predicts the held-out years with its cluster where allowed.
+    Every state learns on 1970-(``end_year`` - ``test_years``) with SEC's defaults (``quick``:
+    the linear candidate only) and predicts the held-out years with its cluster where allowed.
+    ``end_year`` (default 1986, the last year of the panel) earlier than 1986 evaluates on the
+    training years alone: 1983 predicts 1981-83 from 1970-80, the windows the default
+    collaboration rule was chosen on (:data:`fedlatent.models.sec.estimator.COLLABORATE_SE`).
 
     Returns
     -------
@@ -99,6 +102,8 @@ def sec_produc(quick: bool = False, out: str | Path | None = None, random_state:
     that uses its cluster had the lower validation MSE). With ``out``: ``sec_produc.csv``.
     """
     d = produc_panel()
+    if end_year is not None:
+        d = d[d["year"] <= int(end_year)]
     last = int(d["year"].max()) - int(test_years) + 1
     train, test = d[d["year"] < last], d[d["year"] >= last]
     fd = FederatedDataset.from_pandas(train, client="state", features=list(PRODUC_FEATURES),

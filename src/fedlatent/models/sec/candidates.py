@@ -268,10 +268,10 @@ def out_of_fold(model: Any, X: np.ndarray, y: np.ndarray, split: str, rng: np.ra
 
     Returns
     -------
-    rows, predictions, weights : ndarrays (m,)
+    rows, predictions, weights, folds : ndarrays (m,)
         The row of each (row, fold) pair that holds some of its weight, the prediction of the
-        fit without that fold, and the weight it holds there (each row once, weight 1, without
-        integer weights).
+        fit without that fold, the weight it holds there (each row once, weight 1, without
+        integer weights) and the fold.
     """
     from sklearn.base import clone
 
@@ -298,7 +298,7 @@ def out_of_fold(model: Any, X: np.ndarray, y: np.ndarray, split: str, rng: np.ra
         if held.any():
             P[held, f] = np.asarray(est.predict(X[held]), dtype=np.float64).reshape(-1)
     rows, folds = np.nonzero(T)
-    return rows, P[rows, folds], T[rows, folds]
+    return rows, P[rows, folds], T[rows, folds], folds
 
 
 def _fit(est: Any, X: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None) -> None:

@@ -56,6 +56,34 @@ def check_learner(client: str, X: np.ndarray, y: np.ndarray | None, target: str 
         )
 
 
+def fold_se(d: np.ndarray, weight: np.ndarray, folds: np.ndarray) -> float:
+    """The standard error of a cross-validated difference of errors from its folds (the
+    one-standard-error rule of cross-validation: Hastie, Tibshirani and Friedman, The Elements
+    of Statistical Learning, 2nd ed., section 7.10): each fold's weighted mean of ``d``, and
+    their standard deviation over the folds divided by the square root of their number. The
+    folds' means, not the rows', carry what the refits without each fold vary in.
+
+    Parameters
+    ----------
+    d : ndarray of shape (m,)
+        Each (row, fold) pair's difference of squared errors.
+    weight : ndarray of shape (m,)
+        The pair's weight (1 without frequency weights).
+    folds : ndarray of int, shape (m,)
+        The pair's fold.
+
+    Returns
+    -------
+    float
+    """
+    tot = np.bincount(folds, weight)
+    keep = tot > 0
+    means = np.bincount(folds, weight * d)[keep] / tot[keep]
+    if means.size < 2:
+        return 0.0
+    return float(means.std(ddof=1) / np.sqrt(means.size))
+
+
 @register_model
 class SECModel(FederatedModel):
     """The client half of SEC. Not an EM model: it answers two queries and nothing else.
@@ -209,16 +237,16 @@ class SECModel(FederatedModel):
         compares its own selected model (refitted without each fold) with its cluster's
         prediction (eq. 4: the other members' models, ``model/<k>``, which never saw its
         rows, and that refit, weighted by ``weights``, the members' sizes then its own).
-        Replies both mean squared errors and the standard error of their difference (the
-        rows' paired differences of squared errors)."""
+        Replies both mean squared errors and the standard error of their difference over the
+        folds (:func:`fold_se`)."""
         from .candidates import out_of_fold
 
         X, y, *_ = self._xy(data)
         models, state = self._received(payload, state)
         own = loads_model(np.asarray(state["model"], dtype=np.uint8), source="the own model",
                           extra_types=self.extra_trusted_types)
-        rows, pred_own, tw = out_of_fold(own, X, y, str(payload.get("split", "random")), rng,
-                                         data.weight)
+        rows, pred_own, tw, folds = out_of_fold(own, X, y, str(payload.get("split", "random")),
+                                                rng, data.weight)
         w = np.asarray(payload["weights"], dtype=np.float64)
         if w.size != len(models) + 1 or np.any(w < 0) or w.sum() <= 0:
             raise ValueError(f"validate: {w.size} weights for {len(models)} models and the own")
@@ -226,17 +254,8 @@ class SECModel(FederatedModel):
              else pred_own[None])
         pred_cluster = (w / w.sum()) @ P
         y = y[rows]  # (row, fold) pairs: each row once without frequency weights
-        fw = None if data.weight is None else tw / tw.sum()
-
-        def mse(p):
-            r2 = (y - p) ** 2
-            return float(r2.mean() if fw is None else r2 @ fw)
-
-        d = (y - pred_cluster) ** 2 - (y - pred_own) ** 2  # paired, row by row
-        if fw is None:
-            se = float(d.std(ddof=1) / np.sqrt(d.size))
-        else:  # frequency weights: the weighted variance over the weights' total
-            n_w = float(tw.sum())
-            se = float(np.sqrt(fw @ (d - fw @ d) ** 2 * n_w / max(n_w - 1.0, 1.0) / n_w))
-        return {"mse_alone": mse(pred_own), "mse_cluster": mse(pred_cluster),
-                "se_difference": se, "n_validation": float(X.shape[0])}, state
+        r_own, r_cluster = (y - pred_own) ** 2, (y - pred_cluster) ** 2
+        return {"mse_alone": float(r_own @ tw / tw.sum()),
+                "mse_cluster": float(r_cluster @ tw / tw.sum()),
+                "se_difference": fold_se(r_cluster - r_own, tw, folds),
+                "n_validation": float(X.shape[0])}, state
