@@ -1,5 +1,5 @@
 """A server's commitment to a secure sum that every site checks in ``O(log n)``: the projected
-sum tree (issue 38's transcript; a building block, not yet carried by the exchange).
+sum tree (issue 38's transcript, carried by each exchange's message: :func:`transcript_fields`).
 
 What a site must know to replay the server (issue 38) is that the aggregate ``A`` it is shown
 is the sum of every survivor's contribution, its own unchanged. Under secure aggregation each
@@ -42,13 +42,17 @@ survivor's masked vector). ``benchmarks/verified_round.py`` measures it at 1,000
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "project", "ring_sum", "verify_leaf"]
+__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "project", "ring_sum", "shared_fields",
+           "transcript_fields", "verify_leaf"]
+
+_V = "verify/"  # the message fields of a transcript
 
 #: the prime modulus of the projections (products of two residues fit in 62 bits)
 P = (1 << 31) - 1
@@ -209,3 +213,20 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
             f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
             "differ); refusing it")
     return tree_digest(root, A, c)
+
+
+def transcript_fields(tree, i: int, exchange: tuple[int, str]) -> dict[str, Any]:
+    """What leaf ``i``'s site is sent of the server's ``tree`` of exchange ``exchange``
+    (``(round, name)``): the root, its index and path (:meth:`SumTree.path`)."""
+    raw, sums = tree.path(i)
+    return {_V + "round": int(exchange[0]), _V + "exchange": str(exchange[1]),
+            _V + "index": int(i), _V + "n": len(tree.ids),
+            _V + "root": np.frombuffer(tree.root, np.uint8),
+            _V + "path": np.frombuffer(raw, np.uint8), _V + "sums": sums}
+
+
+def shared_fields(tree) -> dict[str, Any]:
+    """The part of a transcript every site is sent alike: ``A`` and its carries."""
+    c = tree.c
+    small = np.uint16 if int(c.max(initial=0)) < 1 << 16 else np.uint32
+    return {_V + "A": tree.A, _V + "c": c.astype(small)}

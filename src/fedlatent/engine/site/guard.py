@@ -51,11 +51,11 @@ _PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_release
 
 def verified_rounds(msg: dict[str, Any]) -> bool:
     """Whether setup ``msg`` sets up secure aggregation whose rounds this site verifies (it
-    recomputes the aggregate from the exchange's transcript and replays the server's step:
-    verified rounds, issue 38). The hook a policy's ``[privacy] required = "dp-or-verified"``
-    consults: until the library verifies rounds no setup is verified, so such a site
-    requires differential privacy (fail closed)."""
-    return False
+    checks its own reply is in the sum of each exchange's transcript and replays the server's
+    step: :mod:`fedlatent.engine.node.verify`). The hook a policy's ``[privacy] required =
+    "dp-or-verified"`` consults. A setup that says so binds the site: from then on it answers
+    only secure exchanges whose transcript and parameters it verifies (fail closed)."""
+    return bool(msg.get("verify"))
 
 
 class SiteRefused(RuntimeError):
@@ -87,10 +87,11 @@ def _feed(h, value: Any) -> None:
 
 
 def question_digest(msg: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
-    """sha256 of a message's content (secure-aggregation fields and ``skip`` left out)."""
+    """sha256 of a message's content (secure-aggregation fields, a verified round's
+    transcript and ``skip`` left out)."""
     h = hashlib.sha256()
     for k in sorted(msg):
-        if k.startswith("secagg") or k in skip:
+        if k.startswith(("secagg", "verify/")) or k in skip:
             continue
         h.update(k.encode() + b"\0")
         _feed(h, msg[k])

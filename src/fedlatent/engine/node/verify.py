@@ -1,0 +1,261 @@
+"""Verified rounds at a site: the transcript of the exchange before, checked, and the server's
+step replayed before the site computes anything (issue 38).
+
+Under secure aggregation with verification (the setup's ``verify`` field,
+:meth:`~fedlatent.engine.fedem.federation.Federation.verifies`), every exchange's message
+carries the transcript of the exchange before: the claimed ring sum ``A`` and its carries
+``c``, the root of the server's sum tree and this site's leaf index and path
+(:mod:`fedlatent.engine.secagg.sumtree`). Before it answers, the site (:func:`check_exchange`):
+
+1. checks its own leaf ``z_w`` of the exchange before (kept by its
+   :class:`~fedlatent.engine.secagg.client.SecAggClient`) against the root
+   (:func:`~fedlatent.engine.secagg.sumtree.verify_leaf`): a transcript without its leaf, with
+   another, or missing while it holds one, is refused naming the round;
+2. folds the transcript's digest into its confirmations of this exchange
+   (:func:`~fedlatent.engine.secagg.consistency.fold`): a neighbour shown another transcript
+   refuses to reveal, so the server cannot show two worlds;
+3. decodes ``A`` and replays the server (:func:`~fedlatent.engine.node.replay.replay`: the
+   FedEM update with the federation's step size and control-variate step, the model's M-step)
+   and refuses parameters that differ (:func:`~fedlatent.engine.node.replay.params_refusal`:
+   the round, the parameter and the largest difference); the E-step then uses the replayed
+   ``S_hat``, never one the server sends.
+
+What a site cannot replay it refuses under verification: the first round's parameters (a
+start) unless its policy allows public starts, and extra points (accelerated EM).
+
+Participation: verification needs every site in every round (``participation=1``): a site
+that took no part in an exchange holds no leaf of it and could only take its neighbours' word
+for the transcript; a federation with partial participation is refused verification at the
+setup (:meth:`Federation.verifies`) rather than verified by halves. A site declared dropped is
+excluded for the rest of the fit, so under full participation every survivor of exchange
+``t`` takes part in ``t + 1`` and checks its own leaf.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from fedlatent.engine.node.replay import params_refusal, replay
+from fedlatent.engine.protocol.messages import pack, unpack
+from fedlatent.engine.stats import Stats
+
+__all__ = ["VerificationRefused", "check_exchange", "setup_verification", "verified_message",
+           "verifying"]
+
+_V = "verify/"
+
+
+class VerificationRefused(ValueError):
+    """A verifying site refuses an exchange (a transcript or parameters it cannot accept)."""
+
+
+def verifying(node) -> bool:
+    """Whether ``node``'s fit runs verified rounds (its setup said so: kept in its state)."""
+    return "verify/on" in node.state
+
+
+def setup_verification(node, msg: dict[str, Any]) -> None:
+    """Keep the fit's verification settings (the setup's ``verify`` field: the federation)
+    in the node's state, and forget an earlier fit's replay. The same run's setup again (a
+    node rebuilt for each message replays it) changes nothing: a run set up verified stays
+    verified."""
+    run = np.frombuffer(str(msg.get("run", "")).encode(), np.uint8).copy()
+    if "verify/on" in node.state and np.array_equal(node.state.get("verify/run"), run):
+        return
+    for k in [k for k in node.state if k.startswith(_V)]:
+        del node.state[k]
+    raw = msg.get("verify")
+    if raw:
+        node.state["verify/on"] = np.array(1.0)
+        node.state["verify/run"] = run
+        node.state["verify/federation"] = np.frombuffer(str(raw).encode(), np.uint8).copy()
+
+
+def _federation(node):
+    from fedlatent.engine.fedem.federation import Federation
+
+    return Federation.from_config(json.loads(node.state["verify/federation"].tobytes()
+                                             .decode())["federation"])
+
+
+def verified_message(node, method: str, msg: dict[str, Any]):
+    """``(message to answer, None)`` or ``(None, refusal reply)`` for a node whose fit runs
+    verified rounds: a secure E-step or query after :func:`check_exchange`; a data exchange
+    outside secure aggregation refused (the setup promised verified rounds: fail closed)."""
+    from fedlatent.engine.protocol.messages import refusal_reply
+
+    try:
+        if method in ("estep", "query") and "secagg/slot" in msg:
+            if node.secagg is None:
+                raise VerificationRefused(f"client {node.client_id!r}: a secure exchange "
+                                          "before the key set-up")
+            return check_exchange(node, method, msg), None
+        if method in ("estep", "query", "evaluate"):
+            raise VerificationRefused(
+                f"client {node.client_id!r}: round {msg.get('round', '?')} refused: the setup "
+                f"set up verified rounds, and this {method!r} is not a secure exchange whose "
+                "transcript the site can check")
+    except VerificationRefused as err:
+        import logging
+
+        logging.getLogger(__name__).log(node.log_level, "%s", err)
+        return None, refusal_reply(str(err), "verification")
+    return msg, None
+
+
+def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+    """The message ``node`` answers after its checks (see the module docstring): ``msg`` with
+    the replayed ``S_hat`` (an E-step) and no transcript; VerificationRefused naming the
+    client and the round otherwise."""
+    rnd = _num(msg.get("secagg/round", msg.get("round", 0)))
+    exch = str(msg.get("secagg/exchange", method))
+    who = f"client {node.client_id!r}: round {rnd} refused"
+    if node.model is None:  # (a node rebuilt for this message, as on Flower)
+        node._setup(msg)
+    if "secagg/replay" in msg:  # a group test (its remembered reply again, over a
+        node.secagg.keep_leaf = False  # sub-cohort, never applied): no transcript shown,
+        return {k: v for k, v in msg.items() if not k.startswith(_V)}  # its leaf kept
+    leaf = node.secagg.take_leaf()
+    if leaf is None:
+        if _V + "A" in msg:
+            raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
+                                      "took no part in (it holds no leaf to check it by)")
+        total = None
+    elif json.loads(leaf[0])[0] in json.loads(msg.get("secagg/undo", "[]")):
+        total = None  # its round discarded, never applied: the parameters stay (_same_again)
+    else:
+        total = _check_transcript(node, leaf, msg, rnd, exch, who)
+    node.secagg.keep_leaf = True
+    out = {k: v for k, v in msg.items() if not k.startswith(_V)}
+    if method != "estep":
+        if total is not None and _last_kind(node) == "estep":
+            raise VerificationRefused(f"{who}: a query after the rounds began cannot be "
+                                      "replayed by this site")
+        node.state["verify/last"] = np.frombuffer(b"query", np.uint8).copy()
+        return out
+    out = _replay_round(node, out, total, rnd, who)
+    node.state["verify/last"] = np.frombuffer(b"estep", np.uint8).copy()
+    return out
+
+
+def _num(value, kind=int):
+    """A scalar a transport may carry as a one-entry array."""
+    return kind(np.asarray(value).reshape(-1)[0])
+
+
+def _last_kind(node) -> str:
+    last = node.state.get("verify/last")
+    return "" if last is None else bytes(last).decode()
+
+
+def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
+    """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
+    is checked; the digest bound to this exchange's confirmations."""
+    from fedlatent.engine.secagg.protocol import SecureAggregationError, exchange_label
+    from fedlatent.engine.secagg.sumtree import verify_leaf
+
+    label, shapes, z = leaf
+    if _V + "A" not in msg:
+        raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
+                                  f"({label.decode()}), in which this site took part: the "
+                                  "aggregate the parameters come from is unverified")
+    shown = exchange_label(_num(msg[_V + "round"]), str(msg[_V + "exchange"]))
+    if shown != label:
+        raise VerificationRefused(f"{who}: its transcript is of exchange {shown.decode()}, "
+                                  f"not of {label.decode()}, the one this site took part in")
+    A = np.asarray(msg[_V + "A"], dtype=np.uint64)
+    c = np.asarray(msg[_V + "c"]).astype(np.uint64)
+    if A.shape != z.shape or c.shape != z.shape:
+        raise VerificationRefused(f"{who}: its transcript's sum has {A.size} words, this "
+                                  f"site's contribution {z.size}")
+    try:
+        digest = verify_leaf(label, _num(msg[_V + "index"]), _num(msg[_V + "n"]),
+                             node.client_id, z, A, c, np.asarray(msg[_V + "root"]).tobytes(),
+                             (np.asarray(msg[_V + "path"]).tobytes(),
+                              np.asarray(msg[_V + "sums"], dtype=np.uint64)))
+    except SecureAggregationError as err:
+        raise VerificationRefused(f"{who}: {err}") from None
+    node.secagg.bind_digest(rnd, exch, digest)
+    from fedlatent.engine.secagg.encoding import Layout
+
+    fields = Layout(shapes).unflatten(A)
+    return node.secagg.config.encoding.decode(fields)
+
+
+def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[str, Any]:
+    """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
+    if int(msg.get("points", 0) or 0) > 0:
+        raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
+                                  "this site cannot replay yet; fit with "
+                                  "Federation(acceleration=None)")
+    from fedlatent.engine.node.declared import DeclaredShapeError, check_round
+
+    try:  # declared is evaluated: the shapes first, as without verification
+        check_round(node.model, node._data, msg, node.client_id)
+    except DeclaredShapeError as err:
+        raise VerificationRefused(str(err)) from None
+    sent = unpack(msg, "params")
+    undone = json.loads(msg.get("secagg/undo", "[]"))
+    if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
+        _same_again(node, msg, sent, rnd)  # its round discarded: nothing applied since
+    elif _last_kind(node) != "estep":  # the first round: its parameters are a start
+        _start_check(node, who)
+    else:
+        fed = _federation(node)
+        prev = unpack(node.state, "verify/params")
+        S_prev, V_prev = unpack(node.state, "verify/S_hat"), unpack(node.state, "verify/V")
+        from fedlatent.engine.fedem.update import FedEMState
+
+        state = FedEMState(Stats(S_prev) if S_prev else None, Stats(V_prev) if V_prev else None)
+        Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
+                   if S_prev else v for k, v in total.items() if k.startswith("delta/")})
+        init_round = not S_prev
+        k_prev = _num(node.state["verify/round"])
+        shapes = {k: np.shape(v) for k, v in Q.items()}
+        new, params = replay(node.model, None if init_round else state, Q, prev,
+                             1.0 / _num(msg["secagg/unit"], float), init_round=init_round,
+                             gamma=1.0 if init_round else fed.gamma(k_prev), p=1.0,
+                             alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
+        why = params_refusal(sent, params, rnd, node.client_id)
+        if why:
+            raise VerificationRefused(why)
+        for key in [k for k in node.state if k.startswith(("verify/S_hat/", "verify/V/"))]:
+            del node.state[key]
+        node.state.update(pack("verify/S_hat", new.S_hat.to_dict()))
+        if new.V is not None:
+            node.state.update(pack("verify/V", new.V.to_dict()))
+        msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
+        msg.update(pack("S_hat", new.S_hat.to_dict()))
+    for key in [k for k in node.state if k.startswith("verify/params/")]:
+        del node.state[key]
+    node.state.update(pack("verify/params", sent))
+    node.state["verify/round"] = np.array(float(rnd))
+    return msg
+
+
+def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int) -> None:
+    """After a discarded round (its aggregate never applied) the server's state is the one
+    before it: the parameters must be those evaluated then, ``S_hat`` the one kept."""
+    why = params_refusal(sent, unpack(node.state, "verify/params"), rnd, node.client_id)
+    if why:
+        raise VerificationRefused(why)
+    kept = unpack(node.state, "verify/S_hat")
+    for k in [k for k in msg if k.startswith("S_hat/")]:
+        del msg[k]
+    msg.update(pack("S_hat", kept))
+
+
+def _start_check(node, who: str) -> None:
+    """A start this site cannot replay: refused unless its policy allows public starts."""
+    policy = node.site_policy
+    allowed = getattr(policy, "public_starts", None)
+    if allowed is None:
+        allowed = bool(policy.relaxed)
+    if not allowed:
+        raise VerificationRefused(
+            f"{who}: its parameters are a start this site cannot replay (not derived from a "
+            "verified aggregate or a committed seed); a verifying site evaluates such a start "
+            "only when its policy allows public starts")

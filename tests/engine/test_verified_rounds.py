@@ -1,0 +1,173 @@
+"""Verified rounds (issue 38), wired: under secure aggregation every site checks its own reply is
+in the sum the server used (the sum tree of the exchange before) and replays the server's
+step; a server that moves one coordinate by 1e-6 (relative), adds a component, or shows a
+transcript without a site's own vector is refused at that round by every site, for GMM, LCR,
+LCA, FedGMM and HLCR; verified and unverified secure fits agree to 1e-10."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import fedlatent as fl
+from fedlatent.engine.contract import registry
+from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
+from fedlatent.engine.secagg import consistency
+from fedlatent.engine.transport.inprocess import InProcessRuntime
+
+MODELS = ["gmm", "lcr", "lca", "fedgmm", "hlcr"]
+#: the round the deviating server deviates in (after the start and the initialization round)
+K = 3
+
+
+def _case(name: str):
+    case = registry.estimator_entries()[name].load_example().case()
+    return case, case.data()
+
+
+def _fit(name: str, runtime=None, **fed):
+    case, fd = _case(name)
+    est = case.make()
+    if "n_init" in est.get_params():
+        est.set_params(n_init=1)
+    if "tol" in est.get_params():
+        est.set_params(tol=0.0)
+    est.set_params(max_rounds=4, federation=fl.Federation(secure_aggregation=True, **fed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return est.fit(fd, runtime=runtime or InProcessRuntime(fd))
+
+
+class Deviating(InProcessRuntime):
+    """A server that changes round ``K``'s E-step messages by ``change(client, message)``
+    (each client's own copy), after the channel built them."""
+
+    def __init__(self, fd, change):
+        super().__init__(fd)
+        self.change = change
+
+    def call(self, client_ids, method, messages):
+        if method == "estep" and any(int(m.get("secagg/round", 0)) == K
+                                     and m.get("secagg/exchange") == "estep"
+                                     for m in messages.values()):
+            messages = {c: self.change(c, dict(m)) for c, m in messages.items()}
+            self.replies = super().call(client_ids, method, messages)
+            return self.replies
+        return super().call(client_ids, method, messages)
+
+
+def _moved(c, msg):
+    """One coordinate of the parameters moved by 1e-6 relative: the largest entry of the
+    largest parameter."""
+    params = unpack(msg, "params")
+    name = max(params, key=lambda k: float(np.max(np.abs(params[k]), initial=0.0)))
+    a = np.array(params[name], dtype=np.float64)
+    i = np.unravel_index(int(np.argmax(np.abs(a))), a.shape)
+    a[i] *= 1 + 1e-6
+    msg[f"params/{name}"] = a
+    return msg
+
+
+def _added_component(c, msg):
+    """One more component in every parameter with one row per component (K: the shortest
+    vector of more than one entry, the mixing weights)."""
+    params = unpack(msg, "params")
+    lead = min(np.size(v) for v in params.values() if np.ndim(v) == 1 and np.size(v) > 1)
+    for k, v in params.items():
+        if np.ndim(v) and np.shape(v)[0] == lead:
+            msg[f"params/{k}"] = np.concatenate([v, v[:1]])
+    return msg
+
+
+def _no_transcript(c, msg):
+    return {k: v for k, v in msg.items() if not k.startswith("verify/")}
+
+
+def _other_sum(c, msg):
+    """The transcript of a sum with one word changed (the site's own vector left out)."""
+    a = np.array(msg["verify/A"], dtype=np.uint64)
+    a[0] += np.uint64(12345)
+    msg["verify/A"] = a
+    return msg
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_verified_and_unverified_secure_fits_agree(name):
+    a, b = _fit(name, verified=True), _fit(name, verified=False)
+    assert len(a.history_) == len(b.history_) >= 3
+    compared = 0
+    for k, v in vars(a).items():
+        if k.endswith("_") and isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            assert np.allclose(v, vars(b)[k], rtol=1e-10, atol=1e-10, equal_nan=True), k
+            compared += 1
+    assert compared >= 2
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(("change", "why"), [
+    (_moved, r"differs from the replay of the verified aggregate by [0-9.e-]+ at"),
+    (_added_component, r"has shape \([\d, ]+\), the setup declared"),
+    (_no_transcript, r"carries no transcript of the exchange before"),
+    (_other_sum, r"is not in the committed sum|is not the sum the tree commits to"),
+], ids=["moved-1e-6", "added-component", "no-transcript", "another-sum"])
+def test_a_deviating_server_is_refused_at_that_round_by_every_site(name, change, why):
+    case, fd = _case(name)
+    rt = Deviating(fd, change)
+    with pytest.raises(FederatedFitError) as got:
+        _fit(name, rt)
+    assert str(got.value).startswith(f"round {K}, exchange 'estep': 0 of "), str(got.value)
+    assert sorted(rt.replies) == sorted(fd.client_ids)
+    for c, reply in rt.replies.items():  # every site, each naming the round and what it refused
+        text = reply[ERROR_KEY]
+        assert re.match(rf"client {c!r}: round {K} refused: .*({why})", text), (c, text)
+
+
+@pytest.mark.parametrize("change", [_moved, _no_transcript], ids=["moved", "no-transcript"])
+def test_the_same_server_is_answered_with_verification_off(change):
+    """The positive control of the tests above: the deviation passes unverified (each test
+    fails on code that does not verify)."""
+    case, fd = _case("gmm")
+    est = _fit("gmm", Deviating(fd, change), verified=False)
+    assert len(est.history_) == 4
+
+
+def test_a_site_refuses_to_reveal_when_a_neighbour_was_shown_another_transcript():
+    """Equivocation: each site folds the digest of the transcript it verified into its
+    confirmations; a neighbour shown another one expects another word and refuses."""
+    tau = np.array([0, 7, 11], dtype=np.uint64)
+    a, b = consistency.fold(tau, b"\x01" * 32), consistency.fold(tau, b"\x02" * 32)
+    assert a[0] == 0 and a[1] != b[1] and np.array_equal(a, consistency.fold(tau, b"\x01" * 32))
+    with pytest.raises(Exception, match="showed them different transcripts of the exchange "
+                                        "before; refusing to reveal anything"):
+        consistency.check("w", ["u", "v"], a[1:], b[1:], "round 3, exchange 'estep'",
+                          digest=True)
+
+
+def test_a_start_a_site_cannot_replay_is_refused_unless_its_policy_allows_public_starts():
+    """A site with its own policy (not a simulation's) refuses the first round's parameters
+    under verification: nothing it verified gives them."""
+    from fedlatent.engine.site.policy import SitePolicy
+
+    case, fd = _case("gmm")
+    rt = InProcessRuntime(fd, policies=SitePolicy())
+    with pytest.raises(FederatedFitError) as got:
+        _fit("gmm", rt)
+    assert "round 1 refused: its parameters are a start this site cannot replay" in \
+        str(got.value)
+
+
+def test_a_verifying_site_refuses_an_exchange_outside_secure_aggregation():
+    case, fd = _case("gmm")
+    rt = InProcessRuntime(fd)
+    model = case.make()
+    node = rt.nodes[fd.client_ids[0]]
+    setup = {"model": "gmm", "model_config": "{}", "verify": '{"federation": {}}'}
+    node.state["verify/on"] = np.array(1.0)
+    reply = node.handle("estep", {"round": 2, "seed": 0, **pack("params", {})})
+    assert "round 2 refused: the setup set up verified rounds, and this 'estep' is not a " \
+        "secure exchange" in reply[ERROR_KEY]
+    del model, setup
