@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...data.dataset import FederatedDataset
-from ...engine.contract.mixture import random_membership_stats
 from ...engine.contract.model import Capabilities, Params
 from ...engine.contract.params import ROUND_LOOP, Instance, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
@@ -198,11 +197,10 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
                         self._columns(fd.feature_names)[1])
 
     def _initialize(self, ctx: FitContext) -> Params:
-        """The random-membership start (the engine's), then one M-step on its sums."""
-        model = ctx.model
-        total = int(offsets(model.n_categories)[-1])
-        S = random_membership_stats(ctx, {"nk": (model.K,), "counts": (model.K, total)})
-        return model.server_step(S, {}, 0.0)  # (with concomitant variables: gamma's start)
+        """The random-membership start (the engine's), then one M-step on its sums: the
+        model's :meth:`~fedlatent.models.lca.model.LCAModel.replay_start`, which a verifying
+        site runs too."""
+        return ctx.model.replay_start(ctx)[0]
 
     def _store(self, result: FitResult, model: LCAModel) -> None:
         self.weights_ = np.asarray(result.params["weights"], dtype=np.float64)

@@ -150,6 +150,16 @@ class LCAModel(MixtureModel):
             out.append((f"variable {j}", [str(r) for r in range(R)], counts))
         return out
 
+    def replay_start(self, ctx) -> list[dict]:
+        """The start (the estimator's and the one a verifying site replays,
+        :mod:`fedlatent.engine.node.replay_start`): the random-membership sums, then one
+        M-step on them (with concomitant variables: gamma's start)."""
+        from ...engine.contract.mixture import random_membership_stats
+
+        total = int(offsets(self.n_categories)[-1])
+        S = random_membership_stats(ctx, {"nk": (self.K,), "counts": (self.K, total)})
+        return [self.server_step(S, {}, 0.0)]
+
     def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
         """``weights`` (K,), ``probs`` (K, sum R_j), ``gamma`` (K - 1, q) with concomitant
         variables."""
