@@ -6,12 +6,12 @@ sent for it: the GMM's pooled moments and k-means hard-assignment sums (each exc
 centres themselves a function of the sums before), LCR's and LCA's random-membership sums
 (each client draws its memberships from its own generator keyed by the seed), HLCR's sizes
 and standardizing moments and the seed of its server-side draws, FedGMM's Gaussian part and
-its learners' coefficients drawn from the seed. A model says how it starts by a method
-``replay_start(ctx) -> list of params`` (the starts it may have sent: LCR's "spread" and
-"random" share one exchange), which runs the server's own start code on a
-:class:`ReplayContext`: each summed query the code asks is answered by the next verified
-aggregate of the transcript, after checking the server asked the site that query with that
-payload. :func:`start_refusal` then compares the first round's parameters with them.
+its learners' coefficients drawn from the seed. A model says how it starts by a function
+registered with :func:`register_start` (``start(model, ctx) -> list of params``: the starts
+it may have sent, LCR's "spread" and "random" share one exchange), which runs the server's
+own start code on a :class:`ReplayContext`: each summed query the code asks is answered by
+the next verified aggregate of the transcript, after checking the server asked the site that
+query with that payload. :func:`start_refusal` then compares the first round's parameters with them.
 
 The seed is committed before the site's data are involved: it is the setup's seed, which a
 site records when it accepts the setup (before it answers any query on its data), and a
@@ -30,7 +30,7 @@ on another CPU refuses the start: it fails closed).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +39,11 @@ import numpy as np
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.node.replay import REPLAY_RTOL, params_refusal
 
-__all__ = ["Exchange", "ReplayContext", "StartRefused", "replay_start", "seed_refusal",
-           "start_refusal"]
+__all__ = ["Exchange", "ReplayContext", "StartRefused", "register_start", "replay_start",
+           "seed_refusal", "start_refusal"]
+
+#: model name -> ``start(model, ctx) -> list of params``: the starts a site may replay
+_STARTS: dict[str, Callable[[Any, ReplayContext], list[dict]]] = {}
 
 #: what a start refusal adds: how a site can accept an analyst's start
 PUBLIC_STARTS_HINT = ("a start given by the analyst (means_init=... and the like) is answered "
@@ -151,18 +154,34 @@ def _payload_problem(sent: Mapping, replayed: Mapping, rtol: float) -> str | Non
     return None
 
 
+def register_start(name: str):
+    """Decorator: ``start(model, ctx) -> list of params`` is how model ``name`` starts, the
+    server's start code run on ``ctx`` (a :class:`ReplayContext` on a site): every start the
+    server may have sent from those exchanges (an empty list: none a site can replay)."""
+    def add(start):
+        _STARTS[str(name)] = start
+        return start
+    return add
+
+
 def replay_start(model, seed: int, exchanges: Sequence[Exchange], *, n_features: int,
                  n_total: float, n_clients: int, rtol: float = REPLAY_RTOL) -> list[dict]:
     """The starts the server may send after ``exchanges`` (the model's ``replay_start`` on a
     :class:`ReplayContext`); StartRefused when the transcript is not its start's, or the
     model has no replayable start."""
-    hook = getattr(model, "replay_start", None)
-    if hook is None:
-        raise StartRefused(f"model {getattr(model, 'name', type(model).__name__)!r} has no "
-                           "start a site can replay")
+    name = str(getattr(model, "name", type(model).__name__))
+    if name not in _STARTS:  # registered where the model's start is (its estimator's modules)
+        from fedlatent.engine.contract.registry import estimator_entries
+
+        estimator_entries()
+    if name not in _STARTS:
+        raise StartRefused(f"model {name!r} has no start a site can replay")
     ctx = ReplayContext(model, int(seed), int(n_features), float(n_total), int(n_clients),
                         list(exchanges), rtol)
-    starts = hook(ctx)
+    starts = _STARTS[name](model, ctx)
+    if not starts:
+        raise StartRefused(f"model {name!r} has no start a site can replay in these settings "
+                           "(differential privacy: its noisy start)")
     ctx.finished()
     return starts
 

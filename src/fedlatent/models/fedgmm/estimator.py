@@ -19,11 +19,12 @@ from ...engine.estimation.estimator import (
     check_features,
     check_is_fitted,
 )
+from ...engine.node.replay_start import register_start
 from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
 from ..gmm.estimator import initialize_gaussians
-from ..gmm.init import INIT_PARAMS, GaussianStart
+from ..gmm.init import INIT_PARAMS, GaussianStart, replay_gaussians
 from ..gmm.math import covariances_from_precisions
 from .clients import ClientWeights
 from .dp import private_refusal, private_start
@@ -35,6 +36,18 @@ from .selection import auto_size, fedgmm_selection
 __all__ = ["FedGMM"]
 
 logger = logging.getLogger(__name__)
+
+
+@register_start("fedgmm")
+def _fedgmm_start(model: FedGMMModel, ctx) -> list[Params]:
+    """The start a verifying site replays (:mod:`fedlatent.engine.node.replay_start`): the
+    Gaussian part's (:func:`~fedlatent.models.gmm.init.replay_gaussians`) and the learners'
+    coefficients drawn from the seed at the default ``learner_init_scale`` (none under
+    differential privacy: the noisy start of :mod:`.dp`)."""
+    if model.private:
+        return []
+    g = replay_gaussians(ctx, model.M1, model.cov_type, model.reg)
+    return [start_from(g, initial_coef(model, ctx.seed, g["means"].shape[1]))]
 
 
 @register_estimator(

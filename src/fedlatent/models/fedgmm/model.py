@@ -117,18 +117,6 @@ class FedGMMModel(FederatedModel):
         self.local_steps = int(local_steps)
         self.prox = float(prox)
 
-    def replay_start(self, ctx) -> list[dict]:
-        """The start a verifying site replays (:mod:`fedlatent.engine.node.replay_start`):
-        the Gaussian part's (:func:`~fedlatent.models.gmm.init.replay_gaussians`) and the
-        learners' coefficients drawn from the seed at the default ``learner_init_scale``
-        (none under differential privacy: the noisy start of :mod:`.dp`)."""
-        from ..gmm.init import replay_gaussians
-
-        if self.private:
-            return []
-        g = replay_gaussians(ctx, self.M1, self.cov_type, self.reg)
-        return [start_from(g, initial_coef(self, ctx.seed, g["means"].shape[1]))]
-
     def encode(self, y: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.classes, y)
 

@@ -15,6 +15,7 @@ from scipy import linalg
 
 from ...engine.contract.model import Params
 from ...engine.estimation.estimator import FitContext
+from ...engine.node.replay_start import register_start
 from ...engine.protocol.exchange import array, number
 from ...engine.protocol.messages import bordered, count_problem, psd_problem
 from ...engine.protocol.numerics import kmeans, lift_eigenvalues
@@ -470,6 +471,12 @@ def initialize_gaussians(ctx: FitContext, n_components: int,
     else:
         prec_chol = compute_precision_cholesky(cov, ct)
     return {"weights": weights, "means": means, "precisions_cholesky": prec_chol, "center": center}
+
+
+@register_start("gmm")
+def _gmm_start(model, ctx) -> list[Params]:
+    """The GMM's start on a verifying site (:func:`replay_gaussians`)."""
+    return [replay_gaussians(ctx, model.K, model.cov_type, model.reg)]
 
 
 def replay_gaussians(ctx, n_components: int, covariance_type: str, reg_covar: float) -> Params:

@@ -182,13 +182,6 @@ class GMMModel(FederatedModel):
         return {"weights": (K,), "means": (K, d), "precisions_cholesky": prec[self.cov_type],
                 "center": (d,)}
 
-    def replay_start(self, ctx) -> list[Params]:
-        """The start a verifying site replays from the seed and the start's verified sums
-        (:mod:`fedlatent.engine.node.replay_start`): :func:`.init.replay_gaussians`."""
-        from .init import replay_gaussians
-
-        return [replay_gaussians(ctx, self.K, self.cov_type, self.reg)]
-
     def stat_shapes(self, params):
         K, d = params["means"].shape
         sxx = {"full": (K, d, d), "tied": (d, d), "diag": (K, d), "spherical": (K, d)}

@@ -570,22 +570,6 @@ class HLCRModel(FederatedModel):
             params["tau"] = np.array(self.tau)
         return params
 
-    def replay_start(self, ctx) -> list[Params]:
-        """The start a verifying site replays (:mod:`fedlatent.engine.node.replay_start`):
-        the secure fit's own, the agents' summed sizes then :func:`.fitting.start_params`
-        (the prior; with standardizing, the summed moments' scaling; with estimated
-        hyperparameters the seed of the server's draws, the committed one). None under
-        differential privacy (its spread start) or for another candidate's warm start."""
-        from .fitting import secure_sizes, start_params
-        from .solvers import ChainSettings
-
-        if self.dp_max_events is not None:
-            return []
-        secure_sizes(ctx, "initialization (agent sizes)")
-        chain = ChainSettings(0, 1, self.sigma, self.delta, self.estimate_sigma,
-                              self.estimate_delta, self.tau, self.estimate_tau)
-        return [start_params(ctx, chain, self.standardize, self.fit_intercept)]
-
     @property
     def estimates_hyper(self) -> bool:
         return self.estimate_sigma or self.estimate_delta

@@ -28,7 +28,7 @@ from ...engine.estimation.inference import InferenceMixin
 from ...engine.rounds.loop import FitResult
 from ..concomitant import concomitant_log_prior, load_concomitant, save_concomitant
 from .math import TINY, lca_log_prob, n_free_parameters, offsets, one_hot
-from .model import LCAModel, code_problem
+from .model import LCAModel, code_problem, lca_start
 
 __all__ = ["LatentClassAnalysis"]
 
@@ -198,9 +198,9 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
 
     def _initialize(self, ctx: FitContext) -> Params:
         """The random-membership start (the engine's), then one M-step on its sums: the
-        model's :meth:`~fedlatent.models.lca.model.LCAModel.replay_start`, which a verifying
-        site runs too."""
-        return ctx.model.replay_start(ctx)[0]
+        model's :func:`~fedlatent.models.lca.model.lca_start`, which a verifying site runs
+        too."""
+        return lca_start(ctx.model, ctx)[0]
 
     def _store(self, result: FitResult, model: LCAModel) -> None:
         self.weights_ = np.asarray(result.params["weights"], dtype=np.float64)

@@ -30,6 +30,7 @@ from ...engine.estimation.checks import check_enough_rows, check_weights_init
 from ...engine.estimation.estimator import FitContext, check_is_fitted
 from ...engine.estimation.inference import InferenceMixin
 from ...engine.estimation.regression_mixture import FederatedRegressionMixture
+from ...engine.node.replay_start import register_start
 from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
 from ..concomitant import load_concomitant, save_concomitant
@@ -72,6 +73,16 @@ def initialize_random_memberships(ctx: FitContext, n_components: int, n_coef: in
     """
     spread_start, random_start = random_membership_starts(ctx, n_components, n_coef, reg_noise)
     return spread_start if spread else random_start
+
+
+@register_start("lcr")
+def _lcr_start(model, ctx) -> list[Params]:
+    """LCR's starts on a verifying site: ``init_params="spread"`` and ``"random"`` from the one
+    random-membership exchange (none under differential privacy: the noisy start of .dp)."""
+    if model.noisy:
+        return []
+    return list(random_membership_starts(ctx, model.K, int(ctx.n_features)
+                                         + int(model.fit_intercept), model.reg))
 
 
 def random_membership_starts(ctx: FitContext, n_components: int, n_coef: int,

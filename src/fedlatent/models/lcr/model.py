@@ -181,17 +181,6 @@ class LCRModel(MixtureModel):
         """A record's features and its target."""
         return int(data.n_features) + 1
 
-    def replay_start(self, ctx) -> list[Params]:
-        """The starts a verifying site replays (:mod:`fedlatent.engine.node.replay_start`)
-        from the random-membership sums: ``init_params="spread"`` and ``"random"``
-        (:func:`~fedlatent.models.lcr.estimator.random_membership_starts`)."""
-        from .estimator import random_membership_starts
-
-        if self.noisy:
-            return []  # (under differential privacy the start is the noisy one of .dp)
-        p = int(ctx.n_features) + int(self.fit_intercept)
-        return list(random_membership_starts(ctx, self.K, p, self.reg))
-
     def evaluated_shapes(self, data: ClientData) -> dict[str, tuple[int, ...]]:
         """``weights`` (K,), ``beta`` (K, p) (features and intercept), ``noise_variance``
         (K,)."""
