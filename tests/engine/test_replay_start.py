@@ -86,16 +86,19 @@ def test_a_start_coordinate_moved_by_1e_6_relative_is_refused(name, monkeypatch)
     assert _refusal(moved, model, seed, seen, f, n, m, public_starts=True) is None
 
 
-def test_a_crafted_start_is_refused_unless_public_starts(monkeypatch):
-    """``means_init`` puts one mean on a record's neighbourhood: the analyst's start."""
-    model, start, seen, seed, f, n, m = _secure_start("gmm", monkeypatch)
-    crafted = np.array(start["means"], copy=True)
+@pytest.mark.parametrize("name,key,param", [("gmm", "means", "means_init"),
+                                            ("lcr", "beta", "coef_init")])
+def test_a_crafted_start_is_refused_unless_public_starts(name, key, param, monkeypatch):
+    """The analyst's start (``means_init``, ``coef_init``) puts its first component 3 away
+    from the replayed start: a probe the site refuses at round 1."""
+    model, start, seen, seed, f, n, m = _secure_start(name, monkeypatch)
+    crafted = np.array(start[key], copy=True)[:, :f]
     crafted[0] = crafted[0] + 3.0
-    model2, start2, seen2, *_ = _secure_start("gmm", monkeypatch, means_init=crafted)
-    np.testing.assert_array_equal(start2["means"], crafted)
+    model2, start2, seen2, *_ = _secure_start(name, monkeypatch, **{param: crafted})
+    np.testing.assert_array_equal(np.asarray(start2[key])[:, :f], crafted)
     why = _refusal(start2, model2, seed, seen2, f, n, m)
     assert why is not None and why.startswith(
-        "client 'c0': round 1 refused: parameter 'means' differs from the replay of the "
+        f"client 'c0': round 1 refused: parameter {key!r} differs from the replay of the "
         "verified aggregate by 3 at (0, ")
     assert _refusal(start2, model2, seed, seen2, f, n, m, public_starts=True) is None
 
@@ -119,6 +122,12 @@ def test_a_crafted_query_of_the_start_is_refused(monkeypatch):
             f"the transcript holds {len(seen) + 1} exchanges, the replayed start asks "
             f"{len(seen)}: 'moments' is not the start's")):
         replay_start(model, seed, extra, n_features=f, n_total=n, n_clients=m)
+
+
+def test_an_exchange_is_read_from_the_query_message_a_client_receives():
+    ex = Exchange.of({"query": "hard_stats", "seed": 3, "centers": np.ones((2, 1))},
+                     {"nk": np.ones(2)})
+    assert ex.query == "hard_stats" and list(ex.payload) == ["centers"]
 
 
 def test_another_seed_is_refused():

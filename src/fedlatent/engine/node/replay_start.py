@@ -65,6 +65,13 @@ class Exchange:
     payload: Mapping[str, Any]
     total: Mapping[str, np.ndarray]
 
+    @classmethod
+    def of(cls, msg: Mapping[str, Any], total: Mapping[str, np.ndarray]) -> Exchange:
+        """The exchange of a query message as a client received it (``query``, ``seed`` and
+        the payload; check the seed with :func:`seed_refusal`) and its verified total."""
+        payload = {k: v for k, v in msg.items() if k not in ("query", "seed")}
+        return cls(str(msg["query"]), payload, total)
+
 
 @dataclass
 class ReplayContext:
