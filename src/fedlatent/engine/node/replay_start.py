@@ -13,11 +13,16 @@ own start code on a :class:`ReplayContext`: each summed query the code asks is a
 the next verified aggregate of the transcript, after checking the server asked the site that
 query with that payload. :func:`start_refusal` then compares the first round's parameters with them.
 
-The seed is committed before the site's data are involved: it is the setup's seed, which a
-site records when it accepts the setup (before it answers any query on its data), and a
-query or round message carrying another is refused (:func:`seed_refusal`). A server that
-wants other random draws must start another fit, which the site's ledger and ``max-rounds``
-count; it cannot choose the draws after seeing the site's sums.
+The seed is committed before the site's data are involved: the setup message carries none,
+so the site records the seed of the first message after a setup that carries one (the
+start's first query, before the site has answered anything of its data in this fit but its
+units), and refuses a later query or round message of that setup carrying another
+(:func:`seed_refusal`). A server that wants other random draws must set up again, a new
+start the site's ledger and ``max-rounds`` count; it cannot choose the draws after seeing
+the site's sums. (Each of ``n_init`` starts is a setup of its own, its seed
+``engine/contract/starts.start_seeds``'s; HLCR's chains 2.. reuse chain 1's start with the
+seed ``SeedSequence(seed, spawn_key=(0xC4A1, c))``, a rule a site must also apply to verify
+them.)
 
 A start given by the analyst (``means_init=...``, ``coef_init=...``) is not a function of
 the aggregates: a verifying site refuses it unless its policy says ``[verification]
