@@ -16,7 +16,6 @@ import fedlatent as fl
 from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
-from fedlatent.engine.secagg import consistency
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 MODELS = ["gmm", "lcr", "lca", "fedgmm", "hlcr"]
@@ -136,28 +135,74 @@ def test_the_same_server_is_answered_with_verification_off(change):
 
 
 def test_a_site_refuses_to_reveal_when_a_neighbour_was_shown_another_transcript():
-    """Equivocation: each site folds the digest of the transcript it verified into its
-    confirmations; a neighbour shown another one expects another word and refuses."""
-    tau = np.array([0, 7, 11], dtype=np.uint64)
-    a, b = consistency.fold(tau, b"\x01" * 32), consistency.fold(tau, b"\x02" * 32)
-    assert a[0] == 0 and a[1] != b[1] and np.array_equal(a, consistency.fold(tau, b"\x01" * 32))
-    with pytest.raises(Exception, match="showed them different transcripts of the exchange "
-                                        "before; refusing to reveal anything"):
-        consistency.check("w", ["u", "v"], a[1:], b[1:], "round 3, exchange 'estep'",
-                          digest=True)
+    """Equivocation: each site binds the digest of the transcript it verified into the
+    exchange's pair keystreams (SecAggClient.bind_digest); a neighbour shown another one
+    computes other tokens, so its confirmation is refused and nothing is revealed, while
+    neighbours shown the same transcript reveal as before."""
+    from fedlatent.engine.secagg import FixedPoint, SecAggConfig, SecureAggregationError, setup
+
+    ids = [f"c{i}" for i in range(5)]
+    server, clients = setup(ids, SecAggConfig(3, FixedPoint(scale=2.0**20, bound=100.0),
+                                              slots=2), run="equivocation")
+    P = server.announce(1, "e", ids)
+    for c in ids:  # c4 is shown another transcript than the others
+        clients[c].bind_digest(1, "e", (b"\x02" if c == "c4" else b"\x01") * 32)
+        clients[c].mask({"s": np.ones(3)}, 1, "e", P, slot=server.slot)
+    words = {c: clients[c].consistency(1, "e", ids, [])["confirm"].view("<u8") for c in ids}
+
+    def relayed(holder):
+        return np.array([words[o][ids.index(holder)] for o in ids if o != holder], np.uint64)
+
+    with pytest.raises(SecureAggregationError, match="'c4' did not confirm 'c0' as a survivor.*"
+                       "or showed them different transcripts of the exchange before; "
+                       "refusing to reveal anything"):
+        clients["c0"].reveal(1, "e", confirmations=relayed("c0"))
+    with pytest.raises(SecureAggregationError, match="'c0' did not confirm 'c4'"):
+        clients["c4"].reveal(1, "e", confirmations=relayed("c4"))
+    # the same transcript everywhere: every confirmation holds
+    server, clients = setup(ids, SecAggConfig(3, FixedPoint(scale=2.0**20, bound=100.0),
+                                              slots=2), run="same")
+    P = server.announce(1, "e", ids)
+    for c in ids:
+        clients[c].bind_digest(1, "e", b"\x01" * 32)
+        clients[c].mask({"s": np.ones(3)}, 1, "e", P, slot=server.slot)
+    words = {c: clients[c].consistency(1, "e", ids, [])["confirm"].view("<u8") for c in ids}
+    assert "self" in clients["c0"].reveal(1, "e", confirmations=relayed("c0"))
 
 
-def test_a_start_a_site_cannot_replay_is_refused_unless_its_policy_allows_public_starts():
-    """A site with its own policy (not a simulation's) refuses the first round's parameters
-    under verification: nothing it verified gives them."""
+@pytest.mark.parametrize("name", MODELS)
+def test_sites_with_their_own_policy_replay_the_start_and_every_round(name):
+    """A site with the library's default policy (no public starts) replays the start from
+    the committed seed and the start's verified sums, then every round: the fit runs, the
+    same as the simulation's."""
+    from fedlatent.engine.site.policy import SitePolicy
+
+    case, fd = _case(name)
+    own = _fit(name, InProcessRuntime(fd, policies=SitePolicy()))
+    ref = _fit(name)
+    assert len(own.history_) == len(ref.history_)
+    for k, v in vars(ref).items():
+        if k.endswith("_") and isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            assert np.allclose(vars(own)[k], v, rtol=1e-10, atol=1e-10, equal_nan=True), k
+
+
+def test_an_analyst_start_is_refused_unless_the_policy_allows_public_starts():
     from fedlatent.engine.site.policy import SitePolicy
 
     case, fd = _case("gmm")
-    rt = InProcessRuntime(fd, policies=SitePolicy())
-    with pytest.raises(FederatedFitError) as got:
-        _fit("gmm", rt)
-    assert "round 1 refused: its parameters are a start this site cannot replay" in \
-        str(got.value)
+    est = case.make()
+    means = np.zeros((est.n_components, fd.n_features))
+    means[:, 0] = np.arange(est.n_components)
+    fed = fl.Federation(secure_aggregation=True)
+    with pytest.raises(FederatedFitError) as got, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.set_params(means_init=means, federation=fed, max_rounds=3)
+        est.fit(fd, runtime=InProcessRuntime(fd, policies=SitePolicy()))
+    assert re.search(r"client 'c\d+': round 1 refused: .*public-starts = true", str(got.value))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(fd, runtime=InProcessRuntime(fd, policies=SitePolicy(public_starts=True)))
+    assert len(est.history_) == 3
 
 
 def test_a_verifying_site_refuses_an_exchange_outside_secure_aggregation():

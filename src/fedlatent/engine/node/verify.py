@@ -75,10 +75,15 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
 
 
 def _federation(node):
+    """The setup's federation (parsed once per node and setup)."""
     from fedlatent.engine.fedem.federation import Federation
 
-    return Federation.from_config(json.loads(node.state["verify/federation"].tobytes()
-                                             .decode())["federation"])
+    raw = node.state["verify/federation"].tobytes()
+    got = getattr(node, "_verify_federation", None)
+    if got is None or got[0] != raw:
+        got = (raw, Federation.from_config(json.loads(raw.decode())["federation"]))
+        node._verify_federation = got
+    return got[1]
 
 
 def verified_message(node, method: str, msg: dict[str, Any]):
@@ -130,11 +135,17 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         total = _check_transcript(node, leaf, msg, rnd, exch, who)
     node.secagg.keep_leaf = True
     out = {k: v for k, v in msg.items() if not k.startswith(_V)}
+    _commit_seed(node, msg, who)
+    _keep_units(node, msg, who)
+    if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
+        _keep_start_exchange(node, total, _num(node.state["verify/N"], float))
     if method != "estep":
-        if total is not None and _last_kind(node) == "estep":
+        if _last_kind(node) == "estep":
             raise VerificationRefused(f"{who}: a query after the rounds began cannot be "
                                       "replayed by this site")
         node.state["verify/last"] = np.frombuffer(b"query", np.uint8).copy()
+        node.state["verify/asked"] = _bytes(json.dumps(_jsonable(
+            {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))
         return out
     out = _replay_round(node, out, total, rnd, who)
     node.state["verify/last"] = np.frombuffer(b"estep", np.uint8).copy()
@@ -154,7 +165,7 @@ def _last_kind(node) -> str:
 def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
     is checked; the digest bound to this exchange's confirmations."""
-    from fedlatent.engine.secagg.protocol import SecureAggregationError, exchange_label
+    from fedlatent.engine.secagg.protocol import SecureAggregationError
     from fedlatent.engine.secagg.sumtree import verify_leaf
 
     label, shapes, z = leaf
@@ -162,17 +173,14 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
         raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
                                   f"({label.decode()}), in which this site took part: the "
                                   "aggregate the parameters come from is unverified")
-    shown = exchange_label(_num(msg[_V + "round"]), str(msg[_V + "exchange"]))
-    if shown != label:
-        raise VerificationRefused(f"{who}: its transcript is of exchange {shown.decode()}, "
-                                  f"not of {label.decode()}, the one this site took part in")
     A = np.asarray(msg[_V + "A"], dtype=np.uint64)
     c = np.asarray(msg[_V + "c"]).astype(np.uint64)
     if A.shape != z.shape or c.shape != z.shape:
         raise VerificationRefused(f"{who}: its transcript's sum has {A.size} words, this "
                                   f"site's contribution {z.size}")
     try:
-        digest = verify_leaf(label, _num(msg[_V + "index"]), _num(msg[_V + "n"]),
+        at = np.asarray(msg[_V + "at"]).reshape(-1)
+        digest = verify_leaf(label, int(at[0]), int(at[1]),
                              node.client_id, z, A, c, np.asarray(msg[_V + "root"]).tobytes(),
                              (np.asarray(msg[_V + "path"]).tobytes(),
                               np.asarray(msg[_V + "sums"], dtype=np.uint64)))
@@ -202,7 +210,8 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[
     if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
         _same_again(node, msg, sent, rnd)  # its round discarded: nothing applied since
     elif _last_kind(node) != "estep":  # the first round: its parameters are a start
-        _start_check(node, who)
+        _start_check(node, sent, _num(node.state["verify/N"], float),
+                     _num(node.state["verify/clients"]), who)
     else:
         fed = _federation(node)
         prev = unpack(node.state, "verify/params")
@@ -216,7 +225,7 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[
         k_prev = _num(node.state["verify/round"])
         shapes = {k: np.shape(v) for k, v in Q.items()}
         new, params = replay(node.model, None if init_round else state, Q, prev,
-                             1.0 / _num(msg["secagg/unit"], float), init_round=init_round,
+                             _num(node.state["verify/N"], float), init_round=init_round,
                              gamma=1.0 if init_round else fed.gamma(k_prev), p=1.0,
                              alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
         why = params_refusal(sent, params, rnd, node.client_id)
@@ -248,14 +257,95 @@ def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int) -> None:
     msg.update(pack("S_hat", kept))
 
 
-def _start_check(node, who: str) -> None:
-    """A start this site cannot replay: refused unless its policy allows public starts."""
+def _start_check(node, sent: dict, n_total: float, n_clients: int, who: str) -> None:
+    """The first round's parameters: a start replayed from the committed seed and the
+    verified aggregates of the start's exchanges (:mod:`~fedlatent.engine.node.replay_start`),
+    or, where the site's policy allows public starts (a simulation's sites: the analyst holds
+    them all) or the fit is differentially private (each release is DP whatever the
+    parameters; a noisy start is not replayed), any start of the declared shapes."""
+    from fedlatent.engine.node.replay_start import Exchange, start_refusal
+
     policy = node.site_policy
-    allowed = getattr(policy, "public_starts", None)
-    if allowed is None:
-        allowed = bool(policy.relaxed)
-    if not allowed:
-        raise VerificationRefused(
-            f"{who}: its parameters are a start this site cannot replay (not derived from a "
-            "verified aggregate or a committed seed); a verifying site evaluates such a start "
-            "only when its policy allows public starts")
+    seen = [Exchange(e["query"], _arrays(e["payload"]), _arrays(e["total"]))
+            for e in json.loads(_text(node.state.get("verify/start")) or "[]")]
+    seed = node.state.get("verify/seed")
+    why = start_refusal(sent, node.model, 0 if seed is None else int(_text(seed)), seen,
+                        node.client_id, n_features=int(np.shape(node._raw.X)[1]),
+                        n_total=n_total, n_clients=n_clients,
+                        public_starts=bool(policy.public_starts or policy.relaxed
+                                           or node.privacy is not None))
+    if why:
+        raise VerificationRefused(why)
+
+
+def _keep_units(node, msg: dict[str, Any], who: str) -> None:
+    """The federation's units N and its number of clients (``verify/units``), which the
+    replay needs: the first exchange's, the same in every later one."""
+    if _V + "units" not in msg:
+        raise VerificationRefused(f"{who}: it does not say the federation's units and clients "
+                                  "(verify/units), which the replay needs")
+    units = np.asarray(msg[_V + "units"], dtype=np.float64).reshape(-1)
+    before = (_num(node.state["verify/N"], float), _num(node.state["verify/clients"], float)) \
+        if "verify/N" in node.state else None
+    if before is not None and before != (units[0], units[1]):
+        raise VerificationRefused(f"{who}: it says {units[0]:g} units over {units[1]:g} clients"
+                                  f", not the {before[0]:g} over {before[1]:g} said before")
+    node.state["verify/N"], node.state["verify/clients"] = np.array(units[0]), np.array(units[1])
+
+
+def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
+    """The seed of the first message after the setup that carries one is the fit's; another
+    later is refused (:func:`~fedlatent.engine.node.replay_start.seed_refusal`)."""
+    from fedlatent.engine.node.replay_start import seed_refusal
+
+    if "seed" not in msg:
+        return
+    if "verify/seed" not in node.state:
+        node.state["verify/seed"] = _bytes(str(int(_num(msg["seed"]))))
+        return
+    why = seed_refusal(msg, int(_text(node.state["verify/seed"])), node.client_id,
+                       who.split(": ", 1)[1].replace(" refused", ""))
+    if why:
+        raise VerificationRefused(why)
+
+
+def _keep_start_exchange(node, total: dict, n_total: float) -> None:
+    """Add the query this site answered last, with its verified total (every field times N,
+    as the server multiplies it back), to the start's exchanges."""
+    asked = json.loads(_text(node.state.get("verify/asked")) or "{}")
+    out = {}
+    for k, v in total.items():
+        v = np.asarray(v) * n_total
+        out[k] = v.reshape(()) if v.size == 1 and (k == "n" or k.startswith("objective")) else v
+    kept = json.loads(_text(node.state.get("verify/start")) or "[]")
+    payload = {k: v for k, v in asked.items() if k not in ("query", "seed")}
+    kept.append({"query": str(_arrays(asked)["query"]), "payload": payload,
+                 "total": _jsonable(out)})
+    node.state["verify/start"] = _bytes(json.dumps(kept))
+
+
+def _bytes(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode(), np.uint8).copy()
+
+
+def _text(a) -> str:
+    return "" if a is None else np.asarray(a, np.uint8).tobytes().decode()
+
+
+def _jsonable(d: dict) -> dict:
+    """Arrays as ``{"a": values, "s": shape}`` (exact: JSON floats are repr's), the rest as
+    it is (strings, numbers)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, str | bytes):
+            out[k] = v if isinstance(v, str) else v.decode()
+        else:
+            a = np.asarray(v)
+            out[k] = {"a": a.ravel().tolist(), "s": list(a.shape), "d": a.dtype.str}
+    return out
+
+
+def _arrays(d: dict) -> dict:
+    """Inverse of :func:`_jsonable`."""
+    return {k: np.asarray(v["a"], dtype=np.dtype(v["d"])).reshape(v["s"])
+            if isinstance(v, dict) else v for k, v in d.items()}

@@ -244,7 +244,7 @@ class SecAggClient(Enrolment):
             survivors = [u for u in mine if u not in gone]
         S, D = self._reveal_split(roster, label, survivors, dropped, where)
         self._split[label] = (S, D)
-        give = consistency.fold(self._tokens[label][0], self._digest.get(label))
+        give = self._tokens[label][0].copy()
         if D:
             place = self._own_place(roster)
             give[[place[d] for d in D]] = 0
@@ -284,8 +284,7 @@ class SecAggClient(Enrolment):
         owners = [u for u in S if u != self.id] if self.config.sparse(roster.n) else S
         if self._authenticated or confirmations is not None:
             place, others = self._own_place(roster), [u for u in S if u != self.id]
-            want = consistency.fold(self._tokens[label][1][[place[u] for u in others]],
-                                    self._digest.get(label))
+            want = self._tokens[label][1][[place[u] for u in others]]
             consistency.check(self.id, others, confirmations, want, where,
                               digest=label in self._digest)
         e = self._slot_of[label]
@@ -302,7 +301,6 @@ class SecAggClient(Enrolment):
             out["pair"] = np.ascontiguousarray(masks, "<u8").view(np.uint8).reshape(
                 len(D), 8 * words)
             self._leaf_less(label, D, masks)
-        self._digest.pop(label, None)
         shown = dict.fromkeys(owners, where)  # the first exchange to reveal one is kept
         shown.update(held)
         self._self_shown[key] = shown
@@ -311,6 +309,7 @@ class SecAggClient(Enrolment):
         self._revealed.add(label)
         self._split.pop(label, None)  # revealed once: its split and tokens are done with
         self._tokens.pop(label, None)
+        self._digest.pop(label, None)
         if D:
             log.info("client %r revealed its pair masks with dropped %s in %s", self.id, D, where)
         return out
@@ -334,9 +333,11 @@ class SecAggClient(Enrolment):
         return leaf
 
     def bind_digest(self, round: int, exchange: str, digest: bytes) -> None:
-        """Fold ``digest`` (the transcript it verified before masking in exchange ``(round,
-        exchange)``) into its confirmations of that exchange, and expect its peers' to carry
-        the same (:func:`~.consistency.fold`)."""
+        """Bind ``digest`` (the transcript it verified before masking in exchange ``(round,
+        exchange)``) into that exchange's pair keystreams (:meth:`_pair_masks`): its pair
+        masks and consistency tokens with a neighbour shown another transcript then differ,
+        so that neighbour refuses to reveal (no equivocation) at no cost. Before
+        :meth:`mask`."""
         self._digest[exchange_label(round, exchange)] = bytes(digest)
 
     def _never_both(self, D, owners, held, pairs, where: str) -> None:
@@ -542,7 +543,9 @@ class SecAggClient(Enrolment):
             streams.update(zip(todo, _crypto.stream_keys(
                 [block[32:] for block in self._pair_blocks(todo)])))
             ciphers = [streams[v] for v in peers]
-        return _crypto.keystream_rows(ciphers, n, pair_nonce(label, slot))
+        digest = self._digest.get(label)  # verified rounds: the transcript bound in
+        bound = label if digest is None else label + b"\x00transcript\x00" + digest
+        return _crypto.keystream_rows(ciphers, n, pair_nonce(bound, slot))
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each

@@ -46,7 +46,7 @@ import numpy as np
 
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["TOKEN_WORDS", "check", "fold", "split_words"]
+__all__ = ["TOKEN_WORDS", "check", "split_words"]
 
 #: keystream words a pair's exchange keystream carries beyond the mask: a token each way
 TOKEN_WORDS = 2
@@ -62,30 +62,6 @@ def split_words(rows: np.ndarray, before: int, n: int) -> tuple[np.ndarray, np.n
     out = np.where(lower, rows[:, n], rows[:, n + 1])
     into = np.where(lower, rows[:, n + 1], rows[:, n])
     return out.astype(np.uint64, copy=False), into.astype(np.uint64, copy=False)
-
-
-def fold(tokens: np.ndarray, digest: bytes | None) -> np.ndarray:
-    """The tokens of a verified round: each ``tau`` replaced by the first word of
-    ``SHA-256(tag, digest, tau)``, ``digest`` the transcript of the exchange before
-    (:meth:`~fedlatent.engine.secagg.sumtree.SumTree.digest`) the client verified; None: the
-    tokens as they are (a copy). A peer shown another transcript expects another word, and
-    the server, which never sees ``tau``, cannot turn one into the other: the consistency
-    round then also proves every neighbour was shown the same transcript (no equivocation),
-    without a signature more."""
-    tokens = np.array(tokens, dtype=np.uint64)
-    if digest is None or not tokens.size:
-        return tokens
-    import fedlatent.engine.secagg._crypto as _crypto
-
-    head = FOLD_TAG + bytes(digest)
-    at = np.flatnonzero(tokens)  # (zero: no peer there; kept zero)
-    words = _crypto.commit_many([head + t.tobytes() for t in tokens[at].astype("<u8")])
-    tokens[at] = np.frombuffer(b"".join(w[:8] for w in words), "<u8")
-    return tokens
-
-
-#: the tag of :func:`fold`'s hash
-FOLD_TAG = b"fedlatent/consistency/transcript\x00"
 
 
 def check(me: str, owners: list[str], got, want: np.ndarray, where: str, *,

@@ -475,7 +475,9 @@ class SecureChannel:
         P, thin = self._announce(list(msgs), round, exchange, where)
         slot = self.server.slot
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
-                _KEY + "unit": 1.0 / self.n_total}
+                _KEY + "unit": 1.0 / self.n_total,
+                **({"verify/units": np.array([self.n_total, len(self.cids)])}
+                   if self.verify else {})}
         told = self._near_bits(P)  # each client's part of the participants (bits)
         out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
@@ -539,7 +541,7 @@ class SecureChannel:
             if key is None:  # (its first exchange: nothing to show)
                 continue
             tree, shared, at = self.trees[key]
-            own = transcript_fields(tree, at[c], key)
+            own = transcript_fields(tree, at[c])
             m.update(shared)
             m.update(own)
             down += message_nbytes(shared) + message_nbytes(own)

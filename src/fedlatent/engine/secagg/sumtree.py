@@ -215,18 +215,21 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     return tree_digest(root, A, c)
 
 
-def transcript_fields(tree, i: int, exchange: tuple[int, str]) -> dict[str, Any]:
-    """What leaf ``i``'s site is sent of the server's ``tree`` of exchange ``exchange``
-    (``(round, name)``): the root, its index and path (:meth:`SumTree.path`)."""
+def transcript_fields(tree, i: int) -> dict[str, Any]:
+    """What leaf ``i``'s site is sent of the server's ``tree``: the root, its index and the
+    number of leaves (``at``), its path (:meth:`SumTree.path`; projections below 2^31 as
+    uint32). Which exchange the tree is of is not sent: the site checks it against its own
+    leaf of its last exchange, whose label every leaf hash binds."""
     raw, sums = tree.path(i)
-    return {_V + "round": int(exchange[0]), _V + "exchange": str(exchange[1]),
-            _V + "index": int(i), _V + "n": len(tree.ids),
+    return {_V + "at": np.array([i, len(tree.ids)], dtype=np.uint32),
             _V + "root": np.frombuffer(tree.root, np.uint8),
-            _V + "path": np.frombuffer(raw, np.uint8), _V + "sums": sums}
+            _V + "path": np.frombuffer(raw, np.uint8), _V + "sums": sums.astype(np.uint32)}
 
 
 def shared_fields(tree) -> dict[str, Any]:
-    """The part of a transcript every site is sent alike: ``A`` and its carries."""
+    """The part of a transcript every site is sent alike: ``A`` and its carries (below the
+    number of leaves: the smallest unsigned type that holds them)."""
     c = tree.c
-    small = np.uint16 if int(c.max(initial=0)) < 1 << 16 else np.uint32
+    top = int(c.max(initial=0))
+    small = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32
     return {_V + "A": tree.A, _V + "c": c.astype(small)}
