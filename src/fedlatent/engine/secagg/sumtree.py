@@ -180,6 +180,27 @@ def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
                           + np.asarray(c, dtype="<u8").tobytes())
 
 
+#: the last claims checked in this process: ``(label, A, c) -> (r, r (A + 2^64 c))``, shared
+#: by the sites a process holds (in-process fits: a thousand sites check one claim)
+_CLAIMS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _claim(label: bytes, A: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(r, claimed projections)`` of the claim ``(A, c)``: computed once per claim in a
+    process (keyed by the SHA-256 of the label and the claim; the values are read-only)."""
+    A, c = np.asarray(A, dtype="<u8"), np.asarray(c, dtype="<u8")
+    key = _crypto.commit(struct.pack("<Q", len(label)) + bytes(label) + struct.pack(
+        "<Q", A.size) + A.tobytes() + c.tobytes())
+    got = _CLAIMS.get(key)
+    if got is None:
+        r = challenge(label, A, c)
+        got = (r, _claimed(r, A, c))
+        if len(_CLAIMS) >= 8:
+            _CLAIMS.pop(next(iter(_CLAIMS)))
+        _CLAIMS[key] = got
+    return got
+
+
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
                 c: np.ndarray, root: bytes, path: tuple[bytes, np.ndarray]) -> bytes:
     """Check, as site ``site`` (leaf ``index`` of ``n``, its own ``leaf`` z_w), that ``A`` is
@@ -188,7 +209,7 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     who = f"site {site!r}"
     if not 0 <= index < n:
         raise SecureAggregationError(f"{who}: leaf {index} of a tree of {n} leaves")
-    r = challenge(label, A, c)
+    r, claimed = _claim(label, A, c)
     s = project(r, np.asarray(leaf, dtype=np.uint64)[None, :])[0]
     h = _crypto.commit(_leaf_bytes(label, index, site, s))
     raw, sums = path
@@ -208,7 +229,7 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
             f"{who}: its own contribution (leaf {index}) is not in the committed sum (the "
             "path does not reach the root): the aggregate shown is not the sum of the "
             "survivors' replies; refusing it")
-    if not np.array_equal(s, _claimed(r, A, c)):
+    if not np.array_equal(s, claimed):
         raise SecureAggregationError(
             f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
             "differ); refusing it")

@@ -46,7 +46,7 @@ _DATA_METHODS = ("estep", "evaluate", "query")
 _REFUSAL = re.compile(r"site '(.*?)' refused \(([a-z.-]+)\)")
 #: prefix of the node's state kept beside a recorded answer
 _KEPT_STATE = "node-state:"
-_PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases")
+_PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases", "verify")
 
 
 def verified_rounds(msg: dict[str, Any]) -> bool:
@@ -225,7 +225,8 @@ class SiteGuard:
             return self.refuse_all(whys, exchange="setup")
         if fixed is None:
             self.ledger.append("plan", run=self.run, dataset=self.dataset, digest=digest,
-                               model=str(plan["model"]), privacy=self._plan_privacy(msg))
+                               model=str(plan["model"]), privacy=self._plan_privacy(msg),
+                               verified=verified_rounds(msg))
         self.plan = self.ledger.plan(self.run)
         return None
 
