@@ -216,3 +216,25 @@ def test_a_verifying_site_refuses_an_exchange_outside_secure_aggregation():
     assert "round 2 refused: the setup set up verified rounds, and this 'estep' is not a " \
         "secure exchange" in reply[ERROR_KEY]
     del model, setup
+
+
+def test_verification_is_on_by_default_under_secure_aggregation_where_sites_can_replay():
+    assert fl.Federation(secure_aggregation=True).verifies
+    assert not fl.Federation().verifies  # (a site's aggregate needs the others' replies)
+    assert not fl.Federation(secure_aggregation=True, verified=False).verifies
+    assert not fl.Federation(secure_aggregation=True, participation=0.5).verifies
+    with pytest.raises(ValueError, match=r"Federation\(verified=True\): the sites cannot replay "
+                                         r"participation=0.5 \(a site that missed an exchange"):
+        fl.Federation(secure_aggregation=True, participation=0.5, verified=True).validate()
+    with pytest.raises(ValueError, match=r"verified=True\) needs secure_aggregation=True"):
+        fl.Federation(verified=True).validate()
+
+
+def test_sec_is_refused_under_verification_with_the_reason():
+    case, fd = _case("sec")
+    est = case.make()
+    est.set_params(federation=fl.Federation(secure_aggregation=True, verified=True))
+    with pytest.raises(ValueError, match=r"SEC refuses Federation\(secure_aggregation=True\): "
+                                         r"SEC's replies are fitted local models and per-pair "
+                                         r"losses, not sums"):
+        est.fit(fd)
