@@ -238,3 +238,17 @@ def test_sec_is_refused_under_verification_with_the_reason():
                                          r"SEC's replies are fitted local models and per-pair "
                                          r"losses, not sums"):
         est.fit(fd)
+
+
+def test_a_dp_or_verified_site_admits_a_verified_secure_fit_without_dp():
+    """The example policy's ``[privacy] required = "dp-or-verified"``: a verified secure fit is
+    answered without DP, the same fit with verification off is refused at its setup."""
+    from fedlatent.engine.site.policy import SitePolicy
+
+    case, fd = _case("gmm")
+    policy = SitePolicy(privacy_required=True, verified_suffices=True)
+    est = _fit("gmm", InProcessRuntime(fd, policies=policy))
+    assert len(est.history_) == 4
+    with pytest.raises(FederatedFitError, match=r"\(privacy.required\): the fit is not "
+                                                r"differentially private"):
+        _fit("gmm", InProcessRuntime(fd, policies=policy), verified=False)
