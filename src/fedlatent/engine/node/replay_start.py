@@ -183,9 +183,12 @@ def replay_start(model, seed: int, exchanges: Sequence[Exchange], *, n_features:
     model has no replayable start."""
     name = str(getattr(model, "name", type(model).__name__))
     if name not in _STARTS:  # registered where the model's start is (its estimator's modules)
-        from fedlatent.engine.contract.registry import estimator_entries
+        from fedlatent.engine.contract.registry import estimator_class
 
-        estimator_entries()
+        try:
+            estimator_class(name)  # (that model's estimator alone is imported)
+        except ValueError:
+            pass
     if name not in _STARTS:
         raise StartRefused(f"model {name!r} has no start a site can replay")
     ctx = ReplayContext(model, int(seed), int(n_features), float(n_total), int(n_clients),
