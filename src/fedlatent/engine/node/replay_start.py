@@ -20,9 +20,8 @@ units), and refuses a later query or round message of that setup carrying anothe
 (:func:`seed_refusal`). A server that wants other random draws must set up again, a new
 start the site's ledger and ``max-rounds`` count; it cannot choose the draws after seeing
 the site's sums. (Each of ``n_init`` starts is a setup of its own, its seed
-``engine/contract/starts.start_seeds``'s; HLCR's chains 2.. reuse chain 1's start with the
-seed ``SeedSequence(seed, spawn_key=(0xC4A1, c))``, a rule a site must also apply to verify
-them.)
+``engine/contract/starts.start_seeds``'s; HLCR refuses more than one chain under secure
+aggregation, so a verified HLCR fit has one start.)
 
 A start given by the analyst (``means_init=...``, ``coef_init=...``) is not a function of
 the aggregates: a verifying site refuses it unless its policy says ``[verification]
