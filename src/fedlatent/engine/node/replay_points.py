@@ -33,9 +33,16 @@ from fedlatent.engine.fedem.squarem import Accelerator, domain_test
 from fedlatent.engine.fedem.subspace import NewtonAccelerator, newton_next, newton_points
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.node.replay import REPLAY_RTOL, params_refusal
+from fedlatent.engine.protocol.messages import pack, unpack
 from fedlatent.engine.stats import Stats
 
 __all__ = ["PointsReplay"]
+
+
+def _canon(S: Stats) -> Stats:
+    """``S`` with its blocks in sorted order: the flat vectors the accelerator keeps (and
+    :meth:`PointsReplay.to_arrays` stores) do not depend on the order a message had."""
+    return Stats({k: S[k] for k in sorted(S)}, copy=False)
 
 
 class PointsReplay:
@@ -105,16 +112,20 @@ class PointsReplay:
             self.accel.reset()
             return plain
         self._params = previous
+        x0, fx0 = _canon(old.S_hat), _canon(plain.S_hat)  # (the order the accelerator keeps)
         if isinstance(self.accel, Accelerator):
-            S = self.accel.next_point(old.S_hat, plain.S_hat, objective_sum / units)
-            return plain if S is plain.S_hat else FedEMState(S, plain.V)
-        xs = self.accel.extras
-        evaluated = []
-        if points and len(points) == len(xs):
-            evaluated = [(x, fx, obj / units - self._penalty(j))
-                         for j, (x, (fx, obj)) in enumerate(zip(xs, points, strict=True), 1)]
-        return newton_next(self.accel, old, plain, objective_sum / units - self._penalty(0),
-                           evaluated, k)
+            S = self.accel.next_point(x0, fx0, objective_sum / units)
+        else:
+            xs = self.accel.extras
+            evaluated = []
+            if points and len(points) == len(xs):
+                evaluated = [(x, _canon(fx), obj / units - self._penalty(j)) for j, (x, (
+                    fx, obj)) in enumerate(zip(xs, points, strict=True), 1)]
+            S = newton_next(self.accel, FedEMState(x0, old.V), FedEMState(fx0, plain.V),
+                            objective_sum / units - self._penalty(0), evaluated, k).S_hat
+        if S is fx0:
+            return plain
+        return FedEMState(Stats({key: S[key] for key in plain.S_hat}, copy=False), plain.V)
 
     def _penalty(self, j: int) -> float:
         """The model's objective penalty at the parameters of point ``j`` (0: the primary)."""
@@ -136,20 +147,50 @@ class PointsReplay:
         return out
 
     def points_refusal(self, sent: Sequence[dict], params: dict, round_: int, client: str,
-                       rtol: float = REPLAY_RTOL) -> str | None:
-        """Why round ``round_``'s extra points (``sent``: each point's parameters
-        ``params{j}``, in order) are not those the history of verified aggregates gives at
-        the round's parameters ``params`` (None: they are, or a prefix of them); the replay
-        keeps the points sent, as the server does."""
+                       rtol: float = REPLAY_RTOL,
+                       sent_points: Sequence[dict] | None = None) -> str | None:
+        """Why round ``round_``'s extra points are not those the history of verified
+        aggregates gives at the round's parameters ``params`` (None: they are, or a prefix).
+
+        ``sent``: each point's parameters ``params{j}``, in order; ``sent_points``: each
+        point's statistic ``S_hat{j}`` (the message carries both). With ``sent_points``, each
+        is checked against the replayed ``x_j`` and ``params{j}`` against ``T`` of it; the
+        replay then goes on from the server's numbers (within the tolerance of its own), so
+        the rounding of two floating-point paths does not compound along the path: subspace
+        Newton's secants amplify a difference in the last bits by 20-300x a round."""
         replayed = self.extra_points(params, len(sent))
-        if len(sent) > len(replayed):
+        if len(sent) > len(replayed) or (sent_points is not None
+                                          and len(sent_points) != len(sent)):
             return (f"client {client!r}: round {round_} refused: it carries {len(sent)} extra "
                     f"point(s), the history of verified aggregates gives {len(replayed)}; "
                     f"extra point {len(replayed) + 1} is not derived from it")
-        for j, (theta, (_, mine)) in enumerate(zip(sent, replayed), 1):
-            why = params_refusal(theta, mine, round_, client, rtol)
+        mine = [(x.to_dict(), theta) for x, theta in replayed]
+        if sent_points is not None:
+            why = self._adopt(sent_points, mine, params, round_, client, rtol)
+            if why is not None:
+                return why
+        for j, (theta, (_, own)) in enumerate(zip(sent, mine), 1):
+            why = params_refusal(theta, own, round_, client, rtol)
             if why is not None:
                 return why.replace(": parameter ", f": extra point {j}'s parameter ", 1)
+        return None
+
+    def _adopt(self, sent_points, mine, params, round_, client, rtol) -> str | None:
+        """Check each sent statistic against the replayed one, then keep the sent ones (and
+        ``T`` of them in ``mine``) as the server's path."""
+        for j, (x, (own, _)) in enumerate(zip(sent_points, mine), 1):
+            why = params_refusal(x, own, round_, client, rtol)
+            if why is not None:
+                return why.replace(": parameter ", f": extra point {j}'s statistic ", 1)
+        a = self.accel
+        if not isinstance(a, NewtonAccelerator):
+            return None
+        adopted = [_canon(Stats(x)) for x in sent_points]
+        combos = [a._combos.get(id(x)) for x in a.extras]
+        a.extras = adopted
+        a._combos = {id(x): c for x, c in zip(adopted, combos, strict=True) if c is not None}
+        self._thetas = [self.model.server_step(x, params, self.n_total) for x in adopted]
+        mine[:] = [(x.to_dict(), t) for x, t in zip(adopted, self._thetas, strict=True)]
         return None
 
     def fields_refusal(self, msg: dict, round_: int, client: str,
@@ -166,3 +207,68 @@ class PointsReplay:
         why = params_refusal(theirs, {k: np.asarray(v, dtype=np.float64)
                                       for k, v in mine.items()}, round_, client, rtol)
         return None if why is None else why.replace(": parameter", ": path field", 1)
+
+    # ---- the replay's state between messages (a Flower node is built afresh for each) ------
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The replay's state as flat arrays (``node.state`` keeps only arrays): restore it
+        with :meth:`from_arrays`. Only what later points depend on (not the counters of kept
+        points, nor the best point, which the server uses only to end the fit)."""
+        out: dict[str, np.ndarray] = {}
+        for j, t in enumerate(self._thetas):
+            out.update(pack(f"theta{j}", t))
+        a = self.accel
+        if isinstance(a, Accelerator):
+            out["sq/numbers"] = np.array([a.step_max, float(a.em_step), float(a._sent_plain),
+                                          np.nan if a.pending is None else a.pending[1]])
+            for name, S in (("s0", a.base and a.base[0]), ("s1", a.base and a.base[1]),
+                            ("s2", a.pending and a.pending[0])):
+                if S:
+                    out.update(pack(f"sq/{name}", S.to_dict()))
+            return out
+        out["nt/numbers"] = np.array([a.La, float(a.accepted), float(a.cap),
+                                      float(len(a.older)), float(len(a.extras))])
+        out["nt/columns"] = np.asarray(a.columns, dtype=np.float64)
+        if a.a is not None:
+            out["nt/a"] = a.a
+        for i, ((D, G), cols) in enumerate(zip(a.older, a.older_cols, strict=True)):
+            out.update({f"nt/D{i}": D, f"nt/G{i}": G, f"nt/cols{i}": np.asarray(cols, float)})
+        for j, x in enumerate(a.extras):
+            out.update(pack(f"nt/x{j}", x.to_dict()))
+            out[f"nt/combo{j}"] = np.asarray(a._combos.get(id(x), np.zeros(0)))
+        return out
+
+    @classmethod
+    def from_arrays(cls, model, acceleration, n_total: float,
+                    arrays: dict[str, np.ndarray]) -> PointsReplay:
+        """The replay :meth:`to_arrays` stored (``arrays`` may hold other keys too)."""
+        out = cls(model, acceleration, n_total)
+        a = out.accel
+        stats = (lambda name: _canon(Stats(unpack(arrays, name))))
+        n_thetas = len({k.split("/")[0] for k in arrays if k.startswith("theta")})
+        out._thetas = [unpack(arrays, f"theta{j}") for j in range(n_thetas)]
+        if isinstance(a, Accelerator):
+            if "sq/numbers" not in arrays:
+                return out
+            step_max, em_step, sent_plain, bar = np.asarray(arrays["sq/numbers"], float)
+            a.step_max, a.em_step, a._sent_plain = float(step_max), bool(em_step), \
+                bool(sent_plain)
+            if any(k.startswith("sq/s0/") for k in arrays):
+                a.base = (stats("sq/s0"), stats("sq/s1"))
+            if any(k.startswith("sq/s2/") for k in arrays):
+                a.pending = (stats("sq/s2"), float(bar))
+            return out
+        if "nt/numbers" not in arrays:
+            return out
+        La, accepted, cap, n_older, n_extras = np.asarray(arrays["nt/numbers"], float)
+        a.La, a.accepted, a.cap = float(La), int(accepted), int(cap)
+        a.columns = np.asarray(arrays["nt/columns"], dtype=np.float64).astype(np.int64)
+        a.columns = a.columns.reshape(-1, 2)
+        a.a = np.asarray(arrays["nt/a"], dtype=np.float64) if "nt/a" in arrays else None
+        a.older = [(np.asarray(arrays[f"nt/D{i}"], float), np.asarray(arrays[f"nt/G{i}"], float))
+                   for i in range(int(n_older))]
+        a.older_cols = [np.asarray(arrays[f"nt/cols{i}"]).astype(np.int64).reshape(-1, 2)
+                        for i in range(int(n_older))]
+        a.extras = [stats(f"nt/x{j}") for j in range(int(n_extras))]
+        a._combos = {id(x): np.asarray(arrays[f"nt/combo{j}"], dtype=np.float64)
+                     for j, x in enumerate(a.extras)}
+        return out

@@ -20,9 +20,8 @@ units), and refuses a later query or round message of that setup carrying anothe
 (:func:`seed_refusal`). A server that wants other random draws must set up again, a new
 start the site's ledger and ``max-rounds`` count; it cannot choose the draws after seeing
 the site's sums. (Each of ``n_init`` starts is a setup of its own, its seed
-``engine/contract/starts.start_seeds``'s; HLCR's chains 2.. reuse chain 1's start with the
-seed ``SeedSequence(seed, spawn_key=(0xC4A1, c))``, a rule a site must also apply to verify
-them.)
+``engine/contract/starts.start_seeds``'s; HLCR refuses more than one chain under secure
+aggregation, so a verified HLCR fit has one start.)
 
 A start given by the analyst (``means_init=...``, ``coef_init=...``) is not a function of
 the aggregates: a verifying site refuses it unless its policy says ``[verification]
@@ -183,9 +182,12 @@ def replay_start(model, seed: int, exchanges: Sequence[Exchange], *, n_features:
     model has no replayable start."""
     name = str(getattr(model, "name", type(model).__name__))
     if name not in _STARTS:  # registered where the model's start is (its estimator's modules)
-        from fedlatent.engine.contract.registry import estimator_entries
+        from fedlatent.engine.contract.registry import estimator_class
 
-        estimator_entries()
+        try:
+            estimator_class(name)  # (that model's estimator alone is imported)
+        except ValueError:
+            pass
     if name not in _STARTS:
         raise StartRefused(f"model {name!r} has no start a site can replay")
     ctx = ReplayContext(model, int(seed), int(n_features), float(n_total), int(n_clients),
