@@ -14,8 +14,12 @@ Bytes down per participant come from ``history_``. Round 1 carries the key set-u
 start's replay and is reported apart (set-up: the key exchange's bytes and CPU, which
 verification does not change); rounds 2.. are the steady state (median).
 
-The server's extra work (the sum tree of each exchange) is reported as the server's CPU
-outside ``runtime.call`` per round. The machine is shared: ratios are within one run.
+The sites one process holds share one replay of each server step and one challenge of each
+claim (keyed by a hash of every input: ``node/verify.py``, ``secagg/sumtree.py``); a deployed
+site computes its own. The third fit ("verified, nothing shared") turns that sharing off, so
+its figure is what each site pays alone. The server's extra work (the sum tree of each
+exchange) is reported as the server's CPU outside ``runtime.call`` per round. The machine is
+shared: ratios are within one run.
 
 Run: ``python benchmarks/bench_verified_round.py [--clients 1000] [--rounds 4]``.
 """
@@ -48,8 +52,28 @@ class TimedRuntime(fl.InProcessRuntime):
             self.cpu += time.process_time() - t
 
 
-def secure_fit(fd, rounds: int, verified: bool) -> dict:
+class _Unshared(dict):
+    """A memo that never hits (each site computes its own replay and challenge)."""
+
+    def get(self, key, default=None):
+        return default
+
+
+def secure_fit(fd, rounds: int, verified: bool, shared: bool = True) -> dict:
     """Per round: site CPU per participant, server CPU, bytes down per participant."""
+    import fedlatent.engine.node.verify as verify
+    import fedlatent.engine.secagg.sumtree as sumtree
+
+    memos = (verify._REPLAYS, sumtree._CLAIMS)
+    if not shared:
+        verify._REPLAYS, sumtree._CLAIMS = _Unshared(), _Unshared()
+    try:
+        return _secure_fit(fd, rounds, verified)
+    finally:
+        verify._REPLAYS, sumtree._CLAIMS = memos
+
+
+def _secure_fit(fd, rounds: int, verified: bool) -> dict:
     rt = TimedRuntime(fd)
     fed = fl.Federation(secure_aggregation=True, verified=verified)
     est = fl.FederatedGaussianMixture(3, init_params="random", federation=fed, max_rounds=rounds,
@@ -76,17 +100,19 @@ def main() -> None:
         fd = data(a.clients)
         off = secure_fit(fd, a.rounds, False)
         on = secure_fit(fd, a.rounds, True)
+        alone = secure_fit(fd, a.rounds, True, shared=False)
     same = float(np.max(np.abs(on["params"] - off["params"])))
     print(f"clients {a.clients}, rounds {a.rounds} (machine shared; ratios within this run); "
           f"verified and unverified means differ by {same:.3g}")
     for what, r in (("round 1 (set-up, start)", slice(0, 1)), ("rounds 2.. (median)",
                                                                 slice(1, None))):
-        cpu = [float(np.median(x["site"][r])) for x in (off, on)]
+        cpu = [float(np.median(x["site"][r])) for x in (off, on, alone)]
         down = [float(np.median(x["down"][r])) for x in (off, on)]
         srv = [float(np.median(x["server"][r])) for x in (off, on)]
         print(f"{what}:")
         print(f"  site CPU per participant  unverified {cpu[0] * 1e3:9.3f} ms   verified "
-              f"{cpu[1] * 1e3:9.3f} ms   ratio {cpu[1] / cpu[0]:6.3f}x")
+              f"{cpu[1] * 1e3:9.3f} ms   ratio {cpu[1] / cpu[0]:6.3f}x   nothing shared "
+              f"{cpu[2] * 1e3:9.3f} ms   ratio {cpu[2] / cpu[0]:6.3f}x")
         print(f"  bytes down per participant unverified {down[0]:9.0f}      verified "
               f"{down[1]:9.0f}      ratio {down[1] / down[0]:6.3f}x")
         print(f"  server CPU (outside calls) unverified {srv[0]:9.3f} s    verified "

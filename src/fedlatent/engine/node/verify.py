@@ -199,23 +199,19 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
                                   "this site cannot replay yet; fit with "
                                   "Federation(acceleration=None)")
-    from fedlatent.engine.node.declared import DeclaredShapeError, check_round
-
-    try:  # declared is evaluated: the shapes first, as without verification
-        check_round(node.model, node._data, msg, node.client_id)
-    except DeclaredShapeError as err:
-        raise VerificationRefused(str(err)) from None
     sent = unpack(msg, "params")
+    mine = _groups(node.state, ("verify/params/", "verify/S_hat/", "verify/V/"))
     undone = json.loads(msg.get("secagg/undo", "[]"))
     if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
-        _same_again(node, msg, sent, rnd)  # its round discarded: nothing applied since
+        _same_again(node, msg, sent, rnd, mine)  # its round discarded: nothing applied since
     elif _last_kind(node) != "estep":  # the first round: its parameters are a start
+        _declared(node, msg)
         _start_check(node, sent, _num(node.state["verify/N"], float),
                      _num(node.state["verify/clients"]), who)
     else:
         fed = _federation(node)
-        prev = unpack(node.state, "verify/params")
-        S_prev, V_prev = unpack(node.state, "verify/S_hat"), unpack(node.state, "verify/V")
+        prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
+                                                  "verify/V/"))
         from fedlatent.engine.fedem.update import FedEMState
 
         state = FedEMState(Stats(S_prev) if S_prev else None, Stats(V_prev) if V_prev else None)
@@ -231,19 +227,44 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[
         new, params = _replayed(node, args, kw)
         why = params_refusal(sent, params, rnd, node.client_id)
         if why:
+            _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
             raise VerificationRefused(why)
-        for key in [k for k in node.state if k.startswith(("verify/S_hat/", "verify/V/"))]:
-            del node.state[key]
-        node.state.update(pack("verify/S_hat", new.S_hat.to_dict()))
-        if new.V is not None:
-            node.state.update(pack("verify/V", new.V.to_dict()))
+        _put_group(node.state, "verify/S_hat/", new.S_hat.to_dict(), mine)
+        _put_group(node.state, "verify/V/", {} if new.V is None else new.V.to_dict(), mine)
         msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
         msg.update(pack("S_hat", new.S_hat.to_dict()))
-    for key in [k for k in node.state if k.startswith("verify/params/")]:
-        del node.state[key]
-    node.state.update(pack("verify/params", sent))
+    _put_group(node.state, "verify/params/", sent, mine)
     node.state["verify/round"] = np.array(float(rnd))
     return msg
+
+
+def _declared(node, msg: dict[str, Any]) -> None:
+    """Declared is evaluated (:func:`~fedlatent.engine.node.declared.check_round`), its
+    refusal as a verification refusal."""
+    from fedlatent.engine.node.declared import DeclaredShapeError, check_round
+
+    try:
+        check_round(node.model, node._data, msg, node.client_id)
+    except DeclaredShapeError as err:
+        raise VerificationRefused(str(err)) from None
+
+
+def _groups(state: dict, prefixes: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
+    """``{prefix: {name: array}}`` of the node state's entries under each prefix (one pass)."""
+    out: dict[str, dict[str, np.ndarray]] = {p: {} for p in prefixes}
+    for k, v in state.items():
+        if k.startswith("verify/"):
+            for p in prefixes:
+                if k.startswith(p):
+                    out[p][k[len(p):]] = np.asarray(v)
+    return out
+
+
+def _put_group(state: dict, prefix: str, arrays: dict, old: dict) -> None:
+    """Replace the entries under ``prefix`` (``old[prefix]``: those there now) by ``arrays``."""
+    for k in old[prefix]:
+        state.pop(prefix + k, None)
+    state.update({prefix + k: np.asarray(v) for k, v in arrays.items()})
 
 
 #: the last replays computed in this process, keyed by the SHA-256 of every input: the sites
@@ -257,8 +278,11 @@ def _replayed(node, args, kw):
     from fedlatent.engine.secagg import _crypto
 
     model, state, Q, prev, n_total = args
-    parts = [model.name, json.dumps(model.get_config(), sort_keys=True, default=str),
-             json.dumps(kw, sort_keys=True), repr(float(n_total)),
+    fixed = getattr(node, "_verify_key", None)  # the model's config, once per node and model
+    if fixed is None or fixed[0] is not model:
+        fixed = node._verify_key = (model, model.name + json.dumps(
+            model.get_config(), sort_keys=True, default=str))
+    parts = [fixed[1], json.dumps(kw, sort_keys=True), repr(float(n_total)),
              _text(node.state["verify/federation"])]
     blocks = [("Q", Q), ("prev", prev)] + ([] if state is None else
                                            [("S", state.S_hat), ("V", state.V or {})])
@@ -281,16 +305,15 @@ def _replayed(node, args, kw):
             {k: np.array(v, copy=True) for k, v in params.items()})
 
 
-def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int) -> None:
+def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> None:
     """After a discarded round (its aggregate never applied) the server's state is the one
     before it: the parameters must be those evaluated then, ``S_hat`` the one kept."""
-    why = params_refusal(sent, unpack(node.state, "verify/params"), rnd, node.client_id)
+    why = params_refusal(sent, mine["verify/params/"], rnd, node.client_id)
     if why:
         raise VerificationRefused(why)
-    kept = unpack(node.state, "verify/S_hat")
     for k in [k for k in msg if k.startswith("S_hat/")]:
         del msg[k]
-    msg.update(pack("S_hat", kept))
+    msg.update(pack("S_hat", mine["verify/S_hat/"]))
 
 
 def _start_check(node, sent: dict, n_total: float, n_clients: int, who: str) -> None:
