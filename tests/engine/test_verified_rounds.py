@@ -82,6 +82,14 @@ def _added_component(c, msg):
     return msg
 
 
+def _extra_point(c, msg):
+    """An extra point (accelerated EM's) the history does not give: the parameters, moved."""
+    msg["points"] = 1
+    for k, v in unpack(msg, "params").items():
+        msg[f"params1/{k}"] = np.asarray(v, dtype=np.float64) * 1.01
+    return msg
+
+
 def _no_transcript(c, msg):
     return {k: v for k, v in msg.items() if not k.startswith("verify/")}
 
@@ -110,9 +118,11 @@ def test_verified_and_unverified_secure_fits_agree(name):
 @pytest.mark.parametrize(("change", "why"), [
     (_moved, r"differs from the replay of the verified aggregate by [0-9.e-]+ at"),
     (_added_component, r"has shape \([\d, ]+\), the setup declared"),
+    (_extra_point, r"it asks for extra points \(accelerated EM\), which this site cannot "
+                   r"replay"),
     (_no_transcript, r"carries no transcript of the exchange before"),
     (_other_sum, r"is not in the committed sum|is not the sum the tree commits to"),
-], ids=["moved-1e-6", "added-component", "no-transcript", "another-sum"])
+], ids=["moved-1e-6", "added-component", "extra-point", "no-transcript", "another-sum"])
 def test_a_deviating_server_is_refused_at_that_round_by_every_site(name, change, why):
     case, fd = _case(name)
     rt = Deviating(fd, change)
@@ -125,7 +135,8 @@ def test_a_deviating_server_is_refused_at_that_round_by_every_site(name, change,
         assert re.match(rf"client {c!r}: round {K} refused: .*({why})", text), (c, text)
 
 
-@pytest.mark.parametrize("change", [_moved, _no_transcript], ids=["moved", "no-transcript"])
+@pytest.mark.parametrize("change", [_moved, _extra_point, _no_transcript],
+                         ids=["moved", "extra-point", "no-transcript"])
 def test_the_same_server_is_answered_with_verification_off(change):
     """The positive control of the tests above: the deviation passes unverified (each test
     fails on code that does not verify)."""
