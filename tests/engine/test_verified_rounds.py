@@ -45,12 +45,12 @@ class Deviating(InProcessRuntime):
     """A server that changes round ``K``'s E-step messages by ``change(client, message)``
     (each client's own copy), after the channel built them."""
 
-    def __init__(self, fd, change):
-        super().__init__(fd)
-        self.change = change
+    def __init__(self, fd, change, at: int = K, **kw):
+        super().__init__(fd, **kw)
+        self.change, self.at = change, at
 
     def call(self, client_ids, method, messages):
-        if method == "estep" and any(int(m.get("secagg/round", 0)) == K
+        if method == "estep" and any(int(m.get("secagg/round", 0)) == self.at
                                      and m.get("secagg/exchange") == "estep"
                                      for m in messages.values()):
             messages = {c: self.change(c, dict(m)) for c, m in messages.items()}
@@ -263,3 +263,19 @@ def test_a_dp_or_verified_site_admits_a_verified_secure_fit_without_dp():
     with pytest.raises(FederatedFitError, match=r"\(privacy.required\): the fit is not "
                                                 r"differentially private"):
         _fit("gmm", InProcessRuntime(fd, policies=policy), verified=False)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_crafted_start_is_refused_by_every_site_at_round_1(name):
+    """The start moved by 1e-6 (one coordinate): sites with their own policy (no public
+    starts) replay the start from its verified sums and the committed seed, and refuse it."""
+    from fedlatent.engine.site.policy import SitePolicy
+
+    case, fd = _case(name)
+    rt = Deviating(fd, _moved, at=1, policies=SitePolicy())
+    with pytest.raises(FederatedFitError):
+        _fit(name, rt)
+    assert sorted(rt.replies) == sorted(fd.client_ids)
+    for c, reply in rt.replies.items():
+        assert re.match(rf"client {c!r}: round 1 refused: .*differs from the replay",
+                        reply[ERROR_KEY]), (c, reply[ERROR_KEY])
