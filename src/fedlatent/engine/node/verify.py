@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from fedlatent.engine.node.replay import params_refusal, replay
 from fedlatent.engine.protocol.messages import pack, unpack
 from fedlatent.engine.stats import Stats
 
@@ -196,6 +195,8 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
 
 def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[str, Any]:
     """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
+    from fedlatent.engine.node.replay import params_refusal  # (not before a verified fit:
+    # a node answers plain rounds without the server's update loaded)
     if int(msg.get("points", 0) or 0) > 0:
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
                                   "this site cannot replay yet; fit with "
@@ -276,6 +277,7 @@ _REPLAYS: dict[bytes, tuple] = {}
 def _replayed(node, args, kw):
     """:func:`~fedlatent.engine.node.replay.replay` of ``args`` and ``kw``, computed once per
     distinct input in a process (copies handed out: every node keeps its own)."""
+    from fedlatent.engine.node.replay import replay
     from fedlatent.engine.secagg import _crypto
 
     model, state, Q, prev, n_total = args
@@ -309,6 +311,8 @@ def _replayed(node, args, kw):
 def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> None:
     """After a discarded round (its aggregate never applied) the server's state is the one
     before it: the parameters must be those evaluated then, ``S_hat`` the one kept."""
+    from fedlatent.engine.node.replay import params_refusal
+
     why = params_refusal(sent, mine["verify/params/"], rnd, node.client_id)
     if why:
         raise VerificationRefused(why)
