@@ -91,7 +91,8 @@ def _evaluated(rd, k, theta):
 
 
 COLLECTORS = {"one-by-one": (OneByOne, False, {}), "batched": (Batched, True, {})}
-SECURE = {**COLLECTORS, "secure": (SecureCollector, True, {"secure_aggregation": True})}
+SECURE = {**COLLECTORS, "secure": (SecureCollector, True, {"secure_aggregation": True,
+                                                      "verified": False})}  # (points)
 
 
 @pytest.mark.parametrize("kind", ["gmm", "lcr"])
@@ -361,7 +362,7 @@ def test_secure_aggregation_checks_each_points_sum_and_names_the_liar():
     """Under secure aggregation one masked vector carries the points: a client whose point 1
     holds a negative count makes the aggregate impossible; the round is discarded and group
     testing (the clients replay their reply, points included) names it."""
-    fed = fl.Federation(disclosure=OFF, secure_aggregation=True)
+    fed = fl.Federation(disclosure=OFF, secure_aggregation=True, verified=False)
     rd = _rounds(_gmm_fd(n_clients=9), "gmm", fed)
     xs = _advance(rd, 3)[:2]
     node = rd.runtime.nodes["c3"]
@@ -387,7 +388,7 @@ def test_secure_aggregation_checks_each_points_sum_and_names_the_liar():
 def test_secure_bytes_up_carry_the_points():
     """Each point adds its statistic and its objective's two limbs to every masked reply (one
     exchange: the reveal's bytes are the same)."""
-    fed = fl.Federation(disclosure=OFF, secure_aggregation=True)
+    fed = fl.Federation(disclosure=OFF, secure_aggregation=True, verified=False)
     rd, plain = _rounds(_gmm_fd(), "gmm", fed), _rounds(_gmm_fd(), "gmm", fed)
     xs = _advance(rd, 2)
     _advance(plain, 2)

@@ -303,11 +303,13 @@ def lean(name):
 
 def private_case():
     """The secure and differentially private GMM whose sites' ledgers are checked (GMM's data;
-    a file of its own, so its site directory and ledger are its own)."""
+    a file of its own, so its site directory and ledger are its own). Two rounds: the sites
+    verify them (verified rounds are on by default under secure aggregation), round 2 replayed
+    from round 1's verified aggregate."""
     import fedlatent as fl
 
     fd, _ = CASES["gmm"]()
-    return fd, lambda: fl.FederatedGaussianMixture(2, max_rounds=1, random_state=3,
+    return fd, lambda: fl.FederatedGaussianMixture(2, max_rounds=2, random_state=3,
                                                    federation=fl.Federation(
                                                        privacy=fl.DifferentialPrivacy(
                                                            2.0, 1e-5, clip=6.0),
@@ -603,7 +605,8 @@ def test_each_message_flow_on_one_deployment_equals_inprocess(flwr, runs):
 def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledger(
         flwr, pinned, runs):
     """Each SuperNode holds a policy file (node config ``policy-path``) naming its signing key
-    and the consortium's pinned roster: a secure and differentially private GMM runs end to end
+    and the consortium's pinned roster: a verified, secure and differentially private GMM runs
+    end to end (each site checks its reply is in the sum and replays round 2: issue 38)
     (every site verifies its peers' signed keys, commits before the graph is drawn, confirms
     its split before every reveal: issue 37; without the roster a deployed site refuses), every
     site's ledger (its anchor signed with the site's key) records the plan's releases, and each
@@ -625,12 +628,14 @@ def test_a_secure_private_fit_under_site_policies_is_on_every_sites_signed_ledge
     fd, _ = private_case()
     assert est.flower_status_["status"] == "ok" and est.flower_status_["lost"] == {}
     plan = est.privacy_calibration_.releases
-    assert plan == 3  # the private start's two releases and one round
+    assert plan == 4  # the private start's two releases and two rounds
+    assert list(est.history_.to_frame()["participants"]) == [3, 3]  # no site refused
     for c, d in zip(fd.client_ids, deployment.node_dirs):
         key = SiteKeys.load(d / "site-key.pem")
         ledger = Ledger(d / "private.site", c, keys=key)  # chain and signed anchor verified
         assert [e["release"] for e in ledger.of("release")] == list(range(1, plan + 1))
         assert len(ledger.of("secagg-keys")) == 1 and ledger.of("refusal") == []
+        assert [e["verified"] for e in ledger.of("plan")] == [True]  # a verified run
         # the budget is kept under the data file's content, not the server's data-name
         dataset = "sha256:" + hashlib.sha256((d / "private.parquet").read_bytes()).hexdigest()
         assert {e["dataset"] for e in ledger.of("release")} == {dataset}

@@ -40,12 +40,14 @@ def check(policy: Path = typer.Argument(..., help="The site policy file (TOML)."
         typer.echo(TRUSTS_SERVER)
 
 
-#: what ``site check`` says of a policy that does not require differential privacy (issue 38)
+#: what ``site check`` says of a policy that requires neither DP nor verified rounds
 TRUSTS_SERVER = (
-    "note: this policy does not require differential privacy, so a fit without it trusts the "
-    "server with this site's records: a server that crafts the parameters it sends can rebuild "
-    "them, also under secure aggregation (the library does not verify secure rounds yet). "
-    "Require it with [privacy] required = true, or \"dp-or-verified\".")
+    "note: this policy requires neither differential privacy nor verified secure aggregation, "
+    "so a fit with neither trusts the server with this site's records: a server that crafts "
+    "the parameters it sends can rebuild them from the replies. Under secure aggregation this "
+    "site verifies every round (it checks its reply is in the sum and replays the server's "
+    "step) unless the fit turns verification off. Require one of them with [privacy] "
+    "required = true, or \"dp-or-verified\".")
 
 
 @site_app.command("settings")
@@ -100,10 +102,14 @@ def report(directory: Path = typer.Argument(..., help="The site directory (or le
         ledger_entries,
         lifetime_rows,
         report_rows,
+        trust_note,
     )
 
     entries = ledger_entries(directory)
     typer.echo(format_table(REPORT_COLUMNS, report_rows(entries), width=70))
+    note = trust_note(entries)
+    if note:
+        typer.echo(note)
     life = lifetime_rows(entries)
     if life:
         typer.echo("")

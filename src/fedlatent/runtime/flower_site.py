@@ -305,7 +305,8 @@ def serve(fd, state, method: str, msg: dict[str, Any], site: Path | None = None,
                                       "disclosure": str(msg.get("disclosure", "")),
                                       # differential privacy: replayed with every message
                                       "privacy": str(msg.get("privacy", "")),
-                                      "privacy_releases": int(msg.get("privacy_releases", 0))})
+                                      "privacy_releases": int(msg.get("privacy_releases", 0)),
+                                      "verify": str(msg.get("verify", ""))})
     state[_STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in node.state.items()})
     return reply
 

@@ -228,6 +228,13 @@ class Federation:
         The fewest sites a fit goes on with after leaving sites out; None: 2 (every site of a
         federation of fewer), and under secure aggregation at least ``secagg_threshold`` when
         it is given. Fewer stops the fit, naming the refusals.
+    verified : bool or None, default None
+        Verified rounds under secure aggregation: every site checks that its own reply is in
+        the sum the server used (a sum tree) and replays the server's step from it, refusing
+        any other parameters (:mod:`fedlatent.engine.node.verify`). None: on under secure
+        aggregation whenever the sites can replay the settings (participation 1, a numeric
+        step size, no acceleration), else off; True: required (other settings refused);
+        False: off (the server is trusted with the parameters each site evaluates).
     """
 
     participation: float = 1.0
@@ -249,6 +256,7 @@ class Federation:
     acceleration: str | Squarem | SubspaceNewton | None = None
     on_refusal: str = "exclude"
     min_clients: int | None = None
+    verified: bool | None = None
     _extra: dict = field(default_factory=dict, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -386,6 +394,17 @@ class Federation:
             raise ValueError("Federation(track_h=True) needs every client's statistic at the "
                              "new parameters, which secure aggregation hides; set "
                              "track_h=False or secure_aggregation=False")
+        if self.verified not in (None, True, False):
+            raise ValueError(f"Federation(verified=...) must be None, True or False, got "
+                             f"{self.verified!r}")
+        if self.verified is True and not self.secure_aggregation:
+            raise ValueError("Federation(verified=True) needs secure_aggregation=True: without "
+                             "it a site's aggregate needs the others' replies, so it cannot "
+                             "replay the server")
+        why = self.verification_problems() if self.verified is True else []
+        if why:
+            raise ValueError("Federation(verified=True): the sites cannot replay "
+                             + "; ".join(why))
         self._validate_cohorts()
 
     def _validate_cohorts(self) -> None:
@@ -449,6 +468,29 @@ class Federation:
                 "variance_reduction=None and acceleration=None (the quantizer, secure "
                 "aggregation and control variates are fine)")
 
+    def verification_problems(self) -> list[str]:
+        """What keeps a site from replaying this federation's server (empty: nothing)."""
+        out = []
+        if self.participation != 1.0:
+            out.append(f"participation={self.participation:g} (a site that missed an exchange "
+                       "holds no leaf of it to check the transcript by; use participation=1)")
+        if callable(self.step_size):
+            out.append("a callable step_size (a site can replay only a number it is sent at "
+                       "setup)")
+        if resolve_acceleration(self.acceleration) is not None:
+            out.append("acceleration (its extra points are not replayed by the sites yet; "
+                       "use acceleration=None)")
+        return out
+
+    @property
+    def verifies(self) -> bool:
+        """Whether the fit runs verified rounds: under secure aggregation, ``verified=True``,
+        or ``None`` (the default) when the sites can replay these settings
+        (:meth:`verification_problems`); never without secure aggregation."""
+        if not self.secure_aggregation or self.verified is False:
+            return False
+        return self.verified is True or not self.verification_problems()
+
     def gamma(self, k: int) -> float:
         """Step size at round ``k`` (1-based)."""
         return float(self.step_size(k)) if callable(self.step_size) else float(self.step_size)
@@ -477,7 +519,8 @@ class Federation:
         d.pop("_extra", None)
         d["disclosure"] = json.loads(policy_to_json(self.disclosure))
         d["privacy"] = None if self.privacy is None else self.privacy.to_config()
-        for key, default in (("on_refusal", "exclude"), ("min_clients", None)):
+        for key, default in (("on_refusal", "exclude"), ("min_clients", None),
+                             ("verified", None)):
             if d[key] == default:  # the default: the config (and a checkpoint's identity)
                 d.pop(key)  # of before
         acc = resolve_acceleration(self.acceleration)

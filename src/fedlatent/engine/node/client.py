@@ -43,6 +43,7 @@ from fedlatent.engine.node.describe import describe_client
 from fedlatent.engine.node.pointstate import (
     UnheldState,
     combination,
+    extra_points,
     history_rounds,
     in_key,
     out_key,
@@ -219,6 +220,9 @@ class ClientNode:
                 raise ValueError(f"client {self.client_id!r} has no column description")
             return describe_client(self._source.subset([self.client_id]), msg)
         if method == "setup":
+            from fedlatent.engine.node.verify import setup_verification
+
+            setup_verification(self, msg)  # (a rebuilt node's _setup from a round: not here)
             return self._setup(msg)
         if method == "settings":  # the site's floors, announced (no data)
             from fedlatent.engine.site.announce import announce
@@ -235,6 +239,12 @@ class ClientNode:
         return self._reply(method, msg)
 
     def _reply(self, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+        if "verify/on" in self.state:  # verified rounds: transcript, replay (or a refusal)
+            from fedlatent.engine.node.verify import verified_message
+
+            msg, refusal = verified_message(self, method, msg)
+            if refusal is not None:
+                return refusal
         if "secagg/slot" in msg and method in ("estep", "query"):
             from fedlatent.engine.secagg.secure import mask_reply
             from fedlatent.engine.secagg.secure_checks import answer_secure
@@ -408,31 +418,8 @@ class ClientNode:
         return refusal
 
     def _extra_points(self, msg: dict[str, Any], mode: str) -> int:
-        """How many extra points ``x_j`` the round asks (``msg["points"]``, parameters
-        ``params{j}/``); ValueError naming the client where they cannot be the EM map at
-        those points: under differential privacy (each point is a release the budget did not
-        plan), with mini-batches or SPIDER (not the EM map), in the initialization round."""
-        m = int(msg.get("points", 0) or 0)
-        if m <= 0:
-            return 0
-        who = f"client {self.client_id!r}: a round with {m} extra point(s)"
-        if self.privacy is not None:
-            raise ValueError(f"{who} is not available under differential privacy: each point "
-                             "is a release the privacy budget did not plan; use "
-                             "Federation(acceleration=None) or a single point a round")
-        if mode != "full":
-            raise ValueError(f"{who} needs full passes (E-step mode 'full', got {mode!r}): a "
-                             "mini-batch or SPIDER statistic is not the EM map at a point; "
-                             "drop batch_size/variance_reduction or the extra points")
-        if not unpack(msg, "S_hat"):
-            raise ValueError(f"{who} is not available in the initialization round (no S_hat "
-                             "yet, the statistics are sent as they are): send points from the "
-                             "next round on")
-        missing = [j for j in range(1, m + 1) if not unpack(msg, f"params{j}")]
-        if missing:
-            raise ValueError(f"{who} carries no parameters for point(s) {missing} "
-                             f"(message keys 'params{missing[0]}/...')")
-        return m
+        """:func:`~fedlatent.engine.node.pointstate.extra_points` of this client."""
+        return extra_points(self, msg, mode)
 
     def _point_replies(self, msg: dict[str, Any], m: int, mstate, a_in) -> dict[str, Any]:
         """``point{j}/`` (the mean statistic) and ``objective{j}`` at each ``T(x_j)``: the

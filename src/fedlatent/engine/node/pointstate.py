@@ -31,7 +31,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_HISTORY", "UnheldState", "combination", "history_rounds", "in_key", "out_key",
+from fedlatent.engine.protocol.messages import unpack
+
+__all__ = ["MAX_HISTORY", "UnheldState", "combination", "extra_points", "history_rounds",
+           "in_key", "out_key",
            "point_round", "stale"]
 
 #: arrays of one kept state (rows: clients on the batched path, one row one by one)
@@ -121,3 +124,31 @@ def combination(msg: Mapping[str, Any], j: int, get: Callable[[str], State | Non
         for k in out:
             out[k] += b * (s1[k] - s0[k])
     return out
+
+
+def extra_points(node, msg: dict[str, Any], mode: str) -> int:
+    """How many extra points ``x_j`` the round asks (``msg["points"]``, parameters
+    ``params{j}/``); ValueError naming the client where they cannot be the EM map at
+    those points: under differential privacy (each point is a release the budget did not
+    plan), with mini-batches or SPIDER (not the EM map), in the initialization round."""
+    m = int(msg.get("points", 0) or 0)
+    if m <= 0:
+        return 0
+    who = f"client {node.client_id!r}: a round with {m} extra point(s)"
+    if node.privacy is not None:
+        raise ValueError(f"{who} is not available under differential privacy: each point "
+                         "is a release the privacy budget did not plan; use "
+                         "Federation(acceleration=None) or a single point a round")
+    if mode != "full":
+        raise ValueError(f"{who} needs full passes (E-step mode 'full', got {mode!r}): a "
+                         "mini-batch or SPIDER statistic is not the EM map at a point; "
+                         "drop batch_size/variance_reduction or the extra points")
+    if not unpack(msg, "S_hat"):
+        raise ValueError(f"{who} is not available in the initialization round (no S_hat "
+                         "yet, the statistics are sent as they are): send points from the "
+                         "next round on")
+    missing = [j for j in range(1, m + 1) if not unpack(msg, f"params{j}")]
+    if missing:
+        raise ValueError(f"{who} carries no parameters for point(s) {missing} "
+                         f"(message keys 'params{missing[0]}/...')")
+    return m

@@ -308,7 +308,7 @@ def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
                 privacy_releases: int = 0, run: str | None = None, *,
                 batch_size: int | None = None, cohort=None, fit: bool = False,
                 statistics: int = 1, on_refusal: str = "stop",
-                min_clients: int = 1) -> SiteSetup:
+                min_clients: int = 1, verify=None) -> SiteSetup:
     """Send every client the model's name and config and the disclosure policy (None: the
     default, on), and the differential-privacy setting with the number of releases the fit
     plans (None: not private); return each client's number of units.
@@ -336,7 +336,7 @@ def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
     disclosure, adopted = adopt_floors(DisclosurePolicy() if disclosure is None else disclosure,
                                        site_settings(runtime))
     msg = _setup_message(model, disclosure, privacy, privacy_releases, run, batch_size,
-                         cohort is not None or batch_size is not None or fit)
+                         cohort is not None or batch_size is not None or fit, verify)
     replies = ask(runtime, "setup", msg, what="setup", expect={"n_units": number()},
                   model=model, required=None)
     out = SiteSetup({}, *_left_out(replies, len(runtime.client_ids), on_refusal, min_clients),
@@ -367,7 +367,7 @@ def _units_list(units) -> list[int | float]:
 
 
 def _setup_message(model, disclosure, privacy, privacy_releases: int, run: str | None,
-                   batch_size: int | None, fit: bool) -> dict[str, Any]:
+                   batch_size: int | None, fit: bool, verify=None) -> dict[str, Any]:
     """The setup message (:func:`setup_sites`)."""
     import json
 
@@ -384,6 +384,8 @@ def _setup_message(model, disclosure, privacy, privacy_releases: int, run: str |
         msg["fit"] = 1  # the rules on what a fit's replies determine, checked at setup
     if batch_size:
         msg["batch_size"] = int(batch_size)
+    if verify is not None:  # verified rounds: what the sites replay the server with
+        msg["verify"] = json.dumps({"federation": verify.to_config()})
     return msg
 
 

@@ -74,7 +74,8 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
                         statistics=1 + (0 if federation.newton is None
                                         else federation.newton.extra_points),
                         on_refusal=federation.on_refusal,
-                        min_clients=federation.fewest_clients(len(runtime.client_ids)))
+                        min_clients=federation.fewest_clients(len(runtime.client_ids)),
+                        verify=federation if federation.verifies else None)
     if sites.excluded:
         runtime = SiteSubset(runtime, sites.excluded)
         warn_excluded(sites.excluded, len(runtime.client_ids))

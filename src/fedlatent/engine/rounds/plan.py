@@ -81,7 +81,8 @@ def make_plan(fed: Federation, k: int, seed: int, state, params, n_clients: int,
               client_fields: Mapping[str, Any] | None = None) -> RoundPlan:
     """Round ``k``'s plan from the federation and the server's ``state`` and ``params``;
     ``sizes`` are the bytes of one uncompressed reply and of one quantized reply; ``points``
-    the extra points ``(x_j, T(x_j))`` of a multi-point round (see :class:`RoundPlan`);
+    the extra points ``(x_j, T(x_j))`` of a multi-point round (see :class:`RoundPlan`; the
+    message carries both: ``S_hat{j}`` and ``params{j}``);
     ``client_fields``: the accelerator's fields that carry the clients' own model states
     along its path (:meth:`~fedlatent.engine.rounds.newton.NewtonAccelerator.client_fields`:
     ``history``, ``accepted``, ``columns``, ``combine{j}``), added to the message as they are."""
@@ -95,8 +96,11 @@ def make_plan(fed: Federation, k: int, seed: int, state, params, n_clients: int,
     msg.update(client_fields or {})
     if points:
         msg["points"] = len(points)
-        for j, (_, theta) in enumerate(points, 1):
+        for j, (x, theta) in enumerate(points, 1):
             msg.update(pack(f"params{j}", theta))
+            if x is not None:  # the point itself: a verifying site checks it against its
+                # replay and then goes on from the server's numbers (node/replay_points.py)
+                msg.update(pack(f"S_hat{j}", x.to_dict()))
     return RoundPlan(k, int(seed), init_round, gamma, p, alpha,
                      draw_positions(n_clients, p, int(seed), k, init_round), msg, shapes,
                      sizes[0] if init_round else sizes[1], tuple(x for x, _ in points))

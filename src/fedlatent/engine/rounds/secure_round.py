@@ -91,6 +91,8 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
         return _skipped(rounds, k, active, gone, errors, plan.p, init_round)
     try:
         msg = with_undo(rounds.secure, plan.msg)  # rounds discarded so far: undo them
+        if rounds.secure.verify:  # each site replays S_hat itself (node/verify.py)
+            msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
         res = rounds.secure.sum("estep", {c: msg for c in active}, round=k,
                                 exchange="estep",
                                 weights={c: rounds.weights[c] for c in active})

@@ -41,8 +41,10 @@ Four mechanisms:
   (honest-but-curious) and skips the consistency check.
 
 Not protected: who takes part and who drops, the server's choice to abandon an exchange or a
-set-up (each visible to the sites), the aggregate itself (differential privacy), and the
-parameters a site is asked to evaluate (verified rounds). Cost (docs/privacy.md): the set-up is
+set-up (each visible to the sites), the aggregate itself (differential privacy), and, with
+``Federation(verified=False)``, the parameters a site is asked to evaluate (verified rounds, on
+by default: each site checks its reply is in the sum and replays the server,
+:mod:`fedlatent.engine.node.verify`). Cost (docs/privacy.md): the set-up is
 one message more (the commitments) and a hash per enrolled client; a round one message more
 (the confirmations) and a keystream word per neighbour.
 

@@ -116,6 +116,14 @@ class SecAggClient(Enrolment):
         # slot -> {peer: the exchange in which its self-seed share / pair mask was revealed}
         self._self_shown: dict[str, dict[str, str]] = {}
         self._pair_shown: dict[str, dict[str, str]] = {}
+        #: verified rounds (:mod:`~.sumtree`): whether to keep its leaf of each exchange
+        self.keep_leaf = False
+        # (label, layout shapes, z): its last exchange's leaf z_u, its masked reply less its
+        # self mask (less the pair masks it revealed, once it revealed)
+        self._leaf: tuple[bytes, tuple, np.ndarray] | None = None
+        # exchange label -> the digest of the transcript it verified before masking in it,
+        # folded into its confirmations (:func:`~.consistency.fold`)
+        self._digest: dict[bytes, bytes] = {}
 
     # --- per exchange -------------------------------------------------------------------------
     def mask(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
@@ -141,9 +149,11 @@ class SecAggClient(Enrolment):
         rows = self._pair_masks(peers, label, n + consistency.TOKEN_WORDS, e)
         self._keep_tokens(roster, label, rows, peers, me, n)
         rows = rows[:, :n]
-        y += self_mask(self._self_seeds[e], label, n)
         y += rows[me:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
         y -= rows[:me].sum(axis=0, dtype=np.uint64)
+        if self.keep_leaf:  # its leaf before the self mask (the pair masks of dropped
+            self._leaf = (label, layout.shapes, y.copy())  # neighbours leave at the reveal)
+        y += self_mask(self._self_seeds[e], label, n)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n
         return layout.unflatten(y, copy=False)  # y is this reply's own
@@ -275,7 +285,8 @@ class SecAggClient(Enrolment):
         if self._authenticated or confirmations is not None:
             place, others = self._own_place(roster), [u for u in S if u != self.id]
             want = self._tokens[label][1][[place[u] for u in others]]
-            consistency.check(self.id, others, confirmations, want, where)
+            consistency.check(self.id, others, confirmations, want, where,
+                              digest=label in self._digest)
         e = self._slot_of[label]
         key = str(e)
         held, pairs = self._self_shown.get(key, {}), self._pair_shown.get(key, {})
@@ -286,8 +297,10 @@ class SecAggClient(Enrolment):
                                      np.uint8).reshape(-1, n).copy()}
         if D:
             words = self._mask_words[label]
-            out["pair"] = np.ascontiguousarray(self._pair_masks(D, label, words, e),
-                                               "<u8").view(np.uint8).reshape(len(D), 8 * words)
+            masks = self._pair_masks(D, label, words, e)
+            out["pair"] = np.ascontiguousarray(masks, "<u8").view(np.uint8).reshape(
+                len(D), 8 * words)
+            self._leaf_less(label, D, masks)
         shown = dict.fromkeys(owners, where)  # the first exchange to reveal one is kept
         shown.update(held)
         self._self_shown[key] = shown
@@ -296,9 +309,36 @@ class SecAggClient(Enrolment):
         self._revealed.add(label)
         self._split.pop(label, None)  # revealed once: its split and tokens are done with
         self._tokens.pop(label, None)
+        self._digest.pop(label, None)
         if D:
             log.info("client %r revealed its pair masks with dropped %s in %s", self.id, D, where)
         return out
+
+    def _leaf_less(self, label: bytes, D, masks: np.ndarray) -> None:
+        """Its leaf of ``label`` less the pair masks it reveals with the dropped ``D`` (it
+        added ``+m`` with a peer it sorts before)."""
+        if self._leaf is None or self._leaf[0] != label:
+            return
+        z = self._leaf[2]
+        for d, m in zip(D, masks):
+            z -= m if self.id < d else -m  # (uint64: - m wraps as the ring does)
+
+    def take_leaf(self, label: bytes | None = None):
+        """``(label, layout shapes, z)`` of the last exchange it masked in (None: none
+        kept), then forgotten; with ``label`` only that exchange's."""
+        leaf = self._leaf
+        if leaf is None or (label is not None and leaf[0] != label):
+            return None
+        self._leaf = None
+        return leaf
+
+    def bind_digest(self, round: int, exchange: str, digest: bytes) -> None:
+        """Bind ``digest`` (the transcript it verified before masking in exchange ``(round,
+        exchange)``) into that exchange's pair keystreams (:meth:`_pair_masks`): its pair
+        masks and consistency tokens with a neighbour shown another transcript then differ,
+        so that neighbour refuses to reveal (no equivocation) at no cost. Before
+        :meth:`mask`."""
+        self._digest[exchange_label(round, exchange)] = bytes(digest)
 
     def _never_both(self, D, owners, held, pairs, where: str) -> None:
         """Refuse a pair mask of a peer whose self-mask seed share was revealed for the slot
@@ -400,7 +440,12 @@ class SecAggClient(Enrolment):
             "slot_of": {k.hex(): v for k, v in self._slot_of.items()},
             "revealed": sorted(k.hex() for k in self._revealed),  # a set: one order
             "revealed_self": _sorted_view(self._self_shown),
-            "revealed_pair": _sorted_view(self._pair_shown)})
+            "revealed_pair": _sorted_view(self._pair_shown),
+            "keep_leaf": self.keep_leaf,
+            "leaf": None if self._leaf is None else [
+                self._leaf[0].hex(), [[k, list(v)] for k, v in self._leaf[1]],
+                np.ascontiguousarray(self._leaf[2], "<u8").tobytes().hex()],
+            "digest": {k.hex(): v.hex() for k, v in self._digest.items()}})
 
     @classmethod
     def load(cls, text: str) -> SecAggClient:
@@ -439,6 +484,12 @@ class SecAggClient(Enrolment):
         c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
         c._revealed = {bytes.fromhex(k) for k in d["revealed"]}
         c._self_shown, c._pair_shown = _by_slot(d["revealed_self"]), _by_slot(d["revealed_pair"])
+        c.keep_leaf = bool(d.get("keep_leaf", False))
+        leaf = d.get("leaf")
+        c._leaf = None if leaf is None else (
+            bytes.fromhex(leaf[0]), tuple((str(k), tuple(int(n) for n in v)) for k, v in leaf[1]),
+            np.frombuffer(bytes.fromhex(leaf[2]), "<u8").astype(np.uint64))
+        c._digest = {bytes.fromhex(k): bytes.fromhex(v) for k, v in d.get("digest", {}).items()}
         return c
 
     @property
@@ -492,7 +543,9 @@ class SecAggClient(Enrolment):
             streams.update(zip(todo, _crypto.stream_keys(
                 [block[32:] for block in self._pair_blocks(todo)])))
             ciphers = [streams[v] for v in peers]
-        return _crypto.keystream_rows(ciphers, n, pair_nonce(label, slot))
+        digest = self._digest.get(label)  # verified rounds: the transcript bound in
+        bound = label if digest is None else label + b"\x00transcript\x00" + digest
+        return _crypto.keystream_rows(ciphers, n, pair_nonce(bound, slot))
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each

@@ -64,7 +64,8 @@ def split_words(rows: np.ndarray, before: int, n: int) -> tuple[np.ndarray, np.n
     return out.astype(np.uint64, copy=False), into.astype(np.uint64, copy=False)
 
 
-def check(me: str, owners: list[str], got, want: np.ndarray, where: str) -> None:
+def check(me: str, owners: list[str], got, want: np.ndarray, where: str, *,
+          digest: bool = False) -> None:
     """Refuse (SecureAggregationError naming the first owner) unless ``got``, the relayed
     confirmations of ``owners`` (one uint64 word each, as bytes or an array), equals ``want``,
     the tokens this client expects from them."""
@@ -82,4 +83,6 @@ def check(me: str, owners: list[str], got, want: np.ndarray, where: str) -> None
         raise SecureAggregationError(
             f"client {me!r}: {where}: {u!r} did not confirm {me!r} as a survivor of its "
             f"neighbourhood (its confirmation is missing or wrong), yet {me!r} was told {u!r} "
-            "survived: the server told them different splits; refusing to reveal anything")
+            "survived: the server told them different splits" + (
+                " or showed them different transcripts of the exchange before" if digest
+                else "") + "; refusing to reveal anything")

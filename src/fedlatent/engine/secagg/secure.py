@@ -267,7 +267,7 @@ class SecureChannel:
 
     def __init__(self, runtime, n_units: dict[str, int], *, threshold: int | None,
                  bound: float, slots: int, run: str | None = None,
-                 participation: float = 1.0):
+                 participation: float = 1.0, verify: bool = False):
         import secrets
 
         from fedlatent.engine.secagg import SecAggConfig, SecAggServer
@@ -289,6 +289,14 @@ class SecureChannel:
         self.setup_down = self.setup_up = 0
         #: how many times each initialization query was asked (its exchanges' labels)
         self.asked: dict[str, int] = {}
+        #: verified rounds (:mod:`fedlatent.engine.node.verify`): each exchange's message
+        #: carries the sum tree of the exchange before (:attr:`transcript`)
+        self.verify = bool(verify)
+        self.server.keep_leaves = self.verify
+        #: ``{(round, exchange): (SumTree, its shared fields)}`` of the exchanges unmasked
+        #: whose transcript a site has yet to be shown, and each site's last exchange
+        self.trees: dict[tuple[int, str], tuple] = {}
+        self.last_of: dict[str, tuple[int, str]] = {}
 
     @property
     def excluded(self) -> dict[str, str]:
@@ -324,7 +332,7 @@ class SecureChannel:
         base = {"step": "keys", "threshold": int(self.config.threshold), "scale": enc.scale,
                 "bound": float(enc.bound), "slots": int(self.config.n_slots), "run": self.run,
                 "round": 0, "participation": float(self.config.participation),
-                **self._graph_settings()}
+                **self._graph_settings(), **({"verify": 1} if self.verify else {})}
         commits = self._call(self.cids, "secagg", {c: base for c in self.cids})
         self._require(commits, "sent no commitment to its keys")
         try:
@@ -467,11 +475,14 @@ class SecureChannel:
         P, thin = self._announce(list(msgs), round, exchange, where)
         slot = self.server.slot
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
-                _KEY + "unit": 1.0 / self.n_total}
+                _KEY + "unit": 1.0 / self.n_total,
+                **({"verify/units": np.array([self.n_total, len(self.cids)])}
+                   if self.verify else {})}
         told = self._near_bits(P)  # each client's part of the participants (bits)
         out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
-        down = _nbytes_many(msgs, P, head, told)
+        test = any("secagg/replay" in m for m in msgs.values())  # a group test: no transcript
+        down = _nbytes_many(msgs, P, head, told) + (0 if test else self._show_transcript(out))
         replies = self.runtime.call(P, method, out)
         errors = {**thin, **{c: str(r[ERROR_KEY]) for c, r in replies.items() if ERROR_KEY in r}}
         masked = {c: r for c, r in replies.items() if ERROR_KEY not in r}
@@ -479,11 +490,14 @@ class SecureChannel:
         try:
             request = self.server.aggregate(masked)
         except SecureAggregationError as err:
-            raise FederatedFitError(f"{where}{err}", None, round) from err
+            raise FederatedFitError(f"{where}{err}" + (f"; {fault_detail(errors)}" if errors
+                                                       else ""), None, round) from err
         S = request["survivors"]
         alive, gone = (self._near(S), self._near(request["dropped"])) if request["dropped"] \
             else (None, None)  # every participant survived: nothing to tell
         sums, down2, up2 = self._unmask(S, alive, gone, round, exchange, where)
+        if self.verify and not test:  # the sum tree each survivor's next exchange shows it
+            self._keep_tree(int(round), str(exchange))
         down, up = down + down2, up + up2
         for k in [k[:-3] for k in sums if k.endswith("/hi") and objective_field(k[:-3])]:
             sums[k] = sums.pop(k + "/hi") * _LIMB + sums.pop(k + "/lo")
@@ -499,6 +513,39 @@ class SecureChannel:
         return {"sums": sums, "survivors": list(S), "dropped": list(request["dropped"]),
                 "errors": errors, "bytes_up": int(up), "bytes_down": int(down)}
 
+
+    def _keep_tree(self, round: int, exchange: str) -> None:
+        """The sum tree of the exchange just unmasked (:mod:`.sumtree`), kept until each of
+        its survivors was shown it; trees no site needs any more dropped."""
+        from fedlatent.engine.secagg.sumtree import SumTree, shared_fields
+
+        label, ids, leaves = self.server.leaves
+        tree = SumTree(label, ids, leaves)
+        key = (round, exchange)
+        self.trees[key] = (tree, shared_fields(tree), {u: i for i, u in enumerate(ids)})
+        self.last_of.update(dict.fromkeys(ids, key))
+        live = set(self.last_of.values())
+        for k in [k for k in self.trees if k not in live]:
+            del self.trees[k]
+
+    def _show_transcript(self, out: dict[str, dict]) -> int:
+        """Add to each message of ``out`` the transcript of the site's last exchange (verified
+        rounds: ``A``, its carries, the root, the site's index and path); their bytes."""
+        if not self.verify:
+            return 0
+        from fedlatent.engine.secagg.sumtree import transcript_fields
+
+        down = 0
+        for c, m in out.items():
+            key = self.last_of.get(c)
+            if key is None:  # (its first exchange: nothing to show)
+                continue
+            tree, shared, at = self.trees[key]
+            own = transcript_fields(tree, at[c])
+            m.update(shared)
+            m.update(own)
+            down += message_nbytes(shared) + message_nbytes(own)
+        return down
 
     def _unmask(self, S: list[str], alive, gone, round: int, exchange: str, where: str):
         """``(sums, bytes down, bytes up)`` of the open exchange's survivors ``S``: the
@@ -560,7 +607,8 @@ def open_channel(runtime, federation, n_units: dict[str, int], max_rounds: int) 
     return SecureChannel(runtime, n_units, threshold=federation.secagg_threshold,
                          bound=federation.secagg_bound,
                          slots=int(max_rounds) + INIT_SLOTS + CHECK_SLOTS,
-                         participation=float(federation.participation)).setup()
+                         participation=float(federation.participation),
+                         verify=federation.verifies).setup()
 
 
 def secure_sum_query(ctx, query: str, payload: dict[str, Any] | None,

@@ -74,6 +74,10 @@ class SecAggServer:
         self._pending: dict | None = None
         self._done: set[bytes] = set()
         self._next_slot = 0
+        #: keep each survivor's leaf ``z_w`` (verified rounds: :mod:`~.sumtree`); the last
+        #: unmasked exchange's ``(label, survivors, leaves)`` in :attr:`leaves`
+        self.keep_leaves = False
+        self.leaves: tuple[bytes, list[str], np.ndarray] | None = None
         self._closed: tuple | None = None  # (ids, their commitments, the closed digest)
         self._per_fit: dict = {}  # per-fit tables of the graph (places, x-coordinates), by key
         # the seed of the masking graph, committed to before any client draws its keys
@@ -212,7 +216,8 @@ class SecAggServer:
                 f"{t}; the sum cannot be unmasked, so this exchange is abandoned")
         layout = Layout.of(masked[S[0]])
         total = np.zeros(layout.size, dtype=np.uint64)
-        for u in S:
+        rows = np.empty((len(S), layout.size), dtype=np.uint64) if self.keep_leaves else None
+        for i, u in enumerate(S):
             reply = masked[u]
             if Layout.of(reply) != layout:
                 raise SecureAggregationError(
@@ -224,8 +229,12 @@ class SecAggServer:
                     raise SecureAggregationError(
                         f"{where}: client {u!r}, field {name!r}: dtype "
                         f"{np.asarray(reply[name]).dtype}, expected uint64 (a masked ring element)")
-            total += layout.flatten(reply, np.uint64)
-        pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout, total=total)
+            y = layout.flatten(reply, np.uint64)
+            total += y
+            if rows is not None:
+                rows[i] = y
+        pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout, total=total,
+                    rows=rows)
         return {"survivors": list(S), "dropped": list(pend["dropped"])}
 
     def collect_confirmations(self, replies: Mapping[str, Mapping[str, np.ndarray]]) -> None:
@@ -336,10 +345,13 @@ class SecAggServer:
         e, n = pend["slot"], total.size
         got, pairs = self._reveals(revealed, holders, S, D, n, where)
         ts = self.config.share_threshold(roster.n)
-        total -= self._self_masks(got, S, ts, e, label, n, where)
+        selfs = self._self_masks(got, S, ts, e, label, n, where)
+        total -= selfs.sum(axis=0, dtype=np.uint64)
         for d in D:
             total += self._pair_masks_of(d, pairs, S, where)
             self.excluded[d] = where
+        if pend["rows"] is not None:  # each survivor's leaf: its reply less what was removed
+            self.leaves = (label, list(S), _leaves(pend["rows"], selfs, S, pairs))
         if D:
             log.info("%s: recovered the masks of dropped %s", where, D)
         self._done.add(label)
@@ -347,7 +359,7 @@ class SecAggServer:
         return self.config.encoding.decode(pend["layout"].unflatten(total))
 
     def _self_masks(self, got, S, t, e, label, n, where) -> np.ndarray:
-        """The sum of the survivors' self masks: every seed rebuilt at once from the first
+        """The survivors' self masks, (len(S), n) uint64: every seed rebuilt at once from the first
         ``t`` (by x-coordinate) of its neighbourhood's revealed shares
         (:func:`~.shamir.reconstruct_seeds`) and checked against its commitment.
 
@@ -378,7 +390,7 @@ class SecAggServer:
                 raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
                                              "the revealed shares does not match its commitment; "
                                              "a revealing client sent a wrong share")
-        return _crypto.prg_rows(seeds, n, nonce=self_nonce(label)).sum(axis=0, dtype=np.uint64)
+        return _crypto.prg_rows(seeds, n, nonce=self_nonce(label))
 
     def _pair_masks_of(self, d, pairs, S, where) -> np.ndarray:
         """What the survivors' pair masks with dropped ``d`` added to the sum, negated: each
@@ -461,3 +473,16 @@ class SecAggServer:
         if self._pending is None:
             raise SecureAggregationError("no open exchange: call announce first")
         return self._pending
+
+
+def _leaves(rows: np.ndarray, selfs: np.ndarray, S: list[str], pairs: dict) -> np.ndarray:
+    """Each survivor's leaf ``z_w = y_w - s_w -+ m_wd`` (:mod:`~.sumtree`): its masked reply
+    less its self mask and the pair masks it revealed with dropped ``d`` (it added ``+m`` when
+    it sorts before ``d``); the leaves sum to the unmasked total in the ring."""
+    z = rows - selfs
+    at = {u: i for i, u in enumerate(S)}
+    for (h, d), m in pairs.items():
+        if h in at:
+            i = at[h]
+            z[i] = z[i] - m if h < d else z[i] + m
+    return z

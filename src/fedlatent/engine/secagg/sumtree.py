@@ -1,5 +1,5 @@
 """A server's commitment to a secure sum that every site checks in ``O(log n)``: the projected
-sum tree (issue 38's transcript; a building block, not yet carried by the exchange).
+sum tree (issue 38's transcript, carried by each exchange's message: :func:`transcript_fields`).
 
 What a site must know to replay the server (issue 38) is that the aggregate ``A`` it is shown
 is the sum of every survivor's contribution, its own unchanged. Under secure aggregation each
@@ -42,13 +42,17 @@ survivor's masked vector). ``benchmarks/verified_round.py`` measures it at 1,000
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "project", "ring_sum", "verify_leaf"]
+__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "project", "ring_sum", "shared_fields",
+           "transcript_fields", "verify_leaf"]
+
+_V = "verify/"  # the message fields of a transcript
 
 #: the prime modulus of the projections (products of two residues fit in 62 bits)
 P = (1 << 31) - 1
@@ -176,6 +180,27 @@ def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
                           + np.asarray(c, dtype="<u8").tobytes())
 
 
+#: the last claims checked in this process: ``(label, A, c) -> (r, r (A + 2^64 c))``, shared
+#: by the sites a process holds (in-process fits: a thousand sites check one claim)
+_CLAIMS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _claim(label: bytes, A: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(r, claimed projections)`` of the claim ``(A, c)``: computed once per claim in a
+    process (keyed by the SHA-256 of the label and the claim; the values are read-only)."""
+    A, c = np.asarray(A, dtype="<u8"), np.asarray(c, dtype="<u8")
+    key = _crypto.commit(struct.pack("<Q", len(label)) + bytes(label) + struct.pack(
+        "<Q", A.size) + A.tobytes() + c.tobytes())
+    got = _CLAIMS.get(key)
+    if got is None:
+        r = challenge(label, A, c)
+        got = (r, _claimed(r, A, c))
+        if len(_CLAIMS) >= 8:
+            _CLAIMS.pop(next(iter(_CLAIMS)))
+        _CLAIMS[key] = got
+    return got
+
+
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
                 c: np.ndarray, root: bytes, path: tuple[bytes, np.ndarray]) -> bytes:
     """Check, as site ``site`` (leaf ``index`` of ``n``, its own ``leaf`` z_w), that ``A`` is
@@ -184,7 +209,7 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     who = f"site {site!r}"
     if not 0 <= index < n:
         raise SecureAggregationError(f"{who}: leaf {index} of a tree of {n} leaves")
-    r = challenge(label, A, c)
+    r, claimed = _claim(label, A, c)
     s = project(r, np.asarray(leaf, dtype=np.uint64)[None, :])[0]
     h = _crypto.commit(_leaf_bytes(label, index, site, s))
     raw, sums = path
@@ -204,8 +229,28 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
             f"{who}: its own contribution (leaf {index}) is not in the committed sum (the "
             "path does not reach the root): the aggregate shown is not the sum of the "
             "survivors' replies; refusing it")
-    if not np.array_equal(s, _claimed(r, A, c)):
+    if not np.array_equal(s, claimed):
         raise SecureAggregationError(
             f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
             "differ); refusing it")
     return tree_digest(root, A, c)
+
+
+def transcript_fields(tree, i: int) -> dict[str, Any]:
+    """What leaf ``i``'s site is sent of the server's ``tree``: the root, its index and the
+    number of leaves (``at``), its path (:meth:`SumTree.path`; projections below 2^31 as
+    uint32). Which exchange the tree is of is not sent: the site checks it against its own
+    leaf of its last exchange, whose label every leaf hash binds."""
+    raw, sums = tree.path(i)
+    return {_V + "at": np.array([i, len(tree.ids)], dtype=np.uint32),
+            _V + "root": np.frombuffer(tree.root, np.uint8),
+            _V + "path": np.frombuffer(raw, np.uint8), _V + "sums": sums.astype(np.uint32)}
+
+
+def shared_fields(tree) -> dict[str, Any]:
+    """The part of a transcript every site is sent alike: ``A`` and its carries (below the
+    number of leaves: the smallest unsigned type that holds them)."""
+    c = tree.c
+    top = int(c.max(initial=0))
+    small = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32
+    return {_V + "A": tree.A, _V + "c": c.astype(small)}

@@ -46,16 +46,16 @@ _DATA_METHODS = ("estep", "evaluate", "query")
 _REFUSAL = re.compile(r"site '(.*?)' refused \(([a-z.-]+)\)")
 #: prefix of the node's state kept beside a recorded answer
 _KEPT_STATE = "node-state:"
-_PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases")
+_PLAN_KEYS = ("model", "model_config", "disclosure", "privacy", "privacy_releases", "verify")
 
 
 def verified_rounds(msg: dict[str, Any]) -> bool:
     """Whether setup ``msg`` sets up secure aggregation whose rounds this site verifies (it
-    recomputes the aggregate from the exchange's transcript and replays the server's step:
-    verified rounds, issue 38). The hook a policy's ``[privacy] required = "dp-or-verified"``
-    consults: until the library verifies rounds no setup is verified, so such a site
-    requires differential privacy (fail closed)."""
-    return False
+    checks its own reply is in the sum of each exchange's transcript and replays the server's
+    step: :mod:`fedlatent.engine.node.verify`). The hook a policy's ``[privacy] required =
+    "dp-or-verified"`` consults. A setup that says so binds the site: from then on it answers
+    only secure exchanges whose transcript and parameters it verifies (fail closed)."""
+    return bool(msg.get("verify"))
 
 
 class SiteRefused(RuntimeError):
@@ -87,10 +87,11 @@ def _feed(h, value: Any) -> None:
 
 
 def question_digest(msg: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
-    """sha256 of a message's content (secure-aggregation fields and ``skip`` left out)."""
+    """sha256 of a message's content (secure-aggregation fields, a verified round's
+    transcript and ``skip`` left out)."""
     h = hashlib.sha256()
     for k in sorted(msg):
-        if k.startswith("secagg") or k in skip:
+        if k.startswith(("secagg", "verify/")) or k in skip:
             continue
         h.update(k.encode() + b"\0")
         _feed(h, msg[k])
@@ -224,7 +225,8 @@ class SiteGuard:
             return self.refuse_all(whys, exchange="setup")
         if fixed is None:
             self.ledger.append("plan", run=self.run, dataset=self.dataset, digest=digest,
-                               model=str(plan["model"]), privacy=self._plan_privacy(msg))
+                               model=str(plan["model"]), privacy=self._plan_privacy(msg),
+                               verified=verified_rounds(msg))
         self.plan = self.ledger.plan(self.run)
         return None
 

@@ -25,6 +25,9 @@ Tables and keys (hyphens and underscores are the same):
                       (distinct models evaluated per run; default: one per rostered site)
 ``[limits]``          ``max-message-bytes``, ``max-rounds``, ``max-releases``, ``max-points``
                       (extra points a round of accelerated EM may ask: 0 refuses them)
+``[verification]``    ``public-starts`` (bool, default false: a site that verifies rounds
+                      refuses a start it cannot replay from the seed and the verified sums,
+                      e.g. an analyst's ``means_init``; :mod:`fedlatent.engine.node.replay_start`)
 
 Relative paths are relative to the policy file's directory.
 
@@ -58,6 +61,7 @@ _TABLES = {
     "datasets": None,  # any name
     "sec": {"evaluate_others", "trusted_types", "quota"},
     "limits": {"max_message_bytes", "max_rounds", "max_releases", "max_points"},
+    "verification": {"public_starts"},
 }
 #: (attribute, key in the file) of what ``describe`` lists after the disclosure floor
 _DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
@@ -68,7 +72,7 @@ _DESCRIBED = tuple((a, f"{t}.{k.replace('_', '-')}") for a, t, k in (
     ("sec_trusted_types", "sec", "trusted_types"), ("sec_quota", "sec", "quota"),
     ("max_message_bytes", "limits", "max_message_bytes"),
     ("max_rounds", "limits", "max_rounds"), ("max_releases", "limits", "max_releases"),
-    ("max_points", "limits", "max_points"),
+    ("max_points", "limits", "max_points"), ("public_starts", "verification", "public_starts"),
     ("roster", "site", "roster"), ("signing_key", "site", "signing_key"),
     ("witness", "site", "witness")))
 #: ``[privacy] required``'s value: differential privacy, or verified secure aggregation
@@ -130,6 +134,9 @@ class SitePolicy:
         Most extra points a round may ask (a multi-point round of accelerated EM: each
         point is one more statistic in the reply); 0 refuses them; None: no cap beyond the
         saturation rule, which counts every point.
+    public_starts : bool
+        Whether a site that verifies rounds answers a start it cannot replay (one the
+        analyst gives: ``means_init=...``); False refuses it.
     roster, signing_key : Path or None
         For authenticated peers (read by :mod:`fedlatent.engine.site.keys`).
     source : Path or None
@@ -161,6 +168,7 @@ class SitePolicy:
     max_rounds: int | None = None
     max_releases: int | None = None
     max_points: int | None = None
+    public_starts: bool = False
     roster: Path | None = None
     signing_key: Path | None = None
     source: Path | None = None
@@ -215,6 +223,8 @@ class SitePolicy:
         for key in sorted(_TABLES["limits"]):
             kw[key] = _count(tables["limits"], key, where, "limits",
                              low=0 if key == "max_points" else 1)
+        kw["public_starts"] = _bool(tables["verification"], "public_starts", False, where,
+                                    "verification")
         return cls(**kw)
 
     # ---- use -----------------------------------------------------------------------------
@@ -265,6 +275,11 @@ class SitePolicy:
                           f"{', '.join(loose)}; a site protects less than a node without a "
                           "policy file (remove the key, or raise it)")
         warnings = []
+        if self.public_starts:
+            warnings.append("verification.public-starts = true: a start the site cannot replay "
+                            "(an analyst's means_init=... and the like) is answered, so the "
+                            "server chooses the first round's parameters; remove the key unless "
+                            "you trust the analyst's starts")
         if self.witness is None:
             warnings.append("no site.witness: restoring a backup of the site directory resets "
                             "its ledger, and with it the budgets and answers it keeps, unseen; "

@@ -122,6 +122,21 @@ def report_rows(entries: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return rows
 
 
+def trust_note(entries: list[dict[str, Any]]) -> str | None:
+    """What ``site report`` says of the runs set up with neither differential privacy nor
+    verified secure aggregation (None: there are none): they trusted the server with the
+    site's records (a server that crafts the parameters can rebuild them from the replies)."""
+    runs = [_cell(e.get("run")) for e in entries if e["kind"] == "plan"
+            and not e.get("privacy") and not e.get("verified")]
+    if not runs:
+        return None
+    shown = ", ".join(runs[:10]) + (f" and {len(runs) - 10} more" if len(runs) > 10 else "")
+    return (f"note: {len(runs)} run(s) had neither differential privacy nor verified secure "
+            f"aggregation ({shown}): they trusted the server with this site's records (a "
+            "server that crafts the parameters it sends can rebuild them from the replies). "
+            "Require one with [privacy] required = true or \"dp-or-verified\".")
+
+
 def lifetime_rows(entries: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """``(data set, releases, epsilon at the largest delta released)`` composed over runs."""
     by: dict[str, dict[str, list]] = {}

@@ -19,22 +19,35 @@ from ...engine.estimation.estimator import (
     check_features,
     check_is_fitted,
 )
+from ...engine.node.replay_start import register_start
 from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
 from ..gmm import COV_TYPES, gmm_m_step
 from ..gmm.estimator import initialize_gaussians
-from ..gmm.init import INIT_PARAMS, GaussianStart
+from ..gmm.init import INIT_PARAMS, GaussianStart, replay_gaussians
 from ..gmm.math import covariances_from_precisions
 from .clients import ClientWeights
 from .dp import private_refusal, private_start
 from .inference import FedGMMSummary
 from .math import fedgmm_log_components, fedgmm_predict_log_proba
-from .model import FedGMMModel
+from .model import FedGMMModel, initial_coef, start_from
 from .selection import auto_size, fedgmm_selection
 
 __all__ = ["FedGMM"]
 
 logger = logging.getLogger(__name__)
+
+
+@register_start("fedgmm")
+def _fedgmm_start(model: FedGMMModel, ctx) -> list[Params]:
+    """The start a verifying site replays (:mod:`fedlatent.engine.node.replay_start`): the
+    Gaussian part's (:func:`~fedlatent.models.gmm.init.replay_gaussians`) and the learners'
+    coefficients drawn from the seed at the default ``learner_init_scale`` (none under
+    differential privacy: the noisy start of :mod:`.dp`)."""
+    if model.private:
+        return []
+    g = replay_gaussians(ctx, model.M1, model.cov_type, model.reg)
+    return [start_from(g, initial_coef(model, ctx.seed, g["means"].shape[1]))]
 
 
 @register_estimator(
@@ -310,23 +323,10 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         model, seed = ctx.model, ctx.seed
         g = initialize_gaussians(ctx, self.n_input_components, GaussianStart.of(self),
                                  missing=getattr(self, "_missing", None))
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0xF3D6,)))
-        d = g["means"].shape[1]
+        coef = initial_coef(model, seed, g["means"].shape[1], self.learner_init_scale)
         K = len(self._classes)
-        learner = model.learner(d)
-        if learner is not None:
-            coef = np.stack([learner.init_params(rng) for _ in range(self.n_learners)])
-        else:
-            coef = float(self.learner_init_scale) * rng.standard_normal(
-                (self.n_learners, K - 1, d + 1)
-            ) / np.sqrt(d + 1)
         return {
-            "weights_x": g["weights"],
-            "means": g["means"],
-            "precisions_cholesky": g["precisions_cholesky"],
-            "center": g["center"],
-            "coef": coef,
-            "weights_y": np.full(self.n_learners, 1.0 / self.n_learners),
+            **start_from(g, coef),
             # under differential privacy: learners tied to the input components, the public
             # joint table of the E-step and the Hessian's ridge (.dp)
             **(private_start(ctx, g["weights"], g["center"], coef, K) if model.private

@@ -21,9 +21,29 @@ from ..logistic import irls_statistics, local_refit, newton_solve, weighted_grad
 from .dp import fedgmm_dp_sensitivity, personal_weights
 from .math import fedgmm_log_components, fedgmm_responsibilities
 
-__all__ = ["FedGMMModel"]
+__all__ = ["FedGMMModel", "initial_coef", "start_from"]
 
 _GMM_QUERIES = ("moments", "kmeans", "hard_stats")
+
+
+def initial_coef(model: FedGMMModel, seed: int, d: int, scale: float = 1.0) -> np.ndarray:
+    """The learners' starting coefficients, drawn from the fit's seed: the learner's own
+    ``init_params`` (a torch learner), else ``scale`` times standard normal draws over
+    ``sqrt(d + 1)``, shape (n_learners, K - 1, d + 1)."""
+    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(0xF3D6,)))
+    learner = model.learner(d)
+    if learner is not None:
+        return np.stack([learner.init_params(rng) for _ in range(model.M2)])
+    return float(scale) * rng.standard_normal((model.M2, model.K - 1, d + 1)) / np.sqrt(d + 1)
+
+
+def start_from(gaussians: dict, coef: np.ndarray) -> dict:
+    """FedGMM's start from its Gaussian part's (:func:`~fedlatent.models.gmm.init.
+    initialize_gaussians`) and the learners' coefficients, the learners equally weighted."""
+    return {"weights_x": gaussians["weights"], "means": gaussians["means"],
+            "precisions_cholesky": gaussians["precisions_cholesky"],
+            "center": gaussians["center"], "coef": coef,
+            "weights_y": np.full(coef.shape[0], 1.0 / coef.shape[0])}
 
 
 @register_model

@@ -15,6 +15,7 @@ from scipy import linalg
 
 from ...engine.contract.model import Params
 from ...engine.estimation.estimator import FitContext
+from ...engine.node.replay_start import register_start
 from ...engine.protocol.exchange import array, number
 from ...engine.protocol.messages import bordered, count_problem, psd_problem
 from ...engine.protocol.numerics import kmeans, lift_eigenvalues
@@ -24,7 +25,7 @@ from .math import compute_precision_cholesky, floor_noisy_covariances, gmm_m_ste
 from .model import gaussian_problem
 from .params import INIT_PARAMS
 
-__all__ = ["INIT_PARAMS", "GaussianStart", "initialize_gaussians"]
+__all__ = ["INIT_PARAMS", "GaussianStart", "initialize_gaussians", "replay_gaussians"]
 
 #: Lloyd steps of the "kmeans-sums" start after its candidate round (one summed exchange each)
 LLOYD_STEPS = 2
@@ -473,3 +474,19 @@ def initialize_gaussians(ctx: FitContext, n_components: int,
     else:
         prec_chol = compute_precision_cholesky(cov, ct)
     return {"weights": weights, "means": means, "precisions_cholesky": prec_chol, "center": center}
+
+
+@register_start("gmm")
+def _gmm_start(model, ctx) -> list[Params]:
+    """The GMM's start on a verifying site (:func:`replay_gaussians`)."""
+    return [replay_gaussians(ctx, model.K, model.cov_type, model.reg)]
+
+
+def replay_gaussians(ctx, n_components: int, covariance_type: str, reg_covar: float) -> Params:
+    """The start a verifying site replays (``ctx`` a
+    :class:`~fedlatent.engine.node.replay_start.ReplayContext`): :func:`initialize_gaussians`
+    itself, "kmeans-sums" when the transcript holds hard-assignment exchanges, else "random"
+    (the pooled moments' start; also what "kmeans-federated" is under secure aggregation)."""
+    init = "kmeans-sums" if ctx.asks("hard_stats") else "random"
+    return initialize_gaussians(ctx, n_components,
+                                GaussianStart(covariance_type, reg_covar, init))

@@ -18,6 +18,7 @@ import numpy as np
 from ...engine.contract.model import Params
 from ...engine.estimation.estimator import FitContext
 from ...engine.fedem.history import History
+from ...engine.node.replay_start import register_start
 from ...engine.protocol.exchange import array, number
 from .math import posterior_means
 from .model import MOMENTS_QUERY, SIZES_QUERY, _num
@@ -114,6 +115,21 @@ def start_params(ctx: FitContext, chain: ChainSettings, standardize: bool,
     if "tau" in params and standardize and not chain.estimate_tau:  # target's units
         params["tau"] = np.array(chain.tau / float(params["y_scale"]))
     return params
+
+
+@register_start("hlcr")
+def replay_hlcr_start(model, ctx) -> list[Params]:
+    """The start a verifying site replays (:mod:`fedlatent.engine.node.replay_start`): the
+    secure fit's own, the agents' summed sizes then :func:`start_params` (the prior; with
+    standardizing, the summed moments' scaling; with estimated hyperparameters the seed of
+    the server's draws, the committed one). None under differential privacy (its spread
+    start); another candidate's warm start (``n_clusters="auto"``) is not replayed."""
+    if model.dp_max_events is not None:
+        return []
+    secure_sizes(ctx, "initialization (agent sizes)")
+    chain = ChainSettings(0, 1, model.sigma, model.delta, model.estimate_sigma,
+                          model.estimate_delta, model.tau, model.estimate_tau)
+    return [start_params(ctx, chain, model.standardize, model.fit_intercept)]
 
 
 def _warn_constant(ctx: FitContext, tot: dict) -> None:

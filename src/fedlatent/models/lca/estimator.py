@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...data.dataset import FederatedDataset
-from ...engine.contract.mixture import random_membership_stats
 from ...engine.contract.model import Capabilities, Params
 from ...engine.contract.params import ROUND_LOOP, Instance, Integer, Options, Real, store_params
 from ...engine.contract.registry import register_estimator
@@ -29,7 +28,7 @@ from ...engine.estimation.inference import InferenceMixin
 from ...engine.rounds.loop import FitResult
 from ..concomitant import concomitant_log_prior, load_concomitant, save_concomitant
 from .math import TINY, lca_log_prob, n_free_parameters, offsets, one_hot
-from .model import LCAModel, code_problem
+from .model import LCAModel, code_problem, lca_start
 
 __all__ = ["LatentClassAnalysis"]
 
@@ -198,11 +197,10 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
                         self._columns(fd.feature_names)[1])
 
     def _initialize(self, ctx: FitContext) -> Params:
-        """The random-membership start (the engine's), then one M-step on its sums."""
-        model = ctx.model
-        total = int(offsets(model.n_categories)[-1])
-        S = random_membership_stats(ctx, {"nk": (model.K,), "counts": (model.K, total)})
-        return model.server_step(S, {}, 0.0)  # (with concomitant variables: gamma's start)
+        """The random-membership start (the engine's), then one M-step on its sums: the
+        model's :func:`~fedlatent.models.lca.model.lca_start`, which a verifying site runs
+        too."""
+        return lca_start(ctx.model, ctx)[0]
 
     def _store(self, result: FitResult, model: LCAModel) -> None:
         self.weights_ = np.asarray(result.params["weights"], dtype=np.float64)

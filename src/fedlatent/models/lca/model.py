@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...data.dataset import ClientData
-from ...engine.contract.mixture import MixtureModel
+from ...engine.contract.mixture import MixtureModel, random_membership_stats
 from ...engine.contract.model import ClientStep, payload_params
 from ...engine.contract.registry import register_model
+from ...engine.node.replay_start import register_start
 from ...engine.protocol.messages import count_problem, equal_problem, psd_problem
 from ...engine.protocol.numerics import logsumexp
 from ...engine.stats import Stats
@@ -246,3 +247,13 @@ class LCAModel(MixtureModel):
             info, ll = lca_information(self, p, data.X, data.weight)
             return {"n": data.mass(), "loglik": ll, "information": info}, state
         return super().client_query(name, payload, data, state, rng)
+
+
+@register_start("lca")
+def lca_start(model: LCAModel, ctx) -> list[dict]:
+    """The start (the estimator's, and the one a verifying site replays,
+    :mod:`fedlatent.engine.node.replay_start`): the random-membership sums, then one M-step on
+    them (with concomitant variables: gamma's start)."""
+    total = int(offsets(model.n_categories)[-1])
+    S = random_membership_stats(ctx, {"nk": (model.K,), "counts": (model.K, total)})
+    return [model.server_step(S, {}, 0.0)]

@@ -30,6 +30,7 @@ from ...engine.estimation.checks import check_enough_rows, check_weights_init
 from ...engine.estimation.estimator import FitContext, check_is_fitted
 from ...engine.estimation.inference import InferenceMixin
 from ...engine.estimation.regression_mixture import FederatedRegressionMixture
+from ...engine.node.replay_start import register_start
 from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
 from ..concomitant import load_concomitant, save_concomitant
@@ -48,7 +49,8 @@ from .glm_model import LCRGLMModel
 from .math import lcr_m_step, lcr_stat_shapes, n_free_parameters
 from .model import LCRModel
 
-__all__ = ["LatentClassRegression", "initialize_random_memberships", "spread_around_pooled"]
+__all__ = ["LatentClassRegression", "initialize_random_memberships", "random_membership_starts",
+           "spread_around_pooled"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +71,30 @@ def initialize_random_memberships(ctx: FitContext, n_components: int, n_coef: in
     -------
     dict with ``weights`` (K,), ``beta`` (K, n_coef), ``noise_variance`` (K,)
     """
+    spread_start, random_start = random_membership_starts(ctx, n_components, n_coef, reg_noise)
+    return spread_start if spread else random_start
+
+
+@register_start("lcr")
+def _lcr_start(model, ctx) -> list[Params]:
+    """LCR's starts on a verifying site: ``init_params="spread"`` and ``"random"`` from the one
+    random-membership exchange (none under differential privacy: the noisy start of .dp)."""
+    if model.noisy:
+        return []
+    return list(random_membership_starts(ctx, model.K, int(ctx.n_features)
+                                         + int(model.fit_intercept), model.reg))
+
+
+def random_membership_starts(ctx: FitContext, n_components: int, n_coef: int,
+                             reg_noise: float) -> tuple[Params, Params]:
+    """``(spread, random)``: the two starts of one random-membership exchange
+    (:func:`spread_around_pooled` and the M-step on the sums); a verifying site replays both
+    (:meth:`~fedlatent.models.lcr.model.LCRModel.replay_start`)."""
     shapes = lcr_stat_shapes(n_components, n_coef)
     S = random_membership_stats(ctx, shapes, nonnegative=("nk", "syy"))
-    if spread:
-        return spread_around_pooled(S, reg_noise, ctx.seed)
     weights, beta, var = lcr_m_step(S, reg_noise)
-    return {"weights": weights, "beta": beta, "noise_variance": var}
+    return (spread_around_pooled(S, reg_noise, ctx.seed),
+            {"weights": weights, "beta": beta, "noise_variance": var})
 
 
 def spread_around_pooled(S: Stats, reg_noise: float, seed: int) -> Params:

@@ -1,0 +1,415 @@
+"""Verified rounds at a site: the transcript of the exchange before, checked, and the server's
+step replayed before the site computes anything (issue 38).
+
+Under secure aggregation with verification (the setup's ``verify`` field,
+:meth:`~fedlatent.engine.fedem.federation.Federation.verifies`), every exchange's message
+carries the transcript of the exchange before: the claimed ring sum ``A`` and its carries
+``c``, the root of the server's sum tree and this site's leaf index and path
+(:mod:`fedlatent.engine.secagg.sumtree`). Before it answers, the site (:func:`check_exchange`):
+
+1. checks its own leaf ``z_w`` of the exchange before (kept by its
+   :class:`~fedlatent.engine.secagg.client.SecAggClient`) against the root
+   (:func:`~fedlatent.engine.secagg.sumtree.verify_leaf`): a transcript without its leaf, with
+   another, or missing while it holds one, is refused naming the round;
+2. folds the transcript's digest into its confirmations of this exchange
+   (:func:`~fedlatent.engine.secagg.consistency.fold`): a neighbour shown another transcript
+   refuses to reveal, so the server cannot show two worlds;
+3. decodes ``A`` and replays the server (:func:`~fedlatent.engine.node.replay.replay`: the
+   FedEM update with the federation's step size and control-variate step, the model's M-step)
+   and refuses parameters that differ (:func:`~fedlatent.engine.node.replay.params_refusal`:
+   the round, the parameter and the largest difference); the E-step then uses the replayed
+   ``S_hat``, never one the server sends.
+
+What a site cannot replay it refuses under verification: the first round's parameters (a
+start) unless its policy allows public starts, and extra points (accelerated EM).
+
+Participation: verification needs every site in every round (``participation=1``): a site
+that took no part in an exchange holds no leaf of it and could only take its neighbours' word
+for the transcript; a federation with partial participation is refused verification at the
+setup (:meth:`Federation.verifies`) rather than verified by halves. A site declared dropped is
+excluded for the rest of the fit, so under full participation every survivor of exchange
+``t`` takes part in ``t + 1`` and checks its own leaf.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from fedlatent.engine.protocol.messages import pack, unpack
+from fedlatent.engine.stats import Stats
+
+__all__ = ["VerificationRefused", "check_exchange", "setup_verification", "verified_message",
+           "verifying"]
+
+_V = "verify/"
+
+
+class VerificationRefused(ValueError):
+    """A verifying site refuses an exchange (a transcript or parameters it cannot accept)."""
+
+
+def verifying(node) -> bool:
+    """Whether ``node``'s fit runs verified rounds (its setup said so: kept in its state)."""
+    return "verify/on" in node.state
+
+
+def setup_verification(node, msg: dict[str, Any]) -> None:
+    """Keep the fit's verification settings (the setup's ``verify`` field: the federation)
+    in the node's state, and forget an earlier fit's replay. The same run's setup again (a
+    node rebuilt for each message replays it) changes nothing: a run set up verified stays
+    verified."""
+    run = np.frombuffer(str(msg.get("run", "")).encode(), np.uint8).copy()
+    if run.size and "verify/on" in node.state and np.array_equal(node.state.get("verify/run"),
+                                                                   run):
+        return  # (an unnamed run is a new fit at every setup)
+    for k in [k for k in node.state if k.startswith(_V)]:
+        del node.state[k]
+    raw = msg.get("verify")
+    if raw:
+        node.state["verify/on"] = np.array(1.0)
+        node.state["verify/run"] = run
+        node.state["verify/federation"] = np.frombuffer(str(raw).encode(), np.uint8).copy()
+
+
+def _federation(node):
+    """The setup's federation (parsed once per node and setup)."""
+    from fedlatent.engine.fedem.federation import Federation
+
+    raw = node.state["verify/federation"].tobytes()
+    got = getattr(node, "_verify_federation", None)
+    if got is None or got[0] != raw:
+        got = (raw, Federation.from_config(json.loads(raw.decode())["federation"]))
+        node._verify_federation = got
+    return got[1]
+
+
+def verified_message(node, method: str, msg: dict[str, Any]):
+    """``(message to answer, None)`` or ``(None, refusal reply)`` for a node whose fit runs
+    verified rounds: a secure E-step or query after :func:`check_exchange`; a data exchange
+    outside secure aggregation refused (the setup promised verified rounds: fail closed)."""
+    from fedlatent.engine.protocol.messages import refusal_reply
+
+    try:
+        if method in ("estep", "query") and "secagg/slot" in msg:
+            if node.secagg is None:
+                raise VerificationRefused(f"client {node.client_id!r}: a secure exchange "
+                                          "before the key set-up")
+            return check_exchange(node, method, msg), None
+        if method in ("estep", "query", "evaluate"):
+            raise VerificationRefused(
+                f"client {node.client_id!r}: round {msg.get('round', '?')} refused: the setup "
+                f"set up verified rounds, and this {method!r} is not a secure exchange whose "
+                "transcript the site can check")
+    except VerificationRefused as err:
+        import logging
+
+        logging.getLogger(__name__).log(node.log_level, "%s", err)
+        return None, refusal_reply(str(err), "verification")
+    return msg, None
+
+
+def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
+    """The message ``node`` answers after its checks (see the module docstring): ``msg`` with
+    the replayed ``S_hat`` (an E-step) and no transcript; VerificationRefused naming the
+    client and the round otherwise."""
+    rnd = _num(msg.get("secagg/round", msg.get("round", 0)))
+    exch = str(msg.get("secagg/exchange", method))
+    who = f"client {node.client_id!r}: round {rnd} refused"
+    if node.model is None:  # (a node rebuilt for this message, as on Flower)
+        node._setup(msg)
+    if "secagg/replay" in msg:  # a group test (its remembered reply again, over a
+        node.secagg.keep_leaf = False  # sub-cohort, never applied): no transcript shown,
+        return {k: v for k, v in msg.items() if not k.startswith(_V)}  # its leaf kept
+    leaf = node.secagg.take_leaf()
+    if leaf is None:
+        if _V + "A" in msg:
+            raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
+                                      "took no part in (it holds no leaf to check it by)")
+        total = None
+    elif json.loads(leaf[0])[0] in json.loads(msg.get("secagg/undo", "[]")):
+        total = None  # its round discarded, never applied: the parameters stay (_same_again)
+    else:
+        total = _check_transcript(node, leaf, msg, rnd, exch, who)
+    node.secagg.keep_leaf = True
+    out = {k: v for k, v in msg.items() if not k.startswith(_V)}
+    _commit_seed(node, msg, who)
+    _keep_units(node, msg, who)
+    if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
+        _keep_start_exchange(node, total, _num(node.state["verify/N"], float))
+    if method != "estep":
+        if _last_kind(node) == "estep":
+            raise VerificationRefused(f"{who}: a query after the rounds began cannot be "
+                                      "replayed by this site")
+        node.state["verify/last"] = np.frombuffer(b"query", np.uint8).copy()
+        node.state["verify/asked"] = _bytes(json.dumps(_jsonable(
+            {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))
+        return out
+    out = _replay_round(node, out, total, rnd, who)
+    node.state["verify/last"] = np.frombuffer(b"estep", np.uint8).copy()
+    return out
+
+
+def _num(value, kind=int):
+    """A scalar a transport may carry as a one-entry array."""
+    return kind(np.asarray(value).reshape(-1)[0])
+
+
+def _last_kind(node) -> str:
+    last = node.state.get("verify/last")
+    return "" if last is None else bytes(last).decode()
+
+
+def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
+    """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
+    is checked; the digest bound to this exchange's confirmations."""
+    from fedlatent.engine.secagg.protocol import SecureAggregationError
+    from fedlatent.engine.secagg.sumtree import verify_leaf
+
+    label, shapes, z = leaf
+    if _V + "A" not in msg:
+        raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
+                                  f"({label.decode()}), in which this site took part: the "
+                                  "aggregate the parameters come from is unverified")
+    A = np.asarray(msg[_V + "A"], dtype=np.uint64)
+    c = np.asarray(msg[_V + "c"]).astype(np.uint64)
+    if A.shape != z.shape or c.shape != z.shape:
+        raise VerificationRefused(f"{who}: its transcript's sum has {A.size} words, this "
+                                  f"site's contribution {z.size}")
+    try:
+        at = np.asarray(msg[_V + "at"]).reshape(-1)
+        digest = verify_leaf(label, int(at[0]), int(at[1]),
+                             node.client_id, z, A, c, np.asarray(msg[_V + "root"]).tobytes(),
+                             (np.asarray(msg[_V + "path"]).tobytes(),
+                              np.asarray(msg[_V + "sums"], dtype=np.uint64)))
+    except SecureAggregationError as err:
+        raise VerificationRefused(f"{who}: {err}") from None
+    node.secagg.bind_digest(rnd, exch, digest)
+    from fedlatent.engine.secagg.encoding import Layout
+
+    fields = Layout(shapes).unflatten(A)
+    return node.secagg.config.encoding.decode(fields)
+
+
+def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[str, Any]:
+    """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
+    from fedlatent.engine.node.replay import params_refusal  # (not before a verified fit:
+    # a node answers plain rounds without the server's update loaded)
+    if int(msg.get("points", 0) or 0) > 0:
+        raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
+                                  "this site cannot replay yet; fit with "
+                                  "Federation(acceleration=None)")
+    sent = unpack(msg, "params")
+    mine = _groups(node.state, ("verify/params/", "verify/S_hat/", "verify/V/"))
+    undone = json.loads(msg.get("secagg/undo", "[]"))
+    if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
+        _same_again(node, msg, sent, rnd, mine)  # its round discarded: nothing applied since
+    elif _last_kind(node) != "estep":  # the first round: its parameters are a start
+        _declared(node, msg)
+        _start_check(node, sent, _num(node.state["verify/N"], float),
+                     _num(node.state["verify/clients"]), who)
+    else:
+        fed = _federation(node)
+        prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
+                                                  "verify/V/"))
+        from fedlatent.engine.fedem.update import FedEMState
+
+        state = FedEMState(Stats(S_prev) if S_prev else None, Stats(V_prev) if V_prev else None)
+        Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
+                   if S_prev else v for k, v in total.items() if k.startswith("delta/")})
+        init_round = not S_prev
+        k_prev = _num(node.state["verify/round"])
+        shapes = {k: np.shape(v) for k, v in Q.items()}
+        args = (node.model, None if init_round else state, Q, prev,
+                _num(node.state["verify/N"], float))
+        kw = dict(init_round=init_round, gamma=1.0 if init_round else fed.gamma(k_prev),
+                  p=1.0, alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
+        new, params = _replayed(node, args, kw)
+        why = params_refusal(sent, params, rnd, node.client_id)
+        if why:
+            _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
+            raise VerificationRefused(why)
+        _put_group(node.state, "verify/S_hat/", new.S_hat.to_dict(), mine)
+        _put_group(node.state, "verify/V/", {} if new.V is None else new.V.to_dict(), mine)
+        msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
+        msg.update(pack("S_hat", new.S_hat.to_dict()))
+    _put_group(node.state, "verify/params/", sent, mine)
+    node.state["verify/round"] = np.array(float(rnd))
+    return msg
+
+
+def _declared(node, msg: dict[str, Any]) -> None:
+    """Declared is evaluated (:func:`~fedlatent.engine.node.declared.check_round`), its
+    refusal as a verification refusal."""
+    from fedlatent.engine.node.declared import DeclaredShapeError, check_round
+
+    try:
+        check_round(node.model, node._data, msg, node.client_id)
+    except DeclaredShapeError as err:
+        raise VerificationRefused(str(err)) from None
+
+
+def _groups(state: dict, prefixes: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
+    """``{prefix: {name: array}}`` of the node state's entries under each prefix (one pass)."""
+    out: dict[str, dict[str, np.ndarray]] = {p: {} for p in prefixes}
+    for k, v in state.items():
+        if k.startswith("verify/"):
+            for p in prefixes:
+                if k.startswith(p):
+                    out[p][k[len(p):]] = np.asarray(v)
+    return out
+
+
+def _put_group(state: dict, prefix: str, arrays: dict, old: dict) -> None:
+    """Replace the entries under ``prefix`` (``old[prefix]``: those there now) by ``arrays``."""
+    for k in old[prefix]:
+        state.pop(prefix + k, None)
+    state.update({prefix + k: np.asarray(v) for k, v in arrays.items()})
+
+
+#: the last replays computed in this process, keyed by the SHA-256 of every input: the sites
+#: an in-process runtime holds replay one server step once (a deployed site computes its own)
+_REPLAYS: dict[bytes, tuple] = {}
+
+
+def _replayed(node, args, kw):
+    """:func:`~fedlatent.engine.node.replay.replay` of ``args`` and ``kw``, computed once per
+    distinct input in a process (copies handed out: every node keeps its own)."""
+    from fedlatent.engine.node.replay import replay
+    from fedlatent.engine.secagg import _crypto
+
+    model, state, Q, prev, n_total = args
+    fixed = getattr(node, "_verify_key", None)  # the model's config, once per node and model
+    if fixed is None or fixed[0] is not model:
+        fixed = node._verify_key = (model, model.name + json.dumps(
+            model.get_config(), sort_keys=True, default=str))
+    parts = [fixed[1], json.dumps(kw, sort_keys=True), repr(float(n_total)),
+             _text(node.state["verify/federation"])]
+    blocks = [("Q", Q), ("prev", prev)] + ([] if state is None else
+                                           [("S", state.S_hat), ("V", state.V or {})])
+    raw = "\0".join(parts).encode()
+    for tag, d in blocks:
+        for k in sorted(d):
+            a = np.ascontiguousarray(d[k], dtype=np.float64)
+            raw += f"\0{tag}/{k}{a.shape}".encode() + a.tobytes()
+    key = _crypto.commit(raw)
+    got = _REPLAYS.get(key)
+    if got is None:
+        got = replay(*args, **kw)
+        if len(_REPLAYS) >= 8:
+            _REPLAYS.pop(next(iter(_REPLAYS)))
+        _REPLAYS[key] = got
+    new, params = got
+    from fedlatent.engine.fedem.update import FedEMState
+
+    return (FedEMState(new.S_hat.copy(), None if new.V is None else new.V.copy()),
+            {k: np.array(v, copy=True) for k, v in params.items()})
+
+
+def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> None:
+    """After a discarded round (its aggregate never applied) the server's state is the one
+    before it: the parameters must be those evaluated then, ``S_hat`` the one kept."""
+    from fedlatent.engine.node.replay import params_refusal
+
+    why = params_refusal(sent, mine["verify/params/"], rnd, node.client_id)
+    if why:
+        raise VerificationRefused(why)
+    for k in [k for k in msg if k.startswith("S_hat/")]:
+        del msg[k]
+    msg.update(pack("S_hat", mine["verify/S_hat/"]))
+
+
+def _start_check(node, sent: dict, n_total: float, n_clients: int, who: str) -> None:
+    """The first round's parameters: a start replayed from the committed seed and the
+    verified aggregates of the start's exchanges (:mod:`~fedlatent.engine.node.replay_start`),
+    or, where the site's policy allows public starts (a simulation's sites: the analyst holds
+    them all) or the fit is differentially private (each release is DP whatever the
+    parameters; a noisy start is not replayed), any start of the declared shapes."""
+    from fedlatent.engine.node.replay_start import Exchange, start_refusal
+
+    policy = node.site_policy
+    seen = [Exchange(e["query"], _arrays(e["payload"]), _arrays(e["total"]))
+            for e in json.loads(_text(node.state.get("verify/start")) or "[]")]
+    seed = node.state.get("verify/seed")
+    why = start_refusal(sent, node.model, 0 if seed is None else int(_text(seed)), seen,
+                        node.client_id, n_features=int(np.shape(node._raw.X)[1]),
+                        n_total=n_total, n_clients=n_clients,
+                        public_starts=bool(policy.public_starts or policy.relaxed
+                                           or node.privacy is not None))
+    if why:
+        raise VerificationRefused(why)
+
+
+def _keep_units(node, msg: dict[str, Any], who: str) -> None:
+    """The federation's units N and its number of clients (``verify/units``), which the
+    replay needs: the first exchange's, the same in every later one."""
+    if _V + "units" not in msg:
+        raise VerificationRefused(f"{who}: it does not say the federation's units and clients "
+                                  "(verify/units), which the replay needs")
+    units = np.asarray(msg[_V + "units"], dtype=np.float64).reshape(-1)
+    before = (_num(node.state["verify/N"], float), _num(node.state["verify/clients"], float)) \
+        if "verify/N" in node.state else None
+    if before is not None and before != (units[0], units[1]):
+        raise VerificationRefused(f"{who}: it says {units[0]:g} units over {units[1]:g} clients"
+                                  f", not the {before[0]:g} over {before[1]:g} said before")
+    node.state["verify/N"], node.state["verify/clients"] = np.array(units[0]), np.array(units[1])
+
+
+def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
+    """The seed of the first message after the setup that carries one is the fit's; another
+    later is refused (:func:`~fedlatent.engine.node.replay_start.seed_refusal`)."""
+    from fedlatent.engine.node.replay_start import seed_refusal
+
+    if "seed" not in msg:
+        return
+    if "verify/seed" not in node.state:
+        node.state["verify/seed"] = _bytes(str(int(_num(msg["seed"]))))
+        return
+    why = seed_refusal(msg, int(_text(node.state["verify/seed"])), node.client_id,
+                       who.split(": ", 1)[1].replace(" refused", ""))
+    if why:
+        raise VerificationRefused(why)
+
+
+def _keep_start_exchange(node, total: dict, n_total: float) -> None:
+    """Add the query this site answered last, with its verified total (every field times N,
+    as the server multiplies it back), to the start's exchanges."""
+    asked = json.loads(_text(node.state.get("verify/asked")) or "{}")
+    out = {}
+    for k, v in total.items():
+        v = np.asarray(v) * n_total
+        out[k] = v.reshape(()) if v.size == 1 and (k == "n" or k.startswith("objective")) else v
+    kept = json.loads(_text(node.state.get("verify/start")) or "[]")
+    payload = {k: v for k, v in asked.items() if k not in ("query", "seed")}
+    kept.append({"query": str(_arrays(asked)["query"]), "payload": payload,
+                 "total": _jsonable(out)})
+    node.state["verify/start"] = _bytes(json.dumps(kept))
+
+
+def _bytes(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode(), np.uint8).copy()
+
+
+def _text(a) -> str:
+    return "" if a is None else np.asarray(a, np.uint8).tobytes().decode()
+
+
+def _jsonable(d: dict) -> dict:
+    """Arrays as ``{"a": values, "s": shape}`` (exact: JSON floats are repr's), the rest as
+    it is (strings, numbers)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, str | bytes):
+            out[k] = v if isinstance(v, str) else v.decode()
+        else:
+            a = np.asarray(v)
+            out[k] = {"a": a.ravel().tolist(), "s": list(a.shape), "d": a.dtype.str}
+    return out
+
+
+def _arrays(d: dict) -> dict:
+    """Inverse of :func:`_jsonable`."""
+    return {k: np.asarray(v["a"], dtype=np.dtype(v["d"])).reshape(v["s"])
+            if isinstance(v, dict) else v for k, v in d.items()}
