@@ -233,7 +233,8 @@ class Federation:
         the sum the server used (a sum tree) and replays the server's step from it, refusing
         any other parameters (:mod:`fedlatent.engine.node.verify`). None: on under secure
         aggregation whenever the sites can replay the settings (participation 1, a numeric
-        step size, no acceleration), else off; True: required (other settings refused);
+        step size; SQUAREM's and subspace Newton's statistics and extra points are replayed
+        too), else off; True: required (other settings refused);
         False: off (the server is trusted with the parameters each site evaluates).
     """
 
@@ -477,9 +478,6 @@ class Federation:
         if callable(self.step_size):
             out.append("a callable step_size (a site can replay only a number it is sent at "
                        "setup)")
-        if resolve_acceleration(self.acceleration) is not None:
-            out.append("acceleration (its extra points are not replayed by the sites yet; "
-                       "use acceleration=None)")
         return out
 
     @property

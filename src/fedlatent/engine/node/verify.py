@@ -20,8 +20,13 @@ carries the transcript of the exchange before: the claimed ring sum ``A`` and it
    the round, the parameter and the largest difference); the E-step then uses the replayed
    ``S_hat``, never one the server sends.
 
+Accelerated EM (``Federation(acceleration="squarem" | "newton")``): the statistic the
+accelerator sends instead of ``F(S_hat)`` and each extra point are replayed from the verified
+aggregates (:mod:`~fedlatent.engine.node.verify_points`) and refused when they differ.
+
 What a site cannot replay it refuses under verification: the first round's parameters (a
-start) unless its policy allows public starts, and extra points (accelerated EM).
+start) unless its policy allows public starts, and extra points in a fit set up without
+acceleration, in the first round, or beyond those the history of aggregates gives.
 
 Participation: verification needs every site in every round (``participation=1``): a site
 that took no part in an exchange holds no leaf of it and could only take its neighbours' word
@@ -195,49 +200,75 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
 
 def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[str, Any]:
     """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
-    from fedlatent.engine.node.replay import params_refusal  # (not before a verified fit:
-    # a node answers plain rounds without the server's update loaded)
-    if int(msg.get("points", 0) or 0) > 0:
+    from fedlatent.engine.node import verify_points as vp  # (not before a verified fit: a
+    # node answering plain rounds loads neither the server's update nor the accelerators)
+
+    fed = _federation(node)
+    if vp.n_points(msg) > 0 and (not vp.accelerated(fed) or _last_kind(node) != "estep"):
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
-                                  "this site cannot replay yet; fit with "
-                                  "Federation(acceleration=None)")
+                                  "this site cannot replay " + (
+                                      "in the first round" if vp.accelerated(fed) else
+                                      "in a fit set up with Federation(acceleration=None)"))
     sent = unpack(msg, "params")
     mine = _groups(node.state, ("verify/params/", "verify/S_hat/", "verify/V/"))
     undone = json.loads(msg.get("secagg/undo", "[]"))
+    n_total = _num(node.state["verify/N"], float)
     if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
         _same_again(node, msg, sent, rnd, mine)  # its round discarded: nothing applied since
+        if vp.accelerated(fed):  # (the server restarts its path after a discarded round)
+            _refuse(vp.check_points(node, vp.restart(node, fed, n_total), msg, sent, rnd))
     elif _last_kind(node) != "estep":  # the first round: its parameters are a start
         _declared(node, msg)
-        _start_check(node, sent, _num(node.state["verify/N"], float),
-                     _num(node.state["verify/clients"]), who)
+        _start_check(node, sent, n_total, _num(node.state["verify/clients"]), who)
     else:
-        fed = _federation(node)
-        prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
-                                                  "verify/V/"))
-        from fedlatent.engine.fedem.update import FedEMState
-
-        state = FedEMState(Stats(S_prev) if S_prev else None, Stats(V_prev) if V_prev else None)
-        Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
-                   if S_prev else v for k, v in total.items() if k.startswith("delta/")})
-        init_round = not S_prev
-        k_prev = _num(node.state["verify/round"])
-        shapes = {k: np.shape(v) for k, v in Q.items()}
-        args = (node.model, None if init_round else state, Q, prev,
-                _num(node.state["verify/N"], float))
-        kw = dict(init_round=init_round, gamma=1.0 if init_round else fed.gamma(k_prev),
-                  p=1.0, alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
-        new, params = _replayed(node, args, kw)
-        why = params_refusal(sent, params, rnd, node.client_id)
-        if why:
-            _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
-            raise VerificationRefused(why)
-        _put_group(node.state, "verify/S_hat/", new.S_hat.to_dict(), mine)
-        _put_group(node.state, "verify/V/", {} if new.V is None else new.V.to_dict(), mine)
-        msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
-        msg.update(pack("S_hat", new.S_hat.to_dict()))
+        msg = _next_round(node, fed, msg, sent, total, mine, rnd)
     _put_group(node.state, "verify/params/", sent, mine)
     node.state["verify/round"] = np.array(float(rnd))
     return msg
+
+
+def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
+                rnd: int) -> dict[str, Any]:
+    """``msg`` with the replayed ``S_hat`` after the exchange before (its decoded ``total``):
+    the server's FedEM step and, accelerated, the accelerator's statistic and extra points
+    (:mod:`~fedlatent.engine.node.verify_points`); VerificationRefused otherwise."""
+    from fedlatent.engine.fedem.update import FedEMState
+    from fedlatent.engine.node import verify_points as vp
+    from fedlatent.engine.node.replay import params_refusal
+
+    n_total = _num(node.state["verify/N"], float)
+    prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
+                                              "verify/V/"))
+    state = FedEMState(Stats(S_prev) if S_prev else None, Stats(V_prev) if V_prev else None)
+    Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
+               if S_prev else v for k, v in total.items() if k.startswith("delta/")})
+    init_round = not S_prev
+    k_prev = _num(node.state["verify/round"])
+    shapes = {k: np.shape(v) for k, v in Q.items()}
+    args = (node.model, None if init_round else state, Q, prev, n_total)
+    kw = dict(init_round=init_round, gamma=1.0 if init_round else fed.gamma(k_prev),
+              p=1.0, alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
+    new, params = _replayed(node, args, kw)
+    if vp.accelerated(fed):  # the statistic the accelerator sends instead of F(S_hat)
+        pr, acc = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
+        if acc.S_hat is not new.S_hat:
+            new, params = acc, node.model.server_step(acc.S_hat, prev, n_total)
+    why = params_refusal(sent, params, rnd, node.client_id)
+    if why:
+        _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
+        raise VerificationRefused(why)
+    if vp.accelerated(fed):
+        _refuse(vp.check_points(node, pr, msg, params, rnd))
+    _put_group(node.state, "verify/S_hat/", new.S_hat.to_dict(), mine)
+    _put_group(node.state, "verify/V/", {} if new.V is None else new.V.to_dict(), mine)
+    msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
+    msg.update(pack("S_hat", new.S_hat.to_dict()))
+    return msg
+
+
+def _refuse(why: str | None) -> None:
+    if why:
+        raise VerificationRefused(why)
 
 
 def _declared(node, msg: dict[str, Any]) -> None:
