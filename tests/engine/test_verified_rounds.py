@@ -279,3 +279,20 @@ def test_a_crafted_start_is_refused_by_every_site_at_round_1(name):
     for c, reply in rt.replies.items():
         assert re.match(rf"client {c!r}: round 1 refused: .*differs from the replay",
                         reply[ERROR_KEY]), (c, reply[ERROR_KEY])
+
+
+def test_a_secure_fit_the_sites_cannot_replay_says_so_once_at_setup(caplog):
+    """Secure aggregation that runs unverified (participation below 1, or verified=False) is
+    named at setup with the reason; a verified one is silent."""
+    with caplog.at_level("WARNING", logger="fedlatent.engine.rounds.fitsetup"):
+        _fit("gmm", participation=1.0)
+    assert not [r for r in caplog.records if "without verified rounds" in r.getMessage()]
+    for fed, why in (({"verified": False}, "Federation(verified=False)"),
+                     ({"participation": 0.8}, "participation=0.8 (a site that missed")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="fedlatent.engine.rounds.fitsetup"):
+            _fit("gmm", **fed)
+        said = [r.getMessage() for r in caplog.records
+                if "without verified rounds" in r.getMessage()]
+        assert len(said) == 1 and why in said[0], said
+        assert "trust it with the parameters they evaluate" in said[0]

@@ -3,12 +3,15 @@ the clients set up, the secure-aggregation channel opened."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.protocol.exchange import setup_sites
 from fedlatent.engine.protocol.runtime import Runtime, SiteSubset
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FitSetup", "setup_fit", "site_refusals", "warn_excluded"]
 
@@ -64,6 +67,12 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
     cohort = None
     if federation.secure_aggregation:  # the smallest cohort an aggregate can cover
         from fedlatent.engine.secagg.secure import default_threshold
+
+        if not federation.verifies:
+            logger.warning("secure aggregation without verified rounds (%s): the sites cannot "
+                           "replay the server and trust it with the parameters they evaluate",
+                           "; ".join(federation.verification_problems())
+                           or "Federation(verified=False)")
 
         cohort = federation.secagg_threshold or default_threshold
     sites = setup_sites(runtime, model, effective(federation.disclosure,
