@@ -287,7 +287,7 @@ def test_a_secure_fit_the_sites_cannot_replay_says_so_once_at_setup(caplog):
     with caplog.at_level("WARNING", logger="fedlatent.engine.rounds.fitsetup"):
         _fit("gmm", participation=1.0)
     assert not [r for r in caplog.records if "without verified rounds" in r.getMessage()]
-    for fed, why in (({"verified": False}, "Federation(verified=False)"),
+    for fed, why in (({"verified": False}, "verification turned off"),
                      ({"participation": 0.8}, "participation=0.8 (a site that missed")):
         caplog.clear()
         with caplog.at_level("WARNING", logger="fedlatent.engine.rounds.fitsetup"):

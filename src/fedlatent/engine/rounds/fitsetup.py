@@ -72,7 +72,7 @@ def setup_fit(runtime: Runtime, model, federation: Federation, max_rounds: int, 
             logger.warning("secure aggregation without verified rounds (%s): the sites cannot "
                            "replay the server and trust it with the parameters they evaluate",
                            "; ".join(federation.verification_problems())
-                           or "Federation(verified=False)")
+                           or "verification turned off")
 
         cohort = federation.secagg_threshold or default_threshold
     sites = setup_sites(runtime, model, effective(federation.disclosure,
