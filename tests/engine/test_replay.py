@@ -4,51 +4,21 @@ M-step give the next round's parameters to the replay tolerance; one coordinate 
 
 from __future__ import annotations
 
-import json
 import re
-import warnings
 
 import numpy as np
 import pytest
 
 import fedlatent as fl
-from fedlatent.engine.contract import registry
-from fedlatent.engine.fedem.update import client_weights
 from fedlatent.engine.node.replay import REPLAY_RTOL, params_refusal, replay
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
-from fedlatent.engine.transport.inprocess import InProcessRuntime
+from replay_recording import recorded
 
 
 def _rounds(name: str, cv: bool):
-    """An example fit of ``name`` (full participation), every message recorded: the model,
-    the client weights, the units, and per round its message and the clients' replies."""
-    case = registry.estimator_entries()[name].load_example().case()
-    fd = case.data()
-    rt = InProcessRuntime(fd, record=True)
-    est = case.make()
-    if "n_init" in est.get_params():  # one start: every round continues the one before
-        est.set_params(n_init=1)
-    est.set_params(federation=fl.Federation(control_variates=cv))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        est.fit(fd, runtime=rt)
-    ups: dict[int, dict] = {}
-    down = [(c, m) for d, c, meth, m in rt.log if d == "down" and meth == "estep"]
-    up = [(c, m) for d, c, meth, m in rt.log if d == "up" and meth == "estep"]
-    msgs: dict[int, dict] = {}
-    for (c, m), (c2, reply) in zip(down, up):
-        assert c == c2
-        k = int(m["round"])
-        if msgs and k < max(msgs):  # another start (n_init): keep the last start's rounds
-            msgs, ups = {}, {}
-        msgs.setdefault(k, m)
-        ups.setdefault(k, {})[c] = reply
-    setup = next(m for d, c, meth, m in rt.log if d == "down" and meth == "setup")
-    model = registry.model_from_config(setup["model"], json.loads(setup["model_config"]))
-    units = {c: float(m["n_units"]) for d, c, meth, m in rt.log if d == "up" and meth == "setup"}
-    fed = est.federation if getattr(est, "federation", None) is not None else fl.Federation()
-    return model, client_weights(fed, units), sum(units.values()), msgs, ups
+    """An example fit of ``name`` (full participation, one start), every message recorded."""
+    return recorded(name, one_start=True, federation=fl.Federation(control_variates=cv))
 
 
 def _total(replies: dict, weights: dict) -> Stats:

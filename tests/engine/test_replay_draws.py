@@ -6,45 +6,13 @@ coefficient moved by 1e-6 (relative), are refused."""
 
 from __future__ import annotations
 
-import json
-import warnings
-
 import numpy as np
 import pytest
 
-import fedlatent as fl
-from fedlatent.engine.contract import registry
-from fedlatent.engine.fedem.update import client_weights
 from fedlatent.engine.node.replay import params_refusal, replay
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
-from fedlatent.engine.transport.inprocess import InProcessRuntime
-
-
-def _recorded(name: str, **params):
-    """``name``'s example fit with ``params``, every message recorded: the model, weights,
-    total units, and per round its message and replies."""
-    case = registry.estimator_entries()[name].load_example().case()
-    fd = case.data()
-    rt = InProcessRuntime(fd, record=True)
-    est = case.make().set_params(**params)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        est.fit(fd, runtime=rt)
-    msgs, ups = {}, {}
-    down = [(c, m) for d, c, meth, m in rt.log if d == "down" and meth == "estep"]
-    up = [(c, m) for d, c, meth, m in rt.log if d == "up" and meth == "estep"]
-    for (c, m), (_, reply) in zip(down, up, strict=True):
-        k = int(m["round"])
-        if msgs and k < max(msgs):  # another chain or start: keep the last one's rounds
-            msgs, ups = {}, {}
-        msgs.setdefault(k, m)
-        ups.setdefault(k, {})[c] = reply
-    setup = next(m for d, c, meth, m in rt.log if d == "down" and meth == "setup")
-    model = registry.model_from_config(setup["model"], json.loads(setup["model_config"]))
-    units = {c: float(m["n_units"]) for d, c, meth, m in rt.log if d == "up" and meth == "setup"}
-    fed = est.federation if est.federation is not None else fl.Federation()
-    return model, client_weights(fed, units), sum(units.values()), msgs, ups
+from replay_recording import recorded
 
 
 def _replayed(model, weights, n_total, msgs, ups):
@@ -65,7 +33,7 @@ def _replayed(model, weights, n_total, msgs, ups):
 
 
 def test_hlcrs_server_side_draws_replay_and_another_seed_is_refused():
-    model, w, n, msgs, ups = _recorded("hlcr", max_rounds=12)
+    model, w, n, msgs, ups = recorded("hlcr", max_rounds=12)
     assert model.estimates_hyper  # sigma and delta are drawn on the server each round
     chain = _replayed(model, w, n, msgs, ups)
     sigmas = []
@@ -89,7 +57,7 @@ def test_hlcrs_server_side_draws_replay_and_another_seed_is_refused():
 @pytest.mark.parametrize("update", ["newton", "average"])
 def test_fedgmms_learner_steps_replay_and_a_moved_coefficient_is_refused(update):
     # a small trust region: the Newton steps are damped in early rounds
-    model, w, n, msgs, ups = _recorded("fedgmm", learner_update=update, newton_step_max=0.05,
+    model, w, n, msgs, ups = recorded("fedgmm", learner_update=update, newton_step_max=0.05,
                                        max_rounds=8, tol=1e-12)
     chain = _replayed(model, w, n, msgs, ups)
     damped = 0
