@@ -49,29 +49,27 @@ def compute_precision_cholesky(covariances: np.ndarray, covariance_type: str) ->
     -------
     ndarray, same shape as ``covariances``
     """
-    from scipy import linalg  # the server's M-step only: a client process never imports SciPy
-
     msg = (
         "a covariance matrix is not positive definite (a component collapsed onto few points); "
         "raise reg_covar or lower n_components"
     )
-    if covariance_type == "full":
-        K, d, _ = covariances.shape
-        out = np.empty((K, d, d))
-        for k in range(K):
-            try:
-                c = linalg.cholesky(covariances[k], lower=True)
-            except linalg.LinAlgError as e:
-                raise ValueError(msg) from e
-            out[k] = linalg.solve_triangular(c, np.eye(d), lower=True).T
-        return out
-    if covariance_type == "tied":
-        d = covariances.shape[0]
-        try:
-            c = linalg.cholesky(covariances, lower=True)
-        except linalg.LinAlgError as e:
-            raise ValueError(msg) from e
-        return linalg.solve_triangular(c, np.eye(d), lower=True).T
+    if covariance_type in ("full", "tied"):
+        # LAPACK's potrf and trtrs called directly: the same routines (and bits) as
+        # scipy.linalg.cholesky and solve_triangular, without their wrappers' checks and
+        # batching (the server's M-step and a verifying site's replay, every round)
+        from scipy.linalg import lapack  # (not imported by a site that only answers E-steps)
+
+        if not np.isfinite(covariances).all():
+            raise ValueError("array must not contain infs or NaNs")
+        full = covariances if covariance_type == "full" else covariances[None]
+        eye = np.eye(full.shape[-1])
+        out = np.empty(full.shape)
+        for k in range(full.shape[0]):  # (K components: a handful of small matrices)
+            c, info = lapack.dpotrf(full[k], lower=1, clean=1)
+            if info != 0:
+                raise ValueError(msg)
+            out[k] = lapack.dtrtrs(c, eye, lower=1)[0].T
+        return out if covariance_type == "full" else out[0]
     if np.any(np.less_equal(covariances, 0.0)):
         raise ValueError(msg)
     return 1.0 / np.sqrt(covariances)
@@ -185,10 +183,10 @@ def gmm_m_step(
     nk = S["nk"] + 10 * np.finfo(np.float64).eps
     mc = S["sx"] / nk[:, None]
     d = mc.shape[1]
-    if covariance_type == "full":
-        cov = S["sxx"] / nk[:, None, None] - np.einsum("ki,kj->kij", mc, mc)
-        cov = 0.5 * (cov + np.transpose(cov, (0, 2, 1)))
-        cov[:, np.arange(d), np.arange(d)] += reg_covar
+    if covariance_type == "full":  # (the outer products and the diagonal without einsum
+        cov = S["sxx"] / nk[:, None, None] - mc[:, :, None] * mc[:, None, :]  # or fancy
+        cov = 0.5 * (cov + np.transpose(cov, (0, 2, 1)))  # indexing: the same bits, fewer
+        cov.reshape(cov.shape[0], d * d)[:, ::d + 1] += reg_covar  # calls, every round)
     elif covariance_type == "tied":
         cov = (S["sxx"] - (nk[:, None] * mc).T @ mc) / nk.sum()
         cov = 0.5 * (cov + cov.T)
@@ -219,10 +217,17 @@ def hold_degenerate(cov: np.ndarray, S: Stats, covariance_type: str
     sxx = np.asarray(S["sxx"], dtype=np.float64).sum(axis=0) / n
     if covariance_type == "full":
         pooled = sxx - np.outer(mean, mean)
-        floor = DEGENERATE_FRACTION * max(float(np.linalg.eigvalsh(0.5 * (pooled + pooled.T))[0]),
-                                          0.0)
+        sym = 0.5 * (cov + np.swapaxes(cov, -1, -2))
+        vals = np.linalg.eigvalsh(np.concatenate([(0.5 * (pooled + pooled.T))[None], sym]))
+        floor = DEGENERATE_FRACTION * max(float(vals[0, 0]), 0.0)
         if not floor > 0:
             return cov, np.zeros(nk.size, dtype=bool)
+        # every component's lowest eigenvalue clear of the floor (by far more than the last
+        # bits in which eigenvalues with and without vectors may differ, on the scale of the
+        # largest): nothing to lift, as lift_eigenvalues would find (its symmetrized
+        # covariances, the same bits); else it decides, on its own eigenvalues
+        if float(vals[1:, 0].min()) > floor + 1e-10 * float(np.abs(vals[1:]).max()):
+            return sym, np.zeros(nk.size, dtype=bool)
         return lift_eigenvalues(cov, floor)
     var = np.maximum(sxx - mean**2, 0.0) * DEGENERATE_FRACTION
     floor = var if covariance_type == "diag" else float(var.mean())
