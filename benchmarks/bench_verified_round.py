@@ -2,31 +2,36 @@
 wired protocol, measured in one run (issue 38).
 
 A secure federated GMM (d = 4, K = 3, full covariance, 200 rows a client, the data of
-``bench_secure_fit.py``) runs ``--rounds`` rounds in-process over ``--clients`` clients at
-full participation (verification needs it), once with ``Federation(verified=False)`` and once
-with the default (verified rounds: each message carries the transcript of the site's last
-exchange, every site checks its own leaf and path, folds the digest into its consistency
-tokens, and replays the FedEM update and the M-step; the server sends no ``S_hat``). Every
-client call goes through the runtime, so the CPU time inside ``runtime.call`` during a
-round, divided by its participants, is a site's CPU for that round (E-step, masking,
-verification, consistency round, reveal; the runtime's copying of messages counted too).
-Bytes down per participant come from ``history_``. Round 1 carries the key set-up and the
-start's replay and is reported apart (set-up: the key exchange's bytes and CPU, which
-verification does not change); rounds 2.. are the steady state (median).
+``bench_secure_fit.py``; ``--rows`` another number of rows a client, drawn the same way) runs
+``--rounds`` rounds in-process over ``--clients`` clients at full participation
+(verification needs it), once with ``Federation(verified=False)`` and once with the default
+(verified rounds: each message carries the transcript of the site's last exchange, every
+site checks its own leaf and path, folds the digest into its consistency tokens, and
+replays the FedEM update and the M-step; the server sends no ``S_hat``). Every client call
+goes through the runtime, so the CPU time inside ``runtime.call`` during a round, divided
+by its participants, is a site's CPU for that round (E-step, masking, verification,
+consistency round, reveal; the runtime's copying of messages counted too). Bytes down per
+participant come from ``history_``. Round 1 carries the key set-up and the start's replay
+and is reported apart (set-up: the key exchange's bytes and CPU, which verification does
+not change); rounds 2.. are the steady state (median). Each site replays alone, as a
+deployed one does (nothing is shared between the sites of the process).
 
-The sites one process holds share one replay of each server step and one challenge of each
-claim (keyed by a hash of every input: ``node/verify.py``, ``secagg/sumtree.py``); a deployed
-site computes its own. The third fit ("verified, nothing shared") turns that sharing off, so
-its figure is what each site pays alone. The server's extra work (the sum tree of each
+Where a verified round's extra goes (rounds 2.., per site): each part of the site's
+verification timed with the thread's CPU clock, only inside ``runtime.call`` (the server runs
+some of the same functions outside it), and the fields a verified message carries instead of
+an unverified one's, with their bytes. The server's extra work (the sum tree of each
 exchange) is reported as the server's CPU outside ``runtime.call`` per round. The machine is
-shared: ratios are within one run.
+shared: ratios are within one run (the load is printed).
 
-Run: ``python benchmarks/bench_verified_round.py [--clients 1000] [--rounds 4]``.
+Run: ``python benchmarks/bench_verified_round.py [--clients 1000] [--rounds 5] [--rows 200]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
+import os
 import time
 import warnings
 
@@ -35,88 +40,166 @@ from _common import blas_limit  # noqa: E402 (this folder is on sys.path)
 from bench_secure_fit import data  # noqa: E402
 
 import fedlatent as fl
+from fedlatent.engine.protocol.messages import message_nbytes
+
+
+def rows_data(n_clients: int, rows: int, seed: int = 0) -> fl.FederatedDataset:
+    """``bench_secure_fit.data`` (200 rows a client), or the same draw with ``rows`` rows."""
+    if rows == 200:
+        return data(n_clients, seed)
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 3, (3, 4))
+    return fl.FederatedDataset.from_arrays(
+        {f"c{i:05d}": centers[rng.integers(0, 3, rows)] + rng.normal(size=(rows, 4))
+         for i in range(n_clients)})
+
+
+def _parts():
+    """(owner, attribute, part) of a site's verification, a part nested in another after it."""
+    import fedlatent.engine.node.replay as replay
+    import fedlatent.engine.node.verify as verify
+    import fedlatent.engine.secagg.sumtree as sumtree
+    from fedlatent.engine.fedem.update import FedEMState
+    from fedlatent.models.gmm.model import GMMModel
+
+    return [
+        (verify, "check_exchange", "verification, all of it"),
+        (sumtree, "read_transcript", "  reading the transcript's bytes"),
+        (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
+        (FedEMState, "advance", "  replay: FedEM update"),
+        (GMMModel, "server_step", "  replay: M-step (server_step)"),
+        (replay, "params_refusal", "  parameters compared"),
+    ]
 
 
 class TimedRuntime(fl.InProcessRuntime):
-    """The in-process runtime, with the CPU seconds spent answering clients kept."""
+    """The in-process runtime, with the CPU seconds spent answering clients kept, each part of
+    ``parts`` timed inside its calls, and the last E-step message of one client kept."""
 
-    def __init__(self, fd):
+    def __init__(self, fd, parts=()):
         super().__init__(fd, batched=False)
-        self.cpu = 0.0
+        self.cpu, self.inside, self.acc, self.msg = 0.0, False, collections.Counter(), None
+        self.undo = [self._wrap(*p) for p in parts]
+
+    def _wrap(self, owner, name, label):
+        f = getattr(owner, name)
+
+        @functools.wraps(f)
+        def g(*a, **kw):
+            if not self.inside:
+                return f(*a, **kw)
+            t0 = time.thread_time()
+            try:
+                return f(*a, **kw)
+            finally:
+                self.acc[label] += time.thread_time() - t0
+
+        setattr(owner, name, g)
+        return owner, name, f
+
+    def restore(self) -> None:
+        for owner, name, f in self.undo:
+            setattr(owner, name, f)
 
     def call(self, client_ids, method, messages):
-        t = time.process_time()
+        if method == "estep" and client_ids:
+            self.msg = dict(messages[client_ids[0]])
+        t = time.thread_time()
+        self.inside = True
         try:
             return super().call(client_ids, method, messages)
         finally:
-            self.cpu += time.process_time() - t
+            self.inside = False
+            self.cpu += time.thread_time() - t
 
 
-class _Unshared(dict):
-    """A memo that never hits (each site computes its own replay and challenge)."""
-
-    def get(self, key, default=None):
-        return default
-
-
-def secure_fit(fd, rounds: int, verified: bool, shared: bool = True) -> dict:
-    """Per round: site CPU per participant, server CPU, bytes down per participant."""
-    import fedlatent.engine.node.verify as verify
-    import fedlatent.engine.secagg.sumtree as sumtree
-
-    memos = (verify._REPLAYS, sumtree._CLAIMS)
-    if not shared:
-        verify._REPLAYS, sumtree._CLAIMS = _Unshared(), _Unshared()
-    try:
-        return _secure_fit(fd, rounds, verified)
-    finally:
-        verify._REPLAYS, sumtree._CLAIMS = memos
-
-
-def _secure_fit(fd, rounds: int, verified: bool) -> dict:
-    rt = TimedRuntime(fd)
+def secure_fit(fd, rounds: int, verified: bool) -> dict:
+    """Per round: site CPU per participant, server CPU, bytes down per participant; the
+    verification's parts per participant (rounds 2..) and the last E-step message. Both fits
+    run with the same timers (the unverified one calls none of them inside the sites)."""
+    rt = TimedRuntime(fd, _parts())
     fed = fl.Federation(secure_aggregation=True, verified=verified)
     est = fl.FederatedGaussianMixture(3, init_params="random", federation=fed, max_rounds=rounds,
                                       tol=0.0, random_state=7, verbose=False)
-    marks = [(0.0, time.process_time())]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", fl.ConvergenceWarning)
-        est.fit(fd, runtime=rt,
-                callbacks=[lambda *a: marks.append((rt.cpu, time.process_time()))])
+    marks = [(0.0, time.thread_time())]
+
+    def record(*a):
+        marks.append((rt.cpu, time.thread_time()))
+        if len(marks) == 2:
+            rt.acc.clear()  # (rounds 2.. only)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fl.ConvergenceWarning)
+            est.fit(fd, runtime=rt, callbacks=[record])
+    finally:
+        rt.restore()
     h = est.history_.to_frame()
     site = np.diff([m[0] for m in marks])
     total = np.diff([m[1] for m in marks])
     n = h["participants"].to_numpy()
+    per = float(np.sum(n[1:]))
     return {"site": site / n, "server": total - site, "down": (h["bytes_down"] / n).to_numpy(),
-            "params": est.means_}
+            "params": est.means_, "parts": {k: v / per for k, v in rt.acc.items()},
+            "msg": rt.msg}
+
+
+def _fields(off: dict, on: dict) -> None:
+    """The fields one message carries and the other does not, with their bytes."""
+    a, b = off["msg"], on["msg"]
+    print("  fields of a round's E-step message (bytes: name and value):")
+    for k in sorted(set(a) ^ set(b)):
+        v = a.get(k, b.get(k))
+        what = f"{np.asarray(v).dtype}{np.shape(v)}" if isinstance(v, np.ndarray) else ""
+        side = "verified only" if k in b else "unverified only"
+        print(f"    {k:24s} {message_nbytes({k: v}):6d}  {side:16s} {what}")
+    print(f"    message: unverified {message_nbytes(a)}, verified {message_nbytes(b)}")
+
+
+def _account(on: dict, base: float, extra: float) -> None:
+    print("  where a verified round's site CPU goes (thread CPU, inside the site's calls; "
+          "mean of rounds 2..):")
+    parts = on["parts"]
+    for _, _, label in _parts():
+        v = parts.get(label, 0.0)
+        print(f"    {label:42s} {v * 1e6:8.1f} us  {v / base:6.3f} of the unverified round")
+    top = parts.get("verification, all of it", 0.0)
+    nested = sum(v for k, v in parts.items() if k.startswith("  "))
+    print(f"    {'  the rest of it (messages, state, parsing)':42s} {(top - nested) * 1e6:8.1f} us")
+    print(f"    {'outside it (E-step and masking after it)':42s} {(extra - top) * 1e6:8.1f} us")
+    print(f"    {'verified round less unverified round':42s} {extra * 1e6:8.1f} us  "
+          f"{extra / base:6.3f} of the unverified round")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=200)
     a = ap.parse_args()
     with blas_limit(1):
-        fd = data(a.clients)
+        fd = rows_data(a.clients, a.rows)
         off = secure_fit(fd, a.rounds, False)
         on = secure_fit(fd, a.rounds, True)
-        alone = secure_fit(fd, a.rounds, True, shared=False)
     same = float(np.max(np.abs(on["params"] - off["params"])))
-    print(f"clients {a.clients}, rounds {a.rounds} (machine shared; ratios within this run); "
-          f"verified and unverified means differ by {same:.3g}")
+    print(f"clients {a.clients}, rows a client {a.rows}, rounds {a.rounds}, load "
+          f"{os.getloadavg()[0]:.1f} (machine shared; ratios within this run); verified and "
+          f"unverified means differ by {same:.3g}")
     for what, r in (("round 1 (set-up, start)", slice(0, 1)), ("rounds 2.. (median)",
                                                                 slice(1, None))):
-        cpu = [float(np.median(x["site"][r])) for x in (off, on, alone)]
+        cpu = [float(np.median(x["site"][r])) for x in (off, on)]
         down = [float(np.median(x["down"][r])) for x in (off, on)]
         srv = [float(np.median(x["server"][r])) for x in (off, on)]
         print(f"{what}:")
-        print(f"  site CPU per participant  unverified {cpu[0] * 1e3:9.3f} ms   verified "
-              f"{cpu[1] * 1e3:9.3f} ms   ratio {cpu[1] / cpu[0]:6.3f}x   nothing shared "
-              f"{cpu[2] * 1e3:9.3f} ms   ratio {cpu[2] / cpu[0]:6.3f}x")
+        print(f"  site CPU per participant   unverified {cpu[0] * 1e3:9.3f} ms   verified "
+              f"{cpu[1] * 1e3:9.3f} ms   ratio {cpu[1] / cpu[0]:6.3f}x")
         print(f"  bytes down per participant unverified {down[0]:9.0f}      verified "
               f"{down[1]:9.0f}      ratio {down[1] / down[0]:6.3f}x")
         print(f"  server CPU (outside calls) unverified {srv[0]:9.3f} s    verified "
               f"{srv[1]:9.3f} s")
+    base = float(np.mean(off["site"][1:]))
+    _account(on, base, float(np.mean(on["site"][1:])) - base)
+    _fields(off, on)
 
 
 if __name__ == "__main__":

@@ -83,10 +83,10 @@ def _federation(node):
     """The setup's federation (parsed once per node and setup)."""
     from fedlatent.engine.fedem.federation import Federation
 
-    raw = node.state["verify/federation"].tobytes()
+    held = node.state["verify/federation"]
     got = getattr(node, "_verify_federation", None)
-    if got is None or got[0] != raw:
-        got = (raw, Federation.from_config(json.loads(raw.decode())["federation"]))
+    if got is None or got[0] is not held:
+        got = (held, Federation.from_config(json.loads(held.tobytes().decode())["federation"]))
         node._verify_federation = got
     return got[1]
 
@@ -129,12 +129,13 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         node.secagg.keep_leaf = False  # sub-cohort, never applied): no transcript shown,
         return {k: v for k, v in msg.items() if not k.startswith(_V)}  # its leaf kept
     leaf = node.secagg.take_leaf()
+    undone = _undone(msg)
     if leaf is None:
         if _V + "A" in msg:
             raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
                                       "took no part in (it holds no leaf to check it by)")
         total = None
-    elif json.loads(leaf[0])[0] in json.loads(msg.get("secagg/undo", "[]")):
+    elif undone and json.loads(leaf[0])[0] in undone:
         total = None  # its round discarded, never applied: the parameters stay (_same_again)
     else:
         total = _check_transcript(node, leaf, msg, rnd, exch, who)
@@ -152,9 +153,15 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         node.state["verify/asked"] = _bytes(json.dumps(_jsonable(
             {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))
         return out
-    out = _replay_round(node, out, total, rnd, who)
+    out = _replay_round(node, out, total, rnd, who, undone)
     node.state["verify/last"] = np.frombuffer(b"estep", np.uint8).copy()
     return out
+
+
+def _undone(msg: dict[str, Any]) -> list:
+    """The rounds the server discarded so far (``secagg/undo``, a JSON list; mostly none)."""
+    raw = msg.get("secagg/undo")
+    return json.loads(raw) if raw and raw != "[]" else []
 
 
 def _num(value, kind=int):
@@ -171,34 +178,28 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
     is checked; the digest bound to this exchange's confirmations."""
     from fedlatent.engine.secagg.protocol import SecureAggregationError
-    from fedlatent.engine.secagg.sumtree import verify_leaf
+    from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
 
     label, shapes, z = leaf
     if _V + "A" not in msg:
         raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
                                   f"({label.decode()}), in which this site took part: the "
                                   "aggregate the parameters come from is unverified")
-    A = np.asarray(msg[_V + "A"], dtype=np.uint64)
-    c = np.asarray(msg[_V + "c"]).astype(np.uint64)
-    if A.shape != z.shape or c.shape != z.shape:
-        raise VerificationRefused(f"{who}: its transcript's sum has {A.size} words, this "
-                                  f"site's contribution {z.size}")
     try:
-        at = np.asarray(msg[_V + "at"]).reshape(-1)
-        digest = verify_leaf(label, int(at[0]), int(at[1]),
-                             node.client_id, z, A, c, np.asarray(msg[_V + "root"]).tobytes(),
-                             (np.asarray(msg[_V + "path"]).tobytes(),
-                              np.asarray(msg[_V + "sums"], dtype=np.uint64)))
+        at, n, A, c, path = read_transcript(msg, z.size)
+        digest = verify_leaf(label, at, n, node.client_id, z, A, c, None, path)
     except SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
     node.secagg.bind_digest(rnd, exch, digest)
     from fedlatent.engine.secagg.encoding import Layout
 
-    fields = Layout(shapes).unflatten(A)
-    return node.secagg.config.encoding.decode(fields)
+    # decoded in one pass (FixedPoint.decode's arithmetic on every word), then split by field
+    values = A.view(np.int64).astype(np.float64) / node.secagg.config.encoding.scale
+    return Layout(shapes).unflatten(values, copy=False)
 
 
-def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[str, Any]:
+def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
+                  undone: list) -> dict[str, Any]:
     """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
     from fedlatent.engine.node import verify_points as vp  # (not before a verified fit: a
     # node answering plain rounds loads neither the server's update nor the accelerators)
@@ -211,7 +212,6 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str) -> dict[
                                       "in a fit set up with Federation(acceleration=None)"))
     sent = unpack(msg, "params")
     mine = _groups(node.state, ("verify/params/", "verify/S_hat/", "verify/V/"))
-    undone = json.loads(msg.get("secagg/undo", "[]"))
     n_total = _num(node.state["verify/N"], float)
     if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
         _same_again(node, msg, sent, rnd, mine)  # its round discarded: nothing applied since
@@ -234,21 +234,23 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     (:mod:`~fedlatent.engine.node.verify_points`); VerificationRefused otherwise."""
     from fedlatent.engine.fedem.update import FedEMState
     from fedlatent.engine.node import verify_points as vp
-    from fedlatent.engine.node.replay import params_refusal
+    from fedlatent.engine.node.replay import params_refusal, replay
 
     n_total = _num(node.state["verify/N"], float)
     prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
                                               "verify/V/"))
-    state = FedEMState(Stats(S_prev) if S_prev else None, Stats(V_prev) if V_prev else None)
+    state = FedEMState(Stats(S_prev, copy=False) if S_prev else None,  # (the update copies
+                       Stats(V_prev, copy=False) if V_prev else None)  # what it changes)
     Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
-               if S_prev else v for k, v in total.items() if k.startswith("delta/")})
+               if S_prev else v for k, v in total.items() if k.startswith("delta/")},
+              copy=False)
     init_round = not S_prev
     k_prev = _num(node.state["verify/round"])
     shapes = {k: np.shape(v) for k, v in Q.items()}
     args = (node.model, None if init_round else state, Q, prev, n_total)
     kw = dict(init_round=init_round, gamma=1.0 if init_round else fed.gamma(k_prev),
               p=1.0, alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
-    new, params = _replayed(node, args, kw)
+    new, params = replay(*args, **kw)
     if vp.accelerated(fed):  # the statistic the accelerator sends instead of F(S_hat)
         pr, acc = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
         if acc.S_hat is not new.S_hat:
@@ -285,11 +287,12 @@ def _declared(node, msg: dict[str, Any]) -> None:
 def _groups(state: dict, prefixes: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
     """``{prefix: {name: array}}`` of the node state's entries under each prefix (one pass)."""
     out: dict[str, dict[str, np.ndarray]] = {p: {} for p in prefixes}
-    for k, v in state.items():
+    for k, v in state.items():  # ("verify/<group>/<name>", the name may hold slashes)
         if k.startswith("verify/"):
-            for p in prefixes:
-                if k.startswith(p):
-                    out[p][k[len(p):]] = np.asarray(v)
+            head, _, name = k[7:].partition("/")
+            group = out.get("verify/" + head + "/")
+            if group is not None:
+                group[name] = np.asarray(v)
     return out
 
 
@@ -298,45 +301,6 @@ def _put_group(state: dict, prefix: str, arrays: dict, old: dict) -> None:
     for k in old[prefix]:
         state.pop(prefix + k, None)
     state.update({prefix + k: np.asarray(v) for k, v in arrays.items()})
-
-
-#: the last replays computed in this process, keyed by the SHA-256 of every input: the sites
-#: an in-process runtime holds replay one server step once (a deployed site computes its own)
-_REPLAYS: dict[bytes, tuple] = {}
-
-
-def _replayed(node, args, kw):
-    """:func:`~fedlatent.engine.node.replay.replay` of ``args`` and ``kw``, computed once per
-    distinct input in a process (copies handed out: every node keeps its own)."""
-    from fedlatent.engine.node.replay import replay
-    from fedlatent.engine.secagg import _crypto
-
-    model, state, Q, prev, n_total = args
-    fixed = getattr(node, "_verify_key", None)  # the model's config, once per node and model
-    if fixed is None or fixed[0] is not model:
-        fixed = node._verify_key = (model, model.name + json.dumps(
-            model.get_config(), sort_keys=True, default=str))
-    parts = [fixed[1], json.dumps(kw, sort_keys=True), repr(float(n_total)),
-             _text(node.state["verify/federation"])]
-    blocks = [("Q", Q), ("prev", prev)] + ([] if state is None else
-                                           [("S", state.S_hat), ("V", state.V or {})])
-    raw = "\0".join(parts).encode()
-    for tag, d in blocks:
-        for k in sorted(d):
-            a = np.ascontiguousarray(d[k], dtype=np.float64)
-            raw += f"\0{tag}/{k}{a.shape}".encode() + a.tobytes()
-    key = _crypto.commit(raw)
-    got = _REPLAYS.get(key)
-    if got is None:
-        got = replay(*args, **kw)
-        if len(_REPLAYS) >= 8:
-            _REPLAYS.pop(next(iter(_REPLAYS)))
-        _REPLAYS[key] = got
-    new, params = got
-    from fedlatent.engine.fedem.update import FedEMState
-
-    return (FedEMState(new.S_hat.copy(), None if new.V is None else new.V.copy()),
-            {k: np.array(v, copy=True) for k, v in params.items()})
 
 
 def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> None:
@@ -375,8 +339,11 @@ def _start_check(node, sent: dict, n_total: float, n_clients: int, who: str) -> 
 
 def _keep_units(node, msg: dict[str, Any], who: str) -> None:
     """The federation's units N and its number of clients (``verify/units``), which the
-    replay needs: the first exchange's, the same in every later one."""
+    replay needs: the first exchange's, kept; a later exchange that says them again must say
+    the same."""
     if _V + "units" not in msg:
+        if "verify/N" in node.state:
+            return
         raise VerificationRefused(f"{who}: it does not say the federation's units and clients "
                                   "(verify/units), which the replay needs")
     units = np.asarray(msg[_V + "units"], dtype=np.float64).reshape(-1)

@@ -475,9 +475,7 @@ class SecureChannel:
         P, thin = self._announce(list(msgs), round, exchange, where)
         slot = self.server.slot
         head = {_KEY + "slot": slot, _KEY + "round": int(round), _KEY + "exchange": str(exchange),
-                _KEY + "unit": 1.0 / self.n_total,
-                **({"verify/units": np.array([self.n_total, len(self.cids)])}
-                   if self.verify else {})}
+                _KEY + "unit": 1.0 / self.n_total}
         told = self._near_bits(P)  # each client's part of the participants (bits)
         out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
@@ -530,15 +528,19 @@ class SecureChannel:
 
     def _show_transcript(self, out: dict[str, dict]) -> int:
         """Add to each message of ``out`` the transcript of the site's last exchange (verified
-        rounds: ``A``, its carries, the root, the site's index and path); their bytes."""
+        rounds: ``A``, its carries, the site's index and path); to a site's first, the
+        federation's units and clients the replay needs (the site keeps them); their bytes."""
         if not self.verify:
             return 0
         from fedlatent.engine.secagg.sumtree import transcript_fields
 
         down = 0
+        units = {"verify/units": np.array([self.n_total, len(self.cids)])}
         for c, m in out.items():
             key = self.last_of.get(c)
             if key is None:  # (its first exchange: nothing to show)
+                m.update(units)
+                down += message_nbytes(units)
                 continue
             tree, shared, at = self.trees[key]
             own = transcript_fields(tree, at[c])

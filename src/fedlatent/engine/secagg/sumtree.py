@@ -20,23 +20,27 @@ The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
 2. each leaf's projections ``pi_w = r z_w mod P`` (:func:`project`), and a hash tree over them
    whose nodes carry the sum of their leaves' projections modulo ``P`` and bind both children
    and that sum (SHA-256 of a tag, the children's hashes and the sum);
-3. each site gets ``A``, ``c``, the root and its *path*: the sibling's hash and projections at
-   each level (``ceil(log2 n)`` levels, 32 + 8 ``PROJECTIONS`` bytes each).
+3. each site gets ``A``, ``c`` and its *path*: the sibling's hash and projections at each
+   level (``ceil(log2 n)`` levels, 32 + 4 ``PROJECTIONS`` bytes each), not the root.
 
 A site (:func:`verify_leaf`) recomputes ``r`` from ``A`` and ``c``, its own leaf's projections
-from its own ``z_w``, climbs its path checking each parent's sum and hash, and checks that the
-root it reaches is the one committed and that the root's projections equal ``r (A + 2^64 c)``
-modulo ``P``. Why this suffices when every site sees the same root (each site's signed
-statement of the consistency round must carry :meth:`SumTree.digest`, so neighbours shown
-different roots refuse to reveal): the hashes bind one tree; each honest site checks its own
-leaf, so the root's projections are ``r`` times the true sum plus whatever colluding sites'
-leaves add (a colluding site can add any vector to the sum anyway, as its own reply); a false
-``A' != A`` passes only if ``r (A' - A) = 0`` for every projection, probability ``P^-2 ~
-2^-62`` for the ``r`` that ``A'`` itself fixes (grinding claims costs a hash each).
+from its own ``z_w``, climbs its path to a root (each parent's sum and hash from its
+children's), and checks that the root's projections equal ``r (A + 2^64 c)`` modulo ``P``;
+it folds :func:`tree_digest` of that root and the claim into its consistency tokens of the
+exchange, so neighbours that reached different roots refuse to reveal (a root sent beside
+the path would add nothing: the server could send each site the root its path reaches).
+Why this suffices when every site reaches the same root: the hashes bind one tree; each
+honest site checks its own leaf, so the root's projections are ``r`` times the true sum plus
+whatever colluding sites' leaves add (a colluding site can add any vector to the sum anyway,
+as its own reply); a false ``A' != A`` passes only if ``r (A' - A) = 0`` for every
+projection, probability ``P^-2 ~ 2^-62`` for the ``r`` that ``A'`` itself fixes (grinding
+claims costs a hash each).
 
-Cost at a site: ``m`` products and ``ceil(log2 n)`` hashes of 48-byte nodes; bytes down
-``ceil(log2 n) (32 + 8 PROJECTIONS)`` plus ``A`` and ``c``, not ``n m`` words (shipping every
-survivor's masked vector). ``benchmarks/verified_round.py`` measures it at 1,000 sites.
+Cost at a site: ``2 PROJECTIONS m`` products, one ChaCha20 stream of ``PROJECTIONS m``
+words and ``ceil(log2 n) + 2`` SHA-256 calls; bytes down ``8 + ceil(log2 n) (32 + 4
+PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
+m`` words (shipping every survivor's masked vector). ``benchmarks/bench_verified_round.py``
+measures it at 1,000 sites.
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ import numpy as np
 import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "project", "ring_sum", "shared_fields",
-           "transcript_fields", "verify_leaf"]
+__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "pack_ring", "project", "read_transcript",
+           "ring_sum", "shared_fields", "transcript_fields", "unpack_ring", "verify_leaf"]
 
 _V = "verify/"  # the message fields of a transcript
 
@@ -91,13 +95,6 @@ def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     for j in range(r.shape[0]):  # (PROJECTIONS passes; each product < 2^62)
         out[:, j] = ((z * r[j]) % np.uint64(P)).sum(axis=1, dtype=np.uint64) % np.uint64(P)
     return out
-
-
-def _claimed(r: np.ndarray, A: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``r (A + 2^64 c) mod P``, (PROJECTIONS,)."""
-    a = (np.asarray(A, dtype=np.uint64) % np.uint64(P)
-         + (np.asarray(c, dtype=np.uint64) % np.uint64(P)) * np.uint64(_TWO64)) % np.uint64(P)
-    return project(r, a[None, :])[0]
 
 
 def _leaf_bytes(label: bytes, i: int, u: str, proj: np.ndarray) -> bytes:
@@ -180,77 +177,169 @@ def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
                           + np.asarray(c, dtype="<u8").tobytes())
 
 
-#: the last claims checked in this process: ``(label, A, c) -> (r, r (A + 2^64 c))``, shared
-#: by the sites a process holds (in-process fits: a thousand sites check one claim)
-_CLAIMS: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
+    """``[r z, r (A + 2^64 c)]`` modulo :data:`P` of the leaf ``z``: both in one pass, as
+    lists of Python ints (each product below 2^62, each row sum below 2^62 for fewer than
+    2^31 words)."""
+    p = np.uint64(P)
+    rows = np.empty((2, leaf.size), dtype=np.uint64)
+    np.remainder(leaf, p, out=rows[0])
+    rows[1] = (A % p + (c % p) * np.uint64(_TWO64)) % p
+    return ((rows[:, None, :] * r[None]) % p).sum(axis=2).__imod__(p).tolist()
 
 
-def _claim(label: bytes, A: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(r, claimed projections)`` of the claim ``(A, c)``: computed once per claim in a
-    process (keyed by the SHA-256 of the label and the claim; the values are read-only)."""
-    A, c = np.asarray(A, dtype="<u8"), np.asarray(c, dtype="<u8")
-    key = _crypto.commit(struct.pack("<Q", len(label)) + bytes(label) + struct.pack(
-        "<Q", A.size) + A.tobytes() + c.tobytes())
-    got = _CLAIMS.get(key)
-    if got is None:
-        r = challenge(label, A, c)
-        got = (r, _claimed(r, A, c))
-        if len(_CLAIMS) >= 8:
-            _CLAIMS.pop(next(iter(_CLAIMS)))
-        _CLAIMS[key] = got
-    return got
+_NODE_HASH = None  # SHA-256 with NODE_TAG fed (copied for each node a site climbs)
+
+
+def _node_hash(left: bytes, right: bytes, s: list) -> bytes:
+    """A node's hash (as :func:`_parents` computes it) from a copy of a prefixed SHA-256."""
+    global _NODE_HASH
+    if _NODE_HASH is None:
+        lib = _crypto.require()
+        _NODE_HASH = lib.hashes.Hash(lib.hashes.SHA256())
+        _NODE_HASH.update(NODE_TAG)
+    h = _NODE_HASH.copy()
+    h.update(left + right + struct.pack(f"<{PROJECTIONS}Q", *s))
+    return h.finalize()
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
-                c: np.ndarray, root: bytes, path: tuple[bytes, np.ndarray]) -> bytes:
+                c: np.ndarray, root: bytes | None, path: tuple[bytes, np.ndarray]) -> bytes:
     """Check, as site ``site`` (leaf ``index`` of ``n``, its own ``leaf`` z_w), that ``A`` is
     the sum the tree of root ``root`` commits to; return :func:`tree_digest` (for its
-    consistency statement). SecureAggregationError naming the site and what failed."""
+    consistency statement). ``root`` None: the root its path reaches (a transcript sends
+    none: the digest the site folds into its tokens carries it, and a neighbour shown
+    another tree refuses to reveal). SecureAggregationError naming the site and what
+    failed."""
     who = f"site {site!r}"
     if not 0 <= index < n:
         raise SecureAggregationError(f"{who}: leaf {index} of a tree of {n} leaves")
-    r, claimed = _claim(label, A, c)
-    s = project(r, np.asarray(leaf, dtype=np.uint64)[None, :])[0]
-    h = _crypto.commit(_leaf_bytes(label, index, site, s))
+    A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
+    s, claimed = _projections(challenge(label, A, c), np.asarray(leaf, dtype=np.uint64), A, c)
+    h = _crypto.commit(_leaf_bytes(label, index, site, np.asarray(s, dtype=np.uint64)))
     raw, sums = path
+    if isinstance(sums, np.ndarray):
+        sums = sums.astype(np.uint64).reshape(-1, PROJECTIONS).tolist()
     k, i, width = 0, index, n
     while width > 1:
         if (i ^ 1) < width:
             if 32 * (k + 1) > len(raw) or k >= len(sums):
                 raise SecureAggregationError(f"{who}: the path of leaf {index} is too short")
-            sib, ss = raw[32 * k: 32 * (k + 1)], np.asarray(sums[k], dtype=np.uint64)
-            left, right = (h, sib) if i % 2 == 0 else (sib, h)
-            s = (s + ss) % np.uint64(P)
-            h = _crypto.commit(NODE_TAG + left + right + np.asarray(s, dtype="<u8").tobytes())
+            sib = bytes(raw[32 * k: 32 * (k + 1)])
+            s = [(a + b) % P for a, b in zip(s, sums[k])]
+            h = _node_hash(h, sib, s) if i % 2 == 0 else _node_hash(sib, h, s)
             k += 1
         i, width = i // 2, (width + 1) // 2
-    if h != bytes(root):
+    if root is not None and h != bytes(root):
         raise SecureAggregationError(
             f"{who}: its own contribution (leaf {index}) is not in the committed sum (the "
             "path does not reach the root): the aggregate shown is not the sum of the "
             "survivors' replies; refusing it")
-    if not np.array_equal(s, claimed):
+    if s != claimed:
         raise SecureAggregationError(
-            f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
-            "differ); refusing it")
-    return tree_digest(root, A, c)
+            f"{who}: the aggregate shown is not the sum the tree commits to with this site's "
+            f"own contribution (leaf {index}; their projections differ); refusing it")
+    return tree_digest(h, A, c)
 
 
 def transcript_fields(tree, i: int) -> dict[str, Any]:
-    """What leaf ``i``'s site is sent of the server's ``tree``: the root, its index and the
-    number of leaves (``at``), its path (:meth:`SumTree.path`; projections below 2^31 as
-    uint32). Which exchange the tree is of is not sent: the site checks it against its own
-    leaf of its last exchange, whose label every leaf hash binds."""
+    """What leaf ``i``'s site is sent of the server's ``tree`` besides :func:`shared_fields`:
+    ``verify/path``, bytes: its index and the number of leaves (two ``<u4``), then per level
+    of its path (:meth:`SumTree.path`) the sibling's hash (32 bytes) and projections
+    (PROJECTIONS ``<u4``: each below 2^31). Neither the root (the site's path reaches it,
+    and the digest its tokens carry binds it) nor which exchange the tree is of (the site
+    checks its own leaf of its last exchange, whose label every leaf hash binds) is sent."""
     raw, sums = tree.path(i)
-    return {_V + "at": np.array([i, len(tree.ids)], dtype=np.uint32),
-            _V + "root": np.frombuffer(tree.root, np.uint8),
-            _V + "path": np.frombuffer(raw, np.uint8), _V + "sums": sums.astype(np.uint32)}
+    levels = sums.shape[0]
+    body = np.empty((levels, _NODE), dtype=np.uint8)
+    body[:, :32] = np.frombuffer(raw, np.uint8).reshape(levels, 32)
+    body[:, 32:] = sums.astype("<u4").view(np.uint8).reshape(levels, _NODE - 32)
+    head = np.array([i, len(tree.ids)], dtype="<u4").view(np.uint8)
+    return {_V + "path": np.concatenate([head, body.ravel()])}
+
+
+#: bytes a level of a path takes: the sibling's hash and its projections
+_NODE = 32 + 4 * PROJECTIONS
 
 
 def shared_fields(tree) -> dict[str, Any]:
-    """The part of a transcript every site is sent alike: ``A`` and its carries (below the
-    number of leaves: the smallest unsigned type that holds them)."""
-    c = tree.c
-    top = int(c.max(initial=0))
-    small = np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32
-    return {_V + "A": tree.A, _V + "c": c.astype(small)}
+    """The part of a transcript every site is sent alike, as bytes: ``verify/A``, the ring sum
+    ``A``, its words as signed integers in a common width that most of them fit, the others
+    whole (:func:`pack_ring`: an aggregate of small values takes about 5 of 8 bytes a word),
+    and ``verify/c``, the
+    carries' smallest value (``<u4``) and each carry less it in the fewest bytes of 1, 2 or 4
+    (the carries of ``n`` uniform leaves lie within a few ``sqrt(n)`` of ``n / 2``). Exact:
+    :func:`read_transcript` gives back ``A`` and ``c``."""
+    c = np.asarray(tree.c, dtype=np.int64)
+    base = int(c.min(initial=0))
+    span = int(c.max(initial=0)) - base
+    small = "<u1" if span < 1 << 8 else "<u2" if span < 1 << 16 else "<u4"
+    return {_V + "A": pack_ring(tree.A),
+            _V + "c": np.concatenate([np.array([base], "<u4").view(np.uint8),
+                                      (c - base).astype(small).view(np.uint8)])}
+
+
+#: a width of w bytes holds the signed integers of magnitude below 2^(8 w - 1)
+_LIMITS = np.array([1 << (8 * w - 1) for w in range(1, 8)], dtype=np.uint64)
+_WIDE = 12  # bytes of a word too wide for the common width: its index and all 8 bytes
+
+
+def pack_ring(A: np.ndarray) -> np.ndarray:
+    """``A`` (m,) uint64, each word read as a signed integer, as bytes: each word's lowest
+    ``w`` bytes (little-endian), then each word that needs more (``<u4`` index and its 8
+    bytes), then the common width ``w`` (one byte), the one giving the fewest bytes
+    (:func:`unpack_ring`)."""
+    s = np.asarray(A, dtype="<u8").view("<i8")
+    mag = np.where(s < 0, ~s, s).view(np.uint64)  # (-1 - s for a negative s)
+    need = 1 + (mag[:, None] >= _LIMITS[None, :]).sum(axis=1)
+    sizes = [s.size * w + _WIDE * int((need > w).sum()) for w in range(1, 9)]
+    w = 1 + int(np.argmin(sizes))
+    wide = np.flatnonzero(need > w)
+    tail = np.empty((wide.size, _WIDE), dtype=np.uint8)
+    tail[:, :4] = wide.astype("<u4").view(np.uint8).reshape(-1, 4)
+    tail[:, 4:] = s[wide].view(np.uint8).reshape(-1, 8)
+    return np.concatenate([s.view(np.uint8).reshape(-1, 8)[:, :w].ravel(), tail.ravel(),
+                           np.array([w], np.uint8)])
+
+
+def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
+    """The ``m`` words of :func:`pack_ring`'s bytes ``raw`` (uint64); None when ``raw`` is
+    not such bytes for ``m`` words."""
+    w = int(raw[-1]) if raw.size else 0
+    end = m * w
+    if not 1 <= w <= 8 or raw.size <= end or (raw.size - 1 - end) % _WIDE:
+        return None
+    words = np.zeros((m, 8), dtype=np.uint8)
+    words[:, 8 - w:] = raw[:end].reshape(m, w)  # (in the top bytes, then shifted down:
+    A = words.view("<i8").reshape(m) >> np.int64(64 - 8 * w)  # sign-extended)
+    if raw.size > end + 1:
+        tail = raw[end:-1].reshape(-1, _WIDE)
+        at = tail[:, :4].copy().view("<u4").reshape(-1)
+        if int(at.max()) >= m:
+            return None
+        A[at] = tail[:, 4:].copy().view("<i8").reshape(-1)
+    return A.view(np.uint64)
+
+
+def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, np.ndarray,
+                                                          tuple[bytes, np.ndarray]]:
+    """``(index, n, A, c, path)`` of the transcript fields of ``msg``
+    (:func:`shared_fields`, :func:`transcript_fields`) for a leaf of ``m`` words: ``A`` and
+    ``c`` (m,) uint64, ``path`` as :func:`verify_leaf` takes it (the projections as tuples
+    of ints). SecureAggregationError
+    when a field is missing or has a length no encoding of ``m`` words gives."""
+    a, cb, p = (np.asarray(msg.get(_V + k, ()), dtype=np.uint8).reshape(-1)
+                for k in ("A", "c", "path"))
+    A = unpack_ring(a, m)
+    cw = (cb.size - 4) // m if m else 0
+    if (A is None or cw not in (1, 2, 4) or cb.size != 4 + m * cw or p.size < 8
+            or (p.size - 8) % _NODE):
+        raise SecureAggregationError(
+            f"its transcript's sum ({a.size} bytes), carries ({cb.size}) or path ({p.size}) "
+            f"do not fit this site's contribution of {m} words")
+    c = cb[4:].view(f"<u{cw}").astype(np.uint64) + np.uint64(cb[:4].view("<u4")[0])
+    raw = p.tobytes()
+    index, n = struct.unpack_from("<II", raw)
+    levels = range(8, len(raw), _NODE)
+    return index, n, A, c, (b"".join([raw[k:k + 32] for k in levels]),
+                            [struct.unpack_from(f"<{PROJECTIONS}I", raw, k + 32) for k in levels])
