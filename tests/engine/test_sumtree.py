@@ -134,3 +134,55 @@ def test_another_label_or_another_position_is_refused():
     with pytest.raises(SecureAggregationError,  # its leaf shown at another site's place
                        match=r"its own contribution \(leaf 3\) is not in the committed sum"):
         verify_leaf(LABEL, 3, 6, "s0002", leaves[2], tree.A, tree.c, tree.root, tree.path(3))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000])
+def test_the_transcript_fields_give_back_the_claim_and_the_path_exactly(n):
+    """What a site is sent (the sum in its fewest bytes, the carries as offsets, the path as
+    bytes, no root) reads back to the tree's A, c and path: the site reaches the tree's root
+    and digest; the carries of n uniform leaves cross as one byte each."""
+    from fedlatent.engine.secagg.sumtree import read_transcript, shared_fields, transcript_fields
+
+    leaves = _leaves(n, m=66, seed=n)  # (masked: uniform, but summing to small words, as
+    small = np.random.default_rng(n).integers(-2**40, 2**40, size=66)  # an aggregate does)
+    leaves[-1] = small.view(np.uint64) - leaves[:-1].sum(axis=0, dtype=np.uint64)
+    tree = SumTree(LABEL, _ids(n), leaves)
+    shared = shared_fields(tree)
+    assert shared["verify/c"].size == 4 + 66  # (offsets from the least carry, uint8)
+    assert shared["verify/A"].size == 66 * 6 + 1  # (41-bit words: 6 bytes each)
+    for i in sorted({0, n // 2, n - 1}):
+        msg = {**shared, **transcript_fields(tree, i)}
+        assert "verify/root" not in msg
+        at, size, A, c, path = read_transcript(msg, 66)
+        assert (at, size) == (i, n)
+        assert np.array_equal(A, tree.A) and np.array_equal(c, tree.c)
+        assert verify_leaf(LABEL, at, size, tree.ids[i], leaves[i], A, c, None, path) \
+            == tree.digest()
+        assert verify_leaf(LABEL, at, size, tree.ids[i], leaves[i], A, c, tree.root, path) \
+            == tree.digest()
+    if n == 1:
+        return
+    with pytest.raises(SecureAggregationError, match="do not fit this site's contribution"):
+        read_transcript({**msg, "verify/c": msg["verify/c"][:-1]}, 66)
+    with pytest.raises(SecureAggregationError, match="do not fit this site's contribution"):
+        read_transcript({**msg, "verify/path": msg["verify/path"][:-3]}, 66)
+
+
+def test_the_ring_sum_packs_in_a_common_width_and_back_exactly():
+    from fedlatent.engine.secagg.sumtree import pack_ring, unpack_ring
+
+    rng = np.random.default_rng(5)
+    edges = np.array([0, 1, -1, 127, -128, 128, -129, 2**31, -2**31 - 1,
+                      np.iinfo(np.int64).max, np.iinfo(np.int64).min], dtype=np.int64)
+    for _ in range(300):
+        m = int(rng.integers(1, 80))
+        bits = rng.integers(0, 63, size=m)
+        v = (rng.integers(0, 2**62, size=m, dtype=np.int64) >> (62 - bits)) \
+            * rng.choice([-1, 1], size=m)
+        v[rng.random(m) < 0.1] = rng.choice(edges)
+        A = v.view(np.uint64)
+        raw = pack_ring(A)
+        assert np.array_equal(unpack_ring(raw, m), A)
+        assert unpack_ring(raw[1:], m) is None and unpack_ring(raw[:-1], m) is None
+    small = (rng.integers(-2**30, 2**30, size=66)).view(np.uint64)
+    assert pack_ring(small).size == 66 * 4 + 1  # (31-bit magnitudes: 4 bytes a word)

@@ -4,14 +4,17 @@ step replayed before the site computes anything (issue 38).
 Under secure aggregation with verification (the setup's ``verify`` field,
 :meth:`~fedlatent.engine.fedem.federation.Federation.verifies`), every exchange's message
 carries the transcript of the exchange before: the claimed ring sum ``A`` and its carries
-``c``, the root of the server's sum tree and this site's leaf index and path
-(:mod:`fedlatent.engine.secagg.sumtree`). Before it answers, the site (:func:`check_exchange`):
+``c``, and this site's leaf index and path in the server's sum tree, as bytes
+(:func:`fedlatent.engine.secagg.sumtree.read_transcript`). Before it answers, the site
+(:func:`check_exchange`):
 
-1. checks its own leaf ``z_w`` of the exchange before (kept by its
-   :class:`~fedlatent.engine.secagg.client.SecAggClient`) against the root
-   (:func:`~fedlatent.engine.secagg.sumtree.verify_leaf`): a transcript without its leaf, with
-   another, or missing while it holds one, is refused naming the round;
-2. folds the transcript's digest into its confirmations of this exchange
+1. climbs from its own leaf ``z_w`` of the exchange before (kept by its
+   :class:`~fedlatent.engine.secagg.client.SecAggClient`) to the root and checks the root's
+   projections are those of ``A`` (:func:`~fedlatent.engine.secagg.sumtree.verify_leaf`): a
+   transcript without its leaf, with another, or missing while it holds one, is refused
+   naming the round;
+2. folds the transcript's digest (the root it reached and ``A``, ``c``) into its
+   confirmations of this exchange
    (:func:`~fedlatent.engine.secagg.consistency.fold`): a neighbour shown another transcript
    refuses to reveal, so the server cannot show two worlds;
 3. decodes ``A`` and replays the server (:func:`~fedlatent.engine.node.replay.replay`: the

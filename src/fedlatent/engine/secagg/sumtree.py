@@ -271,8 +271,8 @@ def shared_fields(tree) -> dict[str, Any]:
     (the carries of ``n`` uniform leaves lie within a few ``sqrt(n)`` of ``n / 2``). Exact:
     :func:`read_transcript` gives back ``A`` and ``c``."""
     c = np.asarray(tree.c, dtype=np.int64)
-    base = int(c.min(initial=0))
-    span = int(c.max(initial=0)) - base
+    base = int(c.min()) if c.size else 0
+    span = int(c.max()) - base if c.size else 0
     small = "<u1" if span < 1 << 8 else "<u2" if span < 1 << 16 else "<u4"
     return {_V + "A": pack_ring(tree.A),
             _V + "c": np.concatenate([np.array([base], "<u4").view(np.uint8),
