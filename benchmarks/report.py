@@ -144,8 +144,9 @@ SCRIPTS = (
            ("--clients", "10", "100"), ("--clients", "10", "100", "1000")),
     Script("Verified secure rounds: the checks a site adds", "CPU and bytes down a site adds "
            "to check a secure round's projected sum tree and replay the server's update and "
-           "M-step, against the unverified secure round's, GMM d = 4, K = 3, p = 0.7 "
-           "(100 clients; --full: 1,000)", "bench_verified_round.py",
+           "M-step, against the unverified secure round's, GMM d = 4, K = 3, full "
+           "participation, each site replaying alone (100 clients; --full: 1,000)",
+           "bench_verified_round.py",
            ("--clients", "100"), ("--clients", "1000")),
     Script("Privacy-utility at epsilon 1", "held-out metric of each DP-capable model at "
            "epsilon 1, delta 1e-5, against the non-private fit on the same data "
