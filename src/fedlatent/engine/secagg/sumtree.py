@@ -242,6 +242,10 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     return tree_digest(h, A, c)
 
 
+#: bytes a level of a path takes: the sibling's hash and its projections
+_NODE = 32 + 4 * PROJECTIONS
+
+
 def transcript_fields(tree, i: int) -> dict[str, Any]:
     """What leaf ``i``'s site is sent of the server's ``tree`` besides :func:`shared_fields`:
     ``verify/path``, bytes: its index and the number of leaves (two ``<u4``), then per level
@@ -258,18 +262,13 @@ def transcript_fields(tree, i: int) -> dict[str, Any]:
     return {_V + "path": np.concatenate([head, body.ravel()])}
 
 
-#: bytes a level of a path takes: the sibling's hash and its projections
-_NODE = 32 + 4 * PROJECTIONS
-
-
 def shared_fields(tree) -> dict[str, Any]:
     """The part of a transcript every site is sent alike, as bytes: ``verify/A``, the ring sum
     ``A``, its words as signed integers in a common width that most of them fit, the others
     whole (:func:`pack_ring`: an aggregate of small values takes about 5 of 8 bytes a word),
-    and ``verify/c``, the
-    carries' smallest value (``<u4``) and each carry less it in the fewest bytes of 1, 2 or 4
-    (the carries of ``n`` uniform leaves lie within a few ``sqrt(n)`` of ``n / 2``). Exact:
-    :func:`read_transcript` gives back ``A`` and ``c``."""
+    and ``verify/c``, the carries' smallest value (``<u4``) and each carry less it in the
+    fewest bytes of 1, 2 or 4 (the carries of ``n`` uniform leaves lie within a few
+    ``sqrt(n)`` of ``n / 2``). Exact: :func:`read_transcript` gives back ``A`` and ``c``."""
     c = np.asarray(tree.c, dtype=np.int64)
     base = int(c.min()) if c.size else 0
     span = int(c.max()) - base if c.size else 0
