@@ -235,10 +235,15 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
             f"{who}: its own contribution (leaf {index}) is not in the committed sum (the "
             "path does not reach the root): the aggregate shown is not the sum of the "
             "survivors' replies; refusing it")
+    if s != claimed and root is None:  # (no root: either its leaf is missing or A is false)
+        raise SecureAggregationError(
+            f"{who}: its own contribution (leaf {index}) is not in the committed sum, or the "
+            "aggregate shown is not the sum the tree commits to (the projections its path "
+            "reaches are not the claim's); refusing it")
     if s != claimed:
         raise SecureAggregationError(
-            f"{who}: the aggregate shown is not the sum the tree commits to with this site's "
-            f"own contribution (leaf {index}; their projections differ); refusing it")
+            f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
+            "differ); refusing it")
     return tree_digest(h, A, c)
 
 
