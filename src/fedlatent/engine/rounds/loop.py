@@ -513,6 +513,12 @@ class _Rounds:
             raise ValueError("resume=True is not available with Federation(acceleration=...): "
                              "the accelerator's state is not checkpointed, so the resumed run "
                              "would not be the uninterrupted one; use acceleration=None")
+        if self.opt.resume and self.secure is not None and self.secure.verify:
+            raise ValueError("resume=True is not available with verified rounds (the default "
+                             "under secure aggregation): each site checks a round against the "
+                             "transcript of the exchange before, and a resumed run's new key "
+                             "set-up cannot show the last round's; fit again from the start, "
+                             "or resume a fit run with verification turned off")
         start_round = self.resume(self.shapes) if self.opt.resume else 1
         self.choose_collector()
         return start_round
