@@ -5,7 +5,9 @@ engine discards, a site that refuses its round, with and without accelerated EM.
   survivors verify every later round (the transcript of the round it dropped in is the sum of
   theirs), so the verified fit is the unverified one with the same dropout. Shown a later
   round anyway, the dropped site refuses it (its vector is in no sum the server can show); the
-  next fit it takes part in as any site.
+  next fit it takes part in as any site. A site silent after its masked reply arrived is in
+  the sum when it misses the reveal; missing the consistency round stops the fit, keeping
+  the round before.
 - A round whose aggregate the server discards (here a ring element shifted in transit) is
   never applied: every site replays the server's state before it and the accelerators restart
   their path, on both sides.
@@ -214,6 +216,43 @@ def test_a_dropped_site_shown_a_later_round_refuses_it():
     assert reply[ERROR_KEY] == (f"client {gone!r}: round {AT + 1} refused: this site holds no "
                                 "contribution to the exchange before, so it cannot check the "
                                 "aggregate the parameters come from")
+
+
+class Silent(InProcessRuntime):
+    """Site ``site`` never answers round ``at``'s secure-aggregation step ``step`` (its masked
+    reply arrived before)."""
+
+    def __init__(self, fd, site, step, at=AT, **kw):
+        super().__init__(fd, record=True, **kw)
+        self.site, self.step, self.at = site, step, at
+
+    def call(self, client_ids, method, messages):
+        replies = super().call(client_ids, method, messages)
+        m = messages.get(self.site, {})
+        if method == "secagg" and m.get("step") == self.step and \
+                int(np.asarray(m.get("round", 0)).reshape(-1)[0]) == self.at:
+            replies = {c: r for c, r in replies.items() if c != self.site}
+        return replies
+
+
+@pytest.mark.parametrize("acc", [None, "newton"], ids=["plain", "newton"])
+def test_a_site_silent_after_masking_is_in_the_sum_or_the_round_stops(acc):
+    """A site whose masked reply arrived but which stays silent afterwards: at the reveal,
+    its vector is in the sum (the others reveal enough), so it stays in the fit and verifies
+    the next round; at the consistency round its neighbours reveal nothing of it, so the
+    round cannot be unmasked and the fit stops keeping the parameters of the round before
+    (as unverified: the secure-aggregation protocol's rule)."""
+    fd = _data("gmm")
+    site, n = fd.client_ids[1], len(fd.client_ids)
+    est = _fit("gmm", acc, Silent(fd, site, "reveal"))
+    assert est.history_.to_frame()["participants"].tolist() == [n] * ROUNDS
+    assert not any(r.errors or r.missing for r in est.history_)
+    _same_fit(est, _fit("gmm", acc, Silent(fd, site, "reveal"), verified=False))
+    with pytest.raises(FederatedFitError, match=rf"^round {AT}, exchange 'estep': survivors "
+                       rf"\[{site!r}\] confirmed no split of their neighbourhood; .* kept the "
+                       rf"parameters of round {AT - 1}$") as got:
+        _fit("gmm", acc, Silent(fd, site, "consistency"))
+    assert got.value.round == AT and set(got.value.last_good) >= {"means", "weights"}
 
 
 class RebuiltDropping(Dropping, Rebuilt):
