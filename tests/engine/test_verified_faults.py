@@ -197,6 +197,28 @@ def test_a_dropout_mid_fit_leaves_the_survivors_verifying_every_round(name, acc)
     _same_fit(verified, _fit(name, acc, Dropping(fd, [gone]), verified=False))
 
 
+@pytest.mark.parametrize("acc", [None, "squarem", "newton"], ids=["plain", "squarem", "newton"])
+def test_a_fit_converges_after_a_dropout(acc):
+    """The rounds after a site's exclusion are complete rounds of the federation that is left
+    (the excluded site is named in each, not missing from it), so the stopping rule can hold;
+    an accelerator restarts its path every such round, as the sites' replay does, and the
+    plain rule applies (before: such a secure fit ran all its rounds, unconverged)."""
+    case = registry.estimator_entries()["gmm"].load_example().case()
+    fd = case.data()
+    fits = []
+    for verified in (True, False):
+        est = case.make().set_params(n_init=1, max_rounds=40, federation=fl.Federation(
+            secure_aggregation=True, acceleration=acc, verified=verified))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fits.append(est.fit(fd, runtime=Dropping(fd, [fd.client_ids[1]], at=3)))
+    for est in fits:
+        assert est.converged_ and 6 <= est.n_iter_ < 20, est.n_iter_
+        assert est.history_[2].missing == [fd.client_ids[1]]
+    assert fits[0].n_iter_ == fits[1].n_iter_
+    _same_fit(*fits)
+
+
 def test_a_dropped_site_shown_a_later_round_refuses_it():
     """The server cannot bring a dropped site back into the fit: the round after its dropout
     shows the sum of the survivors, which holds no vector of the site; shown a round then

@@ -20,7 +20,7 @@ import logging
 from fedlatent.data.validation import name_list
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import fault_detail
-from fedlatent.engine.rounds.aggregate import Aggregate
+from fedlatent.engine.rounds.aggregate import EXCLUDED_SINCE, Aggregate
 from fedlatent.engine.rounds.collectors import OneByOne, refuse_incomplete_init
 from fedlatent.engine.rounds.plan import RoundPlan
 from fedlatent.engine.secagg.secure_checks import (
@@ -48,7 +48,7 @@ def _active(rounds, plan: RoundPlan) -> tuple[list[str], list[str], dict]:
     chosen = [rounds.cids[i] for i in plan.idx]
     excluded = rounds.secure.excluded
     gone = [c for c in chosen if c in excluded]
-    why = {c: f"excluded since {excluded[c]}" + ("" if "broke the checks" in excluded[c] else
+    why = {c: f"{EXCLUDED_SINCE}{excluded[c]}" + ("" if "broke the checks" in excluded[c] else
                                                  " (declared dropped; its masks were recovered)")
            for c in gone}
     return [c for c in chosen if c not in excluded], gone, why
