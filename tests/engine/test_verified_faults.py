@@ -3,14 +3,16 @@ engine discards, a site that refuses its round, with and without accelerated EM.
 
 - A site dropping out of a secure round is recovered and left out for the rest of the fit; the
   survivors verify every later round (the transcript of the round it dropped in is the sum of
-  theirs), so the verified fit is the unverified one with the same dropout. Shown a later
+  theirs), so the verified fit is the unverified one with the same dropout, and it
+  converges over the sites left (plain EM steps after the exclusion). Shown a later
   round anyway, the dropped site refuses it (its vector is in no sum the server can show); the
   next fit it takes part in as any site. A site silent after its masked reply arrived is in
   the sum when it misses the reveal; missing the consistency round stops the fit, keeping
   the round before.
 - A round whose aggregate the server discards (here a ring element shifted in transit) is
   never applied: every site replays the server's state before it and the accelerators restart
-  their path, on both sides.
+  their path, on both sides. A fault that leaves too few survivors stops the fit keeping the
+  round before; a verified fit is not resumed from its checkpoint (refused, saying why).
 - A site whose replay differs (the server moved its parameters) refuses, on a node rebuilt for
   each message as on Flower: the round goes on over the others, the site is named with its
   reason and left out; when fewer than the threshold remain, the fit stops keeping the
