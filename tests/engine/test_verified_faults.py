@@ -402,6 +402,32 @@ def test_a_refusing_site_is_left_out_by_name_and_the_others_go_on(name, acc, cap
     _same_fit(est, _fit(name, acc, Dropping(fd, [site])))
 
 
+@pytest.mark.parametrize("acc", [None, "newton"], ids=["plain", "newton"])
+def test_a_site_whose_e_step_fails_mid_fit_is_left_out_by_name(acc, caplog):
+    """A site that fails (its E-step raises) in round AT: left out as a refusing site is,
+    its error named in the round's record and the server's log; the others verify every
+    later round, as in the fit where it dropped out there."""
+    fd = _data("gmm")
+    site = fd.client_ids[2]
+    rt = InProcessRuntime(fd, record=True)
+    node = rt.nodes[site]
+    honest = node._estep
+
+    def failing(msg):
+        if int(msg["round"]) == AT:
+            raise RuntimeError("disk full")
+        return honest(msg)
+
+    node._estep = failing
+    with caplog.at_level(logging.WARNING, logger="fedlatent.engine.rounds.secure_round"):
+        est = _fit("gmm", acc, rt)
+    assert est.history_[AT - 1].errors == {site: "RuntimeError: disk full"}
+    assert [r.getMessage() for r in caplog.records if r.name.endswith("secure_round")] == [
+        f"round {AT}: left out from now on (masks recovered), having answered with an error "
+        f"or a refusal: client {site!r}: RuntimeError: disk full"]
+    _same_fit(est, _fit("gmm", acc, Dropping(fd, [site])))
+
+
 def test_too_many_refusals_stop_the_fit_keeping_the_last_good_state():
     fd = _data("gmm")
     n = len(fd.client_ids)
