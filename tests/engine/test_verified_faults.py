@@ -21,7 +21,6 @@ engine discards, a site that refuses its round, with and without accelerated EM.
 
 from __future__ import annotations
 
-import logging
 import re
 import warnings
 
@@ -181,60 +180,89 @@ class Deviating(Rebuilt):
 
 
 # ---- (a) a site drops out mid-fit --------------------------------------------------------
+def _stopped_by(site: str, k: int) -> str:
+    """The error of a verified fit stopped in round ``k`` because ``site``, in the sum of the
+    exchange before, is no survivor of round ``k``'s."""
+    return (rf"^round {k}, exchange 'estep': survivors \[.*\] confirmed no split of their "
+            rf"neighbourhood; .*\[{site!r}\] took part in the sum of the exchange before but "
+            rf"are not survivors of this one.*; dropped in this exchange: client {site!r}: .*"
+            rf"kept the parameters of round {k - 1}$")
+
+
+def _reveals(rt, k: int) -> list:
+    """The reveal messages of round ``k``'s E-step exchange the server sent."""
+    return [m for d, c, meth, m in rt.log if d == "down" and meth == "secagg"
+            and m.get("step") == "reveal" and m.get("exchange") == "estep"
+            and int(np.asarray(m.get("round", -1)).reshape(-1)[0]) == k]
+
+
 @pytest.mark.parametrize("name,acc", CASES, ids=IDS)
-def test_a_dropout_mid_fit_leaves_the_survivors_verifying_every_round(name, acc):
+def test_a_dropout_mid_fit_stops_a_verified_fit_before_any_reveal(name, acc):
+    """A site in round AT-1's sum that drops out of round AT never confirms round AT, so
+    nothing shows that it checked its own leaf of round AT-1 (the server could have hidden any
+    vector in it): its neighbours confirm nothing, nothing of round AT is revealed, and the
+    fit stops naming the site, keeping the parameters of round AT-1. Unverified, the same
+    dropout is recovered and the fit goes on over the others."""
     fd = _data(name)
     gone = fd.client_ids[1]
     rt = Dropping(fd, [gone])
-    verified = _fit(name, acc, rt)
+    with pytest.raises(FederatedFitError, match=_stopped_by(gone, AT)) as got:
+        _fit(name, acc, rt)
+    assert got.value.round == AT and got.value.last_good
+    assert _reveals(rt, AT) == [] and _reveals(rt, AT - 1)
     n = len(fd.client_ids)
-    rec = verified.history_.to_frame()
-    assert rec["participants"].tolist() == [n] * (AT - 1) + [n - 1] * (ROUNDS - AT + 1)
-    assert verified.history_[AT - 1].missing == [gone]
-    assert all(set(r.errors) <= {gone} for r in verified.history_)  # no survivor refused
-    assert _rounds_sent(rt, gone) == list(range(1, AT + 1))  # never asked after it dropped
-    later = [m for d, c, meth, m in rt.log if d == "down" and meth == "estep"
-             and (_round_of(m) or 0) > AT]
-    assert len(later) == (n - 1) * (ROUNDS - AT) and all("verify/A" in m for m in later)
-    _same_fit(verified, _fit(name, acc, Dropping(fd, [gone]), verified=False))
+    plain = _fit(name, acc, Dropping(fd, [gone]), verified=False)
+    assert plain.history_.to_frame()["participants"].tolist() == \
+        [n] * (AT - 1) + [n - 1] * (ROUNDS - AT + 1)
+    assert plain.history_[AT - 1].missing == [gone]
 
 
 @pytest.mark.parametrize("acc", [None, "squarem", "newton"], ids=["plain", "squarem", "newton"])
 def test_a_fit_converges_after_a_dropout(acc):
     """The rounds after a site's exclusion are complete rounds of the federation that is left
     (the excluded site is named in each, not missing from it), so the stopping rule can hold;
-    an accelerator restarts its path every such round, as the sites' replay does, and the
-    plain rule applies (before: such a secure fit ran all its rounds, unconverged)."""
+    an accelerator restarts its path every such round and the plain rule applies (before:
+    such a secure fit ran all its rounds, unconverged). Unverified: a verified fit stops at
+    the dropout (the test above)."""
     case = registry.estimator_entries()["gmm"].load_example().case()
     fd = case.data()
+    gone = fd.client_ids[1]
     fits = []
     for verified in (True, False):
         est = case.make().set_params(n_init=1, max_rounds=40, federation=fl.Federation(
             secure_aggregation=True, acceleration=acc, verified=verified))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fits.append(est.fit(fd, runtime=Dropping(fd, [fd.client_ids[1]], at=3)))
-    for est in fits:
-        assert est.converged_ and 6 <= est.n_iter_ < 20, est.n_iter_
-        assert est.history_[2].missing == [fd.client_ids[1]]
-    assert fits[0].n_iter_ == fits[1].n_iter_
-    _same_fit(*fits)
+            if verified:
+                with pytest.raises(FederatedFitError, match=_stopped_by(gone, 3)):
+                    est.fit(fd, runtime=Dropping(fd, [gone], at=3))
+                continue
+            fits.append(est.fit(fd, runtime=Dropping(fd, [gone], at=3)))
+    est, = fits
+    assert est.converged_ and 6 <= est.n_iter_ < 20, est.n_iter_
+    assert est.history_[2].missing == [gone]
 
 
-def test_a_dropped_site_shown_a_later_round_refuses_it():
-    """The server cannot bring a dropped site back into the fit: the round after its dropout
-    shows the sum of the survivors, which holds no vector of the site; shown a round then
-    without any transcript, the site refuses it too (it holds no contribution to check the
-    aggregate by; before: an AttributeError)."""
+def test_a_dropped_site_shown_a_later_round_refuses_it(monkeypatch):
+    """The server cannot bring a dropped site back into the fit: the tree of the round it
+    dropped from holds zero at its leaf (the roster's rank), not its vector; shown a round
+    then without any transcript, the site refuses it too (it holds no contribution to check
+    the aggregate by; before: an AttributeError). (With the consistency rule off, as if the
+    server got past it: with it, the fit stops at the dropout, above.)"""
+    from fedlatent.engine.secagg import SecAggClient
+
+    monkeypatch.setattr(SecAggClient, "_confirmed_before", lambda *a: None)
     fd = _data("gmm")
     gone = fd.client_ids[1]
     rt = Dropping(fd, [gone])
     _fit("gmm", None, rt)
     msg = next(m for d, c, meth, m in rt.log if d == "down" and meth == "estep"
-               and _round_of(m) == AT + 1)
-    reply = rt.nodes[gone].handle("estep", dict(msg))
+               and _round_of(m) == AT + 1 and c == fd.client_ids[0])
+    path = np.array(msg["verify/path"], dtype=np.uint8)
+    path[:4] = np.array([1], "<u4").view(np.uint8)  # shown as its own leaf's path (rank 1)
+    reply = rt.nodes[gone].handle("estep", {**msg, "verify/path": path})
     assert re.match(rf"client {gone!r}: round {AT + 1} refused: site {gone!r}: its own "
-                    r"contribution \(leaf \d+\) is not in the committed sum", reply[ERROR_KEY])
+                    r"contribution \(leaf 1\) is not in the committed sum", reply[ERROR_KEY])
     bare = {k: v for k, v in msg.items() if not k.startswith("verify/") or k == "verify/units"}
     reply = rt.nodes[gone].handle("estep", bare)
     assert reply[ERROR_KEY] == (f"client {gone!r}: round {AT + 1} refused: this site holds no "
@@ -291,7 +319,8 @@ def test_a_site_that_dropped_out_takes_part_in_the_next_fit(acc, runtime):
     second fit's start, "a query after the rounds began")."""
     fd = _data("gmm")
     rt = runtime(fd, [fd.client_ids[1]])
-    _fit("gmm", acc, rt)
+    with pytest.raises(FederatedFitError, match=_stopped_by(fd.client_ids[1], AT)):
+        _fit("gmm", acc, rt)
     rt.at = None  # the same sites, their states as the last fit left them
     again = _fit("gmm", acc, rt)
     assert again.history_.to_frame()["participants"].tolist() == [len(fd.client_ids)] * ROUNDS
@@ -378,35 +407,42 @@ def test_a_fault_mid_run_keeps_the_last_good_state_and_resume_is_refused_clearly
 
 
 # ---- (c) a site refuses its round --------------------------------------------------------
+def _kept_round_before(err, rt, site: str) -> None:
+    """``err`` kept what round AT evaluated (round AT-1's parameters), as an honest message of
+    round AT to another site than ``site`` carries them."""
+    honest = next(m for d, c, meth, m in rt.log if d == "down" and c != site
+                  and meth == "estep" and _round_of(m) == AT)
+    assert err.round == AT and err.last_good.keys() == unpack(honest, "params").keys()
+    for k, v in unpack(honest, "params").items():
+        assert np.allclose(err.last_good[k], v, rtol=1e-12, atol=0), k
+
+
 @pytest.mark.parametrize("name,acc", CASES, ids=IDS)
-def test_a_refusing_site_is_left_out_by_name_and_the_others_go_on(name, acc, caplog):
+def test_a_refusing_site_stops_a_verified_fit_by_name(name, acc):
+    """A site that refuses its round (the server moved its parameters) is a site of the sum
+    before that confirms nothing of this round: the others reveal nothing of it and the fit
+    stops, naming the site with its refusal, keeping the parameters of the round before."""
     fd = _data(name)
     site = fd.client_ids[0]
     rt = Deviating(fd, [site])
-    with caplog.at_level(logging.WARNING, logger="fedlatent.engine.rounds.secure_round"):
-        est = _fit(name, acc, rt)
+    with pytest.raises(FederatedFitError, match=_stopped_by(site, AT)) as got:
+        _fit(name, acc, rt)
     why = rf"client {site!r}: round {AT} refused: (extra point \d's )?parameter '\w+' " \
           r"differs from the replay of the verified aggregate"
     assert re.match(why, rt.replies[site][ERROR_KEY])
+    assert re.search(rf"; dropped in this exchange: client {site!r}: round {AT} refused: "
+                     r"(extra point \d's )?parameter '\w+' differs from the replay",
+                     str(got.value)), str(got.value)
     assert all(ERROR_KEY not in r for c, r in rt.replies.items() if c != site)
-    rec = est.history_[AT - 1]
-    assert rec.missing == [site] and re.match(why, rec.errors[site])
-    assert all(r.missing == [site] and r.errors[site].startswith(f"excluded since round {AT}")
-               for r in est.history_[AT:])
-    said = [r.getMessage() for r in caplog.records if r.name.endswith("secure_round")]
-    assert len(said) == 1 and re.match(
-        rf"round {AT}: left out from now on \(masks recovered\), having answered with an "
-        rf"error or a refusal: client {site!r}: round {AT} refused: .*differs from the replay",
-        said[0]), said
-    # the site's reply never reached the sum: the fit is the one where it dropped out there
-    _same_fit(est, _fit(name, acc, Dropping(fd, [site])))
+    assert _reveals(rt, AT) == []
+    _kept_round_before(got.value, rt, site)
 
 
 @pytest.mark.parametrize("acc", [None, "newton"], ids=["plain", "newton"])
-def test_a_site_whose_e_step_fails_mid_fit_is_left_out_by_name(acc, caplog):
-    """A site that fails (its E-step raises) in round AT: left out as a refusing site is,
-    its error named in the round's record and the server's log; the others verify every
-    later round, as in the fit where it dropped out there."""
+def test_a_site_whose_e_step_fails_mid_fit_stops_a_verified_fit_by_name(acc):
+    """A site that fails (its E-step raises) in round AT, after it checked its leaf: nothing
+    its neighbours hold shows that check, so it stops the fit as a dropout does, its error
+    named, keeping the parameters of round AT-1."""
     fd = _data("gmm")
     site = fd.client_ids[2]
     rt = InProcessRuntime(fd, record=True)
@@ -419,13 +455,11 @@ def test_a_site_whose_e_step_fails_mid_fit_is_left_out_by_name(acc, caplog):
         return honest(msg)
 
     node._estep = failing
-    with caplog.at_level(logging.WARNING, logger="fedlatent.engine.rounds.secure_round"):
-        est = _fit("gmm", acc, rt)
-    assert est.history_[AT - 1].errors == {site: "RuntimeError: disk full"}
-    assert [r.getMessage() for r in caplog.records if r.name.endswith("secure_round")] == [
-        f"round {AT}: left out from now on (masks recovered), having answered with an error "
-        f"or a refusal: client {site!r}: RuntimeError: disk full"]
-    _same_fit(est, _fit("gmm", acc, Dropping(fd, [site])))
+    with pytest.raises(FederatedFitError, match=_stopped_by(site, AT)) as got:
+        _fit("gmm", acc, rt)
+    assert f"; dropped in this exchange: client {site!r}: RuntimeError: disk full;" in \
+        str(got.value)
+    _kept_round_before(got.value, rt, site)
 
 
 def test_too_many_refusals_stop_the_fit_keeping_the_last_good_state():

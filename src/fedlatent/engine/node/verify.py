@@ -12,11 +12,17 @@ carries the transcript of the exchange before: the claimed ring sum ``A`` and it
    :class:`~fedlatent.engine.secagg.client.SecAggClient`) to the root and checks the root's
    projections are those of ``A`` (:func:`~fedlatent.engine.secagg.sumtree.verify_leaf`): a
    transcript without its leaf, with another, or missing while it holds one, is refused
-   naming the round;
+   naming the round; so is a tree whose leaves are not the set-up's roster in its order
+   (``n`` its size, this site's leaf its rank: :func:`_roster_place`), or in which a site
+   of its neighbourhood that was not in the sum does not hold zero (:func:`_zeros`): no
+   vector can hide in a leaf outside the roster or in a dropped site's slot;
 2. folds the transcript's digest (the root it reached and ``A``, ``c``) into its
    confirmations of this exchange
-   (:func:`~fedlatent.engine.secagg.consistency.fold`): a neighbour shown another transcript
-   refuses to reveal, so the server cannot show two worlds;
+   (:meth:`~fedlatent.engine.secagg.client.SecAggClient.bind_digest`): a neighbour shown
+   another transcript refuses to reveal, so the server cannot show two worlds; and it
+   reveals nothing of this exchange unless every neighbour that was in the sum before
+   survives it (its tokens carry the digest it checked:
+   ``SecAggClient._confirmed_before``), so no leaf goes unchecked;
 3. decodes ``A`` and replays the server (:func:`~fedlatent.engine.node.replay.replay`: the
    FedEM update with the federation's step size and control-variate step, the model's M-step)
    and refuses parameters that differ (:func:`~fedlatent.engine.node.replay.params_refusal`:
@@ -34,9 +40,9 @@ acceleration, in the first round, or beyond those the history of aggregates give
 Participation: verification needs every site in every round (``participation=1``): a site
 that took no part in an exchange holds no leaf of it and could only take its neighbours' word
 for the transcript; a federation with partial participation is refused verification at the
-setup (:meth:`Federation.verifies`) rather than verified by halves. A site declared dropped is
-excluded for the rest of the fit, so under full participation every survivor of exchange
-``t`` takes part in ``t + 1`` and checks its own leaf.
+setup (:meth:`Federation.verifies`) rather than verified by halves. A site of exchange
+``t``'s sum that is no survivor of ``t + 1`` (it dropped out, failed or refused) stops the
+fit at ``t + 1``'s consistency round, before anything of it is revealed.
 """
 
 from __future__ import annotations
@@ -196,15 +202,55 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
                                   "aggregate the parameters come from is unverified")
     try:
         at, n, A, c, path = read_transcript(msg, z.size)
+        ids = node.secagg.roster_ids
+        _roster_place(node.client_id, ids, at, n, who)
         digest = verify_leaf(label, at, n, node.client_id, z, A, c, None, path)
+        split = node.secagg.leaf_split(label) or ((), ())
+        _zeros(label, ids, split[1], msg, A, c, digest, who)
     except SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
-    node.secagg.bind_digest(rnd, exch, digest)
+    node.secagg.bind_digest(rnd, exch, digest, confirm=split[0])
     from fedlatent.engine.secagg.encoding import Layout
 
     # decoded in one pass (FixedPoint.decode's arithmetic on every word), then split by field
     values = A.view(np.int64).astype(np.float64) / node.secagg.config.encoding.scale
     return Layout(shapes).unflatten(values, copy=False)
+
+
+def _roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
+    """The tree's leaves are the set-up's roster in its order: ``n`` its size, this site's
+    leaf its rank; VerificationRefused naming the round otherwise (a leaf outside the roster
+    could hold any vector)."""
+    import bisect
+
+    mine = bisect.bisect_left(ids, me)
+    if n != len(ids) or at != mine:
+        raise VerificationRefused(
+            f"{who}: its transcript's tree has {n} leaves with this site's at {at}; the "
+            f"set-up's roster has {len(ids)} sites with this site at {mine}: a tree of other "
+            "leaves than the roster's could hold a vector no site answered for")
+
+
+def _zeros(label: bytes, ids: list[str], absent, msg, A, c, digest: bytes, who: str) -> None:
+    """Each site of this site's neighbourhood that was not in the exchange's sum (dropped,
+    or no participant) holds a zero leaf in the tree this site's own leaf reached
+    (:func:`~fedlatent.engine.secagg.sumtree.verify_zero`); VerificationRefused naming the
+    first that does not, or whose path is missing."""
+    import bisect
+
+    from fedlatent.engine.secagg.sumtree import read_paths, verify_zero
+
+    if not absent:
+        return
+    paths = read_paths(msg)
+    for u in absent:
+        i = bisect.bisect_left(ids, u)
+        n, path = paths.get(i, (len(ids), None))
+        if path is None or n != len(ids) or not verify_zero(label, i, n, u, A, c, path, digest):
+            raise VerificationRefused(
+                f"{who}: {u!r} was not in the sum of the exchange before (it dropped out or "
+                f"took no part), yet its leaf ({i}) in the tree is not shown to hold zero: the "
+                "aggregate may hold a vector no site answered for")
 
 
 def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,

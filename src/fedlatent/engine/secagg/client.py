@@ -124,6 +124,12 @@ class SecAggClient(Enrolment):
         # exchange label -> the digest of the transcript it verified before masking in it,
         # folded into its confirmations (:func:`~.consistency.fold`)
         self._digest: dict[bytes, bytes] = {}
+        # (label, survivors, absent) of its leaf's exchange within its closed neighbourhood:
+        # the absent ones' leaves must be zero in that exchange's tree (:mod:`~.sumtree`)
+        self._leaf_split: tuple[bytes, tuple, tuple] | None = None
+        # exchange label -> the neighbours that were in the sum of the exchange before, each
+        # of which must confirm this one (it checked its own leaf) before this client reveals
+        self._confirm: dict[bytes, tuple[str, ...]] = {}
 
     # --- per exchange -------------------------------------------------------------------------
     def mask(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
@@ -153,10 +159,29 @@ class SecAggClient(Enrolment):
         y -= rows[:me].sum(axis=0, dtype=np.uint64)
         if self.keep_leaf:  # its leaf before the self mask (the pair masks of dropped
             self._leaf = (label, layout.shapes, y.copy())  # neighbours leave at the reveal)
+            self._keep_split(roster, label, P, ())
         y += self_mask(self._self_seeds[e], label, n)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n
         return layout.unflatten(y, copy=False)  # y is this reply's own
+
+    def _keep_split(self, roster: Roster, label: bytes, S, D) -> None:
+        """Keep, with its leaf of ``label``, the survivors ``S`` of its closed neighbourhood
+        and the others (not participants, or the dropped ``D``)."""
+        closed = roster.graph.closed(self.id)
+        absent = () if len(S) == len(closed) else tuple(sorted(set(closed).difference(S)))
+        self._leaf_split = (label, tuple(S), absent)
+
+    def leaf_split(self, label: bytes) -> tuple[tuple, tuple] | None:
+        """``(survivors, absent)`` of its closed neighbourhood in the exchange ``label`` of
+        its kept leaf (None: none kept for it)."""
+        got = self._leaf_split
+        return None if got is None or got[0] != label else got[1:]
+
+    @property
+    def roster_ids(self) -> list[str]:
+        """The set-up's roster, in its canonical (sorted) order: a transcript's leaves."""
+        return self._need_roster().ids
 
     def announced(self, bits) -> list[str]:
         """The participants a round message announces as bits over this client's closed
@@ -243,12 +268,34 @@ class SecAggClient(Enrolment):
             gone = set(map(str, dropped))
             survivors = [u for u in mine if u not in gone]
         S, D = self._reveal_split(roster, label, survivors, dropped, where)
+        self._confirmed_before(label, S, where)
         self._split[label] = (S, D)
         give = self._tokens[label][0].copy()
         if D:
             place = self._own_place(roster)
             give[[place[d] for d in D]] = 0
         return {"confirm": give.astype("<u8", copy=False).view(np.uint8)}
+
+    def _confirmed_before(self, label: bytes, S, where: str) -> None:
+        """Verified rounds: refuse (SecureAggregationError naming them) when a neighbour that
+        was in the sum of the exchange before is not a survivor of this one. Only a survivor
+        confirms, and its tokens of this exchange carry the digest of the transcript it
+        checked its own leaf against; a leaf nobody checks could hold any vector the server
+        chose (a ghost in a silent site's leaf), so nothing is revealed without it. (The
+        message does not name this client: the server names each refusing client, and the
+        refusals of one dropout, alike, are said once.)"""
+        need = self._confirm.get(label)
+        if not need:
+            return
+        missing = [w for w in need if w not in set(S)]
+        if missing:
+            names = ", ".join(map(repr, missing[:10])) + (
+                f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            raise SecureAggregationError(
+                f"{where}: [{names}] took part in the sum of "
+                "the exchange before but are not survivors of this one, so nothing shows they "
+                "checked their own contributions to that sum (any vector could stand in their "
+                "leaves); refusing to reveal anything")
 
     def _own_place(self, roster: Roster) -> dict[str, int]:
         """``{member: its place}`` in this client's closed neighbourhood (sorted), once."""
@@ -301,6 +348,8 @@ class SecAggClient(Enrolment):
             out["pair"] = np.ascontiguousarray(masks, "<u8").view(np.uint8).reshape(
                 len(D), 8 * words)
             self._leaf_less(label, D, masks)
+            if self._leaf_split is not None and self._leaf_split[0] == label:
+                self._keep_split(roster, label, S, D)
         shown = dict.fromkeys(owners, where)  # the first exchange to reveal one is kept
         shown.update(held)
         self._self_shown[key] = shown
@@ -310,6 +359,7 @@ class SecAggClient(Enrolment):
         self._split.pop(label, None)  # revealed once: its split and tokens are done with
         self._tokens.pop(label, None)
         self._digest.pop(label, None)
+        self._confirm.pop(label, None)
         if D:
             log.info("client %r revealed its pair masks with dropped %s in %s", self.id, D, where)
         return out
@@ -332,13 +382,18 @@ class SecAggClient(Enrolment):
         self._leaf = None
         return leaf
 
-    def bind_digest(self, round: int, exchange: str, digest: bytes) -> None:
+    def bind_digest(self, round: int, exchange: str, digest: bytes,
+                    confirm: Sequence[str] = ()) -> None:
         """Bind ``digest`` (the transcript it verified before masking in exchange ``(round,
         exchange)``) into that exchange's pair keystreams (:meth:`_pair_masks`): its pair
         masks and consistency tokens with a neighbour shown another transcript then differ,
         so that neighbour refuses to reveal (no equivocation) at no cost. Before
-        :meth:`mask`."""
-        self._digest[exchange_label(round, exchange)] = bytes(digest)
+        :meth:`mask`. ``confirm``: the neighbours in the sum the transcript is of, each of
+        which must survive this exchange before this client reveals in it
+        (:meth:`_confirmed_before`)."""
+        label = exchange_label(round, exchange)
+        self._digest[label] = bytes(digest)
+        self._confirm[label] = tuple(u for u in confirm if u != self.id)
 
     def _never_both(self, D, owners, held, pairs, where: str) -> None:
         """Refuse a pair mask of a peer whose self-mask seed share was revealed for the slot
@@ -373,8 +428,9 @@ class SecAggClient(Enrolment):
             if survivors is None or dropped is None:
                 raise SecureAggregationError(f"client {self.id!r}: {where}: a reveal needs the "
                                              "survivors and the dropped participants")
-            split = self._split[label] = self._reveal_split(roster, label, survivors, dropped,
-                                                            where)
+            split = self._reveal_split(roster, label, survivors, dropped, where)
+            self._confirmed_before(label, split[0], where)
+            self._split[label] = split
         elif survivors is not None and (sorted(map(str, survivors)) != split[0]
                                         or sorted(map(str, dropped or ())) != split[1]):
             raise SecureAggregationError(
@@ -445,7 +501,10 @@ class SecAggClient(Enrolment):
             "leaf": None if self._leaf is None else [
                 self._leaf[0].hex(), [[k, list(v)] for k, v in self._leaf[1]],
                 np.ascontiguousarray(self._leaf[2], "<u8").tobytes().hex()],
-            "digest": {k.hex(): v.hex() for k, v in self._digest.items()}})
+            "digest": {k.hex(): v.hex() for k, v in self._digest.items()},
+            "leaf_split": None if self._leaf_split is None else [
+                self._leaf_split[0].hex(), list(self._leaf_split[1]), list(self._leaf_split[2])],
+            "confirm": {k.hex(): list(v) for k, v in self._confirm.items()}})
 
     @classmethod
     def load(cls, text: str) -> SecAggClient:
@@ -490,6 +549,10 @@ class SecAggClient(Enrolment):
             bytes.fromhex(leaf[0]), tuple((str(k), tuple(int(n) for n in v)) for k, v in leaf[1]),
             np.frombuffer(bytes.fromhex(leaf[2]), "<u8").astype(np.uint64))
         c._digest = {bytes.fromhex(k): bytes.fromhex(v) for k, v in d.get("digest", {}).items()}
+        split = d.get("leaf_split")
+        c._leaf_split = None if split is None else (bytes.fromhex(split[0]), tuple(split[1]),
+                                                    tuple(split[2]))
+        c._confirm = {bytes.fromhex(k): tuple(v) for k, v in d.get("confirm", {}).items()}
         return c
 
     @property

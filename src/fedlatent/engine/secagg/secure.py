@@ -493,7 +493,15 @@ class SecureChannel:
         S = request["survivors"]
         alive, gone = (self._near(S), self._near(request["dropped"])) if request["dropped"] \
             else (None, None)  # every participant survived: nothing to tell
-        sums, down2, up2 = self._unmask(S, alive, gone, round, exchange, where)
+        try:
+            sums, down2, up2 = self._unmask(S, alive, gone, round, exchange, where)
+        except FederatedFitError as err:  # (a verified round stopped by a dropout: say why
+            if not request["dropped"]:  # each dropped site is missing)
+                raise
+            raise FederatedFitError(f"{err}; dropped in this exchange: " + fault_detail(
+                {d: errors.get(d, "no reply").removeprefix(f"client {d!r}: ")
+                 for d in request["dropped"]}), None,
+                round) from err
         if self.verify and not test:  # the sum tree each survivor's next exchange shows it
             self._keep_tree(int(round), str(exchange))
         down, up = down + down2, up + up2
@@ -514,14 +522,23 @@ class SecureChannel:
 
     def _keep_tree(self, round: int, exchange: str) -> None:
         """The sum tree of the exchange just unmasked (:mod:`.sumtree`), kept until each of
-        its survivors was shown it; trees no site needs any more dropped."""
+        its survivors was shown it; trees no site needs any more dropped. Its leaves are the
+        roster's, in the roster's order (every site knows both): a site not in the sum holds
+        a zero leaf, which the survivors of its neighbourhood check (:func:`zero_fields`)."""
         from fedlatent.engine.secagg.sumtree import SumTree, shared_fields
 
-        label, ids, leaves = self.server.leaves
+        label, S, leaves = self.server.leaves
+        ids = list(self.server.roster.ids)
+        at = {u: i for i, u in enumerate(ids)}
+        if len(S) != len(ids):  # (the survivors' leaves at their ranks, zeros elsewhere)
+            full = np.zeros((len(ids), leaves.shape[1]), dtype=np.uint64)
+            full[[at[u] for u in S]] = leaves
+            leaves = full
         tree = SumTree(label, ids, leaves)
         key = (round, exchange)
-        self.trees[key] = (tree, shared_fields(tree), {u: i for i, u in enumerate(ids)})
-        self.last_of.update(dict.fromkeys(ids, key))
+        absent = frozenset(ids).difference(S)
+        self.trees[key] = (tree, shared_fields(tree), at, absent)
+        self.last_of.update(dict.fromkeys(S, key))
         live = set(self.last_of.values())
         for k in [k for k in self.trees if k not in live]:
             del self.trees[k]
@@ -532,7 +549,7 @@ class SecureChannel:
         federation's units and clients the replay needs (the site keeps them); their bytes."""
         if not self.verify:
             return 0
-        from fedlatent.engine.secagg.sumtree import transcript_fields
+        from fedlatent.engine.secagg.sumtree import transcript_fields, zero_fields
 
         down = 0
         units = {"verify/units": np.array([self.n_total, len(self.cids)])}
@@ -542,8 +559,12 @@ class SecureChannel:
                 m.update(units)
                 down += message_nbytes(units)
                 continue
-            tree, shared, at = self.trees[key]
+            tree, shared, at, absent = self.trees[key]
             own = transcript_fields(tree, at[c])
+            if absent:  # the zero leaves of the absent sites of its neighbourhood
+                graph = self.server.roster.graph
+                near = absent if graph.complete else absent & graph.closed_set(c)
+                own.update(zero_fields(tree, sorted(at[u] for u in near)))
             m.update(shared)
             m.update(own)
             down += message_nbytes(shared) + message_nbytes(own)

@@ -53,8 +53,9 @@ import numpy as np
 import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "pack_ring", "project", "read_transcript",
-           "ring_sum", "shared_fields", "transcript_fields", "unpack_ring", "verify_leaf"]
+__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "pack_ring", "project", "read_paths",
+           "read_transcript", "ring_sum", "shared_fields", "transcript_fields", "unpack_ring",
+           "verify_leaf", "verify_zero", "zero_fields"]
 
 _V = "verify/"  # the message fields of a transcript
 
@@ -247,6 +248,19 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     return tree_digest(h, A, c)
 
 
+def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: np.ndarray,
+                path: tuple[bytes, np.ndarray], digest: bytes) -> bool:
+    """Whether leaf ``index`` of ``n`` (site ``site``, not in the exchange's sum) holds zero
+    in the tree whose :func:`tree_digest` is ``digest`` (the one the checking site reached
+    from its own leaf): its path from a zero leaf must climb to that root."""
+    try:
+        got = verify_leaf(label, index, n, site, np.zeros(np.size(A), np.uint64), A, c, None,
+                          path)
+    except SecureAggregationError:
+        return False
+    return got == digest
+
+
 #: bytes a level of a path takes: the sibling's hash and its projections
 _NODE = 32 + 4 * PROJECTIONS
 
@@ -265,6 +279,46 @@ def transcript_fields(tree, i: int) -> dict[str, Any]:
     body[:, 32:] = sums.astype("<u4").view(np.uint8).reshape(levels, _NODE - 32)
     head = np.array([i, len(tree.ids)], dtype="<u4").view(np.uint8)
     return {_V + "path": np.concatenate([head, body.ravel()])}
+
+
+def zero_fields(tree, indices) -> dict[str, Any]:
+    """``verify/zero``, bytes: the paths (:func:`transcript_fields`' encoding, one after the
+    other) of the leaves ``indices``, those of sites not in the exchange's sum that the site
+    sent them checks hold zero; none when ``indices`` is empty."""
+    if not len(indices):
+        return {}
+    return {_V + "zero": np.concatenate([transcript_fields(tree, int(i))[_V + "path"]
+                                         for i in indices])}
+
+
+def read_paths(msg: dict[str, Any]) -> dict[int, tuple[int, tuple[bytes, list]]]:
+    """``{index: (n, path)}`` of :func:`zero_fields`' bytes in ``msg`` (empty without them);
+    SecureAggregationError when they do not parse."""
+    raw = np.asarray(msg.get(_V + "zero", ()), dtype=np.uint8).reshape(-1).tobytes()
+    out, k = {}, 0
+    while k < len(raw):
+        if k + 8 > len(raw):
+            raise SecureAggregationError(f"its transcript's zero paths ({len(raw)} bytes) do "
+                                         "not parse")
+        index, n = struct.unpack_from("<II", raw, k)
+        levels = range(k + 8, k + 8 + _NODE * _levels(index, n), _NODE)
+        end = k + 8 + _NODE * len(levels)
+        if end > len(raw):
+            raise SecureAggregationError(f"its transcript's zero paths ({len(raw)} bytes) do "
+                                         "not parse")
+        out[index] = (n, (b"".join([raw[j:j + 32] for j in levels]),
+                          [struct.unpack_from(f"<{PROJECTIONS}I", raw, j + 32) for j in levels]))
+        k = end
+    return out
+
+
+def _levels(index: int, n: int) -> int:
+    """How many levels of leaf ``index``'s path in a tree of ``n`` leaves have a sibling."""
+    k, i, width = 0, index, n
+    while width > 1 and k < 64:
+        k += (i ^ 1) < width
+        i, width = i // 2, (width + 1) // 2
+    return k
 
 
 def shared_fields(tree) -> dict[str, Any]:
