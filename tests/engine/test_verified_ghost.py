@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import fedlatent as fl
+from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.node import verify as node_verify
 from fedlatent.engine.protocol.messages import ERROR_KEY
@@ -36,9 +37,13 @@ pytest.importorskip("cryptography")
 
 AT, ROUNDS = 3, 6  # the exchange whose sum is forged: round AT's E-step
 GHOST = "zzzz-ghost"
+MODELS = ["gmm", "lcr"]  # (the forged word: the first statistic after the counts)
 
 
-def _data():
+def _data(name="gmm"):
+    """Three 2-d Gaussians over six sites (GMM), or the registry's example (LCR)."""
+    if name != "gmm":
+        return registry.estimator_entries()[name].load_example().case().data()
     rng = np.random.default_rng(3)
     X = rng.standard_normal((600, 2)) + np.array([[0, 0], [3, 0.5], [0.5, 3]])[
         rng.integers(3, size=600)]
@@ -46,10 +51,15 @@ def _data():
         {f"c{i}": p for i, p in enumerate(np.array_split(X, 6))})
 
 
-def _fit(runtime, **fed):
-    est = fl.FederatedGaussianMixture(n_components=3, n_init=1, tol=0.0, max_rounds=ROUNDS,
-                             random_state=0, federation=fl.Federation(
-                                 secure_aggregation=True, **fed))
+def _fit(runtime, name="gmm", **fed):
+    federation = fl.Federation(secure_aggregation=True, **fed)
+    if name == "gmm":
+        est = fl.FederatedGaussianMixture(n_components=3, n_init=1, tol=0.0,
+                                          max_rounds=ROUNDS, random_state=0,
+                                          federation=federation)
+    else:
+        est = registry.estimator_entries()[name].load_example().case().make()
+        est.set_params(tol=0.0, max_rounds=ROUNDS, federation=federation)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return est.fit(runtime._fd, runtime=runtime)
@@ -200,12 +210,13 @@ def test_the_forger_changes_the_parameters_when_the_sites_do_not_check(monkeypat
 
 
 # ---- (a) a leaf outside the roster ------------------------------------------------------------
-def test_a_ghost_leaf_outside_the_roster_is_refused_by_every_site(monkeypatch):
-    fd = _data()
+@pytest.mark.parametrize("name", MODELS)
+def test_a_ghost_leaf_outside_the_roster_is_refused_by_every_site(monkeypatch, name):
+    fd = _data(name)
     forger = Forger(monkeypatch, "outside")
     rt = InProcessRuntime(fd, record=True)
     with pytest.raises(FederatedFitError, match=rf"^round {AT + 1}"):
-        _fit(rt)
+        _fit(rt, name)
     assert _old_check_passes(forger)  # each site's own leaf is in the forged tree
     assert not np.array_equal(forger.forged_A, forger.true_A)
     _refused_by_all(rt, fd.client_ids, AT + 1, f"its transcript's tree has {len(fd.client_ids) + 1}"
@@ -233,14 +244,15 @@ def _no_confirm_rule(monkeypatch):
     monkeypatch.setattr(SecAggClient, "_confirmed_before", lambda *a: None, raising=False)
 
 
-def test_a_ghost_in_a_dropped_sites_slot_is_refused_by_its_neighbours(monkeypatch):
-    fd = _data()
+@pytest.mark.parametrize("name", MODELS)
+def test_a_ghost_in_a_dropped_sites_slot_is_refused_by_its_neighbours(monkeypatch, name):
+    fd = _data(name)
     gone = fd.client_ids[2]
     _no_confirm_rule(monkeypatch)
     forger = Forger(monkeypatch, "dropped")
     rt = Dropping(fd, gone)
     with pytest.raises(FederatedFitError, match=rf"^round {AT + 1}"):
-        _fit(rt)
+        _fit(rt, name)
     assert _old_check_passes(forger)
     others = [c for c in fd.client_ids if c != gone]
     _refused_by_all(rt, others, AT + 1, f"{gone!r} was not in the sum of the exchange before")
@@ -275,14 +287,15 @@ def test_with_every_check_a_dropout_stops_the_round_at_its_consistency(monkeypat
 
 
 # ---- (c) the leaf of a survivor silent in the next exchange ----------------------------------
-def test_a_ghost_in_a_silent_survivors_leaf_is_refused_before_any_reveal(monkeypatch):
-    fd = _data()
+@pytest.mark.parametrize("name", MODELS)
+def test_a_ghost_in_a_silent_survivors_leaf_is_refused_before_any_reveal(monkeypatch, name):
+    fd = _data(name)
     quiet = fd.client_ids[4]
     forger = Forger(monkeypatch, quiet)
     rt = Dropping(fd, quiet, at=AT + 1)  # its round AT + 1 reply never arrives
     with pytest.raises(FederatedFitError, match=rf"^round {AT + 1}, exchange 'estep': .*"
                        rf"\[{quiet!r}\] took part in the sum of the exchange before") as got:
-        _fit(rt)
+        _fit(rt, name)
     assert _old_check_passes(forger)
     others = [c for c in fd.client_ids if c != quiet]
     said = _secagg_replies(rt, AT + 1, "consistency")
