@@ -15,8 +15,11 @@ from fedlatent.engine.secagg.sumtree import (
     SumTree,
     challenge,
     project,
+    read_paths,
     ring_sum,
     verify_leaf,
+    verify_zero,
+    zero_fields,
 )
 
 LABEL = b"run/round 3/estep"
@@ -186,3 +189,40 @@ def test_the_ring_sum_packs_in_a_common_width_and_back_exactly():
         assert unpack_ring(raw[1:], m) is None and unpack_ring(raw[:-1], m) is None
     small = (rng.integers(-2**30, 2**30, size=66)).view(np.uint64)
     assert pack_ring(small).size == 66 * 4 + 1  # (31-bit magnitudes: 4 bytes a word)
+
+
+def test_a_ghost_leaf_passes_each_sites_own_check_so_the_tree_must_be_the_rosters():
+    """Why a site checks the tree's size and its own place (node/verify.py: the roster's):
+    a leaf that belongs to no site, holding any vector, passes every site's own check."""
+    n = 9
+    leaves, ids = _leaves(n), _ids(n)
+    delta = np.zeros(leaves.shape[1], dtype=np.uint64)
+    delta[0] = 12345
+    tree = SumTree(LABEL, ids + ["zzzz-ghost"], np.vstack([leaves, delta[None]]))
+    assert all(verify_leaf(LABEL, i, n + 1, ids[i], leaves[i], tree.A, tree.c, None,
+                           tree.path(i)) for i in range(n))
+    assert not np.array_equal(tree.A, ring_sum(leaves)[0])
+
+
+@pytest.mark.parametrize("n", [2, 6, 13, 100])
+def test_zero_leaves_are_shown_by_their_paths_and_a_ghost_in_one_is_not(n):
+    """The paths of the absent sites' leaves (zero_fields) read back exactly and climb from a
+    zero leaf to the root the survivors reach; a vector in an absent slot does not."""
+    leaves, ids = _leaves(n, seed=5), _ids(n)
+    absent = sorted({0, n // 2, n - 1})
+    leaves[absent] = 0
+    tree = SumTree(LABEL, ids, leaves)
+    paths = read_paths(zero_fields(tree, absent))
+    assert sorted(paths) == absent and all(p[0] == n for p in paths.values())
+    for i in absent:
+        raw, sums = tree.path(i)
+        assert paths[i][1][0] == raw and np.array_equal(np.asarray(paths[i][1][1]).reshape(
+            sums.shape), sums)
+        assert verify_zero(LABEL, i, n, ids[i], tree.A, tree.c, paths[i][1], tree.digest())
+    ghost = leaves.copy()
+    ghost[absent[0], 0] = 7
+    forged = SumTree(LABEL, ids, ghost)
+    path = read_paths(zero_fields(forged, absent[:1]))[absent[0]][1]
+    assert not verify_zero(LABEL, absent[0], n, ids[absent[0]], forged.A, forged.c, path,
+                           forged.digest())
+    assert read_paths({}) == {} and zero_fields(tree, []) == {}

@@ -287,7 +287,8 @@ class SecAggClient(Enrolment):
         need = self._confirm.get(label)
         if not need:
             return
-        missing = [w for w in need if w not in set(S)]
+        alive = set(S)
+        missing = [w for w in need if w not in alive]
         if missing:
             names = ", ".join(map(repr, missing[:10])) + (
                 f" and {len(missing) - 10} more" if len(missing) > 10 else "")
