@@ -285,10 +285,10 @@ class SecAggClient(Enrolment):
         message does not name this client: the server names each refusing client, and the
         refusals of one dropout, alike, are said once.)"""
         need = self._confirm.get(label)
-        if not need:
+        if not need or need == tuple(S):  # (every one of them survived: the common case)
             return
         alive = set(S)
-        missing = [w for w in need if w not in alive]
+        missing = [w for w in need if w not in alive and w != self.id]
         if missing:
             names = ", ".join(map(repr, missing[:10])) + (
                 f" and {len(missing) - 10} more" if len(missing) > 10 else "")
@@ -391,10 +391,10 @@ class SecAggClient(Enrolment):
         so that neighbour refuses to reveal (no equivocation) at no cost. Before
         :meth:`mask`. ``confirm``: the neighbours in the sum the transcript is of, each of
         which must survive this exchange before this client reveals in it
-        (:meth:`_confirmed_before`)."""
+        (:meth:`_confirmed_before`; this client among them or not)."""
         label = exchange_label(round, exchange)
         self._digest[label] = bytes(digest)
-        self._confirm[label] = tuple(u for u in confirm if u != self.id)
+        self._confirm[label] = tuple(confirm)
 
     def _never_both(self, D, owners, held, pairs, where: str) -> None:
         """Refuse a pair mask of a peer whose self-mask seed share was revealed for the slot
