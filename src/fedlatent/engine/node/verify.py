@@ -205,7 +205,11 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
         ids = node.secagg.roster_ids
         _roster_place(node.client_id, ids, at, n, who)
         digest = verify_leaf(label, at, n, node.client_id, z, A, c, None, path)
-        split = node.secagg.leaf_split(label) or ((), ())
+        split = node.secagg.leaf_split(label)
+        if split is None:  # (a state written before it kept its neighbourhood's split)
+            raise VerificationRefused(f"{who}: this site kept no record of which of its "
+                                      "neighbours were in the sum of the exchange before, so "
+                                      "it cannot check their leaves")
         _zeros(label, ids, split[1], msg, A, c, digest, who)
     except SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
