@@ -88,3 +88,30 @@ def test_resume_after_an_abandoned_secure_round_is_the_uninterrupted_fit(name, c
     ran = resumed.history_.to_frame()["objective"].to_numpy()[AT - 1:]  # the resumed rounds
     assert np.all(np.isfinite(ran))
     assert_same(ran, whole.history_.to_frame()["objective"].to_numpy()[AT - 1:])
+
+
+def test_the_servers_v_stays_within_the_drift_the_check_allows(monkeypatch):
+    """Every round of a secure fit with control variates: ``|V - sum_c w_c V_c|`` (the
+    clients' ``V_c`` the round started from) is within ``_v_drift``, and not zero (the
+    decoded sums' rounding, which the check of one round's aggregate alone did not allow)."""
+    from fedlatent.engine.secagg import secure_checks
+
+    fd = _data("hlcr")
+    rt = InProcessRuntime(fd)
+    seen, real = [], secure_checks._rebuilt
+
+    def spy(rounds, plan, Q, S, replay):
+        if not replay and not plan.init_round:
+            V = rounds.state.V
+            mine = {c: secure_checks._remembered(rt.nodes[c]) for c in rounds.cids}
+            assert all(m[0] == plan.k for m in mine.values())  # the round's own start
+            held = {k: sum(secure_checks._cv(mine[c][2])[k] * rounds.weights[c]
+                           for c in rounds.cids) for k in V.keys()}
+            gap = max(float(np.max(np.abs(V[k] - held[k]))) for k in held)
+            seen.append((plan.k, gap, secure_checks._v_drift(rounds, plan)))
+        return real(rounds, plan, Q, S, replay)
+
+    monkeypatch.setattr(secure_checks, "_rebuilt", spy)
+    _fit("hlcr", None, rt, verified=False)
+    assert [k for k, _, _ in seen] == list(range(2, ROUNDS + 1))
+    assert all(0 < gap <= bound for _, gap, bound in seen), seen

@@ -102,7 +102,7 @@ def _remembered(node) -> tuple[int, dict, dict] | None:
              if k.startswith(_LAST + "reply/")}
     before = {k[len(_LAST):]: v for k, v in st.items() if k.startswith(_LAST) and
               k[len(_LAST):].startswith(_UNDONE)}
-    return int(st[_LAST + "round"]), reply, before
+    return int(np.ravel(st[_LAST + "round"])[0]), reply, before  # (a record's shape: (1,))
 
 
 def _remember(node, rnd: int | None, reply: dict | None = None,
