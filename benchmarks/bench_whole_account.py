@@ -139,7 +139,6 @@ def main() -> None:
           f"{sk_warm:.2f} = {ours_warm / sk_warm:.2f}x; {rounds} rounds, scikit-learn "
           f"{sk.n_iter_} iterations; log-likelihood a row ours {gm.score(X):.6f}, "
           f"scikit-learn {sk.score(X):.6f}")
-    print()
     print("| part (the warm fit) | CPU s | calls | per round |")
     print("|---|---|---|---|")
     rest = ours_warm - SECONDS["setup"] - SECONDS["start"] - SECONDS["rounds"]
