@@ -1,22 +1,22 @@
 """Verified rounds when things go wrong (issue 38): a site that drops out mid-fit, a round the
 engine discards, a site that refuses its round, with and without accelerated EM.
 
-- A site dropping out of a secure round is recovered and left out for the rest of the fit; the
-  survivors verify every later round (the transcript of the round it dropped in is the sum of
-  theirs), so the verified fit is the unverified one with the same dropout, and it
-  converges over the sites left (plain EM steps after the exclusion). Shown a later
-  round anyway, the dropped site refuses it (its vector is in no sum the server can show); the
-  next fit it takes part in as any site. A site silent after its masked reply arrived is in
-  the sum when it misses the reveal; missing the consistency round stops the fit, keeping
-  the round before.
+- A site of a round's sum that drops out of the next round (or fails, or refuses it) never
+  confirms that round, so nothing shows it checked its own leaf (the server could have hidden
+  any vector there: tests/engine/test_verified_ghost.py): its neighbours reveal nothing of the
+  round and the verified fit stops naming the site and its reason, keeping the round before.
+  Unverified, the same dropout is recovered and the fit converges over the sites left. Shown
+  a later round anyway (past that rule), the dropped site refuses it (its vector is in no sum
+  the server can show); the next fit it takes part in as any site. A site silent after its
+  masked reply arrived is in the sum when it misses the reveal; missing the consistency round
+  stops the fit, keeping the round before.
 - A round whose aggregate the server discards (here a ring element shifted in transit) is
   never applied: every site replays the server's state before it and the accelerators restart
   their path, on both sides. A fault that leaves too few survivors stops the fit keeping the
   round before; a verified fit is not resumed from its checkpoint (refused, saying why).
 - A site whose replay differs (the server moved its parameters) refuses, on a node rebuilt for
-  each message as on Flower: the round goes on over the others, the site is named with its
-  reason and left out; when fewer than the threshold remain, the fit stops keeping the
-  parameters of the round before.
+  each message as on Flower, and stops the fit as a dropout does, named with its reason; when
+  fewer than the threshold reply, the fit stops keeping the parameters of the round before.
 """
 
 from __future__ import annotations
