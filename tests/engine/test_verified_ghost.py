@@ -323,3 +323,41 @@ def test_verified_equals_unverified_when_nobody_cheats():
     a, b = _fit(InProcessRuntime(fd)), _fit(InProcessRuntime(fd), verified=False)
     for k in ("means_", "covariances_", "weights_"):
         assert np.allclose(getattr(a, k), getattr(b, k), rtol=1e-10, atol=1e-10)
+
+
+def _lying(fd, liar, at=2):
+    """A recording runtime on which ``liar`` adds 500 to every statistic it sends from round
+    ``at`` on (the aggregate breaks the model's invariants: the round is discarded, the liar
+    located by the group tests and left out)."""
+    rt = InProcessRuntime(fd, record=True)
+    node = rt.nodes[liar]
+    honest = node._estep
+
+    def lie(msg):
+        reply = honest(msg)
+        if int(msg["round"]) < at:
+            return reply
+        return {k: (v + 500.0 if k.startswith("delta/") else v) for k, v in reply.items()}
+
+    node._estep = lie
+    return rt
+
+
+def test_a_located_liar_is_left_out_and_its_neighbours_check_its_zero_leaf():
+    """The honest counterpart of the dropped-slot check: after a discarded round whose liar
+    the group tests located, the liar is absent from every later sum; each later round shows
+    the others its zero leaf's path, and they accept it (the fit the unverified one)."""
+    fd = _data()
+    liar = fd.client_ids[3]
+    rt = _lying(fd, liar)
+    est = _fit(rt)
+    n = len(fd.client_ids)
+    assert est.history_.to_frame()["participants"].tolist()[2:] == [n - 1] * (ROUNDS - 2)
+    later = [m for d, c, meth, m in rt.log if d == "down" and meth == "estep"
+             and (_round_of(m) or 0) >= 4]
+    assert len(later) == (n - 1) * (ROUNDS - 3)
+    assert all(m["verify/zero"].size == 8 + 40 * 3 for m in later)  # its path: 3 levels
+    assert not [r for d, c, meth, r in rt.log if d == "up" and ERROR_KEY in r and c != liar]
+    plain = _fit(_lying(fd, liar), verified=False)
+    for k in ("means_", "covariances_", "weights_"):
+        assert np.allclose(getattr(est, k), getattr(plain, k), rtol=1e-10, atol=1e-10)
