@@ -65,9 +65,11 @@ def test_dealt_shares_rebuild_the_seeds():
     assert np.any(wrong != seeds)  # 27 of threshold 28 shares: not the seeds
 
 
-def test_pair_keys_in_one_pass_are_hkdf_of_the_sorted_pair():
+def test_pair_keys_in_one_pass_are_the_one_step_kdf_of_the_sorted_pair():
+    """NIST SP 800-56C's one-step KDF with SHA-512, written out: SHA-512 of the 32-bit counter
+    1, the shared secret and the fixed info (the tag and the sorted pair); each pair its own
+    block, both halves different keys."""
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
     from fedlatent.engine.secagg.protocol import pair_keys_many
 
@@ -75,8 +77,13 @@ def test_pair_keys_in_one_pass_are_hkdf_of_the_sorted_pair():
     got = pair_keys_many(shared, "run-1", "c05", ["c01", "c09", "c10"])
     for s, v, key in zip(shared, ["c01", "c09", "c10"], got):
         info = PAIR_TAG + json.dumps(["run-1", *sorted(["c05", v])]).encode()
-        want = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=info).derive(s)
+        h = hashes.Hash(hashes.SHA512())
+        h.update((1).to_bytes(4, "big") + s + info)
+        want = h.finalize()
         assert key == want == pair_keys(s, "run-1", v, "c05")
+        assert len(key) == 64 and key[:32] != key[32:]
+    assert len(set(got)) == 3
+    assert pair_keys(shared[0], "run-2", "c05", "c01") != got[0]  # bound to the run
 
 
 def test_seal_and_open_many_round_trip_and_a_tampered_row_does_not_open():

@@ -1,11 +1,12 @@
 """What the secure-aggregation client and server share: settings, the roster, mask derivation.
 
 Masks are derived per exchange from secrets agreed once per fit: a pair of neighbours agrees one
-X25519 secret, HKDF turns it (bound to the run and the pair) into their two share-encryption
-keys and their mask secret s_uv (:func:`pair_keys`); an exchange's pair mask is the AES-256-CTR
-keystream of s_uv under a nonce hashed from the exchange's label (:func:`pair_nonce`: one
-keystream per pair and exchange, each exchange masked once). The self mask is the keystream of
-b_u under another nonce hashed from the label.
+X25519 secret, one key derivation (NIST SP 800-56C's one-step KDF, SHA-512, bound to the run and
+the pair) turns it into the key of the shares they deal each other and their mask secret s_uv
+(:func:`pair_keys`); an exchange's pair mask is the AES-256-CTR keystream of s_uv under a nonce
+hashed from the exchange's label (:func:`pair_nonce`: one keystream per pair and exchange, each
+exchange masked once). The self mask is the keystream of b_u under another nonce hashed from the
+label.
 """
 
 from __future__ import annotations
@@ -173,10 +174,13 @@ def pair_nonce(label: bytes, slot: int = 0) -> bytes:
 
 
 def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
-    """64 bytes from X25519(c_u, c_v), once per neighbour pair per fit: HKDF-SHA256 bound to the
-    run and the (sorted) pair; bytes [0, 32) key the shares the two deal each other (each
-    message sealed once, with a random nonce, its associated data naming sender and
-    recipient), bytes [32, 64) are the pair's mask secret s_uv."""
+    """64 bytes from X25519(c_u, c_v), once per neighbour pair per fit: one SHA-512 of the
+    one-step KDF of NIST SP 800-56C (:func:`~._crypto.derive_keys`) with the fixed info
+    :data:`PAIR_TAG` and ``[run, lo, hi]`` (JSON, the pair sorted), which no other derivation
+    of the library uses; bytes [0, 32) key the shares the two deal each other (each message
+    sealed once, with a random nonce, its associated data naming sender and recipient), bytes
+    [32, 64) are the pair's mask secret s_uv: two keys for two uses, neither derivable from
+    the other (a revealed pair mask, a keystream of s_uv, tells nothing of the share key)."""
     return pair_keys_many([shared], run, u, [v])[0]
 
 
@@ -184,7 +188,8 @@ def pair_keys_many(shared: list[bytes], run: str, u: str, peers: list[str]) -> l
     """:func:`pair_keys` of client ``u`` with each of ``peers`` (``shared[i]`` its agreement
     with ``peers[i]``), in one pass (:func:`~._crypto.derive_keys`)."""
     head, me = PAIR_TAG + b"[" + json_str(run) + b", ", json_str(u)
-    infos = [head + (me + b", " + json_str(v) if u < v else json_str(v) + b", " + me) + b"]"
+    first, second = head + me + b", ", b", " + me + b"]"  # u first or second in the pair
+    infos = [first + json_str(v) + b"]" if u < v else head + json_str(v) + second
              for v in map(str, peers)]  # json.dumps([run, lo, hi]) of the sorted pair
     return _crypto.derive_keys(shared, infos, 64)
 
