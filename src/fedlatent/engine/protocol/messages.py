@@ -31,6 +31,7 @@ __all__ = [
     "count_problem",
     "equal_problem",
     "fault_detail",
+    "frozen",
     "psd_failures",
     "psd_problem",
     "array",
@@ -145,6 +146,18 @@ def message_nbytes(msg: Mapping[str, Any]) -> int:
         else:
             total += 8
     return total
+
+
+def frozen(a) -> bool:
+    """Whether nobody can write the array ``a``: it and every array it views are read-only
+    and its memory is an immutable ``bytes`` object (``np.frombuffer(bytes)`` and its views;
+    NumPy refuses to make such an array writeable). Two holders of it may share it as they
+    would share a copy (the in-process runtime relays it uncopied)."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return type(a) is bytes
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from fedlatent.data.dataset import FederatedDataset
 from fedlatent.data.validation import DataValidationError
 from fedlatent.engine.contract.model import FederatedModel
 from fedlatent.engine.node.client import ClientNode
-from fedlatent.engine.protocol.messages import ERROR_KEY, refusal_reply
+from fedlatent.engine.protocol.messages import ERROR_KEY, frozen, refusal_reply
 from fedlatent.engine.protocol.runtime import Runtime
 
 __all__ = ["InProcessRuntime"]
@@ -29,9 +29,12 @@ logger = logging.getLogger(__name__)
 
 
 def _freeze(msg: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a message, as if it had crossed a wire (no shared arrays)."""
-    return {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else copy.copy(v))
-            for k, v in msg.items()}
+    """A copy of a message, as if it had crossed a wire (no shared writeable arrays: one that
+    nobody can write, :func:`~fedlatent.engine.protocol.messages.frozen`, is relayed as is,
+    as a copy would be; the n openings every secure-aggregation client is sent, 320 KB at
+    10,000 clients, are not copied once per client)."""
+    return {k: (v if frozen(v) else np.array(v, copy=True)) if isinstance(v, np.ndarray)
+            else copy.copy(v) for k, v in msg.items()}
 
 
 def _bounded(cid: str, method: str, reply: dict[str, Any]) -> dict[str, Any]:
