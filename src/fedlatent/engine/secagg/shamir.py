@@ -295,7 +295,7 @@ def _evaluate(coefs: np.ndarray, xs: np.ndarray) -> np.ndarray:
 
 #: numbers in one of :func:`_evaluate`'s temporaries at most (4,096 int64: 32 KB; with 25
 #: slots of 8 limbs, 20 holders a group: a product of 20 * 56 * 200 = 224,000 multiply-adds)
-_CHUNK = 16_384
+_CHUNK = 4_096
 
 
 #: terms of one exact float64 block: 64 * (2^31 - 2) * (2^16 - 1) < 2^53
