@@ -24,6 +24,7 @@ from fedlatent.engine.secagg.commitments import (
     check_strength,
     commitment,
     opening,
+    openings_hold,
 )
 from fedlatent.engine.secagg.protocol import (
     KEY_FIELDS,
@@ -193,8 +194,8 @@ class Enrolment:
         neighbourhood are those their openings hash."""
         members = list(roster.keys)
         at = np.array(roster.x_of(members), dtype=np.int64) - 1
-        if roster.n != self._closed_n or not np.array_equal(roster.opened(members),
-                                                            roster.openings[at]):
+        if roster.n != self._closed_n or not openings_hold(
+                roster.openings, roster.key_rows(("nonce", "enc_key"), members), at):
             raise SecureAggregationError(
                 f"client {self.id!r}: the roster's {roster.n} clients or its neighbours' keys "
                 f"are not the {self._closed_n} openings committed before the list closed; a "

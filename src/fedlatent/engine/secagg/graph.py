@@ -36,7 +36,7 @@ from functools import lru_cache
 import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
-from fedlatent.engine.protocol.messages import frozen
+from fedlatent.engine.protocol.messages import frozen, same_frozen
 
 __all__ = ["GRAPH_TAG", "MaskingGraph", "binom_log_tails", "digest_of", "graph_digest",
            "openings_digest", "plus_parameters", "secrecy_threshold"]
@@ -71,7 +71,7 @@ def openings_digest(ids_json: str, openings: np.ndarray) -> bytes:
     words = flat.view(np.uint64) if flat.size % 8 == 0 else flat
     for seen_text, seen, got in tuple(_CONTENTS):
         if seen_text == text and seen.dtype == words.dtype and (
-                _same_frozen(seen, words) or np.array_equal(seen, words)):
+                same_frozen(seen, words) or np.array_equal(seen, words)):
             return got
     got = _crypto.commit(_ids_commit(text) + flat.tobytes())
     kept = words if frozen(words) else words.copy()  # (a frozen array: nobody changes it)
@@ -83,15 +83,6 @@ def openings_digest(ids_json: str, openings: np.ndarray) -> bytes:
 #: ``(ids JSON, openings as read-only words, their digest)`` of the last rosters
 #: :func:`openings_digest` hashed
 _CONTENTS: list[tuple[str, np.ndarray, bytes]] = []
-
-
-def _same_frozen(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether ``a`` and ``b`` are the same memory that nobody can write
-    (:func:`~fedlatent.engine.protocol.messages.frozen`: immutable bytes, kept alive by
-    ``a``), so equal without comparing them: the in-process runtime relays the server's
-    openings to every client uncopied."""
-    return (a.shape == b.shape and a.__array_interface__["data"][0]
-            == b.__array_interface__["data"][0] and frozen(a) and frozen(b))
 
 
 def digest_of(seed: bytes, content: bytes) -> bytes:

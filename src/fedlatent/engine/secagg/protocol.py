@@ -284,10 +284,26 @@ class Roster:
                                                  f"same {f}; every client draws its own keys")
                 seen[k] = u
         self._known = known
-        self.openings = (self.opened(self.ids) if openings is None
+        self.openings = (self._opened_all() if openings is None
                          else np.asarray(openings, dtype=np.uint8))
         self.graph_seed = None if graph_seed is None else bytes(graph_seed)
         self._graph = None
+
+    def _opened_all(self) -> np.ndarray:
+        """Every enrolled client's opening, hashed from its nonce and key
+        (:func:`~.commitments.opened_table`: the server's roster)."""
+        from fedlatent.engine.secagg.commitments import opened_table
+
+        return opened_table(self.key_rows(("nonce", "enc_key"), self.ids))
+
+    def key_rows(self, fields: Iterable[str], members: Iterable[str]) -> np.ndarray:
+        """``members``' ``fields`` joined, one (len(members), width) uint8 array."""
+        fields, members = tuple(fields), list(members)
+        if isinstance(self.keys, _Rows):
+            return self.keys.joined_table(fields, members)
+        keys = self.keys
+        raw = b"".join([b"".join([keys[u][f] for f in fields]) for u in members])
+        return np.frombuffer(raw, dtype=np.uint8).reshape(len(members), -1)
 
     def opened(self, members) -> np.ndarray:
         """The openings of ``members`` recomputed from their keys and nonces (:func:`~.
@@ -452,11 +468,16 @@ class _Rows(Mapping):
     def joined(self, fields: Iterable[str], members: Iterable[str]) -> list[bytes]:
         """Each of ``members``' ``fields`` concatenated (``b"".join(self[u][f] for f in
         fields)``): one (members, width) table gathered at once, then one slice each."""
-        at = np.fromiter(map(self._at.__getitem__, members), dtype=np.int64)
-        table = np.hstack([np.frombuffer(self._fields[f][0], dtype=np.uint8).reshape(
-            len(self.members), -1)[at] for f in fields]) if at.size else np.zeros((0, 0))
+        table = self.joined_table(fields, members)
         raw, w = table.tobytes(), table.shape[1]
-        return [raw[i:i + w] for i in range(0, len(raw), w)] if w else [b""] * at.size
+        return [raw[i:i + w] for i in range(0, len(raw), w)] if w else [b""] * len(table)
+
+    def joined_table(self, fields: Iterable[str], members: Iterable[str]) -> np.ndarray:
+        """:meth:`joined` as one (len(members), width) uint8 array."""
+        at = np.fromiter(map(self._at.__getitem__, members), dtype=np.int64)
+        m = len(self.members)
+        return np.hstack([np.frombuffer(self._fields[f][0], dtype=np.uint8).reshape(m, -1)[at]
+                          for f in fields])
 
     def rows(self, members: Iterable[str]) -> list[tuple[bytes, bytes]]:
         """``(nonce, enc_key)`` of each of ``members``."""
