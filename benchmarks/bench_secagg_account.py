@@ -55,7 +55,7 @@ SETUP_PARTS = [
     (crypto, "aead_open_rows", "opening the shares (AES-GCM)"),
     (shamir, "share_seeds", "dealing the shares (Shamir)"),
     (Enrolment, "receive_peer_keys", "client: roster checks (commitments, graph, signatures)"),
-    (site_keys, "verify_many", "  of which verifying peers' keys (Ed25519)"),
+    (site_keys, "verify_bytes", "  of which verifying peers' keys (Ed25519)"),
     (site_keys.SiteKeys, "sign_bytes", "signing its keys (Ed25519)"),
     (crypto, "generate_private", "X25519 key generation"),
     (SecAggServer, "roster_for", "server: each client's roster"),

@@ -11,7 +11,6 @@ first): :meth:`~Enrolment.commitment` -> (the server closes the list) :meth:`~En
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -29,6 +28,7 @@ from fedlatent.engine.secagg.commitments import (
 from fedlatent.engine.secagg.protocol import (
     KEY_FIELDS,
     KEYS_PURPOSE,
+    SIGNATURE_BYTES,
     SIGNATURE_FIELD,
     Roster,
     SecureAggregationError,
@@ -227,22 +227,26 @@ class Enrolment:
     def _authenticate(self, roster: Roster, trust) -> None:
         """Verify every peer's signed keys against the pinned roster ``trust``: then the
         pair secrets agreed with them are its peers' own, and so are the confirmations of the
-        consistency round (:attr:`_authenticated`). Each statement is built from the roster's
-        rows and verified at once (:func:`~fedlatent.engine.site.keys.verify_many`); a peer
+        consistency round (:attr:`_authenticated`). Each statement is the roster's row of a
+        peer under :meth:`key_head` and its id; those verified in this process already, byte
+        for byte, are found at once (:class:`_Verified`), the others verified by
+        ``cryptography`` (:func:`~fedlatent.engine.site.keys.verify_bytes`); the first peer
         that fails is named by :meth:`~fedlatent.engine.site.keys.Roster.verify_message`."""
-        from fedlatent.engine.site.keys import AuthenticationError, verify_many
+        from fedlatent.engine.site.keys import AuthenticationError
 
         peers = [v for v in sorted(roster.keys) if v != self.id]  # the peers whose keys it uses
-        keys, sigs = roster.keys, _signatures(roster, peers)
-        rows = keys.joined(KEY_FIELDS, peers) if hasattr(keys, "joined") else [
-            b"".join(bytes(keys[v][f]) for f in KEY_FIELDS) for v in peers]
-        msgs = list(map(b"".join, zip(itertools.repeat(self.key_head), map(json_str, peers),
-                                      itertools.repeat(b"\x00"), rows)))
-        bad = verify_many(trust.public_raws(peers), sigs, msgs)
+        rows = roster.key_rows(KEY_FIELDS, peers)
+        sigs = np.frombuffer(b"".join(_signatures(roster, peers)), dtype=np.uint8).reshape(
+            len(peers), SIGNATURE_BYTES) if not hasattr(roster.signatures, "table") \
+            else roster.signatures.table(peers)
+        at = np.array(roster.x_of(peers), dtype=np.int64) - 1
+        bad = _Verified.of(self.key_head, roster, rows.shape[1]).check(
+            peers, at, rows, sigs, trust.public_raws(peers))
         if bad < len(peers):  # the first peer that fails, named
             v = peers[bad]
+            msg = self.key_head + json_str(v) + b"\x00" + rows[bad].tobytes()
             try:
-                trust.verify_message(v, sigs[bad], msgs[bad], what="the key announcement")
+                trust.verify_message(v, sigs[bad].tobytes(), msg, what="the key announcement")
                 raise AuthenticationError(f"the key announcement from site {v!r} does not "
                                           "verify against its rostered key")
             except AuthenticationError as err:
@@ -390,6 +394,62 @@ def _rows_bytes(sealed) -> list:
     return [bytes(m) for m in sealed]
 
 
+
+
+class _Verified:
+    """The key announcements of one set-up verified in this process, by the signer's place
+    among the enrolled ids: its signature, the rostered key it verified under and its keys
+    (one row each, ``ok`` where verified). A pure function of public data: the sites one
+    process holds (in-process, simulation) each verify their neighbours' keys, and each
+    announcement is verified by ``cryptography`` once between them; a site finds the rest by
+    comparing what it received with these rows at once (where the per-peer lookup of the
+    statements, built again by every site, cost some 2 us a neighbour)."""
+
+    def __init__(self, head: bytes, n: int, width: int):
+        self.head = head
+        self.ok = np.zeros(n, dtype=bool)
+        self.rows = np.zeros((n, width), dtype=np.uint8)
+        self.sigs = np.zeros((n, SIGNATURE_BYTES), dtype=np.uint8)
+        self.keys = np.zeros((n, 32), dtype=np.uint8)
+
+    @classmethod
+    def of(cls, head: bytes, roster: Roster, width: int) -> _Verified:
+        """The table of the set-up whose statements start with ``head`` among ``roster``'s
+        enrolled ids, of rows of ``width`` bytes (made on first use; the last two kept)."""
+        key = (head, roster.ids_json, width)
+        got = _VERIFIED.get(key)
+        if got is None:
+            _VERIFIED[key] = got = cls(head, roster.n, width)
+            while len(_VERIFIED) > 2:
+                _VERIFIED.pop(next(iter(_VERIFIED)))
+        return got
+
+    def check(self, peers: list[str], at: np.ndarray, rows: np.ndarray, sigs: np.ndarray,
+              publics: list) -> int:
+        """The place of the first of ``peers`` (at places ``at``, their keys ``rows`` and
+        signatures ``sigs``) whose announcement does not verify under its rostered key
+        ``publics[i]`` (None: not rostered), or their number when all do."""
+        from fedlatent.engine.site.keys import verify_bytes
+
+        keys = np.frombuffer(b"".join(p if p is not None else bytes(32) for p in publics),
+                             dtype=np.uint8).reshape(len(peers), 32)
+        if self.ok[at].all() and np.array_equal(self.rows[at], rows) and np.array_equal(
+                self.sigs[at], sigs) and np.array_equal(self.keys[at], keys):
+            return len(peers)  # every one verified here before (the common case: at once)
+        seen = self.ok[at] & (self.rows[at] == rows).all(axis=1) & (
+            self.sigs[at] == sigs).all(axis=1) & (self.keys[at] == keys).all(axis=1)
+        for i in np.flatnonzero(~seen).tolist():
+            if publics[i] is None or not verify_bytes(
+                    publics[i], sigs[i].tobytes(), self.head + json_str(peers[i]) + b"\x00"
+                    + rows[i].tobytes()):
+                return i
+            j = at[i]
+            self.ok[j], self.rows[j], self.sigs[j], self.keys[j] = True, rows[i], sigs[i], keys[i]
+        return len(peers)
+
+
+#: ``{(statement head, enrolled ids): _Verified}`` of the last set-ups
+_VERIFIED: dict[tuple[bytes, str, int], _Verified] = {}
 
 
 def _signatures(roster: Roster, members: list[str]) -> list[bytes]:

@@ -508,6 +508,11 @@ class _Column(Mapping):
         i, w = self._rows._at[u], self._w
         return self._raw[i * w:i * w + w]
 
+    def table(self, members: Iterable[str]) -> np.ndarray:
+        """``members``' values as one (len(members), width) uint8 array."""
+        at = np.fromiter(map(self._rows._at.__getitem__, members), dtype=np.int64)
+        return np.frombuffer(self._raw, dtype=np.uint8).reshape(-1, self._w)[at]
+
     def column(self, members: Iterable[str]) -> list[bytes]:
         """``[self[u] for u in members]``."""
         raw, w = self._raw, self._w
