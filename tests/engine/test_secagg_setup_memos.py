@@ -15,7 +15,7 @@ pytest.importorskip("cryptography")
 from fedlatent.engine.protocol.messages import frozen, same_frozen  # noqa: E402
 from fedlatent.engine.secagg import commitments  # noqa: E402
 from fedlatent.engine.secagg.enrol import _Verified  # noqa: E402
-from fedlatent.engine.site.keys import SiteKeys  # noqa: E402
+from fedlatent.engine.site.keys import Roster, SiteKeys  # noqa: E402
 from fedlatent.engine.transport.inprocess import _freeze  # noqa: E402
 
 
@@ -77,20 +77,24 @@ def test_a_remembered_key_announcement_counts_only_for_the_same_bytes(monkeypatc
                                                 + row.tobytes()), dtype=np.uint8)
 
     sigs = np.stack([sign(u, r) for u, r in zip(ids, rows)])
-    pubs = [keys[u].public_key for u in ids]
+    trust = Roster({u: k.public_key for u, k in keys.items()})
     table, at = _Verified(head, 3, 96), np.arange(3)
+    table.ids = tuple(ids)
     calls = []
     real = site_keys.verify_bytes
     monkeypatch.setattr(site_keys, "verify_bytes", lambda *a: calls.append(a) or real(*a))
-    assert table.check(ids, at, rows, sigs, pubs) == 3 and len(calls) == 3
-    assert table.check(ids, at, rows, sigs, pubs) == 3 and len(calls) == 3  # found at once
+    assert table.check(ids, at, rows, sigs, trust) == 3 and len(calls) == 3
+    assert table.check(ids, at, rows, sigs, trust) == 3 and len(calls) == 3  # found at once
+    assert table.check(ids[1:], at[1:], rows[1:], sigs[1:], trust) == 2 and len(calls) == 3
     other = rows.copy()
     other[1, 50] ^= 1  # b's keys substituted: verified again, and refused
-    assert table.check(ids, at, other, sigs, pubs) == 1 and len(calls) == 4
+    assert table.check(ids, at, other, sigs, trust) == 1 and len(calls) == 4
     worse = sigs.copy()
     worse[2] = 0  # c unsigned
-    assert table.check(ids, at, rows, worse, pubs) == 2
-    stranger = SiteKeys.generate().public_key  # a's announcement under another rostered key
-    assert table.check(ids, at, rows, sigs, [stranger] + pubs[1:]) == 0
-    assert table.check(ids, at, rows, sigs, [None] + pubs[1:]) == 0  # a not rostered
-    assert table.check(ids, at, rows, sigs, pubs) == 3  # the verified ones still found
+    assert table.check(ids, at, rows, worse, trust) == 2
+    stranger = SiteKeys.generate()  # a's announcement under another rostered key
+    moved = Roster({"a": stranger.public_key, "b": keys["b"].public_key,
+                    "c": keys["c"].public_key})
+    assert table.check(ids, at, rows, sigs, moved) == 0
+    assert table.check(ids, at, rows, sigs, Roster({"b": keys["b"].public_key})) == 0  # a not
+    assert table.check(ids, at, rows, sigs, trust) == 3  # the verified ones still found

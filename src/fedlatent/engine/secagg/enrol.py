@@ -241,7 +241,7 @@ class Enrolment:
             else roster.signatures.table(peers)
         at = np.array(roster.x_of(peers), dtype=np.int64) - 1
         bad = _Verified.of(self.key_head, roster, rows.shape[1]).check(
-            peers, at, rows, sigs, trust.public_raws(peers))
+            peers, at, rows, sigs, trust)
         if bad < len(peers):  # the first peer that fails, named
             v = peers[bad]
             msg = self.key_head + json_str(v) + b"\x00" + rows[bad].tobytes()
@@ -411,6 +411,8 @@ class _Verified:
         self.rows = np.zeros((n, width), dtype=np.uint8)
         self.sigs = np.zeros((n, SIGNATURE_BYTES), dtype=np.uint8)
         self.keys = np.zeros((n, 32), dtype=np.uint8)
+        self.ids: tuple[str, ...] = ()
+        self._trust = self._rostered = self._known = None
 
     @classmethod
     def of(cls, head: bytes, roster: Roster, width: int) -> _Verified:
@@ -420,32 +422,54 @@ class _Verified:
         got = _VERIFIED.get(key)
         if got is None:
             _VERIFIED[key] = got = cls(head, roster.n, width)
+            got.ids = roster.ids
             while len(_VERIFIED) > 2:
                 _VERIFIED.pop(next(iter(_VERIFIED)))
         return got
 
     def check(self, peers: list[str], at: np.ndarray, rows: np.ndarray, sigs: np.ndarray,
-              publics: list) -> int:
+              trust) -> int:
         """The place of the first of ``peers`` (at places ``at``, their keys ``rows`` and
-        signatures ``sigs``) whose announcement does not verify under its rostered key
-        ``publics[i]`` (None: not rostered), or their number when all do."""
+        signatures ``sigs``) whose announcement does not verify under its key in the pinned
+        roster ``trust``, or their number when all do."""
         from fedlatent.engine.site.keys import verify_bytes
 
-        keys = np.frombuffer(b"".join(p if p is not None else bytes(32) for p in publics),
-                             dtype=np.uint8).reshape(len(peers), 32)
-        if self.ok[at].all() and np.array_equal(self.rows[at], rows) and np.array_equal(
-                self.sigs[at], sigs) and np.array_equal(self.keys[at], keys):
+        rostered, keys = self.rostered(trust, peers, at)
+        if self.ok[at].all() and rostered.all() and np.array_equal(self.rows[at], rows) \
+                and np.array_equal(self.sigs[at], sigs) and np.array_equal(self.keys[at], keys):
             return len(peers)  # every one verified here before (the common case: at once)
         seen = self.ok[at] & (self.rows[at] == rows).all(axis=1) & (
             self.sigs[at] == sigs).all(axis=1) & (self.keys[at] == keys).all(axis=1)
-        for i in np.flatnonzero(~seen).tolist():
-            if publics[i] is None or not verify_bytes(
-                    publics[i], sigs[i].tobytes(), self.head + json_str(peers[i]) + b"\x00"
-                    + rows[i].tobytes()):
+        for i in np.flatnonzero(~(seen & rostered)).tolist():
+            if not rostered[i] or not verify_bytes(
+                    keys[i].tobytes(), sigs[i].tobytes(), self.head + json_str(peers[i])
+                    + b"\x00" + rows[i].tobytes()):
                 return i
             j = at[i]
             self.ok[j], self.rows[j], self.sigs[j], self.keys[j] = True, rows[i], sigs[i], keys[i]
         return len(peers)
+
+    def rostered(self, trust, peers: list[str], at: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each of ``peers`` is in the pinned roster ``trust`` and its raw key there
+        (32 zero bytes if not): for the first roster object this table meets, every enrolled
+        id's looked up once and taken by place (the sites of a process share one; a roster is
+        not changed once built), for another one by one."""
+        if self._trust is None:
+            raws = trust.public_raws(self.ids)
+            self._rostered = np.array([r is not None for r in raws], dtype=bool)
+            self._known = _raw_rows(raws)
+            self._trust = trust
+        if self._trust is trust:
+            return self._rostered[at], self._known[at]
+        raws = trust.public_raws(peers)
+        return np.array([r is not None for r in raws], dtype=bool), _raw_rows(raws)
+
+
+def _raw_rows(raws: list) -> np.ndarray:
+    """Raw 32-byte keys (None: 32 zero bytes) as one (len(raws), 32) uint8 array."""
+    return np.frombuffer(b"".join(r if r is not None else bytes(32) for r in raws),
+                         dtype=np.uint8).reshape(len(raws), 32)
 
 
 #: ``{(statement head, enrolled ids): _Verified}`` of the last set-ups
