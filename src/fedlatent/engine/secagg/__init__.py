@@ -5,7 +5,7 @@ primitives from ``cryptography`` (the optional extra ``fedlatent[privacy]``, imp
 use): fixed-point encoding in Z_{2^64} with a public scale (:mod:`.encoding`); per client, drawn
 from the OS once per fit, ONE X25519 key pair c_u, a nonce, and a self-mask seed b_u,e per planned
 exchange e; per neighbour pair, ONE agreement X25519(c_u, c_v) at set-up, from which one key
-derivation (NIST SP 800-56C's one-step KDF, SHA-512, bound to the run and the pair) gives the
+derivation (NIST SP 800-56C's one-step KDF, SHA-512, bound to the set-up and the pair) gives the
 pair's share-encryption key and its secret s_uv (:func:`.protocol.pair_keys`). Exchange e's pair
 mask is the AES-256-CTR keystream of s_uv (Bonawitz et al.'s PRG) under a nonce hashed from the
 exchange's label and slot, its next two words the pair's consistency tokens; the self mask is the

@@ -128,7 +128,7 @@ def derive_keys(secrets: list[bytes], infos: list[bytes], length: int = 2 * KEY_
     4.3 us, 0.09 of the set-up's agreements at 10,000 clients. An approved derivation from
     an X25519 secret either way (the shared secret Z keyed directly, as SP 800-56C's one-step
     KDF is defined for); the context (:func:`~.protocol.pair_keys`: a tag naming the use, the
-    run and the pair) separates every block, and a block's halves key different things."""
+    set-up and the pair) separates every block, and a block's halves key different things."""
     c = require()
     kdf, sha = c.ConcatKDFHash, c.SHA512
     return [kdf(sha, length, i).derive(s) for s, i in zip(secrets, infos)]

@@ -365,8 +365,10 @@ class Enrolment:
         done, in one pass each."""
         todo = [v for v in peers if v not in self._pair]
         if todo:
-            shared = _crypto.agree_many(self._private, self._roster.enc_keys(todo))
-            self._pair.update(zip(todo, pair_keys_many(shared, self.run, self.id, todo)))
+            roster = self._roster
+            shared = _crypto.agree_many(self._private, roster.enc_keys(todo))
+            self._pair.update(zip(todo, pair_keys_many(
+                shared, self._closed, roster.index[self.id], roster.x_of(todo))))
         return [self._pair[v] for v in peers]
 
     def _pair_block(self, v: str) -> bytes:
@@ -375,7 +377,8 @@ class Enrolment:
         got = self._pair.get(v)
         if got is None:
             shared = _crypto.agree(self._private, self._roster.keys[v]["enc_key"])
-            got = self._pair[v] = pair_keys(shared, self.run, self.id, v)
+            x = self._roster.index
+            got = self._pair[v] = pair_keys(shared, self._closed, x[self.id], x[v])
         return got
 
     def _share_key(self, sender: str, recipient: str) -> bytes:

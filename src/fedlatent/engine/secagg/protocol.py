@@ -1,8 +1,8 @@
 """What the secure-aggregation client and server share: settings, the roster, mask derivation.
 
 Masks are derived per exchange from secrets agreed once per fit: a pair of neighbours agrees one
-X25519 secret, one key derivation (NIST SP 800-56C's one-step KDF, SHA-512, bound to the run and
-the pair) turns it into the key of the shares they deal each other and their mask secret s_uv
+X25519 secret, one key derivation (NIST SP 800-56C's one-step KDF, SHA-512, bound to the set-up
+and the pair) turns it into the key of the shares they deal each other and their mask secret s_uv
 (:func:`pair_keys`); an exchange's pair mask is the AES-256-CTR keystream of s_uv under a nonce
 hashed from the exchange's label (:func:`pair_nonce`: one keystream per pair and exchange, each
 exchange masked once). The self mask is the keystream of b_u under another nonce hashed from the
@@ -173,25 +173,35 @@ def pair_nonce(label: bytes, slot: int = 0) -> bytes:
                           str(int(slot)).encode())[:12]
 
 
-def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
+def pair_keys(shared: bytes, setup: bytes, x_u: int, x_v: int) -> bytes:
     """64 bytes from X25519(c_u, c_v), once per neighbour pair per fit: one SHA-512 of the
     one-step KDF of NIST SP 800-56C (:func:`~._crypto.derive_keys`) with the fixed info
-    :data:`PAIR_TAG` and ``[run, lo, hi]`` (JSON, the pair sorted), which no other derivation
-    of the library uses; bytes [0, 32) key the shares the two deal each other (each message
-    sealed once, with a random nonce, its associated data naming sender and recipient), bytes
-    [32, 64) are the pair's mask secret s_uv: two keys for two uses, neither derivable from
-    the other (a revealed pair mask, a keystream of s_uv, tells nothing of the share key)."""
-    return pair_keys_many([shared], run, u, [v])[0]
+    :data:`PAIR_TAG`, ``setup`` (the 32-byte digest of the set-up's closed list of
+    commitments, :func:`~.commitments.closed_digest`: it names the run, the set-up round and
+    every enrolled client with its commitment) and the pair's Shamir x-coordinates (their
+    places among the enrolled ids plus one, 4 bytes big-endian each, the smaller first): no
+    other derivation of the library uses the tag, and no two pairs or set-ups share the info.
+    Bytes [0, 32) key the shares the two deal each other (each message sealed once, with a
+    random nonce, its associated data naming sender and recipient), bytes [32, 64) are the
+    pair's mask secret s_uv: two keys for two uses, neither derivable from the other (a
+    revealed pair mask, a keystream of s_uv, tells nothing of the share key)."""
+    return pair_keys_many([shared], setup, x_u, [x_v])[0]
 
 
-def pair_keys_many(shared: list[bytes], run: str, u: str, peers: list[str]) -> list[bytes]:
-    """:func:`pair_keys` of client ``u`` with each of ``peers`` (``shared[i]`` its agreement
-    with ``peers[i]``), in one pass (:func:`~._crypto.derive_keys`)."""
-    head, me = PAIR_TAG + b"[" + json_str(run) + b", ", json_str(u)
-    first, second = head + me + b", ", b", " + me + b"]"  # u first or second in the pair
-    infos = [first + json_str(v) + b"]" if u < v else head + json_str(v) + second
-             for v in map(str, peers)]  # json.dumps([run, lo, hi]) of the sorted pair
-    return _crypto.derive_keys(shared, infos, 64)
+def pair_keys_many(shared: list[bytes], setup: bytes, x_u: int, peers_x) -> list[bytes]:
+    """:func:`pair_keys` of the client at x-coordinate ``x_u`` with each of those at
+    ``peers_x`` (``shared[i]`` its agreement with the i-th), in one pass: every fixed info
+    written at once (one fixed width), then :func:`~._crypto.derive_keys`."""
+    xs = np.asarray(peers_x, dtype=np.int64).reshape(-1)
+    head = np.frombuffer(PAIR_TAG + bytes(setup), dtype=np.uint8)
+    k, w = xs.size, head.size + 8
+    info = np.empty((k, w), dtype=np.uint8)
+    info[:, :head.size] = head
+    info[:, head.size:head.size + 4] = np.minimum(xs, x_u).astype(">u4").view(np.uint8).reshape(
+        k, 4)
+    info[:, head.size + 4:] = np.maximum(xs, x_u).astype(">u4").view(np.uint8).reshape(k, 4)
+    raw = info.tobytes()
+    return _crypto.derive_keys(shared, [raw[i:i + w] for i in range(0, len(raw), w)], 64)
 
 
 @functools.lru_cache(maxsize=65536)
