@@ -348,3 +348,43 @@ def test_the_privacy_page_gives_the_smallest_site_each_model_declares():
     for row, build in DOC_MODELS.items():
         got = [_model_sizes(build, K, d, rng) for d in (2, 5, 10) for K in (2, 3, 5)]
         assert got == table[row], row
+
+
+def test_many_sites_left_out_are_named_with_each_fix_said_once(caplog):
+    """Thirteen sites too small for the saturation rule: the warning and the setup's log name
+    ten of them and count the rest, and say the rule's fix once, not once per site (before:
+    once per distinct record count, 2.6 kB; Chem97's authorities: kilobytes a line)."""
+    rng = np.random.default_rng(0)
+    twelve, _ = _twelve_and_a_tiny()
+    tiny = {f"{TINY}{j:02d}": rng.normal(1, 1, (3 + j % 4, 2)) for j in range(13)}
+    fd = fl.FederatedDataset.from_arrays({**twelve, **tiny})
+    with caplog.at_level("INFO", logger="fedlatent.engine.protocol.exchange"):
+        gm, warned = _fit_recording(fl.FederatedGaussianMixture(2, random_state=0,
+                                                                max_rounds=3), fd)
+    assert sorted(gm.excluded_clients_) == sorted(tiny)
+    logged = [r.getMessage() for r in caplog.records if "setup: left out" in r.getMessage()]
+    for text in (str(warned[0].message), logged[0]):
+        assert text.count("Merge sites to at least 19 records") == 1
+        assert text.count("max_parameters_per_record") == 1
+        assert [n for n in tiny if f"'{n}'" in text] == sorted(tiny)[:10]
+        assert "each with its own figures" in text and "; and 3 more client(s)" in text
+        assert len(text) < 1200, len(text)
+    assert "12 free numbers about 3 record(s)" in gm.excluded_clients_[f"{TINY}00"]
+    assert "12 free numbers about 6 record(s)" in gm.excluded_clients_[f"{TINY}03"]
+
+
+def test_refusal_detail_says_each_fix_once_and_names_at_most_ten():
+    from fedlatent.engine.protocol.messages import refusal_detail
+
+    policy = {f"s{i}": f"site 's{i}' refused (answer.models): it answers 'lcr' only; fix: "
+              "fit one of them" for i in range(12)}
+    text = refusal_detail(policy)
+    assert text.startswith("client 's0': site 's0' refused (answer.models): it answers 'lcr' "
+                           "only (also clients 's1', 's2', 's3', 's4', 's5', 's6', 's7', 's8', "
+                           "'s9'); fix: fit one of them; and 2 more client(s)")
+    same = {"a": "too small; fix: merge", "b": "2 rows, too small; fix: merge",
+            "c": "no fix here"}
+    assert refusal_detail(same) == ("client 'a': too small (also client 'b', each with its own "
+                                    "figures); fix: merge; client 'c': no fix here")
+    assert refusal_detail(same, limit=1) == "client 'a': too small; fix: merge; and 2 more " \
+                                            "client(s)"

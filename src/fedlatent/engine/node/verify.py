@@ -65,10 +65,12 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
     """Keep the fit's verification settings (the setup's ``verify`` field: the federation)
     in the node's state, and forget an earlier fit's replay. The same run's setup again (a
     node rebuilt for each message replays it) changes nothing: a run set up verified stays
-    verified."""
+    verified. A node set up before is sent a new fit, even of the same run (the same
+    estimator fitted again on the same sites)."""
     run = np.frombuffer(str(msg.get("run", "")).encode(), np.uint8).copy()
-    if run.size and "verify/on" in node.state and np.array_equal(node.state.get("verify/run"),
-                                                                   run):
+    again, node._verify_set_up = getattr(node, "_verify_set_up", False), True
+    if run.size and not again and "verify/on" in node.state and np.array_equal(
+            node.state.get("verify/run"), run):
         return  # (an unnamed run is a new fit at every setup)
     for k in [k for k in node.state if k.startswith(_V)]:
         del node.state[k]
@@ -133,6 +135,10 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if _V + "A" in msg:
             raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
                                       "took no part in (it holds no leaf to check it by)")
+        if _last_kind(node) == "estep":  # (it refused or missed the round before)
+            raise VerificationRefused(f"{who}: this site holds no contribution to the "
+                                      "exchange before, so it cannot check the aggregate the "
+                                      "parameters come from")
         total = None
     elif json.loads(leaf[0])[0] in json.loads(msg.get("secagg/undo", "[]")):
         total = None  # its round discarded, never applied: the parameters stay (_same_again)

@@ -37,6 +37,7 @@ from fedlatent.engine.protocol.messages import (
     check_rows,
     fault_detail,
     number,
+    refusal_detail,
     text,
 )
 from fedlatent.engine.protocol.runtime import Runtime
@@ -421,7 +422,7 @@ def _left_out(replies, n_clients: int, on_refusal: str,
             f"setup: {len(faults)} of {n_clients} clients refused by a disclosure rule or "
             f"their own policy, leaving {kept}, fewer than Federation(min_clients="
             f"{min_clients}): {fault_detail(faults)}", faults=faults)
-    logger.info("setup: left out %s", fault_detail(faults))
+    logger.info("setup: left out %s", refusal_detail(faults))
     return dict(faults), {c: replies.refused[c] for c in faults}
 
 

@@ -14,6 +14,7 @@ raw: no ``S_hat``, control variate or quantizer) and its objective ``objective{j
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ __all__ = [
     "equal_problem",
     "fault_detail",
     "frozen",
+    "refusal_detail",
     "psd_failures",
     "psd_problem",
     "same_frozen",
@@ -105,6 +107,48 @@ def fault_detail(faults: Mapping[str, str], limit: int | None = None) -> str:
                                           f"{', '.join(map(repr, cs[1:]))})" if cs[1:] else "")
              for r, cs in groups.items()]
     rest = len(faults) - sum(len(cs) for cs in groups.values())
+    return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")
+
+
+#: where a refusal's fix begins: a site policy's ``...; fix: ...``, a disclosure rule's
+#: ``...; it is not sent. Merge ...``
+_FIX = re.compile(r"; fix: |(?<=is not sent)\. ")
+
+
+def refusal_detail(refusals: Mapping[str, str], limit: int | None = None) -> str:
+    """:func:`fault_detail` of refusals, each fix said once: the clients whose refusals end in
+    the same fix are named together, the first one's reason standing for theirs (``each with
+    its own figures`` when theirs differ in more than their own name), at most ``limit`` clients
+    named (default :data:`~fedlatent.data.validation.NAMES_SHOWN`, 10), then a count.
+
+    Parameters
+    ----------
+    refusals : mapping of str to str
+        Client -> its refusal.
+    limit : int or None
+        How many clients to name.
+
+    Returns
+    -------
+    str
+    """
+    from fedlatent.data.validation import NAMES_SHOWN
+
+    budget = NAMES_SHOWN if limit is None else int(limit)
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for c, r in list(refusals.items())[:max(budget, 0)]:
+        m = _FIX.search(str(r))
+        head, tail = (str(r), "") if m is None else (str(r)[:m.start()], str(r)[m.start():])
+        groups.setdefault(tail or str(r), []).append((c, head))
+    parts = []
+    for key, items in groups.items():
+        (c0, h0), others = items[0], [c for c, _ in items[1:]]
+        also = "" if not others else (
+            f" (also client{'s' if len(others) > 1 else ''} {', '.join(map(repr, others))}"
+            + ("" if all(h.replace(repr(c), "") == h0.replace(repr(c0), "") for c, h in items)
+               else ", each with its own figures") + ")")
+        parts.append(f"client {c0!r}: {h0}{also}{key if key != h0 else ''}")
+    rest = len(refusals) - sum(len(items) for items in groups.values())
     return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")
 
 

@@ -10,7 +10,19 @@ from fedlatent.engine.fedem.update import dominant_client
 from fedlatent.engine.node.batched import BatchReply
 from fedlatent.engine.stats import Stats
 
-__all__ = ["Aggregate", "Stacked", "Accepted"]
+__all__ = ["EXCLUDED_SINCE", "Aggregate", "Stacked", "Accepted", "round_complete"]
+
+#: how a round names a client excluded in an earlier round (secure aggregation leaves a client
+#: that dropped or broke the checks out for the rest of the fit)
+EXCLUDED_SINCE = "excluded since "
+
+
+def round_complete(missing, errors, rejected) -> bool:
+    """Whether a round had every reply of the clients still in the fit: none refused and
+    none missing but those excluded in an earlier round (``errors``: ``excluded since ...``),
+    so the rounds after an exclusion can meet a stopping rule."""
+    return not rejected and all(str(errors.get(c, "")).startswith(EXCLUDED_SINCE)
+                                for c in missing)
 
 
 @dataclass

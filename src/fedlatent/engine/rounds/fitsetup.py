@@ -113,16 +113,16 @@ def site_refusals(runtime: Runtime, model, federation: Federation,
 
 def warn_excluded(excluded: dict[str, str], n_kept: int, note: str = "") -> None:
     """The one warning of a fit that left the sites ``excluded`` out (``n_kept`` take part):
-    each named (ten, then a count) with its refusal, which gives the rule and the fix; then
-    ``note``."""
-    from fedlatent.engine.protocol.messages import fault_detail
+    each named (ten, then a count) with its refusal, which gives the rule and the fix (each
+    fix once: :func:`~fedlatent.engine.protocol.messages.refusal_detail`); then ``note``."""
+    from fedlatent.engine.protocol.messages import refusal_detail
     from fedlatent.engine.warn import SitesExcludedWarning, warn_user
 
     n = len(excluded)
     warn_user(f"{n} of {n + n_kept} sites left out of the fit, refused by a disclosure rule or "
               f"their own policy ({n_kept} take part; predictions for a site left out use the "
               f"population-level model, as for a site not seen in training): "
-              f"{fault_detail(excluded)}{note}. Federation(on_refusal='stop') stops the fit "
+              f"{refusal_detail(excluded)}{note}. Federation(on_refusal='stop') stops the fit "
               "instead; the estimator's excluded_clients_ lists them", SitesExcludedWarning)
 
 

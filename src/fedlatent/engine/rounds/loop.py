@@ -42,7 +42,7 @@ from fedlatent.engine.fedem.update import FedEMState, client_weights, stat_bytes
 from fedlatent.engine.protocol.messages import ClientReplyError, pack
 from fedlatent.engine.protocol.runtime import Runtime
 from fedlatent.engine.rounds.accelerate import accelerator_for
-from fedlatent.engine.rounds.aggregate import Aggregate
+from fedlatent.engine.rounds.aggregate import Aggregate, round_complete
 from fedlatent.engine.rounds.collectors import Batched, OneByOne
 from fedlatent.engine.rounds.evaluation import h_norm2
 from fedlatent.engine.rounds.newton import newton_for
@@ -206,6 +206,11 @@ def _norm(v: np.ndarray) -> float:
         m = float(np.max(np.abs(v)))
         n = m * float(np.linalg.norm(np.asarray(v) / m))
     return n
+
+
+def _complete(rec: RoundRecord) -> bool:
+    """:func:`~fedlatent.engine.rounds.aggregate.round_complete` of a round's record."""
+    return round_complete(rec.missing, rec.errors or {}, rec.rejected)
 
 
 def stat_change(old: Stats | None, new: Stats, gamma: float) -> float | None:
@@ -428,7 +433,8 @@ class _Rounds:
         self.state, self.params = new_state, new_params
         self.record(plan, agg, t0, h_norm2=h2, missing=missing, rejected=rejected, errors=errors,
                     bytes_down=bytes_down, stat_change=change)
-        done = self.converged(not missing and not rejected)
+        done = self.converged(round_complete(missing, errors, rejected),
+                              bool(missing or rejected))
         end = None if self.accel is None or not (done or k >= self.opt.max_rounds) \
             else self.accel.final(new_state, plain)
         if end is not None:  # the state an accelerated fit ends on (an evaluated one)
@@ -471,18 +477,20 @@ class _Rounds:
             participants=agg.participants, step_size=plan.gamma,
             seconds=time.perf_counter() - t0, epsilon=epsilon, **fields))
 
-    def converged(self, complete: bool) -> bool:
+    def converged(self, complete: bool, restarted: bool = False) -> bool:
         """Plain EM: the mean objective changed by less than ``tol`` (a round with every
-        reply; accelerated, a round sent the EM step of the round before, as scikit-learn
-        tests one EM iteration's change); any other federation: :meth:`settled`."""
+        reply of the clients still in the fit; accelerated, a round sent the EM step of the
+        round before, as scikit-learn tests one EM iteration's change, or the plain rule when
+        a missing reply restarted the accelerator: after an exclusion every round sends the
+        EM step); any other federation: :meth:`settled`."""
         if not self.fed.is_plain_em:
             return self.settled()
-        rule = None if self.accel is None else self.accel.may_stop(complete)
+        rule = None if self.accel is None or restarted else self.accel.may_stop(complete)
         if rule is not None:  # accelerated: the accelerator's form of scikit-learn's test
             return rule
         if self.auto:  # within 0.1 standard error of the optimum (rounds/stopping.py)
             recent = self.history[-4:]
-            return (len(recent) >= 3 and all(not (r.missing or r.rejected) for r in recent)
+            return (len(recent) >= 3 and all(_complete(r) for r in recent)
                     and near_optimum([r.objective for r in recent], self.n_total))
         return (len(self.history) >= 2 and complete
                 and abs(self.history[-1].objective - self.history[-2].objective) < self.tol)
@@ -497,8 +505,7 @@ class _Rounds:
         if self.budget is not None or tol <= 0 or len(recent) < w:
             return False
         return all(r.stat_change is not None and r.stat_change < tol
-                   and r.participants > 0 and not r.missing and not r.rejected
-                   for r in recent)
+                   and r.participants > 0 and _complete(r) for r in recent)
 
     # ---- the run -------------------------------------------------------------------------
     def start(self, params0: Params) -> int:
@@ -513,6 +520,12 @@ class _Rounds:
             raise ValueError("resume=True is not available with Federation(acceleration=...): "
                              "the accelerator's state is not checkpointed, so the resumed run "
                              "would not be the uninterrupted one; use acceleration=None")
+        if self.opt.resume and self.secure is not None and self.secure.verify:
+            raise ValueError("resume=True is not available with verified rounds (the default "
+                             "under secure aggregation): each site checks a round against the "
+                             "transcript of the exchange before, and a resumed run's new key "
+                             "set-up cannot show the last round's; fit again from the start, "
+                             "or resume a fit run with verification turned off")
         start_round = self.resume(self.shapes) if self.opt.resume else 1
         self.choose_collector()
         return start_round

@@ -19,7 +19,8 @@ import logging
 
 from fedlatent.data.validation import name_list
 from fedlatent.engine.faults import FederatedFitError
-from fedlatent.engine.rounds.aggregate import Aggregate
+from fedlatent.engine.protocol.messages import fault_detail
+from fedlatent.engine.rounds.aggregate import EXCLUDED_SINCE, Aggregate
 from fedlatent.engine.rounds.collectors import OneByOne, refuse_incomplete_init
 from fedlatent.engine.rounds.plan import RoundPlan
 from fedlatent.engine.secagg.secure_checks import (
@@ -47,7 +48,7 @@ def _active(rounds, plan: RoundPlan) -> tuple[list[str], list[str], dict]:
     chosen = [rounds.cids[i] for i in plan.idx]
     excluded = rounds.secure.excluded
     gone = [c for c in chosen if c in excluded]
-    why = {c: f"excluded since {excluded[c]}" + ("" if "broke the checks" in excluded[c] else
+    why = {c: f"{EXCLUDED_SINCE}{excluded[c]}" + ("" if "broke the checks" in excluded[c] else
                                                  " (declared dropped; its masks were recovered)")
            for c in gone}
     return [c for c in chosen if c not in excluded], gone, why
@@ -101,6 +102,7 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
                                 k) from err
     S, D = res["survivors"], res["dropped"]
     errors.update({c: res["errors"][c] for c in res["errors"]})
+    _say_refusals(k, {c: errors[c] for c in D if c in errors})
     Q, why = _check_aggregate(rounds, plan, S, res["sums"])
     if why:  # never applied: the liar located and excluded, the round recorded
         return Aggregate(None, 0, 0.0, 0, res["bytes_down"], res["bytes_up"], gone + list(D),
@@ -115,6 +117,15 @@ def gather_secure(rounds, plan: RoundPlan) -> Aggregate:
         if plan.points else []  # (checked with the aggregate)
     return Aggregate(Q, len(S), float(sums["objective"]), _units(rounds, S, sums), down, up,
                      gone + list(D), {}, errors, points=points)
+
+
+def _say_refusals(k: int, said: dict[str, str]) -> None:
+    """Log the dropped sites of round ``k`` that answered with an error or a refusal (a
+    verifying site's, say), each with its reason: the round goes on without them."""
+    if said:
+        logger.warning("round %d: left out from now on (masks recovered), having answered with "
+                       "an error or a refusal: %s", k, fault_detail(
+                           {c: why.removeprefix(f"client {c!r}: ") for c, why in said.items()}))
 
 
 def _units(rounds, S: list[str], sums) -> int | float:
