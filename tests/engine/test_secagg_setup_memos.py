@@ -33,8 +33,9 @@ def test_only_memory_nobody_can_write_is_frozen_and_relayed_uncopied():
     b = np.frombuffer(raw[:32] + raw[32:], dtype=np.uint8).reshape(2, 32)  # other memory
     assert np.array_equal(a, b) and frozen(b) and not same_frozen(a, b)
     assert not same_frozen(w, w)  # the same writeable memory is never taken as unchanged
-    sent = _freeze({"openings": a, "keys": w, "ro": ro, "n": 3})
-    assert sent["openings"] is a  # relayed as is, as a copy would be
+    assert _freeze({"openings": a})["openings"] is not a  # other methods: copied
+    sent = _freeze({"openings": a, "keys": w, "ro": ro, "n": 3}, share=True)
+    assert sent["openings"] is a  # the set-up's: relayed as is, as a copy would be
     assert sent["keys"] is not w and np.array_equal(sent["keys"], w)
     assert sent["ro"] is not ro and not np.shares_memory(sent["ro"], w)
     w[0, 0] = 7
