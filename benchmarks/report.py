@@ -123,6 +123,11 @@ SCRIPTS = (
            "pooled rows, one BLAS thread, same process (10,000 and 100,000 clients, one "
            "process each; --full: median of three)",
            "bench_clients.py", ("--whole", "--repeats", "1"), ("--whole",)),
+    Script("Where the whole fit's time goes", "the whole default fit at 100,000 clients of 10 "
+           "rows part by part (setup, the start's exchanges, each round's E-step, reply screen, "
+           "weighted sum, mirror, M-step) against scikit-learn's k-means start, E-steps and "
+           "M-steps, CPU seconds in one process (the second fit of each)",
+           "bench_whole_account.py", (), ()),
     Script("A fresh process: the quickstart's first fit, predict and score", "wall seconds of "
            "the README quickstart's first fit in a new process (numba's cache as installed "
            "and empty) and of `fedlatent predict` and `fedlatent score` on 200 rows, whole "

@@ -18,7 +18,7 @@ import pytest
 
 import fedlatent.engine.protocol.psd_screen as ps
 from fedlatent.models.gmm.batched import hard_labels_numpy
-from fedlatent.models.gmm.hardsums import hard_labels_many, live_cells
+from fedlatent.models.gmm.hardsums import hard_labels_many, hard_labels_products, live_cells
 from fedlatent.models.gmm.model import hard_labels
 from tolerance import assert_close, assert_same
 
@@ -132,6 +132,31 @@ def test_compiled_hard_labels_merge_small_cells_as_each_client_does(need, labell
     policy = SimpleNamespace(min_records_per_block=need)
     for c in range(C):
         assert_close(got[c][real[c]], hard_labels(d2[c][real[c]], policy))  # labels: exact
+
+
+@pytest.mark.parametrize("need", [1, 3])
+def test_labels_read_from_the_products_are_the_labels_of_the_distances(need):
+    """The start's compiled query reads each squared distance from ``X c^T`` where it labels
+    the row (no array of distances built): the labels of the distances NumPy builds, and each
+    real row's nearest centre before merging its ``argmin`` (a padding row's: its label),
+    NaN rows included (``argmin``'s first NaN)."""
+    rng = np.random.default_rng(11 + need)
+    C, m, M, d = 400, 10, 16, 3
+    X = rng.normal(size=(C, m, d)) + rng.integers(0, 3, size=(C, 1, 1)) * 3.0
+    real = rng.random((C, m)) < 0.85
+    real[7, 2] = True
+    X *= real[:, :, None]  # padding rows are zeros
+    X[7, 2, 0] = np.nan  # (a real row's NaN distances: its nearest is centre 0)
+    centres = rng.normal(size=(M, d)) * 3.0
+    P = X @ centres.T
+    xx, cc = np.einsum("cmd,cmd->cm", X, X), np.einsum("ij,ij->i", centres, centres)
+    d2 = P * -2.0
+    d2 += xx[:, :, None]
+    d2 += cc
+    labels, nearest = hard_labels_products(P, xx, cc, real, need)
+    assert_same(labels, hard_labels_many(d2, real, need))  # integers
+    assert_same(nearest, np.where(real, d2.argmin(-1), labels))
+    assert nearest[7, 2] == 0 and (labels != nearest).any() == (need > 1)
 
 
 def test_the_whole_fit_benchmark_runs_under_the_default_rules_but_saturation():

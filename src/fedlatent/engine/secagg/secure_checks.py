@@ -8,11 +8,15 @@ is reported as a malformed masked reply, never as a statistic), the units it cla
 passes), and the model's invariants (counts, PSD moments, ...) on the statistic rebuilt from
 the sum: ``sum_c w_c S_c = sum_c w_c Q_c + W S_hat (+ V)`` (exact without a quantizer; with
 control variates only when every client of the run answered, ``V`` being the sum of all
-``V_c``), with the fixed point's rounding as slack.
+``V_c``), with the fixed point's rounding as slack (with control variates also the rounding
+``V`` gathered since the initialization round: it follows the decoded sums).
 
 A failing aggregate is discarded: the round is recorded (``history_``: ``skipped``), the last
 good state kept, and the clients told to undo the round's control-variate update
-(``secagg/undo``). The server then locates the liar by group testing: the round's survivors
+(``secagg/undo``); a client also undoes a round at or after the one it is asked (a fit
+stopped in it and resumed from its checkpoint), its model state too. Each client keeps its
+last round in its state (``secure_last/``), which outlives a node rebuilt for each message.
+The server then locates the liar by group testing: the round's survivors
 re-send their cached reply of the round (``secagg/replay``; with control variates as
 ``Q_c + V_c``, the statistic minus ``S_hat``, rebuildable for any cohort) in secure sums over
 sub-cohorts of at least the threshold, leaving out a block of the remaining candidates each
@@ -64,37 +68,85 @@ _REPLAY, _UNDO = "secagg/replay", "secagg/undo"
 
 
 # ---- the client side ------------------------------------------------------------------------
-def _cv_state(node) -> dict[str, np.ndarray]:
-    return {k: np.array(v, copy=True) for k, v in node.state.items() if k.startswith("V/")}
+#: where a client keeps its last secure round in its state (so that it survives a node rebuilt
+#: for each message, as on Flower, and an in-process checkpoint): the round, the reply, the
+#: state the round started from
+_LAST = "secure_last/"
+#: the state a round changes: the control variate; the model's own state (FedGMM's pi_c, HLCR's
+#: labels), restored only for a round the fit stopped in (a discarded round's next round
+#: takes the model state on, as an accelerated fit's adopted point is in it)
+_UNDONE = ("V/", "model/")
+
+
+def _state(node, prefixes: tuple[str, ...] = _UNDONE) -> dict[str, np.ndarray]:
+    return {k: np.array(v, copy=True) for k, v in node.state.items() if k.startswith(prefixes)}
+
+
+def _restore(node, before: dict, prefixes: tuple[str, ...]) -> None:
+    """The state under ``prefixes`` back to ``before``'s."""
+    for k in [k for k in node.state if k.startswith(prefixes)]:
+        del node.state[k]
+    node.state.update({k: v for k, v in before.items() if k.startswith(prefixes)})
+
+
+def _cv(state: dict) -> dict[str, np.ndarray]:
+    return {k[2:]: v for k, v in state.items() if k.startswith("V/")}
+
+
+def _remembered(node) -> tuple[int, dict, dict] | None:
+    """``(round, reply, state before it)`` of the client's last secure E-step (None: none)."""
+    st = node.state
+    if _LAST + "round" not in st:
+        return None
+    reply = {k[len(_LAST) + 6:]: (v[()] if v.ndim == 0 else v) for k, v in st.items()
+             if k.startswith(_LAST + "reply/")}
+    before = {k[len(_LAST):]: v for k, v in st.items() if k.startswith(_LAST) and
+              k[len(_LAST):].startswith(_UNDONE)}
+    return int(np.ravel(st[_LAST + "round"])[0]), reply, before  # (a record's shape: (1,))
+
+
+def _remember(node, rnd: int | None, reply: dict | None = None,
+              before: dict | None = None) -> None:
+    """Keep round ``rnd``'s reply and the state it started from (None: forget them)."""
+    for k in [k for k in node.state if k.startswith(_LAST)]:
+        del node.state[k]
+    if rnd is None:
+        return
+    node.state[_LAST + "round"] = np.array(rnd, dtype=np.int64)
+    node.state.update({_LAST + "reply/" + k: np.array(v, copy=True) for k, v in reply.items()
+                       if not isinstance(v, str)})
+    node.state.update({_LAST + k: v for k, v in before.items()})
 
 
 def answer_secure(node, method: str, msg: dict) -> dict:
     """A client's answer under secure aggregation (masked by the caller): the E-step as
     without it, remembered with the control variate it started from; the remembered reply of
-    the round when the server asks for a replay (group testing); a discarded round's update
-    of the control variate undone first."""
+    the round when the server asks for a replay (group testing). The updates of a round the
+    server never applied are undone first: of the control variate for a round it discarded
+    (``secagg/undo``), of the control variate and the model state for a round at or after
+    the one it now asks (the fit stopped in it and was resumed from the round before)."""
     if method != "estep":
         return node._answer(method, msg)
-    last = getattr(node, "secure_last", None)
+    last = _remembered(node)
     undo = json.loads(msg[_UNDO]) if _UNDO in msg else ()
-    if last is not None and last[0] in undo:  # the server discarded that round
-        for k in [k for k in node.state if k.startswith("V/")]:
-            del node.state[k]
-        node.state.update(last[2])
-        node.secure_last = last = None
     rnd = int(msg["round"])
+    stopped = last is not None and _REPLAY not in msg and rnd > 1 and last[0] >= rnd
+    if last is not None and (stopped or last[0] in undo):
+        _restore(node, last[2], _UNDONE if stopped else ("V/",))
+        _remember(node, None)
+        last = None
     if _REPLAY in msg:
         if last is None or last[0] != rnd:
             raise ValueError(f"client {node.client_id!r}: asked to replay round {rnd}, whose "
                              "reply it does not hold")
         reply = dict(last[1])
-        for k, v in last[2].items():  # Q_c + V_c: the statistic minus S_hat
-            reply["delta/" + k[2:]] = reply["delta/" + k[2:]] + v
+        for k, v in _cv(last[2]).items():  # Q_c + V_c: the statistic minus S_hat
+            reply["delta/" + k] = reply["delta/" + k] + v
         return reply
-    before = _cv_state(node)
+    before = _state(node)
     reply = node._answer(method, msg)
     if ERROR_KEY not in reply:
-        node.secure_last = (rnd, dict(reply), before)
+        _remember(node, rnd, reply, before)
     return reply
 
 
@@ -122,6 +174,15 @@ def ring_problem(sums: dict, survivors: list[str], bound: float) -> str | None:
     return None
 
 
+def _v_drift(rounds, plan) -> float:
+    """How far the server's ``V`` may be from ``sum_c w_c V_c`` as the clients hold it, per
+    entry: ``V`` follows the decoded sums, each within ``n / (2 scale)`` of the clients'
+    ``sum_c w_c Q_c``, so it carries the initialization round's rounding (``S_hat_0``, from
+    which every ``V_c`` starts) and ``alpha`` times that of every round since."""
+    n = len(rounds.cids) / (2 * rounds.secure.config.encoding.scale)
+    return n * (1.0 + abs(plan.alpha) * max(plan.k - 2, 0))
+
+
 def _rebuilt(rounds, plan, Q: Stats, S: list[str], replay: bool):
     """``(total, units, slack)``: the sum statistic of the clients ``S`` over their units, and
     its rounding bound; None when the aggregate cannot be rebuilt into one."""
@@ -144,7 +205,10 @@ def _rebuilt(rounds, plan, Q: Stats, S: list[str], replay: bool):
             mag = mag + Stats({k: np.abs(v) for k, v in V.items()}, copy=False)
     f = units / W
     enc = rounds.secure.config.encoding
-    slack = Stats({k: (64 * np.finfo(np.float64).eps * v + len(S) / (2 * enc.scale)) * f
+    half = len(S) / (2 * enc.scale)
+    if rounds.use_cv and not replay and not plan.init_round:
+        half += _v_drift(rounds, plan)
+    slack = Stats({k: (64 * np.finfo(np.float64).eps * v + half) * f
                    for k, v in mag.items()}, copy=False)
     noise = rounds.screen.dp_slack(total, len(S))
     return total * f, units, (slack if noise is None else slack + noise)

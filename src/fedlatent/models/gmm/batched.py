@@ -87,14 +87,10 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
         return {"n": w.sum(axis=1), "sx": X.sum(axis=1), "sxx": XT @ X}
     if name == "hard_stats":
         centers = np.asarray(payload["centers"], dtype=np.float64)
-        d2 = X @ centers.T  # |x|^2 - 2 x.c + |c|^2, in place (the same bits: -2 is exact)
-        d2 *= -2.0
-        d2 += np.einsum("cmd,cmd->cm", X, X)[:, :, None]
-        d2 += np.einsum("ij,ij->i", centers, centers)
-        labels = hard_labels_batched(d2, w > 0, model.disclosure.min_records_per_block)
+        labels, nearest = _hard_labels_of(X, centers, w > 0,
+                                          model.disclosure.min_records_per_block)
         # a merged row keeps its place about its own centre (not under differential privacy)
-        moved = None if model.privacy is not None else (
-            centers, np.where(w > 0, d2.argmin(-1), labels))
+        moved = None if model.privacy is not None else (centers, nearest)
         st = hard_sums(X, labels, w, np.asarray(payload["center"], dtype=np.float64),
                        model.cov_type, centers.shape[0], bool(payload.get("second", 1)), moved)
         return {f"stat/{k}": v for k, v in st.items()}
@@ -104,6 +100,24 @@ def gmm_batched_query(model, name: str, payload, X: np.ndarray, w: np.ndarray):
         _, norm = gmm_log_resp(payload_params(payload), X, model.cov_type)
         return {"n": w.sum(axis=1), "loglik": np.where(w > 0, norm, 0.0).sum(axis=1)}
     raise KeyError(f"model 'gmm' has no batched client query {name!r}")
+
+
+def _hard_labels_of(X: np.ndarray, centers: np.ndarray, real: np.ndarray, need: int):
+    """The labels (C, m) of rows ``X`` (C, m, d) among ``centers`` (M, d) (:func:`hard_labels_
+    batched` of their squared distances ``|x|^2 - 2 x.c + |c|^2``) and each real row's nearest
+    centre before merging (a padding row's: its label). Compiled where numba pays, reading
+    the distances from the products (:func:`~.hardsums.hard_labels_products`: the (C, m, M)
+    array of them is never built); else that array, in place (the same bits: -2 is exact)."""
+    P = X @ centers.T  # (the clients' stacked products: each client's own, bit for bit)
+    xx, cc = np.einsum("cmd,cmd->cm", X, X), np.einsum("ij,ij->i", centers, centers)
+    if worth(real.size):
+        return kernels("fedlatent.models.gmm.hardsums").hard_labels_products(
+            P, xx, cc, np.ascontiguousarray(real, dtype=np.bool_), int(need))
+    P *= -2.0
+    P += xx[:, :, None]
+    P += cc
+    labels = hard_labels_numpy(P, real, int(need))
+    return labels, np.where(real, P.argmin(-1), labels)
 
 
 def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from numba import njit
 
 from .batched import live_cells  # noqa: F401  (NumPy: the server's check, named here too)
 
-__all__ = ["hard_cell_sums", "hard_labels_many", "live_cells"]
+__all__ = ["hard_cell_sums", "hard_labels_many", "hard_labels_products", "live_cells"]
 
 
 @njit(cache=True)
@@ -126,6 +126,36 @@ def hard_labels_many(d2, real, need):
         if need > 1:
             _merge_small(work, real[c], need, labels[c], counts, gone, small)
     return labels
+
+
+@njit(cache=True)
+def hard_labels_products(P, xx, cc, real, need):
+    """:func:`hard_labels_many` of the squared distances ``((P * -2) + xx) + cc`` (the
+    query's ``d2``, each entry made as NumPy makes it there, where the kernel reads it: the
+    (C, m, M) array of distances is never built), from the products ``P = X @ centers.T``
+    (C, m, M), the rows' ``xx`` (C, m) and the centres' ``cc`` (M,) squared norms. Returns
+    the labels (C, m) and each row's nearest centre before any merging (C, m; a padding
+    row's is its label), which :func:`~fedlatent.models.gmm.math.merged_rows` reads."""
+    C, m, M = P.shape
+    labels = np.empty((C, m), dtype=np.int64)
+    nearest = np.empty((C, m), dtype=np.int64)
+    work = np.empty((m, M))
+    counts = np.empty(M, dtype=np.int64)
+    gone = np.empty(M, dtype=np.bool_)
+    small = np.empty(M, dtype=np.int64)
+    for c in range(C):
+        for i in range(m):
+            for k in range(M):
+                work[i, k] = (P[c, i, k] * -2.0 + xx[c, i]) + cc[k]
+        for i in range(m):
+            _argmin_row(work, i, labels[c])
+            nearest[c, i] = labels[c, i]
+        if need > 1:
+            _merge_small(work, real[c], need, labels[c], counts, gone, small)
+        for i in range(m):
+            if not real[c, i]:
+                nearest[c, i] = labels[c, i]
+    return labels, nearest
 
 
 @njit(cache=True)
