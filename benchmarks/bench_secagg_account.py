@@ -7,7 +7,7 @@ the thread's CPU clock (about a microsecond a call, some 7,000 calls a round at 
 clients: a few ms). Reported:
 
 - the key set-up: the X25519 agreements (one per neighbour per client), the key derivations
-  (HKDF, one per neighbour per client), sealing and opening the shares (AES-256-GCM, one message
+  (one SHA-512 per neighbour per client), sealing and opening the shares (AES-256-GCM, one message
   each way per pair), dealing them (Shamir), the client's checks of its roster (the
   commitments, the graph, its peers' signed keys: verified once per process, so an in-process
   client mostly finds them verified), signing its keys, key generation, the server's rosters
@@ -18,7 +18,8 @@ clients: a few ms). Reported:
   the server's aggregation and unmasking, and the rest (runtime, messages), each also as a
   fraction of the plain per-client round measured in the same process.
 
-Run: ``python benchmarks/bench_secagg_account.py [--clients 1000] [--rounds 6]``. Timings on a
+Run: ``python benchmarks/bench_secagg_account.py [--clients 1000] [--rounds 6] [--setup-only]``
+(``--setup-only``: the set-up's table alone, the fit stopped after it). Timings on a
 shared machine move with its load; the fractions are of one run (say the load: printed).
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import os
 import time
@@ -48,12 +50,12 @@ from fedlatent.engine.secagg.server import SecAggServer
 #: (owner, attribute, part): what is timed; a part nested in another is listed after it
 SETUP_PARTS = [
     (crypto, "agree_many", "X25519 agreements"),
-    (crypto, "derive_keys", "key derivation (HKDF)"),
+    (crypto, "derive_keys", "key derivation (SHA-512 one-step KDF)"),
     (crypto, "aead_seal_rows", "sealing the shares (AES-GCM)"),
     (crypto, "aead_open_rows", "opening the shares (AES-GCM)"),
     (shamir, "share_seeds", "dealing the shares (Shamir)"),
     (Enrolment, "receive_peer_keys", "client: roster checks (commitments, graph, signatures)"),
-    (site_keys, "verify_many", "  of which verifying peers' keys (Ed25519)"),
+    (site_keys, "verify_bytes", "  of which verifying peers' keys (Ed25519)"),
     (site_keys.SiteKeys, "sign_bytes", "signing its keys (Ed25519)"),
     (crypto, "generate_private", "X25519 key generation"),
     (SecAggServer, "roster_for", "server: each client's roster"),
@@ -72,28 +74,43 @@ ROUND_PARTS = [
 ]
 
 
+def clocked(f, label: str, acc: collections.Counter):
+    """``f`` adding the thread's CPU seconds of each call into ``acc[label]`` (the one timer:
+    every part, and the set-up as a whole)."""
+
+    @functools.wraps(f)
+    def g(*a, **kw):
+        t0 = time.thread_time()
+        try:
+            return f(*a, **kw)
+        finally:
+            acc[label] += time.thread_time() - t0
+
+    return g
+
+
+@contextlib.contextmanager
 def timed(parts, acc: collections.Counter):
-    """Wrap every part with a CPU-clock timer adding into ``acc``; returns the undo list."""
-    undo = []
-    for owner, name, label in parts:
-        f = getattr(owner, name)
-
-        @functools.wraps(f)
-        def g(*a, _f=f, _label=label, **kw):
-            t0 = time.thread_time()
-            try:
-                return _f(*a, **kw)
-            finally:
-                acc[_label] += time.thread_time() - t0
-
-        setattr(owner, name, g)
-        undo.append((owner, name, f))
-    return undo
+    """Every part wrapped by :func:`clocked` into ``acc`` while the block runs."""
+    undo = [(owner, name, getattr(owner, name)) for owner, name, _ in parts]
+    for (owner, name, f), (_, _, label) in zip(undo, parts):
+        setattr(owner, name, clocked(f, label, acc))
+    try:
+        yield acc
+    finally:
+        for owner, name, f in undo:
+            setattr(owner, name, f)
 
 
-def run_fit(fd, secure: bool, rounds: int, acc: collections.Counter) -> dict:
+class SetUpDone(Exception):
+    """Stops a fit once its key set-up has been timed (``--setup-only``)."""
+
+
+def run_fit(fd, secure: bool, rounds: int, acc: collections.Counter,
+            setup_only: bool = False) -> dict:
     """One fit; ``acc`` holds the parts of rounds 3..end (and, secure, the set-up's in
-    ``["setup"]``); returns the set-up's CPU seconds and the rounds' CPU seconds."""
+    ``["setup_parts"]``); returns the set-up's CPU seconds and the rounds' CPU seconds (none
+    with ``setup_only``: the fit stops after its set-up)."""
     n = fd.n_clients
     out, marks = {}, []
     setup = collections.Counter()
@@ -108,27 +125,27 @@ def run_fit(fd, secure: bool, rounds: int, acc: collections.Counter) -> dict:
                                       tol=0.0, random_state=quorum_seed(n, rounds),
                                       verbose=False)
     open_channel = secure_mod.open_channel
+    whole = clocked(open_channel, "set-up", setup)
 
-    def timed_open(*a, **kw):
-        undo = timed(SETUP_PARTS, setup)
-        t0 = time.thread_time()
-        try:
-            return open_channel(*a, **kw)
-        finally:
-            out["setup"] = time.thread_time() - t0
-            for owner, name, f in undo:
-                setattr(owner, name, f)
+    def timed_open(*a, **kw):  # the set-up's parts timed inside it only
+        with timed(SETUP_PARTS, setup):
+            channel = whole(*a, **kw)
+        if setup_only:
+            raise SetUpDone
+        return channel
 
     secure_mod.open_channel = timed_open
-    undo = timed(ROUND_PARTS, acc)
     try:
-        est.fit(fd, runtime=fl.InProcessRuntime(fd, batched=False), callbacks=[record])
+        with timed(ROUND_PARTS, acc):
+            est.fit(fd, runtime=fl.InProcessRuntime(fd, batched=False), callbacks=[record])
+    except SetUpDone:
+        pass
     finally:
         secure_mod.open_channel = open_channel
-        for owner, name, f in undo:
-            setattr(owner, name, f)
-    out["round"] = (marks[-1] - marks[1]) / (len(marks) - 2)
-    out["parts"] = {k: v / (len(marks) - 2) for k, v in acc.items()}
+    if not setup_only:
+        out["round"] = (marks[-1] - marks[1]) / (len(marks) - 2)
+        out["parts"] = {k: v / (len(marks) - 2) for k, v in acc.items()}
+    out["setup"] = setup.pop("set-up", 0.0)
     out["setup_parts"] = dict(setup)
     return out
 
@@ -137,12 +154,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--setup-only", action="store_true",
+                    help="the set-up's parts only (no plain fit, no rounds)")
     a = ap.parse_args()
     fd = data(a.clients)
     with blas_limit(1), warnings.catch_warnings():
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
-        plain = run_fit(fd, False, a.rounds, collections.Counter())
-        sec = run_fit(fd, True, a.rounds, collections.Counter())
+        plain = None if a.setup_only else run_fit(fd, False, a.rounds, collections.Counter())
+        sec = run_fit(fd, True, a.rounds, collections.Counter(), a.setup_only)
     print(f"{a.clients:,} clients, {time.strftime('%Y-%m-%d %H:%M')}, load "
           f"{os.getloadavg()[0]:.1f}; CPU seconds of the fit's thread")
     S, agree = sec["setup_parts"], sec["setup_parts"].get("X25519 agreements", float("nan"))
@@ -152,6 +171,8 @@ def main() -> None:
     rest = sec["setup"] - sum(v for k, v in S.items() if not k.startswith("  "))
     print(f"| the rest | {rest:.3f} | {rest / agree:.2f} |")
     print(f"| set-up | {sec['setup']:.3f} | {sec['setup'] / agree:.2f} |")
+    if plain is None:
+        return
     P, base = sec["parts"], plain["round"]
     print(f"\n| round part (rounds 3..{a.rounds}) | ms | / plain round |\n|---|---|---|")
     for _, _, label in ROUND_PARTS:

@@ -65,18 +65,28 @@ def test_dealt_shares_rebuild_the_seeds():
     assert np.any(wrong != seeds)  # 27 of threshold 28 shares: not the seeds
 
 
-def test_pair_keys_in_one_pass_are_hkdf_of_the_sorted_pair():
+def test_pair_keys_in_one_pass_are_the_one_step_kdf_of_the_sorted_pair():
+    """NIST SP 800-56C's one-step KDF with SHA-512, written out: SHA-512 of the 32-bit counter
+    1, the shared secret and the fixed info (the tag, the set-up's closed digest, the pair's
+    x-coordinates smaller first, 4 bytes big-endian each); each pair its own block, both
+    halves different keys."""
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
     from fedlatent.engine.secagg.protocol import pair_keys_many
 
     shared = [bytes([i]) * 32 for i in range(1, 4)]
-    got = pair_keys_many(shared, "run-1", "c05", ["c01", "c09", "c10"])
-    for s, v, key in zip(shared, ["c01", "c09", "c10"], got):
-        info = PAIR_TAG + json.dumps(["run-1", *sorted(["c05", v])]).encode()
-        want = HKDF(algorithm=hashes.SHA256(), length=64, salt=None, info=info).derive(s)
-        assert key == want == pair_keys(s, "run-1", v, "c05")
+    closed, xs = bytes(range(32)), [1, 9, 70_000]
+    got = pair_keys_many(shared, closed, 5, xs)
+    for s, x, key in zip(shared, xs, got):
+        info = PAIR_TAG + closed + min(x, 5).to_bytes(4, "big") + max(x, 5).to_bytes(4, "big")
+        h = hashes.Hash(hashes.SHA512())
+        h.update((1).to_bytes(4, "big") + s + info)
+        want = h.finalize()
+        assert key == want == pair_keys(s, closed, x, 5)  # either side of the pair
+        assert len(key) == 64 and key[:32] != key[32:]
+    assert len(set(got)) == 3
+    assert pair_keys(shared[0], bytes(32), 5, 1) != got[0]  # bound to the set-up
+    assert pair_keys(shared[0], closed, 5, 2) != got[0]  # and to the pair
 
 
 def test_seal_and_open_many_round_trip_and_a_tampered_row_does_not_open():

@@ -32,9 +32,11 @@ __all__ = [
     "count_problem",
     "equal_problem",
     "fault_detail",
+    "frozen",
     "refusal_detail",
     "psd_failures",
     "psd_problem",
+    "same_frozen",
     "array",
     "refusal_reply",
     "check_fields",
@@ -189,6 +191,25 @@ def message_nbytes(msg: Mapping[str, Any]) -> int:
         else:
             total += 8
     return total
+
+
+def frozen(a) -> bool:
+    """Whether nobody can write the array ``a``: it and every array it views are read-only
+    and its memory is an immutable ``bytes`` object (``np.frombuffer(bytes)`` and its views;
+    NumPy refuses to make such an array writeable). Two holders of it may share it as they
+    would share a copy (the in-process runtime relays it uncopied)."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return type(a) is bytes
+
+
+def same_frozen(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are one and the same memory that nobody can write
+    (:func:`frozen`: immutable bytes, kept alive by either): equal without comparing them."""
+    return (a.shape == b.shape and a.dtype == b.dtype and a.__array_interface__["data"][0]
+            == b.__array_interface__["data"][0] and frozen(a) and frozen(b))
 
 
 @dataclass(frozen=True)

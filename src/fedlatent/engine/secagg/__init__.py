@@ -3,16 +3,16 @@
 The protocol family of Bonawitz et al. (CCS 2017) and SecAgg+ (Bell et al., CCS 2020), on
 primitives from ``cryptography`` (the optional extra ``fedlatent[privacy]``, imported on first
 use): fixed-point encoding in Z_{2^64} with a public scale (:mod:`.encoding`); per client, drawn
-from the OS once per fit, ONE X25519 key pair c_u, a nonce, and a self-mask seed b_u,e per
-planned exchange e; per neighbour pair, ONE agreement X25519(c_u, c_v) at set-up, from which HKDF
-(bound to the run and the pair) derives the pair's share-encryption key and its secret s_uv
-(:func:`.protocol.pair_keys`). Exchange e's pair mask is the AES-256-CTR keystream of s_uv
-(Bonawitz et al.'s PRG) under a nonce hashed from the exchange's label and slot, its next two
-words the pair's consistency tokens; the self mask is the ChaCha20 keystream of b_u,e under
-another nonce hashed from the label. An exchange costs one keystream per neighbour. The seeds
-are Shamir-shared limb-wise over GF(2^31 - 1) in NumPy (:func:`.shamir.share_seeds`), every
-exchange's at once, and sealed in one AES-256-GCM message per neighbour. :mod:`.driver`
-runs the whole protocol in memory.
+from the OS once per fit, ONE X25519 key pair c_u, a nonce, and a self-mask seed b_u,e per planned
+exchange e; per neighbour pair, ONE agreement X25519(c_u, c_v) at set-up, from which one key
+derivation (NIST SP 800-56C's one-step KDF, SHA-512, bound to the set-up and the pair) gives the
+pair's share-encryption key and its secret s_uv (:func:`.protocol.pair_keys`). Exchange e's pair
+mask is the AES-256-CTR keystream of s_uv (Bonawitz et al.'s PRG) under a nonce hashed from the
+exchange's label and slot, its next two words the pair's consistency tokens; the self mask is the
+ChaCha20 keystream of b_u,e under another nonce hashed from the label. An exchange costs one
+keystream per neighbour. The seeds are Shamir-shared limb-wise over GF(2^31 - 1) in NumPy
+(:func:`.shamir.share_seeds`), every exchange's at once, and sealed in one AES-256-GCM message per
+neighbour. :mod:`.driver` runs the whole protocol in memory.
 
 Threat model (issue 37). Secure against a server that deviates from the protocol, colluding with
 fewer than ``t`` of any honest client's neighbours (the secrecy condition of

@@ -49,8 +49,9 @@ class SecAggClient(Enrolment):
     run : str
         The run this set-up belongs to, and ``round`` the round it happens in: both are bound
         into the client's commitment and its signatures (:meth:`public_keys` with a signer), so
-        a signature made for one run or round never authenticates keys in another; the run is
-        also bound into every pair's keys (:func:`~.protocol.pair_keys`).
+        a signature made for one run or round never authenticates keys in another; the set-up
+        (its closed list of commitments, which names both) is also bound into every pair's
+        keys (:func:`~.protocol.pair_keys`).
     round : int
     graph_commit : bytes, optional
         SHA-256 of the server's graph seed, sent before this client drew its keys.

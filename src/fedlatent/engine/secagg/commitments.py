@@ -40,9 +40,10 @@ import json
 import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
+from fedlatent.engine.protocol.messages import same_frozen
 
 __all__ = ["CLOSE_TAG", "COMMIT_TAG", "OPEN_TAG", "check_openings", "check_strength",
-           "closed_digest", "commitment", "opening", "openings"]
+           "closed_digest", "commitment", "opened_table", "opening", "openings", "openings_hold"]
 
 OPEN_TAG = b"fedlatent/secagg/opening\x00"
 COMMIT_TAG = b"fedlatent/secagg/commit\x00"
@@ -74,6 +75,50 @@ def openings(pairs) -> list[bytes]:
 #: ``{tag + nonce + key: opening}`` of the openings :func:`openings` computed (public values)
 _OPENED: dict[bytes, bytes] = {}
 _OPENED_SIZE = 1 << 18
+
+
+def opened_table(rows: np.ndarray) -> np.ndarray:
+    """:func:`opening` of every enrolled client, an (n, 32) uint8 array that nobody can write,
+    from an (n, 64) uint8 array of their nonces and keys (what the server's roster hashes).
+
+    The process remembers the last few such tables, rows and openings, as verified: every row
+    hashed here to its opening (:func:`openings_hold`)."""
+    raw = np.ascontiguousarray(rows, dtype=np.uint8).tobytes()
+    got = _crypto.commit_many([OPEN_TAG + raw[i:i + 64] for i in range(0, len(raw), 64)])
+    out = np.frombuffer(b"".join(got), dtype=np.uint8).reshape(-1, 32)
+    _TABLES[:] = [(out, np.frombuffer(raw, dtype=np.uint8).reshape(-1, 64)), *_TABLES[:3]]
+    return out
+
+
+def openings_hold(openings: np.ndarray, rows: np.ndarray, at: np.ndarray) -> bool:
+    """Whether each row of ``rows`` ((k, 64) uint8: a client's nonce, then its key) hashes to
+    the opening at the same place of ``at`` in ``openings`` ((n, 32), every enrolled
+    client's): a client's check of its neighbours' keys against the list that closed.
+
+    In-process, the openings a client is sent are those the server's roster hashed
+    (:func:`opened_table`, relayed uncopied: :func:`~fedlatent.engine.protocol.messages.
+    same_frozen`), and the rows of that table at ``at`` are then compared with ``rows`` at
+    once (rows equal byte for byte to ones hashed to these openings: the same answer as
+    hashing them, 0.04 of the set-up's agreements at 10,000 clients where each neighbour was
+    looked up); otherwise every row is hashed (:func:`openings`)."""
+    rows = np.ascontiguousarray(rows, dtype=np.uint8)
+    at = np.asarray(at, dtype=np.int64)
+    for table_openings, table_rows in tuple(_TABLES):
+        if same_frozen(table_openings, openings):
+            return bool(np.array_equal(table_rows[at], rows))
+    raw = rows.tobytes()
+    opened = openings_of_raw(raw)
+    return bool(np.array_equal(opened, np.asarray(openings, dtype=np.uint8)[at]))
+
+
+def openings_of_raw(raw: bytes) -> np.ndarray:
+    """:func:`openings` of rows of 64 bytes (nonce, key) joined in ``raw``: (m, 32) uint8."""
+    pairs = [(raw[i:i + 32], raw[i + 32:i + 64]) for i in range(0, len(raw), 64)]
+    return np.frombuffer(b"".join(openings(pairs)), dtype=np.uint8).reshape(-1, 32)
+
+
+#: ``(openings, rows)`` of the last tables :func:`opened_table` hashed, both read-only
+_TABLES: list[tuple[np.ndarray, np.ndarray]] = []
 
 
 def _context(run: str, round: int, u: str) -> bytes:

@@ -11,7 +11,6 @@ first): :meth:`~Enrolment.commitment` -> (the server closes the list) :meth:`~En
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -24,10 +23,12 @@ from fedlatent.engine.secagg.commitments import (
     check_strength,
     commitment,
     opening,
+    openings_hold,
 )
 from fedlatent.engine.secagg.protocol import (
     KEY_FIELDS,
     KEYS_PURPOSE,
+    SIGNATURE_BYTES,
     SIGNATURE_FIELD,
     Roster,
     SecureAggregationError,
@@ -193,8 +194,8 @@ class Enrolment:
         neighbourhood are those their openings hash."""
         members = list(roster.keys)
         at = np.array(roster.x_of(members), dtype=np.int64) - 1
-        if roster.n != self._closed_n or not np.array_equal(roster.opened(members),
-                                                            roster.openings[at]):
+        if roster.n != self._closed_n or not openings_hold(
+                roster.openings, roster.key_rows(("nonce", "enc_key"), members), at):
             raise SecureAggregationError(
                 f"client {self.id!r}: the roster's {roster.n} clients or its neighbours' keys "
                 f"are not the {self._closed_n} openings committed before the list closed; a "
@@ -226,22 +227,26 @@ class Enrolment:
     def _authenticate(self, roster: Roster, trust) -> None:
         """Verify every peer's signed keys against the pinned roster ``trust``: then the
         pair secrets agreed with them are its peers' own, and so are the confirmations of the
-        consistency round (:attr:`_authenticated`). Each statement is built from the roster's
-        rows and verified at once (:func:`~fedlatent.engine.site.keys.verify_many`); a peer
+        consistency round (:attr:`_authenticated`). Each statement is the roster's row of a
+        peer under :meth:`key_head` and its id; those verified in this process already, byte
+        for byte, are found at once (:class:`_Verified`), the others verified by
+        ``cryptography`` (:func:`~fedlatent.engine.site.keys.verify_bytes`); the first peer
         that fails is named by :meth:`~fedlatent.engine.site.keys.Roster.verify_message`."""
-        from fedlatent.engine.site.keys import AuthenticationError, verify_many
+        from fedlatent.engine.site.keys import AuthenticationError
 
         peers = [v for v in sorted(roster.keys) if v != self.id]  # the peers whose keys it uses
-        keys, sigs = roster.keys, _signatures(roster, peers)
-        rows = keys.joined(KEY_FIELDS, peers) if hasattr(keys, "joined") else [
-            b"".join(bytes(keys[v][f]) for f in KEY_FIELDS) for v in peers]
-        msgs = list(map(b"".join, zip(itertools.repeat(self.key_head), map(json_str, peers),
-                                      itertools.repeat(b"\x00"), rows)))
-        bad = verify_many(trust.public_raws(peers), sigs, msgs)
+        rows = roster.key_rows(KEY_FIELDS, peers)
+        sigs = np.frombuffer(b"".join(_signatures(roster, peers)), dtype=np.uint8).reshape(
+            len(peers), SIGNATURE_BYTES) if not hasattr(roster.signatures, "table") \
+            else roster.signatures.table(peers)
+        at = np.array(roster.x_of(peers), dtype=np.int64) - 1
+        bad = _Verified.of(self.key_head, roster, rows.shape[1]).check(
+            peers, at, rows, sigs, trust)
         if bad < len(peers):  # the first peer that fails, named
             v = peers[bad]
+            msg = self.key_head + json_str(v) + b"\x00" + rows[bad].tobytes()
             try:
-                trust.verify_message(v, sigs[bad], msgs[bad], what="the key announcement")
+                trust.verify_message(v, sigs[bad].tobytes(), msg, what="the key announcement")
                 raise AuthenticationError(f"the key announcement from site {v!r} does not "
                                           "verify against its rostered key")
             except AuthenticationError as err:
@@ -360,8 +365,10 @@ class Enrolment:
         done, in one pass each."""
         todo = [v for v in peers if v not in self._pair]
         if todo:
-            shared = _crypto.agree_many(self._private, self._roster.enc_keys(todo))
-            self._pair.update(zip(todo, pair_keys_many(shared, self.run, self.id, todo)))
+            roster = self._roster
+            shared = _crypto.agree_many(self._private, roster.enc_keys(todo))
+            self._pair.update(zip(todo, pair_keys_many(
+                shared, self._closed, roster.index[self.id], roster.x_of(todo))))
         return [self._pair[v] for v in peers]
 
     def _pair_block(self, v: str) -> bytes:
@@ -370,7 +377,8 @@ class Enrolment:
         got = self._pair.get(v)
         if got is None:
             shared = _crypto.agree(self._private, self._roster.keys[v]["enc_key"])
-            got = self._pair[v] = pair_keys(shared, self.run, self.id, v)
+            x = self._roster.index
+            got = self._pair[v] = pair_keys(shared, self._closed, x[self.id], x[v])
         return got
 
     def _share_key(self, sender: str, recipient: str) -> bytes:
@@ -389,6 +397,86 @@ def _rows_bytes(sealed) -> list:
     return [bytes(m) for m in sealed]
 
 
+
+
+class _Verified:
+    """The key announcements of one set-up verified in this process, by the signer's place
+    among the enrolled ids: its signature, the rostered key it verified under and its keys
+    (one row each, ``ok`` where verified). A pure function of public data: the sites one
+    process holds (in-process, simulation) each verify their neighbours' keys, and each
+    announcement is verified by ``cryptography`` once between them; a site finds the rest by
+    comparing what it received with these rows at once (where the per-peer lookup of the
+    statements, built again by every site, cost some 2 us a neighbour)."""
+
+    def __init__(self, head: bytes, n: int, width: int):
+        self.head = head
+        self.ok = np.zeros(n, dtype=bool)
+        self.rows = np.zeros((n, width), dtype=np.uint8)
+        self.sigs = np.zeros((n, SIGNATURE_BYTES), dtype=np.uint8)
+        self.keys = np.zeros((n, 32), dtype=np.uint8)
+        self.ids: tuple[str, ...] = ()
+        self._trust = self._rostered = self._known = None
+
+    @classmethod
+    def of(cls, head: bytes, roster: Roster, width: int) -> _Verified:
+        """The table of the set-up whose statements start with ``head`` among ``roster``'s
+        enrolled ids, of rows of ``width`` bytes (made on first use; the last two kept)."""
+        key = (head, roster.ids_json, width)
+        got = _VERIFIED.get(key)
+        if got is None:
+            _VERIFIED[key] = got = cls(head, roster.n, width)
+            got.ids = roster.ids
+            while len(_VERIFIED) > 2:
+                _VERIFIED.pop(next(iter(_VERIFIED)))
+        return got
+
+    def check(self, peers: list[str], at: np.ndarray, rows: np.ndarray, sigs: np.ndarray,
+              trust) -> int:
+        """The place of the first of ``peers`` (at places ``at``, their keys ``rows`` and
+        signatures ``sigs``) whose announcement does not verify under its key in the pinned
+        roster ``trust``, or their number when all do."""
+        from fedlatent.engine.site.keys import verify_bytes
+
+        rostered, keys = self.rostered(trust, peers, at)
+        if self.ok[at].all() and rostered.all() and np.array_equal(self.rows[at], rows) \
+                and np.array_equal(self.sigs[at], sigs) and np.array_equal(self.keys[at], keys):
+            return len(peers)  # every one verified here before (the common case: at once)
+        seen = self.ok[at] & (self.rows[at] == rows).all(axis=1) & (
+            self.sigs[at] == sigs).all(axis=1) & (self.keys[at] == keys).all(axis=1)
+        for i in np.flatnonzero(~(seen & rostered)).tolist():
+            if not rostered[i] or not verify_bytes(
+                    keys[i].tobytes(), sigs[i].tobytes(), self.head + json_str(peers[i])
+                    + b"\x00" + rows[i].tobytes()):
+                return i
+            j = at[i]
+            self.ok[j], self.rows[j], self.sigs[j], self.keys[j] = True, rows[i], sigs[i], keys[i]
+        return len(peers)
+
+    def rostered(self, trust, peers: list[str], at: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Whether each of ``peers`` is in the pinned roster ``trust`` and its raw key there
+        (32 zero bytes if not): for the first roster object this table meets, every enrolled
+        id's looked up once and taken by place (the sites of a process share one; a roster is
+        not changed once built), for another one by one."""
+        if self._trust is None:
+            raws = trust.public_raws(self.ids)
+            self._rostered = np.array([r is not None for r in raws], dtype=bool)
+            self._known = _raw_rows(raws)
+            self._trust = trust
+        if self._trust is trust:
+            return self._rostered[at], self._known[at]
+        raws = trust.public_raws(peers)
+        return np.array([r is not None for r in raws], dtype=bool), _raw_rows(raws)
+
+
+def _raw_rows(raws: list) -> np.ndarray:
+    """Raw 32-byte keys (None: 32 zero bytes) as one (len(raws), 32) uint8 array."""
+    return np.frombuffer(b"".join(r if r is not None else bytes(32) for r in raws),
+                         dtype=np.uint8).reshape(len(raws), 32)
+
+
+#: ``{(statement head, enrolled ids): _Verified}`` of the last set-ups
+_VERIFIED: dict[tuple[bytes, str, int], _Verified] = {}
 
 
 def _signatures(roster: Roster, members: list[str]) -> list[bytes]:

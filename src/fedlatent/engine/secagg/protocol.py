@@ -1,11 +1,12 @@
 """What the secure-aggregation client and server share: settings, the roster, mask derivation.
 
 Masks are derived per exchange from secrets agreed once per fit: a pair of neighbours agrees one
-X25519 secret, HKDF turns it (bound to the run and the pair) into their two share-encryption
-keys and their mask secret s_uv (:func:`pair_keys`); an exchange's pair mask is the AES-256-CTR
-keystream of s_uv under a nonce hashed from the exchange's label (:func:`pair_nonce`: one
-keystream per pair and exchange, each exchange masked once). The self mask is the keystream of
-b_u under another nonce hashed from the label.
+X25519 secret, one key derivation (NIST SP 800-56C's one-step KDF, SHA-512, bound to the set-up
+and the pair) turns it into the key of the shares they deal each other and their mask secret s_uv
+(:func:`pair_keys`); an exchange's pair mask is the AES-256-CTR keystream of s_uv under a nonce
+hashed from the exchange's label (:func:`pair_nonce`: one keystream per pair and exchange, each
+exchange masked once). The self mask is the keystream of b_u under another nonce hashed from the
+label.
 """
 
 from __future__ import annotations
@@ -172,21 +173,35 @@ def pair_nonce(label: bytes, slot: int = 0) -> bytes:
                           str(int(slot)).encode())[:12]
 
 
-def pair_keys(shared: bytes, run: str, u: str, v: str) -> bytes:
-    """64 bytes from X25519(c_u, c_v), once per neighbour pair per fit: HKDF-SHA256 bound to the
-    run and the (sorted) pair; bytes [0, 32) key the shares the two deal each other (each
-    message sealed once, with a random nonce, its associated data naming sender and
-    recipient), bytes [32, 64) are the pair's mask secret s_uv."""
-    return pair_keys_many([shared], run, u, [v])[0]
+def pair_keys(shared: bytes, setup: bytes, x_u: int, x_v: int) -> bytes:
+    """64 bytes from X25519(c_u, c_v), once per neighbour pair per fit: one SHA-512 of the
+    one-step KDF of NIST SP 800-56C (:func:`~._crypto.derive_keys`) with the fixed info
+    :data:`PAIR_TAG`, ``setup`` (the 32-byte digest of the set-up's closed list of
+    commitments, :func:`~.commitments.closed_digest`: it names the run, the set-up round and
+    every enrolled client with its commitment) and the pair's Shamir x-coordinates (their
+    places among the enrolled ids plus one, 4 bytes big-endian each, the smaller first): no
+    other derivation of the library uses the tag, and no two pairs or set-ups share the info.
+    Bytes [0, 32) key the shares the two deal each other (each message sealed once, with a
+    random nonce, its associated data naming sender and recipient), bytes [32, 64) are the
+    pair's mask secret s_uv: two keys for two uses, neither derivable from the other (a
+    revealed pair mask, a keystream of s_uv, tells nothing of the share key)."""
+    return pair_keys_many([shared], setup, x_u, [x_v])[0]
 
 
-def pair_keys_many(shared: list[bytes], run: str, u: str, peers: list[str]) -> list[bytes]:
-    """:func:`pair_keys` of client ``u`` with each of ``peers`` (``shared[i]`` its agreement
-    with ``peers[i]``), in one pass (:func:`~._crypto.derive_keys`)."""
-    head, me = PAIR_TAG + b"[" + json_str(run) + b", ", json_str(u)
-    infos = [head + (me + b", " + json_str(v) if u < v else json_str(v) + b", " + me) + b"]"
-             for v in map(str, peers)]  # json.dumps([run, lo, hi]) of the sorted pair
-    return _crypto.derive_keys(shared, infos, 64)
+def pair_keys_many(shared: list[bytes], setup: bytes, x_u: int, peers_x) -> list[bytes]:
+    """:func:`pair_keys` of the client at x-coordinate ``x_u`` with each of those at
+    ``peers_x`` (``shared[i]`` its agreement with the i-th), in one pass: every fixed info
+    written at once (one fixed width), then :func:`~._crypto.derive_keys`."""
+    xs = np.asarray(peers_x, dtype=np.int64).reshape(-1)
+    head = np.frombuffer(PAIR_TAG + bytes(setup), dtype=np.uint8)
+    k, w = xs.size, head.size + 8
+    info = np.empty((k, w), dtype=np.uint8)
+    info[:, :head.size] = head
+    info[:, head.size:head.size + 4] = np.minimum(xs, x_u).astype(">u4").view(np.uint8).reshape(
+        k, 4)
+    info[:, head.size + 4:] = np.maximum(xs, x_u).astype(">u4").view(np.uint8).reshape(k, 4)
+    raw = info.tobytes()
+    return _crypto.derive_keys(shared, [raw[i:i + w] for i in range(0, len(raw), w)], 64)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -279,10 +294,26 @@ class Roster:
                                                  f"same {f}; every client draws its own keys")
                 seen[k] = u
         self._known = known
-        self.openings = (self.opened(self.ids) if openings is None
+        self.openings = (self._opened_all() if openings is None
                          else np.asarray(openings, dtype=np.uint8))
         self.graph_seed = None if graph_seed is None else bytes(graph_seed)
         self._graph = None
+
+    def _opened_all(self) -> np.ndarray:
+        """Every enrolled client's opening, hashed from its nonce and key
+        (:func:`~.commitments.opened_table`: the server's roster)."""
+        from fedlatent.engine.secagg.commitments import opened_table
+
+        return opened_table(self.key_rows(("nonce", "enc_key"), self.ids))
+
+    def key_rows(self, fields: Iterable[str], members: Iterable[str]) -> np.ndarray:
+        """``members``' ``fields`` joined, one (len(members), width) uint8 array."""
+        fields, members = tuple(fields), list(members)
+        if isinstance(self.keys, _Rows):
+            return self.keys.joined_table(fields, members)
+        keys = self.keys
+        raw = b"".join([b"".join([keys[u][f] for f in fields]) for u in members])
+        return np.frombuffer(raw, dtype=np.uint8).reshape(len(members), -1)
 
     def opened(self, members) -> np.ndarray:
         """The openings of ``members`` recomputed from their keys and nonces (:func:`~.
@@ -447,11 +478,16 @@ class _Rows(Mapping):
     def joined(self, fields: Iterable[str], members: Iterable[str]) -> list[bytes]:
         """Each of ``members``' ``fields`` concatenated (``b"".join(self[u][f] for f in
         fields)``): one (members, width) table gathered at once, then one slice each."""
-        at = np.fromiter(map(self._at.__getitem__, members), dtype=np.int64)
-        table = np.hstack([np.frombuffer(self._fields[f][0], dtype=np.uint8).reshape(
-            len(self.members), -1)[at] for f in fields]) if at.size else np.zeros((0, 0))
+        table = self.joined_table(fields, members)
         raw, w = table.tobytes(), table.shape[1]
-        return [raw[i:i + w] for i in range(0, len(raw), w)] if w else [b""] * at.size
+        return [raw[i:i + w] for i in range(0, len(raw), w)] if w else [b""] * len(table)
+
+    def joined_table(self, fields: Iterable[str], members: Iterable[str]) -> np.ndarray:
+        """:meth:`joined` as one (len(members), width) uint8 array."""
+        at = np.fromiter(map(self._at.__getitem__, members), dtype=np.int64)
+        m = len(self.members)
+        return np.hstack([np.frombuffer(self._fields[f][0], dtype=np.uint8).reshape(m, -1)[at]
+                          for f in fields])
 
     def rows(self, members: Iterable[str]) -> list[tuple[bytes, bytes]]:
         """``(nonce, enc_key)`` of each of ``members``."""
@@ -481,6 +517,11 @@ class _Column(Mapping):
     def __getitem__(self, u: str) -> bytes:
         i, w = self._rows._at[u], self._w
         return self._raw[i * w:i * w + w]
+
+    def table(self, members: Iterable[str]) -> np.ndarray:
+        """``members``' values as one (len(members), width) uint8 array."""
+        at = np.fromiter(map(self._rows._at.__getitem__, members), dtype=np.int64)
+        return np.frombuffer(self._raw, dtype=np.uint8).reshape(-1, self._w)[at]
 
     def column(self, members: Iterable[str]) -> list[bytes]:
         """``[self[u] for u in members]``."""

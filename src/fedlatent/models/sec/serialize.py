@@ -93,6 +93,11 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _CACHE_SIZE = 4096
 _cache: OrderedDict[tuple[bytes, frozenset[str]], Any] = OrderedDict()
 _cache_lock = threading.Lock()
+#: one file parsed at a time: numpy's .npy header parse calls ast.literal_eval, and CPython
+#: 3.11's AST constructor keeps its recursion depth in shared state, so two threads parsing at
+#: once (SEC's threaded exchange) can fail with 'AST constructor recursion depth mismatch'
+#: (python/cpython#106905)
+_parse_lock = threading.Lock()
 
 
 def dumps_model(est: Any) -> np.ndarray:
@@ -279,11 +284,13 @@ def loads_model(arr: np.ndarray | bytes, *, source: str = "received model",
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    names = check_model(data, source=source, extra_types=extra)
-    try:
-        est = sio.loads(data, trusted=names)
-    except Exception as e:  # a well-typed but inconsistent file
-        raise UntrustedModelError(f"{source} could not be loaded ({type(e).__name__}: {e})") from e
+    with _parse_lock:
+        names = check_model(data, source=source, extra_types=extra)
+        try:
+            est = sio.loads(data, trusted=names)
+        except Exception as e:  # a well-typed but inconsistent file
+            raise UntrustedModelError(f"{source} could not be loaded "
+                                      f"({type(e).__name__}: {e})") from e
     _check_structure(est, source)
     with _cache_lock:
         _cache[key] = est
