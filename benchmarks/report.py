@@ -11,7 +11,7 @@ One command (``make bench``) regenerates, from one run:
 Both are headed by the date, the CPU model, the core count, the load average and the versions
 of Python, fedlatent, NumPy and scikit-learn, and name the command that wrote them. Each
 benchmark runs in its own process, at quick sizes by default (about twenty minutes on a busy 2-core
-machine) or with ``--full`` at issue 23's sizes (an hour or more). What a benchmark prints is
+machine) or with ``--full`` at the largest sizes (an hour or more). What a benchmark prints is
 taken as it is, not parsed: its Markdown table rows (``| ... |``, each table with the line
 printed before it as its caption) when it prints some, else its whole output as a text block.
 Only the per-round ratios of ``bench_gmm.py``, ``bench_lcr.py`` and ``bench_fedgmm.py`` are
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None, scripts=SCRIPTS, benches=BENCHES) -> Non
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the quick sizes (the default)")
-    size.add_argument("--full", action="store_true", help="issue 23's sizes (an hour or more)")
+    size.add_argument("--full", action="store_true", help="the largest sizes (an hour or more)")
     ap.add_argument("--timeout", type=float, default=None,
                     help="seconds after which a benchmark is stopped and reported as failed "
                     "(default 1800, with --full 7200)")
