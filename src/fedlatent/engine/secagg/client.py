@@ -297,7 +297,9 @@ class SecAggClient(Enrolment):
                 f"{where}: [{names}] took part in the sum of "
                 "the exchange before but are not survivors of this one, so nothing shows they "
                 "checked their own contributions to that sum (any vector could stand in their "
-                "leaves); refusing to reveal anything")
+                "leaves); refusing to reveal anything: the fit stops here, keeping the "
+                "parameters of the round before; fit again when those sites are back, or "
+                "without them")
 
     def _own_place(self, roster: Roster) -> dict[str, int]:
         """``{member: its place}`` in this client's closed neighbourhood (sorted), once."""
