@@ -18,6 +18,7 @@ from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, unpack
 from fedlatent.engine.transport.inprocess import InProcessRuntime
+from verified_doubles import Rebuilt, moved
 
 #: the round the deviating server deviates in: the second with extra points (subspace Newton
 #: sends 1 point at round 4, then 2 a round, on these data)
@@ -106,22 +107,11 @@ class Deviating(InProcessRuntime):
         return super().call(client_ids, method, messages)
 
 
-def _largest(d: dict) -> tuple[str, tuple]:
-    name = max(d, key=lambda k: float(np.max(np.abs(d[k]), initial=0.0)))
-    return name, np.unravel_index(int(np.argmax(np.abs(d[name]))), np.shape(d[name]))
-
-
 def _moved(msg):
     """One coordinate moved by 1e-6 (relative): the largest entry of the last extra point's
     parameters, or of the round's parameters in a round without extra points (SQUAREM)."""
     j = int(msg.get("points", 0) or 0)
-    prefix = f"params{j or ''}"
-    params = unpack(msg, prefix)
-    name, i = _largest(params)
-    a = np.array(params[name], dtype=np.float64)
-    a[i] *= 1 + 1e-6
-    msg[f"{prefix}/{name}"] = a
-    return msg
+    return moved(msg, f"params{j or ''}")
 
 
 def _probe(msg):
@@ -162,29 +152,6 @@ def test_the_same_accelerated_server_is_answered_unverified(change):
     fd = _data("gmm")
     est, _ = _fit("gmm", "newton", Deviating(fd, change), rounds=8, verified=False)
     assert len(est.history_) == 8
-
-
-class Rebuilt(InProcessRuntime):
-    """Every node built afresh for each message from its saved state, its setup handled
-    again and its secure aggregation client reloaded, as a Flower node is
-    (``runtime/flower_site.py``): the replay lives only in ``node.state``."""
-
-    def call(self, client_ids, method, messages):
-        from fedlatent.engine.node.client import ClientNode
-        from fedlatent.engine.secagg import SecAggClient
-
-        if method == "setup":
-            self.setups = dict(messages)
-        elif getattr(self, "setups", None):
-            for c in client_ids:
-                old = self.nodes[c]
-                node = ClientNode(c, self._fd[c], dict(old.state), source=self._fd,
-                                  policy=old.site_policy)
-                node.handle("setup", dict(self.setups[c]))
-                if old.secagg is not None:
-                    node.secagg = SecAggClient.load(old.secagg.dump())
-                self.nodes[c] = node
-        return super().call(client_ids, method, messages)
 
 
 def test_the_replay_survives_a_node_rebuilt_for_each_message():

@@ -32,6 +32,7 @@ from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, unpack
 from fedlatent.engine.transport.inprocess import InProcessRuntime
+from verified_doubles import Rebuilt, moved
 
 pytest.importorskip("cryptography")
 
@@ -127,41 +128,6 @@ class Shifting(InProcessRuntime):
         return replies
 
 
-def _moved(msg):
-    """One coordinate of the round's parameters moved by 1e-6 (relative): the largest entry
-    of the largest parameter."""
-    params = unpack(msg, "params")
-    name = max(params, key=lambda k: float(np.max(np.abs(params[k]), initial=0.0)))
-    a = np.array(params[name], dtype=np.float64)
-    i = np.unravel_index(int(np.argmax(np.abs(a))), a.shape)
-    a[i] *= 1 + 1e-6
-    msg[f"params/{name}"] = a
-    return msg
-
-
-class Rebuilt(InProcessRuntime):
-    """Every node built afresh for each message from its saved state, its setup handled
-    again and its secure aggregation client reloaded, as a Flower node is
-    (``runtime/flower_site.py``): the replay lives only in ``node.state``."""
-
-    def call(self, client_ids, method, messages):
-        from fedlatent.engine.node.client import ClientNode
-        from fedlatent.engine.secagg import SecAggClient
-
-        if method == "setup":
-            self.setups = dict(messages)
-        elif getattr(self, "setups", None):
-            for c in client_ids:
-                old = self.nodes[c]
-                node = ClientNode(c, self._fd[c], dict(old.state), source=self._fd,
-                                  policy=old.site_policy)
-                node.handle("setup", dict(self.setups[c]))
-                if old.secagg is not None:
-                    node.secagg = SecAggClient.load(old.secagg.dump())
-                self.nodes[c] = node
-        return super().call(client_ids, method, messages)
-
-
 class Deviating(Rebuilt):
     """A server that moves the round-``at`` parameters it sends to ``sites`` (the others get
     the honest message); nodes rebuilt for each message. ``replies``: round ``at``'s."""
@@ -172,7 +138,7 @@ class Deviating(Rebuilt):
 
     def call(self, client_ids, method, messages):
         if method == "estep" and any(_round_of(m) == self.at for m in messages.values()):
-            messages = {c: _moved(dict(m)) if c in self.sites else m
+            messages = {c: moved(dict(m)) if c in self.sites else m
                         for c, m in messages.items()}
             self.replies = super().call(client_ids, method, messages)
             return self.replies

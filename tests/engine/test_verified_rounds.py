@@ -17,6 +17,7 @@ from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, pack, unpack
 from fedlatent.engine.transport.inprocess import InProcessRuntime
+from verified_doubles import moved
 
 MODELS = ["gmm", "lcr", "lca", "fedgmm", "hlcr"]
 #: the round the deviating server deviates in (after the start and the initialization round)
@@ -62,13 +63,7 @@ class Deviating(InProcessRuntime):
 def _moved(c, msg):
     """One coordinate of the parameters moved by 1e-6 relative: the largest entry of the
     largest parameter."""
-    params = unpack(msg, "params")
-    name = max(params, key=lambda k: float(np.max(np.abs(params[k]), initial=0.0)))
-    a = np.array(params[name], dtype=np.float64)
-    i = np.unravel_index(int(np.argmax(np.abs(a))), a.shape)
-    a[i] *= 1 + 1e-6
-    msg[f"params/{name}"] = a
-    return msg
+    return moved(msg)
 
 
 def _added_component(c, msg):

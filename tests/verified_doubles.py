@@ -1,0 +1,45 @@
+"""Test doubles shared by the verified-rounds tests (imported by bare name, as
+``replay_recording``): a runtime whose nodes are rebuilt for each message, as Flower's are, and
+a server change that moves one coordinate of a round's parameters by 1e-6 (relative)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedlatent.engine.protocol.messages import unpack
+from fedlatent.engine.transport.inprocess import InProcessRuntime
+
+
+def moved(msg, prefix: str = "params"):
+    """``msg`` with the largest entry of its largest parameter under ``prefix`` moved by 1e-6
+    (relative)."""
+    params = unpack(msg, prefix)
+    name = max(params, key=lambda k: float(np.max(np.abs(params[k]), initial=0.0)))
+    a = np.array(params[name], dtype=np.float64)
+    i = np.unravel_index(int(np.argmax(np.abs(a))), a.shape)
+    a[i] *= 1 + 1e-6
+    msg[f"{prefix}/{name}"] = a
+    return msg
+
+
+class Rebuilt(InProcessRuntime):
+    """Every node built afresh for each message from its saved state, its setup handled
+    again and its secure aggregation client reloaded, as a Flower node is
+    (``runtime/flower_site.py``): the replay lives only in ``node.state``."""
+
+    def call(self, client_ids, method, messages):
+        from fedlatent.engine.node.client import ClientNode
+        from fedlatent.engine.secagg import SecAggClient
+
+        if method == "setup":
+            self.setups = dict(messages)
+        elif getattr(self, "setups", None):
+            for c in client_ids:
+                old = self.nodes[c]
+                node = ClientNode(c, self._fd[c], dict(old.state), source=self._fd,
+                                  policy=old.site_policy)
+                node.handle("setup", dict(self.setups[c]))
+                if old.secagg is not None:
+                    node.secagg = SecAggClient.load(old.secagg.dump())
+                self.nodes[c] = node
+        return super().call(client_ids, method, messages)
