@@ -1,0 +1,209 @@
+"""The in-process set-up's X25519 agreements computed ahead in worker processes (``n_jobs``).
+
+The in-process runtime holds every simulated site in one process, so its secure-aggregation
+set-up runs every site's agreements (k per site, some 58% of the set-up) on one core, and
+``cryptography``'s X25519 holds the GIL (threads give nothing). With ``n_jobs`` other than 1,
+:class:`Ahead` forks ``jobs - 1`` worker processes when the roster step starts (Linux only):
+each takes the sites from the end of the list, every ``jobs - 1``-th, and computes the shared
+secrets of that site's private key with the keys its roster message lists, while this process
+handles the sites from the start as it always does. A worker writes a site's secrets, raw 32
+bytes each, into a shared anonymous memory map (nothing pickled) and its place, 4 bytes, into
+a pipe; a site this process reaches that a worker finished is offered them
+(:meth:`~fedlatent.engine.secagg.enrol.Enrolment.offer_agreements`), and uses them only after
+its own roster checks passed and only for exactly the peer keys the worker used; any other
+site agrees as with one job. The workers stop where this process is, and are killed and
+reaped when the step ends (also on an error).
+
+What a worker computes is a pure function of a site's key and public keys: the transcript and
+every site's state are those of one job, given the same keys (tested). A site's secrets land
+only in its own object. The worker is a copy of this process (``fork``), which holds every
+site's key already: no key is sent anywhere. An agreement with a key that a site's checks
+later refuse is never used (a discarded Diffie-Hellman output reveals nothing); a key
+``cryptography`` refuses (low order) leaves the site to this process, which refuses it as
+with one job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import signal
+import struct
+import sys
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+import fedlatent.engine.secagg._crypto as _crypto
+
+__all__ = ["Ahead", "can_fork", "effective_jobs"]
+
+log = logging.getLogger(__name__)
+
+_POS = 8  # bytes at the map's start: the place this process has reached (int64)
+
+
+def can_fork() -> bool:
+    """Whether worker processes are forked here (Linux: ``os.fork`` with ``cryptography``'s
+    state safe to copy); elsewhere the set-up runs in one process."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def effective_jobs(n_jobs) -> int:
+    """Processes for ``n_jobs`` by scikit-learn's convention: None or 1 one, -1 every core
+    this process may run on, -2 all but one, and so on (at least 1)."""
+    if n_jobs is None:
+        return 1
+    n = int(n_jobs)
+    if n == 0:
+        raise ValueError("n_jobs == 0 has no meaning; use 1 (one process), 2, or -1 (every core)")
+    if n > 0:
+        return n
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) + 1 + n)
+
+
+def peer_keys(cid: str, msg: Mapping) -> bytes | None:
+    """The raw public keys, joined, of every member of site ``cid``'s roster message but
+    itself, in the message's order (what its shares' peers are, sorted); None when the message
+    is not a roster listing ``cid`` (the site then agrees itself)."""
+    try:
+        members = json.loads(msg.get("members") or msg["ids"])
+        rows = np.asarray(msg["enc_key"])
+        me = members.index(cid)
+        if rows.dtype != np.uint8 or rows.shape != (len(members), 32):
+            return None
+    except (KeyError, TypeError, ValueError):
+        return None
+    return rows[:me].tobytes() + rows[me + 1:].tobytes()
+
+
+class Ahead:
+    """The agreements of one roster step ahead in ``jobs - 1`` forked workers (a context
+    manager; with ``jobs`` 1, or where :func:`can_fork` is false, it does nothing).
+
+    Parameters
+    ----------
+    ids : sequence of str
+        The sites in the order this process handles them.
+    clients : sequence
+        Each site's :class:`~fedlatent.engine.secagg.client.SecAggClient` (None: none).
+    messages : mapping of str to dict
+        Each site's roster message.
+    jobs : int
+        Processes in all, this one included.
+    """
+
+    def __init__(self, ids: Sequence[str], clients: Sequence, messages: Mapping, jobs: int):
+        self.ids, self.clients, self.messages = list(ids), list(clients), messages
+        self.jobs = int(jobs) if can_fork() else 1
+        self.pids: list[int] = []
+        #: CPU seconds of the workers (user + system), once they are reaped
+        self.worker_cpu = 0.0
+        self._buf = self._read = None
+        self._rest = b""
+        self._done = np.zeros(len(self.ids), dtype=bool)
+        sizes = [0 if c is None else max(0, len(json.loads(
+            messages[u].get("members") or messages[u].get("ids") or "[]")) - 1) * 32
+            for u, c in zip(self.ids, self.clients)] if self.jobs > 1 else []
+        self._at = np.concatenate([[_POS], _POS + np.cumsum(sizes)]).astype(np.int64) \
+            if sizes else np.zeros(1, np.int64)
+
+    def __enter__(self) -> Ahead:
+        if self.jobs > 1 and len(self.ids) > 1:
+            self._start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        self._buf = mmap.mmap(-1, int(self._at[-1]))  # shared with the forked workers
+        struct.pack_into("<q", self._buf, 0, -1)
+        read, write = os.pipe()
+        try:
+            for r in range(self.jobs - 1):
+                pid = os.fork()
+                if pid == 0:  # the worker: never returns into the caller's stack
+                    code = 1
+                    try:
+                        os.close(read)
+                        self._work(r, write)
+                        code = 0
+                    finally:
+                        os._exit(code)
+                self.pids.append(pid)
+        finally:
+            os.close(write)
+            self._read = read
+            os.set_blocking(read, False)
+        log.debug("secure aggregation set-up: agreements ahead in %d worker processes %s",
+                  len(self.pids), self.pids)
+
+    def _work(self, r: int, out: int) -> None:
+        """Worker ``r``: the sites ``n - 1 - r``, ``n - 1 - r - (jobs - 1)``, ... down to where
+        this process has reached, each one's secrets into the map and its place into ``out``."""
+        buf, step = self._buf, self.jobs - 1
+        for i in range(len(self.ids) - 1 - r, -1, -step):
+            if struct.unpack_from("<q", buf, 0)[0] >= i:
+                return
+            client, cid = self.clients[i], self.ids[i]
+            keys = None if client is None else peer_keys(cid, self.messages[cid])
+            if not keys or len(keys) != self._at[i + 1] - self._at[i]:
+                continue
+            try:
+                shared = _crypto.agree_many(client._private, [
+                    keys[j:j + 32] for j in range(0, len(keys), 32)])
+            except Exception:  # noqa: BLE001 - a refused key: this process meets it itself
+                continue
+            buf[self._at[i]:self._at[i + 1]] = b"".join(shared)
+            os.write(out, struct.pack("<I", i))
+
+    def offer(self, i: int) -> None:
+        """Before this process handles site ``i``: the workers skip it and every one before;
+        if one of them finished it, its client is offered the secrets."""
+        if self._buf is None:
+            return
+        struct.pack_into("<q", self._buf, 0, i)
+        self._drain()
+        client = self.clients[i]
+        if self._done[i] and client is not None:
+            cid = self.ids[i]
+            client.offer_agreements(peer_keys(cid, self.messages[cid]),
+                                    self._buf[self._at[i]:self._at[i + 1]])
+
+    def _drain(self) -> None:
+        """Mark the sites the workers reported finished (4 bytes each, read as they come)."""
+        while True:
+            try:
+                got = self._rest + os.read(self._read, 1 << 16)
+            except BlockingIOError:
+                return
+            if len(got) == len(self._rest):
+                return
+            whole = len(got) // 4 * 4  # (4-byte writes are atomic: kept whole in any case)
+            self._done[np.frombuffer(got[:whole], dtype="<u4")] = True
+            self._rest = got[whole:]
+
+    def stop(self) -> None:
+        """Kill and reap the workers, close the pipe and the map (idempotent)."""
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in self.pids:
+            try:
+                _, _, use = os.wait4(pid, 0)
+                self.worker_cpu += use.ru_utime + use.ru_stime
+            except ChildProcessError:
+                pass
+        self.pids = []
+        if self._read is not None:
+            os.close(self._read)
+            self._read = None
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None

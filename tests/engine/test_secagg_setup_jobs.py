@@ -1,0 +1,174 @@
+"""The in-process secure-aggregation set-up with ``n_jobs`` (its X25519 agreements ahead in
+forked worker processes, :mod:`fedlatent.engine.secagg.ahead`): the same transcript and the
+same pair secrets as one job given the same keys and randomness, an offer used only for the
+exact keys it was computed from, and no worker left behind, also when the step fails."""
+
+import hashlib
+import os
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cryptography")
+
+import fedlatent as fl  # noqa: E402
+import fedlatent.engine.secagg.ahead as ahead_mod  # noqa: E402
+from fedlatent.engine.secagg import _crypto, shamir  # noqa: E402
+from fedlatent.engine.secagg.secure import SecureChannel  # noqa: E402
+from fedlatent.engine.site.keys import SiteKeys  # noqa: E402
+
+needs_fork = pytest.mark.skipif(not ahead_mod.can_fork(), reason="workers are forked on Linux")
+
+
+def _deterministic(monkeypatch):
+    """Every random draw of the set-up from one counter (the same sequence in every run)."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
+
+    count = [0]
+
+    def draw(n=32):
+        out = b""
+        while len(out) < n:
+            count[0] += 1
+            out += hashlib.sha256(b"draw" + count[0].to_bytes(8, "big")).digest()
+        return out[:n]
+
+    monkeypatch.setattr(_crypto, "random_bytes", draw)
+    monkeypatch.setattr(_crypto, "generate_private",
+                        lambda: x25519.X25519PrivateKey.from_private_bytes(draw(32)))
+    monkeypatch.setattr(shamir.secrets, "token_bytes", draw)
+    monkeypatch.setattr(SiteKeys, "generate", classmethod(
+        lambda cls: cls(ed25519.Ed25519PrivateKey.from_private_bytes(draw(32)))))
+
+
+def _set_up(monkeypatch, n_jobs, n=24):
+    """The engine's set-up over the in-process runtime (recording every message) on a sparse
+    graph of ``n`` clients, degree 6 and neighbourhood threshold 4."""
+    import fedlatent.engine.secagg.graph as graph
+
+    monkeypatch.setattr(graph, "plus_parameters", lambda n, p, **kw: (6, 4))
+    _deterministic(monkeypatch)
+    rng = np.random.default_rng(0)
+    fd = fl.FederatedDataset.from_arrays({f"c{i:02d}": rng.normal(size=(5, 2))
+                                          for i in range(n)})
+    rt = fl.InProcessRuntime(fd, batched=False, record=True, n_jobs=n_jobs)
+    rt._to_nodes()
+    ch = SecureChannel(rt, {c: 5 for c in rt.client_ids}, threshold=13, bound=100.0, slots=4,
+                       run="jobs-test")
+    return ch.setup(), rt
+
+
+def _workers_first(monkeypatch):
+    """The runtime waits, before its first site, until the workers reported every site: each
+    site's agreements are then the workers' (not a race the test could lose)."""
+    offer, seen = ahead_mod.Ahead.offer, {"taken": 0, "pids": []}
+
+    def waiting_offer(self, i):
+        if i == 0 and self._buf is not None:
+            seen["pids"] += self.pids
+            deadline = time.monotonic() + 30
+            while not self._done.all() and time.monotonic() < deadline:
+                self._drain()
+                time.sleep(0.005)
+        offer(self, i)
+
+    monkeypatch.setattr(ahead_mod.Ahead, "offer", waiting_offer)
+    from fedlatent.engine.secagg.enrol import Enrolment
+
+    offered_for = Enrolment._offered_for
+
+    def counted(self, keys):
+        got = offered_for(self, keys)
+        seen["taken"] += got is not None
+        return got
+
+    monkeypatch.setattr(Enrolment, "_offered_for", counted)
+    return seen
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer exists (reaped: not even a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@needs_fork
+def test_two_jobs_give_one_jobs_transcript_and_secrets(monkeypatch):
+    with monkeypatch.context() as m:
+        ch1, rt1 = _set_up(m, 1)
+        log1 = list(rt1.log)
+        pairs1 = {c: dict(rt1._nodes[c].secagg._pair) for c in rt1.client_ids}
+    seen = _workers_first(monkeypatch)
+    ch2, rt2 = _set_up(monkeypatch, 2)
+    assert seen["taken"] == 24 and len(seen["pids"]) == 1  # every site's from the worker
+    assert rt2.worker_cpu > 0 and all(_gone(p) for p in seen["pids"])
+    assert [(d, c, m) for d, c, m, _ in rt2.log] == [(d, c, m) for d, c, m, _ in log1]
+    for (_, cid, _, a), (_, _, _, b) in zip(log1, rt2.log):  # every message, byte for byte
+        assert a.keys() == b.keys(), cid
+        for k in a:
+            assert type(a[k]) is type(b[k]) and np.array_equal(a[k], b[k]), (cid, k)
+    for c in rt2.client_ids:  # and every pair's key block
+        assert rt2._nodes[c].secagg._pair == pairs1[c]
+        assert rt2._nodes[c].secagg._offered is None  # nothing offered is kept
+    assert ch2.server.roster.graph.degree == 6
+
+
+@needs_fork
+def test_an_offer_for_other_keys_is_dropped_and_agreed_here():
+    from cryptography.hazmat.primitives.asymmetric import x25519
+
+    from fedlatent.engine.secagg.enrol import Enrolment
+
+    e = Enrolment.__new__(Enrolment)
+    keys = [_crypto.public_raw(x25519.X25519PrivateKey.generate()) for _ in range(3)]
+    e.offer_agreements(b"".join(keys), bytes(range(96)))
+    assert e._offered_for(keys) == [bytes(range(96))[i:i + 32] for i in (0, 32, 64)]
+    assert e._offered is None  # taken once
+    e.offer_agreements(b"".join(keys), bytes(96))
+    assert e._offered_for(keys[::-1]) is None and e._offered is None  # other order: dropped
+    e.offer_agreements(b"".join(keys), bytes(64))  # not one secret per key: never kept
+    assert e._offered is None
+
+
+@needs_fork
+def test_the_worker_is_gone_when_the_step_fails(monkeypatch):
+    pids = []
+    start = ahead_mod.Ahead._start
+
+    def spied(self):
+        start(self)
+        pids.extend(self.pids)
+
+    monkeypatch.setattr(ahead_mod.Ahead, "_start", spied)
+    from fedlatent.engine.secagg.enrol import Enrolment
+
+    check = Enrolment.receive_peer_keys
+
+    def failing(self, roster, trust=None):
+        if self.id == "c10":  # a ValueError reaches the caller through the runtime
+            raise ValueError("site c10 breaks in the middle of the roster step")
+        return check(self, roster, trust)
+
+    monkeypatch.setattr(Enrolment, "receive_peer_keys", failing)
+    with pytest.raises(ValueError, match="c10 breaks"):
+        _set_up(monkeypatch, 2)
+    assert len(pids) == 1 and all(_gone(p) for p in pids)
+
+
+def test_jobs_by_scikit_learns_convention(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert [ahead_mod.effective_jobs(j) for j in (None, 1, 2, -1, -2, -9)] == [1, 1, 2, 4, 3, 1]
+    with pytest.raises(ValueError, match="n_jobs == 0"):
+        ahead_mod.effective_jobs(0)
+
+
+def test_elsewhere_one_job_said_plainly(monkeypatch):
+    monkeypatch.setattr(ahead_mod, "can_fork", lambda: False)
+    fd = fl.FederatedDataset.from_arrays({"a": np.zeros((3, 2)), "b": np.ones((3, 2))})
+    with pytest.warns(RuntimeWarning, match="Linux only; here it runs them in this process"):
+        rt = fl.InProcessRuntime(fd, n_jobs=2)
+    assert rt._jobs == 1
