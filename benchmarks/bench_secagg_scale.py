@@ -135,6 +135,7 @@ def timed_setup(record: dict):
         cfg = ch.config
         record.update(s=time.thread_time() - t0, wall=time.perf_counter() - w0, up=ch.setup_up,
                       workers=getattr(ch.runtime, "worker_cpu", 0.0),
+                      sites=getattr(ch.runtime, "worker_sites", 0),
                       graph=("all", cfg.threshold) if getattr(cfg, "degree", None) is None
                       else (cfg.degree, cfg.local_threshold))
         return ch
@@ -200,7 +201,7 @@ def setups(a) -> None:
     print(f"n_jobs = {a.jobs}: the set-up's CPU seconds in this process (and, with workers, "
           "theirs), its wall seconds")
     print("| clients | k | t | set-up s (CPU) | X25519 us | set-up / (n k X25519) | workers' "
-          "CPU s | wall s | load |")
+          "CPU s (sites) | wall s | load |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         fd, rec = data(n), {}
@@ -221,7 +222,7 @@ def setups(a) -> None:
         k_n = (n - 1) if k == "all" else k
         us = x25519_us()
         print(f"| {n:,} | {k} | {t} | {rec['s']:.2f} | {us:.1f} | "
-              f"{rec['s'] / (n * k_n * us * 1e-6):.2f} | {rec['workers']:.2f} | "
+              f"{rec['s'] / (n * k_n * us * 1e-6):.2f} | {rec['workers']:.2f} ({rec['sites']:,}) | "
               f"{rec['wall']:.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
 
 

@@ -105,7 +105,7 @@ def test_two_jobs_give_one_jobs_transcript_and_secrets(monkeypatch):
     seen = _workers_first(monkeypatch)
     ch2, rt2 = _set_up(monkeypatch, 2)
     assert seen["taken"] == 24 and len(seen["pids"]) == 1  # every site's from the worker
-    assert rt2.worker_cpu > 0 and all(_gone(p) for p in seen["pids"])
+    assert rt2.worker_cpu > 0 and rt2.worker_sites == 24 and all(_gone(p) for p in seen["pids"])
     assert [(d, c, m) for d, c, m, _ in rt2.log] == [(d, c, m) for d, c, m, _ in log1]
     for (_, cid, _, a), (_, _, _, b) in zip(log1, rt2.log):  # every message, byte for byte
         assert a.keys() == b.keys(), cid

@@ -25,6 +25,7 @@ with one job.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import mmap
@@ -102,6 +103,8 @@ class Ahead:
         self.pids: list[int] = []
         #: CPU seconds of the workers (user + system), once they are reaped
         self.worker_cpu = 0.0
+        #: sites offered the workers' secrets
+        self.taken = 0
         self._buf = self._read = None
         self._rest = b""
         self._done = np.zeros(len(self.ids), dtype=bool)
@@ -129,6 +132,7 @@ class Ahead:
                 if pid == 0:  # the worker: never returns into the caller's stack
                     code = 1
                     try:
+                        gc.disable()  # (a collection would touch, hence copy, every page)
                         os.close(read)
                         self._work(r, write)
                         code = 0
@@ -170,7 +174,7 @@ class Ahead:
         self._drain()
         client = self.clients[i]
         if self._done[i] and client is not None:
-            cid = self.ids[i]
+            cid, self.taken = self.ids[i], self.taken + 1
             client.offer_agreements(peer_keys(cid, self.messages[cid]),
                                     self._buf[self._at[i]:self._at[i + 1]])
 

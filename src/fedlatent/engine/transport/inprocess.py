@@ -196,6 +196,8 @@ class InProcessRuntime(Runtime):
         self._jobs = _set_up_jobs(n_jobs)
         #: CPU seconds of the set-up's worker processes (``n_jobs``), reaped
         self.worker_cpu = 0.0
+        #: sites whose agreements a worker computed
+        self.worker_sites = 0
         #: whether every node is plain (no own policy or guard) and the rows unweighted
         #: (None: not looked at since the nodes were last handed out)
         self._plain: bool | None = None
@@ -421,6 +423,7 @@ class InProcessRuntime(Runtime):
                     self.log.append(("up", cid, method, reply))
                 replies[cid] = reply
         self.worker_cpu += ahead.worker_cpu
+        self.worker_sites += getattr(ahead, "taken", 0)
         return replies
 
     def _ahead(self, client_ids, method: str, messages):
