@@ -126,6 +126,9 @@ class _NoWorkers:
         return None
 
 
+_NO_WORKERS = _NoWorkers()
+
+
 def _set_up_jobs(n_jobs) -> int:
     """Processes for the secure-aggregation set-up's agreements (``n_jobs``, scikit-learn's
     convention); where workers cannot be forked, 1, said once."""
@@ -430,13 +433,13 @@ class InProcessRuntime(Runtime):
         """The secure-aggregation set-up's agreements ahead in worker processes
         (:class:`~fedlatent.engine.secagg.ahead.Ahead`): for its roster step with ``n_jobs``
         other than 1, else a stand-in doing nothing."""
-        jobs = self._jobs if method == "secagg" and len(client_ids) > 1 and all(
-            messages[c].get("step") == "roster" for c in client_ids) else 1
-        if jobs == 1:
-            return _NoWorkers()
+        if self._jobs == 1 or method != "secagg" or len(client_ids) < 2 or any(
+                messages[c].get("step") != "roster" for c in client_ids):
+            return _NO_WORKERS
         from fedlatent.engine.secagg.ahead import Ahead
 
-        return Ahead(client_ids, [self._nodes[c].secagg for c in client_ids], messages, jobs)
+        return Ahead(client_ids, [self._nodes[c].secagg for c in client_ids], messages,
+                     self._jobs)
 
     def _handle(self, cid: str, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         """Client ``cid``'s reply; an exception escaping its handler becomes an error reply
