@@ -7,8 +7,8 @@ set-up runs every site's agreements (k per site, some 58% of the set-up) on one 
 each takes the sites from the end of the list, every ``jobs - 1``-th, and computes the shared
 secrets of that site's private key with the keys its roster message lists, while this process
 handles the sites from the start as it always does. A worker writes a site's secrets, raw 32
-bytes each, into a shared anonymous memory map (nothing pickled) and its place, 4 bytes, into
-a pipe; a site this process reaches that a worker finished is offered them
+bytes each, into a shared anonymous memory map (nothing pickled) and its place and own row, 8
+bytes, into a pipe; a site this process reaches that a worker finished is offered them
 (:meth:`~fedlatent.engine.secagg.enrol.Enrolment.offer_agreements`), and uses them only after
 its own roster checks passed and only for exactly the peer keys the worker used; any other
 site agrees as with one job. The workers stop where this process is, and are killed and
@@ -66,19 +66,29 @@ def effective_jobs(n_jobs) -> int:
     return max(1, (cores or 1) + 1 + n)
 
 
-def peer_keys(cid: str, msg: Mapping) -> bytes | None:
-    """The raw public keys, joined, of every member of site ``cid``'s roster message but
-    itself, in the message's order (what its shares' peers are, sorted); None when the message
-    is not a roster listing ``cid`` (the site then agrees itself)."""
+def own_row(cid: str, msg: Mapping) -> int | None:
+    """The row of site ``cid`` in its roster message's keys (None: not a roster listing it
+    with one 32-byte key per member)."""
     try:
         members = json.loads(msg.get("members") or msg["ids"])
         rows = np.asarray(msg["enc_key"])
         me = members.index(cid)
-        if rows.dtype != np.uint8 or rows.shape != (len(members), 32):
-            return None
     except (KeyError, TypeError, ValueError):
         return None
+    return me if rows.dtype == np.uint8 and rows.shape == (len(members), 32) else None
+
+
+def peer_keys(msg: Mapping, me: int) -> bytes:
+    """The raw public keys, joined, of every row of a roster message's keys but row ``me``
+    (the site's own), in the message's order: its peers, sorted."""
+    rows = np.asarray(msg["enc_key"])
     return rows[:me].tobytes() + rows[me + 1:].tobytes()
+
+
+def _rows_of(msg: Mapping) -> int:
+    """The key rows of a roster message (0: none)."""
+    rows = np.asarray(msg.get("enc_key"))
+    return rows.shape[0] if rows.ndim == 2 else 0
 
 
 class Ahead:
@@ -108,9 +118,9 @@ class Ahead:
         self._buf = self._read = None
         self._rest = b""
         self._done = np.zeros(len(self.ids), dtype=bool)
-        sizes = [0 if c is None else max(0, len(json.loads(
-            messages[u].get("members") or messages[u].get("ids") or "[]")) - 1) * 32
-            for u, c in zip(self.ids, self.clients)] if self.jobs > 1 else []
+        sizes = [0 if c is None else max(0, _rows_of(messages[u]) - 1) * 32
+                 for u, c in zip(self.ids, self.clients)] if self.jobs > 1 else []
+        self._me = np.zeros(len(self.ids), dtype=np.int64)  # each site's own row, as reported
         self._at = np.concatenate([[_POS], _POS + np.cumsum(sizes)]).astype(np.int64) \
             if sizes else np.zeros(1, np.int64)
 
@@ -153,8 +163,9 @@ class Ahead:
         for i in range(len(self.ids) - 1 - r, -1, -step):
             if struct.unpack_from("<q", buf, 0)[0] >= i:
                 return
-            client, cid = self.clients[i], self.ids[i]
-            keys = None if client is None else peer_keys(cid, self.messages[cid])
+            client, msg = self.clients[i], self.messages[self.ids[i]]
+            me = None if client is None else own_row(self.ids[i], msg)
+            keys = None if me is None else peer_keys(msg, me)
             if not keys or len(keys) != self._at[i + 1] - self._at[i]:
                 continue
             try:
@@ -163,7 +174,7 @@ class Ahead:
             except Exception:  # noqa: BLE001 - a refused key: this process meets it itself
                 continue
             buf[self._at[i]:self._at[i + 1]] = b"".join(shared)
-            os.write(out, struct.pack("<I", i))
+            os.write(out, struct.pack("<II", i, me))
 
     def offer(self, i: int) -> None:
         """Before this process handles site ``i``: the workers skip it and every one before;
@@ -173,13 +184,14 @@ class Ahead:
         struct.pack_into("<q", self._buf, 0, i)
         self._drain()
         client = self.clients[i]
-        if self._done[i] and client is not None:
-            cid, self.taken = self.ids[i], self.taken + 1
-            client.offer_agreements(peer_keys(cid, self.messages[cid]),
+        if self._done[i] and client is not None:  # (a wrong row: keys it never agrees to)
+            self.taken += 1
+            client.offer_agreements(peer_keys(self.messages[self.ids[i]], int(self._me[i])),
                                     self._buf[self._at[i]:self._at[i + 1]])
 
     def _drain(self) -> None:
-        """Mark the sites the workers reported finished (4 bytes each, read as they come)."""
+        """Mark the sites the workers reported finished (their place and own row, 8 bytes
+        each, read as they come)."""
         while True:
             try:
                 got = self._rest + os.read(self._read, 1 << 16)
@@ -187,8 +199,10 @@ class Ahead:
                 return
             if len(got) == len(self._rest):
                 return
-            whole = len(got) // 4 * 4  # (4-byte writes are atomic: kept whole in any case)
-            self._done[np.frombuffer(got[:whole], dtype="<u4")] = True
+            whole = len(got) // 8 * 8  # (8-byte writes are atomic: kept whole in any case)
+            done = np.frombuffer(got[:whole], dtype="<u4").reshape(-1, 2)
+            self._done[done[:, 0]] = True
+            self._me[done[:, 0]] = done[:, 1]
             self._rest = got[whole:]
 
     def stop(self) -> None:
