@@ -172,3 +172,23 @@ def test_elsewhere_one_job_said_plainly(monkeypatch):
     with pytest.warns(RuntimeWarning, match="Linux only; here it runs them in this process"):
         rt = fl.InProcessRuntime(fd, n_jobs=2)
     assert rt._jobs == 1
+
+
+@needs_fork
+def test_a_failed_fork_stops_the_started_workers_and_runs_here(monkeypatch, caplog):
+    forks, real = [], os.fork
+
+    def second_fails():
+        if forks:
+            raise OSError("Resource temporarily unavailable")
+        pid = real()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(ahead_mod.os, "fork", second_fails)
+    with caplog.at_level("WARNING", logger="fedlatent.engine.secagg.ahead"):
+        ch, rt = _set_up(monkeypatch, 3)  # two workers asked, the second cannot start
+    assert "no worker process" in caplog.text and "1 job" in caplog.text
+    assert len(forks) == 1 and _gone(forks[0]) and rt.worker_sites == 0
+    assert all(len(rt._nodes[c].secagg._pair) == 6 for c in rt.client_ids)  # set up, here

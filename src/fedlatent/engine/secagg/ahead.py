@@ -126,7 +126,15 @@ class Ahead:
 
     def __enter__(self) -> Ahead:
         if self.jobs > 1 and len(self.ids) > 1:
-            self._start()
+            try:
+                self._start()
+            except OSError as err:  # no fork (limits, memory): the workers started are stopped
+                self.stop()
+                log.warning("secure aggregation set-up: no worker process (%s); its agreements "
+                            "run in this process (1 job)", err)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
