@@ -59,16 +59,17 @@ def _set_up(monkeypatch, n_jobs, n=24):
     return ch.setup(), rt
 
 
-def _workers_first(monkeypatch):
-    """The runtime waits, before its first site, until the workers reported every site: each
-    site's agreements are then the workers' (not a race the test could lose)."""
+def _workers_first(monkeypatch, wait=True):
+    """With ``wait``, the runtime waits, before its first site, until the workers reported
+    every site: each site's agreements are then the workers' (not a race the test could
+    lose). The workers' ids and the offers taken are counted."""
     offer, seen = ahead_mod.Ahead.offer, {"taken": 0, "pids": []}
 
     def waiting_offer(self, i):
         if i == 0 and self._buf is not None:
             seen["pids"] += self.pids
             deadline = time.monotonic() + 30
-            while not self._done.all() and time.monotonic() < deadline:
+            while wait and not self._done.all() and time.monotonic() < deadline:
                 self._drain()
                 time.sleep(0.005)
         offer(self, i)
@@ -97,15 +98,18 @@ def _gone(pid: int) -> bool:
 
 
 @needs_fork
-def test_two_jobs_give_one_jobs_transcript_and_secrets(monkeypatch):
+@pytest.mark.parametrize("jobs, wait", [(2, True), (3, True), (2, False)])
+def test_more_jobs_give_one_jobs_transcript_and_secrets(monkeypatch, jobs, wait):
+    """Waiting: every site's agreements are the workers'; not waiting: as the race goes."""
     with monkeypatch.context() as m:
         ch1, rt1 = _set_up(m, 1)
         log1 = list(rt1.log)
         pairs1 = {c: dict(rt1._nodes[c].secagg._pair) for c in rt1.client_ids}
-    seen = _workers_first(monkeypatch)
-    ch2, rt2 = _set_up(monkeypatch, 2)
-    assert seen["taken"] == 24 and len(seen["pids"]) == 1  # every site's from the worker
-    assert rt2.worker_cpu > 0 and rt2.worker_sites == 24 and all(_gone(p) for p in seen["pids"])
+    seen = _workers_first(monkeypatch, wait)
+    ch2, rt2 = _set_up(monkeypatch, jobs)
+    assert len(seen["pids"]) == jobs - 1 and all(_gone(p) for p in seen["pids"])
+    assert seen["taken"] == rt2.worker_sites and (not wait or rt2.worker_sites == 24)
+    assert rt2.worker_cpu > 0
     assert [(d, c, m) for d, c, m, _ in rt2.log] == [(d, c, m) for d, c, m, _ in log1]
     for (_, cid, _, a), (_, _, _, b) in zip(log1, rt2.log):  # every message, byte for byte
         assert a.keys() == b.keys(), cid
