@@ -114,7 +114,7 @@ class _Nodes(dict):
 class _NoWorkers:
     """:class:`~fedlatent.engine.secagg.ahead.Ahead` with one job: nothing ahead."""
 
-    worker_cpu = 0.0
+    worker_cpu, taken = 0.0, 0
 
     def __enter__(self):
         return self
@@ -426,7 +426,7 @@ class InProcessRuntime(Runtime):
                     self.log.append(("up", cid, method, reply))
                 replies[cid] = reply
         self.worker_cpu += ahead.worker_cpu
-        self.worker_sites += getattr(ahead, "taken", 0)
+        self.worker_sites += ahead.taken
         return replies
 
     def _ahead(self, client_ids, method: str, messages):
