@@ -22,17 +22,31 @@ needs_fork = pytest.mark.skipif(not ahead_mod.can_fork(), reason="workers are fo
 
 
 def _deterministic(monkeypatch):
-    """Every random draw of the set-up from one counter (the same sequence in every run)."""
+    """Every random draw of the set-up from a counter: a site's own while it answers a
+    message (the sites' order of handling may differ between runs), else the server's."""
     from cryptography.hazmat.primitives.asymmetric import ed25519, x25519
 
-    count = [0]
+    from fedlatent.engine.node.client import ClientNode
+
+    count, now = {}, [""]
 
     def draw(n=32):
-        out = b""
+        out, who = b"", now[0]
         while len(out) < n:
-            count[0] += 1
-            out += hashlib.sha256(b"draw" + count[0].to_bytes(8, "big")).digest()
+            count[who] = count.get(who, 0) + 1
+            out += hashlib.sha256(f"draw/{who}/{count[who]}".encode()).digest()
         return out[:n]
+
+    handle = ClientNode.handle
+
+    def handled(self, method, msg):
+        now[0] = self.client_id
+        try:
+            return handle(self, method, msg)
+        finally:
+            now[0] = ""
+
+    monkeypatch.setattr(ClientNode, "handle", handled)
 
     monkeypatch.setattr(_crypto, "random_bytes", draw)
     monkeypatch.setattr(_crypto, "generate_private",
@@ -60,16 +74,17 @@ def _set_up(monkeypatch, n_jobs, n=24):
 
 
 def _workers_first(monkeypatch, wait=True):
-    """With ``wait``, the runtime waits, before its first site, until the workers reported
-    every site: each site's agreements are then the workers' (not a race the test could
-    lose). The workers' ids and the offers taken are counted."""
+    """With ``wait``, the runtime waits, at site 0 (the first it takes from the start, none
+    being ready; the workers then skip it), until the workers reported every other site:
+    their agreements are then the workers' (not a race the test could lose), site 0's too if
+    a worker finished it before. The workers' ids and the offers taken are counted."""
     offer, seen = ahead_mod.Ahead.offer, {"taken": 0, "pids": []}
 
     def waiting_offer(self, i):
         if i == 0 and self._buf is not None:
             seen["pids"] += self.pids
             deadline = time.monotonic() + 30
-            while wait and not self._done.all() and time.monotonic() < deadline:
+            while wait and not self._done[1:].all() and time.monotonic() < deadline:
                 self._drain()
                 time.sleep(0.005)
         offer(self, i)
@@ -86,6 +101,16 @@ def _workers_first(monkeypatch, wait=True):
 
     monkeypatch.setattr(Enrolment, "_offered_for", counted)
     return seen
+
+
+def _by_site(log) -> dict:
+    """A runtime's log as ``{(direction, site, method, its n-th such message): message}``."""
+    seen: dict = {}
+    out = {}
+    for d, c, m, msg in log:
+        k = seen[(d, c, m)] = seen.get((d, c, m), -1) + 1
+        out[(d, c, m, k)] = msg
+    return out
 
 
 def _gone(pid: int) -> bool:
@@ -108,10 +133,12 @@ def test_more_jobs_give_one_jobs_transcript_and_secrets(monkeypatch, jobs, wait)
     seen = _workers_first(monkeypatch, wait)
     ch2, rt2 = _set_up(monkeypatch, jobs)
     assert len(seen["pids"]) == jobs - 1 and all(_gone(p) for p in seen["pids"])
-    assert seen["taken"] == rt2.worker_sites and (not wait or rt2.worker_sites == 24)
+    assert seen["taken"] == rt2.worker_sites and (not wait or rt2.worker_sites >= 23)
     assert rt2.worker_cpu > 0
-    assert [(d, c, m) for d, c, m, _ in rt2.log] == [(d, c, m) for d, c, m, _ in log1]
-    for (_, cid, _, a), (_, _, _, b) in zip(log1, rt2.log):  # every message, byte for byte
+    got, want = _by_site(rt2.log), _by_site(log1)  # (the sites may be handled in any order)
+    assert got.keys() == want.keys()
+    for key, a in want.items():  # every message, byte for byte
+        b, cid = got[key], key[1]
         assert a.keys() == b.keys(), cid
         for k in a:
             assert type(a[k]) is type(b[k]) and np.array_equal(a[k], b[k]), (cid, k)

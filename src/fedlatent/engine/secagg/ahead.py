@@ -6,7 +6,8 @@ set-up runs every site's agreements (k per site, some 58% of the set-up) on one 
 :class:`Ahead` forks ``jobs - 1`` worker processes when the roster step starts (Linux only):
 each takes the sites from the end of the list, every ``jobs - 1``-th, and computes the shared
 secrets of that site's private key with the keys its roster message lists, while this process
-handles the sites from the start as it always does. A worker writes a site's secrets, raw 32
+handles the sites a worker finished as they come and, when none is ready, the next one from
+the start (:meth:`Ahead.order`). A worker writes a site's secrets, raw 32
 bytes each, into a shared anonymous memory map (nothing pickled) and its place and own row, 8
 bytes, into a pipe; a site this process reaches that a worker finished is offered them
 (:meth:`~fedlatent.engine.secagg.enrol.Enrolment.offer_agreements`), and uses them only after
@@ -117,6 +118,7 @@ class Ahead:
         self.taken = 0
         self._buf = self._read = None
         self._rest = b""
+        self._ready: list[int] = []  # the sites reported finished, in the order reported
         self._done = np.zeros(len(self.ids), dtype=bool)
         sizes = [0 if c is None else max(0, _rows_of(messages[u]) - 1) * 32
                  for u, c in zip(self.ids, self.clients)] if self.jobs > 1 else []
@@ -184,12 +186,36 @@ class Ahead:
             buf[self._at[i]:self._at[i + 1]] = b"".join(shared)
             os.write(out, struct.pack("<II", i, me))
 
+    def order(self):
+        """The places of the sites in the order this process handles them: a site a worker
+        finished whenever there is one (the last reported first), else the first site not
+        handled yet, from the start (the workers then skip it and every one before). So this
+        process agrees for a site itself only when no worker's is ready, and the two share the
+        step's work evenly (without workers: the sites in order)."""
+        n = len(self.ids)
+        if self._buf is None:
+            yield from range(n)
+            return
+        handled, front, ready = np.zeros(n, dtype=bool), 0, self._ready
+        while front < n:
+            self._drain()
+            while ready and handled[ready[-1]]:
+                ready.pop()
+            if ready:
+                i = ready.pop()
+            else:
+                i = front
+                struct.pack_into("<q", self._buf, 0, i)
+            handled[i] = True
+            while front < n and handled[front]:
+                front += 1
+            yield i
+
     def offer(self, i: int) -> None:
-        """Before this process handles site ``i``: the workers skip it and every one before;
-        if one of them finished it, its client is offered the secrets."""
+        """Before this process handles site ``i`` (:meth:`order`): if a worker finished it,
+        its client is offered the secrets."""
         if self._buf is None:
             return
-        struct.pack_into("<q", self._buf, 0, i)
         self._drain()
         client = self.clients[i]
         if self._done[i] and client is not None:  # (a wrong row: keys it never agrees to)
@@ -211,6 +237,7 @@ class Ahead:
             done = np.frombuffer(got[:whole], dtype="<u4").reshape(-1, 2)
             self._done[done[:, 0]] = True
             self._me[done[:, 0]] = done[:, 1]
+            self._ready += done[:, 0].tolist()
             self._rest = got[whole:]
 
     def stop(self) -> None:

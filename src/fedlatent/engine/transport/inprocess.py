@@ -116,6 +116,12 @@ class _NoWorkers:
 
     worker_cpu, taken = 0.0, 0
 
+    def __init__(self, n: int = 0):
+        self.n = n
+
+    def order(self):
+        return range(self.n)
+
     def __enter__(self):
         return self
 
@@ -124,9 +130,6 @@ class _NoWorkers:
 
     def offer(self, i: int) -> None:
         return None
-
-
-_NO_WORKERS = _NoWorkers()
 
 
 def _set_up_jobs(n_jobs) -> int:
@@ -416,7 +419,8 @@ class InProcessRuntime(Runtime):
             self._setup_msg = dict(messages[client_ids[0]])
         replies = {}
         with self._ahead(client_ids, method, messages) as ahead:
-            for i, cid in enumerate(client_ids):
+            for i in ahead.order():
+                cid = client_ids[i]
                 msg = _freeze(messages[cid], share=method == "secagg")
                 if self.record:
                     self.log.append(("down", cid, method, msg))
@@ -427,15 +431,15 @@ class InProcessRuntime(Runtime):
                 replies[cid] = reply
         self.worker_cpu += ahead.worker_cpu
         self.worker_sites += ahead.taken
-        return replies
+        return replies if isinstance(ahead, _NoWorkers) else {c: replies[c] for c in client_ids}
 
     def _ahead(self, client_ids, method: str, messages):
         """The secure-aggregation set-up's agreements ahead in worker processes
         (:class:`~fedlatent.engine.secagg.ahead.Ahead`): for its roster step with ``n_jobs``
-        other than 1, else a stand-in doing nothing."""
+        other than 1, else a stand-in doing nothing (the sites in order)."""
         if self._jobs == 1 or method != "secagg" or len(client_ids) < 2 or any(
                 messages[c].get("step") != "roster" for c in client_ids):
-            return _NO_WORKERS
+            return _NoWorkers(len(client_ids))
         from fedlatent.engine.secagg.ahead import Ahead
 
         return Ahead(client_ids, [self._nodes[c].secagg for c in client_ids], messages,
