@@ -190,7 +190,8 @@ class BatchedClients(BatchedPointStates):
 
     # ---- states <-> nodes ----------------------------------------------------------------
     def load(self, states: list[dict[str, np.ndarray]]) -> None:
-        """Take the clients' states (one flat dict per client, in batch order)."""
+        """Take the clients' states (one flat dict per client, in batch order; an empty list:
+        no client holds one)."""
         n = len(self.ids)
         self.groups = {}
         for i, st in enumerate(states):

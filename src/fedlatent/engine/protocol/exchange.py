@@ -356,7 +356,8 @@ def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
                   model=model, required=None)
     out = SiteSetup({}, *_left_out(replies, len(runtime.client_ids), on_refusal, min_clients),
                     adopted=adopted)
-    ids = [c for c in runtime.client_ids if c not in out.excluded]
+    ids = [c for c in runtime.client_ids if c not in out.excluded] if out.excluded else \
+        list(runtime.client_ids)
     if isinstance(replies, RowReplies):  # answered at once: the units as one array
         units = replies.fields["n_units"]
         out.n_units = dict(zip(replies.clients, _units_list(units)))

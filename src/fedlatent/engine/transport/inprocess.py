@@ -204,15 +204,18 @@ class InProcessRuntime(Runtime):
         return [self._fd[c] for c in self._ids]
 
     def _node_states(self) -> list[dict]:
-        """Every client's state in client order (empty for a node not built yet): one entry
-        per node built, not a look-up per client."""
+        """Every client's state in client order (empty for a node not built yet), or no
+        entry at all when no node holds a state: one entry per node built, not a look-up per
+        client."""
+        built = [(cid, node.state) for cid, node in self._nodes.items() if node.state]
+        if not built:  # (a fresh fit: no client holds a state yet)
+            return []
         states = [{}] * len(self._ids)  # (a shared empty dict: read, never changed)
-        if self._nodes:
-            pos = self._batch.pos
-            for cid, node in self._nodes.items():
-                at = pos.get(cid)
-                if at is not None:
-                    states[at] = node.state
+        pos = self._batch.pos
+        for cid, st in built:
+            at = pos.get(cid)
+            if at is not None:
+                states[at] = st
         return states
 
     def batched(self, model):
