@@ -8,6 +8,7 @@ import pytest
 
 import fedlatent as fl
 from fedlatent.engine.fedem.update import select_active
+from fedlatent.models.gmm.init import CANDIDATES_PER_COMPONENT
 
 pytest.importorskip("cryptography")
 
@@ -247,9 +248,11 @@ def test_default_start_sends_no_small_block_and_checks_each_reply():
                 out["c03"] = {**out["c03"], "stat/nk": np.asarray(out["c03"]["stat/nk"]) + 1}
             return out
 
+    tampered = 180 + 3 * CANDIDATES_PER_COMPONENT  # one more row in each candidate's cell
     with pytest.raises(FederatedFitError, match=r"^k-means initialization \(hard-assignment "
                        r"sums to candidate centres\): client 'c03': value 'stat/nk': counts 'nk' "
-                       r"sum to 216, not to the 180 units; nothing of this exchange was used"):
+                       rf"sum to {tampered}, not to the 180 units; nothing of this exchange was "
+                       r"used"):
         fit(gmm(3, False, max_rounds=1), fd, runtime=Tamper(fd))
 
 
@@ -259,9 +262,10 @@ def test_too_few_populated_candidates_start_from_the_pooled_moments_with_one_war
     data["c1"][4, 0] = 1e100  # stretches the pooled Gaussian: every row nears one candidate
     fd = fl.FederatedDataset.from_arrays(data)
     # (plain only: secure aggregation refuses such values, beyond its fixed-point bound)
-    with pytest.warns(UserWarning, match=r"^init_params='kmeans-sums': only 1 of the 24 "
-                      r"candidate centres \(or k-means groups\) gathered rows, fewer than "
-                      r"the 2 components; this fit starts from the pooled moments") as rec:
+    with pytest.warns(UserWarning, match=r"^init_params='kmeans-sums': only 1 of the "
+                      rf"{2 * CANDIDATES_PER_COMPONENT} candidate centres \(or k-means groups\) "
+                      r"gathered rows, fewer than the 2 components; this fit starts from the "
+                      r"pooled moments") as rec:
         est = fit(gmm(2, False, max_rounds=3), fd)
     assert sum("kmeans-sums" in str(w.message) for w in rec) == 1
     assert rec[0].filename == __file__  # points at the caller's fit

@@ -301,8 +301,9 @@ class FederatedDataset(DatasetShape):
 
     # -- access ---------------------------------------------------------------------------------
     def client_sizes(self) -> dict[str, int]:
-        """Rows of each client."""
-        return {cid: cd.n_samples for cid, cd in self.clients.items()}
+        """Rows of each client (``len(X)``: ``ClientData.n_samples`` without a call per
+        client)."""
+        return dict(zip(self.clients, map(len, (cd.X for cd in self.clients.values()))))
 
     @property
     def client_ids(self) -> list[str]:

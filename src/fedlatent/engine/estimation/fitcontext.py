@@ -50,6 +50,26 @@ class FitContext:
     #: the disclosure floors the sites announced that raised the fit's policy
     adopted: dict[str, Any] = field(default_factory=dict)
 
+    def units_of(self, clients: list[str]) -> np.ndarray:
+        """The units at setup (:attr:`n_units`) of ``clients``, in that order, as a float
+        array: a run of clients in setup order starting where the last one ended or at the
+        first client (the chunks of replies answered at once, in order) is one slice of an
+        array made once per fit (checked: the same ids); any other list is looked up client
+        by client."""
+        kept = self.__dict__.get("_units_index")
+        if kept is None or kept[0] is not self.n_units or len(kept[1]) != len(self.n_units):
+            ids = list(self.n_units)
+            kept = [self.n_units, ids, np.fromiter(self.n_units.values(), np.float64,
+                                                   len(ids)), 0]
+            self.__dict__["_units_index"] = kept
+        _, ids, units, cursor = kept
+        L = len(clients)
+        for at in (cursor, 0):
+            if ids[at:at + L] == clients:
+                kept[3] = at + L
+                return units[at:at + L]
+        return np.fromiter(map(self.n_units.__getitem__, clients), np.float64, L)
+
     @property
     def summed_only(self) -> bool:
         """Whether initializations must use :meth:`ask_sum` (secure aggregation, or

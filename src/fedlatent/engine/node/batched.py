@@ -85,7 +85,7 @@ class ClientBatch:
     """
 
     def __init__(self, datas: list[ClientData]):
-        self.n_units = np.array([cd.n_samples for cd in datas], dtype=np.int64)
+        self.n_units = np.fromiter(map(len, (cd.X for cd in datas)), np.int64, len(datas))
         has_y = all(cd.y is not None for cd in datas)
         X = np.concatenate([cd.X for cd in datas]) if datas else np.zeros((0, 0))
         y = np.concatenate([np.asarray(cd.y) for cd in datas]) if has_y and datas else None
@@ -190,7 +190,8 @@ class BatchedClients(BatchedPointStates):
 
     # ---- states <-> nodes ----------------------------------------------------------------
     def load(self, states: list[dict[str, np.ndarray]]) -> None:
-        """Take the clients' states (one flat dict per client, in batch order)."""
+        """Take the clients' states (one flat dict per client, in batch order; an empty list:
+        no client holds one)."""
         n = len(self.ids)
         self.groups = {}
         for i, st in enumerate(states):

@@ -217,6 +217,13 @@ def _settled(good, what: str, required: bool):
     return good
 
 
+def _ids_at(ids: list[str], rows: np.ndarray) -> list[str]:
+    """``ids`` at positions ``rows``: one slice when they are a run (a chunk of clients)."""
+    if rows.size and rows[-1] - rows[0] == rows.size - 1 and np.all(np.diff(rows) == 1):
+        return ids[int(rows[0]):int(rows[-1]) + 1]
+    return [ids[r] for r in rows.tolist()]
+
+
 def _checked_rows(ids: list[str], chunks, expect, keep: bool) -> RowReplies:
     """The replies of the clients ``ids`` answered at once, checked as :func:`_checked`
     checks each reply. ``chunks`` yields ``(rows, fields, errors)``: positions in ``ids``,
@@ -227,7 +234,7 @@ def _checked_rows(ids: list[str], chunks, expect, keep: bool) -> RowReplies:
     refused: dict[str, str] = {}
     parts, totals = [], None
     for rows, fields, errors in chunks:
-        bad = check_rows([ids[r] for r in rows.tolist()], fields, expect or {})
+        bad = check_rows(_ids_at(ids, rows), fields, expect or {})
         for j, text_ in errors.items():
             if isinstance(text_, Mapping):  # a refusal (refusal_reply), not a failure
                 refused[ids[int(rows[j])]] = str(text_.get(REFUSED_KEY) or "")
@@ -250,10 +257,17 @@ def _checked_rows(ids: list[str], chunks, expect, keep: bool) -> RowReplies:
         return RowReplies(clients, None, faults, totals or {}, refused)
     if len(parts) == 1 and np.array_equal(parts[0][0], np.arange(len(clients))):
         return RowReplies(clients, parts[0][1], faults, refused=refused)
-    order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
-    fields = {k: np.concatenate([p[1][k] for p in parts])[order] for k in parts[0][1]} \
+    at = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    order = None if np.all(at[1:] > at[:-1]) else np.argsort(at, kind="stable")
+    fields = {k: _stacked([p[1][k] for p in parts], order) for k in parts[0][1]} \
         if parts else {}
     return RowReplies(clients, fields, faults, refused=refused)
+
+
+def _stacked(parts: list, order: np.ndarray | None) -> np.ndarray:
+    """The chunks' rows as one array, in ``order`` (None: as they come, in client order)."""
+    out = np.concatenate(parts)
+    return out if order is None else out[order]
 
 
 def _checked(c: str, reply, expect) -> dict[str, Any]:
@@ -342,7 +356,8 @@ def setup_sites(runtime: Runtime, model, disclosure=None, privacy=None,
                   model=model, required=None)
     out = SiteSetup({}, *_left_out(replies, len(runtime.client_ids), on_refusal, min_clients),
                     adopted=adopted)
-    ids = [c for c in runtime.client_ids if c not in out.excluded]
+    ids = [c for c in runtime.client_ids if c not in out.excluded] if out.excluded else \
+        list(runtime.client_ids)
     if isinstance(replies, RowReplies):  # answered at once: the units as one array
         units = replies.fields["n_units"]
         out.n_units = dict(zip(replies.clients, _units_list(units)))

@@ -33,12 +33,38 @@ def lift_eigenvalues(M: np.ndarray, floor) -> tuple[np.ndarray, np.ndarray]:
 
 def logsumexp(a: np.ndarray, axis: int = -1) -> np.ndarray:
     """log(sum(exp(a))) along ``axis``, stable (a lean version of scipy's for the hot path);
-    -inf where every term is -inf."""
+    -inf where every term is -inf. Along the last axis of a float64 matrix of fewer than 8
+    columns (a mixture's log-responsibilities), column by column (:func:`_logsumexp_columns`:
+    the same bits, several times faster)."""
+    a = np.asarray(a)
+    if a.ndim == 2 and axis in (-1, 1) and 0 < a.shape[1] < 8 and a.dtype == np.float64:
+        return _logsumexp_columns(a)
     m = np.max(a, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     with np.errstate(divide="ignore"):
         out = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
     return np.squeeze(out, axis=axis)
+
+
+def _logsumexp_columns(a: np.ndarray) -> np.ndarray:
+    """:func:`logsumexp` of the rows of ``a`` (n, K), K < 8, one column at a time: the same
+    operations, in the same order, as NumPy's reduction along a row of fewer than 8 entries
+    (it adds them one after the other), without its per-row overhead: the same bits."""
+    cols = [a[:, k] for k in range(a.shape[1])]
+    m = cols[0].copy()
+    for c in cols[1:]:
+        np.maximum(m, c, out=m)  # (NaN propagates, as np.max)
+    m[~np.isfinite(m)] = 0.0
+    s = np.exp(cols[0] - m)
+    t = np.empty_like(m)
+    for c in cols[1:]:
+        np.subtract(c, m, out=t)
+        np.exp(t, out=t)
+        s += t
+    with np.errstate(divide="ignore"):
+        np.log(s, out=s)
+    s += m
+    return s
 
 
 def add_intercept(X: np.ndarray, fit_intercept: bool = True) -> np.ndarray:

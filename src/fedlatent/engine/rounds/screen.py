@@ -150,6 +150,11 @@ class Mirror:
         self.arr[upd] = self.arr[upd] + step[acc.mask][self.known[ok]]
 
 
+#: rows of a round's replies checked against the model's invariants in one call (the model's
+#: check reads them where they are, or builds them a chunk at a time: ReplyRows.chunks)
+_CHECK_SPAN = 8192
+
+
 class Screen:
     """The checks of a round's replies (see the module docstring), for every collector."""
 
@@ -218,14 +223,16 @@ class Screen:
         exact = S_hat is None or (self.exact and mode != "spider")
         rebuilt = self.rebuildable(rep, S_hat, mirror) if self.has_check and exact else None
         scale = np.maximum(n, 1.0)
+        start = 0  # (the rows from here are checked against the model's invariants next)
         for lo, hi in rows_math._chunks(len(n)):  # a chunk of rows at a time, in cache
             if Q.shape[1]:
                 with np.errstate(invalid="ignore", over="ignore"):  # (NaN: not <=)
                     suspect[lo:hi] |= ~(np.abs(Q[lo:hi]).max(axis=1) * scale[lo:hi] <= MAX_SUM)
-            if rebuilt is not None:
-                r = lo + np.flatnonzero(rebuilt[lo:hi] & ~suspect[lo:hi])
+            if rebuilt is not None and (hi - start >= _CHECK_SPAN or hi == len(n)):
+                r = start + np.flatnonzero(rebuilt[start:hi] & ~suspect[start:hi])
                 if r.size:
                     suspect[r[self.check_rows(rep, r, n, S_hat, mirror, len(n))]] = True
+                start = hi
         reasons: dict[int, tuple[str, str]] = {}
         self.malformed = 0
         for r in np.flatnonzero(suspect):

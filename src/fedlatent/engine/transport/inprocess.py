@@ -243,8 +243,30 @@ class InProcessRuntime(Runtime):
     def _load_batch(self) -> None:
         """The batch's arrays take the clients' states (unless they hold them already)."""
         if not self._batch_owns:
-            self._batch.load([self._nodes.state(c) for c in self._ids])
+            self._batch.load(self._node_states())
             self._batch_owns = True
+
+    def _datas(self) -> list:
+        """Every client's data in client order (a dataset's mapping read at once)."""
+        clients = getattr(self._fd, "clients", None)
+        if isinstance(clients, dict):
+            return list(map(clients.__getitem__, self._ids))
+        return [self._fd[c] for c in self._ids]
+
+    def _node_states(self) -> list[dict]:
+        """Every client's state in client order (empty for a node not built yet), or no
+        entry at all when no node holds a state: one entry per node built, not a look-up per
+        client."""
+        built = [(cid, node.state) for cid, node in self._nodes.items() if node.state]
+        if not built:  # (a fresh fit: no client holds a state yet)
+            return []
+        states = [{}] * len(self._ids)  # (a shared empty dict: read, never changed)
+        pos = self._batch.pos
+        for cid, st in built:
+            at = pos.get(cid)
+            if at is not None:
+                states[at] = st
+        return states
 
     def batched(self, model):
         """The batched client side for ``model`` (None: clients are called one by one)."""
@@ -266,7 +288,7 @@ class InProcessRuntime(Runtime):
             from fedlatent.engine.node.batched import BatchedClients
 
             self._to_nodes()
-            self._batch = BatchedClients(self._ids, [self._fd[c] for c in self._ids], model)
+            self._batch = BatchedClients(self._ids, self._datas(), model)
         if self._ids:  # the policy the server sent every client at setup (none has its own)
             self._batch.policy = self._nodes[self._ids[0]].disclosure
         if model.batched_units and model.batch_declines(self._batch.units, self._batch.policy):

@@ -27,10 +27,12 @@ def gmm_log_resp(params, X: np.ndarray, cov_type: str):
     C, m, d = X.shape
     flat = X.reshape(C * m, d)
     wlp = estimate_log_gaussian_prob(flat, params["means"], params["precisions_cholesky"],
-                                     cov_type) + np.log(params["weights"])
+                                     cov_type)
+    wlp += np.log(params["weights"])  # (in place: the same operations, no new array)
     norm = logsumexp(wlp, axis=1)
     K = wlp.shape[1]
-    return (wlp - norm[:, None]).reshape(C, m, K), norm.reshape(C, m)
+    wlp -= norm[:, None]
+    return wlp.reshape(C, m, K), norm.reshape(C, m)
 
 
 def gaussian_sums(X: np.ndarray, resp: np.ndarray, center: np.ndarray, cov_type: str,
@@ -71,8 +73,9 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
     BatchStep with the blocks of ``gmm_statistics`` per client, the rows summed and the summed
     log-likelihood.
     """
-    log_resp, norm = gmm_log_resp(params, X, cov_type)
-    resp = np.exp(log_resp) * w[:, :, None]
+    resp, norm = gmm_log_resp(params, X, cov_type)
+    np.exp(resp, out=resp)  # (in place)
+    resp *= w[:, :, None]
     stats = gaussian_sums(X, resp, params["center"], cov_type, w)
     objective = np.cumsum(norm * w, axis=1)[:, -1]  # in row order, as client_stats sums
     return BatchStep(stats, w.sum(axis=1), objective, state)

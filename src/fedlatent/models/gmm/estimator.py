@@ -68,7 +68,7 @@ class FederatedGaussianMixture(InferenceMixin, GaussianPrediction, FederatedMixt
         per-sample log-likelihood changes by less than ``tol`` (scikit-learn's rule, its
         default 1e-3).
     init_params : {"kmeans-sums", "kmeans-federated", "random"}, default "kmeans-sums"
-        "kmeans-sums": a k-means start built from sums only: ``12 K`` candidate centres drawn
+        "kmeans-sums": a k-means start built from sums only: ``8 K`` candidate centres drawn
         from the pooled Gaussian, the clients' summed hard-assignment statistics to them, a
         weighted k-means of the populated candidates on the server, two Lloyd steps (summed
         too) and one M-step; the same start with or without secure aggregation (to the

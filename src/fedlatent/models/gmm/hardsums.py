@@ -107,12 +107,29 @@ def _merge_small(work, real_c, need, labels_c, counts, gone, small):
 
 
 @njit(cache=True)
+def _label_client(work, real_c, need, labels_c, nearest_c, counts, gone, small):
+    """One client's labels from its squared distances ``work`` (m, M), filled by the caller
+    (consumed: left-out cells become inf): each row's nearest centre into ``nearest_c`` (a
+    padding row's: its label), its label after :func:`_merge_small` into ``labels_c``."""
+    m = work.shape[0]
+    for i in range(m):
+        _argmin_row(work, i, labels_c)
+        nearest_c[i] = labels_c[i]
+    if need > 1:
+        _merge_small(work, real_c, need, labels_c, counts, gone, small)
+    for i in range(m):
+        if not real_c[i]:
+            nearest_c[i] = labels_c[i]
+
+
+@njit(cache=True)
 def hard_labels_many(d2, real, need):
     """Labels (C, m) of rows with squared distances ``d2`` (C, m, M) to M centres, rows of
     ``real`` (C, m) counted (False: padding), cells of ``0 < rows < need`` merged as
     :func:`~fedlatent.models.gmm.model.hard_labels` merges them client by client."""
     C, m, M = d2.shape
     labels = np.empty((C, m), dtype=np.int64)
+    nearest = np.empty(m, dtype=np.int64)  # (not returned)
     work = np.empty((m, M))
     counts = np.empty(M, dtype=np.int64)
     gone = np.empty(M, dtype=np.bool_)
@@ -121,10 +138,7 @@ def hard_labels_many(d2, real, need):
         for i in range(m):
             for k in range(M):
                 work[i, k] = d2[c, i, k]
-        for i in range(m):
-            _argmin_row(work, i, labels[c])
-        if need > 1:
-            _merge_small(work, real[c], need, labels[c], counts, gone, small)
+        _label_client(work, real[c], need, labels[c], nearest, counts, gone, small)
     return labels
 
 
@@ -147,14 +161,7 @@ def hard_labels_products(P, xx, cc, real, need):
         for i in range(m):
             for k in range(M):
                 work[i, k] = (P[c, i, k] * -2.0 + xx[c, i]) + cc[k]
-        for i in range(m):
-            _argmin_row(work, i, labels[c])
-            nearest[c, i] = labels[c, i]
-        if need > 1:
-            _merge_small(work, real[c], need, labels[c], counts, gone, small)
-        for i in range(m):
-            if not real[c, i]:
-                nearest[c, i] = labels[c, i]
+        _label_client(work, real[c], need, labels[c], nearest[c], counts, gone, small)
     return labels, nearest
 
 

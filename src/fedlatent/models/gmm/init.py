@@ -30,7 +30,7 @@ __all__ = ["INIT_PARAMS", "GaussianStart", "initialize_gaussians", "replay_gauss
 #: Lloyd steps of the "kmeans-sums" start after its candidate round (one summed exchange each)
 LLOYD_STEPS = 2
 #: candidate centres per component of the "kmeans-sums" start
-CANDIDATES_PER_COMPONENT = 12
+CANDIDATES_PER_COMPONENT = 8
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,11 @@ def _units_check(ctx: FitContext):
 
 
 def _units_of(ctx: FitContext, clients: list[str]) -> np.ndarray:
-    """The clients' units at setup, as an array."""
+    """The clients' units at setup, as an array (:meth:`FitContext.units_of` where the
+    context has it)."""
+    of = getattr(ctx, "units_of", None)
+    if of is not None:
+        return of(clients)
     return np.fromiter(map(ctx.n_units.__getitem__, clients), np.float64, len(clients))
 
 

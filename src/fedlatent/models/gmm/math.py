@@ -108,7 +108,8 @@ def estimate_log_gaussian_prob(
     if covariance_type == "full":
         log_prob = np.empty((n, K))
         for k in range(K):
-            y = X @ prec_chol[k] - means[k] @ prec_chol[k]
+            y = X @ prec_chol[k]
+            y -= means[k] @ prec_chol[k]  # (in place: the same subtraction)
             log_prob[:, k] = np.einsum("ij,ij->i", y, y)
     elif covariance_type == "tied":
         log_prob = np.empty((n, K))
