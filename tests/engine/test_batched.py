@@ -73,8 +73,9 @@ MODELS = {
 def test_batched_and_per_client_paths_agree(model, setting):
     """The two client paths sum in different orders; the fitted arrays agree to 1e-10
     relative after the fit's rounds (EM's iterations carry the last bits of each round's
-    rounding: 2e-12 on LCR's noise variance on one Xeon), the round records and the
-    clients' states to 1e-12."""
+    rounding: 2e-12 on LCR's noise variance on one Xeon), the round records to 1e-12, and
+    the clients' states (functions of those parameters: FedGMM's reached 1.6e-12 with another
+    start) to the parameters' 1e-10."""
     make, target = MODELS[model]
     fd = _ragged(target=target)
     one, rt1 = _fit(lambda: make(SETTINGS[setting]), fd, batched=False)
@@ -95,7 +96,7 @@ def test_batched_and_per_client_paths_agree(model, setting):
     for c in sa:
         assert sa[c].keys() == sb[c].keys()
         for key in sa[c]:
-            assert_close(sa[c][key], sb[c][key], err_msg=f"{c} {key}")
+            assert_close(sa[c][key], sb[c][key], rtol=1e-10, err_msg=f"{c} {key}")
 
 
 @pytest.mark.usefixtures("saturation_rule_off")
