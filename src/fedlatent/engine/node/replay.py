@@ -4,8 +4,11 @@ model's M-step recomputed where the data are, and any other parameters refused.
 Every step of the server between two rounds is a public, deterministic function of the
 round's aggregate ``total = sum_c w_c Q_c`` and of what the site was sent before:
 ``S_hat`` and ``V`` advance by :meth:`~fedlatent.engine.fedem.update.FedEMState.advance`, and
-the parameters are ``T(S_hat)``, the model's ``server_step``. :func:`replay` recomputes both;
-:func:`params_refusal` compares the parameters a server sent with the replayed ones.
+the parameters are ``T(S_hat)``, the model's ``server_step``. :func:`replay` recomputes both
+(the M-step by the model's ``replay_step``: ``server_step`` itself, or a leaner path equal to
+it); :func:`params_refusal` compares the parameters a server sent with the replayed ones, and
+:func:`replay_refusal` replays ``server_step`` itself before refusing what a lean path
+rejects.
 
 The aggregate must itself be verified (the projected sum tree,
 :mod:`fedlatent.engine.secagg.sumtree`): replaying an aggregate the server chose proves
