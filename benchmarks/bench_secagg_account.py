@@ -3,8 +3,8 @@
 The fit of ``bench_secagg_scale.py`` (a federated GMM, d = 4, K = 3, 200 rows per client,
 participation 0.7, quantizer 8, in-process, one client at a time, one BLAS thread), run once
 with ``secure_aggregation=True`` and once without, with each part below wrapped by a timer of
-the thread's CPU clock (about a microsecond a call, some 7,000 calls a round at 1,000
-clients: a few ms). Reported:
+the thread's CPU clock (``_timing.py``: about a microsecond a call, some 7,000 calls a round
+at 1,000 clients: a few ms). Reported:
 
 - the key set-up: the X25519 agreements (one per neighbour per client), the key derivations
   (one SHA-512 per neighbour per client), sealing and opening the shares (AES-256-GCM, one message
@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import functools
 import os
 import time
 import warnings
 
 from _common import blas_limit  # noqa: E402 (this folder is on sys.path)
+from _timing import clocked, timed  # noqa: E402
 from bench_secure_fit import data, quorum_seed  # noqa: E402
 
 import fedlatent as fl
@@ -72,34 +71,6 @@ ROUND_PARTS = [
     (SecAggServer, "collect_confirmations", "server: check confirmations"),
     (SecAggServer, "unmask", "server: unmask"),
 ]
-
-
-def clocked(f, label: str, acc: collections.Counter):
-    """``f`` adding the thread's CPU seconds of each call into ``acc[label]`` (the one timer:
-    every part, and the set-up as a whole)."""
-
-    @functools.wraps(f)
-    def g(*a, **kw):
-        t0 = time.thread_time()
-        try:
-            return f(*a, **kw)
-        finally:
-            acc[label] += time.thread_time() - t0
-
-    return g
-
-
-@contextlib.contextmanager
-def timed(parts, acc: collections.Counter):
-    """Every part wrapped by :func:`clocked` into ``acc`` while the block runs."""
-    undo = [(owner, name, getattr(owner, name)) for owner, name, _ in parts]
-    for (owner, name, f), (_, _, label) in zip(undo, parts):
-        setattr(owner, name, clocked(f, label, acc))
-    try:
-        yield acc
-    finally:
-        for owner, name, f in undo:
-            setattr(owner, name, f)
 
 
 class SetUpDone(Exception):

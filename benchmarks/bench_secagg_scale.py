@@ -24,9 +24,11 @@ clients given twice (``--clients 1000 1000``) is measured twice, on new fits.
 
 Run: ``python benchmarks/bench_secagg_scale.py [--clients 10 100 1000] [--rounds 7]``; add
 ``--big`` for 10,000 clients (minutes; ``--big-rounds`` rounds, default 4: three);
-``--setup-only`` times each set-up alone and divides it by its ``n k`` X25519 agreements. The
-first line gives the CPU time of one X25519 agreement on the machine at that moment: the set-up
-does ``k`` per client, its floor.
+``--setup-only`` times each set-up alone and divides it by its ``n k`` X25519 agreements
+(``--jobs 2``: with ``InProcessRuntime(n_jobs=2)``, its agreements partly in a forked worker,
+whose CPU seconds and the set-up's wall seconds are given too). The first line gives the
+CPU time of one X25519 agreement on the machine at that moment: the set-up does ``k`` per
+client, its floor.
 """
 
 from __future__ import annotations
@@ -128,10 +130,12 @@ def timed_setup(record: dict):
     """``open_channel`` timed in the calling thread's CPU seconds into ``record``."""
 
     def timed(*args, **kw):
-        t0 = time.thread_time()
+        t0, w0 = time.thread_time(), time.perf_counter()
         ch = open_channel(*args, **kw)
         cfg = ch.config
-        record.update(s=time.thread_time() - t0, up=ch.setup_up,
+        record.update(s=time.thread_time() - t0, wall=time.perf_counter() - w0, up=ch.setup_up,
+                      workers=getattr(ch.runtime, "worker_cpu", 0.0),
+                      sites=getattr(ch.runtime, "worker_sites", 0),
                       graph=("all", cfg.threshold) if getattr(cfg, "degree", None) is None
                       else (cfg.degree, cfg.local_threshold))
         return ch
@@ -175,6 +179,9 @@ def main() -> None:
     ap.add_argument("--setup-only", action="store_true",
                     help="time each key set-up alone (no rounds), and divide it by its n k "
                          "X25519 agreements timed right after it")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="--setup-only: InProcessRuntime(n_jobs=...), the set-up's agreements "
+                         "ahead in forked workers (Linux)")
     a = ap.parse_args()
     with blas_limit(1), warnings.catch_warnings():  # CPU seconds: no spinning BLAS
         warnings.simplefilter("ignore", fl.ConvergenceWarning)
@@ -191,8 +198,11 @@ def setups(a) -> None:
     import os
 
     sizes = list(a.clients) + ([10_000] if a.big else [])
-    print("| clients | k | t | set-up s (CPU) | X25519 us | set-up / (n k X25519) | load |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"n_jobs = {a.jobs}: the set-up's CPU seconds in this process (and, with workers, "
+          "theirs), its wall seconds")
+    print("| clients | k | t | set-up s (CPU) | X25519 us | set-up / (n k X25519) | workers' "
+          "CPU s (sites) | wall s | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         fd, rec = data(n), {}
 
@@ -205,14 +215,15 @@ def setups(a) -> None:
                                           tol=0.0, random_state=quorum_seed(n, 4), verbose=False)
         with mock.patch.object(secure_mod, "open_channel", stop):
             try:
-                est.fit(fd, runtime=fl.InProcessRuntime(fd, batched=False))
+                est.fit(fd, runtime=fl.InProcessRuntime(fd, batched=False, n_jobs=a.jobs))
             except SetUpDone:
                 pass
         k, t = rec["graph"]
         k_n = (n - 1) if k == "all" else k
         us = x25519_us()
         print(f"| {n:,} | {k} | {t} | {rec['s']:.2f} | {us:.1f} | "
-              f"{rec['s'] / (n * k_n * us * 1e-6):.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
+              f"{rec['s'] / (n * k_n * us * 1e-6):.2f} | {rec['workers']:.2f} ({rec['sites']:,}) | "
+              f"{rec['wall']:.2f} | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 def table(a) -> None:

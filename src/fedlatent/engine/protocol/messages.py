@@ -94,20 +94,7 @@ def fault_detail(faults: Mapping[str, str], limit: int | None = None) -> str:
     -------
     str
     """
-    from fedlatent.data.validation import NAMES_SHOWN
-
-    budget = NAMES_SHOWN if limit is None else int(limit)
-    groups: dict[str, list[str]] = {}
-    for c, r in faults.items():
-        if budget <= 0:
-            break
-        groups.setdefault(str(r), []).append(c)
-        budget -= 1
-    parts = [f"client {cs[0]!r}: {r}" + (f" (also client{'s' if len(cs) > 2 else ''} "
-                                          f"{', '.join(map(repr, cs[1:]))})" if cs[1:] else "")
-             for r, cs in groups.items()]
-    rest = len(faults) - sum(len(cs) for cs in groups.values())
-    return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")
+    return _grouped_detail(faults, limit, by_fix=False)
 
 
 #: where a refusal's fix begins: a site policy's ``...; fix: ...``, a disclosure rule's
@@ -132,12 +119,19 @@ def refusal_detail(refusals: Mapping[str, str], limit: int | None = None) -> str
     -------
     str
     """
+    return _grouped_detail(refusals, limit, by_fix=True)
+
+
+def _grouped_detail(reasons: Mapping[str, str], limit: int | None, by_fix: bool) -> str:
+    """The clients of ``reasons`` grouped by their reason (``by_fix``: by the fix their reason
+    ends in, the first one's reason standing for the group's), at most ``limit`` named, then a
+    count: the one formatter of :func:`fault_detail` and :func:`refusal_detail`."""
     from fedlatent.data.validation import NAMES_SHOWN
 
     budget = NAMES_SHOWN if limit is None else int(limit)
     groups: dict[str, list[tuple[str, str]]] = {}
-    for c, r in list(refusals.items())[:max(budget, 0)]:
-        m = _FIX.search(str(r))
+    for c, r in list(reasons.items())[:max(budget, 0)]:
+        m = _FIX.search(str(r)) if by_fix else None
         head, tail = (str(r), "") if m is None else (str(r)[:m.start()], str(r)[m.start():])
         groups.setdefault(tail or str(r), []).append((c, head))
     parts = []
@@ -145,10 +139,11 @@ def refusal_detail(refusals: Mapping[str, str], limit: int | None = None) -> str
         (c0, h0), others = items[0], [c for c, _ in items[1:]]
         also = "" if not others else (
             f" (also client{'s' if len(others) > 1 else ''} {', '.join(map(repr, others))}"
-            + ("" if all(h.replace(repr(c), "") == h0.replace(repr(c0), "") for c, h in items)
-               else ", each with its own figures") + ")")
+            + ("" if not by_fix or all(h.replace(repr(c), "") == h0.replace(repr(c0), "")
+                                       for c, h in items) else ", each with its own figures")
+            + ")")
         parts.append(f"client {c0!r}: {h0}{also}{key if key != h0 else ''}")
-    rest = len(refusals) - sum(len(items) for items in groups.values())
+    rest = len(reasons) - sum(len(items) for items in groups.values())
     return "; ".join(parts) + (f"; and {rest} more client(s)" if rest > 0 else "")
 
 

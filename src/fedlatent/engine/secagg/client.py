@@ -105,6 +105,8 @@ class SecAggClient(Enrolment):
         # neighbour -> pair_keys(X25519(c_u, c_v)): share keys and s_uv, agreed once per fit
         self._pair: dict[str, bytes] = {}
         self._streams: dict[str, object] = {}  # neighbour -> s_uv's cipher (rebuilt, not dumped)
+        # (peer keys, secrets) agreed ahead by the in-process runtime's worker (not dumped)
+        self._offered: tuple[bytes, bytes] | None = None
         self._masked: dict[bytes, tuple[str, ...]] = {}
         self._mask_words: dict[bytes, int] = {}  # exchange label -> the words it masked
         self._slot_of: dict[bytes, int] = {}  # exchange label -> the slot it used

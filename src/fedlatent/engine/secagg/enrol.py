@@ -366,10 +366,29 @@ class Enrolment:
         todo = [v for v in peers if v not in self._pair]
         if todo:
             roster = self._roster
-            shared = _crypto.agree_many(self._private, roster.enc_keys(todo))
+            keys = roster.enc_keys(todo)
+            shared = self._offered_for(keys) or _crypto.agree_many(self._private, keys)
             self._pair.update(zip(todo, pair_keys_many(
                 shared, self._closed, roster.index[self.id], roster.x_of(todo))))
         return [self._pair[v] for v in peers]
+
+    def offer_agreements(self, peer_keys: bytes | None, shared) -> None:
+        """The X25519 secrets of this client's key with ``peer_keys`` (raw 32-byte public keys,
+        joined), ``shared`` (32 bytes each, joined), computed ahead by a worker of the
+        in-process runtime (:mod:`~fedlatent.engine.secagg.ahead`). Kept until the next
+        agreements are due (:meth:`_pair_blocks`: after the roster's checks), and used then
+        only for exactly these peer keys in this order; otherwise dropped and agreed here."""
+        ok = peer_keys is not None and len(peer_keys) == len(shared) and len(shared) % 32 == 0
+        self._offered = (bytes(peer_keys), bytes(shared)) if ok else None
+
+    def _offered_for(self, keys: list[bytes]) -> list[bytes] | None:
+        """The secrets offered for exactly ``keys`` (then taken), else None (any offer
+        dropped)."""
+        got, self._offered = getattr(self, "_offered", None), None
+        if got is None or b"".join(keys) != got[0]:
+            return None
+        raw = got[1]
+        return [raw[i:i + 32] for i in range(0, len(raw), 32)]
 
     def _pair_block(self, v: str) -> bytes:
         """:func:`~.protocol.pair_keys` of this client and neighbour ``v``: one X25519

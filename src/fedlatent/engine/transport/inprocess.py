@@ -12,6 +12,7 @@ import copy
 import functools
 import logging
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,43 @@ class _Nodes(dict):
         return {} if node is None else node.state
 
 
+class _NoWorkers:
+    """:class:`~fedlatent.engine.secagg.ahead.Ahead` with one job: nothing ahead."""
+
+    worker_cpu, taken = 0.0, 0
+
+    def __init__(self, n: int = 0):
+        self.n = n
+
+    def order(self):
+        return range(self.n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def offer(self, i: int) -> None:
+        return None
+
+
+def _set_up_jobs(n_jobs) -> int:
+    """Processes for the secure-aggregation set-up's agreements (``n_jobs``, scikit-learn's
+    convention); where workers cannot be forked, 1, said once."""
+    if n_jobs is None or (isinstance(n_jobs, int) and n_jobs == 1):
+        return 1  # (the default: nothing imported)
+    from fedlatent.engine.secagg.ahead import can_fork, effective_jobs
+
+    jobs = effective_jobs(n_jobs)
+    if jobs > 1 and not can_fork():
+        warnings.warn(f"InProcessRuntime(n_jobs={n_jobs!r}): the secure-aggregation set-up "
+                      "runs its agreements in forked worker processes on Linux only; here it "
+                      "runs them in this process (1 job)", RuntimeWarning, stacklevel=3)
+        return 1
+    return jobs
+
+
 class InProcessRuntime(Runtime):
     """Clients as objects; messages are copied both ways as if serialized.
 
@@ -128,10 +166,16 @@ class InProcessRuntime(Runtime):
         built here for a test may say ``simulation = true`` to keep a ``noise_seed``. A client
         without one holds :meth:`SitePolicy.for_simulation` (this runtime holds every site: the
         server's settings are the sites'); ``SitePolicy()`` gives it the library's default.
+    n_jobs : int or None, default 1
+        Processes for the secure-aggregation set-up's X25519 agreements (k per site, about
+        half its time): 1 (or None) this one; 2 one forked worker besides it; -1 every core
+        this process may use, -2 all but one (scikit-learn's convention). Linux only
+        (elsewhere one process, with a RuntimeWarning); the results are those of one job
+        (:mod:`fedlatent.engine.secagg.ahead`). Nothing else runs in the workers.
     """
 
     def __init__(self, fd: FederatedDataset, record: bool = False, batched: bool = True,
-                 policies=None):
+                 policies=None, n_jobs: int | None = 1):
         self._ids = fd.client_ids
         self._fd = fd
         self._nodes = _Nodes(fd, policies)
@@ -154,6 +198,12 @@ class InProcessRuntime(Runtime):
         self._client_model: tuple[Any, FederatedModel] | None = None
         #: the roster of the sites' keys given to them for secure aggregation (None: not yet)
         self._provisioned = None
+        self.n_jobs = n_jobs
+        self._jobs = _set_up_jobs(n_jobs)
+        #: CPU seconds of the set-up's worker processes (``n_jobs``), reaped
+        self.worker_cpu = 0.0
+        #: sites whose agreements a worker computed
+        self.worker_sites = 0
         #: whether every node is plain (no own policy or guard) and the rows unweighted
         #: (None: not looked at since the nodes were last handed out)
         self._plain: bool | None = None
@@ -368,15 +418,32 @@ class InProcessRuntime(Runtime):
         if method == "setup" and client_ids:
             self._setup_msg = dict(messages[client_ids[0]])
         replies = {}
-        for cid in client_ids:
-            msg = _freeze(messages[cid], share=method == "secagg")
-            if self.record:
-                self.log.append(("down", cid, method, msg))
-            reply = _freeze(_bounded(cid, method, self._handle(cid, method, msg)))
-            if self.record:
-                self.log.append(("up", cid, method, reply))
-            replies[cid] = reply
-        return replies
+        with self._ahead(client_ids, method, messages) as ahead:
+            for i in ahead.order():
+                cid = client_ids[i]
+                msg = _freeze(messages[cid], share=method == "secagg")
+                if self.record:
+                    self.log.append(("down", cid, method, msg))
+                ahead.offer(i)
+                reply = _freeze(_bounded(cid, method, self._handle(cid, method, msg)))
+                if self.record:
+                    self.log.append(("up", cid, method, reply))
+                replies[cid] = reply
+        self.worker_cpu += ahead.worker_cpu
+        self.worker_sites += ahead.taken
+        return replies if isinstance(ahead, _NoWorkers) else {c: replies[c] for c in client_ids}
+
+    def _ahead(self, client_ids, method: str, messages):
+        """The secure-aggregation set-up's agreements ahead in worker processes
+        (:class:`~fedlatent.engine.secagg.ahead.Ahead`): for its roster step with ``n_jobs``
+        other than 1, else a stand-in doing nothing (the sites in order)."""
+        if self._jobs == 1 or method != "secagg" or len(client_ids) < 2 or any(
+                messages[c].get("step") != "roster" for c in client_ids):
+            return _NoWorkers(len(client_ids))
+        from fedlatent.engine.secagg.ahead import Ahead
+
+        return Ahead(client_ids, [self._nodes[c].secagg for c in client_ids], messages,
+                     self._jobs)
 
     def _handle(self, cid: str, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         """Client ``cid``'s reply; an exception escaping its handler becomes an error reply
