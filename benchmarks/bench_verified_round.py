@@ -67,8 +67,8 @@ def _parts():
         (sumtree, "read_transcript", "  reading the transcript's bytes"),
         (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
         (FedEMState, "advance", "  replay: FedEM update"),
-        (GMMModel, "server_step", "  replay: M-step (server_step)"),
-        (replay, "params_refusal", "  parameters compared"),
+        (GMMModel, "replay_step", "  replay: M-step (replay_step)"),
+        (replay, "replay_refusal", "  parameters compared"),
     ]
 
 

@@ -426,6 +426,16 @@ class FederatedModel(ABC):
         """
         return self.m_step(self.project_stats(S), params, n_total)
 
+    def replay_step(self, S: Stats, params: Params, n_total: float) -> Params:
+        """The M-step a verifying site replays (:mod:`fedlatent.engine.node.replay`): equal
+        to :meth:`server_step` within a small fraction of the replay's tolerance. Default:
+        :meth:`server_step` itself. A model may override it with a leaner path for its common
+        case (no validation of what the site computed itself), falling back to
+        :meth:`server_step` wherever the two could differ by more (a decision taken near its
+        threshold); a site whose lean replay differs from the parameters sent replays
+        :meth:`server_step` before it refuses them."""
+        return self.server_step(S, params, n_total)
+
     def m_step(self, S: Stats, params: Params, n_total: float) -> Params:
         """The M-step ``T(S)`` on mean statistics ``S`` already in their domain (counts >= 0).
 

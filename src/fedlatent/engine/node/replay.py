@@ -4,8 +4,11 @@ model's M-step recomputed where the data are, and any other parameters refused.
 Every step of the server between two rounds is a public, deterministic function of the
 round's aggregate ``total = sum_c w_c Q_c`` and of what the site was sent before:
 ``S_hat`` and ``V`` advance by :meth:`~fedlatent.engine.fedem.update.FedEMState.advance`, and
-the parameters are ``T(S_hat)``, the model's ``server_step``. :func:`replay` recomputes both;
-:func:`params_refusal` compares the parameters a server sent with the replayed ones.
+the parameters are ``T(S_hat)``, the model's ``server_step``. :func:`replay` recomputes both
+(the M-step by the model's ``replay_step``: ``server_step`` itself, or a leaner path equal to
+it); :func:`params_refusal` compares the parameters a server sent with the replayed ones, and
+:func:`replay_refusal` replays ``server_step`` itself before refusing what a lean path
+rejects.
 
 The aggregate must itself be verified (the projected sum tree,
 :mod:`fedlatent.engine.secagg.sumtree`): replaying an aggregate the server chose proves
@@ -31,7 +34,7 @@ import numpy as np
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.stats import Stats
 
-__all__ = ["REPLAY_RTOL", "params_refusal", "replay"]
+__all__ = ["REPLAY_RTOL", "params_refusal", "replay", "replay_refusal"]
 
 #: relative tolerance of a replayed parameter, on the scale of its largest entry
 REPLAY_RTOL = 1e-9
@@ -45,7 +48,22 @@ def replay(model, state: FedEMState | None, total: Stats, previous: dict, n_tota
     the parameters ``previous`` the round evaluated."""
     start = FedEMState(None, None) if state is None else state
     new = start.advance(total, init_round, gamma, p, alpha, use_cv)
-    return new, model.server_step(new.S_hat, previous, n_total)
+    return new, model.replay_step(new.S_hat, previous, n_total)
+
+
+def replay_refusal(model, S_hat, previous: dict, n_total: float, sent: dict, replayed: dict,
+                   round_: int, client: str) -> str | None:
+    """:func:`params_refusal` of ``sent`` against the ``replayed`` parameters (the model's
+    lean :meth:`~fedlatent.engine.contract.model.FederatedModel.replay_step` of ``S_hat``);
+    where they differ and the model has a lean replay, against its ``server_step`` (the
+    server's own path) before refusing: a lean path never refuses what the server's own
+    M-step, replayed, accepts."""
+    from fedlatent.engine.contract.model import FederatedModel
+
+    why = params_refusal(sent, replayed, round_, client)
+    if why is None or type(model).replay_step is FederatedModel.replay_step:
+        return why
+    return params_refusal(sent, model.server_step(S_hat, previous, n_total), round_, client)
 
 
 def params_refusal(sent: dict, replayed: dict, round_: int, client: str,
@@ -53,10 +71,8 @@ def params_refusal(sent: dict, replayed: dict, round_: int, client: str,
     """Why the parameters ``sent`` for round ``round_`` are not the ``replayed`` ones (None:
     they are, within ``rtol`` of each parameter's largest entry): the round, the parameter,
     the largest difference and where."""
-    if sent.keys() == replayed.keys() and all(
-            np.shape(sent[k]) == np.shape(replayed[k]) and bool((sent[k] == replayed[k]).all())
-            for k in sent):
-        return None  # the same bits (the same machine's arithmetic): nothing to measure
+    if sent.keys() == replayed.keys() and all(_close(sent[k], replayed[k], rtol) for k in sent):
+        return None  # (the same bits, or within the tolerance: nothing to name)
     who = f"client {client!r}: round {round_} refused"
     for name in sorted(set(sent) | set(replayed)):
         if name not in sent or name not in replayed:
@@ -77,3 +93,14 @@ def params_refusal(sent: dict, replayed: dict, round_: int, client: str,
                     f"({float(a[i])!r} sent, {float(b[i])!r} replayed), above the tolerance "
                     f"{rtol:g} of its largest entry")
     return None
+
+
+def _close(a, b, rtol: float) -> bool:
+    """Whether ``a`` is ``b`` within ``rtol`` of ``b``'s largest entry (NaN and infinite
+    entries never are), in a few array calls: :func:`params_refusal`'s accepting path."""
+    if np.shape(a) != np.shape(b):
+        return False
+    if bool((a == b).all()):  # (the same bits: the same machine's arithmetic)
+        return True
+    scale = max(float(np.abs(b).max(initial=0.0)), np.finfo(np.float64).tiny)
+    return bool(np.abs(np.subtract(a, b, dtype=np.float64)).max(initial=0.0) <= rtol * scale)

@@ -293,7 +293,7 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     (:mod:`~fedlatent.engine.node.verify_points`); VerificationRefused otherwise."""
     from fedlatent.engine.fedem.update import FedEMState
     from fedlatent.engine.node import verify_points as vp
-    from fedlatent.engine.node.replay import params_refusal, replay
+    from fedlatent.engine.node.replay import replay, replay_refusal
 
     n_total = _num(node.state["verify/N"], float)
     prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
@@ -313,8 +313,9 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     if vp.accelerated(fed):  # the statistic the accelerator sends instead of F(S_hat)
         pr, acc = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
         if acc.S_hat is not new.S_hat:
-            new, params = acc, node.model.server_step(acc.S_hat, prev, n_total)
-    why = params_refusal(sent, params, rnd, node.client_id)
+            new, params = acc, node.model.replay_step(acc.S_hat, prev, n_total)
+    why = replay_refusal(node.model, new.S_hat, prev, n_total, sent, params, rnd,
+                         node.client_id)
     if why:
         _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
         raise VerificationRefused(why)

@@ -45,6 +45,7 @@ measures it at 1,000 sites.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from typing import Any
 
@@ -83,8 +84,8 @@ def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``r`` (PROJECTIONS, m): residues modulo :data:`P` from the ChaCha20 stream keyed by
     ``SHA-256(tag, label, A, c)``: a function of the claim only."""
     A, c = np.asarray(A, dtype="<u8"), np.asarray(c, dtype="<u8")
-    key = _crypto.commit(CHALLENGE_TAG + struct.pack("<Q", len(label)) + bytes(label)
-                         + A.tobytes() + c.tobytes())
+    key = hashlib.sha256(CHALLENGE_TAG + struct.pack("<Q", len(label)) + bytes(label)
+                         + A.tobytes() + c.tobytes()).digest()
     words = _crypto.prg_uint64(key, PROJECTIONS * A.size)
     return (words % np.uint64(P)).reshape(PROJECTIONS, A.size)
 
@@ -98,11 +99,13 @@ def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     return out
 
 
-def _leaf_bytes(label: bytes, i: int, u: str, proj: np.ndarray) -> bytes:
-    """What leaf ``i`` (site ``u``, projections ``proj``) hashes."""
+def _leaf_bytes(label: bytes, i: int, u: str, proj) -> bytes:
+    """What leaf ``i`` (site ``u``, projections ``proj``: an array or PROJECTIONS ints)
+    hashes."""
     b = str(u).encode()
+    tail = _SUMS.pack(*proj) if isinstance(proj, list) else np.asarray(proj, "<u8").tobytes()
     return (LEAF_TAG + struct.pack("<Q", len(label)) + bytes(label) + struct.pack("<QI", i, len(b))
-            + b + np.asarray(proj, dtype="<u8").tobytes())
+            + b + tail)
 
 
 def _leaf_hashes(label: bytes, ids, projs: np.ndarray) -> list[bytes]:
@@ -174,8 +177,8 @@ class SumTree:
 
 def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
     """SHA-256 of the root and the claim ``(A, c)``."""
-    return _crypto.commit(DIGEST_TAG + bytes(root) + np.asarray(A, dtype="<u8").tobytes()
-                          + np.asarray(c, dtype="<u8").tobytes())
+    return hashlib.sha256(DIGEST_TAG + bytes(root) + np.asarray(A, dtype="<u8").tobytes()
+                          + np.asarray(c, dtype="<u8").tobytes()).digest()
 
 
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
@@ -189,19 +192,7 @@ def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) 
     return ((rows[:, None, :] * r[None]) % p).sum(axis=2).__imod__(p).tolist()
 
 
-_NODE_HASH = None  # SHA-256 with NODE_TAG fed (copied for each node a site climbs)
-
-
-def _node_hash(left: bytes, right: bytes, s: list) -> bytes:
-    """A node's hash (as :func:`_parents` computes it) from a copy of a prefixed SHA-256."""
-    global _NODE_HASH
-    if _NODE_HASH is None:
-        lib = _crypto.require()
-        _NODE_HASH = lib.hashes.Hash(lib.hashes.SHA256())
-        _NODE_HASH.update(NODE_TAG)
-    h = _NODE_HASH.copy()
-    h.update(left + right + struct.pack(f"<{PROJECTIONS}Q", *s))
-    return h.finalize()
+_SUMS = struct.Struct(f"<{PROJECTIONS}Q")
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
@@ -217,20 +208,23 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         raise SecureAggregationError(f"{who}: leaf {index} of a tree of {n} leaves")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
     s, claimed = _projections(challenge(label, A, c), np.asarray(leaf, dtype=np.uint64), A, c)
-    h = _crypto.commit(_leaf_bytes(label, index, site, np.asarray(s, dtype=np.uint64)))
+    h = hashlib.sha256(_leaf_bytes(label, index, site, s)).digest()
     raw, sums = path
     if isinstance(sums, np.ndarray):
         sums = sums.astype(np.uint64).reshape(-1, PROJECTIONS).tolist()
+    raw, s0, s1 = bytes(raw), s[0], s[1]  # (PROJECTIONS = 2: the sums as two ints)
     k, i, width = 0, index, n
     while width > 1:
         if (i ^ 1) < width:
             if 32 * (k + 1) > len(raw) or k >= len(sums):
                 raise SecureAggregationError(f"{who}: the path of leaf {index} is too short")
-            sib = bytes(raw[32 * k: 32 * (k + 1)])
-            s = [(a + b) % P for a, b in zip(s, sums[k])]
-            h = _node_hash(h, sib, s) if i % 2 == 0 else _node_hash(sib, h, s)
+            sib, (a0, a1) = raw[32 * k: 32 * (k + 1)], sums[k]
+            s0, s1 = (s0 + a0) % P, (s1 + a1) % P
+            h = hashlib.sha256(NODE_TAG + (h + sib if i % 2 == 0 else sib + h)
+                               + _SUMS.pack(s0, s1)).digest()
             k += 1
         i, width = i // 2, (width + 1) // 2
+    s = [s0, s1]
     if root is not None and h != bytes(root):
         raise SecureAggregationError(
             f"{who}: its own contribution (leaf {index}) is not in the committed sum (the "
@@ -396,8 +390,7 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
             f"its transcript's sum ({a.size} bytes), carries ({cb.size}) or path ({p.size}) "
             f"do not fit this site's contribution of {m} words")
     c = cb[4:].view(f"<u{cw}").astype(np.uint64) + np.uint64(cb[:4].view("<u4")[0])
-    raw = p.tobytes()
-    index, n = struct.unpack_from("<II", raw)
-    levels = range(8, len(raw), _NODE)
-    return index, n, A, c, (b"".join([raw[k:k + 32] for k in levels]),
-                            [struct.unpack_from(f"<{PROJECTIONS}I", raw, k + 32) for k in levels])
+    index, n = p[:8].view("<u4").tolist()
+    body = p[8:].reshape(-1, _NODE)  # (the levels: the hashes, then their projections)
+    return index, n, A, c, (body[:, :32].tobytes(),
+                            body[:, 32:].copy().view("<u4").reshape(-1, PROJECTIONS).tolist())

@@ -28,6 +28,7 @@ __all__ = [
     "floor_noisy_covariances",
     "gmm_m_step",
     "gmm_statistics",
+    "lean_full_step",
     "merged_rows",
     "logsumexp",
     "n_free_parameters",
@@ -198,6 +199,75 @@ def gmm_m_step(
             cov = cov.mean(axis=1)
     weights = nk / nk.sum()
     return weights, mc + center, cov
+
+
+def lean_full_step(S: Stats, center: np.ndarray, reg_covar: float) -> dict | None:
+    """The parameters :meth:`~fedlatent.models.gmm.model.GMMModel.server_step` gives on
+    full-covariance statistics ``S`` (K components, d features) without differential privacy,
+    in a few batched NumPy calls, for a verifying site's replay; None where the two paths
+    could part (the caller then runs ``server_step`` itself).
+
+    The same arithmetic as :func:`gmm_m_step` (weights, means, symmetrized covariances with
+    ``reg_covar`` on the diagonal: the same bits), and the precisions' Cholesky factors from
+    ``numpy.linalg.cholesky`` and ``inv`` (the same LAPACK factorization; the triangular
+    inverse by LU: a few units in the last place times the factor's condition number).
+    What it skips is :func:`hold_degenerate`'s eigenvalues: a component's covariance is
+    left as it is there when its lowest eigenvalue exceeds ``DEGENERATE_FRACTION`` times
+    the pooled covariance's lowest, plus ``1e-10`` of the largest eigenvalue; here, when
+    ``sym_k - t I`` has a Cholesky factor for ``t`` a bound above both terms
+    (``1.01 DEGENERATE_FRACTION`` times the least of the pooled covariance's diagonal
+    entries and the inverse of its inverse's largest diagonal entry, each at least its
+    lowest eigenvalue, plus ``2e-10`` times the largest trace, at least any eigenvalue of a
+    positive-definite ``sym_k``): a factor proves ``lambda_min(sym_k) > t`` up to the
+    factorization's own rounding (a few ``eps`` of the norm, far inside the slack), so
+    ``server_step`` leaves every covariance as it is too. Any count at or below the
+    floor ``server_step`` lifts counts to, a pooled covariance without a Cholesky factor, a
+    covariance not clearly clear of the degenerate floor, or a failed factorization: None.
+
+    Returns
+    -------
+    dict or None
+        ``weights`` (K,), ``means`` (K, d), ``precisions_cholesky`` (K, d, d) upper
+        triangular, ``center`` (d,).
+    """
+    from ...engine.contract.degenerate import DEGENERATE_FRACTION
+
+    nk0, sx, sxx = S["nk"], S["sx"], S["sxx"]
+    n = float(nk0.sum())
+    if not (n > 0 and float(nk0.min()) > 1e-10 * float(np.abs(nk0).sum())):
+        return None  # (server_step floors the counts first)
+    K, d = sx.shape
+    nk = nk0 + _TEN_EPS
+    mc = sx / nk[:, None]
+    mats = np.empty((K + 1, d, d))  # the covariances, then the pooled one: one factorization
+    cov = np.subtract(sxx / nk[:, None, None], mc[:, :, None] * mc[:, None, :], out=mats[:K])
+    mean = sx.sum(axis=0) / n
+    np.subtract(sxx.sum(axis=0) / n, mean[:, None] * mean[None, :], out=mats[K])
+    mats += np.transpose(mats, (0, 2, 1))
+    mats *= 0.5
+    diag = mats.reshape(K + 1, d * d)[:, ::d + 1]
+    diag[:K] += reg_covar
+    try:
+        inv = np.linalg.inv(np.linalg.cholesky(mats))
+    except np.linalg.LinAlgError:
+        return None
+    # the pooled covariance's lowest eigenvalue is at most its least diagonal entry and the
+    # inverse of its inverse's largest (the squared columns of its factor's inverse)
+    low = min(float(diag[K].min()), 1.0 / float((inv[K] ** 2).sum(axis=0).max()))
+    t = DEGENERATE_FRACTION * 1.01 * low + 2e-10 * float(diag[:K].sum(axis=1).max())
+    shifted = cov - 0.0
+    shifted.reshape(K, d * d)[:, ::d + 1] -= t
+    try:
+        np.linalg.cholesky(shifted)
+    except np.linalg.LinAlgError:
+        return None
+    if not np.isfinite(inv).all():
+        return None
+    return {"weights": nk / nk.sum(), "means": mc + center,
+            "precisions_cholesky": np.transpose(inv[:K], (0, 2, 1)), "center": center}
+
+
+_TEN_EPS = 10 * np.finfo(np.float64).eps
 
 
 def hold_degenerate(cov: np.ndarray, S: Stats, covariance_type: str

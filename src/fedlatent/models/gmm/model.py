@@ -25,6 +25,7 @@ from .math import (
     gmm_m_step,
     gmm_statistics,
     hold_degenerate,
+    lean_full_step,
     merged_rows,
 )
 
@@ -209,6 +210,16 @@ class GMMModel(FederatedModel):
             cov = floor_covariances(cov, self.cov_type, max(self.reg, 1e-6))
             prec = compute_precision_cholesky(cov, self.cov_type)
         return {"weights": w, "means": m, "precisions_cholesky": prec, "center": params["center"]}
+
+    def replay_step(self, S, params, n_total):
+        """A verifying site's M-step: :func:`~.math.lean_full_step` for full covariances
+        without privacy (a few batched calls, no eigenvalues), :meth:`server_step` wherever
+        that declines."""
+        if self.cov_type == "full" and self.privacy is None:
+            out = lean_full_step(S, params["center"], self.reg)
+            if out is not None:
+                return out
+        return self.server_step(S, params, n_total)
 
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):
