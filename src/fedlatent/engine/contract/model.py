@@ -151,6 +151,10 @@ class FederatedModel(ABC):
     #: whether :meth:`client_stats_batched` serves the in-process batched round (data, read by
     #: the in-process runtime; the method may still decline one configuration by returning None)
     batched_step: ClassVar[bool] = False
+    #: whether :meth:`client_stats_batched` takes ``out``: views of the reply buffer (one per
+    #: statistic, shaped (C, ...)) it writes its sums into and returns as its ``stats``, so
+    #: the runtime copies nothing (others' statistics are copied into the buffer)
+    batched_out: ClassVar[bool] = False
     #: whether the batched step is :meth:`client_stats_units` on the model's own stacking of
     #: the clients' data (:meth:`batch_units`) rather than rows bucketed by the engine: units
     #: that are not rows, states of a different size on every client; that step applies the
@@ -359,7 +363,8 @@ class FederatedModel(ABC):
         ``w`` (C, m) the weight of each row (1 for a row to sum, 0 for padding or a row outside
         the mini-batch), ``state`` the clients' states stacked (C, ...). Returns a
         :class:`fedlatent.engine.node.batched.BatchStep` whose row ``c`` equals ``client_stats`` of
-        client ``c`` over its rows of weight 1 (up to the summation order).
+        client ``c`` over its rows of weight 1 (up to the summation order). With
+        ``batched_out``, it is called with ``out=`` views of the reply buffer (see there).
         """
         return None
 

@@ -23,6 +23,7 @@ different size on every client, are held as one array per client.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -175,7 +176,6 @@ class BatchedClients(BatchedPointStates):
     def __init__(self, ids: list[str], datas: list[ClientData], model):
         self.ids = list(ids)
         self.pos = {c: i for i, c in enumerate(self.ids)}
-        self.keys = client_keys(self.ids)
         self.model = model
         #: the model's own stacking of the data (``batched_units``), else rows in buckets
         self.units = model.batch_units(list(datas)) if model.batched_units else None
@@ -187,6 +187,13 @@ class BatchedClients(BatchedPointStates):
         #: the arrays the replies of ``estep`` and ``evaluate`` are written into, round after
         #: round (a reply's ``Q`` is valid until the next call of the same kind)
         self._buffers: dict[str, np.ndarray] = {}
+
+    @cached_property
+    def keys(self) -> np.ndarray:
+        """The clients' stable integer keys (int64, batch order), made on first use: only the
+        steps that draw (mini-batches, the quantizer, a model's own generators) read them, so
+        a plain full-pass fit never hashes its clients' ids."""
+        return client_keys(self.ids)
 
     # ---- states <-> nodes ----------------------------------------------------------------
     def load(self, states: list[dict[str, np.ndarray]]) -> None:
@@ -333,24 +340,27 @@ class BatchedClients(BatchedPointStates):
             for lo in range(0, count, per):
                 take = slice(lo, min(lo + per, count)) if every else pos[lo:lo + per]
                 cl = bk.clients[take]
+                rows = _as_slice(row_of[cl])
+                if Q is None and self.template is not None:
+                    Q, n, obj = self._reply_arrays(reuse, A)
+                outs = self._out_views(Q, rows)
+                extra = {} if outs is None else {"out": outs}
                 step = self.model.client_stats_batched(
                     params, bk.X[take], None if bk.y is None else bk.y[take],
-                    W[take].astype(np.float64), self._model_state(cl, source))
+                    W[take].astype(np.float64), self._model_state(cl, source), **extra)
                 if step is None:
                     raise NotImplementedError("the model has no batched step for these settings")
                 st = step.stats
                 if self.template is None:
                     self.template = Stats({k: np.asarray(v[0]) for k, v in st.items()})
                 if Q is None:
-                    Q = None if reuse is None else self._reply_buffer(reuse, A)
-                    if Q is None:
-                        Q = np.empty((A, self.template.size))
-                    n, obj = np.empty(A), np.empty(A)
-                rows = _as_slice(row_of[cl])
+                    Q, n, obj = self._reply_arrays(reuse, A)
                 col = 0
-                for v in st.values():
+                for k, v in st.items():
+                    written = outs is not None and v is outs.get(k)  # (in place already)
                     v = v.reshape(v.shape[0], -1)
-                    Q[rows, col:col + v.shape[1]] = v
+                    if not written:
+                        Q[rows, col:col + v.shape[1]] = v
                     col += v.shape[1]
                 n[rows] = step.n
                 obj[rows] = step.objective
@@ -364,6 +374,22 @@ class BatchedClients(BatchedPointStates):
         if commit and new_state:
             self._commit_state(idx, new_state, "model" if commit is True else commit)
         return Q, n, obj
+
+    def _reply_arrays(self, reuse, A: int):
+        """The reply's ``Q`` (A, F) (the buffer ``reuse`` if given), ``n`` (A,), ``obj`` (A,)."""
+        Q = None if reuse is None else self._reply_buffer(reuse, A)
+        return (np.empty((A, self.template.size)) if Q is None else Q), np.empty(A), np.empty(A)
+
+    def _out_views(self, Q: np.ndarray | None, rows) -> dict[str, np.ndarray] | None:
+        """Views of ``Q``'s ``rows`` (a slice) shaped as each statistic (C, ...), for a model
+        whose batched step writes there (``batched_out``); None otherwise."""
+        if Q is None or not isinstance(rows, slice) or not self.model.batched_out:
+            return None
+        C, col, views = rows.stop - rows.start, 0, {}
+        for k, v in self.template.items():
+            views[k] = np.reshape(Q[rows, col:col + v.size], (C, *v.shape), copy=False)
+            col += v.size
+        return views
 
     def _commit_state(self, idx: np.ndarray, new_state: dict[str, np.ndarray],
                       prefix: str = "model") -> None:

@@ -36,28 +36,38 @@ def gmm_log_resp(params, X: np.ndarray, cov_type: str):
 
 
 def gaussian_sums(X: np.ndarray, resp: np.ndarray, center: np.ndarray, cov_type: str,
-                  w: np.ndarray) -> dict[str, np.ndarray]:
+                  w: np.ndarray, out: dict[str, np.ndarray] | None = None
+                  ) -> dict[str, np.ndarray]:
     """Per-client ``nk`` (C, K), ``sx`` (C, K, d) and ``sxx`` of rows ``X`` (C, m, d) with
-    responsibilities ``resp`` (C, m, K) already weighted by the rows' weights ``w`` (C, m)."""
+    responsibilities ``resp`` (C, m, K) already weighted by the rows' weights ``w`` (C, m);
+    written into ``out`` (views of the reply buffer of those shapes, returned) if given."""
+    o = out or {}
     Xc = X - center
-    nk = resp.sum(axis=1)
+    nk = resp.sum(axis=1, out=o.get("nk"))
     RT = np.ascontiguousarray(resp.transpose(0, 2, 1))  # (C, K, m)
-    sx = RT @ Xc
+    sx = np.matmul(RT, Xc, out=o.get("sx"))
     C, m, d = X.shape
     K = resp.shape[2]
     if cov_type == "full":  # one product (C, K d, m) @ (C, m, d): the K blocks at once
         WX = np.multiply(RT[:, :, None, :], Xc.transpose(0, 2, 1)[:, None, :, :],
                          out=np.empty((C, K, d, m)))  # (C order: reshaped without a copy)
-        sxx = (WX.reshape(C, K * d, m) @ Xc).reshape(C, K, d, d)
+        flat = None if out is None else np.reshape(out["sxx"], (C, K * d, d), copy=False)
+        sxx = np.matmul(WX.reshape(C, K * d, m), Xc, out=flat).reshape(C, K, d, d)
+        sxx = sxx if out is None else out["sxx"]  # (written there through ``flat``)
     elif cov_type == "tied":
         Xw = Xc * w[:, :, None]
         sxx = Xw.transpose(0, 2, 1) @ Xc
     else:
         sxx = RT @ (Xc * Xc)
+    if out is not None:
+        if sxx is not out["sxx"]:
+            out["sxx"][...] = sxx
+        return out
     return {"nk": nk, "sx": sx, "sxx": sxx}
 
 
-def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state) -> BatchStep:
+def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state,
+                      out: dict[str, np.ndarray] | None = None) -> BatchStep:
     """The GMM client step of C clients at once.
 
     Parameters
@@ -67,6 +77,9 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
     X : ndarray of shape (C, m, d)
     w : ndarray of shape (C, m)
         1 for the rows to sum, 0 for padding and rows outside the mini-batch.
+    out : dict of str to ndarray or None
+        Views of the reply buffer the statistics are written into (``nk`` (C, K), ``sx``
+        (C, K, d), ``sxx``), returned as the step's ``stats``.
 
     Returns
     -------
@@ -76,7 +89,7 @@ def gmm_batched_stats(params, X: np.ndarray, w: np.ndarray, cov_type: str, state
     resp, norm = gmm_log_resp(params, X, cov_type)
     np.exp(resp, out=resp)  # (in place)
     resp *= w[:, :, None]
-    stats = gaussian_sums(X, resp, params["center"], cov_type, w)
+    stats = gaussian_sums(X, resp, params["center"], cov_type, w, out)
     objective = np.cumsum(norm * w, axis=1)[:, -1]  # in row order, as client_stats sums
     return BatchStep(stats, w.sum(axis=1), objective, state)
 

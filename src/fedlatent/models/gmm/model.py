@@ -79,6 +79,7 @@ class GMMModel(FederatedModel):
 
     name = "gmm"
     batched_step = True
+    batched_out = True
     batched_queries = frozenset({"moments", "hard_stats", "loglik"})
 
     def __init__(self, n_components: int, covariance_type: str = "full", reg_covar: float = 1e-6):
@@ -114,10 +115,10 @@ class GMMModel(FederatedModel):
         return ClientStep(stats, data.mass(rows),
                           float(np.cumsum(norm)[-1]) if len(norm) else 0.0, state)
 
-    def client_stats_batched(self, params, X, y, w, state):
+    def client_stats_batched(self, params, X, y, w, state, out=None):
         from .batched import gmm_batched_stats
 
-        return gmm_batched_stats(params, X, w, self.cov_type, state)
+        return gmm_batched_stats(params, X, w, self.cov_type, state, out)
 
     def client_query_batched(self, name, payload, X, y, w, state):
         from .batched import gmm_batched_query
