@@ -42,7 +42,7 @@ def test_sums_written_into_views_of_a_wider_buffer_are_the_returned_sums(cov_typ
 
 def test_a_fit_is_the_same_whether_the_step_writes_into_the_reply_or_is_copied(monkeypatch):
     rng = np.random.default_rng(0)
-    sizes = rng.integers(5, 30, 300)  # ragged: several buckets, chunks of every size
+    sizes = np.sort(rng.integers(5, 30, 300))  # ragged, each bucket's clients consecutive
     centres = rng.normal(scale=4.0, size=(3, 4))
     fd = fl.FederatedDataset.from_arrays({
         f"c{i:03d}": centres[i % 3] + rng.normal(size=(s, 4)) for i, s in enumerate(sizes)})
@@ -54,10 +54,20 @@ def test_a_fit_is_the_same_whether_the_step_writes_into_the_reply_or_is_copied(m
         return fl.FederatedGaussianMixture(3, random_state=0, verbose=False,
                                            federation=fed).fit(fd)
 
+    step, calls = GMMModel.client_stats_batched, []
+
+    def counted(self, *args, out=None):
+        calls.append(out is not None)
+        return step(self, *args, out=out)
+
+    monkeypatch.setattr(GMMModel, "client_stats_batched", counted)
     assert GMMModel.batched_out
     direct = fit()
+    assert any(calls) and not all(calls)  # written in place but a round's first chunk
     monkeypatch.setattr(GMMModel, "batched_out", False)  # the runtime copies the arrays
+    del calls[:]
     copied = fit()
+    assert calls and not any(calls)
     assert direct.n_iter_ == copied.n_iter_
     for k in ("weights_", "means_", "covariances_"):
         assert_close(getattr(direct, k), getattr(copied, k), err_msg=k)
