@@ -241,11 +241,12 @@ class SecAggClient(Enrolment):
         """The exchange's tokens with each peer (:func:`~.consistency.split_words`; ``peers``
         sorted, the first ``me`` of them before this client), kept by place in this client's
         closed neighbourhood."""
-        out, into = consistency.split_words(rows, me, n)
         place = self._own_place(roster)
-        at = [place[v] for v in peers]
+        at = np.fromiter(map(place.__getitem__, peers), np.intp, len(peers))
+        lo, hi = at[:me], at[me:]  # split_words's choice of word, written by place directly
         give, want = np.zeros(len(place), np.uint64), np.zeros(len(place), np.uint64)
-        give[at], want[at] = out, into
+        give[lo], give[hi] = rows[:me, n + 1], rows[me:, n]
+        want[lo], want[hi] = rows[:me, n], rows[me:, n + 1]
         self._tokens[label] = (give, want)
 
     def consistency(self, round: int, exchange: str, survivors: Sequence[str] | None,

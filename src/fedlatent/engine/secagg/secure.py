@@ -417,8 +417,9 @@ class SecureChannel:
         from fedlatent.engine.secagg import SecureAggregationError
 
         able = self.server.unmaskable(asked)
+        kept = set(able)  # a look-up per client asked (in the sorted list: n^2 / 2 compares)
         thin = {c: "too few of its masking-graph neighbours take part in this exchange to "
-                "rebuild its secrets: left out of it" for c in asked if c not in able}
+                "rebuild its secrets: left out of it" for c in asked if c not in kept}
         if thin:
             logger.warning("round %s, exchange %r: left out [%s]: too few of their masking-graph "
                            "neighbours take part", round, exchange, name_list(list(thin)))

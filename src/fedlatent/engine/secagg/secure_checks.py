@@ -93,16 +93,22 @@ def _cv(state: dict) -> dict[str, np.ndarray]:
     return {k[2:]: v for k, v in state.items() if k.startswith("V/")}
 
 
+def _remembered_round(node) -> int | None:
+    """The round of the client's last secure E-step (None: none)."""
+    got = node.state.get(_LAST + "round")
+    return None if got is None else int(np.ravel(got)[0])  # (a record's shape: (1,))
+
+
 def _remembered(node) -> tuple[int, dict, dict] | None:
     """``(round, reply, state before it)`` of the client's last secure E-step (None: none)."""
-    st = node.state
-    if _LAST + "round" not in st:
+    st, rnd = node.state, _remembered_round(node)
+    if rnd is None:
         return None
     reply = {k[len(_LAST) + 6:]: (v[()] if v.ndim == 0 else v) for k, v in st.items()
              if k.startswith(_LAST + "reply/")}
     before = {k[len(_LAST):]: v for k, v in st.items() if k.startswith(_LAST) and
               k[len(_LAST):].startswith(_UNDONE)}
-    return int(np.ravel(st[_LAST + "round"])[0]), reply, before  # (a record's shape: (1,))
+    return rnd, reply, before
 
 
 def _remember(node, rnd: int | None, reply: dict | None = None,
@@ -127,18 +133,19 @@ def answer_secure(node, method: str, msg: dict) -> dict:
     the one it now asks (the fit stopped in it and was resumed from the round before)."""
     if method != "estep":
         return node._answer(method, msg)
-    last = _remembered(node)
+    held = _remembered_round(node)  # the whole record read only when it is used
     undo = json.loads(msg[_UNDO]) if _UNDO in msg else ()
     rnd = int(msg["round"])
-    stopped = last is not None and _REPLAY not in msg and rnd > 1 and last[0] >= rnd
-    if last is not None and (stopped or last[0] in undo):
-        _restore(node, last[2], _UNDONE if stopped else ("V/",))
+    stopped = held is not None and _REPLAY not in msg and rnd > 1 and held >= rnd
+    if held is not None and (stopped or held in undo):
+        _restore(node, _remembered(node)[2], _UNDONE if stopped else ("V/",))
         _remember(node, None)
-        last = None
+        held = None
     if _REPLAY in msg:
-        if last is None or last[0] != rnd:
+        if held is None or held != rnd:
             raise ValueError(f"client {node.client_id!r}: asked to replay round {rnd}, whose "
                              "reply it does not hold")
+        last = _remembered(node)
         reply = dict(last[1])
         for k, v in _cv(last[2]).items():  # Q_c + V_c: the statistic minus S_hat
             reply["delta/" + k] = reply["delta/" + k] + v
