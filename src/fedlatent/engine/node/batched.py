@@ -350,24 +350,11 @@ class BatchedClients(BatchedPointStates):
                     W[take].astype(np.float64), self._model_state(cl, source), **extra)
                 if step is None:
                     raise NotImplementedError("the model has no batched step for these settings")
-                st = step.stats
                 if self.template is None:
-                    self.template = Stats({k: np.asarray(v[0]) for k, v in st.items()})
+                    self.template = Stats({k: np.asarray(v[0]) for k, v in step.stats.items()})
                 if Q is None:
                     Q, n, obj = self._reply_arrays(reuse, A)
-                col = 0
-                for k, v in st.items():
-                    written = outs is not None and v is outs.get(k)  # (in place already)
-                    v = v.reshape(v.shape[0], -1)
-                    if not written:
-                        Q[rows, col:col + v.shape[1]] = v
-                    col += v.shape[1]
-                n[rows] = step.n
-                obj[rows] = step.objective
-                for k, v in step.state.items():
-                    if k not in new_state:
-                        new_state[k] = np.empty((A, *v.shape[1:]), dtype=v.dtype)
-                    new_state[k][rows] = v
+                _put_step(step, outs, rows, Q, n, obj, new_state)
                 if finish is not None and isinstance(rows, slice):
                     finish[0](Q, n, rows.start, rows.stop)  # while the rows are in cache
                     finish[1][rows] = True
@@ -698,3 +685,21 @@ def _as_slice(rows: np.ndarray):
             rows.size < 2 or bool(np.all(np.diff(rows) == 1))):
         return slice(int(rows[0]), int(rows[-1]) + 1)
     return rows
+
+
+def _put_step(step, outs, rows, Q: np.ndarray, n: np.ndarray, obj: np.ndarray,
+              new_state: dict[str, np.ndarray]) -> None:
+    """A batched step written at ``rows`` of the reply ``Q``, ``n``, ``obj`` and ``new_state``
+    (each (A, ...)), but for statistics it wrote into its views ``outs`` already."""
+    col = 0
+    for k, v in step.stats.items():
+        written = outs is not None and v is outs.get(k)
+        v = v.reshape(v.shape[0], -1)
+        if not written:
+            Q[rows, col:col + v.shape[1]] = v
+        col += v.shape[1]
+    n[rows], obj[rows] = step.n, step.objective
+    for k, v in step.state.items():
+        if k not in new_state:
+            new_state[k] = np.empty((n.size, *v.shape[1:]), dtype=v.dtype)
+        new_state[k][rows] = v
