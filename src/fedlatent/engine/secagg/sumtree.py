@@ -69,6 +69,7 @@ NODE_TAG = b"fedlatent/sumtree/node\x00"
 CHALLENGE_TAG = b"fedlatent/sumtree/challenge\x00"
 DIGEST_TAG = b"fedlatent/sumtree/digest\x00"
 _TWO64 = (1 << 64) % P
+_P = np.uint64(P)
 
 
 def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,10 +85,10 @@ def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``r`` (PROJECTIONS, m): residues modulo :data:`P` from the ChaCha20 stream keyed by
     ``SHA-256(tag, label, A, c)``: a function of the claim only."""
     A, c = np.asarray(A, dtype="<u8"), np.asarray(c, dtype="<u8")
-    key = hashlib.sha256(CHALLENGE_TAG + struct.pack("<Q", len(label)) + bytes(label)
-                         + A.tobytes() + c.tobytes()).digest()
+    key = hashlib.sha256(b"".join((CHALLENGE_TAG, struct.pack("<Q", len(label)), bytes(label),
+                                   A.tobytes(), c.tobytes()))).digest()
     words = _crypto.prg_uint64(key, PROJECTIONS * A.size)
-    return (words % np.uint64(P)).reshape(PROJECTIONS, A.size)
+    return np.remainder(words, _P).reshape(PROJECTIONS, A.size)
 
 
 def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -184,12 +185,11 @@ def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
     """``[r z, r (A + 2^64 c)]`` modulo :data:`P` of the leaf ``z``: both in one pass, as
     lists of Python ints (each product below 2^62, each row sum below 2^62 for fewer than
-    2^31 words)."""
-    p = np.uint64(P)
-    rows = np.empty((2, leaf.size), dtype=np.uint64)
-    np.remainder(leaf, p, out=rows[0])
-    rows[1] = (A % p + (c % p) * np.uint64(_TWO64)) % p
-    return ((rows[:, None, :] * r[None]) % p).sum(axis=2).__imod__(p).tolist()
+    2^31 words). ``z``, ``A`` and ``c`` are projected together and ``r (A + 2^64 c)`` is
+    ``r A + (2^64 mod P) r c`` on Python ints: four array calls a leaf, not eleven."""
+    rows = np.remainder(np.concatenate((leaf, A, c)), _P).reshape(3, 1, leaf.size)
+    (z0, z1), (a0, a1), (c0, c1) = ((rows * r) % _P).sum(axis=2).tolist()
+    return [[z0 % P, z1 % P], [(a0 + _TWO64 * c0) % P, (a1 + _TWO64 * c1) % P]]
 
 
 _SUMS = struct.Struct(f"<{PROJECTIONS}Q")
