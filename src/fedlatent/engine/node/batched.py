@@ -34,6 +34,7 @@ from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_unifo
 from fedlatent.engine.node.batched_points import BatchedPointStates
 from fedlatent.engine.node.clientstep import fedem_rows
 from fedlatent.engine.node.pointstate import history_rounds, in_key, out_key
+from fedlatent.engine.node.rows import as_slice, put_step
 from fedlatent.engine.protocol.compiled import at_scale, kernels
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.stats import Stats
@@ -340,7 +341,7 @@ class BatchedClients(BatchedPointStates):
             for lo in range(0, count, per):
                 take = slice(lo, min(lo + per, count)) if every else pos[lo:lo + per]
                 cl = bk.clients[take]
-                rows = _as_slice(row_of[cl])
+                rows = as_slice(row_of[cl])
                 if Q is None and self.template is not None:
                     Q, n, obj = self._reply_arrays(reuse, A)
                 outs = self._out_views(Q, rows)
@@ -354,7 +355,7 @@ class BatchedClients(BatchedPointStates):
                     self.template = Stats({k: np.asarray(v[0]) for k, v in step.stats.items()})
                 if Q is None:
                     Q, n, obj = self._reply_arrays(reuse, A)
-                _put_step(step, outs, rows, Q, n, obj, new_state)
+                put_step(step, outs, rows, Q, n, obj, new_state)
                 if finish is not None and isinstance(rows, slice):
                     finish[0](Q, n, rows.start, rows.stop)  # while the rows are in cache
                     finish[1][rows] = True
@@ -677,29 +678,3 @@ def _sub_chunks(idx: np.ndarray, lo: int, hi: int):
         rows = idx[a:b]  # (ascending and distinct: consecutive when the ends say so)
         yield a, b, slice(int(rows[0]), int(rows[-1]) + 1) if rows[-1] - rows[0] == b - a - 1 \
             else rows
-
-
-def _as_slice(rows: np.ndarray):
-    """``rows`` as a slice when they are consecutive and ascending (a view, no scatter)."""
-    if rows.size and rows[-1] - rows[0] == rows.size - 1 and (
-            rows.size < 2 or bool(np.all(np.diff(rows) == 1))):
-        return slice(int(rows[0]), int(rows[-1]) + 1)
-    return rows
-
-
-def _put_step(step, outs, rows, Q: np.ndarray, n: np.ndarray, obj: np.ndarray,
-              new_state: dict[str, np.ndarray]) -> None:
-    """A batched step written at ``rows`` of the reply ``Q``, ``n``, ``obj`` and ``new_state``
-    (each (A, ...)), but for statistics it wrote into its views ``outs`` already."""
-    col = 0
-    for k, v in step.stats.items():
-        written = outs is not None and v is outs.get(k)
-        v = v.reshape(v.shape[0], -1)
-        if not written:
-            Q[rows, col:col + v.shape[1]] = v
-        col += v.shape[1]
-    n[rows], obj[rows] = step.n, step.objective
-    for k, v in step.state.items():
-        if k not in new_state:
-            new_state[k] = np.empty((n.size, *v.shape[1:]), dtype=v.dtype)
-        new_state[k][rows] = v

@@ -27,7 +27,7 @@ import numpy as np
 import fedlatent.engine.rounds.batched_round as rows_math
 from fedlatent.engine.contract.model import FederatedModel
 from fedlatent.engine.fedem.federation import Federation
-from fedlatent.engine.node.batched import _as_slice
+from fedlatent.engine.node.rows import as_slice
 from fedlatent.engine.protocol.messages import ClientReplyError, check_reply, pack
 from fedlatent.engine.protocol.reply_rows import ReplyRows
 from fedlatent.engine.stats import Stats
@@ -255,7 +255,7 @@ class Screen:
 
     def rebuild_rows(self, rep, rows: np.ndarray, S_hat: Stats | None, mirror) -> np.ndarray:
         """``S_c = Q_c + S_hat + V_c`` of some rows (A_r, F), added in that order."""
-        rows = _as_slice(rows)
+        rows = as_slice(rows)
         if S_hat is None:
             return rep.Q[rows]  # a view when the rows are consecutive: read only
         S_c = rep.Q[rows] + _flat(S_hat, rep.template)[None, :]
