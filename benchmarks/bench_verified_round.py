@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import os
 import time
 import warnings
 
 import numpy as np
 from _common import blas_limit  # noqa: E402 (this folder is on sys.path)
+from _timing import timed  # noqa: E402
 from bench_secure_fit import data  # noqa: E402
 
 import fedlatent as fl
@@ -73,33 +73,12 @@ def _parts():
 
 
 class TimedRuntime(fl.InProcessRuntime):
-    """The in-process runtime, with the CPU seconds spent answering clients kept, each part of
-    ``parts`` timed inside its calls, and the last E-step message of one client kept."""
+    """The in-process runtime, with the CPU seconds spent answering clients kept (``inside``
+    while it does: the gate of the parts' timers) and the last E-step message of one client."""
 
-    def __init__(self, fd, parts=()):
+    def __init__(self, fd):
         super().__init__(fd, batched=False)
         self.cpu, self.inside, self.acc, self.msg = 0.0, False, collections.Counter(), None
-        self.undo = [self._wrap(*p) for p in parts]
-
-    def _wrap(self, owner, name, label):
-        f = getattr(owner, name)
-
-        @functools.wraps(f)
-        def g(*a, **kw):
-            if not self.inside:
-                return f(*a, **kw)
-            t0 = time.thread_time()
-            try:
-                return f(*a, **kw)
-            finally:
-                self.acc[label] += time.thread_time() - t0
-
-        setattr(owner, name, g)
-        return owner, name, f
-
-    def restore(self) -> None:
-        for owner, name, f in self.undo:
-            setattr(owner, name, f)
 
     def call(self, client_ids, method, messages):
         if method == "estep" and client_ids:
@@ -117,7 +96,7 @@ def secure_fit(fd, rounds: int, verified: bool, parts: bool = True) -> dict:
     """Per round: site CPU per participant, server CPU, bytes down per participant; the
     verification's parts per participant (rounds 2..) and the last E-step message. Both fits
     run with the same timers (the unverified one calls none of them inside the sites)."""
-    rt = TimedRuntime(fd, _parts() if parts else ())
+    rt = TimedRuntime(fd)
     fed = fl.Federation(secure_aggregation=True, verified=verified)
     est = fl.FederatedGaussianMixture(3, init_params="random", federation=fed, max_rounds=rounds,
                                       tol=0.0, random_state=7, verbose=False)
@@ -128,12 +107,10 @@ def secure_fit(fd, rounds: int, verified: bool, parts: bool = True) -> dict:
         if len(marks) == 2:
             rt.acc.clear()  # (rounds 2.. only)
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", fl.ConvergenceWarning)
-            est.fit(fd, runtime=rt, callbacks=[record])
-    finally:
-        rt.restore()
+    with warnings.catch_warnings(), timed(_parts() if parts else (), rt.acc,
+                                          gate=lambda: rt.inside):
+        warnings.simplefilter("ignore", fl.ConvergenceWarning)
+        est.fit(fd, runtime=rt, callbacks=[record])
     h = est.history_.to_frame()
     site = np.diff([m[0] for m in marks])
     total = np.diff([m[1] for m in marks])
