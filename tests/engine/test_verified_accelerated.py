@@ -18,7 +18,7 @@ from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, unpack
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from verified_doubles import Rebuilt, moved
+from verified_doubles import Rebuilt, moved, six_sites
 
 #: the round the deviating server deviates in: the second with extra points (subspace Newton
 #: sends 1 point at round 4, then 2 a round, on these data)
@@ -31,11 +31,7 @@ def _data(name: str):
     example's blobs converge in four rounds, before any accelerator acts)."""
     if name != "gmm":
         return registry.estimator_entries()[name].load_example().case().data()
-    rng = np.random.default_rng(3)
-    X = rng.standard_normal((600, 2)) + np.array([[0, 0], [1.5, 0.5], [0.5, 1.5]])[
-        rng.integers(3, size=600)]
-    return fl.FederatedDataset.from_arrays(
-        {f"c{i}": p for i, p in enumerate(np.array_split(X, 6))})
+    return six_sites()
 
 
 def _fit(name: str, acc, runtime=None, rounds: int = 15, **fed):

@@ -32,7 +32,7 @@ from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, unpack
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from verified_doubles import Rebuilt, moved
+from verified_doubles import Rebuilt, moved, six_sites
 
 pytest.importorskip("cryptography")
 
@@ -49,11 +49,7 @@ def _data(name: str):
     example's blobs converge before any accelerator acts)."""
     if name != "gmm":
         return registry.estimator_entries()[name].load_example().case().data()
-    rng = np.random.default_rng(3)
-    X = rng.standard_normal((600, 2)) + np.array([[0, 0], [1.5, 0.5], [0.5, 1.5]])[
-        rng.integers(3, size=600)]
-    return fl.FederatedDataset.from_arrays(
-        {f"c{i}": p for i, p in enumerate(np.array_split(X, 6))})
+    return six_sites()
 
 
 def _fit(name: str, acc, runtime, checkpoint=None, resume=False, **fed):

@@ -32,6 +32,7 @@ from fedlatent.engine.secagg import SecAggClient, SecAggServer
 from fedlatent.engine.secagg import secure as secure_mod
 from fedlatent.engine.secagg.sumtree import SumTree, shared_fields, verify_leaf
 from fedlatent.engine.transport.inprocess import InProcessRuntime
+from verified_doubles import six_sites
 
 pytest.importorskip("cryptography")
 
@@ -44,11 +45,7 @@ def _data(name="gmm"):
     """Three 2-d Gaussians over six sites (GMM), or the registry's example (LCR)."""
     if name != "gmm":
         return registry.estimator_entries()[name].load_example().case().data()
-    rng = np.random.default_rng(3)
-    X = rng.standard_normal((600, 2)) + np.array([[0, 0], [3, 0.5], [0.5, 3]])[
-        rng.integers(3, size=600)]
-    return fl.FederatedDataset.from_arrays(
-        {f"c{i}": p for i, p in enumerate(np.array_split(X, 6))})
+    return six_sites(3.0)
 
 
 def _fit(runtime, name="gmm", **fed):
