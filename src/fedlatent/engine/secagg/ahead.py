@@ -54,17 +54,11 @@ def can_fork() -> bool:
 
 
 def effective_jobs(n_jobs) -> int:
-    """Processes for ``n_jobs`` by scikit-learn's convention: None or 1 one, -1 every core
-    this process may run on, -2 all but one, and so on (at least 1)."""
-    if n_jobs is None:
-        return 1
-    n = int(n_jobs)
-    if n == 0:
-        raise ValueError("n_jobs == 0 has no meaning; use 1 (one process), 2, or -1 (every core)")
-    if n > 0:
-        return n
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) + 1 + n)
+    """Processes for ``n_jobs`` by scikit-learn's convention (joblib's ``effective_n_jobs``:
+    None or 1 one, -1 every core this process may use, -2 all but one; 0 refused)."""
+    import joblib
+
+    return int(joblib.effective_n_jobs(n_jobs))
 
 
 def own_row(cid: str, msg: Mapping) -> int | None:
