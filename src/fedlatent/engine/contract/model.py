@@ -441,6 +441,12 @@ class FederatedModel(ABC):
         :meth:`server_step` before it refuses them."""
         return self.server_step(S, params, n_total)
 
+    def inference_params(self, S: Stats, params: Params, n_total: float) -> Params:
+        """The fitted parameters ``T(S)`` in the form the ``"information"`` query is asked at
+        (the estimator's reported values; :mod:`fedlatent.engine.node.verify_info` replays
+        them after a verified fit). Default: :meth:`server_step`."""
+        return self.server_step(S, params, n_total)
+
     def m_step(self, S: Stats, params: Params, n_total: float) -> Params:
         """The M-step ``T(S)`` on mean statistics ``S`` already in their domain (counts >= 0).
 

@@ -47,6 +47,7 @@ from fedlatent.engine.estimation.checks import check_features, check_is_fitted, 
 from fedlatent.engine.estimation.fitcontext import FitContext
 from fedlatent.engine.estimation.prediction import DatasetPrediction
 from fedlatent.engine.estimation.saved import apply_saved, load_checked, saved_settings
+from fedlatent.engine.estimation.verified_info import keep_channel
 from fedlatent.engine.fedem.checkpoint import save_arrays_json
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.fedem.seeds import resolve_seed
@@ -416,6 +417,7 @@ class FederatedEstimator(DatasetPrediction, BaseEstimator, metaclass=ABCMeta):
         #: categorical=est.encoding_) encodes new data the same way), None without one
         self.encoding_ = getattr(fd, "encoding", None)
         self._runtime = ctx.runtime
+        keep_channel(self, ctx)  # a verified fit's: its information pass verified too
         self._store(result, ctx.model)
 
     def _fit_one_start(self, fd, runtime, seed: int | None,

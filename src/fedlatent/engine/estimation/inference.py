@@ -176,6 +176,12 @@ def _context(est, fd, runtime):
                          "clients' noise is not in the observed information, so the intervals "
                          "would be too narrow by an unknown amount; fit with privacy=None for "
                          "inference")
+    if fd is None and runtime is None:  # a verified fit: through its own channel
+        from fedlatent.engine.estimation.verified_info import verified_context
+
+        kept = verified_context(est)
+        if kept is not None:
+            return kept
     rt = runtime if runtime is not None else (
         InProcessRuntime(fd) if fd is not None else getattr(est, "_runtime", None))
     if rt is None:

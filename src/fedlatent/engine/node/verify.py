@@ -161,9 +161,10 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
         _keep_start_exchange(node, total, _num(node.state["verify/N"], float))
     if method != "estep":
-        if _last_kind(node) == "estep":
-            raise VerificationRefused(f"{who}: a query after the rounds began cannot be "
-                                      "replayed by this site")
+        if _last_kind(node) in ("estep", "information"):  # after the rounds: the information
+            from fedlatent.engine.node.verify_info import after_rounds  # at verified params
+
+            return after_rounds(node, out, total, who)
         node.state["verify/last"] = np.frombuffer(b"query", np.uint8).copy()
         node.state["verify/asked"] = _bytes(json.dumps(_jsonable(
             {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))

@@ -222,6 +222,14 @@ class GMMModel(FederatedModel):
                 return out
         return self.server_step(S, params, n_total)
 
+    def inference_params(self, S, params, n_total):
+        """:meth:`server_step` with the covariances the estimator reports (the M-step's, a
+        component held off a point mass as ``GaussianMixture._store`` holds it): what the
+        information query is asked at."""
+        out = self.server_step(S, params, n_total)
+        _, _, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
+        return {**out, "covariances": hold_degenerate(cov, S, self.cov_type)[0]}
+
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):
         X, fw = data.X, data.weight
