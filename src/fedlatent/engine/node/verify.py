@@ -164,7 +164,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if _last_kind(node) in ("estep", "information"):  # after the rounds: the information
             from fedlatent.engine.node.verify_info import after_rounds  # at verified params
 
-            return after_rounds(node, out, total, who)
+            _refuse(after_rounds(node, out, total, who))
+            return out
         node.state["verify/last"] = np.frombuffer(b"query", np.uint8).copy()
         node.state["verify/asked"] = _bytes(json.dumps(_jsonable(
             {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))

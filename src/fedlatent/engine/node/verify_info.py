@@ -46,49 +46,54 @@ _FINAL = "verify/final/"
 _ASKED = ("query", "seed", "round")
 
 
-def after_rounds(node, msg: dict[str, Any], total: dict | None, who: str) -> dict[str, Any]:
-    """``msg`` (a query after the fit's rounds, its transcript checked and ``total`` the
-    decoded aggregate it shows; None: that exchange was discarded, or it was the information
-    exchange) once its parameters are the verified ones; VerificationRefused otherwise."""
-    from fedlatent.engine.node.verify import VerificationRefused, _bytes, _last_kind, _num
-
+def after_rounds(node, msg: dict[str, Any], total: dict | None, who: str) -> str | None:
+    """Why ``node`` refuses ``msg``, a query after the fit's rounds whose transcript was
+    checked (``total``: the decoded aggregate it shows; None: that exchange was discarded, or
+    it was the information exchange), or None: its parameters are the verified ones."""
     if str(msg.get("query", "")) != INFORMATION:
-        raise VerificationRefused(f"{who}: a query after the rounds began cannot be replayed "
-                                  "by this site")
+        return f"{who}: a query after the rounds began cannot be replayed by this site"
     extra = sorted(k for k in msg if not k.startswith(("params/", "secagg/")) and k not in _ASKED)
     if extra:
-        raise VerificationRefused(
-            f"{who}: the information query carries {', '.join(map(repr, extra[:10]))}, which it "
-            "does not take (only the parameters to evaluate it at)")
+        return (f"{who}: the information query carries {', '.join(map(repr, extra[:10]))}, "
+                "which it does not take (only the parameters to evaluate it at)")
     k = _num(node.state["verify/round"])
-    if _last_kind(node) == "estep":
+    if bytes(node.state["verify/last"]).decode() == "estep":
         final = _final_params(node, total)
         for name in [name for name in node.state if name.startswith(_FINAL)]:
             del node.state[name]
         node.state.update({_FINAL + n: np.asarray(v) for n, v in final.items()})
-        node.state["verify/last"] = _bytes(INFORMATION)
+        node.state["verify/last"] = np.frombuffer(INFORMATION.encode(), np.uint8).copy()
     final = {n[len(_FINAL):]: np.asarray(v) for n, v in node.state.items()
              if n.startswith(_FINAL)}
-    why = _refusal(unpack(msg, "params"), final, k, node.client_id)
-    if why:
-        raise VerificationRefused(why)
-    return msg
+    return _refusal(unpack(msg, "params"), final, k, node.client_id)
+
+
+def _num(value, kind=int):
+    """A scalar a transport may carry as a one-entry array."""
+    return kind(np.asarray(value).reshape(-1)[0])
+
+
+def _kept(state: dict, prefix: str) -> dict[str, np.ndarray]:
+    """The node state's entries under ``prefix`` (``verify/params/``...), by name."""
+    return {k[len(prefix):]: np.asarray(v) for k, v in state.items() if k.startswith(prefix)}
 
 
 def _final_params(node, total: dict | None) -> dict[str, np.ndarray]:
     """The parameters the server's step after the last verified round gives: the FedEM update
     of ``total`` (that round's decoded aggregate) and the model's M-step; the parameters the
     last round evaluated when its aggregate was discarded (``total`` None)."""
+    import json
+
+    from fedlatent.engine.fedem.federation import Federation
     from fedlatent.engine.fedem.update import FedEMState
-    from fedlatent.engine.node.verify import _federation, _groups, _num
     from fedlatent.engine.stats import Stats
 
-    mine = _groups(node.state, ("verify/params/", "verify/S_hat/", "verify/V/"))
-    prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
-                                              "verify/V/"))
+    prev, S_prev, V_prev = (_kept(node.state, f"verify/{g}/") for g in ("params", "S_hat", "V"))
     if total is None:
         return prev
-    fed, n_total = _federation(node), _num(node.state["verify/N"], float)
+    fed = Federation.from_config(json.loads(
+        bytes(node.state["verify/federation"]).decode())["federation"])
+    n_total = _num(node.state["verify/N"], float)
     Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
                if S_prev else v for k, v in total.items() if k.startswith("delta/")},
               copy=False)
