@@ -56,8 +56,8 @@ from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.protocol.messages import unpack
 from fedlatent.engine.rounds.accelerate import domain_test, refuse_model
 
-__all__ = ["NewtonAccelerator", "ServerNewton", "newton_for", "newton_points", "newton_state",
-           "secant_parts", "secant_subspace", "step_down"]
+__all__ = ["NewtonAccelerator", "ServerNewton", "cap_exceeded", "newton_for", "newton_points",
+           "newton_state", "secant_parts", "secant_subspace", "step_down"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,16 +95,35 @@ def newton_for(model, federation, n_total: float, params: Callable[[], dict],
 
 
 
+#: the refusal rule of a site's own cap on a round's extra points (its ``[limits] max-points``)
+POINTS_RULE = "limits.max-points"
+#: what the saturation rule's refusal names (each extra point is one more statistic)
+SATURATION_MARK = "max_parameters_per_record="
+
+
+def cap_exceeded(text: str) -> bool:
+    """Whether an error reply says the site's cap on a round's points was exceeded: its
+    ``[limits] max-points`` refusal, or the saturation rule (which counts each extra point as
+    one more statistic). Any other refusal or failure says nothing about the points."""
+    from fedlatent.engine.site.guard import refusal_rules
+
+    return POINTS_RULE in refusal_rules(text) or SATURATION_MARK in str(text)
+
+
 def step_down(accel: NewtonAccelerator, plan, errors: dict[str, str]) -> None:
-    """Clients answered a round of ``len(plan.points)`` extra points with an error (a site's
-    own rule: its saturation rule counts each point as one more statistic, or its
-    ``[limits] max-points``): the rest of the fit sends one extra point fewer, down to none
-    (plain EM rounds), so that no site is left out of round after round."""
+    """Clients answered a round of ``len(plan.points)`` extra points with an error saying
+    their cap on points was exceeded (:func:`cap_exceeded`: a site's saturation rule counts
+    each point as one more statistic, or its ``[limits] max-points``): the rest of the fit
+    sends one extra point fewer, down to none (plain EM rounds), so that no site is left out
+    of round after round. Other errors (a failure, another rule's refusal) leave it."""
+    capped = {c: why for c, why in errors.items() if cap_exceeded(why)}
+    if not capped:
+        return
     accel.cap = min(accel.cap, len(plan.points) - 1)
     logger.warning("round %d: client(s) [%s] did not answer a round of %d extra point(s) "
                    "(%s); Federation(acceleration='newton') sends at most %d from now on",
-                   plan.k, name_list(list(errors)), len(plan.points),
-                   next(iter(errors.values())), accel.cap)
+                   plan.k, name_list(list(capped)), len(plan.points),
+                   next(iter(capped.values())), accel.cap)
 
 
 def newton_state(accel: NewtonAccelerator, old: FedEMState, plain: FedEMState, agg,
