@@ -20,6 +20,7 @@ from ..gmm.model import gaussian_problem
 from ..logistic import irls_statistics, local_refit, newton_solve, weighted_grad_hess
 from .dp import fedgmm_dp_sensitivity, personal_weights
 from .math import fedgmm_log_components, fedgmm_responsibilities
+from .screen import hessian_bound_problem
 
 __all__ = ["FedGMMModel", "initial_coef", "start_from"]
 
@@ -266,7 +267,8 @@ class FedGMMModel(FederatedModel):
         """The Gaussian blocks as a Gaussian mixture's (``paper`` aggregation: around the
         client's own means, so the second moments are put back first); the learners' weights
         ``lw`` counts of the same samples; each learner's Hessian ``lH`` (a sum of
-        ``w x x^T``-type terms) positive semi-definite."""
+        ``w x x^T``-type terms) positive semi-definite and bounded by ``lw`` and ``sxx``
+        (:mod:`.screen`)."""
         G = {k: np.asarray(stats[k], dtype=np.float64) for k in ("nk", "sx", "sxx")}
         if self.cov_agg == "paper":
             G["sxx"] = G["sxx"] + self._outer(G["sx"], G["nk"] + 10 * np.finfo(np.float64).eps)
@@ -277,7 +279,8 @@ class FedGMMModel(FederatedModel):
         if reason or "lH" not in stats:
             return reason
         return psd_problem("the Hessian 'lH'", stats["lH"],
-                           None if slack is None else slack["lH"], "learner")
+                           None if slack is None else slack["lH"], "learner") or \
+            hessian_bound_problem(G["sxx"], stats["lH"], stats["lw"], self.cov_type, slack)
 
     def server_step(self, S, params, n_total):
         if self.private:
