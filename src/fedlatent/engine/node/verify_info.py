@@ -22,10 +22,12 @@ which
 
 Any other query after the rounds is refused, as before: the site cannot replay it.
 
-Accelerated fits: SQUAREM ends on the last round's plain EM step, which is what is replayed;
-subspace Newton ends on the best point it evaluated, which the site does not keep, so a
-Newton fit whose end is not its last plain step is refused here (named as any other
-difference).
+Accelerated fits: SQUAREM ends on the last round's plain EM step, which is what is replayed
+(so does subspace Newton for a model whose clients keep a state, FedGMM); subspace Newton
+otherwise ends on ``F`` of the best point it evaluated, which is the statistic the next round
+would be sent (:func:`~fedlatent.engine.node.verify_points.accelerated_state`, replayed)
+unless an earlier round evaluated a better point than every point of the last: the site does
+not keep that one, and refuses (named as any other difference).
 """
 
 from __future__ import annotations
@@ -102,8 +104,22 @@ def _final_params(node, total: dict | None) -> dict[str, np.ndarray]:
     k_prev = _num(node.state["verify/round"])
     new = state.advance(Q, init_round, 1.0 if init_round else fed.gamma(k_prev), 1.0,
                         fed.alpha_for({k: np.shape(v) for k, v in Q.items()}),
-                        bool(fed.control_variates))  # (replay.replay's update; then the
-    return node.model.inference_params(new.S_hat, prev, n_total)  # server's M-step, once)
+                        bool(fed.control_variates))  # (replay.replay's update)
+    if not init_round and _ends_on_best(node, fed):  # the accelerator's next state
+        from fedlatent.engine.node.verify_points import accelerated_state
+
+        new = accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)[1]
+    return node.model.inference_params(new.S_hat, prev, n_total)  # (the server's M-step)
+
+
+def _ends_on_best(node, fed) -> bool:
+    """Whether the fit ends on the accelerator's best point rather than its last plain step:
+    subspace Newton without client states (its best is, but for a rare path, the point the
+    next round would be sent, which the site replays)."""
+    from fedlatent.engine.fedem.acceleration import SubspaceNewton, resolve_acceleration
+
+    return isinstance(resolve_acceleration(fed.acceleration), SubspaceNewton) and not bool(
+        getattr(node.model, "point_state", False))
 
 
 def _refusal(sent: dict, final: dict, k: int, client: str) -> str | None:
