@@ -31,6 +31,7 @@ from ..data.dataset import DataValidationError
 from ..engine.node.site_state import read_site_state, run_key, write_site_state
 from ..engine.protocol.messages import ERROR_KEY as _ERROR_KEY
 from .flower_records import _ERROR, _ERROR_TYPE, _METHOD, _MODEL, _STATE, decode, encode
+from .site_threads import pin_blas
 
 __all__ = ["RESTORE", "RUN", "dataset_identity", "make_client_app", "node_policy", "own_signer",
            "provision", "require_roster", "restore_state", "save_after", "serve", "site_dir"]
@@ -359,6 +360,8 @@ def make_client_app(paths: list[str] | None = None, policies: list[str] | None =
             d = decode(msg.content)
             method = str(d.pop(_METHOD))
             nc = dict(context.node_config)
+            if "data-path" in nc:  # a deployed site: one BLAS thread for its process
+                pin_blas(nc)
             policy = node_policy(nc, policies)
             path = _node_data_path(context, paths, policy)
             site = site_dir(nc, path)
