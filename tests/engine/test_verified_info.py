@@ -198,3 +198,27 @@ def test_another_query_after_the_rounds_is_still_refused():
     with pytest.raises(FederatedFitError, match=r"a query after the rounds began cannot be "
                                                 r"replayed by this site"):
         ctx.ask_sum("loglik", payload, shapes={"n": (), "loglik": ()})
+
+
+def test_after_several_starts_only_the_last_starts_channel_is_kept():
+    """The sites hold the last start's state: the best start's information is asked on its
+    channel when it is the last start; otherwise after a new setup, which a "dp-or-verified"
+    site refuses (seeds 0-3 of three starts: both cases occur)."""
+    seen = set()
+    for seed in range(4):
+        fd = six_sites()
+        est = fl.FederatedGaussianMixture(
+            3, random_state=seed, n_init=3, max_rounds=8,
+            federation=fl.Federation(secure_aggregation=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(fd, runtime=InProcessRuntime(fd, policies=DP_OR_VERIFIED))
+        last = est.best_start_ == 2
+        seen.add(last)
+        assert (est._verified_info is not None) is last
+        if last:
+            assert np.isfinite(_cov(est)).all()
+        else:
+            with pytest.raises(FederatedFitError, match=r"\(privacy.required\)"):
+                _cov(est)
+    assert seen == {True, False}
