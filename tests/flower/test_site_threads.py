@@ -1,7 +1,10 @@
-"""A deployed site's ClientApp limits the BLAS and OpenMP pools of its process to one thread,
-once, at its first message (``fedlatent.runtime.site_threads``); the node config's
-``blas-threads`` sets another number (0: the libraries' own). Run in fresh processes: the limit
-is for a whole process."""
+"""A deployed site's ClientApp runs the BLAS and OpenMP libraries of its process on one thread
+from its first message (``fedlatent.runtime.site_threads``): those it loads from then on
+(SciPy's, where a site's small factorizations cost 50-80x more on two threads) through their
+environment, without importing anything (the lean client path imports no SciPy), and those
+loaded before where they are. The node config's ``blas-threads`` sets another number (0: the
+libraries' own); a site's own environment stands. Run in fresh processes: the limit is for a
+whole process."""
 
 from __future__ import annotations
 
@@ -10,38 +13,53 @@ import pytest
 from fedlatent.runtime.site_threads import blas_threads
 from fresh_process import in_fresh_process
 
-_THREADS = """
+_CHILD = """
 import os
-os.environ.pop("OPENBLAS_NUM_THREADS", None); os.environ.pop("OMP_NUM_THREADS", None)
-import numpy, scipy.linalg
-from threadpoolctl import threadpool_info
+for _k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.pop(_k, None)
+os.environ.update(ENV)
+import numpy
+if BEFORE:
+    import scipy.linalg
 from fedlatent.runtime.site_threads import pin_blas
-before = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
 first = pin_blas(CONFIG)
-mid = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
 second = pin_blas({"blas-threads": 3})
-after = sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
-result = [before, first, mid, second, after]
+import sys
+light = [m for m in ("scipy", "threadpoolctl") if m in sys.modules]
+import scipy.linalg
+from threadpoolctl import threadpool_info
+blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+result = [first, second, light,
+          sorted({i["num_threads"] for i in blas if "scipy.libs" in i["filepath"]}),
+          sorted({i["num_threads"] for i in blas if "numpy.libs" in i["filepath"]})]
 """
 
 
-def _run(config: dict):
-    result, _ = in_fresh_process(_THREADS.replace("CONFIG", repr(config)), ())
+def _run(config: dict, before: bool = False, env: dict | None = None):
+    code = (_CHILD.replace("CONFIG", repr(config)).replace("BEFORE", repr(before))
+            .replace("ENV", repr(env or {})))
+    result, _ = in_fresh_process(code, ())
     return result
 
 
-@pytest.mark.parametrize(("config", "want"), [({}, 1), ({"blas-threads": 2}, 2)],
-                         ids=["default", "two"])
-def test_the_first_message_limits_the_process_once(config, want):
-    before, first, mid, second, after = _run(config)
-    assert first is True and second is False  # (the second call changes nothing)
-    assert mid == after == [want], (before, mid, after)
+def test_the_libraries_loaded_after_the_first_message_run_on_one_thread():
+    first, second, light, scipy_threads, _ = _run({})
+    assert first is True and second is False  # once a process
+    assert light == []  # nothing imported for it (NumPy's BLAS left as it was)
+    assert scipy_threads == [1], scipy_threads
 
 
-def test_zero_leaves_the_libraries_own():
-    before, first, mid, second, after = _run({"blas-threads": 0})
-    assert first is False and mid == before
-    assert second is True and after == [3]  # (nothing was set: a later call may set it)
+def test_a_blas_loaded_before_is_limited_where_it_is():
+    first, _, light, scipy_threads, numpy_threads = _run({}, before=True)
+    assert first is True and "threadpoolctl" in light
+    assert scipy_threads == [1] and numpy_threads == [1]
+
+
+def test_zero_leaves_the_libraries_own_and_so_does_a_sites_own_environment():
+    unpinned = _run({"blas-threads": 0})
+    assert unpinned[0] is False and unpinned[1] is True  # (nothing set: a later call may)
+    own = _run({}, env={"OPENBLAS_NUM_THREADS": "2"})
+    assert own[0] is True and own[3] == [2], own
 
 
 @pytest.mark.parametrize("bad", [-1, "two", 1.5])
