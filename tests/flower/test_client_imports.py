@@ -8,6 +8,7 @@ scikit-learn, nor the server's round loop; the reply is the in-process node's to
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -31,7 +32,7 @@ MODEL_CONFIG = {"n_components": 2, "covariance_type": "full", "reg_covar": 1e-6}
 # One flwr-clientapp process, minus the transport: load the component the app directory names,
 # answer a setup and an estep message through the ClientApp object, write the replies.
 CHILD = textwrap.dedent('''
-    import importlib, json, sys, time
+    import importlib, json, os, sys, time
     import numpy as np
     from flwr.app import Context, Message, Metadata, RecordDict
     from fedlatent.runtime.flower_app import APP_COMPONENTS
@@ -58,7 +59,8 @@ CHILD = textwrap.dedent('''
     print(json.dumps({"setup": setup,
                       "scalars": {k: v for k, v in estep.items()
                                   if not isinstance(v, np.ndarray)},
-                      "imported": [m for m in heavy.split(",") if m in sys.modules]}))
+                      "imported": [m for m in heavy.split(",") if m in sys.modules],
+                      "blas_env": os.environ.get("OPENBLAS_NUM_THREADS")}))
 ''')
 
 
@@ -101,6 +103,8 @@ def test_gmm_client_answers_setup_and_estep_without_scipy_pandas_or_sklearn(tmp_
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["imported"] == []
     assert got["setup"] == {"n_units": 320}
+    # a deployed site's process: the BLAS it loads later runs on one thread (site_threads)
+    assert got["blas_env"] == os.environ.get("OPENBLAS_NUM_THREADS", "1")
 
     # the same node in-process answers the same, to rounding
     node = ClientNode("site-0", fd["site-0"])
@@ -132,7 +136,8 @@ def test_gmm_client_describes_its_data_without_scipy_pandas_or_sklearn(tmp_path)
     child = CHILD.split("\nmsgs = json.loads")[0] + textwrap.dedent('''
         reply = ask(1, {**json.loads(sys.argv[5]), "fedlatent.method": "describe"})
         print(json.dumps({"reply": reply,
-                          "imported": [m for m in heavy.split(",") if m in sys.modules]}))
+                          "imported": [m for m in heavy.split(",") if m in sys.modules],
+                      "blas_env": os.environ.get("OPENBLAS_NUM_THREADS")}))
     ''')
     msg = describe_message(fl.FederatedGaussianMixture(2, random_state=0))
     out = subprocess.run(
