@@ -12,13 +12,14 @@ is SciPy's OpenBLAS (NumPy's on these sizes: no difference measured), which a si
 when it needs it (a verifying site's replay).
 
 So a deployed site's ClientApp, at its first message (:func:`pin_blas`), sets
-``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` for the libraries its
+``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS`` for the BLAS libraries its
 process loads from then on (unless the site set them: its own values stand), at ~40 us and
-without importing anything (the lean client path imports no SciPy); libraries loaded
-already other than NumPy's (a process that imported SciPy before) are limited where they are,
-with threadpoolctl (~4 ms: it scans the loaded libraries). Limiting around each message in a
-long-lived process would cost more than it saves (``threadpool_limits`` scans at every call,
-~0.5 ms; setting OpenBLAS back to two threads costs ~0.2 ms at its next call). The node
+without importing anything (the lean client path imports no SciPy); in a process that loaded
+SciPy's before, every loaded BLAS is limited where it is, with threadpoolctl (~4 ms: it scans
+the loaded libraries). OpenMP pools (numba's kernels) keep their threads. Limiting around
+each message in a long-lived process would cost more than it saves (``threadpool_limits``
+scans at every call, ~0.5 ms; setting OpenBLAS back to two threads costs ~0.2 ms at its next
+call). The node
 config's ``blas-threads`` sets the number (default 1; 0 leaves the libraries' own). A
 simulation's nodes share the server's process and are left alone.
 """
@@ -37,8 +38,8 @@ logger = logging.getLogger(__name__)
 #: the node config key, and its default: one thread
 BLAS_THREADS = "blas-threads"
 _KEPT: list = []  # set once: the limit of libraries loaded before (None: none), kept alive
-#: the variables BLAS and OpenMP libraries read when they load
-_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: the variables BLAS libraries read when they load (not OpenMP's: numba's kernels keep theirs)
+_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: modules whose BLAS, loaded before the first message, is limited where it is
 _LOADED = ("scipy.linalg", "sklearn", "torch")
 
@@ -59,7 +60,7 @@ def blas_threads(node_config: dict[str, Any]) -> int:
 
 
 def pin_blas(node_config: dict[str, Any]) -> bool:
-    """Limit this process's BLAS and OpenMP pools to :func:`blas_threads` threads, once per
+    """Limit this process's BLAS pools to :func:`blas_threads` threads, once per
     process (later calls change nothing): the environment of the libraries loaded from now
     on, and those loaded already beyond NumPy's; whether this call set the limit."""
     threads = blas_threads(node_config)
@@ -71,7 +72,7 @@ def pin_blas(node_config: dict[str, Any]) -> bool:
     if any(m in sys.modules for m in _LOADED):  # a BLAS loaded already: limit it there
         from threadpoolctl import ThreadpoolController
 
-        limit = ThreadpoolController().limit(limits=threads)
+        limit = ThreadpoolController().limit(limits=threads, user_api="blas")
     _KEPT.append(limit)  # (once per process)
-    logger.info("BLAS and OpenMP pools limited to %d thread(s) for this site process", threads)
+    logger.info("BLAS pools limited to %d thread(s) for this site process", threads)
     return True
