@@ -1,6 +1,6 @@
-"""A deployed site's ClientApp runs the BLAS libraries of its process on one thread
-from its first message (``fedlatent.runtime.site_threads``): those it loads from then on
-(SciPy's, where a busy machine made a site's small factorizations 10-80x dearer on two) through their
+"""A deployed site's ClientApp runs the BLAS libraries of its process on one thread from its
+first message (``fedlatent.runtime.site_threads``): those it loads from then on (SciPy's,
+where a busy machine made a site's small factorizations 10-80x dearer on two) through their
 environment, without importing anything (the lean client path imports no SciPy), and those
 loaded before where they are. The node config's ``blas-threads`` sets another number (0: the
 libraries' own); a site's own environment stands. Run in fresh processes: the limit is for a
