@@ -173,7 +173,7 @@ class SecAggClient(Enrolment):
         layout, y = self.config.encoding.encode_flat(stats, client=self.id)
         n = y.size
         me = int(np.searchsorted(pos, self._near().me))  # peers before u subtract, after add
-        peers = np.delete(pos, me)
+        peers = np.concatenate((pos[:me], pos[me + 1:]))
         rows = self._pair_rows(peers, label, n + consistency.TOKEN_WORDS, e)
         self._keep_tokens(label, rows, peers, me, n)
         y += rows[me:, :n].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
@@ -357,18 +357,17 @@ class SecAggClient(Enrolment):
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
         S, D = self._signed_split(roster, label, survivors, dropped, where)
-        owners = [u for u in S if u != self.id] if self.config.sparse(roster.n) else S
-        near = self._near()
+        near, others = self._near(), [u for u in S if u != self.id]
+        at = near.at(others)  # (the owners of the shares it reveals on a sparse graph)
+        owners, at_owners = (others, at) if self.config.sparse(roster.n) else (S, near.at(S))
         if self._authenticated or confirmations is not None:
-            others = [u for u in S if u != self.id]
-            want = self._tokens[label][1][near.at(others)]
-            consistency.check(self.id, others, confirmations, want, where,
+            consistency.check(self.id, others, confirmations, self._tokens[label][1][at], where,
                               digest=label in self._digest)
         e = self._slot_of[label]
         key = str(e)
         held, pairs = self._self_shown.get(key, {}), self._pair_shown.get(key, {})
         self._never_both(D, owners, held, pairs, where)
-        out = {"self": near.held(self._blobs, near.at(owners), e, shamir.SEED_SHARE_BYTES)}
+        out = {"self": near.held(self._blobs, at_owners, e, shamir.SEED_SHARE_BYTES)}
         if D:
             words = self._mask_words[label]
             masks = self._pair_masks(D, label, words, e)

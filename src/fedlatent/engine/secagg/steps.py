@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 
 from fedlatent.engine.protocol.messages import ERROR_KEY, objective_field, statistic_field
+from fedlatent.engine.secagg.encoding import Flat, Layout
 from fedlatent.engine.secagg.protocol import id_list
 
-__all__ = ["mask_reply", "node_identity", "secagg_step"]
+__all__ = ["mask_reply", "node_identity", "reply_fields", "secagg_step"]
 
 _KEY = "secagg/"
 #: the objective (a log-likelihood, unbounded below) crosses as two limbs, hi * 2^20 + lo,
@@ -134,21 +135,43 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
     A reply carrying an error is sent as it is (the client counts as dropped)."""
     if ERROR_KEY in reply:
         return reply
-    w, unit = float(msg[_KEY + "weight"]), float(msg[_KEY + "unit"])
-    fields = {}
+    if node.secagg is None:
+        raise ValueError(f"client {node.client_id!r}: asked for a masked reply before the key "
+                         "set-up")
+    fields = reply_fields(reply, method == "estep", float(msg[_KEY + "weight"]),
+                          float(msg[_KEY + "unit"]))
+    return node.secagg.mask_announced(fields, int(msg[_KEY + "round"]),
+                                      str(msg[_KEY + "exchange"]),
+                                      msg[_KEY + "participants"], slot=int(msg[_KEY + "slot"]))
+
+
+def reply_fields(reply: dict[str, Any], estep: bool, w: float, unit: float) -> Flat:
+    """The fields a masked reply carries, flat in their sorted order (:class:`~.encoding.Flat`):
+    each numeric field of ``reply`` times ``w`` (an E-step's statistic) or ``unit`` (1 / N),
+    a scalar as one entry; an E-step's objectives (unbounded) in two limbs ``hi * 2^20 +
+    lo`` (a multi-point round: each point's). Written once into one vector, each entry the
+    same float product as field by field."""
+    parts: dict[str, tuple[np.ndarray, float | None]] = {}
     for k, v in reply.items():
         if isinstance(v, str):
             continue
         a = np.asarray(v, dtype=np.float64)
         a = a.reshape(1) if a.ndim == 0 else a  # as records carry it
-        fields[k] = a * (w if method == "estep" and statistic_field(k) else unit)
-    for k in [k for k in fields if method == "estep" and objective_field(k)]:
-        o = fields.pop(k)  # unbounded: split into two limbs (a multi-point round: each point's)
-        hi = np.floor(o / _LIMB)
-        fields[k + "/hi"], fields[k + "/lo"] = hi, o - hi * _LIMB
-    if node.secagg is None:
-        raise ValueError(f"client {node.client_id!r}: asked for a masked reply before the key "
-                         "set-up")
-    return node.secagg.mask_announced(fields, int(msg[_KEY + "round"]),
-                                      str(msg[_KEY + "exchange"]),
-                                      msg[_KEY + "participants"], slot=int(msg[_KEY + "slot"]))
+        if estep and objective_field(k):
+            o = a * unit
+            hi = np.floor(o / _LIMB)
+            parts[k + "/hi"], parts[k + "/lo"] = (hi, None), (o - hi * _LIMB, None)
+        else:
+            parts[k] = (a, w if estep and statistic_field(k) else unit)
+    names = sorted(parts)
+    layout = Layout.of_shapes(tuple((k, parts[k][0].shape) for k in names))
+    x, at = np.empty(layout.size, dtype=np.float64), 0
+    for k in names:
+        a, f = parts[k]
+        out = x[at:at + a.size]
+        if f is None:
+            out[:] = a.reshape(-1)
+        else:
+            np.multiply(a.reshape(-1), f, out=out)
+        at += a.size
+    return Flat(layout, x)
