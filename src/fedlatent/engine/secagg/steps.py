@@ -8,7 +8,9 @@ set-up's steps, the consistency round and the reveal) and the masked form of its
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -148,30 +150,47 @@ def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) ->
 def reply_fields(reply: dict[str, Any], estep: bool, w: float, unit: float) -> Flat:
     """The fields a masked reply carries, flat in their sorted order (:class:`~.encoding.Flat`):
     each numeric field of ``reply`` times ``w`` (an E-step's statistic) or ``unit`` (1 / N),
-    a scalar as one entry; an E-step's objectives (unbounded) in two limbs ``hi * 2^20 +
-    lo`` (a multi-point round: each point's). Written once into one vector, each entry the
-    same float product as field by field."""
-    parts: dict[str, tuple[np.ndarray, float | None]] = {}
-    for k, v in reply.items():
-        if isinstance(v, str):
-            continue
-        a = np.asarray(v, dtype=np.float64)
-        a = a.reshape(1) if a.ndim == 0 else a  # as records carry it
-        if estep and objective_field(k):
-            o = a * unit
+    a scalar as one entry; an E-step's objectives (unbounded) times ``unit`` in two limbs
+    ``hi * 2^20 + lo`` (a multi-point round: each point's). Every entry the same float
+    product as field by field, written in one vector: the fields joined, then each run of
+    fields with one factor multiplied at once (the runs found once per kind of reply)."""
+    kinds = _kinds(tuple(k for k, v in reply.items() if not isinstance(v, str)), estep)
+    parts = {}
+    for k, kind in kinds.items():
+        a = np.asarray(reply[k], dtype=np.float64)
+        if kind == "o":  # unbounded: two limbs
+            o = (a.reshape(1) if a.ndim == 0 else a) * unit
             hi = np.floor(o / _LIMB)
-            parts[k + "/hi"], parts[k + "/lo"] = (hi, None), (o - hi * _LIMB, None)
+            parts[k + "/hi"], parts[k + "/lo"] = hi, o - hi * _LIMB
         else:
-            parts[k] = (a, w if estep and statistic_field(k) else unit)
-    names = sorted(parts)
-    layout = Layout.of_shapes(tuple((k, parts[k][0].shape) for k in names))
-    x, at = np.empty(layout.size, dtype=np.float64), 0
-    for k in names:
-        a, f = parts[k]
-        out = x[at:at + a.size]
-        if f is None:
-            out[:] = a.reshape(-1)
-        else:
-            np.multiply(a.reshape(-1), f, out=out)
-        at += a.size
+            parts[k] = a
+    layout, runs = _runs(tuple((k, parts[k].shape or (1,)) for k in sorted(parts)), estep,
+                         tuple(kinds.items()))
+    x = np.concatenate([parts[k].reshape(-1) for k in layout.names])
+    for lo, hi, kind in runs:
+        x[lo:hi] *= w if kind == "w" else unit
     return Flat(layout, x)
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds(keys: tuple[str, ...], estep: bool) -> dict[str, str]:
+    """Each of a reply's numeric fields ``keys``: ``"w"`` (a statistic, times the weight),
+    ``"o"`` (an objective, in limbs) or ``"u"`` (times 1 / N)."""
+    return {k: "w" if estep and statistic_field(k) else "o" if estep and objective_field(k)
+            else "u" for k in keys}
+
+
+@functools.lru_cache(maxsize=64)
+def _runs(shapes: tuple, estep: bool, kinds: tuple) -> tuple[Layout, tuple]:
+    """The layout of ``shapes`` and its runs ``(start, stop, kind)`` of consecutive entries
+    with one factor (``kind`` "w" or "u"; the limbs are scaled already)."""
+    kind = dict(kinds)
+    layout, runs, at = Layout.of_shapes(shapes), [], 0
+    for k, shp in shapes:
+        m, f = math.prod(shp), kind.get(k)
+        if f is not None and runs and runs[-1][2] == f and runs[-1][1] == at:
+            runs[-1][1] = at + m
+        elif f is not None:
+            runs.append([at, at + m, f])
+        at += m
+    return layout, tuple(map(tuple, runs))
