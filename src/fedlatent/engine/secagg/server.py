@@ -215,6 +215,14 @@ class SecAggServer:
                 f"{where}: {len(S)} of {len(P)} participants replied, fewer than the threshold "
                 f"{t}; the sum cannot be unmasked, so this exchange is abandoned")
         layout = Layout.of(masked[S[0]])
+        fields = _fields_of(masked, S, layout)  # (None: a reply differs; named below)
+        if fields is not None:  # every reply checked: each field summed over them at once
+            total = np.concatenate([f.sum(axis=0, dtype=np.uint64).reshape(-1) for f in fields])
+            rows = np.concatenate([f.reshape(len(S), -1) for f in fields], axis=1) \
+                if self.keep_leaves else None
+            pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout,
+                        total=total, rows=rows)
+            return {"survivors": list(S), "dropped": list(pend["dropped"])}
         total = np.zeros(layout.size, dtype=np.uint64)
         rows = np.empty((len(S), layout.size), dtype=np.uint64) if self.keep_leaves else None
         for i, u in enumerate(S):
@@ -473,6 +481,24 @@ class SecAggServer:
         if self._pending is None:
             raise SecureAggregationError("no open exchange: call announce first")
         return self._pending
+
+
+def _fields_of(masked: Mapping[str, Mapping], S: list[str], layout: Layout
+               ) -> list[np.ndarray] | None:
+    """Each field of ``layout`` stacked over the replies of ``S`` (a (len(S), *shape) uint64
+    array each), or None when a reply has other fields, shapes or dtypes (the caller names
+    it)."""
+    want = dict(layout.shapes)
+    u64 = np.dtype(np.uint64)
+    for u in S:
+        reply = masked[u]
+        if len(reply) != len(want):
+            return None
+        for k, shape in want.items():
+            a = reply.get(k)
+            if not isinstance(a, np.ndarray) or a.dtype != u64 or a.shape != shape:
+                return None
+    return [np.stack([masked[u][k] for u in S]) for k in layout.names]
 
 
 def _leaves(rows: np.ndarray, selfs: np.ndarray, S: list[str], pairs: dict) -> np.ndarray:
