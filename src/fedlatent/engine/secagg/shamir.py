@@ -340,7 +340,7 @@ def _fold(a: np.ndarray) -> np.ndarray:
 def reconstruct_seeds(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Seeds from shares: ``xs`` (m, t) holders' x-coordinates (distinct in each row), ``ys``
     (m, t, LIMBS) their shares; returns the (m, LIMBS) int64 constant terms, every seed
-    interpolated at once (:func:`_weights`: the Lagrange weights of each row)."""
+    interpolated at once (:func:`_weights31`: the Lagrange weights of each row)."""
     X = np.asarray(xs, dtype=np.int64)
     Y = np.asarray(ys, dtype=np.int64)
     if X.ndim != 2 or Y.shape[:2] != X.shape:
@@ -348,11 +348,11 @@ def reconstruct_seeds(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     srt = np.sort(X, axis=1)
     if np.any(srt[:, 1:] == srt[:, :-1]):
         raise ValueError("shares' x-coordinates must be distinct")
-    w = _weights(X % P31)
+    w = _weights31(X % P31)
     return _fold(w[:, :, None] * (Y % P31)).sum(axis=1) % P31
 
 
-def _weights(Xp: np.ndarray) -> np.ndarray:
+def _weights31(Xp: np.ndarray) -> np.ndarray:
     """The Lagrange weights at 0 of each row of x-coordinates ``Xp`` (in [0, P31)),
     ``w_i = prod_{j != i} x_j / (x_j - x_i)`` mod P31 (entries <= P31): the numerators from
     prefix and suffix products along each row, the denominators one product per ``j`` over
