@@ -77,14 +77,17 @@ class Layout:
 
     def unflatten(self, vector: np.ndarray, copy: bool = True) -> dict[str, np.ndarray]:
         """The named arrays of a flat vector (copies; views of it with ``copy=False``)."""
-        out, at = {}, 0
+        out = {k: vector[a:b].reshape(s) for k, a, b, s in self._spans}
+        return {k: v.copy() for k, v in out.items()} if copy else out
+
+    @functools.cached_property
+    def _spans(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+        """``(name, start, stop, shape)`` of each field in the flat vector."""
+        out, at = [], 0
         for k, s in self.shapes:
-            m = math.prod(s)
-            out[k] = vector[at:at + m].reshape(s)
-            if copy:
-                out[k] = out[k].copy()
-            at += m
-        return out
+            out.append((k, at, at + math.prod(s), s))
+            at += math.prod(s)
+        return tuple(out)
 
 
 #: the layouts :meth:`Layout.of_shapes` made, by their shapes
