@@ -81,6 +81,11 @@ class Layout:
         return {k: v.copy() for k, v in out.items()} if copy else out
 
     @functools.cached_property
+    def offsets(self) -> dict[str, int]:
+        """Where each field starts in the flat vector."""
+        return {k: a for k, a, _, _ in self._spans}
+
+    @functools.cached_property
     def _spans(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
         """``(name, start, stop, shape)`` of each field in the flat vector."""
         out, at = [], 0

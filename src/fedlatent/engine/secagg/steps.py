@@ -155,11 +155,16 @@ def reply_fields(reply: dict[str, Any], estep: bool, w: float, unit: float) -> F
     product as field by field, written in one vector: the fields joined, then each run of
     fields with one factor multiplied at once (the runs found once per kind of reply)."""
     kinds = _kinds(tuple(k for k, v in reply.items() if not isinstance(v, str)), estep)
-    parts = {}
+    parts, limbs = {}, []
     for k, kind in kinds.items():
         a = np.asarray(reply[k], dtype=np.float64)
         if kind == "o":  # unbounded: two limbs
             o = (a.reshape(1) if a.ndim == 0 else a) * unit
+            if o.shape == (1,) and math.isfinite(o[0]) and o[0]:  # a number: its limbs in Python's
+                hi = float(math.floor(o[0] / _LIMB))  # floats (the same IEEE operations),
+                limbs.append((k, hi, float(o[0]) - hi * _LIMB))  # written after the join
+                parts[k + "/hi"] = parts[k + "/lo"] = o
+                continue
             hi = np.floor(o / _LIMB)
             parts[k + "/hi"], parts[k + "/lo"] = hi, o - hi * _LIMB
         else:
@@ -169,6 +174,9 @@ def reply_fields(reply: dict[str, Any], estep: bool, w: float, unit: float) -> F
     x = np.concatenate([parts[k].reshape(-1) for k in layout.names])
     for lo, hi, kind in runs:
         x[lo:hi] *= w if kind == "w" else unit
+    at = layout.offsets
+    for k, hi, lo in limbs:
+        x[at[k + "/hi"]], x[at[k + "/lo"]] = hi, lo
     return Flat(layout, x)
 
 
