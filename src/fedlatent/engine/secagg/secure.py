@@ -305,8 +305,9 @@ class SecureChannel:
         if not self.config.sparse(roster.n):
             bits = np.packbits(have, bitorder="little")
             return dict.fromkeys(ids, bits)
-        graph = roster.graph
-        return {c: np.packbits(have[graph.closed_index(c)], bitorder="little") for c in ids}
+        at = np.array(roster.x_of(ids), dtype=np.int64) - 1  # every closed neighbourhood
+        rows = np.packbits(have[self.server.near_table()[at]], axis=1, bitorder="little")
+        return dict(zip(ids, rows))  # has degree + 1 members: one array of them
 
     def _near(self, ids: list[str]):
         """``client -> JSON list``: ``ids`` as each client is told them, on a sparse graph only

@@ -148,15 +148,30 @@ class SecAggServer:
         threshold of their neighbours among them: their secrets could not be rebuilt (on the
         complete graph, all of them)."""
         roster = self._need_roster()
-        P = set(map(str, participants))
+        P = sorted(set(map(str, participants)))
         if not self.config.sparse(roster.n):
-            return sorted(P)
+            return P
         t = self.config.share_threshold(roster.n)
-        while True:
-            thin = {u for u in P if len(P.intersection(roster.graph.closed(u))) <= t}
-            if not thin:
-                return sorted(P)
-            P -= thin
+        near = self.near_table()
+        at = np.array(roster.x_of(P), dtype=np.int64) - 1
+        have = np.zeros(roster.n, dtype=bool)
+        have[at] = True
+        while True:  # (each client's closed neighbourhood counts itself)
+            thin = have[near[at]].sum(axis=1) <= t
+            if not thin.any():
+                return [roster.ids[i] for i in at.tolist()]
+            have[at[thin]] = False
+            at = at[~thin]
+
+    def near_table(self) -> np.ndarray:
+        """Every enrolled client's closed neighbourhood on the sparse masking graph, as
+        positions among the sorted ids: an (n, degree + 1) int64 array, row i the i-th id's
+        (:meth:`~.graph.MaskingGraph.closed_index`; once per fit)."""
+        got = self._per_fit.get("near")
+        if got is None:
+            graph = self._need_roster().graph
+            got = self._per_fit["near"] = np.stack([graph.closed_index(u) for u in graph.ids])
+        return got
 
     def announce(self, round: int, exchange: str, participants: Sequence[str]) -> list[str]:
         """Open an exchange; returns the sorted participants to send to each of them."""
