@@ -64,7 +64,7 @@ SETUP_PARTS = [
 ROUND_PARTS = [
     (ClientNode, "_answer", "client: E-step (as plain)"),
     (secure_mod, "mask_reply", "client: masking, all of it"),
-    (SecAggClient, "_pair_masks", "  of which the pair keystreams (AES-CTR)"),
+    (SecAggClient, "_pair_rows", "  of which the pair keystreams (AES-CTR)"),
     (SecAggClient, "consistency", "client: consistency round"),
     (SecAggClient, "reveal", "client: reveal"),
     (SecAggServer, "aggregate", "server: aggregate"),

@@ -11,7 +11,6 @@ ever leave it.
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ import fedlatent.engine.secagg._crypto as _crypto
 import fedlatent.engine.secagg.consistency as consistency
 import fedlatent.engine.secagg.shamir as shamir
 from fedlatent.engine.secagg.enrol import Enrolment
+from fedlatent.engine.secagg.near import Near
 from fedlatent.engine.secagg.protocol import (
     Roster,
     SecAggConfig,
@@ -104,7 +104,7 @@ class SecAggClient(Enrolment):
         self._blobs: dict[str, bytes] = {}
         # neighbour -> pair_keys(X25519(c_u, c_v)): share keys and s_uv, agreed once per fit
         self._pair: dict[str, bytes] = {}
-        self._streams: dict[str, object] = {}  # neighbour -> s_uv's cipher (rebuilt, not dumped)
+        self._near_tab: Near | None = None  # its neighbourhood by position (rebuilt, not dumped)
         # (peer keys, secrets) agreed ahead by the in-process runtime's worker (not dumped)
         self._offered: tuple[bytes, bytes] | None = None
         self._masked: dict[bytes, tuple[str, ...]] = {}
@@ -147,22 +147,40 @@ class SecAggClient(Enrolment):
         is used for one exchange only.
         """
         roster = self._need_roster()
-        where = describe(round, exchange)
-        label = exchange_label(round, exchange)
+        where, label = describe(round, exchange), exchange_label(round, exchange)
         P = self._mask_participants(roster, participants, label, where)
+        return self._mask(stats, label, where, P, self._near().at(P), slot)
+
+    def mask_announced(self, stats: Mapping[str, np.ndarray], round: int, exchange: str,
+                       bits, slot: int | None = None) -> dict[str, np.ndarray]:
+        """:meth:`mask` of the participants as a round message announces them, ``bits`` over
+        this client's closed neighbourhood (:meth:`announced`): the same refusals and the same
+        reply, the participants taken by position (distinct members of the neighbourhood,
+        sorted, by construction) rather than checked name by name."""
+        roster = self._need_roster()
+        where, label = describe(round, exchange), exchange_label(round, exchange)
+        pos = self._announced_at(bits)
+        P = self._near().names(pos)
+        self._mask_participants(roster, P, label, where, listed=True)
+        return self._mask(stats, label, where, P, pos, slot)
+
+    def _mask(self, stats, label: bytes, where: str, P: list[str], pos: np.ndarray,
+              slot) -> dict[str, np.ndarray]:
+        """:meth:`mask` of the checked participants ``P`` (sorted), at positions ``pos`` in
+        this client's closed neighbourhood: every neighbour's keystream in one array, the
+        tokens kept by position, the masks added in two reductions."""
         e = self._take_slot(slot, label, where)
         layout, y = self.config.encoding.encode_flat(stats, client=self.id)
         n = y.size
-        me = bisect.bisect_left(P, self.id)  # P is sorted: peers before u subtract, after add
-        peers = P[:me] + P[me + 1:]
-        rows = self._pair_masks(peers, label, n + consistency.TOKEN_WORDS, e)
-        self._keep_tokens(roster, label, rows, peers, me, n)
-        rows = rows[:, :n]
-        y += rows[me:].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
-        y -= rows[:me].sum(axis=0, dtype=np.uint64)
+        me = int(np.searchsorted(pos, self._near().me))  # peers before u subtract, after add
+        peers = np.concatenate((pos[:me], pos[me + 1:]))
+        rows = self._pair_rows(peers, label, n + consistency.TOKEN_WORDS, e)
+        self._keep_tokens(label, rows, peers, me, n)
+        y += rows[me:, :n].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
+        y -= rows[:me, :n].sum(axis=0, dtype=np.uint64)
         if self.keep_leaf:  # its leaf before the self mask (the pair masks of dropped
             self._leaf = (label, layout.shapes, y.copy())  # neighbours leave at the reveal)
-            self._keep_split(roster, label, P, ())
+            self._keep_split(self._need_roster(), label, P, ())
         y += self_mask(self._self_seeds[e], label, n)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n
@@ -189,24 +207,29 @@ class SecAggClient(Enrolment):
     def announced(self, bits) -> list[str]:
         """The participants a round message announces as bits over this client's closed
         neighbourhood (sorted), little-endian within each byte (a uint8 array)."""
-        closed = self._need_roster().graph.closed(self.id)
+        return self._near().names(self._announced_at(bits))
+
+    def _announced_at(self, bits) -> np.ndarray:
+        """:meth:`announced` as positions in this client's closed neighbourhood."""
+        size = len(self._near())
         a = np.asarray(bits)
-        if a.dtype != np.uint8 or a.shape != ((len(closed) + 7) // 8,):
+        if a.dtype != np.uint8 or a.shape != ((size + 7) // 8,):
             raise SecureAggregationError(
-                f"client {self.id!r}: the participants announced must be {(len(closed) + 7) // 8}"
+                f"client {self.id!r}: the participants announced must be {(size + 7) // 8}"
                 f" bytes of bits over its neighbourhood, got {a.dtype} {a.shape}")
-        flags = np.unpackbits(a, count=len(closed), bitorder="little")
-        return [closed[i] for i in np.flatnonzero(flags).tolist()]
+        return np.flatnonzero(np.unpackbits(a, count=size, bitorder="little"))
 
     def _mask_participants(self, roster: Roster, participants, label: bytes,
-                           where: str) -> list[str]:
+                           where: str, listed: bool = False) -> list[str]:
         """The participants this client masks with (its neighbourhood among them on a sparse
         graph), after every refusal: a second reply, an unknown or excluded participant, too
-        few of them."""
+        few of them (``listed``: ``participants`` are distinct members of its neighbourhood,
+        sorted, as :meth:`announced` gives them)."""
         if label in self._masked:
             raise SecureAggregationError(f"client {self.id!r}: already masked a reply in {where}; "
                                          "a second, different reply would expose the difference")
-        P = self._members(roster, participants, f"{where}: participants")
+        P = participants if listed else self._members(roster, participants,
+                                                      f"{where}: participants")
         if self.id not in P:
             raise SecureAggregationError(f"client {self.id!r}: asked to mask in {where} but not "
                                          "among its announced participants")
@@ -236,15 +259,14 @@ class SecAggClient(Enrolment):
         there: the server needs ``t`` of its neighbours), on the complete graph all of them."""
         return len(members) - 1 if self.config.sparse(roster.n) else len(members)
 
-    def _keep_tokens(self, roster: Roster, label: bytes, rows: np.ndarray, peers, me: int,
+    def _keep_tokens(self, label: bytes, rows: np.ndarray, peers: np.ndarray, me: int,
                      n: int) -> None:
         """The exchange's tokens with each peer (:func:`~.consistency.split_words`; ``peers``
-        sorted, the first ``me`` of them before this client), kept by place in this client's
-        closed neighbourhood."""
-        place = self._own_place(roster)
-        at = np.fromiter(map(place.__getitem__, peers), np.intp, len(peers))
-        lo, hi = at[:me], at[me:]  # split_words's choice of word, written by place directly
-        give, want = np.zeros(len(place), np.uint64), np.zeros(len(place), np.uint64)
+        their positions in this client's closed neighbourhood, ascending, the first ``me`` of
+        them before this client), kept by that position (zero where no participant)."""
+        size = len(self._near())
+        lo, hi = peers[:me], peers[me:]  # split_words's choice of word, written by place directly
+        give, want = np.zeros(size, np.uint64), np.zeros(size, np.uint64)
         give[lo], give[hi] = rows[:me, n + 1], rows[me:, n]
         want[lo], want[hi] = rows[:me, n], rows[me:, n + 1]
         self._tokens[label] = (give, want)
@@ -276,8 +298,7 @@ class SecAggClient(Enrolment):
         self._split[label] = (S, D)
         give = self._tokens[label][0].copy()
         if D:
-            place = self._own_place(roster)
-            give[[place[d] for d in D]] = 0
+            give[self._near().at(D)] = 0
         return {"confirm": give.astype("<u8", copy=False).view(np.uint8)}
 
     def _confirmed_before(self, label: bytes, S, where: str) -> None:
@@ -304,11 +325,12 @@ class SecAggClient(Enrolment):
                 "parameters of the round before; fit again when those sites are back, or "
                 "without them")
 
-    def _own_place(self, roster: Roster) -> dict[str, int]:
-        """``{member: its place}`` in this client's closed neighbourhood (sorted), once."""
-        got = getattr(self, "_own_places", None)
+    def _near(self) -> Near:
+        """Its closed neighbourhood by position (:class:`~.near.Near`: made once, from its
+        roster; never dumped)."""
+        got = getattr(self, "_near_tab", None)
         if got is None:
-            got = self._own_places = {u: i for i, u in enumerate(roster.graph.closed(self.id))}
+            got = self._near_tab = Near(self._need_roster().graph.closed(self.id), self.id)
         return got
 
     def reveal(self, round: int, exchange: str, survivors: Sequence[str] | None = None,
@@ -335,20 +357,17 @@ class SecAggClient(Enrolment):
         where = describe(round, exchange)
         label = exchange_label(round, exchange)
         S, D = self._signed_split(roster, label, survivors, dropped, where)
-        owners = [u for u in S if u != self.id] if self.config.sparse(roster.n) else S
+        near, others = self._near(), [u for u in S if u != self.id]
+        at = near.at(others)  # (the owners of the shares it reveals on a sparse graph)
+        owners, at_owners = (others, at) if self.config.sparse(roster.n) else (S, near.at(S))
         if self._authenticated or confirmations is not None:
-            place, others = self._own_place(roster), [u for u in S if u != self.id]
-            want = self._tokens[label][1][[place[u] for u in others]]
-            consistency.check(self.id, others, confirmations, want, where,
+            consistency.check(self.id, others, confirmations, self._tokens[label][1][at], where,
                               digest=label in self._digest)
         e = self._slot_of[label]
         key = str(e)
         held, pairs = self._self_shown.get(key, {}), self._pair_shown.get(key, {})
         self._never_both(D, owners, held, pairs, where)
-        at, n = e * shamir.SEED_SHARE_BYTES, shamir.SEED_SHARE_BYTES
-        blobs = self._blobs
-        out = {"self": np.frombuffer(b"".join([blobs[u][at:at + n] for u in owners]),
-                                     np.uint8).reshape(-1, n).copy()}
+        out = {"self": near.held(self._blobs, at_owners, e, shamir.SEED_SHARE_BYTES)}
         if D:
             words = self._mask_words[label]
             masks = self._pair_masks(D, label, words, e)
@@ -544,7 +563,7 @@ class SecAggClient(Enrolment):
         c._shared = bool(d["shared"])
         c._blobs = {u: bytes.fromhex(h) for u, h in d["held"].items()}
         c._pair = {v: bytes.fromhex(h) for v, h in d["pair"].items()}
-        c._streams = {}
+        c._near_tab = None
         c._masked = {bytes.fromhex(k): tuple(v) for k, v in d["masked"].items()}
         c._mask_words = {bytes.fromhex(k): int(v) for k, v in d["mask_words"].items()}
         c._slot_of = {bytes.fromhex(k): int(v) for k, v in d["slot_of"].items()}
@@ -602,20 +621,24 @@ class SecAggClient(Enrolment):
 
     def _pair_masks(self, peers: Sequence[str], label: bytes, n: int, slot: int) -> np.ndarray:
         """The keystream of this client and each of ``peers`` in one exchange, an (m, n)
-        uint64 array: that of s_uv under the exchange's nonce (:func:`~.protocol.pair_nonce`
-        of its label and slot), each pair's cipher made once per fit; its first words are the
-        pair mask, the two after it the pair's tokens (:mod:`~.consistency`)."""
-        streams = self._streams
-        try:
-            ciphers = [streams[v] for v in peers]
-        except KeyError:  # each pair's cipher once per fit (its agreements in one pass)
-            todo = [v for v in peers if v not in streams]
-            streams.update(zip(todo, _crypto.stream_keys(
-                [block[32:] for block in self._pair_blocks(todo)])))
-            ciphers = [streams[v] for v in peers]
+        uint64 array (:meth:`_pair_rows` of their positions)."""
+        return self._pair_rows(self._near().at(peers), label, n, slot)
+
+    def _pair_rows(self, pos: np.ndarray, label: bytes, n: int, slot: int) -> np.ndarray:
+        """The keystream of this client and each neighbour at positions ``pos`` in one
+        exchange, an (m, n) uint64 array: that of s_uv under the exchange's nonce
+        (:func:`~.protocol.pair_nonce` of its label and slot), each pair's AES context made
+        once per fit (:meth:`~.near.Near.streams`); its first words are the pair mask, the two
+        after it the pair's tokens (:mod:`~.consistency`)."""
+        streams = self._near().streams(pos, self._mask_secrets)
         digest = self._digest.get(label)  # verified rounds: the transcript bound in
         bound = label if digest is None else label + b"\x00transcript\x00" + digest
-        return _crypto.keystream_rows(ciphers, n, pair_nonce(bound, slot))
+        return _crypto.ctr_rows(streams, n, pair_nonce(bound, slot))
+
+    def _mask_secrets(self, peers: list[str]) -> list[bytes]:
+        """The mask secret s_uv of this client's pair with each of ``peers`` (bytes 32..64
+        of the pair's keys, :func:`~.protocol.pair_keys`)."""
+        return [block[32:] for block in self._pair_blocks(peers)]
 
     def _take_slot(self, slot: int | None, label: bytes, where: str) -> int:
         """The slot of one exchange: 0 with one secret per fit, else the announced one, each

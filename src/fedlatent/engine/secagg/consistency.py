@@ -71,6 +71,8 @@ def check(me: str, owners: list[str], got, want: np.ndarray, where: str, *,
     the tokens this client expects from them."""
     a = np.asarray(got)
     if a.dtype == np.uint8 and a.ndim == 1 and a.size == 8 * len(owners):
+        if a.tobytes() == np.asarray(want, "<u8").tobytes():  # every one right (the common
+            return  # case): one comparison of the bytes
         a = a.view("<u8")
     if a.shape != (len(owners),):
         raise SecureAggregationError(

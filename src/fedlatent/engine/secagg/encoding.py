@@ -16,13 +16,14 @@ CCS 2017, section 3 (inputs in Z_R).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["FixedPoint", "Layout"]
+__all__ = ["FixedPoint", "Flat", "Layout"]
 
 _LIMIT = float(2**63)
 
@@ -47,13 +48,24 @@ class Layout:
     @classmethod
     def of(cls, arrays: Mapping[str, np.ndarray]) -> Layout:
         """The layout of a dict of arrays, fields in sorted-name order."""
-        return cls(tuple((str(k), _shape(arrays[k])) for k in sorted(arrays)))
+        return cls.of_shapes(tuple((str(k), _shape(arrays[k])) for k in sorted(arrays)))
 
-    @property
+    @classmethod
+    def of_shapes(cls, shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> Layout:
+        """``Layout(shapes)``, one object per distinct layout in a process (the few an
+        exchange's replies have), so that its names and size are computed once."""
+        got = _LAYOUTS.get(shapes)
+        if got is None:
+            if len(_LAYOUTS) >= 256:
+                _LAYOUTS.clear()
+            got = _LAYOUTS[shapes] = cls(shapes)
+        return got
+
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(k for k, _ in self.shapes)
 
-    @property
+    @functools.cached_property
     def size(self) -> int:
         return sum(math.prod(s) for _, s in self.shapes)
 
@@ -65,14 +77,39 @@ class Layout:
 
     def unflatten(self, vector: np.ndarray, copy: bool = True) -> dict[str, np.ndarray]:
         """The named arrays of a flat vector (copies; views of it with ``copy=False``)."""
-        out, at = {}, 0
+        out = {k: vector[a:b].reshape(s) for k, a, b, s in self._spans}
+        return {k: v.copy() for k, v in out.items()} if copy else out
+
+    @functools.cached_property
+    def offsets(self) -> dict[str, int]:
+        """Where each field starts in the flat vector."""
+        return {k: a for k, a, _, _ in self._spans}
+
+    @functools.cached_property
+    def _spans(self) -> tuple[tuple[str, int, int, tuple[int, ...]], ...]:
+        """``(name, start, stop, shape)`` of each field in the flat vector."""
+        out, at = [], 0
         for k, s in self.shapes:
-            m = math.prod(s)
-            out[k] = vector[at:at + m].reshape(s)
-            if copy:
-                out[k] = out[k].copy()
-            at += m
-        return out
+            out.append((k, at, at + math.prod(s), s))
+            at += math.prod(s)
+        return tuple(out)
+
+
+#: the layouts :meth:`Layout.of_shapes` made, by their shapes
+_LAYOUTS: dict[tuple, Layout] = {}
+
+
+@dataclass(frozen=True)
+class Flat:
+    """Named float arrays laid out flat: the float64 vector ``x`` of ``layout``'s fields (what
+    :meth:`FixedPoint.encode_flat` takes as well as the named arrays)."""
+
+    layout: Layout
+    x: np.ndarray
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The named arrays (copies)."""
+        return self.layout.unflatten(self.x)
 
 
 @dataclass(frozen=True)
@@ -152,20 +189,24 @@ class FixedPoint:
             out[name] = np.rint(x * self.scale).astype(np.int64).view(np.uint64)
         return out
 
-    def encode_flat(self, arrays: Mapping[str, np.ndarray], *, client: str
+    def encode_flat(self, arrays: Mapping[str, np.ndarray] | Flat, *, client: str
                     ) -> tuple[Layout, np.ndarray]:
         """``Layout.of(arrays)`` and the flat uint64 vector of :meth:`encode` (fields in sorted
-        order), every bound checked in one pass (:meth:`encode`'s error when one fails)."""
-        layout = Layout.of(arrays)
-        x = layout.flatten(arrays, np.float64)
+        order), every bound checked in one pass (:meth:`encode`'s error when one fails);
+        ``arrays`` may come flat already (:class:`Flat`)."""
+        if isinstance(arrays, Flat):
+            layout, x = arrays.layout, arrays.x
+        else:
+            layout = Layout.of(arrays)
+            x = layout.flatten(arrays, np.float64)
         if isinstance(self.bound, Mapping):
             bound = np.repeat([self.bound_of(k) for k in layout.names],
                               [int(np.prod(shp)) for _, shp in layout.shapes])
             ok = bool(np.all(np.abs(x) <= bound))
         else:  # NaN fails the comparison, inf the bound
             ok = not x.size or bool(np.abs(x).max() <= float(self.bound))
-        if not ok:
-            self.encode(arrays, client=client)  # raises, naming the client and the field
+        if not ok:  # raises, naming the client and the field
+            self.encode(arrays.arrays() if isinstance(arrays, Flat) else arrays, client=client)
         return layout, np.rint(x * self.scale).astype(np.int64).view(np.uint64)
 
     def decode(self, summed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

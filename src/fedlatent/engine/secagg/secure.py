@@ -79,6 +79,7 @@ from fedlatent.engine.protocol.messages import (
     statistic_field,
 )
 from fedlatent.engine.secagg.protocol import id_list
+from fedlatent.engine.secagg.steps import _KEY, _LIMB, mask_reply, secagg_step
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
            "open_channel", "refuse_clear_query", "refuse_unsupported", "secagg_step",
@@ -88,10 +89,6 @@ logger = logging.getLogger(__name__)
 
 #: exchanges reserved for initialization queries beyond the fit's ``max_rounds``
 INIT_SLOTS = 8
-_KEY = "secagg/"
-#: the objective (a log-likelihood, unbounded below) crosses as two limbs, hi * 2^20 + lo,
-#: hi an integer and 0 <= lo < 2^20: per-unit objectives down to -2^40 keep full resolution
-_LIMB = 2.0**20
 
 
 def default_threshold(n_clients: int) -> int:
@@ -110,136 +107,6 @@ def fixed_point(bound: float, n_clients: int):
                          f"a fixed-point scale of 2^{bits}, too coarse; lower "
                          "Federation(secagg_bound=...) (standardize the features)")
     return FixedPoint(scale=2.0 ** min(bits, 40), bound=float(bound))
-
-
-# ---- the client side ------------------------------------------------------------------------
-def _config(msg: dict[str, Any]):
-    from fedlatent.engine.secagg import FixedPoint, SecAggConfig
-
-    degree, local = msg.get("degree"), msg.get("local_threshold")
-    if msg.get("participation") is None:
-        raise ValueError("the secure aggregation set-up names no participation: a client "
-                         "cannot check the masking graph's degree and threshold without it")
-    return SecAggConfig(int(msg["threshold"]),
-                        FixedPoint(scale=float(msg["scale"]), bound=float(msg["bound"])),
-                        slots=int(msg["slots"]), degree=None if degree is None else int(degree),
-                        local_threshold=None if local is None else int(local),
-                        participation=float(msg["participation"]))
-
-
-#: the fields of a roster message (:meth:`~fedlatent.engine.secagg.protocol.Roster.to_message`)
-_ROSTER_FIELDS = ("ids", "enc_key", "self_commit", "nonce", "signature", "graph_seed", "members",
-                  "openings")
-
-
-def node_identity(node):
-    """The identity a node's secure aggregation uses: the site's own when it pins a roster,
-    else the one its runtime provisioned for the sites it holds (in-process, simulation:
-    :attr:`ClientNode.provisioned`), else the site's own (keys without a roster, or None)."""
-    own = getattr(node, "identity", None)
-    if own is not None and own.roster is not None:
-        return own
-    return getattr(node, "provisioned", None) or own
-
-
-def secagg_step(node, msg: dict[str, Any]) -> dict[str, Any]:
-    """A client node's answer to method ``secagg`` (``msg["step"]``: keys, open, roster,
-    shares once per fit; consistency and reveal per exchange). The client's secrets stay on
-    the node (:attr:`ClientNode.secagg`)."""
-    from fedlatent.engine.secagg import SecAggClient
-
-    step = str(msg["step"])
-    identity = node_identity(node)
-    if step == "keys":  # a new fit: new secrets; only a commitment leaves
-        run, rnd = str(msg.get("run", "")), int(msg.get("round", 0))
-        _check_identity(node, identity, run)
-        commit = msg.get("graph_commit")
-        node.secagg = SecAggClient(node.client_id, _config(msg), run=run, round=rnd,
-                                   graph_commit=None if commit is None else bytes.fromhex(commit))
-        return node.secagg.commitment()
-    client = node.secagg
-    if client is None:
-        raise ValueError(f"client {node.client_id!r}: secure aggregation step {step!r} before "
-                         "the key set-up; the server must start with step 'keys'")
-    signer = None if identity is None else identity.keys
-    if step == "open":
-        closed = np.asarray(msg.get("closed"))
-        if closed.dtype != np.uint8 or closed.shape != (32,):
-            raise ValueError(f"client {node.client_id!r}: the closed list's digest must be 32 "
-                             "bytes (uint8)")
-        return client.open(closed.tobytes(), int(msg["n"]), signer=signer)
-    if step == "roster":
-        client.receive_peer_keys({k: v for k, v in msg.items() if k in _ROSTER_FIELDS},
-                                 trust=None if identity is None else identity.roster)
-        peers, sealed = client.sealed_shares()
-        return {"to": json.dumps(peers), "sealed": sealed}
-    if step == "shares":
-        return _take_shares(node, client, msg)
-    if step == "consistency":  # (no survivors listed: every participant but the dropped)
-        survivors = msg.get("survivors")
-        return client.consistency(int(msg["round"]), str(msg["exchange"]),
-                                  None if survivors is None else json.loads(survivors),
-                                  json.loads(msg.get("dropped", "[]")))
-    if step == "reveal":
-        return client.reveal(int(msg["round"]), str(msg["exchange"]),
-                             confirmations=msg.get("confirm"))
-    raise KeyError(f"client {node.client_id!r}: unknown secure aggregation step {step!r}")
-
-
-def _take_shares(node, client, msg: dict[str, Any]) -> dict[str, Any]:
-    """Step ``shares``: open the sealed shares the server relays."""
-    client._need_roster()  # no roster taken (or it was refused): nothing to open
-    senders = id_list(msg.get("from"), f"client {node.client_id!r}: the relayed shares' "
-                      "'from'", error=ValueError)
-    sealed = np.asarray(msg.get("sealed"))
-    if sealed.dtype != np.uint8 or sealed.ndim != 2 or len(sealed) != len(senders):
-        raise ValueError(f"client {node.client_id!r}: the relayed shares must be a "
-                         f"({len(senders)}, bytes) uint8 array, one row per sender; got "
-                         f"{sealed.dtype} {sealed.shape}")
-    client.receive_sealed(senders, sealed)
-    return {"ok": 1}
-
-
-def _check_identity(node, identity, run: str) -> None:
-    """With a pinned roster, the set-up needs a run id, once per site, and the site must be
-    rostered."""
-    if identity is None:
-        return
-    if identity.roster is not None:
-        if not run:
-            raise ValueError(f"client {node.client_id!r}: the secure aggregation set-up names "
-                             "no run; a site with a pinned roster signs keys only for a named "
-                             "run (an unnamed one could be replayed)")
-        if node.client_id not in identity.roster:
-            raise ValueError(f"client {node.client_id!r} is not in its own pinned roster; its "
-                             "peers could not authenticate it: add it to the roster")
-        identity.claim_run(node.client_id, run, "the secure aggregation key set-up")
-
-
-def mask_reply(node, method: str, msg: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-    """The masked form of a reply computed as without secure aggregation: ``w_c * delta/*``
-    and ``n / N``, ``objective / N`` for an E-step, every numeric field ``/ N`` for a query.
-    A reply carrying an error is sent as it is (the client counts as dropped)."""
-    if ERROR_KEY in reply:
-        return reply
-    w, unit = float(msg[_KEY + "weight"]), float(msg[_KEY + "unit"])
-    fields = {}
-    for k, v in reply.items():
-        if isinstance(v, str):
-            continue
-        a = np.asarray(v, dtype=np.float64)
-        a = a.reshape(1) if a.ndim == 0 else a  # as records carry it
-        fields[k] = a * (w if method == "estep" and statistic_field(k) else unit)
-    for k in [k for k in fields if method == "estep" and objective_field(k)]:
-        o = fields.pop(k)  # unbounded: split into two limbs (a multi-point round: each point's)
-        hi = np.floor(o / _LIMB)
-        fields[k + "/hi"], fields[k + "/lo"] = hi, o - hi * _LIMB
-    if node.secagg is None:
-        raise ValueError(f"client {node.client_id!r}: asked for a masked reply before the key "
-                         "set-up")
-    return node.secagg.mask(fields, int(msg[_KEY + "round"]), str(msg[_KEY + "exchange"]),
-                            node.secagg.announced(msg[_KEY + "participants"]),
-                            slot=int(msg[_KEY + "slot"]))
 
 
 # ---- the server side ------------------------------------------------------------------------
@@ -438,8 +305,9 @@ class SecureChannel:
         if not self.config.sparse(roster.n):
             bits = np.packbits(have, bitorder="little")
             return dict.fromkeys(ids, bits)
-        graph = roster.graph
-        return {c: np.packbits(have[graph.closed_index(c)], bitorder="little") for c in ids}
+        at = np.array(roster.x_of(ids), dtype=np.int64) - 1  # every closed neighbourhood
+        rows = np.packbits(have[self.server.near_table()[at]], axis=1, bitorder="little")
+        return dict(zip(ids, rows))  # has degree + 1 members: one array of them
 
     def _near(self, ids: list[str]):
         """``client -> JSON list``: ``ids`` as each client is told them, on a sparse graph only

@@ -26,7 +26,6 @@ from fedlatent.engine.secagg.protocol import (
     describe,
     exchange_label,
     self_nonce,
-    slot_item,
 )
 
 __all__ = ["SecAggServer", "route_shares"]
@@ -148,15 +147,39 @@ class SecAggServer:
         threshold of their neighbours among them: their secrets could not be rebuilt (on the
         complete graph, all of them)."""
         roster = self._need_roster()
-        P = set(map(str, participants))
+        P = sorted(set(map(str, participants)))
         if not self.config.sparse(roster.n):
-            return sorted(P)
+            return P
         t = self.config.share_threshold(roster.n)
-        while True:
-            thin = {u for u in P if len(P.intersection(roster.graph.closed(u))) <= t}
-            if not thin:
-                return sorted(P)
-            P -= thin
+        near = self.near_table()
+        at = np.array(roster.x_of(P), dtype=np.int64) - 1
+        have = np.zeros(roster.n, dtype=bool)
+        have[at] = True
+        while True:  # (each client's closed neighbourhood counts itself)
+            thin = have[near[at]].sum(axis=1) <= t
+            if not thin.any():
+                return [roster.ids[i] for i in at.tolist()]
+            have[at[thin]] = False
+            at = at[~thin]
+
+    def _self_commits(self) -> np.ndarray:
+        """Every enrolled client's commitments to its self-mask seeds, an (n, 32 slots) uint8
+        array by place among the sorted ids (once per fit)."""
+        got = self._per_fit.get("self_commit")
+        if got is None:
+            roster = self._need_roster()
+            got = self._per_fit["self_commit"] = roster.key_rows(("self_commit",), roster.ids)
+        return got
+
+    def near_table(self) -> np.ndarray:
+        """Every enrolled client's closed neighbourhood on the sparse masking graph, as
+        positions among the sorted ids: an (n, degree + 1) int64 array, row i the i-th id's
+        (:meth:`~.graph.MaskingGraph.closed_index`; once per fit)."""
+        got = self._per_fit.get("near")
+        if got is None:
+            graph = self._need_roster().graph
+            got = self._per_fit["near"] = np.stack([graph.closed_index(u) for u in graph.ids])
+        return got
 
     def announce(self, round: int, exchange: str, participants: Sequence[str]) -> list[str]:
         """Open an exchange; returns the sorted participants to send to each of them."""
@@ -215,6 +238,14 @@ class SecAggServer:
                 f"{where}: {len(S)} of {len(P)} participants replied, fewer than the threshold "
                 f"{t}; the sum cannot be unmasked, so this exchange is abandoned")
         layout = Layout.of(masked[S[0]])
+        fields = _fields_of(masked, S, layout)  # (None: a reply differs; named below)
+        if fields is not None:  # every reply checked: each field summed over them at once
+            total = np.concatenate([f.sum(axis=0, dtype=np.uint64).reshape(-1) for f in fields])
+            rows = np.concatenate([f.reshape(len(S), -1) for f in fields], axis=1) \
+                if self.keep_leaves else None
+            pend.update(survivors=S, dropped=sorted(set(P) - set(S)), layout=layout,
+                        total=total, rows=rows)
+            return {"survivors": list(S), "dropped": list(pend["dropped"])}
         total = np.zeros(layout.size, dtype=np.uint64)
         rows = np.empty((len(S), layout.size), dtype=np.uint64) if self.keep_leaves else None
         for i, u in enumerate(S):
@@ -385,11 +416,13 @@ class SecAggServer:
             raise SecureAggregationError(f"{where}: a revealed share is not a field element "
                                          "(>= 2^31 - 1); a revealing client sent a wrong share")
         seeds = shamir.seed_bytes(shamir.reconstruct_seeds(holders[take], shares))
-        for u, seed in zip(S, seeds):
-            if _crypto.commit(seed) != slot_item(roster.keys[u]["self_commit"], e):
-                raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
-                                             "the revealed shares does not match its commitment; "
-                                             "a revealing client sent a wrong share")
+        got = np.frombuffer(b"".join(_crypto.commit_many(seeds)), np.uint8).reshape(-1, 32)
+        bad = np.flatnonzero((got != self._self_commits()[xs_S - 1, 32 * e:32 * e + 32]).any(1))
+        if bad.size:  # (each checked against its commitment at once)
+            u = S[int(bad[0])]
+            raise SecureAggregationError(f"{where}: the self-mask seed of {u!r} rebuilt from "
+                                         "the revealed shares does not match its commitment; "
+                                         "a revealing client sent a wrong share")
         return _crypto.prg_rows(seeds, n, nonce=self_nonce(label))
 
     def _pair_masks_of(self, d, pairs, S, where) -> np.ndarray:
@@ -473,6 +506,24 @@ class SecAggServer:
         if self._pending is None:
             raise SecureAggregationError("no open exchange: call announce first")
         return self._pending
+
+
+def _fields_of(masked: Mapping[str, Mapping], S: list[str], layout: Layout
+               ) -> list[np.ndarray] | None:
+    """Each field of ``layout`` stacked over the replies of ``S`` (a (len(S), *shape) uint64
+    array each), or None when a reply has other fields, shapes or dtypes (the caller names
+    it)."""
+    want = dict(layout.shapes)
+    u64 = np.dtype(np.uint64)
+    for u in S:
+        reply = masked[u]
+        if len(reply) != len(want):
+            return None
+        for k, shape in want.items():
+            a = reply.get(k)
+            if not isinstance(a, np.ndarray) or a.dtype != u64 or a.shape != shape:
+                return None
+    return [np.stack([masked[u][k] for u in S]) for k in layout.names]
 
 
 def _leaves(rows: np.ndarray, selfs: np.ndarray, S: list[str], pairs: dict) -> np.ndarray:

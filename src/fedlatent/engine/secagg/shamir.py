@@ -340,7 +340,7 @@ def _fold(a: np.ndarray) -> np.ndarray:
 def reconstruct_seeds(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     """Seeds from shares: ``xs`` (m, t) holders' x-coordinates (distinct in each row), ``ys``
     (m, t, LIMBS) their shares; returns the (m, LIMBS) int64 constant terms, every seed
-    interpolated at once (the Lagrange weights of each row by Fermat inversion)."""
+    interpolated at once (:func:`_weights31`: the Lagrange weights of each row)."""
     X = np.asarray(xs, dtype=np.int64)
     Y = np.asarray(ys, dtype=np.int64)
     if X.ndim != 2 or Y.shape[:2] != X.shape:
@@ -348,15 +348,36 @@ def reconstruct_seeds(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     srt = np.sort(X, axis=1)
     if np.any(srt[:, 1:] == srt[:, :-1]):
         raise ValueError("shares' x-coordinates must be distinct")
-    t = X.shape[1]
-    Xp = X % P31
-    num, den = np.ones_like(Xp), np.ones_like(Xp)
-    for j in range(t):  # w_i = prod_{j != i} x_j / (x_j - x_i); products folded (< 2^62)
-        xj, other = Xp[:, j:j + 1], np.arange(t) != j
-        num = np.where(other, _fold(num * xj), num)
-        den = np.where(other, _fold(den * _fold(xj - Xp + P31)), den)
-    w = _fold(num * _inverse31(den))
+    w = _weights31(X % P31)
     return _fold(w[:, :, None] * (Y % P31)).sum(axis=1) % P31
+
+
+def _weights31(Xp: np.ndarray) -> np.ndarray:
+    """The Lagrange weights at 0 of each row of x-coordinates ``Xp`` (in [0, P31)),
+    ``w_i = prod_{j != i} x_j / (x_j - x_i)`` mod P31 (entries <= P31): the numerators from
+    prefix and suffix products along each row, the denominators one product per ``j`` over
+    the whole array (the factor ``x_i - x_i`` set to 1), their inverses by one Fermat
+    inversion per row (Montgomery's trick: the inverse of the row's product, multiplied back
+    along the row). Every product is of two entries <= P31 < 2^31, folded (:func:`_fold`)."""
+    m, t = Xp.shape
+    pre, suf = np.ones((m, t + 1), np.int64), np.ones((m, t + 1), np.int64)
+    for j in range(t):  # pre[:, j] = x_0 ... x_{j-1}; suf[:, j] = x_j ... x_{t-1}
+        pre[:, j + 1] = _fold(pre[:, j] * Xp[:, j])
+        suf[:, t - 1 - j] = _fold(suf[:, t - j] * Xp[:, t - 1 - j])
+    num = _fold(pre[:, :t] * suf[:, 1:])
+    den = np.ones_like(Xp)
+    for j in range(t):
+        diff = _fold(Xp[:, j:j + 1] - Xp + P31)  # x_j - x_i, <= P31
+        diff[:, j] = 1
+        den = _fold(den * diff)
+    run = np.ones((m, t + 1), np.int64)  # run[:, i] = den_0 ... den_{i-1}
+    for i in range(t):
+        run[:, i + 1] = _fold(run[:, i] * den[:, i])
+    acc, inv = _inverse31(run[:, t]), np.empty_like(den)
+    for i in range(t - 1, -1, -1):  # acc = 1 / (den_0 ... den_i) at step i
+        inv[:, i] = _fold(acc * run[:, i])
+        acc = _fold(acc * den[:, i])
+    return _fold(num * inv)
 
 
 def _inverse31(a: np.ndarray) -> np.ndarray:
