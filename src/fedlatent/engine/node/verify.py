@@ -293,7 +293,7 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     (:mod:`~fedlatent.engine.node.verify_points`); VerificationRefused otherwise."""
     from fedlatent.engine.fedem.update import FedEMState
     from fedlatent.engine.node import verify_points as vp
-    from fedlatent.engine.node.replay import replay, replay_refusal
+    from fedlatent.engine.node.replay import replay_refusal, step_refusal
 
     n_total = _num(node.state["verify/N"], float)
     prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
@@ -306,16 +306,16 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     init_round = not S_prev
     k_prev = _num(node.state["verify/round"])
     shapes = {k: np.shape(v) for k, v in Q.items()}
-    args = (node.model, None if init_round else state, Q, prev, n_total)
-    kw = dict(init_round=init_round, gamma=1.0 if init_round else fed.gamma(k_prev),
-              p=1.0, alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
-    new, params = replay(*args, **kw)
+    new = (FedEMState(None, None) if init_round else state).advance(
+        Q, init_round, 1.0 if init_round else fed.gamma(k_prev), 1.0, fed.alpha_for(shapes),
+        bool(fed.control_variates))
     if vp.accelerated(fed):  # the statistic the accelerator sends instead of F(S_hat)
-        pr, acc = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
-        if acc.S_hat is not new.S_hat:
-            new, params = acc, node.model.replay_step(acc.S_hat, prev, n_total)
-    why = replay_refusal(node.model, new.S_hat, prev, n_total, sent, params, rnd,
-                         node.client_id)
+        pr, new = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
+        params = node.model.replay_step(new.S_hat, prev, n_total)  # (its points need them)
+        why = replay_refusal(node.model, new.S_hat, prev, n_total, sent, params, rnd,
+                             node.client_id)
+    else:  # the M-step checked forward, or replayed
+        why = step_refusal(node.model, new.S_hat, prev, n_total, sent, rnd, node.client_id)
     if why:
         _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
         raise VerificationRefused(why)

@@ -16,6 +16,7 @@ from ...engine.protocol.compiled import worth
 from ...engine.protocol.messages import count_problem, psd_problem
 from ...engine.protocol.numerics import kmeans, logsumexp
 from ...engine.stats import Stats
+from .check_step import full_step_holds
 from .dp import gmm_sensitivity
 from .math import (
     compute_precision_cholesky,
@@ -221,6 +222,13 @@ class GMMModel(FederatedModel):
             if out is not None:
                 return out
         return self.server_step(S, params, n_total)
+
+    def check_step(self, S, sent, params, n_total, rtol):
+        """Full covariances without privacy: :func:`~.check_step.full_step_holds` (products
+        only, no factorization); False otherwise (the site replays the M-step)."""
+        if self.cov_type != "full" or self.privacy is not None:
+            return False
+        return full_step_holds(S, sent, params["center"], self.reg, rtol)
 
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):
