@@ -418,13 +418,15 @@ def _keep_units(node, msg: dict[str, Any], who: str) -> None:
 def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
     """The seed of the first message after the setup that carries one is the fit's; another
     later is refused (:func:`~fedlatent.engine.node.replay_start.seed_refusal`)."""
-    from fedlatent.engine.node.replay_start import seed_refusal
-
     if "seed" not in msg:
         return
     if "verify/seed" not in node.state:
         node.state["verify/seed"] = _bytes(str(int(_num(msg["seed"]))))
         return
+    if int(_num(msg["seed"])) == int(_text(node.state["verify/seed"])):
+        return  # (the committed seed: every round's case)
+    from fedlatent.engine.node.replay_start import seed_refusal
+
     why = seed_refusal(msg, int(_text(node.state["verify/seed"])), node.client_id,
                        who.split(": ", 1)[1].replace(" refused", ""))
     if why:
