@@ -159,7 +159,7 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
     if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
-        _keep_start_exchange(node, total, _num(node.state["verify/N"], float))
+        _keep_start_exchange(node, total, _units(node)[0])
     if method != "estep":
         if _last_kind(node) == "estep":
             raise VerificationRefused(f"{who}: a query after the rounds began cannot be "
@@ -270,18 +270,21 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
                                       "in the first round" if vp.accelerated(fed) else
                                       "in a fit set up with Federation(acceleration=None)"))
     sent = unpack(msg, "params")
-    mine = _groups(node.state, ("verify/params/", "verify/S_hat/", "verify/V/"))
-    n_total = _num(node.state["verify/N"], float)
+    mine = _groups(node)
+    n_total, n_clients = _units(node)
     if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
         _same_again(node, msg, sent, rnd, mine)  # its round discarded: nothing applied since
         if vp.accelerated(fed):  # (the server restarts its path after a discarded round)
             _refuse(vp.check_points(node, vp.restart(node, fed, n_total), msg, sent, rnd))
     elif _last_kind(node) != "estep":  # the first round: its parameters are a start
         _declared(node, msg)
-        _start_check(node, sent, n_total, _num(node.state["verify/clients"]), who)
+        _start_check(node, sent, n_total, int(n_clients), who)
+        node.state.pop("verify/start", None)  # (the start checked: what it was checked by
+        node.state.pop("verify/asked", None)  # is never read again)
     else:
         msg = _next_round(node, fed, msg, sent, total, mine, rnd)
-    _put_group(node.state, "verify/params/", sent, mine)
+    mine["params"] = {k: np.asarray(v) for k, v in sent.items()}
+    _store(node, mine)
     node.state["verify/round"] = np.array(float(rnd))
     return msg
 
@@ -295,9 +298,8 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     from fedlatent.engine.node import verify_points as vp
     from fedlatent.engine.node.replay import replay_refusal, step_refusal
 
-    n_total = _num(node.state["verify/N"], float)
-    prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
-                                              "verify/V/"))
+    n_total = _units(node)[0]
+    prev, S_prev, V_prev = (mine[p] for p in _GROUPS)
     state = FedEMState(Stats(S_prev, copy=False) if S_prev else None,  # (the update copies
                        Stats(V_prev, copy=False) if V_prev else None)  # what it changes)
     Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
@@ -321,8 +323,8 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
         raise VerificationRefused(why)
     if vp.accelerated(fed):
         _refuse(vp.check_points(node, pr, msg, params, rnd))
-    _put_group(node.state, "verify/S_hat/", new.S_hat.to_dict(), mine)
-    _put_group(node.state, "verify/V/", {} if new.V is None else new.V.to_dict(), mine)
+    mine["S_hat"] = new.S_hat.to_dict()
+    mine["V"] = {} if new.V is None else new.V.to_dict()
     msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
     msg.update(pack("S_hat", new.S_hat.to_dict()))
     return msg
@@ -344,23 +346,48 @@ def _declared(node, msg: dict[str, Any]) -> None:
         raise VerificationRefused(str(err)) from None
 
 
-def _groups(state: dict, prefixes: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
-    """``{prefix: {name: array}}`` of the node state's entries under each prefix (one pass)."""
-    out: dict[str, dict[str, np.ndarray]] = {p: {} for p in prefixes}
-    for k, v in state.items():  # ("verify/<group>/<name>", the name may hold slashes)
-        if k.startswith("verify/"):
-            head, _, name = k[7:].partition("/")
-            group = out.get("verify/" + head + "/")
-            if group is not None:
-                group[name] = np.asarray(v)
+#: what a verifying site keeps of the round before, packed in one float64 vector
+#: (``verify/kept``) laid out by ``verify/kept-layout`` (JSON: group, name, shape)
+_GROUPS = ("params", "S_hat", "V")
+
+
+def _groups(node) -> dict[str, dict[str, np.ndarray]]:
+    """``{group: {name: array}}`` of what the node kept (views into its packed vector; the
+    layout parsed once per node and layout)."""
+    out: dict[str, dict[str, np.ndarray]] = {g: {} for g in _GROUPS}
+    held = node.state.get("verify/kept-layout")
+    if held is None:
+        return out
+    flat = node.state["verify/kept"]
+    for group, name, shape, at, size in _layout(node, held):
+        out[group][name] = flat[at:at + size].reshape(shape)
     return out
 
 
-def _put_group(state: dict, prefix: str, arrays: dict, old: dict) -> None:
-    """Replace the entries under ``prefix`` (``old[prefix]``: those there now) by ``arrays``."""
-    for k in old[prefix]:
-        state.pop(prefix + k, None)
-    state.update({prefix + k: np.asarray(v) for k, v in arrays.items()})
+def _layout(node, held: np.ndarray) -> list:
+    """``[(group, name, shape, offset, size)]`` of the layout bytes ``held`` (parsed once)."""
+    got = getattr(node, "_verify_layout", None)
+    if got is None or got[0] is not held:
+        rows, at = [], 0
+        for group, name, shape in json.loads(_text(held)):
+            size = int(np.prod(shape, dtype=np.int64))
+            rows.append((group, name, tuple(shape), at, size))
+            at += size
+        got = node._verify_layout = (held, rows)
+    return got[1]
+
+
+def _store(node, mine: dict[str, dict]) -> None:
+    """Keep ``mine`` (``{group: {name: array}}``) as one vector and its layout (the layout
+    array kept as it is when unchanged: parsed once)."""
+    spec = [[g, k, list(np.shape(v))] for g in _GROUPS for k, v in mine[g].items()]
+    held = node.state.get("verify/kept-layout")
+    if held is None or [list(r[:3]) for r in _layout(node, held)] != [
+            [g, k, tuple(sh)] for g, k, sh in spec]:
+        node.state["verify/kept-layout"] = _bytes(json.dumps(spec))
+    parts = [np.ravel(v) for g in _GROUPS for v in mine[g].values()]
+    node.state["verify/kept"] = np.concatenate(parts).astype(np.float64, copy=False) \
+        if parts else np.zeros(0)
 
 
 def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> None:
@@ -368,12 +395,12 @@ def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> 
     before it: the parameters must be those evaluated then, ``S_hat`` the one kept."""
     from fedlatent.engine.node.replay import params_refusal
 
-    why = params_refusal(sent, mine["verify/params/"], rnd, node.client_id)
+    why = params_refusal(sent, mine["params"], rnd, node.client_id)
     if why:
         raise VerificationRefused(why)
     for k in [k for k in msg if k.startswith("S_hat/")]:
         del msg[k]
-    msg.update(pack("S_hat", mine["verify/S_hat/"]))
+    msg.update(pack("S_hat", mine["S_hat"]))
 
 
 def _start_check(node, sent: dict, n_total: float, n_clients: int, who: str) -> None:
@@ -402,17 +429,23 @@ def _keep_units(node, msg: dict[str, Any], who: str) -> None:
     replay needs: the first exchange's, kept; a later exchange that says them again must say
     the same."""
     if _V + "units" not in msg:
-        if "verify/N" in node.state:
+        if "verify/units" in node.state:
             return
         raise VerificationRefused(f"{who}: it does not say the federation's units and clients "
                                   "(verify/units), which the replay needs")
     units = np.asarray(msg[_V + "units"], dtype=np.float64).reshape(-1)
-    before = (_num(node.state["verify/N"], float), _num(node.state["verify/clients"], float)) \
-        if "verify/N" in node.state else None
+    before = _units(node) if "verify/units" in node.state else None
     if before is not None and before != (units[0], units[1]):
         raise VerificationRefused(f"{who}: it says {units[0]:g} units over {units[1]:g} clients"
                                   f", not the {before[0]:g} over {before[1]:g} said before")
-    node.state["verify/N"], node.state["verify/clients"] = np.array(units[0]), np.array(units[1])
+    if before is None:
+        node.state["verify/units"] = units[:2].copy()
+
+
+def _units(node) -> tuple[float, float]:
+    """The federation's units N and its number of clients, as the first exchange said."""
+    units = node.state["verify/units"]
+    return float(units[0]), float(units[1])
 
 
 def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
