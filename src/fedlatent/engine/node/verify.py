@@ -47,7 +47,9 @@ fit at ``t + 1``'s consistency round, before anything of it is revealed.
 
 from __future__ import annotations
 
+import functools
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -92,11 +94,11 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
 
 def _federation(node):
     """The setup's federation (parsed once per node and setup)."""
-    from fedlatent.engine.fedem.federation import Federation
-
     held = node.state["verify/federation"]
     got = getattr(node, "_verify_federation", None)
     if got is None or got[0] is not held:
+        from fedlatent.engine.fedem.federation import Federation
+
         got = (held, Federation.from_config(json.loads(held.tobytes().decode())["federation"]))
         node._verify_federation = got
     return got[1]
@@ -106,8 +108,6 @@ def verified_message(node, method: str, msg: dict[str, Any]):
     """``(message to answer, None)`` or ``(None, refusal reply)`` for a node whose fit runs
     verified rounds: a secure E-step or query after :func:`check_exchange`; a data exchange
     outside secure aggregation refused (the setup promised verified rounds: fail closed)."""
-    from fedlatent.engine.protocol.messages import refusal_reply
-
     try:
         if method in ("estep", "query") and "secagg/slot" in msg:
             if node.secagg is None:
@@ -121,6 +121,8 @@ def verified_message(node, method: str, msg: dict[str, Any]):
                 "transcript the site can check")
     except VerificationRefused as err:
         import logging
+
+        from fedlatent.engine.protocol.messages import refusal_reply
 
         logging.getLogger(__name__).log(node.log_level, "%s", err)
         return None, refusal_reply(str(err), "verification")
@@ -192,9 +194,9 @@ def _last_kind(node) -> str:
 def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
     is checked; the digest bound to this exchange's confirmations."""
-    from fedlatent.engine.secagg.protocol import SecureAggregationError
-    from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
-
+    d = _deps()
+    SecureAggregationError, read_transcript, verify_leaf = (
+        d.SecureAggregationError, d.read_transcript, d.verify_leaf)
     label, shapes, z = leaf
     if _V + "A" not in msg:
         raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
@@ -214,20 +216,16 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     except SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
     node.secagg.bind_digest(rnd, exch, digest, confirm=split[0])
-    from fedlatent.engine.secagg.encoding import Layout
-
     # decoded in one pass (FixedPoint.decode's arithmetic on every word), then split by field
     values = A.view(np.int64).astype(np.float64) / node.secagg.config.encoding.scale
-    return Layout(shapes).unflatten(values, copy=False)
+    return d.Layout(shapes).unflatten(values, copy=False)
 
 
 def _roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
     """The tree's leaves are the set-up's roster in its order: ``n`` its size, this site's
     leaf its rank; VerificationRefused naming the round otherwise (a leaf outside the roster
     could hold any vector)."""
-    import bisect
-
-    mine = bisect.bisect_left(ids, me)
+    mine = _deps().bisect.bisect_left(ids, me)
     if n != len(ids) or at != mine:
         raise VerificationRefused(
             f"{who}: its transcript's tree has {n} leaves with this site's at {at}; the "
@@ -240,12 +238,12 @@ def _zeros(label: bytes, ids: list[str], absent, msg, A, c, digest: bytes, who: 
     or no participant) holds a zero leaf in the tree this site's own leaf reached
     (:func:`~fedlatent.engine.secagg.sumtree.verify_zero`); VerificationRefused naming the
     first that does not, or whose path is missing."""
+    if not absent:
+        return
     import bisect
 
     from fedlatent.engine.secagg.sumtree import read_paths, verify_zero
 
-    if not absent:
-        return
     paths = read_paths(msg)
     for u in absent:
         i = bisect.bisect_left(ids, u)
@@ -260,9 +258,7 @@ def _zeros(label: bytes, ids: list[str], absent, msg, A, c, digest: bytes, who: 
 def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
                   undone: list) -> dict[str, Any]:
     """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
-    from fedlatent.engine.node import verify_points as vp  # (not before a verified fit: a
-    # node answering plain rounds loads neither the server's update nor the accelerators)
-
+    vp = _deps().verify_points
     fed = _federation(node)
     if vp.n_points(msg) > 0 and (not vp.accelerated(fed) or _last_kind(node) != "estep"):
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
@@ -294,10 +290,9 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     """``msg`` with the replayed ``S_hat`` after the exchange before (its decoded ``total``):
     the server's FedEM step and, accelerated, the accelerator's statistic and extra points
     (:mod:`~fedlatent.engine.node.verify_points`); VerificationRefused otherwise."""
-    from fedlatent.engine.fedem.update import FedEMState
-    from fedlatent.engine.node import verify_points as vp
-    from fedlatent.engine.node.replay import replay_refusal, step_refusal
-
+    d = _deps()
+    FedEMState, vp, replay_refusal, step_refusal = (d.FedEMState, d.verify_points,
+                                                    d.replay_refusal, d.step_refusal)
     n_total = _units(node)[0]
     prev, S_prev, V_prev = (mine[p] for p in _GROUPS)
     state = FedEMState(Stats(S_prev, copy=False) if S_prev else None,  # (the update copies
@@ -328,6 +323,27 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
     msg.update(pack("S_hat", new.S_hat.to_dict()))
     return msg
+
+
+@functools.cache
+def _deps() -> SimpleNamespace:
+    """What a verified round calls, imported at the first verified round (a node answering
+    plain rounds loads neither the server's update nor the accelerators) and kept: no
+    import statement run every round."""
+    import bisect
+
+    from fedlatent.engine.fedem.update import FedEMState
+    from fedlatent.engine.node import verify_points
+    from fedlatent.engine.node.replay import replay_refusal, step_refusal
+    from fedlatent.engine.secagg.encoding import Layout
+    from fedlatent.engine.secagg.protocol import SecureAggregationError
+    from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
+
+    return SimpleNamespace(
+        bisect=bisect, FedEMState=FedEMState, verify_points=verify_points,
+        replay_refusal=replay_refusal, step_refusal=step_refusal, Layout=Layout,
+        SecureAggregationError=SecureAggregationError, read_transcript=read_transcript,
+        verify_leaf=verify_leaf)
 
 
 def _refuse(why: str | None) -> None:
