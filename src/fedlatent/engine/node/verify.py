@@ -306,7 +306,8 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     new = (FedEMState(None, None) if init_round else state).advance(
         Q, init_round, 1.0 if init_round else fed.gamma(k_prev), 1.0, fed.alpha_for(shapes),
         bool(fed.control_variates))
-    if vp.accelerated(fed):  # the statistic the accelerator sends instead of F(S_hat)
+    accelerated = vp.accelerated(fed)
+    if accelerated:  # the statistic the accelerator sends instead of F(S_hat)
         pr, new = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
         params = node.model.replay_step(new.S_hat, prev, n_total)  # (its points need them)
         why = replay_refusal(node.model, new.S_hat, prev, n_total, sent, params, rnd,
@@ -316,12 +317,12 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     if why:
         _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
         raise VerificationRefused(why)
-    if vp.accelerated(fed):
+    if accelerated:
         _refuse(vp.check_points(node, pr, msg, params, rnd))
     mine["S_hat"] = new.S_hat.to_dict()
     mine["V"] = {} if new.V is None else new.V.to_dict()
     msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
-    msg.update(pack("S_hat", new.S_hat.to_dict()))
+    msg.update(pack("S_hat", mine["S_hat"]))
     return msg
 
 
@@ -368,42 +369,43 @@ _GROUPS = ("params", "S_hat", "V")
 
 
 def _groups(node) -> dict[str, dict[str, np.ndarray]]:
-    """``{group: {name: array}}`` of what the node kept (views into its packed vector; the
-    layout parsed once per node and layout)."""
+    """``{group: {name: array}}`` of what the node kept (views into its packed vector)."""
     out: dict[str, dict[str, np.ndarray]] = {g: {} for g in _GROUPS}
     held = node.state.get("verify/kept-layout")
     if held is None:
         return out
     flat = node.state["verify/kept"]
-    for group, name, shape, at, size in _layout(node, held):
+    for group, name, shape, at, size in _layout(held.tobytes())[0]:
         out[group][name] = flat[at:at + size].reshape(shape)
     return out
 
 
-def _layout(node, held: np.ndarray) -> list:
-    """``[(group, name, shape, offset, size)]`` of the layout bytes ``held`` (parsed once)."""
-    got = getattr(node, "_verify_layout", None)
-    if got is None or got[0] is not held:
-        rows, at = [], 0
-        for group, name, shape in json.loads(_text(held)):
-            size = int(np.prod(shape, dtype=np.int64))
-            rows.append((group, name, tuple(shape), at, size))
-            at += size
-        got = node._verify_layout = (held, rows)
-    return got[1]
+@functools.lru_cache(maxsize=16)
+def _layout(raw: bytes) -> tuple[tuple, tuple]:
+    """``((group, name, shape, offset, size), ...)`` of the layout bytes ``raw`` and their
+    ``(group, name, shape)`` (parsed once per layout)."""
+    rows, at = [], 0
+    for group, name, shape in json.loads(raw.decode()):
+        size = int(np.prod(shape, dtype=np.int64))
+        rows.append((group, name, tuple(shape), at, size))
+        at += size
+    return tuple(rows), tuple(r[:3] for r in rows)
 
 
 def _store(node, mine: dict[str, dict]) -> None:
-    """Keep ``mine`` (``{group: {name: array}}``) as one vector and its layout (the layout
-    array kept as it is when unchanged: parsed once)."""
-    spec = [[g, k, list(np.shape(v))] for g in _GROUPS for k, v in mine[g].items()]
+    """Keep ``mine`` (``{group: {name: array}}``) as one vector and its layout (rewritten
+    only when the names or shapes change)."""
+    key, parts = [], []
+    for g in _GROUPS:
+        for k, v in mine[g].items():
+            v = np.asarray(v, dtype=np.float64)
+            key.append((g, k, v.shape))
+            parts.append(v.ravel())
     held = node.state.get("verify/kept-layout")
-    if held is None or [list(r[:3]) for r in _layout(node, held)] != [
-            [g, k, tuple(sh)] for g, k, sh in spec]:
-        node.state["verify/kept-layout"] = _bytes(json.dumps(spec))
-    parts = [np.ravel(v) for g in _GROUPS for v in mine[g].values()]
-    node.state["verify/kept"] = np.concatenate(parts).astype(np.float64, copy=False) \
-        if parts else np.zeros(0)
+    if held is None or _layout(held.tobytes())[1] != tuple(key):
+        node.state["verify/kept-layout"] = _bytes(json.dumps([[g, k, list(sh)]
+                                                              for g, k, sh in key]))
+    node.state["verify/kept"] = np.concatenate(parts) if parts else np.zeros(0)
 
 
 def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> None:
