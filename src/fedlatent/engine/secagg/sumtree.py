@@ -389,8 +389,14 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
         raise SecureAggregationError(
             f"its transcript's sum ({a.size} bytes), carries ({cb.size}) or path ({p.size}) "
             f"do not fit this site's contribution of {m} words")
-    c = cb[4:].view(f"<u{cw}").astype(np.uint64) + np.uint64(cb[:4].view("<u4")[0])
-    index, n = p[:8].view("<u4").tolist()
-    body = p[8:].reshape(-1, _NODE)  # (the levels: the hashes, then their projections)
-    return index, n, A, c, (body[:, :32].tobytes(),
-                            body[:, 32:].copy().view("<u4").reshape(-1, PROJECTIONS).tolist())
+    head, raw = cb[:4].tobytes(), p.tobytes()
+    c = cb[4:].view(f"<u{cw}").astype(np.uint64) + np.uint64(_U4.unpack(head)[0])
+    index, n = _HEAD.unpack_from(raw)
+    levels = range(8, len(raw), _NODE)  # (the levels: a hash, then its projections)
+    return index, n, A, c, (b"".join([raw[j:j + 32] for j in levels]),
+                            [_LEVEL_SUMS.unpack_from(raw, j + 32) for j in levels])
+
+
+_U4 = struct.Struct("<I")
+_HEAD = struct.Struct("<II")
+_LEVEL_SUMS = struct.Struct(f"<{PROJECTIONS}I")
