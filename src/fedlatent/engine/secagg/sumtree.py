@@ -84,11 +84,20 @@ def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``r`` (PROJECTIONS, m): residues modulo :data:`P` from the ChaCha20 stream keyed by
     ``SHA-256(tag, label, A, c)``: a function of the claim only."""
-    A, c = np.asarray(A, dtype="<u8"), np.asarray(c, dtype="<u8")
+    return _challenge(label, _claim(A, c), np.size(A))
+
+
+def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
+    """The claim ``(A, c)`` as the challenge and the digest hash it."""
+    return np.asarray(A, dtype="<u8").tobytes() + np.asarray(c, dtype="<u8").tobytes()
+
+
+def _challenge(label: bytes, claim: bytes, m: int) -> np.ndarray:
+    """:func:`challenge` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words."""
     key = hashlib.sha256(b"".join((CHALLENGE_TAG, struct.pack("<Q", len(label)), bytes(label),
-                                   A.tobytes(), c.tobytes()))).digest()
-    words = _crypto.prg_uint64(key, PROJECTIONS * A.size)
-    return np.remainder(words, _P).reshape(PROJECTIONS, A.size)
+                                   claim))).digest()
+    words = _crypto.prg_uint64(key, PROJECTIONS * m)
+    return np.remainder(words, _P).reshape(PROJECTIONS, m)
 
 
 def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -178,8 +187,11 @@ class SumTree:
 
 def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
     """SHA-256 of the root and the claim ``(A, c)``."""
-    return hashlib.sha256(DIGEST_TAG + bytes(root) + np.asarray(A, dtype="<u8").tobytes()
-                          + np.asarray(c, dtype="<u8").tobytes()).digest()
+    return _digest(root, _claim(A, c))
+
+
+def _digest(root: bytes, claim: bytes) -> bytes:
+    return hashlib.sha256(DIGEST_TAG + bytes(root) + claim).digest()
 
 
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
@@ -207,7 +219,9 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     if not 0 <= index < n:
         raise SecureAggregationError(f"{who}: leaf {index} of a tree of {n} leaves")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
-    s, claimed = _projections(challenge(label, A, c), np.asarray(leaf, dtype=np.uint64), A, c)
+    claim = _claim(A, c)  # (hashed twice: by the challenge and by the digest)
+    s, claimed = _projections(_challenge(label, claim, A.size),
+                              np.asarray(leaf, dtype=np.uint64), A, c)
     h = hashlib.sha256(_leaf_bytes(label, index, site, s)).digest()
     raw, sums = path
     if isinstance(sums, np.ndarray):
@@ -239,7 +253,7 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         raise SecureAggregationError(
             f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
             "differ); refusing it")
-    return tree_digest(h, A, c)
+    return _digest(h, claim)
 
 
 def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: np.ndarray,
