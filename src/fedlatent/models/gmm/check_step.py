@@ -130,22 +130,22 @@ def _floor(S, n: float, flat: np.ndarray, U: np.ndarray, d: int, pooled_diagonal
            ) -> float:
     """``t``: above the degenerate floor ``hold_degenerate`` would apply (see
     :func:`full_step_holds`), from an upper bound of the pooled covariance's lowest
-    eigenvalue: a Rayleigh quotient, at the axes (its least diagonal entry:
-    ``pooled_diagonal``) or at the columns of every ``U_k`` (towards the components'
+    eigenvalue: a Rayleigh quotient at the axes (``pooled_diagonal``: its least diagonal
+    entry, at most the least second moment about the centre, which is the data's mean once
+    the start has set it) or at the columns of every ``U_k`` (towards the components'
     flattest directions: ``U_k^T cov_k U_k = I``)."""
-    sx, sxx = S["sx"], S["sxx"]
-    mean = sx.sum(axis=0) / n
+    sxx = S["sxx"]
     total = sxx.sum(axis=0)
-    moments = total.ravel()[::d + 1] / n
-    scale = float(moments.sum())  # (at least the pooled covariance's trace)
+    moments = total.ravel()[::d + 1]
+    scale = float(moments.sum()) / n  # (at least the pooled covariance's trace)
     if pooled_diagonal:
-        quotient = float((moments - mean * mean).min())
+        quotient = float(moments.min()) / n
     else:
+        mean = S["sx"].sum(axis=0) / n
         num = (U * (total @ U)).sum(axis=1) / n - (mean @ U) ** 2
         quotient = float((num / (U * U).sum(axis=1)).min())
     return (DEGENERATE_FRACTION * (1.01 * max(quotient, 0.0) + 1e-12 * scale)
             + 2e-10 * float(flat[:, ::d + 1].sum()))  # (at least the largest trace)
-
 
 _LOWERS: dict[int, np.ndarray] = {}
 
