@@ -348,6 +348,7 @@ def shared_fields(tree) -> dict[str, Any]:
 #: a width of w bytes holds the signed integers of magnitude below 2^(8 w - 1)
 _LIMITS = np.array([1 << (8 * w - 1) for w in range(1, 8)], dtype=np.uint64)
 _WIDE = 12  # bytes of a word too wide for the common width: its index and all 8 bytes
+_WIDE_WORD = struct.Struct("<Iq")
 
 
 def pack_ring(A: np.ndarray) -> np.ndarray:
@@ -378,7 +379,12 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
     words = np.zeros((m, 8), dtype=np.uint8)
     words[:, 8 - w:] = raw[:end].reshape(m, w)  # (in the top bytes, then shifted down:
     A = words.view("<i8").reshape(m) >> np.int64(64 - 8 * w)  # sign-extended)
-    if raw.size > end + 1:
+    if end + 1 < raw.size <= end + 1 + 8 * _WIDE:  # (a few wide words: read as they are)
+        for at, word in _WIDE_WORD.iter_unpack(raw[end:-1].tobytes()):
+            if at >= m:
+                return None
+            A[at] = word
+    elif raw.size > end + 1:
         tail = raw[end:-1].reshape(-1, _WIDE)
         at = tail[:, :4].copy().view("<u4").reshape(-1)
         if int(at.max()) >= m:
