@@ -77,7 +77,7 @@ def test_a_move_of_one_entry_by_1e6_is_left_to_the_replay_which_refuses_it(name,
     assert why is not None and f"parameter {name!r}" in why and "round 4" in why
 
 
-def test_a_lower_entry_a_nan_another_shape_or_a_key_more_are_not_accepted():
+def test_a_lower_entry_a_nan_another_shape_a_key_more_or_a_list_are_not_accepted():
     model, S, prev, honest = _honest(5, _clusters)
     assert model.check_step(S, honest, prev, 500.0, REPLAY_RTOL) is True
     lower = {k: v.copy() for k, v in honest.items()}
@@ -86,7 +86,8 @@ def test_a_lower_entry_a_nan_another_shape_or_a_key_more_are_not_accepted():
     nan["precisions_cholesky"][0, 1, 2] = np.nan
     extra = {**honest, "means": np.vstack([honest["means"], honest["means"][:1]])}
     more = {**honest, "probe": np.zeros(4)}
-    for sent in (lower, nan, extra, more):
+    listed = {**honest, "weights": honest["weights"].tolist()}
+    for sent in (lower, nan, extra, more, listed):
         assert model.check_step(S, sent, prev, 500.0, REPLAY_RTOL) is False
 
 

@@ -107,8 +107,9 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
 
 def _shapes(sent: dict, K: int, d: int) -> bool:
     w, m, U, c = (sent[k] for k in ("weights", "means", "precisions_cholesky", "center"))
-    return (w.shape == (K,) and m.shape == (K, d) and U.shape == (K, d, d) and c.shape == (d,)
-            and w.dtype == m.dtype == U.dtype == c.dtype == np.float64)
+    return (type(w) is type(m) is type(U) is type(c) is np.ndarray  # (else: the replay's)
+            and w.shape == (K,) and m.shape == (K, d) and U.shape == (K, d, d)
+            and c.shape == (d,) and w.dtype == m.dtype == U.dtype == c.dtype == np.float64)
 
 
 def _factor_error(U: np.ndarray, cov: np.ndarray, K: int, d: int) -> tuple[float, float]:
