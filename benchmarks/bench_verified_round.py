@@ -62,14 +62,15 @@ def _parts():
     from fedlatent.engine.fedem.update import FedEMState
     from fedlatent.models.gmm.model import GMMModel
 
-    return [
+    return [part for part in [
         (verify, "check_exchange", "verification, all of it"),
         (sumtree, "read_transcript", "  reading the transcript's bytes"),
         (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
         (FedEMState, "advance", "  replay: FedEM update"),
-        (GMMModel, "replay_step", "  replay: M-step (replay_step)"),
-        (replay, "replay_refusal", "  parameters compared"),
-    ]
+        (GMMModel, "check_step", "  M-step checked forward (check_step)"),
+        (GMMModel, "replay_step", "  replay: M-step (replay_step, if not checked)"),
+        (replay, "replay_refusal", "  parameters compared (if not checked)"),
+    ] if hasattr(part[0], part[1])]  # (an older library: no check_step)
 
 
 class TimedRuntime(fl.InProcessRuntime):

@@ -447,6 +447,16 @@ class FederatedModel(ABC):
         them after a verified fit). Default: :meth:`server_step`."""
         return self.server_step(S, params, n_total)
 
+    def check_step(self, S: Stats, sent: Params, params: Params, n_total: float,
+                   rtol: float) -> bool:
+        """Whether a verifying site may accept ``sent`` as :meth:`server_step` of ``S``
+        (``params`` the parameters the round before evaluated) without replaying it: True
+        only when ``sent`` is proved within ``rtol / 2`` of each parameter's largest entry
+        of what :meth:`replay_step` gives (e.g. the parameters mapped forward to the
+        statistics they imply, by products only); False when the check cannot tell, and the
+        site then replays the M-step (False never refuses). Default: False."""
+        return False
+
     def m_step(self, S: Stats, params: Params, n_total: float) -> Params:
         """The M-step ``T(S)`` on mean statistics ``S`` already in their domain (counts >= 0).
 

@@ -8,7 +8,8 @@ the parameters are ``T(S_hat)``, the model's ``server_step``. :func:`replay` rec
 (the M-step by the model's ``replay_step``: ``server_step`` itself, or a leaner path equal to
 it); :func:`params_refusal` compares the parameters a server sent with the replayed ones, and
 :func:`replay_refusal` replays ``server_step`` itself before refusing what a lean path
-rejects.
+rejects; :func:`step_refusal` first asks the model's ``check_step``, which accepts parameters
+it proves to be the M-step's by mapping them forward (no M-step), and replays otherwise.
 
 The aggregate must itself be verified (the projected sum tree,
 :mod:`fedlatent.engine.secagg.sumtree`): replaying an aggregate the server chose proves
@@ -34,7 +35,7 @@ import numpy as np
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.stats import Stats
 
-__all__ = ["REPLAY_RTOL", "params_refusal", "replay", "replay_refusal"]
+__all__ = ["REPLAY_RTOL", "params_refusal", "replay", "replay_refusal", "step_refusal"]
 
 #: relative tolerance of a replayed parameter, on the scale of its largest entry
 REPLAY_RTOL = 1e-9
@@ -49,6 +50,18 @@ def replay(model, state: FedEMState | None, total: Stats, previous: dict, n_tota
     start = FedEMState(None, None) if state is None else state
     new = start.advance(total, init_round, gamma, p, alpha, use_cv)
     return new, model.replay_step(new.S_hat, previous, n_total)
+
+
+def step_refusal(model, S_hat, previous: dict, n_total: float, sent: dict, round_: int,
+                 client: str) -> str | None:
+    """Why ``sent`` is not the M-step of ``S_hat`` (None: it is): the model's
+    :meth:`~fedlatent.engine.contract.model.FederatedModel.check_step` where it proves
+    ``sent`` within half the tolerance of the replay (products only, no M-step), else
+    :func:`replay_refusal` of the replayed M-step."""
+    if model.check_step(S_hat, sent, previous, n_total, REPLAY_RTOL):
+        return None
+    replayed = model.replay_step(S_hat, previous, n_total)
+    return replay_refusal(model, S_hat, previous, n_total, sent, replayed, round_, client)
 
 
 def replay_refusal(model, S_hat, previous: dict, n_total: float, sent: dict, replayed: dict,

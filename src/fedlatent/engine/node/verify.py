@@ -47,11 +47,17 @@ fit at ``t + 1``'s consistency round, before anything of it is revealed.
 
 from __future__ import annotations
 
+import functools
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from fedlatent.engine.node.verify_kept import GROUPS as _GROUPS
+from fedlatent.engine.node.verify_kept import groups as _groups
+from fedlatent.engine.node.verify_kept import store as _store
+from fedlatent.engine.node.verify_kept import units as _units
 from fedlatent.engine.protocol.messages import pack, unpack
 from fedlatent.engine.stats import Stats
 
@@ -92,11 +98,11 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
 
 def _federation(node):
     """The setup's federation (parsed once per node and setup)."""
-    from fedlatent.engine.fedem.federation import Federation
-
     held = node.state["verify/federation"]
     got = getattr(node, "_verify_federation", None)
     if got is None or got[0] is not held:
+        from fedlatent.engine.fedem.federation import Federation
+
         got = (held, Federation.from_config(json.loads(held.tobytes().decode())["federation"]))
         node._verify_federation = got
     return got[1]
@@ -106,8 +112,6 @@ def verified_message(node, method: str, msg: dict[str, Any]):
     """``(message to answer, None)`` or ``(None, refusal reply)`` for a node whose fit runs
     verified rounds: a secure E-step or query after :func:`check_exchange`; a data exchange
     outside secure aggregation refused (the setup promised verified rounds: fail closed)."""
-    from fedlatent.engine.protocol.messages import refusal_reply
-
     try:
         if method in ("estep", "query") and "secagg/slot" in msg:
             if node.secagg is None:
@@ -121,6 +125,8 @@ def verified_message(node, method: str, msg: dict[str, Any]):
                 "transcript the site can check")
     except VerificationRefused as err:
         import logging
+
+        from fedlatent.engine.protocol.messages import refusal_reply
 
         logging.getLogger(__name__).log(node.log_level, "%s", err)
         return None, refusal_reply(str(err), "verification")
@@ -159,7 +165,7 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
     if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
-        _keep_start_exchange(node, total, _num(node.state["verify/N"], float))
+        _keep_start_exchange(node, total, _units(node)[0])
     if method != "estep":
         if _last_kind(node) in ("estep", "information"):  # after the rounds: the information
             from fedlatent.engine.node.verify_info import after_rounds  # at verified params
@@ -194,9 +200,9 @@ def _last_kind(node) -> str:
 def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
     is checked; the digest bound to this exchange's confirmations."""
-    from fedlatent.engine.secagg.protocol import SecureAggregationError
-    from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
-
+    d = _deps()
+    SecureAggregationError, read_transcript, verify_leaf = (
+        d.SecureAggregationError, d.read_transcript, d.verify_leaf)
     label, shapes, z = leaf
     if _V + "A" not in msg:
         raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
@@ -216,20 +222,16 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     except SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
     node.secagg.bind_digest(rnd, exch, digest, confirm=split[0])
-    from fedlatent.engine.secagg.encoding import Layout
-
     # decoded in one pass (FixedPoint.decode's arithmetic on every word), then split by field
     values = A.view(np.int64).astype(np.float64) / node.secagg.config.encoding.scale
-    return Layout(shapes).unflatten(values, copy=False)
+    return d.Layout(shapes).unflatten(values, copy=False)
 
 
 def _roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
     """The tree's leaves are the set-up's roster in its order: ``n`` its size, this site's
     leaf its rank; VerificationRefused naming the round otherwise (a leaf outside the roster
     could hold any vector)."""
-    import bisect
-
-    mine = bisect.bisect_left(ids, me)
+    mine = _deps().bisect.bisect_left(ids, me)
     if n != len(ids) or at != mine:
         raise VerificationRefused(
             f"{who}: its transcript's tree has {n} leaves with this site's at {at}; the "
@@ -242,12 +244,12 @@ def _zeros(label: bytes, ids: list[str], absent, msg, A, c, digest: bytes, who: 
     or no participant) holds a zero leaf in the tree this site's own leaf reached
     (:func:`~fedlatent.engine.secagg.sumtree.verify_zero`); VerificationRefused naming the
     first that does not, or whose path is missing."""
+    if not absent:
+        return
     import bisect
 
     from fedlatent.engine.secagg.sumtree import read_paths, verify_zero
 
-    if not absent:
-        return
     paths = read_paths(msg)
     for u in absent:
         i = bisect.bisect_left(ids, u)
@@ -262,9 +264,7 @@ def _zeros(label: bytes, ids: list[str], absent, msg, A, c, digest: bytes, who: 
 def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
                   undone: list) -> dict[str, Any]:
     """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
-    from fedlatent.engine.node import verify_points as vp  # (not before a verified fit: a
-    # node answering plain rounds loads neither the server's update nor the accelerators)
-
+    vp = _deps().verify_points
     fed = _federation(node)
     if vp.n_points(msg) > 0 and (not vp.accelerated(fed) or _last_kind(node) != "estep"):
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
@@ -272,18 +272,21 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
                                       "in the first round" if vp.accelerated(fed) else
                                       "in a fit set up with Federation(acceleration=None)"))
     sent = unpack(msg, "params")
-    mine = _groups(node.state, ("verify/params/", "verify/S_hat/", "verify/V/"))
-    n_total = _num(node.state["verify/N"], float)
+    mine = _groups(node)
+    n_total, n_clients = _units(node)
     if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
         _same_again(node, msg, sent, rnd, mine)  # its round discarded: nothing applied since
         if vp.accelerated(fed):  # (the server restarts its path after a discarded round)
             _refuse(vp.check_points(node, vp.restart(node, fed, n_total), msg, sent, rnd))
     elif _last_kind(node) != "estep":  # the first round: its parameters are a start
         _declared(node, msg)
-        _start_check(node, sent, n_total, _num(node.state["verify/clients"]), who)
+        _start_check(node, sent, n_total, int(n_clients), who)
+        node.state.pop("verify/start", None)  # (the start checked: what it was checked by
+        node.state.pop("verify/asked", None)  # is never read again)
     else:
         msg = _next_round(node, fed, msg, sent, total, mine, rnd)
-    _put_group(node.state, "verify/params/", sent, mine)
+    mine["params"] = {k: np.asarray(v) for k, v in sent.items()}
+    _store(node, mine)
     node.state["verify/round"] = np.array(float(rnd))
     return msg
 
@@ -293,13 +296,11 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     """``msg`` with the replayed ``S_hat`` after the exchange before (its decoded ``total``):
     the server's FedEM step and, accelerated, the accelerator's statistic and extra points
     (:mod:`~fedlatent.engine.node.verify_points`); VerificationRefused otherwise."""
-    from fedlatent.engine.fedem.update import FedEMState
-    from fedlatent.engine.node import verify_points as vp
-    from fedlatent.engine.node.replay import replay, replay_refusal
-
-    n_total = _num(node.state["verify/N"], float)
-    prev, S_prev, V_prev = (mine[p] for p in ("verify/params/", "verify/S_hat/",
-                                              "verify/V/"))
+    d = _deps()
+    FedEMState, vp, replay_refusal, step_refusal = (d.FedEMState, d.verify_points,
+                                                    d.replay_refusal, d.step_refusal)
+    n_total = _units(node)[0]
+    prev, S_prev, V_prev = (mine[p] for p in _GROUPS)
     state = FedEMState(Stats(S_prev, copy=False) if S_prev else None,  # (the update copies
                        Stats(V_prev, copy=False) if V_prev else None)  # what it changes)
     Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
@@ -308,26 +309,48 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     init_round = not S_prev
     k_prev = _num(node.state["verify/round"])
     shapes = {k: np.shape(v) for k, v in Q.items()}
-    args = (node.model, None if init_round else state, Q, prev, n_total)
-    kw = dict(init_round=init_round, gamma=1.0 if init_round else fed.gamma(k_prev),
-              p=1.0, alpha=fed.alpha_for(shapes), use_cv=bool(fed.control_variates))
-    new, params = replay(*args, **kw)
-    if vp.accelerated(fed):  # the statistic the accelerator sends instead of F(S_hat)
-        pr, acc = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
-        if acc.S_hat is not new.S_hat:
-            new, params = acc, node.model.replay_step(acc.S_hat, prev, n_total)
-    why = replay_refusal(node.model, new.S_hat, prev, n_total, sent, params, rnd,
-                         node.client_id)
+    new = (FedEMState(None, None) if init_round else state).advance(
+        Q, init_round, 1.0 if init_round else fed.gamma(k_prev), 1.0, fed.alpha_for(shapes),
+        bool(fed.control_variates))
+    accelerated = vp.accelerated(fed)
+    if accelerated:  # the statistic the accelerator sends instead of F(S_hat)
+        pr, new = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
+        params = node.model.replay_step(new.S_hat, prev, n_total)  # (its points need them)
+        why = replay_refusal(node.model, new.S_hat, prev, n_total, sent, params, rnd,
+                             node.client_id)
+    else:  # the M-step checked forward, or replayed
+        why = step_refusal(node.model, new.S_hat, prev, n_total, sent, rnd, node.client_id)
     if why:
         _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
         raise VerificationRefused(why)
-    if vp.accelerated(fed):
+    if accelerated:
         _refuse(vp.check_points(node, pr, msg, params, rnd))
-    _put_group(node.state, "verify/S_hat/", new.S_hat.to_dict(), mine)
-    _put_group(node.state, "verify/V/", {} if new.V is None else new.V.to_dict(), mine)
+    mine["S_hat"] = new.S_hat.to_dict()
+    mine["V"] = {} if new.V is None else new.V.to_dict()
     msg = {k: v for k, v in msg.items() if not k.startswith("S_hat/")}
-    msg.update(pack("S_hat", new.S_hat.to_dict()))
+    msg.update(pack("S_hat", mine["S_hat"]))
     return msg
+
+
+@functools.cache
+def _deps() -> SimpleNamespace:
+    """What a verified round calls, imported at the first verified round (a node answering
+    plain rounds loads neither the server's update nor the accelerators) and kept: no
+    import statement run every round."""
+    import bisect
+
+    from fedlatent.engine.fedem.update import FedEMState
+    from fedlatent.engine.node import verify_points
+    from fedlatent.engine.node.replay import replay_refusal, step_refusal
+    from fedlatent.engine.secagg.encoding import Layout
+    from fedlatent.engine.secagg.protocol import SecureAggregationError
+    from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
+
+    return SimpleNamespace(
+        bisect=bisect, FedEMState=FedEMState, verify_points=verify_points,
+        replay_refusal=replay_refusal, step_refusal=step_refusal, Layout=Layout,
+        SecureAggregationError=SecureAggregationError, read_transcript=read_transcript,
+        verify_leaf=verify_leaf)
 
 
 def _refuse(why: str | None) -> None:
@@ -346,36 +369,17 @@ def _declared(node, msg: dict[str, Any]) -> None:
         raise VerificationRefused(str(err)) from None
 
 
-def _groups(state: dict, prefixes: tuple[str, ...]) -> dict[str, dict[str, np.ndarray]]:
-    """``{prefix: {name: array}}`` of the node state's entries under each prefix (one pass)."""
-    out: dict[str, dict[str, np.ndarray]] = {p: {} for p in prefixes}
-    for k, v in state.items():  # ("verify/<group>/<name>", the name may hold slashes)
-        if k.startswith("verify/"):
-            head, _, name = k[7:].partition("/")
-            group = out.get("verify/" + head + "/")
-            if group is not None:
-                group[name] = np.asarray(v)
-    return out
-
-
-def _put_group(state: dict, prefix: str, arrays: dict, old: dict) -> None:
-    """Replace the entries under ``prefix`` (``old[prefix]``: those there now) by ``arrays``."""
-    for k in old[prefix]:
-        state.pop(prefix + k, None)
-    state.update({prefix + k: np.asarray(v) for k, v in arrays.items()})
-
-
 def _same_again(node, msg: dict[str, Any], sent: dict, rnd: int, mine: dict) -> None:
     """After a discarded round (its aggregate never applied) the server's state is the one
     before it: the parameters must be those evaluated then, ``S_hat`` the one kept."""
     from fedlatent.engine.node.replay import params_refusal
 
-    why = params_refusal(sent, mine["verify/params/"], rnd, node.client_id)
+    why = params_refusal(sent, mine["params"], rnd, node.client_id)
     if why:
         raise VerificationRefused(why)
     for k in [k for k in msg if k.startswith("S_hat/")]:
         del msg[k]
-    msg.update(pack("S_hat", mine["verify/S_hat/"]))
+    msg.update(pack("S_hat", mine["S_hat"]))
 
 
 def _start_check(node, sent: dict, n_total: float, n_clients: int, who: str) -> None:
@@ -404,29 +408,31 @@ def _keep_units(node, msg: dict[str, Any], who: str) -> None:
     replay needs: the first exchange's, kept; a later exchange that says them again must say
     the same."""
     if _V + "units" not in msg:
-        if "verify/N" in node.state:
+        if "verify/units" in node.state:
             return
         raise VerificationRefused(f"{who}: it does not say the federation's units and clients "
                                   "(verify/units), which the replay needs")
     units = np.asarray(msg[_V + "units"], dtype=np.float64).reshape(-1)
-    before = (_num(node.state["verify/N"], float), _num(node.state["verify/clients"], float)) \
-        if "verify/N" in node.state else None
+    before = _units(node) if "verify/units" in node.state else None
     if before is not None and before != (units[0], units[1]):
         raise VerificationRefused(f"{who}: it says {units[0]:g} units over {units[1]:g} clients"
                                   f", not the {before[0]:g} over {before[1]:g} said before")
-    node.state["verify/N"], node.state["verify/clients"] = np.array(units[0]), np.array(units[1])
+    if before is None:
+        node.state["verify/units"] = units[:2].copy()
 
 
 def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
     """The seed of the first message after the setup that carries one is the fit's; another
     later is refused (:func:`~fedlatent.engine.node.replay_start.seed_refusal`)."""
-    from fedlatent.engine.node.replay_start import seed_refusal
-
     if "seed" not in msg:
         return
     if "verify/seed" not in node.state:
         node.state["verify/seed"] = _bytes(str(int(_num(msg["seed"]))))
         return
+    if int(_num(msg["seed"])) == int(_text(node.state["verify/seed"])):
+        return  # (the committed seed: every round's case)
+    from fedlatent.engine.node.replay_start import seed_refusal
+
     why = seed_refusal(msg, int(_text(node.state["verify/seed"])), node.client_id,
                        who.split(": ", 1)[1].replace(" refused", ""))
     if why:

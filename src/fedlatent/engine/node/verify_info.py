@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlatent.engine.node.verify_kept import GROUPS, groups, units
 from fedlatent.engine.protocol.messages import unpack
 
 __all__ = ["INFORMATION", "after_rounds"]
@@ -75,11 +76,6 @@ def _num(value, kind=int):
     return kind(np.asarray(value).reshape(-1)[0])
 
 
-def _kept(state: dict, prefix: str) -> dict[str, np.ndarray]:
-    """The node state's entries under ``prefix`` (``verify/params/``...), by name."""
-    return {k[len(prefix):]: np.asarray(v) for k, v in state.items() if k.startswith(prefix)}
-
-
 def _final_params(node, total: dict | None) -> dict[str, np.ndarray]:
     """The parameters the server's step after the last verified round gives: the FedEM update
     of ``total`` (that round's decoded aggregate) and the model's M-step; the parameters the
@@ -90,12 +86,13 @@ def _final_params(node, total: dict | None) -> dict[str, np.ndarray]:
     from fedlatent.engine.fedem.update import FedEMState
     from fedlatent.engine.stats import Stats
 
-    prev, S_prev, V_prev = (_kept(node.state, f"verify/{g}/") for g in ("params", "S_hat", "V"))
+    kept = groups(node)
+    prev, S_prev, V_prev = (kept[g] for g in GROUPS)
     if total is None:
         return prev
     fed = Federation.from_config(json.loads(
         bytes(node.state["verify/federation"]).decode())["federation"])
-    n_total = _num(node.state["verify/N"], float)
+    n_total = units(node)[0]
     Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
                if S_prev else v for k, v in total.items() if k.startswith("delta/")},
               copy=False)

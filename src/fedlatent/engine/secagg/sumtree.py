@@ -84,11 +84,20 @@ def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``r`` (PROJECTIONS, m): residues modulo :data:`P` from the ChaCha20 stream keyed by
     ``SHA-256(tag, label, A, c)``: a function of the claim only."""
-    A, c = np.asarray(A, dtype="<u8"), np.asarray(c, dtype="<u8")
+    return _challenge(label, _claim(A, c), np.size(A))
+
+
+def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
+    """The claim ``(A, c)`` as the challenge and the digest hash it."""
+    return np.asarray(A, dtype="<u8").tobytes() + np.asarray(c, dtype="<u8").tobytes()
+
+
+def _challenge(label: bytes, claim: bytes, m: int) -> np.ndarray:
+    """:func:`challenge` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words."""
     key = hashlib.sha256(b"".join((CHALLENGE_TAG, struct.pack("<Q", len(label)), bytes(label),
-                                   A.tobytes(), c.tobytes()))).digest()
-    words = _crypto.prg_uint64(key, PROJECTIONS * A.size)
-    return np.remainder(words, _P).reshape(PROJECTIONS, A.size)
+                                   claim))).digest()
+    words = _crypto.prg_uint64(key, PROJECTIONS * m)
+    return np.remainder(words, _P).reshape(PROJECTIONS, m)
 
 
 def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -178,8 +187,11 @@ class SumTree:
 
 def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
     """SHA-256 of the root and the claim ``(A, c)``."""
-    return hashlib.sha256(DIGEST_TAG + bytes(root) + np.asarray(A, dtype="<u8").tobytes()
-                          + np.asarray(c, dtype="<u8").tobytes()).digest()
+    return _digest(root, _claim(A, c))
+
+
+def _digest(root: bytes, claim: bytes) -> bytes:
+    return hashlib.sha256(DIGEST_TAG + bytes(root) + claim).digest()
 
 
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
@@ -207,7 +219,9 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     if not 0 <= index < n:
         raise SecureAggregationError(f"{who}: leaf {index} of a tree of {n} leaves")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
-    s, claimed = _projections(challenge(label, A, c), np.asarray(leaf, dtype=np.uint64), A, c)
+    claim = _claim(A, c)  # (hashed twice: by the challenge and by the digest)
+    s, claimed = _projections(_challenge(label, claim, A.size),
+                              np.asarray(leaf, dtype=np.uint64), A, c)
     h = hashlib.sha256(_leaf_bytes(label, index, site, s)).digest()
     raw, sums = path
     if isinstance(sums, np.ndarray):
@@ -239,7 +253,7 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         raise SecureAggregationError(
             f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
             "differ); refusing it")
-    return tree_digest(h, A, c)
+    return _digest(h, claim)
 
 
 def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: np.ndarray,
@@ -334,6 +348,7 @@ def shared_fields(tree) -> dict[str, Any]:
 #: a width of w bytes holds the signed integers of magnitude below 2^(8 w - 1)
 _LIMITS = np.array([1 << (8 * w - 1) for w in range(1, 8)], dtype=np.uint64)
 _WIDE = 12  # bytes of a word too wide for the common width: its index and all 8 bytes
+_WIDE_WORD = struct.Struct("<Iq")
 
 
 def pack_ring(A: np.ndarray) -> np.ndarray:
@@ -364,7 +379,12 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
     words = np.zeros((m, 8), dtype=np.uint8)
     words[:, 8 - w:] = raw[:end].reshape(m, w)  # (in the top bytes, then shifted down:
     A = words.view("<i8").reshape(m) >> np.int64(64 - 8 * w)  # sign-extended)
-    if raw.size > end + 1:
+    if end + 1 < raw.size <= end + 1 + 8 * _WIDE:  # (a few wide words: read as they are)
+        for at, word in _WIDE_WORD.iter_unpack(raw[end:-1].tobytes()):
+            if at >= m:
+                return None
+            A[at] = word
+    elif raw.size > end + 1:
         tail = raw[end:-1].reshape(-1, _WIDE)
         at = tail[:, :4].copy().view("<u4").reshape(-1)
         if int(at.max()) >= m:
@@ -389,8 +409,14 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
         raise SecureAggregationError(
             f"its transcript's sum ({a.size} bytes), carries ({cb.size}) or path ({p.size}) "
             f"do not fit this site's contribution of {m} words")
-    c = cb[4:].view(f"<u{cw}").astype(np.uint64) + np.uint64(cb[:4].view("<u4")[0])
-    index, n = p[:8].view("<u4").tolist()
-    body = p[8:].reshape(-1, _NODE)  # (the levels: the hashes, then their projections)
-    return index, n, A, c, (body[:, :32].tobytes(),
-                            body[:, 32:].copy().view("<u4").reshape(-1, PROJECTIONS).tolist())
+    head, raw = cb[:4].tobytes(), p.tobytes()
+    c = cb[4:].view(f"<u{cw}").astype(np.uint64) + np.uint64(_U4.unpack(head)[0])
+    index, n = _HEAD.unpack_from(raw)
+    levels = range(8, len(raw), _NODE)  # (the levels: a hash, then its projections)
+    return index, n, A, c, (b"".join([raw[j:j + 32] for j in levels]),
+                            [_LEVEL_SUMS.unpack_from(raw, j + 32) for j in levels])
+
+
+_U4 = struct.Struct("<I")
+_HEAD = struct.Struct("<II")
+_LEVEL_SUMS = struct.Struct(f"<{PROJECTIONS}I")

@@ -16,6 +16,7 @@ from ...engine.protocol.compiled import worth
 from ...engine.protocol.messages import count_problem, psd_problem
 from ...engine.protocol.numerics import kmeans, logsumexp
 from ...engine.stats import Stats
+from .check_step import full_step_holds
 from .dp import gmm_sensitivity
 from .math import (
     compute_precision_cholesky,
@@ -229,6 +230,13 @@ class GMMModel(FederatedModel):
         out = self.server_step(S, params, n_total)
         _, _, cov = gmm_m_step(S, params["center"], self.cov_type, self.reg)
         return {**out, "covariances": hold_degenerate(cov, S, self.cov_type)[0]}
+
+    def check_step(self, S, sent, params, n_total, rtol):
+        """Full covariances without privacy: :func:`~.check_step.full_step_holds` (products
+        only, no factorization); False otherwise (the site replays the M-step)."""
+        if self.cov_type != "full" or self.privacy is not None:
+            return False
+        return full_step_holds(S, sent, params["center"], self.reg, rtol)
 
     # ---- initialization exchanges (aggregates only) --------------------------------------
     def client_query(self, name, payload, data, state, rng):

@@ -1,0 +1,67 @@
+"""What a verifying site keeps between rounds (the parameters it evaluated, FedEM's ``S_hat``
+and ``V``, packed in one float64 vector, and the federation's units), read by the round's check
+(:mod:`~fedlatent.engine.node.verify`) and by the information pass after a verified fit
+(:mod:`~fedlatent.engine.node.verify_info`)."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+
+__all__ = ["GROUPS", "groups", "store", "units"]
+
+#: what a verifying site keeps of the round before, packed in one float64 vector
+#: (``verify/kept``) laid out by ``verify/kept-layout`` (JSON: group, name, shape)
+GROUPS = ("params", "S_hat", "V")
+
+
+def groups(node) -> dict[str, dict[str, np.ndarray]]:
+    """``{group: {name: array}}`` of what the node kept (views into its packed vector)."""
+    out: dict[str, dict[str, np.ndarray]] = {g: {} for g in GROUPS}
+    held = node.state.get("verify/kept-layout")
+    if held is None:
+        return out
+    flat = node.state["verify/kept"]
+    for group, name, shape, at, size in _layout(held.tobytes())[0]:
+        out[group][name] = flat[at:at + size].reshape(shape)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(raw: bytes) -> tuple[tuple, tuple]:
+    """``((group, name, shape, offset, size), ...)`` of the layout bytes ``raw`` and their
+    ``(group, name, shape)`` (parsed once per layout)."""
+    rows, at = [], 0
+    for group, name, shape in json.loads(raw.decode()):
+        size = int(np.prod(shape, dtype=np.int64))
+        rows.append((group, name, tuple(shape), at, size))
+        at += size
+    return tuple(rows), tuple(r[:3] for r in rows)
+
+
+def store(node, mine: dict[str, dict]) -> None:
+    """Keep ``mine`` (``{group: {name: array}}``) as one vector and its layout (rewritten
+    only when the names or shapes change)."""
+    key, parts = [], []
+    for g in GROUPS:
+        for k, v in mine[g].items():
+            v = np.asarray(v, dtype=np.float64)
+            key.append((g, k, v.shape))
+            parts.append(v.ravel())
+    held = node.state.get("verify/kept-layout")
+    if held is None or _layout(held.tobytes())[1] != tuple(key):
+        node.state["verify/kept-layout"] = _bytes(json.dumps([[g, k, list(sh)]
+                                                              for g, k, sh in key]))
+    node.state["verify/kept"] = np.concatenate(parts) if parts else np.zeros(0)
+
+
+def units(node) -> tuple[float, float]:
+    """The federation's units N and its number of clients, as the first exchange said."""
+    held = node.state["verify/units"]
+    return float(held[0]), float(held[1])
+
+
+def _bytes(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode(), np.uint8).copy()

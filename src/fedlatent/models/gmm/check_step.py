@@ -1,0 +1,160 @@
+"""A verifying site's check of GMM parameters against the statistics they must come from,
+by products only: the parameters mapped forward, not the M-step replayed (issue 38).
+
+:func:`full_step_holds` proves that full-covariance parameters sent by a server are, within
+the replay's tolerance, those :meth:`~fedlatent.models.gmm.model.GMMModel.server_step` gives
+on the verified statistics, without a factorization: weights and means are the server's own
+arithmetic (the same bits), and a precision factor ``U`` is checked by how far ``U^T Sigma
+U`` is from the identity. Where it cannot prove it (a floor could act, a factor is off, the
+last bits differ), it says so and the site replays the M-step itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...engine.contract.degenerate import DEGENERATE_FRACTION
+
+__all__ = ["full_step_holds"]
+
+_TEN_EPS = 10 * np.finfo(np.float64).eps
+_U = np.finfo(np.float64).eps / 2  # the unit roundoff
+_KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
+#: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
+#: left to the replay's own rounding)
+_SHARE = 0.2
+
+
+def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: float) -> bool:
+    """Whether ``sent`` is, within ``rtol / 2`` of each parameter's largest entry, what
+    ``server_step`` gives on full-covariance statistics ``S`` (K components, d features)
+    without differential privacy and with ``center`` the previous centre; False where this
+    check cannot tell (the caller then replays the M-step: False never refuses).
+
+    The argument, for each component with covariance ``Sigma`` (the server's arithmetic:
+    :func:`~fedlatent.models.gmm.math.gmm_m_step`, the same bits) and exact precision factor
+    ``V`` (upper triangular, positive diagonal, ``V^T Sigma V = I``; the server's ``P`` is
+    ``V`` up to its factorization's rounding). A sent ``U`` that is upper triangular with a
+    positive diagonal (the strictly lower entries exactly 0) is ``V (I + M)``, ``M`` upper
+    triangular, and ``E = U^T Sigma U - I = M + M^T + M^T M``: ``I + M`` is the Cholesky
+    factor of ``I + E``, so by its recursion ``max |M| <= 2 e`` whenever ``max |E| <= e`` and
+    ``4 (d + 1) e <= 1`` (each diagonal entry ``sqrt(1 + E_ii - sum M_ki^2)``, each other
+    ``(E_ij - sum M_ki M_kj) / (1 + M_ii)``, the sums at most ``4 d e^2``). Then ``U - V = V
+    M`` has entries at most ``2 e ||V||_inf <= 2.1 e ||U||_inf <= 2.1 e sqrt(d) ||U||_F``
+    (row sums; ``V = U (I + M)^-1``). Here ``e`` is the computed ``E``'s Frobenius norm over
+    every component plus its rounding, at most ``2 (d + 1) u ||Sigma||_F ||U||_F^2`` (two
+    products of d terms, ``u`` the unit roundoff; ``-1`` on a diagonal entry near 1 is
+    exact), and ``||U||_F^2`` is taken over every component: both at least each
+    component's. Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol max |U|`` leaves every
+    entry within ``0.42 rtol`` of the parameter's largest of ``V``, the rest of ``rtol`` to
+    the server's own rounding: what this accepts, the replay accepts. A 1e-6 move of an
+    entry makes ``E`` of that order and is left to the replay, which refuses it; so are
+    covariances so ill-conditioned that the rounding bound alone exceeds the tolerance
+    (``||Sigma||_F ||U||_F^2`` above ~1e5).
+
+    The floors ``server_step`` may apply are excluded as the replay's lean path does
+    (:func:`~fedlatent.models.gmm.math.lean_full_step`): no count at or below the floor;
+    :func:`~fedlatent.models.gmm.math.hold_degenerate` leaves a component as it is when its
+    lowest eigenvalue exceeds ``t``, a bound above its floor (``DEGENERATE_FRACTION`` times
+    ``1.01`` times a Rayleigh quotient of the pooled covariance, at least its lowest
+    eigenvalue, plus ``1e-12`` of its trace for the eigenvalues' rounding; plus ``2e-10``
+    times the traces' sum, at least the largest): :func:`_floor`. Here ``lambda_min(Sigma)
+    >= (1 - e) / ||U||_F^2`` (``Sigma = U^-T (I + E) U^-1``) must exceed ``t``. Any other
+    case: False.
+
+    Parameters
+    ----------
+    S : Stats
+        ``nk`` (K,), ``sx`` (K, d), ``sxx`` (K, d, d): the verified mean statistics.
+    sent : dict
+        The parameters to check: ``weights`` (K,), ``means`` (K, d),
+        ``precisions_cholesky`` (K, d, d), ``center`` (d,).
+    center : ndarray of shape (d,)
+        The centre of the parameters the round before evaluated.
+    reg_covar : float
+    rtol : float
+        The replay's tolerance (:data:`~fedlatent.engine.node.replay.REPLAY_RTOL`).
+    """
+    nk0, sx, sxx = S["nk"], S["sx"], S["sxx"]
+    K, d = sx.shape
+    if sent.keys() != _KEYS or not _shapes(sent, K, d):
+        return False
+    counts = nk0.tolist()
+    n = sum(counts)
+    if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
+        return False  # magnitudes'; server_step floors the counts first)
+    nk = nk0 + _TEN_EPS
+    mc = sx / nk[:, None]
+    if not (sent["weights"].tolist() == (nk / nk.sum()).tolist()
+            and sent["means"].tolist() == (mc + center).tolist()
+            and sent["center"].tolist() == center.tolist()):
+        return False  # (another machine's last bits, or a move: the replay decides)
+    cov = sxx / nk[:, None, None] - mc[:, :, None] * mc[:, None, :]
+    cov = 0.5 * (cov + cov.swapaxes(1, 2))
+    flat = cov.reshape(K, d * d)
+    flat[:, ::d + 1] += reg_covar
+    U = sent["precisions_cholesky"]
+    e, u2 = _factor_error(U, cov, K, d)
+    top = max(float(U.max()), -float(U.min()))
+    if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
+        return False
+    low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
+    return bool(low > _floor(S, n, flat, U, d, pooled_diagonal=True) or low > _floor(
+        S, n, flat, U, d, pooled_diagonal=False))
+
+
+def _shapes(sent: dict, K: int, d: int) -> bool:
+    w, m, U, c = (sent[k] for k in ("weights", "means", "precisions_cholesky", "center"))
+    return (type(w) is type(m) is type(U) is type(c) is np.ndarray  # (else: the replay's)
+            and w.shape == (K,) and m.shape == (K, d) and U.shape == (K, d, d)
+            and c.shape == (d,) and w.dtype == m.dtype == U.dtype == c.dtype == np.float64)
+
+
+def _factor_error(U: np.ndarray, cov: np.ndarray, K: int, d: int) -> tuple[float, float]:
+    """``(e, u2)``: ``e`` at least every ``||U_k^T cov_k U_k - I||_2`` (the computed one's
+    Frobenius norm over all components plus its rounding) and ``u2`` at least every
+    ``||U_k||_F^2`` (their sum); NaN where ``U`` is not upper triangular with a positive
+    diagonal (the strictly lower entries exactly 0)."""
+    flat = U.reshape(K, d * d)
+    if flat.take(_lower(d), axis=1).any() or not flat[:, ::d + 1].min() > 0:
+        return math.nan, math.nan
+    E = U.swapaxes(1, 2) @ cov @ U
+    E.reshape(K, d * d)[:, ::d + 1] -= 1.0
+    u2 = float(np.vdot(U, U))
+    return (math.sqrt(float(np.vdot(E, E)))
+            + 2 * (d + 1) * _U * u2 * math.sqrt(float(np.vdot(cov, cov)))), u2
+
+
+def _floor(S, n: float, flat: np.ndarray, U: np.ndarray, d: int, pooled_diagonal: bool
+           ) -> float:
+    """``t``: above the degenerate floor ``hold_degenerate`` would apply (see
+    :func:`full_step_holds`), from an upper bound of the pooled covariance's lowest
+    eigenvalue: a Rayleigh quotient at the axes (``pooled_diagonal``: its least diagonal
+    entry, at most the least second moment about the centre, which is the data's mean once
+    the start has set it) or at the columns of every ``U_k`` (towards the components'
+    flattest directions: ``U_k^T cov_k U_k = I``)."""
+    sxx = S["sxx"]
+    total = sxx.sum(axis=0)
+    moments = total.ravel()[::d + 1]
+    scale = float(moments.sum()) / n  # (at least the pooled covariance's trace)
+    if pooled_diagonal:
+        quotient = float(moments.min()) / n
+    else:
+        mean = S["sx"].sum(axis=0) / n
+        num = (U * (total @ U)).sum(axis=1) / n - (mean @ U) ** 2
+        quotient = float((num / (U * U).sum(axis=1)).min())
+    return (DEGENERATE_FRACTION * (1.01 * max(quotient, 0.0) + 1e-12 * scale)
+            + 2e-10 * float(flat[:, ::d + 1].sum()))  # (at least the largest trace)
+
+_LOWERS: dict[int, np.ndarray] = {}
+
+
+def _lower(d: int) -> np.ndarray:
+    """The strictly lower triangle's flat indices in a d x d matrix (kept per d)."""
+    got = _LOWERS.get(d)
+    if got is None:
+        i, j = np.tril_indices(d, -1)
+        got = _LOWERS[d] = i * d + j
+    return got
