@@ -143,9 +143,9 @@ class Shifting(InProcessRuntime):
 def _example_fit(runtime, verified: bool):
     """The registered example's FedGMM, secure: its encoding decodes the shifted element in
     range (another scale may decode it out of range, which the ring check refuses)."""
-    from fedlatent.engine.contract import registry
+    from fedlatent.models.fedgmm.example import EXAMPLE
 
-    est = registry.estimator_entries()["fedgmm"].load_example().case().make()
+    est = EXAMPLE.case().make()
     est.set_params(tol=0.0, max_rounds=ROUNDS, federation=fl.Federation(
         secure_aggregation=True, verified=verified))
     with warnings.catch_warnings():
@@ -170,9 +170,9 @@ def test_a_shifted_hessian_entry_is_caught_at_its_round(at, why, liar, verified)
     round, the clients' replies beyond the encoding's bound). A site that lies again in the
     group tests is named and excluded; a fault in transit names nobody (the lie did not
     reproduce), every site follows the undo. Either way the fit runs on."""
-    from fedlatent.engine.contract import registry
+    from fedlatent.models.fedgmm.example import EXAMPLE
 
-    fd = registry.estimator_entries()["fedgmm"].load_example().case().data()
+    fd = EXAMPLE.case().data()
     est = _example_fit(Shifting(fd, at, liar), verified)
     skipped = [(r.round, r.skipped) for r in est.history_ if r.skipped]
     assert len(skipped) == 1 and skipped[0][0] == AT, skipped
