@@ -300,12 +300,17 @@ def gaussian_row_suspects(rows) -> np.ndarray:
     off = rows.offsets()
     R, F = len(rows), rows.Q.shape[1]
     has_s, has_v = rows.S is not None, rows.V is not None
+    tally = rows.tally  # (the round's weighted sum, taken as the rows are read)
     ok = kernel(np.ascontiguousarray(rows.Q, dtype=np.float64), rows.rows.astype(np.int64),
                 rows.S if has_s else np.zeros(F), rows.V if has_v else np.zeros((1, F)),
                 rows.vrow.astype(np.int64) if has_v else np.zeros(R, dtype=np.int64),
                 rows.n, rows.eps * (1.0 - 1e-9) * rows.n,
                 np.array([off["nk"], off["sx"], off["sxx"]], dtype=np.int64), K, d, has_s,
-                _RTOL)
+                _RTOL, np.zeros(0) if tally is None else tally.weights,
+                np.zeros(0) if tally is None else tally.total,
+                np.zeros(0, dtype=bool) if tally is None else tally.big)
+    if tally is not None:
+        tally.count += R
     unsure = np.flatnonzero(~ok.all(axis=1) | count_suspects(rows.block("nk"), rows.n, None))
     out = np.zeros(R, dtype=bool)
     if unsure.size:
