@@ -182,15 +182,14 @@ def _add_row(total, Q, r, w, s):
     """``total += w Q[r]``, entry by entry (the product rounded, then added: the bits of
     :func:`~fedlatent.engine.rounds.batched_round.weighted_rows`' row after row); returns
     whether the row is beyond what can be aggregated: an entry not finite, or ``max |Q[r]|
-    s`` above :data:`MAX_SUM` (the screen's size test, the same comparison)."""
-    m = 0.0
-    z = 0.0  # (x * 0 is 0 exactly when x is finite)
+    s`` above :data:`MAX_SUM` (the screen's size test: ``|x| s`` is monotone in ``|x|``, so
+    testing each entry is testing the largest, and NaN fails either way)."""
+    bad = 0  # (a count, not a flag or a running maximum: the loop stays SIMD)
     for j in range(Q.shape[1]):
         x = Q[r, j]
         total[j] += w * x
-        m = max(m, abs(x))
-        z += x * 0.0
-    return not (m * s <= MAX_SUM) or z != z
+        bad += 0 if abs(x) * s <= MAX_SUM else 1  # (NaN: not <=)
+    return bad > 0
 
 
 @njit(**_JIT)
