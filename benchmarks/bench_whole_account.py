@@ -4,11 +4,13 @@ whole default fit on the pooled rows, in the same process (issue 40: at most 1.5
 The fit of ``bench_clients.py --whole`` (GMM d = 8, K = 4, full covariances, every disclosure
 rule at its default but saturation) is timed part by part: the setup, the start (the pooled
 moments, each hard-assignment exchange, the server's k-means), each round's client E-step,
-reply screen (its compiled PSD certificates apart), weighted sum, control-variate mirror and
-M-step, and what is left; scikit-learn's fit likewise (its k-means start, E-steps, M-steps).
-The parts are CPU seconds of the functions named, wrapped by timers in this process (nested
-parts are inside their parent's figure). Two fits of each side run: the table is of the
-second (warm), the first fit's totals are printed above it. One BLAS thread.
+reply screen (its compiled PSD certificates apart, which also take the weighted sum and the
+size test as they read the replies), weighted sum (when taken apart: a round with a refused
+reply, or the NumPy screen), control-variate mirror and M-step, and what is left;
+scikit-learn's fit likewise (its k-means start, E-steps, M-steps). The parts are CPU seconds
+of the functions named, wrapped by timers in this process (nested parts are inside their
+parent's figure). Two fits of each side run: the table is of the second (warm), the first
+fit's totals are printed above it. One BLAS thread.
 
     python benchmarks/bench_whole_account.py                 # 100,000 clients
     python benchmarks/bench_whole_account.py --clients 10000
@@ -49,8 +51,8 @@ OURS = (
     ("fedlatent.engine.node.batched", "BatchedClients.estep", "round: client E-step"),
     ("fedlatent.engine.rounds.screen", "Screen.screen", "round: reply screen"),
     ("fedlatent.engine.protocol.psd_kernel", "reply_bordered_kernel",
-     "round: reply screen's PSD certificates"),
-    ("fedlatent.engine.rounds.collectors", "weighted_rows", "round: weighted sum"),
+     "round: reply screen's PSD certificates (and the weighted sum, read with them)"),
+    ("fedlatent.engine.rounds.collectors", "weighted_rows", "round: weighted sum, apart"),
     ("fedlatent.engine.rounds.screen", "Mirror.follow", "round: control-variate mirror"),
     ("fedlatent.models.gmm.model", "GMMModel.server_step", "round: M-step"),
 )

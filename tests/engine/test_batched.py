@@ -291,3 +291,27 @@ def test_buckets_group_clients_by_size_and_pad_beyond_256_sizes():
     assert len(many.buckets) == 10  # powers of two up to 512
     for bk in many.buckets:
         assert_same(bk.real.sum(1), [n + 1 for n in bk.clients])
+
+
+def test_a_bucket_of_consecutive_equal_clients_holds_their_rows_as_given():
+    """Clients of equal size that are consecutive in the batch are stacked by a reshape (no
+    gather, no padding); an interleaved bucket is gathered. Either way each client's rows, in
+    order, bit for bit (the same values, copied), and every row real."""
+    from fedlatent.data.dataset import ClientData
+
+    rng = np.random.default_rng(3)
+    sizes = (4, 4, 4, 6, 4, 6)  # a bucket of 4 and one of 6 rows, interleaved at the end
+    Xs = [rng.normal(size=(n, 3)) for n in sizes]
+    Xs[1][2, 0] = -0.0
+    ys = [rng.normal(size=n) for n in sizes]
+    b = ClientBatch([ClientData(x, y) for x, y in zip(Xs, ys)])
+    for bk in b.buckets:
+        for j, c in enumerate(bk.clients):
+            n = sizes[c]
+            assert_same(bk.X[j, :n], Xs[c])  # copies of the same values: exact
+            assert_same(bk.y[j, :n], ys[c])
+            assert_same(bk.real[j], np.arange(bk.X.shape[1]) < n)
+    same = ClientBatch([ClientData(x) for x in Xs[:3]])
+    (bk,) = same.buckets
+    assert bk.X.shape == (3, 4, 3) and bk.real.all()
+    assert np.signbit(bk.X[1, 2, 0])  # minus zero kept

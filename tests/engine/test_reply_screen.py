@@ -21,7 +21,7 @@ from fedlatent.engine.protocol.reply_rows import ReplyRows
 from fedlatent.engine.rounds.screen import REBUILD_EPS
 from fedlatent.engine.stats import Stats
 from fedlatent.models.gmm.model import GMMModel
-from tolerance import assert_same
+from tolerance import assert_close, assert_same
 
 K, D = 3, 4
 
@@ -121,7 +121,8 @@ def test_the_reply_kernel_is_the_parts_kernel_on_the_rebuilt_matrices(slack):
     f = REBUILD_EPS * (1.0 - 1e-9) * n
     with np.errstate(all="ignore"):
         got = reply_bordered_kernel(Q, rows, S, V, vrow, n, f, np.array([0, K, K + K * D]),
-                                    K, D, slack, 1e-8)
+                                    K, D, slack, 1e-8, np.zeros(0), np.zeros(0),
+                                    np.zeros(0, dtype=bool))
         parts = (st["nk"].reshape(-1), st["sx"].reshape(-1, D), st["sxx"].reshape(-1, D, D))
         plain = bordered_kernel(*parts, *parts, False, 1e-8).reshape(C, K)
         want = plain
@@ -151,3 +152,70 @@ def test_the_compiled_check_runs_where_numba_pays(monkeypatch):
         monkeypatch.setattr(comp, "MIN_WORK", 40 * K)
         assert_same(GMMModel(K).check_rows(view), small)  # booleans
     assert calls == [1]
+
+
+def _honest_reply(n_rows, lies):
+    """Honest rows (the adversarial rows' honest kinds), and lies at the rows ``lies`` names:
+    ``"psd"`` an indefinite moment matrix (kind 3), ``"huge"`` entries of 1e300, ``"nan"``
+    one NaN, ``"inf"`` one infinite entry."""
+    rng = np.random.default_rng(5)
+    S_c, n = _adversarial_rows(rng, 11 * n_rows, 1.0)
+    kind = np.arange(11 * n_rows) % 11
+    take = np.flatnonzero(np.isin(kind, [0, 7, 8, 9, 10]))[:n_rows]
+    psd = iter(np.flatnonzero(kind == 3))
+    for r, what in lies.items():
+        if what == "psd":
+            take[r] = next(psd)
+    Q, n = np.ascontiguousarray(S_c[take]), n[take]
+    for r, what in lies.items():
+        if what == "huge":
+            Q[r] = 1e300
+        elif what in ("nan", "inf"):
+            Q[r, 5] = np.nan if what == "nan" else -np.inf
+    return Q, n
+
+
+LIES = [{}, {7: "psd"}, {0: "psd", 299: "psd"}, {3: "huge", 130: "nan", 250: "inf"},
+        {200: "huge", 201: "psd"}]
+
+
+@pytest.mark.parametrize("lies", LIES)
+def test_the_screen_adds_the_weighted_sum_only_of_a_reply_it_accepts_whole(monkeypatch, lies):
+    """The compiled check adds ``sum_c w_c Q_c`` and tests each row's size as it reads the
+    rows (from the second span of rows on, the rows reach it untested); the screen hands the
+    sum on only when every row was read and accepted. The refusals are the NumPy screen's,
+    word for word (sizes, NaN, infinities, indefinite matrices, in any span); with a refused
+    row there is no sum, and the collector's sum over the accepted rows leaves the liar out;
+    the NumPy check never sums."""
+    import fedlatent.engine.protocol.compiled as comp
+    import fedlatent.engine.rounds.screen as scr
+    from fedlatent.engine.fedem.federation import Federation
+    from fedlatent.engine.node.batched import BatchReply
+    from fedlatent.engine.rounds.batched_round import weighted_rows
+
+    monkeypatch.setattr(scr, "_CHECK_SPAN", 64)  # five spans of rows
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    Q, n = _honest_reply(300, lies)
+    ids = [f"c{i:03d}" for i in range(len(n))]
+    w = np.random.default_rng(1).uniform(0.5, 2.0, size=len(n))
+    rep = BatchReply(np.arange(len(n)), Q, n, np.zeros(len(n)), _template())
+    got = {}
+    for compiled in (True, False):
+        monkeypatch.setattr(comp, "MIN_WORK", 1 if compiled else 10**12)
+        screen = scr.Screen(GMMModel(K), dict(zip(ids, n)), Federation(), ids)
+        with np.errstate(all="ignore"):
+            accepted, reasons = screen.screen(rep, "full", None, None, w)
+        got[compiled] = reasons
+        assert sorted(reasons) == sorted(lies)
+        assert_same(accepted, ~np.isin(np.arange(len(n)), list(lies)))  # booleans
+        if compiled and not lies:
+            # the same products added in the same order (row after row, from the first row)
+            assert_same(screen.total, weighted_rows(Q, w, accepted))
+        else:
+            assert screen.total is None  # (the collector then sums the accepted rows apart)
+    assert got[True] == got[False]  # the same reasons, word for word
+    honest = ~np.isin(np.arange(len(n)), list(lies))
+    with np.errstate(all="ignore"):
+        kept = weighted_rows(Q, w, accepted)
+    assert np.isfinite(kept).all()  # no lie reached it
+    assert_close(kept, weighted_rows(Q[honest], w[honest], np.ones(honest.sum(), dtype=bool)))

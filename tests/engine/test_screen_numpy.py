@@ -159,6 +159,35 @@ def test_labels_read_from_the_products_are_the_labels_of_the_distances(need):
     assert nearest[7, 2] == 0 and (labels != nearest).any() == (need > 1)
 
 
+@pytest.mark.parametrize("need", [1, 3, 5])
+def test_numpy_labels_of_the_products_are_the_compiled_ones(need, monkeypatch):
+    """The start's NumPy labelling (a federation below the kernels' threshold; each pass
+    relabels only the rows of the cells just left out) gives the compiled labels and nearest
+    centres, integers exactly: padding rows, NaN and infinite rows, clients whose every cell
+    is small, and 32 candidate centres to 9-row clients (most cells small: several passes)."""
+    import fedlatent.engine.protocol.compiled as comp
+    import fedlatent.models.gmm.batched as gb
+
+    rng = np.random.default_rng(40 + need)
+    C, m, M, d = 600, 9, 32, 3
+    X = rng.normal(size=(C, m, d)) + rng.integers(0, 4, size=(C, 1, 1)) * 2.0
+    real = rng.random((C, m)) < 0.85
+    real[:4, need:] = False  # fewer rows than a cell needs: every row to the largest cell
+    X *= real[:, :, None]
+    X[9, 1, 0], X[11, 2, :] = np.nan, np.inf
+    real[9, 1] = real[11, 2] = True
+    centres = rng.normal(size=(M, d)) * 2.5
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    with np.errstate(invalid="ignore"):
+        monkeypatch.setattr(comp, "MIN_WORK", 10**12)
+        got = gb._hard_labels_of(X, centres, real, need)
+        monkeypatch.setattr(comp, "MIN_WORK", 1)
+        want = gb._hard_labels_of(X, centres, real, need)
+    assert_same(got[0], want[0])  # integers
+    assert_same(got[1], want[1])
+    assert (got[0] != got[1]).any() == (need > 1)
+
+
 def test_the_whole_fit_benchmark_runs_under_the_default_rules_but_saturation():
     spec = importlib.util.spec_from_file_location("bench_clients_t",
                                                   ROOT / "benchmarks" / "bench_clients.py")

@@ -332,3 +332,21 @@ def test_a_saved_model_keeps_who_was_rejected(tmp_path):
     back = fl.FederatedGaussianMixture.load(tmp_path / "m")
     assert [r.rejected for r in back.history_] == [r.rejected for r in est.history_]
     assert list(back.history_[-1].rejected) == [VICTIM]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_lie_is_left_out_of_the_sum_whichever_screen_reads_it(monkeypatch, compiled):
+    """The compiled screen adds the round's weighted sum as it reads the replies; a round with
+    a refused reply is summed over the accepted rows apart: the liar is named and the fit is
+    the NumPy screen's (to rounding), the one without its lies."""
+    import fedlatent.engine.protocol.compiled as comp
+
+    fed = fl.Federation(control_variates=False)
+    monkeypatch.setattr(comp, "ready", lambda: False)
+    monkeypatch.setattr(comp, "MIN_WORK", 10**12)
+    ref = fit(gmm(fed, rounds=6), runtime=Tamper(FD, VICTIM, shifted_sum_x, from_round=2))
+    monkeypatch.setattr(comp, "MIN_WORK", 1 if compiled else 10**12)
+    est = fit(gmm(fed, rounds=6), runtime=Tamper(FD, VICTIM, shifted_sum_x, from_round=2))
+    assert [list(r.rejected) for r in est.history_] == [[]] + [[VICTIM]] * 5
+    assert_close(est.means_, ref.means_, rtol=1e-10)
+    assert_close(est.covariances_, ref.covariances_, rtol=1e-10)

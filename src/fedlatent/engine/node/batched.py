@@ -101,9 +101,15 @@ class ClientBatch:
             m = int(self.n_units[idx].max())
             offs = np.arange(m)[None, :]
             real = offs < self.n_units[idx][:, None]
-            src = np.where(real, starts[idx][:, None] + offs, 0)
-            Xb = np.where(real[:, :, None], X[src], 0.0)
-            yb = None if y is None else np.where(real, y[src], y[0])
+            lo = int(starts[idx[0]])
+            if real.all() and np.array_equal(starts[idx], lo + m * np.arange(idx.size)):
+                rows = slice(lo, lo + m * idx.size)  # consecutive clients of m rows: a view
+                Xb = X[rows].reshape(idx.size, m, -1)
+                yb = None if y is None else y[rows].reshape(idx.size, m)
+            else:
+                src = np.where(real, starts[idx][:, None] + offs, 0)
+                Xb = np.where(real[:, :, None], X[src], 0.0)
+                yb = None if y is None else np.where(real, y[src], y[0])
             self.buckets.append(Bucket(idx, Xb, yb, real))
 
     @property

@@ -27,6 +27,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .reply_rows import MAX_SUM
+
 __all__ = ["LANES", "bordered_kernel", "reply_bordered_kernel"]
 
 _TINY = float(np.finfo(np.float64).tiny)
@@ -176,7 +178,22 @@ def _plain_turn(W2, E2, ok2, at2, redo, out, Q, rows, S, V, vrow, n, f, cols, q,
 
 
 @njit(**_JIT)
-def reply_bordered_kernel(Q, rows, S, V, vrow, n, f, cols, K, q, slack, rtol):
+def _add_row(total, Q, r, w, s):
+    """``total += w Q[r]``, entry by entry (the product rounded, then added: the bits of
+    :func:`~fedlatent.engine.rounds.batched_round.weighted_rows`' row after row); returns
+    whether the row is beyond what can be aggregated: an entry not finite, or ``max |Q[r]|
+    s`` above :data:`MAX_SUM` (the screen's size test: ``|x| s`` is monotone in ``|x|``, so
+    testing each entry is testing the largest, and NaN fails either way)."""
+    bad = 0  # (a count, not a flag or a running maximum: the loop stays SIMD)
+    for j in range(Q.shape[1]):
+        x = Q[r, j]
+        total[j] += w * x
+        bad += 0 if abs(x) * s <= MAX_SUM else 1  # (NaN: not <=)
+    return bad > 0
+
+
+@njit(**_JIT)
+def reply_bordered_kernel(Q, rows, S, V, vrow, n, f, cols, K, q, slack, rtol, w, total, big):
     """Which of the ``K`` bordered matrices of each reply row are certified (R, K), read from
     the rows as the server rebuilds them (see :class:`~.reply_rows.ReplyRows`).
 
@@ -189,8 +206,14 @@ def reply_bordered_kernel(Q, rows, S, V, vrow, n, f, cols, K, q, slack, rtol):
     certified when the test with the entries' rounding slack or the test without it passes
     (a certificate without slack holds with it): the slack's test first (rebuilt rows need it
     often: a quarter of a round's matrices at 100,000 clients fail without it), the other on
-    the few it leaves (e.g. a slack bound that is not finite)."""
+    the few it leaves (e.g. a slack bound that is not finite).
+
+    ``w`` (A,), ``total`` (F,), ``big`` (A,): when ``w`` has a weight per reply row,
+    ``total += w_r Q_r`` for the rows in order, while each row is read for its matrices (the
+    round's weighted sum without a second pass over the replies), and ``big[r]`` says whether
+    row ``r`` fails the screen's size test (see :func:`_add_row`); ``w`` empty: neither."""
     R = rows.shape[0]
+    summing = w.shape[0] == Q.shape[0]
     p = q + 1
     h = 0.5 * rtol * p
     out = np.empty((R, K), dtype=np.bool_)
@@ -200,6 +223,8 @@ def reply_bordered_kernel(Q, rows, S, V, vrow, n, f, cols, K, q, slack, rtol):
     at, at2 = np.empty((2, LANES), dtype=np.int64), np.empty((2, LANES), dtype=np.int64)
     lane = redo = 0
     for i in range(R):
+        if summing:
+            big[rows[i]] = _add_row(total, Q, rows[i], w[rows[i]], max(n[i], 1.0))
         for k in range(K):
             _fill_reply(W, E, lane, Q, rows[i], S, V, vrow[i], n[i], f[i], cols[0] + k,
                         cols[1] + k * q, cols[2] + k * q * q, q, slack)

@@ -16,10 +16,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ReplyRows"]
+__all__ = ["MAX_SUM", "ReplyRows", "RowSum"]
+
+#: sums beyond this magnitude cannot be aggregated (a weighted mean of them overflows): the
+#: screen's bound on a reply's entries times its units
+MAX_SUM = 1e306
 
 #: rows whose statistics are built at once by :meth:`ReplyRows.chunks` (a few MiB, in cache)
 CHUNK = 2048
+
+
+class RowSum:
+    """``sum_r w_r Q_r`` taken by a model's compiled check while it reads the rows (the
+    round's weighted sum without a second pass over the replies): ``total`` (F,), begun at
+    -0.0 (the first row added is then that row, bit for bit); ``count``: the rows added, in
+    the order they were read. The screen uses it only when every row was added once, in
+    order, and accepted; else the sum is taken apart, as without it. ``big`` (A,): the rows
+    the check read that fail the screen's size test (an entry not finite, or beyond
+    ``MAX_SUM`` times their units)."""
+
+    def __init__(self, weights: np.ndarray, width: int):
+        self.weights = np.ascontiguousarray(weights, dtype=np.float64)
+        self.total = np.full(width, -0.0)
+        self.big = np.zeros(self.weights.shape[0], dtype=bool)
+        self.count = 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,9 @@ class ReplyRows:
     work : int
         The rows of the whole screen these belong to (a model's check decides from it
         whether compiling pays; 0: these rows).
+    tally : RowSum or None
+        Where a compiled check that reads every row adds ``w_r Q_r`` (weights per row of
+        ``Q``); None, and in any part of these rows (:meth:`take`): no sum.
     """
 
     Q: np.ndarray
@@ -58,6 +81,7 @@ class ReplyRows:
     template: object
     eps: float
     work: int = 0
+    tally: RowSum | None = None
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])

@@ -167,8 +167,8 @@ def aggregate_rows(rd, plan: RoundPlan, st: Stacked, bytes_down: int) -> Aggrega
     point's mean statistics over the same rows, :attr:`Aggregate.points`)."""
     k, rows = plan.k, st.rows
     accepted, reasons = (np.zeros(0, dtype=bool), {}) if rows is None else \
-        rd.screen.screen(rows, plan.mode, rd.state.S_hat, rd.mirror)
-    malformed = rd.screen.malformed
+        rd.screen.screen(rows, plan.mode, rd.state.S_hat, rd.mirror, rd.w[rows.clients])
+    malformed, fused = rd.screen.malformed, rd.screen.total  # (the sum, if read with the rows)
     if rows is not None and rows.points:
         malformed = screen_points(rd, rows, accepted, reasons)
     rejected = refusals(rd, k, st, reasons)
@@ -189,7 +189,8 @@ def aggregate_rows(rd, plan: RoundPlan, st: Stacked, bytes_down: int) -> Aggrega
         return Aggregate(None, 0, 0.0, 0, bytes_down, 0, st.missing, rejected, st.errors,
                          accepted=acc)
     parsed = len(rows.n) - malformed
-    total = weighted_rows(rows.Q, rd.w[rows.clients], accepted)
+    total = fused if fused is not None and accepted.all() else \
+        weighted_rows(rows.Q, rd.w[rows.clients], accepted)
     obj = rows.objective[accepted]
     return Aggregate(
         rows.template.unflatten(total[0]) if len(total) else None, int(accepted.sum()),

@@ -29,15 +29,13 @@ from fedlatent.engine.contract.model import FederatedModel
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.node.rows import as_slice
 from fedlatent.engine.protocol.messages import ClientReplyError, check_reply, pack
-from fedlatent.engine.protocol.reply_rows import ReplyRows
+from fedlatent.engine.protocol.reply_rows import MAX_SUM, ReplyRows, RowSum
 from fedlatent.engine.stats import Stats
 
 __all__ = ["MAX_SUM", "REBUILD_EPS", "Mirror", "Screen"]
 
 #: rounding allowed, per unit of magnitude, when a statistic is rebuilt as Q_c + S_hat + V_c
 REBUILD_EPS = 64 * np.finfo(np.float64).eps
-#: sums beyond this magnitude cannot be aggregated (a weighted mean of them overflows)
-MAX_SUM = 1e306
 #: what a refused reply sent, in the error of ``on_invalid="raise"``
 INVALID, UNTRUE = "an invalid reply", "statistics that cannot be true"
 
@@ -174,6 +172,9 @@ class Screen:
         self.has_check = type(model).check is not FederatedModel.check
         #: replies of the last screen refused as malformed (not parsed)
         self.malformed = 0
+        #: the last screen's ``sum_c w_c Q_c`` (1, F) when its check took it while reading
+        #: every row, all accepted (None: take it apart)
+        self.total: np.ndarray | None = None
 
     def units_problem(self, c: str, n, mode: str) -> str | None:
         """Why the units client ``c`` claims cannot be right (None: they can)."""
@@ -208,12 +209,16 @@ class Screen:
                       Q.items()}, copy=False)
 
     # ---- all rows at once ----------------------------------------------------------------
-    def screen(self, rep, mode: str, S_hat: Stats | None, mirror: Mirror | None):
+    def screen(self, rep, mode: str, S_hat: Stats | None, mirror: Mirror | None,
+               weights: np.ndarray | None = None):
         """``(accepted, reasons)``: a mask over the reply's rows and ``{row: (reason, sent)}``
         of the refused ones, in row order. The rows are tested in chunks (each chunk's rebuilt
         statistics stay in cache, or are read where they are by the model's compiled check;
-        nothing of the size of the reply is allocated)."""
+        nothing of the size of the reply is allocated). With ``weights`` (one per row), a
+        compiled check may add ``sum_r w_r Q_r`` as it reads the rows: :attr:`total` when it
+        read every row, in order, and every row is accepted (else None)."""
         Q, n, idx = rep.Q, rep.n, rep.clients
+        self.total = None
         m = self.units[idx]
         suspect = ~(np.isfinite(n) & np.isfinite(rep.objective))
         if mode in ("full", "spider-refresh"):
@@ -223,15 +228,14 @@ class Screen:
         exact = S_hat is None or (self.exact and mode != "spider")
         rebuilt = self.rebuildable(rep, S_hat, mirror) if self.has_check and exact else None
         scale = np.maximum(n, 1.0)
-        start = 0  # (the rows from here are checked against the model's invariants next)
+        tally = None if weights is None or rebuilt is None else RowSum(weights, Q.shape[1])
+        start, sized = 0, False  # (the rows from here are checked against the invariants next)
         for lo, hi in rows_math._chunks(len(n)):  # a chunk of rows at a time, in cache
-            if Q.shape[1]:
-                with np.errstate(invalid="ignore", over="ignore"):  # (NaN: not <=)
-                    suspect[lo:hi] |= ~(np.abs(Q[lo:hi]).max(axis=1) * scale[lo:hi] <= MAX_SUM)
+            if not sized:
+                suspect[lo:hi] |= _too_big(Q, slice(lo, hi), scale)
             if rebuilt is not None and (hi - start >= _CHECK_SPAN or hi == len(n)):
-                r = start + np.flatnonzero(rebuilt[start:hi] & ~suspect[start:hi])
-                if r.size:
-                    suspect[r[self.check_rows(rep, r, n, S_hat, mirror, len(n))]] = True
+                sized = self.check_span(rep, (start, hi), suspect, rebuilt, S_hat, mirror,
+                                        tally, sized)
                 start = hi
         reasons: dict[int, tuple[str, str]] = {}
         self.malformed = 0
@@ -242,7 +246,29 @@ class Screen:
                 reasons[int(r)] = (reason, sent)
         accepted = np.ones(len(n), dtype=bool)
         accepted[list(reasons)] = False
+        if tally is not None and tally.count == len(n) and not suspect.any():
+            self.total = tally.total[None, :]  # (every row added once, in order: no suspect)
         return accepted, reasons
+
+    def check_span(self, rep, span, suspect, rebuilt, S_hat, mirror, tally, sized) -> bool:
+        """Rows ``span`` (lo, hi) that are rebuilt and not yet suspect checked against the
+        model's invariants (``suspect`` updated). ``sized``: the span's rows were not size
+        tested before (the previous span's check tested them as it read them): then the
+        rows this check does not read are tested here. Returns whether this check read every
+        row it was given and tested its size (``tally``'s count grew by them): the next span
+        goes to it untested."""
+        lo, hi = span
+        r = lo + np.flatnonzero(rebuilt[lo:hi] & ~suspect[lo:hi])
+        count = -1 if tally is None else tally.count
+        if r.size:
+            suspect[r[self.check_rows(rep, r, rep.n, S_hat, mirror, len(rep.n), tally)]] = True
+        read = r.size > 0 and tally is not None and tally.count - count == r.size
+        if read:
+            suspect[r[tally.big[r]]] = True  # (its size test, made as the rows were read)
+        if sized:  # the rows not read: tested apart
+            rest = lo + np.flatnonzero(~suspect[lo:hi] & (~rebuilt[lo:hi] if read else True))
+            suspect[rest[_too_big(rep.Q, rest, np.maximum(rep.n, 1.0))]] = True
+        return read
 
     def rebuildable(self, rep, S_hat: Stats | None, mirror: Mirror | None) -> np.ndarray:
         """Which rows' statistics ``S_c`` the server can rebuild (with control variates, those
@@ -272,18 +298,20 @@ class Screen:
             mag = mag + np.abs(mirror.arr[rep.clients[r]])
         return REBUILD_EPS * mag
 
-    def check_rows(self, rep, rows: np.ndarray, n, S_hat, mirror, work: int = 0) -> np.ndarray:
+    def check_rows(self, rep, rows: np.ndarray, n, S_hat, mirror, work: int = 0,
+                   tally: RowSum | None = None) -> np.ndarray:
         """Which of ``rows`` (indices into the reply) may break the model's invariants (a
         mask over them: the model's :meth:`~fedlatent.engine.contract.model.FederatedModel.
         check_rows`, a superset of its ``check``), given the statistics as the server rebuilds
         them (:class:`~fedlatent.engine.protocol.reply_rows.ReplyRows`: nothing of the size of
-        the round's statistics is built here); ``work``: the rows of the whole screen."""
+        the round's statistics is built here); ``work``: the rows of the whole screen;
+        ``tally``: where a compiled check adds the rows' weighted sum."""
         V = vrow = None
         if S_hat is not None and self.use_cv:
             V, vrow = mirror.arr, rep.clients[rows]
         view = ReplyRows(rep.Q, rows, n[rows], None if S_hat is None else
                          _flat(S_hat, rep.template), V, vrow, rep.template, REBUILD_EPS,
-                         max(int(work), rows.size))
+                         max(int(work), rows.size), tally)
         with np.errstate(over="ignore", invalid="ignore"):
             return np.asarray(self.model.check_rows(view), dtype=bool)
 
@@ -317,6 +345,16 @@ class Screen:
         S_c = self.rebuild_rows(rep, np.array([r]), S_hat, mirror)[0]
         with np.errstate(over="ignore", invalid="ignore"):
             return self.model.check(tmpl.unflatten(S_c) * nf, nf, slack), UNTRUE
+
+
+def _too_big(Q: np.ndarray, at, scale: np.ndarray) -> np.ndarray:
+    """Which rows ``at`` of ``Q`` (a slice or indices) are beyond what can be aggregated: an
+    entry not finite, or ``max |Q_r|`` times the row's ``scale`` (its units, at least 1)
+    above :data:`MAX_SUM`."""
+    if not Q.shape[1]:
+        return np.zeros(len(scale[at]), dtype=bool)
+    with np.errstate(invalid="ignore", over="ignore"):  # (NaN: not <=)
+        return ~(np.abs(Q[at]).max(axis=1) * scale[at] <= MAX_SUM)
 
 
 def _flat(S: Stats, template: Stats) -> np.ndarray:

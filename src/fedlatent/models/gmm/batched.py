@@ -132,8 +132,9 @@ def _hard_labels_of(X: np.ndarray, centers: np.ndarray, real: np.ndarray, need: 
     P *= -2.0
     P += xx[:, :, None]
     P += cc
-    labels = hard_labels_numpy(P, real, int(need))
-    return labels, np.where(real, P.argmin(-1), labels)
+    nearest = P.argmin(axis=2)
+    labels = hard_labels_numpy(P, real, int(need), nearest)
+    return labels, np.where(real, nearest, labels)
 
 
 def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
@@ -149,28 +150,49 @@ def hard_labels_batched(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarr
                   np.ascontiguousarray(real, dtype=np.bool_), int(need))
 
 
-def hard_labels_numpy(d2: np.ndarray, real: np.ndarray, need: int) -> np.ndarray:
-    """:func:`hard_labels_batched` in NumPy, all clients at each step: every client's small
-    cells (``0 < rows < need``) left out and its rows sent to their nearest cell left, until
-    no client has one; a client whose every cell is small puts all its rows in its largest
-    (as each client does alone). Labels (C, m); a padding row's label is of no use."""
+def hard_labels_numpy(d2: np.ndarray, real: np.ndarray, need: int,
+                      nearest: np.ndarray | None = None) -> np.ndarray:
+    """:func:`hard_labels_batched` in NumPy: each client's small cells (``0 < rows < need``)
+    left out and the rows labelled there sent to their nearest cell left, until no client
+    has one; a client whose every cell is small puts all its rows in its largest (as each
+    client does alone, and as the compiled :func:`~.hardsums.hard_labels_many` does). Each
+    pass relabels only the rows of the cells just left out, of the clients that have one.
+    ``nearest``: ``d2.argmin(axis=2)`` if already made. Labels (C, m); a padding row's label
+    is of no use."""
+    first = d2.argmin(axis=2) if nearest is None else nearest.copy()
+    return _merged_labels(d2, real, need, first)
+
+
+def _merged_labels(d2: np.ndarray, real: np.ndarray, need: int,
+                   labels: np.ndarray) -> np.ndarray:
+    """The merging of :func:`hard_labels_numpy` from the nearest ``labels`` (C, m),
+    updated in place and returned."""
     C, m, M = d2.shape
-    work = np.array(d2, dtype=np.float64, copy=True)
-    labels = work.argmin(axis=2)
-    live = np.ones(C, dtype=bool)
-    cells = np.arange(M)
-    while need > 1 and live.any():
-        at = np.flatnonzero(live)
-        counts = ((labels[at, :, None] == cells) & real[at, :, None]).sum(axis=1)  # (A, M)
-        small = (counts > 0) & (counts < need)
+    if need <= 1 or labels.size == 0:
+        return labels
+    cl = np.arange(C)[:, None]
+    counts = np.bincount((cl * M + labels)[real], minlength=C * M).reshape(C, M)
+    gone = np.zeros((C, M), dtype=bool)
+    live = np.arange(C)
+    while live.size:
+        cnt = counts[live]
+        small = (cnt > 0) & (cnt < need) & ~gone[live]
         bad = small.any(axis=1)
-        live[at[~bad]] = False
-        every = bad & (small.sum(axis=1) == (counts > 0).sum(axis=1))
-        labels[at[every]] = counts[every].argmax(axis=1)[:, None]
-        live[at[every]] = False
-        move = at[bad & ~every]
-        work[move] = np.where(small[bad & ~every][:, None, :], np.inf, work[move])
-        labels[move] = work[move].argmin(axis=2)
+        live, small, cnt = live[bad], small[bad], cnt[bad]
+        every = small.sum(axis=1) == (cnt > 0).sum(axis=1)
+        labels[live[every]] = cnt[every].argmax(axis=1)[:, None]
+        live, small = live[~every], small[~every]
+        gone[live] |= small
+        c, i = np.nonzero(gone[live][np.arange(live.size)[:, None], labels[live]])
+        c = live[c]
+        if not c.size:
+            continue
+        old = labels[c, i]
+        new = np.where(gone[c], np.inf, d2[c, i]).argmin(axis=1)
+        labels[c, i] = new
+        r = real[c, i]
+        np.subtract.at(counts, (c[r], old[r]), 1)
+        np.add.at(counts, (c[r], new[r]), 1)
     return labels
 
 
@@ -214,19 +236,26 @@ def hard_sums(X: np.ndarray, labels: np.ndarray, w: np.ndarray, center: np.ndarr
 
 
 def cell_sums_numpy(X, labels, w, center, nk, sx, sxx, mode) -> None:
-    """:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums` in NumPy: ``np.add.at`` adds
-    each row's terms into its cell in index order, the rows of weight 0 skipped, the clients
-    and their rows in the kernel's order, each term the kernel's product: the same bits."""
-    c, i = np.nonzero(w != 0.0)  # (row-major: client after client, row after row)
-    k, wt = labels[c, i], w[c, i]
-    xc = X[c, i] - center
-    wx = wt[:, None] * xc
-    np.add.at(nk, (c, k), wt)
-    np.add.at(sx, (c, k), wx)
-    if mode == 0:
-        np.add.at(sxx, (c, k), wx[:, :, None] * xc[:, None, :])
-    elif mode == 2:
-        np.add.at(sxx[..., 0], (c, k), wx * xc)
+    """:func:`~fedlatent.models.gmm.hardsums.hard_cell_sums` in NumPy: the rows added into
+    their cells in the kernel's order (row ``i`` of every client at once: each client has
+    one cell a row, so no two rows of a pass meet), the rows of weight 0 skipped, each term
+    the kernel's product: the same bits, in one pass a row of the clients."""
+    C, m, d = X.shape
+    M = nk.shape[1]
+    cells = (np.arange(C) * M)[:, None] + labels  # (C, m): a row's cell, flat
+    nk1, sx1 = nk.reshape(-1), sx.reshape(C * M, d)
+    sxx1 = sxx.reshape(C * M, -1) if mode in (0, 2) else None
+    for i in range(m):
+        c = np.flatnonzero(w[:, i] != 0.0)
+        at, wt = cells[c, i], w[c, i]
+        xc = X[c, i] - center
+        wx = wt[:, None] * xc
+        nk1[at] += wt
+        sx1[at] += wx
+        if mode == 0:
+            sxx1[at] += (wx[:, :, None] * xc[:, None, :]).reshape(c.size, d * d)
+        elif mode == 2:
+            sxx1[at] += wx * xc
 
 
 def live_cells(nk, sx, sxx):
@@ -271,12 +300,17 @@ def gaussian_row_suspects(rows) -> np.ndarray:
     off = rows.offsets()
     R, F = len(rows), rows.Q.shape[1]
     has_s, has_v = rows.S is not None, rows.V is not None
+    tally = rows.tally  # (the round's weighted sum, taken as the rows are read)
     ok = kernel(np.ascontiguousarray(rows.Q, dtype=np.float64), rows.rows.astype(np.int64),
                 rows.S if has_s else np.zeros(F), rows.V if has_v else np.zeros((1, F)),
                 rows.vrow.astype(np.int64) if has_v else np.zeros(R, dtype=np.int64),
                 rows.n, rows.eps * (1.0 - 1e-9) * rows.n,
                 np.array([off["nk"], off["sx"], off["sxx"]], dtype=np.int64), K, d, has_s,
-                _RTOL)
+                _RTOL, np.zeros(0) if tally is None else tally.weights,
+                np.zeros(0) if tally is None else tally.total,
+                np.zeros(0, dtype=bool) if tally is None else tally.big)
+    if tally is not None:
+        tally.count += R
     unsure = np.flatnonzero(~ok.all(axis=1) | count_suspects(rows.block("nk"), rows.n, None))
     out = np.zeros(R, dtype=bool)
     if unsure.size:
