@@ -1,7 +1,7 @@
-"""The pair masks' keystream through AES contexts keyed once per fit (``_crypto.ctr_rows``):
-the bytes of ``cryptography``'s AES-256-CTR (and of the AES-GCM call that made them before),
+"""The pair masks' keystream through AES-GCM objects made once per fit (``_crypto.ctr_rows``):
+the bytes of ``cryptography``'s AES-256-CTR and of a fresh AES-GCM encryption of zeros,
 whatever the length, with no state carried from one exchange's call to the next; a client's
-neighbourhood makes each context once and answers by position as by name."""
+neighbourhood makes each pair's object once and answers by position as by name."""
 
 import os
 
@@ -25,7 +25,7 @@ def ctr_words(key: bytes, nonce: bytes, n: int) -> np.ndarray:
 
 
 def gcm_words(key: bytes, nonce: bytes, n: int) -> np.ndarray:
-    """The same from AES-GCM's encryption of zeros, its tag dropped (the call before)."""
+    """The same from a fresh AES-GCM encryption of zeros, its tag dropped."""
     return np.frombuffer(AESGCM(key).encrypt(nonce, bytes(8 * n), None)[:8 * n], "<u8")
 
 
@@ -36,7 +36,7 @@ def test_rows_are_the_aes_ctr_keystream_of_each_key(n):
     got = _crypto.ctr_rows(_crypto.ctr_streams(keys), n, nonce)
     assert got.dtype == np.uint64 and got.shape == (4, n)
     for row, key in zip(got, keys):
-        # exact: the same AES on the same counter blocks, bytes read as integers
+        # exact: the same AES keystream bytes, read as integers
         assert_same(row, ctr_words(key, nonce, n))
         assert_same(row, gcm_words(key, nonce, n))
 
@@ -48,7 +48,7 @@ def test_a_context_carries_nothing_from_one_exchange_to_the_next():
     kept = _crypto.ctr_streams(keys)
     for n, nonce in [(5, os.urandom(12)), (70, os.urandom(12)), (5, os.urandom(12)),
                      (33, os.urandom(12))]:
-        # exact: integers from the same AES calls on the same blocks
+        # exact: integers from the same AES keystream
         assert_same(_crypto.ctr_rows(kept, n, nonce),
                     _crypto.ctr_rows(_crypto.ctr_streams(keys), n, nonce))
     assert _crypto.ctr_rows([], 4, os.urandom(12)).shape == (0, 4)
@@ -67,7 +67,7 @@ def test_a_client_makes_each_pairs_context_once_and_masks_by_position_as_by_name
     first = c._pair_masks(["c0", "c4"], label, 9, 0)
     again = c._pair_masks(["c0", "c1", "c4", "c5"], label, 9, 0)
     assert made == [2, 2]  # c0 and c4 once, then only c1 and c5
-    # exact: the same contexts on the same counter blocks
+    # exact: the same objects, the same keystream
     assert_same(again[[0, 2]], first)
     for row, v in zip(again, ["c0", "c1", "c4", "c5"]):
         assert_same(row, ctr_words(c._pair_block(v)[32:], _pair_nonce(label), 9))

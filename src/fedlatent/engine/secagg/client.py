@@ -627,7 +627,7 @@ class SecAggClient(Enrolment):
     def _pair_rows(self, pos: np.ndarray, label: bytes, n: int, slot: int) -> np.ndarray:
         """The keystream of this client and each neighbour at positions ``pos`` in one
         exchange, an (m, n) uint64 array: that of s_uv under the exchange's nonce
-        (:func:`~.protocol.pair_nonce` of its label and slot), each pair's AES context made
+        (:func:`~.protocol.pair_nonce` of its label and slot), each pair's AES-GCM object made
         once per fit (:meth:`~.near.Near.streams`); its first words are the pair mask, the two
         after it the pair's tokens (:mod:`~.consistency`)."""
         streams = self._near().streams(pos, self._mask_secrets)

@@ -3,7 +3,7 @@
 Every per-exchange step of :class:`~fedlatent.engine.secagg.client.SecAggClient` works over its
 closed neighbourhood on the masking graph (sorted ids, itself among them; every enrolled id on
 the complete graph). :class:`Near` holds, in that order, what those steps would otherwise look
-up by name once per neighbour and exchange: each member's place, the AES-256 context of each
+up by name once per neighbour and exchange: each member's place, the AES-256-GCM object of each
 pair's mask secret (:func:`~._crypto.ctr_streams`, made on first use, once per fit) and the
 shares this client holds (one row per member). It is a cache of the client's state (its
 roster, pair secrets and opened shares), rebuilt from them after :meth:`SecAggClient.load`,
@@ -53,7 +53,7 @@ class Near:
         return [ids[i] for i in pos.tolist()]
 
     def streams(self, pos: np.ndarray, secrets: Callable[[list[str]], list[bytes]]) -> list:
-        """The AES-256 context of the mask secret of this client's pair with each member at
+        """The AES-256-GCM object of the mask secret of this client's pair with each member at
         ``pos`` (itself never among them); those not made yet made in one pass from
         ``secrets(names)`` (their 32-byte mask secrets s_uv)."""
         have = self._streams
