@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedlatent.engine.protocol.messages import unpack
+from fedlatent.engine.stats import Stats
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 
 
@@ -55,3 +56,12 @@ def six_sites(spread: float = 1.5):
         rng.integers(3, size=600)]
     return fl.FederatedDataset.from_arrays(
         {f"c{i}": p for i, p in enumerate(np.array_split(X, 6))})
+
+
+def soft_stats(seed: int, K: int = 3, d: int = 4, n: int = 500) -> Stats:
+    """Mean statistics of ``n`` rows with soft memberships (a well-posed M-step)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) @ rng.normal(size=(d, d)) + rng.normal(0, 3, d)
+    r = rng.dirichlet(np.ones(K), n)
+    return Stats({"nk": r.mean(0), "sx": r.T @ X / n,
+                  "sxx": np.einsum("nk,ni,nj->kij", r, X, X) / n})

@@ -13,15 +13,7 @@ import fedlatent as fl
 from fedlatent.engine.node.replay import REPLAY_RTOL, params_refusal, step_refusal
 from fedlatent.engine.stats import Stats
 from fedlatent.models.gmm.model import GMMModel
-
-
-def _stats(seed: int, K: int = 3, d: int = 4, n: int = 500) -> Stats:
-    """Mean statistics of ``n`` rows with soft memberships (a well-posed M-step)."""
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d)) @ rng.normal(size=(d, d)) + rng.normal(0, 3, d)
-    r = rng.dirichlet(np.ones(K), n)
-    return Stats({"nk": r.mean(0), "sx": r.T @ X / n,
-                  "sxx": np.einsum("nk,ni,nj->kij", r, X, X) / n})
+from verified_doubles import soft_stats as _stats
 
 
 def _clusters(seed: int, n: int = 600) -> Stats:
