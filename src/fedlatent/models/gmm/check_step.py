@@ -16,10 +16,10 @@ import math
 import numpy as np
 
 from ...engine.contract.degenerate import DEGENERATE_FRACTION
+from .math import gmm_m_step
 
 __all__ = ["full_step_holds"]
 
-_TEN_EPS = 10 * np.finfo(np.float64).eps
 _U = np.finfo(np.float64).eps / 2  # the unit roundoff
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
 #: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
@@ -77,7 +77,7 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     rtol : float
         The replay's tolerance (:data:`~fedlatent.engine.node.replay.REPLAY_RTOL`).
     """
-    nk0, sx, sxx = S["nk"], S["sx"], S["sxx"]
+    nk0, sx = S["nk"], S["sx"]
     K, d = sx.shape
     if sent.keys() != _KEYS or not _shapes(sent, K, d):
         return False
@@ -85,16 +85,12 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    nk = nk0 + _TEN_EPS
-    mc = sx / nk[:, None]
-    if not (sent["weights"].tolist() == (nk / nk.sum()).tolist()
-            and sent["means"].tolist() == (mc + center).tolist()
+    weights, means, cov = gmm_m_step(S, center, "full", reg_covar)  # (the server's bits)
+    if not (sent["weights"].tolist() == weights.tolist()
+            and sent["means"].tolist() == means.tolist()
             and sent["center"].tolist() == center.tolist()):
         return False  # (another machine's last bits, or a move: the replay decides)
-    cov = sxx / nk[:, None, None] - mc[:, :, None] * mc[:, None, :]
-    cov = 0.5 * (cov + cov.swapaxes(1, 2))
     flat = cov.reshape(K, d * d)
-    flat[:, ::d + 1] += reg_covar
     U = sent["precisions_cholesky"]
     e, u2 = _factor_error(U, cov, K, d)
     top = max(float(U.max()), -float(U.min()))
