@@ -54,12 +54,12 @@ from typing import Any
 
 import numpy as np
 
-from fedlatent.engine.node.verify_kept import GROUPS as _GROUPS
+from fedlatent.engine.node.verify_kept import fedem_step
 from fedlatent.engine.node.verify_kept import groups as _groups
+from fedlatent.engine.node.verify_kept import num as _num
 from fedlatent.engine.node.verify_kept import store as _store
 from fedlatent.engine.node.verify_kept import units as _units
 from fedlatent.engine.protocol.messages import pack, unpack
-from fedlatent.engine.stats import Stats
 
 __all__ = ["VerificationRefused", "check_exchange", "setup_verification", "verified_message",
            "verifying"]
@@ -187,11 +187,6 @@ def _undone(msg: dict[str, Any]) -> list:
     return json.loads(raw) if raw and raw != "[]" else []
 
 
-def _num(value, kind=int):
-    """A scalar a transport may carry as a one-entry array."""
-    return kind(np.asarray(value).reshape(-1)[0])
-
-
 def _last_kind(node) -> str:
     last = node.state.get("verify/last")
     return "" if last is None else bytes(last).decode()
@@ -297,21 +292,10 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
     the server's FedEM step and, accelerated, the accelerator's statistic and extra points
     (:mod:`~fedlatent.engine.node.verify_points`); VerificationRefused otherwise."""
     d = _deps()
-    FedEMState, vp, replay_refusal, step_refusal = (d.FedEMState, d.verify_points,
-                                                    d.replay_refusal, d.step_refusal)
+    vp, replay_refusal, step_refusal = d.verify_points, d.replay_refusal, d.step_refusal
     n_total = _units(node)[0]
-    prev, S_prev, V_prev = (mine[p] for p in _GROUPS)
-    state = FedEMState(Stats(S_prev, copy=False) if S_prev else None,  # (the update copies
-                       Stats(V_prev, copy=False) if V_prev else None)  # what it changes)
-    Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
-               if S_prev else v for k, v in total.items() if k.startswith("delta/")},
-              copy=False)
-    init_round = not S_prev
-    k_prev = _num(node.state["verify/round"])
-    shapes = {k: np.shape(v) for k, v in Q.items()}
-    new = (FedEMState(None, None) if init_round else state).advance(
-        Q, init_round, 1.0 if init_round else fed.gamma(k_prev), 1.0, fed.alpha_for(shapes),
-        bool(fed.control_variates))
+    prev = mine["params"]
+    state, new, k_prev = fedem_step(node, fed, mine, total)
     accelerated = vp.accelerated(fed)
     if accelerated:  # the statistic the accelerator sends instead of F(S_hat)
         pr, new = vp.accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)
@@ -339,7 +323,6 @@ def _deps() -> SimpleNamespace:
     import statement run every round."""
     import bisect
 
-    from fedlatent.engine.fedem.update import FedEMState
     from fedlatent.engine.node import verify_points
     from fedlatent.engine.node.replay import replay_refusal, step_refusal
     from fedlatent.engine.secagg.encoding import Layout
@@ -347,7 +330,7 @@ def _deps() -> SimpleNamespace:
     from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
 
     return SimpleNamespace(
-        bisect=bisect, FedEMState=FedEMState, verify_points=verify_points,
+        bisect=bisect, verify_points=verify_points,
         replay_refusal=replay_refusal, step_refusal=step_refusal, Layout=Layout,
         SecureAggregationError=SecureAggregationError, read_transcript=read_transcript,
         verify_leaf=verify_leaf)

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from fedlatent.engine.node.verify_kept import GROUPS, groups, units
+from fedlatent.engine.node.verify_kept import fedem_step, groups, units
+from fedlatent.engine.node.verify_kept import num as _num
 from fedlatent.engine.protocol.messages import unpack
 
 __all__ = ["INFORMATION", "after_rounds"]
@@ -71,11 +72,6 @@ def after_rounds(node, msg: dict[str, Any], total: dict | None, who: str) -> str
     return _refusal(unpack(msg, "params"), final, k, node.client_id)
 
 
-def _num(value, kind=int):
-    """A scalar a transport may carry as a one-entry array."""
-    return kind(np.asarray(value).reshape(-1)[0])
-
-
 def _final_params(node, total: dict | None) -> dict[str, np.ndarray]:
     """The parameters the server's step after the last verified round gives: the FedEM update
     of ``total`` (that round's decoded aggregate) and the model's M-step; the parameters the
@@ -83,26 +79,16 @@ def _final_params(node, total: dict | None) -> dict[str, np.ndarray]:
     import json
 
     from fedlatent.engine.fedem.federation import Federation
-    from fedlatent.engine.fedem.update import FedEMState
-    from fedlatent.engine.stats import Stats
 
     kept = groups(node)
-    prev, S_prev, V_prev = (kept[g] for g in GROUPS)
+    prev = kept["params"]
     if total is None:
         return prev
     fed = Federation.from_config(json.loads(
         bytes(node.state["verify/federation"]).decode())["federation"])
     n_total = units(node)[0]
-    Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
-               if S_prev else v for k, v in total.items() if k.startswith("delta/")},
-              copy=False)
-    init_round = not S_prev
-    state = FedEMState(Stats(S_prev) if S_prev else None, Stats(V_prev) if V_prev else None)
-    k_prev = _num(node.state["verify/round"])
-    new = state.advance(Q, init_round, 1.0 if init_round else fed.gamma(k_prev), 1.0,
-                        fed.alpha_for({k: np.shape(v) for k, v in Q.items()}),
-                        bool(fed.control_variates))  # (replay.replay's update)
-    if not init_round and _ends_on_best(node, fed):  # the accelerator's next state
+    state, new, k_prev = fedem_step(node, fed, kept, total)  # (the round's own update)
+    if state.S_hat is not None and _ends_on_best(node, fed):  # the accelerator's next state
         from fedlatent.engine.node.verify_points import accelerated_state
 
         new = accelerated_state(node, fed, state, new, prev, total, k_prev, n_total)[1]

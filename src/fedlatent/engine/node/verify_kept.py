@@ -10,7 +10,10 @@ import json
 
 import numpy as np
 
-__all__ = ["GROUPS", "groups", "store", "units"]
+from fedlatent.engine.fedem.update import FedEMState
+from fedlatent.engine.stats import Stats
+
+__all__ = ["GROUPS", "fedem_step", "groups", "num", "store", "units"]
 
 #: what a verifying site keeps of the round before, packed in one float64 vector
 #: (``verify/kept``) laid out by ``verify/kept-layout`` (JSON: group, name, shape)
@@ -61,6 +64,30 @@ def units(node) -> tuple[float, float]:
     """The federation's units N and its number of clients, as the first exchange said."""
     held = node.state["verify/units"]
     return float(held[0]), float(held[1])
+
+
+def fedem_step(node, fed, kept: dict[str, dict], total: dict):
+    """``(state, new, k)``: the FedEM state round ``k`` (the last verified round) was sent
+    (from what the node ``kept``: :func:`groups`), and the server's FedEM step of round
+    ``k``'s decoded aggregate ``total`` (its ``delta/`` fields), as the server takes it with
+    the federation ``fed``'s step size, control variates and alpha."""
+    S_prev, V_prev = kept["S_hat"], kept["V"]
+    state = FedEMState(Stats(S_prev, copy=False) if S_prev else None,  # (the update copies
+                       Stats(V_prev, copy=False) if V_prev else None)  # what it changes)
+    Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
+               if S_prev else v for k, v in total.items() if k.startswith("delta/")},
+              copy=False)
+    init_round = not S_prev
+    k_prev = num(node.state["verify/round"])
+    new = (FedEMState(None, None) if init_round else state).advance(
+        Q, init_round, 1.0 if init_round else fed.gamma(k_prev), 1.0,
+        fed.alpha_for({k: np.shape(v) for k, v in Q.items()}), bool(fed.control_variates))
+    return state, new, k_prev
+
+
+def num(value, kind=int):
+    """A scalar a transport may carry as a one-entry array."""
+    return kind(np.asarray(value).reshape(-1)[0])
 
 
 def _bytes(text: str) -> np.ndarray:
