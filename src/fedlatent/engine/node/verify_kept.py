@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 
-from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.stats import Stats
 
 __all__ = ["GROUPS", "fedem_step", "groups", "num", "store", "units"]
@@ -71,7 +70,9 @@ def fedem_step(node, fed, kept: dict[str, dict], total: dict):
     (from what the node ``kept``: :func:`groups`), and the server's FedEM step of round
     ``k``'s decoded aggregate ``total`` (its ``delta/`` fields), as the server takes it with
     the federation ``fed``'s step size, control variates and alpha."""
-    S_prev, V_prev = kept["S_hat"], kept["V"]
+    from fedlatent.engine.fedem.update import FedEMState  # (a verified round's: a node
+
+    S_prev, V_prev = kept["S_hat"], kept["V"]  # answering plain rounds never loads it)
     state = FedEMState(Stats(S_prev, copy=False) if S_prev else None,  # (the update copies
                        Stats(V_prev, copy=False) if V_prev else None)  # what it changes)
     Q = Stats({k[len("delta/"):]: v.reshape(S_prev[k[len("delta/"):]].shape)
