@@ -55,11 +55,14 @@ from typing import Any
 import numpy as np
 
 from fedlatent.engine.node.verify_kept import fedem_step
+from fedlatent.engine.node.verify_kept import flat_step as _flat_step
 from fedlatent.engine.node.verify_kept import groups as _groups
 from fedlatent.engine.node.verify_kept import num as _num
+from fedlatent.engine.node.verify_kept import plan as _plan
 from fedlatent.engine.node.verify_kept import store as _store
 from fedlatent.engine.node.verify_kept import units as _units
 from fedlatent.engine.protocol.messages import pack, unpack
+from fedlatent.engine.stats import Stats
 
 __all__ = ["VerificationRefused", "check_exchange", "setup_verification", "verified_message",
            "verifying"]
@@ -261,19 +264,27 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
     """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
     vp = _deps().verify_points
     fed = _federation(node)
-    if vp.n_points(msg) > 0 and (not vp.accelerated(fed) or _last_kind(node) != "estep"):
+    last, accelerated = _last_kind(node), vp.accelerated(fed)
+    if vp.n_points(msg) > 0 and (not accelerated or last != "estep"):
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
                                   "this site cannot replay " + (
-                                      "in the first round" if vp.accelerated(fed) else
+                                      "in the first round" if accelerated else
                                       "in a fit set up with Federation(acceleration=None)"))
     sent = unpack(msg, "params")
+    at = _plan(node) if last == "estep" and not accelerated else None
+    k_prev = _num(node.state["verify/round"]) if last == "estep" else 0
+    if (at is not None and at.rows["S_hat"] and total is not None and k_prev not in undone
+            and total.keys() >= at.delta):
+        msg = _next_flat(node, fed, at, msg, sent, total, rnd, k_prev)  # (a steady round)
+        node.state["verify/round"] = np.array(float(rnd))
+        return msg
     mine = _groups(node)
     n_total, n_clients = _units(node)
-    if _last_kind(node) == "estep" and _num(node.state["verify/round"]) in undone:
+    if last == "estep" and k_prev in undone:
         _same_again(node, msg, sent, rnd, mine)  # its round discarded: nothing applied since
-        if vp.accelerated(fed):  # (the server restarts its path after a discarded round)
+        if accelerated:  # (the server restarts its path after a discarded round)
             _refuse(vp.check_points(node, vp.restart(node, fed, n_total), msg, sent, rnd))
-    elif _last_kind(node) != "estep":  # the first round: its parameters are a start
+    elif last != "estep":  # the first round: its parameters are a start
         _declared(node, msg)
         _start_check(node, sent, n_total, int(n_clients), who)
         node.state.pop("verify/start", None)  # (the start checked: what it was checked by
@@ -283,6 +294,37 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
     mine["params"] = {k: np.asarray(v) for k, v in sent.items()}
     _store(node, mine)
     node.state["verify/round"] = np.array(float(rnd))
+    return msg
+
+
+def _next_flat(node, fed, at, msg: dict[str, Any], sent: dict, total, rnd: int, k_prev: int
+               ) -> dict[str, Any]:
+    """:func:`_next_round` of a round of plain FedEM after its first step, on the packed
+    vector (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``): the server's FedEM step
+    (:func:`~fedlatent.engine.node.verify_kept.flat_step`: the same bits), its M-step checked
+    forward or replayed (:func:`~fedlatent.engine.node.replay.step_refusal`), then the
+    parameters and the step kept as one new vector, and ``msg`` given views of its ``S_hat``
+    (the E-step copies them); VerificationRefused otherwise, the kept vector unchanged."""
+    kept = node.state["verify/kept"]
+    alpha = fed.alpha_for(at.shapes["S_hat"]) if at.rows["V"] else 1.0
+    new = _flat_step(kept, at, [total[k] for k in at.delta], fed.gamma(k_prev), alpha)
+    views = at.views(new, "S_hat")
+    S = Stats(views, copy=False)
+    why = _deps().step_refusal(node.model, S, at.views(kept, "params"), _units(node)[0], sent,
+                               rnd, node.client_id)
+    if why:
+        _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
+        raise VerificationRefused(why)
+    shapes = at.shapes["params"]
+    if sent.keys() == shapes.keys() and [sent[n].shape for n in shapes] == at.listed:
+        np.concatenate([sent[n] for n in shapes], axis=None, out=new[at.spans["params"]],
+                       casting="unsafe")  # (as store's float64 conversion)
+        node.state["verify/kept"] = new  # (a new vector: the one before is never written)
+    else:  # (other names or shapes than the round before's: a new layout)
+        _store(node, {"params": sent, "S_hat": S, "V": at.views(new, "V")})
+    for k in [k for k in msg if k.startswith("S_hat/")]:
+        del msg[k]  # (a server's S_hat is never used: the replayed one is)
+    msg.update(zip(at.messaged, views.values()))
     return msg
 
 

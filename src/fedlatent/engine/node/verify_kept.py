@@ -12,7 +12,8 @@ import numpy as np
 
 from fedlatent.engine.stats import Stats
 
-__all__ = ["GROUPS", "fedem_step", "groups", "num", "store", "units"]
+__all__ = ["GROUPS", "Plan", "fedem_step", "flat_step", "groups", "num", "plan", "store",
+           "units"]
 
 #: what a verifying site keeps of the round before, packed in one float64 vector
 #: (``verify/kept``) laid out by ``verify/kept-layout`` (JSON: group, name, shape)
@@ -41,6 +42,50 @@ def _layout(raw: bytes) -> tuple[tuple, tuple]:
         rows.append((group, name, tuple(shape), at, size))
         at += size
     return tuple(rows), tuple(r[:3] for r in rows)
+
+
+class Plan:
+    """Where each group and each array of one layout lie in the packed vector (made once per
+    layout: :func:`plan`). ``spans[group]`` a slice, ``rows[group]`` its ``(name, shape,
+    slice)``, ``shapes[group]`` its ``{name: shape}``; ``delta`` the aggregate's field names
+    of ``S_hat``'s arrays, in its order, ``messaged`` their names in a message
+    (``S_hat/...``), ``listed`` the parameters' shapes in their order."""
+
+    __slots__ = ("delta", "listed", "messaged", "rows", "shapes", "size", "spans")
+
+    def __init__(self, rows: tuple):
+        self.rows: dict[str, tuple] = {g: () for g in GROUPS}
+        self.spans: dict[str, slice] = {}
+        for g in GROUPS:
+            mine = [r for r in rows if r[0] == g]
+            self.rows[g] = tuple((n, sh, slice(at, at + size)) for _, n, sh, at, size in mine)
+            at = mine[0][3] if mine else 0
+            self.spans[g] = slice(at, at + sum(r[4] for r in mine))
+        self.size = sum(r[4] for r in rows)
+        self.shapes = {g: {n: sh for n, sh, _ in self.rows[g]} for g in GROUPS}
+        self.delta = {"delta/" + n: None for n, _, _ in self.rows["S_hat"]}.keys()
+        self.messaged = tuple("S_hat/" + n for n, _, _ in self.rows["S_hat"])
+        self.listed = [sh for _, sh, _ in self.rows["params"]]
+
+    def views(self, flat: np.ndarray, group: str) -> dict[str, np.ndarray]:
+        """``{name: array}`` of ``group`` in ``flat`` (views)."""
+        return {n: flat[at].reshape(sh) for n, sh, at in self.rows[group]}
+
+
+def plan(node) -> Plan | None:
+    """The :class:`Plan` of the node's kept layout (None: nothing kept yet), made once per
+    layout and kept on the node while its layout array is the same."""
+    held = node.state.get("verify/kept-layout")
+    got = getattr(node, "_verify_plan", None)
+    if got is None or got[0] is not held:
+        got = (held, None if held is None else _plan(held.tobytes()))
+        node._verify_plan = got
+    return got[1]
+
+
+@functools.lru_cache(maxsize=16)
+def _plan(raw: bytes) -> Plan:
+    return Plan(_layout(raw)[0])
 
 
 def store(node, mine: dict[str, dict]) -> None:
@@ -86,8 +131,33 @@ def fedem_step(node, fed, kept: dict[str, dict], total: dict):
     return state, new, k_prev
 
 
+def flat_step(kept: np.ndarray, at: Plan, fields: list, gamma: float, alpha: float
+              ) -> np.ndarray:
+    """The kept vector after the server's FedEM step of a round's aggregate (its ``delta/``
+    ``fields``, in ``S_hat``'s order), its parameters left unwritten: ``S_hat + gamma agg (+
+    gamma V)``, ``V + alpha agg``, elementwise as
+    :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` adds them block by block (``p =
+    1``: verification needs every site; the same operations in the same order, so the same
+    bits)."""
+    new = np.empty_like(kept)
+    s, v = at.spans["S_hat"], at.spans["V"]
+    if at.rows["V"] and gamma == alpha == 1.0 and s.stop == v.start:  # (plain FedEM with
+        both = slice(s.start, v.stop)  # control variates: S + agg and V + agg in one call)
+        np.add(kept[both], np.concatenate(fields + fields, axis=None), out=new[both])
+        np.add(new[s], kept[v], out=new[s])
+        return new
+    agg = np.concatenate(fields, axis=None)
+    np.add(kept[s], agg if gamma == 1.0 else gamma * agg, out=new[s])
+    if at.rows["V"]:
+        np.add(new[s], kept[v] if gamma == 1.0 else gamma * kept[v], out=new[s])
+        np.add(kept[v], agg if alpha == 1.0 else alpha * agg, out=new[v])
+    return new
+
+
 def num(value, kind=int):
     """A scalar a transport may carry as a one-entry array."""
+    if type(value) is np.ndarray and value.size == 1:
+        return kind(value.item())
     return kind(np.asarray(value).reshape(-1)[0])
 
 

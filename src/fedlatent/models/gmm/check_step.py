@@ -16,11 +16,12 @@ import math
 import numpy as np
 
 from ...engine.contract.degenerate import DEGENERATE_FRACTION
-from .math import gmm_m_step
 
-__all__ = ["full_step_holds"]
+__all__ = ["full_step_holds", "m_step_full"]
 
 _U = np.finfo(np.float64).eps / 2  # the unit roundoff
+_TEN_EPS = 10 * np.finfo(np.float64).eps  # (gmm_m_step's lift of the counts)
+_POSITIVE = (0.0).__lt__
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
 #: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
 #: left to the replay's own rounding)
@@ -47,9 +48,10 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     every component plus its rounding, at most ``2 (d + 1) u ||Sigma||_F ||U||_F^2`` (two
     products of d terms, ``u`` the unit roundoff; ``-1`` on a diagonal entry near 1 is
     exact), and ``||U||_F^2`` is taken over every component: both at least each
-    component's. Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol max |U|`` leaves every
-    entry within ``0.42 rtol`` of the parameter's largest of ``V``, the rest of ``rtol`` to
-    the server's own rounding: what this accepts, the replay accepts. A 1e-6 move of an
+    component's. Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the
+    largest diagonal entry of ``U`` (at most ``max |U|``), leaves every entry within ``0.42
+    rtol`` of the parameter's largest of ``V``, the rest of ``rtol`` to the server's own
+    rounding: what this accepts, the replay accepts. A 1e-6 move of an
     entry makes ``E`` of that order and is left to the replay, which refuses it; so are
     covariances so ill-conditioned that the rounding bound alone exceeds the tolerance
     (``||Sigma||_F ||U||_F^2`` above ~1e5).
@@ -77,7 +79,7 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     rtol : float
         The replay's tolerance (:data:`~fedlatent.engine.node.replay.REPLAY_RTOL`).
     """
-    nk0, sx = S["nk"], S["sx"]
+    nk0, sx, sxx = S["nk"], S["sx"], S["sxx"]
     K, d = sx.shape
     if sent.keys() != _KEYS or not _shapes(sent, K, d):
         return False
@@ -85,20 +87,57 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    weights, means, cov = gmm_m_step(S, center, "full", reg_covar)  # (the server's bits)
-    if not (sent["weights"].tolist() == weights.tolist()
-            and sent["means"].tolist() == means.tolist()
+    nk = nk0 + _TEN_EPS  # (gmm_m_step's arithmetic from here: the server's bits)
+    mc = sx / nk[:, None]
+    weights, means = _weights_means(nk, mc, center)
+    if not (sent["weights"].tolist() == weights and sent["means"].tolist() == means
             and sent["center"].tolist() == center.tolist()):
         return False  # (another machine's last bits, or a move: the replay decides)
-    flat = cov.reshape(K, d * d)
+    cov = _covariances(sxx, nk, mc, reg_covar)
     U = sent["precisions_cholesky"]
-    e, u2 = _factor_error(U, cov, K, d)
-    top = max(float(U.max()), -float(U.min()))
+    e, u2, top = _factor_error(U, cov, K, d)
     if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
         return False
     low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
-    return bool(low > _floor(S, n, flat, U, d, pooled_diagonal=True) or low > _floor(
-        S, n, flat, U, d, pooled_diagonal=False))
+    return bool(low > _floor(S, n, cov, U, d, pooled_diagonal=True) or low > _floor(
+        S, n, cov, U, d, pooled_diagonal=False))
+
+
+def m_step_full(S, center: np.ndarray, reg_covar: float
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(weights, means, covariances)``: what :func:`full_step_holds` computes of
+    :func:`~fedlatent.models.gmm.math.gmm_m_step` (full covariances), the same operations on
+    the same values (the same bits) in fewer calls, as arrays."""
+    nk = S["nk"] + _TEN_EPS
+    mc = S["sx"] / nk[:, None]
+    weights, means = _weights_means(nk, mc, center)
+    return np.array(weights), np.array(means), _covariances(S["sxx"], nk, mc, reg_covar)
+
+
+def _weights_means(nk: np.ndarray, mc: np.ndarray, center: np.ndarray
+                   ) -> tuple[list, list]:
+    """``gmm_m_step``'s weights ``nk / nk.sum()`` and means ``mc + center`` as lists, by
+    Python's float arithmetic (the same IEEE operations on a few numbers, without an array
+    call each): NumPy adds fewer than 8 numbers in order, as ``sum`` does (more: NumPy's
+    own sum). Where another NumPy's bits differ, the check goes to the replay."""
+    counts = nk.tolist()
+    total = sum(counts) if len(counts) < 8 else float(np.add.reduce(nk))
+    c = center.tolist()
+    return ([k / total for k in counts],
+            [[a + b for a, b in zip(row, c)] for row in mc.tolist()])
+
+
+def _covariances(sxx: np.ndarray, nk: np.ndarray, mc: np.ndarray, reg_covar: float
+                 ) -> np.ndarray:
+    """``gmm_m_step``'s full covariances from the lifted counts ``nk`` and the centred means
+    ``mc``: ``sxx / nk - mc mc^T``, symmetrized, ``reg_covar`` on the diagonal (the same
+    operations in the same order, some in place)."""
+    cov = sxx / nk[:, None, None]
+    cov -= mc[:, :, None] * mc[:, None, :]
+    cov = cov + cov.transpose(0, 2, 1)
+    cov *= 0.5
+    cov.reshape(len(nk), -1)[:, ::mc.shape[1] + 1] += reg_covar
+    return cov
 
 
 def _shapes(sent: dict, K: int, d: int) -> bool:
@@ -108,22 +147,26 @@ def _shapes(sent: dict, K: int, d: int) -> bool:
             and c.shape == (d,) and w.dtype == m.dtype == U.dtype == c.dtype == np.float64)
 
 
-def _factor_error(U: np.ndarray, cov: np.ndarray, K: int, d: int) -> tuple[float, float]:
-    """``(e, u2)``: ``e`` at least every ``||U_k^T cov_k U_k - I||_2`` (the computed one's
-    Frobenius norm over all components plus its rounding) and ``u2`` at least every
-    ``||U_k||_F^2`` (their sum); NaN where ``U`` is not upper triangular with a positive
-    diagonal (the strictly lower entries exactly 0)."""
-    flat = U.reshape(K, d * d)
-    if flat.take(_lower(d), axis=1).any() or not flat[:, ::d + 1].min() > 0:
-        return math.nan, math.nan
-    E = U.swapaxes(1, 2) @ cov @ U
-    E.reshape(K, d * d)[:, ::d + 1] -= 1.0
+def _factor_error(U: np.ndarray, cov: np.ndarray, K: int, d: int
+                  ) -> tuple[float, float, float]:
+    """``(e, u2, top)``: ``e`` at least every ``||U_k^T cov_k U_k - I||_2`` (the computed
+    one's Frobenius norm over all components plus its rounding), ``u2`` at least every
+    ``||U_k||_F^2`` (their sum) and ``top`` at most ``max |U|`` (the largest diagonal entry);
+    NaN where ``U`` is not upper triangular with a positive diagonal (the strictly lower
+    entries exactly 0)."""
+    lower, eye = _fixed(K, d)
+    picked = U.take(lower).tolist()  # (every strictly lower entry, then the diagonal)
+    diag = picked[len(picked) - K * d:]
+    if any(picked[:len(picked) - K * d]) or not all(map(_POSITIVE, diag)):
+        return math.nan, math.nan, math.nan
+    E = U.transpose(0, 2, 1) @ cov @ U
+    E -= eye
     u2 = float(np.vdot(U, U))
     return (math.sqrt(float(np.vdot(E, E)))
-            + 2 * (d + 1) * _U * u2 * math.sqrt(float(np.vdot(cov, cov)))), u2
+            + 2 * (d + 1) * _U * u2 * math.sqrt(float(np.vdot(cov, cov)))), u2, max(diag)
 
 
-def _floor(S, n: float, flat: np.ndarray, U: np.ndarray, d: int, pooled_diagonal: bool
+def _floor(S, n: float, cov: np.ndarray, U: np.ndarray, d: int, pooled_diagonal: bool
            ) -> float:
     """``t``: above the degenerate floor ``hold_degenerate`` would apply (see
     :func:`full_step_holds`), from an upper bound of the pooled covariance's lowest
@@ -132,25 +175,31 @@ def _floor(S, n: float, flat: np.ndarray, U: np.ndarray, d: int, pooled_diagonal
     the start has set it) or at the columns of every ``U_k`` (towards the components'
     flattest directions: ``U_k^T cov_k U_k = I``)."""
     sxx = S["sxx"]
-    total = sxx.sum(axis=0)
-    moments = total.ravel()[::d + 1]
-    scale = float(moments.sum()) / n  # (at least the pooled covariance's trace)
+    K = len(sxx)
+    moments = [sum(col) for col in zip(*sxx.reshape(K, d * d)[:, ::d + 1].tolist())]
+    scale = sum(moments) / n  # (at least the pooled covariance's trace)
     if pooled_diagonal:
-        quotient = float(moments.min()) / n
+        quotient = min(moments) / n
     else:
+        total = sxx.sum(axis=0)
         mean = S["sx"].sum(axis=0) / n
         num = (U * (total @ U)).sum(axis=1) / n - (mean @ U) ** 2
         quotient = float((num / (U * U).sum(axis=1)).min())
+    traces = sum(map(sum, cov.reshape(K, d * d)[:, ::d + 1].tolist()))
     return (DEGENERATE_FRACTION * (1.01 * max(quotient, 0.0) + 1e-12 * scale)
-            + 2e-10 * float(flat[:, ::d + 1].sum()))  # (at least the largest trace)
-
-_LOWERS: dict[int, np.ndarray] = {}
+            + 2e-10 * traces)  # (at least the largest trace)
 
 
-def _lower(d: int) -> np.ndarray:
-    """The strictly lower triangle's flat indices in a d x d matrix (kept per d)."""
-    got = _LOWERS.get(d)
+_FIXED: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _fixed(K: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(picked, eye)`` for K factors of d x d (kept per shape): the flat indices of every
+    strictly lower entry of the K factors, then of their diagonals; K identity matrices."""
+    got = _FIXED.get((K, d))
     if got is None:
         i, j = np.tril_indices(d, -1)
-        got = _LOWERS[d] = i * d + j
+        k = np.arange(K)[:, None] * (d * d)
+        picked = np.concatenate([(k + i * d + j).ravel(), (k + np.arange(d) * (d + 1)).ravel()])
+        got = _FIXED[(K, d)] = (picked, np.broadcast_to(np.eye(d), (K, d, d)))
     return got
