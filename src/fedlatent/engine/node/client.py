@@ -100,6 +100,14 @@ class _LazyRng:
         return getattr(self._rng, name)
 
 
+#: the prefixes of kept point states (:func:`~fedlatent.engine.node.pointstate.point_round`
+#: reads the round of those only)
+_POINT_KINDS = ("pstate", "pinput")
+#: state an E-step never writes (a verified round's record, the last secure round's), kept by
+#: reference when a failed E-step restores the state: the arrays are replaced, never changed
+_NOT_STEPPED = ("verify/", "secure_last/")
+
+
 def _sub(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     p = prefix + "/"
     return {k[len(p) :]: v for k, v in state.items() if k.startswith(p)}
@@ -486,11 +494,13 @@ class ClientNode:
         outputs of rounds no longer in ``history`` dropped; without it, every kept state."""
         rnd = int(msg["round"])
         hist = history_rounds(msg)
-        if hist is None and not any(point_round(k.partition("/")[0]) for k in self.state):
+        if hist is None and not any(k.startswith(_POINT_KINDS) and point_round(
+                k.partition("/")[0]) for k in self.state):
             return
         for key in list(self.state):
             prefix = key.partition("/")[0]
-            if point_round(prefix) and (hist is None or stale(prefix, rnd, hist)):
+            if (prefix.startswith(_POINT_KINDS) and point_round(prefix)
+                    and (hist is None or stale(prefix, rnd, hist))):
                 del self.state[key]
         if hist is not None:
             _put(self.state, in_key(rnd, 0), before)
@@ -499,7 +509,8 @@ class ClientNode:
     def _estep_or_error(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The E-step, or, if it raises, a reply carrying the exception's text (the server
         records the client as missing with it) and the state as it was before the round."""
-        before = {k: np.array(v, copy=True) for k, v in self.state.items()}
+        before = {k: v if k.startswith(_NOT_STEPPED) else np.array(v, copy=True)
+                  for k, v in self.state.items()}
         try:
             return self._estep(msg)
         except Exception as err:  # noqa: BLE001 - reported to the server, not hidden

@@ -140,7 +140,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     """The message ``node`` answers after its checks (see the module docstring): ``msg`` with
     the replayed ``S_hat`` (an E-step) and no transcript; VerificationRefused naming the
     client and the round otherwise."""
-    rnd = _num(msg.get("secagg/round", msg.get("round", 0)))
+    rnd = msg.get("secagg/round", msg.get("round", 0))
+    rnd = rnd if type(rnd) is int else _num(rnd)
     exch = str(msg.get("secagg/exchange", method))
     who = f"client {node.client_id!r}: round {rnd} refused"
     if node.model is None:  # (a node rebuilt for this message, as on Flower)
@@ -451,10 +452,13 @@ def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
     later is refused (:func:`~fedlatent.engine.node.replay_start.seed_refusal`)."""
     if "seed" not in msg:
         return
-    if "verify/seed" not in node.state:
+    held = node.state.get("verify/seed")
+    if held is None:
         node.state["verify/seed"] = _bytes(str(int(_num(msg["seed"]))))
         return
-    if int(_num(msg["seed"])) == int(_text(node.state["verify/seed"])):
+    seed = msg["seed"]
+    seed = seed if type(seed) is int else int(_num(seed))
+    if seed == _committed(node, held):
         return  # (the committed seed: every round's case)
     from fedlatent.engine.node.replay_start import seed_refusal
 
@@ -462,6 +466,14 @@ def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
                        who.split(": ", 1)[1].replace(" refused", ""))
     if why:
         raise VerificationRefused(why)
+
+
+def _committed(node, held: np.ndarray) -> int:
+    """The committed seed (``verify/seed``'s digits ``held``), parsed once per array kept."""
+    got = getattr(node, "_verify_seed", None)
+    if got is None or got[0] is not held:
+        got = node._verify_seed = (held, int(_text(held)))
+    return got[1]
 
 
 def _keep_start_exchange(node, total: dict, n_total: float) -> None:
