@@ -64,9 +64,11 @@ def _parts():
 
     return [part for part in [
         (verify, "check_exchange", "verification, all of it"),
+        (verify, "_replay_round", " its replay side (_replay_round)"),
         (sumtree, "read_transcript", "  reading the transcript's bytes"),
         (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
         (FedEMState, "advance", "  replay: FedEM update"),
+        (verify, "_flat_step", "  replay: FedEM update (flat, steady rounds)"),
         (GMMModel, "check_step", "  M-step checked forward (check_step)"),
         (GMMModel, "replay_step", "  replay: M-step (replay_step, if not checked)"),
         (replay, "replay_refusal", "  parameters compared (if not checked)"),

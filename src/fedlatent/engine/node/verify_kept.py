@@ -141,12 +141,12 @@ def flat_step(kept: np.ndarray, at: Plan, fields: list, gamma: float, alpha: flo
     bits)."""
     new = np.empty_like(kept)
     s, v = at.spans["S_hat"], at.spans["V"]
+    agg = np.concatenate(fields, axis=None)
     if at.rows["V"] and gamma == alpha == 1.0 and s.stop == v.start:  # (plain FedEM with
         both = slice(s.start, v.stop)  # control variates: S + agg and V + agg in one call)
-        np.add(kept[both], np.concatenate(fields + fields, axis=None), out=new[both])
+        np.add(kept[both].reshape(2, -1), agg, out=new[both].reshape(2, -1))
         np.add(new[s], kept[v], out=new[s])
         return new
-    agg = np.concatenate(fields, axis=None)
     np.add(kept[s], agg if gamma == 1.0 else gamma * agg, out=new[s])
     if at.rows["V"]:
         np.add(new[s], kept[v] if gamma == 1.0 else gamma * kept[v], out=new[s])

@@ -41,7 +41,10 @@ def accelerated(fed) -> bool:
 
 def n_points(msg: dict[str, Any]) -> int:
     """The extra points a round's message asks for."""
-    return int(np.asarray(msg.get("points", 0) or 0).reshape(-1)[0])
+    points = msg.get("points")
+    if points is None or (type(points) is int and points == 0):  # (a plain round's)
+        return 0
+    return int(np.asarray(points or 0).reshape(-1)[0])
 
 
 def _load(node, fed, n_total: float) -> PointsReplay:

@@ -12,6 +12,7 @@ last bits differ), it says so and the site replays the M-step itself.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -22,6 +23,7 @@ __all__ = ["full_step_holds", "m_step_full"]
 _U = np.finfo(np.float64).eps / 2  # the unit roundoff
 _TEN_EPS = 10 * np.finfo(np.float64).eps  # (gmm_m_step's lift of the counts)
 _POSITIVE = (0.0).__lt__
+_F64 = np.dtype(np.float64)
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
 #: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
 #: left to the replay's own rounding)
@@ -88,85 +90,85 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
     nk = nk0 + _TEN_EPS  # (gmm_m_step's arithmetic from here: the server's bits)
-    mc = sx / nk[:, None]
-    weights, means = _weights_means(nk, mc, center)
-    if not (sent["weights"].tolist() == weights and sent["means"].tolist() == means
-            and sent["center"].tolist() == center.tolist()):
+    mc = sx / nk.reshape(K, 1)
+    if not (sent["weights"].tolist() == _weights(counts, nk)
+            and sent["center"].tolist() == center.tolist()
+            and sent["means"].tolist() == (mc + center).tolist()):
         return False  # (another machine's last bits, or a move: the replay decides)
-    cov = _covariances(sxx, nk, mc, reg_covar)
+    fixed = _fixed(K, d, reg_covar)
+    cov = _covariances(sxx, nk, mc, fixed.ridge)
     U = sent["precisions_cholesky"]
-    e, u2, top = _factor_error(U, cov, K, d)
+    e, u2, top = _factor_error(U, cov, fixed)
     if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
         return False
     low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
-    return bool(low > _floor(S, n, cov, U, d, pooled_diagonal=True) or low > _floor(
-        S, n, cov, U, d, pooled_diagonal=False))
+    return bool(low > _floor(S, n, cov, U, fixed, pooled_diagonal=True) or low > _floor(
+        S, n, cov, U, fixed, pooled_diagonal=False))
 
 
 def m_step_full(S, center: np.ndarray, reg_covar: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(weights, means, covariances)``: what :func:`full_step_holds` computes of
     :func:`~fedlatent.models.gmm.math.gmm_m_step` (full covariances), the same operations on
-    the same values (the same bits) in fewer calls, as arrays."""
+    the same values (the same values to the last bit) in fewer calls, as arrays."""
     nk = S["nk"] + _TEN_EPS
-    mc = S["sx"] / nk[:, None]
-    weights, means = _weights_means(nk, mc, center)
-    return np.array(weights), np.array(means), _covariances(S["sxx"], nk, mc, reg_covar)
+    mc = S["sx"] / nk.reshape(-1, 1)
+    ridge = _fixed(*mc.shape, reg_covar).ridge
+    return (np.array(_weights(S["nk"].tolist(), nk)), mc + center,
+            _covariances(S["sxx"], nk, mc, ridge))
 
 
-def _weights_means(nk: np.ndarray, mc: np.ndarray, center: np.ndarray
-                   ) -> tuple[list, list]:
-    """``gmm_m_step``'s weights ``nk / nk.sum()`` and means ``mc + center`` as lists, by
+def _weights(counts: list, nk: np.ndarray) -> list:
+    """``gmm_m_step``'s weights ``nk / nk.sum()`` (``nk`` the ``counts`` lifted by 10 eps) by
     Python's float arithmetic (the same IEEE operations on a few numbers, without an array
-    call each): NumPy adds fewer than 8 numbers in order, as ``sum`` does (more: NumPy's
-    own sum). Where another NumPy's bits differ, the check goes to the replay."""
-    counts = nk.tolist()
-    total = sum(counts) if len(counts) < 8 else float(np.add.reduce(nk))
-    c = center.tolist()
-    return ([k / total for k in counts],
-            [[a + b for a, b in zip(row, c)] for row in mc.tolist()])
+    call each): NumPy adds fewer than 8 numbers in order, as ``sum`` does (more: NumPy's own
+    sum). Where another NumPy's bits differ, the check goes to the replay."""
+    lifted = [c + _TEN_EPS for c in counts]
+    total = sum(lifted) if len(lifted) < 8 else float(np.add.reduce(nk))
+    return [k / total for k in lifted]
 
 
-def _covariances(sxx: np.ndarray, nk: np.ndarray, mc: np.ndarray, reg_covar: float
+def _covariances(sxx: np.ndarray, nk: np.ndarray, mc: np.ndarray, ridge: np.ndarray
                  ) -> np.ndarray:
     """``gmm_m_step``'s full covariances from the lifted counts ``nk`` and the centred means
-    ``mc``: ``sxx / nk - mc mc^T``, symmetrized, ``reg_covar`` on the diagonal (the same
-    operations in the same order, some in place)."""
-    cov = sxx / nk[:, None, None]
-    cov -= mc[:, :, None] * mc[:, None, :]
+    ``mc``: ``sxx / nk - mc mc^T``, symmetrized, ``reg_covar`` on the diagonal (``ridge``:
+    the same operations in the same order, some in place; ``+ 0.0`` off the diagonal changes
+    no value)."""
+    K, d = mc.shape
+    cov = sxx / nk.reshape(K, 1, 1)
+    cov -= mc.reshape(K, d, 1) * mc.reshape(K, 1, d)
     cov = cov + cov.transpose(0, 2, 1)
     cov *= 0.5
-    cov.reshape(len(nk), -1)[:, ::mc.shape[1] + 1] += reg_covar
+    cov += ridge
     return cov
 
 
 def _shapes(sent: dict, K: int, d: int) -> bool:
-    w, m, U, c = (sent[k] for k in ("weights", "means", "precisions_cholesky", "center"))
+    w, m, U, c = sent["weights"], sent["means"], sent["precisions_cholesky"], sent["center"]
     return (type(w) is type(m) is type(U) is type(c) is np.ndarray  # (else: the replay's)
             and w.shape == (K,) and m.shape == (K, d) and U.shape == (K, d, d)
-            and c.shape == (d,) and w.dtype == m.dtype == U.dtype == c.dtype == np.float64)
+            and c.shape == (d,) and w.dtype == m.dtype == U.dtype == c.dtype == _F64)
 
 
-def _factor_error(U: np.ndarray, cov: np.ndarray, K: int, d: int
-                  ) -> tuple[float, float, float]:
+def _factor_error(U: np.ndarray, cov: np.ndarray, fixed) -> tuple[float, float, float]:
     """``(e, u2, top)``: ``e`` at least every ``||U_k^T cov_k U_k - I||_2`` (the computed
     one's Frobenius norm over all components plus its rounding), ``u2`` at least every
     ``||U_k||_F^2`` (their sum) and ``top`` at most ``max |U|`` (the largest diagonal entry);
     NaN where ``U`` is not upper triangular with a positive diagonal (the strictly lower
     entries exactly 0)."""
-    lower, eye = _fixed(K, d)
-    picked = U.take(lower).tolist()  # (every strictly lower entry, then the diagonal)
-    diag = picked[len(picked) - K * d:]
-    if any(picked[:len(picked) - K * d]) or not all(map(_POSITIVE, diag)):
+    picked = U.take(fixed.picked).tolist()  # (every strictly lower entry, then the diagonal)
+    d = U.shape[1]
+    diag = picked[len(picked) - len(U) * d:]
+    if any(picked[:len(picked) - len(diag)]) or not all(map(_POSITIVE, diag)):
         return math.nan, math.nan, math.nan
     E = U.transpose(0, 2, 1) @ cov @ U
-    E -= eye
+    E -= fixed.eye
     u2 = float(np.vdot(U, U))
     return (math.sqrt(float(np.vdot(E, E)))
             + 2 * (d + 1) * _U * u2 * math.sqrt(float(np.vdot(cov, cov)))), u2, max(diag)
 
 
-def _floor(S, n: float, cov: np.ndarray, U: np.ndarray, d: int, pooled_diagonal: bool
+def _floor(S, n: float, cov: np.ndarray, U: np.ndarray, fixed, pooled_diagonal: bool
            ) -> float:
     """``t``: above the degenerate floor ``hold_degenerate`` would apply (see
     :func:`full_step_holds`), from an upper bound of the pooled covariance's lowest
@@ -175,9 +177,10 @@ def _floor(S, n: float, cov: np.ndarray, U: np.ndarray, d: int, pooled_diagonal:
     the start has set it) or at the columns of every ``U_k`` (towards the components'
     flattest directions: ``U_k^T cov_k U_k = I``)."""
     sxx = S["sxx"]
-    K = len(sxx)
-    moments = [sum(col) for col in zip(*sxx.reshape(K, d * d)[:, ::d + 1].tolist())]
-    scale = sum(moments) / n  # (at least the pooled covariance's trace)
+    d = sxx.shape[1]
+    entries = sxx.take(fixed.diagonal).tolist()  # (each component's diagonal in turn)
+    moments = [sum(entries[i::d]) for i in range(d)]
+    scale = sum(entries) / n  # (at least the pooled covariance's trace)
     if pooled_diagonal:
         quotient = min(moments) / n
     else:
@@ -185,21 +188,28 @@ def _floor(S, n: float, cov: np.ndarray, U: np.ndarray, d: int, pooled_diagonal:
         mean = S["sx"].sum(axis=0) / n
         num = (U * (total @ U)).sum(axis=1) / n - (mean @ U) ** 2
         quotient = float((num / (U * U).sum(axis=1)).min())
-    traces = sum(map(sum, cov.reshape(K, d * d)[:, ::d + 1].tolist()))
+    traces = sum(cov.take(fixed.diagonal).tolist())
     return (DEGENERATE_FRACTION * (1.01 * max(quotient, 0.0) + 1e-12 * scale)
             + 2e-10 * traces)  # (at least the largest trace)
 
 
-_FIXED: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+_FIXED: dict[tuple[int, int, float], SimpleNamespace] = {}
 
 
-def _fixed(K: int, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(picked, eye)`` for K factors of d x d (kept per shape): the flat indices of every
-    strictly lower entry of the K factors, then of their diagonals; K identity matrices."""
-    got = _FIXED.get((K, d))
+def _fixed(K: int, d: int, reg_covar: float) -> SimpleNamespace:
+    """What does not change between rounds for K components of d features (kept per shape
+    and ``reg_covar``): ``picked``, the flat indices of every strictly lower entry of K
+    factors, then of their diagonals; ``diagonal``, those of the diagonals only; ``eye``, K
+    identity matrices; ``ridge``, K times ``reg_covar`` on a diagonal."""
+    got = _FIXED.get((K, d, reg_covar))
     if got is None:
         i, j = np.tril_indices(d, -1)
         k = np.arange(K)[:, None] * (d * d)
-        picked = np.concatenate([(k + i * d + j).ravel(), (k + np.arange(d) * (d + 1)).ravel()])
-        got = _FIXED[(K, d)] = (picked, np.broadcast_to(np.eye(d), (K, d, d)))
+        diagonal = (k + np.arange(d) * (d + 1)).ravel()
+        eye = np.eye(d)
+        if len(_FIXED) > 64:
+            _FIXED.clear()
+        got = _FIXED[(K, d, reg_covar)] = SimpleNamespace(
+            picked=np.concatenate([(k + i * d + j).ravel(), diagonal]), diagonal=diagonal,
+            eye=np.broadcast_to(eye, (K, d, d)), ridge=np.broadcast_to(reg_covar * eye, (K, d, d)))
     return got

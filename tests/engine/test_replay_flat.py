@@ -1,0 +1,98 @@
+"""A verifying site's steady rounds on its packed state (issue 38): the server's FedEM step on
+flat vectors and the forward check's M-step arithmetic give the server's own bits, and a
+refused round leaves what the site kept as it was."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_verified_rounds import Deviating, K, _case, _fit, _moved
+
+from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.fedem.update import FedEMState
+from fedlatent.engine.node.verify_kept import Plan, _layout, flat_step
+from fedlatent.engine.stats import Stats
+from fedlatent.models.gmm.check_step import m_step_full
+from fedlatent.models.gmm.math import gmm_m_step
+from tolerance import assert_same
+
+
+def _random_stats(rng, K: int, d: int) -> Stats:
+    scale = 10.0 ** rng.uniform(-3, 3)
+    X = rng.normal(size=(K, 30, d)) * scale + rng.normal(size=d)
+    nk = rng.dirichlet(np.ones(K)) * 10.0 ** rng.uniform(-2, 3)
+    return Stats({"nk": nk, "sx": X.mean(1) * nk[:, None],
+                  "sxx": np.einsum("kni,knj->kij", X, X) / 30 * nk[:, None, None]})
+
+
+def test_the_forward_checks_m_step_is_gmm_m_steps_to_the_last_bit():
+    """2,000 random statistics (1 to 11 components, 1 to 6 features, counts and scales over
+    five and six orders of magnitude): weights, means and covariances equal."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        K, d = int(rng.integers(1, 12)), int(rng.integers(1, 7))
+        S, center = _random_stats(rng, K, d), rng.normal(size=d)
+        reg = float(rng.choice([0.0, 1e-6, 1e-3]))
+        for got, want in zip(m_step_full(S, center, reg), gmm_m_step(S, center, "full", reg)):
+            # the same IEEE operations on the same values in the same order (the weights'
+            # sum of fewer than 8 counts by Python's in-order sum, as NumPy adds them)
+            assert_same(got, want)
+
+
+def _plan(shapes: dict) -> Plan:
+    rows = [[g, n, list(s)] for g in ("params", "S_hat", "V") for n, s in shapes[g].items()]
+    return Plan(_layout(json.dumps(rows).encode())[0])
+
+
+@pytest.mark.parametrize("control_variates", [True, False])
+@pytest.mark.parametrize(("gamma", "alpha"), [(1.0, 1.0), (0.7, 1.0), (1.0, 0.3),
+                                              (0.55, 0.25)])
+def test_the_flat_fedem_step_is_the_servers_to_the_last_bit(control_variates, gamma, alpha):
+    rng = np.random.default_rng(int(gamma * 100 + alpha * 10 + control_variates))
+    for _ in range(50):
+        K, d = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        S, V, agg = (_random_stats(rng, K, d) for _ in range(3))
+        shapes = {"params": {"w": (K,), "m": (K, d)}, "S_hat": S.shapes,
+                  "V": V.shapes if control_variates else {}}
+        at = _plan(shapes)
+        kept = np.concatenate([rng.normal(size=K + K * d), S.flatten()]
+                              + ([V.flatten()] if control_variates else []))
+        new = flat_step(kept, at, [agg[n] for n in S], gamma, alpha)
+        server = FedEMState(S, V if control_variates else None).advance(
+            agg, False, gamma, 1.0, alpha, control_variates)
+        # the server's Stats.add_ block by block and flat_step on the whole vector: the
+        # same elementwise additions and products, in the same order
+        assert_same(new[at.spans["S_hat"]], server.S_hat.flatten())
+        if control_variates:
+            assert_same(new[at.spans["V"]], server.V.flatten())
+        assert_same(kept[at.spans["S_hat"]], S.flatten())  # (what was kept: unchanged)
+
+
+class Kept(Deviating):
+    """:class:`Deviating`, keeping each node's verification state before round ``K``."""
+
+    def call(self, client_ids, method, messages):
+        if method == "estep" and any(int(m.get("secagg/round", 0)) == self.at
+                                     for m in messages.values()):
+            self.before = {c: {k: (v, np.array(v, copy=True))
+                               for k, v in self.nodes[c].state.items()
+                               if k.startswith("verify/")} for c in client_ids}
+        return super().call(client_ids, method, messages)
+
+
+@pytest.mark.parametrize("name", ["gmm", "lcr"])
+def test_a_refused_steady_round_leaves_what_the_site_kept(name):
+    """Round ``K`` (a steady round, after the initialization round) moved by 1e-6: every
+    site refuses it, and its packed state and round are the ones it kept before."""
+    case, fd = _case(name)
+    rt = Kept(fd, _moved)
+    with pytest.raises(FederatedFitError):
+        _fit(name, rt)
+    for c in fd.client_ids:
+        state, before = rt.nodes[c].state, rt.before[c]
+        held, bits = before["verify/kept"]
+        assert state["verify/kept"] is held  # (never replaced)
+        assert_same(held, bits)  # (nor written: the copy taken before the round)
+        assert float(state["verify/round"]) == float(before["verify/round"][1]) == K - 1
