@@ -13,6 +13,7 @@ from test_verified_rounds import Deviating, K, _case, _fit, _moved
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.node.verify_kept import Plan, _layout, flat_step
+from fedlatent.engine.protocol.messages import ERROR_KEY
 from fedlatent.engine.stats import Stats
 from fedlatent.models.gmm.check_step import m_step_full
 from fedlatent.models.gmm.math import gmm_m_step
@@ -82,17 +83,20 @@ class Kept(Deviating):
         return super().call(client_ids, method, messages)
 
 
+@pytest.mark.parametrize("at", [K - 1, K], ids=["initialization-round", "steady-round"])
 @pytest.mark.parametrize("name", ["gmm", "lcr"])
-def test_a_refused_steady_round_leaves_what_the_site_kept(name):
-    """Round ``K`` (a steady round, after the initialization round) moved by 1e-6: every
-    site refuses it, and its packed state and round are the ones it kept before."""
+def test_a_refused_round_leaves_what_the_site_kept(name, at):
+    """The initialization round (FedEM's first step) or a steady round moved by 1e-6: every
+    site refuses it, naming it, and its packed state and round are the ones it kept
+    before."""
     case, fd = _case(name)
-    rt = Kept(fd, _moved)
-    with pytest.raises(FederatedFitError):
+    rt = Kept(fd, _moved, at=at)
+    with pytest.raises(FederatedFitError, match=rf"^round {at}, exchange 'estep': 0 of "):
         _fit(name, rt)
     for c in fd.client_ids:
         state, before = rt.nodes[c].state, rt.before[c]
         held, bits = before["verify/kept"]
         assert state["verify/kept"] is held  # (never replaced)
         assert_same(held, bits)  # (nor written: the copy taken before the round)
-        assert float(state["verify/round"]) == float(before["verify/round"][1]) == K - 1
+        assert float(state["verify/round"]) == float(before["verify/round"][1]) == at - 1
+        assert f"round {at} refused" in rt.replies[c][ERROR_KEY]

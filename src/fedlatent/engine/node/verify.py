@@ -274,9 +274,9 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
     sent = unpack(msg, "params")
     at = _plan(node) if last == "estep" and not accelerated else None
     k_prev = _num(node.state["verify/round"]) if last == "estep" else 0
-    if (at is not None and at.rows["S_hat"] and total is not None and k_prev not in undone
+    if (at is not None and total is not None and k_prev not in undone
             and total.keys() >= at.delta):
-        msg = _next_flat(node, fed, at, msg, sent, total, rnd, k_prev)  # (a steady round)
+        msg = _next_flat(node, fed, at, msg, sent, total, rnd, k_prev)  # (every plain round)
         node.state["verify/round"] = np.array(float(rnd))
         return msg
     mine = _groups(node)
@@ -300,16 +300,22 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
 
 def _next_flat(node, fed, at, msg: dict[str, Any], sent: dict, total, rnd: int, k_prev: int
                ) -> dict[str, Any]:
-    """:func:`_next_round` of a round of plain FedEM after its first step, on the packed
-    vector (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``): the server's FedEM step
-    (:func:`~fedlatent.engine.node.verify_kept.flat_step`: the same bits), its M-step checked
-    forward or replayed (:func:`~fedlatent.engine.node.replay.step_refusal`), then the
-    parameters and the step kept as one new vector, and ``msg`` given views of its ``S_hat``
-    (the E-step copies them); VerificationRefused otherwise, the kept vector unchanged."""
+    """:func:`_next_round` of a round of plain FedEM, on the packed vector
+    (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``): the server's FedEM step
+    (:func:`~fedlatent.engine.node.verify_kept.flat_step`: the same bits; in the
+    initialization round ``S_hat`` is the aggregate and ``V`` zero, as
+    :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` starts them), its M-step
+    checked forward or replayed (:func:`~fedlatent.engine.node.replay.step_refusal`), then
+    the parameters and the step kept as one new vector, and ``msg`` given views of its
+    ``S_hat`` (the E-step copies them); VerificationRefused otherwise, the kept vector
+    unchanged."""
     kept = node.state["verify/kept"]
-    alpha = fed.alpha_for(at.shapes["S_hat"]) if at.rows["V"] else 1.0
-    new = _flat_step(kept, at, [total[k] for k in at.delta], fed.gamma(k_prev), alpha)
-    views = at.views(new, "S_hat")
+    if at.rows["S_hat"]:
+        alpha = fed.alpha_for(at.shapes["S_hat"]) if at.rows["V"] else 1.0
+        new = _flat_step(kept, at, [total[k] for k in at.delta], fed.gamma(k_prev), alpha)
+        views = at.views(new, "S_hat")
+    else:  # (the initialization round's: the layout gains S_hat and V)
+        new, views = None, {k[6:]: v for k, v in total.items() if k.startswith("delta/")}
     S = Stats(views, copy=False)
     why = _deps().step_refusal(node.model, S, at.views(kept, "params"), _units(node)[0], sent,
                                rnd, node.client_id)
@@ -317,15 +323,17 @@ def _next_flat(node, fed, at, msg: dict[str, Any], sent: dict, total, rnd: int, 
         _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
         raise VerificationRefused(why)
     shapes = at.shapes["params"]
-    if sent.keys() == shapes.keys() and [sent[n].shape for n in shapes] == at.listed:
+    if new is not None and sent.keys() == shapes.keys() and [
+            sent[n].shape for n in shapes] == at.listed:
         np.concatenate([sent[n] for n in shapes], axis=None, out=new[at.spans["params"]],
                        casting="unsafe")  # (as store's float64 conversion)
         node.state["verify/kept"] = new  # (a new vector: the one before is never written)
-    else:  # (other names or shapes than the round before's: a new layout)
-        _store(node, {"params": sent, "S_hat": S, "V": at.views(new, "V")})
+    else:  # (a new layout: the first step's, or other names or shapes than before)
+        _store(node, {"params": sent, "S_hat": S, "V": at.views(new, "V") if new is not None
+                      else S.zeros_like() if fed.control_variates else {}})
     for k in [k for k in msg if k.startswith("S_hat/")]:
         del msg[k]  # (a server's S_hat is never used: the replayed one is)
-    msg.update(zip(at.messaged, views.values()))
+    msg.update(zip(at.messaged, views.values()) if new is not None else pack("S_hat", S))
     return msg
 
 
