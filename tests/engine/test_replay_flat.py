@@ -30,15 +30,19 @@ def _random_stats(rng, K: int, d: int) -> Stats:
 
 def test_the_forward_checks_m_step_is_gmm_m_steps_to_the_last_bit():
     """2,000 random statistics (1 to 11 components, 1 to 6 features, counts and scales over
-    five and six orders of magnitude): weights, means and covariances equal."""
+    five and six orders of magnitude): weights, means and the covariances (once halved as
+    the server halves them) equal."""
     rng = np.random.default_rng(0)
     for _ in range(2000):
         K, d = int(rng.integers(1, 12)), int(rng.integers(1, 7))
         S, center = _random_stats(rng, K, d), rng.normal(size=d)
         reg = float(rng.choice([0.0, 1e-6, 1e-3]))
-        for got, want in zip(m_step_full(S, center, reg), gmm_m_step(S, center, "full", reg)):
-            # the same IEEE operations on the same values in the same order (the weights'
-            # sum of fewer than 8 counts by Python's in-order sum, as NumPy adds them)
+        weights, means, G = m_step_full(S, center, reg)
+        half_sum = (G + G.transpose(0, 2, 1)) * 0.5
+        # the same IEEE operations on the same values in the same order (the weights' sum of
+        # fewer than 8 counts by Python's in-order sum, as NumPy adds them; G the server's
+        # covariances before their half-sum, which the check leaves out)
+        for got, want in zip((weights, means, half_sum), gmm_m_step(S, center, "full", reg)):
             assert_same(got, want)
 
 

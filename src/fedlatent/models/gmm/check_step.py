@@ -36,27 +36,31 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     without differential privacy and with ``center`` the previous centre; False where this
     check cannot tell (the caller then replays the M-step: False never refuses).
 
-    The argument, for each component with covariance ``Sigma`` (the server's arithmetic:
-    :func:`~fedlatent.models.gmm.math.gmm_m_step`, the same bits) and exact precision factor
-    ``V`` (upper triangular, positive diagonal, ``V^T Sigma V = I``; the server's ``P`` is
-    ``V`` up to its factorization's rounding). A sent ``U`` that is upper triangular with a
-    positive diagonal (the strictly lower entries exactly 0) is ``V (I + M)``, ``M`` upper
-    triangular, and ``E = U^T Sigma U - I = M + M^T + M^T M``: ``I + M`` is the Cholesky
-    factor of ``I + E``, so by its recursion ``max |M| <= 2 e`` whenever ``max |E| <= e`` and
-    ``4 (d + 1) e <= 1`` (each diagonal entry ``sqrt(1 + E_ii - sum M_ki^2)``, each other
-    ``(E_ij - sum M_ki M_kj) / (1 + M_ii)``, the sums at most ``4 d e^2``). Then ``U - V = V
-    M`` has entries at most ``2 e ||V||_inf <= 2.1 e ||U||_inf <= 2.1 e sqrt(d) ||U||_F``
-    (row sums; ``V = U (I + M)^-1``). Here ``e`` is the computed ``E``'s Frobenius norm over
-    every component plus its rounding, at most ``2 (d + 1) u ||Sigma||_F ||U||_F^2`` (two
-    products of d terms, ``u`` the unit roundoff; ``-1`` on a diagonal entry near 1 is
-    exact), and ``||U||_F^2`` is taken over every component: both at least each
-    component's. Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the
-    largest diagonal entry of ``U`` (at most ``max |U|``), leaves every entry within ``0.42
-    rtol`` of the parameter's largest of ``V``, the rest of ``rtol`` to the server's own
-    rounding: what this accepts, the replay accepts. A 1e-6 move of an
-    entry makes ``E`` of that order and is left to the replay, which refuses it; so are
-    covariances so ill-conditioned that the rounding bound alone exceeds the tolerance
-    (``||Sigma||_F ||U||_F^2`` above ~1e5).
+    The argument, for each component with covariance ``Sigma`` (the server's arithmetic,
+    :func:`~fedlatent.models.gmm.math.gmm_m_step`: ``G = sxx / n - mc mc^T`` with ``reg_covar``
+    on its diagonal, then ``G``'s symmetric part; :func:`_covariances` computes ``G`` by the
+    same operations, the same bits, and leaves the half-sum out) and exact precision factor
+    ``V`` (upper triangular, positive diagonal, ``V^T Sigma V = I``; the server's ``P`` is ``V``
+    up to its factorization's rounding). A sent ``U`` that is upper triangular with a positive
+    diagonal (the strictly lower entries exactly 0) is ``V (I + M)``, ``M`` upper triangular,
+    and ``E = U^T Sigma U - I = M + M^T + M^T M``: ``I + M`` is the Cholesky factor of ``I +
+    E``, so by its recursion ``max |M| <= 2 e`` whenever ``max |E| <= e`` and ``4 (d + 1) e <=
+    1`` (each diagonal entry ``sqrt(1 + E_ii - sum M_ki^2)``, each other ``(E_ij - sum M_ki
+    M_kj) / (1 + M_ii)``, the sums at most ``4 d e^2``). Then ``U - V = V M`` has entries at
+    most ``2 e ||V||_inf <= 2.1 e ||U||_inf <= 2.1 e sqrt(d) ||U||_F`` (row sums; ``V = U (I +
+    M)^-1``). Here ``e`` bounds ``E``'s Frobenius norm over every component: the server's
+    half-sum rounds each entry of ``sym(G)`` by at most ``u`` relative (``u`` the unit roundoff;
+    the diagonal not at all), so ``E = sym(U^T G U - I) + U^T D U`` with ``||D||_F <= u
+    ||G||_F``, and ``sym`` does not increase a Frobenius norm: ``e`` is the computed ``U^T G U -
+    I``'s Frobenius norm plus ``2 (d + 2) u ||G||_F ||U||_F^2`` (its rounding, two products of d
+    terms, ``-1`` on a diagonal entry near 1 exact; and ``D``'s), ``||G||_F`` and ``||U||_F^2``
+    taken over every component: all at least each component's. Accepting when ``e sqrt(d
+    ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the largest diagonal entry of ``U`` (at most ``max
+    |U|``), leaves every entry within ``0.42 rtol`` of the parameter's largest of ``V``, the
+    rest of ``rtol`` to the server's own rounding: what this accepts, the replay accepts. A 1e-6
+    move of an entry makes ``E`` of that order and is left to the replay, which refuses it; so
+    are covariances so ill-conditioned that the rounding bound alone exceeds the tolerance
+    (``||G||_F ||U||_F^2`` above ~1e5).
 
     The floors ``server_step`` may apply are excluded as the replay's lean path does
     (:func:`~fedlatent.models.gmm.math.lean_full_step`): no count at or below the floor;
@@ -64,7 +68,8 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     lowest eigenvalue exceeds ``t``, a bound above its floor (``DEGENERATE_FRACTION`` times
     ``1.01`` times a Rayleigh quotient of the pooled covariance, at least its lowest
     eigenvalue, plus ``1e-12`` of its trace for the eigenvalues' rounding; plus ``2e-10``
-    times the traces' sum, at least the largest): :func:`_floor`. Here ``lambda_min(Sigma)
+    times ``||G||_F``, at least twice the largest eigenvalue's magnitude of any ``Sigma``):
+    :func:`_floor`. Here ``lambda_min(Sigma)
     >= (1 - e) / ||U||_F^2`` (``Sigma = U^-T (I + E) U^-1``) must exceed ``t``. Any other
     case: False.
 
@@ -96,21 +101,22 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
             and sent["means"].tolist() == (mc + center).tolist()):
         return False  # (another machine's last bits, or a move: the replay decides)
     fixed = _fixed(K, d, reg_covar)
-    cov = _covariances(sxx, nk, mc, fixed.ridge)
+    G = _covariances(sxx, nk, mc, fixed.ridge)
     U = sent["precisions_cholesky"]
-    e, u2, top = _factor_error(U, cov, fixed)
+    e, u2, top, g = _factor_error(U, G, fixed)
     if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
         return False
     low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
-    return bool(low > _floor(S, n, cov, U, fixed, pooled_diagonal=True) or low > _floor(
-        S, n, cov, U, fixed, pooled_diagonal=False))
+    return bool(low > _floor(S, n, g, U, fixed, pooled_diagonal=True) or low > _floor(
+        S, n, g, U, fixed, pooled_diagonal=False))
 
 
 def m_step_full(S, center: np.ndarray, reg_covar: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(weights, means, covariances)``: what :func:`full_step_holds` computes of
+    """``(weights, means, G)``: what :func:`full_step_holds` computes of
     :func:`~fedlatent.models.gmm.math.gmm_m_step` (full covariances), the same operations on
-    the same values (the same values to the last bit) in fewer calls, as arrays."""
+    the same values (the same bits) in fewer calls, as arrays; ``G`` the covariances before
+    their half-sum ``(G + G^T) / 2``."""
     nk = S["nk"] + _TEN_EPS
     mc = S["sx"] / nk.reshape(-1, 1)
     ridge = _fixed(*mc.shape, reg_covar).ridge
@@ -130,17 +136,16 @@ def _weights(counts: list, nk: np.ndarray) -> list:
 
 def _covariances(sxx: np.ndarray, nk: np.ndarray, mc: np.ndarray, ridge: np.ndarray
                  ) -> np.ndarray:
-    """``gmm_m_step``'s full covariances from the lifted counts ``nk`` and the centred means
-    ``mc``: ``sxx / nk - mc mc^T``, symmetrized, ``reg_covar`` on the diagonal (``ridge``:
-    the same operations in the same order, some in place; ``+ 0.0`` off the diagonal changes
-    no value)."""
+    """``G``: ``gmm_m_step``'s full covariances before their half-sum, from the lifted counts
+    ``nk`` and the centred means ``mc``: ``sxx / nk - mc mc^T`` with ``reg_covar`` on the
+    diagonal (``ridge``; the same operations in the same order, some in place; ``+ 0.0`` off
+    the diagonal changes no value). The half-sum changes no diagonal entry (``(2 a) / 2``),
+    so ``gmm_m_step`` adds ``reg_covar`` to the same values."""
     K, d = mc.shape
-    cov = sxx / nk.reshape(K, 1, 1)
-    cov -= mc.reshape(K, d, 1) * mc.reshape(K, 1, d)
-    cov = cov + cov.transpose(0, 2, 1)
-    cov *= 0.5
-    cov += ridge
-    return cov
+    G = sxx / nk.reshape(K, 1, 1)
+    G -= mc.reshape(K, d, 1) * mc.reshape(K, 1, d)
+    G += ridge
+    return G
 
 
 def _shapes(sent: dict, K: int, d: int) -> bool:
@@ -150,26 +155,26 @@ def _shapes(sent: dict, K: int, d: int) -> bool:
             and c.shape == (d,) and w.dtype == m.dtype == U.dtype == c.dtype == _F64)
 
 
-def _factor_error(U: np.ndarray, cov: np.ndarray, fixed) -> tuple[float, float, float]:
-    """``(e, u2, top)``: ``e`` at least every ``||U_k^T cov_k U_k - I||_2`` (the computed
-    one's Frobenius norm over all components plus its rounding), ``u2`` at least every
-    ``||U_k||_F^2`` (their sum) and ``top`` at most ``max |U|`` (the largest diagonal entry);
-    NaN where ``U`` is not upper triangular with a positive diagonal (the strictly lower
-    entries exactly 0)."""
+def _factor_error(U: np.ndarray, G: np.ndarray, fixed
+                  ) -> tuple[float, float, float, float]:
+    """``(e, u2, top, g)``: ``e`` at least every ``||U_k^T Sigma_k U_k - I||_F`` (see
+    :func:`full_step_holds`: the computed ``U^T G U - I``'s Frobenius norm over all
+    components plus its rounding and the half-sum's), ``u2`` at least every ``||U_k||_F^2``
+    (their sum), ``top`` at most ``max |U|`` (the largest diagonal entry) and ``g`` the
+    Frobenius norm of every ``G_k``; NaN where ``U`` is not upper triangular with a positive
+    diagonal (the strictly lower entries exactly 0)."""
     picked = U.take(fixed.picked).tolist()  # (every strictly lower entry, then the diagonal)
     d = U.shape[1]
     diag = picked[len(picked) - len(U) * d:]
     if any(picked[:len(picked) - len(diag)]) or not all(map(_POSITIVE, diag)):
-        return math.nan, math.nan, math.nan
-    E = U.transpose(0, 2, 1) @ cov @ U
+        return math.nan, math.nan, math.nan, math.nan
+    E = U.transpose(0, 2, 1) @ G @ U
     E -= fixed.eye
-    u2 = float(np.vdot(U, U))
-    return (math.sqrt(float(np.vdot(E, E)))
-            + 2 * (d + 1) * _U * u2 * math.sqrt(float(np.vdot(cov, cov)))), u2, max(diag)
+    u2, g = float(np.vdot(U, U)), math.sqrt(float(np.vdot(G, G)))
+    return math.sqrt(float(np.vdot(E, E))) + 2 * (d + 2) * _U * u2 * g, u2, max(diag), g
 
 
-def _floor(S, n: float, cov: np.ndarray, U: np.ndarray, fixed, pooled_diagonal: bool
-           ) -> float:
+def _floor(S, n: float, g: float, U: np.ndarray, fixed, pooled_diagonal: bool) -> float:
     """``t``: above the degenerate floor ``hold_degenerate`` would apply (see
     :func:`full_step_holds`), from an upper bound of the pooled covariance's lowest
     eigenvalue: a Rayleigh quotient at the axes (``pooled_diagonal``: its least diagonal
@@ -188,9 +193,8 @@ def _floor(S, n: float, cov: np.ndarray, U: np.ndarray, fixed, pooled_diagonal: 
         mean = S["sx"].sum(axis=0) / n
         num = (U * (total @ U)).sum(axis=1) / n - (mean @ U) ** 2
         quotient = float((num / (U * U).sum(axis=1)).min())
-    traces = sum(cov.take(fixed.diagonal).tolist())
     return (DEGENERATE_FRACTION * (1.01 * max(quotient, 0.0) + 1e-12 * scale)
-            + 2e-10 * traces)  # (at least the largest trace)
+            + 2e-10 * g)  # (g = ||G||_F: at least every |eigenvalue| of a covariance)
 
 
 _FIXED: dict[tuple[int, int, float], SimpleNamespace] = {}
