@@ -274,7 +274,7 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
     sent = unpack(msg, "params")
     at = _plan(node) if last == "estep" and not accelerated else None
     k_prev = _num(node.state["verify/round"]) if last == "estep" else 0
-    if (at is not None and total is not None and k_prev not in undone
+    if (at is not None and at.aligned and total is not None and k_prev not in undone
             and total.keys() >= at.delta):
         msg = _next_flat(node, fed, at, msg, sent, total, rnd, k_prev)  # (every plain round)
         node.state["verify/round"] = np.array(float(rnd))

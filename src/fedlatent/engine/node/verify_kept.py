@@ -49,9 +49,10 @@ class Plan:
     layout: :func:`plan`). ``spans[group]`` a slice, ``rows[group]`` its ``(name, shape,
     slice)``, ``shapes[group]`` its ``{name: shape}``; ``delta`` the aggregate's field names
     of ``S_hat``'s arrays, in its order, ``messaged`` their names in a message
-    (``S_hat/...``), ``listed`` the parameters' shapes in their order."""
+    (``S_hat/...``), ``listed`` the parameters' shapes in their order; ``aligned`` whether
+    ``V`` (if kept) has ``S_hat``'s arrays in its order (the flat step adds them by place)."""
 
-    __slots__ = ("delta", "listed", "messaged", "rows", "shapes", "size", "spans")
+    __slots__ = ("aligned", "delta", "listed", "messaged", "rows", "shapes", "size", "spans")
 
     def __init__(self, rows: tuple):
         self.rows: dict[str, tuple] = {g: () for g in GROUPS}
@@ -66,6 +67,7 @@ class Plan:
         self.delta = {"delta/" + n: None for n, _, _ in self.rows["S_hat"]}.keys()
         self.messaged = tuple("S_hat/" + n for n, _, _ in self.rows["S_hat"])
         self.listed = [sh for _, sh, _ in self.rows["params"]]
+        self.aligned = [r[:2] for r in self.rows["V"]] in ([], [r[:2] for r in self.rows["S_hat"]])
 
     def views(self, flat: np.ndarray, group: str) -> dict[str, np.ndarray]:
         """``{name: array}`` of ``group`` in ``flat`` (views)."""
@@ -142,8 +144,8 @@ def flat_step(kept: np.ndarray, at: Plan, fields: list, gamma: float, alpha: flo
     new = np.empty_like(kept)
     s, v = at.spans["S_hat"], at.spans["V"]
     agg = np.concatenate(fields, axis=None)
-    if at.rows["V"] and gamma == alpha == 1.0 and s.stop == v.start:  # (plain FedEM with
-        both = slice(s.start, v.stop)  # control variates: S + agg and V + agg in one call)
+    if at.aligned and at.rows["V"] and gamma == alpha == 1.0 and s.stop == v.start:
+        both = slice(s.start, v.stop)  # (S + agg and V + agg in one call)
         np.add(kept[both].reshape(2, -1), agg, out=new[both].reshape(2, -1))
         np.add(new[s], kept[v], out=new[s])
         return new
