@@ -121,6 +121,22 @@ def test_an_extra_point_of_another_shape_is_refused_naming_the_point():
     assert not any(k.startswith(("delta/", "point1/")) for k in reply)
 
 
+def test_only_the_very_message_a_verified_round_checked_skips_the_shape_check():
+    """A verified round's check marks the one message it checked (``shapes_checked``, which
+    its E-step reads once): an equal message that is not that one, or any message after, is
+    checked as without verification."""
+    rt, cid, msg = _fitted("gmm")
+    node = rt.nodes[cid]
+    tampered = {k: v for k, v in msg.items() if not k.startswith("params/")}
+    tampered.update(pack("params", _with_extra_component(unpack(msg, "params"),
+                                                         COMPONENT_KEYS["gmm"])),
+                    round=int(msg["round"]) + 1)
+    node.shapes_checked = dict(tampered)  # equal, not the same object
+    assert "the setup declared (3, 4)" in node.handle("estep", tampered)[ERROR_KEY]
+    assert node.shapes_checked is None  # read once, whatever it held
+    assert "the setup declared (3, 4)" in node.handle("estep", tampered)[ERROR_KEY]
+
+
 @pytest.mark.parametrize("change, why", [
     (lambda p: {**p, "means": np.zeros((p["means"].shape[0], p["means"].shape[1] + 1))},
      "parameter 'means' has shape (3, 5), the setup declared (3, 4)"),

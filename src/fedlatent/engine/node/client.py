@@ -178,6 +178,10 @@ class ClientNode:
         self.client_id = str(client_id)
         #: the site's guard (its policy and ledger), None without a policy
         self.guard = None
+        #: the round message whose every parameter a verified round checked (the replay's,
+        #: the start's declared shapes), which its E-step then takes as checked; set by
+        #: :func:`~fedlatent.engine.node.verify.check_exchange` alone, read once
+        self.shapes_checked = None
         if policy is None:  # safe by default: the library's own site policy
             from fedlatent.engine.site.policy import SitePolicy
 
@@ -521,7 +525,9 @@ class ClientNode:
 
     def _estep(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.model is not None
-        check_round(self.model, self._data, msg, self.client_id)  # declared is evaluated
+        checked, self.shapes_checked = self.shapes_checked, None
+        if checked is not msg:  # declared is evaluated (a verified round checked it already)
+            check_round(self.model, self._data, msg, self.client_id)
         seed = int(msg["seed"])
         rnd = int(msg["round"])
         mode = str(msg.get("mode", "full"))

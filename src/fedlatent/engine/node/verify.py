@@ -182,7 +182,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         return out
     out = _replay_round(node, out, total, rnd, who, undone)
     node.state["verify/last"] = np.frombuffer(b"estep", np.uint8).copy()
-    return out
+    node.shapes_checked = out  # (every point's parameters are the replay's, or the start's
+    return out  # declared shapes: the E-step of this very message need not check them again)
 
 
 def _undone(msg: dict[str, Any]) -> list:
