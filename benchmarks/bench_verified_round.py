@@ -64,7 +64,8 @@ def _parts():
 
     return [part for part in [
         (verify, "check_exchange", "verification, all of it"),
-        (verify, "_replay_round", " its replay side (_replay_round)"),
+        (verify, "_replay_round", " its replay side (_replay_round)"),  # (one space: it
+        # holds the replay's parts below, so the rest's sum leaves it out)
         (sumtree, "read_transcript", "  reading the transcript's bytes"),
         (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
         (FedEMState, "advance", "  replay: FedEM update"),
