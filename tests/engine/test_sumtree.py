@@ -228,28 +228,29 @@ def test_zero_leaves_are_shown_by_their_paths_and_a_ghost_in_one_is_not(n):
     assert read_paths({}) == {} and zero_fields(tree, []) == {}
 
 
-def test_the_challenge_is_the_aes_ctr_stream_of_the_claims_hash():
-    """r: the words of the AES-256-CTR keystream (counter blocks zero nonce || 2, 3, ...: GCM's
-    encryption of zeros) keyed by SHA-256 of the tag, the label and the claim, modulo P;
-    another word of A gives another r."""
+def test_the_challenge_is_read_from_one_shake128_of_the_claim():
+    """r: the words after the first 32 bytes (the claim's key, which the digest binds) of
+    SHAKE-128 of the tag, the label and the claim, modulo P; the digest is SHA-256 of the
+    tag, the root and that key; another word of A gives another r and another digest."""
     import hashlib
     import struct
 
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
-    from fedlatent.engine.secagg.sumtree import CHALLENGE_TAG
+    from fedlatent.engine.secagg.sumtree import CHALLENGE_TAG, DIGEST_TAG
 
     leaves = _leaves(5, m=9, seed=3)
-    A, c = ring_sum(leaves)
+    tree = SumTree(LABEL, _ids(5), leaves)
+    A, c = tree.A, tree.c
     claim = A.astype("<u8").tobytes() + c.astype("<u8").tobytes()
-    key = hashlib.sha256(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL + claim).digest()
-    ctr = Cipher(algorithms.AES(key), modes.CTR(bytes(12) + (2).to_bytes(4, "big"))).encryptor()
-    words = np.frombuffer(ctr.update(bytes(8 * PROJECTIONS * 9)), "<u8")
+    out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL + claim).digest(
+        32 + 8 * PROJECTIONS * 9)
+    words = np.frombuffer(out[32:], "<u8")
     r = challenge(LABEL, A, c)
     assert [int(v) for v in r.ravel()] == [int(w) % P for w in words]
+    assert tree.digest() == hashlib.sha256(DIGEST_TAG + tree.root + out[:32]).digest()
     A2 = A.copy()
     A2[4] ^= np.uint64(1)
     assert (challenge(LABEL, A2, c) != r).sum() >= PROJECTIONS * 9 - 2
+    assert _Lying(LABEL, _ids(5), leaves, A2, c).digest() != tree.digest()
 
 
 @pytest.mark.parametrize("n", [5, 1000])

@@ -15,8 +15,8 @@ The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
 
 1. the *carries* ``c`` (``sum_w z_w = A + 2^64 c`` over the integers, :func:`ring_sum`) and a
    challenge ``r`` (``PROJECTIONS x m`` numbers modulo the prime ``P = 2^31 - 1``) drawn from
-   ``SHA-256(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the claim, so a claim
-   cannot be chosen to fit ``r``;
+   the SHAKE-128 output of ``(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the
+   claim, so a claim cannot be chosen to fit ``r``;
 2. each leaf's projections ``pi_w = r z_w mod P`` (:func:`project`), and a hash tree over them
    whose nodes carry the sum of their leaves' projections modulo ``P`` and bind both children
    and that sum (SHA-256 of a tag, the children's hashes and the sum);
@@ -36,11 +36,10 @@ as its own reply); a false ``A' != A`` passes only if ``r (A' - A) = 0`` for eve
 projection, probability ``P^-2 ~ 2^-62`` for the ``r`` that ``A'`` itself fixes (grinding
 claims costs a hash each).
 
-Cost at a site: ``2 PROJECTIONS m`` products, one AES-256-CTR stream of ``PROJECTIONS m``
-words (``cryptography``'s AES-GCM of zeros, its tag dropped: the pair masks' keystream) and
-``ceil(log2 n) + 3`` SHA-256 calls, the levels' schedule (which have a sibling, on which
-side) made once per place; bytes down ``8 + ceil(log2 n) (32 + 4
-PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
+Cost at a site: ``2 PROJECTIONS m`` products, one SHAKE-128 call (the claim's key and ``r``:
+``32 + 8 PROJECTIONS m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
+(which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2 n)
+(32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
 m`` words (shipping every survivor's masked vector). ``benchmarks/bench_verified_round.py``
 measures it at 1,000 sites.
 """
@@ -85,9 +84,9 @@ def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``r`` (PROJECTIONS, m): residues modulo :data:`P` of the words of the AES-CTR stream
-    keyed by ``SHA-256(tag, label, A, c)``: a function of the claim only."""
-    return _challenge(label, _claim(A, c), np.size(A))
+    """``r`` (PROJECTIONS, m): residues modulo :data:`P` of words of the SHAKE-128 output of
+    ``(tag, label, A, c)``: a function of the claim only (:func:`_claim_hash`)."""
+    return _claim_hash(label, _claim(A, c), np.size(A))[1]
 
 
 def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
@@ -95,19 +94,19 @@ def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
     return np.asarray(A, dtype="<u8").tobytes() + np.asarray(c, dtype="<u8").tobytes()
 
 
-def _challenge(label: bytes, claim: bytes, m: int) -> np.ndarray:
-    """:func:`challenge` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words: the
-    AES-256-CTR keystream (``cryptography``'s AES-GCM encrypting zeros under the zero nonce,
-    its tag dropped, as the pair masks' :func:`~._crypto.ctr_rows`) of the key
-    ``SHA-256(tag, label, claim)``, each key one stream."""
-    key = hashlib.sha256(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, claim))).digest()
-    stream = _crypto.require().AESGCM(key).encrypt(_ZERO_NONCE, bytes(8 * PROJECTIONS * m), None)
-    words = np.frombuffer(stream, "<u8", PROJECTIONS * m)
-    return np.remainder(words, _P, dtype=np.uint64).reshape(PROJECTIONS, m)
+def _claim_hash(label: bytes, claim: bytes, m: int) -> tuple[bytes, np.ndarray]:
+    """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words, from one
+    SHAKE-128 (FIPS 202's extendable-output function) of the tag, the label and the claim:
+    its first 32 bytes are the claim's key, which the digest binds (:func:`tree_digest`),
+    the next ``8 PROJECTIONS m`` the words of ``r``, each taken modulo :data:`P`. The claim
+    is hashed once, by one call, for both."""
+    out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, claim))).digest(
+        32 + 8 * PROJECTIONS * m)
+    words = np.frombuffer(out, "<u8", PROJECTIONS * m, 32)
+    return out[:32], np.remainder(words, _P, dtype=np.uint64).reshape(PROJECTIONS, m)
 
 
 _Q = struct.Struct("<Q")
-_ZERO_NONCE = bytes(_crypto.NONCE_BYTES)
 
 
 def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -122,10 +121,15 @@ def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 def _leaf_bytes(label: bytes, i: int, u: str, proj) -> bytes:
     """What leaf ``i`` (site ``u``, projections ``proj``: an array or PROJECTIONS ints)
     hashes."""
-    b = str(u).encode()
     tail = _SUMS.pack(*proj) if isinstance(proj, list) else np.asarray(proj, "<u8").tobytes()
-    return (LEAF_TAG + struct.pack("<Q", len(label)) + bytes(label) + struct.pack("<QI", i, len(b))
-            + b + tail)
+    return LEAF_TAG + _Q.pack(len(label)) + bytes(label) + _leaf_place(i, u) + tail
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _leaf_place(i: int, u: str) -> bytes:
+    """Leaf ``i``'s index and site name as its hash takes them (each site's, made once)."""
+    b = str(u).encode()
+    return struct.pack("<QI", i, len(b)) + b
 
 
 def _leaf_hashes(label: bytes, ids, projs: np.ndarray) -> list[bytes]:
@@ -180,8 +184,8 @@ class SumTree:
         return self.levels[-1][0][0]
 
     def digest(self) -> bytes:
-        """What each site's consistency statement carries: SHA-256 of the root and the claim."""
-        return tree_digest(self.root, self.A, self.c)
+        """What each site's consistency statement carries (:func:`tree_digest`)."""
+        return tree_digest(self.label, self.root, self.A, self.c)
 
     def path(self, i: int) -> tuple[bytes, np.ndarray]:
         """Leaf ``i``'s path: the siblings' hashes concatenated (32 bytes a level that has
@@ -195,13 +199,14 @@ class SumTree:
         return b"".join(hashes), np.asarray(sums, dtype=np.uint64).reshape(-1, PROJECTIONS)
 
 
-def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
-    """SHA-256 of the root and the claim ``(A, c)``."""
-    return _digest(root, _claim(A, c))
+def tree_digest(label: bytes, root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
+    """SHA-256 of the root and the claim ``(A, c)``'s key (:func:`_claim_hash`: the label and
+    the claim hashed)."""
+    return _digest(root, _claim_hash(label, _claim(A, c), np.size(A))[0])
 
 
-def _digest(root: bytes, claim: bytes) -> bytes:
-    return hashlib.sha256(DIGEST_TAG + bytes(root) + claim).digest()
+def _digest(root: bytes, key: bytes) -> bytes:
+    return hashlib.sha256(DIGEST_TAG + bytes(root) + key).digest()
 
 
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
@@ -232,9 +237,8 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     if not 0 <= index < n:
         raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
-    claim = _claim(A, c)  # (hashed twice: by the challenge and by the digest)
-    s, claimed = _projections(_challenge(label, claim, A.size),
-                              np.asarray(leaf, dtype=np.uint64), A, c)
+    key, r = _claim_hash(label, _claim(A, c), A.size)  # (the key is bound by the digest)
+    s, claimed = _projections(r, np.asarray(leaf, dtype=np.uint64), A, c)
     h = hashlib.sha256(_leaf_bytes(label, index, site, s)).digest()
     sides = _sides(index, n)  # (its place's schedule: which levels have a sibling, where)
     levels = _path_levels(path, len(sides))
@@ -246,9 +250,9 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         s0, s1 = (s0 + a0) % P, (s1 + a1) % P
         h = sha(NODE_TAG + (sib + h if left else h + sib) + pack(s0, s1)).digest()
     if root is None and [s0, s1] == claimed:  # (the common case)
-        return _digest(h, claim)
+        return _digest(h, key)
     _refuse_root(site, index, root, h, [s0, s1] != claimed)
-    return _digest(h, claim)
+    return _digest(h, key)
 
 
 def _refuse_root(site: str, index: int, root: bytes | None, h: bytes, differ: bool) -> None:
@@ -412,10 +416,12 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
     end = m * w
     if not 1 <= w <= 8 or raw.size <= end or (raw.size - 1 - end) % _WIDE:
         return None
-    # word k is the low w bytes of the 8 read at byte w k (the body padded by 8 - w zero
-    # bytes): shifted to the top and back down, sign-extended
-    body = raw[:end].tobytes() + bytes(8 - w)
-    A = (np.ndarray((m,), "<u8", body, 0, (w,)) << _SHIFT[w]).view(np.int64) >> _SHIFT_I[w]
+    if w in _INT:  # (a width of a NumPy integer: read as it is, sign-extended)
+        A = np.frombuffer(raw, _INT[w], m).astype(np.int64)
+    else:  # word k is the low w bytes of the 8 read at byte w k (the body padded by 8 - w
+        body = raw[:end].tobytes() + bytes(8 - w)  # zero bytes): shifted to the top and
+        A = (np.ndarray((m,), "<u8", body, 0, (w,)) << _SHIFT[w]).view(np.int64) \
+            >> _SHIFT_I[w]  # back down, sign-extended
     if end + 1 < raw.size <= end + 1 + 8 * _WIDE:  # (a few wide words: read as they are)
         for at, word in _WIDE_WORD.iter_unpack(raw[end:-1].tobytes()):
             if at >= m:
@@ -430,6 +436,7 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
     return A.view(np.uint64)
 
 
+_INT = {1: "<i1", 2: "<i2", 4: "<i4", 8: "<i8"}
 _SHIFT = [np.uint64(64 - 8 * w) for w in range(9)]
 _SHIFT_I = [np.int64(64 - 8 * w) for w in range(9)]
 
