@@ -219,7 +219,7 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     node.secagg.bind_digest(rnd, exch, digest, confirm=split[0])
     # decoded in one pass (FixedPoint.decode's arithmetic on every word: the int64 words as
     # float64, divided by the scale), then split by field (the layout's spans made once)
-    values = np.divide(A.view(np.int64), node.secagg.config.encoding.scale, dtype=np.float64)
+    values = A.view(np.int64) / node.secagg.config.encoding.scale
     return d.Layout.of_shapes(shapes).unflatten(values, copy=False)
 
 

@@ -245,10 +245,10 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     if levels is None:
         raise SecureAggregationError(f"site {site!r}: the path of leaf {index} is too short")
     s0, s1 = s  # (PROJECTIONS = 2: the sums as two ints)
-    sha, pack = hashlib.sha256, _SUMS.pack
+    sha, pack, tag, p = hashlib.sha256, _SUMS.pack, NODE_TAG, P
     for (sib, a0, a1), left in zip(levels, sides):
-        s0, s1 = (s0 + a0) % P, (s1 + a1) % P
-        h = sha(NODE_TAG + (sib + h if left else h + sib) + pack(s0, s1)).digest()
+        s0, s1 = (s0 + a0) % p, (s1 + a1) % p
+        h = sha(tag + (sib + h if left else h + sib) + pack(s0, s1)).digest()
     if root is None and [s0, s1] == claimed:  # (the common case)
         return _digest(h, key)
     _refuse_root(site, index, root, h, [s0, s1] != claimed)
