@@ -179,24 +179,19 @@ class SecAggClient(Enrolment):
         y += rows[me:, :n].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
         y -= rows[:me, :n].sum(axis=0, dtype=np.uint64)
         if self.keep_leaf:  # its leaf before the self mask (the pair masks of dropped
-            self._leaf = (label, layout.shapes, y)  # neighbours leave at the reveal), the
-            self._keep_split(None, label, P, ())  # reply a new array
-            y = y + self_mask(self._self_seeds[e], label, n)
-        else:
-            y += self_mask(self._self_seeds[e], label, n)
+            self._leaf = (label, layout.shapes, y.copy())  # neighbours leave at the reveal)
+            self._keep_split(self._need_roster(), label, P, ())
+        y += self_mask(self._self_seeds[e], label, n)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n
         return layout.unflatten(y, copy=False)  # y is this reply's own
 
-    def _keep_split(self, roster: Roster | None, label: bytes, S, D) -> None:
+    def _keep_split(self, roster: Roster, label: bytes, S, D) -> None:
         """Keep, with its leaf of ``label``, the survivors ``S`` of its closed neighbourhood
-        and the others (not participants, or the dropped ``D``): none when ``S`` is all of
-        it (every round's case: no set arithmetic; ``roster`` None: this client's)."""
-        if len(S) == len(self._near()):
-            self._leaf_split = (label, tuple(S), ())
-            return
-        closed = (roster or self._need_roster()).graph.closed(self.id)
-        self._leaf_split = (label, tuple(S), tuple(sorted(set(closed).difference(S))))
+        and the others (not participants, or the dropped ``D``)."""
+        closed = roster.graph.closed(self.id)
+        absent = () if len(S) == len(closed) else tuple(sorted(set(closed).difference(S)))
+        self._leaf_split = (label, tuple(S), absent)
 
     def leaf_split(self, label: bytes) -> tuple[tuple, tuple] | None:
         """``(survivors, absent)`` of its closed neighbourhood in the exchange ``label`` of
