@@ -294,3 +294,19 @@ def test_a_path_as_the_transcript_sends_it_is_checked_as_strictly(n):
                                            **transcript_fields(lying, i)}, 12)
     with pytest.raises(SecureAggregationError, match=r"its own contribution \(leaf \d+\)"):
         verify_leaf(LABEL, at, size, ids[i], leaves[i], A2, c2, None, path2)
+
+
+def test_the_ring_sum_reads_back_from_strided_bytes_in_every_width():
+    """unpack_ring reads each common width (1..8 bytes a word, wide words aside) from a
+    strided view of the bytes as from the bytes themselves."""
+    from fedlatent.engine.secagg.sumtree import pack_ring, unpack_ring
+
+    rng = np.random.default_rng(8)
+    for bits in range(4, 63, 4):
+        A = rng.integers(-2**bits, 2**bits, size=40).view(np.uint64)
+        A[[3, 17]] = np.array([2**62, -2**62], dtype=np.int64).view(np.uint64)  # (wide)
+        raw = pack_ring(A)
+        spaced = np.zeros(2 * raw.size, dtype=np.uint8)
+        spaced[::2] = raw
+        assert np.array_equal(unpack_ring(raw, 40), A)
+        assert np.array_equal(unpack_ring(spaced[::2], 40), A)

@@ -417,7 +417,10 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
     if not 1 <= w <= 8 or raw.size <= end or (raw.size - 1 - end) % _WIDE:
         return None
     if w in _INT:  # (a width of a NumPy integer: read as it is, sign-extended)
-        A = np.frombuffer(raw, _INT[w], m).astype(np.int64)
+        try:
+            A = np.frombuffer(raw, _INT[w], m).astype(np.int64)
+        except ValueError:  # (a strided array's bytes: read from a copy)
+            A = np.frombuffer(np.ascontiguousarray(raw), _INT[w], m).astype(np.int64)
     else:  # word k is the low w bytes of the 8 read at byte w k (the body padded by 8 - w
         body = raw[:end].tobytes() + bytes(8 - w)  # zero bytes): shifted to the top and
         A = (np.ndarray((m,), "<u8", body, 0, (w,)) << _SHIFT[w]).view(np.int64) \
