@@ -226,3 +226,87 @@ def test_zero_leaves_are_shown_by_their_paths_and_a_ghost_in_one_is_not(n):
     assert not verify_zero(LABEL, absent[0], n, ids[absent[0]], forged.A, forged.c, path,
                            forged.digest())
     assert read_paths({}) == {} and zero_fields(tree, []) == {}
+
+
+def test_the_challenge_is_read_from_one_shake128_of_the_claim():
+    """r: the words after the first 32 bytes (the claim's key, which the digest binds) of
+    SHAKE-128 of the tag, the label and the claim, modulo P; the digest is SHA-256 of the
+    tag, the root and that key; another word of A gives another r and another digest."""
+    import hashlib
+    import struct
+
+    from fedlatent.engine.secagg.sumtree import CHALLENGE_TAG, DIGEST_TAG
+
+    leaves = _leaves(5, m=9, seed=3)
+    tree = SumTree(LABEL, _ids(5), leaves)
+    A, c = tree.A, tree.c
+    claim = A.astype("<u8").tobytes() + c.astype("<u8").tobytes()
+    out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL + claim).digest(
+        32 + 8 * PROJECTIONS * 9)
+    words = np.frombuffer(out[32:], "<u8")
+    r = challenge(LABEL, A, c)
+    assert [int(v) for v in r.ravel()] == [int(w) % P for w in words]
+    assert tree.digest() == hashlib.sha256(DIGEST_TAG + tree.root + out[:32]).digest()
+    A2 = A.copy()
+    A2[4] ^= np.uint64(1)
+    assert (challenge(LABEL, A2, c) != r).sum() >= PROJECTIONS * 9 - 2
+    assert _Lying(LABEL, _ids(5), leaves, A2, c).digest() != tree.digest()
+
+
+@pytest.mark.parametrize("n", [5, 1000])
+def test_a_path_as_the_transcript_sends_it_is_checked_as_strictly(n):
+    """The path's bytes as read_transcript gives them: a flipped bit of a sibling's hash or a
+    changed sum, a level missing, a false aggregate or a leaf left out are refused; bytes
+    beyond the levels the leaf's place has are not read (as the (hashes, sums) form)."""
+    from fedlatent.engine.secagg.sumtree import read_transcript, shared_fields, transcript_fields
+
+    leaves, ids = _leaves(n, m=12, seed=n), _ids(n)
+    tree = SumTree(LABEL, ids, leaves)
+    i = n // 2 + 1
+    at, size, A, c, path = read_transcript({**shared_fields(tree), **transcript_fields(tree, i)},
+                                           12)
+    assert isinstance(path, bytes) and len(path) == 40 * len(tree.path(i)[1])
+    assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path) == tree.digest()
+    assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path + bytes(40)) \
+        == tree.digest()
+    for k in range(len(path) // 40):
+        bad = bytearray(path)
+        bad[40 * k + 7] ^= 1  # a sibling's hash: another root, so another digest (its
+        bad = bytes(bad)  # neighbours refuse to reveal), refused against the tree's root
+        assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, bad) \
+            != tree.digest()
+        with pytest.raises(SecureAggregationError, match="does not reach the root"):
+            verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, tree.root, bad)
+        bad = bytearray(path)
+        bad[40 * k + 33] ^= 1  # a sibling's sum
+        with pytest.raises(SecureAggregationError, match="not in the committed sum"):
+            verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, bytes(bad))
+    with pytest.raises(SecureAggregationError, match="too short"):
+        verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path[:-40])
+    false = A.copy()
+    false[3] += np.uint64(1 << 20)
+    with pytest.raises(SecureAggregationError, match="not in the committed sum"):
+        verify_leaf(LABEL, at, size, ids[i], leaves[i], false, c, None, path)
+    forged = leaves.copy()
+    forged[i] = 0  # the server leaves this site's contribution out
+    lying = SumTree(LABEL, ids, forged)
+    _, _, A2, c2, path2 = read_transcript({**shared_fields(lying),
+                                           **transcript_fields(lying, i)}, 12)
+    with pytest.raises(SecureAggregationError, match=r"its own contribution \(leaf \d+\)"):
+        verify_leaf(LABEL, at, size, ids[i], leaves[i], A2, c2, None, path2)
+
+
+def test_the_ring_sum_reads_back_from_strided_bytes_in_every_width():
+    """unpack_ring reads each common width (1..8 bytes a word, wide words aside) from a
+    strided view of the bytes as from the bytes themselves."""
+    from fedlatent.engine.secagg.sumtree import pack_ring, unpack_ring
+
+    rng = np.random.default_rng(8)
+    for bits in range(4, 63, 4):
+        A = rng.integers(-2**bits, 2**bits, size=40).view(np.uint64)
+        A[[3, 17]] = np.array([2**62, -2**62], dtype=np.int64).view(np.uint64)  # (wide)
+        raw = pack_ring(A)
+        spaced = np.zeros(2 * raw.size, dtype=np.uint8)
+        spaced[::2] = raw
+        assert np.array_equal(unpack_ring(raw, 40), A)
+        assert np.array_equal(unpack_ring(spaced[::2], 40), A)

@@ -222,15 +222,18 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     except SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
     node.secagg.bind_digest(rnd, exch, digest, confirm=split[0])
-    # decoded in one pass (FixedPoint.decode's arithmetic on every word), then split by field
-    values = A.view(np.int64).astype(np.float64) / node.secagg.config.encoding.scale
-    return d.Layout(shapes).unflatten(values, copy=False)
+    # decoded in one pass (FixedPoint.decode's arithmetic on every word: the int64 words as
+    # float64, divided by the scale), then split by field (the layout's spans made once)
+    values = A.view(np.int64) / node.secagg.config.encoding.scale
+    return d.Layout.of_shapes(shapes).unflatten(values, copy=False)
 
 
 def _roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
     """The tree's leaves are the set-up's roster in its order: ``n`` its size, this site's
     leaf its rank; VerificationRefused naming the round otherwise (a leaf outside the roster
     could hold any vector)."""
+    if n == len(ids) and 0 <= at < n and ids[at] == me:  # (its place: the common case)
+        return
     mine = _deps().bisect.bisect_left(ids, me)
     if n != len(ids) or at != mine:
         raise VerificationRefused(

@@ -15,8 +15,8 @@ The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
 
 1. the *carries* ``c`` (``sum_w z_w = A + 2^64 c`` over the integers, :func:`ring_sum`) and a
    challenge ``r`` (``PROJECTIONS x m`` numbers modulo the prime ``P = 2^31 - 1``) drawn from
-   ``SHA-256(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the claim, so a claim
-   cannot be chosen to fit ``r``;
+   the SHAKE-128 output of ``(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the
+   claim, so a claim cannot be chosen to fit ``r``;
 2. each leaf's projections ``pi_w = r z_w mod P`` (:func:`project`), and a hash tree over them
    whose nodes carry the sum of their leaves' projections modulo ``P`` and bind both children
    and that sum (SHA-256 of a tag, the children's hashes and the sum);
@@ -36,15 +36,17 @@ as its own reply); a false ``A' != A`` passes only if ``r (A' - A) = 0`` for eve
 projection, probability ``P^-2 ~ 2^-62`` for the ``r`` that ``A'`` itself fixes (grinding
 claims costs a hash each).
 
-Cost at a site: ``2 PROJECTIONS m`` products, one ChaCha20 stream of ``PROJECTIONS m``
-words and ``ceil(log2 n) + 2`` SHA-256 calls; bytes down ``8 + ceil(log2 n) (32 + 4
-PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
+Cost at a site: ``2 PROJECTIONS m`` products, one SHAKE-128 call (the claim's key and ``r``:
+``32 + 8 PROJECTIONS m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
+(which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2 n)
+(32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
 m`` words (shipping every survivor's masked vector). ``benchmarks/bench_verified_round.py``
 measures it at 1,000 sites.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from typing import Any
@@ -82,9 +84,9 @@ def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``r`` (PROJECTIONS, m): residues modulo :data:`P` from the ChaCha20 stream keyed by
-    ``SHA-256(tag, label, A, c)``: a function of the claim only."""
-    return _challenge(label, _claim(A, c), np.size(A))
+    """``r`` (PROJECTIONS, m): residues modulo :data:`P` of words of the SHAKE-128 output of
+    ``(tag, label, A, c)``: a function of the claim only (:func:`_claim_hash`)."""
+    return _claim_hash(label, _claim(A, c), np.size(A))[1]
 
 
 def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
@@ -92,12 +94,19 @@ def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
     return np.asarray(A, dtype="<u8").tobytes() + np.asarray(c, dtype="<u8").tobytes()
 
 
-def _challenge(label: bytes, claim: bytes, m: int) -> np.ndarray:
-    """:func:`challenge` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words."""
-    key = hashlib.sha256(b"".join((CHALLENGE_TAG, struct.pack("<Q", len(label)), bytes(label),
-                                   claim))).digest()
-    words = _crypto.prg_uint64(key, PROJECTIONS * m)
-    return np.remainder(words, _P).reshape(PROJECTIONS, m)
+def _claim_hash(label: bytes, claim: bytes, m: int) -> tuple[bytes, np.ndarray]:
+    """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words, from one
+    SHAKE-128 (FIPS 202's extendable-output function) of the tag, the label and the claim:
+    its first 32 bytes are the claim's key, which the digest binds (:func:`tree_digest`),
+    the next ``8 PROJECTIONS m`` the words of ``r``, each taken modulo :data:`P`. The claim
+    is hashed once, by one call, for both."""
+    out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, claim))).digest(
+        32 + 8 * PROJECTIONS * m)
+    words = np.frombuffer(out, "<u8", PROJECTIONS * m, 32)
+    return out[:32], np.remainder(words, _P, dtype=np.uint64).reshape(PROJECTIONS, m)
+
+
+_Q = struct.Struct("<Q")
 
 
 def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -112,10 +121,15 @@ def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 def _leaf_bytes(label: bytes, i: int, u: str, proj) -> bytes:
     """What leaf ``i`` (site ``u``, projections ``proj``: an array or PROJECTIONS ints)
     hashes."""
-    b = str(u).encode()
     tail = _SUMS.pack(*proj) if isinstance(proj, list) else np.asarray(proj, "<u8").tobytes()
-    return (LEAF_TAG + struct.pack("<Q", len(label)) + bytes(label) + struct.pack("<QI", i, len(b))
-            + b + tail)
+    return LEAF_TAG + _Q.pack(len(label)) + bytes(label) + _leaf_place(i, u) + tail
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _leaf_place(i: int, u: str) -> bytes:
+    """Leaf ``i``'s index and site name as its hash takes them (each site's, made once)."""
+    b = str(u).encode()
+    return struct.pack("<QI", i, len(b)) + b
 
 
 def _leaf_hashes(label: bytes, ids, projs: np.ndarray) -> list[bytes]:
@@ -170,8 +184,8 @@ class SumTree:
         return self.levels[-1][0][0]
 
     def digest(self) -> bytes:
-        """What each site's consistency statement carries: SHA-256 of the root and the claim."""
-        return tree_digest(self.root, self.A, self.c)
+        """What each site's consistency statement carries (:func:`tree_digest`)."""
+        return tree_digest(self.label, self.root, self.A, self.c)
 
     def path(self, i: int) -> tuple[bytes, np.ndarray]:
         """Leaf ``i``'s path: the siblings' hashes concatenated (32 bytes a level that has
@@ -185,20 +199,23 @@ class SumTree:
         return b"".join(hashes), np.asarray(sums, dtype=np.uint64).reshape(-1, PROJECTIONS)
 
 
-def tree_digest(root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
-    """SHA-256 of the root and the claim ``(A, c)``."""
-    return _digest(root, _claim(A, c))
+def tree_digest(label: bytes, root: bytes, A: np.ndarray, c: np.ndarray) -> bytes:
+    """SHA-256 of the root and the claim ``(A, c)``'s key (:func:`_claim_hash`: the label and
+    the claim hashed)."""
+    return _digest(root, _claim_hash(label, _claim(A, c), np.size(A))[0])
 
 
-def _digest(root: bytes, claim: bytes) -> bytes:
-    return hashlib.sha256(DIGEST_TAG + bytes(root) + claim).digest()
+def _digest(root: bytes, key: bytes) -> bytes:
+    return hashlib.sha256(DIGEST_TAG + bytes(root) + key).digest()
 
 
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
     """``[r z, r (A + 2^64 c)]`` modulo :data:`P` of the leaf ``z``: both in one pass, as
     lists of Python ints (each product below 2^62, each row sum below 2^62 for fewer than
     2^31 words). ``z``, ``A`` and ``c`` are projected together and ``r (A + 2^64 c)`` is
-    ``r A + (2^64 mod P) r c`` on Python ints: four array calls a leaf, not eleven."""
+    ``r A + (2^64 mod P) r c`` on Python ints: four array calls a leaf, not eleven. (An
+    exact uint64 product of ``r`` and the words' 16-bit limbs, the limbs recombined on
+    Python ints, takes as long inside a round of 1,000 sites.)"""
     rows = np.remainder(np.concatenate((leaf, A, c)), _P).reshape(3, 1, leaf.size)
     (z0, z1), (a0, a1), (c0, c1) = ((rows * r) % _P).sum(axis=2).tolist()
     return [[z0 % P, z1 % P], [(a0 + _TWO64 * c0) % P, (a1 + _TWO64 * c1) % P]]
@@ -208,52 +225,83 @@ _SUMS = struct.Struct(f"<{PROJECTIONS}Q")
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
-                c: np.ndarray, root: bytes | None, path: tuple[bytes, np.ndarray]) -> bytes:
+                c: np.ndarray, root: bytes | None, path) -> bytes:
     """Check, as site ``site`` (leaf ``index`` of ``n``, its own ``leaf`` z_w), that ``A`` is
     the sum the tree of root ``root`` commits to; return :func:`tree_digest` (for its
     consistency statement). ``root`` None: the root its path reaches (a transcript sends
     none: the digest the site folds into its tokens carries it, and a neighbour shown
-    another tree refuses to reveal). SecureAggregationError naming the site and what
-    failed."""
-    who = f"site {site!r}"
+    another tree refuses to reveal). ``path``: :meth:`SumTree.path`'s ``(hashes, sums)``,
+    or the levels as a transcript encodes them (bytes: :func:`read_transcript`); levels
+    beyond those the leaf's place has are not read. SecureAggregationError naming the site
+    and what failed."""
     if not 0 <= index < n:
-        raise SecureAggregationError(f"{who}: leaf {index} of a tree of {n} leaves")
+        raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
-    claim = _claim(A, c)  # (hashed twice: by the challenge and by the digest)
-    s, claimed = _projections(_challenge(label, claim, A.size),
-                              np.asarray(leaf, dtype=np.uint64), A, c)
+    key, r = _claim_hash(label, _claim(A, c), A.size)  # (the key is bound by the digest)
+    s, claimed = _projections(r, np.asarray(leaf, dtype=np.uint64), A, c)
     h = hashlib.sha256(_leaf_bytes(label, index, site, s)).digest()
-    raw, sums = path
-    if isinstance(sums, np.ndarray):
-        sums = sums.astype(np.uint64).reshape(-1, PROJECTIONS).tolist()
-    raw, s0, s1 = bytes(raw), s[0], s[1]  # (PROJECTIONS = 2: the sums as two ints)
-    k, i, width = 0, index, n
-    while width > 1:
-        if (i ^ 1) < width:
-            if 32 * (k + 1) > len(raw) or k >= len(sums):
-                raise SecureAggregationError(f"{who}: the path of leaf {index} is too short")
-            sib, (a0, a1) = raw[32 * k: 32 * (k + 1)], sums[k]
-            s0, s1 = (s0 + a0) % P, (s1 + a1) % P
-            h = hashlib.sha256(NODE_TAG + (h + sib if i % 2 == 0 else sib + h)
-                               + _SUMS.pack(s0, s1)).digest()
-            k += 1
-        i, width = i // 2, (width + 1) // 2
-    s = [s0, s1]
+    sides = _sides(index, n)  # (its place's schedule: which levels have a sibling, where)
+    levels = _path_levels(path, len(sides))
+    if levels is None:
+        raise SecureAggregationError(f"site {site!r}: the path of leaf {index} is too short")
+    s0, s1 = s  # (PROJECTIONS = 2: the sums as two ints)
+    sha, pack, tag, p = hashlib.sha256, _SUMS.pack, NODE_TAG, P
+    for (sib, a0, a1), left in zip(levels, sides):
+        s0, s1 = (s0 + a0) % p, (s1 + a1) % p
+        h = sha(tag + (sib + h if left else h + sib) + pack(s0, s1)).digest()
+    if root is None and [s0, s1] == claimed:  # (the common case)
+        return _digest(h, key)
+    _refuse_root(site, index, root, h, [s0, s1] != claimed)
+    return _digest(h, key)
+
+
+def _refuse_root(site: str, index: int, root: bytes | None, h: bytes, differ: bool) -> None:
+    """:func:`verify_leaf`'s refusals once its path reached the root ``h`` (``differ``: the
+    projections it reached are not the claim's)."""
+    who = f"site {site!r}"
     if root is not None and h != bytes(root):
         raise SecureAggregationError(
             f"{who}: its own contribution (leaf {index}) is not in the committed sum (the "
             "path does not reach the root): the aggregate shown is not the sum of the "
             "survivors' replies; refusing it")
-    if s != claimed and root is None:  # (no root: either its leaf is missing or A is false)
+    if differ and root is None:  # (no root: either its leaf is missing or A is false)
         raise SecureAggregationError(
             f"{who}: its own contribution (leaf {index}) is not in the committed sum, or the "
             "aggregate shown is not the sum the tree commits to (the projections its path "
             "reaches are not the claim's); refusing it")
-    if s != claimed:
+    if differ:
         raise SecureAggregationError(
             f"{who}: the aggregate shown is not the sum the tree commits to (its projections "
             "differ); refusing it")
-    return _digest(h, claim)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _sides(index: int, n: int) -> tuple[bool, ...]:
+    """Leaf ``index``'s schedule in a tree of ``n`` leaves: at each level of its path that
+    has a sibling, whether the sibling is the left child (a lone last node is carried up
+    unchanged: no level). It depends only on the place, so each site computes it once."""
+    out, i, width = [], index, n
+    while width > 1:
+        if (i ^ 1) < width:
+            out.append(i % 2 == 1)
+        i, width = i // 2, (width + 1) // 2
+    return tuple(out)
+
+
+def _path_levels(path, need: int):
+    """The first ``need`` levels of ``path`` (:func:`verify_leaf`'s two forms) as
+    ``(sibling hash, sum, sum)`` tuples; None when it has fewer."""
+    if isinstance(path, bytes | bytearray | memoryview):
+        if len(path) < need * _NODE:
+            return None
+        return _LEVEL.iter_unpack(path[:need * _NODE])
+    raw, sums = path
+    raw = bytes(raw)
+    if isinstance(sums, np.ndarray):
+        sums = sums.astype(np.uint64).reshape(-1, PROJECTIONS).tolist()
+    if 32 * need > len(raw) or need > len(sums):
+        return None
+    return [(raw[32 * k: 32 * (k + 1)], *sums[k]) for k in range(need)]
 
 
 def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: np.ndarray,
@@ -271,6 +319,7 @@ def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: n
 
 #: bytes a level of a path takes: the sibling's hash and its projections
 _NODE = 32 + 4 * PROJECTIONS
+_LEVEL = struct.Struct(f"<32s{PROJECTIONS}I")
 
 
 def transcript_fields(tree, i: int) -> dict[str, Any]:
@@ -309,7 +358,7 @@ def read_paths(msg: dict[str, Any]) -> dict[int, tuple[int, tuple[bytes, list]]]
             raise SecureAggregationError(f"its transcript's zero paths ({len(raw)} bytes) do "
                                          "not parse")
         index, n = struct.unpack_from("<II", raw, k)
-        levels = range(k + 8, k + 8 + _NODE * _levels(index, n), _NODE)
+        levels = range(k + 8, k + 8 + _NODE * len(_sides(index, n)), _NODE)
         end = k + 8 + _NODE * len(levels)
         if end > len(raw):
             raise SecureAggregationError(f"its transcript's zero paths ({len(raw)} bytes) do "
@@ -318,15 +367,6 @@ def read_paths(msg: dict[str, Any]) -> dict[int, tuple[int, tuple[bytes, list]]]
                           [struct.unpack_from(f"<{PROJECTIONS}I", raw, j + 32) for j in levels]))
         k = end
     return out
-
-
-def _levels(index: int, n: int) -> int:
-    """How many levels of leaf ``index``'s path in a tree of ``n`` leaves have a sibling."""
-    k, i, width = 0, index, n
-    while width > 1 and k < 64:
-        k += (i ^ 1) < width
-        i, width = i // 2, (width + 1) // 2
-    return k
 
 
 def shared_fields(tree) -> dict[str, Any]:
@@ -376,9 +416,15 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
     end = m * w
     if not 1 <= w <= 8 or raw.size <= end or (raw.size - 1 - end) % _WIDE:
         return None
-    words = np.zeros((m, 8), dtype=np.uint8)
-    words[:, 8 - w:] = raw[:end].reshape(m, w)  # (in the top bytes, then shifted down:
-    A = words.view("<i8").reshape(m) >> np.int64(64 - 8 * w)  # sign-extended)
+    if w in _INT:  # (a width of a NumPy integer: read as it is, sign-extended)
+        try:
+            A = np.frombuffer(raw, _INT[w], m).astype(np.int64)
+        except ValueError:  # (a strided array's bytes: read from a copy)
+            A = np.frombuffer(np.ascontiguousarray(raw), _INT[w], m).astype(np.int64)
+    else:  # word k is the low w bytes of the 8 read at byte w k (the body padded by 8 - w
+        body = raw[:end].tobytes() + bytes(8 - w)  # zero bytes): shifted to the top and
+        A = (np.ndarray((m,), "<u8", body, 0, (w,)) << _SHIFT[w]).view(np.int64) \
+            >> _SHIFT_I[w]  # back down, sign-extended
     if end + 1 < raw.size <= end + 1 + 8 * _WIDE:  # (a few wide words: read as they are)
         for at, word in _WIDE_WORD.iter_unpack(raw[end:-1].tobytes()):
             if at >= m:
@@ -393,15 +439,19 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
     return A.view(np.uint64)
 
 
+_INT = {1: "<i1", 2: "<i2", 4: "<i4", 8: "<i8"}
+_SHIFT = [np.uint64(64 - 8 * w) for w in range(9)]
+_SHIFT_I = [np.int64(64 - 8 * w) for w in range(9)]
+
+
 def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, np.ndarray,
-                                                          tuple[bytes, np.ndarray]]:
+                                                          bytes]:
     """``(index, n, A, c, path)`` of the transcript fields of ``msg``
     (:func:`shared_fields`, :func:`transcript_fields`) for a leaf of ``m`` words: ``A`` and
-    ``c`` (m,) uint64, ``path`` as :func:`verify_leaf` takes it (the projections as tuples
-    of ints). SecureAggregationError
-    when a field is missing or has a length no encoding of ``m`` words gives."""
-    a, cb, p = (np.asarray(msg.get(_V + k, ()), dtype=np.uint8).reshape(-1)
-                for k in ("A", "c", "path"))
+    ``c`` (m,) uint64, ``path`` the levels' bytes as :func:`verify_leaf` takes them (each
+    a sibling's hash and its projections). SecureAggregationError when a field is missing
+    or has a length no encoding of ``m`` words gives."""
+    a, cb, p = _field(msg, "A"), _field(msg, "c"), _field(msg, "path")
     A = unpack_ring(a, m)
     cw = (cb.size - 4) // m if m else 0
     if (A is None or cw not in (1, 2, 4) or cb.size != 4 + m * cw or p.size < 8
@@ -409,14 +459,21 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
         raise SecureAggregationError(
             f"its transcript's sum ({a.size} bytes), carries ({cb.size}) or path ({p.size}) "
             f"do not fit this site's contribution of {m} words")
-    head, raw = cb[:4].tobytes(), p.tobytes()
-    c = cb[4:].view(f"<u{cw}").astype(np.uint64) + np.uint64(_U4.unpack(head)[0])
-    index, n = _HEAD.unpack_from(raw)
-    levels = range(8, len(raw), _NODE)  # (the levels: a hash, then its projections)
-    return index, n, A, c, (b"".join([raw[j:j + 32] for j in levels]),
-                            [_LEVEL_SUMS.unpack_from(raw, j + 32) for j in levels])
+    c = np.add(np.frombuffer(cb, _CARRY[cw], m, 4), np.uint64(_U4.unpack_from(cb)[0]),
+               dtype=np.uint64)
+    index, n = _HEAD.unpack_from(p)
+    return index, n, A, c, p[8:].tobytes()
+
+
+def _field(msg: dict[str, Any], key: str) -> np.ndarray:
+    """The transcript field ``key`` of ``msg`` as a flat uint8 array (empty when missing)."""
+    v = msg.get(_V + key, ())
+    if (type(v) is np.ndarray and v.dtype == np.uint8 and v.ndim == 1
+            and v.flags.c_contiguous):
+        return v
+    return np.asarray(v, dtype=np.uint8).reshape(-1)
 
 
 _U4 = struct.Struct("<I")
 _HEAD = struct.Struct("<II")
-_LEVEL_SUMS = struct.Struct(f"<{PROJECTIONS}I")
+_CARRY = {1: "<u1", 2: "<u2", 4: "<u4"}
