@@ -38,7 +38,7 @@ from fedlatent.engine.contract.model import FederatedModel, client_key, client_r
 from fedlatent.engine.contract.registry import model_from_config
 from fedlatent.engine.fedem.streams import batch_rows, stream_keys, stream_uniforms
 from fedlatent.engine.node.clientstep import fedem_rows
-from fedlatent.engine.node.declared import check_round
+from fedlatent.engine.node.declared import check_message, check_round
 from fedlatent.engine.node.describe import describe_client
 from fedlatent.engine.node.pointstate import (
     UnheldState,
@@ -100,12 +100,9 @@ class _LazyRng:
         return getattr(self._rng, name)
 
 
-#: the prefixes of kept point states (:func:`~fedlatent.engine.node.pointstate.point_round`
-#: reads the round of those only)
-_POINT_KINDS = ("pstate", "pinput")
-#: state an E-step never writes (a verified round's record, the last secure round's), kept by
-#: reference when a failed E-step restores the state: the arrays are replaced, never changed
-_NOT_STEPPED = ("verify/", "secure_last/")
+_POINT_KINDS = ("pstate", "pinput")  # (the prefixes of kept point states)
+#: state an E-step never writes, kept by reference when a failed one restores the state
+_NOT_STEPPED = ("verify/", "secure_last/")  # (its arrays are replaced, never changed)
 
 
 def _sub(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
@@ -161,6 +158,9 @@ class ClientNode:
         directory for its ledger is refused (elsewhere: warned about).
     """
 
+    #: the message a verified round checked (set by ``check_exchange``; ``check_message``)
+    shapes_checked = None
+
     def __init__(
         self,
         client_id: str,
@@ -178,10 +178,6 @@ class ClientNode:
         self.client_id = str(client_id)
         #: the site's guard (its policy and ledger), None without a policy
         self.guard = None
-        #: the round message whose every parameter a verified round checked (the replay's,
-        #: the start's declared shapes), which its E-step then takes as checked; set by
-        #: :func:`~fedlatent.engine.node.verify.check_exchange` alone, read once
-        self.shapes_checked = None
         if policy is None:  # safe by default: the library's own site policy
             from fedlatent.engine.site.policy import SitePolicy
 
@@ -525,9 +521,7 @@ class ClientNode:
 
     def _estep(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.model is not None
-        checked, self.shapes_checked = self.shapes_checked, None
-        if checked is not msg:  # declared is evaluated (a verified round checked it already)
-            check_round(self.model, self._data, msg, self.client_id)
+        check_message(self, msg)  # declared is evaluated
         seed = int(msg["seed"])
         rnd = int(msg["round"])
         mode = str(msg.get("mode", "full"))

@@ -28,7 +28,7 @@ import numpy as np
 
 from fedlatent.engine.protocol.messages import unpack
 
-__all__ = ["DeclaredShapeError", "check_round", "shape_problem"]
+__all__ = ["DeclaredShapeError", "check_message", "check_round", "shape_problem"]
 
 
 class DeclaredShapeError(ValueError):
@@ -70,3 +70,15 @@ def check_round(model, data, msg: dict[str, Any], client: str, what: str = "roun
                 f"client {client!r}: {what} {rnd}{point} refused: {why} (model "
                 f"{model.name!r}: a server may send only parameters of the configuration the "
                 "setup declared, which the disclosure rules counted)")
+
+
+def check_message(node, msg: dict[str, Any]) -> None:
+    """:func:`check_round` of the node's round message ``msg``, unless a verified round checked
+    this very message (``node.shapes_checked``, set by
+    :func:`~fedlatent.engine.node.verify.check_exchange` once it took every parameter, each
+    point's too, to be the replay's of its own statistics' shapes, or checked a start's
+    against the declaration): read once, and matched by identity, so nothing a server sends
+    can set it."""
+    checked, node.shapes_checked = node.shapes_checked, None
+    if checked is not msg:
+        check_round(node.model, node._data, msg, node.client_id)
