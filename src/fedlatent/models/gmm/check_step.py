@@ -11,7 +11,9 @@ last bits differ), it says so and the site replays the M-step itself.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from types import SimpleNamespace
 
 import numpy as np
@@ -127,10 +129,12 @@ def m_step_full(S, center: np.ndarray, reg_covar: float
 def _weights(counts: list, nk: np.ndarray) -> list:
     """``gmm_m_step``'s weights ``nk / nk.sum()`` (``nk`` the ``counts`` lifted by 10 eps) by
     Python's float arithmetic (the same IEEE operations on a few numbers, without an array
-    call each): NumPy adds fewer than 8 numbers in order, as ``sum`` does (more: NumPy's own
-    sum). Where another NumPy's bits differ, the check goes to the replay."""
+    call each): NumPy adds fewer than 8 numbers in order, as the left fold here does (not
+    ``sum``, which compensates its rounding from Python 3.12; more numbers: NumPy's own sum).
+    Where another NumPy's bits differ, the check goes to the replay."""
     lifted = [c + _TEN_EPS for c in counts]
-    total = sum(lifted) if len(lifted) < 8 else float(np.add.reduce(nk))
+    total = functools.reduce(operator.add, lifted) if len(lifted) < 8 else float(
+        np.add.reduce(nk))
     return [k / total for k in lifted]
 
 
