@@ -23,7 +23,8 @@ an unverified one's, with their bytes. The server's extra work (the sum tree of 
 exchange) is reported as the server's CPU outside ``runtime.call`` per round. The machine is
 shared: ratios are within one run (the load is printed).
 
-Run: ``python benchmarks/bench_verified_round.py [--clients 1000] [--rounds 5] [--rows 200]``.
+Run: ``python benchmarks/bench_verified_round.py [--clients 1000] [--rounds 5] [--rows 200]
+[--no-parts] [--pairs 3]``.
 """
 
 from __future__ import annotations
@@ -159,11 +160,19 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200)
     ap.add_argument("--no-parts", action="store_true",
                     help="time no part (the ratios without the timers' own cost)")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="alternate this many (unverified, verified) fits without the part "
+                         "timers and print each pair's steady-round ratio and their median "
+                         "(a shared machine's speed drifts: one pair's ratio moves by ~0.1)")
     a = ap.parse_args()
     with blas_limit(1):
         fd = rows_data(a.clients, a.rows)
         off = secure_fit(fd, a.rounds, False, not a.no_parts)
         on = secure_fit(fd, a.rounds, True, not a.no_parts)
+        ratios = [_steady(on) / _steady(off)] if a.no_parts else []
+        while a.pairs > 1 and len(ratios) < a.pairs:
+            pair = [_steady(secure_fit(fd, a.rounds, v, False)) for v in (False, True)]
+            ratios.append(pair[1] / pair[0])
     same = float(np.max(np.abs(on["params"] - off["params"])))
     print(f"clients {a.clients}, rows a client {a.rows}, rounds {a.rounds}, load "
           f"{os.getloadavg()[0]:.1f} (machine shared; ratios within this run); verified and "
@@ -184,6 +193,14 @@ def main() -> None:
     if not a.no_parts:
         _account(on, base, float(np.mean(on["site"][1:])) - base)
     _fields(off, on)
+    if ratios and a.pairs > 1:
+        print(f"steady-round site CPU ratio of {len(ratios)} alternated pairs (no part timers): "
+              + ", ".join(f"{r:.3f}x" for r in ratios) + f"; median {np.median(ratios):.3f}x")
+
+
+def _steady(fit: dict) -> float:
+    """A fit's site CPU per participant in its steady rounds (2.., the median)."""
+    return float(np.median(fit["site"][1:]))
 
 
 if __name__ == "__main__":
