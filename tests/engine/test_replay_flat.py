@@ -15,8 +15,7 @@ from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.node.verify_kept import Plan, _layout, flat_step
 from fedlatent.engine.protocol.messages import ERROR_KEY
 from fedlatent.engine.stats import Stats
-from fedlatent.models.gmm.check_step import m_step_full
-from fedlatent.models.gmm.math import gmm_m_step
+from fedlatent.models.gmm.math import gmm_full_parts, gmm_m_step
 from tolerance import assert_same
 
 
@@ -28,22 +27,36 @@ def _random_stats(rng, K: int, d: int) -> Stats:
                   "sxx": np.einsum("kni,knj->kij", X, X) / 30 * nk[:, None, None]})
 
 
-def test_the_forward_checks_m_step_is_gmm_m_steps_to_the_last_bit():
+def _halved_then_ridged(S: Stats, center, reg: float):
+    """The server's full-covariance M-step as it was written before the forward check shared
+    it: the covariances halved with their transpose, then ``reg`` added to the diagonal."""
+    nk = S["nk"] + 10 * np.finfo(np.float64).eps
+    mc = S["sx"] / nk[:, None]
+    cov = S["sxx"] / nk[:, None, None] - np.einsum("ki,kj->kij", mc, mc)
+    cov = 0.5 * (cov + cov.transpose(0, 2, 1))
+    d = mc.shape[1]
+    cov.reshape(-1, d * d)[:, ::d + 1] += reg
+    return nk / nk.sum(), mc + center, cov
+
+
+def test_the_checks_covariances_before_the_half_sum_give_the_servers_bits():
     """2,000 random statistics (1 to 11 components, 1 to 6 features, counts and scales over
-    five and six orders of magnitude): weights, means and the covariances (once halved as
-    the server halves them) equal."""
+    five and six orders of magnitude): ``gmm_full_parts``' ``G``, which the forward check
+    bounds, halved with its transpose, and ``gmm_m_step``'s covariances are the M-step as
+    written before (ridge after the half-sum), bit for bit: the ridge first changes no value
+    (a diagonal entry halved from twice itself is itself)."""
     rng = np.random.default_rng(0)
     for _ in range(2000):
         K, d = int(rng.integers(1, 12)), int(rng.integers(1, 7))
         S, center = _random_stats(rng, K, d), rng.normal(size=d)
         reg = float(rng.choice([0.0, 1e-6, 1e-3]))
-        weights, means, G = m_step_full(S, center, reg)
-        half_sum = (G + G.transpose(0, 2, 1)) * 0.5
-        # the same IEEE operations on the same values in the same order (the weights' sum of
-        # fewer than 8 counts by Python's in-order sum, as NumPy adds them; G the server's
-        # covariances before their half-sum, which the check leaves out)
-        for got, want in zip((weights, means, half_sum), gmm_m_step(S, center, "full", reg)):
-            assert_same(got, want)
+        want = _halved_then_ridged(S, center, reg)
+        weights, means, G = gmm_full_parts(S, center, reg)
+        # the same IEEE operations on the same values (the ridge moved before the half-sum)
+        for got in ((weights, means, (G + G.transpose(0, 2, 1)) * 0.5),
+                    gmm_m_step(S, center, "full", reg)):
+            for a, b in zip(got, want):
+                assert_same(a, b, "the same IEEE operations, the ridge before the half-sum")
 
 
 def _plan(shapes: dict) -> Plan:

@@ -11,19 +11,17 @@ last bits differ), it says so and the site replays the M-step itself.
 
 from __future__ import annotations
 
-import functools
 import math
-import operator
 from types import SimpleNamespace
 
 import numpy as np
 
 from ...engine.contract.degenerate import DEGENERATE_FRACTION
+from .math import gmm_full_parts
 
-__all__ = ["full_step_holds", "m_step_full"]
+__all__ = ["full_step_holds"]
 
 _U = np.finfo(np.float64).eps / 2  # the unit roundoff
-_TEN_EPS = 10 * np.finfo(np.float64).eps  # (gmm_m_step's lift of the counts)
 _POSITIVE = (0.0).__lt__
 _F64 = np.dtype(np.float64)
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
@@ -40,8 +38,9 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
 
     The argument, for each component with covariance ``Sigma`` (the server's arithmetic,
     :func:`~fedlatent.models.gmm.math.gmm_m_step`: ``G = sxx / n - mc mc^T`` with ``reg_covar``
-    on its diagonal, then ``G``'s symmetric part; :func:`_covariances` computes ``G`` by the
-    same operations, the same bits, and leaves the half-sum out) and exact precision factor
+    on its diagonal, then ``G``'s symmetric part; the check takes ``G`` from
+    :func:`~fedlatent.models.gmm.math.gmm_full_parts`, the server's own, before the half-sum)
+    and exact precision factor
     ``V`` (upper triangular, positive diagonal, ``V^T Sigma V = I``; the server's ``P`` is ``V``
     up to its factorization's rounding). A sent ``U`` that is upper triangular with a positive
     diagonal (the strictly lower entries exactly 0) is ``V (I + M)``, ``M`` upper triangular,
@@ -88,22 +87,20 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     rtol : float
         The replay's tolerance (:data:`~fedlatent.engine.node.replay.REPLAY_RTOL`).
     """
-    nk0, sx, sxx = S["nk"], S["sx"], S["sxx"]
-    K, d = sx.shape
+    nk0 = S["nk"]
+    K, d = S["sx"].shape
     if sent.keys() != _KEYS or not _shapes(sent, K, d):
         return False
     counts = nk0.tolist()
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    nk = nk0 + _TEN_EPS  # (gmm_m_step's arithmetic from here: the server's bits)
-    mc = sx / nk.reshape(K, 1)
-    if not (sent["weights"].tolist() == _weights(counts, nk)
+    weights, means, G = gmm_full_parts(S, center, reg_covar)  # (the server's bits)
+    if not (sent["weights"].tolist() == weights.tolist()
             and sent["center"].tolist() == center.tolist()
-            and sent["means"].tolist() == (mc + center).tolist()):
+            and sent["means"].tolist() == means.tolist()):
         return False  # (another machine's last bits, or a move: the replay decides)
-    fixed = _fixed(K, d, reg_covar)
-    G = _covariances(sxx, nk, mc, fixed.ridge)
+    fixed = _fixed(K, d)
     U = sent["precisions_cholesky"]
     e, u2, top, g = _factor_error(U, G, fixed)
     if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
@@ -111,45 +108,6 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
     return bool(low > _floor(S, n, g, U, fixed, pooled_diagonal=True) or low > _floor(
         S, n, g, U, fixed, pooled_diagonal=False))
-
-
-def m_step_full(S, center: np.ndarray, reg_covar: float
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(weights, means, G)``: what :func:`full_step_holds` computes of
-    :func:`~fedlatent.models.gmm.math.gmm_m_step` (full covariances), the same operations on
-    the same values (the same bits) in fewer calls, as arrays; ``G`` the covariances before
-    their half-sum ``(G + G^T) / 2``."""
-    nk = S["nk"] + _TEN_EPS
-    mc = S["sx"] / nk.reshape(-1, 1)
-    ridge = _fixed(*mc.shape, reg_covar).ridge
-    return (np.array(_weights(S["nk"].tolist(), nk)), mc + center,
-            _covariances(S["sxx"], nk, mc, ridge))
-
-
-def _weights(counts: list, nk: np.ndarray) -> list:
-    """``gmm_m_step``'s weights ``nk / nk.sum()`` (``nk`` the ``counts`` lifted by 10 eps) by
-    Python's float arithmetic (the same IEEE operations on a few numbers, without an array
-    call each): NumPy adds fewer than 8 numbers in order, as the left fold here does (not
-    ``sum``, which compensates its rounding from Python 3.12; more numbers: NumPy's own sum).
-    Where another NumPy's bits differ, the check goes to the replay."""
-    lifted = [c + _TEN_EPS for c in counts]
-    total = functools.reduce(operator.add, lifted) if len(lifted) < 8 else float(
-        np.add.reduce(nk))
-    return [k / total for k in lifted]
-
-
-def _covariances(sxx: np.ndarray, nk: np.ndarray, mc: np.ndarray, ridge: np.ndarray
-                 ) -> np.ndarray:
-    """``G``: ``gmm_m_step``'s full covariances before their half-sum, from the lifted counts
-    ``nk`` and the centred means ``mc``: ``sxx / nk - mc mc^T`` with ``reg_covar`` on the
-    diagonal (``ridge``; the same operations in the same order, some in place; ``+ 0.0`` off
-    the diagonal changes no value). The half-sum changes no diagonal entry (``(2 a) / 2``),
-    so ``gmm_m_step`` adds ``reg_covar`` to the same values."""
-    K, d = mc.shape
-    G = sxx / nk.reshape(K, 1, 1)
-    G -= mc.reshape(K, d, 1) * mc.reshape(K, 1, d)
-    G += ridge
-    return G
 
 
 def _shapes(sent: dict, K: int, d: int) -> bool:
@@ -201,23 +159,21 @@ def _floor(S, n: float, g: float, U: np.ndarray, fixed, pooled_diagonal: bool) -
             + 2e-10 * g)  # (g = ||G||_F: at least every |eigenvalue| of a covariance)
 
 
-_FIXED: dict[tuple[int, int, float], SimpleNamespace] = {}
+_FIXED: dict[tuple[int, int], SimpleNamespace] = {}
 
 
-def _fixed(K: int, d: int, reg_covar: float) -> SimpleNamespace:
-    """What does not change between rounds for K components of d features (kept per shape
-    and ``reg_covar``): ``picked``, the flat indices of every strictly lower entry of K
-    factors, then of their diagonals; ``diagonal``, those of the diagonals only; ``eye``, K
-    identity matrices; ``ridge``, K times ``reg_covar`` on a diagonal."""
-    got = _FIXED.get((K, d, reg_covar))
+def _fixed(K: int, d: int) -> SimpleNamespace:
+    """What does not change between rounds for K components of d features (kept per shape):
+    ``picked``, the flat indices of every strictly lower entry of K factors, then of their
+    diagonals; ``diagonal``, those of the diagonals only; ``eye``, K identity matrices."""
+    got = _FIXED.get((K, d))
     if got is None:
         i, j = np.tril_indices(d, -1)
         k = np.arange(K)[:, None] * (d * d)
         diagonal = (k + np.arange(d) * (d + 1)).ravel()
-        eye = np.eye(d)
         if len(_FIXED) > 64:
             _FIXED.clear()
-        got = _FIXED[(K, d, reg_covar)] = SimpleNamespace(
+        got = _FIXED[(K, d)] = SimpleNamespace(
             picked=np.concatenate([(k + i * d + j).ravel(), diagonal]), diagonal=diagonal,
-            eye=np.broadcast_to(eye, (K, d, d)), ridge=np.broadcast_to(reg_covar * eye, (K, d, d)))
+            eye=np.broadcast_to(np.eye(d), (K, d, d)))
     return got

@@ -182,14 +182,13 @@ def gmm_m_step(
     means : ndarray of shape (K, d)
     covariances : ndarray, shape by covariance_type
     """
+    if covariance_type == "full":
+        weights, means, G = gmm_full_parts(S, center, reg_covar)
+        return weights, means, 0.5 * (G + np.transpose(G, (0, 2, 1)))
     nk = S["nk"] + 10 * np.finfo(np.float64).eps
     mc = S["sx"] / nk[:, None]
     d = mc.shape[1]
-    if covariance_type == "full":  # (the outer products and the diagonal without einsum
-        cov = S["sxx"] / nk[:, None, None] - mc[:, :, None] * mc[:, None, :]  # or fancy
-        cov = 0.5 * (cov + np.transpose(cov, (0, 2, 1)))  # indexing: the same bits, fewer
-        cov.reshape(cov.shape[0], d * d)[:, ::d + 1] += reg_covar  # calls, every round)
-    elif covariance_type == "tied":
+    if covariance_type == "tied":
         cov = (S["sxx"] - (nk[:, None] * mc).T @ mc) / nk.sum()
         cov = 0.5 * (cov + cov.T)
         cov[np.arange(d), np.arange(d)] += reg_covar
@@ -199,6 +198,21 @@ def gmm_m_step(
             cov = cov.mean(axis=1)
     weights = nk / nk.sum()
     return weights, mc + center, cov
+
+
+def gmm_full_parts(S: Stats, center: np.ndarray, reg_covar: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`gmm_m_step`'s full-covariance weights and means, and its covariances before
+    their symmetric half-sum ``(G + G^T) / 2``: ``G = sxx / n_k - mc mc^T`` with ``reg_covar``
+    on the diagonal (the half-sum leaves a diagonal entry as it is: ``(2 a) / 2``). A
+    verifying site's forward check bounds ``G`` itself (:mod:`~fedlatent.models.gmm.check_step`).
+    The outer products and the diagonal without einsum or fancy indexing: fewer calls."""
+    nk = S["nk"] + 10 * np.finfo(np.float64).eps
+    mc = S["sx"] / nk[:, None]
+    K, d = mc.shape
+    G = S["sxx"] / nk[:, None, None] - mc[:, :, None] * mc[:, None, :]
+    G.reshape(K, d * d)[:, ::d + 1] += reg_covar
+    return nk / nk.sum(), mc + center, G
 
 
 def lean_full_step(S: Stats, center: np.ndarray, reg_covar: float) -> dict | None:
