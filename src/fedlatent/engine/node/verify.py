@@ -176,12 +176,12 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
 
             _refuse(after_rounds(node, out, total, who))
             return out
-        node.state["verify/last"] = np.frombuffer(b"query", np.uint8).copy()
+        node.state["verify/last"] = _QUERY
         node.state["verify/asked"] = _bytes(json.dumps(_jsonable(
             {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))
         return out
     out = _replay_round(node, out, total, rnd, who, undone)
-    node.state["verify/last"] = np.frombuffer(b"estep", np.uint8).copy()
+    node.state["verify/last"] = _ESTEP
     node.shapes_checked = out  # (every point's parameters are the replay's, or the start's
     return out  # declared shapes: the E-step of this very message need not check them again)
 
@@ -192,9 +192,15 @@ def _undone(msg: dict[str, Any]) -> list:
     return json.loads(raw) if raw and raw != "[]" else []
 
 
+#: what ``verify/last`` holds after a query or an E-step: one read-only array each, shared by
+#: every node (never written in place), so that the kind is known by identity every round
+_QUERY, _ESTEP = np.frombuffer(b"query", np.uint8), np.frombuffer(b"estep", np.uint8)
+
+
 def _last_kind(node) -> str:
     last = node.state.get("verify/last")
-    return "" if last is None else bytes(last).decode()
+    return ("estep" if last is _ESTEP else "" if last is None  # (a rebuilt node's: parsed)
+            else bytes(last).decode())
 
 
 def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
