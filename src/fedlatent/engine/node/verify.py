@@ -121,6 +121,11 @@ def verified_message(node, method: str, msg: dict[str, Any]):
                 raise VerificationRefused(f"client {node.client_id!r}: a secure exchange "
                                           "before the key set-up")
             return check_exchange(node, method, msg), None
+        if method == "cv_init":  # (its S_hat checked at the next E-step, before any use)
+            from fedlatent.engine.node.verify_fields import keep_cv_start
+
+            keep_cv_start(node, msg)
+            return msg, None
         if method in ("estep", "query", "evaluate"):
             raise VerificationRefused(
                 f"client {node.client_id!r}: round {msg.get('round', '?')} refused: the setup "
@@ -148,7 +153,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         node._setup(msg)
     if "secagg/replay" in msg:  # a group test (its remembered reply again, over a
         node.secagg.keep_leaf = False  # sub-cohort, never applied): no transcript shown,
-        return {k: v for k, v in msg.items() if not k.startswith(_V)}  # its leaf kept
+        _check_scale(node, msg, method, who)  # its leaf kept; scaled as the round was
+        return {k: v for k, v in msg.items() if not k.startswith(_V)}
     leaf = node.secagg.take_leaf()
     undone = _undone(msg)
     if leaf is None:
@@ -168,6 +174,7 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in msg.items() if not k.startswith(_V)}
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
+    _check_scale(node, msg, method, who)
     if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
         _keep_start_exchange(node, total, _units(node)[0])
     if method != "estep":
@@ -181,9 +188,34 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
             {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))
         return out
     out = _replay_round(node, out, total, rnd, who, undone)
+    _check_round(node, out, rnd, who)
     node.state["verify/last"] = _ESTEP
     node.shapes_checked = out  # (every point's parameters are the replay's, or the start's
     return out  # declared shapes: the E-step of this very message need not check them again)
+
+
+def _check_scale(node, msg: dict[str, Any], method: str, who: str) -> None:
+    """The exchange's unit and weight are the site's (:func:`~.verify_fields.scale_refusal`)."""
+    if "verify/units" in node.state:  # (none yet: refused by _keep_units, or a group test
+        from fedlatent.engine.node.verify_fields import scale_refusal  # before any round)
+
+        _refuse(scale_refusal(node, msg, method, _units(node),
+                              _federation(node).client_weighting, who))
+
+
+def _check_round(node, msg: dict[str, Any], rnd: int, who: str) -> None:
+    """The E-step's settings are the setup's federation's for this round, and the control
+    variates' start the replayed ``S_hat`` (:mod:`~.verify_fields`), the replay done: its
+    kept ``S_hat`` says whether the server's state is initialized."""
+    from fedlatent.engine.node import verify_fields
+
+    at = _plan(node)
+    init_round = at is None or not at.rows["S_hat"]
+    _refuse(verify_fields.round_refusal(node, _federation(node), msg, rnd,
+                                        _committed(node, node.state["verify/seed"]),
+                                        init_round, who))
+    if not init_round:
+        _refuse(verify_fields.cv_start_refusal(node, unpack(msg, "S_hat"), rnd))
 
 
 def _undone(msg: dict[str, Any]) -> list:

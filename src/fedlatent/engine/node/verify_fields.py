@@ -1,0 +1,132 @@
+"""What else a verified exchange's message asks of a site, checked (issue 38): the round's
+settings, the weight and unit its reply is scaled by, and the control variates' start.
+
+Replaying the parameters is not enough: an E-step's message also says *how* to compute the
+reply (``mode``, ``batch_size``, ``control_variates``, ``alpha``, ``quant_levels``,
+``keep_init``, ``V_reset/``), and the secure exchange by what to scale it
+(``secagg/weight``, ``secagg/unit``). Each of these, chosen by a server that does not follow
+the protocol, steers what leaves a site without moving a parameter: a mini-batch of one makes
+the reply one record's statistic; control variates reset, or turned on with ``alpha = 0``,
+shift every reply and so the verified aggregate and the ``S_hat`` every site replays from it;
+weights of zero for all sites but one make the secure sum that site's reply. So a verifying
+site answers only the values the setup's federation gives:
+
+- the round's settings are :func:`~fedlatent.engine.fedem.update.round_message` of the
+  setup's federation, the committed seed, the round and whether the server's state is still
+  uninitialized (the site's own replay says: no ``S_hat`` kept yet), and ``V_reset/`` (a
+  server's reset of a client's control variate after it refused a reply in the clear) is
+  never answered (:func:`round_refusal`);
+- its weight is its own units over the federation's (``client_weighting="samples"``) or one
+  over the number of clients, and the unit one over the federation's units, the numbers the
+  first exchange said and the site kept (:func:`scale_refusal`);
+- ``cv_init``'s ``S_hat`` (the control variates start from ``S_c(theta_0) - S_hat``) is kept
+  and, at the next E-step, must be the ``S_hat`` the site replayed from the initialization
+  round's verified aggregate (:func:`keep_cv_start`, :func:`cv_start_refusal`), before any
+  reply computed from it leaves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["cv_start_refusal", "keep_cv_start", "round_refusal", "scale_refusal"]
+
+_CV = "verify/cv-start/"  # cv_init's S_hat, kept until the next E-step checks it
+#: a weight or unit may differ from the site's own quotient by this much (relative): the same
+#: two numbers divided on both sides give the same bits; the slack is for another machine's
+_RTOL = 1e-12
+
+
+def round_refusal(node, fed, msg: dict[str, Any], rnd: int, seed: int, init_round: bool,
+                  who: str) -> str | None:
+    """Why the round settings of the E-step message ``msg`` are not those the setup's
+    federation ``fed`` gives for round ``rnd`` (None: they are)."""
+    from fedlatent.engine.fedem.update import round_message
+
+    if any(k.startswith("V_reset/") for k in msg):
+        return (f"{who}: it resets this site's control variate (V_reset), which a verifying "
+                "site never takes from the server: its control variate follows from its own "
+                "replies")
+    alpha = _alpha(node, fed, msg)
+    want = round_message(fed, seed, rnd, init_round, alpha)
+    for k, v in want.items():
+        got = msg.get(k)
+        if not _same(got, v):
+            return (f"{who}: its {k!r} is {got!r}, where the setup's federation gives {v!r} "
+                    "for this round: a verifying site computes only what the setup asked")
+    for k in ("batch_size", "keep_init"):
+        if k in msg and k not in want:
+            return (f"{who}: it carries {k!r} = {msg[k]!r}, which the setup's federation does "
+                    "not give for this round")
+    return None
+
+
+def _alpha(node, fed, msg: dict[str, Any]) -> float:
+    """The control-variate step the server's federation takes (its statistic's shapes only
+    matter with a quantizer and no ``alpha`` given)."""
+    if fed.alpha is not None or fed.quantizer is None:
+        return fed.alpha_for({})
+    from fedlatent.engine.protocol.messages import unpack
+
+    return fed.alpha_for(node.model.stat_shapes(unpack(msg, "params")))
+
+
+def _same(got, want) -> bool:
+    if isinstance(want, bool):
+        return isinstance(got, bool | np.bool_) and bool(got) == want
+    if isinstance(want, str):
+        return isinstance(got, str) and got == want
+    try:
+        g = float(np.asarray(got, dtype=np.float64).reshape(()))
+    except (TypeError, ValueError):
+        return False
+    return g == want or abs(g - want) <= _RTOL * abs(want)
+
+
+def scale_refusal(node, msg: dict[str, Any], method: str, units: tuple[float, float],
+                  weighting: str, who: str) -> str | None:
+    """Why the secure exchange's ``secagg/unit`` (and, for an E-step, ``secagg/weight``) are
+    not the site's (None: they are): the unit ``1 / N`` and the weight ``n_c / N`` or ``1 /
+    n_clients``, with ``units = (N, n_clients)`` as the first exchange said."""
+    n_total, n_clients = units
+    checks = [("secagg/unit", 1.0 / n_total)]
+    if method == "estep":
+        own = float(node.model.n_units(node._data))
+        checks.append(("secagg/weight", own / n_total if weighting == "samples"
+                       else 1.0 / n_clients))
+    for k, v in checks:
+        if not _same(msg.get(k), v):
+            return (f"{who}: its {k!r} is {msg.get(k)!r}, not this site's {v!r} (its units "
+                    f"over the federation's {n_total:g}, as the first exchange said): a "
+                    "reply scaled otherwise would weigh the sites as the server chose")
+    return None
+
+
+def keep_cv_start(node, msg: dict[str, Any]) -> None:
+    """Keep ``cv_init``'s ``S_hat`` (checked at the next E-step)."""
+    for k in [k for k in node.state if k.startswith(_CV)]:
+        del node.state[k]
+    node.state.update({_CV + k[6:]: np.array(v, dtype=np.float64, copy=True)
+                       for k, v in msg.items() if k.startswith("S_hat/")})
+    node.state[_CV[:-1]] = np.array(1.0)
+
+
+def cv_start_refusal(node, replayed: dict[str, Any], rnd: int) -> str | None:
+    """Why the kept ``cv_init`` ``S_hat`` is not ``replayed`` (the ``S_hat`` this site
+    replayed from the initialization round: None when it is, or nothing was kept); what was
+    kept is forgotten either way."""
+    if _CV[:-1] not in node.state:
+        return None
+    from fedlatent.engine.node.replay import params_refusal
+
+    kept = {k[len(_CV):]: v for k, v in node.state.items() if k.startswith(_CV)}
+    for k in [k for k in node.state if k.startswith(_CV[:-1])]:
+        del node.state[k]
+    why = params_refusal(kept, replayed, rnd, node.client_id)
+    if why is None:
+        return None
+    return (why.replace("its parameters", "the S_hat its control variates started from")
+            .replace("parameter ", "cv_init's S_hat field ")
+            + " (the control variates' start, cv_init, is not the verified aggregate's)")
