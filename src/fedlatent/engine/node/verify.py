@@ -97,6 +97,16 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
         node.state["verify/on"] = np.array(1.0)
         node.state["verify/run"] = run
         node.state["verify/federation"] = np.frombuffer(str(raw).encode(), np.uint8).copy()
+        node.state["verify/setup"] = np.frombuffer(_setup_digest(msg), np.uint8).copy()
+
+
+def _setup_digest(msg: dict[str, Any]) -> bytes:
+    """SHA-256 of what every site's setup must say alike (the model, its configuration, the
+    federation), bound into every exchange's pair masks (:func:`~.verify_fields.bound`)."""
+    import hashlib
+
+    return hashlib.sha256("\x00".join(str(msg.get(k, "")) for k in (
+        "model", "model_config", "verify")).encode()).digest()
 
 
 def _federation(node):
@@ -259,7 +269,8 @@ def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
         _zeros(label, ids, split[1], msg, A, c, digest, who)
     except SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
-    node.secagg.bind_digest(rnd, exch, digest, confirm=split[0])
+    node.secagg.bind_digest(rnd, exch, _deps().bound(node, digest),  # (with the setup,
+                            confirm=split[0])  # units and seed: verify_fields.bound)
     # decoded in one pass (FixedPoint.decode's arithmetic on every word: the int64 words as
     # float64, divided by the scale), then split by field (the layout's spans made once)
     values = A.view(np.int64) / node.secagg.config.encoding.scale
@@ -418,12 +429,13 @@ def _deps() -> SimpleNamespace:
 
     from fedlatent.engine.node import verify_points
     from fedlatent.engine.node.replay import replay_refusal, step_refusal
+    from fedlatent.engine.node.verify_fields import bound
     from fedlatent.engine.secagg.encoding import Layout
     from fedlatent.engine.secagg.protocol import SecureAggregationError
     from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
 
     return SimpleNamespace(
-        bisect=bisect, verify_points=verify_points,
+        bisect=bisect, bound=bound, verify_points=verify_points,
         replay_refusal=replay_refusal, step_refusal=step_refusal, Layout=Layout,
         SecureAggregationError=SecureAggregationError, read_transcript=read_transcript,
         verify_leaf=verify_leaf)

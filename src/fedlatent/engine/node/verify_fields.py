@@ -19,6 +19,11 @@ site answers only the values the setup's federation gives:
 - its weight is its own units over the federation's (``client_weighting="samples"``) or one
   over the number of clients, and the unit one over the federation's units, the numbers the
   first exchange said and the site kept (:func:`scale_refusal`);
+- what each site checks these against must be what every other site was sent too: the
+  setup (model, its configuration, the federation), the federation's units and the committed
+  seed are hashed with the transcript's digest into the exchange's pair masks and
+  consistency tokens (:func:`bound`), so two neighbours told different ones compute
+  different tokens and neither reveals (as for two transcripts);
 - ``cv_init``'s ``S_hat`` (the control variates start from ``S_c(theta_0) - S_hat``) is kept
   and, at the next E-step, must be the ``S_hat`` the site replayed from the initialization
   round's verified aggregate (:func:`keep_cv_start`, :func:`cv_start_refusal`), before any
@@ -31,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["cv_start_refusal", "keep_cv_start", "round_refusal", "scale_refusal"]
+__all__ = ["bound", "cv_start_refusal", "keep_cv_start", "round_refusal", "scale_refusal"]
 
 _CV = "verify/cv-start/"  # cv_init's S_hat, kept until the next E-step checks it
 #: a weight or unit may differ from the site's own quotient by this much (relative): the same
@@ -130,3 +135,21 @@ def cv_start_refusal(node, replayed: dict[str, Any], rnd: int) -> str | None:
     return (why.replace("its parameters", "the S_hat its control variates started from")
             .replace("parameter ", "cv_init's S_hat field ")
             + " (the control variates' start, cv_init, is not the verified aggregate's)")
+
+
+_BOUND_TAG = b"fedlatent/verify/bound\x00"
+
+
+def bound(node, digest: bytes) -> bytes:
+    """What a site binds into an exchange's pair masks and tokens: SHA-256 of the
+    transcript's ``digest``, its setup's (``verify/setup``), the federation's units and
+    clients (``verify/units``) and the committed seed (``verify/seed``), each as the site
+    holds it (absent: empty)."""
+    import hashlib
+
+    parts = [_BOUND_TAG, bytes(digest)]
+    for k in ("verify/setup", "verify/units", "verify/seed"):
+        v = node.state.get(k)
+        raw = b"" if v is None else np.ascontiguousarray(v).tobytes()
+        parts += [len(raw).to_bytes(4, "little"), raw]
+    return hashlib.sha256(b"".join(parts)).digest()
