@@ -43,8 +43,8 @@ import numpy as np
 from fedlatent.engine.fedem.federation import Federation
 from fedlatent.engine.node.replay import REPLAY_RTOL, params_refusal
 
-__all__ = ["Exchange", "ReplayContext", "StartRefused", "register_start", "replay_start",
-           "seed_refusal", "start_refusal"]
+__all__ = ["Exchange", "ReplayContext", "StartRefused", "query_refusal", "register_start",
+           "replay_start", "seed_refusal", "start_refusal"]
 
 #: model name -> ``start(model, ctx) -> list of params``: the starts a site may replay
 _STARTS: dict[str, Callable[[Any, ReplayContext], list[dict]]] = {}
@@ -99,6 +99,8 @@ class ReplayContext:
     data: Any = None
     runtime_given: bool = False
     faults: list = field(default_factory=list)
+    #: the query being asked now (its total not known yet): the code must ask it next
+    pending: Exchange | None = None
     _next: int = 0
 
     @property
@@ -116,7 +118,8 @@ class ReplayContext:
 
     def asks(self, query: str) -> bool:
         """Whether the transcript holds an exchange of ``query`` not yet replayed."""
-        return any(e.query == query for e in self.exchanges[self._next:])
+        return any(e.query == query for e in self.exchanges[self._next:]) or (
+            self.pending is not None and self.pending.query == query)
 
     def ask(self, query: str, *args, **kwargs):
         raise StartRefused(f"the start's code asks {query!r} in the clear, which a verifying "
@@ -126,12 +129,14 @@ class ReplayContext:
                 what: str | None = None) -> dict[str, np.ndarray]:
         """The next exchange's total, after checking its query, payload and shapes."""
         i, what = self._next, what or f"query {query!r}"
-        if i >= len(self.exchanges):
+        if i >= len(self.exchanges) and self.pending is None:
             raise StartRefused(f"{what}: the replayed start asks exchange {i + 1} ({query!r}), "
                                f"the transcript holds {len(self.exchanges)}")
-        ex = self.exchanges[i]
+        ex = self.exchanges[i] if i < len(self.exchanges) else self.pending
         why = (f"the server asked {ex.query!r}" if ex.query != query
                else _payload_problem(ex.payload, payload or {}, self.rtol))
+        if why is None and ex is self.pending:
+            raise _Reached  # (the query asked now is the start's next: answer it)
         if why is None:  # (a field of the right size is reshaped, as secure_sum_query does)
             bad = sorted(f for f, s in shapes.items()
                          if f not in ex.total or np.size(ex.total[f]) != int(np.prod(s)))
@@ -148,6 +153,31 @@ class ReplayContext:
             raise StartRefused(f"the transcript holds {len(self.exchanges)} exchanges, the "
                                f"replayed start asks {self._next}: "
                                f"{self.exchanges[self._next].query!r} is not the start's")
+
+
+class _Reached(Exception):  # noqa: N818 - a signal, not an error
+    """The replayed start asked the pending query, with its payload (not a ValueError: no
+    start code catches it)."""
+
+
+def query_refusal(model, seed: int, exchanges: Sequence[Exchange], pending: Exchange,
+                  client: str, *, n_features: int, n_total: float, n_clients: int) -> str | None:
+    """Why a start's query ``pending`` (its query and payload, before the site answers it)
+    is not the next one the model's start code asks after the verified ``exchanges`` from
+    the committed ``seed`` (None: it is). A query the start would not ask (a probe: crafted
+    centres, a payload of the server's choosing) is refused before anything of it leaves,
+    not only at the first round."""
+    who = f"client {client!r}: start exchange {len(exchanges) + 1} ({pending.query!r}) refused"
+    ctx = ReplayContext(model, int(seed), int(n_features), float(n_total), int(n_clients),
+                        list(exchanges), pending=pending)
+    try:
+        _known(model)(model, ctx)
+    except _Reached:
+        return None
+    except StartRefused as err:
+        return f"{who}: it is not the start's next query ({err}); {PUBLIC_STARTS_HINT}"
+    return (f"{who}: the start replayed from the committed seed and the verified aggregates "
+            f"asks no more exchanges after {len(exchanges)}; {PUBLIC_STARTS_HINT}")
 
 
 def _payload_problem(sent: Mapping, replayed: Mapping, rtol: float) -> str | None:
@@ -181,6 +211,20 @@ def replay_start(model, seed: int, exchanges: Sequence[Exchange], *, n_features:
     :class:`ReplayContext`); StartRefused when the transcript is not its start's, or the
     model has no replayable start."""
     name = str(getattr(model, "name", type(model).__name__))
+    ctx = ReplayContext(model, int(seed), int(n_features), float(n_total), int(n_clients),
+                        list(exchanges), rtol)
+    starts = _known(model)(model, ctx)
+    if not starts:
+        raise StartRefused(f"model {name!r} has no start a site can replay in these settings "
+                           "(differential privacy: its noisy start)")
+    ctx.finished()
+    return starts
+
+
+def _known(model) -> Callable:
+    """The registered start of ``model`` (imported with its estimator's modules when not
+    yet); StartRefused when it has none."""
+    name = str(getattr(model, "name", type(model).__name__))
     if name not in _STARTS:  # registered where the model's start is (its estimator's modules)
         from fedlatent.engine.contract.registry import estimator_class
 
@@ -190,14 +234,7 @@ def replay_start(model, seed: int, exchanges: Sequence[Exchange], *, n_features:
             pass
     if name not in _STARTS:
         raise StartRefused(f"model {name!r} has no start a site can replay")
-    ctx = ReplayContext(model, int(seed), int(n_features), float(n_total), int(n_clients),
-                        list(exchanges), rtol)
-    starts = _STARTS[name](model, ctx)
-    if not starts:
-        raise StartRefused(f"model {name!r} has no start a site can replay in these settings "
-                           "(differential privacy: its noisy start)")
-    ctx.finished()
-    return starts
+    return _STARTS[name]
 
 
 def start_refusal(sent: dict, model, seed: int, exchanges: Sequence[Exchange], client: str, *,

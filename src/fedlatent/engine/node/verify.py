@@ -193,9 +193,10 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
 
             _refuse(after_rounds(node, out, total, who))
             return out
+        asked = {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))}
+        _check_query(node, asked)
         node.state["verify/last"] = _QUERY
-        node.state["verify/asked"] = _bytes(json.dumps(_jsonable(
-            {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))})))
+        node.state["verify/asked"] = _bytes(json.dumps(_jsonable(asked)))
         return out
     out = _replay_round(node, out, total, rnd, who, undone)
     _check_round(node, out, rnd, who)
@@ -478,17 +479,40 @@ def _start_check(node, sent: dict, n_total: float, n_clients: int, who: str) -> 
     parameters; a noisy start is not replayed), any start of the declared shapes."""
     from fedlatent.engine.node.replay_start import Exchange, start_refusal
 
-    policy = node.site_policy
     seen = [Exchange(e["query"], _arrays(e["payload"]), _arrays(e["total"]))
             for e in json.loads(_text(node.state.get("verify/start")) or "[]")]
     seed = node.state.get("verify/seed")
     why = start_refusal(sent, node.model, 0 if seed is None else int(_text(seed)), seen,
                         node.client_id, n_features=int(np.shape(node._raw.X)[1]),
                         n_total=n_total, n_clients=n_clients,
-                        public_starts=bool(policy.public_starts or policy.relaxed
-                                           or node.privacy is not None))
+                        public_starts=_public_starts(node))
     if why:
         raise VerificationRefused(why)
+
+
+def _check_query(node, asked: dict[str, Any]) -> None:
+    """A start's query ``asked`` must be the next one the model's start code asks after the
+    start's verified exchanges so far, from the committed seed
+    (:func:`~fedlatent.engine.node.replay_start.query_refusal`), before it is answered;
+    not checked where the first round's start is not (public starts, DP)."""
+    from fedlatent.engine.node.replay_start import Exchange, query_refusal
+
+    if _public_starts(node):
+        return
+    seen = [Exchange(e["query"], _arrays(e["payload"]), _arrays(e["total"]))
+            for e in json.loads(_text(node.state.get("verify/start")) or "[]")]
+    n_total, n_clients = _units(node)
+    _refuse(query_refusal(node.model, _committed(node, node.state["verify/seed"]), seen,
+                          Exchange.of(asked, {}), node.client_id,
+                          n_features=int(np.shape(node._raw.X)[1]), n_total=n_total,
+                          n_clients=int(n_clients)))
+
+
+def _public_starts(node) -> bool:
+    """Whether the site answers any start of the declared shapes (its policy allows public
+    starts, or the fit is differentially private)."""
+    policy = node.site_policy
+    return bool(policy.public_starts or policy.relaxed or node.privacy is not None)
 
 
 def _keep_units(node, msg: dict[str, Any], who: str) -> None:
