@@ -162,7 +162,10 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     if node.model is None:  # (a node rebuilt for this message, as on Flower)
         node._setup(msg)
     if "secagg/replay" in msg:  # a group test (its remembered reply again, over a
-        node.secagg.keep_leaf = False  # sub-cohort, never applied): no transcript shown,
+        if method != "estep":  # sub-cohort, never applied): no transcript shown,
+            raise VerificationRefused(f"{who}: a {method!r} marked as a group test's replay "
+                                      "(only a round's remembered reply is replayed)")
+        node.secagg.keep_leaf = False
         _check_scale(node, msg, method, who)  # its leaf kept; scaled as the round was
         return {k: v for k, v in msg.items() if not k.startswith(_V)}
     leaf = node.secagg.take_leaf()

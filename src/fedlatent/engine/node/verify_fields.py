@@ -54,6 +54,12 @@ def round_refusal(node, fed, msg: dict[str, Any], rnd: int, seed: int, init_roun
         return (f"{who}: it resets this site's control variate (V_reset), which a verifying "
                 "site never takes from the server: its control variate follows from its own "
                 "replies")
+    if init_round and any(k.startswith("S_hat/") for k in msg):
+        return (f"{who}: it sends an S_hat in the fit's first round, where the server's state "
+                "holds none: each reply would be the statistic less the server's choice")
+    if "secagg/round" in msg and not _same(msg.get("round"), float(rnd)):
+        return (f"{who}: its 'round' ({msg.get('round')!r}) is not the exchange's round "
+                f"({rnd})")
     alpha = _alpha(node, fed, msg)
     want = round_message(fed, seed, rnd, init_round, alpha)
     for k, v in want.items():
