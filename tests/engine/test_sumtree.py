@@ -10,8 +10,8 @@ import pytest
 
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 from fedlatent.engine.secagg.sumtree import (
+    PRIMES,
     PROJECTIONS,
-    P,
     SumTree,
     challenge,
     project,
@@ -62,10 +62,10 @@ def test_projections_are_linear_modulo_p():
     leaves = _leaves(9, m=5, seed=2)
     A, c = ring_sum(leaves)
     r = challenge(LABEL, A, c)
-    assert r.shape == (PROJECTIONS, 5) and int(r.max()) < P
-    total = project(r, leaves).sum(axis=0) % P
-    want = [sum(int(r[j, k]) * ((int(A[k]) + (int(c[k]) << 64)) % P) for k in range(5)) % P
-            for j in range(PROJECTIONS)]
+    assert r.shape == (PROJECTIONS, 5) and all(int(r[j].max()) < p for j, p in enumerate(PRIMES))
+    total = project(r, leaves).sum(axis=0) % np.array(PRIMES, dtype=np.uint64)
+    want = [sum(int(r[j, k]) * ((int(A[k]) + (int(c[k]) << 64)) % p) for k in range(5)) % p
+            for j, p in enumerate(PRIMES)]
     assert [int(t) for t in total] == want
 
 
@@ -119,7 +119,7 @@ def test_a_lie_in_a_node_of_the_path_is_refused():
     tree = SumTree(LABEL, _ids(8), leaves)
     raw, sums = tree.path(0)
     bad = sums.copy()
-    bad[1, 0] = (bad[1, 0] + np.uint64(1)) % np.uint64(P)
+    bad[1, 0] = (bad[1, 0] + np.uint64(1)) % np.uint64(PRIMES[0])
     with pytest.raises(SecureAggregationError, match="not in the committed sum"):
         verify_leaf(LABEL, 0, 8, "s0000", leaves[0], tree.A, tree.c, tree.root, (raw, bad))
     with pytest.raises(SecureAggregationError, match="too short"):
@@ -229,9 +229,10 @@ def test_zero_leaves_are_shown_by_their_paths_and_a_ghost_in_one_is_not(n):
 
 
 def test_the_challenge_is_read_from_one_shake128_of_the_claim():
-    """r: the words after the first 32 bytes (the claim's key, which the digest binds) of
-    SHAKE-128 of the tag, the label and the claim, modulo P; the digest is SHA-256 of the
-    tag, the root and that key; another word of A gives another r and another digest."""
+    """r: the 32-bit words after the first 32 bytes (the claim's key, which the digest binds)
+    of SHAKE-128 of the tag, the label and the claim, row j modulo PRIMES[j]; the digest is
+    SHA-256 of the tag, the root and that key; another word of A gives another r and another
+    digest."""
     import hashlib
     import struct
 
@@ -242,10 +243,10 @@ def test_the_challenge_is_read_from_one_shake128_of_the_claim():
     A, c = tree.A, tree.c
     claim = A.astype("<u8").tobytes() + c.astype("<u8").tobytes()
     out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL + claim).digest(
-        32 + 8 * PROJECTIONS * 9)
-    words = np.frombuffer(out[32:], "<u8")
+        32 + 4 * PROJECTIONS * 9)
+    words = np.frombuffer(out[32:], "<u4")
     r = challenge(LABEL, A, c)
-    assert [int(v) for v in r.ravel()] == [int(w) % P for w in words]
+    assert [int(v) for v in r.ravel()] == [int(w) % PRIMES[k // 9] for k, w in enumerate(words)]
     assert tree.digest() == hashlib.sha256(DIGEST_TAG + tree.root + out[:32]).digest()
     A2 = A.copy()
     A2[4] ^= np.uint64(1)
@@ -260,29 +261,30 @@ def test_a_path_as_the_transcript_sends_it_is_checked_as_strictly(n):
     beyond the levels the leaf's place has are not read (as the (hashes, sums) form)."""
     from fedlatent.engine.secagg.sumtree import read_transcript, shared_fields, transcript_fields
 
+    L = 32 + 4 * PROJECTIONS  # (bytes a level: the sibling's hash and its sums)
     leaves, ids = _leaves(n, m=12, seed=n), _ids(n)
     tree = SumTree(LABEL, ids, leaves)
     i = n // 2 + 1
     at, size, A, c, path = read_transcript({**shared_fields(tree), **transcript_fields(tree, i)},
                                            12)
-    assert isinstance(path, bytes) and len(path) == 40 * len(tree.path(i)[1])
+    assert isinstance(path, bytes) and len(path) == L * len(tree.path(i)[1])
     assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path) == tree.digest()
-    assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path + bytes(40)) \
+    assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path + bytes(L)) \
         == tree.digest()
-    for k in range(len(path) // 40):
+    for k in range(len(path) // L):
         bad = bytearray(path)
-        bad[40 * k + 7] ^= 1  # a sibling's hash: another root, so another digest (its
+        bad[L * k + 7] ^= 1  # a sibling's hash: another root, so another digest (its
         bad = bytes(bad)  # neighbours refuse to reveal), refused against the tree's root
         assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, bad) \
             != tree.digest()
         with pytest.raises(SecureAggregationError, match="does not reach the root"):
             verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, tree.root, bad)
         bad = bytearray(path)
-        bad[40 * k + 33] ^= 1  # a sibling's sum
+        bad[L * k + 33] ^= 1  # a sibling's sum
         with pytest.raises(SecureAggregationError, match="not in the committed sum"):
             verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, bytes(bad))
     with pytest.raises(SecureAggregationError, match="too short"):
-        verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path[:-40])
+        verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path[:-L])
     false = A.copy()
     false[3] += np.uint64(1 << 20)
     with pytest.raises(SecureAggregationError, match="not in the committed sum"):
@@ -310,3 +312,49 @@ def test_the_ring_sum_reads_back_from_strided_bytes_in_every_width():
         spaced[::2] = raw
         assert np.array_equal(unpack_ring(raw, 40), A)
         assert np.array_equal(unpack_ring(spaced[::2], 40), A)
+
+
+@pytest.mark.parametrize("how", ["plus p", "carry", "plus p q"])
+def test_a_claim_congruent_to_the_sum_modulo_some_primes_is_refused(how):
+    """A false aggregate whose integer claim A' + 2^64 c' equals the true sum modulo 2^31 - 1
+    (A + p in one word; or another word with one more carry) or modulo two of the primes
+    (A + p q), its tree built honestly around it, is refused by every site: the projections
+    modulo the other primes tell it apart (with one modulus, every site passed it)."""
+    n, p, q = 20, PRIMES[0], PRIMES[1]
+    leaves = _leaves(n)
+    honest = SumTree(LABEL, _ids(n), leaves)
+    A, c = honest.A.copy(), honest.c.copy()
+    step = {"plus p": p, "carry": -((1 << 64) % p), "plus p q": p * q}[how]
+    a = int(A[3]) + step  # (A' + 2^64 (c + 1) = A + 2^64 c modulo p: A' = A - (2^64 mod p))
+    A[3] = np.uint64(a if 0 <= a < 1 << 64 else a - 2 * step if how != "carry" else a + p)
+    c[3] += np.uint64(how == "carry")
+    S, S1 = (int(v[3]) + (int(w[3]) << 64) for v, w in ((honest.A, honest.c), (A, c)))
+    assert S1 != S and (S1 - S) % p == 0 and (how != "plus p q" or (S1 - S) % q == 0)
+    assert int(c.max()) < n and not np.array_equal(A, honest.A)
+    tree = _Lying(LABEL, _ids(n), leaves, A, c)
+    for i in range(n):
+        with pytest.raises(SecureAggregationError, match="is not the sum the tree commits to"):
+            verify_leaf(LABEL, i, n, tree.ids[i], leaves[i], A, c, tree.root, tree.path(i))
+        with pytest.raises(SecureAggregationError, match=r"its own contribution \(leaf \d+\)"):
+            verify_leaf(LABEL, i, n, tree.ids[i], leaves[i], A, c, None, tree.path(i))
+
+
+def test_carries_a_sum_of_n_leaves_cannot_have_and_too_many_leaves_are_refused():
+    """Carries of n or more (n words below 2^64 carry at most n - 1; a larger carry could make
+    a false claim congruent to the sum) and trees beyond MAX_LEAVES are refused before any
+    hash; the largest carries of a sum of n leaves pass."""
+    from fedlatent.engine.secagg.sumtree import MAX_LEAVES
+
+    n = 6
+    leaves = np.full((n, 3), np.iinfo(np.uint64).max, dtype=np.uint64)
+    tree = SumTree(LABEL, _ids(n), leaves)
+    assert int(tree.c.max()) == n - 1
+    assert verify_leaf(LABEL, 2, n, tree.ids[2], leaves[2], tree.A, tree.c, None,
+                       tree.path(2)) == tree.digest()
+    c = tree.c.copy()
+    c[1] = np.uint64(n)
+    with pytest.raises(SecureAggregationError, match="more than a sum of 6 leaves can carry"):
+        verify_leaf(LABEL, 2, n, tree.ids[2], leaves[2], tree.A, c, None, tree.path(2))
+    with pytest.raises(SecureAggregationError, match=f"at most {MAX_LEAVES}"):
+        verify_leaf(LABEL, 2, MAX_LEAVES + 1, tree.ids[2], leaves[2], tree.A, tree.c, None,
+                    tree.path(2))

@@ -14,30 +14,42 @@ masked by ``w``'s pair masks with its surviving neighbours; it never leaves the 
 The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
 
 1. the *carries* ``c`` (``sum_w z_w = A + 2^64 c`` over the integers, :func:`ring_sum`) and a
-   challenge ``r`` (``PROJECTIONS x m`` numbers modulo the prime ``P = 2^31 - 1``) drawn from
-   the SHAKE-128 output of ``(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the
-   claim, so a claim cannot be chosen to fit ``r``;
-2. each leaf's projections ``pi_w = r z_w mod P`` (:func:`project`), and a hash tree over them
-   whose nodes carry the sum of their leaves' projections modulo ``P`` and bind both children
-   and that sum (SHA-256 of a tag, the children's hashes and the sum);
+   challenge ``r`` (``PROJECTIONS x m`` numbers, row ``j`` modulo the prime ``p_j``, the
+   four largest primes below ``2^31``: :data:`PRIMES`) drawn from the SHAKE-128 output of
+   ``(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the claim, so a claim cannot
+   be chosen to fit ``r``;
+2. each leaf's projections ``pi_wj = r_j z_w mod p_j`` (:func:`project`), and a hash tree over
+   them whose nodes carry the sums of their leaves' projections (each modulo its prime) and
+   bind both children and those sums (SHA-256 of a tag, the children's hashes and the sums);
 3. each site gets ``A``, ``c`` and its *path*: the sibling's hash and projections at each
    level (``ceil(log2 n)`` levels, 32 + 4 ``PROJECTIONS`` bytes each), not the root.
 
-A site (:func:`verify_leaf`) recomputes ``r`` from ``A`` and ``c``, its own leaf's projections
-from its own ``z_w``, climbs its path to a root (each parent's sum and hash from its
-children's), and checks that the root's projections equal ``r (A + 2^64 c)`` modulo ``P``;
-it folds :func:`tree_digest` of that root and the claim into its consistency tokens of the
-exchange, so neighbours that reached different roots refuse to reveal (a root sent beside
-the path would add nothing: the server could send each site the root its path reaches).
+A site (:func:`verify_leaf`) refuses carries of ``n`` or more (``n`` words below ``2^64``
+carry at most ``n - 1``) and trees of more than :data:`MAX_LEAVES` leaves, recomputes ``r``
+from ``A`` and ``c``, its own leaf's projections from its own ``z_w``, climbs its path to a
+root (each parent's sums and hash from its children's), and checks that the root's
+projections equal ``r_j (A + 2^64 c)`` modulo ``p_j``; it folds :func:`tree_digest` of that
+root and the claim into its consistency tokens of the exchange, so neighbours that reached
+different roots refuse to reveal (a root sent beside the path would add nothing: the server
+could send each site the root its path reaches).
+
 Why this suffices when every site reaches the same root: the hashes bind one tree; each
-honest site checks its own leaf, so the root's projections are ``r`` times the true sum plus
-whatever colluding sites' leaves add (a colluding site can add any vector to the sum anyway,
-as its own reply); a false ``A' != A`` passes only if ``r (A' - A) = 0`` for every
-projection, probability ``P^-2 ~ 2^-62`` for the ``r`` that ``A'`` itself fixes (grinding
-claims costs a hash each).
+honest site checks its own leaf, so the root's projections are ``r`` times the true integer
+sum ``S`` plus whatever colluding sites' leaves add (a colluding site can add any vector to
+the sum anyway, as its own reply). A false claim ``S' = A' + 2^64 c' != S`` passes only if
+``r_j (S' - S) = 0 mod p_j`` for every ``j``. Both lie in ``[0, n 2^64)``, so each word of
+``d = S' - S`` is below ``n 2^64 <= 2^92`` in magnitude, while any three of the primes
+multiply to more than ``2^92.99``: a nonzero word of ``d`` is divisible by at most two of
+them, so ``d`` is nonzero modulo at least two primes, and for each such ``p_j`` the word of
+``r_j`` at a nonzero place of ``d`` must hit one residue. A word of ``r_j`` is a 32-bit word
+of the SHAKE output modulo ``p_j``: no residue has more than 3 of the ``2^32`` words, so
+each such prime passes ``d`` with probability at most ``3 2^-32``, two together at most ``9
+2^-64 ~ 2^-60.8``, for the ``r`` that ``A'`` itself fixes (grinding claims costs a hash
+each). One prime would not do: ``A' = A + p`` in one word (or any ``A'`` with ``c'`` chosen
+to make ``S' = S`` modulo ``p``) would pass every site.
 
 Cost at a site: ``2 PROJECTIONS m`` products, one SHAKE-128 call (the claim's key and ``r``:
-``32 + 8 PROJECTIONS m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
+``32 + 4 PROJECTIONS m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
 (which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2 n)
 (32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
 m`` words (shipping every survivor's masked vector). ``benchmarks/bench_verified_round.py``
@@ -56,22 +68,26 @@ import numpy as np
 import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "pack_ring", "project", "read_paths",
-           "read_transcript", "ring_sum", "shared_fields", "transcript_fields", "unpack_ring",
-           "verify_leaf", "verify_zero", "zero_fields"]
+__all__ = ["MAX_LEAVES", "PRIMES", "PROJECTIONS", "SumTree", "challenge", "pack_ring", "project",
+           "read_paths", "read_transcript", "ring_sum", "shared_fields", "transcript_fields",
+           "unpack_ring", "verify_leaf", "verify_zero", "zero_fields"]
 
 _V = "verify/"  # the message fields of a transcript
 
-#: the prime modulus of the projections (products of two residues fit in 62 bits)
-P = (1 << 31) - 1
-#: independent projections: a false aggregate passes with probability P**-PROJECTIONS
-PROJECTIONS = 2
+#: the moduli of the projections, one each: the four largest primes below 2^31 (products of two
+#: residues fit in 62 bits; any three multiply to more than 2^92.99, see the module docstring)
+PRIMES = (2147483647, 2147483629, 2147483587, 2147483579)
+#: independent projections (one modulo each of :data:`PRIMES`)
+PROJECTIONS = len(PRIMES)
+#: the largest number of leaves a tree may have (the soundness bound needs n 2^64 < 2^92.99)
+MAX_LEAVES = 1 << 28
 LEAF_TAG = b"fedlatent/sumtree/leaf\x00"
 NODE_TAG = b"fedlatent/sumtree/node\x00"
 CHALLENGE_TAG = b"fedlatent/sumtree/challenge\x00"
 DIGEST_TAG = b"fedlatent/sumtree/digest\x00"
-_TWO64 = (1 << 64) % P
-_P = np.uint64(P)
+_TWO64 = tuple((1 << 64) % p for p in PRIMES)
+_PR = np.array(PRIMES, dtype=np.uint64)  # (PROJECTIONS,): a row of sums, modulo each prime
+_PC = _PR.reshape(-1, 1)  # (PROJECTIONS, 1): a row of r per prime
 
 
 def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,8 +100,9 @@ def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``r`` (PROJECTIONS, m): residues modulo :data:`P` of words of the SHAKE-128 output of
-    ``(tag, label, A, c)``: a function of the claim only (:func:`_claim_hash`)."""
+    """``r`` (PROJECTIONS, m): row ``j`` residues modulo ``PRIMES[j]`` of words of the
+    SHAKE-128 output of ``(tag, label, A, c)``: a function of the claim only
+    (:func:`_claim_hash`)."""
     return _claim_hash(label, _claim(A, c), np.size(A))[1]
 
 
@@ -98,30 +115,31 @@ def _claim_hash(label: bytes, claim: bytes, m: int) -> tuple[bytes, np.ndarray]:
     """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words, from one
     SHAKE-128 (FIPS 202's extendable-output function) of the tag, the label and the claim:
     its first 32 bytes are the claim's key, which the digest binds (:func:`tree_digest`),
-    the next ``8 PROJECTIONS m`` the words of ``r``, each taken modulo :data:`P`. The claim
-    is hashed once, by one call, for both."""
+    the next ``4 PROJECTIONS m`` the words of ``r`` (``<u4``), row ``j``'s each taken modulo
+    ``PRIMES[j]``. The claim is hashed once, by one call, for both."""
     out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, claim))).digest(
-        32 + 8 * PROJECTIONS * m)
-    words = np.frombuffer(out, "<u8", PROJECTIONS * m, 32)
-    return out[:32], np.remainder(words, _P, dtype=np.uint64).reshape(PROJECTIONS, m)
+        32 + 4 * PROJECTIONS * m)
+    words = np.frombuffer(out, "<u4", PROJECTIONS * m, 32).reshape(PROJECTIONS, m)
+    return out[:32], np.remainder(words, _PC, dtype=np.uint64)
 
 
 _Q = struct.Struct("<Q")
 
 
 def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """``r z mod P`` of each row ``z`` of ``vectors`` (n, m) uint64: (n, PROJECTIONS) uint64."""
-    z = np.atleast_2d(np.asarray(vectors, dtype=np.uint64)) % np.uint64(P)
+    """``r_j z mod PRIMES[j]`` of each row ``z`` of ``vectors`` (n, m) uint64: (n,
+    PROJECTIONS) uint64."""
+    z = np.atleast_2d(np.asarray(vectors, dtype=np.uint64))
     out = np.empty((z.shape[0], r.shape[0]), dtype=np.uint64)
-    for j in range(r.shape[0]):  # (PROJECTIONS passes; each product < 2^62)
-        out[:, j] = ((z * r[j]) % np.uint64(P)).sum(axis=1, dtype=np.uint64) % np.uint64(P)
+    for j, p in enumerate(_PR):  # (PROJECTIONS passes; each product < 2^62)
+        out[:, j] = (((z % p) * r[j]) % p).sum(axis=1, dtype=np.uint64) % p
     return out
 
 
 def _leaf_bytes(label: bytes, i: int, u: str, proj) -> bytes:
     """What leaf ``i`` (site ``u``, projections ``proj``: an array or PROJECTIONS ints)
     hashes."""
-    tail = _SUMS.pack(*proj) if isinstance(proj, list) else np.asarray(proj, "<u8").tobytes()
+    tail = _SUMS.pack(*proj) if isinstance(proj, list) else np.asarray(proj, "<u4").tobytes()
     return LEAF_TAG + _Q.pack(len(label)) + bytes(label) + _leaf_place(i, u) + tail
 
 
@@ -140,9 +158,9 @@ def _parents(hashes: list[bytes], sums: np.ndarray) -> tuple[list[bytes], np.nda
     """The next level up: pairs combined, a lone last node carried up unchanged."""
     n = len(hashes)
     even = n - n % 2
-    up = (sums[0:even:2] + sums[1:even:2]) % np.uint64(P)
-    rows = np.asarray(up, dtype="<u8")
-    out = _crypto.commit_many([NODE_TAG + hashes[2 * i] + hashes[2 * i + 1] + rows[i].tobytes()
+    up = (sums[0:even:2] + sums[1:even:2]) % _PR
+    rows, pack = up.tolist(), _NODE_BYTES.pack
+    out = _crypto.commit_many([pack(NODE_TAG, hashes[2 * i], hashes[2 * i + 1], *rows[i])
                                for i in range(even // 2)])
     if n % 2:
         out.append(hashes[-1])
@@ -210,18 +228,22 @@ def _digest(root: bytes, key: bytes) -> bytes:
 
 
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
-    """``[r z, r (A + 2^64 c)]`` modulo :data:`P` of the leaf ``z``: both in one pass, as
-    lists of Python ints (each product below 2^62, each row sum below 2^62 for fewer than
-    2^31 words). ``z``, ``A`` and ``c`` are projected together and ``r (A + 2^64 c)`` is
-    ``r A + (2^64 mod P) r c`` on Python ints: four array calls a leaf, not eleven. (An
-    exact uint64 product of ``r`` and the words' 16-bit limbs, the limbs recombined on
-    Python ints, takes as long inside a round of 1,000 sites.)"""
-    rows = np.remainder(np.concatenate((leaf, A, c)), _P).reshape(3, 1, leaf.size)
-    (z0, z1), (a0, a1), (c0, c1) = ((rows * r) % _P).sum(axis=2).tolist()
-    return [[z0 % P, z1 % P], [(a0 + _TWO64 * c0) % P, (a1 + _TWO64 * c1) % P]]
+    """``[r z, r (A + 2^64 c)]``, projection ``j`` modulo ``PRIMES[j]``, of the leaf ``z``:
+    both in one pass, as lists of Python ints (each product below 2^62, each row sum below
+    2^62 for fewer than 2^31 words). ``z``, ``A`` and ``c`` are reduced and projected
+    together ((3, PROJECTIONS, m) residues) and ``r (A + 2^64 c)`` is ``r A + (2^64 mod p)
+    r c`` on Python ints: four array calls a leaf. (An exact uint64 product of ``r`` and
+    the words' 16-bit limbs, the limbs recombined on Python ints, takes as long inside a
+    round of 1,000 sites.)"""
+    rows = np.remainder(np.concatenate((leaf, A, c)).reshape(3, 1, leaf.size), _PC)
+    z, a, k = ((rows * r) % _PC).sum(axis=2).tolist()
+    return ([v % p for v, p in zip(z, PRIMES)],
+            [(u + t * v) % p for u, v, t, p in zip(a, k, _TWO64, PRIMES)])
 
 
-_SUMS = struct.Struct(f"<{PROJECTIONS}Q")
+_SUMS = struct.Struct(f"<{PROJECTIONS}I")
+#: what a node hashes: the tag, its children's hashes (left, right) and its sums
+_NODE_BYTES = struct.Struct(f"<{len(NODE_TAG)}s32s32s{PROJECTIONS}I")
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
@@ -234,24 +256,31 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     or the levels as a transcript encodes them (bytes: :func:`read_transcript`); levels
     beyond those the leaf's place has are not read. SecureAggregationError naming the site
     and what failed."""
-    if not 0 <= index < n:
-        raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves")
+    if not 0 <= index < n <= MAX_LEAVES:
+        raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves "
+                                     f"(at most {MAX_LEAVES})")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
+    if c.size and int(c.max()) >= n:  # (n words below 2^64 carry at most n - 1)
+        raise SecureAggregationError(
+            f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
+            "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
     key, r = _claim_hash(label, _claim(A, c), A.size)  # (the key is bound by the digest)
-    s, claimed = _projections(r, np.asarray(leaf, dtype=np.uint64), A, c)
-    h = hashlib.sha256(_leaf_bytes(label, index, site, s)).digest()
+    (s0, s1, s2, s3), claimed = _projections(r, np.asarray(leaf, dtype=np.uint64), A, c)
+    h = hashlib.sha256(_leaf_bytes(label, index, site, [s0, s1, s2, s3])).digest()
     sides = _sides(index, n)  # (its place's schedule: which levels have a sibling, where)
     levels = _path_levels(path, len(sides))
     if levels is None:
         raise SecureAggregationError(f"site {site!r}: the path of leaf {index} is too short")
-    s0, s1 = s  # (PROJECTIONS = 2: the sums as two ints)
-    sha, pack, tag, p = hashlib.sha256, _SUMS.pack, NODE_TAG, P
-    for (sib, a0, a1), left in zip(levels, sides):
-        s0, s1 = (s0 + a0) % p, (s1 + a1) % p
-        h = sha(tag + (sib + h if left else h + sib) + pack(s0, s1)).digest()
-    if root is None and [s0, s1] == claimed:  # (the common case)
+    sha, pack, tag = hashlib.sha256, _NODE_BYTES.pack, NODE_TAG
+    p0, p1, p2, p3 = PRIMES  # (PROJECTIONS = 4: the sums as four ints)
+    for (sib, a0, a1, a2, a3), left in zip(levels, sides):
+        s0, s1, s2, s3 = (s0 + a0) % p0, (s1 + a1) % p1, (s2 + a2) % p2, (s3 + a3) % p3
+        h = sha(pack(tag, sib, h, s0, s1, s2, s3) if left
+                else pack(tag, h, sib, s0, s1, s2, s3)).digest()
+    differ = [s0, s1, s2, s3] != claimed
+    if root is None and not differ:  # (the common case)
         return _digest(h, key)
-    _refuse_root(site, index, root, h, [s0, s1] != claimed)
+    _refuse_root(site, index, root, h, differ)
     return _digest(h, key)
 
 
