@@ -151,8 +151,8 @@ def test_the_transcript_fields_give_back_the_claim_and_the_path_exactly(n):
     leaves[-1] = small.view(np.uint64) - leaves[:-1].sum(axis=0, dtype=np.uint64)
     tree = SumTree(LABEL, _ids(n), leaves)
     shared = shared_fields(tree)
-    assert shared["verify/c"].size == 4 + 66  # (offsets from the least carry, uint8)
-    assert shared["verify/A"].size == 66 * 6 + 1  # (41-bit words: 6 bytes each)
+    assert set(shared) == {"verify/A"}  # (the carries: offsets from the least, uint8; the
+    assert shared["verify/A"].size == 66 + 2 + 66 * 6 + 1  # least, <u2; 41-bit words: 6 bytes)
     for i in sorted({0, n // 2, n - 1}):
         msg = {**shared, **transcript_fields(tree, i)}
         assert "verify/root" not in msg
@@ -166,7 +166,7 @@ def test_the_transcript_fields_give_back_the_claim_and_the_path_exactly(n):
     if n == 1:
         return
     with pytest.raises(SecureAggregationError, match="do not fit this site's contribution"):
-        read_transcript({**msg, "verify/c": msg["verify/c"][:-1]}, 66)
+        read_transcript({**msg, "verify/A": msg["verify/A"][1:]}, 66)
     with pytest.raises(SecureAggregationError, match="do not fit this site's contribution"):
         read_transcript({**msg, "verify/path": msg["verify/path"][:-3]}, 66)
 
@@ -229,10 +229,10 @@ def test_zero_leaves_are_shown_by_their_paths_and_a_ghost_in_one_is_not(n):
 
 
 def test_the_challenge_is_read_from_one_shake128_of_the_claim():
-    """r: the 32-bit words after the first 32 bytes (the claim's key, which the digest binds)
-    of SHAKE-128 of the tag, the label and the claim, row j modulo PRIMES[j]; the digest is
-    SHA-256 of the tag, the root and that key; another word of A gives another r and another
-    digest."""
+    """r: the 64-bit words after the first 32 bytes (the claim's key, which the digest binds)
+    of SHAKE-128 of the tag, the label and the claim, one a place, modulo each of PRIMES;
+    the digest is SHA-256 of the tag, the root and that key; another word of A gives another
+    r and another digest."""
     import hashlib
     import struct
 
@@ -243,10 +243,10 @@ def test_the_challenge_is_read_from_one_shake128_of_the_claim():
     A, c = tree.A, tree.c
     claim = A.astype("<u8").tobytes() + c.astype("<u8").tobytes()
     out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL + claim).digest(
-        32 + 4 * PROJECTIONS * 9)
-    words = np.frombuffer(out[32:], "<u4")
+        32 + 8 * 9)
+    words = np.frombuffer(out[32:], "<u8")
     r = challenge(LABEL, A, c)
-    assert [int(v) for v in r.ravel()] == [int(w) % PRIMES[k // 9] for k, w in enumerate(words)]
+    assert [[int(v) for v in row] for row in r] == [[int(w) % p for w in words] for p in PRIMES]
     assert tree.digest() == hashlib.sha256(DIGEST_TAG + tree.root + out[:32]).digest()
     A2 = A.copy()
     A2[4] ^= np.uint64(1)
@@ -358,3 +358,59 @@ def test_carries_a_sum_of_n_leaves_cannot_have_and_too_many_leaves_are_refused()
     with pytest.raises(SecureAggregationError, match=f"at most {MAX_LEAVES}"):
         verify_leaf(LABEL, 2, MAX_LEAVES + 1, tree.ids[2], leaves[2], tree.A, tree.c, None,
                     tree.path(2))
+
+
+@pytest.mark.parametrize("n, span", [(5, 3), (1000, 300), (70_000, 70_000 - 1), (2**28, 2**20)])
+def test_the_claim_reads_back_in_every_carry_width_and_index_width(n, span):
+    """verify/A holds the carries (offsets from the least in 1, 2 or 4 bytes, as bits 4-5 of
+    its last byte say; the least in 2 bytes up to 65,536 leaves, else 4) and the sum (its
+    wide words' indices in 1 byte up to 256 words, else 2): each reads back exactly; a
+    width code of 3, or a byte more or less, does not parse."""
+    from types import SimpleNamespace
+
+    from fedlatent.engine.secagg.sumtree import read_transcript, shared_fields
+
+    rng = np.random.default_rng(n)
+    for m in (3, 300):
+        c = rng.integers(0, n - span, dtype=np.int64) + rng.integers(0, span + 1, size=m)
+        A = rng.integers(-2**20, 2**20, size=m)
+        A[rng.random(m) < 0.1] = 2**62 - 1  # (wide words)
+        tree = SimpleNamespace(ids=range(n), A=A.view(np.uint64), c=c.astype(np.uint64))
+        field = shared_fields(tree)["verify/A"]
+        head = np.array([n - 1, n], "<u4").view(np.uint8)
+        got = read_transcript({"verify/A": field, "verify/path": head}, m)
+        assert np.array_equal(got[2], tree.A) and np.array_equal(got[3], tree.c)
+        assert got[:2] == (n - 1, n)
+        bad = field.copy()
+        bad[-1] |= 3 << 4
+        for v in (bad, field[1:], np.concatenate([field[:1], field])):
+            with pytest.raises(SecureAggregationError, match="do not fit this site's"):
+                read_transcript({"verify/A": v, "verify/path": head}, m)
+
+
+def test_sibling_sums_made_up_to_fit_a_false_claim_split_the_root():
+    """A server showing a false aggregate (its tree honest below the root) and each half of
+    the tree the sibling sums that complete the claim: every site's own path then reaches the
+    claim, but a node binds its children's sums, so the two halves reach different roots
+    (different digests, so neighbours across refuse to reveal); were a node to bind only its
+    own sums, all sites would reach one root and pass the false sum."""
+    n = 16
+    leaves = _leaves(n)
+    honest = SumTree(LABEL, _ids(n), leaves)
+    A = honest.A.copy()
+    A[3] += np.uint64(12345)
+    tree = _Lying(LABEL, _ids(n), leaves, A, honest.c)
+    from fedlatent.engine.secagg.sumtree import _projections
+
+    _, claimed = _projections(tree.r, np.zeros(A.size, np.uint64), A, tree.c)
+    top = tree.levels[-2][1]  # (the root's children's sums)
+    primes = np.array(PRIMES, dtype=np.uint64)
+    digests = {}
+    for i in range(n):
+        raw, sums = tree.path(i)
+        sums = sums.copy()
+        sums[-1] = (np.array(claimed, dtype=np.uint64) + primes - top[i // 8]) % primes
+        digests[i] = verify_leaf(LABEL, i, n, tree.ids[i], leaves[i], A, tree.c, None,
+                                 (raw, sums))  # (each site alone: its path reaches the claim)
+    assert len({digests[i] for i in range(8)}) == 1 and len({digests[i] for i in range(8, 16)}) == 1
+    assert digests[0] != digests[8]

@@ -20,7 +20,8 @@ The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
    be chosen to fit ``r``;
 2. each leaf's projections ``pi_wj = r_j z_w mod p_j`` (:func:`project`), and a hash tree over
    them whose nodes carry the sums of their leaves' projections (each modulo its prime) and
-   bind both children and those sums (SHA-256 of a tag, the children's hashes and the sums);
+   bind both children's hashes and both children's sums (SHA-256 of a tag, the hashes and
+   the sums, left then right; a node's sums are its children's added);
 3. each site gets ``A``, ``c`` and its *path*: the sibling's hash and projections at each
    level (``ceil(log2 n)`` levels, 32 + 4 ``PROJECTIONS`` bytes each), not the root.
 
@@ -33,23 +34,29 @@ root and the claim into its consistency tokens of the exchange, so neighbours th
 different roots refuse to reveal (a root sent beside the path would add nothing: the server
 could send each site the root its path reaches).
 
-Why this suffices when every site reaches the same root: the hashes bind one tree; each
-honest site checks its own leaf, so the root's projections are ``r`` times the true integer
-sum ``S`` plus whatever colluding sites' leaves add (a colluding site can add any vector to
-the sum anyway, as its own reply). A false claim ``S' = A' + 2^64 c' != S`` passes only if
-``r_j (S' - S) = 0 mod p_j`` for every ``j``. Both lie in ``[0, n 2^64)``, so each word of
-``d = S' - S`` is below ``n 2^64 <= 2^92`` in magnitude, while any three of the primes
-multiply to more than ``2^92.99``: a nonzero word of ``d`` is divisible by at most two of
-them, so ``d`` is nonzero modulo at least two primes, and for each such ``p_j`` the word of
-``r_j`` at a nonzero place of ``d`` must hit one residue. A word of ``r_j`` is a 32-bit word
-of the SHAKE output modulo ``p_j``: no residue has more than 3 of the ``2^32`` words, so
-each such prime passes ``d`` with probability at most ``3 2^-32``, two together at most ``9
-2^-64 ~ 2^-60.8``, for the ``r`` that ``A'`` itself fixes (grinding claims costs a hash
-each). One prime would not do: ``A' = A + p`` in one word (or any ``A'`` with ``c'`` chosen
-to make ``S' = S`` modulo ``p``) would pass every site.
+Why this suffices when every site reaches the same root: the hashes bind one tree, each node's
+sums with its parent's hash, so the sibling sums each site adds are the ones the sites below
+that sibling computed (were a node to bind only its own sums, the server could send each half of
+the tree the sibling sums that complete the claim: every site would reach one root and pass any
+``A'``); each honest site checks its own leaf, so the root's projections are ``r`` times the
+true integer sum ``S`` plus whatever colluding sites' leaves add (a colluding site can add any
+vector to the sum anyway, as its own reply). A false claim ``S' = A' + 2^64 c' != S`` passes
+only if ``r_j (S' - S) = 0 mod p_j`` for every ``j``. Both lie in ``[0, n 2^64)``, so each word
+of ``d = S' - S`` is below ``n 2^64 <= 2^92`` in magnitude, while any three of the primes
+multiply to more than ``2^92.99``: a nonzero word of ``d`` is divisible by at most two of them,
+so ``d`` is nonzero modulo at least two primes ``p, q``. Place ``k`` of ``r`` is one 64-bit word
+``w_k`` of the SHAKE output, ``r_jk = w_k mod p_j``; by the Chinese remainder theorem the two
+projections pass together iff ``sum_k (w_k mod pq) d_k = 0 mod pq``, and for ``w_k mod pq``
+uniform on ``Z_pq`` that has probability ``1 / pq`` (``d`` is nonzero modulo ``p`` at some place
+and modulo ``q`` at some place: fixing every other place, the one or two left map onto
+``Z_pq``); ``w_k mod pq`` gives no value more than 5 of the ``2^64`` words, within ``5/4`` of
+uniform (``2^64 > 4 pq``), so the probability is at most ``(5/4)^2 / pq ~ 2^-61.4`` for the
+``r`` that ``A'`` itself fixes (grinding claims costs a hash each). One prime would not do:
+``A' = A + p`` in one word (or any ``A'`` with ``c'`` chosen to make ``S' = S`` modulo ``p``) would
+pass every site.
 
 Cost at a site: ``2 PROJECTIONS m`` products, one SHAKE-128 call (the claim's key and ``r``:
-``32 + 4 PROJECTIONS m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
+``32 + 8 m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
 (which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2 n)
 (32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
 m`` words (shipping every survivor's masked vector). ``benchmarks/bench_verified_round.py``
@@ -115,12 +122,11 @@ def _claim_hash(label: bytes, claim: bytes, m: int) -> tuple[bytes, np.ndarray]:
     """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words, from one
     SHAKE-128 (FIPS 202's extendable-output function) of the tag, the label and the claim:
     its first 32 bytes are the claim's key, which the digest binds (:func:`tree_digest`),
-    the next ``4 PROJECTIONS m`` the words of ``r`` (``<u4``), row ``j``'s each taken modulo
-    ``PRIMES[j]``. The claim is hashed once, by one call, for both."""
+    the next ``8 m`` one word (``<u8``) a place, ``r_jk`` word ``k`` modulo ``PRIMES[j]``.
+    The claim is hashed once, by one call, for both."""
     out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, claim))).digest(
-        32 + 4 * PROJECTIONS * m)
-    words = np.frombuffer(out, "<u4", PROJECTIONS * m, 32).reshape(PROJECTIONS, m)
-    return out[:32], np.remainder(words, _PC, dtype=np.uint64)
+        32 + 8 * m)
+    return out[:32], np.remainder(np.frombuffer(out, "<u8", m, 32), _PC, dtype=np.uint64)
 
 
 _Q = struct.Struct("<Q")
@@ -159,9 +165,9 @@ def _parents(hashes: list[bytes], sums: np.ndarray) -> tuple[list[bytes], np.nda
     n = len(hashes)
     even = n - n % 2
     up = (sums[0:even:2] + sums[1:even:2]) % _PR
-    rows, pack = up.tolist(), _NODE_BYTES.pack
-    out = _crypto.commit_many([pack(NODE_TAG, hashes[2 * i], hashes[2 * i + 1], *rows[i])
-                               for i in range(even // 2)])
+    rows, pack = sums.tolist(), _NODE_BYTES.pack  # (a node binds its children's sums)
+    out = _crypto.commit_many([pack(NODE_TAG, hashes[2 * i], hashes[2 * i + 1], *rows[2 * i],
+                                    *rows[2 * i + 1]) for i in range(even // 2)])
     if n % 2:
         out.append(hashes[-1])
         up = np.concatenate([up, sums[-1:]])
@@ -242,8 +248,8 @@ def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) 
 
 
 _SUMS = struct.Struct(f"<{PROJECTIONS}I")
-#: what a node hashes: the tag, its children's hashes (left, right) and its sums
-_NODE_BYTES = struct.Struct(f"<{len(NODE_TAG)}s32s32s{PROJECTIONS}I")
+#: what a node hashes: the tag, its children's hashes and their sums (left, then right)
+_NODE_BYTES = struct.Struct(f"<{len(NODE_TAG)}s32s32s{2 * PROJECTIONS}I")
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
@@ -274,9 +280,9 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     sha, pack, tag = hashlib.sha256, _NODE_BYTES.pack, NODE_TAG
     p0, p1, p2, p3 = PRIMES  # (PROJECTIONS = 4: the sums as four ints)
     for (sib, a0, a1, a2, a3), left in zip(levels, sides):
+        h = sha(pack(tag, sib, h, a0, a1, a2, a3, s0, s1, s2, s3) if left
+                else pack(tag, h, sib, s0, s1, s2, s3, a0, a1, a2, a3)).digest()
         s0, s1, s2, s3 = (s0 + a0) % p0, (s1 + a1) % p1, (s2 + a2) % p2, (s3 + a3) % p3
-        h = sha(pack(tag, sib, h, s0, s1, s2, s3) if left
-                else pack(tag, h, sib, s0, s1, s2, s3)).digest()
     differ = [s0, s1, s2, s3] != claimed
     if root is None and not differ:  # (the common case)
         return _digest(h, key)
@@ -399,51 +405,71 @@ def read_paths(msg: dict[str, Any]) -> dict[int, tuple[int, tuple[bytes, list]]]
 
 
 def shared_fields(tree) -> dict[str, Any]:
-    """The part of a transcript every site is sent alike, as bytes: ``verify/A``, the ring sum
-    ``A``, its words as signed integers in a common width that most of them fit, the others
-    whole (:func:`pack_ring`: an aggregate of small values takes about 5 of 8 bytes a word),
-    and ``verify/c``, the carries' smallest value (``<u4``) and each carry less it in the
-    fewest bytes of 1, 2 or 4 (the carries of ``n`` uniform leaves lie within a few
-    ``sqrt(n)`` of ``n / 2``). Exact: :func:`read_transcript` gives back ``A`` and ``c``."""
+    """The part of a transcript every site is sent alike, as bytes: ``verify/A``, the claim
+    ``(A, c)``: the ring sum ``A``, its words as signed integers in a common width ``w``
+    that most of them fit, the others whole (:func:`pack_ring` less its last byte: an
+    aggregate of small values takes about 4 to 5 of 8 bytes a word), then each carry less
+    the carries' smallest value in the fewest bytes of 1, 2 or 4 (the carries of ``n``
+    uniform leaves lie within a few ``sqrt(n)`` of ``n / 2``), that smallest value (``<u2``
+    for trees of at most 65,536 leaves, ``<u4`` beyond), and one byte: ``w`` (bits 0-3) and
+    the carries' width (bits 4-5: 0, 1, 2 for 1, 2, 4 bytes). Exact: :func:`read_transcript`
+    gives back ``A`` and ``c``."""
     c = np.asarray(tree.c, dtype=np.int64)
     base = int(c.min()) if c.size else 0
     span = int(c.max()) - base if c.size else 0
-    small = "<u1" if span < 1 << 8 else "<u2" if span < 1 << 16 else "<u4"
-    return {_V + "A": pack_ring(tree.A),
-            _V + "c": np.concatenate([np.array([base], "<u4").view(np.uint8),
-                                      (c - base).astype(small).view(np.uint8)])}
+    code = 0 if span < 1 << 8 else 1 if span < 1 << 16 else 2
+    a = pack_ring(tree.A)
+    return {_V + "A": np.concatenate([a[:-1], (c - base).astype(f"<u{1 << code}").view(np.uint8),
+                                      np.array([base], _base(len(tree.ids))).view(np.uint8),
+                                      np.array([int(a[-1]) | code << 4], np.uint8)])}
+
+
+def _base(n: int) -> str:
+    """The dtype of the carries' smallest value in a tree of ``n`` leaves (below ``n``)."""
+    return "<u2" if n <= 1 << 16 else "<u4"
 
 
 #: a width of w bytes holds the signed integers of magnitude below 2^(8 w - 1)
 _LIMITS = np.array([1 << (8 * w - 1) for w in range(1, 8)], dtype=np.uint64)
-_WIDE = 12  # bytes of a word too wide for the common width: its index and all 8 bytes
-_WIDE_WORD = struct.Struct("<Iq")
+
+
+@functools.lru_cache(maxsize=64)
+def _wide(m: int) -> tuple[int, struct.Struct]:
+    """A word too wide for the common width, of ``m``: its index in the fewest bytes of 1, 2
+    or 4 that hold ``m - 1``, then all its 8 bytes: ``(bytes, Struct)``."""
+    iw = 1 if m <= 1 << 8 else 2 if m <= 1 << 16 else 4
+    return iw + 8, struct.Struct(f"<{'xBHxI'[iw]}q")
 
 
 def pack_ring(A: np.ndarray) -> np.ndarray:
     """``A`` (m,) uint64, each word read as a signed integer, as bytes: each word's lowest
-    ``w`` bytes (little-endian), then each word that needs more (``<u4`` index and its 8
-    bytes), then the common width ``w`` (one byte), the one giving the fewest bytes
-    (:func:`unpack_ring`)."""
+    ``w`` bytes (little-endian), then each word that needs more (its index, :func:`_wide`,
+    and its 8 bytes), then the common width ``w`` (one byte), the one giving the fewest
+    bytes (:func:`unpack_ring`)."""
     s = np.asarray(A, dtype="<u8").view("<i8")
     mag = np.where(s < 0, ~s, s).view(np.uint64)  # (-1 - s for a negative s)
     need = 1 + (mag[:, None] >= _LIMITS[None, :]).sum(axis=1)
-    sizes = [s.size * w + _WIDE * int((need > w).sum()) for w in range(1, 9)]
+    entry, _ = _wide(s.size)
+    iw = entry - 8
+    sizes = [s.size * w + entry * int((need > w).sum()) for w in range(1, 9)]
     w = 1 + int(np.argmin(sizes))
     wide = np.flatnonzero(need > w)
-    tail = np.empty((wide.size, _WIDE), dtype=np.uint8)
-    tail[:, :4] = wide.astype("<u4").view(np.uint8).reshape(-1, 4)
-    tail[:, 4:] = s[wide].view(np.uint8).reshape(-1, 8)
+    tail = np.empty((wide.size, entry), dtype=np.uint8)
+    tail[:, :iw] = wide.astype(f"<u{iw}").view(np.uint8).reshape(-1, iw)
+    tail[:, iw:] = s[wide].view(np.uint8).reshape(-1, 8)
     return np.concatenate([s.view(np.uint8).reshape(-1, 8)[:, :w].ravel(), tail.ravel(),
                            np.array([w], np.uint8)])
 
 
-def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
+def unpack_ring(raw: np.ndarray, m: int, w: int | None = None) -> np.ndarray | None:
     """The ``m`` words of :func:`pack_ring`'s bytes ``raw`` (uint64); None when ``raw`` is
-    not such bytes for ``m`` words."""
-    w = int(raw[-1]) if raw.size else 0
+    not such bytes for ``m`` words. ``w``: the common width, given apart (``raw`` then
+    without its last byte: :func:`shared_fields`)."""
+    if w is None:
+        w, raw = (int(raw[-1]), raw[:-1]) if raw.size else (0, raw)
     end = m * w
-    if not 1 <= w <= 8 or raw.size <= end or (raw.size - 1 - end) % _WIDE:
+    entry, word = _wide(m)
+    if not 1 <= w <= 8 or raw.size < end or (raw.size - end) % entry:
         return None
     if w in _INT:  # (a width of a NumPy integer: read as it is, sign-extended)
         try:
@@ -454,17 +480,17 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
         body = raw[:end].tobytes() + bytes(8 - w)  # zero bytes): shifted to the top and
         A = (np.ndarray((m,), "<u8", body, 0, (w,)) << _SHIFT[w]).view(np.int64) \
             >> _SHIFT_I[w]  # back down, sign-extended
-    if end + 1 < raw.size <= end + 1 + 8 * _WIDE:  # (a few wide words: read as they are)
-        for at, word in _WIDE_WORD.iter_unpack(raw[end:-1].tobytes()):
+    if end < raw.size <= end + 8 * entry:  # (a few wide words: read as they are)
+        for at, value in word.iter_unpack(raw[end:].tobytes()):
             if at >= m:
                 return None
-            A[at] = word
-    elif raw.size > end + 1:
-        tail = raw[end:-1].reshape(-1, _WIDE)
-        at = tail[:, :4].copy().view("<u4").reshape(-1)
+            A[at] = value
+    elif raw.size > end:
+        tail = raw[end:].reshape(-1, entry)
+        at = tail[:, :entry - 8].copy().view(f"<u{entry - 8}").reshape(-1)
         if int(at.max()) >= m:
             return None
-        A[at] = tail[:, 4:].copy().view("<i8").reshape(-1)
+        A[at] = tail[:, entry - 8:].copy().view("<i8").reshape(-1)
     return A.view(np.uint64)
 
 
@@ -480,17 +506,20 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
     ``c`` (m,) uint64, ``path`` the levels' bytes as :func:`verify_leaf` takes them (each
     a sibling's hash and its projections). SecureAggregationError when a field is missing
     or has a length no encoding of ``m`` words gives."""
-    a, cb, p = _field(msg, "A"), _field(msg, "c"), _field(msg, "path")
-    A = unpack_ring(a, m)
-    cw = (cb.size - 4) // m if m else 0
-    if (A is None or cw not in (1, 2, 4) or cb.size != 4 + m * cw or p.size < 8
-            or (p.size - 8) % _NODE):
+    a, p = _field(msg, "A"), _field(msg, "path")
+    A = None
+    if a.size and p.size >= 8 and not (p.size - 8) % _NODE and int(a[-1]) >> 4 < 3:
+        index, n = _HEAD.unpack_from(p)
+        t = int(a[-1])
+        cw, bw = 1 << (t >> 4), 2 if n <= 1 << 16 else 4
+        k = a.size - 1 - bw - m * cw  # (where the carries start)
+        A = unpack_ring(a[:k], m, t & 15) if k >= 0 else None
+    if A is None:
         raise SecureAggregationError(
-            f"its transcript's sum ({a.size} bytes), carries ({cb.size}) or path ({p.size}) "
-            f"do not fit this site's contribution of {m} words")
-    c = np.add(np.frombuffer(cb, _CARRY[cw], m, 4), np.uint64(_U4.unpack_from(cb)[0]),
-               dtype=np.uint64)
-    index, n = _HEAD.unpack_from(p)
+            f"its transcript's sum and carries ({a.size} bytes) or path ({p.size}) do not "
+            f"fit this site's contribution of {m} words")
+    c = np.add(np.frombuffer(a, _CARRY[cw], m, k),
+               np.uint64(int.from_bytes(a[-1 - bw:-1], "little")), dtype=np.uint64)
     return index, n, A, c, p[8:].tobytes()
 
 
@@ -500,9 +529,8 @@ def _field(msg: dict[str, Any], key: str) -> np.ndarray:
     if (type(v) is np.ndarray and v.dtype == np.uint8 and v.ndim == 1
             and v.flags.c_contiguous):
         return v
-    return np.asarray(v, dtype=np.uint8).reshape(-1)
+    return np.ascontiguousarray(v, dtype=np.uint8).reshape(-1)
 
 
-_U4 = struct.Struct("<I")
 _HEAD = struct.Struct("<II")
 _CARRY = {1: "<u1", 2: "<u2", 4: "<u4"}
