@@ -230,20 +230,21 @@ def test_zero_leaves_are_shown_by_their_paths_and_a_ghost_in_one_is_not(n):
 
 def test_the_challenge_is_read_from_one_shake128_of_the_claim():
     """r: the 64-bit words after the first 32 bytes (the claim's key, which the digest binds)
-    of SHAKE-128 of the tag, the label and the claim, one a place, modulo each of PRIMES;
+    of SHAKE-128 of the tag, the label, m and the claim's bytes as sent, one a place, modulo
+    each of PRIMES;
     the digest is SHA-256 of the tag, the root and that key; another word of A gives another
     r and another digest."""
     import hashlib
     import struct
 
-    from fedlatent.engine.secagg.sumtree import CHALLENGE_TAG, DIGEST_TAG
+    from fedlatent.engine.secagg.sumtree import CHALLENGE_TAG, DIGEST_TAG, shared_fields
 
     leaves = _leaves(5, m=9, seed=3)
     tree = SumTree(LABEL, _ids(5), leaves)
     A, c = tree.A, tree.c
-    claim = A.astype("<u8").tobytes() + c.astype("<u8").tobytes()
-    out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL + claim).digest(
-        32 + 8 * 9)
+    claim = shared_fields(tree)["verify/A"].tobytes()  # (the claim as the sites are sent it)
+    out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL
+                            + struct.pack("<Q", 9) + claim).digest(32 + 8 * 9)
     words = np.frombuffer(out[32:], "<u8")
     r = challenge(LABEL, A, c)
     assert [[int(v) for v in row] for row in r] == [[int(w) % p for w in words] for p in PRIMES]
@@ -414,3 +415,32 @@ def test_sibling_sums_made_up_to_fit_a_false_claim_split_the_root():
                                  (raw, sums))  # (each site alone: its path reaches the claim)
     assert len({digests[i] for i in range(8)}) == 1 and len({digests[i] for i in range(8, 16)}) == 1
     assert digests[0] != digests[8]
+
+
+def test_the_claim_is_hashed_as_sent_and_another_encoding_of_it_is_another_digest():
+    """verify_leaf hashes the claim's bytes as the site read them (claim_bytes): the honest
+    bytes give the tree's digest; the same (A, c) sent in another encoding (a word listed
+    wide though it fits the common width) reads back to the same A and c but gives another r,
+    so the honest tree's path fails it, and another key, so a tree built on those bytes has
+    another digest (its neighbours, shown the first bytes, refuse to reveal)."""
+    from fedlatent.engine.secagg.sumtree import claim_bytes, read_transcript, transcript_fields
+
+    n, m = 9, 12
+    leaves, ids = _leaves(n, m=m, seed=4), _ids(n)
+    tree = SumTree(LABEL, ids, leaves)
+    msg = {"verify/A": tree.claim, **transcript_fields(tree, 4)}
+    at, size, A, c, path = read_transcript(msg, m)
+    assert verify_leaf(LABEL, at, size, ids[4], leaves[4], A, c, None, path,
+                       claim_bytes(msg)) == tree.digest()
+    w = int(tree.claim[-1]) & 15
+    k = m * w  # (where the wide words end: none here; one more, word 0 again, 1 + 8 bytes)
+    assert tree.claim.size - 1 - 2 - m * (1 << (int(tree.claim[-1]) >> 4 & 3)) == k
+    extra = np.concatenate([[0], tree.A[:1].view(np.uint8)]).astype(np.uint8)
+    other = np.concatenate([tree.claim[:k], extra, tree.claim[k:]])
+    again = read_transcript({**msg, "verify/A": other}, m)
+    assert np.array_equal(again[2], A) and np.array_equal(again[3], c)
+    with pytest.raises(SecureAggregationError, match="not in the committed sum"):
+        verify_leaf(LABEL, at, size, ids[4], leaves[4], A, c, None, path, other)
+    from fedlatent.engine.secagg.sumtree import _claim_hash
+
+    assert _claim_hash(LABEL, other, m)[0] != _claim_hash(LABEL, tree.claim, m)[0]

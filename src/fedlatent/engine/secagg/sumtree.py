@@ -75,9 +75,9 @@ import numpy as np
 import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["MAX_LEAVES", "PRIMES", "PROJECTIONS", "SumTree", "challenge", "pack_ring", "project",
-           "read_paths", "read_transcript", "ring_sum", "shared_fields", "transcript_fields",
-           "unpack_ring", "verify_leaf", "verify_zero", "zero_fields"]
+__all__ = ["MAX_LEAVES", "PRIMES", "PROJECTIONS", "SumTree", "challenge", "claim_bytes",
+           "pack_ring", "project", "read_paths", "read_transcript", "ring_sum", "shared_fields",
+           "transcript_fields", "unpack_ring", "verify_leaf", "verify_zero", "zero_fields"]
 
 _V = "verify/"  # the message fields of a transcript
 
@@ -108,24 +108,22 @@ def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``r`` (PROJECTIONS, m): row ``j`` residues modulo ``PRIMES[j]`` of words of the
-    SHAKE-128 output of ``(tag, label, A, c)``: a function of the claim only
-    (:func:`_claim_hash`)."""
+    SHAKE-128 output of ``(tag, label, m, claim)``, the claim ``(A, c)`` in the bytes a site
+    is sent (:func:`_claim`): a function of the claim only (:func:`_claim_hash`)."""
     return _claim_hash(label, _claim(A, c), np.size(A))[1]
 
 
-def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
-    """The claim ``(A, c)`` as the challenge and the digest hash it."""
-    return np.asarray(A, dtype="<u8").tobytes() + np.asarray(c, dtype="<u8").tobytes()
-
-
 def _claim_hash(label: bytes, claim: bytes, m: int) -> tuple[bytes, np.ndarray]:
-    """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words, from one
-    SHAKE-128 (FIPS 202's extendable-output function) of the tag, the label and the claim:
+    """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`, bytes or a uint8 array) of
+    ``m`` words, from one SHAKE-128 (FIPS 202's extendable-output function) of the tag, the
+    label, ``m`` and the claim's bytes as sent (they give one ``(A, c)`` for ``m`` words, so
+    ``r`` is fixed with the claim; another encoding of one claim is another ``r``, a hash
+    more to grind, and another digest, which neighbours shown the first refuse):
     its first 32 bytes are the claim's key, which the digest binds (:func:`tree_digest`),
     the next ``8 m`` one word (``<u8``) a place, ``r_jk`` word ``k`` modulo ``PRIMES[j]``.
     The claim is hashed once, by one call, for both."""
-    out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, claim))).digest(
-        32 + 8 * m)
+    out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, _Q.pack(m),
+                                      claim))).digest(32 + 8 * m)
     return out[:32], np.remainder(np.frombuffer(out, "<u8", m, 32), _PC, dtype=np.uint64)
 
 
@@ -194,7 +192,8 @@ class SumTree:
 
     def _commit(self, leaves: np.ndarray) -> None:
         """The challenge of the claim ``(A, c)``, the leaves' projections and the levels."""
-        self.r = challenge(self.label, self.A, self.c)
+        self.claim = _claim(self.A, self.c)
+        self.r = _claim_hash(self.label, self.claim, np.size(self.A))[1]
         sums = project(self.r, leaves)
         hashes = _leaf_hashes(self.label, self.ids, sums)
         self.levels = [(hashes, sums)]
@@ -253,15 +252,16 @@ _NODE_BYTES = struct.Struct(f"<{len(NODE_TAG)}s32s32s{2 * PROJECTIONS}I")
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
-                c: np.ndarray, root: bytes | None, path) -> bytes:
+                c: np.ndarray, root: bytes | None, path, claim=None) -> bytes:
     """Check, as site ``site`` (leaf ``index`` of ``n``, its own ``leaf`` z_w), that ``A`` is
     the sum the tree of root ``root`` commits to; return :func:`tree_digest` (for its
     consistency statement). ``root`` None: the root its path reaches (a transcript sends
     none: the digest the site folds into its tokens carries it, and a neighbour shown
     another tree refuses to reveal). ``path``: :meth:`SumTree.path`'s ``(hashes, sums)``,
     or the levels as a transcript encodes them (bytes: :func:`read_transcript`); levels
-    beyond those the leaf's place has are not read. SecureAggregationError naming the site
-    and what failed."""
+    beyond those the leaf's place has are not read. ``claim``: ``(A, c)`` as the site was
+    sent them (:func:`claim_bytes`; made from ``A`` and ``c`` when None). SecureAggregationError
+    naming the site and what failed."""
     if not 0 <= index < n <= MAX_LEAVES:
         raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves "
                                      f"(at most {MAX_LEAVES})")
@@ -270,7 +270,7 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         raise SecureAggregationError(
             f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
             "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
-    key, r = _claim_hash(label, _claim(A, c), A.size)  # (the key is bound by the digest)
+    key, r = _claim_hash(label, _claim(A, c) if claim is None else claim, A.size)
     (s0, s1, s2, s3), claimed = _projections(r, np.asarray(leaf, dtype=np.uint64), A, c)
     h = hashlib.sha256(_leaf_bytes(label, index, site, [s0, s1, s2, s3])).digest()
     sides = _sides(index, n)  # (its place's schedule: which levels have a sibling, where)
@@ -340,13 +340,13 @@ def _path_levels(path, need: int):
 
 
 def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: np.ndarray,
-                path: tuple[bytes, np.ndarray], digest: bytes) -> bool:
+                path: tuple[bytes, np.ndarray], digest: bytes, claim=None) -> bool:
     """Whether leaf ``index`` of ``n`` (site ``site``, not in the exchange's sum) holds zero
     in the tree whose :func:`tree_digest` is ``digest`` (the one the checking site reached
     from its own leaf): its path from a zero leaf must climb to that root."""
     try:
         got = verify_leaf(label, index, n, site, np.zeros(np.size(A), np.uint64), A, c, None,
-                          path)
+                          path, claim)
     except SecureAggregationError:
         return False
     return got == digest
@@ -405,28 +405,27 @@ def read_paths(msg: dict[str, Any]) -> dict[int, tuple[int, tuple[bytes, list]]]
 
 
 def shared_fields(tree) -> dict[str, Any]:
-    """The part of a transcript every site is sent alike, as bytes: ``verify/A``, the claim
-    ``(A, c)``: the ring sum ``A``, its words as signed integers in a common width ``w``
-    that most of them fit, the others whole (:func:`pack_ring` less its last byte: an
-    aggregate of small values takes about 4 to 5 of 8 bytes a word), then each carry less
-    the carries' smallest value in the fewest bytes of 1, 2 or 4 (the carries of ``n``
+    """The part of a transcript every site is sent alike: ``verify/A``, the claim ``(A, c)``
+    (:func:`_claim`). Exact: :func:`read_transcript` gives back ``A`` and ``c``."""
+    return {_V + "A": _claim(tree.A, tree.c)}
+
+
+def _claim(A: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The claim as bytes (uint8): the ring sum ``A``, its words as signed integers in a common
+    width ``w`` that most of them fit, the others whole (:func:`pack_ring` less its last
+    byte: an aggregate of small values takes about 4 to 5 of 8 bytes a word), then each carry
+    less the carries' smallest value in the fewest bytes of 1, 2 or 4 (the carries of ``n``
     uniform leaves lie within a few ``sqrt(n)`` of ``n / 2``), that smallest value (``<u2``
-    for trees of at most 65,536 leaves, ``<u4`` beyond), and one byte: ``w`` (bits 0-3) and
-    the carries' width (bits 4-5: 0, 1, 2 for 1, 2, 4 bytes). Exact: :func:`read_transcript`
-    gives back ``A`` and ``c``."""
-    c = np.asarray(tree.c, dtype=np.int64)
+    below 65,536, else ``<u4``), and one byte: ``w`` (bits 0-3), the carries' width (bits
+    4-5: 0, 1, 2 for 1, 2, 4 bytes) and the smallest value's (bit 6: 4 bytes)."""
+    c = np.asarray(c, dtype=np.int64)
     base = int(c.min()) if c.size else 0
     span = int(c.max()) - base if c.size else 0
-    code = 0 if span < 1 << 8 else 1 if span < 1 << 16 else 2
-    a = pack_ring(tree.A)
-    return {_V + "A": np.concatenate([a[:-1], (c - base).astype(f"<u{1 << code}").view(np.uint8),
-                                      np.array([base], _base(len(tree.ids))).view(np.uint8),
-                                      np.array([int(a[-1]) | code << 4], np.uint8)])}
-
-
-def _base(n: int) -> str:
-    """The dtype of the carries' smallest value in a tree of ``n`` leaves (below ``n``)."""
-    return "<u2" if n <= 1 << 16 else "<u4"
+    code = (0 if span < 1 << 8 else 1 if span < 1 << 16 else 2) | (4 if base >> 16 else 0)
+    a = pack_ring(A)
+    return np.concatenate([a[:-1], (c - base).astype(f"<u{1 << (code & 3)}").view(np.uint8),
+                           np.array([base], "<u4" if code & 4 else "<u2").view(np.uint8),
+                           np.array([int(a[-1]) | code << 4], np.uint8)])
 
 
 #: a width of w bytes holds the signed integers of magnitude below 2^(8 w - 1)
@@ -508,10 +507,10 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
     or has a length no encoding of ``m`` words gives."""
     a, p = _field(msg, "A"), _field(msg, "path")
     A = None
-    if a.size and p.size >= 8 and not (p.size - 8) % _NODE and int(a[-1]) >> 4 < 3:
+    t = int(a[-1]) if a.size else 0xFF
+    if t >> 4 & 3 < 3 and t < 128 and p.size >= 8 and not (p.size - 8) % _NODE:
         index, n = _HEAD.unpack_from(p)
-        t = int(a[-1])
-        cw, bw = 1 << (t >> 4), 2 if n <= 1 << 16 else 4
+        cw, bw = 1 << (t >> 4 & 3), 4 if t & 64 else 2
         k = a.size - 1 - bw - m * cw  # (where the carries start)
         A = unpack_ring(a[:k], m, t & 15) if k >= 0 else None
     if A is None:
@@ -521,6 +520,12 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
     c = np.add(np.frombuffer(a, _CARRY[cw], m, k),
                np.uint64(int.from_bytes(a[-1 - bw:-1], "little")), dtype=np.uint64)
     return index, n, A, c, p[8:].tobytes()
+
+
+def claim_bytes(msg: dict[str, Any]) -> np.ndarray:
+    """The claim's bytes in ``msg`` as :func:`read_transcript` read them (for
+    :func:`verify_leaf`'s ``claim``)."""
+    return _field(msg, "A")
 
 
 def _field(msg: dict[str, Any], key: str) -> np.ndarray:
