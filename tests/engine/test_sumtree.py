@@ -444,3 +444,26 @@ def test_the_claim_is_hashed_as_sent_and_another_encoding_of_it_is_another_diges
     from fedlatent.engine.secagg.sumtree import _claim_hash
 
     assert _claim_hash(LABEL, other, m)[0] != _claim_hash(LABEL, tree.claim, m)[0]
+
+
+@pytest.mark.parametrize("m", [1, 66, 1 << 14, (1 << 14) + 1])
+def test_a_sites_projections_in_float64_are_the_servers_integer_ones_exactly(m):
+    """verify_leaf's projections (bytes times r in float64 up to 2^14 words, each sum an
+    integer below 2^53; integer residues beyond) equal project()'s integer ones exactly,
+    with every byte 255 and r at p - 1 (the largest sums) as with random words."""
+    from fedlatent.engine.secagg.sumtree import _projections
+
+    rng = np.random.default_rng(m)
+    primes = np.array(PRIMES, dtype=np.uint64)
+    for extreme in (True, False):
+        z, A = (rng.integers(0, 2**64, m, dtype=np.uint64) for _ in range(2))
+        c = rng.integers(0, 2**28, m).astype(np.uint64)
+        r = rng.integers(0, 2**31, (PROJECTIONS, m)).astype(np.uint64) % primes[:, None]
+        if extreme:
+            z[:], r[:] = np.iinfo(np.uint64).max, (primes - 1)[:, None]
+        got = _projections(r, z, A, c)
+        two64 = np.array([(1 << 64) % p for p in PRIMES], dtype=object)
+        want_z = project(r, z[None])[0]
+        want_a = (project(r, A[None])[0].astype(object) + two64 * project(r, c[None])[0]) % \
+            primes.astype(object)
+        assert got[0] == [int(v) for v in want_z] and got[1] == [int(v) for v in want_a]
