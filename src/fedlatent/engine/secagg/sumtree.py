@@ -55,12 +55,12 @@ uniform (``2^64 > 4 pq``), so the probability is at most ``(5/4)^2 / pq ~ 2^-61.
 ``A' = A + p`` in one word (or any ``A'`` with ``c'`` chosen to make ``S' = S`` modulo ``p``) would
 pass every site.
 
-Cost at a site: ``2 PROJECTIONS m`` products, one SHAKE-128 call (the claim's key and ``r``:
-``32 + 8 m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
-(which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2 n)
-(32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
-m`` words (shipping every survivor's masked vector). ``benchmarks/bench_verified_round.py``
-measures it at 1,000 sites.
+Cost at a site: ``2 PROJECTIONS m`` products (:func:`_projections`), one SHAKE-128 call (the
+claim's key and ``r``: ``32 + 8 m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels'
+schedule (which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2
+n) (32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`),
+not ``n m`` words (shipping every survivor's masked vector).
+``benchmarks/bench_verified_round.py`` measures it at 1,000 sites.
 """
 
 from __future__ import annotations
@@ -234,30 +234,16 @@ def _digest(root: bytes, key: bytes) -> bytes:
 
 def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> tuple:
     """``[r z, r (A + 2^64 c)]``, projection ``j`` modulo ``PRIMES[j]``, of the leaf ``z``:
-    both in one pass, as lists of Python ints; ``r (A + 2^64 c)`` is ``r A + (2^64 mod p)
-    r c``. Up to :data:`_EXACT_WORDS` words, ``z``, ``A`` and ``c`` are read as bytes and
-    projected by one float64 product ``r B`` of ``r`` (below 2^31) and their bytes (below
-    2^8): each sum is an integer below ``2^39 2^14 = 2^53``, exact in float64 whatever the
-    order of the additions (a product of four array calls on 8m numbers instead of two
-    integer divisions of 12m); then each byte's weight ``2^(8b) mod p`` on the 3 x 4 x 8
-    sums. Beyond it, the words reduced and multiplied as integers (each product below
-    2^62, each row sum below 2^62 for fewer than 2^31 words): the same numbers."""
-    m = leaf.size
-    x = np.concatenate((leaf, A, c)).astype("<u8", copy=False)
-    if m <= _EXACT_WORDS:
-        t = (r.astype(np.float64) @ x.view(np.uint8).reshape(3, m, 8).astype(np.float64))
-        sums = ((t.astype(np.uint64) % _PC) * _BYTE_WEIGHTS % _PC).sum(axis=2)
-    else:
-        sums = ((np.remainder(x.reshape(3, 1, m), _PC) * r) % _PC).sum(axis=2)
-    z, a, k = sums.tolist()
+    both in one pass, as lists of Python ints (each product below 2^62, each row sum below
+    2^62 for fewer than 2^31 words). ``z``, ``A`` and ``c`` are reduced and projected
+    together ((3, PROJECTIONS, m) residues) and ``r (A + 2^64 c)`` is ``r A + (2^64 mod p)
+    r c`` on Python ints: four array calls a leaf. (Their bytes projected by one float64
+    product, each sum exact below 2^53, take less isolated but more inside a round of 1,000
+    sites; so did an exact uint64 product on the words' 16-bit limbs.)"""
+    rows = np.remainder(np.concatenate((leaf, A, c)).reshape(3, 1, leaf.size), _PC)
+    z, a, k = ((rows * r) % _PC).sum(axis=2).tolist()
     return ([v % p for v, p in zip(z, PRIMES)],
             [(u + t * v) % p for u, v, t, p in zip(a, k, _TWO64, PRIMES)])
-
-
-#: the most words :func:`_projections` projects in float64 (every sum exact below 2^53)
-_EXACT_WORDS = 1 << 14
-#: (PROJECTIONS, 8): the weight of byte ``b`` of a word modulo each prime, ``2^(8b) mod p``
-_BYTE_WEIGHTS = np.array([[pow(2, 8 * b, p) for b in range(8)] for p in PRIMES], np.uint64)
 
 
 _SUMS = struct.Struct(f"<{PROJECTIONS}I")
@@ -420,8 +406,10 @@ def read_paths(msg: dict[str, Any]) -> dict[int, tuple[int, tuple[bytes, list]]]
 
 def shared_fields(tree) -> dict[str, Any]:
     """The part of a transcript every site is sent alike: ``verify/A``, the claim ``(A, c)``
-    (:func:`_claim`). Exact: :func:`read_transcript` gives back ``A`` and ``c``."""
-    return {_V + "A": _claim(tree.A, tree.c)}
+    (:func:`_claim`; a :class:`SumTree`'s, made once). Exact: :func:`read_transcript` gives
+    back ``A`` and ``c``."""
+    claim = getattr(tree, "claim", None)
+    return {_V + "A": _claim(tree.A, tree.c) if claim is None else claim}
 
 
 def _claim(A: np.ndarray, c: np.ndarray) -> np.ndarray:
