@@ -356,6 +356,11 @@ def test_carries_a_sum_of_n_leaves_cannot_have_and_too_many_leaves_are_refused()
     c[1] = np.uint64(n)
     with pytest.raises(SecureAggregationError, match="more than a sum of 6 leaves can carry"):
         verify_leaf(LABEL, 2, n, tree.ids[2], leaves[2], tree.A, c, None, tree.path(2))
+    from fedlatent.engine.secagg.sumtree import _claim  # (with the bytes they were read from)
+
+    with pytest.raises(SecureAggregationError, match="more than a sum of 6 leaves can carry"):
+        verify_leaf(LABEL, 2, n, tree.ids[2], leaves[2], tree.A, c, None, tree.path(2),
+                    _claim(tree.A, c))
     with pytest.raises(SecureAggregationError, match=f"at most {MAX_LEAVES}"):
         verify_leaf(LABEL, 2, MAX_LEAVES + 1, tree.ids[2], leaves[2], tree.A, tree.c, None,
                     tree.path(2))

@@ -16,8 +16,8 @@ The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
 1. the *carries* ``c`` (``sum_w z_w = A + 2^64 c`` over the integers, :func:`ring_sum`) and a
    challenge ``r`` (``PROJECTIONS x m`` numbers, row ``j`` modulo the prime ``p_j``, the
    four largest primes below ``2^31``: :data:`PRIMES`) drawn from the SHAKE-128 output of
-   ``(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the claim, so a claim cannot
-   be chosen to fit ``r``;
+   the tag, the label, ``m`` and the claim ``(A, c)`` in the bytes the sites are sent
+   (:func:`challenge`): ``r`` is fixed by the claim, so a claim cannot be chosen to fit ``r``;
 2. each leaf's projections ``pi_wj = r_j z_w mod p_j`` (:func:`project`), and a hash tree over
    them whose nodes carry the sums of their leaves' projections (each modulo its prime) and
    bind both children's hashes and both children's sums (SHA-256 of a tag, the hashes and
@@ -27,7 +27,7 @@ The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
 
 A site (:func:`verify_leaf`) refuses carries of ``n`` or more (``n`` words below ``2^64``
 carry at most ``n - 1``) and trees of more than :data:`MAX_LEAVES` leaves, recomputes ``r``
-from ``A`` and ``c``, its own leaf's projections from its own ``z_w``, climbs its path to a
+from the claim's bytes, its own leaf's projections from its own ``z_w``, climbs its path to a
 root (each parent's sums and hash from its children's), and checks that the root's
 projections equal ``r_j (A + 2^64 c)`` modulo ``p_j``; it folds :func:`tree_digest` of that
 root and the claim into its consistency tokens of the exchange, so neighbours that reached
@@ -266,7 +266,8 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves "
                                      f"(at most {MAX_LEAVES})")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
-    if c.size and int(c.max()) >= n:  # (n words below 2^64 carry at most n - 1)
+    if c.size and _carries_reach(claim) >= n and int(c.max()) >= n:  # (n words below 2^64
+        # carry at most n - 1; the claim's encoding mostly bounds them below n already)
         raise SecureAggregationError(
             f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
             "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
@@ -288,6 +289,16 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         return _digest(h, key)
     _refuse_root(site, index, root, h, differ)
     return _digest(h, key)
+
+
+def _carries_reach(claim) -> float:
+    """An upper bound of the carries the claim's bytes ``claim`` (:func:`_claim`) can hold:
+    their least value plus the largest offset their width holds (inf without the bytes)."""
+    if claim is None or not len(claim):
+        return float("inf")
+    t = int(claim[-1])
+    bw = 4 if t & 64 else 2
+    return int.from_bytes(claim[-1 - bw:-1], "little") + (1 << (8 << (t >> 4 & 3))) - 1
 
 
 def _refuse_root(site: str, index: int, root: bytes | None, h: bytes, differ: bool) -> None:
@@ -329,7 +340,7 @@ def _path_levels(path, need: int):
     if isinstance(path, bytes | bytearray | memoryview):
         if len(path) < need * _NODE:
             return None
-        return _LEVEL.iter_unpack(path[:need * _NODE])
+        return _LEVEL.iter_unpack(memoryview(path)[:need * _NODE])
     raw, sums = path
     raw = bytes(raw)
     if isinstance(sums, np.ndarray):
