@@ -10,8 +10,8 @@ import pytest
 
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 from fedlatent.engine.secagg.sumtree import (
+    PRIMES,
     PROJECTIONS,
-    P,
     SumTree,
     challenge,
     project,
@@ -62,10 +62,10 @@ def test_projections_are_linear_modulo_p():
     leaves = _leaves(9, m=5, seed=2)
     A, c = ring_sum(leaves)
     r = challenge(LABEL, A, c)
-    assert r.shape == (PROJECTIONS, 5) and int(r.max()) < P
-    total = project(r, leaves).sum(axis=0) % P
-    want = [sum(int(r[j, k]) * ((int(A[k]) + (int(c[k]) << 64)) % P) for k in range(5)) % P
-            for j in range(PROJECTIONS)]
+    assert r.shape == (PROJECTIONS, 5) and all(int(r[j].max()) < p for j, p in enumerate(PRIMES))
+    total = project(r, leaves).sum(axis=0) % np.array(PRIMES, dtype=np.uint64)
+    want = [sum(int(r[j, k]) * ((int(A[k]) + (int(c[k]) << 64)) % p) for k in range(5)) % p
+            for j, p in enumerate(PRIMES)]
     assert [int(t) for t in total] == want
 
 
@@ -119,7 +119,7 @@ def test_a_lie_in_a_node_of_the_path_is_refused():
     tree = SumTree(LABEL, _ids(8), leaves)
     raw, sums = tree.path(0)
     bad = sums.copy()
-    bad[1, 0] = (bad[1, 0] + np.uint64(1)) % np.uint64(P)
+    bad[1, 0] = (bad[1, 0] + np.uint64(1)) % np.uint64(PRIMES[0])
     with pytest.raises(SecureAggregationError, match="not in the committed sum"):
         verify_leaf(LABEL, 0, 8, "s0000", leaves[0], tree.A, tree.c, tree.root, (raw, bad))
     with pytest.raises(SecureAggregationError, match="too short"):
@@ -151,8 +151,8 @@ def test_the_transcript_fields_give_back_the_claim_and_the_path_exactly(n):
     leaves[-1] = small.view(np.uint64) - leaves[:-1].sum(axis=0, dtype=np.uint64)
     tree = SumTree(LABEL, _ids(n), leaves)
     shared = shared_fields(tree)
-    assert shared["verify/c"].size == 4 + 66  # (offsets from the least carry, uint8)
-    assert shared["verify/A"].size == 66 * 6 + 1  # (41-bit words: 6 bytes each)
+    assert set(shared) == {"verify/A"}  # (the carries: offsets from the least, uint8; the
+    assert shared["verify/A"].size == 66 + 2 + 66 * 6 + 1  # least, <u2; 41-bit words: 6 bytes)
     for i in sorted({0, n // 2, n - 1}):
         msg = {**shared, **transcript_fields(tree, i)}
         assert "verify/root" not in msg
@@ -166,7 +166,7 @@ def test_the_transcript_fields_give_back_the_claim_and_the_path_exactly(n):
     if n == 1:
         return
     with pytest.raises(SecureAggregationError, match="do not fit this site's contribution"):
-        read_transcript({**msg, "verify/c": msg["verify/c"][:-1]}, 66)
+        read_transcript({**msg, "verify/A": msg["verify/A"][1:]}, 66)
     with pytest.raises(SecureAggregationError, match="do not fit this site's contribution"):
         read_transcript({**msg, "verify/path": msg["verify/path"][:-3]}, 66)
 
@@ -229,23 +229,25 @@ def test_zero_leaves_are_shown_by_their_paths_and_a_ghost_in_one_is_not(n):
 
 
 def test_the_challenge_is_read_from_one_shake128_of_the_claim():
-    """r: the words after the first 32 bytes (the claim's key, which the digest binds) of
-    SHAKE-128 of the tag, the label and the claim, modulo P; the digest is SHA-256 of the
-    tag, the root and that key; another word of A gives another r and another digest."""
+    """r: the 64-bit words after the first 32 bytes (the claim's key, which the digest binds)
+    of SHAKE-128 of the tag, the label, m and the claim's bytes as sent, one a place, modulo
+    each of PRIMES;
+    the digest is SHA-256 of the tag, the root and that key; another word of A gives another
+    r and another digest."""
     import hashlib
     import struct
 
-    from fedlatent.engine.secagg.sumtree import CHALLENGE_TAG, DIGEST_TAG
+    from fedlatent.engine.secagg.sumtree import CHALLENGE_TAG, DIGEST_TAG, shared_fields
 
     leaves = _leaves(5, m=9, seed=3)
     tree = SumTree(LABEL, _ids(5), leaves)
     A, c = tree.A, tree.c
-    claim = A.astype("<u8").tobytes() + c.astype("<u8").tobytes()
-    out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL + claim).digest(
-        32 + 8 * PROJECTIONS * 9)
+    claim = shared_fields(tree)["verify/A"].tobytes()  # (the claim as the sites are sent it)
+    out = hashlib.shake_128(CHALLENGE_TAG + struct.pack("<Q", len(LABEL)) + LABEL
+                            + struct.pack("<Q", 9) + claim).digest(32 + 8 * 9)
     words = np.frombuffer(out[32:], "<u8")
     r = challenge(LABEL, A, c)
-    assert [int(v) for v in r.ravel()] == [int(w) % P for w in words]
+    assert [[int(v) for v in row] for row in r] == [[int(w) % p for w in words] for p in PRIMES]
     assert tree.digest() == hashlib.sha256(DIGEST_TAG + tree.root + out[:32]).digest()
     A2 = A.copy()
     A2[4] ^= np.uint64(1)
@@ -260,29 +262,30 @@ def test_a_path_as_the_transcript_sends_it_is_checked_as_strictly(n):
     beyond the levels the leaf's place has are not read (as the (hashes, sums) form)."""
     from fedlatent.engine.secagg.sumtree import read_transcript, shared_fields, transcript_fields
 
+    L = 32 + 4 * PROJECTIONS  # (bytes a level: the sibling's hash and its sums)
     leaves, ids = _leaves(n, m=12, seed=n), _ids(n)
     tree = SumTree(LABEL, ids, leaves)
     i = n // 2 + 1
     at, size, A, c, path = read_transcript({**shared_fields(tree), **transcript_fields(tree, i)},
                                            12)
-    assert isinstance(path, bytes) and len(path) == 40 * len(tree.path(i)[1])
+    assert isinstance(path, bytes) and len(path) == L * len(tree.path(i)[1])
     assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path) == tree.digest()
-    assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path + bytes(40)) \
+    assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path + bytes(L)) \
         == tree.digest()
-    for k in range(len(path) // 40):
+    for k in range(len(path) // L):
         bad = bytearray(path)
-        bad[40 * k + 7] ^= 1  # a sibling's hash: another root, so another digest (its
+        bad[L * k + 7] ^= 1  # a sibling's hash: another root, so another digest (its
         bad = bytes(bad)  # neighbours refuse to reveal), refused against the tree's root
         assert verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, bad) \
             != tree.digest()
         with pytest.raises(SecureAggregationError, match="does not reach the root"):
             verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, tree.root, bad)
         bad = bytearray(path)
-        bad[40 * k + 33] ^= 1  # a sibling's sum
+        bad[L * k + 33] ^= 1  # a sibling's sum
         with pytest.raises(SecureAggregationError, match="not in the committed sum"):
             verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, bytes(bad))
     with pytest.raises(SecureAggregationError, match="too short"):
-        verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path[:-40])
+        verify_leaf(LABEL, at, size, ids[i], leaves[i], A, c, None, path[:-L])
     false = A.copy()
     false[3] += np.uint64(1 << 20)
     with pytest.raises(SecureAggregationError, match="not in the committed sum"):
@@ -310,3 +313,162 @@ def test_the_ring_sum_reads_back_from_strided_bytes_in_every_width():
         spaced[::2] = raw
         assert np.array_equal(unpack_ring(raw, 40), A)
         assert np.array_equal(unpack_ring(spaced[::2], 40), A)
+
+
+@pytest.mark.parametrize("how", ["plus p", "carry", "plus p q"])
+def test_a_claim_congruent_to_the_sum_modulo_some_primes_is_refused(how):
+    """A false aggregate whose integer claim A' + 2^64 c' equals the true sum modulo 2^31 - 1
+    (A + p in one word; or another word with one more carry) or modulo two of the primes
+    (A + p q), its tree built honestly around it, is refused by every site: the projections
+    modulo the other primes tell it apart (with one modulus, every site passed it)."""
+    n, p, q = 20, PRIMES[0], PRIMES[1]
+    leaves = _leaves(n)
+    honest = SumTree(LABEL, _ids(n), leaves)
+    A, c = honest.A.copy(), honest.c.copy()
+    step = {"plus p": p, "carry": -((1 << 64) % p), "plus p q": p * q}[how]
+    a = int(A[3]) + step  # (A' + 2^64 (c + 1) = A + 2^64 c modulo p: A' = A - (2^64 mod p))
+    A[3] = np.uint64(a if 0 <= a < 1 << 64 else a - 2 * step if how != "carry" else a + p)
+    c[3] += np.uint64(how == "carry")
+    S, S1 = (int(v[3]) + (int(w[3]) << 64) for v, w in ((honest.A, honest.c), (A, c)))
+    assert S1 != S and (S1 - S) % p == 0 and (how != "plus p q" or (S1 - S) % q == 0)
+    assert int(c.max()) < n and not np.array_equal(A, honest.A)
+    tree = _Lying(LABEL, _ids(n), leaves, A, c)
+    for i in range(n):
+        with pytest.raises(SecureAggregationError, match="is not the sum the tree commits to"):
+            verify_leaf(LABEL, i, n, tree.ids[i], leaves[i], A, c, tree.root, tree.path(i))
+        with pytest.raises(SecureAggregationError, match=r"its own contribution \(leaf \d+\)"):
+            verify_leaf(LABEL, i, n, tree.ids[i], leaves[i], A, c, None, tree.path(i))
+
+
+def test_carries_a_sum_of_n_leaves_cannot_have_and_too_many_leaves_are_refused():
+    """Carries of n or more (n words below 2^64 carry at most n - 1; a larger carry could make
+    a false claim congruent to the sum) and trees beyond MAX_LEAVES are refused before any
+    hash; the largest carries of a sum of n leaves pass."""
+    from fedlatent.engine.secagg.sumtree import MAX_LEAVES
+
+    n = 6
+    leaves = np.full((n, 3), np.iinfo(np.uint64).max, dtype=np.uint64)
+    tree = SumTree(LABEL, _ids(n), leaves)
+    assert int(tree.c.max()) == n - 1
+    assert verify_leaf(LABEL, 2, n, tree.ids[2], leaves[2], tree.A, tree.c, None,
+                       tree.path(2)) == tree.digest()
+    c = tree.c.copy()
+    c[1] = np.uint64(n)
+    with pytest.raises(SecureAggregationError, match="more than a sum of 6 leaves can carry"):
+        verify_leaf(LABEL, 2, n, tree.ids[2], leaves[2], tree.A, c, None, tree.path(2))
+    from fedlatent.engine.secagg.sumtree import _claim  # (with the bytes they were read from)
+
+    with pytest.raises(SecureAggregationError, match="more than a sum of 6 leaves can carry"):
+        verify_leaf(LABEL, 2, n, tree.ids[2], leaves[2], tree.A, c, None, tree.path(2),
+                    _claim(tree.A, c))
+    with pytest.raises(SecureAggregationError, match=f"at most {MAX_LEAVES}"):
+        verify_leaf(LABEL, 2, MAX_LEAVES + 1, tree.ids[2], leaves[2], tree.A, tree.c, None,
+                    tree.path(2))
+
+
+@pytest.mark.parametrize("n, span", [(5, 3), (1000, 300), (70_000, 70_000 - 1), (2**28, 2**20)])
+def test_the_claim_reads_back_in_every_carry_width_and_index_width(n, span):
+    """verify/A holds the carries (offsets from the least in 1, 2 or 4 bytes, as bits 4-5 of
+    its last byte say; the least in 2 bytes up to 65,536 leaves, else 4) and the sum (its
+    wide words' indices in 1 byte up to 256 words, else 2): each reads back exactly; a
+    width code of 3, or a byte more or less, does not parse."""
+    from types import SimpleNamespace
+
+    from fedlatent.engine.secagg.sumtree import read_transcript, shared_fields
+
+    rng = np.random.default_rng(n)
+    for m in (3, 300):
+        c = rng.integers(0, n - span, dtype=np.int64) + rng.integers(0, span + 1, size=m)
+        A = rng.integers(-2**20, 2**20, size=m)
+        A[rng.random(m) < 0.1] = 2**62 - 1  # (wide words)
+        tree = SimpleNamespace(ids=range(n), A=A.view(np.uint64), c=c.astype(np.uint64))
+        field = shared_fields(tree)["verify/A"]
+        head = np.array([n - 1, n], "<u4").view(np.uint8)
+        got = read_transcript({"verify/A": field, "verify/path": head}, m)
+        assert np.array_equal(got[2], tree.A) and np.array_equal(got[3], tree.c)
+        assert got[:2] == (n - 1, n)
+        bad = field.copy()
+        bad[-1] |= 3 << 4
+        for v in (bad, field[1:], np.concatenate([field[:1], field])):
+            with pytest.raises(SecureAggregationError, match="do not fit this site's"):
+                read_transcript({"verify/A": v, "verify/path": head}, m)
+
+
+def test_sibling_sums_made_up_to_fit_a_false_claim_split_the_root():
+    """A server showing a false aggregate (its tree honest below the root) and each half of
+    the tree the sibling sums that complete the claim: every site's own path then reaches the
+    claim, but a node binds its children's sums, so the two halves reach different roots
+    (different digests, so neighbours across refuse to reveal); were a node to bind only its
+    own sums, all sites would reach one root and pass the false sum."""
+    n = 16
+    leaves = _leaves(n)
+    honest = SumTree(LABEL, _ids(n), leaves)
+    A = honest.A.copy()
+    A[3] += np.uint64(12345)
+    tree = _Lying(LABEL, _ids(n), leaves, A, honest.c)
+    from fedlatent.engine.secagg.sumtree import _projections
+
+    _, claimed = _projections(tree.r, np.zeros(A.size, np.uint64), A, tree.c)
+    top = tree.levels[-2][1]  # (the root's children's sums)
+    primes = np.array(PRIMES, dtype=np.uint64)
+    digests = {}
+    for i in range(n):
+        raw, sums = tree.path(i)
+        sums = sums.copy()
+        sums[-1] = (np.array(claimed, dtype=np.uint64) + primes - top[i // 8]) % primes
+        digests[i] = verify_leaf(LABEL, i, n, tree.ids[i], leaves[i], A, tree.c, None,
+                                 (raw, sums))  # (each site alone: its path reaches the claim)
+    assert len({digests[i] for i in range(8)}) == 1 and len({digests[i] for i in range(8, 16)}) == 1
+    assert digests[0] != digests[8]
+
+
+def test_the_claim_is_hashed_as_sent_and_another_encoding_of_it_is_another_digest():
+    """verify_leaf hashes the claim's bytes as the site read them (claim_bytes): the honest
+    bytes give the tree's digest; the same (A, c) sent in another encoding (a word listed
+    wide though it fits the common width) reads back to the same A and c but gives another r,
+    so the honest tree's path fails it, and another key, so a tree built on those bytes has
+    another digest (its neighbours, shown the first bytes, refuse to reveal)."""
+    from fedlatent.engine.secagg.sumtree import claim_bytes, read_transcript, transcript_fields
+
+    n, m = 9, 12
+    leaves, ids = _leaves(n, m=m, seed=4), _ids(n)
+    tree = SumTree(LABEL, ids, leaves)
+    msg = {"verify/A": tree.claim, **transcript_fields(tree, 4)}
+    at, size, A, c, path = read_transcript(msg, m)
+    assert verify_leaf(LABEL, at, size, ids[4], leaves[4], A, c, None, path,
+                       claim_bytes(msg)) == tree.digest()
+    w = int(tree.claim[-1]) & 15
+    k = m * w  # (where the wide words end: none here; one more, word 0 again, 1 + 8 bytes)
+    assert tree.claim.size - 1 - 2 - m * (1 << (int(tree.claim[-1]) >> 4 & 3)) == k
+    extra = np.concatenate([[0], tree.A[:1].view(np.uint8)]).astype(np.uint8)
+    other = np.concatenate([tree.claim[:k], extra, tree.claim[k:]])
+    again = read_transcript({**msg, "verify/A": other}, m)
+    assert np.array_equal(again[2], A) and np.array_equal(again[3], c)
+    with pytest.raises(SecureAggregationError, match="not in the committed sum"):
+        verify_leaf(LABEL, at, size, ids[4], leaves[4], A, c, None, path, other)
+    from fedlatent.engine.secagg.sumtree import _claim_hash
+
+    assert _claim_hash(LABEL, other, m)[0] != _claim_hash(LABEL, tree.claim, m)[0]
+
+
+@pytest.mark.parametrize("m", [1, 66, 1000])
+def test_a_sites_projections_are_the_servers_exactly(m):
+    """verify_leaf's projections (its leaf, A and c reduced and projected in one pass) equal
+    project()'s, the server's, exactly, with every word 2^64 - 1 and r at p - 1 (the largest
+    products) as with random words."""
+    from fedlatent.engine.secagg.sumtree import _projections
+
+    rng = np.random.default_rng(m)
+    primes = np.array(PRIMES, dtype=np.uint64)
+    for extreme in (True, False):
+        z, A = (rng.integers(0, 2**64, m, dtype=np.uint64) for _ in range(2))
+        c = rng.integers(0, 2**28, m).astype(np.uint64)
+        r = rng.integers(0, 2**31, (PROJECTIONS, m)).astype(np.uint64) % primes[:, None]
+        if extreme:
+            z[:], r[:] = np.iinfo(np.uint64).max, (primes - 1)[:, None]
+        got = _projections(r, z, A, c)
+        two64 = np.array([(1 << 64) % p for p in PRIMES], dtype=object)
+        want_z = project(r, z[None])[0]
+        want_a = (project(r, A[None])[0].astype(object) + two64 * project(r, c[None])[0]) % \
+            primes.astype(object)
+        assert got[0] == [int(v) for v in want_z] and got[1] == [int(v) for v in want_a]

@@ -30,7 +30,7 @@ from fedlatent.engine.node import verify as node_verify
 from fedlatent.engine.protocol.messages import ERROR_KEY
 from fedlatent.engine.secagg import SecAggClient, SecAggServer
 from fedlatent.engine.secagg import secure as secure_mod
-from fedlatent.engine.secagg.sumtree import SumTree, shared_fields, verify_leaf
+from fedlatent.engine.secagg.sumtree import PROJECTIONS, SumTree, shared_fields, verify_leaf
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 from verified_doubles import six_sites
 
@@ -353,7 +353,7 @@ def test_a_located_liar_is_left_out_and_its_neighbours_check_its_zero_leaf():
     later = [m for d, c, meth, m in rt.log if d == "down" and meth == "estep"
              and (_round_of(m) or 0) >= 4]
     assert len(later) == (n - 1) * (ROUNDS - 3)
-    assert all(m["verify/zero"].size == 8 + 40 * 3 for m in later)  # its path: 3 levels
+    assert all(m["verify/zero"].size == 8 + (32 + 4 * PROJECTIONS) * 3 for m in later)  # 3 levels
     assert not [r for d, c, meth, r in rt.log if d == "up" and ERROR_KEY in r and c != liar]
     plain = _fit(_lying(fd, liar), verified=False)
     for k in ("means_", "covariances_", "weights_"):

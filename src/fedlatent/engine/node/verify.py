@@ -252,26 +252,25 @@ def _last_kind(node) -> str:
 def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
     """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
     is checked; the digest bound to this exchange's confirmations."""
-    d = _deps()
-    SecureAggregationError, read_transcript, verify_leaf = (
-        d.SecureAggregationError, d.read_transcript, d.verify_leaf)
+    d, tree = _deps(), _sumtree()
     label, shapes, z = leaf
     if _V + "A" not in msg:
         raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
                                   f"({label.decode()}), in which this site took part: the "
                                   "aggregate the parameters come from is unverified")
     try:
-        at, n, A, c, path = read_transcript(msg, z.size)
+        at, n, A, c, path = tree.read_transcript(msg, z.size)
         ids = node.secagg.roster_ids
         _roster_place(node.client_id, ids, at, n, who)
-        digest = verify_leaf(label, at, n, node.client_id, z, A, c, None, path)
+        claim = tree.claim_bytes(msg)  # (hashed as sent)
+        digest = tree.verify_leaf(label, at, n, node.client_id, z, A, c, None, path, claim)
         split = node.secagg.leaf_split(label)
         if split is None:  # (a state written before it kept its neighbourhood's split)
             raise VerificationRefused(f"{who}: this site kept no record of which of its "
                                       "neighbours were in the sum of the exchange before, so "
                                       "it cannot check their leaves")
-        _zeros(label, ids, split[1], msg, A, c, digest, who)
-    except SecureAggregationError as err:
+        _zeros(label, ids, split[1], msg, (A, c, claim), digest, who)
+    except d.SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
     node.secagg.bind_digest(rnd, exch, _deps().bound(node, digest),  # (with the setup,
                             confirm=split[0])  # units and seed: verify_fields.bound)
@@ -295,11 +294,11 @@ def _roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
             "leaves than the roster's could hold a vector no site answered for")
 
 
-def _zeros(label: bytes, ids: list[str], absent, msg, A, c, digest: bytes, who: str) -> None:
+def _zeros(label: bytes, ids: list[str], absent, msg, claim, digest: bytes, who: str) -> None:
     """Each site of this site's neighbourhood that was not in the exchange's sum (dropped,
     or no participant) holds a zero leaf in the tree this site's own leaf reached
-    (:func:`~fedlatent.engine.secagg.sumtree.verify_zero`); VerificationRefused naming the
-    first that does not, or whose path is missing."""
+    (:func:`~fedlatent.engine.secagg.sumtree.verify_zero`; ``claim``: ``(A, c, its bytes)``);
+    VerificationRefused naming the first that does not, or whose path is missing."""
     if not absent:
         return
     import bisect
@@ -307,14 +306,24 @@ def _zeros(label: bytes, ids: list[str], absent, msg, A, c, digest: bytes, who: 
     from fedlatent.engine.secagg.sumtree import read_paths, verify_zero
 
     paths = read_paths(msg)
+    A, c, raw = claim
     for u in absent:
         i = bisect.bisect_left(ids, u)
         n, path = paths.get(i, (len(ids), None))
-        if path is None or n != len(ids) or not verify_zero(label, i, n, u, A, c, path, digest):
+        if path is None or n != len(ids) or not verify_zero(label, i, n, u, A, c, path, digest,
+                                                            raw):
             raise VerificationRefused(
                 f"{who}: {u!r} was not in the sum of the exchange before (it dropped out or "
                 f"took no part), yet its leaf ({i}) in the tree is not shown to hold zero: the "
                 "aggregate may hold a vector no site answered for")
+
+
+@functools.cache
+def _sumtree():
+    """The sum tree's module (imported at the first verified round, as :func:`_deps`)."""
+    from fedlatent.engine.secagg import sumtree
+
+    return sumtree
 
 
 def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,

@@ -179,9 +179,9 @@ class SecAggClient(Enrolment):
         y += rows[me:, :n].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
         y -= rows[:me, :n].sum(axis=0, dtype=np.uint64)
         if self.keep_leaf:  # its leaf before the self mask (the pair masks of dropped
-            self._leaf = (label, layout.shapes, y.copy())  # neighbours leave at the reveal)
-            self._keep_split(self._need_roster(), label, P, ())
-        y += self_mask(self._self_seeds[e], label, n)
+            self._leaf = (label, layout.shapes, y)  # neighbours leave at the reveal; the
+            self._keep_split(self._need_roster(), label, P, ())  # reply: a new array)
+        y = np.add(y, self_mask(self._self_seeds[e], label, n), out=None if self.keep_leaf else y)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n
         return layout.unflatten(y, copy=False)  # y is this reply's own

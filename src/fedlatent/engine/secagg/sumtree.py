@@ -14,34 +14,53 @@ masked by ``w``'s pair masks with its surviving neighbours; it never leaves the 
 The server commits to ``A`` and to the leaves as follows (:class:`SumTree`):
 
 1. the *carries* ``c`` (``sum_w z_w = A + 2^64 c`` over the integers, :func:`ring_sum`) and a
-   challenge ``r`` (``PROJECTIONS x m`` numbers modulo the prime ``P = 2^31 - 1``) drawn from
-   the SHAKE-128 output of ``(tag, label, A, c)`` (:func:`challenge`): ``r`` is fixed by the
-   claim, so a claim cannot be chosen to fit ``r``;
-2. each leaf's projections ``pi_w = r z_w mod P`` (:func:`project`), and a hash tree over them
-   whose nodes carry the sum of their leaves' projections modulo ``P`` and bind both children
-   and that sum (SHA-256 of a tag, the children's hashes and the sum);
+   challenge ``r`` (``PROJECTIONS x m`` numbers, row ``j`` modulo the prime ``p_j``, the
+   four largest primes below ``2^31``: :data:`PRIMES`) drawn from the SHAKE-128 output of
+   the tag, the label, ``m`` and the claim ``(A, c)`` in the bytes the sites are sent
+   (:func:`challenge`): ``r`` is fixed by the claim, so a claim cannot be chosen to fit ``r``;
+2. each leaf's projections ``pi_wj = r_j z_w mod p_j`` (:func:`project`), and a hash tree over
+   them whose nodes carry the sums of their leaves' projections (each modulo its prime) and
+   bind both children's hashes and both children's sums (SHA-256 of a tag, the hashes and
+   the sums, left then right; a node's sums are its children's added);
 3. each site gets ``A``, ``c`` and its *path*: the sibling's hash and projections at each
    level (``ceil(log2 n)`` levels, 32 + 4 ``PROJECTIONS`` bytes each), not the root.
 
-A site (:func:`verify_leaf`) recomputes ``r`` from ``A`` and ``c``, its own leaf's projections
-from its own ``z_w``, climbs its path to a root (each parent's sum and hash from its
-children's), and checks that the root's projections equal ``r (A + 2^64 c)`` modulo ``P``;
-it folds :func:`tree_digest` of that root and the claim into its consistency tokens of the
-exchange, so neighbours that reached different roots refuse to reveal (a root sent beside
-the path would add nothing: the server could send each site the root its path reaches).
-Why this suffices when every site reaches the same root: the hashes bind one tree; each
-honest site checks its own leaf, so the root's projections are ``r`` times the true sum plus
-whatever colluding sites' leaves add (a colluding site can add any vector to the sum anyway,
-as its own reply); a false ``A' != A`` passes only if ``r (A' - A) = 0`` for every
-projection, probability ``P^-2 ~ 2^-62`` for the ``r`` that ``A'`` itself fixes (grinding
-claims costs a hash each).
+A site (:func:`verify_leaf`) refuses carries of ``n`` or more (``n`` words below ``2^64``
+carry at most ``n - 1``) and trees of more than :data:`MAX_LEAVES` leaves, recomputes ``r``
+from the claim's bytes, its own leaf's projections from its own ``z_w``, climbs its path to a
+root (each parent's sums and hash from its children's), and checks that the root's
+projections equal ``r_j (A + 2^64 c)`` modulo ``p_j``; it folds :func:`tree_digest` of that
+root and the claim into its consistency tokens of the exchange, so neighbours that reached
+different roots refuse to reveal (a root sent beside the path would add nothing: the server
+could send each site the root its path reaches).
 
-Cost at a site: ``2 PROJECTIONS m`` products, one SHAKE-128 call (the claim's key and ``r``:
-``32 + 8 PROJECTIONS m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule
-(which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2 n)
-(32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`), not ``n
-m`` words (shipping every survivor's masked vector). ``benchmarks/bench_verified_round.py``
-measures it at 1,000 sites.
+Why this suffices when every site reaches the same root: the hashes bind one tree, each node's
+sums with its parent's hash, so the sibling sums each site adds are the ones the sites below
+that sibling computed (were a node to bind only its own sums, the server could send each half of
+the tree the sibling sums that complete the claim: every site would reach one root and pass any
+``A'``); each honest site checks its own leaf, so the root's projections are ``r`` times the
+true integer sum ``S`` plus whatever colluding sites' leaves add (a colluding site can add any
+vector to the sum anyway, as its own reply). A false claim ``S' = A' + 2^64 c' != S`` passes
+only if ``r_j (S' - S) = 0 mod p_j`` for every ``j``. Both lie in ``[0, n 2^64)``, so each word
+of ``d = S' - S`` is below ``n 2^64 <= 2^92`` in magnitude, while any three of the primes
+multiply to more than ``2^92.99``: a nonzero word of ``d`` is divisible by at most two of them,
+so ``d`` is nonzero modulo at least two primes ``p, q``. Place ``k`` of ``r`` is one 64-bit word
+``w_k`` of the SHAKE output, ``r_jk = w_k mod p_j``; by the Chinese remainder theorem the two
+projections pass together iff ``sum_k (w_k mod pq) d_k = 0 mod pq``, and for ``w_k mod pq``
+uniform on ``Z_pq`` that has probability ``1 / pq`` (``d`` is nonzero modulo ``p`` at some place
+and modulo ``q`` at some place: fixing every other place, the one or two left map onto
+``Z_pq``); ``w_k mod pq`` gives no value more than 5 of the ``2^64`` words, within ``5/4`` of
+uniform (``2^64 > 4 pq``), so the probability is at most ``(5/4)^2 / pq ~ 2^-61.4`` for the
+``r`` that ``A'`` itself fixes (grinding claims costs a hash each). One prime would not do:
+``A' = A + p`` in one word (or any ``A'`` with ``c'`` chosen to make ``S' = S`` modulo ``p``) would
+pass every site.
+
+Cost at a site: ``2 PROJECTIONS m`` products (:func:`_projections`), one SHAKE-128 call (the
+claim's key and ``r``: ``32 + 8 m`` bytes) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels'
+schedule (which have a sibling, on which side) made once per place; bytes down ``8 + ceil(log2
+n) (32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`),
+not ``n m`` words (shipping every survivor's masked vector).
+``benchmarks/bench_verified_round.py`` measures it at 1,000 sites.
 """
 
 from __future__ import annotations
@@ -56,22 +75,26 @@ import numpy as np
 import fedlatent.engine.secagg._crypto as _crypto
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-__all__ = ["P", "PROJECTIONS", "SumTree", "challenge", "pack_ring", "project", "read_paths",
-           "read_transcript", "ring_sum", "shared_fields", "transcript_fields", "unpack_ring",
-           "verify_leaf", "verify_zero", "zero_fields"]
+__all__ = ["MAX_LEAVES", "PRIMES", "PROJECTIONS", "SumTree", "challenge", "claim_bytes",
+           "pack_ring", "project", "read_paths", "read_transcript", "ring_sum", "shared_fields",
+           "transcript_fields", "unpack_ring", "verify_leaf", "verify_zero", "zero_fields"]
 
 _V = "verify/"  # the message fields of a transcript
 
-#: the prime modulus of the projections (products of two residues fit in 62 bits)
-P = (1 << 31) - 1
-#: independent projections: a false aggregate passes with probability P**-PROJECTIONS
-PROJECTIONS = 2
+#: the moduli of the projections, one each: the four largest primes below 2^31 (products of two
+#: residues fit in 62 bits; any three multiply to more than 2^92.99, see the module docstring)
+PRIMES = (2147483647, 2147483629, 2147483587, 2147483579)
+#: independent projections (one modulo each of :data:`PRIMES`)
+PROJECTIONS = len(PRIMES)
+#: the largest number of leaves a tree may have (the soundness bound needs n 2^64 < 2^92.99)
+MAX_LEAVES = 1 << 28
 LEAF_TAG = b"fedlatent/sumtree/leaf\x00"
 NODE_TAG = b"fedlatent/sumtree/node\x00"
 CHALLENGE_TAG = b"fedlatent/sumtree/challenge\x00"
 DIGEST_TAG = b"fedlatent/sumtree/digest\x00"
-_TWO64 = (1 << 64) % P
-_P = np.uint64(P)
+_TWO64 = tuple((1 << 64) % p for p in PRIMES)
+_PR = np.array(PRIMES, dtype=np.uint64)  # (PROJECTIONS,): a row of sums, modulo each prime
+_PC = _PR.reshape(-1, 1)  # (PROJECTIONS, 1): a row of r per prime
 
 
 def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -84,44 +107,43 @@ def ring_sum(leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def challenge(label: bytes, A: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``r`` (PROJECTIONS, m): residues modulo :data:`P` of words of the SHAKE-128 output of
-    ``(tag, label, A, c)``: a function of the claim only (:func:`_claim_hash`)."""
+    """``r`` (PROJECTIONS, m): row ``j`` residues modulo ``PRIMES[j]`` of words of the
+    SHAKE-128 output of ``(tag, label, m, claim)``, the claim ``(A, c)`` in the bytes a site
+    is sent (:func:`_claim`): a function of the claim only (:func:`_claim_hash`)."""
     return _claim_hash(label, _claim(A, c), np.size(A))[1]
 
 
-def _claim(A: np.ndarray, c: np.ndarray) -> bytes:
-    """The claim ``(A, c)`` as the challenge and the digest hash it."""
-    return np.asarray(A, dtype="<u8").tobytes() + np.asarray(c, dtype="<u8").tobytes()
-
-
 def _claim_hash(label: bytes, claim: bytes, m: int) -> tuple[bytes, np.ndarray]:
-    """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`) of ``m`` words, from one
-    SHAKE-128 (FIPS 202's extendable-output function) of the tag, the label and the claim:
+    """``(key, r)`` of the claim's bytes ``claim`` (:func:`_claim`, bytes or a uint8 array) of
+    ``m`` words, from one SHAKE-128 (FIPS 202's extendable-output function) of the tag, the
+    label, ``m`` and the claim's bytes as sent (they give one ``(A, c)`` for ``m`` words, so
+    ``r`` is fixed with the claim; another encoding of one claim is another ``r``, a hash
+    more to grind, and another digest, which neighbours shown the first refuse):
     its first 32 bytes are the claim's key, which the digest binds (:func:`tree_digest`),
-    the next ``8 PROJECTIONS m`` the words of ``r``, each taken modulo :data:`P`. The claim
-    is hashed once, by one call, for both."""
-    out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, claim))).digest(
-        32 + 8 * PROJECTIONS * m)
-    words = np.frombuffer(out, "<u8", PROJECTIONS * m, 32)
-    return out[:32], np.remainder(words, _P, dtype=np.uint64).reshape(PROJECTIONS, m)
+    the next ``8 m`` one word (``<u8``) a place, ``r_jk`` word ``k`` modulo ``PRIMES[j]``.
+    The claim is hashed once, by one call, for both."""
+    out = hashlib.shake_128(b"".join((CHALLENGE_TAG, _Q.pack(len(label)), label, _Q.pack(m),
+                                      claim))).digest(32 + 8 * m)
+    return out[:32], np.remainder(np.frombuffer(out, "<u8", m, 32), _PC, dtype=np.uint64)
 
 
 _Q = struct.Struct("<Q")
 
 
 def project(r: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """``r z mod P`` of each row ``z`` of ``vectors`` (n, m) uint64: (n, PROJECTIONS) uint64."""
-    z = np.atleast_2d(np.asarray(vectors, dtype=np.uint64)) % np.uint64(P)
+    """``r_j z mod PRIMES[j]`` of each row ``z`` of ``vectors`` (n, m) uint64: (n,
+    PROJECTIONS) uint64."""
+    z = np.atleast_2d(np.asarray(vectors, dtype=np.uint64))
     out = np.empty((z.shape[0], r.shape[0]), dtype=np.uint64)
-    for j in range(r.shape[0]):  # (PROJECTIONS passes; each product < 2^62)
-        out[:, j] = ((z * r[j]) % np.uint64(P)).sum(axis=1, dtype=np.uint64) % np.uint64(P)
+    for j, p in enumerate(_PR):  # (PROJECTIONS passes; each product < 2^62)
+        out[:, j] = (((z % p) * r[j]) % p).sum(axis=1, dtype=np.uint64) % p
     return out
 
 
 def _leaf_bytes(label: bytes, i: int, u: str, proj) -> bytes:
     """What leaf ``i`` (site ``u``, projections ``proj``: an array or PROJECTIONS ints)
     hashes."""
-    tail = _SUMS.pack(*proj) if isinstance(proj, list) else np.asarray(proj, "<u8").tobytes()
+    tail = _SUMS.pack(*proj) if isinstance(proj, list) else np.asarray(proj, "<u4").tobytes()
     return LEAF_TAG + _Q.pack(len(label)) + bytes(label) + _leaf_place(i, u) + tail
 
 
@@ -140,10 +162,10 @@ def _parents(hashes: list[bytes], sums: np.ndarray) -> tuple[list[bytes], np.nda
     """The next level up: pairs combined, a lone last node carried up unchanged."""
     n = len(hashes)
     even = n - n % 2
-    up = (sums[0:even:2] + sums[1:even:2]) % np.uint64(P)
-    rows = np.asarray(up, dtype="<u8")
-    out = _crypto.commit_many([NODE_TAG + hashes[2 * i] + hashes[2 * i + 1] + rows[i].tobytes()
-                               for i in range(even // 2)])
+    up = (sums[0:even:2] + sums[1:even:2]) % _PR
+    rows, pack = sums.tolist(), _NODE_BYTES.pack  # (a node binds its children's sums)
+    out = _crypto.commit_many([pack(NODE_TAG, hashes[2 * i], hashes[2 * i + 1], *rows[2 * i],
+                                    *rows[2 * i + 1]) for i in range(even // 2)])
     if n % 2:
         out.append(hashes[-1])
         up = np.concatenate([up, sums[-1:]])
@@ -170,7 +192,8 @@ class SumTree:
 
     def _commit(self, leaves: np.ndarray) -> None:
         """The challenge of the claim ``(A, c)``, the leaves' projections and the levels."""
-        self.r = challenge(self.label, self.A, self.c)
+        self.claim = _claim(self.A, self.c)
+        self.r = _claim_hash(self.label, self.claim, np.size(self.A))[1]
         sums = project(self.r, leaves)
         hashes = _leaf_hashes(self.label, self.ids, sums)
         self.levels = [(hashes, sums)]
@@ -209,50 +232,73 @@ def _digest(root: bytes, key: bytes) -> bytes:
     return hashlib.sha256(DIGEST_TAG + bytes(root) + key).digest()
 
 
-def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> list[list]:
-    """``[r z, r (A + 2^64 c)]`` modulo :data:`P` of the leaf ``z``: both in one pass, as
-    lists of Python ints (each product below 2^62, each row sum below 2^62 for fewer than
-    2^31 words). ``z``, ``A`` and ``c`` are projected together and ``r (A + 2^64 c)`` is
-    ``r A + (2^64 mod P) r c`` on Python ints: four array calls a leaf, not eleven. (An
-    exact uint64 product of ``r`` and the words' 16-bit limbs, the limbs recombined on
-    Python ints, takes as long inside a round of 1,000 sites.)"""
-    rows = np.remainder(np.concatenate((leaf, A, c)), _P).reshape(3, 1, leaf.size)
-    (z0, z1), (a0, a1), (c0, c1) = ((rows * r) % _P).sum(axis=2).tolist()
-    return [[z0 % P, z1 % P], [(a0 + _TWO64 * c0) % P, (a1 + _TWO64 * c1) % P]]
+def _projections(r: np.ndarray, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> tuple:
+    """``[r z, r (A + 2^64 c)]``, projection ``j`` modulo ``PRIMES[j]``, of the leaf ``z``:
+    both in one pass, as lists of Python ints (each product below 2^62, each row sum below
+    2^62 for fewer than 2^31 words). ``z``, ``A`` and ``c`` are reduced and projected
+    together ((3, PROJECTIONS, m) residues) and ``r (A + 2^64 c)`` is ``r A + (2^64 mod p)
+    r c`` on Python ints: four array calls a leaf. (Their bytes projected by one float64
+    product, each sum exact below 2^53, take less isolated but more inside a round of 1,000
+    sites; so did an exact uint64 product on the words' 16-bit limbs.)"""
+    rows = np.remainder(np.concatenate((leaf, A, c)).reshape(3, 1, leaf.size), _PC)
+    z, a, k = ((rows * r) % _PC).sum(axis=2).tolist()
+    return ([v % p for v, p in zip(z, PRIMES)],
+            [(u + t * v) % p for u, v, t, p in zip(a, k, _TWO64, PRIMES)])
 
 
-_SUMS = struct.Struct(f"<{PROJECTIONS}Q")
+_SUMS = struct.Struct(f"<{PROJECTIONS}I")
+#: what a node hashes: the tag, its children's hashes and their sums (left, then right)
+_NODE_BYTES = struct.Struct(f"<{len(NODE_TAG)}s32s32s{2 * PROJECTIONS}I")
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
-                c: np.ndarray, root: bytes | None, path) -> bytes:
+                c: np.ndarray, root: bytes | None, path, claim=None) -> bytes:
     """Check, as site ``site`` (leaf ``index`` of ``n``, its own ``leaf`` z_w), that ``A`` is
     the sum the tree of root ``root`` commits to; return :func:`tree_digest` (for its
     consistency statement). ``root`` None: the root its path reaches (a transcript sends
     none: the digest the site folds into its tokens carries it, and a neighbour shown
     another tree refuses to reveal). ``path``: :meth:`SumTree.path`'s ``(hashes, sums)``,
     or the levels as a transcript encodes them (bytes: :func:`read_transcript`); levels
-    beyond those the leaf's place has are not read. SecureAggregationError naming the site
-    and what failed."""
-    if not 0 <= index < n:
-        raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves")
+    beyond those the leaf's place has are not read. ``claim``: ``(A, c)`` as the site was
+    sent them (:func:`claim_bytes`; made from ``A`` and ``c`` when None). SecureAggregationError
+    naming the site and what failed."""
+    if not 0 <= index < n <= MAX_LEAVES:
+        raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves "
+                                     f"(at most {MAX_LEAVES})")
     A, c = np.asarray(A, dtype=np.uint64), np.asarray(c, dtype=np.uint64)
-    key, r = _claim_hash(label, _claim(A, c), A.size)  # (the key is bound by the digest)
-    s, claimed = _projections(r, np.asarray(leaf, dtype=np.uint64), A, c)
-    h = hashlib.sha256(_leaf_bytes(label, index, site, s)).digest()
+    if c.size and _carries_reach(claim) >= n and int(c.max()) >= n:  # (n words below 2^64
+        # carry at most n - 1; the claim's encoding mostly bounds them below n already)
+        raise SecureAggregationError(
+            f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
+            "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
+    key, r = _claim_hash(label, _claim(A, c) if claim is None else claim, A.size)
+    (s0, s1, s2, s3), claimed = _projections(r, np.asarray(leaf, dtype=np.uint64), A, c)
+    h = hashlib.sha256(_leaf_bytes(label, index, site, [s0, s1, s2, s3])).digest()
     sides = _sides(index, n)  # (its place's schedule: which levels have a sibling, where)
     levels = _path_levels(path, len(sides))
     if levels is None:
         raise SecureAggregationError(f"site {site!r}: the path of leaf {index} is too short")
-    s0, s1 = s  # (PROJECTIONS = 2: the sums as two ints)
-    sha, pack, tag, p = hashlib.sha256, _SUMS.pack, NODE_TAG, P
-    for (sib, a0, a1), left in zip(levels, sides):
-        s0, s1 = (s0 + a0) % p, (s1 + a1) % p
-        h = sha(tag + (sib + h if left else h + sib) + pack(s0, s1)).digest()
-    if root is None and [s0, s1] == claimed:  # (the common case)
+    sha, pack, tag = hashlib.sha256, _NODE_BYTES.pack, NODE_TAG
+    p0, p1, p2, p3 = PRIMES  # (PROJECTIONS = 4: the sums as four ints)
+    for (sib, a0, a1, a2, a3), left in zip(levels, sides):
+        h = sha(pack(tag, sib, h, a0, a1, a2, a3, s0, s1, s2, s3) if left
+                else pack(tag, h, sib, s0, s1, s2, s3, a0, a1, a2, a3)).digest()
+        s0, s1, s2, s3 = (s0 + a0) % p0, (s1 + a1) % p1, (s2 + a2) % p2, (s3 + a3) % p3
+    differ = [s0, s1, s2, s3] != claimed
+    if root is None and not differ:  # (the common case)
         return _digest(h, key)
-    _refuse_root(site, index, root, h, [s0, s1] != claimed)
+    _refuse_root(site, index, root, h, differ)
     return _digest(h, key)
+
+
+def _carries_reach(claim) -> float:
+    """An upper bound of the carries the claim's bytes ``claim`` (:func:`_claim`) can hold:
+    their least value plus the largest offset their width holds (inf without the bytes)."""
+    if claim is None or not len(claim):
+        return float("inf")
+    t = int(claim[-1])
+    bw = 4 if t & 64 else 2
+    return int.from_bytes(claim[-1 - bw:-1], "little") + (1 << (8 << (t >> 4 & 3))) - 1
 
 
 def _refuse_root(site: str, index: int, root: bytes | None, h: bytes, differ: bool) -> None:
@@ -294,7 +340,7 @@ def _path_levels(path, need: int):
     if isinstance(path, bytes | bytearray | memoryview):
         if len(path) < need * _NODE:
             return None
-        return _LEVEL.iter_unpack(path[:need * _NODE])
+        return _LEVEL.iter_unpack(memoryview(path)[:need * _NODE])
     raw, sums = path
     raw = bytes(raw)
     if isinstance(sums, np.ndarray):
@@ -305,13 +351,13 @@ def _path_levels(path, need: int):
 
 
 def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: np.ndarray,
-                path: tuple[bytes, np.ndarray], digest: bytes) -> bool:
+                path: tuple[bytes, np.ndarray], digest: bytes, claim=None) -> bool:
     """Whether leaf ``index`` of ``n`` (site ``site``, not in the exchange's sum) holds zero
     in the tree whose :func:`tree_digest` is ``digest`` (the one the checking site reached
     from its own leaf): its path from a zero leaf must climb to that root."""
     try:
         got = verify_leaf(label, index, n, site, np.zeros(np.size(A), np.uint64), A, c, None,
-                          path)
+                          path, claim)
     except SecureAggregationError:
         return False
     return got == digest
@@ -370,51 +416,72 @@ def read_paths(msg: dict[str, Any]) -> dict[int, tuple[int, tuple[bytes, list]]]
 
 
 def shared_fields(tree) -> dict[str, Any]:
-    """The part of a transcript every site is sent alike, as bytes: ``verify/A``, the ring sum
-    ``A``, its words as signed integers in a common width that most of them fit, the others
-    whole (:func:`pack_ring`: an aggregate of small values takes about 5 of 8 bytes a word),
-    and ``verify/c``, the carries' smallest value (``<u4``) and each carry less it in the
-    fewest bytes of 1, 2 or 4 (the carries of ``n`` uniform leaves lie within a few
-    ``sqrt(n)`` of ``n / 2``). Exact: :func:`read_transcript` gives back ``A`` and ``c``."""
-    c = np.asarray(tree.c, dtype=np.int64)
+    """The part of a transcript every site is sent alike: ``verify/A``, the claim ``(A, c)``
+    (:func:`_claim`; a :class:`SumTree`'s, made once). Exact: :func:`read_transcript` gives
+    back ``A`` and ``c``."""
+    claim = getattr(tree, "claim", None)
+    return {_V + "A": _claim(tree.A, tree.c) if claim is None else claim}
+
+
+def _claim(A: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The claim as bytes (uint8): the ring sum ``A``, its words as signed integers in a common
+    width ``w`` that most of them fit, the others whole (:func:`pack_ring` less its last
+    byte: an aggregate of small values takes about 4 to 5 of 8 bytes a word), then each carry
+    less the carries' smallest value in the fewest bytes of 1, 2 or 4 (the carries of ``n``
+    uniform leaves lie within a few ``sqrt(n)`` of ``n / 2``), that smallest value (``<u2``
+    below 65,536, else ``<u4``), and one byte: ``w`` (bits 0-3), the carries' width (bits
+    4-5: 0, 1, 2 for 1, 2, 4 bytes) and the smallest value's (bit 6: 4 bytes)."""
+    c = np.asarray(c, dtype=np.int64)
     base = int(c.min()) if c.size else 0
     span = int(c.max()) - base if c.size else 0
-    small = "<u1" if span < 1 << 8 else "<u2" if span < 1 << 16 else "<u4"
-    return {_V + "A": pack_ring(tree.A),
-            _V + "c": np.concatenate([np.array([base], "<u4").view(np.uint8),
-                                      (c - base).astype(small).view(np.uint8)])}
+    code = (0 if span < 1 << 8 else 1 if span < 1 << 16 else 2) | (4 if base >> 16 else 0)
+    a = pack_ring(A)
+    return np.concatenate([a[:-1], (c - base).astype(f"<u{1 << (code & 3)}").view(np.uint8),
+                           np.array([base], "<u4" if code & 4 else "<u2").view(np.uint8),
+                           np.array([int(a[-1]) | code << 4], np.uint8)])
 
 
 #: a width of w bytes holds the signed integers of magnitude below 2^(8 w - 1)
 _LIMITS = np.array([1 << (8 * w - 1) for w in range(1, 8)], dtype=np.uint64)
-_WIDE = 12  # bytes of a word too wide for the common width: its index and all 8 bytes
-_WIDE_WORD = struct.Struct("<Iq")
+
+
+@functools.lru_cache(maxsize=64)
+def _wide(m: int) -> tuple[int, struct.Struct]:
+    """A word too wide for the common width, of ``m``: its index in the fewest bytes of 1, 2
+    or 4 that hold ``m - 1``, then all its 8 bytes: ``(bytes, Struct)``."""
+    iw = 1 if m <= 1 << 8 else 2 if m <= 1 << 16 else 4
+    return iw + 8, struct.Struct(f"<{'xBHxI'[iw]}q")
 
 
 def pack_ring(A: np.ndarray) -> np.ndarray:
     """``A`` (m,) uint64, each word read as a signed integer, as bytes: each word's lowest
-    ``w`` bytes (little-endian), then each word that needs more (``<u4`` index and its 8
-    bytes), then the common width ``w`` (one byte), the one giving the fewest bytes
-    (:func:`unpack_ring`)."""
+    ``w`` bytes (little-endian), then each word that needs more (its index, :func:`_wide`,
+    and its 8 bytes), then the common width ``w`` (one byte), the one giving the fewest
+    bytes (:func:`unpack_ring`)."""
     s = np.asarray(A, dtype="<u8").view("<i8")
     mag = np.where(s < 0, ~s, s).view(np.uint64)  # (-1 - s for a negative s)
     need = 1 + (mag[:, None] >= _LIMITS[None, :]).sum(axis=1)
-    sizes = [s.size * w + _WIDE * int((need > w).sum()) for w in range(1, 9)]
+    entry, _ = _wide(s.size)
+    iw = entry - 8
+    sizes = [s.size * w + entry * int((need > w).sum()) for w in range(1, 9)]
     w = 1 + int(np.argmin(sizes))
     wide = np.flatnonzero(need > w)
-    tail = np.empty((wide.size, _WIDE), dtype=np.uint8)
-    tail[:, :4] = wide.astype("<u4").view(np.uint8).reshape(-1, 4)
-    tail[:, 4:] = s[wide].view(np.uint8).reshape(-1, 8)
+    tail = np.empty((wide.size, entry), dtype=np.uint8)
+    tail[:, :iw] = wide.astype(f"<u{iw}").view(np.uint8).reshape(-1, iw)
+    tail[:, iw:] = s[wide].view(np.uint8).reshape(-1, 8)
     return np.concatenate([s.view(np.uint8).reshape(-1, 8)[:, :w].ravel(), tail.ravel(),
                            np.array([w], np.uint8)])
 
 
-def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
+def unpack_ring(raw: np.ndarray, m: int, w: int | None = None) -> np.ndarray | None:
     """The ``m`` words of :func:`pack_ring`'s bytes ``raw`` (uint64); None when ``raw`` is
-    not such bytes for ``m`` words."""
-    w = int(raw[-1]) if raw.size else 0
+    not such bytes for ``m`` words. ``w``: the common width, given apart (``raw`` then
+    without its last byte: :func:`shared_fields`)."""
+    if w is None:
+        w, raw = (int(raw[-1]), raw[:-1]) if raw.size else (0, raw)
     end = m * w
-    if not 1 <= w <= 8 or raw.size <= end or (raw.size - 1 - end) % _WIDE:
+    entry, word = _wide(m)
+    if not 1 <= w <= 8 or raw.size < end or (raw.size - end) % entry:
         return None
     if w in _INT:  # (a width of a NumPy integer: read as it is, sign-extended)
         try:
@@ -425,17 +492,17 @@ def unpack_ring(raw: np.ndarray, m: int) -> np.ndarray | None:
         body = raw[:end].tobytes() + bytes(8 - w)  # zero bytes): shifted to the top and
         A = (np.ndarray((m,), "<u8", body, 0, (w,)) << _SHIFT[w]).view(np.int64) \
             >> _SHIFT_I[w]  # back down, sign-extended
-    if end + 1 < raw.size <= end + 1 + 8 * _WIDE:  # (a few wide words: read as they are)
-        for at, word in _WIDE_WORD.iter_unpack(raw[end:-1].tobytes()):
+    if end < raw.size <= end + 8 * entry:  # (a few wide words: read as they are)
+        for at, value in word.iter_unpack(raw[end:].tobytes()):
             if at >= m:
                 return None
-            A[at] = word
-    elif raw.size > end + 1:
-        tail = raw[end:-1].reshape(-1, _WIDE)
-        at = tail[:, :4].copy().view("<u4").reshape(-1)
+            A[at] = value
+    elif raw.size > end:
+        tail = raw[end:].reshape(-1, entry)
+        at = tail[:, :entry - 8].copy().view(f"<u{entry - 8}").reshape(-1)
         if int(at.max()) >= m:
             return None
-        A[at] = tail[:, 4:].copy().view("<i8").reshape(-1)
+        A[at] = tail[:, entry - 8:].copy().view("<i8").reshape(-1)
     return A.view(np.uint64)
 
 
@@ -451,18 +518,27 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
     ``c`` (m,) uint64, ``path`` the levels' bytes as :func:`verify_leaf` takes them (each
     a sibling's hash and its projections). SecureAggregationError when a field is missing
     or has a length no encoding of ``m`` words gives."""
-    a, cb, p = _field(msg, "A"), _field(msg, "c"), _field(msg, "path")
-    A = unpack_ring(a, m)
-    cw = (cb.size - 4) // m if m else 0
-    if (A is None or cw not in (1, 2, 4) or cb.size != 4 + m * cw or p.size < 8
-            or (p.size - 8) % _NODE):
+    a, p = _field(msg, "A"), _field(msg, "path")
+    A = None
+    t = int(a[-1]) if a.size else 0xFF
+    if t >> 4 & 3 < 3 and t < 128 and p.size >= 8 and not (p.size - 8) % _NODE:
+        index, n = _HEAD.unpack_from(p)
+        cw, bw = 1 << (t >> 4 & 3), 4 if t & 64 else 2
+        k = a.size - 1 - bw - m * cw  # (where the carries start)
+        A = unpack_ring(a[:k], m, t & 15) if k >= 0 else None
+    if A is None:
         raise SecureAggregationError(
-            f"its transcript's sum ({a.size} bytes), carries ({cb.size}) or path ({p.size}) "
-            f"do not fit this site's contribution of {m} words")
-    c = np.add(np.frombuffer(cb, _CARRY[cw], m, 4), np.uint64(_U4.unpack_from(cb)[0]),
-               dtype=np.uint64)
-    index, n = _HEAD.unpack_from(p)
+            f"its transcript's sum and carries ({a.size} bytes) or path ({p.size}) do not "
+            f"fit this site's contribution of {m} words")
+    c = np.add(np.frombuffer(a, _CARRY[cw], m, k),
+               np.uint64(int.from_bytes(a[-1 - bw:-1], "little")), dtype=np.uint64)
     return index, n, A, c, p[8:].tobytes()
+
+
+def claim_bytes(msg: dict[str, Any]) -> np.ndarray:
+    """The claim's bytes in ``msg`` as :func:`read_transcript` read them (for
+    :func:`verify_leaf`'s ``claim``)."""
+    return _field(msg, "A")
 
 
 def _field(msg: dict[str, Any], key: str) -> np.ndarray:
@@ -471,9 +547,8 @@ def _field(msg: dict[str, Any], key: str) -> np.ndarray:
     if (type(v) is np.ndarray and v.dtype == np.uint8 and v.ndim == 1
             and v.flags.c_contiguous):
         return v
-    return np.asarray(v, dtype=np.uint8).reshape(-1)
+    return np.ascontiguousarray(v, dtype=np.uint8).reshape(-1)
 
 
-_U4 = struct.Struct("<I")
 _HEAD = struct.Struct("<II")
 _CARRY = {1: "<u1", 2: "<u2", 4: "<u4"}
