@@ -341,10 +341,9 @@ def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
     """``(sent, listed)``: the parameters ``msg`` carries (``{name: array}``) and, where they
     are the kept layout's names and shapes, the arrays in its order (else None); ``msg``
     left without ``S_hat/`` fields (a server's ``S_hat`` is never used: the replayed one
-    is). A message with the fields of the last one read (the node's ``_verify_fields``: no
+    is). A message with the fields of the last one read with the layout (``at.fields``: no
     ``S_hat/``, the layout's parameters) is read by name without a scan."""
-    fields = getattr(node, "_verify_fields", None)
-    if fields is not None and fields[0] is at and msg.keys() == fields[1]:
+    if msg.keys() == at.fields:
         arrays = [np.asarray(msg[k]) for k in at.sent]
         sent = dict(zip(at.sent.values(), arrays))
     else:
@@ -354,7 +353,8 @@ def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
             del msg[k]
         arrays = [sent[n] for n in at.sent.values()] if sent.keys() == at.shapes[
             "params"].keys() else None
-        node._verify_fields = (at, keys) if arrays is not None and not shown else None
+        if arrays is not None and not shown:
+            at.fields = keys
     return sent, arrays if arrays is not None and [
         a.shape for a in arrays] == at.listed else None
 

@@ -53,10 +53,12 @@ class Plan:
     (``S_hat/...``), ``listed`` the parameters' shapes in their order, ``sent`` their names
     in a message (``params/...``); ``aligned`` whether ``V`` (if kept) has ``S_hat``'s arrays
     in its order and the groups lie back to back in :data:`GROUPS`' order (the flat step
-    adds them by place and writes the parameters first), or ``S_hat`` is not kept yet."""
+    adds them by place and writes the parameters first), or ``S_hat`` is not kept yet;
+    ``fields`` the fields of the last round's message read with it (no ``S_hat/``, these
+    parameters: a message with the same is read by name; shared by the nodes of a process)."""
 
-    __slots__ = ("aligned", "delta", "listed", "messaged", "rows", "sent", "shapes", "size",
-                 "spans")
+    __slots__ = ("aligned", "delta", "fields", "listed", "messaged", "rows", "sent", "shapes",
+                 "size", "spans")
 
     def __init__(self, rows: tuple):
         self.rows: dict[str, tuple] = {g: () for g in GROUPS}
@@ -72,6 +74,7 @@ class Plan:
         self.messaged = tuple("S_hat/" + n for n, _, _ in self.rows["S_hat"])
         self.listed = [sh for _, sh, _ in self.rows["params"]]
         self.sent = {"params/" + n: n for n, _, _ in self.rows["params"]}
+        self.fields: frozenset | None = None  # (a message's fields, once read: see verify._sent)
         p, s, v = (self.spans[g] for g in GROUPS)
         packed = p.start == 0 and p.stop == s.start and (
             s.stop == self.size if v.stop == v.start else s.stop == v.start and v.stop == self.size)
