@@ -181,4 +181,6 @@ def _fixed(K: int, d: int) -> SimpleNamespace:
         got = _FIXED[(K, d)] = SimpleNamespace(
             picked=np.concatenate([(k + i * d + j).ravel(), diagonal]), diagonal=diagonal,
             eye=np.tile(np.eye(d), (K, 1, 1)), shapes=((K,), (K, d), (K, d, d), (d,)))
+        for a in (got.picked, got.diagonal, got.eye):
+            a.flags.writeable = False  # (shared by every check of the shape)
     return got

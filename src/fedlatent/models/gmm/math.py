@@ -242,8 +242,11 @@ def _full_maps(K: int, d: int) -> tuple[np.ndarray, ...]:
     each covariance entry's component, its row's and its column's mean entry, and the
     covariance diagonal's entries."""
     k, i, j = (a.ravel() for a in np.indices((K, d, d), dtype=np.intp))
-    return (np.repeat(np.arange(K), d), k, k * d + i, k * d + j,
+    maps = (np.repeat(np.arange(K), d), k, k * d + i, k * d + j,
             (np.arange(K)[:, None] * (d * d) + np.arange(d) * (d + 1)).ravel())
+    for a in maps:
+        a.flags.writeable = False  # (shared by every call of the shape)
+    return maps
 
 
 def lean_full_step(S: Stats, center: np.ndarray, reg_covar: float) -> dict | None:
