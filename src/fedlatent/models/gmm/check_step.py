@@ -34,10 +34,8 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     """Whether ``sent`` is, within ``rtol / 2`` of each parameter's largest entry, what
     ``server_step`` gives on full-covariance statistics ``S`` (K components, d features)
     without differential privacy and with ``center`` the previous centre; False where this
-    check cannot tell (the caller then replays the M-step: False never refuses).
-
-    The weights, means and centre must be the server's bytes (the means finite: a NaN or
-    infinite centre said twice is the same bytes; ``-0.0`` for ``0.0`` goes to the replay).
+    check cannot tell (the caller then replays the M-step: False never refuses). Weights,
+    means and centre: the server's bytes, the means finite (``-0.0`` for ``0.0``: replayed).
 
     The argument, for each component with covariance ``Sigma`` (the server's arithmetic,
     :func:`~fedlatent.models.gmm.math.gmm_m_step`: ``G = sxx / n - mc mc^T`` with ``reg_covar``
