@@ -150,3 +150,28 @@ def test_a_verified_fit_checks_its_rounds_forward(monkeypatch):
         means.append(est.means_)
     assert len(seen) == 6 * 4 and all(seen)  # (rounds 2..5 of six sites)
     np.testing.assert_allclose(means[0], means[1], rtol=0, atol=1e-10)
+
+
+def test_a_non_finite_centre_said_twice_is_left_to_the_replay():
+    """The check compares the weights, means and centre by their bytes: a NaN or infinite
+    centre, kept and sent alike (the same bytes), still goes to the replay (the means it
+    gives are not finite), which refuses the NaN; a -0.0 for a 0.0 goes to the replay too,
+    which accepts it (equal values)."""
+    model, S, prev, honest = _honest(1, _clusters)
+    for bad in (np.nan, np.inf):
+        centre = prev["center"].copy()
+        centre[2] = bad
+        sent = model.server_step(S, {"center": centre}, 500.0)
+        assert sent["center"].tobytes() == centre.tobytes()
+        assert model.check_step(S, sent, {"center": centre}, 500.0, REPLAY_RTOL) is False
+    why = step_refusal(model, S, {"center": centre}, 500.0, sent, 3, "c1")
+    assert why is None  # (the replay takes equal infinities as equal: its own rule)
+    centre[2] = np.nan
+    sent = model.server_step(S, {"center": centre}, 500.0)
+    why = step_refusal(model, S, {"center": centre}, 500.0, sent, 3, "c1")
+    assert why is not None and "round 3 refused: parameter 'center'" in why
+    zero = {"center": np.zeros(4)}
+    sent = model.server_step(S, zero, 500.0)
+    sent["center"] = -sent["center"]  # (-0.0 for 0.0: equal values, other bytes)
+    assert model.check_step(S, sent, zero, 500.0, REPLAY_RTOL) is False
+    assert step_refusal(model, S, zero, 500.0, sent, 3, "c1") is None  # (the replay's)

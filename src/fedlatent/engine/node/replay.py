@@ -57,9 +57,10 @@ def step_refusal(model, S_hat, previous: dict, n_total: float, sent: dict, round
     """Why ``sent`` is not the M-step of ``S_hat`` (None: it is): the model's
     :meth:`~fedlatent.engine.contract.model.FederatedModel.check_step` where it proves
     ``sent`` within half the tolerance of the replay (products only, no M-step), else
-    :func:`replay_refusal` of the replayed M-step."""
+    :func:`replay_refusal` of the replayed M-step. ``previous`` may be any mapping."""
     if model.check_step(S_hat, sent, previous, n_total, REPLAY_RTOL):
         return None
+    previous = dict(previous)  # (a mapping of views made when read: the M-step's as a dict)
     replayed = model.replay_step(S_hat, previous, n_total)
     return replay_refusal(model, S_hat, previous, n_total, sent, replayed, round_, client)
 

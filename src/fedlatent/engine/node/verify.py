@@ -337,14 +337,14 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
                                   "this site cannot replay " + (
                                       "in the first round" if accelerated else
                                       "in a fit set up with Federation(acceleration=None)"))
-    sent = unpack(msg, "params")
     at = _plan(node) if last == "estep" and not accelerated else None
     k_prev = _num(node.state["verify/round"]) if last == "estep" else 0
     if (at is not None and at.aligned and total is not None and k_prev not in undone
             and total.keys() >= at.delta):
-        msg = _next_flat(node, fed, at, msg, sent, total, rnd, k_prev)  # (every plain round)
+        msg = _next_flat(node, fed, at, msg, total, rnd, k_prev)  # (every plain round)
         node.state["verify/round"] = np.array(float(rnd))
         return msg
+    sent = unpack(msg, "params")
     mine = _groups(node)
     n_total, n_clients = _units(node)
     if last == "estep" and k_prev in undone:
@@ -364,7 +364,7 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
     return msg
 
 
-def _next_flat(node, fed, at, msg: dict[str, Any], sent: dict, total, rnd: int, k_prev: int
+def _next_flat(node, fed, at, msg: dict[str, Any], total, rnd: int, k_prev: int
                ) -> dict[str, Any]:
     """:func:`_next_round` of a round of plain FedEM, on the packed vector
     (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``): the server's FedEM step
@@ -372,35 +372,53 @@ def _next_flat(node, fed, at, msg: dict[str, Any], sent: dict, total, rnd: int, 
     initialization round ``S_hat`` is the aggregate and ``V`` zero, as
     :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` starts them), its M-step
     checked forward or replayed (:func:`~fedlatent.engine.node.replay.step_refusal`), then
-    the parameters and the step kept as one new vector, and ``msg`` given views of its
+    the sent parameters and the step kept as one new vector, and ``msg`` given views of its
     ``S_hat`` (the E-step copies them); VerificationRefused otherwise, the kept vector
     unchanged."""
     kept = node.state["verify/kept"]
+    sent, listed = _sent(node, at, msg)
     if at.rows["S_hat"]:
         alpha = fed.alpha_for(at.shapes["S_hat"]) if at.rows["V"] else 1.0
-        new = _flat_step(kept, at, [total[k] for k in at.delta], fed.gamma(k_prev), alpha)
+        new = _flat_step(kept, at, [total[k] for k in at.delta], fed.gamma(k_prev), alpha,
+                         listed)
         views = at.views(new, "S_hat")
     else:  # (the initialization round's: the layout gains S_hat and V)
         new, views = None, {k[6:]: v for k, v in total.items() if k.startswith("delta/")}
     S = Stats(views, copy=False)
-    why = _deps().step_refusal(node.model, S, at.views(kept, "params"), _units(node)[0], sent,
+    why = _deps().step_refusal(node.model, S, at.lazy(kept, "params"), _units(node)[0], sent,
                                rnd, node.client_id)
     if why:
         _declared(node, msg)  # another shape: the declared-shape refusal, as unverified
         raise VerificationRefused(why)
-    shapes = at.shapes["params"]
-    if new is not None and sent.keys() == shapes.keys() and [
-            sent[n].shape for n in shapes] == at.listed:
-        np.concatenate([sent[n] for n in shapes], axis=None, out=new[at.spans["params"]],
-                       casting="unsafe")  # (as store's float64 conversion)
+    if listed is not None and new is not None:
         node.state["verify/kept"] = new  # (a new vector: the one before is never written)
     else:  # (a new layout: the first step's, or other names or shapes than before)
         _store(node, {"params": sent, "S_hat": S, "V": at.views(new, "V") if new is not None
                       else S.zeros_like() if fed.control_variates else {}})
-    for k in [k for k in msg if k.startswith("S_hat/")]:
-        del msg[k]  # (a server's S_hat is never used: the replayed one is)
     msg.update(zip(at.messaged, views.values()) if new is not None else pack("S_hat", S))
     return msg
+
+
+def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
+    """``(sent, listed)``: the parameters ``msg`` carries (``{name: array}``) and, where they
+    are the kept layout's names and shapes, the arrays in its order (else None); ``msg``
+    left without ``S_hat/`` fields (a server's ``S_hat`` is never used: the replayed one
+    is). A message with the fields of the last one read with the layout (``at.fields``: no
+    ``S_hat/``, the layout's parameters) is read by name without a scan."""
+    if msg.keys() == at.fields:
+        arrays = [np.asarray(msg[k]) for k in at.sent]
+        sent = dict(zip(at.sent.values(), arrays))
+    else:
+        keys, sent = frozenset(msg), unpack(msg, "params")
+        shown = [k for k in msg if k.startswith("S_hat/")]
+        for k in shown:
+            del msg[k]
+        arrays = [sent[n] for n in at.sent.values()] if sent.keys() == at.shapes[
+            "params"].keys() else None
+        if arrays is not None and not shown:
+            at.fields = keys
+    return sent, arrays if arrays is not None and [
+        a.shape for a in arrays] == at.listed else None
 
 
 def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 
 import numpy as np
 
 from fedlatent.engine.stats import Stats
 
-__all__ = ["GROUPS", "Plan", "fedem_step", "flat_step", "groups", "num", "plan", "store",
-           "units"]
+__all__ = ["GROUPS", "Plan", "Views", "fedem_step", "flat_step", "groups", "num", "plan",
+           "store", "units"]
 
 #: what a verifying site keeps of the round before, packed in one float64 vector
 #: (``verify/kept``) laid out by ``verify/kept-layout`` (JSON: group, name, shape)
@@ -49,10 +50,15 @@ class Plan:
     layout: :func:`plan`). ``spans[group]`` a slice, ``rows[group]`` its ``(name, shape,
     slice)``, ``shapes[group]`` its ``{name: shape}``; ``delta`` the aggregate's field names
     of ``S_hat``'s arrays, in its order, ``messaged`` their names in a message
-    (``S_hat/...``), ``listed`` the parameters' shapes in their order; ``aligned`` whether
-    ``V`` (if kept) has ``S_hat``'s arrays in its order (the flat step adds them by place)."""
+    (``S_hat/...``), ``listed`` the parameters' shapes in their order, ``sent`` their names
+    in a message (``params/...``); ``aligned`` whether ``V`` (if kept) has ``S_hat``'s arrays
+    in its order and the groups lie back to back in :data:`GROUPS`' order (the flat step
+    adds them by place and writes the parameters first), or ``S_hat`` is not kept yet;
+    ``fields`` the fields of the last round's message read with it (no ``S_hat/``, these
+    parameters: a message with the same is read by name; shared by the nodes of a process)."""
 
-    __slots__ = ("aligned", "delta", "listed", "messaged", "rows", "shapes", "size", "spans")
+    __slots__ = ("aligned", "delta", "fields", "listed", "messaged", "rows", "sent", "shapes",
+                 "size", "spans")
 
     def __init__(self, rows: tuple):
         self.rows: dict[str, tuple] = {g: () for g in GROUPS}
@@ -67,11 +73,41 @@ class Plan:
         self.delta = {"delta/" + n: None for n, _, _ in self.rows["S_hat"]}.keys()
         self.messaged = tuple("S_hat/" + n for n, _, _ in self.rows["S_hat"])
         self.listed = [sh for _, sh, _ in self.rows["params"]]
-        self.aligned = [r[:2] for r in self.rows["V"]] in ([], [r[:2] for r in self.rows["S_hat"]])
+        self.sent = {"params/" + n: n for n, _, _ in self.rows["params"]}
+        self.fields: frozenset | None = None  # (a message's fields, once read: see verify._sent)
+        p, s, v = (self.spans[g] for g in GROUPS)
+        packed = p.start == 0 and p.stop == s.start and (
+            s.stop == self.size if v.stop == v.start else s.stop == v.start and v.stop == self.size)
+        self.aligned = [r[:2] for r in self.rows["V"]] in (
+            [], [r[:2] for r in self.rows["S_hat"]]) and (packed or not self.rows["S_hat"])
 
     def views(self, flat: np.ndarray, group: str) -> dict[str, np.ndarray]:
         """``{name: array}`` of ``group`` in ``flat`` (views)."""
         return {n: flat[at].reshape(sh) for n, sh, at in self.rows[group]}
+
+    def lazy(self, flat: np.ndarray, group: str) -> Views:
+        """:meth:`views` as a mapping that makes each view when it is read."""
+        return Views(flat, self.rows[group])
+
+
+class Views(Mapping):
+    """``{name: array}`` of one group of a packed vector (``rows``: its ``(name, shape,
+    slice)``), each a view of ``flat`` made when it is read (a check reads one or two)."""
+
+    __slots__ = ("_flat", "_rows")
+
+    def __init__(self, flat: np.ndarray, rows: tuple):
+        self._flat, self._rows = flat, {n: (at, sh) for n, sh, at in rows}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        at, shape = self._rows[name]
+        return self._flat[at].reshape(shape)
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 def plan(node) -> Plan | None:
@@ -133,27 +169,31 @@ def fedem_step(node, fed, kept: dict[str, dict], total: dict):
     return state, new, k_prev
 
 
-def flat_step(kept: np.ndarray, at: Plan, fields: list, gamma: float, alpha: float
-              ) -> np.ndarray:
+def flat_step(kept: np.ndarray, at: Plan, fields: list, gamma: float, alpha: float,
+              params: list | None = None) -> np.ndarray:
     """The kept vector after the server's FedEM step of a round's aggregate (its ``delta/``
-    ``fields``, in ``S_hat``'s order), its parameters left unwritten: ``S_hat + gamma agg (+
-    gamma V)``, ``V + alpha agg``, elementwise as
-    :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` adds them block by block (``p =
-    1``: verification needs every site; the same operations in the same order, so the same
-    bits)."""
-    new = np.empty_like(kept)
+    ``fields``, in ``S_hat``'s order): ``S_hat + gamma agg (+ gamma V)``, ``V + alpha agg``,
+    elementwise as :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` adds them block
+    by block (``p = 1``: verification needs every site; the same operations in the same order,
+    so the same bits); its parameters ``params`` (arrays of ``at.listed``'s shapes, in order,
+    as float64), or left unwritten (None). ``at.aligned``: the groups back to back."""
     s, v = at.spans["S_hat"], at.spans["V"]
     agg = np.concatenate(fields, axis=None)
-    if at.aligned and at.rows["V"] and gamma == alpha == 1.0 and s.stop == v.start:
-        both = slice(s.start, v.stop)  # (S + agg and V + agg in one call)
-        np.add(kept[both].reshape(2, -1), agg, out=new[both].reshape(2, -1))
-        np.add(new[s], kept[v], out=new[s])
+    if not at.rows["V"]:
+        tail = kept[s] + (agg if gamma == 1.0 else gamma * agg)
+    elif gamma == alpha == 1.0:  # (S + agg and V + agg in one call)
+        tail = kept[s.start:].reshape(2, -1) + agg
+        tail[0] += kept[v]
+    else:
+        tail = np.empty((2, s.stop - s.start))
+        np.add(kept[s], gamma * agg, out=tail[0])
+        tail[0] += gamma * kept[v]
+        np.add(kept[v], alpha * agg, out=tail[1])
+    if params is None:
+        new = np.empty_like(kept)
+        new[s.start:] = tail.reshape(-1)
         return new
-    np.add(kept[s], agg if gamma == 1.0 else gamma * agg, out=new[s])
-    if at.rows["V"]:
-        np.add(new[s], kept[v] if gamma == 1.0 else gamma * kept[v], out=new[s])
-        np.add(kept[v], agg if alpha == 1.0 else alpha * agg, out=new[v])
-    return new
+    return np.concatenate([*params, tail], axis=None, dtype=np.float64, casting="unsafe")
 
 
 def num(value, kind=int):

@@ -34,7 +34,8 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     """Whether ``sent`` is, within ``rtol / 2`` of each parameter's largest entry, what
     ``server_step`` gives on full-covariance statistics ``S`` (K components, d features)
     without differential privacy and with ``center`` the previous centre; False where this
-    check cannot tell (the caller then replays the M-step: False never refuses).
+    check cannot tell (the caller then replays the M-step: False never refuses). Weights,
+    means and centre: the server's bytes, the means finite (``-0.0`` for ``0.0``: replayed).
 
     The argument, for each component with covariance ``Sigma`` (the server's arithmetic,
     :func:`~fedlatent.models.gmm.math.gmm_m_step`: ``G = sxx / n - mc mc^T`` with ``reg_covar``
@@ -89,18 +90,19 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     """
     nk0 = S["nk"]
     K, d = S["sx"].shape
-    if sent.keys() != _KEYS or not _shapes(sent, K, d):
+    fixed = _fixed(K, d)
+    if sent.keys() != _KEYS or not _shapes(sent, fixed.shapes):
         return False
     counts = nk0.tolist()
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
     weights, means, G = gmm_full_parts(S, center, reg_covar)  # (the server's bits)
-    if not (sent["weights"].tolist() == weights.tolist()
-            and sent["center"].tolist() == center.tolist()
-            and sent["means"].tolist() == means.tolist()):
-        return False  # (another machine's last bits, or a move: the replay decides)
-    fixed = _fixed(K, d)
+    if not (sent["weights"].tobytes() == weights.tobytes()
+            and sent["means"].tobytes() == means.tobytes()
+            and sent["center"].tobytes() == center.tobytes()
+            and math.isfinite(sum(means.ravel().tolist()))):  # (mc + centre: both finite)
+        return False  # (another machine's last bits, a move, -0.0 for 0.0: the replay decides)
     U = sent["precisions_cholesky"]
     e, u2, top, g = _factor_error(U, G, fixed)
     if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
@@ -110,11 +112,11 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
         S, n, g, U, fixed, pooled_diagonal=False))
 
 
-def _shapes(sent: dict, K: int, d: int) -> bool:
+def _shapes(sent: dict, shapes: tuple) -> bool:
     w, m, U, c = sent["weights"], sent["means"], sent["precisions_cholesky"], sent["center"]
     return (type(w) is type(m) is type(U) is type(c) is np.ndarray  # (else: the replay's)
-            and w.shape == (K,) and m.shape == (K, d) and U.shape == (K, d, d)
-            and c.shape == (d,) and w.dtype == m.dtype == U.dtype == c.dtype == _F64)
+            and (w.shape, m.shape, U.shape, c.shape) == shapes
+            and w.dtype == m.dtype == U.dtype == c.dtype == _F64)
 
 
 def _factor_error(U: np.ndarray, G: np.ndarray, fixed
@@ -131,7 +133,7 @@ def _factor_error(U: np.ndarray, G: np.ndarray, fixed
     if any(picked[:len(picked) - len(diag)]) or not all(map(_POSITIVE, diag)):
         return math.nan, math.nan, math.nan, math.nan
     E = U.transpose(0, 2, 1) @ G @ U
-    E -= fixed.eye
+    E -= fixed.eye  # (K identity matrices, contiguous: one flat subtraction)
     u2, g = float(np.vdot(U, U)), math.sqrt(float(np.vdot(G, G)))
     return math.sqrt(float(np.vdot(E, E))) + 2 * (d + 2) * _U * u2 * g, u2, max(diag), g
 
@@ -165,7 +167,8 @@ _FIXED: dict[tuple[int, int], SimpleNamespace] = {}
 def _fixed(K: int, d: int) -> SimpleNamespace:
     """What does not change between rounds for K components of d features (kept per shape):
     ``picked``, the flat indices of every strictly lower entry of K factors, then of their
-    diagonals; ``diagonal``, those of the diagonals only; ``eye``, K identity matrices."""
+    diagonals; ``diagonal``, those of the diagonals only; ``eye``, K identity matrices;
+    ``shapes``, those of the weights, means, factors and centre."""
     got = _FIXED.get((K, d))
     if got is None:
         i, j = np.tril_indices(d, -1)
@@ -175,5 +178,7 @@ def _fixed(K: int, d: int) -> SimpleNamespace:
             _FIXED.clear()
         got = _FIXED[(K, d)] = SimpleNamespace(
             picked=np.concatenate([(k + i * d + j).ravel(), diagonal]), diagonal=diagonal,
-            eye=np.broadcast_to(np.eye(d), (K, d, d)))
+            eye=np.tile(np.eye(d), (K, 1, 1)), shapes=((K,), (K, d), (K, d, d), (d,)))
+        for a in (got.picked, got.diagonal, got.eye):
+            a.flags.writeable = False  # (shared by every check of the shape)
     return got
