@@ -425,3 +425,63 @@ def test_a_verifying_site_answers_only_the_replayed_starts_queries(monkeypatch):
     except FederatedFitError:
         pass  # (refused: the defence; or stopped after the probes: the hole)
     assert not _exact_rows(rows, fd)
+
+
+# ---- an S_hat in the initialization round ---------------------------------------------------
+class FirstShat(InProcessRuntime):
+    """A server that adds ``S_hat/...`` to the first E-step round's messages (it has none: the
+    round's statistic is sent whole): each site replies ``S_c - S_hat``, and the aggregate,
+    which every site takes as the round's ``S_hat``, moves by ``-S_hat`` (here component 0's
+    ``sx`` by ``-(1, 0)``: its mean by about ``1 / nk_0``)."""
+
+    def __init__(self, fd, **kw):
+        super().__init__(fd, **kw)
+        self.sent = []
+
+    def call(self, client_ids, method, messages):
+        if method == "estep" and any(m.get("secagg/exchange") == "estep"
+                                     and _round_of(m) == 1 for m in messages.values()):
+            messages = {c: self._add(dict(m)) for c, m in messages.items()}
+        return super().call(client_ids, method, messages)
+
+    def _add(self, msg):
+        K, d = np.shape(msg["params/means"])
+        sx = np.zeros((K, d))
+        sx[0, 0] = -1.0
+        msg.update({"S_hat/nk": np.zeros(K), "S_hat/sx": sx, "S_hat/sxx": np.zeros((K, d, d))})
+        self.sent.append(msg)
+        return msg
+
+
+def test_an_s_hat_in_the_first_round_moves_the_means_when_nobody_verifies(monkeypatch):
+    """The harness (unverified): round 2's first mean moves by more than 1."""
+    monkeypatch.setattr(secure_checks, "_rebuilt", lambda *a, **kw: None)
+    fd = six_sites(3.0)
+    unverified = fl.Federation(secure_aggregation=True, verified=False)
+    honest = InProcessRuntime(fd, record=True)
+    _fit(_gmm(federation=unverified), fd, honest)
+    rt = FirstShat(fd, record=True)
+    _fit(_gmm(federation=unverified), fd, rt)
+    moved = _means_evaluated(rt, fd, 2)[0] - _means_evaluated(honest, fd, 2)[0]
+    assert moved[0, 0] > 1.0
+
+
+@pytest.mark.xfail(strict=True, reason="hole: the first E-step round's S_hat fields are neither "
+                   "refused nor replaced by a verifying site; the aggregate it replays as the "
+                   "round's S_hat carries the server's offset")
+def test_a_verifying_site_refuses_an_s_hat_in_the_first_round(monkeypatch):
+    """Verified, the same server (on the code before: every site answers, round 2's first
+    mean moved by 2.81): the first round must be refused, or round 2 evaluate the honest
+    means."""
+    monkeypatch.setattr(secure_checks, "_rebuilt", lambda *a, **kw: None)
+    fd = six_sites(3.0)
+    honest = InProcessRuntime(fd, record=True)
+    _fit(_gmm(), fd, honest)
+    rt = FirstShat(fd, record=True)
+    try:
+        _fit(_gmm(), fd, rt)
+    except FederatedFitError as err:
+        assert err.round == 1, str(err)
+        return
+    for got in _means_evaluated(rt, fd, 2):
+        assert_close(got, _means_evaluated(honest, fd, 2)[0], rtol=1e-8)
