@@ -485,3 +485,39 @@ def test_a_verifying_site_refuses_an_s_hat_in_the_first_round(monkeypatch):
         return
     for got in _means_evaluated(rt, fd, 2):
         assert_close(got, _means_evaluated(honest, fd, 2)[0], rtol=1e-8)
+
+
+@pytest.mark.xfail(strict=True, reason="hole: check_exchange returns any message marked "
+                   "secagg/replay unchecked, whatever its method; a query so marked is "
+                   "answered by answer_secure as a plain query, at any time of the fit")
+def test_a_query_marked_as_a_group_test_is_not_answered_unchecked(monkeypatch):
+    """The crafted start queries of the test above, each marked ``secagg/replay`` (a group
+    test's mark: only a round's remembered E-step reply is re-sent under it): on the code
+    before, every site answers them without any check (no transcript, no seed, no start
+    replay) and the differenced cells give rows. A site must refuse a group-test mark on
+    anything but an E-step of the round whose reply it holds."""
+    from fedlatent.engine.site.policy import SitePolicy
+    from fedlatent.models.gmm import init as gmm_init
+
+    fd = six_sites(3.0)
+    rows = _probing_start(monkeypatch)
+    probing = gmm_init._hard_sums
+
+    def marked(ctx, centers, center, ct, what, second=True):
+        summed = gmm_init._summed
+
+        def with_mark(ctx, query, payload, *a, **kw):
+            return summed(ctx, query, {**payload, "secagg/replay": 1}, *a, **kw)
+
+        gmm_init._summed = with_mark  # (the probes only: the honest call comes after)
+        try:
+            return probing(ctx, centers, center, ct, what, second)
+        finally:
+            gmm_init._summed = summed
+
+    monkeypatch.setattr(gmm_init, "_hard_sums", marked)
+    try:
+        _fit(_gmm(max_rounds=30), fd, InProcessRuntime(fd, policies=SitePolicy()))
+    except FederatedFitError:
+        pass
+    assert not _exact_rows(rows, fd)
