@@ -115,14 +115,15 @@ def _isolated(rec):
 
 
 def test_the_server_rebuilds_one_sites_reply_when_it_claims_a_failure(monkeypatch):
-    """The harness: a round whose aggregate the server says failed is group-tested over
-    sub-cohorts; the round's sum minus the cohort that left one client out is that client's
-    reply of the round (its statistics), to the fixed point's rounding, with every site
-    verifying."""
+    """The harness (unverified secure aggregation): a round whose aggregate the server says
+    failed is group-tested over sub-cohorts of its choosing; two of them that differ by one
+    client give that client's reply of the round (its statistics, weighted), to the fixed
+    point's rounding."""
     fd = six_sites(3.0)
     rec = _Recorder(monkeypatch)
     _claims_a_failure(monkeypatch)
-    est = _fit(_gmm(), fd, InProcessRuntime(fd))
+    est = _fit(_gmm(federation=fl.Federation(secure_aggregation=True, verified=False)), fd,
+               InProcessRuntime(fd))
     assert est.history_[AT - 1].skipped
     got = _isolated(rec)
     assert got  # at least one client's reply stands alone
@@ -137,9 +138,10 @@ def test_the_server_rebuilds_one_sites_reply_when_it_claims_a_failure(monkeypatc
                    "asks (secagg/replay), and never checks the transcript of a round the server "
                    "says it discarded (secagg/undo): two sub-cohort sums give one site's reply")
 def test_a_server_claiming_a_failure_gets_no_single_sites_reply(monkeypatch):
-    """A verifying site takes part in a group test only for a round whose failure it can
-    check (its transcript): a server that claims an honest aggregate failed must not learn
-    one site's reply from two of its sub-cohort sums."""
+    """Verified, the same server (on the code before: every site answers both group tests,
+    one site's reply comes back whole). A verifying site takes part in a group test only for
+    a round whose failure it can check (its transcript): a server that claims an honest
+    aggregate failed must not learn one site's reply from two of its sub-cohort sums."""
     fd = six_sites(3.0)
     rec = _Recorder(monkeypatch)
     _claims_a_failure(monkeypatch)
