@@ -1,7 +1,7 @@
 """Verified rounds attacked by a server that does not follow the protocol (issue 38's audit):
 each test mounts one deviation against real ``ClientNode`` objects with the defaults (secure
 aggregation, verified rounds) and asserts what a verifying site must do. A test marked
-``xfail(strict=True)`` shows a hole on the code it was written against: it asserts the refusal
+``xfail(strict=True)`` shows a hole still open: it asserts the refusal
 the site owes and fails until the hole is closed (then the marker must go). The others document
 a defence that holds against a meaningful attack.
 """
@@ -221,9 +221,6 @@ def test_the_steered_aggregate_moves_the_parameters_when_nobody_verifies(monkeyp
     assert np.max(np.abs(moved[0] - rt.move)) < 0.3  # (S_c moved on since the round before)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: the E-step takes control_variates, alpha and "
-                   "V_reset from the round message, unchecked by verification: the server "
-                   "steers the verified aggregate, so the replayed S_hat, to its choice")
 def test_a_verifying_site_refuses_a_reset_control_variate_it_cannot_replay(monkeypatch):
     """Verified, the same server: every site replays ``S_hat`` from the aggregate its own
     steered reply is in, so the moved parameters pass the replay (on the code before: means
@@ -290,9 +287,6 @@ def test_a_batch_of_one_and_a_claimed_failure_rebuild_a_record_unverified(monkey
     assert len(got) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="hole: the E-step's mode and batch_size come from the "
-                   "round message, unchecked against the setup's federation by a verifying "
-                   "site: a batch of one makes a site's reply one record's statistic")
 def test_a_verifying_site_refuses_a_batch_of_one_in_a_full_pass_fit(monkeypatch):
     """Verified, the same server: a site must refuse an E-step in another mode than its
     setup's federation (full passes) before it computes anything; on the code before, every
@@ -349,9 +343,6 @@ def test_a_crafted_cv_init_moves_the_means_when_nobody_verifies(monkeypatch):
     # by -move, give or take the covariance's pull on the round's responsibilities)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: cv_init is answered outside the verified "
-                   "exchanges; its S_hat is not checked against the S_hat the site replayed, "
-                   "so the server offsets every later verified aggregate")
 def test_a_verifying_site_refuses_a_cv_init_whose_s_hat_is_not_its_replay(monkeypatch):
     """Verified, the same server (on the code before: every site answers, round 3's means
     moved by -3.01, later rounds' by -1e10): a site must check ``cv_init``'s ``S_hat`` against
@@ -409,9 +400,6 @@ def _exact_rows(rows, fd):
     return [x for x in rows if np.min(np.max(np.abs(X - x), axis=1)) < 1e-6]
 
 
-@pytest.mark.xfail(strict=True, reason="hole: a verifying site answers any summed query before "
-                   "the first round; the start is replayed only at round 1, after its "
-                   "crafted queries were answered: differenced hard_stats cells give rows")
 def test_a_verifying_site_answers_only_the_replayed_starts_queries(monkeypatch):
     """Every site on the library's default policy (no public starts), verified rounds: 20
     crafted hard-assignment queries before the honest start (on the code before: all
@@ -468,9 +456,6 @@ def test_an_s_hat_in_the_first_round_moves_the_means_when_nobody_verifies(monkey
     assert moved[0, 0] > 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="hole: the first E-step round's S_hat fields are neither "
-                   "refused nor replaced by a verifying site; the aggregate it replays as the "
-                   "round's S_hat carries the server's offset")
 def test_a_verifying_site_refuses_an_s_hat_in_the_first_round(monkeypatch):
     """Verified, the same server (on the code before: every site answers, round 2's first
     mean moved by 2.81): the first round must be refused, or round 2 evaluate the honest
@@ -489,9 +474,6 @@ def test_a_verifying_site_refuses_an_s_hat_in_the_first_round(monkeypatch):
         assert_close(got, _means_evaluated(honest, fd, 2)[0], rtol=1e-8)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: check_exchange returns any message marked "
-                   "secagg/replay unchecked, whatever its method; a query so marked is "
-                   "answered by answer_secure as a plain query, at any time of the fit")
 def test_a_query_marked_as_a_group_test_is_not_answered_unchecked(monkeypatch):
     """The crafted start queries of the test above, each marked ``secagg/replay`` (a group
     test's mark: only a round's remembered E-step reply is re-sent under it): on the code
