@@ -463,13 +463,11 @@ def _deps() -> SimpleNamespace:
     from fedlatent.engine.node.verify_fields import bound
     from fedlatent.engine.secagg.encoding import Layout
     from fedlatent.engine.secagg.protocol import SecureAggregationError
-    from fedlatent.engine.secagg.sumtree import read_transcript, verify_leaf
 
     return SimpleNamespace(
         bisect=bisect, bound=bound, verify_points=verify_points,
         replay_refusal=replay_refusal, step_refusal=step_refusal, Layout=Layout,
-        SecureAggregationError=SecureAggregationError, read_transcript=read_transcript,
-        verify_leaf=verify_leaf)
+        SecureAggregationError=SecureAggregationError)
 
 
 def _refuse(why: str | None) -> None:
