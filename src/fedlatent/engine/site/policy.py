@@ -280,6 +280,11 @@ class SitePolicy:
                             "(an analyst's means_init=... and the like) is answered, so the "
                             "server chooses the first round's parameters; remove the key unless "
                             "you trust the analyst's starts")
+        if self.privacy_required and self.max_epsilon is None:
+            warnings.append("privacy.required without privacy.max-epsilon: a differentially "
+                            "private fit at any epsilon meets it (a server declaring epsilon = "
+                            "1e9 is answered, and a DP fit's start and saturation rule are not "
+                            "checked: DP is to bound them); set max-epsilon, e.g. 1")
         if self.witness is None:
             warnings.append("no site.witness: restoring a backup of the site directory resets "
                             "its ledger, and with it the budgets and answers it keeps, unseen; "
