@@ -91,7 +91,7 @@ def test_a_site_told_other_settings_stops_the_next_exchange(runtime):
     with pytest.raises(FederatedFitError) as err:
         _fit(fd, rt)
     assert rt.told
-    assert "different" in str(err.value), str(err.value)
+    assert "told them different setups, units or seeds" in str(err.value), str(err.value)
 
 
 def test_the_honest_fit_binds_the_same_settings_everywhere():

@@ -160,7 +160,8 @@ def test_a_site_refuses_to_reveal_when_a_neighbour_was_shown_another_transcript(
         return np.array([words[o][ids.index(holder)] for o in ids if o != holder], np.uint64)
 
     with pytest.raises(SecureAggregationError, match="'c4' did not confirm 'c0' as a survivor.*"
-                       "or showed them different transcripts of the exchange before; "
+                       r"or showed them different transcripts of the exchange before \(or, "
+                       r"in a verified fit, told them different setups, units or seeds\); "
                        "refusing to reveal anything"):
         clients["c0"].reveal(1, "e", confirmations=relayed("c0"))
     with pytest.raises(SecureAggregationError, match="'c0' did not confirm 'c4'"):

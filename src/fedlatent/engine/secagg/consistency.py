@@ -86,5 +86,6 @@ def check(me: str, owners: list[str], got, want: np.ndarray, where: str, *,
             f"client {me!r}: {where}: {u!r} did not confirm {me!r} as a survivor of its "
             f"neighbourhood (its confirmation is missing or wrong), yet {me!r} was told {u!r} "
             "survived: the server told them different splits" + (
-                " or showed them different transcripts of the exchange before" if digest
+                " or showed them different transcripts of the exchange before (or, in a "
+                "verified fit, told them different setups, units or seeds)" if digest
                 else "") + "; refusing to reveal anything")
