@@ -228,7 +228,7 @@ def _check_round(node, msg: dict[str, Any], rnd: int, who: str) -> None:
     _refuse(verify_fields.round_refusal(node, _federation(node), msg, rnd,
                                         _committed(node, node.state["verify/seed"]),
                                         init_round, who))
-    if not init_round:
+    if not init_round and verify_fields.CV_KEPT in node.state:  # (once: after cv_init)
         _refuse(verify_fields.cv_start_refusal(node, unpack(msg, "S_hat"), rnd))
 
 

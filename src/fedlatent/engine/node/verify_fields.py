@@ -36,9 +36,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bound", "cv_start_refusal", "keep_cv_start", "round_refusal", "scale_refusal"]
+__all__ = ["CV_KEPT", "bound", "cv_start_refusal", "keep_cv_start", "round_refusal",
+           "scale_refusal"]
 
 _CV = "verify/cv-start/"  # cv_init's S_hat, kept until the next E-step checks it
+#: the mark that a cv_init's S_hat is kept (the next E-step checks it)
+CV_KEPT = _CV[:-1]
 #: a weight or unit may differ from the site's own quotient by this much (relative): the same
 #: two numbers divided on both sides give the same bits; the slack is for another machine's
 _RTOL = 1e-12
@@ -121,19 +124,19 @@ def keep_cv_start(node, msg: dict[str, Any]) -> None:
         del node.state[k]
     node.state.update({_CV + k[6:]: np.array(v, dtype=np.float64, copy=True)
                        for k, v in msg.items() if k.startswith("S_hat/")})
-    node.state[_CV[:-1]] = np.array(1.0)
+    node.state[CV_KEPT] = np.array(1.0)
 
 
 def cv_start_refusal(node, replayed: dict[str, Any], rnd: int) -> str | None:
     """Why the kept ``cv_init`` ``S_hat`` is not ``replayed`` (the ``S_hat`` this site
     replayed from the initialization round: None when it is, or nothing was kept); what was
     kept is forgotten either way."""
-    if _CV[:-1] not in node.state:
+    if CV_KEPT not in node.state:
         return None
     from fedlatent.engine.node.replay import params_refusal
 
     kept = {k[len(_CV):]: v for k, v in node.state.items() if k.startswith(_CV)}
-    for k in [k for k in node.state if k.startswith(_CV[:-1])]:
+    for k in [k for k in node.state if k.startswith(CV_KEPT)]:
         del node.state[k]
     why = params_refusal(kept, replayed, rnd, node.client_id)
     if why is None:
