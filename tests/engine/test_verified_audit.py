@@ -15,6 +15,7 @@ import pytest
 
 import fedlatent as fl
 from fedlatent.engine.faults import FederatedFitError
+from fedlatent.engine.protocol.messages import ERROR_KEY
 from fedlatent.engine.rounds import secure_round
 from fedlatent.engine.secagg import secure as secure_mod
 from fedlatent.engine.secagg import secure_checks
@@ -329,38 +330,42 @@ class CvInit(InProcessRuntime):
         return {**msg, "S_hat/sx": sx}
 
 
-def test_a_crafted_cv_init_moves_the_means_when_nobody_verifies(monkeypatch):
-    """The harness (unverified): round 3's means move by the server's ``move``."""
+def _moved_unverified(monkeypatch, runtime, rnd):
+    """``(runtime, moved)``: an unverified fit on ``runtime`` (the server's own invariant
+    check off: it is the one cheating) and how far its round-``rnd`` means are from an honest
+    fit's."""
     monkeypatch.setattr(secure_checks, "_rebuilt", lambda *a, **kw: None)
     fd = six_sites(3.0)
     unverified = fl.Federation(secure_aggregation=True, verified=False)
     honest = InProcessRuntime(fd, record=True)
     _fit(_gmm(federation=unverified), fd, honest)
-    rt = CvInit(fd, record=True)
+    rt = runtime(fd, record=True)
     _fit(_gmm(federation=unverified), fd, rt)
-    moved = _means_evaluated(rt, fd, 3)[0] - _means_evaluated(honest, fd, 3)[0]
+    return rt, _means_evaluated(rt, fd, rnd)[0] - _means_evaluated(honest, fd, rnd)[0]
+
+
+def test_a_crafted_cv_init_moves_the_means_when_nobody_verifies(monkeypatch):
+    """The harness (unverified): round 3's means move by the server's ``move``."""
+    rt, moved = _moved_unverified(monkeypatch, CvInit, 3)
     assert np.max(np.abs(moved[0] + rt.move)) < 0.05  # (sx moved by -nk_0 move: the mean
     # by -move, give or take the covariance's pull on the round's responsibilities)
 
 
 def test_a_verifying_site_refuses_a_cv_init_whose_s_hat_is_not_its_replay(monkeypatch):
     """Verified, the same server (on the code before: every site answers, round 3's means
-    moved by -3.01, later rounds' by -1e10): a site must check ``cv_init``'s ``S_hat`` against
-    the one it replayed from the initialization round's verified aggregate (or take its own),
-    so round 3 evaluates the honest means, or the fit stops."""
+    moved by -3.01, later rounds' by -1e10): every site checks ``cv_init``'s ``S_hat`` against
+    the one it replayed from the initialization round's verified aggregate and refuses round
+    2, before any reply computed from it leaves, naming cv_init and the field moved."""
     monkeypatch.setattr(secure_checks, "_rebuilt", lambda *a, **kw: None)
     fd = six_sites(3.0)
-    honest = InProcessRuntime(fd, record=True)
-    _fit(_gmm(), fd, honest)
     rt = CvInit(fd, record=True)
-    try:
+    with pytest.raises(FederatedFitError) as err:
         _fit(_gmm(), fd, rt)
-    except FederatedFitError as err:
-        assert err.round <= 3, str(err)
-        return
-    assert rt.sent
-    for got in _means_evaluated(rt, fd, 3):
-        assert_close(got, _means_evaluated(honest, fd, 3)[0], rtol=1e-8)
+    assert err.value.round == 2, str(err.value)
+    refusals = [str(r[ERROR_KEY]) for d, c, meth, r in rt.log
+                if d == "up" and meth == "estep" and ERROR_KEY in r]
+    assert len(refusals) == len(fd.client_ids)
+    assert all("cv_init" in s and "'sx'" in s for s in refusals), refusals
 
 
 # ---- the start's queries: answered before anything of them can be checked -----------------
@@ -445,14 +450,7 @@ class FirstShat(InProcessRuntime):
 
 def test_an_s_hat_in_the_first_round_moves_the_means_when_nobody_verifies(monkeypatch):
     """The harness (unverified): round 2's first mean moves by more than 1."""
-    monkeypatch.setattr(secure_checks, "_rebuilt", lambda *a, **kw: None)
-    fd = six_sites(3.0)
-    unverified = fl.Federation(secure_aggregation=True, verified=False)
-    honest = InProcessRuntime(fd, record=True)
-    _fit(_gmm(federation=unverified), fd, honest)
-    rt = FirstShat(fd, record=True)
-    _fit(_gmm(federation=unverified), fd, rt)
-    moved = _means_evaluated(rt, fd, 2)[0] - _means_evaluated(honest, fd, 2)[0]
+    _, moved = _moved_unverified(monkeypatch, FirstShat, 2)
     assert moved[0, 0] > 1.0
 
 

@@ -6,8 +6,7 @@ message is answered (the positive control: the field does act on the reply).
 Each attack of the catalogue gives the server something: ``mode="batch"``, ``batch_size=1``
 a reply of one record; ``control_variates``/``alpha``/``V_reset`` a shift of every reply, so
 of the verified aggregate and the replayed ``S_hat``; a weight of zero at every site but one a
-secure sum of that site alone; a ``cv_init`` whose ``S_hat`` is moved an offset of every later
-aggregate.
+secure sum of that site alone (a moved ``cv_init``: tests/engine/test_verified_audit.py).
 """
 
 from __future__ import annotations
@@ -113,34 +112,6 @@ def test_unverified_the_changed_field_is_answered(name):
     except FederatedFitError:
         pass  # (the server's own aggregate check may discard the odd round: not a refusal)
     assert rt.changed and not _refusals(rt)
-
-
-class CvInit(InProcessRuntime):
-    """``cv_init`` carries an ``S_hat`` whose first component's ``sx`` is moved."""
-
-    def __init__(self, fd):
-        super().__init__(fd, record=True)
-
-    def call(self, client_ids, method, messages):
-        if method == "cv_init":
-            messages = {c: {**m, "S_hat/sx": np.asarray(m["S_hat/sx"]) + 1.0}
-                        for c, m in messages.items()}
-        return super().call(client_ids, method, messages)
-
-    def broadcast(self, client_ids, method, msg):
-        return self.call(client_ids, method, {c: msg for c in client_ids})
-
-
-def test_a_moved_cv_init_is_refused_at_the_next_round():
-    """The control variates' start must be the S_hat replayed from the initialization round:
-    a moved one is refused at round 2, before any reply computed from it leaves."""
-    fd = six_sites(3.0)
-    rt = CvInit(fd)
-    with pytest.raises(FederatedFitError) as err:
-        _fit(fd, rt, verified=None)
-    assert err.value.round == 2, str(err.value)
-    said = _refusals(rt)
-    assert said and all("cv_init" in s and "'sx'" in s for s in said), said
 
 
 def test_an_honest_cv_init_passes_and_is_checked_once():
