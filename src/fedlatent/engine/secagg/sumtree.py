@@ -251,8 +251,8 @@ def _projections(words: bytes, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -
     arrays (each product below ``2^48``, each of its sums below ``2^64``), joined by their
     offsets on Python ints (:func:`_joined`); ``r (A + 2^64 c)`` is ``r A + 2^64 r c``.
     (Inside a round of 1,000 sites this takes 22 us where a product with the reduced ``r``
-    took 28 us and reducing ``r`` 6 more; a float64 product of 16-bit limbs, a broadcast product summed, and
-    ``w`` in quarters times ``x`` in halves each took more there.)"""
+    took 28 us and reducing ``r`` 6 more; a float64 product of 16-bit limbs, a broadcast
+    product summed, and ``w`` in quarters times ``x`` in halves each took more there.)"""
     m = leaf.size
     half = "<u4" if m < _WIDE else "<u2"
     w = np.frombuffer(words, half, -1).reshape(m, -1).T.astype(np.uint64)
