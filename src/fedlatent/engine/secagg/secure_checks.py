@@ -23,7 +23,10 @@ sub-cohorts of at least the threshold, leaving out a block of the remaining cand
 time (a binary search: about log2(n) + 1 exchanges); a client is named only when a last
 cohort holding it and clients of passing cohorts fails again, so a lie that does not reproduce
 names no one. The named client is excluded for the rest of the fit (in the initialization
-round, which needs every client, the fit stops naming it). The search has
+round, which needs every client, the fit stops naming it). In a verified fit each test's
+messages carry the failing round's transcript, and a site answers only a failure it checked
+itself (:mod:`fedlatent.engine.node.verify_groups`), at most :func:`group_test_limit` tests a
+round. The search has
 :data:`CHECK_SLOTS` exchanges per fit (reserved at set-up, apart from the rounds'); when no
 client can be named the round is still discarded, and :data:`UNEXPLAINED_STOP` such rounds in
 a row stop the fit.
