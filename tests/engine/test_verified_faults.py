@@ -300,9 +300,10 @@ def test_every_site_follows_a_round_the_server_discards(name, acc):
     why = skipped[0][1]  # the shifted element decodes out of range, or in range to counts
     # beyond the units (which of the two depends on the round's encoding scale); the site
     # whose reply was altered finds its contribution missing from the round's transcript and
-    # refuses the group test it is in, so the search names no one
+    # refuses the search's first group test (over every site), so the search names no one
     assert ("a malformed masked reply" in why or "breaks the model's invariants: count 'nk'"
-            in why) and "hides which client sent it (group test 1 could not be completed)" in why
+            in why) and "hides which client sent it (group test 0, over every survivor, could " \
+        "not be completed)" in why
     n = len(fd.client_ids)
     assert all(r.participants == n and not r.errors for r in verified.history_
                if r.round != AT)  # nobody excluded, no site refused the rounds after

@@ -19,7 +19,7 @@ from fedlatent.engine.rounds import secure_round
 from fedlatent.engine.secagg import secure as secure_mod
 from fedlatent.engine.secagg import secure_checks
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from verified_doubles import six_sites
+from verified_doubles import Rebuilt, six_sites
 
 pytest.importorskip("cryptography")
 
@@ -34,18 +34,23 @@ class Sites(InProcessRuntime):
     def __init__(self, fd, liar=None, **kw):
         super().__init__(fd, **kw)
         self.refused: dict[tuple[str, str], str] = {}
-        if liar is not None:
-            node = self.nodes[liar]
-            honest = node._estep
+        self.liar = liar
 
-            def lying(msg):
-                reply = honest(msg)
-                if int(msg["round"]) != AT:
-                    return reply
-                return {k: v + 500.0 if k.startswith("delta/") else v for k, v in reply.items()}
-            node._estep = lying
+    def _lie(self, client_ids):
+        node = self.nodes[self.liar] if self.liar in client_ids else None
+        if node is None or getattr(node, "_lying", False):
+            return
+        honest, node._lying = node._estep, True
+
+        def lying(msg):
+            reply = honest(msg)
+            if int(msg["round"]) != AT:
+                return reply
+            return {k: v + 500.0 if k.startswith("delta/") else v for k, v in reply.items()}
+        node._estep = lying
 
     def call(self, client_ids, method, messages):
+        self._lie(client_ids)
         replies = super().call(client_ids, method, messages)
         for c, r in replies.items():
             if method == "estep" and "secagg/replay" in messages[c] and ERROR_KEY in r:
@@ -82,14 +87,14 @@ def _refused_by_all(rt, exchange, cohort, text):
 
 
 def _tests(monkeypatch, cohorts, *, threshold=None):
-    """The server's search replaced: group tests of round ``AT`` over ``cohorts(S)`` (lists of
-    the survivors ``S``), the threshold lowered to ``threshold`` at the server first (if
-    given)."""
+    """The server's search replaced: group tests 0, 1, ... of round ``AT`` over
+    ``cohorts(S)`` (lists of the survivors ``S``), the threshold lowered to ``threshold`` at
+    the server first (if given)."""
     def locate(rounds, plan, S):
         if threshold is not None:
             srv = rounds.secure.server
             srv.config = dataclasses.replace(srv.config, threshold=threshold)
-        for j, cohort in enumerate(cohorts(list(S)), 1):
+        for j, cohort in enumerate(cohorts(list(S))):
             secure_checks._test(rounds, plan, cohort, j)
         return None, "group tests of the server's choosing"
 
@@ -105,10 +110,11 @@ def test_a_group_test_without_the_rounds_transcript_is_refused(monkeypatch):
     fd = six_sites(3.0)
     rt = Sites(fd, LIAR)
     est = _fit(rt, fd)
-    assert len(_skipped(est)) == 1 and "group test 1 could not be completed" in _skipped(est)[0]
-    asked = sorted(c for (e, c) in rt.refused if e == "estep/check1")
-    assert len(asked) >= 4
-    _refused_by_all(rt, "estep/check1", asked, f"it carries no transcript of round {AT}'s sum, "
+    assert len(_skipped(est)) == 1
+    assert "group test 0, over every survivor, could not be completed" in _skipped(est)[0]
+    asked = sorted(c for (e, c) in rt.refused if e == "estep/check0")
+    assert asked == fd.client_ids
+    _refused_by_all(rt, "estep/check0", asked, f"it carries no transcript of round {AT}'s sum, "
                     "so this site cannot check that the round's aggregate failed")
 
 
@@ -133,9 +139,9 @@ def test_a_group_test_with_another_rounds_transcript_is_refused(monkeypatch):
     fd = six_sites(3.0)
     rt = Sites(fd, LIAR)
     _fit(rt, fd)
-    asked = sorted(c for (e, c) in rt.refused if e == "estep/check1")
-    assert len(asked) >= 4
-    _refused_by_all(rt, "estep/check1", asked, f"the transcript it shows is not that of round "
+    asked = sorted(c for (e, c) in rt.refused if e == "estep/check0")
+    assert asked == fd.client_ids
+    _refused_by_all(rt, "estep/check0", asked, f"the transcript it shows is not that of round "
                     f"{AT}'s sum with this site's contribution (site ")
 
 
@@ -165,8 +171,8 @@ def test_a_group_test_of_an_aggregate_that_passes_is_refused_and_so_is_its_undo(
     passes = (f"round {AT}'s aggregate, rebuilt from its verified transcript, passes every "
               "check the server runs on it (ring range, units, the model's invariants): a "
               "group test of an aggregate that did not fail is refused")
-    _refused_by_all(rt, "estep/check1", fd.client_ids[1:], passes)
-    _refused_by_all(rt, "estep/check2", fd.client_ids[2:], passes)
+    _refused_by_all(rt, "estep/check0", fd.client_ids[1:], passes)
+    _refused_by_all(rt, "estep/check1", fd.client_ids[2:], passes)
     assert err.round == AT + 1
     for c in fd.client_ids:
         assert (f"client {c!r}: round {AT + 1} refused: round {AT}, which the server says it "
@@ -190,10 +196,10 @@ def test_a_false_discard_alone_is_refused_at_the_next_round(monkeypatch):
 
 
 def test_a_cohort_leaving_out_more_than_a_search_needs_is_refused(monkeypatch):
-    """A real failure; the server (its threshold lowered to 3) tests the survivors but the
-    first three: it leaves out 3 of 6, more than the 6 - 4 a search above the threshold
-    leaves out; every site asked refuses."""
-    _tests(monkeypatch, lambda S: [S[3:]], threshold=3)
+    """A real failure; after the first test over every site, the server (its threshold
+    lowered to 3) tests the survivors but the first three: it leaves out 3 of 6, more than
+    the 6 - 4 a search above the threshold leaves out; every site asked refuses."""
+    _tests(monkeypatch, lambda S: [S, S[3:]], threshold=3)
     fd = six_sites(3.0)
     rt = Sites(fd, LIAR)
     try:
@@ -206,25 +212,49 @@ def test_a_cohort_leaving_out_more_than_a_search_needs_is_refused(monkeypatch):
 
 
 def test_one_group_test_more_than_a_search_runs_is_refused(monkeypatch):
-    """A real failure; the server runs six group tests of it over six sites (a search runs
-    at most ceil(log2 6) + 2 = 5): the first five are answered, the sixth refused by every
-    site asked."""
+    """A real failure; after the first test over every site, the server runs six more over
+    six sites (a search runs at most ceil(log2 6) + 2 = 5): five are answered, the sixth
+    refused by every site asked."""
     assert secure_checks.group_test_limit(6) == 5
-    _tests(monkeypatch, lambda S: [S[1:]] * 6)
+    _tests(monkeypatch, lambda S: [S] + [S[1:]] * 6)
     fd = six_sites(3.0)
     rt = Sites(fd, LIAR)
     _fit(rt, fd)
     assert not [k for k in rt.refused if k[0] != "estep/check6"]
     _refused_by_all(rt, "estep/check6", fd.client_ids[1:], f"this site answered 5 group tests "
-                    f"of round {AT} already, the most a search over 6 sites runs (5)")
+                    f"of round {AT} after its first already, the most a search over 6 sites "
+                    "runs (5)")
 
 
-@pytest.mark.parametrize("verified", [True, False])
-def test_a_real_liar_is_located_with_the_transcript_shown_to_verifying_sites_only(verified):
-    """A real liar: located and excluded, verified or not; a verified fit's group tests carry
-    the round's transcript, an unverified fit's none (its messages as before)."""
+def test_a_sub_cohort_before_every_site_confirmed_the_transcript_is_refused(monkeypatch):
+    """A real failure; the server's first test leaves out one site (whose leaf, unchecked by
+    the others, it could have altered in the tree it shows them): every site asked refuses,
+    until a test over every site of the round confirmed the transcript."""
+    _tests(monkeypatch, lambda S: [S[1:], S, S[1:]])
     fd = six_sites(3.0)
-    rt = Sites(fd, LIAR, record=True)
+    rt = Sites(fd, LIAR)
+    _fit(rt, fd)
+    assert sorted(rt.refused) == [("estep/check0", c) for c in fd.client_ids[1:]]
+    _refused_by_all(rt, "estep/check0", fd.client_ids[1:], f"it leaves out 1 of round {AT}'s "
+                    "sites, and no group test of the round over every site of its sum has "
+                    "confirmed the round's transcript yet")
+
+
+class RebuiltSites(Rebuilt, Sites):
+    """:class:`Sites` on nodes rebuilt for each message from their saved state (the liar's
+    lie set on each rebuilt node)."""
+
+
+@pytest.mark.parametrize("verified,runtime", [(True, Sites), (False, Sites),
+                                              (True, RebuiltSites)],
+                         ids=["verified", "unverified", "verified-rebuilt"])
+def test_a_real_liar_is_located_with_the_transcript_shown_to_verifying_sites_only(verified,
+                                                                                  runtime):
+    """A real liar: located and excluded, verified or not (and on nodes rebuilt for each
+    message, as on Flower); a verified fit's group tests carry the round's transcript, an
+    unverified fit's none (its messages as before)."""
+    fd = six_sites(3.0)
+    rt = runtime(fd, LIAR, record=True)
     est = _fit(rt, fd, verified=verified)
     (why,) = _skipped(est)
     assert why.startswith(f"round {AT}: ") and f"client {LIAR!r} sent it (located by " in why

@@ -11,18 +11,23 @@ part in a group test of round ``k`` (:func:`check_group_test`) only when:
    ``verify/A``, ``verify/path``, ``verify/zero``) and the site's own contribution to round
    ``k`` (its kept leaf, which the test does not take) reaches its root, from its place in
    the set-up's roster, with a zero leaf for each site of its neighbourhood that was not in
-   the sum (:func:`_verified`); the transcript's digest is bound into the test's pair masks,
-   so two sites of one test shown different transcripts reveal nothing;
+   the sum (:func:`_verified`);
 2. round ``k``'s aggregate, decoded from that transcript, fails a check the server runs
    (:func:`failure`): the ring's range, the units it claims (full passes), the model's
    invariants on the statistic rebuilt as the server rebuilds it
    (:func:`~fedlatent.engine.secagg.secure_checks.rebuild`: ``A + W S_hat (+ V)`` with the
    ``S_hat`` and ``V`` the site replayed; under verification every site is in every round, so
    ``W`` is 1 and the units the federation's), with the same slack;
-3. the test's cohort leaves out at most ``len(S) - t`` of the round's sites (what a search
-   above the threshold ``t`` leaves out) and is among them, and the site answered fewer than
-   :func:`~fedlatent.engine.secagg.secure_checks.group_test_limit` tests of round ``k``
-   (kept in its state, ``verify/group-tests``).
+3. the round's first test holds every site of its sum, each binding the transcript's digest
+   into the test's pair masks and requiring every neighbour of the sum to survive it (as a
+   round does: ``SecAggClient._confirmed_before``), so that a site reveals in it only when
+   all of them checked their own contribution in the same transcript (a cohort alone does
+   not see the leaves of the sites it leaves out, which a server could otherwise alter);
+   a later test must show that transcript (the digest the site confirmed in a first test it
+   revealed in), leave out at most ``len(S) - t`` of the round's sites (what a search above
+   the threshold ``t`` leaves out) and be among the first
+   :func:`~fedlatent.engine.secagg.secure_checks.group_test_limit` after the first
+   (counted in the site's state, ``verify/group-tests``).
 
 An honest aggregate passes every check, so a server cannot start a search at will; what a
 real liar's search reveals the search module's docstring says. A site that cannot tell
@@ -36,6 +41,7 @@ aggregate fails) before the site treats it as discarded.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -46,8 +52,11 @@ from fedlatent.engine.stats import Stats
 __all__ = ["check_group_test", "check_undone", "failure"]
 
 _V = "verify/"
-#: ``[round, group tests of it answered]``: a site answers at most the search's limit
+#: ``[round, group tests of it answered after its first]``: at most the search's limit
 _COUNT = "verify/group-tests"
+#: the round's first group test (over every site of its sum): JSON ``[round, the transcript's
+#: digest, the test's exchange label]`` (hex), as uint8
+_FIRST = "verify/group-first"
 
 
 def check_group_test(node, msg: dict[str, Any], rnd: int, exch: str, who: str, v) -> None:
@@ -55,7 +64,6 @@ def check_group_test(node, msg: dict[str, Any], rnd: int, exch: str, who: str, v
     test ``msg`` (exchange ``exch``) of round ``rnd``; the test counted otherwise (see the
     module docstring). ``v``: what this module calls of :mod:`~.verify` (its caller)."""
     from fedlatent.engine.secagg.protocol import exchange_label
-    from fedlatent.engine.secagg.secure_checks import group_test_limit
 
     test = f"{who}: group test {exch!r} of round {rnd}"
     leaf = _held_leaf(node, exchange_label(rnd, "estep"))
@@ -67,19 +75,54 @@ def check_group_test(node, msg: dict[str, Any], rnd: int, exch: str, who: str, v
                 "check that the round's aggregate failed; it takes part in a group test only "
                 "of a failure it has checked")
     fields, digest, split = _verified(node, leaf, msg, test, f"round {rnd}'s sum", v)
-    n_clients = int(units(node)[1])
-    _cohort(node, msg, split, test, rnd, v)
-    done = _answered(node, rnd)
-    limit = group_test_limit(n_clients)
-    if done >= limit:
-        _no(v, f"{test}: this site answered {done} group tests of round {rnd} already, the "
-                f"most a search over {n_clients} sites runs ({limit})")
-    why = failure(node, fields, split, rnd, test, v)
-    if why is None:
+    if failure(node, fields, split, rnd, test, v) is None:
         _no(v, f"{test}: round {rnd}'s aggregate, rebuilt from its verified transcript, "
                 "passes every check the server runs on it (ring range, units, the model's "
                 "invariants): a group test of an aggregate that did not fail is refused")
-    node.secagg.bind_digest(rnd, exch, v.deps().bound(node, digest), confirm=())
+    out = _cohort(node, msg, split, test, rnd, v)
+    bound = v.deps().bound(node, digest)
+    confirmed = _confirmed(node, rnd)
+    if confirmed is None:  # the round's first test: every site of the sum, each confirming
+        if out:  # (its tokens carry the digest) it checked its own leaf in this transcript
+            _no(v, f"{test}: it leaves out {out} of round {rnd}'s sites, and no group test of "
+                    "the round over every site of its sum has confirmed the round's "
+                    "transcript yet: each checks its own contribution in it before any "
+                    "sub-cohort is summed")
+        node.secagg.bind_digest(rnd, exch, bound, confirm=split[0])
+        node.state[_FIRST] = np.frombuffer(json.dumps(
+            [rnd, digest.hex(), exchange_label(rnd, exch).hex()]).encode(), np.uint8).copy()
+        return
+    if digest != confirmed:
+        _no(v, f"{test}: its transcript is not the one every site of round {rnd}'s sum "
+                "confirmed in the round's first group test")
+    _count(node, rnd, test, v)
+    node.secagg.bind_digest(rnd, exch, bound, confirm=())
+
+
+def _confirmed(node, rnd: int) -> bytes | None:
+    """The digest of round ``rnd``'s transcript that every site of its sum confirmed (the
+    round's first group test, over all of them, in which this site revealed: it checked
+    their confirmations), or None."""
+    held = node.state.get(_FIRST)
+    if held is None:
+        return None
+    k, digest, label = json.loads(np.asarray(held, np.uint8).tobytes().decode())
+    revealed = getattr(node.secagg, "_revealed", ())
+    return bytes.fromhex(digest) if k == rnd and bytes.fromhex(label) in revealed else None
+
+
+def _count(node, rnd: int, test: str, v) -> None:
+    """Count a group test of round ``rnd`` after the first; refused beyond the most a
+    search runs (:func:`~fedlatent.engine.secagg.secure_checks.group_test_limit`)."""
+    from fedlatent.engine.secagg.secure_checks import group_test_limit
+
+    held = node.state.get(_COUNT)
+    done = 0 if held is None or int(held[0]) != rnd else int(held[1])
+    n_clients = int(units(node)[1])
+    limit = group_test_limit(n_clients)
+    if done >= limit:
+        _no(v, f"{test}: this site answered {done} group tests of round {rnd} after its "
+                f"first already, the most a search over {n_clients} sites runs ({limit})")
     node.state[_COUNT] = np.array([float(rnd), float(done + 1)])
 
 
@@ -91,8 +134,6 @@ def check_undone(node, leaf, msg: dict[str, Any], who: str, v) -> None:
     round is applied, so its digest is not bound: a site whose contribution is missing from
     the sum (a reply altered in transit) holds none to bind, and its neighbours must reveal
     this exchange with it."""
-    import json
-
     k = json.loads(leaf[0])[0]
     what = f"{who}: round {k}, which the server says it discarded"
     if _V + "A" not in msg:
@@ -145,10 +186,11 @@ def _verified(node, leaf, msg: dict[str, Any], who: str, what: str, v, missing_o
     return d.Layout.of_shapes(shapes).unflatten(values, copy=False), digest, split
 
 
-def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int, v) -> None:
-    """The test's cohort (as this site is told it: its neighbourhood's part) is among round
-    ``rnd``'s sites and leaves out at most ``len(S) - t`` of them (``t`` the threshold this
-    site's shares need)."""
+def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int, v) -> int:
+    """How many of round ``rnd``'s sites the test's cohort leaves out (as this site is told
+    it: its neighbourhood's part); refused when the cohort holds a site not in the round's
+    sum or leaves out more than ``len(S) - t`` (``t`` the threshold this site's shares
+    need: what a search above the threshold leaves out)."""
     cohort = set(node.secagg.announced(msg.get("secagg/participants")))
     S = split[0]
     stray = sorted(cohort.difference(S))
@@ -161,14 +203,7 @@ def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int, v) -> None:
         _no(v, f"{test}: its cohort leaves out {out} of round {rnd}'s {len(S)} sites (of "
                 f"those this site masks with), more than the {len(S) - t} a search above the "
                 f"threshold {t} leaves out")
-
-
-def _answered(node, rnd: int) -> int:
-    """How many group tests of round ``rnd`` the site answered."""
-    held = node.state.get(_COUNT)
-    if held is None or int(held[0]) != rnd:
-        return 0
-    return int(held[1])
+    return out
 
 
 def failure(node, fields: dict[str, np.ndarray], split, rnd: int, who: str, v) -> str | None:

@@ -24,9 +24,10 @@ time (a binary search: about log2(n) + 1 exchanges); a client is named only when
 cohort holding it and clients of passing cohorts fails again, so a lie that does not reproduce
 names no one. The named client is excluded for the rest of the fit (in the initialization
 round, which needs every client, the fit stops naming it). In a verified fit each test's
-messages carry the failing round's transcript, and a site answers only a failure it checked
-itself (:mod:`fedlatent.engine.node.verify_groups`), at most :func:`group_test_limit` tests a
-round. The search has
+messages carry the failing round's transcript, a site answers only a failure it checked itself
+(:mod:`fedlatent.engine.node.verify_groups`), and the search starts with a test over every
+survivor (:func:`_first_test`: each confirms the transcript before any sub-cohort is summed),
+then at most :func:`group_test_limit` more. The search has
 :data:`CHECK_SLOTS` exchanges per fit (reserved at set-up, apart from the rounds'); when no
 client can be named the round is still discarded, and :data:`UNEXPLAINED_STOP` such rounds in
 a row stop the fit.
@@ -367,6 +368,9 @@ def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
     module docstring): ``(liar or None, what the search did)``."""
     t = rounds.secure.config.threshold
     cand, cleared, j = list(S), [], 0
+    first = _first_test(rounds, plan, S) if rounds.secure.verify else None
+    if first:
+        return None, first
     while len(cand) > 1:
         block = cand[:min((len(cand) + 1) // 2, len(S) - t)]
         if not block:
@@ -398,6 +402,24 @@ def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
         return None, (f"{j} group tests; the lie did not reproduce (the failing sum was not "
                       "sent again): no client named")
     return suspect, f"located by {j} group tests over sub-cohorts of at least {t} clients"
+
+
+def _first_test(rounds, plan, S: list[str]) -> str | None:
+    """A verified fit's first group test, over every survivor ``S`` (it shows the server
+    nothing new: the round's replies summed again): each site confirms in it that it checked
+    its own contribution in the round's transcript before any sub-cohort is summed
+    (:mod:`fedlatent.engine.node.verify_groups`). Why the search stops there (None: it goes
+    on)."""
+    spent = _spent(rounds)
+    if spent:
+        return spent
+    ok = _test(rounds, plan, list(S), 0)
+    if ok is None:
+        return "group test 0, over every survivor, could not be completed"
+    if ok:
+        return ("group test 0, over every survivor; the lie did not reproduce (the failing "
+                "sum was not sent again): no client named")
+    return None
 
 
 def discard(rounds, plan, S: list[str], why: str):
