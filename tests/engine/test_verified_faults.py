@@ -303,7 +303,7 @@ def test_every_site_follows_a_round_the_server_discards(name, acc):
     # refuses the search's first group test (over every site), so the search names no one
     assert ("a malformed masked reply" in why or "breaks the model's invariants: count 'nk'"
             in why) and "hides which client sent it (group test 0, over every survivor, could " \
-        "not be completed)" in why
+        "not be completed: no client named)" in why
     n = len(fd.client_ids)
     assert all(r.participants == n and not r.errors for r in verified.history_
                if r.round != AT)  # nobody excluded, no site refused the rounds after

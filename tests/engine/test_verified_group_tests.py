@@ -265,3 +265,75 @@ def test_a_real_liar_is_located_with_the_transcript_shown_to_verifying_sites_onl
     shown = [sorted(k for k in m if k.startswith("verify/")) for m in tests]
     assert all(s == (["verify/A", "verify/path"] if verified else []) for s in shown), shown
     assert np.all(np.isfinite(est.means_))
+
+
+def test_a_later_test_showing_a_tree_with_a_left_out_sites_leaf_altered_is_refused(monkeypatch):
+    """A real failure; the first test over every site confirms round 3's transcript; the
+    second leaves out c0 and shows a tree in which c0's leaf is altered (every site of its
+    cohort still finds its own leaf: only the sites left out could tell): every site asked
+    refuses it, its transcript not the one the first test confirmed."""
+    from fedlatent.engine.secagg.sumtree import SumTree, shared_fields
+
+    keep, show = secure_mod.SecureChannel._keep_tree, secure_mod.SecureChannel._show_transcript
+    leaves, shown = {}, []
+
+    def kept(self, round, exchange):
+        leaves[(round, exchange)] = self.server.leaves
+        keep(self, round, exchange)
+
+    def forged(self, out, test=None):
+        if test is None:
+            return show(self, out)
+        shown.append(test)
+        if len(shown) == 1:
+            return show(self, out, test)
+        label, S, rows = leaves[test]
+        assert list(S) == list(self.server.roster.ids)  # (every site in the sum)
+        rows = rows.copy()
+        rows[0, 0] += np.uint64(1)  # c0's leaf, which the test leaves out
+        real = self.trees[test]
+        tree = SumTree(label, S, rows)
+        self.trees[test] = (tree, shared_fields(tree), *real[2:])
+        try:
+            return show(self, out, test)
+        finally:
+            self.trees[test] = real
+
+    monkeypatch.setattr(secure_mod.SecureChannel, "_keep_tree", kept)
+    monkeypatch.setattr(secure_mod.SecureChannel, "_show_transcript", forged)
+    _tests(monkeypatch, lambda S: [S, S[1:]])
+    fd = six_sites(3.0)
+    rt = Sites(fd, LIAR)
+    _fit(rt, fd)
+    assert sorted(rt.refused) == [("estep/check1", c) for c in fd.client_ids[1:]]
+    _refused_by_all(rt, "estep/check1", fd.client_ids[1:], f"its transcript is not the one "
+                    f"every site of round {AT}'s sum confirmed in the round's first group test")
+
+
+def test_after_an_exclusion_a_claimed_failure_gets_no_test_and_the_fit_goes_on(monkeypatch):
+    """A real liar located and excluded in round 3; the server then claims round 4's honest
+    aggregate failed: no site can rebuild a sum without the excluded site, so every site
+    refuses its first group test naming it; round 4 is discarded, the fit goes on."""
+    check = secure_round.aggregate_problem
+
+    def aggregate_problem(rounds, plan, S, sums, **kw):
+        Q, why = check(rounds, plan, S, sums, **kw)
+        if plan.k == AT + 1 and not kw.get("replay"):
+            return None, "breaks the model's invariants: (claimed)"
+        return Q, why
+
+    monkeypatch.setattr(secure_round, "aggregate_problem", aggregate_problem)
+    fd = six_sites(3.0)
+    rt = Sites(fd, LIAR)
+    est = _fit(rt, fd)
+    first, second = _skipped(est)
+    assert f"client {LIAR!r} sent it (located by " in first
+    assert "group test 0, over every survivor, could not be completed" in second
+    others = [c for c in fd.client_ids if c != LIAR]
+    assert sorted(rt.refused) == [("estep/check0", c) for c in others]
+    for c in others:
+        assert rt.refused[("estep/check0", c)] == (
+            f"client {c!r}: round {AT + 1} refused: group test 'estep/check0' of round "
+            f"{AT + 1}: [{LIAR!r}] of this site's neighbourhood were not in round {AT + 1}'s "
+            "sum, so it cannot rebuild the round's statistic to check a failure")
+    assert est.history_.to_frame()["participants"].tolist()[-1] == len(others)

@@ -165,10 +165,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if method != "estep":  # sub-cohort, never applied): only of a failure it checked
             raise VerificationRefused(f"{who}: a {method!r} marked as a group test's replay "
                                       "(only a round's remembered reply is replayed)")
-        from fedlatent.engine.node.verify_groups import check_group_test
-
-        check_group_test(node, msg, rnd, exch, who, _for_groups())  # (its leaf of the round
-        node.secagg.keep_leaf = False  # kept, not taken; scaled as the round was)
+        _verify_groups().check_group_test(node, msg, rnd, exch, who, _for_groups())
+        node.secagg.keep_leaf = False  # (its leaf of the round kept; scaled as the round was)
         _check_scale(node, msg, method, who)
         return {k: v for k, v in msg.items() if not k.startswith(_V)}
     leaf = node.secagg.take_leaf()
@@ -183,9 +181,7 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
                                       "parameters come from")
         total = None
     elif undone and json.loads(leaf[0])[0] in undone:
-        from fedlatent.engine.node.verify_groups import check_undone
-
-        check_undone(node, leaf, msg, who, _for_groups())  # it failed, as the server says
+        _verify_groups().check_undone(node, leaf, msg, who, _for_groups())  # (it failed)
         total = None  # its round discarded, never applied: the parameters stay (_same_again)
     else:
         total = _check_transcript(node, leaf, msg, rnd, exch, who)
@@ -236,6 +232,13 @@ def _check_round(node, msg: dict[str, Any], rnd: int, who: str) -> None:
                                         init_round, who))
     if not init_round and verify_fields.CV_KEPT in node.state:  # (once: after cv_init)
         _refuse(verify_fields.cv_start_refusal(node, unpack(msg, "S_hat"), rnd))
+
+
+def _verify_groups():
+    """:mod:`~.verify_groups` (group tests, discarded rounds: imported when one comes)."""
+    from fedlatent.engine.node import verify_groups
+
+    return verify_groups
 
 
 @functools.cache

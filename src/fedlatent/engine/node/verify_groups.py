@@ -36,7 +36,7 @@ sparse graph) refuses: it answers only a failure it has checked.
 
 A round the server lists as discarded (``secagg/undo``) whose contribution the site holds is
 checked the same way at the next exchange (:func:`check_undone`: its transcript, and that its
-aggregate fails) before the site treats it as discarded.
+aggregate fails where the site can tell) before the site treats it as discarded.
 """
 
 from __future__ import annotations
@@ -143,7 +143,11 @@ def check_undone(node, leaf, msg: dict[str, Any], who: str, v) -> None:
     if got is None:  # its contribution is not in the sum shown: not the sites' sum (say, a
         return  # reply altered in transit), rightly discarded (nothing of it is applied)
     fields, _, split = got
-    if failure(node, fields, split, k, what, v) is None:
+    try:
+        why = failure(node, fields, split, k, what, v)
+    except v.refused:  # it cannot tell (sites were not in the sum): nothing of the round is
+        return  # applied either way, and no group test of it was answered
+    if why is None:
         _no(v, f"{what}: its aggregate, rebuilt from its verified transcript, passes every "
                 "check the server runs on it (ring range, units, the model's invariants): "
                 "an aggregate that did not fail is never discarded")

@@ -415,7 +415,7 @@ def _first_test(rounds, plan, S: list[str]) -> str | None:
         return spent
     ok = _test(rounds, plan, list(S), 0)
     if ok is None:
-        return "group test 0, over every survivor, could not be completed"
+        return "group test 0, over every survivor, could not be completed: no client named"
     if ok:
         return ("group test 0, over every survivor; the lie did not reproduce (the failing "
                 "sum was not sent again): no client named")
