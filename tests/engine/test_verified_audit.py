@@ -135,14 +135,12 @@ def test_the_server_rebuilds_one_sites_reply_when_it_claims_a_failure(monkeypatc
                          err_msg=f"{c} {k}")  # rounding: the difference is the reply's)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: a site takes part in any group test the server "
-                   "asks (secagg/replay), and never checks the transcript of a round the server "
-                   "says it discarded (secagg/undo): two sub-cohort sums give one site's reply")
 def test_a_server_claiming_a_failure_gets_no_single_sites_reply(monkeypatch):
     """Verified, the same server (on the code before: every site answers both group tests,
     one site's reply comes back whole). A verifying site takes part in a group test only for
     a round whose failure it can check (its transcript): a server that claims an honest
-    aggregate failed must not learn one site's reply from two of its sub-cohort sums."""
+    aggregate failed must not learn one site's reply from two of its sub-cohort sums
+    (tests/engine/test_verified_group_tests.py: each refusal's reason)."""
     fd = six_sites(3.0)
     rec = _Recorder(monkeypatch)
     _claims_a_failure(monkeypatch)

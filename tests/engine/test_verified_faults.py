@@ -298,9 +298,12 @@ def test_every_site_follows_a_round_the_server_discards(name, acc):
     skipped = [(r.round, r.skipped) for r in verified.history_ if r.skipped]
     assert len(skipped) == 1 and skipped[0][0] == AT, skipped
     why = skipped[0][1]  # the shifted element decodes out of range, or in range to counts
-    # beyond the units (which of the two depends on the round's encoding scale)
+    # beyond the units (which of the two depends on the round's encoding scale); the site
+    # whose reply was altered finds its contribution missing from the round's transcript and
+    # refuses the search's first group test (over every site), so the search names no one
     assert ("a malformed masked reply" in why or "breaks the model's invariants: count 'nk'"
-            in why) and "the lie did not reproduce" in why and "no client named" in why
+            in why) and "hides which client sent it (group test 0, over every survivor, could " \
+        "not be completed: no client named)" in why
     n = len(fd.client_ids)
     assert all(r.participants == n and not r.errors for r in verified.history_
                if r.round != AT)  # nobody excluded, no site refused the rounds after

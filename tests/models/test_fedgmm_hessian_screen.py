@@ -121,23 +121,56 @@ def test_the_slack_of_the_fixed_point_sums_is_allowed():
 
 class Shifting(InProcessRuntime):
     """One site's masked round-``AT`` reply arrives with element ``at`` of its ``delta/lH``
-    shifted by 2^62: its group-test replays of that round too (``liar``: the site lies), or
-    only the round's reply (a fault in transit)."""
+    shifted by 2^62: only the round's reply (a fault in transit), or (``liar``: the site
+    lies) as the site encodes it, in the round's reply and its group-test replays (the same
+    sums; a verifying site whose reply were altered in transit would find its contribution
+    missing from the round's transcript and refuse the group tests)."""
 
     def __init__(self, fd, at: int, liar: bool, **kw):
         super().__init__(fd, **kw)
         self.at, self.liar = at, liar
 
     def call(self, client_ids, method, messages):
-        replies = super().call(client_ids, method, messages)
         site = self.client_ids[2]
-        rep, msg = replies.get(site), messages.get(site, {})
-        if method == "estep" and rep is not None and (self.liar or "secagg/replay" not in msg) \
-                and int(np.asarray(msg.get("secagg/round", -1)).reshape(-1)[0]) == AT:
+        msg = messages.get(site, {})
+        now = method == "estep" and int(np.asarray(msg.get("secagg/round", -1)).reshape(-1)[
+            0]) == AT
+        if self.liar and now:
+            return self._lying(site, client_ids, method, messages)
+        replies = super().call(client_ids, method, messages)
+        rep = replies.get(site)
+        if now and rep is not None and "secagg/replay" not in msg:
             a = np.array(rep["delta/lH"], dtype=np.uint64)
             a.flat[self.at] += np.uint64(2**62)
             rep["delta/lH"] = a
         return replies
+
+    def _lying(self, site, client_ids, method, messages):
+        """The call with ``site``'s encoding shifted (its masked reply, and the contribution
+        it keeps to check the round's transcript by, both hold the lie)."""
+        import dataclasses
+
+        secagg = self.nodes[site].secagg
+        real, at = secagg.config, self.at
+
+        class Lying:
+            def __getattr__(self, name):
+                return getattr(real.encoding, name)
+
+            def encode_flat(self, arrays, *, client):
+                layout, y = real.encoding.encode_flat(arrays, client=client)
+                first = 0
+                for name, shape in layout.shapes:
+                    if name == "delta/lH":
+                        y[first + at] += np.uint64(2**62)
+                    first += int(np.prod(shape))
+                return layout, y
+
+        secagg.config = dataclasses.replace(real, encoding=Lying())
+        try:
+            return super().call(client_ids, method, messages)
+        finally:
+            secagg.config = real
 
 
 def _example_fit(runtime, verified: bool):

@@ -162,11 +162,12 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     if node.model is None:  # (a node rebuilt for this message, as on Flower)
         node._setup(msg)
     if "secagg/replay" in msg:  # a group test (its remembered reply again, over a
-        if method != "estep":  # sub-cohort, never applied): no transcript shown,
+        if method != "estep":  # sub-cohort, never applied): only of a failure it checked
             raise VerificationRefused(f"{who}: a {method!r} marked as a group test's replay "
                                       "(only a round's remembered reply is replayed)")
-        node.secagg.keep_leaf = False
-        _check_scale(node, msg, method, who)  # its leaf kept; scaled as the round was
+        _verify_groups().check_group_test(node, msg, rnd, exch, who, _for_groups())
+        node.secagg.keep_leaf = False  # (its leaf of the round kept; scaled as the round was)
+        _check_scale(node, msg, method, who)
         return {k: v for k, v in msg.items() if not k.startswith(_V)}
     leaf = node.secagg.take_leaf()
     undone = _undone(msg)
@@ -180,6 +181,7 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
                                       "parameters come from")
         total = None
     elif undone and json.loads(leaf[0])[0] in undone:
+        _verify_groups().check_undone(node, leaf, msg, who, _for_groups())  # (it failed)
         total = None  # its round discarded, never applied: the parameters stay (_same_again)
     else:
         total = _check_transcript(node, leaf, msg, rnd, exch, who)
@@ -230,6 +232,21 @@ def _check_round(node, msg: dict[str, Any], rnd: int, who: str) -> None:
                                         init_round, who))
     if not init_round and verify_fields.CV_KEPT in node.state:  # (once: after cv_init)
         _refuse(verify_fields.cv_start_refusal(node, unpack(msg, "S_hat"), rnd))
+
+
+def _verify_groups():
+    """:mod:`~.verify_groups` (group tests, discarded rounds: imported when one comes)."""
+    from fedlatent.engine.node import verify_groups
+
+    return verify_groups
+
+
+@functools.cache
+def _for_groups() -> SimpleNamespace:
+    """What :mod:`~.verify_groups` (group tests, discarded rounds) calls of this module,
+    passed to it (it does not import this module)."""
+    return SimpleNamespace(refused=VerificationRefused, deps=_deps, sumtree=_sumtree,
+                           roster_place=_roster_place, zeros=_zeros, federation=_federation)
 
 
 def _undone(msg: dict[str, Any]) -> list:

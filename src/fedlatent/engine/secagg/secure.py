@@ -83,7 +83,7 @@ from fedlatent.engine.secagg.steps import _KEY, _LIMB, mask_reply, secagg_step
 
 __all__ = ["INIT_SLOTS", "SecureChannel", "default_threshold", "fixed_point", "mask_reply",
            "open_channel", "refuse_clear_query", "refuse_unsupported", "secagg_step",
-           "secure_sum_query"]
+           "secure_sum_query", "units_slack"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,12 @@ def fixed_point(bound: float, n_clients: int):
                          f"a fixed-point scale of 2^{bits}, too coarse; lower "
                          "Federation(secagg_bound=...) (standardize the features)")
     return FixedPoint(scale=2.0 ** min(bits, 40), bound=float(bound))
+
+
+def units_slack(n_survivors: int, n_total: float, scale: float) -> float:
+    """:meth:`SecureChannel.units_slack` of a fit of ``n_total`` units at fixed-point
+    ``scale`` (a verifying site checks a claimed failure with it)."""
+    return 0.5 + n_survivors * n_total / (2.0 * scale)
 
 
 # ---- the server side ------------------------------------------------------------------------
@@ -176,7 +182,7 @@ class SecureChannel:
         each sends ``n / N`` rounded to ``1 / (2 scale)``, so the sum times N is off by at most
         ``n_survivors N / (2 scale)`` (37 units at 10,000 clients of 200 rows, scale 2^28),
         plus half a unit."""
-        return 0.5 + n_survivors * self.n_total / (2.0 * self.config.encoding.scale)
+        return units_slack(n_survivors, self.n_total, self.config.encoding.scale)
 
     @property
     def setup_bytes(self) -> int:
@@ -348,8 +354,9 @@ class SecureChannel:
         told = self._near_bits(P)  # each client's part of the participants (bits)
         out = {c: {**msgs[c], **head, _KEY + "participants": told[c],
                    _KEY + "weight": float((weights or {}).get(c, 0.0))} for c in P}
-        test = any("secagg/replay" in m for m in msgs.values())  # a group test: no transcript
-        down = _nbytes_many(msgs, P, head, told) + (0 if test else self._show_transcript(out))
+        test = any("secagg/replay" in m for m in msgs.values())  # a group test: shown the
+        down = _nbytes_many(msgs, P, head, told) + self._show_transcript(  # failing round's
+            out, (int(round), "estep") if test else None)  # transcript (verified rounds)
         replies = self.runtime.call(P, method, out)
         errors = {**thin, **{c: str(r[ERROR_KEY]) for c, r in replies.items() if ERROR_KEY in r}}
         masked = {c: r for c, r in replies.items() if ERROR_KEY not in r}
@@ -412,18 +419,22 @@ class SecureChannel:
         for k in [k for k in self.trees if k not in live]:
             del self.trees[k]
 
-    def _show_transcript(self, out: dict[str, dict]) -> int:
+    def _show_transcript(self, out: dict[str, dict], test: tuple[int, str] | None = None
+                         ) -> int:
         """Add to each message of ``out`` the transcript of the site's last exchange (verified
         rounds: ``A``, its carries, the site's index and path); to a site's first, the
-        federation's units and clients the replay needs (the site keeps them); their bytes."""
-        if not self.verify:
+        federation's units and clients the replay needs (the site keeps them); their bytes.
+        ``test``: a group test's ``(round, exchange)``, the failing sum the tests re-run: its
+        transcript, its tree kept (a site checks the failure itself before it answers:
+        :mod:`fedlatent.engine.node.verify_groups`; none shown where the tree is gone)."""
+        if not self.verify or (test is not None and test not in self.trees):
             return 0
         from fedlatent.engine.secagg.sumtree import transcript_fields, zero_fields
 
         down = 0
         units = {"verify/units": np.array([self.n_total, len(self.cids)])}
         for c, m in out.items():
-            key = self.last_of.get(c)
+            key = self.last_of.get(c) if test is None else test
             if key is None:  # (its first exchange: nothing to show)
                 m.update(units)
                 down += message_nbytes(units)

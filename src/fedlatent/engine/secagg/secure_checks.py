@@ -23,7 +23,11 @@ sub-cohorts of at least the threshold, leaving out a block of the remaining cand
 time (a binary search: about log2(n) + 1 exchanges); a client is named only when a last
 cohort holding it and clients of passing cohorts fails again, so a lie that does not reproduce
 names no one. The named client is excluded for the rest of the fit (in the initialization
-round, which needs every client, the fit stops naming it). The search has
+round, which needs every client, the fit stops naming it). In a verified fit each test's
+messages carry the failing round's transcript, a site answers only a failure it checked itself
+(:mod:`fedlatent.engine.node.verify_groups`), and the search starts with a test over every
+survivor (:func:`_first_test`: each confirms the transcript before any sub-cohort is summed),
+then at most :func:`group_test_limit` more. The search has
 :data:`CHECK_SLOTS` exchanges per fit (reserved at set-up, apart from the rounds'); when no
 client can be named the round is still discarded, and :data:`UNEXPLAINED_STOP` such rounds in
 a row stop the fit.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import numpy as np
 
@@ -55,8 +60,8 @@ from fedlatent.engine.protocol.messages import (
 )
 from fedlatent.engine.stats import Stats
 
-__all__ = ["CHECK_SLOTS", "aggregate_problem", "answer_secure", "locate", "point_sums",
-           "ring_problem", "with_undo"]
+__all__ = ["CHECK_SLOTS", "aggregate_problem", "answer_secure", "group_test_limit", "locate",
+           "point_sums", "rebuild", "ring_problem", "v_drift", "with_undo"]
 
 logger = logging.getLogger("fedlatent.engine.rounds.secure_round")
 
@@ -181,44 +186,63 @@ def ring_problem(sums: dict, survivors: list[str], bound: float) -> str | None:
     return None
 
 
-def _v_drift(rounds, plan) -> float:
+def v_drift(n_clients: int, scale: float, alpha: float, k: int) -> float:
     """How far the server's ``V`` may be from ``sum_c w_c V_c`` as the clients hold it, per
-    entry: ``V`` follows the decoded sums, each within ``n / (2 scale)`` of the clients'
-    ``sum_c w_c Q_c``, so it carries the initialization round's rounding (``S_hat_0``, from
-    which every ``V_c`` starts) and ``alpha`` times that of every round since."""
-    n = len(rounds.cids) / (2 * rounds.secure.config.encoding.scale)
-    return n * (1.0 + abs(plan.alpha) * max(plan.k - 2, 0))
+    entry, in round ``k`` of ``n_clients`` clients: ``V`` follows the decoded sums, each within
+    ``n / (2 scale)`` of the clients' ``sum_c w_c Q_c``, so it carries the initialization
+    round's rounding (``S_hat_0``, from which every ``V_c`` starts) and ``alpha`` times that
+    of every round since."""
+    n = n_clients / (2 * scale)
+    return n * (1.0 + abs(alpha) * max(k - 2, 0))
+
+
+def _v_drift(rounds, plan) -> float:
+    """:func:`v_drift` of round ``plan.k`` of the fit."""
+    return v_drift(len(rounds.cids), rounds.secure.config.encoding.scale, plan.alpha, plan.k)
+
+
+def rebuild(Q: Stats, S_hat: Stats | None, V: Stats | None, W: float, units: float,
+            half: float) -> tuple[Stats, float, Stats]:
+    """``(statistic, units, slack)``: the sum statistic over ``units`` rebuilt from an
+    aggregate's ``Q = sum_c w_c Q_c`` (its clients' weights summing to ``W``) as
+    ``Q + W S_hat (+ V)``, times ``units / W``, and the bound on each entry's error: the
+    fixed point's rounding ``half`` (per entry, before the scaling) and 64 ulps of each
+    term. The server's check of an aggregate (:func:`aggregate_problem`) and a verifying
+    site's of a claimed failure (:mod:`fedlatent.engine.node.verify_groups`) both use it."""
+    total = Q.copy()
+    mag = Stats({k: np.abs(v) for k, v in Q.items()}, copy=False)
+    if S_hat is not None:
+        total = total + S_hat * W
+        mag = mag + Stats({k: np.abs(v) for k, v in S_hat.items()}, copy=False) * W
+    if V is not None:
+        total = total + V
+        mag = mag + Stats({k: np.abs(v) for k, v in V.items()}, copy=False)
+    f = units / W
+    slack = Stats({k: (64 * np.finfo(np.float64).eps * v + half) * f
+                   for k, v in mag.items()}, copy=False)
+    return total * f, units, slack
 
 
 def _rebuilt(rounds, plan, Q: Stats, S: list[str], replay: bool):
     """``(total, units, slack)``: the sum statistic of the clients ``S`` over their units, and
-    its rounding bound; None when the aggregate cannot be rebuilt into one."""
+    its rounding bound (:func:`rebuild`); None when the aggregate cannot be rebuilt into one."""
     fed = rounds.fed
     if fed.quantizer is not None or plan.mode != "full" or not rounds.screen.has_check:
         return None
     W = float(sum(rounds.weights[c] for c in S))
     units = float(sum(rounds.screen.n_units[c] for c in S))
     S_hat, V = rounds.state.S_hat, rounds.state.V
-    total = Q.copy()
-    mag = Stats({k: np.abs(v) for k, v in Q.items()}, copy=False)
-    if not plan.init_round:
-        every = len(S) == len(rounds.cids)
-        if rounds.use_cv and not replay and (not every or V is None):
-            return None
-        total = total + S_hat * W
-        mag = mag + Stats({k: np.abs(v) for k, v in S_hat.items()}, copy=False) * W
-        if rounds.use_cv and not replay:
-            total = total + V
-            mag = mag + Stats({k: np.abs(v) for k, v in V.items()}, copy=False)
-    f = units / W
+    with_v = rounds.use_cv and not replay and not plan.init_round
+    if with_v and (len(S) != len(rounds.cids) or V is None):
+        return None
     enc = rounds.secure.config.encoding
     half = len(S) / (2 * enc.scale)
-    if rounds.use_cv and not replay and not plan.init_round:
+    if with_v:
         half += _v_drift(rounds, plan)
-    slack = Stats({k: (64 * np.finfo(np.float64).eps * v + half) * f
-                   for k, v in mag.items()}, copy=False)
+    total, units, slack = rebuild(Q, None if plan.init_round else S_hat,
+                                  V if with_v else None, W, units, half)
     noise = rounds.screen.dp_slack(total, len(S))
-    return total * f, units, (slack if noise is None else slack + noise)
+    return total, units, (slack if noise is None else slack + noise)
 
 
 def aggregate_problem(rounds, plan, S: list[str], sums: dict, *, replay: bool = False
@@ -274,13 +298,22 @@ def _points_problem(rounds, plan, S: list[str], sums: dict, who: str) -> str | N
     if not rounds.screen.has_check:
         return None
     units = float(sum(rounds.screen.n_units[c] for c in S))
-    f = units / float(sum(rounds.weights[c] for c in S))  # weighted means -> sums
+    W = float(sum(rounds.weights[c] for c in S))
     half = len(S) / (2 * rounds.secure.config.encoding.scale)
-    for j, (P, _) in enumerate(points, 1):
+    return points_problem(rounds.model, [P for P, _ in points], units, W, half)
+
+
+def points_problem(model, points: list[Stats], units: float, W: float, half: float
+                   ) -> str | None:
+    """Why an extra point's statistic breaks the model's invariants (None: none does):
+    each point's ``sum_c w_c S_c`` (weights summing to ``W``) as a sum over ``units``, the
+    fixed point's rounding ``half`` per entry as slack."""
+    f = units / W  # weighted means -> sums
+    for j, P in enumerate(points, 1):
         slack = Stats({k: (64 * np.finfo(np.float64).eps * np.abs(v) + half) * f
                        for k, v in P.items()}, copy=False)
         with np.errstate(over="ignore", invalid="ignore"):
-            why = rounds.model.check(P * f, units, slack)
+            why = model.check(P * f, units, slack)
         if why:
             return f"breaks the model's invariants at extra point {j}: {why}"
     return None
@@ -313,9 +346,21 @@ def _block_refused(rounds, block: list[str]) -> str | None:
     return check_aggregate(policy, units, "a group test's block", block)
 
 
-def _spent(rounds) -> bool:
-    """Whether the group-test exchanges reserved at set-up are used up."""
-    return getattr(rounds.secure, "checks_used", 0) >= CHECK_SLOTS
+def group_test_limit(n: int) -> int:
+    """The group tests one failing round's search over ``n`` survivors may run: its binary
+    search's (at most ``ceil(log2 n) + 1`` above the threshold) and the confirming test. A
+    verifying site answers no more (:mod:`fedlatent.engine.node.verify_groups`)."""
+    return math.ceil(math.log2(max(int(n), 2))) + 2
+
+
+def _spent(rounds, j: int = 0, n: int = 0) -> str | None:
+    """Why no further group test may run (None: one may): the exchanges reserved at set-up
+    are used up, or the ``j`` tests run already are the most a search over ``n`` may run."""
+    if getattr(rounds.secure, "checks_used", 0) >= CHECK_SLOTS:
+        return f"the {CHECK_SLOTS} group-test exchanges of the fit are used up"
+    if j >= group_test_limit(n):
+        return f"the {j} group tests a search over {n} survivors may run are used up"
+    return None
 
 
 def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
@@ -323,14 +368,18 @@ def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
     module docstring): ``(liar or None, what the search did)``."""
     t = rounds.secure.config.threshold
     cand, cleared, j = list(S), [], 0
+    first = _first_test(rounds, plan, S) if rounds.secure.verify else None
+    if first:
+        return None, first
     while len(cand) > 1:
         block = cand[:min((len(cand) + 1) // 2, len(S) - t)]
         if not block:
             return None, f"{len(S)} survivors leave no block out above the threshold {t}"
         if _block_refused(rounds, block):
             return None, "a block to leave out holds too few records for the disclosure rule"
-        if _spent(rounds):
-            return None, f"the {CHECK_SLOTS} group-test exchanges of the fit are used up"
+        spent = _spent(rounds, j, len(S))
+        if spent:
+            return None, spent
         j += 1
         ok = _test(rounds, plan, [c for c in S if c not in block], j)
         if ok is None:
@@ -344,14 +393,33 @@ def locate(rounds, plan, S: list[str]) -> tuple[str | None, str]:
     keep = [c for c in cleared if c != suspect][:max(t - 1, 0)]
     if len(keep) < t - 1:  # only clients of a passing cohort vouch: else no one is named
         return None, f"{j} group tests cleared too few clients to confirm a suspect"
-    if _spent(rounds):
-        return None, f"the {CHECK_SLOTS} group-test exchanges of the fit are used up"
+    spent = _spent(rounds, j, len(S))
+    if spent:
+        return None, spent
     j += 1
     ok = _test(rounds, plan, [suspect, *keep], j)
     if ok is None or ok:
         return None, (f"{j} group tests; the lie did not reproduce (the failing sum was not "
                       "sent again): no client named")
     return suspect, f"located by {j} group tests over sub-cohorts of at least {t} clients"
+
+
+def _first_test(rounds, plan, S: list[str]) -> str | None:
+    """A verified fit's first group test, over every survivor ``S`` (it shows the server
+    nothing new: the round's replies summed again): each site confirms in it that it checked
+    its own contribution in the round's transcript before any sub-cohort is summed
+    (:mod:`fedlatent.engine.node.verify_groups`). Why the search stops there (None: it goes
+    on)."""
+    spent = _spent(rounds)
+    if spent:
+        return spent
+    ok = _test(rounds, plan, list(S), 0)
+    if ok is None:
+        return "group test 0, over every survivor, could not be completed: no client named"
+    if ok:
+        return ("group test 0, over every survivor; the lie did not reproduce (the failing "
+                "sum was not sent again): no client named")
+    return None
 
 
 def discard(rounds, plan, S: list[str], why: str):
