@@ -41,8 +41,9 @@ def _refusal(msg: dict, rnd: int = 4) -> str | None:
     return round_refusal(None, FED, msg, rnd, SEED, False, WHO)
 
 
-#: a later round's change -> the words of its refusal (each value equal to the honest one
-#: under ==, or of a type the first check compares by value: only the slow check can refuse)
+#: a later round's change -> words of its refusal (values of another type that == the
+#: honest one, moved values, other kinds: each declined by the type-and-value comparison and
+#: refused by the full one)
 LATER = {
     "control_variates as 1": ({"control_variates": 1}, "'control_variates' is 1"),
     "mode other": ({"mode": "batch"}, "'mode' is 'batch'"),
@@ -70,6 +71,26 @@ def test_a_field_changed_in_a_later_round_is_refused_after_steady_rounds(name):
     assert why is not None and words in why, why
     fields_of.cache_clear()
     assert _refusal(changed) == why  # (the same words without the cache)
+
+
+def test_what_the_first_comparison_accepts_the_full_one_accepts():
+    """``_exact`` (type and value) accepts nothing ``_same`` (the full comparison) refuses,
+    over settings of every kind and values of other types that compare equal."""
+    from fedlatent.engine.node.verify_fields import _exact, _same
+
+    wants = [True, False, "full", "batch", 0, 1, 7, 2 ** 53, 2 ** 53 + 1, -(2 ** 60), 0.0,
+             -0.0, 1.0, 0.5, 1e300, float("nan"), float("inf")]
+    gots = wants + [np.float64(1.0), np.int64(7), np.bool_(True), 1 + 0j, "1.0", None,
+                    [1.0], np.array(1.0), np.array([7]), 1.0 + 1e-15]
+    accepted = 0
+    for want in wants:
+        for got in gots:
+            if _exact(got, want):
+                accepted += 1
+                assert _same(got, want), (got, want)
+    # each want by itself but NaN, 2^53 + 1 and -2^60 (no float holds them), and 0.0, -0.0
+    # each other's (== and _same alike)
+    assert accepted == len(wants) - 3 + 2
 
 
 def test_the_honest_steady_message_passes_and_its_field_names_are_read_once():

@@ -28,6 +28,11 @@ site answers only the values the setup's federation gives:
   and, at the next E-step, must be the ``S_hat`` the site replayed from the initialization
   round's verified aggregate (:func:`keep_cv_start`, :func:`cv_start_refusal`), before any
   reply computed from it leaves.
+
+A steady round costs little: a message's field names are read once per tuple of names
+(:func:`fields_of`), each setting equal to the expected one and of its type is accepted at
+once (anything else is judged by the full comparison, which words the refusal), and the
+bytes the binding hashes after the digest are kept with the arrays they were made from.
 """
 
 from __future__ import annotations
