@@ -67,6 +67,8 @@ def _parts():
         (verify, "check_exchange", "verification, all of it"),
         (verify, "_replay_round", " its replay side (_replay_round)"),  # (one space: it
         # holds the replay's parts below, so the rest's sum leaves it out)
+        (verify, "_check_transcript", " its transcript side (_check_transcript)"),  # (one
+        # space, as the replay side: its parts are the two below and the glue around them)
         (sumtree, "read_transcript", "  reading the transcript's bytes"),
         (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
         (FedEMState, "advance", "  replay: FedEM update"),

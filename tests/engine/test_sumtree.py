@@ -406,9 +406,10 @@ def test_sibling_sums_made_up_to_fit_a_false_claim_split_the_root():
     A = honest.A.copy()
     A[3] += np.uint64(12345)
     tree = _Lying(LABEL, _ids(n), leaves, A, honest.c)
-    from fedlatent.engine.secagg.sumtree import _projections
+    from fedlatent.engine.secagg.sumtree import _claim_hash, _projections
 
-    _, claimed = _projections(tree.r, np.zeros(A.size, np.uint64), A, tree.c)
+    words = _claim_hash(LABEL, tree.claim, A.size)[1]
+    _, claimed = _projections(words, np.zeros(A.size, np.uint64), A, tree.c)
     top = tree.levels[-2][1]  # (the root's children's sums)
     primes = np.array(PRIMES, dtype=np.uint64)
     digests = {}
@@ -451,24 +452,33 @@ def test_the_claim_is_hashed_as_sent_and_another_encoding_of_it_is_another_diges
     assert _claim_hash(LABEL, other, m)[0] != _claim_hash(LABEL, tree.claim, m)[0]
 
 
-@pytest.mark.parametrize("m", [1, 66, 1000])
+@pytest.mark.parametrize("m", [1, 66, 1000, (1 << 16) - 1, 1 << 16])
 def test_a_sites_projections_are_the_servers_exactly(m):
-    """verify_leaf's projections (its leaf, A and c reduced and projected in one pass) equal
-    project()'s, the server's, exactly, with every word 2^64 - 1 and r at p - 1 (the largest
-    products) as with random words."""
-    from fedlatent.engine.secagg.sumtree import _projections
+    """verify_leaf's projections (exact integer sums of the challenge's words times its leaf,
+    A and c, reduced at the end) equal project()'s of r = the words modulo each prime (the
+    server's), exactly: with every word of the leaf, A and the challenge 2^64 - 1 and the
+    carries at 2^28 - 1 (the largest limb products and sums, at and past the length from
+    which the words are split in quarters) as with random words."""
+    from fedlatent.engine.secagg.sumtree import _projections, _reduced
 
     rng = np.random.default_rng(m)
     primes = np.array(PRIMES, dtype=np.uint64)
     for extreme in (True, False):
-        z, A = (rng.integers(0, 2**64, m, dtype=np.uint64) for _ in range(2))
+        z, A, w = (rng.integers(0, 2**64, m, dtype=np.uint64) for _ in range(3))
         c = rng.integers(0, 2**28, m).astype(np.uint64)
-        r = rng.integers(0, 2**31, (PROJECTIONS, m)).astype(np.uint64) % primes[:, None]
         if extreme:
-            z[:], r[:] = np.iinfo(np.uint64).max, (primes - 1)[:, None]
-        got = _projections(r, z, A, c)
+            z[:], A[:], w[:], c[:] = np.iinfo(np.uint64).max, np.iinfo(np.uint64).max, \
+                np.iinfo(np.uint64).max, 2**28 - 1
+        words = w.astype("<u8").tobytes()
+        r = _reduced(words)
+        assert np.array_equal(r, w[None, :] % primes[:, None])
+        got = _projections(words, z, A, c)
         two64 = np.array([(1 << 64) % p for p in PRIMES], dtype=object)
         want_z = project(r, z[None])[0]
         want_a = (project(r, A[None])[0].astype(object) + two64 * project(r, c[None])[0]) % \
             primes.astype(object)
         assert got[0] == [int(v) for v in want_z] and got[1] == [int(v) for v in want_a]
+        if m <= 66:  # (and the integer sum itself, on Python ints)
+            t = [sum(int(a) * int(b) for a, b in zip(w, x)) for x in (z, A, c)]
+            assert got[0] == [t[0] % p for p in PRIMES]
+            assert got[1] == [(t[1] + (t[2] << 64)) % p for p in PRIMES]

@@ -178,9 +178,9 @@ class SecAggClient(Enrolment):
         self._keep_tokens(label, rows, peers, me, n)
         y += rows[me:, :n].sum(axis=0, dtype=np.uint64)  # wraps modulo 2^64, as the ring does
         y -= rows[:me, :n].sum(axis=0, dtype=np.uint64)
-        if self.keep_leaf:  # its leaf before the self mask (the pair masks of dropped
-            self._leaf = (label, layout.shapes, y)  # neighbours leave at the reveal; the
-            self._keep_split(self._need_roster(), label, P, ())  # reply: a new array)
+        if self.keep_leaf:  # its leaf before the self mask (the pair masks of dropped ones
+            self._leaf = (label, layout.shapes, y)  # leave at the reveal; the reply: a new
+            self._leaf_split = (label, tuple(P), self._near().absent(pos))  # array), its split
         y = np.add(y, self_mask(self._self_seeds[e], label, n), out=None if self.keep_leaf else y)
         self._masked[label] = tuple(P)
         self._mask_words[label] = n

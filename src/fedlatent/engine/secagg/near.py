@@ -52,6 +52,14 @@ class Near:
         ids = self.ids
         return [ids[i] for i in pos.tolist()]
 
+    def absent(self, pos: np.ndarray) -> tuple[str, ...]:
+        """The members not at positions ``pos`` (distinct), sorted: none, by one comparison,
+        when ``pos`` holds every member (the common case: no set built every exchange)."""
+        if len(pos) == len(self.ids):
+            return ()
+        held = set(pos.tolist())
+        return tuple(u for i, u in enumerate(self.ids) if i not in held)
+
     def streams(self, pos: np.ndarray, secrets: Callable[[list[str]], list[bytes]]) -> list:
         """The AES-256-GCM object of the mask secret of this client's pair with each member at
         ``pos`` (itself never among them); those not made yet made in one pass from
