@@ -76,6 +76,8 @@ def _parts():
         (GMMModel, "check_step", "  M-step checked forward (check_step)"),
         (GMMModel, "replay_step", "  replay: M-step (replay_step, if not checked)"),
         (replay, "replay_refusal", "  parameters compared (if not checked)"),
+        (verify, "_check_round", "  round settings checked (_check_round)"),
+        (verify, "_check_scale", "  unit and weight checked (_check_scale)"),
     ] if hasattr(part[0], part[1])]  # (an older library: no check_step)
 
 

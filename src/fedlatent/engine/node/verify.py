@@ -54,6 +54,10 @@ from typing import Any
 
 import numpy as np
 
+from fedlatent.engine.node.verify_fields import CV_KEPT
+from fedlatent.engine.node.verify_fields import fields_of as _fields_of
+from fedlatent.engine.node.verify_fields import round_refusal as _round_refusal
+from fedlatent.engine.node.verify_fields import scale_refusal as _scale_refusal
 from fedlatent.engine.node.verify_kept import fedem_step
 from fedlatent.engine.node.verify_kept import flat_step as _flat_step
 from fedlatent.engine.node.verify_kept import groups as _groups
@@ -97,7 +101,7 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
         node.state["verify/on"] = np.array(1.0)
         node.state["verify/run"] = run
         node.state["verify/federation"] = np.frombuffer(str(raw).encode(), np.uint8).copy()
-        node.state["verify/setup"] = np.frombuffer(_setup_digest(msg), np.uint8).copy()
+        node.state["verify/setup"] = _frozen(np.frombuffer(_setup_digest(msg), np.uint8).copy())
 
 
 def _setup_digest(msg: dict[str, Any]) -> bytes:
@@ -186,7 +190,7 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     else:
         total = _check_transcript(node, leaf, msg, rnd, exch, who)
     node.secagg.keep_leaf = True
-    out = {k: v for k, v in msg.items() if not k.startswith(_V)}
+    out = {k: msg[k] for k in _fields_of(tuple(msg)).kept}  # (no verify/ field)
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
     _check_scale(node, msg, method, who)
@@ -213,25 +217,22 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
 def _check_scale(node, msg: dict[str, Any], method: str, who: str) -> None:
     """The exchange's unit and weight are the site's (:func:`~.verify_fields.scale_refusal`)."""
     if "verify/units" in node.state:  # (none yet: refused by _keep_units, or a group test
-        from fedlatent.engine.node.verify_fields import scale_refusal  # before any round)
-
-        _refuse(scale_refusal(node, msg, method, _units(node),
-                              _federation(node).client_weighting, who))
+        _refuse(_scale_refusal(node, msg, method, _units(node),  # before any round)
+                               _federation(node).client_weighting, who))
 
 
 def _check_round(node, msg: dict[str, Any], rnd: int, who: str) -> None:
     """The E-step's settings are the setup's federation's for this round, and the control
     variates' start the replayed ``S_hat`` (:mod:`~.verify_fields`), the replay done: its
     kept ``S_hat`` says whether the server's state is initialized."""
-    from fedlatent.engine.node import verify_fields
-
     at = _plan(node)
     init_round = at is None or not at.rows["S_hat"]
-    _refuse(verify_fields.round_refusal(node, _federation(node), msg, rnd,
-                                        _committed(node, node.state["verify/seed"]),
-                                        init_round, who))
-    if not init_round and verify_fields.CV_KEPT in node.state:  # (once: after cv_init)
-        _refuse(verify_fields.cv_start_refusal(node, unpack(msg, "S_hat"), rnd))
+    _refuse(_round_refusal(node, _federation(node), msg, rnd,
+                           _committed(node, node.state["verify/seed"]), init_round, who))
+    if not init_round and CV_KEPT in node.state:  # (once: after cv_init)
+        from fedlatent.engine.node.verify_fields import cv_start_refusal
+
+        _refuse(cv_start_refusal(node, unpack(msg, "S_hat"), rnd))
 
 
 def _verify_groups():
@@ -575,7 +576,7 @@ def _keep_units(node, msg: dict[str, Any], who: str) -> None:
         raise VerificationRefused(f"{who}: it says {units[0]:g} units over {units[1]:g} clients"
                                   f", not the {before[0]:g} over {before[1]:g} said before")
     if before is None:
-        node.state["verify/units"] = units[:2].copy()
+        node.state["verify/units"] = _frozen(units[:2].copy())
 
 
 def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
@@ -585,7 +586,7 @@ def _commit_seed(node, msg: dict[str, Any], who: str) -> None:
         return
     held = node.state.get("verify/seed")
     if held is None:
-        node.state["verify/seed"] = _bytes(str(int(_num(msg["seed"]))))
+        node.state["verify/seed"] = _frozen(_bytes(str(int(_num(msg["seed"])))))
         return
     seed = msg["seed"]
     seed = seed if type(seed) is int else int(_num(seed))
@@ -624,6 +625,13 @@ def _keep_start_exchange(node, total: dict, n_total: float) -> None:
 
 def _bytes(text: str) -> np.ndarray:
     return np.frombuffer(text.encode(), np.uint8).copy()
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` read-only: what the binding's bytes are kept by (:func:`~.verify_fields.bound`:
+    by identity) is never written in place."""
+    a.flags.writeable = False
+    return a
 
 
 def _text(a) -> str:

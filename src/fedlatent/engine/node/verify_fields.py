@@ -28,16 +28,23 @@ site answers only the values the setup's federation gives:
   and, at the next E-step, must be the ``S_hat`` the site replayed from the initialization
   round's verified aggregate (:func:`keep_cv_start`, :func:`cv_start_refusal`), before any
   reply computed from it leaves.
+
+A steady round costs little: a message's field names are read once per tuple of names
+(:func:`fields_of`), each setting equal to the expected one and of its type is accepted at
+once (anything else is judged by the full comparison, which words the refusal), and the
+bytes the binding hashes after the digest are kept with the arrays they were made from.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import hashlib
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["CV_KEPT", "bound", "cv_start_refusal", "keep_cv_start", "round_refusal",
-           "scale_refusal"]
+__all__ = ["CV_KEPT", "Fields", "bound", "cv_start_refusal", "fields_of", "keep_cv_start",
+           "round_refusal", "scale_refusal"]
 
 _CV = "verify/cv-start/"  # cv_init's S_hat, kept until the next E-step checks it
 #: the mark that a cv_init's S_hat is kept (the next E-step checks it)
@@ -50,31 +57,74 @@ _RTOL = 1e-12
 def round_refusal(node, fed, msg: dict[str, Any], rnd: int, seed: int, init_round: bool,
                   who: str) -> str | None:
     """Why the round settings of the E-step message ``msg`` are not those the setup's
-    federation ``fed`` gives for round ``rnd`` (None: they are)."""
-    from fedlatent.engine.fedem.update import round_message
-
-    if any(k.startswith("V_reset/") for k in msg):
+    federation ``fed`` gives for round ``rnd`` (None: they are). Each setting equal to the
+    federation's, of its type, is accepted at once (:func:`_exact`: what :func:`_same`
+    accepts too); any other is :func:`_same`'s to judge."""
+    f = fields_of(tuple(msg))
+    if f.reset:
         return (f"{who}: it resets this site's control variate (V_reset), which a verifying "
                 "site never takes from the server: its control variate follows from its own "
                 "replies")
-    if init_round and any(k.startswith("S_hat/") for k in msg):
+    if init_round and f.shown:
         return (f"{who}: it sends an S_hat in the fit's first round, where the server's state "
                 "holds none: each reply would be the statistic less the server's choice")
-    if "secagg/round" in msg and not _same(msg.get("round"), float(rnd)):
+    got = msg.get("round")
+    if f.secure and not _exact(got, rnd) and not _same(got, float(rnd)):
         return (f"{who}: its 'round' ({msg.get('round')!r}) is not the exchange's round "
                 f"({rnd})")
     alpha = _alpha(node, fed, msg)
-    want = round_message(fed, seed, rnd, init_round, alpha)
+    want = _round_message()(fed, seed, rnd, init_round, alpha)
     for k, v in want.items():
         got = msg.get(k)
-        if not _same(got, v):
+        if not _exact(got, v) and not _same(got, v):
             return (f"{who}: its {k!r} is {got!r}, where the setup's federation gives {v!r} "
                     "for this round: a verifying site computes only what the setup asked")
-    for k in ("batch_size", "keep_init"):
-        if k in msg and k not in want:
+    for k in f.extra:
+        if k not in want:
             return (f"{who}: it carries {k!r} = {msg[k]!r}, which the setup's federation does "
                     "not give for this round")
     return None
+
+
+class Fields(NamedTuple):
+    """What a message's field names say (:func:`fields_of`): ``kept``, its fields but the
+    transcript's (``verify/``), in its order; whether it carries a ``V_reset/`` (``reset``),
+    an ``S_hat/`` (``shown``) and a ``secagg/round`` (``secure``); ``extra``, which of
+    ``batch_size`` and ``keep_init`` it carries (in that order)."""
+
+    kept: tuple
+    reset: bool
+    shown: bool
+    secure: bool
+    extra: tuple
+
+
+@functools.lru_cache(maxsize=64)
+def fields_of(keys: tuple) -> Fields:
+    """:class:`Fields` of a message's field names ``keys`` (``tuple(msg)``: in its order),
+    read once per distinct tuple of names (a steady fit's rounds carry the same)."""
+    return Fields(tuple(k for k in keys if not k.startswith("verify/")),
+                  any(k.startswith("V_reset/") for k in keys),
+                  any(k.startswith("S_hat/") for k in keys), "secagg/round" in keys,
+                  tuple(k for k in ("batch_size", "keep_init") if k in keys))
+
+
+@functools.cache
+def _round_message():
+    from fedlatent.engine.fedem.update import round_message
+
+    return round_message
+
+
+#: the largest integer magnitude every integer below has an exact float64 of (2^53)
+_EXACT_INT = 2 ** 53
+
+
+def _exact(got, want) -> bool:
+    """``got`` is ``want``, of its very type (a bool, str, float, or an int a float64 holds
+    exactly): :func:`_same` accepts it too; False says nothing (then :func:`_same` judges)."""
+    t = type(want)
+    return type(got) is t and got == want and (t is not int or -_EXACT_INT <= want <= _EXACT_INT)
 
 
 def _alpha(node, fed, msg: dict[str, Any]) -> float:
@@ -111,7 +161,8 @@ def scale_refusal(node, msg: dict[str, Any], method: str, units: tuple[float, fl
         checks.append(("secagg/weight", own / n_total if weighting == "samples"
                        else 1.0 / n_clients))
     for k, v in checks:
-        if not _same(msg.get(k), v):
+        got = msg.get(k)
+        if not _exact(got, v) and not _same(got, v):
             return (f"{who}: its {k!r} is {msg.get(k)!r}, not this site's {v!r} (its units "
                     f"over the federation's {n_total:g}, as the first exchange said): a "
                     "reply scaled otherwise would weigh the sites as the server chose")
@@ -153,12 +204,17 @@ def bound(node, digest: bytes) -> bytes:
     """What a site binds into an exchange's pair masks and tokens: SHA-256 of the
     transcript's ``digest``, its setup's (``verify/setup``), the federation's units and
     clients (``verify/units``) and the committed seed (``verify/seed``), each as the site
-    holds it (absent: empty)."""
-    import hashlib
-
-    parts = [_BOUND_TAG, bytes(digest)]
-    for k in ("verify/setup", "verify/units", "verify/seed"):
-        v = node.state.get(k)
-        raw = b"" if v is None else np.ascontiguousarray(v).tobytes()
-        parts += [len(raw).to_bytes(4, "little"), raw]
-    return hashlib.sha256(b"".join(parts)).digest()
+    holds it (absent: empty), its length first (4 bytes). The bytes after the digest are
+    kept on the node with the three arrays they were made from, and made again whenever
+    the node holds another array for any of them (each held by the cache, so no other array
+    can take its address; the state's arrays are replaced, never written in place)."""
+    state = node.state
+    held = (state.get("verify/setup"), state.get("verify/units"), state.get("verify/seed"))
+    got = getattr(node, "_verify_bound", None)
+    if got is None or got[0] is not held[0] or got[1] is not held[1] or got[2] is not held[2]:
+        parts = []
+        for v in held:
+            raw = b"" if v is None else np.ascontiguousarray(v).tobytes()
+            parts += [len(raw).to_bytes(4, "little"), raw]
+        got = node._verify_bound = (*held, b"".join(parts))
+    return hashlib.sha256(_BOUND_TAG + bytes(digest) + got[3]).digest()

@@ -48,7 +48,8 @@ def _layout(raw: bytes) -> tuple[tuple, tuple]:
 class Plan:
     """Where each group and each array of one layout lie in the packed vector (made once per
     layout: :func:`plan`). ``spans[group]`` a slice, ``rows[group]`` its ``(name, shape,
-    slice)``, ``shapes[group]`` its ``{name: shape}``; ``delta`` the aggregate's field names
+    slice)``, ``shapes[group]`` its ``{name: shape}``, ``named[group]`` its ``{name: (slice,
+    shape)}``; ``delta`` the aggregate's field names
     of ``S_hat``'s arrays, in its order, ``messaged`` their names in a message
     (``S_hat/...``), ``listed`` the parameters' shapes in their order, ``sent`` their names
     in a message (``params/...``); ``aligned`` whether ``V`` (if kept) has ``S_hat``'s arrays
@@ -57,8 +58,8 @@ class Plan:
     ``fields`` the fields of the last round's message read with it (no ``S_hat/``, these
     parameters: a message with the same is read by name; shared by the nodes of a process)."""
 
-    __slots__ = ("aligned", "delta", "fields", "listed", "messaged", "rows", "sent", "shapes",
-                 "size", "spans")
+    __slots__ = ("aligned", "delta", "fields", "listed", "messaged", "named", "rows", "sent",
+                 "shapes", "size", "spans")
 
     def __init__(self, rows: tuple):
         self.rows: dict[str, tuple] = {g: () for g in GROUPS}
@@ -70,6 +71,7 @@ class Plan:
             self.spans[g] = slice(at, at + sum(r[4] for r in mine))
         self.size = sum(r[4] for r in rows)
         self.shapes = {g: {n: sh for n, sh, _ in self.rows[g]} for g in GROUPS}
+        self.named = {g: {n: (at, sh) for n, sh, at in self.rows[g]} for g in GROUPS}
         self.delta = {"delta/" + n: None for n, _, _ in self.rows["S_hat"]}.keys()
         self.messaged = tuple("S_hat/" + n for n, _, _ in self.rows["S_hat"])
         self.listed = [sh for _, sh, _ in self.rows["params"]]
@@ -87,17 +89,18 @@ class Plan:
 
     def lazy(self, flat: np.ndarray, group: str) -> Views:
         """:meth:`views` as a mapping that makes each view when it is read."""
-        return Views(flat, self.rows[group])
+        return Views(flat, self.named[group])
 
 
 class Views(Mapping):
-    """``{name: array}`` of one group of a packed vector (``rows``: its ``(name, shape,
-    slice)``), each a view of ``flat`` made when it is read (a check reads one or two)."""
+    """``{name: array}`` of one group of a packed vector (``rows``: ``{name: (slice,
+    shape)}``, :attr:`Plan.named`'s), each a view of ``flat`` made when it is read (a check
+    reads one or two)."""
 
     __slots__ = ("_flat", "_rows")
 
-    def __init__(self, flat: np.ndarray, rows: tuple):
-        self._flat, self._rows = flat, {n: (at, sh) for n, sh, at in rows}
+    def __init__(self, flat: np.ndarray, rows: dict):
+        self._flat, self._rows = flat, rows
 
     def __getitem__(self, name: str) -> np.ndarray:
         at, shape = self._rows[name]
