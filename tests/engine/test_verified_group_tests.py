@@ -34,7 +34,7 @@ class Sites(InProcessRuntime):
     def __init__(self, fd, liar=None, **kw):
         super().__init__(fd, **kw)
         self.refused: dict[tuple[str, str], str] = {}
-        self.liar = liar
+        self.liar, self.lies = liar, (AT,)  # (the rounds it lies in)
 
     def _lie(self, client_ids):
         node = self.nodes[self.liar] if self.liar in client_ids else None
@@ -44,7 +44,7 @@ class Sites(InProcessRuntime):
 
         def lying(msg):
             reply = honest(msg)
-            if int(msg["round"]) != AT:
+            if int(msg["round"]) not in self.lies:
                 return reply
             return {k: v + 500.0 if k.startswith("delta/") else v for k, v in reply.items()}
         node._estep = lying
@@ -58,10 +58,10 @@ class Sites(InProcessRuntime):
         return replies
 
 
-def _fit(rt, fd, verified=None, stops=False):
+def _fit(rt, fd, verified=None, stops=False, max_rounds=5):
     fed = fl.Federation(secure_aggregation=True, **({} if verified is None
                                                      else {"verified": verified}))
-    est = fl.FederatedGaussianMixture(n_components=3, n_init=1, tol=0.0, max_rounds=5,
+    est = fl.FederatedGaussianMixture(n_components=3, n_init=1, tol=0.0, max_rounds=max_rounds,
                                       random_state=0, federation=fed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -224,6 +224,32 @@ def test_one_group_test_more_than_a_search_runs_is_refused(monkeypatch):
     _refused_by_all(rt, "estep/check6", fd.client_ids[1:], f"this site answered 5 group tests "
                     f"of round {AT} after its first already, the most a search over 6 sites "
                     "runs (5)")
+
+
+def test_no_more_group_tests_in_a_fit_than_a_server_reserves_for_them(monkeypatch):
+    """A site lies (as if for the server) in rounds 3 to 7, each aggregate failing; the
+    server runs two tests of each failing round (every site, then all but the first),
+    excludes no one and never stops: five searches, ten tests. Each site in both tests of
+    rounds 3 to 6 answers those CHECK_SLOTS = 8 and refuses round 7's first test naming the
+    fit's limit (and its second, whose transcript no first test confirmed); the first site
+    (left out of every second test) answers its fifth; without the limit, searches without
+    end (each sub-cohort sum the difference of one site's reply with the full one)."""
+    assert secure_checks.CHECK_SLOTS == 8
+    _tests(monkeypatch, lambda S: [S, S[1:]])
+    monkeypatch.setattr(secure_checks, "UNEXPLAINED_STOP", 100)  # (it does not stop)
+    fd = six_sites(3.0)
+    rt = Sites(fd, LIAR)
+    rt.lies = range(AT, AT + 5)
+    est = _fit(rt, fd, max_rounds=9)
+    assert [r.round for r in est.history_ if r.skipped] == list(range(AT, AT + 5))
+    asked = fd.client_ids[1:]  # (the first site, left out of every second test, answered
+    assert sorted(rt.refused) == sorted([("estep/check0", c) for c in asked]  # 4 + 1 tests)
+                                        + [("estep/check1", c) for c in asked])
+    for c in asked:
+        assert rt.refused[("estep/check0", c)] == (
+            f"client {c!r}: round {AT + 4} refused: group test 'estep/check0' of round "
+            f"{AT + 4}: this site answered 8 group tests in this fit already, the most a "
+            "server runs in a fit (the 8 exchanges it reserves for them at set-up)")
 
 
 def test_a_sub_cohort_before_every_site_confirmed_the_transcript_is_refused(monkeypatch):

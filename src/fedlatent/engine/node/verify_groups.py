@@ -54,6 +54,8 @@ __all__ = ["check_group_test", "check_undone", "failure"]
 _V = "verify/"
 #: ``[round, group tests of it answered after its first]``: at most the search's limit
 _COUNT = "verify/group-tests"
+#: ``[group tests answered in the fit]`` (every round's): at most ``CHECK_SLOTS``
+_TOTAL = "verify/group-total"
 #: the round's first group test (over every site of its sum): JSON ``[round, the transcript's
 #: digest, the test's exchange label]`` (hex), as uint8
 _FIRST = "verify/group-first"
@@ -88,6 +90,7 @@ def check_group_test(node, msg: dict[str, Any], rnd: int, exch: str, who: str, v
                     "the round over every site of its sum has confirmed the round's "
                     "transcript yet: each checks its own contribution in it before any "
                     "sub-cohort is summed")
+        _count_fit(node, test, v)
         node.secagg.bind_digest(rnd, exch, bound, confirm=split[0])
         node.state[_FIRST] = np.frombuffer(json.dumps(
             [rnd, digest.hex(), exchange_label(rnd, exch).hex()]).encode(), np.uint8).copy()
@@ -96,6 +99,7 @@ def check_group_test(node, msg: dict[str, Any], rnd: int, exch: str, who: str, v
         _no(v, f"{test}: its transcript is not the one every site of round {rnd}'s sum "
                 "confirmed in the round's first group test")
     _count(node, rnd, test, v)
+    _count_fit(node, test, v)
     node.secagg.bind_digest(rnd, exch, bound, confirm=())
 
 
@@ -124,6 +128,23 @@ def _count(node, rnd: int, test: str, v) -> None:
         _no(v, f"{test}: this site answered {done} group tests of round {rnd} after its "
                 f"first already, the most a search over {n_clients} sites runs ({limit})")
     node.state[_COUNT] = np.array([float(rnd), float(done + 1)])
+
+
+def _count_fit(node, test: str, v) -> None:
+    """Count a group test of the fit (any round's, a first one included); refused beyond
+    :data:`~fedlatent.engine.secagg.secure_checks.CHECK_SLOTS`, the most an honest server
+    runs in a fit (the exchanges it reserves for them at set-up). Each failing round's
+    search is bounded by :func:`_count`; this bounds how many searches a server that makes
+    rounds fail (with a site that lies for it) runs in a fit."""
+    from fedlatent.engine.secagg.secure_checks import CHECK_SLOTS
+
+    held = node.state.get(_TOTAL)
+    done = 0 if held is None else int(np.ravel(held)[0])
+    if done >= CHECK_SLOTS:
+        _no(v, f"{test}: this site answered {done} group tests in this fit already, the most "
+                f"a server runs in a fit (the {CHECK_SLOTS} exchanges it reserves for them "
+                "at set-up)")
+    node.state[_TOTAL] = np.array([float(done + 1)])
 
 
 def check_undone(node, leaf, msg: dict[str, Any], who: str, v) -> None:
