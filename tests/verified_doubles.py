@@ -65,3 +65,19 @@ def soft_stats(seed: int, K: int = 3, d: int = 4, n: int = 500) -> Stats:
     r = rng.dirichlet(np.ones(K), n)
     return Stats({"nk": r.mean(0), "sx": r.T @ X / n,
                   "sxx": np.einsum("nk,ni,nj->kij", r, X, X) / n})
+
+
+def claim_failure(monkeypatch, at: int) -> None:
+    """A server that says round ``at``'s honest aggregate broke the model's invariants (it
+    did not; its group tests' sums, ``replay=True``, are judged as they are)."""
+    from fedlatent.engine.rounds import secure_round
+
+    check = secure_round.aggregate_problem
+
+    def aggregate_problem(rounds, plan, S, sums, **kw):
+        Q, why = check(rounds, plan, S, sums, **kw)
+        if plan.k == at and not kw.get("replay"):
+            return None, "breaks the model's invariants: (claimed)"
+        return Q, why
+
+    monkeypatch.setattr(secure_round, "aggregate_problem", aggregate_problem)

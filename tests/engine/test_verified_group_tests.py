@@ -15,11 +15,10 @@ import pytest
 import fedlatent as fl
 from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY
-from fedlatent.engine.rounds import secure_round
 from fedlatent.engine.secagg import secure as secure_mod
 from fedlatent.engine.secagg import secure_checks
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from verified_doubles import Rebuilt, six_sites
+from verified_doubles import Rebuilt, claim_failure, six_sites
 
 pytest.importorskip("cryptography")
 
@@ -147,15 +146,7 @@ def test_a_group_test_with_another_rounds_transcript_is_refused(monkeypatch):
 
 def _claim_failure(monkeypatch):
     """The server says round ``AT``'s honest aggregate broke the model's invariants."""
-    check = secure_round.aggregate_problem
-
-    def aggregate_problem(rounds, plan, S, sums, **kw):
-        Q, why = check(rounds, plan, S, sums, **kw)
-        if plan.k == AT and not kw.get("replay"):
-            return None, "breaks the model's invariants: (claimed)"
-        return Q, why
-
-    monkeypatch.setattr(secure_round, "aggregate_problem", aggregate_problem)
+    claim_failure(monkeypatch, AT)
 
 
 def test_a_group_test_of_an_aggregate_that_passes_is_refused_and_so_is_its_undo(monkeypatch):
@@ -340,15 +331,7 @@ def test_after_an_exclusion_a_claimed_failure_gets_no_test_and_the_fit_goes_on(m
     """A real liar located and excluded in round 3; the server then claims round 4's honest
     aggregate failed: no site can rebuild a sum without the excluded site, so every site
     refuses its first group test naming it; round 4 is discarded, the fit goes on."""
-    check = secure_round.aggregate_problem
-
-    def aggregate_problem(rounds, plan, S, sums, **kw):
-        Q, why = check(rounds, plan, S, sums, **kw)
-        if plan.k == AT + 1 and not kw.get("replay"):
-            return None, "breaks the model's invariants: (claimed)"
-        return Q, why
-
-    monkeypatch.setattr(secure_round, "aggregate_problem", aggregate_problem)
+    claim_failure(monkeypatch, AT + 1)
     fd = six_sites(3.0)
     rt = Sites(fd, LIAR)
     est = _fit(rt, fd)
