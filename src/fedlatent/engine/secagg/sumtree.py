@@ -94,7 +94,6 @@ LEAF_TAG = b"fedlatent/sumtree/leaf\x00"
 NODE_TAG = b"fedlatent/sumtree/node\x00"
 CHALLENGE_TAG = b"fedlatent/sumtree/challenge\x00"
 DIGEST_TAG = b"fedlatent/sumtree/digest\x00"
-_TWO64 = tuple((1 << 64) % p for p in PRIMES)
 _PR = np.array(PRIMES, dtype=np.uint64)  # (PROJECTIONS,): a row of sums, modulo each prime
 _PC = _PR.reshape(-1, 1)  # (PROJECTIONS, 1): a row of r per prime
 
