@@ -58,8 +58,8 @@ def round_refusal(node, fed, msg: dict[str, Any], rnd: int, seed: int, init_roun
                   who: str) -> str | None:
     """Why the round settings of the E-step message ``msg`` are not those the setup's
     federation ``fed`` gives for round ``rnd`` (None: they are). Each setting equal to the
-    federation's, of its type, is accepted at once (:func:`_exact`: what :func:`_same`
-    accepts too); any other is :func:`_same`'s to judge."""
+    federation's, of its type, is accepted at once (:func:`_same`'s first test,
+    :func:`_exact`)."""
     f = fields_of(tuple(msg))
     if f.reset:
         return (f"{who}: it resets this site's control variate (V_reset), which a verifying "
@@ -69,14 +69,14 @@ def round_refusal(node, fed, msg: dict[str, Any], rnd: int, seed: int, init_roun
         return (f"{who}: it sends an S_hat in the fit's first round, where the server's state "
                 "holds none: each reply would be the statistic less the server's choice")
     got = msg.get("round")
-    if f.secure and not _exact(got, rnd) and not _same(got, float(rnd)):
+    if f.secure and not _same(got, rnd):
         return (f"{who}: its 'round' ({msg.get('round')!r}) is not the exchange's round "
                 f"({rnd})")
     alpha = _alpha(node, fed, msg)
     want = _round_message()(fed, seed, rnd, init_round, alpha)
     for k, v in want.items():
         got = msg.get(k)
-        if not _exact(got, v) and not _same(got, v):
+        if not _same(got, v):
             return (f"{who}: its {k!r} is {got!r}, where the setup's federation gives {v!r} "
                     "for this round: a verifying site computes only what the setup asked")
     for k in f.extra:
@@ -138,6 +138,8 @@ def _alpha(node, fed, msg: dict[str, Any]) -> float:
 
 
 def _same(got, want) -> bool:
+    if _exact(got, want):  # (the steady case, at once)
+        return True
     if isinstance(want, bool):
         return isinstance(got, bool | np.bool_) and bool(got) == want
     if isinstance(want, str):
@@ -162,7 +164,7 @@ def scale_refusal(node, msg: dict[str, Any], method: str, units: tuple[float, fl
                        else 1.0 / n_clients))
     for k, v in checks:
         got = msg.get(k)
-        if not _exact(got, v) and not _same(got, v):
+        if not _same(got, v):
             return (f"{who}: its {k!r} is {msg.get(k)!r}, not this site's {v!r} (its units "
                     f"over the federation's {n_total:g}, as the first exchange said): a "
                     "reply scaled otherwise would weigh the sites as the server chose")
