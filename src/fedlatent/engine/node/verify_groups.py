@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlatent.data.validation import name_list
 from fedlatent.engine.node.verify_kept import groups, plan, units
 from fedlatent.engine.stats import Stats
 
@@ -220,7 +221,7 @@ def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int, v) -> int:
     S = split[0]
     stray = sorted(cohort.difference(S))
     if stray:
-        _no(v, f"{test}: its cohort holds {_names(stray)}, which were not in round {rnd}'s "
+        _no(v, f"{test}: its cohort holds {name_list(stray)}, which were not in round {rnd}'s "
                 "sum")
     t = node.secagg.config.share_threshold(len(node.secagg.roster_ids))
     out = len(S) - len(cohort)
@@ -242,7 +243,7 @@ def failure(node, fields: dict[str, np.ndarray], split, rnd: int, who: str, v) -
     from fedlatent.engine.secagg.secure_checks import ring_problem
 
     if split[1]:
-        _no(v, f"{who}: [{_names(split[1])}] of this site's neighbourhood were not in round "
+        _no(v, f"{who}: [{name_list(split[1])}] of this site's neighbourhood were not in round "
                 f"{rnd}'s sum, so it cannot rebuild the round's statistic to check a failure")
     fed, (n_total, n_clients) = v.federation(node), units(node)
     enc = node.secagg.config.encoding
@@ -303,11 +304,3 @@ def _model_failure(node, fed, fields, init_round: bool, rnd: int, mode: str) -> 
 def _no(v, why: str) -> None:
     """Refuse: ``v.refused`` (VerificationRefused) with ``why``."""
     raise v.refused(why)
-
-
-def _names(ids) -> str:
-    ids = list(ids)
-    return ", ".join(map(repr, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10
-                                             else "")
-
-
