@@ -74,9 +74,9 @@ def test_a_field_changed_in_a_later_round_is_refused_after_steady_rounds(name):
 
 
 def test_what_the_first_comparison_accepts_the_full_one_accepts():
-    """``_exact`` (type and value) accepts nothing ``_same`` (the full comparison) refuses,
+    """``_exact`` (type and value) accepts nothing ``_judged`` (the full comparison) refuses,
     over settings of every kind and values of other types that compare equal."""
-    from fedlatent.engine.node.verify_fields import _exact, _same
+    from fedlatent.engine.node.verify_fields import _exact, _judged
 
     wants = [True, False, "full", "batch", 0, 1, 7, 2 ** 53, 2 ** 53 + 1, -(2 ** 60), 0.0,
              -0.0, 1.0, 0.5, 1e300, float("nan"), float("inf")]
@@ -87,9 +87,9 @@ def test_what_the_first_comparison_accepts_the_full_one_accepts():
         for got in gots:
             if _exact(got, want):
                 accepted += 1
-                assert _same(got, want), (got, want)
+                assert _judged(got, want), (got, want)
     # each want by itself but NaN, 2^53 + 1 and -2^60 (no float holds them), and 0.0, -0.0
-    # each other's (== and _same alike)
+    # each other's (== and _judged alike)
     assert accepted == len(wants) - 3 + 2
 
 

@@ -122,7 +122,7 @@ _EXACT_INT = 2 ** 53
 
 def _exact(got, want) -> bool:
     """``got`` is ``want``, of its very type (a bool, str, float, or an int a float64 holds
-    exactly): :func:`_same` accepts it too; False says nothing (then :func:`_same` judges)."""
+    exactly): :func:`_judged` accepts it too; False says nothing (then :func:`_judged` decides)."""
     t = type(want)
     return type(got) is t and got == want and (t is not int or -_EXACT_INT <= want <= _EXACT_INT)
 
@@ -138,8 +138,13 @@ def _alpha(node, fed, msg: dict[str, Any]) -> float:
 
 
 def _same(got, want) -> bool:
-    if _exact(got, want):  # (the steady case, at once)
-        return True
+    """``got`` is the setting ``want``: :func:`_exact` at once (the steady case), else
+    :func:`_judged`."""
+    return _exact(got, want) or _judged(got, want)
+
+
+def _judged(got, want) -> bool:
+    """The full comparison: a bool or a string as it is, a number within ``_RTOL``."""
     if isinstance(want, bool):
         return isinstance(got, bool | np.bool_) and bool(got) == want
     if isinstance(want, str):
