@@ -1,9 +1,10 @@
 """What each site checks a verified exchange against must be what every site was told: a
 server that tells one site other federation units (with the unit and weight that fit them,
-so the site's own checks pass) or another federation at setup is refused when the next
+so the site's own checks pass) or another federation at setup is refused when the first
 exchange's tokens are compared: the site's pair masks and tokens bind its setup, units and
-seed with the transcript (:func:`fedlatent.engine.node.verify_fields.bound`), and its
-neighbours refuse to reveal anything of that exchange."""
+seed (with the transcript of the exchange before, from the second exchange on:
+:func:`fedlatent.engine.node.verify_fields.bound`), and its neighbours refuse to reveal
+anything of that exchange."""
 
 from __future__ import annotations
 
@@ -21,7 +22,21 @@ from verified_doubles import six_sites
 pytest.importorskip("cryptography")
 
 
-class OtherUnits(InProcessRuntime):
+class Reveals(InProcessRuntime):
+    """Counts the reveals the sites answered (``revealed``: the exchanges, by round)."""
+
+    def call(self, client_ids, method, messages):
+        out = super().call(client_ids, method, messages)
+        if method == "secagg":
+            from fedlatent.engine.protocol.messages import ERROR_KEY
+
+            self.revealed = getattr(self, "revealed", []) + [
+                messages[c]["round"] for c, r in out.items()
+                if messages[c].get("step") == "reveal" and ERROR_KEY not in r]
+        return out
+
+
+class OtherUnits(Reveals):
     """Site ``site`` is told the federation has ``factor`` times its units, in every secure
     exchange's message, with the unit and weight those units give it."""
 
@@ -43,7 +58,7 @@ class OtherUnits(InProcessRuntime):
         return super().call(client_ids, method, messages)
 
 
-class OtherSetup(InProcessRuntime):
+class OtherSetup(Reveals):
     """Site ``site``'s setup says another federation (control variates off), as verify/."""
 
     def __init__(self, fd, site="c0"):
@@ -82,20 +97,25 @@ def _fit(fd, runtime):
 
 
 @pytest.mark.parametrize("runtime", [OtherUnits, OtherSetup])
-def test_a_site_told_other_settings_stops_the_next_exchange(runtime):
+def test_a_site_told_other_settings_stops_the_first_exchange(runtime):
     """The told site's own checks pass (its unit and weight fit what it was told); its
-    neighbours' tokens differ from the ones it expects, so the exchange after the first is
-    never revealed and the fit stops, saying the server told them different things."""
+    neighbours' tokens differ from the ones it expects, so not even the first exchange (a
+    start's, with no transcript before it) is revealed, by any site: its sum, the told site's
+    reply weighted as the server chose, never forms. The fit stops, saying the server told
+    them different things."""
     fd = six_sites(3.0)
     rt = runtime(fd)
     with pytest.raises(FederatedFitError) as err:
         _fit(fd, rt)
     assert rt.told
     assert "told them different setups, units or seeds" in str(err.value), str(err.value)
+    assert getattr(rt, "revealed", []) == []
 
 
 def test_the_honest_fit_binds_the_same_settings_everywhere():
     """Every site binds the same setup, units and seed: the fit runs its rounds."""
     fd = six_sites(3.0)
-    est = _fit(fd, InProcessRuntime(fd))
+    rt = Reveals(fd)
+    est = _fit(fd, rt)
+    assert len(rt.revealed) > 6 * 4  # (every site reveals in every exchange: start and rounds)
     assert len(est.history_) == 4 and not any(r.skipped for r in est.history_)

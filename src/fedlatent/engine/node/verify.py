@@ -22,7 +22,10 @@ carries the transcript of the exchange before: the claimed ring sum ``A`` and it
    another transcript refuses to reveal, so the server cannot show two worlds; and it
    reveals nothing of this exchange unless every neighbour that was in the sum before
    survives it (its tokens carry the digest it checked:
-   ``SecAggClient._confirmed_before``), so no leaf goes unchecked;
+   ``SecAggClient._confirmed_before``), so no leaf goes unchecked; with the digest, its
+   setup, units and seed (:func:`~.verify_fields.bound`), bound alone into the fit's first
+   exchange (no transcript before it), so a site told other ones than its neighbours reveals
+   nothing of any exchange;
 3. decodes ``A`` and replays the server (:func:`~fedlatent.engine.node.replay.replay`: the
    FedEM update with the federation's step size and control-variate step, the model's M-step)
    and refuses parameters that differ (:func:`~fedlatent.engine.node.replay.params_refusal`:
@@ -193,6 +196,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     out = {k: msg[k] for k in _fields_of(tuple(msg)).kept}  # (no verify/ field)
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
+    if leaf is None:  # (the fit's first exchange: no transcript, but the setup, units and
+        node.secagg.bind_digest(rnd, exch, _deps().bound(node, b""))  # seed it was told)
     _check_scale(node, msg, method, who)
     if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
         _keep_start_exchange(node, total, _units(node)[0])
