@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 #: methods whose reply carries something computed from the data
 _DATA_METHODS = ("estep", "evaluate", "query")
+#: what ``[limits] max-rounds`` bounds: a round's E-step and its evaluation pass
+_ROUND_METHODS = ("estep", "evaluate")
 _REFUSAL = re.compile(r"site '(.*?)' refused \(([a-z.-]+)\)")
 #: prefix of the node's state kept beside a recorded answer
 _KEPT_STATE = "node-state:"
@@ -378,8 +380,13 @@ class SiteGuard:
         if p.max_message_bytes is not None and _message_bytes(msg) > p.max_message_bytes:
             return ("limits.max-message-bytes", f"the message holds {_message_bytes(msg)} "
                     f"bytes, above its limit {p.max_message_bytes}", "send smaller messages")
-        if p.max_rounds is not None and method == "estep" and rnd > p.max_rounds:
-            return ("limits.max-rounds", f"round {rnd} is beyond its limit {p.max_rounds}",
+        # rounds are 1-based: a round numbered 0 or below, or an evaluation pass, would
+        # otherwise be answered beyond the limit (one of each per number)
+        if p.max_rounds is not None and method in _ROUND_METHODS and not (
+                1 <= rnd <= p.max_rounds):
+            where = (f"beyond its limit {p.max_rounds}" if rnd > 0
+                     else f"not one of its rounds 1..{p.max_rounds}")
+            return ("limits.max-rounds", f"round {rnd} is {where}",
                     f"plan at most {p.max_rounds} rounds")
         points = int(msg.get("points", 0) or 0) if method == "estep" else 0
         if p.max_points is not None and points > p.max_points:

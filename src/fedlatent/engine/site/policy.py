@@ -130,6 +130,8 @@ class SitePolicy:
     sec_quota : int or None
         Most distinct SEC models evaluated per run (None: one per rostered site).
     max_message_bytes, max_rounds, max_releases : int or None
+        ``max_rounds``: the rounds ``1..max_rounds`` only (their E-steps and evaluation
+        passes; a round numbered 0 or below is refused too).
     max_points : int or None
         Most extra points a round may ask (a multi-point round of accelerated EM: each
         point is one more statistic in the reply); 0 refuses them; None: no cap beyond the
