@@ -261,3 +261,78 @@ def test_a_verifying_site_binds_the_disclosure_it_was_told(monkeypatch):
     _fit(_gmm(fl.Federation(secure_aggregation=True)), fd, rt)
     assert rt.sums == {}
     assert _alone(rt) == 0
+
+
+# ---- cv_init twice: the S_hat checked is not the one the control variates started from -------
+class CvInitTwice(InProcessRuntime):
+    """A server that sends ``cv_init`` twice after the initialization round: first with an
+    ``S_hat`` whose component 0 ``sx`` is moved by ``-nk_0 move`` (each site's control variate
+    starts from it: ``V_c = S_c(theta_0) - S_hat``), then the honest one (a site holds no
+    initialization statistic any more, so its control variate stays; the ``S_hat`` the next
+    round checks is this one), numbered a round later (a site's ledger answers each question
+    of a round once). Every later reply carries ``+nk_0 move`` more, and so do the
+    aggregate and the ``S_hat`` each site replays from it: component 0's mean moves by
+    ``move`` (the server's own invariant checks off: it is the one cheating)."""
+
+    def __init__(self, fd, move=(3.0, 0.0), **kw):
+        super().__init__(fd, policies=SitePolicy(public_starts=True), **kw)
+        self.move = np.asarray(move, dtype=np.float64)
+
+    def call(self, client_ids, method, messages):
+        if method == "cv_init":
+            moved = {c: self._moved(dict(m)) for c, m in messages.items()}
+            super().call(client_ids, method, moved)
+            messages = {c: {**m, "round": int(np.ravel(m["round"])[0]) + 1}  # (the one-answer
+                        for c, m in messages.items()}  # rule keys on the round: another one)
+        return super().call(client_ids, method, messages)
+
+    def broadcast(self, client_ids, method, msg):
+        return self.call(client_ids, method, {c: msg for c in client_ids})
+
+    def _moved(self, msg):
+        sx = np.array(msg["S_hat/sx"], copy=True)
+        sx[0] -= np.asarray(msg["S_hat/nk"])[0] * self.move
+        return {**msg, "S_hat/sx": sx}
+
+
+def _round_means(rt, rnd):
+    """The means each site was sent in round ``rnd``'s E-step (recorded messages, down)."""
+    return [np.asarray(m["params/means"]) for d, c, meth, m in rt.log
+            if d == "down" and meth == "estep" and m.get("secagg/exchange") == "estep"
+            and "secagg/replay" not in m and int(np.ravel(m["round"])[0]) == rnd]
+
+
+def _cv_fit(monkeypatch, runtime, verified=None):
+    """``(runtime, round 3's means less an honest fit's)``: a fit with control variates (the
+    server's own invariant checks off)."""
+    from fedlatent.engine.secagg import secure_checks
+
+    monkeypatch.setattr(secure_checks, "_rebuilt", lambda *a, **kw: None)
+    fd = six_sites(3.0)
+    fed = fl.Federation(secure_aggregation=True, control_variates=True, verified=verified)
+    honest = InProcessRuntime(fd, record=True, policies=SitePolicy(public_starts=True))
+    _fit(_gmm(fed, max_rounds=4), fd, honest)
+    rt = runtime(fd, record=True)
+    _fit(_gmm(fed, max_rounds=4), fd, rt)
+    got = _round_means(rt, 3)
+    return rt, [g - _round_means(honest, 3)[0] for g in got]
+
+
+def test_cv_init_twice_moves_the_means_when_nobody_verifies(monkeypatch):
+    """The control (``verified=False``): round 3's first mean moves by about ``-move``."""
+    rt, moved = _cv_fit(monkeypatch, CvInitTwice, verified=False)
+    assert moved and np.max(np.abs(moved[0][0] + rt.move)) < 0.05
+
+
+def test_a_verifying_site_checks_the_s_hat_its_control_variates_started_from(monkeypatch):
+    """Verified, the same server: a site checks at round 2 the ``S_hat`` of the ``cv_init``
+    that set its control variate, not of a later one that changed nothing (on the code
+    before: the second, honest, ``S_hat`` was checked, every site answered, and round 3's
+    means moved by 3.01): every site refuses round 2 naming cv_init's moved field, and no
+    round 3 is sent."""
+    rt, moved = _cv_fit(monkeypatch, CvInitTwice)
+    refusals = [str(r[ERROR_KEY]) for d, c, meth, r in rt.log
+                if d == "up" and meth == "estep" and ERROR_KEY in r]
+    assert len(refusals) == 6 and all("round 2 refused: cv_init's S_hat field 'sx'" in s
+                                      for s in refusals), refusals
+    assert moved == []

@@ -27,7 +27,8 @@ site answers only the values the setup's federation gives:
 - ``cv_init``'s ``S_hat`` (the control variates start from ``S_c(theta_0) - S_hat``) is kept
   and, at the next E-step, must be the ``S_hat`` the site replayed from the initialization
   round's verified aggregate (:func:`keep_cv_start`, :func:`cv_start_refusal`), before any
-  reply computed from it leaves.
+  reply computed from it leaves; only the ``cv_init`` that sets the control variate is kept
+  (a later one changes nothing and must not replace the one checked).
 
 A steady round costs little: a message's field names are read once per tuple of names
 (:func:`fields_of`), each setting equal to the expected one and of its type is accepted at
@@ -177,7 +178,13 @@ def scale_refusal(node, msg: dict[str, Any], method: str, units: tuple[float, fl
 
 
 def keep_cv_start(node, msg: dict[str, Any]) -> None:
-    """Keep ``cv_init``'s ``S_hat`` (checked at the next E-step)."""
+    """Keep ``cv_init``'s ``S_hat`` (checked at the next E-step) if it is the one this site's
+    control variate starts from: the site still holds the initialization round's statistic
+    (``init_S/``), which this ``cv_init`` consumes. One that changes nothing (before that
+    round, or a second one) is not kept: else a server could set the control variates from
+    one ``S_hat`` and have the next round check another."""
+    if not any(k.startswith("init_S/") for k in node.state):
+        return
     for k in [k for k in node.state if k.startswith(_CV)]:
         del node.state[k]
     node.state.update({_CV + k[6:]: np.array(v, dtype=np.float64, copy=True)
