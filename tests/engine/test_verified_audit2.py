@@ -336,3 +336,53 @@ def test_a_verifying_site_checks_the_s_hat_its_control_variates_started_from(mon
     assert len(refusals) == 6 and all("round 2 refused: cv_init's S_hat field 'sx'" in s
                                       for s in refusals), refusals
     assert moved == []
+
+
+# ---- a round numbered below the last one: the control variate rolled back ---------------------
+def _renumbered(monkeypatch, numbers):
+    """A server that numbers its rounds by ``numbers`` (``{its round: the number sent}``):
+    here round 3 goes out as round 5 and round 4 as round 3 (each (round, exchange) is still
+    masked once, and a site's ledger answers each round number once). A site that answered
+    round 5 takes a round at or below it for a fit resumed from a checkpoint and rolls its
+    control variate back to before that round. Returns ``{its round: the decoded E-step
+    sum}``."""
+    from fedlatent.engine.secagg import secure as secure_mod
+
+    total, sums = secure_mod.SecureChannel.sum, {}
+
+    def summed(channel, method, msgs, *, round, exchange, weights=None):
+        k = int(round)
+        if method == "estep" and exchange == "estep" and k in numbers:
+            msgs = {c: {**m, "round": numbers[k]} for c, m in msgs.items()}
+            round = numbers[k]
+        res = total(channel, method, msgs, round=round, exchange=exchange, weights=weights)
+        if method == "estep" and exchange == "estep":
+            sums[k] = {f: np.asarray(v) for f, v in res["sums"].items()
+                       if f.startswith("delta/")}
+        return res
+
+    monkeypatch.setattr(secure_mod.SecureChannel, "sum", summed)
+    return sums
+
+
+def test_a_verifying_site_refuses_a_round_numbered_below_the_last(monkeypatch):
+    """Verified, control variates on (alpha 1), four rounds numbered 1, 2, 5, 3: on the code
+    before, every site answered the last with its control variate rolled back to before the
+    round it answered as 5 (its reply ``Q_c`` plus that round's), so the sum revealed was
+    the honest round 4's plus round 3's, a reply computed at a control variate the server
+    chose, while the sites replay the server's ``V`` as if nothing was rolled back. A
+    verified fit is never resumed: every site must refuse an E-step whose round is not after
+    the last it answered."""
+    fd = six_sites(3.0)
+    fed = fl.Federation(secure_aggregation=True, control_variates=True)
+    honest = _renumbered(monkeypatch, {})
+    _fit(_gmm(fed, max_rounds=4), fd, InProcessRuntime(fd, policies=SitePolicy(public_starts=True)))
+    honest = dict(honest)
+    sums = _renumbered(monkeypatch, {3: 5, 4: 3})
+    rt = InProcessRuntime(fd, record=True, policies=SitePolicy(public_starts=True))
+    _fit(_gmm(fed, max_rounds=4), fd, rt)
+    refusals = [str(r[ERROR_KEY]) for d, c, meth, r in rt.log
+                if d == "up" and meth == "estep" and ERROR_KEY in r]
+    assert 4 not in sums, {k: float(np.max(np.abs(sums[4][k] - honest[4][k] - honest[3][k])))
+                           for k in sums.get(4, {})}  # (the rolled-back reply's sum, if any)
+    assert len(refusals) == 6 and all("round 3 refused" in s for s in refusals), refusals
