@@ -1,9 +1,9 @@
 """Verified rounds attacked by a server that does not follow the protocol, second audit
 (issue 38): each test mounts one deviation against real ``ClientNode`` objects holding a
-site's own policy (``SitePolicy()``: no public starts) and asserts what the site must do. A
-test marked ``xfail(strict=True)`` shows a hole still open: it asserts the protection the site
-owes and fails until the hole is closed (then the marker must go); its control shows the
-attack works where nothing stops it.
+site's own policy (``SitePolicy()``; ``public_starts=True`` where the start is not what is
+attacked) and asserts what the site must do. A test marked ``xfail(strict=True)`` shows a
+hole still open: it asserts the protection the site owes and fails until the hole is closed
+(then the marker must go); its control shows the attack works where nothing stops it.
 """
 
 from __future__ import annotations
