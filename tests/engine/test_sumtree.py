@@ -366,6 +366,18 @@ def test_carries_a_sum_of_n_leaves_cannot_have_and_too_many_leaves_are_refused()
                     tree.path(2))
 
 
+def test_carries_past_2_63_without_the_claims_bytes_are_refused_by_the_carries_rule():
+    """A carry no int64 holds (2^64 - 1), the claim's bytes not given: refused by the carries
+    rule, with its words (the claim made from A and c only after that rule)."""
+    n = 4
+    leaves = _leaves(n, m=3, seed=9)
+    tree = SumTree(LABEL, _ids(n), leaves)
+    c = tree.c.copy()
+    c[0] = np.iinfo(np.uint64).max
+    with pytest.raises(SecureAggregationError, match="reach 18446744073709551615, more than"):
+        verify_leaf(LABEL, 1, n, tree.ids[1], leaves[1], tree.A, c, None, tree.path(1))
+
+
 @pytest.mark.parametrize("n, span", [(5, 3), (1000, 300), (70_000, 70_000 - 1), (2**28, 2**20)])
 def test_the_claim_reads_back_in_every_carry_width_and_index_width(n, span):
     """verify/A holds the carries (offsets from the least in 1, 2 or 4 bytes, as bits 4-5 of

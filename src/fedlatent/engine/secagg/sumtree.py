@@ -297,13 +297,13 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
         raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves "
                                      f"(at most {MAX_LEAVES})")
     A, c, leaf = _words(A), _words(c), _words(leaf)  # (as they come: no conversion)
-    claim = _as_bytes(_claim(A, c) if claim is None else claim)
+    claim = None if claim is None else _as_bytes(claim)
     if c.size and _carries_reach(claim) >= n and int(c.max()) >= n:  # (n words below 2^64
         # carry at most n - 1; the claim's encoding mostly bounds them below n already)
         raise SecureAggregationError(
             f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
             "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
-    key, words = _claim_hash(label, claim, A.size)
+    key, words = _claim_hash(label, _claim(A, c) if claim is None else claim, A.size)
     (s0, s1, s2, s3), claimed = _projections(words, leaf, A, c)
     sha = hashlib.sha256
     h = sha(_leaf_bytes(label, index, site, _SUMS.pack(s0, s1, s2, s3))).digest()
@@ -338,10 +338,10 @@ def _as_bytes(claim) -> bytes:
     return claim if type(claim) is bytes else np.asarray(claim, dtype=np.uint8).tobytes()
 
 
-def _carries_reach(claim: bytes) -> float:
+def _carries_reach(claim: bytes | None) -> float:
     """An upper bound of the carries the claim's bytes ``claim`` (:func:`_claim`) can hold:
     their least value plus the largest offset their width holds (inf without the bytes)."""
-    if not len(claim):
+    if claim is None or not len(claim):
         return float("inf")
     t = claim[-1]
     bw = 4 if t & 64 else 2
