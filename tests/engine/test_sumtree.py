@@ -366,6 +366,18 @@ def test_carries_a_sum_of_n_leaves_cannot_have_and_too_many_leaves_are_refused()
                     tree.path(2))
 
 
+def test_carries_past_2_63_without_the_claims_bytes_are_refused_by_the_carries_rule():
+    """A carry no int64 holds (2^64 - 1), the claim's bytes not given: refused by the carries
+    rule, with its words (the claim made from A and c only after that rule)."""
+    n = 4
+    leaves = _leaves(n, m=3, seed=9)
+    tree = SumTree(LABEL, _ids(n), leaves)
+    c = tree.c.copy()
+    c[0] = np.iinfo(np.uint64).max
+    with pytest.raises(SecureAggregationError, match="reach 18446744073709551615, more than"):
+        verify_leaf(LABEL, 1, n, tree.ids[1], leaves[1], tree.A, c, None, tree.path(1))
+
+
 @pytest.mark.parametrize("n, span", [(5, 3), (1000, 300), (70_000, 70_000 - 1), (2**28, 2**20)])
 def test_the_claim_reads_back_in_every_carry_width_and_index_width(n, span):
     """verify/A holds the carries (offsets from the least in 1, 2 or 4 bytes, as bits 4-5 of
@@ -482,3 +494,46 @@ def test_a_sites_projections_are_the_servers_exactly(m):
             t = [sum(int(a) * int(b) for a, b in zip(w, x)) for x in (z, A, c)]
             assert got[0] == [t[0] % p for p in PRIMES]
             assert got[1] == [(t[1] + (t[2] << 64)) % p for p in PRIMES]
+
+
+#: a transcript of three sites the server made before its site's check was last tuned (the
+#: claim, each site's path, the tree's digest): it must read and verify to the same digest
+_STORED = {
+    "A": ("180000000000008088a29e017b608d28293144ef64cdd9f363f182e1061c32be37c09b29e667ebd0"
+          "0001010101000008"),
+    "paths": [("00000000030000000735d97709363ada41b72140d97286d454248caaca213976c0c517aafc235b47"
+               "4180287e4df0f961cfcc8b517557843040ca1999f5835ab7c4a389b51ba1dcc7a198a5d96292c2d8"
+               "b1e4a7f6f22024738655cb26adcc2006b854f37fb3cb3f35"),
+              ("010000000300000093770dbcd4fd8b533b3b31138b5483c68de94853430898a32e1135f2cd0c2e91"
+               "a5f8724797139460b8cd713f0110952240ca1999f5835ab7c4a389b51ba1dcc7a198a5d96292c2d8"
+               "b1e4a7f6f22024738655cb26adcc2006b854f37fb3cb3f35"),
+              ("0200000003000000cd0669a2639c1c372787306b00b18cb1083fccc5fb027af9752b827711ffa8e2"
+               "e7789b45f7038e42c49afd1076671953")],
+    "digest": "17265bc6700b1af7af34965c0e0145ab0c2a65dc523f963b5255b1468cfba618",
+}
+
+
+def test_a_transcript_made_before_reads_and_verifies_to_its_digest():
+    """The sites' side and the server's change together or not at all: the stored
+    transcript's bytes are those the server makes today, and each site reading them
+    (read_transcript, claim_bytes) reaches the stored digest from its own leaf."""
+    from fedlatent.engine.secagg.sumtree import (
+        claim_bytes,
+        read_transcript,
+        shared_fields,
+        transcript_fields,
+    )
+
+    leaves = np.random.default_rng(38).integers(0, 2**64, size=(3, 5), dtype=np.uint64)
+    leaves[:, 0] = [5, 2**63 + 7, 12]  # (a word of all 8 bytes; carries)
+    label, ids = b"run/7/estep", ["a", "b", "c"]
+    tree = SumTree(label, ids, leaves)
+    assert shared_fields(tree)["verify/A"].tobytes().hex() == "".join(_STORED["A"])
+    for i, path in enumerate(_STORED["paths"]):
+        assert transcript_fields(tree, i)["verify/path"].tobytes().hex() == "".join(path)
+        msg = {"verify/A": np.frombuffer(bytes.fromhex("".join(_STORED["A"])), np.uint8),
+               "verify/path": np.frombuffer(bytes.fromhex("".join(path)), np.uint8)}
+        at, n, A, c, levels = read_transcript(msg, 5)
+        assert (at, n) == (i, 3)
+        got = verify_leaf(label, at, n, ids[i], leaves[i], A, c, None, levels, claim_bytes(msg))
+        assert got.hex() == _STORED["digest"] == tree.digest().hex()
