@@ -187,6 +187,12 @@ class FederatedModel(ABC):
     #: forms, for every extra point, the combination of its own kept states the server's
     #: coefficients name, put back in the domain by :meth:`project_point_state`
     point_state: ClassVar[bool] = False
+    #: what a node checks the configuration it is sent by before it builds the model
+    #: (:func:`~fedlatent.engine.contract.params.validate_params`'s forms, by config key:
+    #: :func:`~fedlatent.engine.contract.registry.model_from_config`): the setup's config
+    #: comes from the server, and a setting the estimator would refuse (a negative
+    #: regularizer, say) steers the M-step every site evaluates or replays
+    config_constraints: ClassVar[dict[str, list]] = {}
     #: the disclosure policy in force on this client (the client node sets it at setup);
     #: model-specific queries that send sums over subsets consult it
     disclosure: DisclosurePolicy = DisclosurePolicy()

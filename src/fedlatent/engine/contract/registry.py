@@ -311,8 +311,14 @@ def model_class(name: str) -> type:
 
 
 def model_from_config(name: str, config: dict[str, Any]):
-    """Rebuild a registered model from its name and JSON config."""
-    return model_class(name)(**config)
+    """Rebuild a registered model from its name and JSON config, checked first by the model's
+    :attr:`~fedlatent.engine.contract.model.FederatedModel.config_constraints` (ValueError
+    naming the setting: a node builds only what the estimator would have accepted)."""
+    from fedlatent.engine.contract.params import validate_params
+
+    cls = model_class(name)
+    validate_params(config, cls.config_constraints)
+    return cls(**config)
 
 
 # ---- estimators ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import numpy as np
 
 from ...data.dataset import ClientData
 from ...engine.contract.model import ClientStep, FederatedModel, register_model
+from ...engine.contract.params import Integer, Options, Real
 from ...engine.protocol.messages import count_problem, psd_problem
 from ...engine.protocol.numerics import add_intercept, lift_eigenvalues
 from ...engine.stats import Stats
@@ -16,6 +17,7 @@ from ..gmm import (
     gmm_m_step,
     gmm_statistics,
 )
+from ..gmm.math import COV_TYPES
 from ..gmm.model import gaussian_problem
 from ..logistic import irls_statistics, local_refit, newton_solve, weighted_grad_hess
 from .dp import fedgmm_dp_sensitivity, personal_weights
@@ -59,6 +61,10 @@ class FedGMMModel(FederatedModel):
     """
 
     name = "fedgmm"
+    config_constraints = {"n_input_components": [Integer(1)], "n_learners": [Integer(1)],
+                          "covariance_type": [Options(*COV_TYPES)], "reg_covar": [Real(0)],
+                          "l2": [Real(0)], "local_steps": [Integer(1)], "prox": [Real(0)],
+                          "newton_step_max": [None, Real(0, closed="neither")]}
     batched_step = True
     point_state = True  # acceleration="newton": the clients carry pi_c along (pointstate)
     #: an extrapolated mixing weight keeps at least this fraction of the weight the client

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...data.dataset import ClientData
 from ...engine.contract.model import ClientStep, FederatedModel, Params, payload_params
+from ...engine.contract.params import Integer, Options, Real
 from ...engine.contract.registry import register_model
 from ...engine.protocol.compiled import worth
 from ...engine.protocol.messages import count_problem, psd_problem
@@ -19,6 +20,7 @@ from ...engine.stats import Stats
 from .check_step import full_step_holds
 from .dp import gmm_sensitivity
 from .math import (
+    COV_TYPES,
     compute_precision_cholesky,
     estimate_log_gaussian_prob,
     floor_covariances,
@@ -79,6 +81,8 @@ class GMMModel(FederatedModel):
     """Gaussian mixture math for the engine. Config: n_components, covariance_type, reg_covar."""
 
     name = "gmm"
+    config_constraints = {"n_components": [Integer(1)], "covariance_type": [Options(*COV_TYPES)],
+                          "reg_covar": [Real(0)]}
     batched_step = True
     batched_out = True
     batched_queries = frozenset({"moments", "hard_stats", "loglik"})

@@ -23,6 +23,7 @@ from ...engine.contract.model import (
     payload_params,
     register_model,
 )
+from ...engine.contract.params import Integer, Real
 from ...engine.protocol.messages import bordered, count_problem, equal_problem, psd_problem
 from ...engine.protocol.numerics import add_intercept
 from ...engine.stats import Stats
@@ -172,6 +173,8 @@ class HLCRModel(FederatedModel):
     """
 
     name = "hlcr"
+    config_constraints = {"n_clusters": [Integer(1)], **dict.fromkeys(
+        ("alpha", "beta", "delta", "sigma", "tau"), [Real(0, closed="neither")])}
     #: in-process agents step together (:mod:`.batched`): one pass over their entities
     batched_step = True
     batched_units = True

@@ -13,6 +13,7 @@ import numpy as np
 from ...data.dataset import ClientData
 from ...engine.contract.mixture import MixtureModel, random_membership_stats
 from ...engine.contract.model import ClientStep, payload_params
+from ...engine.contract.params import Integer
 from ...engine.contract.registry import register_model
 from ...engine.node.replay_start import register_start
 from ...engine.protocol.messages import count_problem, equal_problem, psd_problem
@@ -54,6 +55,7 @@ class LCAModel(MixtureModel):
     with concomitant variables ``gamma`` (K - 1, q) (:mod:`fedlatent.models.concomitant`)."""
 
     name = "lca"
+    config_constraints = {"n_components": [Integer(1)]}
     count_stats = ("nk", "counts")
 
     def __init__(self, n_components: int, n_categories, missing: bool = False,

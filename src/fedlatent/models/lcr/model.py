@@ -14,6 +14,7 @@ from ...data.dataset import ClientData
 from ...engine.contract.degenerate import DEGENERATE_FRACTION
 from ...engine.contract.mixture import MixtureModel
 from ...engine.contract.model import ClientStep, Params, payload_params
+from ...engine.contract.params import Integer, Real
 from ...engine.contract.registry import register_model
 from ...engine.protocol.messages import bordered, count_problem, equal_problem, psd_problem
 from ...engine.stats import Stats
@@ -53,6 +54,7 @@ class LCRModel(MixtureModel):
     """
 
     name = "lcr"
+    config_constraints = {"n_components": [Integer(1)], "reg_noise": [Real(0)]}
     batched_step = True
 
     def __init__(self, n_components: int, fit_intercept: bool = True, reg_noise: float = 1e-6,
