@@ -13,9 +13,11 @@ carries the transcript of the exchange before: the claimed ring sum ``A`` and it
    projections are those of ``A`` (:func:`~fedlatent.engine.secagg.sumtree.verify_leaf`): a
    transcript without its leaf, with another, or missing while it holds one, is refused
    naming the round; so is a tree whose leaves are not the set-up's roster in its order
-   (``n`` its size, this site's leaf its rank: :func:`_roster_place`), or in which a site
-   of its neighbourhood that was not in the sum does not hold zero (:func:`_zeros`): no
-   vector can hide in a leaf outside the roster or in a dropped site's slot;
+   (``n`` its size, this site's leaf its rank: :func:`~.verify_transcript.roster_place`), or
+   in which a site of its neighbourhood that was not in the sum does not hold zero
+   (:func:`~.verify_transcript.zeros`): no vector can hide in a leaf outside the roster or in
+   a dropped site's slot (these checks live in :mod:`~.verify_transcript`, which the group
+   tests of :mod:`~.verify_groups` share);
 2. folds the transcript's digest (the root it reached and ``A``, ``c``) into its
    confirmations of this exchange
    (:meth:`~fedlatent.engine.secagg.client.SecAggClient.bind_digest`): a neighbour shown
@@ -46,6 +48,13 @@ for the transcript; a federation with partial participation is refused verificat
 setup (:meth:`Federation.verifies`) rather than verified by halves. A site of exchange
 ``t``'s sum that is no survivor of ``t + 1`` (it dropped out, failed or refused) stops the
 fit at ``t + 1``'s consistency round, before anything of it is revealed.
+
+Where the parts live: this module, the round's check and the replay's glue;
+:mod:`~.verify_transcript`, the transcript's check (and :class:`VerificationRefused`);
+:mod:`~.verify_fields`, the round's settings, scale and binding; :mod:`~.verify_kept`, what
+the site keeps between rounds; :mod:`~.verify_points`, accelerated EM's points;
+:mod:`~.verify_groups`, group tests and discarded rounds; :mod:`~.verify_info`, the
+information after the rounds.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlatent.engine.node import verify_transcript as _vt
 from fedlatent.engine.node.verify_fields import CV_KEPT
 from fedlatent.engine.node.verify_fields import fields_of as _fields_of
 from fedlatent.engine.node.verify_fields import round_refusal as _round_refusal
@@ -68,6 +78,9 @@ from fedlatent.engine.node.verify_kept import num as _num
 from fedlatent.engine.node.verify_kept import plan as _plan
 from fedlatent.engine.node.verify_kept import store as _store
 from fedlatent.engine.node.verify_kept import units as _units
+from fedlatent.engine.node.verify_transcript import VerificationRefused
+from fedlatent.engine.node.verify_transcript import federation as _federation
+from fedlatent.engine.node.verify_transcript import refuse as _refuse
 from fedlatent.engine.protocol.messages import pack, unpack
 from fedlatent.engine.stats import Stats
 
@@ -75,10 +88,6 @@ __all__ = ["VerificationRefused", "check_exchange", "setup_verification", "verif
            "verifying"]
 
 _V = "verify/"
-
-
-class VerificationRefused(ValueError):
-    """A verifying site refuses an exchange (a transcript or parameters it cannot accept)."""
 
 
 def verifying(node) -> bool:
@@ -114,18 +123,6 @@ def _setup_digest(msg: dict[str, Any]) -> bytes:
 
     return hashlib.sha256("\x00".join(str(msg.get(k, "")) for k in (
         "model", "model_config", "verify")).encode()).digest()
-
-
-def _federation(node):
-    """The setup's federation (parsed once per node and setup)."""
-    held = node.state["verify/federation"]
-    got = getattr(node, "_verify_federation", None)
-    if got is None or got[0] is not held:
-        from fedlatent.engine.fedem.federation import Federation
-
-        got = (held, Federation.from_config(json.loads(held.tobytes().decode())["federation"]))
-        node._verify_federation = got
-    return got[1]
 
 
 def verified_message(node, method: str, msg: dict[str, Any]):
@@ -172,7 +169,7 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if method != "estep":  # sub-cohort, never applied): only of a failure it checked
             raise VerificationRefused(f"{who}: a {method!r} marked as a group test's replay "
                                       "(only a round's remembered reply is replayed)")
-        _verify_groups().check_group_test(node, msg, rnd, exch, who, _for_groups())
+        _verify_groups().check_group_test(node, msg, rnd, exch, who)
         node.secagg.keep_leaf = False  # (its leaf of the round kept; scaled as the round was)
         _check_scale(node, msg, method, who)
         return {k: v for k, v in msg.items() if not k.startswith(_V)}
@@ -188,16 +185,16 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
                                       "parameters come from")
         total = None
     elif undone and json.loads(leaf[0])[0] in undone:
-        _verify_groups().check_undone(node, leaf, msg, who, _for_groups())  # (it failed)
+        _verify_groups().check_undone(node, leaf, msg, who)  # (it failed)
         total = None  # its round discarded, never applied: the parameters stay (_same_again)
     else:
-        total = _check_transcript(node, leaf, msg, rnd, exch, who)
+        total = _vt.check_transcript(node, leaf, msg, rnd, exch, who)
     node.secagg.keep_leaf = True
     out = {k: msg[k] for k in _fields_of(tuple(msg)).kept}  # (no verify/ field)
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
     if leaf is None:  # (the fit's first exchange: no transcript, but the setup, units and
-        node.secagg.bind_digest(rnd, exch, _deps().bound(node, b""))  # seed it was told)
+        node.secagg.bind_digest(rnd, exch, _vt.tools().bound(node, b""))  # seed it was told)
     _check_scale(node, msg, method, who)
     if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
         _keep_start_exchange(node, total, _units(node)[0])
@@ -247,14 +244,6 @@ def _verify_groups():
     return verify_groups
 
 
-@functools.cache
-def _for_groups() -> SimpleNamespace:
-    """What :mod:`~.verify_groups` (group tests, discarded rounds) calls of this module,
-    passed to it (it does not import this module)."""
-    return SimpleNamespace(refused=VerificationRefused, deps=_deps, sumtree=_sumtree,
-                           roster_place=_roster_place, zeros=_zeros, federation=_federation)
-
-
 def _undone(msg: dict[str, Any]) -> list:
     """The rounds the server discarded so far (``secagg/undo``, a JSON list; mostly none)."""
     raw = msg.get("secagg/undo")
@@ -270,83 +259,6 @@ def _last_kind(node) -> str:
     last = node.state.get("verify/last")
     return ("estep" if last is _ESTEP else "" if last is None  # (a rebuilt node's: parsed)
             else bytes(last).decode())
-
-
-def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
-    """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
-    is checked; the digest bound to this exchange's confirmations."""
-    d, tree = _deps(), _sumtree()
-    label, shapes, z = leaf
-    if _V + "A" not in msg:
-        raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
-                                  f"({label.decode()}), in which this site took part: the "
-                                  "aggregate the parameters come from is unverified")
-    try:
-        at, n, A, c, path = tree.read_transcript(msg, z.size)
-        ids = node.secagg.roster_ids
-        _roster_place(node.client_id, ids, at, n, who)
-        claim = tree.claim_bytes(msg)  # (hashed as sent)
-        digest = tree.verify_leaf(label, at, n, node.client_id, z, A, c, None, path, claim)
-        split = node.secagg.leaf_split(label)
-        if split is None:  # (a state written before it kept its neighbourhood's split)
-            raise VerificationRefused(f"{who}: this site kept no record of which of its "
-                                      "neighbours were in the sum of the exchange before, so "
-                                      "it cannot check their leaves")
-        _zeros(label, ids, split[1], msg, (A, c, claim), digest, who)
-    except d.SecureAggregationError as err:
-        raise VerificationRefused(f"{who}: {err}") from None
-    node.secagg.bind_digest(rnd, exch, _deps().bound(node, digest),  # (with the setup,
-                            confirm=split[0])  # units and seed: verify_fields.bound)
-    # decoded in one pass (FixedPoint.decode's arithmetic on every word: the int64 words as
-    # float64, divided by the scale), then split by field (the layout's spans made once)
-    values = A.view(np.int64) / node.secagg.config.encoding.scale
-    return d.Layout.of_shapes(shapes).unflatten(values, copy=False)
-
-
-def _roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
-    """The tree's leaves are the set-up's roster in its order: ``n`` its size, this site's
-    leaf its rank; VerificationRefused naming the round otherwise (a leaf outside the roster
-    could hold any vector)."""
-    if n == len(ids) and 0 <= at < n and ids[at] == me:  # (its place: the common case)
-        return
-    mine = _deps().bisect.bisect_left(ids, me)
-    if n != len(ids) or at != mine:
-        raise VerificationRefused(
-            f"{who}: its transcript's tree has {n} leaves with this site's at {at}; the "
-            f"set-up's roster has {len(ids)} sites with this site at {mine}: a tree of other "
-            "leaves than the roster's could hold a vector no site answered for")
-
-
-def _zeros(label: bytes, ids: list[str], absent, msg, claim, digest: bytes, who: str) -> None:
-    """Each site of this site's neighbourhood that was not in the exchange's sum (dropped,
-    or no participant) holds a zero leaf in the tree this site's own leaf reached
-    (:func:`~fedlatent.engine.secagg.sumtree.verify_zero`; ``claim``: ``(A, c, its bytes)``);
-    VerificationRefused naming the first that does not, or whose path is missing."""
-    if not absent:
-        return
-    import bisect
-
-    from fedlatent.engine.secagg.sumtree import read_paths, verify_zero
-
-    paths = read_paths(msg)
-    A, c, raw = claim
-    for u in absent:
-        i = bisect.bisect_left(ids, u)
-        n, path = paths.get(i, (len(ids), None))
-        if path is None or n != len(ids) or not verify_zero(label, i, n, u, A, c, path, digest,
-                                                            raw):
-            raise VerificationRefused(
-                f"{who}: {u!r} was not in the sum of the exchange before (it dropped out or "
-                f"took no part), yet its leaf ({i}) in the tree is not shown to hold zero: the "
-                "aggregate may hold a vector no site answered for")
-
-
-@functools.cache
-def _sumtree():
-    """The sum tree's module (imported at the first verified round, as :func:`_deps`)."""
-    from fedlatent.engine.secagg import sumtree
-
-    return sumtree
 
 
 def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
@@ -476,26 +388,14 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
 
 @functools.cache
 def _deps() -> SimpleNamespace:
-    """What a verified round calls, imported at the first verified round (a node answering
-    plain rounds loads neither the server's update nor the accelerators) and kept: no
-    import statement run every round."""
-    import bisect
-
+    """What a verified round's replay calls, imported at the first verified round (a node
+    answering plain rounds loads neither the server's update nor the accelerators) and kept:
+    no import statement run every round."""
     from fedlatent.engine.node import verify_points
     from fedlatent.engine.node.replay import replay_refusal, step_refusal
-    from fedlatent.engine.node.verify_fields import bound
-    from fedlatent.engine.secagg.encoding import Layout
-    from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-    return SimpleNamespace(
-        bisect=bisect, bound=bound, verify_points=verify_points,
-        replay_refusal=replay_refusal, step_refusal=step_refusal, Layout=Layout,
-        SecureAggregationError=SecureAggregationError)
-
-
-def _refuse(why: str | None) -> None:
-    if why:
-        raise VerificationRefused(why)
+    return SimpleNamespace(verify_points=verify_points, replay_refusal=replay_refusal,
+                           step_refusal=step_refusal)
 
 
 def _declared(node, msg: dict[str, Any]) -> None:
