@@ -174,63 +174,78 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         _check_scale(node, msg, method, who)
         return {k: v for k, v in msg.items() if not k.startswith(_V)}
     leaf = node.secagg.take_leaf()
-    undone = _undone(msg)
-    if leaf is None:
-        if _V + "A" in msg:
-            raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
-                                      "took no part in (it holds no leaf to check it by)")
-        if _last_kind(node) == "estep":  # (it refused or missed the round before)
-            raise VerificationRefused(f"{who}: this site holds no contribution to the "
-                                      "exchange before, so it cannot check the aggregate the "
-                                      "parameters come from")
-        total = None
-    elif undone and json.loads(leaf[0])[0] in undone:
-        _verify_groups().check_undone(node, leaf, msg, who)  # (it failed)
-        total = None  # its round discarded, never applied: the parameters stay (_same_again)
-    else:
-        total = _vt.check_transcript(node, leaf, msg, rnd, exch, who)
+    undone, last, fed = _undone(msg), _last_kind(node), _federation(node)
+    words = _transcript_before(node, leaf, msg, rnd, exch, who, undone, last)
     node.secagg.keep_leaf = True
     out = {k: msg[k] for k in _fields_of(tuple(msg)).kept}  # (no verify/ field)
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
     if leaf is None:  # (the fit's first exchange: no transcript, but the setup, units and
         node.secagg.bind_digest(rnd, exch, _vt.tools().bound(node, b""))  # seed it was told)
-    _check_scale(node, msg, method, who)
-    if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
-        _keep_start_exchange(node, total, _units(node)[0])
+    _check_scale(node, msg, method, who, fed)
+    if last == "query" and words is not None:  # a start's exchange, verified
+        _keep_start_exchange(node, _vt.decoded(node, words, leaf[1]), _units(node)[0])
     if method != "estep":
-        if _last_kind(node) in ("estep", "information"):  # after the rounds: the information
-            from fedlatent.engine.node.verify_info import after_rounds  # at verified params
-
-            _refuse(after_rounds(node, out, total, who))
-            return out
-        asked = {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))}
-        _check_query(node, asked)
-        node.state["verify/last"] = _QUERY
-        node.state["verify/asked"] = _bytes(json.dumps(_jsonable(asked)))
-        return out
-    out = _replay_round(node, out, total, rnd, who, undone)
-    _check_round(node, out, rnd, who)
+        return _check_asked(node, out, None if words is None else _vt.decoded(
+            node, words, leaf[1]), last, who)
+    out = _replay_round(node, out, words, leaf, rnd, who, undone, last, fed)
+    _check_round(node, out, rnd, who, fed)
     node.state["verify/last"] = _ESTEP
     node.shapes_checked = out  # (every point's parameters are the replay's, or the start's
     return out  # declared shapes: the E-step of this very message need not check them again)
 
 
-def _check_scale(node, msg: dict[str, Any], method: str, who: str) -> None:
-    """The exchange's unit and weight are the site's (:func:`~.verify_fields.scale_refusal`)."""
+def _transcript_before(node, leaf, msg: dict[str, Any], rnd: int, exch: str, who: str,
+                       undone: list, last: str):
+    """The words of the claimed sum of the exchange before (its transcript checked: its
+    digest bound to this exchange), or None: the fit's first exchange, or one whose round
+    the server discarded (its failure checked: never applied)."""
+    if leaf is None:
+        if _V + "A" in msg:
+            raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
+                                      "took no part in (it holds no leaf to check it by)")
+        if last == "estep":  # (it refused or missed the round before)
+            raise VerificationRefused(f"{who}: this site holds no contribution to the "
+                                      "exchange before, so it cannot check the aggregate the "
+                                      "parameters come from")
+        return None
+    if undone and json.loads(leaf[0])[0] in undone:
+        _verify_groups().check_undone(node, leaf, msg, who)  # (it failed)
+        return None  # its round discarded, never applied: the parameters stay (_same_again)
+    return _vt.check_transcript(node, leaf, msg, rnd, exch, who)
+
+
+def _check_asked(node, out: dict[str, Any], total, last: str, who: str) -> dict[str, Any]:
+    """``out`` once a query (not an E-step) is checked: the information after the rounds
+    (at the verified parameters), or a start's next query."""
+    if last in ("estep", "information"):  # after the rounds: the information
+        from fedlatent.engine.node.verify_info import after_rounds  # at verified params
+
+        _refuse(after_rounds(node, out, total, who))
+        return out
+    asked = {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))}
+    _check_query(node, asked)
+    node.state["verify/last"] = _QUERY
+    node.state["verify/asked"] = _bytes(json.dumps(_jsonable(asked)))
+    return out
+
+
+def _check_scale(node, msg: dict[str, Any], method: str, who: str, fed=None) -> None:
+    """The exchange's unit and weight are the site's (:func:`~.verify_fields.scale_refusal`;
+    ``fed`` the setup's federation, read when None)."""
     if "verify/units" in node.state:  # (none yet: refused by _keep_units, or a group test
-        _refuse(_scale_refusal(node, msg, method, _units(node),  # before any round)
-                               _federation(node).client_weighting, who))
+        _refuse(_scale_refusal(node, msg, method, _units(node), (  # before any round)
+            fed or _federation(node)).client_weighting, who))
 
 
-def _check_round(node, msg: dict[str, Any], rnd: int, who: str) -> None:
-    """The E-step's settings are the setup's federation's for this round, and the control
-    variates' start the replayed ``S_hat`` (:mod:`~.verify_fields`), the replay done: its
-    kept ``S_hat`` says whether the server's state is initialized."""
+def _check_round(node, msg: dict[str, Any], rnd: int, who: str, fed) -> None:
+    """The E-step's settings are the setup's federation's ``fed`` for this round, and the
+    control variates' start the replayed ``S_hat`` (:mod:`~.verify_fields`), the replay done:
+    its kept ``S_hat`` says whether the server's state is initialized."""
     at = _plan(node)
     init_round = at is None or not at.rows["S_hat"]
-    _refuse(_round_refusal(node, _federation(node), msg, rnd,
-                           _committed(node, node.state["verify/seed"]), init_round, who))
+    _refuse(_round_refusal(node, fed, msg, rnd, _committed(node, node.state["verify/seed"]),
+                           init_round, who))
     if not init_round and CV_KEPT in node.state:  # (once: after cv_init)
         from fedlatent.engine.node.verify_fields import cv_start_refusal
 
@@ -261,24 +276,27 @@ def _last_kind(node) -> str:
             else bytes(last).decode())
 
 
-def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
-                  undone: list) -> dict[str, Any]:
-    """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
+def _replay_round(node, msg: dict[str, Any], words, leaf, rnd: int, who: str, undone: list,
+                  last: str, fed) -> dict[str, Any]:
+    """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives
+    (``words``: the claimed sum of the exchange of ``leaf``, checked; None: none to apply)."""
     vp = _deps().verify_points
-    fed = _federation(node)
-    last, accelerated = _last_kind(node), vp.accelerated(fed)
-    if vp.n_points(msg) > 0 and (not accelerated or last != "estep"):
+    accelerated = _vt.accelerated(node)
+    if "points" in msg and vp.n_points(msg) > 0 and (not accelerated or last != "estep"):
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
                                   "this site cannot replay " + (
                                       "in the first round" if accelerated else
                                       "in a fit set up with Federation(acceleration=None)"))
     at = _plan(node) if last == "estep" and not accelerated else None
     k_prev = _num(node.state["verify/round"]) if last == "estep" else 0
-    if (at is not None and at.aligned and total is not None and k_prev not in undone
-            and total.keys() >= at.delta):
-        msg = _next_flat(node, fed, at, msg, total, rnd, k_prev)  # (every plain round)
-        node.state["verify/round"] = np.array(float(rnd))
-        return msg
+    if at is not None and at.aligned and words is not None and k_prev not in undone:
+        agg = _delta(node, at, words, leaf[1]) if at.rows["S_hat"] else _vt.decoded(
+            node, words, leaf[1])  # (the initialization round's: S_hat the aggregate)
+        if agg is not None:  # (every plain round: S_hat's steps by place)
+            msg = _next_flat(node, fed, at, msg, agg, rnd, k_prev)
+            node.state["verify/round"] = np.array(float(rnd))
+            return msg
+    total = None if words is None else _vt.decoded(node, words, leaf[1])
     sent = unpack(msg, "params")
     mine = _groups(node)
     n_total, n_clients = _units(node)
@@ -299,10 +317,46 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
     return msg
 
 
-def _next_flat(node, fed, at, msg: dict[str, Any], total, rnd: int, k_prev: int
+def _delta(node, at, words: np.ndarray, shapes: tuple) -> np.ndarray | None:
+    """The aggregate's ``delta/`` fields, decoded from its ``words`` (of the layout
+    ``shapes``) as one vector in the order of the kept ``S_hat`` (the plan ``at``'s), as
+    :func:`~.verify_kept.flat_step` adds them by place; None where the aggregate does not
+    hold every field of ``S_hat`` (the general replay then takes it). Where they lie is found
+    once per layout and plan (kept on the node): one run of words, decoded alone."""
+    got = getattr(node, "_verify_delta", None)
+    if got is None or got[0] is not shapes or got[1] is not at:
+        got = node._verify_delta = (shapes, at, _delta_span(at, shapes))
+    span = got[2]
+    if type(span) is slice:  # (one run of words: the common case)
+        return words[span].view(np.int64) / node.secagg.config.encoding.scale
+    if span is None:
+        return None
+    total = _vt.decoded(node, words, shapes)
+    return np.concatenate([total[k] for k in span], axis=None)
+
+
+def _delta_span(at, shapes: tuple):
+    """Where ``S_hat``'s ``delta/`` fields lie in a sum of the layout ``shapes``: one slice
+    where they follow each other in the plan's order at ``S_hat``'s sizes, else their names
+    in that order, or None where one is missing."""
+    names = [k for k, _ in shapes]
+    if not at.delta <= set(names):
+        return None
+    sizes = [int(np.prod(s, dtype=np.int64)) for _, s in shapes]
+    first = names.index(next(iter(at.delta)))
+    run = range(first, first + len(at.delta))
+    if names[first:run.stop] != list(at.delta) or [sizes[i] for i in run] != [
+            sl.stop - sl.start for _, _, sl in at.rows["S_hat"]]:
+        return list(at.delta)
+    return slice(sum(sizes[:first]), sum(sizes[:run.stop]))
+
+
+def _next_flat(node, fed, at, msg: dict[str, Any], agg, rnd: int, k_prev: int
                ) -> dict[str, Any]:
     """:func:`_next_round` of a round of plain FedEM, on the packed vector
-    (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``): the server's FedEM step
+    (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``; ``agg`` the aggregate's
+    ``delta/`` fields in one vector, :func:`_delta`, or in the initialization round the
+    decoded aggregate by field): the server's FedEM step
     (:func:`~fedlatent.engine.node.verify_kept.flat_step`: the same bits; in the
     initialization round ``S_hat`` is the aggregate and ``V`` zero, as
     :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` starts them), its M-step
@@ -314,11 +368,10 @@ def _next_flat(node, fed, at, msg: dict[str, Any], total, rnd: int, k_prev: int
     sent, listed = _sent(node, at, msg)
     if at.rows["S_hat"]:
         alpha = fed.alpha_for(at.shapes["S_hat"]) if at.rows["V"] else 1.0
-        new = _flat_step(kept, at, [total[k] for k in at.delta], fed.gamma(k_prev), alpha,
-                         listed)
+        new = _flat_step(kept, at, [agg], fed.gamma(k_prev), alpha, listed)
         views = at.views(new, "S_hat")
     else:  # (the initialization round's: the layout gains S_hat and V)
-        new, views = None, {k[6:]: v for k, v in total.items() if k.startswith("delta/")}
+        new, views = None, {k[6:]: v for k, v in agg.items() if k.startswith("delta/")}
     S = Stats(views, copy=False)
     why = _deps().step_refusal(node.model, S, at.lazy(kept, "params"), _units(node)[0], sent,
                                rnd, node.client_id)
@@ -341,7 +394,8 @@ def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
     is). A message with the fields of the last one read with the layout (``at.fields``: no
     ``S_hat/``, the layout's parameters) is read by name without a scan."""
     if msg.keys() == at.fields:
-        arrays = [np.asarray(msg[k]) for k in at.sent]
+        arrays = [v if type(v) is np.ndarray else np.asarray(v)  # (no call: the usual case)
+                  for v in map(msg.__getitem__, at.sent)]
         sent = dict(zip(at.sent.values(), arrays))
     else:
         keys, sent = frozenset(msg), unpack(msg, "params")

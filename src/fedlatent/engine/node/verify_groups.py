@@ -51,6 +51,7 @@ from fedlatent.engine.node.verify_kept import groups, plan, units
 from fedlatent.engine.node.verify_transcript import (
     VerificationRefused,
     checked,
+    decoded,
     federation,
     tools,
 )
@@ -187,10 +188,11 @@ def _verified(node, leaf, msg: dict[str, Any], who: str, what: str, missing_ok=F
     its neighbourhood's absent sites); VerificationRefused otherwise (``missing_ok``: None
     where the site's own leaf does not reach the root)."""
     try:
-        return checked(node, leaf, msg, who, what, missing_ok)
+        got = checked(node, leaf, msg, who, what, missing_ok)
     except tools().SecureAggregationError as err:
         raise VerificationRefused(f"{who}: the transcript it shows is not that of {what} with "
                                   f"this site's contribution ({err})") from None
+    return None if got is None else (decoded(node, got[0], leaf[1]), *got[1:])
 
 
 def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int) -> int:

@@ -12,12 +12,13 @@ What lives here:
   and path reach the root whose projections are those of the claimed sum ``A``:
   :func:`~fedlatent.engine.secagg.sumtree.verify_leaf`; the tree's leaves are the set-up's
   roster in its order: :func:`roster_place`; each site of its neighbourhood that was not in
-  the sum holds zero: :func:`zeros`) and ``A`` decoded into its fields;
+  the sum holds zero: :func:`zeros`), and :func:`decoded`, ``A``'s fields;
 - :func:`check_transcript`: that check for a round's message (the exchange before), its
   digest then bound into this exchange's confirmations
   (:meth:`~fedlatent.engine.secagg.client.SecAggClient.bind_digest`, with the setup, units
   and seed: :func:`~.verify_fields.bound`);
-- :func:`federation`: the setup's federation, parsed once per node and setup.
+- :func:`federation` and :func:`accelerated`: the setup's federation, parsed once per node
+  and setup.
 
 The secure-aggregation modules are imported at the first check (:func:`tools`): a node that
 answers plain rounds loads none of them.
@@ -32,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["VerificationRefused", "check_transcript", "checked", "federation", "refuse",
-           "roster_place", "tools", "zeros"]
+__all__ = ["VerificationRefused", "accelerated", "check_transcript", "checked", "decoded",
+           "federation", "refuse", "roster_place", "tools", "zeros"]
 
 _V = "verify/"
 #: what the round's check says of the exchange its transcript is of
@@ -65,35 +66,38 @@ def tools() -> SimpleNamespace:
                            SecureAggregationError=SecureAggregationError)
 
 
-def check_transcript(node, leaf, msg: dict[str, Any], rnd: int, exch: str, who: str) -> dict:
-    """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
-    is checked (:func:`checked`); the digest bound to this exchange's confirmations (each
-    neighbour in that sum must confirm it before this site reveals)."""
+def check_transcript(node, leaf, msg: dict[str, Any], rnd: int, exch: str,
+                     who: str) -> np.ndarray:
+    """The claimed sum's words (``A``: :func:`decoded` gives its fields) of the exchange
+    ``leaf`` is from, once its transcript in ``msg`` is checked (:func:`checked`); the digest
+    bound to this exchange's confirmations (each neighbour in that sum must confirm it before
+    this site reveals)."""
     if _V + "A" not in msg:
         raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
                                   f"({leaf[0].decode()}), in which this site took part: the "
                                   "aggregate the parameters come from is unverified")
     t = tools()
     try:
-        fields, digest, split = checked(node, leaf, msg, who)
+        words, digest, split = checked(node, leaf, msg, who)
     except t.SecureAggregationError as err:
         raise VerificationRefused(f"{who}: {err}") from None
     node.secagg.bind_digest(rnd, exch, t.bound(node, digest), confirm=split[0])
-    return fields
+    return words
 
 
 def checked(node, leaf, msg: dict[str, Any], who: str, what: str = BEFORE,
             missing_ok: bool = False):
-    """``(fields, digest, (survivors, absent))``: the decoded aggregate of the exchange of
-    ``leaf`` (``(label, shapes, z)``, this site's kept contribution to ``what``), its
-    transcript's digest and the split of this site's neighbourhood in it, once the transcript
+    """``(A, digest, (survivors, absent))``: the claimed sum's words (uint64: :func:`decoded`
+    gives its fields) of the exchange of ``leaf`` (``(label, shapes, z)``, this site's kept
+    contribution to ``what``), its transcript's digest and the split of this site's
+    neighbourhood in it, once the transcript
     in ``msg`` is checked (see the module docstring). SecureAggregationError when the
     transcript is unreadable or its tree does not hold this site's leaf (the caller words it;
     ``missing_ok``: None where the site's own leaf does not reach the root);
     VerificationRefused for a tree of other leaves than the roster's."""
     t = tools()
     tree = t.sumtree
-    label, shapes, z = leaf
+    label, _, z = leaf
     at, n, A, c, path = tree.read_transcript(msg, z.size)
     sa = node.secagg
     ids = sa.roster_ids
@@ -111,10 +115,16 @@ def checked(node, leaf, msg: dict[str, Any], who: str, what: str = BEFORE,
                                   f"neighbours were in {what}, so it cannot check their "
                                   "leaves")
     zeros(label, ids, split[1], msg, (A, c, claim), digest, who)
-    # decoded in one pass (FixedPoint.decode's arithmetic on every word: the int64 words as
-    # float64, divided by the scale), then split by field (the layout's spans made once)
-    values = A.view(np.int64) / sa.config.encoding.scale
-    return t.Layout.of_shapes(shapes).unflatten(values, copy=False), digest, split
+    return A, digest, split
+
+
+def decoded(node, A: np.ndarray, shapes: tuple) -> dict[str, np.ndarray]:
+    """The fields of the claimed sum ``A`` (its words, of the layout ``shapes``: the site's
+    own leaf's), decoded in one pass (FixedPoint.decode's arithmetic on every word: the int64
+    words as float64, divided by the scale), then split by field (the layout's spans made
+    once)."""
+    values = A.view(np.int64) / node.secagg.config.encoding.scale
+    return tools().Layout.of_shapes(shapes).unflatten(values, copy=False)
 
 
 def roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
@@ -154,11 +164,24 @@ def zeros(label: bytes, ids: list[str], absent, msg, claim, digest: bytes, who: 
 
 def federation(node):
     """The setup's federation (parsed once per node and setup)."""
+    return _setup_of(node)[1]
+
+
+def accelerated(node) -> bool:
+    """Whether the setup's federation runs accelerated EM (its rounds may carry points)."""
+    return _setup_of(node)[2]
+
+
+def _setup_of(node) -> tuple:
+    """``(the state's array, its federation, whether it is accelerated)``, kept on the node
+    while the state holds the same array (``verify/federation``)."""
     held = node.state["verify/federation"]
     got = getattr(node, "_verify_federation", None)
     if got is None or got[0] is not held:
+        from fedlatent.engine.fedem.acceleration import resolve_acceleration
         from fedlatent.engine.fedem.federation import Federation
 
-        got = (held, Federation.from_config(json.loads(held.tobytes().decode())["federation"]))
+        fed = Federation.from_config(json.loads(held.tobytes().decode())["federation"])
+        got = (held, fed, resolve_acceleration(fed.acceleration) is not None)
         node._verify_federation = got
-    return got[1]
+    return got
