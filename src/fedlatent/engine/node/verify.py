@@ -91,7 +91,8 @@ _V = "verify/"
 
 
 def verifying(node) -> bool:
-    """Whether ``node``'s fit runs verified rounds (its setup said so: kept in its state)."""
+    """Whether ``node``'s fit runs verified rounds (its setup said so: kept in its state,
+    ``verify/on``, which holds the run's name)."""
     return "verify/on" in node.state
 
 
@@ -103,15 +104,13 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
     estimator fitted again on the same sites)."""
     run = np.frombuffer(str(msg.get("run", "")).encode(), np.uint8).copy()
     again, node._verify_set_up = getattr(node, "_verify_set_up", False), True
-    if run.size and not again and "verify/on" in node.state and np.array_equal(
-            node.state.get("verify/run"), run):
+    if run.size and not again and np.array_equal(node.state.get("verify/on"), run):
         return  # (an unnamed run is a new fit at every setup)
     for k in [k for k in node.state if k.startswith(_V)]:
         del node.state[k]
     raw = msg.get("verify")
-    if raw:
-        node.state["verify/on"] = np.array(1.0)
-        node.state["verify/run"] = run
+    if raw:  # (the mark holds the run: one key fewer for every scan of the state)
+        node.state["verify/on"] = run
         node.state["verify/federation"] = np.frombuffer(str(raw).encode(), np.uint8).copy()
         node.state["verify/setup"] = _frozen(np.frombuffer(_setup_digest(msg), np.uint8).copy())
 
