@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 from types import SimpleNamespace
 from typing import Any
 
@@ -88,6 +89,7 @@ __all__ = ["VerificationRefused", "check_exchange", "setup_verification", "verif
            "verifying"]
 
 _V = "verify/"
+_SHAPE = operator.attrgetter("shape")
 
 
 def verifying(node) -> bool:
@@ -176,7 +178,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     undone, last, fed = _undone(msg), _last_kind(node), _federation(node)
     words = _transcript_before(node, leaf, msg, rnd, exch, who, undone, last)
     node.secagg.keep_leaf = True
-    out = {k: msg[k] for k in _fields_of(tuple(msg)).kept}  # (no verify/ field)
+    kept = _fields_of(tuple(msg)).kept  # (no verify/ field)
+    out = dict(zip(kept, map(msg.__getitem__, kept)))  # (no bytecode a field)
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
     if leaf is None:  # (the fit's first exchange: no transcript, but the setup, units and
@@ -393,8 +396,7 @@ def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
     is). A message with the fields of the last one read with the layout (``at.fields``: no
     ``S_hat/``, the layout's parameters) is read by name without a scan."""
     if msg.keys() == at.fields:
-        arrays = [v if type(v) is np.ndarray else np.asarray(v)  # (no call: the usual case)
-                  for v in map(msg.__getitem__, at.sent)]
+        arrays = list(map(np.asarray, map(msg.__getitem__, at.sent)))
         sent = dict(zip(at.sent.values(), arrays))
     else:
         keys, sent = frozenset(msg), unpack(msg, "params")
@@ -405,8 +407,8 @@ def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
             "params"].keys() else None
         if arrays is not None and not shown:
             at.fields = keys
-    return sent, arrays if arrays is not None and [
-        a.shape for a in arrays] == at.listed else None
+    return sent, arrays if arrays is not None and list(map(_SHAPE, arrays)) == at.listed \
+        else None
 
 
 def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
