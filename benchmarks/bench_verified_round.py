@@ -77,6 +77,7 @@ def _parts():
         # space, as the replay side: its parts are the two below and the glue around them)
         (sumtree, "read_transcript", "  reading the transcript's bytes"),
         (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
+        (verify, "_delta", "  aggregate's S_hat fields decoded (_delta)"),
         (FedEMState, "advance", "  replay: FedEM update"),
         (verify, "_flat_step", "  replay: FedEM update (flat, steady rounds)"),
         (GMMModel, "check_step", "  M-step checked forward (check_step)"),

@@ -203,8 +203,8 @@ SHORT = PLAIN[1:]
 def test_the_steady_decode_is_the_full_decodes_for_every_layout_in_turn():
     """The aggregate's S_hat fields decoded as one run of words (the steady rounds') are the
     full decode's bits (the same division of the same words), and where they lie is found
-    again for each other layout (kept on the node by the layout: a span found for one
-    layout is never used for another), a field missing giving None (the general replay)."""
+    again for each other layout (kept by plan and layout: a span found for one layout is
+    never used for another), a field missing giving None (the general replay)."""
     from fedlatent.engine.node.verify import _delta
     from fedlatent.engine.node.verify_kept import plan
 

@@ -324,11 +324,8 @@ def _delta(node, at, words: np.ndarray, shapes: tuple) -> np.ndarray | None:
     ``shapes``) as one vector in the order of the kept ``S_hat`` (the plan ``at``'s), as
     :func:`~.verify_kept.flat_step` adds them by place; None where the aggregate does not
     hold every field of ``S_hat`` (the general replay then takes it). Where they lie is found
-    once per layout and plan (kept on the node): one run of words, decoded alone."""
-    got = getattr(node, "_verify_delta", None)
-    if got is None or got[0] is not shapes or got[1] is not at:
-        got = node._verify_delta = (shapes, at, _delta_span(at, shapes))
-    span = got[2]
+    once per layout and plan (:func:`_delta_span`): one run of words, decoded alone."""
+    span = _delta_span(at, shapes)
     if type(span) is slice:  # (one run of words: the common case)
         return words[span].view(np.int64) / node.secagg.config.encoding.scale
     if span is None:
@@ -337,10 +334,12 @@ def _delta(node, at, words: np.ndarray, shapes: tuple) -> np.ndarray | None:
     return np.concatenate([total[k] for k in span], axis=None)
 
 
+@functools.lru_cache(maxsize=16)
 def _delta_span(at, shapes: tuple):
     """Where ``S_hat``'s ``delta/`` fields lie in a sum of the layout ``shapes``: one slice
-    where they follow each other in the plan's order at ``S_hat``'s sizes, else their names
-    in that order, or None where one is missing."""
+    where they follow each other in the plan ``at``'s order at ``S_hat``'s sizes, else
+    their names in that order, or None where one is missing (found once per plan, an object
+    per layout kept, and layout: the nodes of a process share both)."""
     names = [k for k, _ in shapes]
     if not at.delta <= set(names):
         return None

@@ -11,7 +11,9 @@ part in a group test of round ``k`` (:func:`check_group_test`) only when:
    ``verify/A``, ``verify/path``, ``verify/zero``) and the site's own contribution to round
    ``k`` (its kept leaf, which the test does not take) reaches its root, from its place in
    the set-up's roster, with a zero leaf for each site of its neighbourhood that was not in
-   the sum (:func:`_verified`);
+   the sum (:func:`_verified`: the round's own check,
+   :func:`~.verify_transcript.checked`, which this module shares with
+   :mod:`~.verify`);
 2. round ``k``'s aggregate, decoded from that transcript, fails a check the server runs
    (:func:`failure`): the ring's range, the units it claims (full passes), the model's
    invariants on the statistic rebuilt as the server rebuilds it
