@@ -63,14 +63,21 @@ def _parts():
     from fedlatent.engine.fedem.update import FedEMState
     from fedlatent.models.gmm.model import GMMModel
 
+    try:  # the transcript's check (verify's _check_transcript in an older library)
+        import fedlatent.engine.node.verify_transcript as transcript
+        checks = "check_transcript"
+    except ImportError:
+        transcript, checks = verify, "_check_transcript"
+
     return [part for part in [
         (verify, "check_exchange", "verification, all of it"),
         (verify, "_replay_round", " its replay side (_replay_round)"),  # (one space: it
         # holds the replay's parts below, so the rest's sum leaves it out)
-        (verify, "_check_transcript", " its transcript side (_check_transcript)"),  # (one
+        (transcript, checks, " its transcript side (check_transcript)"),  # (one
         # space, as the replay side: its parts are the two below and the glue around them)
         (sumtree, "read_transcript", "  reading the transcript's bytes"),
         (sumtree, "verify_leaf", "  leaf and path check (sum tree)"),
+        (verify, "_delta", "  aggregate's S_hat fields decoded (_delta)"),
         (FedEMState, "advance", "  replay: FedEM update"),
         (verify, "_flat_step", "  replay: FedEM update (flat, steady rounds)"),
         (GMMModel, "check_step", "  M-step checked forward (check_step)"),

@@ -26,7 +26,7 @@ import pytest
 import fedlatent as fl
 from fedlatent.engine.contract import registry
 from fedlatent.engine.faults import FederatedFitError
-from fedlatent.engine.node import verify as node_verify
+from fedlatent.engine.node import verify_transcript
 from fedlatent.engine.protocol.messages import ERROR_KEY
 from fedlatent.engine.secagg import SecAggClient, SecAggServer
 from fedlatent.engine.secagg import secure as secure_mod
@@ -225,7 +225,7 @@ def test_positive_control_a_ghost_outside_the_roster_passes_without_the_roster_c
         monkeypatch):
     fd = _data()
     Forger(monkeypatch, "outside")
-    monkeypatch.setattr(node_verify, "_roster_place", lambda *a: None)
+    monkeypatch.setattr(verify_transcript, "roster_place", lambda *a: None)
     rt = InProcessRuntime(fd, record=True)
     est = _fit(rt)
     assert not any(r.errors for r in est.history_)  # every forged round evaluated, answered
@@ -261,7 +261,7 @@ def test_positive_control_a_ghost_in_a_dropped_slot_passes_without_the_zero_chec
     fd = _data()
     _no_confirm_rule(monkeypatch)
     Forger(monkeypatch, "dropped")
-    monkeypatch.setattr(node_verify, "_zeros", lambda *a: None)
+    monkeypatch.setattr(verify_transcript, "zeros", lambda *a: None)
     rt = Dropping(fd, fd.client_ids[2])
     est = _fit(rt)
     assert len(est.history_) == ROUNDS

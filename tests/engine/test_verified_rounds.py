@@ -1,8 +1,9 @@
 """Verified rounds (issue 38), wired: under secure aggregation every site checks its own reply is
 in the sum the server used (the sum tree of the exchange before) and replays the server's
-step; a server that moves one coordinate by 1e-6 (relative), adds a component, or shows a
-transcript without a site's own vector is refused at that round by every site, for GMM, LCR,
-LCA, FedGMM and HLCR; verified and unverified secure fits agree to 1e-10."""
+step; a server that moves one coordinate by 1e-6 (relative), adds a component, adds or drops
+a parameter after steady rounds, or shows a transcript without a site's own vector is refused
+at that round by every site, for GMM, LCR, LCA, FedGMM and HLCR; verified and unverified
+secure fits agree to 1e-10."""
 
 from __future__ import annotations
 
@@ -128,6 +129,57 @@ def test_a_deviating_server_is_refused_at_that_round_by_every_site(name, change,
     for c, reply in rt.replies.items():  # every site, each naming the round and what it refused
         text = reply[ERROR_KEY]
         assert re.match(rf"client {c!r}: round {K} refused: .*({why})", text), (c, text)
+
+
+def _extra_parameter(c, msg):
+    """A parameter the model does not evaluate, added."""
+    msg["params/zz_extra"] = np.ones(2)
+    return msg
+
+
+def _dropped_parameter(c, msg):
+    """The last parameter (by name) left out."""
+    del msg[max(k for k in msg if k.startswith("params/"))]
+    return msg
+
+
+def _retyped_parameter(c, msg):
+    """The first parameter (by name) sent as float32 (its values rounded)."""
+    k = min(k for k in msg if k.startswith("params/"))
+    msg[k] = np.asarray(msg[k], dtype=np.float32)
+    return msg
+
+
+#: a round after steady ones: round 3 is the first with S_hat kept (the initialization round,
+#: 2, changes what the site keeps), round 4 the first whose message's fields the site reads by
+#: name, as the last one's (verify._sent), and whose aggregate it decodes by its kept span
+STEADY = 5
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize(("change", "why"), [
+    (_moved, r"differs from the replay of the verified aggregate by [0-9.e-]+ at"),
+    (_extra_parameter, r"parameter 'zz_extra' of shape \(2,\) is not one the model evaluates"),
+    (_dropped_parameter, r"its parameters lacks '\w+', unlike the server's replayed M-step"),
+    (_retyped_parameter, r"differs from the replay of the verified aggregate by [0-9.e-]+ at"),
+], ids=["moved-1e-6", "extra-parameter", "dropped-parameter", "float32-parameter"])
+def test_a_parameter_changed_after_steady_rounds_is_refused_by_every_site(name, change, why):
+    """What a steady round keeps to read a message faster (its fields, the aggregate's
+    layout) serves no message that differs: a parameter moved, added, dropped or retyped in
+    round STEADY is refused by every site, as in round K."""
+    case, fd = _case(name)
+    rt = Deviating(fd, change, at=STEADY)
+    est = case.make()
+    est.set_params(**{k: v for k, v in (("n_init", 1), ("tol", 0.0)) if k in est.get_params()})
+    est.set_params(max_rounds=STEADY + 1, federation=fl.Federation(secure_aggregation=True))
+    with warnings.catch_warnings(), pytest.raises(FederatedFitError) as got:
+        warnings.simplefilter("ignore")
+        est.fit(fd, runtime=rt)
+    assert str(got.value).startswith(f"round {STEADY}, exchange 'estep': 0 of "), str(got.value)
+    assert sorted(rt.replies) == sorted(fd.client_ids)
+    for c, reply in rt.replies.items():
+        assert re.match(rf"client {c!r}: round {STEADY} refused: .*({why})",
+                        reply[ERROR_KEY]), (c, reply[ERROR_KEY])
 
 
 @pytest.mark.parametrize("change", [_moved, _extra_point, _no_transcript],

@@ -15,6 +15,7 @@ import pytest
 import fedlatent as fl
 from fedlatent.engine.fedem.update import round_message
 from fedlatent.engine.node.verify_fields import bound, fields_of, round_refusal, scale_refusal
+from tolerance import assert_same
 
 FED = fl.Federation(secure_aggregation=True)
 SEED, WHO = 7, "client 'c0': round 4 refused"
@@ -157,3 +158,60 @@ def test_the_bindings_inputs_a_site_keeps_cannot_be_written_in_place():
     a = _frozen(np.array([4000.0, 20.0]))
     with pytest.raises(ValueError, match="read-only"):
         a[0] = 8000.0
+
+
+# ---- the steady round's decode of the aggregate (verify._delta) --------------------------------
+SCALE = 2.0 ** 20
+#: the kept S_hat of a GMM site (K = 3, d = 2), in the order the site keeps it
+S_HAT = {"nk": (3,), "sx": (3, 2), "sxx": (3, 2, 2)}
+
+
+def _kept_node():
+    """A node keeping parameters, ``S_hat`` and ``V`` (one packed vector) and the encoding's
+    scale, as a verifying site does after the initialization round."""
+    from fedlatent.engine.node.verify_kept import store
+
+    node = SimpleNamespace(state={}, secagg=SimpleNamespace(config=SimpleNamespace(
+        encoding=SimpleNamespace(scale=SCALE))))
+    S = {k: np.ones(s) for k, s in S_HAT.items()}
+    store(node, {"params": {"weights": np.ones(3) / 3}, "S_hat": S, "V": S})
+    return node
+
+
+def _sum(shapes: tuple, seed: int) -> np.ndarray:
+    """Ring words of a sum of the layout ``shapes`` (signed values, negative ones wrapped)."""
+    m = sum(int(np.prod(s)) for _, s in shapes)
+    return np.random.default_rng(seed).integers(-2 ** 40, 2 ** 40, m).view(np.uint64)
+
+
+def _by_field(words: np.ndarray, shapes: tuple) -> np.ndarray:
+    """The S_hat fields of the full decode (every field, then S_hat's picked in its order)."""
+    from fedlatent.engine.secagg.encoding import Layout
+
+    fields = Layout.of_shapes(shapes).unflatten(words.view(np.int64) / SCALE)
+    return np.concatenate([fields["delta/" + k].ravel() for k in S_HAT])
+
+
+#: layouts of a round's sum: the site's own reply's (sorted names: delta/ first), one with a
+#: field before them, one whose S_hat fields come in another order, one without one of them
+PLAIN = tuple(("delta/" + k, s) for k, s in S_HAT.items()) + (("n", (1,)), ("objective", (1,)))
+SHIFTED = (("a", (5,)),) + PLAIN
+SWAPPED = (PLAIN[1], PLAIN[0], *PLAIN[2:])
+SHORT = PLAIN[1:]
+
+
+def test_the_steady_decode_is_the_full_decodes_for_every_layout_in_turn():
+    """The aggregate's S_hat fields decoded as one run of words (the steady rounds') are the
+    full decode's bits (the same division of the same words), and where they lie is found
+    again for each other layout (kept by plan and layout: a span found for one layout is
+    never used for another), a field missing giving None (the general replay)."""
+    from fedlatent.engine.node.verify import _delta
+    from fedlatent.engine.node.verify_kept import plan
+
+    node = _kept_node()
+    at = plan(node)
+    for i, shapes in enumerate([PLAIN, PLAIN, SHIFTED, SWAPPED, PLAIN, SHIFTED]):
+        words = _sum(shapes, i)
+        # bit for bit: each entry is the same int64 word divided by the same scale
+        assert_same(_delta(node, at, words, shapes), _by_field(words, shapes), err_msg=str(i))
+    assert _delta(node, at, _sum(SHORT, 9), SHORT) is None

@@ -13,9 +13,11 @@ carries the transcript of the exchange before: the claimed ring sum ``A`` and it
    projections are those of ``A`` (:func:`~fedlatent.engine.secagg.sumtree.verify_leaf`): a
    transcript without its leaf, with another, or missing while it holds one, is refused
    naming the round; so is a tree whose leaves are not the set-up's roster in its order
-   (``n`` its size, this site's leaf its rank: :func:`_roster_place`), or in which a site
-   of its neighbourhood that was not in the sum does not hold zero (:func:`_zeros`): no
-   vector can hide in a leaf outside the roster or in a dropped site's slot;
+   (``n`` its size, this site's leaf its rank: :func:`~.verify_transcript.roster_place`), or
+   in which a site of its neighbourhood that was not in the sum does not hold zero
+   (:func:`~.verify_transcript.zeros`): no vector can hide in a leaf outside the roster or in
+   a dropped site's slot (these checks live in :mod:`~.verify_transcript`, which the group
+   tests of :mod:`~.verify_groups` share);
 2. folds the transcript's digest (the root it reached and ``A``, ``c``) into its
    confirmations of this exchange
    (:meth:`~fedlatent.engine.secagg.client.SecAggClient.bind_digest`): a neighbour shown
@@ -46,17 +48,26 @@ for the transcript; a federation with partial participation is refused verificat
 setup (:meth:`Federation.verifies`) rather than verified by halves. A site of exchange
 ``t``'s sum that is no survivor of ``t + 1`` (it dropped out, failed or refused) stops the
 fit at ``t + 1``'s consistency round, before anything of it is revealed.
+
+Where the parts live: this module, the round's check and the replay's glue;
+:mod:`~.verify_transcript`, the transcript's check (and :class:`VerificationRefused`);
+:mod:`~.verify_fields`, the round's settings, scale and binding; :mod:`~.verify_kept`, what
+the site keeps between rounds; :mod:`~.verify_points`, accelerated EM's points;
+:mod:`~.verify_groups`, group tests and discarded rounds; :mod:`~.verify_info`, the
+information after the rounds.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import operator
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from fedlatent.engine.node import verify_transcript as _vt
 from fedlatent.engine.node.verify_fields import CV_KEPT
 from fedlatent.engine.node.verify_fields import fields_of as _fields_of
 from fedlatent.engine.node.verify_fields import round_refusal as _round_refusal
@@ -68,6 +79,9 @@ from fedlatent.engine.node.verify_kept import num as _num
 from fedlatent.engine.node.verify_kept import plan as _plan
 from fedlatent.engine.node.verify_kept import store as _store
 from fedlatent.engine.node.verify_kept import units as _units
+from fedlatent.engine.node.verify_transcript import VerificationRefused
+from fedlatent.engine.node.verify_transcript import federation as _federation
+from fedlatent.engine.node.verify_transcript import refuse as _refuse
 from fedlatent.engine.protocol.messages import pack, unpack
 from fedlatent.engine.stats import Stats
 
@@ -75,14 +89,12 @@ __all__ = ["VerificationRefused", "check_exchange", "setup_verification", "verif
            "verifying"]
 
 _V = "verify/"
-
-
-class VerificationRefused(ValueError):
-    """A verifying site refuses an exchange (a transcript or parameters it cannot accept)."""
+_SHAPE = operator.attrgetter("shape")
 
 
 def verifying(node) -> bool:
-    """Whether ``node``'s fit runs verified rounds (its setup said so: kept in its state)."""
+    """Whether ``node``'s fit runs verified rounds (its setup said so: kept in its state,
+    ``verify/on``, which holds the run's name)."""
     return "verify/on" in node.state
 
 
@@ -94,15 +106,13 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
     estimator fitted again on the same sites)."""
     run = np.frombuffer(str(msg.get("run", "")).encode(), np.uint8).copy()
     again, node._verify_set_up = getattr(node, "_verify_set_up", False), True
-    if run.size and not again and "verify/on" in node.state and np.array_equal(
-            node.state.get("verify/run"), run):
+    if run.size and not again and np.array_equal(node.state.get("verify/on"), run):
         return  # (an unnamed run is a new fit at every setup)
     for k in [k for k in node.state if k.startswith(_V)]:
         del node.state[k]
     raw = msg.get("verify")
-    if raw:
-        node.state["verify/on"] = np.array(1.0)
-        node.state["verify/run"] = run
+    if raw:  # (the mark holds the run: one key fewer for every scan of the state)
+        node.state["verify/on"] = run
         node.state["verify/federation"] = np.frombuffer(str(raw).encode(), np.uint8).copy()
         node.state["verify/setup"] = _frozen(np.frombuffer(_setup_digest(msg), np.uint8).copy())
 
@@ -114,18 +124,6 @@ def _setup_digest(msg: dict[str, Any]) -> bytes:
 
     return hashlib.sha256("\x00".join(str(msg.get(k, "")) for k in (
         "model", "model_config", "verify")).encode()).digest()
-
-
-def _federation(node):
-    """The setup's federation (parsed once per node and setup)."""
-    held = node.state["verify/federation"]
-    got = getattr(node, "_verify_federation", None)
-    if got is None or got[0] is not held:
-        from fedlatent.engine.fedem.federation import Federation
-
-        got = (held, Federation.from_config(json.loads(held.tobytes().decode())["federation"]))
-        node._verify_federation = got
-    return got[1]
 
 
 def verified_message(node, method: str, msg: dict[str, Any]):
@@ -172,68 +170,84 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         if method != "estep":  # sub-cohort, never applied): only of a failure it checked
             raise VerificationRefused(f"{who}: a {method!r} marked as a group test's replay "
                                       "(only a round's remembered reply is replayed)")
-        _verify_groups().check_group_test(node, msg, rnd, exch, who, _for_groups())
+        _verify_groups().check_group_test(node, msg, rnd, exch, who)
         node.secagg.keep_leaf = False  # (its leaf of the round kept; scaled as the round was)
         _check_scale(node, msg, method, who)
         return {k: v for k, v in msg.items() if not k.startswith(_V)}
     leaf = node.secagg.take_leaf()
-    undone = _undone(msg)
-    if leaf is None:
-        if _V + "A" in msg:
-            raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
-                                      "took no part in (it holds no leaf to check it by)")
-        if _last_kind(node) == "estep":  # (it refused or missed the round before)
-            raise VerificationRefused(f"{who}: this site holds no contribution to the "
-                                      "exchange before, so it cannot check the aggregate the "
-                                      "parameters come from")
-        total = None
-    elif undone and json.loads(leaf[0])[0] in undone:
-        _verify_groups().check_undone(node, leaf, msg, who, _for_groups())  # (it failed)
-        total = None  # its round discarded, never applied: the parameters stay (_same_again)
-    else:
-        total = _check_transcript(node, leaf, msg, rnd, exch, who)
+    undone, last, fed = _undone(msg), _last_kind(node), _federation(node)
+    words = _transcript_before(node, leaf, msg, rnd, exch, who, undone, last)
     node.secagg.keep_leaf = True
-    out = {k: msg[k] for k in _fields_of(tuple(msg)).kept}  # (no verify/ field)
+    kept = _fields_of(tuple(msg)).kept  # (no verify/ field)
+    out = dict(zip(kept, map(msg.__getitem__, kept)))  # (no bytecode a field)
     _commit_seed(node, msg, who)
     _keep_units(node, msg, who)
     if leaf is None:  # (the fit's first exchange: no transcript, but the setup, units and
-        node.secagg.bind_digest(rnd, exch, _deps().bound(node, b""))  # seed it was told)
-    _check_scale(node, msg, method, who)
-    if _last_kind(node) == "query" and total is not None:  # a start's exchange, verified
-        _keep_start_exchange(node, total, _units(node)[0])
+        node.secagg.bind_digest(rnd, exch, _vt.tools().bound(node, b""))  # seed it was told)
+    _check_scale(node, msg, method, who, fed)
+    if last == "query" and words is not None:  # a start's exchange, verified
+        _keep_start_exchange(node, _vt.decoded(node, words, leaf[1]), _units(node)[0])
     if method != "estep":
-        if _last_kind(node) in ("estep", "information"):  # after the rounds: the information
-            from fedlatent.engine.node.verify_info import after_rounds  # at verified params
-
-            _refuse(after_rounds(node, out, total, who))
-            return out
-        asked = {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))}
-        _check_query(node, asked)
-        node.state["verify/last"] = _QUERY
-        node.state["verify/asked"] = _bytes(json.dumps(_jsonable(asked)))
-        return out
-    out = _replay_round(node, out, total, rnd, who, undone)
-    _check_round(node, out, rnd, who)
+        return _check_asked(node, out, None if words is None else _vt.decoded(
+            node, words, leaf[1]), last, who)
+    out = _replay_round(node, out, words, leaf, rnd, who, undone, last, fed)
+    _check_round(node, out, rnd, who, fed)
     node.state["verify/last"] = _ESTEP
     node.shapes_checked = out  # (every point's parameters are the replay's, or the start's
     return out  # declared shapes: the E-step of this very message need not check them again)
 
 
-def _check_scale(node, msg: dict[str, Any], method: str, who: str) -> None:
-    """The exchange's unit and weight are the site's (:func:`~.verify_fields.scale_refusal`)."""
+def _transcript_before(node, leaf, msg: dict[str, Any], rnd: int, exch: str, who: str,
+                       undone: list, last: str):
+    """The words of the claimed sum of the exchange before (its transcript checked: its
+    digest bound to this exchange), or None: the fit's first exchange, or one whose round
+    the server discarded (its failure checked: never applied)."""
+    if leaf is None:
+        if _V + "A" in msg:
+            raise VerificationRefused(f"{who}: it shows a transcript of an exchange this site "
+                                      "took no part in (it holds no leaf to check it by)")
+        if last == "estep":  # (it refused or missed the round before)
+            raise VerificationRefused(f"{who}: this site holds no contribution to the "
+                                      "exchange before, so it cannot check the aggregate the "
+                                      "parameters come from")
+        return None
+    if undone and json.loads(leaf[0])[0] in undone:
+        _verify_groups().check_undone(node, leaf, msg, who)  # (it failed)
+        return None  # its round discarded, never applied: the parameters stay (_same_again)
+    return _vt.check_transcript(node, leaf, msg, rnd, exch, who)
+
+
+def _check_asked(node, out: dict[str, Any], total, last: str, who: str) -> dict[str, Any]:
+    """``out`` once a query (not an E-step) is checked: the information after the rounds
+    (at the verified parameters), or a start's next query."""
+    if last in ("estep", "information"):  # after the rounds: the information
+        from fedlatent.engine.node.verify_info import after_rounds  # at verified params
+
+        _refuse(after_rounds(node, out, total, who))
+        return out
+    asked = {k: v for k, v in out.items() if not k.startswith(("secagg/", "verify/"))}
+    _check_query(node, asked)
+    node.state["verify/last"] = _QUERY
+    node.state["verify/asked"] = _bytes(json.dumps(_jsonable(asked)))
+    return out
+
+
+def _check_scale(node, msg: dict[str, Any], method: str, who: str, fed=None) -> None:
+    """The exchange's unit and weight are the site's (:func:`~.verify_fields.scale_refusal`;
+    ``fed`` the setup's federation, read when None)."""
     if "verify/units" in node.state:  # (none yet: refused by _keep_units, or a group test
-        _refuse(_scale_refusal(node, msg, method, _units(node),  # before any round)
-                               _federation(node).client_weighting, who))
+        _refuse(_scale_refusal(node, msg, method, _units(node), (  # before any round)
+            fed or _federation(node)).client_weighting, who))
 
 
-def _check_round(node, msg: dict[str, Any], rnd: int, who: str) -> None:
-    """The E-step's settings are the setup's federation's for this round, and the control
-    variates' start the replayed ``S_hat`` (:mod:`~.verify_fields`), the replay done: its
-    kept ``S_hat`` says whether the server's state is initialized."""
+def _check_round(node, msg: dict[str, Any], rnd: int, who: str, fed) -> None:
+    """The E-step's settings are the setup's federation's ``fed`` for this round, and the
+    control variates' start the replayed ``S_hat`` (:mod:`~.verify_fields`), the replay done:
+    its kept ``S_hat`` says whether the server's state is initialized."""
     at = _plan(node)
     init_round = at is None or not at.rows["S_hat"]
-    _refuse(_round_refusal(node, _federation(node), msg, rnd,
-                           _committed(node, node.state["verify/seed"]), init_round, who))
+    _refuse(_round_refusal(node, fed, msg, rnd, _committed(node, node.state["verify/seed"]),
+                           init_round, who))
     if not init_round and CV_KEPT in node.state:  # (once: after cv_init)
         from fedlatent.engine.node.verify_fields import cv_start_refusal
 
@@ -245,14 +259,6 @@ def _verify_groups():
     from fedlatent.engine.node import verify_groups
 
     return verify_groups
-
-
-@functools.cache
-def _for_groups() -> SimpleNamespace:
-    """What :mod:`~.verify_groups` (group tests, discarded rounds) calls of this module,
-    passed to it (it does not import this module)."""
-    return SimpleNamespace(refused=VerificationRefused, deps=_deps, sumtree=_sumtree,
-                           roster_place=_roster_place, zeros=_zeros, federation=_federation)
 
 
 def _undone(msg: dict[str, Any]) -> list:
@@ -272,101 +278,27 @@ def _last_kind(node) -> str:
             else bytes(last).decode())
 
 
-def _check_transcript(node, leaf, msg, rnd: int, exch: str, who: str) -> dict:
-    """The decoded aggregate of the exchange ``leaf`` is from, once its transcript in ``msg``
-    is checked; the digest bound to this exchange's confirmations."""
-    d, tree = _deps(), _sumtree()
-    label, shapes, z = leaf
-    if _V + "A" not in msg:
-        raise VerificationRefused(f"{who}: it carries no transcript of the exchange before "
-                                  f"({label.decode()}), in which this site took part: the "
-                                  "aggregate the parameters come from is unverified")
-    try:
-        at, n, A, c, path = tree.read_transcript(msg, z.size)
-        ids = node.secagg.roster_ids
-        _roster_place(node.client_id, ids, at, n, who)
-        claim = tree.claim_bytes(msg)  # (hashed as sent)
-        digest = tree.verify_leaf(label, at, n, node.client_id, z, A, c, None, path, claim)
-        split = node.secagg.leaf_split(label)
-        if split is None:  # (a state written before it kept its neighbourhood's split)
-            raise VerificationRefused(f"{who}: this site kept no record of which of its "
-                                      "neighbours were in the sum of the exchange before, so "
-                                      "it cannot check their leaves")
-        _zeros(label, ids, split[1], msg, (A, c, claim), digest, who)
-    except d.SecureAggregationError as err:
-        raise VerificationRefused(f"{who}: {err}") from None
-    node.secagg.bind_digest(rnd, exch, _deps().bound(node, digest),  # (with the setup,
-                            confirm=split[0])  # units and seed: verify_fields.bound)
-    # decoded in one pass (FixedPoint.decode's arithmetic on every word: the int64 words as
-    # float64, divided by the scale), then split by field (the layout's spans made once)
-    values = A.view(np.int64) / node.secagg.config.encoding.scale
-    return d.Layout.of_shapes(shapes).unflatten(values, copy=False)
-
-
-def _roster_place(me: str, ids: list[str], at: int, n: int, who: str) -> None:
-    """The tree's leaves are the set-up's roster in its order: ``n`` its size, this site's
-    leaf its rank; VerificationRefused naming the round otherwise (a leaf outside the roster
-    could hold any vector)."""
-    if n == len(ids) and 0 <= at < n and ids[at] == me:  # (its place: the common case)
-        return
-    mine = _deps().bisect.bisect_left(ids, me)
-    if n != len(ids) or at != mine:
-        raise VerificationRefused(
-            f"{who}: its transcript's tree has {n} leaves with this site's at {at}; the "
-            f"set-up's roster has {len(ids)} sites with this site at {mine}: a tree of other "
-            "leaves than the roster's could hold a vector no site answered for")
-
-
-def _zeros(label: bytes, ids: list[str], absent, msg, claim, digest: bytes, who: str) -> None:
-    """Each site of this site's neighbourhood that was not in the exchange's sum (dropped,
-    or no participant) holds a zero leaf in the tree this site's own leaf reached
-    (:func:`~fedlatent.engine.secagg.sumtree.verify_zero`; ``claim``: ``(A, c, its bytes)``);
-    VerificationRefused naming the first that does not, or whose path is missing."""
-    if not absent:
-        return
-    import bisect
-
-    from fedlatent.engine.secagg.sumtree import read_paths, verify_zero
-
-    paths = read_paths(msg)
-    A, c, raw = claim
-    for u in absent:
-        i = bisect.bisect_left(ids, u)
-        n, path = paths.get(i, (len(ids), None))
-        if path is None or n != len(ids) or not verify_zero(label, i, n, u, A, c, path, digest,
-                                                            raw):
-            raise VerificationRefused(
-                f"{who}: {u!r} was not in the sum of the exchange before (it dropped out or "
-                f"took no part), yet its leaf ({i}) in the tree is not shown to hold zero: the "
-                "aggregate may hold a vector no site answered for")
-
-
-@functools.cache
-def _sumtree():
-    """The sum tree's module (imported at the first verified round, as :func:`_deps`)."""
-    from fedlatent.engine.secagg import sumtree
-
-    return sumtree
-
-
-def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
-                  undone: list) -> dict[str, Any]:
-    """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives."""
+def _replay_round(node, msg: dict[str, Any], words, leaf, rnd: int, who: str, undone: list,
+                  last: str, fed) -> dict[str, Any]:
+    """``msg`` with the replayed ``S_hat`` once its parameters are those the replay gives
+    (``words``: the claimed sum of the exchange of ``leaf``, checked; None: none to apply)."""
     vp = _deps().verify_points
-    fed = _federation(node)
-    last, accelerated = _last_kind(node), vp.accelerated(fed)
-    if vp.n_points(msg) > 0 and (not accelerated or last != "estep"):
+    accelerated = _vt.accelerated(node)
+    if "points" in msg and vp.n_points(msg) > 0 and (not accelerated or last != "estep"):
         raise VerificationRefused(f"{who}: it asks for extra points (accelerated EM), which "
                                   "this site cannot replay " + (
                                       "in the first round" if accelerated else
                                       "in a fit set up with Federation(acceleration=None)"))
     at = _plan(node) if last == "estep" and not accelerated else None
     k_prev = _num(node.state["verify/round"]) if last == "estep" else 0
-    if (at is not None and at.aligned and total is not None and k_prev not in undone
-            and total.keys() >= at.delta):
-        msg = _next_flat(node, fed, at, msg, total, rnd, k_prev)  # (every plain round)
-        node.state["verify/round"] = np.array(float(rnd))
-        return msg
+    if at is not None and at.aligned and words is not None and k_prev not in undone:
+        agg = _delta(node, at, words, leaf[1]) if at.rows["S_hat"] else _vt.decoded(
+            node, words, leaf[1])  # (the initialization round's: S_hat the aggregate)
+        if agg is not None:  # (every plain round: S_hat's steps by place)
+            msg = _next_flat(node, fed, at, msg, agg, rnd, k_prev)
+            node.state["verify/round"] = np.array(float(rnd))
+            return msg
+    total = None if words is None else _vt.decoded(node, words, leaf[1])
     sent = unpack(msg, "params")
     mine = _groups(node)
     n_total, n_clients = _units(node)
@@ -387,10 +319,45 @@ def _replay_round(node, msg: dict[str, Any], total, rnd: int, who: str,
     return msg
 
 
-def _next_flat(node, fed, at, msg: dict[str, Any], total, rnd: int, k_prev: int
+def _delta(node, at, words: np.ndarray, shapes: tuple) -> np.ndarray | None:
+    """The aggregate's ``delta/`` fields, decoded from its ``words`` (of the layout
+    ``shapes``) as one vector in the order of the kept ``S_hat`` (the plan ``at``'s), as
+    :func:`~.verify_kept.flat_step` adds them by place; None where the aggregate does not
+    hold every field of ``S_hat`` (the general replay then takes it). Where they lie is found
+    once per layout and plan (:func:`_delta_span`): one run of words, decoded alone."""
+    span = _delta_span(at, shapes)
+    if type(span) is slice:  # (one run of words: the common case)
+        return words[span].view(np.int64) / node.secagg.config.encoding.scale
+    if span is None:
+        return None
+    total = _vt.decoded(node, words, shapes)
+    return np.concatenate([total[k] for k in span], axis=None)
+
+
+@functools.lru_cache(maxsize=16)
+def _delta_span(at, shapes: tuple):
+    """Where ``S_hat``'s ``delta/`` fields lie in a sum of the layout ``shapes``: one slice
+    where they follow each other in the plan ``at``'s order at ``S_hat``'s sizes, else
+    their names in that order, or None where one is missing (found once per plan, an object
+    per layout kept, and layout: the nodes of a process share both)."""
+    names = [k for k, _ in shapes]
+    if not at.delta <= set(names):
+        return None
+    sizes = [int(np.prod(s, dtype=np.int64)) for _, s in shapes]
+    first = names.index(next(iter(at.delta)))
+    run = range(first, first + len(at.delta))
+    if names[first:run.stop] != list(at.delta) or [sizes[i] for i in run] != [
+            sl.stop - sl.start for _, _, sl in at.rows["S_hat"]]:
+        return list(at.delta)
+    return slice(sum(sizes[:first]), sum(sizes[:run.stop]))
+
+
+def _next_flat(node, fed, at, msg: dict[str, Any], agg, rnd: int, k_prev: int
                ) -> dict[str, Any]:
     """:func:`_next_round` of a round of plain FedEM, on the packed vector
-    (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``): the server's FedEM step
+    (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``; ``agg`` the aggregate's
+    ``delta/`` fields in one vector, :func:`_delta`, or in the initialization round the
+    decoded aggregate by field): the server's FedEM step
     (:func:`~fedlatent.engine.node.verify_kept.flat_step`: the same bits; in the
     initialization round ``S_hat`` is the aggregate and ``V`` zero, as
     :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` starts them), its M-step
@@ -402,11 +369,10 @@ def _next_flat(node, fed, at, msg: dict[str, Any], total, rnd: int, k_prev: int
     sent, listed = _sent(node, at, msg)
     if at.rows["S_hat"]:
         alpha = fed.alpha_for(at.shapes["S_hat"]) if at.rows["V"] else 1.0
-        new = _flat_step(kept, at, [total[k] for k in at.delta], fed.gamma(k_prev), alpha,
-                         listed)
+        new = _flat_step(kept, at, [agg], fed.gamma(k_prev), alpha, listed)
         views = at.views(new, "S_hat")
     else:  # (the initialization round's: the layout gains S_hat and V)
-        new, views = None, {k[6:]: v for k, v in total.items() if k.startswith("delta/")}
+        new, views = None, {k[6:]: v for k, v in agg.items() if k.startswith("delta/")}
     S = Stats(views, copy=False)
     why = _deps().step_refusal(node.model, S, at.lazy(kept, "params"), _units(node)[0], sent,
                                rnd, node.client_id)
@@ -429,7 +395,7 @@ def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
     is). A message with the fields of the last one read with the layout (``at.fields``: no
     ``S_hat/``, the layout's parameters) is read by name without a scan."""
     if msg.keys() == at.fields:
-        arrays = [np.asarray(msg[k]) for k in at.sent]
+        arrays = list(map(np.asarray, map(msg.__getitem__, at.sent)))
         sent = dict(zip(at.sent.values(), arrays))
     else:
         keys, sent = frozenset(msg), unpack(msg, "params")
@@ -440,8 +406,8 @@ def _sent(node, at, msg: dict[str, Any]) -> tuple[dict, list | None]:
             "params"].keys() else None
         if arrays is not None and not shown:
             at.fields = keys
-    return sent, arrays if arrays is not None and [
-        a.shape for a in arrays] == at.listed else None
+    return sent, arrays if arrays is not None and list(map(_SHAPE, arrays)) == at.listed \
+        else None
 
 
 def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
@@ -476,26 +442,14 @@ def _next_round(node, fed, msg: dict[str, Any], sent: dict, total, mine: dict,
 
 @functools.cache
 def _deps() -> SimpleNamespace:
-    """What a verified round calls, imported at the first verified round (a node answering
-    plain rounds loads neither the server's update nor the accelerators) and kept: no
-    import statement run every round."""
-    import bisect
-
+    """What a verified round's replay calls, imported at the first verified round (a node
+    answering plain rounds loads neither the server's update nor the accelerators) and kept:
+    no import statement run every round."""
     from fedlatent.engine.node import verify_points
     from fedlatent.engine.node.replay import replay_refusal, step_refusal
-    from fedlatent.engine.node.verify_fields import bound
-    from fedlatent.engine.secagg.encoding import Layout
-    from fedlatent.engine.secagg.protocol import SecureAggregationError
 
-    return SimpleNamespace(
-        bisect=bisect, bound=bound, verify_points=verify_points,
-        replay_refusal=replay_refusal, step_refusal=step_refusal, Layout=Layout,
-        SecureAggregationError=SecureAggregationError)
-
-
-def _refuse(why: str | None) -> None:
-    if why:
-        raise VerificationRefused(why)
+    return SimpleNamespace(verify_points=verify_points, replay_refusal=replay_refusal,
+                           step_refusal=step_refusal)
 
 
 def _declared(node, msg: dict[str, Any]) -> None:

@@ -11,7 +11,9 @@ part in a group test of round ``k`` (:func:`check_group_test`) only when:
    ``verify/A``, ``verify/path``, ``verify/zero``) and the site's own contribution to round
    ``k`` (its kept leaf, which the test does not take) reaches its root, from its place in
    the set-up's roster, with a zero leaf for each site of its neighbourhood that was not in
-   the sum (:func:`_verified`);
+   the sum (:func:`_verified`: the round's own check,
+   :func:`~.verify_transcript.checked`, which this module shares with
+   :mod:`~.verify`);
 2. round ``k``'s aggregate, decoded from that transcript, fails a check the server runs
    (:func:`failure`): the ring's range, the units it claims (full passes), the model's
    invariants on the statistic rebuilt as the server rebuilds it
@@ -48,6 +50,13 @@ import numpy as np
 
 from fedlatent.data.validation import name_list
 from fedlatent.engine.node.verify_kept import groups, plan, units
+from fedlatent.engine.node.verify_transcript import (
+    VerificationRefused,
+    checked,
+    decoded,
+    federation,
+    tools,
+)
 from fedlatent.engine.stats import Stats
 
 __all__ = ["check_group_test", "check_undone", "failure"]
@@ -62,45 +71,45 @@ _TOTAL = "verify/group-total"
 _FIRST = "verify/group-first"
 
 
-def check_group_test(node, msg: dict[str, Any], rnd: int, exch: str, who: str, v) -> None:
+def check_group_test(node, msg: dict[str, Any], rnd: int, exch: str, who: str) -> None:
     """VerificationRefused (naming the round and why) unless ``node`` may answer the group
     test ``msg`` (exchange ``exch``) of round ``rnd``; the test counted otherwise (see the
-    module docstring). ``v``: what this module calls of :mod:`~.verify` (its caller)."""
+    module docstring)."""
     from fedlatent.engine.secagg.protocol import exchange_label
 
     test = f"{who}: group test {exch!r} of round {rnd}"
-    leaf = _held_leaf(node, exchange_label(rnd, "estep"))
+    leaf = node.secagg.held_leaf(exchange_label(rnd, "estep"))  # (not taken: kept)
     if leaf is None:
-        _no(v, f"{test}: this site holds no contribution to round {rnd}'s sum (it re-sends "
-                "only the reply of the round its kept contribution is of)")
+        _no(f"{test}: this site holds no contribution to round {rnd}'s sum (it re-sends "
+             "only the reply of the round its kept contribution is of)")
     if _V + "A" not in msg:
-        _no(v, f"{test}: it carries no transcript of round {rnd}'s sum, so this site cannot "
-                "check that the round's aggregate failed; it takes part in a group test only "
-                "of a failure it has checked")
-    fields, digest, split = _verified(node, leaf, msg, test, f"round {rnd}'s sum", v)
-    if failure(node, fields, split, rnd, test, v) is None:
-        _no(v, f"{test}: round {rnd}'s aggregate, rebuilt from its verified transcript, "
-                "passes every check the server runs on it (ring range, units, the model's "
-                "invariants): a group test of an aggregate that did not fail is refused")
-    out = _cohort(node, msg, split, test, rnd, v)
-    bound = v.deps().bound(node, digest)
+        _no(f"{test}: it carries no transcript of round {rnd}'s sum, so this site cannot "
+             "check that the round's aggregate failed; it takes part in a group test only "
+             "of a failure it has checked")
+    fields, digest, split = _verified(node, leaf, msg, test, f"round {rnd}'s sum")
+    if failure(node, fields, split, rnd, test) is None:
+        _no(f"{test}: round {rnd}'s aggregate, rebuilt from its verified transcript, "
+             "passes every check the server runs on it (ring range, units, the model's "
+             "invariants): a group test of an aggregate that did not fail is refused")
+    out = _cohort(node, msg, split, test, rnd)
+    bound = tools().bound(node, digest)
     confirmed = _confirmed(node, rnd)
     if confirmed is None:  # the round's first test: every site of the sum, each confirming
         if out:  # (its tokens carry the digest) it checked its own leaf in this transcript
-            _no(v, f"{test}: it leaves out {out} of round {rnd}'s sites, and no group test of "
-                    "the round over every site of its sum has confirmed the round's "
-                    "transcript yet: each checks its own contribution in it before any "
-                    "sub-cohort is summed")
-        _count_fit(node, test, v)
+            _no(f"{test}: it leaves out {out} of round {rnd}'s sites, and no group test of "
+                 "the round over every site of its sum has confirmed the round's "
+                 "transcript yet: each checks its own contribution in it before any "
+                 "sub-cohort is summed")
+        _count_fit(node, test)
         node.secagg.bind_digest(rnd, exch, bound, confirm=split[0])
         node.state[_FIRST] = np.frombuffer(json.dumps(
             [rnd, digest.hex(), exchange_label(rnd, exch).hex()]).encode(), np.uint8).copy()
         return
     if digest != confirmed:
-        _no(v, f"{test}: its transcript is not the one every site of round {rnd}'s sum "
-                "confirmed in the round's first group test")
-    _count(node, rnd, test, v)
-    _count_fit(node, test, v)
+        _no(f"{test}: its transcript is not the one every site of round {rnd}'s sum "
+             "confirmed in the round's first group test")
+    _count(node, rnd, test)
+    _count_fit(node, test)
     node.secagg.bind_digest(rnd, exch, bound, confirm=())
 
 
@@ -112,11 +121,11 @@ def _confirmed(node, rnd: int) -> bytes | None:
     if held is None:
         return None
     k, digest, label = json.loads(np.asarray(held, np.uint8).tobytes().decode())
-    revealed = getattr(node.secagg, "_revealed", ())
-    return bytes.fromhex(digest) if k == rnd and bytes.fromhex(label) in revealed else None
+    return bytes.fromhex(digest) if k == rnd and node.secagg.revealed_in(
+        bytes.fromhex(label)) else None
 
 
-def _count(node, rnd: int, test: str, v) -> None:
+def _count(node, rnd: int, test: str) -> None:
     """Count a group test of round ``rnd`` after the first; refused beyond the most a
     search runs (:func:`~fedlatent.engine.secagg.secure_checks.group_test_limit`)."""
     from fedlatent.engine.secagg.secure_checks import group_test_limit
@@ -126,12 +135,12 @@ def _count(node, rnd: int, test: str, v) -> None:
     n_clients = int(units(node)[1])
     limit = group_test_limit(n_clients)
     if done >= limit:
-        _no(v, f"{test}: this site answered {done} group tests of round {rnd} after its "
-                f"first already, the most a search over {n_clients} sites runs ({limit})")
+        _no(f"{test}: this site answered {done} group tests of round {rnd} after its "
+             f"first already, the most a search over {n_clients} sites runs ({limit})")
     node.state[_COUNT] = np.array([float(rnd), float(done + 1)])
 
 
-def _count_fit(node, test: str, v) -> None:
+def _count_fit(node, test: str) -> None:
     """Count a group test of the fit (any round's, a first one included); refused beyond
     :data:`~fedlatent.engine.secagg.secure_checks.CHECK_SLOTS`, the most an honest server
     runs in a fit (the exchanges it reserves for them at set-up). Each failing round's
@@ -142,77 +151,53 @@ def _count_fit(node, test: str, v) -> None:
     held = node.state.get(_TOTAL)
     done = 0 if held is None else int(np.ravel(held)[0])
     if done >= CHECK_SLOTS:
-        _no(v, f"{test}: this site answered {done} group tests in this fit already, the most "
-                f"a server runs in a fit (the {CHECK_SLOTS} exchanges it reserves for them "
-                "at set-up)")
+        _no(f"{test}: this site answered {done} group tests in this fit already, the most "
+             f"a server runs in a fit (the {CHECK_SLOTS} exchanges it reserves for them "
+             "at set-up)")
     node.state[_TOTAL] = np.array([float(done + 1)])
 
 
-def check_undone(node, leaf, msg: dict[str, Any], who: str, v) -> None:
+def check_undone(node, leaf, msg: dict[str, Any], who: str) -> None:
     """The round of ``leaf`` (this site's contribution), which ``msg``'s exchange (round
     ``rnd``) says the server discarded: VerificationRefused unless ``msg`` carries that
     round's transcript and, where the contribution is in it, its aggregate fails a check the
-    server runs (:func:`failure`; ``v`` as for :func:`check_group_test`). Nothing of the
-    round is applied, so its digest is not bound: a site whose contribution is missing from
-    the sum (a reply altered in transit) holds none to bind, and its neighbours must reveal
-    this exchange with it."""
+    server runs (:func:`failure`). Nothing of the round is applied, so its digest is not
+    bound: a site whose contribution is missing from the sum (a reply altered in transit)
+    holds none to bind, and its neighbours must reveal this exchange with it."""
     k = json.loads(leaf[0])[0]
     what = f"{who}: round {k}, which the server says it discarded"
     if _V + "A" not in msg:
-        _no(v, f"{what}, is not shown (no transcript of it), so this site cannot check that "
-                "its aggregate failed")
-    got = _verified(node, leaf, msg, what, f"round {k}'s sum", v, missing_ok=True)
+        _no(f"{what}, is not shown (no transcript of it), so this site cannot check that "
+             "its aggregate failed")
+    got = _verified(node, leaf, msg, what, f"round {k}'s sum", missing_ok=True)
     if got is None:  # its contribution is not in the sum shown: not the sites' sum (say, a
         return  # reply altered in transit), rightly discarded (nothing of it is applied)
     fields, _, split = got
     try:
-        why = failure(node, fields, split, k, what, v)
-    except v.refused:  # it cannot tell (sites were not in the sum): nothing of the round is
-        return  # applied either way, and no group test of it was answered
+        why = failure(node, fields, split, k, what)
+    except VerificationRefused:  # it cannot tell (sites were not in the sum): nothing of
+        return  # the round is applied either way, and no group test of it was answered
     if why is None:
-        _no(v, f"{what}: its aggregate, rebuilt from its verified transcript, passes every "
-                "check the server runs on it (ring range, units, the model's invariants): "
-                "an aggregate that did not fail is never discarded")
+        _no(f"{what}: its aggregate, rebuilt from its verified transcript, passes every "
+             "check the server runs on it (ring range, units, the model's invariants): "
+             "an aggregate that did not fail is never discarded")
 
 
-def _held_leaf(node, label: bytes):
-    """The site's kept contribution ``(label, shapes, z)`` of the exchange ``label``, left
-    kept (None: it holds none of it). (Read in place: a group test does not take it.)"""
-    leaf = getattr(node.secagg, "_leaf", None)
-    return leaf if leaf is not None and leaf[0] == label else None
-
-
-def _verified(node, leaf, msg: dict[str, Any], who: str, what: str, v, missing_ok=False):
+def _verified(node, leaf, msg: dict[str, Any], who: str, what: str, missing_ok=False):
     """``(fields, digest, (survivors, absent))``: the decoded aggregate of ``leaf``'s
-    exchange once its transcript in ``msg`` is checked as a round's is (its own leaf, its
-    roster place, the zero leaves of its neighbourhood's absent sites); VerificationRefused
-    otherwise (``missing_ok``: None where the site's own leaf does not reach the root)."""
-    d, tree = v.deps(), v.sumtree()
-    label, shapes, z = leaf
+    exchange once its transcript in ``msg`` is checked as a round's is
+    (:func:`~.verify_transcript.checked`: its own leaf, its roster place, the zero leaves of
+    its neighbourhood's absent sites); VerificationRefused otherwise (``missing_ok``: None
+    where the site's own leaf does not reach the root)."""
     try:
-        at, n, A, c, path = tree.read_transcript(msg, z.size)
-        ids = node.secagg.roster_ids
-        v.roster_place(node.client_id, ids, at, n, who)
-        claim = tree.claim_bytes(msg)
-        try:
-            digest = tree.verify_leaf(label, at, n, node.client_id, z, A, c, None, path, claim)
-        except d.SecureAggregationError:
-            if missing_ok:
-                return None
-            raise
-        split = node.secagg.leaf_split(label)
-        if split is None:
-            _no(v, f"{who}: this site kept no record of which of its neighbours were in "
-                    f"{what}, so it cannot check their leaves")
-        v.zeros(label, ids, split[1], msg, (A, c, claim), digest, who)
-    except d.SecureAggregationError as err:
-        raise v.refused(f"{who}: the transcript it shows is not that of {what} with this "
-                        f"site's contribution ({err})") from None
-    values = A.view(np.int64) / node.secagg.config.encoding.scale
-    return d.Layout.of_shapes(shapes).unflatten(values, copy=False), digest, split
+        got = checked(node, leaf, msg, who, what, missing_ok)
+    except tools().SecureAggregationError as err:
+        raise VerificationRefused(f"{who}: the transcript it shows is not that of {what} with "
+                                  f"this site's contribution ({err})") from None
+    return None if got is None else (decoded(node, got[0], leaf[1]), *got[1:])
 
 
-def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int, v) -> int:
+def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int) -> int:
     """How many of round ``rnd``'s sites the test's cohort leaves out (as this site is told
     it: its neighbourhood's part); refused when the cohort holds a site not in the round's
     sum or leaves out more than ``len(S) - t`` (``t`` the threshold this site's shares
@@ -221,18 +206,18 @@ def _cohort(node, msg: dict[str, Any], split, test: str, rnd: int, v) -> int:
     S = split[0]
     stray = sorted(cohort.difference(S))
     if stray:
-        _no(v, f"{test}: its cohort holds {name_list(stray)}, which were not in round {rnd}'s "
-                "sum")
+        _no(f"{test}: its cohort holds {name_list(stray)}, which were not in round {rnd}'s "
+             "sum")
     t = node.secagg.config.share_threshold(len(node.secagg.roster_ids))
     out = len(S) - len(cohort)
     if out > len(S) - t:
-        _no(v, f"{test}: its cohort leaves out {out} of round {rnd}'s {len(S)} sites (of "
-                f"those this site masks with), more than the {len(S) - t} a search above the "
-                f"threshold {t} leaves out")
+        _no(f"{test}: its cohort leaves out {out} of round {rnd}'s {len(S)} sites (of "
+             f"those this site masks with), more than the {len(S) - t} a search above the "
+             f"threshold {t} leaves out")
     return out
 
 
-def failure(node, fields: dict[str, np.ndarray], split, rnd: int, who: str, v) -> str | None:
+def failure(node, fields: dict[str, np.ndarray], split, rnd: int, who: str) -> str | None:
     """Why round ``rnd``'s decoded aggregate ``fields`` (its ring sum over the scale: the
     ``/ N`` fields not multiplied back) fails a check the server runs on it (None: it
     passes every one); VerificationRefused when the site cannot rebuild it (sites of its
@@ -243,9 +228,9 @@ def failure(node, fields: dict[str, np.ndarray], split, rnd: int, who: str, v) -
     from fedlatent.engine.secagg.secure_checks import ring_problem
 
     if split[1]:
-        _no(v, f"{who}: [{name_list(split[1])}] of this site's neighbourhood were not in round "
-                f"{rnd}'s sum, so it cannot rebuild the round's statistic to check a failure")
-    fed, (n_total, n_clients) = v.federation(node), units(node)
+        _no(f"{who}: [{name_list(split[1])}] of this site's neighbourhood were not in round "
+             f"{rnd}'s sum, so it cannot rebuild the round's statistic to check a failure")
+    fed, (n_total, n_clients) = federation(node), units(node)
     enc = node.secagg.config.encoding
     ring = ring_problem(fields, [None] * int(n_clients), enc.bound)
     if ring:
@@ -257,9 +242,9 @@ def failure(node, fields: dict[str, np.ndarray], split, rnd: int, who: str, v) -
     if mode in ("full", "spider-refresh") and abs(claimed - n_total) > units_slack(
             int(n_clients), n_total, enc.scale):
         if node.secagg.config.sparse(len(node.secagg.roster_ids)):
-            _no(v, f"{who}: round {rnd}'s sum claims {claimed:.6g} units of the federation's "
-                    f"{n_total:g}; on a sparse masking graph this site cannot tell sites left "
-                    "out of it from a lie")
+            _no(f"{who}: round {rnd}'s sum claims {claimed:.6g} units of the federation's "
+                 f"{n_total:g}; on a sparse masking graph this site cannot tell sites left "
+                 "out of it from a lie")
         return f"claims {claimed:.6g} units, the federation's sites set up {n_total:g}"
     return _model_failure(node, fed, fields, init_round, rnd, mode)
 
@@ -301,6 +286,6 @@ def _model_failure(node, fed, fields, init_round: bool, rnd: int, mode: str) -> 
     return points_problem(model, points, n_total, 1.0, half) if points else None
 
 
-def _no(v, why: str) -> None:
-    """Refuse: ``v.refused`` (VerificationRefused) with ``why``."""
-    raise v.refused(why)
+def _no(why: str) -> None:
+    """Refuse: VerificationRefused with ``why``."""
+    raise VerificationRefused(why)

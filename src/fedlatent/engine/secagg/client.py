@@ -408,6 +408,13 @@ class SecAggClient(Enrolment):
         self._leaf = None
         return leaf
 
+    def held_leaf(self, label: bytes):
+        """Its kept leaf of the exchange ``label`` (as :meth:`take_leaf`), left kept; or None."""
+        return self._leaf if self._leaf is not None and self._leaf[0] == label else None
+
+    def revealed_in(self, label: bytes) -> bool:  # (whether it revealed in exchange ``label``)
+        return label in self._revealed
+
     def bind_digest(self, round: int, exchange: str, digest: bytes,
                     confirm: Sequence[str] = ()) -> None:
         """Bind ``digest`` (the transcript it verified before masking in exchange ``(round,
