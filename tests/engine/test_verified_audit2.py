@@ -1,9 +1,8 @@
 """Verified rounds attacked by a server that does not follow the protocol, second audit
 (issue 38): each test mounts one deviation against real ``ClientNode`` objects holding a
 site's own policy (``SitePolicy()``; ``public_starts=True`` where the start is not what is
-attacked) and asserts what the site must do. A test marked ``xfail(strict=True)`` shows a
-hole still open: it asserts the protection the site owes and fails until the hole is closed
-(then the marker must go); its control shows the attack works where nothing stops it.
+attacked) and asserts what the site must do. Each hole found is
+closed; where a test has a control, it shows the attack works where nothing stops it.
 """
 
 from __future__ import annotations
@@ -102,10 +101,6 @@ def test_a_declared_dp_does_not_stop_the_probing_start_unverified(monkeypatch):
     assert len(_rebuilt(rows, fd)) >= 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a verifying site takes any differential privacy as a reason to answer starts and start "
-    "queries it cannot replay (verify._public_starts), at whatever epsilon the server "
-    "declares, on a policy without privacy.max-epsilon (the library's default)"))
 def test_a_verifying_site_does_not_skip_its_start_checks_for_a_declared_dp(monkeypatch):
     """Verified (the default), a site on the library's default policy, a server that declares
     DP at epsilon 1e15 in the setup: on the code before, every site answers the 12 crafted
@@ -246,10 +241,6 @@ def test_a_stricter_disclosure_told_to_all_sites_but_one_when_nobody_verifies(mo
     assert _alone(rt) >= 20
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the setup digest bound into every exchange's masks and tokens (verify._setup_digest) "
-    "covers the model, its configuration and the federation, not the disclosure (nor the "
-    "privacy) the setup message sends each site"))
 def test_a_verifying_site_binds_the_disclosure_it_was_told(monkeypatch):
     """Verified (the default), the same server: on the code before, every site answers and
     the sums revealed are one site's reply in the cells the others leave empty (135 of its
@@ -371,8 +362,8 @@ def test_a_verifying_site_refuses_a_round_numbered_below_the_last(monkeypatch):
     round it answered as 5 (its reply ``Q_c`` plus that round's), so the sum revealed was
     the honest round 4's plus round 3's, a reply computed at a control variate the server
     chose, while the sites replay the server's ``V`` as if nothing was rolled back. A
-    verified fit is never resumed: every site must refuse an E-step whose round is not after
-    the last it answered."""
+    verified fit is never resumed and skips no round: every site refuses the E-step numbered
+    5 after round 2 (a skipped number would draw other mini-batch rows than the replay's)."""
     fd = six_sites(3.0)
     fed = fl.Federation(secure_aggregation=True, control_variates=True)
     honest = _renumbered(monkeypatch, {})
@@ -385,4 +376,32 @@ def test_a_verifying_site_refuses_a_round_numbered_below_the_last(monkeypatch):
                 if d == "up" and meth == "estep" and ERROR_KEY in r]
     assert 4 not in sums, {k: float(np.max(np.abs(sums[4][k] - honest[4][k] - honest[3][k])))
                            for k in sums.get(4, {})}  # (the rolled-back reply's sum, if any)
-    assert len(refusals) == 6 and all("round 3 refused" in s for s in refusals), refusals
+    assert len(refusals) == 6 and all("round 5 refused: it does not follow round 2, the last "
+                                      "this site answered" in s for s in refusals), refusals
+
+
+def test_a_verifying_site_refuses_an_estep_labelled_as_another_exchange(monkeypatch):
+    """Verified, round 3's E-step sent as the exchange ``estep-again`` (a label of its own:
+    masked afresh, as a second reply to a round would be): every site refuses it, naming the
+    label; no sum of it is revealed."""
+    from fedlatent.engine.secagg import secure as secure_mod
+
+    total, sums = secure_mod.SecureChannel.sum, []
+
+    def summed(channel, method, msgs, *, round, exchange, weights=None):
+        if method == "estep" and exchange == "estep" and int(round) == 3:
+            exchange = "estep-again"
+        res = total(channel, method, msgs, round=round, exchange=exchange, weights=weights)
+        sums.append(exchange)
+        return res
+
+    monkeypatch.setattr(secure_mod.SecureChannel, "sum", summed)
+    fd = six_sites(3.0)
+    rt = InProcessRuntime(fd, record=True, policies=SitePolicy(public_starts=True))
+    _fit(_gmm(fl.Federation(secure_aggregation=True), max_rounds=4), fd, rt)
+    refusals = [str(r[ERROR_KEY]) for d, c, meth, r in rt.log
+                if d == "up" and meth == "estep" and ERROR_KEY in r]
+    assert len(refusals) == 6 and all(
+        "round 3 refused: its E-step is labelled as the exchange 'estep-again'" in s
+        for s in refusals), refusals
+    assert "estep-again" not in sums

@@ -119,11 +119,16 @@ def setup_verification(node, msg: dict[str, Any]) -> None:
 
 def _setup_digest(msg: dict[str, Any]) -> bytes:
     """SHA-256 of what every site's setup must say alike (the model, its configuration, the
-    federation), bound into every exchange's pair masks (:func:`~.verify_fields.bound`)."""
+    federation, the disclosure and the differential privacy with its releases), bound into
+    every exchange's pair masks (:func:`~.verify_fields.bound`): a server that told one site
+    a laxer disclosure than the others (theirs stricter, so each accepts it, their replies
+    then empty where that site's is not) would read that site's reply alone in those cells."""
     import hashlib
 
-    return hashlib.sha256("\x00".join(str(msg.get(k, "")) for k in (
-        "model", "model_config", "verify")).encode()).digest()
+    said = [str(msg.get(k, "")) for k in ("model", "model_config", "verify", "disclosure",
+                                          "privacy")]
+    said.append(str(int(msg.get("privacy_releases") or 0)))  # (a Flower node stores 0)
+    return hashlib.sha256("\x00".join(said).encode()).digest()
 
 
 def verified_message(node, method: str, msg: dict[str, Any]):
@@ -176,6 +181,8 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in msg.items() if not k.startswith(_V)}
     leaf = node.secagg.take_leaf()
     undone, last, fed = _undone(msg), _last_kind(node), _federation(node)
+    if method == "estep":
+        _in_order(node, rnd, exch, last, who)
     words = _transcript_before(node, leaf, msg, rnd, exch, who, undone, last)
     node.secagg.keep_leaf = True
     kept = _fields_of(tuple(msg)).kept  # (no verify/ field)
@@ -195,6 +202,20 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
     node.state["verify/last"] = _ESTEP
     node.shapes_checked = out  # (every point's parameters are the replay's, or the start's
     return out  # declared shapes: the E-step of this very message need not check them again)
+
+
+def _in_order(node, rnd: int, exch: str, last: str, who: str) -> None:
+    """A round's E-step is the exchange ``estep`` of the round after the last one this site
+    answered: a skipped number would have the site draw other mini-batch rows and another
+    refresh of its control variates than the server's replay, a repeated one answer one
+    round's parameters twice; VerificationRefused otherwise."""
+    if exch != "estep":
+        raise VerificationRefused(f"{who}: its E-step is labelled as the exchange {exch!r}, "
+                                  "not a round's ('estep')")
+    if last == "estep" and rnd != _num(node.state["verify/round"]) + 1:
+        raise VerificationRefused(
+            f"{who}: it does not follow round {_num(node.state['verify/round'])}, the last "
+            "this site answered: a verified fit's rounds come in order, one each")
 
 
 def _transcript_before(node, leaf, msg: dict[str, Any], rnd: int, exch: str, who: str,
@@ -514,10 +535,13 @@ def _check_query(node, asked: dict[str, Any]) -> None:
 
 
 def _public_starts(node) -> bool:
-    """Whether the site answers any start of the declared shapes (its policy allows public
-    starts, or the fit is differentially private)."""
+    """Whether the site answers any start of the declared shapes: its policy allows public
+    starts, or the fit is differentially private within the epsilon its policy bounds (a
+    privacy the server declares, at an epsilon no policy bounds, is no reason: with it a
+    server would switch off the start's checks and ask any query)."""
     policy = node.site_policy
-    return bool(policy.public_starts or policy.relaxed or node.privacy is not None)
+    return bool(policy.public_starts or policy.relaxed or (
+        node.privacy is not None and policy.max_epsilon is not None))
 
 
 def _keep_units(node, msg: dict[str, Any], who: str) -> None:
