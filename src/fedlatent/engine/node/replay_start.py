@@ -52,7 +52,8 @@ _STARTS: dict[str, Callable[[Any, ReplayContext], list[dict]]] = {}
 #: what a start refusal adds: how a site can accept an analyst's start
 PUBLIC_STARTS_HINT = ("a start given by the analyst (means_init=... and the like) is answered "
                       "only by a site whose policy says [verification] public-starts = true "
-                      "(a differentially private fit's: or sets [privacy] max-epsilon)")
+                      "(a differentially private fit's: or bounds [privacy] max-epsilon or "
+                      "lifetime-epsilon)")
 
 
 class StartRefused(ValueError):

@@ -536,12 +536,13 @@ def _check_query(node, asked: dict[str, Any]) -> None:
 
 def _public_starts(node) -> bool:
     """Whether the site answers any start of the declared shapes: its policy allows public
-    starts, or the fit is differentially private within the epsilon its policy bounds (a
-    privacy the server declares, at an epsilon no policy bounds, is no reason: with it a
-    server would switch off the start's checks and ask any query)."""
+    starts, or the fit is differentially private within the epsilon its policy bounds
+    (``max-epsilon`` or ``lifetime-epsilon``; a privacy the server declares, at an epsilon
+    no policy bounds, is no reason: with it a server would switch off the start's checks and
+    ask any query)."""
     policy = node.site_policy
-    return bool(policy.public_starts or policy.relaxed or (
-        node.privacy is not None and policy.max_epsilon is not None))
+    return bool(policy.public_starts or policy.relaxed or (node.privacy is not None and (
+        policy.max_epsilon is not None or policy.lifetime_epsilon is not None)))
 
 
 def _keep_units(node, msg: dict[str, Any], who: str) -> None:
