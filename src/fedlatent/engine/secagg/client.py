@@ -423,9 +423,9 @@ class SecAggClient(Enrolment):
         so that neighbour refuses to reveal (no equivocation) at no cost. Before
         :meth:`mask`. ``confirm``: the neighbours in the sum the transcript is of, each of
         which must survive this exchange before this client reveals in it
-        (:meth:`_confirmed_before`; this client among them or not)."""
+        (:meth:`_confirmed_before`; this client among them or not). ``digest`` None: none."""
         label = exchange_label(round, exchange)
-        self._digest[label] = bytes(digest)
+        self._digest.update(() if digest is None else ((label, bytes(digest)),))
         self._confirm[label] = tuple(confirm)
 
     def _never_both(self, D, owners, held, pairs, where: str) -> None:
