@@ -116,3 +116,55 @@ def test_a_discarded_round_is_not_asked_again_without_a_site_of_its_sum(monkeypa
     assert len(refusals) == 5 and all(
         f"round {AT + 1}, exchange 'estep': [{DROPPED!r}] took part in the sum of the exchange "
         "before but are not survivors of this one" in s for s in refusals), refusals
+
+
+# ---- differential privacy: the noise of a query's field set by the server's payload -----------
+def _dp_site_with_missing_values():
+    """A site of 80 rows, 13 of them missing column 1, set up for a GMM fit under DP
+    (epsilon 1, 8 releases) on the library's default policy; ``(node, exact pairwise
+    observed counts)``."""
+    import json
+
+    from fedlatent.engine.node.client import ClientNode
+    from fedlatent.engine.privacy import DifferentialPrivacy
+    from fedlatent.engine.privacy.enforce import policy_to_json
+    from fedlatent.models.gmm.model import GMMModel
+
+    X = np.random.default_rng(0).normal(size=(80, 2))
+    X[:13, 1] = np.nan
+    fd = fl.FederatedDataset.from_arrays({"c0": X})
+    node = ClientNode("c0", fd["c0"], source=fd, policy=SitePolicy())
+    dp = DifferentialPrivacy(1.0, 1e-5, clip=5.0)
+    reply = node.handle("setup", {
+        "model": "gmm", "model_config": json.dumps(GMMModel(2, "full", 1e-6).get_config()),
+        "disclosure": policy_to_json(fl.DisclosurePolicy()), "run": "r1",
+        "privacy": json.dumps(dp.to_config()), "privacy_releases": 8})
+    assert ERROR_KEY not in reply, reply
+    observed = (~np.isnan(X)).astype(np.float64)
+    return node, observed.T @ observed
+
+
+def _moments(node, **payload):
+    return node.handle("query", {"query": "moments", "seed": 0, "round": 0, **payload})
+
+
+def test_the_pairwise_counts_of_a_dp_moments_query_carry_noise():
+    """The control: the honest start's ``missing=2`` (the site's columns) gets the pairwise
+    observed counts with noise of their sensitivity (off by more than 1 somewhere)."""
+    node, exact = _dp_site_with_missing_values()
+    reply = _moments(node, missing=2)
+    assert np.max(np.abs(np.asarray(reply["nobs"]) - exact)) > 1.0
+
+
+@pytest.mark.parametrize("missing", [1e-9, None], ids=["1e-9", "absent"])
+def test_a_dp_site_refuses_a_moments_query_that_sets_its_counts_noise(missing):
+    """``missing`` is the pairwise observed counts' DP sensitivity: on the code before, a
+    server that sent ``missing=1e-9`` (or none, on a site with missing values) got the
+    counts exact (80, 67, 67) under a release the ledger counted as DP. Refused naming the
+    value and the fix; nothing of the counts leaves."""
+    node, _ = _dp_site_with_missing_values()
+    reply = _moments(node, **({} if missing is None else {"missing": missing}))
+    assert reply.get(ERROR_KEY) == (
+        f"client 'c0': query with missing={missing!r}, not this site's 2 columns: it sets the "
+        "noise of the pairwise observed counts (one row adds at most d); ask with missing=2")
+    assert "nobs" not in reply
