@@ -163,10 +163,13 @@ def check_undone(node, leaf, msg: dict[str, Any], who: str, at: tuple[int, str])
     that round's transcript and, where the contribution is in it, its aggregate fails a check
     the server runs (:func:`failure`). Nothing of the round is applied, so its digest is not
     bound: a site whose contribution is missing from the sum (a reply altered in transit)
-    holds none to bind, and its neighbours must reveal this exchange with it. Such a site
-    then answers the discarded round's question again only over the neighbours that were in
-    its sum (:func:`_same_cohort`): else a server that showed every site a sum without its
-    leaf had the question re-asked without one site, the two sums differing by its reply."""
+    holds none to bind, and its neighbours must reveal this exchange with it. Such a site,
+    and one that answered no group test of the round, then answers the discarded round's
+    question again only over the neighbours that were in its sum (:func:`_same_cohort`):
+    else a server that showed every site a sum without its leaf, or that named a site as
+    the liar with no search (a site lying for it), had the question re-asked without one
+    site, the two sums differing by its reply. (A search's first test counts against the
+    fit's group tests: a site's reply left out so is one of the differences they bound.)"""
     k = json.loads(leaf[0])[0]
     what = f"{who}: round {k}, which the server says it discarded"
     if _V + "A" not in msg:
@@ -179,11 +182,13 @@ def check_undone(node, leaf, msg: dict[str, Any], who: str, at: tuple[int, str])
     try:
         why = failure(node, fields, split, k, what)
     except VerificationRefused:  # it cannot tell (sites were not in the sum): nothing of
-        return  # the round is applied either way, and no group test of it was answered
+        return _same_cohort(node, leaf, at, what)  # it applied, no group test answered
     if why is None:
         _no(f"{what}: its aggregate, rebuilt from its verified transcript, passes every "
              "check the server runs on it (ring range, units, the model's invariants): "
              "an aggregate that did not fail is never discarded")
+    if _confirmed(node, k) is None:  # no search of it (no group test answered): no site
+        _same_cohort(node, leaf, at, what)  # of its sum is left out of its question again
 
 
 def _same_cohort(node, leaf, at: tuple[int, str], what: str) -> None:
