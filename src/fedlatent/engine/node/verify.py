@@ -233,7 +233,7 @@ def _transcript_before(node, leaf, msg: dict[str, Any], rnd: int, exch: str, who
                                       "parameters come from")
         return None
     if undone and json.loads(leaf[0])[0] in undone:
-        _verify_groups().check_undone(node, leaf, msg, who)  # (it failed)
+        _verify_groups().check_undone(node, leaf, msg, who, (rnd, exch))  # (failed)
         return None  # its round discarded, never applied: the parameters stay (_same_again)
     return _vt.check_transcript(node, leaf, msg, rnd, exch, who)
 

@@ -157,13 +157,19 @@ def _count_fit(node, test: str) -> None:
     node.state[_TOTAL] = np.array([float(done + 1)])
 
 
-def check_undone(node, leaf, msg: dict[str, Any], who: str) -> None:
-    """The round of ``leaf`` (this site's contribution), which ``msg``'s exchange (round
-    ``rnd``) says the server discarded: VerificationRefused unless ``msg`` carries that
-    round's transcript and, where the contribution is in it, its aggregate fails a check the
-    server runs (:func:`failure`). Nothing of the round is applied, so its digest is not
+def check_undone(node, leaf, msg: dict[str, Any], who: str, at: tuple[int, str]) -> None:
+    """The round of ``leaf`` (this site's contribution), which ``msg``'s exchange (round and
+    exchange ``at``) says the server discarded: VerificationRefused unless ``msg`` carries
+    that round's transcript and, where the contribution is in it, its aggregate fails a check
+    the server runs (:func:`failure`). Nothing of the round is applied, so its digest is not
     bound: a site whose contribution is missing from the sum (a reply altered in transit)
-    holds none to bind, and its neighbours must reveal this exchange with it."""
+    holds none to bind, and its neighbours must reveal this exchange with it. Such a site,
+    and one that answered no group test of the round, then answers the discarded round's
+    question again only over the neighbours that were in its sum (:func:`_same_cohort`):
+    else a server that showed every site a sum without its leaf, or that named a site as
+    the liar with no search (a site lying for it), had the question re-asked without one
+    site, the two sums differing by its reply. (A search's first test counts against the
+    fit's group tests: a site's reply left out so is one of the differences they bound.)"""
     k = json.loads(leaf[0])[0]
     what = f"{who}: round {k}, which the server says it discarded"
     if _V + "A" not in msg:
@@ -171,16 +177,29 @@ def check_undone(node, leaf, msg: dict[str, Any], who: str) -> None:
              "its aggregate failed")
     got = _verified(node, leaf, msg, what, f"round {k}'s sum", missing_ok=True)
     if got is None:  # its contribution is not in the sum shown: not the sites' sum (say, a
-        return  # reply altered in transit), rightly discarded (nothing of it is applied)
+        return _same_cohort(node, leaf, at, what)  # reply altered in transit): discarded
     fields, _, split = got
     try:
         why = failure(node, fields, split, k, what)
     except VerificationRefused:  # it cannot tell (sites were not in the sum): nothing of
-        return  # the round is applied either way, and no group test of it was answered
+        return _same_cohort(node, leaf, at, what)  # it applied, no group test answered
     if why is None:
         _no(f"{what}: its aggregate, rebuilt from its verified transcript, passes every "
              "check the server runs on it (ring range, units, the model's invariants): "
              "an aggregate that did not fail is never discarded")
+    if _confirmed(node, k) is None:  # no search of it (no group test answered): no site
+        _same_cohort(node, leaf, at, what)  # of its sum is left out of its question again
+
+
+def _same_cohort(node, leaf, at: tuple[int, str], what: str) -> None:
+    """Issue 38: every neighbour that was in the sum of ``leaf``'s discarded round (this
+    site's own split of it) must survive the exchange ``at``, which asks that round's
+    question again, before this site reveals in it (``SecAggClient._confirmed_before``)."""
+    split = node.secagg.leaf_split(leaf[0])
+    if split is None:  # (a state written before it kept its neighbourhood's split)
+        _no(f"{what}: this site kept no record of which of its neighbours were in its sum, "
+             "so it cannot ask that the round's question goes to them again")
+    node.secagg.bind_digest(*at, None, confirm=split[0])
 
 
 def _verified(node, leaf, msg: dict[str, Any], who: str, what: str, missing_ok=False):

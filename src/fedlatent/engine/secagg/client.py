@@ -418,14 +418,14 @@ class SecAggClient(Enrolment):
     def bind_digest(self, round: int, exchange: str, digest: bytes,
                     confirm: Sequence[str] = ()) -> None:
         """Bind ``digest`` (the transcript it verified before masking in exchange ``(round,
-        exchange)``) into that exchange's pair keystreams (:meth:`_pair_masks`): its pair
-        masks and consistency tokens with a neighbour shown another transcript then differ,
-        so that neighbour refuses to reveal (no equivocation) at no cost. Before
+        exchange)``; None: none) into that exchange's pair keystreams (:meth:`_pair_masks`):
+        its pair masks and consistency tokens with a neighbour shown another transcript then
+        differ, so that neighbour refuses to reveal (no equivocation) at no cost. Before
         :meth:`mask`. ``confirm``: the neighbours in the sum the transcript is of, each of
-        which must survive this exchange before this client reveals in it
-        (:meth:`_confirmed_before`; this client among them or not)."""
+        which must survive this exchange before this client reveals in it (this one or not)."""
         label = exchange_label(round, exchange)
-        self._digest[label] = bytes(digest)
+        if digest is not None:
+            self._digest[label] = bytes(digest)
         self._confirm[label] = tuple(confirm)
 
     def _never_both(self, D, owners, held, pairs, where: str) -> None:

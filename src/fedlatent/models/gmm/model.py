@@ -76,6 +76,26 @@ def gaussian_problem(stats, n_units: float, covariance_type: str, slack=None) ->
     return reason
 
 
+def _missing_width(payload, d: int) -> None:
+    """Under differential privacy a ``moments`` query of a site with missing values (whose
+    reply holds the pairwise observed counts) says ``missing``, the site's own number of
+    columns ``d`` (what the honest start sends): it is the counts' DP sensitivity
+    (:meth:`GMMModel.dp_query_sensitivity`), so a server that sent ``missing=1e-9``, or none,
+    had them released exact under a release the ledger counts as DP (issue 38's audit).
+    DisclosureRefused otherwise."""
+    got = payload.get("missing")
+    try:
+        ok = float(np.asarray(got, dtype=np.float64).reshape(())) == d
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        from ...engine.privacy.enforce import DisclosureRefused
+
+        raise DisclosureRefused(
+            f"query with missing={got!r}, not this site's {d} columns: it sets the noise of "
+            f"the pairwise observed counts (one row adds at most d); ask with missing={d}")
+
+
 @register_model
 class GMMModel(FederatedModel):
     """Gaussian mixture math for the engine. Config: n_components, covariance_type, reg_covar."""
@@ -249,6 +269,8 @@ class GMMModel(FederatedModel):
             from .missing_model import missing_query, refuse_weights
 
             refuse_weights(data)
+            if name == "moments" and self.privacy is not None:  # (its noise: by missing)
+                _missing_width(payload, X.shape[1])
             reply = missing_query(self, name, payload, X, hard_labels, data.entity)
             if reply is not None:
                 return reply, state
