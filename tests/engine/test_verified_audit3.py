@@ -27,26 +27,19 @@ pytest.importorskip("cryptography")
 AT, DROPPED = 3, "c0"  # the round the server says it discarded; the site it differences
 
 
-# ---- a discard claimed with a sum that holds no site's leaf, re-asked without one site -------
-class HidesLeaves(InProcessRuntime):
-    """A server that says round ``AT``'s honest aggregate failed (no group test) and, in the
-    round after, shows every site a transcript of round ``AT`` whose claimed sum has one bit
-    flipped: no site's own leaf reaches its root, which a site whose reply was altered in
-    transit also sees, so each takes round ``AT`` as discarded and answers its question
-    again (the same parameters and ``S_hat``), while the server leaves ``DROPPED`` out of
-    that round. Records each E-step sum revealed (``sums``: by round) and ``DROPPED``'s
-    round-``AT`` reply before masking (``own``)."""
+class Differences(InProcessRuntime):
+    """A server that records each E-step sum revealed (``sums``: by round) and ``DROPPED``'s
+    round-``AT`` reply before masking (``own``); ``cohort`` chooses who is summed in a round,
+    ``lie`` what a site's reply becomes (both: as they are)."""
 
     def __init__(self, fd, monkeypatch, **kw):
         super().__init__(fd, policies=SitePolicy(public_starts=True), **kw)
         self.sums, self.own = {}, {}
-        claim_failure(monkeypatch, AT)
-        monkeypatch.setattr(secure_checks, "locate", lambda rounds, plan, S: (None, "no test"))
         total, answer, rt = secure_mod.SecureChannel.sum, secure_checks.answer_secure, self
 
         def summed(channel, method, msgs, *, round, exchange, weights=None):
-            if method == "estep" and int(round) == AT + 1:
-                msgs = {c: m for c, m in msgs.items() if c != DROPPED}
+            if method == "estep":
+                msgs = rt.cohort(int(round), msgs)
             res = total(channel, method, msgs, round=round, exchange=exchange, weights=weights)
             if method == "estep" and exchange == "estep":
                 rt.sums[int(round)] = {k: np.asarray(v) for k, v in res["sums"].items()
@@ -55,12 +48,39 @@ class HidesLeaves(InProcessRuntime):
 
         def answer_secure(node, method, msg):
             out = answer(node, method, msg)
-            if method == "estep" and node.client_id == DROPPED and int(msg["round"]) == AT:
-                rt.own = {k: np.asarray(v) for k, v in out.items() if k.startswith("delta/")}
+            if method == "estep" and int(msg["round"]) == AT:
+                if node.client_id == DROPPED:
+                    rt.own = {k: np.asarray(v) for k, v in out.items()
+                              if k.startswith("delta/")}
+                out = rt.lie(node.client_id, out)
             return out
 
         monkeypatch.setattr(secure_mod.SecureChannel, "sum", summed)
         monkeypatch.setattr(secure_checks, "answer_secure", answer_secure)
+
+    def cohort(self, rnd: int, msgs: dict) -> dict:
+        return msgs
+
+    def lie(self, client: str, reply: dict) -> dict:
+        return reply
+
+
+# ---- a discard claimed with a sum that holds no site's leaf, re-asked without one site -------
+class HidesLeaves(Differences):
+    """A server that says round ``AT``'s honest aggregate failed (no group test) and, in the
+    round after, shows every site a transcript of round ``AT`` whose claimed sum has one bit
+    flipped: no site's own leaf reaches its root, which a site whose reply was altered in
+    transit also sees, so each takes round ``AT`` as discarded and answers its question
+    again (the same parameters and ``S_hat``), while the server leaves ``DROPPED`` out of
+    that round."""
+
+    def __init__(self, fd, monkeypatch, **kw):
+        super().__init__(fd, monkeypatch, **kw)
+        claim_failure(monkeypatch, AT)
+        monkeypatch.setattr(secure_checks, "locate", lambda rounds, plan, S: (None, "no test"))
+
+    def cohort(self, rnd: int, msgs: dict) -> dict:
+        return {c: m for c, m in msgs.items() if c != DROPPED} if rnd == AT + 1 else msgs
 
     def call(self, client_ids, method, messages):
         if method == "estep":
@@ -171,38 +191,22 @@ def test_a_dp_site_refuses_a_moments_query_that_sets_its_counts_noise(missing):
 
 
 # ---- a site lying for the server: an honest site named the liar with no search ---------------
-class NamesAnHonestSite(InProcessRuntime):
+class NamesAnHonestSite(Differences):
     """``LIAR`` (colluding with the server) adds 500 to every entry of its round-``AT``
     reply, so the aggregate really fails; the server runs no group test and names
     ``DROPPED`` (honest) as the liar, excluding it from round ``AT + 1``, which asks round
-    ``AT``'s question again. Records the E-step sums (``sums``) and ``DROPPED``'s round-``AT``
-    reply (``own``), as :class:`HidesLeaves`."""
+    ``AT``'s question again."""
 
     LIAR = "c1"
 
     def __init__(self, fd, monkeypatch, **kw):
-        super().__init__(fd, policies=SitePolicy(public_starts=True), **kw)
-        self.sums, self.own = {}, {}
+        super().__init__(fd, monkeypatch, **kw)
         monkeypatch.setattr(secure_checks, "locate", lambda rounds, plan, S: (DROPPED, "named"))
-        total, answer, rt = secure_mod.SecureChannel.sum, secure_checks.answer_secure, self
 
-        def summed(channel, method, msgs, *, round, exchange, weights=None):
-            res = total(channel, method, msgs, round=round, exchange=exchange, weights=weights)
-            if method == "estep" and exchange == "estep":
-                rt.sums[int(round)] = {k: np.asarray(v) for k, v in res["sums"].items()
-                                       if k.startswith("delta/")}
-            return res
-
-        def answer_secure(node, method, msg):
-            out = answer(node, method, msg)
-            if method == "estep" and node.client_id == DROPPED and int(msg["round"]) == AT:
-                rt.own = {k: np.asarray(v) for k, v in out.items() if k.startswith("delta/")}
-            if method == "estep" and node.client_id == rt.LIAR and int(msg["round"]) == AT:
-                out = {k: v + 500.0 if k.startswith("delta/") else v for k, v in out.items()}
-            return out
-
-        monkeypatch.setattr(secure_mod.SecureChannel, "sum", summed)
-        monkeypatch.setattr(secure_checks, "answer_secure", answer_secure)
+    def lie(self, client: str, reply: dict) -> dict:
+        if client != self.LIAR:
+            return reply
+        return {k: v + 500.0 if k.startswith("delta/") else v for k, v in reply.items()}
 
 
 def test_a_site_named_the_liar_with_no_search_is_not_differenced_out(monkeypatch):
