@@ -1,6 +1,7 @@
 """Test doubles shared by the verified-rounds tests (imported by bare name, as
 ``replay_recording``): a runtime whose nodes are rebuilt for each message, as Flower's are, and
-a server change that moves one coordinate of a round's parameters by 1e-6 (relative)."""
+a server change that moves one coordinate of a round's parameters by 1e-6 (relative), and
+a server that moves the control variates' start (``CvInit``)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,29 @@ def claim_failure(monkeypatch, at: int) -> None:
         return Q, why
 
     monkeypatch.setattr(secure_round, "aggregate_problem", aggregate_problem)
+
+
+class CvInit(InProcessRuntime):
+    """A server whose ``cv_init`` message (after the initialization round: each site sets
+    ``V_c = S_c(theta_0) - S_hat``) carries an ``S_hat`` with component 0's ``sx`` moved by
+    ``-nk_0 move``: every later reply ``S_c - S_hat - V_c`` carries ``+nk_0 move`` more, so
+    the aggregate and the ``S_hat`` each site replays from it move component 0's mean by
+    ``move`` (the server's own invariant checks off: it is the one cheating)."""
+
+    def __init__(self, fd, move=(3.0, 0.0), **kw):
+        super().__init__(fd, **kw)
+        self.move, self.sent = np.asarray(move, dtype=np.float64), []
+
+    def call(self, client_ids, method, messages):
+        if method == "cv_init":
+            messages = {c: self._moved(dict(m)) for c, m in messages.items()}
+        return super().call(client_ids, method, messages)
+
+    def broadcast(self, client_ids, method, msg):
+        return self.call(client_ids, method, {c: msg for c in client_ids})
+
+    def _moved(self, msg):
+        sx = np.array(msg["S_hat/sx"], copy=True)
+        sx[0] -= np.asarray(msg["S_hat/nk"])[0] * self.move
+        self.sent.append(msg)
+        return {**msg, "S_hat/sx": sx}

@@ -20,7 +20,7 @@ from fedlatent.engine.secagg import secure as secure_mod
 from fedlatent.engine.secagg import secure_checks
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 from tolerance import assert_close
-from verified_doubles import claim_failure, six_sites
+from verified_doubles import CvInit, claim_failure, six_sites
 
 pytest.importorskip("cryptography")
 
@@ -294,30 +294,7 @@ def test_a_verifying_site_refuses_a_batch_of_one_in_a_full_pass_fit(monkeypatch)
 
 
 # ---- cv_init: the control variates' start from an S_hat the server chooses -----------------
-class CvInit(InProcessRuntime):
-    """A server whose ``cv_init`` message (after the initialization round: each site sets
-    ``V_c = S_c(theta_0) - S_hat``) carries an ``S_hat`` with component 0's ``sx`` moved by
-    ``-nk_0 move``: every later reply ``S_c - S_hat - V_c`` carries ``+nk_0 move`` more, so
-    the aggregate and the ``S_hat`` each site replays from it move component 0's mean by
-    ``move`` (the server's own invariant checks off: it is the one cheating)."""
-
-    def __init__(self, fd, move=(3.0, 0.0), **kw):
-        super().__init__(fd, **kw)
-        self.move, self.sent = np.asarray(move, dtype=np.float64), []
-
-    def call(self, client_ids, method, messages):
-        if method == "cv_init":
-            messages = {c: self._moved(dict(m)) for c, m in messages.items()}
-        return super().call(client_ids, method, messages)
-
-    def broadcast(self, client_ids, method, msg):
-        return self.call(client_ids, method, {c: msg for c in client_ids})
-
-    def _moved(self, msg):
-        sx = np.array(msg["S_hat/sx"], copy=True)
-        sx[0] -= np.asarray(msg["S_hat/nk"])[0] * self.move
-        self.sent.append(msg)
-        return {**msg, "S_hat/sx": sx}
+# (the server: verified_doubles.CvInit)
 
 
 def _moved_unverified(monkeypatch, runtime, rnd):

@@ -18,7 +18,7 @@ from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, pack
 from fedlatent.engine.site.policy import SitePolicy
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from verified_doubles import six_sites
+from verified_doubles import CvInit, six_sites
 
 pytest.importorskip("cryptography")
 
@@ -255,7 +255,7 @@ def test_a_verifying_site_binds_the_disclosure_it_was_told(monkeypatch):
 
 
 # ---- cv_init twice: the S_hat checked is not the one the control variates started from -------
-class CvInitTwice(InProcessRuntime):
+class CvInitTwice(CvInit):
     """A server that sends ``cv_init`` twice after the initialization round: first with an
     ``S_hat`` whose component 0 ``sx`` is moved by ``-nk_0 move`` (each site's control variate
     starts from it: ``V_c = S_c(theta_0) - S_hat``), then the honest one (a site holds no
@@ -266,24 +266,15 @@ class CvInitTwice(InProcessRuntime):
     ``move`` (the server's own invariant checks off: it is the one cheating)."""
 
     def __init__(self, fd, move=(3.0, 0.0), **kw):
-        super().__init__(fd, policies=SitePolicy(public_starts=True), **kw)
-        self.move = np.asarray(move, dtype=np.float64)
+        super().__init__(fd, move, policies=SitePolicy(public_starts=True), **kw)
 
     def call(self, client_ids, method, messages):
-        if method == "cv_init":
-            moved = {c: self._moved(dict(m)) for c, m in messages.items()}
-            super().call(client_ids, method, moved)
-            messages = {c: {**m, "round": int(np.ravel(m["round"])[0]) + 1}  # (the one-answer
-                        for c, m in messages.items()}  # rule keys on the round: another one)
-        return super().call(client_ids, method, messages)
-
-    def broadcast(self, client_ids, method, msg):
-        return self.call(client_ids, method, {c: msg for c in client_ids})
-
-    def _moved(self, msg):
-        sx = np.array(msg["S_hat/sx"], copy=True)
-        sx[0] -= np.asarray(msg["S_hat/nk"])[0] * self.move
-        return {**msg, "S_hat/sx": sx}
+        if method != "cv_init":
+            return super().call(client_ids, method, messages)
+        super().call(client_ids, method, messages)  # (moved)
+        return InProcessRuntime.call(self, client_ids, method, {  # the honest one, after it
+            c: {**m, "round": int(np.ravel(m["round"])[0]) + 1}  # (the one-answer rule
+            for c, m in messages.items()})  # keys on the round: another one)
 
 
 def _round_means(rt, rnd):
