@@ -206,16 +206,19 @@ def check_exchange(node, method: str, msg: dict[str, Any]) -> dict[str, Any]:
 
 def _in_order(node, rnd: int, exch: str, last: str, who: str) -> None:
     """A round's E-step is the exchange ``estep`` of the round after the last one this site
-    answered: a skipped number would have the site draw other mini-batch rows and another
-    refresh of its control variates than the server's replay, a repeated one answer one
-    round's parameters twice; VerificationRefused otherwise."""
+    answered (after a query: a later round): a skipped number would have the site draw other
+    mini-batch rows and another refresh of its control variates than the server's replay, a
+    repeated or earlier one answer one round's parameters twice or roll its control variate
+    back as for a resumed fit (``answer_secure``); VerificationRefused otherwise."""
     if exch != "estep":
         raise VerificationRefused(f"{who}: its E-step is labelled as the exchange {exch!r}, "
                                   "not a round's ('estep')")
-    if last == "estep" and rnd != _num(node.state["verify/round"]) + 1:
-        raise VerificationRefused(
-            f"{who}: it does not follow round {_num(node.state['verify/round'])}, the last "
-            "this site answered: a verified fit's rounds come in order, one each")
+    held = node.state.get("verify/round")  # (none before the fit's first round)
+    if held is not None and (rnd != _num(held) + 1 if last == "estep" else rnd <= _num(held)):
+        raise VerificationRefused(  # (after a query, say the information: never a round back,
+            f"{who}: it does not follow round {_num(held)}, the last "  # which would roll
+            "this site answered: a verified fit's rounds come in order, one each (it is "  # its
+            "never resumed from a checkpoint: fit again to start over)")  # state back)
 
 
 def _transcript_before(node, leaf, msg: dict[str, Any], rnd: int, exch: str, who: str,

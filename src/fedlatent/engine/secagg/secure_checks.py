@@ -142,8 +142,6 @@ def answer_secure(node, method: str, msg: dict) -> dict:
     undo = json.loads(msg[_UNDO]) if _UNDO in msg else ()
     rnd = int(msg["round"])
     stopped = held is not None and _REPLAY not in msg and rnd > 1 and held >= rnd
-    if stopped and "verify/on" in node.state:  # (issue 38: a verified fit never resumes)
-        return _not_after(node, rnd, held)
     if held is not None and (stopped or held in undo):
         _restore(node, _remembered(node)[2], _UNDONE if stopped else ("V/",))
         _remember(node, None)
@@ -162,19 +160,6 @@ def answer_secure(node, method: str, msg: dict) -> dict:
     if ERROR_KEY not in reply:
         _remember(node, rnd, reply, before)
     return reply
-
-
-def _not_after(node, rnd: int, held: int) -> dict:
-    """A verifying site's refusal of an E-step numbered at or below the last it answered:
-    a fit resumed from a checkpoint rolls the control variate and the model state back, and
-    a verified fit is never resumed (the rollback would be at the server's word alone)."""
-    from fedlatent.engine.protocol.messages import refusal_reply
-
-    why = (f"client {node.client_id!r}: round {rnd} refused: it is not after round {held}, "
-           "which this site answered; a verified fit is never resumed from a checkpoint, so "
-           "nothing is rolled back: number the rounds in order (fit again to start over)")
-    logger.log(node.log_level, "%s", why)
-    return refusal_reply(why, "verification")
 
 
 def with_undo(channel, msg: dict) -> dict:
