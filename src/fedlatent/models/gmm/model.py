@@ -11,7 +11,7 @@ import numpy as np
 
 from ...data.dataset import ClientData
 from ...engine.contract.model import ClientStep, FederatedModel, Params, payload_params
-from ...engine.contract.params import Integer, Options, Real
+from ...engine.contract.params import Integer
 from ...engine.contract.registry import register_model
 from ...engine.protocol.compiled import worth
 from ...engine.protocol.messages import count_problem, psd_problem
@@ -20,7 +20,6 @@ from ...engine.stats import Stats
 from .check_step import full_step_holds
 from .dp import gmm_sensitivity
 from .math import (
-    COV_TYPES,
     compute_precision_cholesky,
     estimate_log_gaussian_prob,
     floor_covariances,
@@ -31,6 +30,7 @@ from .math import (
     lean_full_step,
     merged_rows,
 )
+from .params import PARAMETER_CONSTRAINTS
 
 __all__ = ["GMMModel", "gaussian_problem", "payload_params"]
 
@@ -101,8 +101,8 @@ class GMMModel(FederatedModel):
     """Gaussian mixture math for the engine. Config: n_components, covariance_type, reg_covar."""
 
     name = "gmm"
-    config_constraints = {"n_components": [Integer(1)], "covariance_type": [Options(*COV_TYPES)],
-                          "reg_covar": [Real(0)]}
+    config_constraints = {"n_components": [Integer(1)],  # (the estimator's table, .params)
+                          **{k: PARAMETER_CONSTRAINTS[k] for k in ("covariance_type", "reg_covar")}}
     batched_step = True
     batched_out = True
     batched_queries = frozenset({"moments", "hard_stats", "loglik"})
