@@ -1,7 +1,8 @@
 """Test doubles shared by the verified-rounds tests (imported by bare name, as
 ``replay_recording``): a runtime whose nodes are rebuilt for each message, as Flower's are, and
-a server change that moves one coordinate of a round's parameters by 1e-6 (relative), and
-a server that moves the control variates' start (``CvInit``)."""
+a server change that moves one coordinate of a round's parameters by 1e-6 (relative), a
+server that moves the control variates' start (``CvInit``) and one whose GMM start probes
+rows (``probing_start``)."""
 
 from __future__ import annotations
 
@@ -108,3 +109,42 @@ class CvInit(InProcessRuntime):
         sx[0] -= np.asarray(msg["S_hat/nk"])[0] * self.move
         self.sent.append(msg)
         return {**msg, "S_hat/sx": sx}
+
+
+def probing_start(monkeypatch, steps: int, moments: bool | None = None) -> list:
+    """A server whose GMM k-means start, before its first honest hard-assignment exchange,
+    asks ``steps`` of its own: three of the start's centres, the first moved towards the
+    second by 0.2% of their distance each time. Two consecutive sums whose counts differ by
+    one row leaving one cell for another give that row (the sums are about ``center``; the
+    counts rounded to whole rows: a DP reply's noise is far below one). ``moments``: whether
+    its queries ask the second moments (None: as the start's own do; a DP reply carries
+    them). Returns the list the rebuilt rows are appended to."""
+    from fedlatent.models.gmm import init as gmm_init
+
+    honest, rows = gmm_init._hard_sums, []
+
+    def probing(ctx, centers, center, ct, what, second=True):
+        ask = second if moments is None else moments
+        if not getattr(probing, "done", False):
+            probing.done = True
+            C, c0 = np.array(centers, dtype=np.float64)[:3], np.asarray(center, np.float64)
+            prev = honest(ctx, C, center, ct, what, ask)
+            for s in range(1, steps + 1):
+                C2 = C.copy()
+                C2[0] = C[0] + 0.002 * s * (C[1] - C[0])
+                cur = honest(ctx, C2, center, ct, what, ask)
+                dn = np.round(cur["nk"] - prev["nk"])
+                if np.sum(np.abs(dn)) == 2 and np.max(dn) == 1:  # one row, one cell to another
+                    j = int(np.argmax(dn))
+                    rows.append(c0 + cur["sx"][j] - prev["sx"][j])
+                prev = cur
+        return honest(ctx, centers, center, ct, what, second)
+
+    monkeypatch.setattr(gmm_init, "_hard_sums", probing)
+    return rows
+
+
+def rows_near(rows: list, fd, tol: float) -> list:
+    """The rebuilt ``rows`` within ``tol`` of a row of the federation's data (max norm)."""
+    X = np.vstack([np.asarray(fd[c].X) for c in fd.client_ids])
+    return [x for x in rows if np.min(np.max(np.abs(X - x), axis=1)) < tol]

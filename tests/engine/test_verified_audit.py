@@ -20,7 +20,7 @@ from fedlatent.engine.secagg import secure as secure_mod
 from fedlatent.engine.secagg import secure_checks
 from fedlatent.engine.transport.inprocess import InProcessRuntime
 from tolerance import assert_close
-from verified_doubles import CvInit, claim_failure, six_sites
+from verified_doubles import CvInit, claim_failure, probing_start, rows_near, six_sites
 
 pytest.importorskip("cryptography")
 
@@ -336,42 +336,6 @@ def test_a_verifying_site_refuses_a_cv_init_whose_s_hat_is_not_its_replay(monkey
 
 
 # ---- the start's queries: answered before anything of them can be checked -----------------
-def _probing_start(monkeypatch, steps=20):
-    """A server whose k-means start, before its first honest ``hard_stats`` exchange, asks
-    ``steps`` more of its own: three of the start's centres, the first moved towards the
-    second by 0.2% of their distance each time. Two consecutive sums whose counts differ by
-    one row leaving one cell for another give that row (the sums are about ``center``).
-    Returns the list the rebuilt rows are appended to."""
-    from fedlatent.models.gmm import init as gmm_init
-
-    honest, rows = gmm_init._hard_sums, []
-
-    def probing(ctx, centers, center, ct, what, second=True):
-        if not rows and not getattr(probing, "done", False):
-            probing.done = True
-            C, c0 = np.array(centers, dtype=np.float64)[:3], np.asarray(center, np.float64)
-            prev = honest(ctx, C, center, ct, what, second)
-            for s in range(1, steps + 1):
-                C2 = C.copy()
-                C2[0] = C[0] + 0.002 * s * (C[1] - C[0])
-                cur = honest(ctx, C2, center, ct, what, second)
-                dn = np.round(cur["nk"] - prev["nk"], 6)
-                if np.sum(np.abs(dn)) == 2 and np.max(dn) == 1:  # one row, one cell to another
-                    j = int(np.argmax(dn))
-                    rows.append(c0 + cur["sx"][j] - prev["sx"][j])
-                prev = cur
-        return honest(ctx, centers, center, ct, what, second)
-
-    monkeypatch.setattr(gmm_init, "_hard_sums", probing)
-    return rows
-
-
-def _exact_rows(rows, fd):
-    """The rebuilt rows equal to a row of the federation's data to 1e-6."""
-    X = np.vstack([np.asarray(fd[c].X) for c in fd.client_ids])
-    return [x for x in rows if np.min(np.max(np.abs(X - x), axis=1)) < 1e-6]
-
-
 def test_a_verifying_site_answers_only_the_replayed_starts_queries(monkeypatch):
     """Every site on the library's default policy (no public starts), verified rounds: 20
     crafted hard-assignment queries before the honest start (on the code before: all
@@ -381,12 +345,12 @@ def test_a_verifying_site_answers_only_the_replayed_starts_queries(monkeypatch):
     from fedlatent.engine.site.policy import SitePolicy
 
     fd = six_sites(3.0)
-    rows = _probing_start(monkeypatch)
+    rows = probing_start(monkeypatch, 20)
     try:
         _fit(_gmm(max_rounds=30), fd, InProcessRuntime(fd, policies=SitePolicy()))
     except FederatedFitError:
         pass  # (refused: the defence; or stopped after the probes: the hole)
-    assert not _exact_rows(rows, fd)
+    assert not rows_near(rows, fd, 1e-6)
 
 
 # ---- an S_hat in the initialization round ---------------------------------------------------
@@ -449,7 +413,7 @@ def test_a_query_marked_as_a_group_test_is_not_answered_unchecked(monkeypatch):
     from fedlatent.models.gmm import init as gmm_init
 
     fd = six_sites(3.0)
-    rows = _probing_start(monkeypatch)
+    rows = probing_start(monkeypatch, 20)
     probing = gmm_init._hard_sums
 
     def marked(ctx, centers, center, ct, what, second=True):
@@ -469,4 +433,4 @@ def test_a_query_marked_as_a_group_test_is_not_answered_unchecked(monkeypatch):
         _fit(_gmm(max_rounds=30), fd, InProcessRuntime(fd, policies=SitePolicy()))
     except FederatedFitError:
         pass
-    assert not _exact_rows(rows, fd)
+    assert not rows_near(rows, fd, 1e-6)

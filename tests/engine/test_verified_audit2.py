@@ -18,7 +18,7 @@ from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.protocol.messages import ERROR_KEY, pack
 from fedlatent.engine.site.policy import SitePolicy
 from fedlatent.engine.transport.inprocess import InProcessRuntime
-from verified_doubles import CvInit, six_sites
+from verified_doubles import CvInit, probing_start, rows_near, six_sites
 
 pytest.importorskip("cryptography")
 
@@ -39,42 +39,6 @@ def _fit(est, fd, runtime):
 
 
 # ---- a differential privacy the server declares: the start's checks skipped -----------------
-def _probing_start(monkeypatch, steps=12):
-    """A server whose k-means start, before its first honest hard-assignment exchange, asks
-    ``steps`` of its own (nearest-centre sums, with the second moments a DP reply carries):
-    three of the start's centres, the first moved towards the second by 0.2% of their distance
-    each time. Two consecutive sums whose counts differ by one row leaving one cell for
-    another give that row. Returns the list the rebuilt rows are appended to."""
-    from fedlatent.models.gmm import init as gmm_init
-
-    honest, rows = gmm_init._hard_sums, []
-
-    def probing(ctx, centers, center, ct, what, second=True):
-        if not getattr(probing, "done", False):
-            probing.done = True
-            C, c0 = np.array(centers, dtype=np.float64)[:3], np.asarray(center, np.float64)
-            prev = honest(ctx, C, center, ct, what, True)
-            for s in range(1, steps + 1):
-                C2 = C.copy()
-                C2[0] = C[0] + 0.002 * s * (C[1] - C[0])
-                cur = honest(ctx, C2, center, ct, what, True)
-                dn = np.round(cur["nk"] - prev["nk"])  # (the noise is far below one row)
-                if np.sum(np.abs(dn)) == 2 and np.max(dn) == 1:
-                    j = int(np.argmax(dn))
-                    rows.append(c0 + cur["sx"][j] - prev["sx"][j])
-                prev = cur
-        return honest(ctx, centers, center, ct, what, second)
-
-    monkeypatch.setattr(gmm_init, "_hard_sums", probing)
-    return rows
-
-
-def _rebuilt(rows, fd, tol=1e-4):
-    """The rebuilt rows within ``tol`` of a row of the federation's data (max norm)."""
-    X = np.vstack([np.asarray(fd[c].X) for c in fd.client_ids])
-    return [x for x in rows if np.min(np.max(np.abs(X - x), axis=1)) < tol]
-
-
 class DeclaresDP(InProcessRuntime):
     """A server whose setup message tells every site the fit is differentially private at an
     epsilon of 1e15 (noise about 1e-7 of a record's bound: none to speak of), over 200
@@ -95,10 +59,10 @@ def test_a_declared_dp_does_not_stop_the_probing_start_unverified(monkeypatch):
     summed through the declared noise, and rows of the federation come back to 1e-4."""
     pytest.importorskip("dp_accounting")
     fd = six_sites(3.0)
-    rows = _probing_start(monkeypatch)
+    rows = probing_start(monkeypatch, 12, moments=True)
     fed = fl.Federation(secure_aggregation=True, verified=False)
     _fit(_gmm(fed), fd, DeclaresDP(fd, policies=SitePolicy()))
-    assert len(_rebuilt(rows, fd)) >= 2
+    assert len(rows_near(rows, fd, 1e-4)) >= 2
 
 
 def test_a_verifying_site_does_not_skip_its_start_checks_for_a_declared_dp(monkeypatch):
@@ -109,9 +73,9 @@ def test_a_verifying_site_does_not_skip_its_start_checks_for_a_declared_dp(monke
     does not bound (no max-epsilon) must not stand in for the start's replay."""
     pytest.importorskip("dp_accounting")
     fd = six_sites(3.0)
-    rows = _probing_start(monkeypatch)
+    rows = probing_start(monkeypatch, 12, moments=True)
     _fit(_gmm(fl.Federation(secure_aggregation=True)), fd, DeclaresDP(fd, policies=SitePolicy()))
-    assert _rebuilt(rows, fd) == []
+    assert rows_near(rows, fd, 1e-4) == []
 
 
 # ---- rounds numbered outside the site's max-rounds ------------------------------------------
