@@ -14,6 +14,7 @@ from fedlatent.engine.faults import FederatedFitError
 from fedlatent.engine.fedem.update import FedEMState
 from fedlatent.engine.node.verify_kept import Plan, _layout, flat_step
 from fedlatent.engine.protocol.messages import ERROR_KEY
+from fedlatent.engine.secagg.encoding import FixedPoint
 from fedlatent.engine.stats import Stats
 from fedlatent.models.gmm import math as gmm_math
 from fedlatent.models.gmm.math import gmm_full_parts, gmm_m_step
@@ -87,16 +88,24 @@ def _plan(shapes: dict) -> Plan:
 @pytest.mark.parametrize(("gamma", "alpha"), [(1.0, 1.0), (0.7, 1.0), (1.0, 0.3),
                                               (0.55, 0.25)])
 def test_the_flat_fedem_step_is_the_servers_to_the_last_bit(control_variates, gamma, alpha):
+    """The site's compiled step on the aggregate's words and the server's on the decoded
+    aggregate (the fixed-point encoding's own decode) give the same bits, on 50 random
+    states a setting (words of every magnitude, negative ones among them)."""
     rng = np.random.default_rng(int(gamma * 100 + alpha * 10 + control_variates))
     for _ in range(50):
+        encoding = FixedPoint(scale=float(rng.choice([2.0 ** 30, 3e8 + 1])))  # (and one
+        # whose division rounds)
         K, d = int(rng.integers(1, 6)), int(rng.integers(1, 5))
-        S, V, agg = (_random_stats(rng, K, d) for _ in range(3))
+        S, V = (_random_stats(rng, K, d) for _ in range(2))
+        size = S.flatten().size
+        words = rng.integers(-(1 << 62), 1 << 62, size=size) >> rng.integers(0, 62, size=size)
+        agg = S.unflatten(encoding.decode({"a": words.view(np.uint64)})["a"])
         shapes = {"params": {"w": (K,), "m": (K, d)}, "S_hat": S.shapes,
                   "V": V.shapes if control_variates else {}}
         at = _plan(shapes)
         kept = np.concatenate([rng.normal(size=K + K * d), S.flatten()]
                               + ([V.flatten()] if control_variates else []))
-        new = flat_step(kept, at, [agg[n] for n in S], gamma, alpha)
+        new = flat_step(kept, at, words, encoding.scale, gamma, alpha)
         server = FedEMState(S, V if control_variates else None).advance(
             agg, False, gamma, 1.0, alpha, control_variates)
         # the server's Stats.add_ block by block and flat_step on the whole vector: the

@@ -185,10 +185,11 @@ def _sum(shapes: tuple, seed: int) -> np.ndarray:
 
 
 def _by_field(words: np.ndarray, shapes: tuple) -> np.ndarray:
-    """The S_hat fields of the full decode (every field, then S_hat's picked in its order)."""
+    """The S_hat fields' int64 words in the full layout (every field, then S_hat's picked in
+    its order)."""
     from fedlatent.engine.secagg.encoding import Layout
 
-    fields = Layout.of_shapes(shapes).unflatten(words.view(np.int64) / SCALE)
+    fields = Layout.of_shapes(shapes).unflatten(words.view(np.int64))
     return np.concatenate([fields["delta/" + k].ravel() for k in S_HAT])
 
 
@@ -201,8 +202,9 @@ SHORT = PLAIN[1:]
 
 
 def test_the_steady_decode_is_the_full_decodes_for_every_layout_in_turn():
-    """The aggregate's S_hat fields decoded as one run of words (the steady rounds') are the
-    full decode's bits (the same division of the same words), and where they lie is found
+    """The aggregate's S_hat fields taken as one run of words (the steady rounds': the flat
+    step decodes them, as the encoding does, test_replay_flat) are the full layout's words of
+    those fields in S_hat's order, and where they lie is found
     again for each other layout (kept by plan and layout: a span found for one layout is
     never used for another), a field missing giving None (the general replay)."""
     from fedlatent.engine.node.verify import _delta
@@ -212,6 +214,6 @@ def test_the_steady_decode_is_the_full_decodes_for_every_layout_in_turn():
     at = plan(node)
     for i, shapes in enumerate([PLAIN, PLAIN, SHIFTED, SWAPPED, PLAIN, SHIFTED]):
         words = _sum(shapes, i)
-        # bit for bit: each entry is the same int64 word divided by the same scale
+        # word for word: the S_hat fields' words, in S_hat's order
         assert_same(_delta(node, at, words, shapes), _by_field(words, shapes), err_msg=str(i))
     assert _delta(node, at, _sum(SHORT, 9), SHORT) is None

@@ -344,18 +344,19 @@ def _replay_round(node, msg: dict[str, Any], words, leaf, rnd: int, who: str, un
 
 
 def _delta(node, at, words: np.ndarray, shapes: tuple) -> np.ndarray | None:
-    """The aggregate's ``delta/`` fields, decoded from its ``words`` (of the layout
-    ``shapes``) as one vector in the order of the kept ``S_hat`` (the plan ``at``'s), as
-    :func:`~.verify_kept.flat_step` adds them by place; None where the aggregate does not
-    hold every field of ``S_hat`` (the general replay then takes it). Where they lie is found
-    once per layout and plan (:func:`_delta_span`): one run of words, decoded alone."""
+    """The aggregate's ``delta/`` fields, as the int64 words of its sum ``words`` (of the
+    layout ``shapes``) in one vector in the order of the kept ``S_hat`` (the plan ``at``'s),
+    as :func:`~.verify_kept.flat_step` decodes and adds them by place; None where the
+    aggregate does not hold every field of ``S_hat`` (the general replay then takes it).
+    Where they lie is found once per layout and plan (:func:`_delta_span`): one run of
+    words, a view."""
     span = _delta_span(at, shapes)
     if type(span) is slice:  # (one run of words: the common case)
-        return words[span].view(np.int64) / node.secagg.config.encoding.scale
+        return words[span].view(np.int64)
     if span is None:
         return None
-    total = _vt.decoded(node, words, shapes)
-    return np.concatenate([total[k] for k in span], axis=None)
+    fields = _vt.tools().Layout.of_shapes(shapes).unflatten(words.view(np.int64), copy=False)
+    return np.concatenate([fields[k] for k in span], axis=None)
 
 
 @functools.lru_cache(maxsize=16)
@@ -380,8 +381,8 @@ def _next_flat(node, fed, at, msg: dict[str, Any], agg, rnd: int, k_prev: int
                ) -> dict[str, Any]:
     """:func:`_next_round` of a round of plain FedEM, on the packed vector
     (:class:`~fedlatent.engine.node.verify_kept.Plan` ``at``; ``agg`` the aggregate's
-    ``delta/`` fields in one vector, :func:`_delta`, or in the initialization round the
-    decoded aggregate by field): the server's FedEM step
+    ``delta/`` fields' words in one vector, :func:`_delta`, or in the initialization round
+    the decoded aggregate by field): the server's FedEM step
     (:func:`~fedlatent.engine.node.verify_kept.flat_step`: the same bits; in the
     initialization round ``S_hat`` is the aggregate and ``V`` zero, as
     :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` starts them), its M-step
@@ -393,7 +394,8 @@ def _next_flat(node, fed, at, msg: dict[str, Any], agg, rnd: int, k_prev: int
     sent, listed = _sent(node, at, msg)
     if at.rows["S_hat"]:
         alpha = fed.alpha_for(at.shapes["S_hat"]) if at.rows["V"] else 1.0
-        new = _flat_step(kept, at, [agg], fed.gamma(k_prev), alpha, listed)
+        new = _flat_step(kept, at, agg, node.secagg.config.encoding.scale, fed.gamma(k_prev),
+                         alpha, listed)
         views = at.views(new, "S_hat")
     else:  # (the initialization round's: the layout gains S_hat and V)
         new, views = None, {k[6:]: v for k, v in agg.items() if k.startswith("delta/")}
