@@ -44,21 +44,23 @@ def _halved_then_ridged(S: Stats, center, reg: float):
 def test_the_checks_covariances_before_the_half_sum_give_the_servers_bits():
     """2,000 random statistics (1 to 11 components, 1 to 6 features, counts and scales over
     five and six orders of magnitude): ``gmm_full_parts``' ``G``, which the forward check
-    bounds, halved with its transpose, and ``gmm_m_step``'s covariances are the M-step as
-    written before (ridge after the half-sum), bit for bit: the ridge first changes no value
-    (a diagonal entry halved from twice itself is itself)."""
+    bounds (compiled at a verifying site, NumPy at the server), halved with its transpose,
+    and ``gmm_m_step``'s covariances are the M-step as written before (ridge after the
+    half-sum), bit for bit: the ridge first changes no value (a diagonal entry halved from
+    twice itself is itself)."""
     rng = np.random.default_rng(0)
     for _ in range(2000):
         K, d = int(rng.integers(1, 12)), int(rng.integers(1, 7))
         S, center = _random_stats(rng, K, d), rng.normal(size=d)
         reg = float(rng.choice([0.0, 1e-6, 1e-3]))
         want = _halved_then_ridged(S, center, reg)
-        weights, means, G = gmm_full_parts(S, center, reg)
-        # the same IEEE operations on the same values (the ridge moved before the half-sum)
-        for got in ((weights, means, (G + G.transpose(0, 2, 1)) * 0.5),
-                    gmm_m_step(S, center, "full", reg)):
-            for a, b in zip(got, want):
-                assert_same(a, b, "the same IEEE operations, the ridge before the half-sum")
+        for compiled in (False, True):  # (the server's and a verifying site's)
+            weights, means, G = gmm_full_parts(S, center, reg, compiled)
+            # the same IEEE operations on the same values (the ridge moved before the half-sum)
+            for got in ((weights, means, (G + G.transpose(0, 2, 1)) * 0.5),
+                        gmm_m_step(S, center, "full", reg)):
+                for a, b in zip(got, want):
+                    assert_same(a, b, "the same IEEE operations, the ridge before the half-sum")
 
 
 @pytest.mark.parametrize("flat_entries", [0, 1 << 30], ids=["broadcast", "index-maps"])

@@ -97,7 +97,7 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    weights, means, G = gmm_full_parts(S, center, reg_covar)  # (the server's bits)
+    weights, means, G = gmm_full_parts(S, center, reg_covar, compiled=True)  # (the server's bits)
     if not (sent["weights"].tobytes() == weights.tobytes()
             and sent["means"].tobytes() == means.tobytes()
             and sent["center"].tobytes() == center.tobytes()
