@@ -90,9 +90,9 @@ def _plan(shapes: dict) -> Plan:
 @pytest.mark.parametrize(("gamma", "alpha"), [(1.0, 1.0), (0.7, 1.0), (1.0, 0.3),
                                               (0.55, 0.25)])
 def test_the_flat_fedem_step_is_the_servers_to_the_last_bit(control_variates, gamma, alpha):
-    """The site's compiled step on the aggregate's words and the server's on the decoded
-    aggregate (the fixed-point encoding's own decode) give the same bits, on 50 random
-    states a setting (words of every magnitude, negative ones among them)."""
+    """The site's step on the aggregate's words (NumPy, or compiled) and the server's on the
+    decoded aggregate (the fixed-point encoding's own decode) give the same bits, on 50
+    random states a setting (words of every magnitude, negative ones among them)."""
     rng = np.random.default_rng(int(gamma * 100 + alpha * 10 + control_variates))
     for _ in range(50):
         encoding = FixedPoint(scale=float(rng.choice([2.0 ** 30, 3e8 + 1])))  # (and one
@@ -107,15 +107,16 @@ def test_the_flat_fedem_step_is_the_servers_to_the_last_bit(control_variates, ga
         at = _plan(shapes)
         kept = np.concatenate([rng.normal(size=K + K * d), S.flatten()]
                               + ([V.flatten()] if control_variates else []))
-        new = flat_step(kept, at, words, encoding.scale, gamma, alpha)
         server = FedEMState(S, V if control_variates else None).advance(
             agg, False, gamma, 1.0, alpha, control_variates)
-        # the server's Stats.add_ block by block and flat_step on the whole vector: the
-        # same elementwise additions and products, in the same order
-        assert_same(new[at.spans["S_hat"]], server.S_hat.flatten())
-        if control_variates:
-            assert_same(new[at.spans["V"]], server.V.flatten())
-        assert_same(kept[at.spans["S_hat"]], S.flatten())  # (what was kept: unchanged)
+        for compiled in (False, True):  # (NumPy, or one compiled pass where numba is set up)
+            new = flat_step(kept, at, words, encoding.scale, gamma, alpha, compiled=compiled)
+            # the server's Stats.add_ block by block and flat_step on the whole vector: the
+            # same elementwise additions and products, in the same order
+            assert_same(new[at.spans["S_hat"]], server.S_hat.flatten())
+            if control_variates:
+                assert_same(new[at.spans["V"]], server.V.flatten())
+            assert_same(kept[at.spans["S_hat"]], S.flatten())  # (what was kept: unchanged)
 
 
 class Kept(Deviating):

@@ -173,48 +173,71 @@ def fedem_step(node, fed, kept: dict[str, dict], total: dict):
 
 
 def flat_step(kept: np.ndarray, at: Plan, words: np.ndarray, scale: float, gamma: float,
-              alpha: float, params: list | None = None) -> np.ndarray:
+              alpha: float, params: list | None = None, compiled: bool | None = None
+              ) -> np.ndarray:
     """The kept vector after the server's FedEM step of a round's aggregate (its ``delta/``
     fields' ``words``, int64, in ``S_hat``'s order, each decoded as the fixed-point encoding
     decodes it: as a float64 divided by ``scale``): ``S_hat + gamma agg (+ gamma V)``, ``V +
     alpha agg``, elementwise as :meth:`~fedlatent.engine.fedem.update.FedEMState.advance` adds
-    them block by block (``p = 1``: verification needs every site; the same IEEE operations
-    in the same order, so the same bits: compiled without contraction, a product and a sum
-    stay two roundings); its parameters ``params`` (arrays of ``at.listed``'s shapes, in
-    order, as float64), or left unwritten (None). ``at.aligned``: the groups back to back.
-    One compiled pass (:func:`_step_kernel`) where NumPy took five calls."""
+    them block by block (``p = 1``: verification needs every site; the same operations in the
+    same order, so the same bits); its parameters ``params`` (arrays of ``at.listed``'s
+    shapes, in order, as float64), or left unwritten (None). ``at.aligned``: the groups back
+    to back. ``compiled``: in one compiled pass (:mod:`._flat_kernel`, the same bits) or in
+    NumPy; None: compiled where numba pays (:func:`~fedlatent.engine.protocol.compiled.worth`:
+    set up in the process already, or the process's verifying sites' work at scale)."""
     s, v = at.spans["S_hat"], at.spans["V"]
+    if compiled is None:
+        compiled = _worth(words.size)
+    if not compiled:
+        tail = _numpy_tail(kept, at, words.astype(np.float64) / scale, gamma, alpha)
+        if params is None:
+            new = np.empty_like(kept)
+            new[s.start:] = tail.reshape(-1)
+            return new
+        return np.concatenate([*params, tail], axis=None, dtype=np.float64, casting="unsafe")
     if params is None:
         new = np.empty_like(kept)
     else:  # (the parameters, then the old tail the kernel writes over)
         new = np.concatenate([*params, kept[s.start:]], axis=None, dtype=np.float64,
                              casting="unsafe")
-    _kernel()(kept, np.ascontiguousarray(words, dtype=np.int64), float(scale), s.start,
-              v.start if at.rows["V"] else -1, float(gamma), float(alpha), new)
+    _kernel().step_kernel(kept, np.ascontiguousarray(words, dtype=np.int64), float(scale),
+                          s.start, v.start if at.rows["V"] else -1, float(gamma), float(alpha),
+                          new)
     return new
+
+
+def _numpy_tail(kept: np.ndarray, at: Plan, agg: np.ndarray, gamma: float, alpha: float
+                ) -> np.ndarray:
+    """The step's new ``S_hat`` (and ``V``: a second row) in NumPy, from the decoded ``agg``."""
+    s, v = at.spans["S_hat"], at.spans["V"]
+    if not at.rows["V"]:
+        return kept[s] + (agg if gamma == 1.0 else gamma * agg)
+    if gamma == alpha == 1.0:  # (S + agg and V + agg in one call)
+        tail = kept[s.start:].reshape(2, -1) + agg
+        tail[0] += kept[v]
+        return tail
+    tail = np.empty((2, s.stop - s.start))
+    np.add(kept[s], gamma * agg, out=tail[0])
+    tail[0] += gamma * kept[v]
+    np.add(kept[v], alpha * agg, out=tail[1])
+    return tail
+
+
+def _worth(work: int) -> bool:
+    """:func:`~fedlatent.engine.protocol.compiled.worth` (a site's step alone, a few dozen
+    entries, never is: only with numba set up, or the whole process's checks at scale)."""
+    from fedlatent.engine.protocol.compiled import worth
+
+    return worth(work)
 
 
 @functools.cache
 def _kernel():
-    """:func:`_step_kernel` compiled (numba, cached on disk: compiled once per machine),
-    imported at the first flat step (a node answering plain rounds never loads numba)."""
-    from numba import njit
+    """:mod:`._flat_kernel`, imported at its first use (with the line saying when numba
+    compiles it: :func:`~fedlatent.engine.protocol.compiled.kernels`)."""
+    from fedlatent.engine.protocol.compiled import kernels
 
-    return njit(cache=True)(_step_kernel)
-
-
-def _step_kernel(kept, words, scale, s0, v0, gamma, alpha, out):  # pragma: no cover (compiled)
-    """``out[s0 + i] = (kept[s0 + i] + gamma a_i) + gamma kept[v0 + i]`` and ``out[v0 + i] =
-    kept[v0 + i] + alpha a_i`` with ``a_i = float(words[i]) / scale`` (``v0 < 0``: no ``V``,
-    ``out[s0 + i] = kept[s0 + i] + gamma a_i``); ``gamma = 1`` gives ``S + a + V`` exactly,
-    as ``1.0 * a`` is ``a``."""
-    for i in range(words.shape[0]):
-        a = float(words[i]) / scale
-        x = kept[s0 + i] + gamma * a
-        if v0 >= 0:
-            x = x + gamma * kept[v0 + i]
-            out[v0 + i] = kept[v0 + i] + alpha * a
-        out[s0 + i] = x
+    return kernels("fedlatent.engine.node._flat_kernel")
 
 
 def num(value, kind=int):
