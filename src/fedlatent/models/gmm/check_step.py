@@ -7,27 +7,25 @@ on the verified statistics, without a factorization: weights and means are the s
 arithmetic (the same bits), and a precision factor ``U`` is checked by how far ``U^T Sigma
 U`` is from the identity. Where it cannot prove it (a floor could act, a factor is off, the
 last bits differ), it says so and the site replays the M-step itself.
+
+The products, norms and floors are one compiled call
+(:func:`~fedlatent.models.gmm._check_kernel.factor_step_holds`) on C-contiguous, writeable
+float64 arrays (others are copied as such first: no input compiles another specialization).
 """
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 
-from ...engine.contract.degenerate import DEGENERATE_FRACTION
+from ._check_kernel import factor_step_holds
 from .math import gmm_full_parts
 
 __all__ = ["full_step_holds"]
 
-_U = np.finfo(np.float64).eps / 2  # the unit roundoff
-_POSITIVE = (0.0).__lt__
 _F64 = np.dtype(np.float64)
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
-#: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
-#: left to the replay's own rounding)
-_SHARE = 0.2
 
 
 def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: float) -> bool:
@@ -56,10 +54,12 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     ||G||_F``, and ``sym`` does not increase a Frobenius norm: ``e`` is the computed ``U^T G U -
     I``'s Frobenius norm plus ``2 (d + 2) u ||G||_F ||U||_F^2`` (its rounding, two products of d
     terms, ``-1`` on a diagonal entry near 1 exact; and ``D``'s), ``||G||_F`` and ``||U||_F^2``
-    taken over every component: all at least each component's. Accepting when ``e sqrt(d
-    ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the largest diagonal entry of ``U`` (at most ``max
-    |U|``), leaves every entry within ``0.42 rtol`` of the parameter's largest of ``V``, the
-    rest of ``rtol`` to the server's own rounding: what this accepts, the replay accepts. A 1e-6
+    taken over every component: all at least each component's (whatever the products'
+    summation order, with or without fused multiply-adds: the standard bounds of dot
+    products). Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the
+    largest diagonal entry of ``U`` (at most ``max |U|``), leaves every entry within ``0.42
+    rtol`` of the parameter's largest of ``V``, the rest of ``rtol`` to the server's own
+    rounding: what this accepts, the replay accepts. A 1e-6
     move of an entry makes ``E`` of that order and is left to the replay, which refuses it; so
     are covariances so ill-conditioned that the rounding bound alone exceeds the tolerance
     (``||G||_F ||U||_F^2`` above ~1e5).
@@ -71,9 +71,9 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     ``1.01`` times a Rayleigh quotient of the pooled covariance, at least its lowest
     eigenvalue, plus ``1e-12`` of its trace for the eigenvalues' rounding; plus ``2e-10``
     times ``||G||_F``, at least twice the largest eigenvalue's magnitude of any ``Sigma``):
-    :func:`_floor`. Here ``lambda_min(Sigma)
+    :func:`~fedlatent.models.gmm._check_kernel.factor_parts`. Here ``lambda_min(Sigma)
     >= (1 - e) / ||U||_F^2`` (``Sigma = U^-T (I + E) U^-1``) must exceed ``t``. Any other
-    case: False.
+    case (a quotient, a norm or a bound that is NaN or infinite among them): False.
 
     Parameters
     ----------
@@ -90,8 +90,7 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     """
     nk0 = S["nk"]
     K, d = S["sx"].shape
-    fixed = _fixed(K, d)
-    if sent.keys() != _KEYS or not _shapes(sent, fixed.shapes):
+    if sent.keys() != _KEYS or not _shapes(sent, ((K,), (K, d), (K, d, d), (d,))):
         return False
     counts = nk0.tolist()
     n = sum(counts)
@@ -103,13 +102,11 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
             and sent["center"].tobytes() == center.tobytes()
             and math.isfinite(sum(means.ravel().tolist()))):  # (mc + centre: both finite)
         return False  # (another machine's last bits, a move, -0.0 for 0.0: the replay decides)
-    U = sent["precisions_cholesky"]
-    e, u2, top, g = _factor_error(U, G, fixed)
-    if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
+    sxx, sx = S["sxx"], S["sx"]
+    if not (sxx.dtype == sx.dtype == G.dtype == _F64 and sxx.shape == (K, d, d)):
         return False
-    low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
-    return bool(low > _floor(S, n, g, U, fixed, pooled_diagonal=True) or low > _floor(
-        S, n, g, U, fixed, pooled_diagonal=False))
+    return factor_step_holds(_typed(sent["precisions_cholesky"]), _typed(G), _typed(sxx),
+                             _typed(sx), float(n), float(rtol))
 
 
 def _shapes(sent: dict, shapes: tuple) -> bool:
@@ -119,66 +116,9 @@ def _shapes(sent: dict, shapes: tuple) -> bool:
             and w.dtype == m.dtype == U.dtype == c.dtype == _F64)
 
 
-def _factor_error(U: np.ndarray, G: np.ndarray, fixed
-                  ) -> tuple[float, float, float, float]:
-    """``(e, u2, top, g)``: ``e`` at least every ``||U_k^T Sigma_k U_k - I||_F`` (see
-    :func:`full_step_holds`: the computed ``U^T G U - I``'s Frobenius norm over all
-    components plus its rounding and the half-sum's), ``u2`` at least every ``||U_k||_F^2``
-    (their sum), ``top`` at most ``max |U|`` (the largest diagonal entry) and ``g`` the
-    Frobenius norm of every ``G_k``; NaN where ``U`` is not upper triangular with a positive
-    diagonal (the strictly lower entries exactly 0)."""
-    picked = U.take(fixed.picked).tolist()  # (every strictly lower entry, then the diagonal)
-    d = U.shape[1]
-    diag = picked[len(picked) - len(U) * d:]
-    if any(picked[:len(picked) - len(diag)]) or not all(map(_POSITIVE, diag)):
-        return math.nan, math.nan, math.nan, math.nan
-    E = U.transpose(0, 2, 1) @ G @ U
-    E -= fixed.eye  # (K identity matrices, contiguous: one flat subtraction)
-    u2, g = float(np.vdot(U, U)), math.sqrt(float(np.vdot(G, G)))
-    return math.sqrt(float(np.vdot(E, E))) + 2 * (d + 2) * _U * u2 * g, u2, max(diag), g
-
-
-def _floor(S, n: float, g: float, U: np.ndarray, fixed, pooled_diagonal: bool) -> float:
-    """``t``: above the degenerate floor ``hold_degenerate`` would apply (see
-    :func:`full_step_holds`), from an upper bound of the pooled covariance's lowest
-    eigenvalue: a Rayleigh quotient at the axes (``pooled_diagonal``: its least diagonal
-    entry, at most the least second moment about the centre, which is the data's mean once
-    the start has set it) or at the columns of every ``U_k`` (towards the components'
-    flattest directions: ``U_k^T cov_k U_k = I``)."""
-    sxx = S["sxx"]
-    d = sxx.shape[1]
-    entries = sxx.take(fixed.diagonal).tolist()  # (each component's diagonal in turn)
-    moments = [sum(entries[i::d]) for i in range(d)]
-    scale = sum(entries) / n  # (at least the pooled covariance's trace)
-    if pooled_diagonal:
-        quotient = min(moments) / n
-    else:
-        total = sxx.sum(axis=0)
-        mean = S["sx"].sum(axis=0) / n
-        num = (U * (total @ U)).sum(axis=1) / n - (mean @ U) ** 2
-        quotient = float((num / (U * U).sum(axis=1)).min())
-    return (DEGENERATE_FRACTION * (1.01 * max(quotient, 0.0) + 1e-12 * scale)
-            + 2e-10 * g)  # (g = ||G||_F: at least every |eigenvalue| of a covariance)
-
-
-_FIXED: dict[tuple[int, int], SimpleNamespace] = {}
-
-
-def _fixed(K: int, d: int) -> SimpleNamespace:
-    """What does not change between rounds for K components of d features (kept per shape):
-    ``picked``, the flat indices of every strictly lower entry of K factors, then of their
-    diagonals; ``diagonal``, those of the diagonals only; ``eye``, K identity matrices;
-    ``shapes``, those of the weights, means, factors and centre."""
-    got = _FIXED.get((K, d))
-    if got is None:
-        i, j = np.tril_indices(d, -1)
-        k = np.arange(K)[:, None] * (d * d)
-        diagonal = (k + np.arange(d) * (d + 1)).ravel()
-        if len(_FIXED) > 64:
-            _FIXED.clear()
-        got = _FIXED[(K, d)] = SimpleNamespace(
-            picked=np.concatenate([(k + i * d + j).ravel(), diagonal]), diagonal=diagonal,
-            eye=np.tile(np.eye(d), (K, 1, 1)), shapes=((K,), (K, d), (K, d, d), (d,)))
-        for a in (got.picked, got.diagonal, got.eye):
-            a.flags.writeable = False  # (shared by every check of the shape)
-    return got
+def _typed(a: np.ndarray) -> np.ndarray:
+    """``a`` (float64) as the kernel's one specialization takes it: C-contiguous and
+    writeable (a copy if not: a read-only message's array, a view)."""
+    flags = a.flags
+    return a if flags.c_contiguous and flags.writeable and type(a) is np.ndarray else (
+        np.array(a, dtype=_F64, order="C"))
