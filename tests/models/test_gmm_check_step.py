@@ -1,7 +1,9 @@
-"""The forward M-step check's compiled kernel against the NumPy check it replaced
-(tests/gmm_check_step_reference.py): the same decision wherever the decision does not hang on
-the last bits, the same quantities within what the check's argument allows, False on every
-NaN, infinity, broken structure or shape, and no input compiling another specialization."""
+"""The forward M-step check's compiled kernel against the NumPy check it stands in for
+(tests/gmm_check_step_reference.py, the check as it was): the same decision wherever the
+decision does not hang on the last bits, the same quantities within what the check's
+argument allows, False on every NaN, infinity, broken structure or shape, and no input
+compiling another specialization. The check takes the kernel only where numba is set up in
+the process already (the tests that compare force it: ``compiled``)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,21 @@ import pytest
 import gmm_check_step_reference as reference
 from fedlatent.engine.node.replay import REPLAY_RTOL, params_refusal
 from fedlatent.engine.stats import Stats
+from fedlatent.models.gmm import _check_kernel, check_step
 from fedlatent.models.gmm._check_kernel import factor_parts, factor_step_holds
 from fedlatent.models.gmm.check_step import full_step_holds
 from fedlatent.models.gmm.math import gmm_full_parts
 from fedlatent.models.gmm.model import GMMModel
+from fresh_process import in_fresh_process
 from tolerance import assert_close
 
 _U = np.finfo(np.float64).eps / 2
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """``full_step_holds`` through the kernel, whether or not numba is set up already."""
+    monkeypatch.setattr(check_step, "worth", lambda work: True)
 
 
 def _stats(rng, K: int, d: int, flat: float | None) -> Stats:
@@ -82,7 +92,7 @@ def _parts(S, sent, centre, reg):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_kernels_decision_is_the_numpy_checks_away_from_the_threshold(seed):
+def test_the_kernels_decision_is_the_numpy_checks_away_from_the_threshold(seed, compiled):
     """Where moving ``e`` by what the two computations may differ in, and each floor by 1e-12,
     cannot change the decision, the kernel's decision is the NumPy check's; both decisions
     occur, and few cases are that close. Whatever the kernel accepts, the replay accepts."""
@@ -108,7 +118,7 @@ def test_the_kernels_decision_is_the_numpy_checks_away_from_the_threshold(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_kernels_quantities_are_the_numpy_checks(seed):
+def test_the_kernels_quantities_are_the_numpy_checks(seed, compiled):
     """``u2``, ``top``, ``g`` and both floors to 1e-12; ``e`` within the two computations'
     rounding bound (for honest factors ``U^T G U - I`` is rounding alone: no relative
     agreement is promised there)."""
@@ -123,7 +133,7 @@ def test_the_kernels_quantities_are_the_numpy_checks(seed):
 
 
 @pytest.mark.parametrize("scale, column", [(1e155, 2), (1e160, 0), (1e160, 3), (1e300, 1)])
-def test_an_overflowing_column_gives_the_numpy_checks_quantities(scale, column):
+def test_an_overflowing_column_gives_the_numpy_checks_quantities(scale, column, compiled):
     """A factor's column so large that its Rayleigh quotient overflows (inf - inf): ``e``
     and ``u2`` infinite, the columns' floor NaN (no bound), the axes' floor as it was."""
     S, sent, centre, reg = _honest()
@@ -155,7 +165,7 @@ def _factor(sent, at, value):
     ((0, 0, 3), np.inf), ((2, 1, 2), -np.inf), ((1, 2, 2), -0.5), ((0, 3, 3), 0.0),
     ((2, 0, 0), -0.0), ((1, 3, 0), 1e-300), ((0, 1, 0), -1e-300), ((2, 2, 3), 1e200),
     ((0, 0, 1), "moved"), ((2, 3, 3), "moved")])
-def test_nan_inf_a_broken_structure_or_a_1e6_move_never_hold(at, value):
+def test_nan_inf_a_broken_structure_or_a_1e6_move_never_hold(at, value, compiled):
     """A factor entry NaN or infinite, a diagonal entry not positive, a lower entry not
     exactly 0, an overflow, a 1e-6 move: False from both (the replay then refuses)."""
     S, honest, centre, reg = _honest()
@@ -173,7 +183,7 @@ def test_nan_inf_a_broken_structure_or_a_1e6_move_never_hold(at, value):
     ("sxx", (0, 1, 1), np.nan), ("sxx", (1, 0, 2), np.inf), ("sxx", (2, 3, 0), np.nan),
     ("sx", (1, 2), np.nan), ("sx", (0, 0), -np.inf), ("nk", (2,), 0.0), ("nk", (0,), np.nan),
     ("nk", (1,), -0.1)])
-def test_statistics_nan_inf_or_a_zero_count_never_hold(name, at, value):
+def test_statistics_nan_inf_or_a_zero_count_never_hold(name, at, value, compiled):
     """The honest parameters checked against statistics with an entry NaN or infinite, or a
     count not positive: False from both."""
     S, sent, centre, reg = _honest()
@@ -222,7 +232,7 @@ def test_other_shapes_fail_closed_in_the_kernel():
         assert math.isnan(parts[0]) or (math.isnan(parts[4]) and math.isnan(parts[5]))
 
 
-def test_no_input_compiles_another_specialization():
+def test_no_input_compiles_another_specialization(compiled):
     """Read-only statistics and factors (a message's arrays), a view, Fortran order: the same
     decision as the NumPy check, through the one specialization."""
     S, sent, centre, reg = _honest()
@@ -239,3 +249,37 @@ def test_no_input_compiles_another_specialization():
         assert full_step_holds(stats, got, centre, reg, REPLAY_RTOL) is True
         assert reference.full_step_holds(stats, got, centre, reg, REPLAY_RTOL) is True
     assert len(factor_step_holds.signatures) == 1
+
+
+def test_a_check_takes_the_kernel_once_numba_is_set_up(monkeypatch):
+    """Once a compiled call has run in the process, the check is the kernel's decision."""
+    S, sent, centre, reg = _honest()
+    G = gmm_full_parts(S, centre, reg)[2]
+    factor_parts(sent["precisions_cholesky"], G, S["sxx"], S["sx"], 1.0)  # (numba set up)
+    calls = []
+    kernel = _check_kernel.factor_step_holds
+    monkeypatch.setattr(_check_kernel, "factor_step_holds",
+                        lambda *a: calls.append(a) or kernel(*a))
+    assert full_step_holds(S, sent, centre, reg, REPLAY_RTOL) is True
+    assert len(calls) == 1 and calls[0][0] is sent["precisions_cholesky"]
+
+
+def test_a_process_without_numba_checks_in_numpy():
+    """A site's process that has not set numba up (a deployed site's, one per message) checks
+    without importing it: its set-up costs more than the checks of a whole fit save."""
+    code = """
+import numpy as np
+from fedlatent.engine.stats import Stats
+from fedlatent.models.gmm.check_step import full_step_holds
+from fedlatent.models.gmm.model import GMMModel
+rng = np.random.default_rng(0)
+X = rng.normal(size=(300, 3)) + rng.integers(0, 2, (300, 1)) * 4
+r = rng.dirichlet(np.ones(2), 300)
+S = Stats({"nk": r.mean(0), "sx": r.T @ X / 300,
+           "sxx": np.einsum("nk,ni,nj->kij", r, X, X) / 300})
+model, centre = GMMModel(2), np.zeros(3)
+sent = model.server_step(S, {"center": centre}, 300.0)
+result = full_step_holds(S, sent, centre, model.reg, 1e-9)
+"""
+    result, imported = in_fresh_process(code, ("numba",))
+    assert result is True and imported == []

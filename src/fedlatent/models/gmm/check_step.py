@@ -8,24 +8,36 @@ arithmetic (the same bits), and a precision factor ``U`` is checked by how far `
 U`` is from the identity. Where it cannot prove it (a floor could act, a factor is off, the
 last bits differ), it says so and the site replays the M-step itself.
 
-The products, norms and floors are one compiled call
-(:func:`~fedlatent.models.gmm._check_kernel.factor_step_holds`) on C-contiguous, writeable
-float64 arrays (others are copied as such first: no input compiles another specialization).
+The products, norms and floors are a few dozen NumPy calls on a site's few dozen entries, or
+one compiled call (:func:`~fedlatent.models.gmm._check_kernel.factor_step_holds`, the same
+quantities whatever their summation order) where numba is set up in the process already
+(:func:`~fedlatent.engine.protocol.compiled.worth`): its set-up, about half a CPU second,
+is more than a site's checks of a whole fit save (~10 us each), and a deployed site's process
+answers one message. The kernel takes C-contiguous, writeable float64 arrays (others are
+copied as such first: no input compiles another specialization).
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
-from ._check_kernel import factor_step_holds
+from ...engine.contract.degenerate import DEGENERATE_FRACTION
+from ...engine.protocol.compiled import kernels, worth
 from .math import gmm_full_parts
 
 __all__ = ["full_step_holds"]
 
+_U = np.finfo(np.float64).eps / 2  # the unit roundoff
+_POSITIVE = (0.0).__lt__
 _F64 = np.dtype(np.float64)
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
+#: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
+#: left to the replay's own rounding; the kernel's own constant is the same)
+_SHARE = 0.2
+_KERNEL = "fedlatent.models.gmm._check_kernel"
 
 
 def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: float) -> bool:
@@ -90,7 +102,8 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     """
     nk0 = S["nk"]
     K, d = S["sx"].shape
-    if sent.keys() != _KEYS or not _shapes(sent, ((K,), (K, d), (K, d, d), (d,))):
+    fixed = _fixed(K, d)
+    if sent.keys() != _KEYS or not _shapes(sent, fixed.shapes):
         return False
     counts = nk0.tolist()
     n = sum(counts)
@@ -102,11 +115,37 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
             and sent["center"].tobytes() == center.tobytes()
             and math.isfinite(sum(means.ravel().tolist()))):  # (mc + centre: both finite)
         return False  # (another machine's last bits, a move, -0.0 for 0.0: the replay decides)
-    sxx, sx = S["sxx"], S["sx"]
-    if not (sxx.dtype == sx.dtype == G.dtype == _F64 and sxx.shape == (K, d, d)):
+    U = sent["precisions_cholesky"]
+    if worth(K * d * d):  # (numba set up already: one compiled call)
+        return _compiled_holds(U, G, S, n, rtol)
+    return _numpy_holds(U, G, S, n, rtol, fixed)
+
+
+def _numpy_holds(U: np.ndarray, G: np.ndarray, S, n: float, rtol: float, fixed) -> bool:
+    """:func:`full_step_holds`'s decision on the factors, in NumPy."""
+    d = U.shape[1]
+    e, u2, top, g = _factor_error(U, G, fixed)
+    if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
         return False
-    return factor_step_holds(_typed(sent["precisions_cholesky"]), _typed(G), _typed(sxx),
-                             _typed(sx), float(n), float(rtol))
+    low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
+    return bool(low > _floor(S, n, g, U, fixed, pooled_diagonal=True) or low > _floor(
+        S, n, g, U, fixed, pooled_diagonal=False))
+
+
+def _compiled_holds(U: np.ndarray, G: np.ndarray, S, n: float, rtol: float) -> bool:
+    """:func:`full_step_holds`'s decision on the factors by the compiled kernel (False where
+    the statistics are not float64 of the factors' shapes: the replay's)."""
+    global _kernel
+    sxx, sx = S["sxx"], S["sx"]
+    if not (sxx.dtype == sx.dtype == G.dtype == _F64 and sxx.shape == U.shape):
+        return False
+    if _kernel is None:
+        _kernel = kernels(_KERNEL)
+    return _kernel.factor_step_holds(_typed(U), _typed(G), _typed(sxx), _typed(sx), float(n),
+                                     float(rtol))
+
+
+_kernel = None  # (the kernel module, once a check has used it)
 
 
 def _shapes(sent: dict, shapes: tuple) -> bool:
@@ -122,3 +161,68 @@ def _typed(a: np.ndarray) -> np.ndarray:
     flags = a.flags
     return a if flags.c_contiguous and flags.writeable and type(a) is np.ndarray else (
         np.array(a, dtype=_F64, order="C"))
+
+
+def _factor_error(U: np.ndarray, G: np.ndarray, fixed
+                  ) -> tuple[float, float, float, float]:
+    """``(e, u2, top, g)``: ``e`` at least every ``||U_k^T Sigma_k U_k - I||_F`` (see
+    :func:`full_step_holds`: the computed ``U^T G U - I``'s Frobenius norm over all
+    components plus its rounding and the half-sum's), ``u2`` at least every ``||U_k||_F^2``
+    (their sum), ``top`` at most ``max |U|`` (the largest diagonal entry) and ``g`` the
+    Frobenius norm of every ``G_k``; NaN where ``U`` is not upper triangular with a positive
+    diagonal (the strictly lower entries exactly 0)."""
+    picked = U.take(fixed.picked).tolist()  # (every strictly lower entry, then the diagonal)
+    d = U.shape[1]
+    diag = picked[len(picked) - len(U) * d:]
+    if any(picked[:len(picked) - len(diag)]) or not all(map(_POSITIVE, diag)):
+        return math.nan, math.nan, math.nan, math.nan
+    E = U.transpose(0, 2, 1) @ G @ U
+    E -= fixed.eye  # (K identity matrices, contiguous: one flat subtraction)
+    u2, g = float(np.vdot(U, U)), math.sqrt(float(np.vdot(G, G)))
+    return math.sqrt(float(np.vdot(E, E))) + 2 * (d + 2) * _U * u2 * g, u2, max(diag), g
+
+
+def _floor(S, n: float, g: float, U: np.ndarray, fixed, pooled_diagonal: bool) -> float:
+    """``t``: above the degenerate floor ``hold_degenerate`` would apply (see
+    :func:`full_step_holds`), from an upper bound of the pooled covariance's lowest
+    eigenvalue: a Rayleigh quotient at the axes (``pooled_diagonal``: its least diagonal
+    entry, at most the least second moment about the centre, which is the data's mean once
+    the start has set it) or at the columns of every ``U_k`` (towards the components'
+    flattest directions: ``U_k^T cov_k U_k = I``)."""
+    sxx = S["sxx"]
+    d = sxx.shape[1]
+    entries = sxx.take(fixed.diagonal).tolist()  # (each component's diagonal in turn)
+    moments = [sum(entries[i::d]) for i in range(d)]
+    scale = sum(entries) / n  # (at least the pooled covariance's trace)
+    if pooled_diagonal:
+        quotient = min(moments) / n
+    else:
+        total = sxx.sum(axis=0)
+        mean = S["sx"].sum(axis=0) / n
+        num = (U * (total @ U)).sum(axis=1) / n - (mean @ U) ** 2
+        quotient = float((num / (U * U).sum(axis=1)).min())
+    return (DEGENERATE_FRACTION * (1.01 * max(quotient, 0.0) + 1e-12 * scale)
+            + 2e-10 * g)  # (g = ||G||_F: at least every |eigenvalue| of a covariance)
+
+
+_FIXED: dict[tuple[int, int], SimpleNamespace] = {}
+
+
+def _fixed(K: int, d: int) -> SimpleNamespace:
+    """What does not change between rounds for K components of d features (kept per shape):
+    ``picked``, the flat indices of every strictly lower entry of K factors, then of their
+    diagonals; ``diagonal``, those of the diagonals only; ``eye``, K identity matrices;
+    ``shapes``, those of the weights, means, factors and centre."""
+    got = _FIXED.get((K, d))
+    if got is None:
+        i, j = np.tril_indices(d, -1)
+        k = np.arange(K)[:, None] * (d * d)
+        diagonal = (k + np.arange(d) * (d + 1)).ravel()
+        if len(_FIXED) > 64:
+            _FIXED.clear()
+        got = _FIXED[(K, d)] = SimpleNamespace(
+            picked=np.concatenate([(k + i * d + j).ravel(), diagonal]), diagonal=diagonal,
+            eye=np.tile(np.eye(d), (K, 1, 1)), shapes=((K,), (K, d), (K, d, d), (d,)))
+        for a in (got.picked, got.diagonal, got.eye):
+            a.flags.writeable = False  # (shared by every check of the shape)
+    return got
