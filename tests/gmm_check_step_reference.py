@@ -1,6 +1,6 @@
-"""The GMM forward M-step check in NumPy, as the library had it before the compiled kernel
-(``fedlatent.models.gmm.check_step`` at 3011c22, issue 38): the reference the kernel's
-decision and its parts are compared with (tests/models/test_gmm_check_step.py).
+"""The GMM forward M-step check in NumPy as it was at 3011c22 (``fedlatent.models.gmm.check_step``,
+before its compiled kernel, issue 38), kept here apart from the library's NumPy path so that
+the kernel is compared with the check as it was (tests/models/test_gmm_check_step.py).
 
 :func:`parts` gives what the kernel's ``factor_parts`` gives: ``(e, u2, top, g, t_diagonal,
 t_columns)``, both floors computed (the check itself computes the second only when the first

@@ -116,7 +116,7 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
             and math.isfinite(sum(means.ravel().tolist()))):  # (mc + centre: both finite)
         return False  # (another machine's last bits, a move, -0.0 for 0.0: the replay decides)
     U = sent["precisions_cholesky"]
-    if worth(K * d * d):  # (numba set up already: one compiled call)
+    if _kernel is not None or worth(K * d * d):  # (numba set up: one compiled call)
         return _compiled_holds(U, G, S, n, rtol)
     return _numpy_holds(U, G, S, n, rtol, fixed)
 
