@@ -7,6 +7,14 @@ on the verified statistics, without a factorization: weights and means are the s
 arithmetic (the same bits), and a precision factor ``U`` is checked by how far ``U^T Sigma
 U`` is from the identity. Where it cannot prove it (a floor could act, a factor is off, the
 last bits differ), it says so and the site replays the M-step itself.
+
+The products, norms and floors are a few dozen NumPy calls on a site's few dozen entries, or
+one compiled call (:func:`~fedlatent.models.gmm._check_kernel.factor_step_holds`, the same
+quantities whatever their summation order) where numba is set up in the process already
+(:func:`~fedlatent.engine.protocol.compiled.worth`): its set-up, about half a CPU second,
+is more than a site's checks of a whole fit save (~10 us each), and a deployed site's process
+answers one message. The kernel takes C-contiguous, writeable float64 arrays (others are
+copied as such first: no input compiles another specialization).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ...engine.contract.degenerate import DEGENERATE_FRACTION
+from ...engine.protocol.compiled import kernels, worth
 from .math import gmm_full_parts
 
 __all__ = ["full_step_holds"]
@@ -26,8 +35,9 @@ _POSITIVE = (0.0).__lt__
 _F64 = np.dtype(np.float64)
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
 #: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
-#: left to the replay's own rounding)
+#: left to the replay's own rounding; the kernel's own constant is the same)
 _SHARE = 0.2
+_KERNEL = "fedlatent.models.gmm._check_kernel"
 
 
 def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: float) -> bool:
@@ -56,10 +66,12 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     ||G||_F``, and ``sym`` does not increase a Frobenius norm: ``e`` is the computed ``U^T G U -
     I``'s Frobenius norm plus ``2 (d + 2) u ||G||_F ||U||_F^2`` (its rounding, two products of d
     terms, ``-1`` on a diagonal entry near 1 exact; and ``D``'s), ``||G||_F`` and ``||U||_F^2``
-    taken over every component: all at least each component's. Accepting when ``e sqrt(d
-    ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the largest diagonal entry of ``U`` (at most ``max
-    |U|``), leaves every entry within ``0.42 rtol`` of the parameter's largest of ``V``, the
-    rest of ``rtol`` to the server's own rounding: what this accepts, the replay accepts. A 1e-6
+    taken over every component: all at least each component's (whatever the products'
+    summation order, with or without fused multiply-adds: the standard bounds of dot
+    products). Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the
+    largest diagonal entry of ``U`` (at most ``max |U|``), leaves every entry within ``0.42
+    rtol`` of the parameter's largest of ``V``, the rest of ``rtol`` to the server's own
+    rounding: what this accepts, the replay accepts. A 1e-6
     move of an entry makes ``E`` of that order and is left to the replay, which refuses it; so
     are covariances so ill-conditioned that the rounding bound alone exceeds the tolerance
     (``||G||_F ||U||_F^2`` above ~1e5).
@@ -71,9 +83,9 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     ``1.01`` times a Rayleigh quotient of the pooled covariance, at least its lowest
     eigenvalue, plus ``1e-12`` of its trace for the eigenvalues' rounding; plus ``2e-10``
     times ``||G||_F``, at least twice the largest eigenvalue's magnitude of any ``Sigma``):
-    :func:`_floor`. Here ``lambda_min(Sigma)
+    :func:`~fedlatent.models.gmm._check_kernel.factor_parts`. Here ``lambda_min(Sigma)
     >= (1 - e) / ||U||_F^2`` (``Sigma = U^-T (I + E) U^-1``) must exceed ``t``. Any other
-    case: False.
+    case (a quotient, a norm or a bound that is NaN or infinite among them): False.
 
     Parameters
     ----------
@@ -104,6 +116,14 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
             and math.isfinite(sum(means.ravel().tolist()))):  # (mc + centre: both finite)
         return False  # (another machine's last bits, a move, -0.0 for 0.0: the replay decides)
     U = sent["precisions_cholesky"]
+    if _kernel is not None or worth(K * d * d):  # (numba set up: one compiled call)
+        return _compiled_holds(U, G, S, n, rtol)
+    return _numpy_holds(U, G, S, n, rtol, fixed)
+
+
+def _numpy_holds(U: np.ndarray, G: np.ndarray, S, n: float, rtol: float, fixed) -> bool:
+    """:func:`full_step_holds`'s decision on the factors, in NumPy."""
+    d = U.shape[1]
     e, u2, top, g = _factor_error(U, G, fixed)
     if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
         return False
@@ -112,11 +132,35 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
         S, n, g, U, fixed, pooled_diagonal=False))
 
 
+def _compiled_holds(U: np.ndarray, G: np.ndarray, S, n: float, rtol: float) -> bool:
+    """:func:`full_step_holds`'s decision on the factors by the compiled kernel (False where
+    the statistics are not float64 of the factors' shapes: the replay's)."""
+    global _kernel
+    sxx, sx = S["sxx"], S["sx"]
+    if not (sxx.dtype == sx.dtype == G.dtype == _F64 and sxx.shape == U.shape):
+        return False
+    if _kernel is None:
+        _kernel = kernels(_KERNEL)
+    return _kernel.factor_step_holds(_typed(U), _typed(G), _typed(sxx), _typed(sx), float(n),
+                                     float(rtol))
+
+
+_kernel = None  # (the kernel module, once a check has used it)
+
+
 def _shapes(sent: dict, shapes: tuple) -> bool:
     w, m, U, c = sent["weights"], sent["means"], sent["precisions_cholesky"], sent["center"]
     return (type(w) is type(m) is type(U) is type(c) is np.ndarray  # (else: the replay's)
             and (w.shape, m.shape, U.shape, c.shape) == shapes
             and w.dtype == m.dtype == U.dtype == c.dtype == _F64)
+
+
+def _typed(a: np.ndarray) -> np.ndarray:
+    """``a`` (float64) as the kernel's one specialization takes it: C-contiguous and
+    writeable (a copy if not: a read-only message's array, a view)."""
+    flags = a.flags
+    return a if flags.c_contiguous and flags.writeable and type(a) is np.ndarray else (
+        np.array(a, dtype=_F64, order="C"))
 
 
 def _factor_error(U: np.ndarray, G: np.ndarray, fixed
