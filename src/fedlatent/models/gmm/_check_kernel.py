@@ -4,9 +4,10 @@ round, in place of a few dozen NumPy calls on a site's few dozen entries.
 
 Every quantity here is one the check's argument bounds whatever the summation order (the
 standard bounds of dot products of ``d`` terms, with or without fused multiply-adds) or one
-compared with a slack far above its rounding (the floors): nothing here must equal the
-server's NumPy bits. The covariances ``G`` themselves come from the server's own arithmetic,
-in NumPy (:func:`~fedlatent.models.gmm.math.gmm_full_parts`).
+compared with a slack far above its rounding (the floors): nothing there must equal the
+server's NumPy bits. The covariances ``G`` themselves are the server's own arithmetic
+(:func:`~fedlatent.models.gmm.math.gmm_full_parts`: in NumPy, or :func:`full_parts`, its
+elementwise operations one by one, the same bits).
 
 Arguments are C-contiguous, writeable float64 arrays (the caller checks, so that no input
 compiles another specialization) and two floats; shapes are checked here too (numba does not
@@ -22,7 +23,7 @@ from numba import njit
 
 from ...engine.contract.degenerate import DEGENERATE_FRACTION
 
-__all__ = ["factor_parts", "factor_step_holds"]
+__all__ = ["factor_parts", "factor_step_holds", "full_parts"]
 
 _U = np.finfo(np.float64).eps / 2  # the unit roundoff
 #: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
@@ -158,3 +159,29 @@ def factor_step_holds(U, G, sxx, sx, n, rtol):
         return False
     low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
     return low > t_diagonal or low > t_columns
+
+
+@njit(cache=True)
+def full_parts(nk0, sx, sxx, center, reg, eps):  # pragma: no cover (compiled)
+    """``(nk, means, G)`` of :func:`~fedlatent.models.gmm.math.gmm_full_parts` (the server's
+    bits, unlike the rest of this module: elementwise operations only, each as NumPy's, no
+    contraction): ``nk = nk0 + eps``, ``mc = sx / nk``, ``means = mc + center``, ``G = sxx /
+    nk - mc mc^T`` with ``reg`` then added to its diagonal. ValueError for statistics and a
+    centre of other shapes (as NumPy's broadcasting: numba checks no bounds)."""
+    K, d = sx.shape
+    if (nk0.shape[0] != K or sxx.shape[0] != K or sxx.shape[1] != d or sxx.shape[2] != d
+            or center.shape[0] != d):
+        raise ValueError("gmm_full_parts: statistics and centre of different shapes")
+    nk, means, G = np.empty(K), np.empty((K, d)), np.empty((K, d, d))
+    mc = np.empty(d)
+    for k in range(K):
+        n = nk0[k] + eps
+        nk[k] = n
+        for i in range(d):
+            mc[i] = sx[k, i] / n
+            means[k, i] = mc[i] + center[i]
+        for i in range(d):
+            for j in range(d):
+                G[k, i, j] = sxx[k, i, j] / n - mc[i] * mc[j]
+            G[k, i, i] += reg
+    return nk, means, G

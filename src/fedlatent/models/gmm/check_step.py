@@ -109,14 +109,15 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    weights, means, G = gmm_full_parts(S, center, reg_covar, compiled=True)  # (the server's bits)
+    compiled = _kernel is not None or worth(K * d * d)  # (numba set up, or at scale)
+    weights, means, G = gmm_full_parts(S, center, reg_covar, compiled)  # (the server's bits)
     if not (sent["weights"].tobytes() == weights.tobytes()
             and sent["means"].tobytes() == means.tobytes()
             and sent["center"].tobytes() == center.tobytes()
             and math.isfinite(sum(means.ravel().tolist()))):  # (mc + centre: both finite)
         return False  # (another machine's last bits, a move, -0.0 for 0.0: the replay decides)
     U = sent["precisions_cholesky"]
-    if _kernel is not None or worth(K * d * d):  # (numba set up: one compiled call)
+    if compiled:  # (one compiled call)
         return _compiled_holds(U, G, S, n, rtol)
     return _numpy_holds(U, G, S, n, rtol, fixed)
 

@@ -212,13 +212,17 @@ def gmm_full_parts(S: Stats, center: np.ndarray, reg_covar: float, compiled: boo
     Up to :data:`_FLAT_ENTRIES` covariance entries, each product on the flat arrays by index
     maps made once per shape (:func:`_full_maps`: one-dimensional calls, which NumPy runs
     without its broadcasting machinery, several times faster on a site's few dozen entries);
-    above, by broadcasting. ``compiled`` (a verifying site's check, every round): one compiled
-    pass (:func:`_parts_kernel`; numba, loaded then, never by a fit that does not verify).
-    The same elementwise operations on the same values every way: the same bits (compiled
-    without contraction, a product and a difference stay two roundings)."""
+    above, by broadcasting. ``compiled`` (a verifying site's check where numba pays): one
+    compiled pass (:func:`~fedlatent.models.gmm._check_kernel.full_parts`). The same
+    elementwise operations on the same values every way: the same bits (compiled without
+    contraction, a product and a difference stay two roundings)."""
     if compiled:
-        nk, means, G = _compiled()(*(np.ascontiguousarray(a, dtype=np.float64) for a in (
-            S["nk"], S["sx"], S["sxx"], center)), float(reg_covar), _TEN_EPS)
+        from ...engine.protocol.compiled import kernels
+
+        nk, means, G = kernels("fedlatent.models.gmm._check_kernel").full_parts(*(
+            np.ascontiguousarray(a, dtype=np.float64) for a in (S["nk"], S["sx"], S["sxx"],
+                                                                center)),
+            float(reg_covar), _TEN_EPS)
         return nk / nk.sum(), means, G
     nk = S["nk"] + _TEN_EPS
     sx, sxx = S["sx"], S["sxx"]
@@ -240,34 +244,6 @@ def gmm_full_parts(S: Stats, center: np.ndarray, reg_covar: float, compiled: boo
 
 #: the most covariance entries (K d^2) :func:`gmm_full_parts` takes by index maps
 _FLAT_ENTRIES = 4096
-
-
-@functools.cache
-def _compiled():
-    """:func:`_parts_kernel` compiled (numba, cached on disk), at its first use."""
-    from numba import njit
-
-    return njit(cache=True)(_parts_kernel)
-
-
-def _parts_kernel(nk0, sx, sxx, center, reg, eps):  # pragma: no cover (compiled)
-    """``(nk, means, G)`` of :func:`gmm_full_parts`: ``nk = nk0 + eps``, ``mc = sx / nk``,
-    ``means = mc + center``, ``G = sxx / nk - mc mc^T`` with ``reg`` then added to its
-    diagonal, entry by entry as NumPy's elementwise calls compute them."""
-    K, d = sx.shape
-    nk, means, G = np.empty(K), np.empty((K, d)), np.empty((K, d, d))
-    mc = np.empty(d)
-    for k in range(K):
-        n = nk0[k] + eps
-        nk[k] = n
-        for i in range(d):
-            mc[i] = sx[k, i] / n
-            means[k, i] = mc[i] + center[i]
-        for i in range(d):
-            for j in range(d):
-                G[k, i, j] = sxx[k, i, j] / n - mc[i] * mc[j]
-            G[k, i, i] += reg
-    return nk, means, G
 
 
 @functools.lru_cache(maxsize=8)
