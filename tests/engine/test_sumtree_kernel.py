@@ -220,5 +220,7 @@ def test_a_servers_message_compiles_no_second_specialization():
     st.unpack_ring(st.pack_ring(tree.A).astype(np.int64), np.int16(4), None)
     st.read_transcript({**st.shared_fields(tree), **st.transcript_fields(tree, 2)}, np.uint8(4))
     kernels = st._kernels()
-    for name in ("decode_claim", "ring", "projections", "climb"):
+    for name in ("decode_claim", "ring", "climb"):
         assert len(getattr(kernels, name).signatures) == 1, name
+    assert len(kernels.projections.signatures) <= 1  # (none when only climb called it, from
+    # its cached code)

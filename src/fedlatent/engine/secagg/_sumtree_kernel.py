@@ -19,12 +19,15 @@ import sys
 import numpy as np
 from numba import njit
 
-from fedlatent.engine.secagg.sumtree import NODE_TAG, PRIMES
-
 if sys.byteorder != "little":  # (projections reads the challenge's <u8 words natively)
     raise ImportError("the sum tree's kernels read little-endian words natively: this host "
                       "is big-endian, so a site cannot check a verified round here")
 
+#: :data:`.sumtree.PRIMES` and :data:`.sumtree.NODE_TAG`, restated (this module imports nothing
+#: of :mod:`.sumtree`, which imports it; :func:`.sumtree._kernels` refuses to use these kernels
+#: unless they are the same)
+PRIMES = (2147483647, 2147483629, 2147483587, 2147483579)
+NODE_TAG = b"fedlatent/sumtree/node\x00"
 _U = np.uint64
 _M16 = _U(0xFFFF)
 _S16, _S32, _S48 = _U(16), _U(32), _U(48)

@@ -274,10 +274,14 @@ def _joined_words(leaf, A, c) -> np.ndarray:
 @functools.cache
 def _kernels():
     """The compiled kernels (:mod:`._sumtree_kernel`), imported at the first check (a
-    process that never checks a tree does not import numba for it)."""
-    from fedlatent.engine.secagg import _sumtree_kernel
+    process that never checks a tree does not import numba for it); ImportError if they
+    restate the primes or the node tag otherwise than this module."""
+    from fedlatent.engine.secagg import _sumtree_kernel as kernels
 
-    return _sumtree_kernel
+    if (kernels.PRIMES, kernels.NODE_TAG) != (PRIMES, NODE_TAG):
+        raise ImportError("the sum tree's kernels restate its primes or node tag otherwise "
+                          "than fedlatent.engine.secagg.sumtree: a site cannot check a tree")
+    return kernels
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
