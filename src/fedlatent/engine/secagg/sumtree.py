@@ -59,7 +59,9 @@ Cost at a site: one SHAKE-128 call (the claim's key and the words ``w``: ``32 + 
 one integer product of ``w``'s halves and the limbs of ``z``, ``A`` and ``c`` (``24 m``
 multiplications: :func:`_projections` needs no word reduced, since ``r_j x = sum_k w_k x_k mod
 p_j``) and ``ceil(log2 n) + 2`` SHA-256 calls, the levels' schedule (which have a sibling, on
-which side) made once per place; bytes down ``8 + ceil(log2
+which side) made once per place; the numbers (the claim read, the projections, the sums up the
+path and the bytes each level hashes) come from two compiled calls
+(:mod:`._sumtree_kernel`), the hashes from :mod:`hashlib`; bytes down ``8 + ceil(log2
 n) (32 + 4 PROJECTIONS)`` plus ``A`` and ``c`` in their fewest bytes (:func:`shared_fields`),
 not ``n m`` words (shipping every survivor's masked vector).
 ``benchmarks/bench_verified_round.py`` measures it at 1,000 sites.
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 import struct
 from typing import Any
 
@@ -166,6 +169,10 @@ def _leaf_hashes(label: bytes, ids, projs: np.ndarray) -> list[bytes]:
                                 for i, u in enumerate(ids)])
 
 
+#: what a node hashes: the tag, its children's hashes and their sums (left, then right)
+_NODE_BYTES = struct.Struct(f"<{len(NODE_TAG)}s32s32s{2 * PROJECTIONS}I")
+
+
 def _parents(hashes: list[bytes], sums: np.ndarray) -> tuple[list[bytes], np.ndarray]:
     """The next level up: pairs combined, a lone last node carried up unchanged."""
     n = len(hashes)
@@ -244,44 +251,37 @@ def _projections(words: bytes, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -
     """``[r z, r (A + 2^64 c)]``, projection ``j`` modulo ``PRIMES[j]``, of the leaf ``z``
     for the challenge's ``words`` (:func:`_claim_hash`), as lists of Python ints. Since
     ``r_jk = w_k mod p_j``, ``r_j x = (sum_k w_k x_k) mod p_j``: one exact integer sum a
-    vector, reduced by each prime at its end, and no word reduced (the same numbers as
-    :func:`project` of :func:`challenge`'s ``r``). The sums are exact in uint64 pieces: each
-    ``w_k`` in two 32-bit halves (16-bit quarters from :data:`_WIDE` words on) times each of
-    ``z``, ``A`` and ``c``'s words in four 16-bit limbs, one integer product of the two
-    arrays (each product below ``2^48``, each of its sums below ``2^64``), joined by their
-    offsets on Python ints (:func:`_joined`); ``r (A + 2^64 c)`` is ``r A + 2^64 r c``.
-    (Inside a round of 1,000 sites this takes 22 us where a product with the reduced ``r``
-    took 28 us and reducing ``r`` 6 more; a float64 product of 16-bit limbs, a broadcast
-    product summed, ``w`` in quarters times ``x`` in halves, and the product cast by
-    ``matmul(..., dtype=uint64)`` instead of two ``astype`` each took more there.)"""
-    m = leaf.size
-    half = "<u4" if m < _WIDE else "<u2"
-    w = np.frombuffer(words, half, -1).reshape(m, -1).T.astype(np.uint64)
-    x = np.concatenate((leaf, A, c)).view("<u2").reshape(3, m, 4).astype(np.uint64)
-    sz, sa, sc = np.matmul(w, x).tolist()  # ((3, halves, 4) sums)
-    tz, t = _joined(sz), _joined(sa) + (_joined(sc) << 64)
-    p0, p1, p2, p3 = PRIMES  # (no comprehension: a frame each on Python 3.11, 1.5 us a site)
-    return [tz % p0, tz % p1, tz % p2, tz % p3], [t % p0, t % p1, t % p2, t % p3]
+    vector, reduced by each prime (the same numbers as :func:`project` of
+    :func:`challenge`'s ``r``; ``r (A + 2^64 c)`` is ``r A + 2^64 r c``), in one compiled
+    call (:func:`._sumtree_kernel.projections`: limb products, exact in uint64)."""
+    x, words = _joined_words(leaf, A, c), bytes(words)
+    if len(words) != 8 * (x.size // 3):
+        raise ValueError(f"{len(words)} bytes of challenge for {x.size // 3} words")
+    out = _kernels().projections(words, x).tolist()
+    return out[:PROJECTIONS], out[PROJECTIONS:]
 
 
-#: from this many words on, a challenge's words are split in 16-bit quarters, not 32-bit
-#: halves (a sum of ``m`` products below ``2^48`` stays below ``2^64`` for ``m < 2^16``)
-_WIDE = 1 << 16
+def _joined_words(leaf, A, c) -> np.ndarray:
+    """``leaf``, ``A`` and ``c`` as one new C-contiguous uint64 vector (what the kernels take:
+    one type whatever the caller passed); ValueError when they are not of one length."""
+    leaf, A, c = _words(leaf), _words(A), _words(c)
+    if not leaf.size == A.size == c.size:
+        raise ValueError(f"a leaf of {leaf.size} words against a sum of {A.size} and "
+                         f"{c.size} carries")
+    return np.concatenate((leaf, A, c), axis=None)
 
 
-def _joined(sums: list) -> int:
-    """``sum_ab sums[a][b] 2^(h a + 16 b)`` on Python ints (``h`` 32 for two rows, 16 for
-    four): the integer the limb products' sums stand for."""
-    if len(sums) == 2:
-        (s00, s01, s02, s03), (s10, s11, s12, s13) = sums
-        return (s00 + (s01 << 16) + ((s02 + s10) << 32) + ((s03 + s11) << 48) + (s12 << 64)
-                + (s13 << 80))
-    return sum(v << (16 * (a + b)) for a, row in enumerate(sums) for b, v in enumerate(row))
+@functools.cache
+def _kernels():
+    """The compiled kernels (:mod:`._sumtree_kernel`), imported at the first check (a
+    process that never checks a tree does not import numba for it); ImportError if they
+    restate the primes or the node tag otherwise than this module."""
+    from fedlatent.engine.secagg import _sumtree_kernel as kernels
 
-
-_SUMS = struct.Struct(f"<{PROJECTIONS}I")
-#: what a node hashes: the tag, its children's hashes and their sums (left, then right)
-_NODE_BYTES = struct.Struct(f"<{len(NODE_TAG)}s32s32s{2 * PROJECTIONS}I")
+    if (kernels.PRIMES, kernels.NODE_TAG) != (PRIMES, NODE_TAG):
+        raise ImportError("the sum tree's kernels restate its primes or node tag otherwise "
+                          "than fedlatent.engine.secagg.sumtree: a site cannot check a tree")
+    return kernels
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
@@ -293,38 +293,43 @@ def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A
     another tree refuses to reveal). ``path``: :meth:`SumTree.path`'s ``(hashes, sums)``,
     or the levels as a transcript encodes them (bytes: :func:`read_transcript`); levels
     beyond those the leaf's place has are not read. ``claim``: ``(A, c)`` as the site was
-    sent them (:func:`claim_bytes`; made from ``A`` and ``c`` when None). SecureAggregationError
+    sent them (:func:`claim_bytes`; made from ``A`` and ``c`` when None). The numbers (the
+    projections, the sums up the path, the carries' bound) come from one compiled call
+    (:func:`._sumtree_kernel.climb`), the hashes from :mod:`hashlib`. SecureAggregationError
     naming the site and what failed."""
     if not 0 <= index < n <= MAX_LEAVES:
         raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves "
                                      f"(at most {MAX_LEAVES})")
-    A, c, leaf = _words(A), _words(c), _words(leaf)  # (as they come: no conversion)
-    claim = None if claim is None else _as_bytes(claim)
-    if c.size and _carries_reach(claim) >= n and int(c.max()) >= n:  # (n words below 2^64
-        # carry at most n - 1; the claim's encoding mostly bounds them below n already)
-        raise SecureAggregationError(
-            f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
-            "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
-    key, words = _claim_hash(label, _claim(A, c) if claim is None else claim, A.size)
-    (s0, s1, s2, s3), claimed = _projections(words, leaf, A, c)
-    sha = hashlib.sha256
-    h = sha(_leaf_bytes(label, index, site, _SUMS.pack(s0, s1, s2, s3))).digest()
-    sides = _sides(index, n)  # (its place's schedule: which levels have a sibling, where)
-    if type(path) is bytes and len(path) == len(sides) * _NODE:  # (a transcript's: as sent)
-        levels = _LEVEL.iter_unpack(path)
-    elif (levels := _path_levels(path, len(sides))) is None:
+    x = _joined_words(leaf, A, c)  # (leaf, A and c: one new uint64 vector, one kernel type)
+    m = x.size // 3
+    if claim is None:  # (the carries checked before a claim is made of them)
+        if m and int(x[2 * m:].max()) >= n:
+            raise _carries_refused(site, x[2 * m:], n)
+        claim = _claim(x[m:2 * m], x[2 * m:]).tobytes()
+    key, words = _claim_hash(label, _as_bytes(claim), m)
+    if type(path) is not bytes:
+        path = _path_bytes(path, len(_sides(index, n)))
+    out = _kernels().climb(words, x, path, int(index), int(n)).tobytes()
+    if out[-1] & 1:
+        raise _carries_refused(site, x[2 * m:], n)
+    if out[-1] & 2:
         raise SecureAggregationError(f"site {site!r}: the path of leaf {index} is too short")
-    pack, tag = _NODE_BYTES.pack, NODE_TAG
-    p0, p1, p2, p3 = PRIMES  # (PROJECTIONS = 4: the sums as four ints)
-    for (sib, a0, a1, a2, a3), left in zip(levels, sides):
-        h = sha(pack(tag, sib, h, a0, a1, a2, a3, s0, s1, s2, s3) if left
-                else pack(tag, h, sib, s0, s1, s2, s3, a0, a1, a2, a3)).digest()
-        s0, s1, s2, s3 = (s0 + a0) % p0, (s1 + a1) % p1, (s2 + a2) % p2, (s3 + a3) % p3
-    differ = [s0, s1, s2, s3] != claimed
-    if root is None and not differ:  # (the common case)
+    sha = hashlib.sha256
+    h = sha(_leaf_bytes(label, index, site, out[:16])).digest()
+    for start, cut, end in _cuts(index, n):  # (each level: the kernel's record, this node's
+        h = sha(out[start:cut] + h + out[cut:end]).digest()  # hash where it goes)
+    if root is None and not out[-1] & 4:  # (the common case)
         return _digest(h, key)
-    _refuse_root(site, index, root, h, differ)
+    _refuse_root(site, index, root, h, bool(out[-1] & 4))
     return _digest(h, key)
+
+
+def _carries_refused(site: str, c: np.ndarray, n: int) -> SecureAggregationError:
+    """The refusal of carries ``c`` of ``n`` or more (``n`` words below ``2^64`` carry at
+    most ``n - 1``)."""
+    return SecureAggregationError(
+        f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
+        "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
 
 
 _U64, _U8 = np.dtype(np.uint64), np.dtype(np.uint8)
@@ -338,16 +343,6 @@ def _words(x) -> np.ndarray:
 def _as_bytes(claim) -> bytes:
     """The claim's bytes (:func:`claim_bytes`' bytes as they are, an array's as bytes)."""
     return claim if type(claim) is bytes else np.asarray(claim, dtype=np.uint8).tobytes()
-
-
-def _carries_reach(claim: bytes | None) -> float:
-    """An upper bound of the carries the claim's bytes ``claim`` (:func:`_claim`) can hold:
-    their least value plus the largest offset their width holds (inf without the bytes)."""
-    if claim is None or not len(claim):
-        return float("inf")
-    t = claim[-1]
-    bw = 4 if t & 64 else 2
-    return int.from_bytes(claim[-1 - bw:-1], "little") + (1 << (8 << (t >> 4 & 3))) - 1
 
 
 def _refuse_root(site: str, index: int, root: bytes | None, h: bytes, differ: bool) -> None:
@@ -383,21 +378,29 @@ def _sides(index: int, n: int) -> tuple[bool, ...]:
     return tuple(out)
 
 
-def _path_levels(path, need: int):
-    """The first ``need`` levels of ``path`` (:func:`verify_leaf`'s two forms) as
-    ``(sibling hash, sum, sum)`` tuples; None when it has fewer."""
+def _path_bytes(path, need: int) -> bytes:
+    """``path`` (:func:`verify_leaf`'s two forms) as a transcript's bytes (each level the
+    sibling's hash and its sums as ``<u4``); its first ``need`` levels, or none when it has
+    fewer (the kernel then finds it too short)."""
     if isinstance(path, bytes | bytearray | memoryview):
-        size = need * _NODE
-        if len(path) < size:
-            return None
-        return _LEVEL.iter_unpack(path if len(path) == size else memoryview(path)[:size])
+        return bytes(path)
     raw, sums = path
     raw = bytes(raw)
     if isinstance(sums, np.ndarray):
         sums = sums.astype(np.uint64).reshape(-1, PROJECTIONS).tolist()
     if 32 * need > len(raw) or need > len(sums):
-        return None
-    return [(raw[32 * k: 32 * (k + 1)], *sums[k]) for k in range(need)]
+        return b""
+    return b"".join([_LEVEL.pack(raw[32 * k: 32 * (k + 1)], *sums[k]) for k in range(need)])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cuts(index: int, n: int) -> tuple[tuple[int, int, int], ...]:
+    """Where :func:`verify_leaf` reads each level's record in the kernel's bytes (after the
+    leaf's 16): ``(start, cut, end)``, the climbing node's hash going at ``cut`` (after the
+    tag and the sibling's hash when the sibling is the left child, after the tag else)."""
+    record, tag = len(NODE_TAG) + 32 + 8 * PROJECTIONS, len(NODE_TAG)
+    return tuple((16 + k * record, 16 + k * record + tag + 32 * left, 16 + (k + 1) * record)
+                 for k, left in enumerate(_sides(index, n)))
 
 
 def verify_zero(label: bytes, index: int, n: int, site: str, A: np.ndarray, c: np.ndarray,
@@ -528,42 +531,22 @@ def unpack_ring(raw: np.ndarray, m: int, w: int | None = None) -> np.ndarray | N
     not such bytes for ``m`` words. ``w``: the common width, given apart (``raw`` then
     without its last byte: :func:`shared_fields`)."""
     raw = np.asarray(raw, dtype=np.uint8).tobytes()
+    size = len(raw)
     if w is None:
-        w, raw = (raw[-1], raw[:-1]) if raw else (0, raw)
-    return _ring(raw, len(raw), m, w)
-
-
-def _ring(buf: bytes, size: int, m: int, w: int) -> np.ndarray | None:
-    """:func:`unpack_ring` of the first ``size`` bytes of ``buf`` (the words, then the wide
-    ones), the common width ``w`` given: few NumPy calls (what a site reads every round)."""
-    end = m * w
-    entry, word = _wide(m)
-    if not 1 <= w <= 8 or size < end or (size - end) % entry:
+        w, size = (raw[-1], size - 1) if raw else (0, 0)
+    if not 1 <= w <= 8:
         return None
-    if w in _INT:  # (a width of a NumPy integer: read as it is, sign-extended)
-        A = np.frombuffer(buf, _INT[w], m).astype(np.int64)
-    else:  # word k is the low w bytes of the 8 read at byte w k (the body padded by 8 - w
-        body = buf[:end] + bytes(8 - w)  # zero bytes): shifted to the top and back down,
-        A = (np.ndarray((m,), _LE64, body, 0, (w,)) << _SHIFT[w]).view(np.int64) \
-            >> _SHIFT_I[w]  # sign-extended
-    if end < size <= end + 8 * entry:  # (a few wide words: read as they are)
-        for at, value in word.iter_unpack(buf[end:size]):
-            if at >= m:
-                return None
-            A[at] = value
-    elif size > end:
-        tail = np.frombuffer(buf, np.uint8, size - end, end).reshape(-1, entry)
-        at = tail[:, :entry - 8].copy().view(f"<u{entry - 8}").reshape(-1)
-        if int(at.max()) >= m:
-            return None
-        A[at] = tail[:, entry - 8:].copy().view("<i8").reshape(-1)
-    return A.view(np.uint64)
+    A = _kernels().ring(raw, size, _count(m), int(w))  # (:func:`._sumtree_kernel.ring`)
+    return A[0] if len(A) else None
 
 
-_INT = {w: np.dtype(f"<i{w}") for w in (1, 2, 4, 8)}  # (dtypes made once, not parsed a call)
-_LE64 = np.dtype("<u8")
-_SHIFT = [np.uint64(64 - 8 * w) for w in range(9)]
-_SHIFT_I = [np.int64(64 - 8 * w) for w in range(9)]
+def _count(m) -> int:
+    """A number of words as the kernels take it (an int below 2^40: one type; ValueError
+    otherwise)."""
+    m = operator.index(m)
+    if not 0 <= m < 1 << 40:
+        raise ValueError(f"a leaf of {m} words")
+    return m
 
 
 def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, np.ndarray,
@@ -572,22 +555,18 @@ def read_transcript(msg: dict[str, Any], m: int) -> tuple[int, int, np.ndarray, 
     (:func:`shared_fields`, :func:`transcript_fields`) for a leaf of ``m`` words: ``A`` and
     ``c`` (m,) uint64, ``path`` the levels' bytes as :func:`verify_leaf` takes them (each
     a sibling's hash and its projections). SecureAggregationError when a field is missing
-    or has a length no encoding of ``m`` words gives."""
-    raw, path = _field(msg, "A"), _field(msg, "path")  # (read from bytes: few NumPy calls)
-    A = None
-    t = raw[-1] if raw else 0xFF
-    if t >> 4 & 3 < 3 and t < 128 and len(path) >= 8 and not (len(path) - 8) % _NODE:
+    or has a length no encoding of ``m`` words gives. The claim is read by one compiled
+    call (:func:`._sumtree_kernel.decode_claim`)."""
+    raw, path = _field(msg, "A"), _field(msg, "path")
+    Ac = None
+    if len(path) >= 8 and not (len(path) - 8) % _NODE:
         index, n = _HEAD.unpack_from(path)
-        cw, bw = 1 << (t >> 4 & 3), 4 if t & 64 else 2
-        k = len(raw) - 1 - bw - m * cw  # (where the carries start)
-        A = _ring(raw, k, m, t & 15) if k >= 0 else None
-    if A is None:
+        Ac = _kernels().decode_claim(raw, _count(m))
+    if Ac is None or not len(Ac):
         raise SecureAggregationError(
             f"its transcript's sum and carries ({len(raw)} bytes) or path ({len(path)}) do not "
             f"fit this site's contribution of {m} words")
-    c = np.add(np.frombuffer(raw, _CARRY[cw], m, k), int.from_bytes(raw[-1 - bw:-1], "little"),
-               dtype=np.uint64)
-    return index, n, A, c, path[8:]
+    return index, n, Ac[0], Ac[1], path[8:]
 
 
 def claim_bytes(msg: dict[str, Any]) -> bytes:
@@ -606,4 +585,3 @@ def _field(msg: dict[str, Any], key: str) -> bytes:
 
 
 _HEAD = struct.Struct("<II")
-_CARRY = {w: np.dtype(f"<u{w}") for w in (1, 2, 4)}
