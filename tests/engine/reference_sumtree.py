@@ -13,6 +13,7 @@ import struct
 import numpy as np
 
 from fedlatent.engine.secagg.protocol import SecureAggregationError
+from fedlatent.engine.secagg.ring_bytes import _wide
 from fedlatent.engine.secagg.sumtree import (
     _HEAD,
     _LEVEL,
@@ -29,7 +30,6 @@ from fedlatent.engine.secagg.sumtree import (
     _leaf_bytes,
     _refuse_root,
     _sides,
-    _wide,
 )
 
 _WIDE = 1 << 16

@@ -76,21 +76,13 @@ def decode_claim(raw, m):
 
 
 @njit(cache=True)
-def ring(raw, size, m, w):
-    """``(1, m)`` uint64: the ``m`` words of :func:`.sumtree.pack_ring`'s first ``size``
-    bytes of ``raw`` (its words, then its wide ones), the common width ``w`` given; ``(0,
-    m)`` when they are no such bytes."""
-    out = np.empty((1, m), dtype=np.uint64)
-    return out if _ring(raw, size, m, w, out[0]) else np.empty((0, m), dtype=np.uint64)
-
-
-@njit(cache=True)
 def _ring(raw, size, m, w, out):
-    """:func:`ring` into ``out`` (m,); False when the bytes are no such encoding (a width
-    not in 1..8, fewer bytes than ``m w``, wide entries that do not divide the bytes left or
-    name a word past ``m``). Each word the low ``w`` bytes, sign-extended; a wide word: its
-    index (1, 2 or 4 bytes: :func:`.sumtree._wide`), then all 8 bytes, the last given
-    winning."""
+    """The ``m`` words of :func:`.ring_bytes.pack_ring`'s first ``size`` bytes of ``raw`` (its
+    words, then its wide ones), the common width ``w`` given, into ``out`` (m,); False when
+    the bytes are no such encoding (a width not in 1..8, fewer bytes than ``m w``, wide
+    entries that do not divide the bytes left or name a word past ``m``). Each word the low
+    ``w`` bytes, sign-extended; a wide word: its index (1, 2 or 4 bytes:
+    :func:`.ring_bytes._wide`), then all 8 bytes, the last given winning."""
     end = m * w
     entry = 8 + (1 if m <= 1 << 8 else 2 if m <= 1 << 16 else 4)
     if not 1 <= w <= 8 or size < end or (size - end) % entry:
