@@ -27,7 +27,7 @@ exchange) is reported as the server's CPU outside ``runtime.call`` per round. Th
 shared: ratios are within one run (the load is printed).
 
 Run: ``python benchmarks/bench_verified_round.py [--clients 1000] [--rounds 5] [--rows 200]
-[--no-parts] [--pairs 3] [--numpy]``.
+[--no-parts] [--pairs 3] [--together 3] [--numpy]``.
 """
 
 from __future__ import annotations
@@ -178,6 +178,10 @@ def main() -> None:
                     help="alternate this many (unverified, verified) fits without the part "
                          "timers and print each pair's steady-round ratio and their median "
                          "(a shared machine's speed drifts: one pair's ratio moves by ~0.1)")
+    ap.add_argument("--together", type=int, default=0,
+                    help="also run this many (unverified, verified) pairs each at once, in two "
+                         "threads (the machine's drift falls on both fits alike), and print "
+                         "each pair's steady-round ratio and their median")
     ap.add_argument("--numpy", action="store_true",
                     help="the sites check in NumPy, as one deployed site's process does (no "
                          "compiled kernels whatever the number of sites in the process)")
@@ -194,6 +198,7 @@ def main() -> None:
         while a.pairs > 1 and len(ratios) < a.pairs:
             pair = [_steady(secure_fit(fd, a.rounds, v, False)) for v in (False, True)]
             ratios.append(pair[1] / pair[0])
+        together = [_together(fd, a.rounds) for _ in range(a.together)]
     same = float(np.max(np.abs(on["params"] - off["params"])))
     print(f"clients {a.clients}, rows a client {a.rows}, rounds {a.rounds}, load "
           f"{os.getloadavg()[0]:.1f} (machine shared; ratios within this run); verified and "
@@ -217,6 +222,31 @@ def main() -> None:
     if ratios and a.pairs > 1:
         print(f"steady-round site CPU ratio of {len(ratios)} alternated pairs (no part timers): "
               + ", ".join(f"{r:.3f}x" for r in ratios) + f"; median {np.median(ratios):.3f}x")
+    if together:
+        print(f"steady-round site CPU ratio of {len(together)} pairs run at once (two threads, "
+              "no part timers): " + ", ".join(f"{r:.3f}x ({u * 1e3:.3f} / {v * 1e3:.3f} ms)"
+                                              for r, u, v in together)
+              + f"; median {np.median([r for r, _, _ in together]):.3f}x")
+
+
+def _together(fd, rounds: int) -> tuple[float, float, float]:
+    """``(ratio, unverified, verified)``: the steady-round site CPU of one (unverified,
+    verified) pair of fits run at once, and its ratio, each fit in its own thread: the
+    interpreter switches between them every few milliseconds, so a shared machine's drift
+    (its speed moves by 10-30% within a minute: alternated pairs' ratios spread by 0.3)
+    falls on both alike, and neither fit's sites find the caches as the site before them
+    left them (as one deployed site never does). Each fit's site CPU is its own thread's
+    (the runtime reads the thread's clock)."""
+    import threading
+
+    out: dict[bool, float] = {}
+    threads = [threading.Thread(target=lambda v=v: out.__setitem__(v, _steady(secure_fit(
+        fd, rounds, v, False)))) for v in (False, True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out[True] / out[False], out[False], out[True]
 
 
 def _steady(fit: dict) -> float:
