@@ -600,19 +600,11 @@ def _joined(sums: list) -> int:
 _SUMS = struct.Struct(f"<{PROJECTIONS}I")
 
 
-def _verify_leaf_numpy(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
-                c: np.ndarray, root: bytes | None, path, claim=None) -> bytes:
-    """:func:`verify_leaf` in NumPy and Python ints (where numba does not pay), the same
-    digest or refusal. Check, as site ``site`` (leaf ``index`` of ``n``, its own ``leaf`` z_w),
-    that ``A`` is
-    the sum the tree of root ``root`` commits to; return :func:`tree_digest` (for its
-    consistency statement). ``root`` None: the root its path reaches (a transcript sends
-    none: the digest the site folds into its tokens carries it, and a neighbour shown
-    another tree refuses to reveal). ``path``: :meth:`SumTree.path`'s ``(hashes, sums)``,
-    or the levels as a transcript encodes them (bytes: :func:`read_transcript`); levels
-    beyond those the leaf's place has are not read. ``claim``: ``(A, c)`` as the site was
-    sent them (:func:`claim_bytes`; made from ``A`` and ``c`` when None). SecureAggregationError
-    naming the site and what failed."""
+def _verify_leaf_numpy(label: bytes, index: int, n: int, site: str, leaf: np.ndarray,
+                       A: np.ndarray, c: np.ndarray, root: bytes | None, path,
+                       claim=None) -> bytes:
+    """:func:`verify_leaf` in NumPy and Python ints (where numba does not pay): the same
+    digest, or the same refusal."""
     if not 0 <= index < n <= MAX_LEAVES:
         raise SecureAggregationError(f"site {site!r}: leaf {index} of a tree of {n} leaves "
                                      f"(at most {MAX_LEAVES})")

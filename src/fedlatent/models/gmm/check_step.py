@@ -40,7 +40,8 @@ _SHARE = 0.2
 _KERNEL = "fedlatent.models.gmm._check_kernel"
 
 
-def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: float) -> bool:
+def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: float,
+                    compiled: bool | None = None) -> bool:
     """Whether ``sent`` is, within ``rtol / 2`` of each parameter's largest entry, what
     ``server_step`` gives on full-covariance statistics ``S`` (K components, d features)
     without differential privacy and with ``center`` the previous centre; False where this
@@ -99,6 +100,9 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     reg_covar : float
     rtol : float
         The replay's tolerance (:data:`~fedlatent.engine.node.replay.REPLAY_RTOL`).
+    compiled : bool, optional
+        By the compiled kernels or in NumPy (the same decision away from the acceptance
+        threshold); None: compiled where numba pays.
     """
     nk0 = S["nk"]
     K, d = S["sx"].shape
@@ -109,7 +113,8 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    compiled = _kernel is not None or worth(K * d * d)  # (numba set up, or at scale)
+    if compiled is None:  # (numba set up, or the process's checks at scale)
+        compiled = _kernel is not None or worth(K * d * d)
     weights, means, G = gmm_full_parts(S, center, reg_covar, compiled)  # (the server's bits)
     if not (sent["weights"].tobytes() == weights.tobytes()
             and sent["means"].tobytes() == means.tobytes()
