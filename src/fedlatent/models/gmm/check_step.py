@@ -43,50 +43,48 @@ _KERNEL = "fedlatent.models.gmm._check_kernel"
 def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: float,
                     compiled: bool | None = None) -> bool:
     """Whether ``sent`` is, within ``rtol / 2`` of each parameter's largest entry, what
-    ``server_step`` gives on full-covariance statistics ``S`` (K components, d features)
-    without differential privacy and with ``center`` the previous centre; False where this
-    check cannot tell (the caller then replays the M-step: False never refuses). Weights,
-    means and centre: the server's bytes, the means finite (``-0.0`` for ``0.0``: replayed).
+    ``server_step`` gives on full-covariance statistics ``S`` (K components, d features) without
+    differential privacy and with ``center`` the previous centre; False where this check cannot
+    tell (the caller then replays the M-step: False never refuses). Weights, means and centre:
+    the server's bytes, the means finite (``-0.0`` for ``0.0``: replayed).
 
     The argument, for each component with covariance ``Sigma`` (the server's arithmetic,
     :func:`~fedlatent.models.gmm.math.gmm_m_step`: ``G = sxx / n - mc mc^T`` with ``reg_covar``
     on its diagonal, then ``G``'s symmetric part; the check takes ``G`` from
     :func:`~fedlatent.models.gmm.math.gmm_full_parts`, the server's own, before the half-sum)
-    and exact precision factor
-    ``V`` (upper triangular, positive diagonal, ``V^T Sigma V = I``; the server's ``P`` is ``V``
-    up to its factorization's rounding). A sent ``U`` that is upper triangular with a positive
-    diagonal (the strictly lower entries exactly 0) is ``V (I + M)``, ``M`` upper triangular,
-    and ``E = U^T Sigma U - I = M + M^T + M^T M``: ``I + M`` is the Cholesky factor of ``I +
-    E``, so by its recursion ``max |M| <= 2 e`` whenever ``max |E| <= e`` and ``4 (d + 1) e <=
-    1`` (each diagonal entry ``sqrt(1 + E_ii - sum M_ki^2)``, each other ``(E_ij - sum M_ki
-    M_kj) / (1 + M_ii)``, the sums at most ``4 d e^2``). Then ``U - V = V M`` has entries at
-    most ``2 e ||V||_inf <= 2.1 e ||U||_inf <= 2.1 e sqrt(d) ||U||_F`` (row sums; ``V = U (I +
-    M)^-1``). Here ``e`` bounds ``E``'s Frobenius norm over every component: the server's
-    half-sum rounds each entry of ``sym(G)`` by at most ``u`` relative (``u`` the unit roundoff;
-    the diagonal not at all), so ``E = sym(U^T G U - I) + U^T D U`` with ``||D||_F <= u
-    ||G||_F``, and ``sym`` does not increase a Frobenius norm: ``e`` is the computed ``U^T G U -
-    I``'s Frobenius norm plus ``2 (d + 2) u ||G||_F ||U||_F^2`` (its rounding, two products of d
-    terms, ``-1`` on a diagonal entry near 1 exact; and ``D``'s), ``||G||_F`` and ``||U||_F^2``
-    taken over every component: all at least each component's (whatever the products'
-    summation order, with or without fused multiply-adds: the standard bounds of dot
-    products). Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol u_max``, ``u_max`` the
-    largest diagonal entry of ``U`` (at most ``max |U|``), leaves every entry within ``0.42
+    and exact precision factor ``V`` (upper triangular, positive diagonal, ``V^T Sigma V = I``;
+    the server's ``P`` is ``V`` up to its factorization's rounding). A sent ``U`` that is upper
+    triangular with a positive diagonal (the strictly lower entries exactly 0) is ``V (I + M)``,
+    ``M`` upper triangular, and ``E = U^T Sigma U - I = M + M^T + M^T M``: ``I + M`` is the
+    Cholesky factor of ``I + E``, so by its recursion ``max |M| <= 2 e`` whenever ``max |E| <=
+    e`` and ``4 (d + 1) e <= 1`` (each diagonal entry ``sqrt(1 + E_ii - sum M_ki^2)``, each
+    other ``(E_ij - sum M_ki M_kj) / (1 + M_ii)``, the sums at most ``4 d e^2``). Then ``U - V =
+    V M`` has entries at most ``2 e ||V||_inf <= 2.1 e ||U||_inf <= 2.1 e sqrt(d) ||U||_F`` (row
+    sums; ``V = U (I + M)^-1``). Here ``e`` bounds ``E``'s Frobenius norm over every component:
+    the server's half-sum rounds each entry of ``sym(G)`` by at most ``u`` relative (``u`` the
+    unit roundoff; the diagonal not at all), so ``E = sym(U^T G U - I) + U^T D U`` with
+    ``||D||_F <= u ||G||_F``, and ``sym`` does not increase a Frobenius norm: ``e`` is the
+    computed ``U^T G U - I``'s Frobenius norm plus ``2 (d + 2) u ||G||_F ||U||_F^2`` (its
+    rounding, two products of d terms, ``-1`` on a diagonal entry near 1 exact; and ``D``'s),
+    ``||G||_F`` and ``||U||_F^2`` taken over every component: all at least each component's
+    (whatever the products' summation order, with or without fused multiply-adds: the standard
+    bounds of dot products). Accepting when ``e sqrt(d ||U||_F^2) <= 0.2 rtol u_max``, ``u_max``
+    the largest diagonal entry of ``U`` (at most ``max |U|``), leaves every entry within ``0.42
     rtol`` of the parameter's largest of ``V``, the rest of ``rtol`` to the server's own
-    rounding: what this accepts, the replay accepts. A 1e-6
-    move of an entry makes ``E`` of that order and is left to the replay, which refuses it; so
-    are covariances so ill-conditioned that the rounding bound alone exceeds the tolerance
-    (``||G||_F ||U||_F^2`` above ~1e5).
+    rounding: what this accepts, the replay accepts. A 1e-6 move of an entry makes ``E`` of that
+    order and is left to the replay, which refuses it; so are covariances so ill-conditioned
+    that the rounding bound alone exceeds the tolerance (``||G||_F ||U||_F^2`` above ~1e5).
 
     The floors ``server_step`` may apply are excluded as the replay's lean path does
     (:func:`~fedlatent.models.gmm.math.lean_full_step`): no count at or below the floor;
     :func:`~fedlatent.models.gmm.math.hold_degenerate` leaves a component as it is when its
     lowest eigenvalue exceeds ``t``, a bound above its floor (``DEGENERATE_FRACTION`` times
-    ``1.01`` times a Rayleigh quotient of the pooled covariance, at least its lowest
-    eigenvalue, plus ``1e-12`` of its trace for the eigenvalues' rounding; plus ``2e-10``
-    times ``||G||_F``, at least twice the largest eigenvalue's magnitude of any ``Sigma``):
-    :func:`~fedlatent.models.gmm._check_kernel.factor_parts`. Here ``lambda_min(Sigma)
-    >= (1 - e) / ||U||_F^2`` (``Sigma = U^-T (I + E) U^-1``) must exceed ``t``. Any other
-    case (a quotient, a norm or a bound that is NaN or infinite among them): False.
+    ``1.01`` times a Rayleigh quotient of the pooled covariance, at least its lowest eigenvalue,
+    plus ``1e-12`` of its trace for the eigenvalues' rounding; plus ``2e-10`` times ``||G||_F``,
+    at least twice the largest eigenvalue's magnitude of any ``Sigma``):
+    :func:`~fedlatent.models.gmm._check_kernel.factor_parts`. Here ``lambda_min(Sigma) >= (1 -
+    e) / ||U||_F^2`` (``Sigma = U^-T (I + E) U^-1``) must exceed ``t``. Any other case (a
+    quotient, a norm or a bound that is NaN or infinite among them): False.
 
     Parameters
     ----------
@@ -101,20 +99,17 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     rtol : float
         The replay's tolerance (:data:`~fedlatent.engine.node.replay.REPLAY_RTOL`).
     compiled : bool, optional
-        By the compiled kernels or in NumPy (the same decision away from the acceptance
-        threshold); None: compiled where numba pays.
+        Compiled or NumPy (one decision away from the threshold); None: where numba pays.
     """
-    nk0 = S["nk"]
     K, d = S["sx"].shape
     fixed = _fixed(K, d)
     if sent.keys() != _KEYS or not _shapes(sent, fixed.shapes):
         return False
-    counts = nk0.tolist()
+    counts = S["nk"].tolist()
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    if compiled is None:  # (numba set up, or the process's checks at scale)
-        compiled = _kernel is not None or worth(K * d * d)
+    compiled = (_kernel is not None or worth(K * d * d)) if compiled is None else compiled
     weights, means, G = gmm_full_parts(S, center, reg_covar, compiled)  # (the server's bits)
     if not (sent["weights"].tobytes() == weights.tobytes()
             and sent["means"].tobytes() == means.tobytes()
