@@ -2,8 +2,8 @@
 bytes and what it computes of its leaf and path every verified round (issue 38), each in one
 call, so that a site makes a few calls a round instead of some twenty NumPy ones.
 
-Integers only, exact: uint64 arithmetic (every constant ``np.uint64``), the same numbers as the
-NumPy code they replace (``tests/engine/reference_sumtree.py`` keeps it; the tests compare both
+Integers only, exact: uint64 arithmetic (every constant ``np.uint64``), the same numbers as
+:mod:`.sumtree`'s NumPy side, which one deployed site's process runs (the tests compare both
 on many claims, exactly). The hashes stay :mod:`hashlib`'s, in :mod:`.sumtree`: these kernels
 only lay out the bytes each level of the path hashes.
 
@@ -61,7 +61,7 @@ def decode_claim(raw, m):
     """``(2, m)`` uint64: ``A`` (row 0) and the carries ``c`` (row 1) of the claim's bytes
     ``raw`` (:func:`.sumtree._claim`) for ``m`` words; a ``(0, m)`` array when ``raw`` is no
     such encoding (no bytes, a width code of 3 or past bit 6, too few bytes, or the sum's
-    bytes not :func:`ring`'s)."""
+    bytes not :func:`.ring_bytes.pack_ring`'s)."""
     size = len(raw)
     t = np.int64(raw[size - 1]) if size else np.int64(0xFF)
     cw, bw = np.int64(1) << (t >> 4 & 3), 4 if t & 64 else 2

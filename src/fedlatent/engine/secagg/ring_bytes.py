@@ -48,7 +48,7 @@ def pack_ring(A: np.ndarray) -> np.ndarray:
 def unpack_ring(raw: np.ndarray, m: int, w: int | None = None) -> np.ndarray | None:
     """The ``m`` words of :func:`pack_ring`'s bytes ``raw`` (uint64); None when ``raw`` is
     not such bytes for ``m`` words. ``w``: the common width, given apart (``raw`` then
-    without its last byte: :func:`shared_fields`)."""
+    without its last byte, as in :func:`~.sumtree.shared_fields`' claim)."""
     raw = np.asarray(raw, dtype=np.uint8).tobytes()
     if w is None:
         w, raw = (raw[-1], raw[:-1]) if raw else (0, raw)
