@@ -215,5 +215,5 @@ def test_the_steady_decode_is_the_full_decodes_for_every_layout_in_turn():
     for i, shapes in enumerate([PLAIN, PLAIN, SHIFTED, SWAPPED, PLAIN, SHIFTED]):
         words = _sum(shapes, i)
         # word for word: the S_hat fields' words, in S_hat's order
-        assert_same(_delta(node, at, words, shapes), _by_field(words, shapes), err_msg=str(i))
-    assert _delta(node, at, _sum(SHORT, 9), SHORT) is None
+        assert_same(_delta(at, words, shapes), _by_field(words, shapes), err_msg=str(i))
+    assert _delta(at, _sum(SHORT, 9), SHORT) is None

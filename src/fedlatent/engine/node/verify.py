@@ -335,7 +335,7 @@ def _replay_round(node, msg: dict[str, Any], words, leaf, rnd: int, who: str, un
     at = _plan(node) if last == "estep" and not accelerated else None
     k_prev = _num(node.state["verify/round"]) if last == "estep" else 0
     if at is not None and at.aligned and words is not None and k_prev not in undone:
-        agg = _delta(node, at, words, leaf[1]) if at.rows["S_hat"] else _vt.decoded(
+        agg = _delta(at, words, leaf[1]) if at.rows["S_hat"] else _vt.decoded(
             node, words, leaf[1])  # (the initialization round's: S_hat the aggregate)
         if agg is not None:  # (every plain round: S_hat's steps by place)
             msg = _next_flat(node, fed, at, msg, agg, rnd, k_prev)
@@ -362,7 +362,7 @@ def _replay_round(node, msg: dict[str, Any], words, leaf, rnd: int, who: str, un
     return msg
 
 
-def _delta(node, at, words: np.ndarray, shapes: tuple) -> np.ndarray | None:
+def _delta(at, words: np.ndarray, shapes: tuple) -> np.ndarray | None:
     """The aggregate's ``delta/`` fields, as the int64 words of its sum ``words`` (of the
     layout ``shapes``) in one vector in the order of the kept ``S_hat`` (the plan ``at``'s),
     as :func:`~.verify_kept.flat_step` decodes and adds them by place; None where the
