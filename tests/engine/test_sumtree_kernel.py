@@ -131,7 +131,9 @@ def test_the_compiled_projections_are_numpys_exactly(m):
         elif how == "mixed":
             z[::2], c[1::3], w[::5] = top, 0, top
         words = w.astype("<u8").tobytes()
-        assert st._projections(words, z, A, c) == st._projections_numpy(words, z, A, c)
+        x = np.concatenate((z, A, c))
+        assert st._kernels().projections(words, x).tolist() == sum(
+            st._projections(words, z, A, c), [])
 
 
 def _verdicts(n: int, m: int, seed: int, sites) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fedlatent.engine.protocol.compiled import kernels, worth
 from fedlatent.engine.stats import Stats
 
 __all__ = ["GROUPS", "Plan", "Views", "fedem_step", "flat_step", "groups", "num", "plan",
@@ -187,7 +188,7 @@ def flat_step(kept: np.ndarray, at: Plan, words: np.ndarray, scale: float, gamma
     set up in the process already, or the process's verifying sites' work at scale)."""
     s, v = at.spans["S_hat"], at.spans["V"]
     if compiled is None:
-        compiled = _worth(words.size)
+        compiled = worth(words.size)  # (numba set up, or the process's checks at scale)
     if not compiled:
         tail = _numpy_tail(kept, at, words.astype(np.float64) / scale, gamma, alpha)
         if params is None:
@@ -200,9 +201,9 @@ def flat_step(kept: np.ndarray, at: Plan, words: np.ndarray, scale: float, gamma
     else:  # (the parameters, then the old tail the kernel writes over)
         new = np.concatenate([*params, kept[s.start:]], axis=None, dtype=np.float64,
                              casting="unsafe")
-    _kernel().step_kernel(kept, np.ascontiguousarray(words, dtype=np.int64), float(scale),
-                          s.start, v.start if at.rows["V"] else -1, float(gamma), float(alpha),
-                          new)
+    kernels("fedlatent.engine.node._flat_kernel").step_kernel(
+        kept, np.ascontiguousarray(words, dtype=np.int64), float(scale), s.start,
+        v.start if at.rows["V"] else -1, float(gamma), float(alpha), new)
     return new
 
 
@@ -221,23 +222,6 @@ def _numpy_tail(kept: np.ndarray, at: Plan, agg: np.ndarray, gamma: float, alpha
     tail[0] += gamma * kept[v]
     np.add(kept[v], alpha * agg, out=tail[1])
     return tail
-
-
-def _worth(work: int) -> bool:
-    """:func:`~fedlatent.engine.protocol.compiled.worth` (a site's step alone, a few dozen
-    entries, never is: only with numba set up, or the whole process's checks at scale)."""
-    from fedlatent.engine.protocol.compiled import worth
-
-    return worth(work)
-
-
-@functools.cache
-def _kernel():
-    """:mod:`._flat_kernel`, imported at its first use (with the line saying when numba
-    compiles it: :func:`~fedlatent.engine.protocol.compiled.kernels`)."""
-    from fedlatent.engine.protocol.compiled import kernels
-
-    return kernels("fedlatent.engine.node._flat_kernel")
 
 
 def num(value, kind=int):

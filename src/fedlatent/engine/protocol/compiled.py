@@ -20,6 +20,7 @@ numba will compile (no cache of a kernel of that module on disk), what it is doi
 from __future__ import annotations
 
 import contextvars
+import functools
 import importlib
 import logging
 import sys
@@ -66,9 +67,11 @@ def at_scale(work: int):
         _SCALE.reset(token)
 
 
+@functools.cache
 def kernels(module: str):
     """The kernel module ``module`` (imported), after the one line saying that numba compiles
-    its kernels when none of them is in numba's on-disk cache (once per process and module)."""
+    its kernels when none of them is in numba's on-disk cache (once per process and module);
+    kept, so that a caller of every round calls it as it is."""
     mod = importlib.import_module(module)
     if module not in _ANNOUNCED:
         _ANNOUNCED.add(module)

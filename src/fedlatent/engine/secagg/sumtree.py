@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 
 import fedlatent.engine.secagg._crypto as _crypto
+from fedlatent.engine.protocol.compiled import kernels, worth
 from fedlatent.engine.secagg.protocol import SecureAggregationError
 from fedlatent.engine.secagg.ring_bytes import _ring, pack_ring, unpack_ring
 
@@ -248,20 +249,6 @@ def _digest(root: bytes, key: bytes) -> bytes:
     return hashlib.sha256(DIGEST_TAG + bytes(root) + key).digest()
 
 
-def _projections(words: bytes, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> tuple:
-    """``[r z, r (A + 2^64 c)]``, projection ``j`` modulo ``PRIMES[j]``, of the leaf ``z``
-    for the challenge's ``words`` (:func:`_claim_hash`), as lists of Python ints. Since
-    ``r_jk = w_k mod p_j``, ``r_j x = (sum_k w_k x_k) mod p_j``: one exact integer sum a
-    vector, reduced by each prime (the same numbers as :func:`project` of
-    :func:`challenge`'s ``r``; ``r (A + 2^64 c)`` is ``r A + 2^64 r c``), in one compiled
-    call (:func:`._sumtree_kernel.projections`: limb products, exact in uint64)."""
-    x, words = _joined_words(leaf, A, c), bytes(words)
-    if len(words) != 8 * (x.size // 3):
-        raise ValueError(f"{len(words)} bytes of challenge for {x.size // 3} words")
-    out = _kernels().projections(words, x).tolist()
-    return out[:PROJECTIONS], out[PROJECTIONS:]
-
-
 def _joined_words(leaf, A, c) -> np.ndarray:
     """``leaf``, ``A`` and ``c`` as one new C-contiguous uint64 vector (what the kernels take:
     one type whatever the caller passed); ValueError when they are not of one length."""
@@ -275,8 +262,6 @@ def _joined_words(leaf, A, c) -> np.ndarray:
 def _compiled(m: int) -> bool:
     """Whether a site's check of ``m`` words runs compiled (:func:`~fedlatent.engine.protocol.
     compiled.worth`: not one deployed site's, a leaf a process, but a simulation's)."""
-    from fedlatent.engine.protocol.compiled import worth
-
     return worth(int(m))
 
 
@@ -285,12 +270,11 @@ def _kernels():
     """The compiled kernels (:mod:`._sumtree_kernel`), imported at the first check (a
     process that never checks a tree does not import numba for it); ImportError if they
     restate the primes or the node tag otherwise than this module."""
-    from fedlatent.engine.secagg import _sumtree_kernel as kernels
-
-    if (kernels.PRIMES, kernels.NODE_TAG) != (PRIMES, NODE_TAG):
+    mod = kernels("fedlatent.engine.secagg._sumtree_kernel")  # (saying when numba compiles)
+    if (mod.PRIMES, mod.NODE_TAG) != (PRIMES, NODE_TAG):
         raise ImportError("the sum tree's kernels restate its primes or node tag otherwise "
                           "than fedlatent.engine.secagg.sumtree: a site cannot check a tree")
-    return kernels
+    return mod
 
 
 def verify_leaf(label: bytes, index: int, n: int, site: str, leaf: np.ndarray, A: np.ndarray,
@@ -558,7 +542,7 @@ _HEAD = struct.Struct("<II")
 
 
 # ---- the NumPy site path (one site in its process: numba's set-up would not pay) ----
-def _projections_numpy(words: bytes, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> tuple:
+def _projections(words: bytes, leaf: np.ndarray, A: np.ndarray, c: np.ndarray) -> tuple:
     """``[r z, r (A + 2^64 c)]``, projection ``j`` modulo ``PRIMES[j]``, of the leaf ``z``
     for the challenge's ``words`` (:func:`_claim_hash`), as lists of Python ints. Since
     ``r_jk = w_k mod p_j``, ``r_j x = (sum_k w_k x_k) mod p_j``: one exact integer sum a
@@ -616,7 +600,7 @@ def _verify_leaf_numpy(label: bytes, index: int, n: int, site: str, leaf: np.nda
             f"site {site!r}: the carries shown reach {int(c.max())}, more than a sum of {n} "
             "leaves can carry: the claimed sum is not a sum of the leaves; refusing it")
     key, words = _claim_hash(label, _claim(A, c) if claim is None else claim, A.size)
-    (s0, s1, s2, s3), claimed = _projections_numpy(words, leaf, A, c)
+    (s0, s1, s2, s3), claimed = _projections(words, leaf, A, c)
     sha = hashlib.sha256
     h = sha(_leaf_bytes(label, index, site, _SUMS.pack(s0, s1, s2, s3))).digest()
     sides = _sides(index, n)  # (its place's schedule: which levels have a sibling, where)

@@ -26,9 +26,6 @@ from ...engine.contract.degenerate import DEGENERATE_FRACTION
 __all__ = ["factor_parts", "factor_step_holds", "full_parts"]
 
 _U = np.finfo(np.float64).eps / 2  # the unit roundoff
-#: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
-#: left to the replay's own rounding)
-_SHARE = 0.2
 _NAN = math.nan
 
 
@@ -147,15 +144,15 @@ def factor_parts(U, G, sxx, sx, n):
 
 
 @njit(cache=True)
-def factor_step_holds(U, G, sxx, sx, n, rtol):
+def factor_step_holds(U, G, sxx, sx, n, tolerance):
     """Whether the factors ``U`` pass the check of
     :func:`~fedlatent.models.gmm.check_step.full_step_holds` (arguments of
-    :func:`factor_parts`, ``rtol`` the replay's tolerance): ``e`` small enough against
-    ``rtol`` and the components' lowest eigenvalues above a floor's bound. NaN or an infinity
-    anywhere: False."""
+    :func:`factor_parts`; ``tolerance`` the share of the replay's tolerance a factor's error
+    may take, ``check_step._SHARE rtol``): ``e`` small enough against it and the components'
+    lowest eigenvalues above a floor's bound. NaN or an infinity anywhere: False."""
     e, u2, top, g, t_diagonal, t_columns = factor_parts(U, G, sxx, sx, n)
     d = U.shape[1]
-    if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= _SHARE * rtol * top):
+    if not (4 * (d + 1) * e <= 1 and e * math.sqrt(d * u2) <= tolerance * top):
         return False
     low = (1 - e) / u2  # (at most every component's lowest eigenvalue)
     return low > t_diagonal or low > t_columns

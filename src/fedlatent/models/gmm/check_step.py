@@ -10,11 +10,12 @@ last bits differ), it says so and the site replays the M-step itself.
 
 The products, norms and floors are a few dozen NumPy calls on a site's few dozen entries, or
 one compiled call (:func:`~fedlatent.models.gmm._check_kernel.factor_step_holds`, the same
-quantities whatever their summation order) where numba is set up in the process already
-(:func:`~fedlatent.engine.protocol.compiled.worth`): its set-up, about half a CPU second,
-is more than a site's checks of a whole fit save (~10 us each), and a deployed site's process
-answers one message. The kernel takes C-contiguous, writeable float64 arrays (others are
-copied as such first: no input compiles another specialization).
+quantities whatever their summation order) where numba pays
+(:func:`~fedlatent.engine.protocol.compiled.worth`: set up in the process already, or many
+verifying sites' checks in it): its set-up, about half a CPU second, is more than one site's
+checks of a whole fit save, and a deployed site's process answers one message. The kernel
+takes C-contiguous, writeable float64 arrays (others are copied as such first: no input
+compiles another specialization).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _POSITIVE = (0.0).__lt__
 _F64 = np.dtype(np.float64)
 _KEYS = frozenset(("weights", "means", "precisions_cholesky", "center"))
 #: a factor's accepted error, as a fraction of the replay's tolerance (the rest of it is
-#: left to the replay's own rounding; the kernel's own constant is the same)
+#: left to the replay's own rounding; the kernel is given the product)
 _SHARE = 0.2
 _KERNEL = "fedlatent.models.gmm._check_kernel"
 
@@ -109,7 +110,7 @@ def full_step_holds(S, sent: dict, center: np.ndarray, reg_covar: float, rtol: f
     n = sum(counts)
     if not (n > 0 and min(counts) > 1e-10 * n):  # (all positive: their sum is their
         return False  # magnitudes'; server_step floors the counts first)
-    compiled = (_kernel is not None or worth(K * d * d)) if compiled is None else compiled
+    compiled = worth(K * d * d) if compiled is None else compiled  # (numba set up, or scale)
     weights, means, G = gmm_full_parts(S, center, reg_covar, compiled)  # (the server's bits)
     if not (sent["weights"].tobytes() == weights.tobytes()
             and sent["means"].tobytes() == means.tobytes()
@@ -136,17 +137,11 @@ def _numpy_holds(U: np.ndarray, G: np.ndarray, S, n: float, rtol: float, fixed) 
 def _compiled_holds(U: np.ndarray, G: np.ndarray, S, n: float, rtol: float) -> bool:
     """:func:`full_step_holds`'s decision on the factors by the compiled kernel (False where
     the statistics are not float64 of the factors' shapes: the replay's)."""
-    global _kernel
     sxx, sx = S["sxx"], S["sx"]
     if not (sxx.dtype == sx.dtype == G.dtype == _F64 and sxx.shape == U.shape):
         return False
-    if _kernel is None:
-        _kernel = kernels(_KERNEL)
-    return _kernel.factor_step_holds(_typed(U), _typed(G), _typed(sxx), _typed(sx), float(n),
-                                     float(rtol))
-
-
-_kernel = None  # (the kernel module, once a check has used it)
+    return kernels(_KERNEL).factor_step_holds(_typed(U), _typed(G), _typed(sxx), _typed(sx),
+                                              float(n), _SHARE * float(rtol))
 
 
 def _shapes(sent: dict, shapes: tuple) -> bool:
