@@ -22,7 +22,7 @@ from ...engine.estimation.estimator import (
 from ...engine.node.replay_start import register_start
 from ...engine.rounds.loop import FitResult
 from ...engine.stats import Stats
-from ..gmm import COV_TYPES, gmm_m_step
+from ..gmm import gmm_m_step
 from ..gmm.estimator import initialize_gaussians
 from ..gmm.init import INIT_PARAMS, GaussianStart, replay_gaussians
 from ..gmm.math import covariances_from_precisions
@@ -163,14 +163,11 @@ class FedGMM(FedGMMSummary, ClientWeights, FederatedEstimator):
         "n_learners_candidates": [None, "array-like"],
         "learner": [Options("logistic", "torch")],
         "learner_params": [None, dict],
-        "covariance_type": [Options(*COV_TYPES)],
-        "reg_covar": [Real(0)],
-        "l2": [Real(0)],
+        **{k: FedGMMModel.config_constraints[k] for k in (  # (the model's: a node checks
+            "covariance_type", "reg_covar", "l2", "local_steps", "prox",  # its setup by them)
+            "newton_step_max")},
         "learner_update": [Options("newton", "average")],
         "covariance_aggregation": [Options("exact", "paper")],
-        "local_steps": [Integer(1)],
-        "prox": [Real(0)],
-        "newton_step_max": [None, Real(0, closed="neither")],
         "classes": [None, list, tuple, np.ndarray],
         "init_params": [Options(*INIT_PARAMS)],
         "learner_init_scale": [Real(0)],

@@ -100,7 +100,7 @@ class LatentClassAnalysis(InferenceMixin, FederatedMixture):
         **ROUND_LOOP,
         "max_rounds": [None, Integer(1)],
         "tol": [Real(0), Options("auto")],
-        "n_components": [Integer(1)],
+        "n_components": LCAModel.config_constraints["n_components"],  # (a node's check too)
         "n_categories": [None, Integer(1), "array-like"],
         "n_init": [Integer(1)],
         "concomitant": [None, Instance(list, tuple, desc="a list of column names")],

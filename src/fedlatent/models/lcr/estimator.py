@@ -348,7 +348,7 @@ class LatentClassRegression(InferenceMixin, FederatedRegressionMixture):
         "tol": [Real(0), Options("auto")],
         "n_components": [AUTO_SIZE],
         "fit_intercept": ["boolean"],
-        "reg_noise": [Real(0)],
+        "reg_noise": LCRModel.config_constraints["reg_noise"],  # (the model's: a node's too)
         "init_params": [Options("spread", "random")],
         "n_init": [None, Integer(1)],
         "weights_init": [None, "array-like"],
